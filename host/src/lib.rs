@@ -1,0 +1,13 @@
+//! cocoon-fixup: the post-clone guest network fixup host.
+//!
+//! # Layout
+//!
+//! - [`facts`]: pod and inspect input, validated VM facts.
+//! - [`classify`]: facts to scenario, a pure function (spec section 3).
+//! - [`plan`]: the plan as domain types; rendering to exec argv and hint scripts.
+//! - `plugin`: the only module that knows wasmtime: engine, loader, sandbox,
+//!   bindings, selection.
+
+pub mod classify;
+pub mod facts;
+pub mod plan;
