@@ -9,10 +9,18 @@
 //! 2. [`VmFacts`]: validated, typed values (RFC 1123 VM name, MACs, IPv4
 //!    addresses, prefixes, gateways, flavour). Only these reach a plugin.
 //!    Every error names the field and the offending value.
+//!
+//! Reading is lenient about *values* (a malformed MAC on a pod that needs no
+//! fixup must not stop anything) but strict about *shapes*: a number where a
+//! string belongs means the input is not what we think it is, and guessing
+//! would classify the wrong VM.
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::fmt;
 use std::net::Ipv4Addr;
+
+use serde_json::{Map, Value};
 
 /// Annotation keys read by the host (spec section 2). Other components of
 /// the stack read the same keys: they are part of the contract.
@@ -29,12 +37,54 @@ pub mod annotations {
     pub const GUEST_FLAVOR: &str = "vm.cocoonstack.io/guest-flavor";
 }
 
+/// At most this many NICs per VM. A cocoon VM has a handful; the bound keeps
+/// plan size (one networkd file and a few link steps per NIC) and error
+/// messages small whatever the inspect output says.
+pub const MAX_NICS: usize = 64;
+
+/// Longest VM id, in bytes. Cocoon ids are short; the bound keeps the id a
+/// sane single path component below the cocoon root.
+pub const MAX_VM_ID_LEN: usize = 128;
+
+/// Longest RFC 1123 label, and so the longest VM name and flavour.
+pub const MAX_LABEL_LEN: usize = 63;
+
+/// Offending values are shown escaped and cut to this many characters, so a
+/// hostile or binary annotation cannot flood a log line or an event.
+const SHOWN_CHARS: usize = 80;
+
 /// The hypervisor behind the VM. Anything but exactly `firecracker` is
 /// Cloud Hypervisor (spec section 2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Backend {
     CloudHypervisor,
     Firecracker,
+}
+
+impl Backend {
+    /// Interprets the `vm.cocoonstack.io/backend` annotation: an empty or
+    /// unknown value is Cloud Hypervisor, the stack's default.
+    pub fn from_annotation(value: &str) -> Self {
+        if value == "firecracker" {
+            Backend::Firecracker
+        } else {
+            Backend::CloudHypervisor
+        }
+    }
+
+    /// The annotation spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::CloudHypervisor => "cloud-hypervisor",
+            Backend::Firecracker => "firecracker",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// The guest OS. Only exactly `windows` is Windows.
@@ -46,6 +96,36 @@ pub enum GuestOs {
     Unknown,
 }
 
+impl GuestOs {
+    /// Interprets the `cocoonset.cocoonstack.io/os` annotation. The match is
+    /// exact (`Windows` is Unknown) because the rest of the stack compares
+    /// the same way; a looser match here would fix up guests nobody else
+    /// treats as Windows.
+    pub fn from_annotation(value: &str) -> Self {
+        match value {
+            "linux" => GuestOs::Linux,
+            "windows" => GuestOs::Windows,
+            "android" => GuestOs::Android,
+            _ => GuestOs::Unknown,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GuestOs::Linux => "linux",
+            GuestOs::Windows => "windows",
+            GuestOs::Android => "android",
+            GuestOs::Unknown => "unknown",
+        }
+    }
+}
+
+impl fmt::Display for GuestOs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// How the guest disk was made; decides the Linux network flavour only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ImageKind {
@@ -53,6 +133,22 @@ pub enum ImageKind {
     Oci,
     /// Not needed for this decision, so not probed.
     Unknown,
+}
+
+impl ImageKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ImageKind::Cloudimg => "cloudimg",
+            ImageKind::Oci => "oci",
+            ImageKind::Unknown => "unknown",
+        }
+    }
+}
+
+impl fmt::Display for ImageKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// How a cloned VM came to run. A VM that was not cloned (mode `run`
@@ -64,6 +160,56 @@ pub enum BootKind {
     Fork,
     Wake,
     Resumed,
+}
+
+impl BootKind {
+    /// Derives the boot kind from pod annotations (spec section 2), in this
+    /// order:
+    ///
+    /// - mode `run` (ASCII case-insensitive) with empty fork-from and empty
+    ///   clone-from-dir: not cloned, `None`;
+    /// - fork-from non-empty: [`BootKind::Fork`];
+    /// - clone-from-dir non-empty: [`BootKind::Clone`];
+    /// - restore-from-hibernate exactly `"true"`: [`BootKind::Wake`];
+    /// - otherwise [`BootKind::Clone`]: an empty or unknown mode is a clone,
+    ///   the controller's default.
+    ///
+    /// [`BootKind::Resumed`] is never derived: only the caller knows that it
+    /// is resuming work after a restart, and says so through [`Overrides`].
+    pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Option<Self> {
+        let get = |key: &str| annotations.get(key).map(String::as_str).unwrap_or("");
+        let fork_from = get(annotations::FORK_FROM);
+        let clone_from_dir = get(annotations::CLONE_FROM_DIR);
+        if get(annotations::MODE).eq_ignore_ascii_case("run")
+            && fork_from.is_empty()
+            && clone_from_dir.is_empty()
+        {
+            None
+        } else if !fork_from.is_empty() {
+            Some(BootKind::Fork)
+        } else if !clone_from_dir.is_empty() {
+            Some(BootKind::Clone)
+        } else if get(annotations::RESTORE_FROM_HIBERNATE) == "true" {
+            Some(BootKind::Wake)
+        } else {
+            Some(BootKind::Clone)
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BootKind::Clone => "clone",
+            BootKind::Fork => "fork",
+            BootKind::Wake => "wake",
+            BootKind::Resumed => "resumed",
+        }
+    }
+}
+
+impl fmt::Display for BootKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// One NIC as `cocoon vm inspect --json` lists it, values unvalidated.
@@ -83,6 +229,183 @@ impl RawNic {
     pub fn is_static(&self) -> bool {
         !self.ip.is_empty()
     }
+}
+
+/// Which input a reading error is about; its `Display` is the command whose
+/// output the input must be, so the error can say what to pass instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum InputKind {
+    Pod,
+    VmInspect,
+}
+
+impl fmt::Display for InputKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            InputKind::Pod => "`kubectl get pod <name> -o json`",
+            InputKind::VmInspect => "`cocoon vm inspect <id> --json`",
+        })
+    }
+}
+
+/// The parts of a Pod the host reads, as `kubectl get pod -o json` prints it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PodInput {
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.namespace`; empty when the JSON has none.
+    pub namespace: String,
+    /// `metadata.uid`: the pod incarnation. Writes back to the pod carry it
+    /// as a precondition so they never land on a recreated pod.
+    pub uid: Option<String>,
+    /// `metadata.annotations`; absent or `null` reads as empty.
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl PodInput {
+    /// Parses `kubectl get pod <name> -o json` output. `input` names the
+    /// text in errors (usually the file name).
+    pub fn from_json(text: &str, input: &str) -> Result<Self, FactError> {
+        let value = parse_json(text, input, InputKind::Pod)?;
+        Self::from_value(&value, input)
+    }
+
+    /// Reads an already parsed Pod object.
+    pub fn from_value(value: &Value, input: &str) -> Result<Self, FactError> {
+        let r = Reader {
+            input,
+            kind: InputKind::Pod,
+        };
+        let root = r.object(Some(value), "top level")?;
+        if let Some(kind) = r.opt_string(root, "kind", "kind")?
+            && kind != "Pod"
+        {
+            return Err(FactError::NotAPod {
+                input: input.to_owned(),
+                kind: shown(&kind),
+            });
+        }
+        let meta = r.object(root.get("metadata"), "metadata")?;
+        let name = r.opt_string(meta, "name", "metadata.name")?;
+        let name = match name {
+            Some(name) if !name.is_empty() => name,
+            _ => return Err(r.shape("metadata.name", "a non-empty string", got_missing(&name))),
+        };
+        let namespace = r
+            .opt_string(meta, "namespace", "metadata.namespace")?
+            .unwrap_or_default();
+        let uid = r
+            .opt_string(meta, "uid", "metadata.uid")?
+            .filter(|uid| !uid.is_empty());
+        let mut annotations = BTreeMap::new();
+        if let Some(found) = present(meta.get("annotations")) {
+            let map = r.object(Some(found), "metadata.annotations")?;
+            for (key, value) in map {
+                let path = format!("metadata.annotations[{key:?}]");
+                match value {
+                    Value::String(s) => {
+                        annotations.insert(key.clone(), s.clone());
+                    }
+                    other => return Err(r.shape(&path, "a string", describe(other))),
+                }
+            }
+        }
+        Ok(PodInput {
+            name,
+            namespace,
+            uid,
+            annotations,
+        })
+    }
+
+    /// `namespace/name`, or just the name when the namespace is unknown.
+    pub fn display_name(&self) -> String {
+        if self.namespace.is_empty() {
+            self.name.clone()
+        } else {
+            format!("{}/{}", self.namespace, self.name)
+        }
+    }
+
+    /// The annotation's value; empty when absent, because the spec treats
+    /// absent and empty alike everywhere.
+    pub fn annotation(&self, key: &str) -> &str {
+        self.annotations.get(key).map(String::as_str).unwrap_or("")
+    }
+}
+
+/// The parts of `cocoon vm inspect --json` the host reads.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct VmInspect {
+    /// `id`; empty when absent.
+    pub id: String,
+    /// `network_configs[]` in inspect order (the order FC's `eth<i>` follows).
+    pub nics: Vec<RawNic>,
+}
+
+impl VmInspect {
+    /// Parses `cocoon vm inspect --json` output. `input` names the text in
+    /// errors (usually the file name).
+    pub fn from_json(text: &str, input: &str) -> Result<Self, FactError> {
+        let value = parse_json(text, input, InputKind::VmInspect)?;
+        Self::from_value(&value, input)
+    }
+
+    /// Reads an already parsed inspect object. Absent and `null` optional
+    /// fields read as empty; a field of the wrong JSON type is an error
+    /// naming its path.
+    pub fn from_value(value: &Value, input: &str) -> Result<Self, FactError> {
+        let r = Reader {
+            input,
+            kind: InputKind::VmInspect,
+        };
+        let root = r.object(Some(value), "top level")?;
+        let id = r.opt_string(root, "id", "id")?.unwrap_or_default();
+        let mut nics = Vec::new();
+        if let Some(found) = present(root.get("network_configs")) {
+            let Value::Array(items) = found else {
+                return Err(r.shape("network_configs", "an array", describe(found)));
+            };
+            for (i, item) in items.iter().enumerate() {
+                let path = format!("network_configs[{i}]");
+                let nic = r.object(Some(item), &path)?;
+                let mut raw = RawNic {
+                    mac: r
+                        .opt_string(nic, "mac", &format!("{path}.mac"))?
+                        .unwrap_or_default(),
+                    tap: r
+                        .opt_string(nic, "tap", &format!("{path}.tap"))?
+                        .unwrap_or_default(),
+                    ..RawNic::default()
+                };
+                if let Some(network) = present(nic.get("network")) {
+                    let net_path = format!("{path}.network");
+                    let network = r.object(Some(network), &net_path)?;
+                    raw.ip = r
+                        .opt_string(network, "ip", &format!("{net_path}.ip"))?
+                        .unwrap_or_default();
+                    raw.gateway = r
+                        .opt_string(network, "gateway", &format!("{net_path}.gateway"))?
+                        .unwrap_or_default();
+                    raw.prefix = r.opt_integer(network, "prefix", &format!("{net_path}.prefix"))?;
+                }
+                nics.push(raw);
+            }
+        }
+        Ok(VmInspect { id, nics })
+    }
+}
+
+/// Facts the command line supplies or overrides.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Overrides {
+    /// Replaces the boot kind derived from annotations. `Some` always means
+    /// cloned: the caller knows better (for example it is resuming work, or
+    /// it saw the hibernate wake itself).
+    pub boot: Option<BootKind>,
+    /// The snapshot's recorded source image; only known on a normal clone
+    /// from a snapshot. Empty reads as unknown.
+    pub source_image: Option<String>,
 }
 
 /// What was read from the pod, the inspect output and the command line,
@@ -108,12 +431,67 @@ pub struct Observation {
     pub annotations: BTreeMap<String, String>,
 }
 
+impl Observation {
+    /// Combines the inputs, interpreting annotations per spec section 2.
+    ///
+    /// The only error is a VM id conflict: when inspect and the
+    /// `vm.cocoonstack.io/id` annotation both name an id and they differ,
+    /// the pod and the inspected VM are not the same VM, and fixing up
+    /// either would touch the wrong guest.
+    pub fn new(pod: &PodInput, vm: &VmInspect, overrides: &Overrides) -> Result<Self, FactError> {
+        let pod_name = pod.display_name();
+        let annotated_id = pod.annotation(annotations::VM_ID);
+        if !vm.id.is_empty() && !annotated_id.is_empty() && vm.id != annotated_id {
+            return Err(FactError::IdMismatch {
+                pod: pod_name,
+                inspect_id: shown(&vm.id),
+                annotation_id: shown(annotated_id),
+            });
+        }
+        let vm_id = if vm.id.is_empty() {
+            annotated_id
+        } else {
+            &vm.id
+        };
+        let flavor = pod.annotation(annotations::GUEST_FLAVOR);
+        Ok(Observation {
+            pod: pod_name,
+            managed: pod.annotation(annotations::MANAGED) == "true",
+            vm_name: pod.annotation(annotations::VM_NAME).to_owned(),
+            vm_id: vm_id.to_owned(),
+            backend: Backend::from_annotation(pod.annotation(annotations::BACKEND)),
+            os: GuestOs::from_annotation(pod.annotation(annotations::OS)),
+            boot: overrides
+                .boot
+                .or_else(|| BootKind::from_annotations(&pod.annotations)),
+            source_image: overrides
+                .source_image
+                .clone()
+                .filter(|image| !image.is_empty()),
+            flavor: (!flavor.is_empty()).then(|| flavor.to_owned()),
+            nics: vm.nics.clone(),
+            annotations: pod.annotations.clone(),
+        })
+    }
+
+    /// Whether any NIC has a static IP (classification rule 6).
+    pub fn has_static_nic(&self) -> bool {
+        self.nics.iter().any(RawNic::is_static)
+    }
+}
+
 /// A validated VM name: an RFC 1123 label (1..=63 of `a-z`, `0-9`, `-`,
 /// starting and ending with a letter or digit). Safe as a hostname.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct VmName(String);
 
 impl VmName {
+    /// Validates a VM name. It ends up in the guest's `/etc/hostname`, so
+    /// anything but an RFC 1123 label is refused rather than quoted.
+    pub fn parse(value: &str) -> Result<Self, FactError> {
+        parse_name(value, &Ctx::standalone("VM name"))
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -131,6 +509,14 @@ impl fmt::Display for VmName {
 pub struct VmId(String);
 
 impl VmId {
+    /// Validates a VM id: 1..=128 of `A-Z`, `a-z`, `0-9`, `.`, `_`, `-`, not
+    /// starting with `-` (it would read as an option) or `.` (hidden, `.`,
+    /// `..`), and without `..` anywhere. No `/` can pass, so the id is always
+    /// exactly one path component.
+    pub fn parse(value: &str) -> Result<Self, FactError> {
+        parse_id(value, &Ctx::standalone("VM id"))
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -145,6 +531,16 @@ impl fmt::Display for VmId {
 /// A unicast, non-zero MAC address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MacAddr(pub [u8; 6]);
+
+impl MacAddr {
+    /// Parses six two-hex-digit groups separated by `:` (either case).
+    /// Multicast (lowest bit of the first octet set, broadcast included) and
+    /// all-zero addresses are refused: no NIC can own them, and a networkd
+    /// `[Match]` on one would match nothing or too much.
+    pub fn parse(value: &str) -> Result<Self, FactError> {
+        parse_mac(value, &Ctx::standalone("MAC address"))
+    }
+}
 
 impl fmt::Display for MacAddr {
     /// Lowercase, colon-separated: `52:54:00:12:34:56`.
@@ -179,6 +575,12 @@ pub struct Nic {
 pub struct Flavor(String);
 
 impl Flavor {
+    /// Validates a flavour name. Flavours select vendor plugins and appear
+    /// in messages and metrics labels, so they are kept short and plain.
+    pub fn parse(value: &str) -> Result<Self, FactError> {
+        parse_flavor(value, &Ctx::standalone("guest flavour"))
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -201,4 +603,980 @@ pub struct VmFacts {
     pub boot: BootKind,
     pub nics: Vec<Nic>,
     pub flavor: Option<Flavor>,
+}
+
+impl VmFacts {
+    /// Validates an observation for a fixup that is about to run. `image` is
+    /// the probed image kind ([`ImageKind::Unknown`] when the scenario does
+    /// not need it).
+    ///
+    /// Called only when classification asked for a fixup, so a VM that was
+    /// not cloned is an error here. The first invalid value wins; every
+    /// error names the pod, the field and the value.
+    pub fn validate(obs: &Observation, image: ImageKind) -> Result<Self, FactError> {
+        let pod = Some(obs.pod.as_str());
+        let Some(boot) = obs.boot else {
+            return Err(FactError::NotCloned {
+                pod: obs.pod.clone(),
+            });
+        };
+        let name = parse_name(
+            &obs.vm_name,
+            &Ctx::in_pod(pod, format!("annotation {}", annotations::VM_NAME)),
+        )?;
+        let id = parse_id(
+            &obs.vm_id,
+            &Ctx::in_pod(
+                pod,
+                format!(
+                    "VM id (inspect `id`, else annotation {})",
+                    annotations::VM_ID
+                ),
+            ),
+        )?;
+        if obs.nics.len() > MAX_NICS {
+            return Err(FactError::TooManyNics {
+                pod: obs.pod.clone(),
+                count: obs.nics.len(),
+            });
+        }
+        let mut nics = Vec::with_capacity(obs.nics.len());
+        let mut seen: BTreeMap<[u8; 6], usize> = BTreeMap::new();
+        for (i, raw) in obs.nics.iter().enumerate() {
+            let nic = validate_nic(pod, i, raw)?;
+            match seen.entry(nic.mac.0) {
+                Entry::Occupied(first) => {
+                    return Err(FactError::DuplicateMac {
+                        pod: obs.pod.clone(),
+                        mac: nic.mac,
+                        first: *first.get(),
+                        second: i,
+                    });
+                }
+                Entry::Vacant(slot) => {
+                    slot.insert(i);
+                }
+            }
+            nics.push(nic);
+        }
+        let flavor = obs
+            .flavor
+            .as_deref()
+            .map(|f| {
+                parse_flavor(
+                    f,
+                    &Ctx::in_pod(pod, format!("annotation {}", annotations::GUEST_FLAVOR)),
+                )
+            })
+            .transpose()?;
+        Ok(VmFacts {
+            name,
+            id,
+            backend: obs.backend,
+            os: obs.os,
+            image,
+            boot,
+            nics,
+            flavor,
+        })
+    }
+}
+
+/// Why facts could not be read or validated. Every message is one line
+/// that names the input or pod, the field and the value, and ends with what
+/// to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FactError {
+    /// The text is not JSON at all.
+    #[error(
+        "{input}: malformed JSON at line {line} column {column}: {reason}; pass the complete, unmodified output of {kind}"
+    )]
+    Json {
+        input: String,
+        kind: InputKind,
+        line: usize,
+        column: usize,
+        reason: String,
+    },
+    /// A field has the wrong JSON type (or a required one is missing).
+    #[error(
+        "{input}: {path}: expected {expected}, got {found}; pass the unmodified output of {kind}"
+    )]
+    Shape {
+        input: String,
+        kind: InputKind,
+        /// Field path, for example `network_configs[1].network.prefix`.
+        path: String,
+        expected: &'static str,
+        /// The found value, escaped and cut.
+        found: String,
+    },
+    /// The pod file holds some other object, typically a `List`.
+    #[error("{input}: kind is {kind}, not \"Pod\"; pass one pod: `kubectl get pod <name> -o json`")]
+    NotAPod { input: String, kind: String },
+    /// Inspect and annotation disagree on the VM id.
+    #[error(
+        "pod {pod}: inspect says VM id {inspect_id} but annotation {key} says {annotation_id}; inspect the VM this pod names, or fix the annotation",
+        key = annotations::VM_ID
+    )]
+    IdMismatch {
+        pod: String,
+        inspect_id: String,
+        annotation_id: String,
+    },
+    /// Validation was asked for a VM that needs no fixup.
+    #[error(
+        "pod {pod}: not a cloned boot (mode run without fork-from or clone-from-dir), so no fixup applies; classify the pod before validating its facts"
+    )]
+    NotCloned { pod: String },
+    /// A required value is absent or empty.
+    #[error("{}{field} is missing or empty; {fix}", pod_prefix(pod))]
+    Missing {
+        pod: Option<String>,
+        field: String,
+        fix: &'static str,
+    },
+    /// A value breaks a rule.
+    #[error("{}{field} {value}: {rule}; {fix}", pod_prefix(pod))]
+    Invalid {
+        pod: Option<String>,
+        /// What the value is, for example `network_configs[1].mac`.
+        field: String,
+        /// The value, escaped and cut so control characters are visible.
+        value: String,
+        rule: &'static str,
+        fix: &'static str,
+    },
+    /// Two NICs claim one MAC: one networkd `[Match]` would catch both.
+    #[error(
+        "pod {pod}: network_configs[{first}] and network_configs[{second}] both have MAC {mac}; give every NIC its own MAC in cocoon's network config"
+    )]
+    DuplicateMac {
+        pod: String,
+        mac: MacAddr,
+        first: usize,
+        second: usize,
+    },
+    #[error(
+        "pod {pod}: {count} NICs, more than the {max} a fixup handles; check the inspect output (a cocoon VM has a handful of NICs)",
+        max = MAX_NICS
+    )]
+    TooManyNics { pod: String, count: usize },
+}
+
+fn pod_prefix(pod: &Option<String>) -> String {
+    pod.as_ref()
+        .map(|p| format!("pod {p}: "))
+        .unwrap_or_default()
+}
+
+/// Shows a value escaped (`{:?}`, so control characters and quotes are
+/// visible) and cut to [`SHOWN_CHARS`] characters.
+fn shown(value: &str) -> String {
+    match value.char_indices().nth(SHOWN_CHARS) {
+        None => format!("{value:?}"),
+        Some((cut, _)) => format!("{:?}... ({} bytes)", &value[..cut], value.len()),
+    }
+}
+
+/// Where a value being validated came from, for error messages.
+struct Ctx<'a> {
+    pod: Option<&'a str>,
+    field: String,
+}
+
+impl<'a> Ctx<'a> {
+    fn standalone(field: &str) -> Self {
+        Ctx {
+            pod: None,
+            field: field.to_owned(),
+        }
+    }
+
+    fn in_pod(pod: Option<&'a str>, field: String) -> Self {
+        Ctx { pod, field }
+    }
+
+    fn missing(&self, fix: &'static str) -> FactError {
+        FactError::Missing {
+            pod: self.pod.map(str::to_owned),
+            field: self.field.clone(),
+            fix,
+        }
+    }
+
+    fn invalid(&self, value: &str, rule: &'static str, fix: &'static str) -> FactError {
+        self.invalid_shown(shown(value), rule, fix)
+    }
+
+    fn invalid_shown(&self, value: String, rule: &'static str, fix: &'static str) -> FactError {
+        FactError::Invalid {
+            pod: self.pod.map(str::to_owned),
+            field: self.field.clone(),
+            value,
+            rule,
+            fix,
+        }
+    }
+}
+
+const FIX_NAME: &str =
+    "set annotation vm.cocoonstack.io/name to the VM name, a lowercase RFC 1123 label like `web-0`";
+
+fn parse_name(value: &str, ctx: &Ctx<'_>) -> Result<VmName, FactError> {
+    if value.is_empty() {
+        return Err(ctx.missing(FIX_NAME));
+    }
+    if value.len() > MAX_LABEL_LEN {
+        return Err(ctx.invalid(value, "is longer than 63 characters", FIX_NAME));
+    }
+    if !value
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        return Err(ctx.invalid(value, "may only hold a-z, 0-9 and '-'", FIX_NAME));
+    }
+    if value.starts_with('-') || value.ends_with('-') {
+        return Err(ctx.invalid(value, "must start and end with a letter or digit", FIX_NAME));
+    }
+    Ok(VmName(value.to_owned()))
+}
+
+const FIX_ID: &str =
+    "check `id` in `cocoon vm inspect <id> --json` and annotation vm.cocoonstack.io/id";
+
+fn parse_id(value: &str, ctx: &Ctx<'_>) -> Result<VmId, FactError> {
+    if value.is_empty() {
+        return Err(ctx.missing(FIX_ID));
+    }
+    if value.len() > MAX_VM_ID_LEN {
+        return Err(ctx.invalid(value, "is longer than 128 characters", FIX_ID));
+    }
+    if !value
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err(ctx.invalid(
+            value,
+            "may only hold A-Z, a-z, 0-9, '.', '_' and '-' (one path component)",
+            FIX_ID,
+        ));
+    }
+    if value.starts_with('-') || value.starts_with('.') {
+        return Err(ctx.invalid(value, "must not start with '-' or '.'", FIX_ID));
+    }
+    if value.contains("..") {
+        return Err(ctx.invalid(value, "must not contain \"..\"", FIX_ID));
+    }
+    Ok(VmId(value.to_owned()))
+}
+
+const FIX_MAC: &str =
+    "give the NIC a unicast MAC like 52:54:00:12:34:56 in cocoon's network config";
+
+fn parse_mac(value: &str, ctx: &Ctx<'_>) -> Result<MacAddr, FactError> {
+    if value.is_empty() {
+        return Err(ctx.missing(FIX_MAC));
+    }
+    let Some(octets) = mac_octets(value) else {
+        return Err(ctx.invalid(
+            value,
+            "is not six two-digit hex groups separated by ':'",
+            FIX_MAC,
+        ));
+    };
+    if octets[0] & 1 == 1 {
+        return Err(ctx.invalid(value, "is a multicast address", FIX_MAC));
+    }
+    if octets == [0; 6] {
+        return Err(ctx.invalid(value, "is all zeros", FIX_MAC));
+    }
+    Ok(MacAddr(octets))
+}
+
+fn mac_octets(value: &str) -> Option<[u8; 6]> {
+    let mut groups = value.split(':');
+    let mut octets = [0u8; 6];
+    for octet in &mut octets {
+        let group = groups.next()?;
+        if group.len() != 2 || !group.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        *octet = u8::from_str_radix(group, 16).ok()?;
+    }
+    groups.next().is_none().then_some(octets)
+}
+
+const FIX_FLAVOR: &str = "use a flavour name like `ubuntu` (1..=63 of a-z, 0-9, '-', '.', '_'), or remove annotation vm.cocoonstack.io/guest-flavor";
+
+fn parse_flavor(value: &str, ctx: &Ctx<'_>) -> Result<Flavor, FactError> {
+    if value.is_empty() {
+        return Err(ctx.missing(FIX_FLAVOR));
+    }
+    if value.len() > MAX_LABEL_LEN {
+        return Err(ctx.invalid(value, "is longer than 63 characters", FIX_FLAVOR));
+    }
+    if !value
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.' | b'_'))
+    {
+        return Err(ctx.invalid(
+            value,
+            "may only hold a-z, 0-9, '-', '.' and '_'",
+            FIX_FLAVOR,
+        ));
+    }
+    Ok(Flavor(value.to_owned()))
+}
+
+const FIX_NET: &str =
+    "fix the NIC's network in cocoon's network config, or leave `ip` empty for DHCP";
+
+fn validate_nic(pod: Option<&str>, i: usize, raw: &RawNic) -> Result<Nic, FactError> {
+    let field = |name: &str| Ctx::in_pod(pod, format!("network_configs[{i}].{name}"));
+    let mac = parse_mac(&raw.mac, &field("mac"))?;
+    if !raw.is_static() {
+        // DHCP: prefix and gateway mean nothing and are not checked.
+        return Ok(Nic {
+            mac,
+            static_ipv4: None,
+        });
+    }
+    let ipv4 = |value: &str, ctx: &Ctx<'_>| {
+        value
+            .parse::<Ipv4Addr>()
+            .map_err(|_| ctx.invalid(value, "is not a dotted-quad IPv4 address", FIX_NET))
+    };
+    let address = ipv4(&raw.ip, &field("network.ip"))?;
+    let prefix_ctx = field("network.prefix");
+    let prefix = match raw.prefix {
+        None => return Err(prefix_ctx.missing("a static NIC needs a prefix length 0..=32")),
+        Some(p) => u8::try_from(p)
+            .ok()
+            .filter(|p| *p <= 32)
+            .ok_or_else(|| prefix_ctx.invalid_shown(p.to_string(), "is outside 0..=32", FIX_NET))?,
+    };
+    let gateway = if raw.gateway.is_empty() {
+        None
+    } else {
+        Some(ipv4(&raw.gateway, &field("network.gateway"))?)
+    };
+    Ok(Nic {
+        mac,
+        static_ipv4: Some(StaticIpv4 {
+            address,
+            prefix,
+            gateway,
+        }),
+    })
+}
+
+/// Parses JSON, keeping serde_json's line and column in the error.
+fn parse_json(text: &str, input: &str, kind: InputKind) -> Result<Value, FactError> {
+    serde_json::from_str(text).map_err(|e| {
+        let full = e.to_string();
+        let position = format!(" at line {} column {}", e.line(), e.column());
+        let reason = full.strip_suffix(&position).unwrap_or(&full).to_owned();
+        FactError::Json {
+            input: input.to_owned(),
+            kind,
+            line: e.line(),
+            column: e.column(),
+            reason,
+        }
+    })
+}
+
+/// `null` reads like an absent field: Go encoders print either.
+fn present(value: Option<&Value>) -> Option<&Value> {
+    value.filter(|v| !v.is_null())
+}
+
+/// How an unexpected JSON value is shown in a shape error.
+fn describe(value: &Value) -> String {
+    match value {
+        Value::Null => "null".to_owned(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => shown(s),
+        Value::Array(_) => "an array".to_owned(),
+        Value::Object(_) => "an object".to_owned(),
+    }
+}
+
+fn got_missing(found: &Option<String>) -> String {
+    match found {
+        None => "nothing".to_owned(),
+        Some(s) => shown(s),
+    }
+}
+
+/// Reads typed fields out of one input, naming it and the field path in
+/// every error.
+struct Reader<'a> {
+    input: &'a str,
+    kind: InputKind,
+}
+
+impl Reader<'_> {
+    fn shape(&self, path: &str, expected: &'static str, found: String) -> FactError {
+        FactError::Shape {
+            input: self.input.to_owned(),
+            kind: self.kind,
+            path: path.to_owned(),
+            expected,
+            found,
+        }
+    }
+
+    fn object<'v>(
+        &self,
+        value: Option<&'v Value>,
+        path: &str,
+    ) -> Result<&'v Map<String, Value>, FactError> {
+        match value {
+            Some(Value::Object(map)) => Ok(map),
+            Some(other) => Err(self.shape(path, "an object", describe(other))),
+            None => Err(self.shape(path, "an object", "nothing".to_owned())),
+        }
+    }
+
+    fn opt_string(
+        &self,
+        map: &Map<String, Value>,
+        key: &str,
+        path: &str,
+    ) -> Result<Option<String>, FactError> {
+        match present(map.get(key)) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(other) => Err(self.shape(path, "a string", describe(other))),
+        }
+    }
+
+    fn opt_integer(
+        &self,
+        map: &Map<String, Value>,
+        key: &str,
+        path: &str,
+    ) -> Result<Option<i64>, FactError> {
+        match present(map.get(key)) {
+            None => Ok(None),
+            Some(Value::Number(n)) if n.as_i64().is_some() => Ok(n.as_i64()),
+            Some(other) => Err(self.shape(path, "an integer", describe(other))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+    use serde_json::json;
+
+    fn pod_with(annotations: &[(&str, &str)]) -> PodInput {
+        PodInput {
+            name: "web-0".to_owned(),
+            namespace: "default".to_owned(),
+            uid: Some("u-1".to_owned()),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        }
+    }
+
+    fn nic(mac: &str, ip: &str, prefix: Option<i64>, gateway: &str) -> RawNic {
+        RawNic {
+            mac: mac.to_owned(),
+            tap: "tap0".to_owned(),
+            ip: ip.to_owned(),
+            prefix,
+            gateway: gateway.to_owned(),
+        }
+    }
+
+    /// A managed, cloned Linux pod that validates, with the given NICs.
+    fn observation(nics: Vec<RawNic>) -> Observation {
+        let pod = pod_with(&[
+            (annotations::MANAGED, "true"),
+            (annotations::VM_NAME, "web-0"),
+            (annotations::GUEST_FLAVOR, "ubuntu"),
+        ]);
+        let vm = VmInspect {
+            id: "vm-1234".to_owned(),
+            nics,
+        };
+        Observation::new(&pod, &vm, &Overrides::default()).unwrap()
+    }
+
+    #[test]
+    fn reads_pod_json() {
+        let text = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "web-0",
+                "namespace": "apps",
+                "uid": "8f0c",
+                "annotations": { "vm.cocoonstack.io/name": "web-0" }
+            },
+            "spec": {}
+        })
+        .to_string();
+        let pod = PodInput::from_json(&text, "pod.json").unwrap();
+        assert_eq!(pod.display_name(), "apps/web-0");
+        assert_eq!(pod.uid.as_deref(), Some("8f0c"));
+        assert_eq!(pod.annotation(annotations::VM_NAME), "web-0");
+        assert_eq!(pod.annotation(annotations::OS), "");
+    }
+
+    #[test]
+    fn reads_inspect_json() {
+        let text = json!({
+            "id": "vm-1",
+            "network_configs": [
+                { "mac": "52:54:00:00:00:01", "tap": "tap0",
+                  "network": { "ip": "10.0.0.5", "prefix": 24, "gateway": "10.0.0.1" } },
+                { "mac": "52:54:00:00:00:02", "tap": "tap1",
+                  "network": { "ip": "", "gateway": "" } },
+                { "mac": "52:54:00:00:00:03", "tap": "tap2", "network": null },
+                { "mac": "52:54:00:00:00:04", "tap": "tap3" }
+            ]
+        })
+        .to_string();
+        let vm = VmInspect::from_json(&text, "vm.json").unwrap();
+        assert_eq!(vm.id, "vm-1");
+        assert_eq!(
+            vm.nics[0],
+            nic("52:54:00:00:00:01", "10.0.0.5", Some(24), "10.0.0.1")
+        );
+        assert!(
+            vm.nics[1..]
+                .iter()
+                .all(|n| !n.is_static() && n.prefix.is_none())
+        );
+        assert_eq!(vm.nics[3].tap, "tap3");
+    }
+
+    #[test]
+    fn inspect_without_nics_reads_empty() {
+        let vm =
+            VmInspect::from_json(r#"{"id":"vm-1","network_configs":null}"#, "vm.json").unwrap();
+        assert!(vm.nics.is_empty());
+        let vm = VmInspect::from_json(r#"{"id":"vm-1"}"#, "vm.json").unwrap();
+        assert!(vm.nics.is_empty());
+    }
+
+    #[rstest]
+    #[case::prefix_as_string(
+        r#"{"id":"a","network_configs":[{"mac":"52:54:00:00:00:01"},{"mac":"52:54:00:00:00:02","network":{"ip":"10.0.0.2","prefix":"24"}}]}"#,
+        "vm.json: network_configs[1].network.prefix: expected an integer, got \"24\"; pass the unmodified output of `cocoon vm inspect <id> --json`"
+    )]
+    #[case::prefix_as_float(
+        r#"{"network_configs":[{"network":{"prefix":24.5}}]}"#,
+        "vm.json: network_configs[0].network.prefix: expected an integer, got 24.5; pass the unmodified output of `cocoon vm inspect <id> --json`"
+    )]
+    #[case::mac_as_number(
+        r#"{"network_configs":[{"mac":5}]}"#,
+        "vm.json: network_configs[0].mac: expected a string, got 5; pass the unmodified output of `cocoon vm inspect <id> --json`"
+    )]
+    #[case::nics_as_object(
+        r#"{"network_configs":{}}"#,
+        "vm.json: network_configs: expected an array, got an object; pass the unmodified output of `cocoon vm inspect <id> --json`"
+    )]
+    #[case::top_level_array(
+        r#"[]"#,
+        "vm.json: top level: expected an object, got an array; pass the unmodified output of `cocoon vm inspect <id> --json`"
+    )]
+    #[case::malformed(
+        "{\n  \"id\": \"a\",\n  \"network_configs\": [\n}",
+        "vm.json: malformed JSON at line 4 column 1: expected value; pass the complete, unmodified output of `cocoon vm inspect <id> --json`"
+    )]
+    #[case::empty(
+        "",
+        "vm.json: malformed JSON at line 1 column 0: EOF while parsing a value; pass the complete, unmodified output of `cocoon vm inspect <id> --json`"
+    )]
+    fn inspect_errors_name_field_and_position(#[case] text: &str, #[case] expected: &str) {
+        let err = VmInspect::from_json(text, "vm.json").unwrap_err();
+        assert_eq!(err.to_string(), expected);
+    }
+
+    #[test]
+    fn malformed_json_keeps_line_and_column() {
+        let err = PodInput::from_json("{\n\n   x", "pod.json").unwrap_err();
+        assert!(
+            matches!(
+                err,
+                FactError::Json {
+                    line: 3,
+                    column: 4,
+                    kind: InputKind::Pod,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[rstest]
+    #[case::list(
+        r#"{"kind":"List","items":[]}"#,
+        "pod.json: kind is \"List\", not \"Pod\"; pass one pod: `kubectl get pod <name> -o json`"
+    )]
+    #[case::no_metadata(
+        r#"{"kind":"Pod"}"#,
+        "pod.json: metadata: expected an object, got nothing; pass the unmodified output of `kubectl get pod <name> -o json`"
+    )]
+    #[case::no_name(
+        r#"{"metadata":{"name":""}}"#,
+        "pod.json: metadata.name: expected a non-empty string, got \"\"; pass the unmodified output of `kubectl get pod <name> -o json`"
+    )]
+    #[case::annotation_not_string(
+        r#"{"metadata":{"name":"p","annotations":{"cocoonset.cocoonstack.io/managed":true}}}"#,
+        "pod.json: metadata.annotations[\"cocoonset.cocoonstack.io/managed\"]: expected a string, got true; pass the unmodified output of `kubectl get pod <name> -o json`"
+    )]
+    fn pod_errors_name_field(#[case] text: &str, #[case] expected: &str) {
+        let err = PodInput::from_json(text, "pod.json").unwrap_err();
+        assert_eq!(err.to_string(), expected);
+    }
+
+    #[rstest]
+    #[case::empty_mode(&[], Some(BootKind::Clone))]
+    #[case::clone(&[(annotations::MODE, "clone")], Some(BootKind::Clone))]
+    #[case::unknown_mode(&[(annotations::MODE, "other")], Some(BootKind::Clone))]
+    #[case::run(&[(annotations::MODE, "run")], None)]
+    #[case::run_upper(&[(annotations::MODE, "RUN")], None)]
+    #[case::run_mixed(&[(annotations::MODE, "Run")], None)]
+    #[case::run_padded(&[(annotations::MODE, " run")], Some(BootKind::Clone))]
+    #[case::run_fork(&[(annotations::MODE, "Run"), (annotations::FORK_FROM, "vm-a")], Some(BootKind::Fork))]
+    #[case::run_dir(&[(annotations::MODE, "RUN"), (annotations::CLONE_FROM_DIR, "/snap")], Some(BootKind::Clone))]
+    #[case::fork_over_dir(&[(annotations::FORK_FROM, "vm-a"), (annotations::CLONE_FROM_DIR, "/snap")], Some(BootKind::Fork))]
+    #[case::dir_over_wake(&[(annotations::CLONE_FROM_DIR, "/snap"), (annotations::RESTORE_FROM_HIBERNATE, "true")], Some(BootKind::Clone))]
+    #[case::wake(&[(annotations::RESTORE_FROM_HIBERNATE, "true")], Some(BootKind::Wake))]
+    #[case::wake_not_exact(&[(annotations::RESTORE_FROM_HIBERNATE, "True")], Some(BootKind::Clone))]
+    #[case::run_wake(&[(annotations::MODE, "run"), (annotations::RESTORE_FROM_HIBERNATE, "true")], None)]
+    fn boot_kind_from_annotations(
+        #[case] annotations: &[(&str, &str)],
+        #[case] expected: Option<BootKind>,
+    ) {
+        let pod = pod_with(annotations);
+        assert_eq!(BootKind::from_annotations(&pod.annotations), expected);
+    }
+
+    #[rstest]
+    #[case::keeps_derived(None, &[(annotations::MODE, "run")], None)]
+    #[case::override_makes_cloned(Some(BootKind::Resumed), &[(annotations::MODE, "run")], Some(BootKind::Resumed))]
+    #[case::override_replaces(Some(BootKind::Wake), &[], Some(BootKind::Wake))]
+    fn boot_override(
+        #[case] boot: Option<BootKind>,
+        #[case] annotations: &[(&str, &str)],
+        #[case] expected: Option<BootKind>,
+    ) {
+        let overrides = Overrides {
+            boot,
+            source_image: Some(String::new()),
+        };
+        let obs =
+            Observation::new(&pod_with(annotations), &VmInspect::default(), &overrides).unwrap();
+        assert_eq!(obs.boot, expected);
+        assert_eq!(obs.source_image, None, "an empty source image is unknown");
+    }
+
+    #[rstest]
+    #[case::inspect_only("vm-1", "", Ok("vm-1"))]
+    #[case::annotation_only("", "vm-2", Ok("vm-2"))]
+    #[case::both_same("vm-1", "vm-1", Ok("vm-1"))]
+    #[case::neither("", "", Ok(""))]
+    #[case::differ(
+        "vm-1",
+        "vm-2",
+        Err(
+            "pod default/web-0: inspect says VM id \"vm-1\" but annotation vm.cocoonstack.io/id says \"vm-2\"; inspect the VM this pod names, or fix the annotation"
+        )
+    )]
+    fn vm_id_source(
+        #[case] inspect: &str,
+        #[case] annotated: &str,
+        #[case] expected: Result<&str, &str>,
+    ) {
+        let pod = pod_with(&[(annotations::VM_ID, annotated)]);
+        let vm = VmInspect {
+            id: inspect.to_owned(),
+            nics: vec![],
+        };
+        let got = Observation::new(&pod, &vm, &Overrides::default())
+            .map(|o| o.vm_id)
+            .map_err(|e| e.to_string());
+        assert_eq!(got, expected.map(str::to_owned).map_err(str::to_owned));
+    }
+
+    #[test]
+    fn observation_interprets_annotations_exactly() {
+        let pod = pod_with(&[
+            (annotations::MANAGED, "True"),
+            (annotations::BACKEND, "Firecracker"),
+            (annotations::OS, "Windows"),
+            (annotations::GUEST_FLAVOR, ""),
+        ]);
+        let obs = Observation::new(&pod, &VmInspect::default(), &Overrides::default()).unwrap();
+        assert!(!obs.managed);
+        assert_eq!(obs.backend, Backend::CloudHypervisor);
+        assert_eq!(obs.os, GuestOs::Unknown);
+        assert_eq!(obs.flavor, None);
+        assert_eq!(obs.pod, "default/web-0");
+    }
+
+    #[test]
+    fn validates_static_and_dhcp_nics() {
+        let obs = observation(vec![
+            nic("52:54:00:AB:cd:01", "10.0.0.5", Some(24), "10.0.0.1"),
+            nic("52:54:00:ab:cd:02", "192.168.1.9", Some(32), ""),
+            nic("52:54:00:ab:cd:03", "", Some(99), "junk"),
+        ]);
+        let facts = VmFacts::validate(&obs, ImageKind::Oci).unwrap();
+        assert_eq!(facts.name.as_str(), "web-0");
+        assert_eq!(facts.id.as_str(), "vm-1234");
+        assert_eq!(facts.boot, BootKind::Clone);
+        assert_eq!(facts.image, ImageKind::Oci);
+        assert_eq!(facts.flavor.as_ref().map(Flavor::as_str), Some("ubuntu"));
+        assert_eq!(facts.nics[0].mac.to_string(), "52:54:00:ab:cd:01");
+        assert_eq!(
+            facts.nics[0].static_ipv4,
+            Some(StaticIpv4 {
+                address: Ipv4Addr::new(10, 0, 0, 5),
+                prefix: 24,
+                gateway: Some(Ipv4Addr::new(10, 0, 0, 1)),
+            })
+        );
+        assert_eq!(facts.nics[1].static_ipv4.unwrap().gateway, None);
+        assert_eq!(
+            facts.nics[2].static_ipv4, None,
+            "DHCP ignores prefix and gateway"
+        );
+    }
+
+    const P: &str = "pod default/web-0: ";
+
+    #[rstest]
+    #[case::bad_mac(
+        vec![nic("52:54:00:ab:cd", "", None, "")],
+        "network_configs[0].mac \"52:54:00:ab:cd\": is not six two-digit hex groups separated by ':'; give the NIC a unicast MAC like 52:54:00:12:34:56 in cocoon's network config"
+    )]
+    #[case::empty_mac(
+        vec![nic("", "", None, "")],
+        "network_configs[0].mac is missing or empty; give the NIC a unicast MAC like 52:54:00:12:34:56 in cocoon's network config"
+    )]
+    #[case::multicast(
+        vec![nic("01:00:5e:00:00:01", "", None, "")],
+        "network_configs[0].mac \"01:00:5e:00:00:01\": is a multicast address; give the NIC a unicast MAC like 52:54:00:12:34:56 in cocoon's network config"
+    )]
+    #[case::bad_ip(
+        vec![nic("52:54:00:00:00:01", "10.0.0.256", Some(24), "")],
+        "network_configs[0].network.ip \"10.0.0.256\": is not a dotted-quad IPv4 address; fix the NIC's network in cocoon's network config, or leave `ip` empty for DHCP"
+    )]
+    #[case::missing_prefix(
+        vec![nic("52:54:00:00:00:01", "10.0.0.2", None, "")],
+        "network_configs[0].network.prefix is missing or empty; a static NIC needs a prefix length 0..=32"
+    )]
+    #[case::prefix_too_big(
+        vec![nic("52:54:00:00:00:01", "10.0.0.2", Some(33), "")],
+        "network_configs[0].network.prefix 33: is outside 0..=32; fix the NIC's network in cocoon's network config, or leave `ip` empty for DHCP"
+    )]
+    #[case::prefix_negative(
+        vec![nic("52:54:00:00:00:01", "10.0.0.2", Some(-1), "")],
+        "network_configs[0].network.prefix -1: is outside 0..=32; fix the NIC's network in cocoon's network config, or leave `ip` empty for DHCP"
+    )]
+    #[case::bad_gateway(
+        vec![nic("52:54:00:00:00:01", "10.0.0.2", Some(24), "10.0.0.1'; reboot")],
+        "network_configs[0].network.gateway \"10.0.0.1'; reboot\": is not a dotted-quad IPv4 address; fix the NIC's network in cocoon's network config, or leave `ip` empty for DHCP"
+    )]
+    fn nic_errors(#[case] nics: Vec<RawNic>, #[case] expected: &str) {
+        let err = VmFacts::validate(&observation(nics), ImageKind::Oci).unwrap_err();
+        assert_eq!(err.to_string(), format!("{P}{expected}"));
+    }
+
+    #[test]
+    fn duplicate_macs_name_both_nics() {
+        let obs = observation(vec![
+            nic("52:54:00:00:00:01", "", None, ""),
+            nic("52:54:00:00:00:02", "", None, ""),
+            nic("52:54:00:00:00:0A", "", None, ""),
+            nic("52:54:00:00:00:0a", "", None, ""),
+        ]);
+        let err = VmFacts::validate(&obs, ImageKind::Oci).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "pod default/web-0: network_configs[2] and network_configs[3] both have MAC 52:54:00:00:00:0a; give every NIC its own MAC in cocoon's network config"
+        );
+    }
+
+    #[test]
+    fn too_many_nics() {
+        let nics = (0..=MAX_NICS)
+            .map(|i| nic(&format!("52:54:00:00:01:{:02x}", i), "", None, ""))
+            .collect();
+        let err = VmFacts::validate(&observation(nics), ImageKind::Oci).unwrap_err();
+        assert!(
+            matches!(err, FactError::TooManyNics { count: 65, .. }),
+            "{err}"
+        );
+        let nics = (0..MAX_NICS)
+            .map(|i| nic(&format!("52:54:00:00:01:{:02x}", i), "", None, ""))
+            .collect();
+        assert!(VmFacts::validate(&observation(nics), ImageKind::Oci).is_ok());
+    }
+
+    #[test]
+    fn not_cloned_is_an_error() {
+        let mut obs = observation(vec![]);
+        obs.boot = None;
+        let err = VmFacts::validate(&obs, ImageKind::Unknown).unwrap_err();
+        assert_eq!(
+            err,
+            FactError::NotCloned {
+                pod: "default/web-0".to_owned()
+            }
+        );
+    }
+
+    #[rstest]
+    #[case::empty(
+        "",
+        "pod default/web-0: annotation vm.cocoonstack.io/name is missing or empty; set annotation vm.cocoonstack.io/name to the VM name, a lowercase RFC 1123 label like `web-0`"
+    )]
+    #[case::shell(
+        "web;reboot",
+        "pod default/web-0: annotation vm.cocoonstack.io/name \"web;reboot\": may only hold a-z, 0-9 and '-'; set annotation vm.cocoonstack.io/name to the VM name, a lowercase RFC 1123 label like `web-0`"
+    )]
+    #[case::newline(
+        "web\n0",
+        "pod default/web-0: annotation vm.cocoonstack.io/name \"web\\n0\": may only hold a-z, 0-9 and '-'; set annotation vm.cocoonstack.io/name to the VM name, a lowercase RFC 1123 label like `web-0`"
+    )]
+    fn name_errors_in_pod(#[case] name: &str, #[case] expected: &str) {
+        let mut obs = observation(vec![]);
+        obs.vm_name = name.to_owned();
+        let err = VmFacts::validate(&obs, ImageKind::Unknown).unwrap_err();
+        assert_eq!(err.to_string(), expected);
+    }
+
+    #[test]
+    fn id_error_in_pod_names_both_sources() {
+        let mut obs = observation(vec![]);
+        obs.vm_id = "../etc".to_owned();
+        let err = VmFacts::validate(&obs, ImageKind::Unknown).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "pod default/web-0: VM id (inspect `id`, else annotation vm.cocoonstack.io/id) \"../etc\": may only hold A-Z, a-z, 0-9, '.', '_' and '-' (one path component); check `id` in `cocoon vm inspect <id> --json` and annotation vm.cocoonstack.io/id"
+        );
+    }
+
+    #[test]
+    fn flavor_error_in_pod() {
+        let mut obs = observation(vec![]);
+        obs.flavor = Some("Ubuntu".to_owned());
+        let err = VmFacts::validate(&obs, ImageKind::Unknown).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("pod default/web-0: annotation vm.cocoonstack.io/guest-flavor \"Ubuntu\": may only hold"),
+            "{err}"
+        );
+    }
+
+    #[rstest]
+    #[case::simple("web-0", true)]
+    #[case::single("a", true)]
+    #[case::digits("0123", true)]
+    #[case::max_len(&"a".repeat(63), true)]
+    #[case::too_long(&"a".repeat(64), false)]
+    #[case::empty("", false)]
+    #[case::upper("Web", false)]
+    #[case::leading_dash("-web", false)]
+    #[case::trailing_dash("web-", false)]
+    #[case::dot("web.0", false)]
+    #[case::underscore("web_0", false)]
+    #[case::space("web 0", false)]
+    #[case::quote("web'0", false)]
+    #[case::non_ascii("wéb", false)]
+    fn vm_names(#[case] value: &str, #[case] ok: bool) {
+        assert_eq!(VmName::parse(value).is_ok(), ok, "{value:?}");
+    }
+
+    #[rstest]
+    #[case::simple("vm-1234", true)]
+    #[case::mixed("Ab.C_d-9", true)]
+    #[case::single_dot_inside("a.b", true)]
+    #[case::max_len(&"a".repeat(128), true)]
+    #[case::too_long(&"a".repeat(129), false)]
+    #[case::empty("", false)]
+    #[case::dotdot("..", false)]
+    #[case::dot(".", false)]
+    #[case::hidden(".a", false)]
+    #[case::parent("../x", false)]
+    #[case::inner_dotdot("a..b", false)]
+    #[case::slash("a/b", false)]
+    #[case::absolute("/abs", false)]
+    #[case::option("-rf", false)]
+    #[case::space("a b", false)]
+    #[case::nul("a\0b", false)]
+    fn vm_ids(#[case] value: &str, #[case] ok: bool) {
+        assert_eq!(VmId::parse(value).is_ok(), ok, "{value:?}");
+    }
+
+    #[rstest]
+    #[case::lower("52:54:00:12:34:56", Some([0x52, 0x54, 0, 0x12, 0x34, 0x56]))]
+    #[case::upper("AA:BB:CC:DD:EE:FF", Some([0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff]))]
+    #[case::multicast("01:00:5e:00:00:01", None)]
+    #[case::broadcast("ff:ff:ff:ff:ff:ff", None)]
+    #[case::zero("00:00:00:00:00:00", None)]
+    #[case::short("52:54:00:12:34", None)]
+    #[case::long("52:54:00:12:34:56:78", None)]
+    #[case::one_digit("52:54:0:12:34:56", None)]
+    #[case::dashes("52-54-00-12-34-56", None)]
+    #[case::plus("52:54:00:12:34:+5", None)]
+    #[case::trailing_colon("52:54:00:12:34:56:", None)]
+    #[case::non_hex("52:54:00:12:34:zz", None)]
+    fn macs(#[case] value: &str, #[case] expected: Option<[u8; 6]>) {
+        assert_eq!(
+            MacAddr::parse(value).ok().map(|m| m.0),
+            expected,
+            "{value:?}"
+        );
+    }
+
+    #[rstest]
+    #[case::simple("ubuntu", true)]
+    #[case::dotted("rhel-9.4_min", true)]
+    #[case::max_len(&"a".repeat(63), true)]
+    #[case::too_long(&"a".repeat(64), false)]
+    #[case::empty("", false)]
+    #[case::upper("Ubuntu", false)]
+    #[case::slash("a/b", false)]
+    fn flavors(#[case] value: &str, #[case] ok: bool) {
+        assert_eq!(Flavor::parse(value).is_ok(), ok, "{value:?}");
+    }
+
+    #[test]
+    fn standalone_errors_have_no_pod() {
+        assert_eq!(
+            Flavor::parse("").unwrap_err().to_string(),
+            "guest flavour is missing or empty; use a flavour name like `ubuntu` (1..=63 of a-z, 0-9, '-', '.', '_'), or remove annotation vm.cocoonstack.io/guest-flavor"
+        );
+        assert_eq!(
+            VmId::parse("-rf").unwrap_err().to_string(),
+            "VM id \"-rf\": must not start with '-' or '.'; check `id` in `cocoon vm inspect <id> --json` and annotation vm.cocoonstack.io/id"
+        );
+    }
+
+    #[test]
+    fn long_values_are_cut_and_escaped() {
+        let value = format!("{}\u{1b}[2J", "x".repeat(100));
+        let err = VmName::parse(&value).unwrap_err().to_string();
+        assert!(
+            err.starts_with(&format!("VM name \"{}\"... (104 bytes): ", "x".repeat(80))),
+            "{err}"
+        );
+        assert!(!err.contains('\u{1b}'));
+        assert_eq!(shown("a\u{1b}"), "\"a\\u{1b}\"");
+    }
 }
