@@ -440,11 +440,12 @@ mod tests {
     }
 
     /// Every example classifies as examples/README.md says; the ones that
-    /// need a fixup also validate. There is no overlay to probe here, so the
-    /// image kind comes from `args` alone.
+    /// need a fixup also validate. The image kind comes from `args` and the
+    /// overlay probe against `examples/cocoon-root`.
     #[rstest]
     #[case::oci_static("oci-static", Rule::StaticNic, Some(Scenario::OciNetworkd))]
     #[case::cloudimg_static("cloudimg-static", Rule::StaticNic, Some(Scenario::Cloudimg))]
+    #[case::cloudimg_overlay("cloudimg-overlay", Rule::StaticNic, Some(Scenario::Cloudimg))]
     #[case::fc_dhcp("fc-dhcp", Rule::Firecracker, Some(Scenario::FcMac))]
     #[case::windows("windows", Rule::Windows, Some(Scenario::WindowsPnp))]
     #[case::no_fixup("no-fixup", Rule::AllDhcp, None)]
@@ -465,7 +466,13 @@ mod tests {
         let decision = classify(&obs);
         assert_eq!(decision.rule, rule, "{name}");
         let image = if decision.needs_image_kind() {
-            image_kind(obs.source_image.as_deref(), false)
+            let probe =
+                crate::probe::OverlayProbe::open(examples_dir().join("cocoon-root")).unwrap();
+            let id = crate::facts::VmId::parse(&obs.vm_id).unwrap();
+            image_kind(
+                obs.source_image.as_deref(),
+                probe.overlay_exists(&id).unwrap(),
+            )
         } else {
             ImageKind::Unknown
         };
@@ -493,6 +500,7 @@ mod tests {
         assert_eq!(
             found,
             [
+                "cloudimg-overlay",
                 "cloudimg-static",
                 "fc-dhcp",
                 "no-fixup",
