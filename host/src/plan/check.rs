@@ -1,0 +1,498 @@
+//! Limits and structural rules for plans, and the errors that name a
+//! broken rule.
+//!
+//! Every plan a plugin returns passes [`Plan::check`] before anything
+//! renders or runs it. The rules keep the rendered text unambiguous (no NUL
+//! bytes, one-line descriptions, normalised absolute paths) and keep a
+//! plugin from removing more than it could mean to (no `rm` at the root, no
+//! wildcard outside the last path component).
+
+use std::fmt;
+
+use super::{Action, Dialect, Plan, Step, WriteFile};
+
+/// Most bytes a step description may have: it is one line of a comment in
+/// the hint and of the error a failed step produces.
+pub const DESCRIPTION_MAX: usize = 200;
+
+/// POSIX special built-ins. The shell finds them before it searches PATH,
+/// and most of them change the script around the step (`exit`, `exec`,
+/// `set`, `trap`, `eval`), so a POSIX sh plan may not run one as a
+/// program. A plugin that truly means one writes `sh -c ...`.
+pub const SH_SPECIAL_BUILTINS: [&str; 15] = [
+    "break", ":", "continue", ".", "eval", "exec", "exit", "export", "readonly", "return", "set",
+    "shift", "times", "trap", "unset",
+];
+
+/// Size limits for one plan. They bound what a plugin can make the host
+/// render and send to the guest; both apply to the composed plan too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanLimits {
+    /// Most steps in a plan. Default 256.
+    pub max_steps: usize,
+    /// Most bytes of text in a plan, counted by [`Plan::text_bytes`].
+    /// Default 64 KiB. The rendered exec script is larger: sh quoting can
+    /// grow a string to two and a half times (alternating `'`), and each
+    /// step adds about 150 bytes of markers. The script is one argv string,
+    /// and Linux caps one at 128 KiB (`MAX_ARG_STRLEN`): keep this limit
+    /// well below that.
+    pub max_bytes: usize,
+}
+
+impl Default for PlanLimits {
+    fn default() -> Self {
+        PlanLimits {
+            max_steps: 256,
+            max_bytes: 64 * 1024,
+        }
+    }
+}
+
+/// A plan that breaks a limit or a structural rule, or plans that cannot
+/// be composed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("plan has {steps} steps, over the limit of {max} (PlanLimits::max_steps)")]
+    TooManySteps { steps: usize, max: usize },
+    #[error("plan has {bytes} bytes of text, over the limit of {max} (PlanLimits::max_bytes)")]
+    TooLarge { bytes: usize, max: usize },
+    /// `step` counts from 1.
+    #[error("step {step} {field}: {problem}")]
+    Invalid {
+        step: usize,
+        field: Field,
+        problem: Problem,
+    },
+    #[error("no plans to compose: pass at least one")]
+    NothingToCompose,
+    /// `part` counts from 1; part 1 sets the dialect.
+    #[error("plan {part} is {found} but plan 1 is {expected}: compose plans of one dialect")]
+    MixedDialects {
+        part: usize,
+        expected: Dialect,
+        found: Dialect,
+    },
+}
+
+/// Which field of a step broke a rule. Displays as the JSON path within
+/// the step (`run[0]`, `write_file.path`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    Description,
+    /// The whole argv of a `run` step.
+    Run,
+    /// One argv entry, counted from 0 (`run[0]` is the program).
+    Arg(usize),
+    Path,
+    Content,
+    Mode,
+    /// The whole list of a `remove_files` step.
+    RemoveFiles,
+    /// One pattern of a `remove_files` step, counted from 0.
+    Pattern(usize),
+}
+
+impl fmt::Display for Field {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Field::Description => f.write_str("description"),
+            Field::Run => f.write_str("run"),
+            Field::Arg(i) => write!(f, "run[{i}]"),
+            Field::Path => f.write_str("write_file.path"),
+            Field::Content => f.write_str("write_file.content"),
+            Field::Mode => f.write_str("write_file.mode"),
+            Field::RemoveFiles => f.write_str("remove_files"),
+            Field::Pattern(i) => write!(f, "remove_files[{i}]"),
+        }
+    }
+}
+
+/// The structural rule a field breaks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Problem {
+    #[error("contains a NUL byte, which no argv or shell word can carry")]
+    Nul,
+    #[error("contains a control character (line break, tab or similar)")]
+    ControlChar,
+    #[error("is empty: say in one line what the step does")]
+    EmptyDescription,
+    #[error("is {len} bytes, over the limit of {max}: shorten it")]
+    DescriptionTooLong { len: usize, max: usize },
+    #[error("is empty: give the program and its arguments")]
+    EmptyArgv,
+    #[error("is empty: name the program to run")]
+    EmptyProgram,
+    #[error("`{0}` is a shell special built-in, not a program; run `sh -c` if it is meant")]
+    ShellBuiltin(String),
+    #[error("lists no paths")]
+    NoPaths,
+    #[error("is not an absolute path (it must start with `/`)")]
+    NotAbsolute,
+    #[error("has a `..` component")]
+    ParentComponent,
+    #[error("is not normalised: it has an empty or `.` component (`//`, `/./` or a trailing `/`)")]
+    NotNormalised,
+    #[error("has a `*` outside its last component")]
+    WildcardNotLast,
+    #[error("needs at least two components (`/dir/name`): nothing is removed at the root")]
+    TooShallow,
+    #[error("{0:o} (octal) is not a permission mode: the most is 7777")]
+    ModeOutOfRange(u32),
+}
+
+impl Plan {
+    /// Check the plan against `limits` and the structural rules:
+    ///
+    /// - at most `limits.max_steps` steps and `limits.max_bytes` bytes of
+    ///   text;
+    /// - no NUL byte in any string;
+    /// - a description is one non-empty line of at most [`DESCRIPTION_MAX`]
+    ///   bytes with no control characters;
+    /// - a run has a non-empty argv whose `argv[0]` is non-empty (and, in a
+    ///   POSIX sh plan, not one of [`SH_SPECIAL_BUILTINS`]);
+    /// - a path is absolute and normalised, with no `..`, `.` or empty
+    ///   component and no control characters (Windows paths are not
+    ///   accepted yet: no plugin writes files on Windows);
+    /// - a remove pattern also has at least two components and `*` only in
+    ///   its last one, and a remove step lists at least one pattern;
+    /// - a mode is at most `0o7777`.
+    ///
+    /// An empty plan passes: it has nothing to do.
+    pub fn check(&self, limits: &PlanLimits) -> Result<(), PlanError> {
+        if self.steps.len() > limits.max_steps {
+            return Err(PlanError::TooManySteps {
+                steps: self.steps.len(),
+                max: limits.max_steps,
+            });
+        }
+        let bytes = self.text_bytes();
+        if bytes > limits.max_bytes {
+            return Err(PlanError::TooLarge {
+                bytes,
+                max: limits.max_bytes,
+            });
+        }
+        for (i, step) in self.steps.iter().enumerate() {
+            check_step(self.dialect, step).map_err(|(field, problem)| PlanError::Invalid {
+                step: i + 1,
+                field,
+                problem,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+type Broken = (Field, Problem);
+
+fn check_step(dialect: Dialect, step: &Step) -> Result<(), Broken> {
+    check_description(&step.description).map_err(|p| (Field::Description, p))?;
+    match &step.action {
+        Action::Run(argv) => check_argv(dialect, argv),
+        Action::WriteFile(w) => check_write(w),
+        Action::RemoveFiles(patterns) => check_patterns(patterns),
+    }
+}
+
+fn check_description(d: &str) -> Result<(), Problem> {
+    no_nul(d)?;
+    if d.is_empty() {
+        return Err(Problem::EmptyDescription);
+    }
+    if d.chars().any(char::is_control) {
+        return Err(Problem::ControlChar);
+    }
+    if d.len() > DESCRIPTION_MAX {
+        return Err(Problem::DescriptionTooLong {
+            len: d.len(),
+            max: DESCRIPTION_MAX,
+        });
+    }
+    Ok(())
+}
+
+fn check_argv(dialect: Dialect, argv: &[String]) -> Result<(), Broken> {
+    let Some(program) = argv.first() else {
+        return Err((Field::Run, Problem::EmptyArgv));
+    };
+    for (i, arg) in argv.iter().enumerate() {
+        no_nul(arg).map_err(|p| (Field::Arg(i), p))?;
+    }
+    if program.is_empty() {
+        return Err((Field::Arg(0), Problem::EmptyProgram));
+    }
+    if dialect == Dialect::PosixSh && SH_SPECIAL_BUILTINS.contains(&program.as_str()) {
+        return Err((Field::Arg(0), Problem::ShellBuiltin(program.clone())));
+    }
+    Ok(())
+}
+
+fn check_write(w: &WriteFile) -> Result<(), Broken> {
+    check_path(&w.path).map_err(|p| (Field::Path, p))?;
+    no_nul(&w.content).map_err(|p| (Field::Content, p))?;
+    match w.mode {
+        Some(m) if m > 0o7777 => Err((Field::Mode, Problem::ModeOutOfRange(m))),
+        _ => Ok(()),
+    }
+}
+
+fn check_patterns(patterns: &[String]) -> Result<(), Broken> {
+    if patterns.is_empty() {
+        return Err((Field::RemoveFiles, Problem::NoPaths));
+    }
+    for (i, pattern) in patterns.iter().enumerate() {
+        check_pattern(pattern).map_err(|p| (Field::Pattern(i), p))?;
+    }
+    Ok(())
+}
+
+fn check_pattern(pattern: &str) -> Result<(), Problem> {
+    check_path(pattern)?;
+    // check_path guarantees a leading `/` and no empty component.
+    let components: Vec<&str> = pattern[1..].split('/').collect();
+    if components.len() < 2 {
+        return Err(Problem::TooShallow);
+    }
+    let (_, dirs) = components.split_last().expect("at least two components");
+    if dirs.iter().any(|c| c.contains('*')) {
+        return Err(Problem::WildcardNotLast);
+    }
+    Ok(())
+}
+
+fn check_path(path: &str) -> Result<(), Problem> {
+    no_nul(path)?;
+    if path.chars().any(char::is_control) {
+        return Err(Problem::ControlChar);
+    }
+    let Some(rest) = path.strip_prefix('/') else {
+        return Err(Problem::NotAbsolute);
+    };
+    for component in rest.split('/') {
+        match component {
+            ".." => return Err(Problem::ParentComponent),
+            "" | "." => return Err(Problem::NotNormalised),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn no_nul(s: &str) -> Result<(), Problem> {
+    if s.contains('\0') {
+        Err(Problem::Nul)
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rstest::rstest;
+
+    use super::*;
+    use crate::plan::Phase;
+
+    fn step(action: Action) -> Step {
+        Step {
+            description: "do it".into(),
+            phase: Phase::Configure,
+            best_effort: false,
+            action,
+        }
+    }
+
+    fn run(argv: &[&str]) -> Action {
+        Action::Run(argv.iter().map(|s| s.to_string()).collect())
+    }
+
+    fn write(path: &str, content: &str, mode: Option<u32>) -> Action {
+        Action::WriteFile(WriteFile {
+            path: path.into(),
+            content: content.into(),
+            mode,
+        })
+    }
+
+    fn remove(patterns: &[&str]) -> Action {
+        Action::RemoveFiles(patterns.iter().map(|s| s.to_string()).collect())
+    }
+
+    fn plan(steps: Vec<Step>) -> Plan {
+        Plan {
+            dialect: Dialect::PosixSh,
+            steps,
+        }
+    }
+
+    fn invalid(step: usize, field: Field, problem: Problem) -> Result<(), PlanError> {
+        Err(PlanError::Invalid {
+            step,
+            field,
+            problem,
+        })
+    }
+
+    #[rstest]
+    #[case::run(run(&["ip", "link", "set", "dev", "eth0", "up"]))]
+    #[case::run_with_nasty_args(run(&["printf", "%s", "it's\n$(x)", "", "-"]))]
+    #[case::path_program(run(&["/usr/sbin/ip"]))]
+    #[case::write(write("/etc/hostname", "vm-1\n", Some(0o644)))]
+    #[case::write_no_mode(write("/proc/sys/vm/drop_caches", "3", None))]
+    #[case::write_empty(write("/etc/x", "", Some(0o7777)))]
+    #[case::write_one_component(write("/x", "", None))]
+    #[case::remove_glob(remove(&["/etc/systemd/network/10-*.network"]))]
+    #[case::remove_star(remove(&["/tmp/*"]))]
+    #[case::remove_literal(remove(&["/etc/a b/it's", "/etc/c"]))]
+    fn valid_steps_pass(#[case] action: Action) {
+        assert_eq!(
+            plan(vec![step(action)]).check(&PlanLimits::default()),
+            Ok(())
+        );
+    }
+
+    #[rstest]
+    #[case::empty_argv(run(&[]), Field::Run, Problem::EmptyArgv)]
+    #[case::empty_program(run(&["", "x"]), Field::Arg(0), Problem::EmptyProgram)]
+    #[case::nul_arg(run(&["ip", "a\0b"]), Field::Arg(1), Problem::Nul)]
+    #[case::builtin_exit(run(&["exit", "0"]), Field::Arg(0), Problem::ShellBuiltin("exit".into()))]
+    #[case::builtin_dot(run(&[".", "/x"]), Field::Arg(0), Problem::ShellBuiltin(".".into()))]
+    #[case::relative(write("etc/hostname", "", None), Field::Path, Problem::NotAbsolute)]
+    #[case::empty_path(write("", "", None), Field::Path, Problem::NotAbsolute)]
+    #[case::root(write("/", "", None), Field::Path, Problem::NotNormalised)]
+    #[case::dotdot(write("/etc/../x", "", None), Field::Path, Problem::ParentComponent)]
+    #[case::dot(write("/etc/./x", "", None), Field::Path, Problem::NotNormalised)]
+    #[case::double_slash(write("/etc//x", "", None), Field::Path, Problem::NotNormalised)]
+    #[case::trailing_slash(write("/etc/x/", "", None), Field::Path, Problem::NotNormalised)]
+    #[case::newline_path(write("/etc/x\ny", "", None), Field::Path, Problem::ControlChar)]
+    #[case::nul_path(write("/etc/x\0", "", None), Field::Path, Problem::Nul)]
+    #[case::nul_content(write("/etc/x", "a\0", None), Field::Content, Problem::Nul)]
+    #[case::mode(
+        write("/etc/x", "", Some(0o10000)),
+        Field::Mode,
+        Problem::ModeOutOfRange(0o10000)
+    )]
+    #[case::no_patterns(remove(&[]), Field::RemoveFiles, Problem::NoPaths)]
+    #[case::rm_root(remove(&["/"]), Field::Pattern(0), Problem::NotNormalised)]
+    #[case::rm_root_glob(remove(&["/*"]), Field::Pattern(0), Problem::TooShallow)]
+    #[case::rm_root_pattern(remove(&["/etc/a", "/e*c"]), Field::Pattern(1), Problem::TooShallow)]
+    #[case::rm_one_component(remove(&["/etc"]), Field::Pattern(0), Problem::TooShallow)]
+    #[case::rm_glob_dir(remove(&["/etc/*/x"]), Field::Pattern(0), Problem::WildcardNotLast)]
+    #[case::rm_glob_dir2(remove(&["/e*/x/y"]), Field::Pattern(0), Problem::WildcardNotLast)]
+    #[case::rm_dotdot(remove(&["/etc/../*"]), Field::Pattern(0), Problem::ParentComponent)]
+    #[case::rm_relative(remove(&["etc/*"]), Field::Pattern(0), Problem::NotAbsolute)]
+    fn broken_steps_name_field_and_problem(
+        #[case] action: Action,
+        #[case] field: Field,
+        #[case] problem: Problem,
+    ) {
+        let p = plan(vec![step(run(&["true"])), step(action)]);
+        assert_eq!(p.check(&PlanLimits::default()), invalid(2, field, problem));
+    }
+
+    #[rstest]
+    #[case::empty("", Problem::EmptyDescription)]
+    #[case::newline("two\nlines", Problem::ControlChar)]
+    #[case::carriage_return("x\r", Problem::ControlChar)]
+    #[case::tab("a\tb", Problem::ControlChar)]
+    #[case::c1("a\u{85}b", Problem::ControlChar)]
+    #[case::nul("a\0", Problem::Nul)]
+    #[case::long(&"x".repeat(201), Problem::DescriptionTooLong { len: 201, max: 200 })]
+    fn broken_descriptions(#[case] description: &str, #[case] problem: Problem) {
+        let mut s = step(run(&["true"]));
+        s.description = description.into();
+        assert_eq!(
+            plan(vec![s]).check(&PlanLimits::default()),
+            invalid(1, Field::Description, problem)
+        );
+    }
+
+    #[test]
+    fn description_of_exactly_200_bytes_passes() {
+        let mut s = step(run(&["true"]));
+        s.description = "é".repeat(100);
+        assert_eq!(plan(vec![s]).check(&PlanLimits::default()), Ok(()));
+    }
+
+    #[test]
+    fn powershell_plans_may_name_sh_builtins() {
+        let p = Plan {
+            dialect: Dialect::PowerShell,
+            steps: vec![step(run(&["exit"]))],
+        };
+        assert_eq!(p.check(&PlanLimits::default()), Ok(()));
+    }
+
+    #[test]
+    fn step_limit_is_inclusive() {
+        let limits = PlanLimits {
+            max_steps: 3,
+            ..PlanLimits::default()
+        };
+        let at = plan(vec![step(run(&["true"])); 3]);
+        assert_eq!(at.check(&limits), Ok(()));
+        let over = plan(vec![step(run(&["true"])); 4]);
+        let err = over.check(&limits).unwrap_err();
+        assert_eq!(err, PlanError::TooManySteps { steps: 4, max: 3 });
+        assert_eq!(
+            err.to_string(),
+            "plan has 4 steps, over the limit of 3 (PlanLimits::max_steps)"
+        );
+    }
+
+    #[test]
+    fn default_limits() {
+        let limits = PlanLimits::default();
+        assert_eq!((limits.max_steps, limits.max_bytes), (256, 65536));
+        assert!(plan(vec![step(run(&["true"])); 256]).check(&limits).is_ok());
+        assert!(
+            plan(vec![step(run(&["true"])); 257])
+                .check(&limits)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn byte_limit_is_inclusive() {
+        let limits = PlanLimits::default();
+        // "do it" (5) + "/etc/x" (6) + content.
+        let content = "y".repeat(65536 - 11);
+        let at = plan(vec![step(write("/etc/x", &content, None))]);
+        assert_eq!(at.text_bytes(), 65536);
+        assert_eq!(at.check(&limits), Ok(()));
+        let over = plan(vec![step(write("/etc/x", &format!("{content}y"), None))]);
+        let err = over.check(&limits).unwrap_err();
+        assert_eq!(
+            err,
+            PlanError::TooLarge {
+                bytes: 65537,
+                max: 65536
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "plan has 65537 bytes of text, over the limit of 65536 (PlanLimits::max_bytes)"
+        );
+    }
+
+    #[rstest]
+    #[case(
+        invalid(3, Field::Arg(0), Problem::EmptyProgram),
+        "step 3 run[0]: is empty: name the program to run"
+    )]
+    #[case(
+        invalid(1, Field::Pattern(2), Problem::WildcardNotLast),
+        "step 1 remove_files[2]: has a `*` outside its last component"
+    )]
+    #[case(
+        invalid(2, Field::Mode, Problem::ModeOutOfRange(0o10000)),
+        "step 2 write_file.mode: 10000 (octal) is not a permission mode: the most is 7777"
+    )]
+    #[case(
+        invalid(4, Field::Description, Problem::DescriptionTooLong { len: 201, max: 200 }),
+        "step 4 description: is 201 bytes, over the limit of 200: shorten it"
+    )]
+    fn messages_say_what_and_where(#[case] err: Result<(), PlanError>, #[case] message: &str) {
+        assert_eq!(err.unwrap_err().to_string(), message);
+    }
+}

@@ -1,0 +1,566 @@
+//! The rendered sh really does what the plan says: the exec argv and the
+//! hint run under real shells, with stub programs on PATH that record their
+//! argv, and files written and removed inside a temporary directory.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use rstest::rstest;
+
+use super::*;
+
+/// Arguments no quoting may lose or interpret.
+const NASTY: &[&str] = &[
+    "it's",
+    "''",
+    "\\'",
+    "%s %d %% %n %b",
+    "back\\slash\\n\\",
+    "line1\nline2\n",
+    "\n",
+    "$(touch PWNED)",
+    "`touch PWNED`",
+    "$HOME ${PATH} $1 $@ $$",
+    "-n",
+    "-",
+    "--",
+    "",
+    " spaced  out ",
+    "ünïcødé ✓ ‘q’",
+    "*",
+    "?",
+    "[a]",
+    "~",
+    "~root",
+    "#hash",
+    "a=b",
+    "=ls",
+    "!bang !!",
+    "tab\there",
+    "cr\r\n",
+    "; && || | > < & ( ) { }",
+    "\"double\" quotes",
+    "\u{7f}\u{1b}[0m",
+];
+
+/// How the plan is run: as the exec argv, or as the hint run by `sh -c`.
+#[derive(Debug, Clone, Copy)]
+enum Form {
+    Exec,
+    Script,
+}
+
+/// A stand-in guest: a PATH of stub programs and a directory for files.
+struct Guest {
+    root: tempfile::TempDir,
+    bin: PathBuf,
+    log: PathBuf,
+    files: PathBuf,
+}
+
+/// A stub records its argv (`$#`, then `basename $0` and every argument,
+/// each NUL-terminated) and then runs `tail`.
+fn stub(bin: &Path, name: &str, tail: &str) {
+    let path = bin.join(name);
+    let script = format!(
+        "#!/bin/sh\n{{ printf '%s\\0' \"$#\" \"${{0##*/}}\" \"$@\"; }} >> \"$STUB_LOG\"\n{tail}\n"
+    );
+    fs::write(&path, script).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+fn guest() -> Guest {
+    let root = tempfile::tempdir().unwrap();
+    let bin = root.path().join("bin");
+    let files = root.path().join("we'ird $dir %s ü");
+    fs::create_dir(&bin).unwrap();
+    fs::create_dir(&files).unwrap();
+    for name in ["rec", "if", "a=b", "then"] {
+        stub(&bin, name, "exit 0");
+    }
+    stub(
+        &bin,
+        "fail3",
+        "printf '%s' \"boom: it's broken\" >&2\nexit 3",
+    );
+    stub(&bin, "fail5", "printf 'warn\\n' >&2\nexit 5");
+    for tool in ["chmod", "rm"] {
+        symlink(Path::new("/bin").join(tool), bin.join(tool)).unwrap();
+    }
+    Guest {
+        log: root.path().join("stub.log"),
+        root,
+        bin,
+        files,
+    }
+}
+
+impl Guest {
+    /// Run `plan` under `shell` in the given form.
+    fn run(&self, shell: &str, form: Form, plan: &Plan) -> Output {
+        plan.check(&PlanLimits::default())
+            .expect("test plans are valid");
+        let script = match form {
+            Form::Exec => {
+                let argv = render_exec(plan);
+                assert_eq!(argv[..2], ["sh", "-c"], "exec form of a multi-step plan");
+                argv[2].clone()
+            }
+            Form::Script => render_script(
+                plan,
+                &ScriptHeader {
+                    title: vec!["test".into()],
+                },
+            ),
+        };
+        self.shell(shell, &["-c", &script], None)
+    }
+
+    fn shell(&self, shell: &str, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut cmd = Command::new(shell);
+        cmd.args(args)
+            .env_clear()
+            .env("PATH", &self.bin)
+            .env("STUB_LOG", &self.log)
+            .current_dir(self.root.path())
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        if let Some(input) = stdin {
+            use std::io::Write as _;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(input.as_bytes())
+                .unwrap();
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            !self.root.path().join("PWNED").exists(),
+            "a string was interpreted"
+        );
+        out
+    }
+
+    /// Every recorded call, argv[0] first.
+    fn calls(&self) -> Vec<Vec<String>> {
+        let Ok(log) = fs::read(&self.log) else {
+            return Vec::new();
+        };
+        let mut items = log
+            .split(|&b| b == 0)
+            .map(|s| String::from_utf8(s.to_vec()).unwrap());
+        let mut calls = Vec::new();
+        while let Some(count) = items.next() {
+            if count.is_empty() {
+                break; // after the last terminator
+            }
+            let n: usize = count.parse().unwrap();
+            calls.push(items.by_ref().take(n + 1).collect());
+        }
+        calls
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.files.join(name).to_str().unwrap().to_string()
+    }
+}
+
+fn have(shell: &str) -> bool {
+    let ok = Path::new(shell).exists();
+    if !ok {
+        eprintln!("{shell} is not installed: skipped");
+    }
+    ok
+}
+
+fn strings(words: &[&str]) -> Vec<String> {
+    words.iter().map(|s| s.to_string()).collect()
+}
+
+fn run_step(argv: Vec<String>) -> Step {
+    Step {
+        description: format!("run {}", argv[0]),
+        phase: Phase::Configure,
+        best_effort: false,
+        action: Action::Run(argv),
+    }
+}
+
+fn write_step(path: String, content: &str, mode: Option<u32>) -> Step {
+    Step {
+        description: "write a file".into(),
+        phase: Phase::Configure,
+        best_effort: false,
+        action: Action::WriteFile(WriteFile {
+            path,
+            content: content.into(),
+            mode,
+        }),
+    }
+}
+
+fn sh_plan(steps: Vec<Step>) -> Plan {
+    Plan {
+        dialect: Dialect::PosixSh,
+        steps,
+    }
+}
+
+fn code(out: &Output) -> Option<i32> {
+    out.status.code()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[rstest]
+fn runs_every_argv_exactly(
+    #[values("/bin/sh", "/bin/bash")] shell: &str,
+    #[values(Form::Exec, Form::Script)] form: Form,
+) {
+    if !have(shell) {
+        return;
+    }
+    let g = guest();
+    let mut nasty = strings(&["rec"]);
+    nasty.extend(strings(NASTY));
+    let argvs = vec![
+        nasty,
+        strings(&["rec"]),
+        strings(&["rec", ""]),
+        strings(&["if", "then", "fi"]),
+        strings(&["then"]),
+        strings(&["a=b", "c=d"]),
+        strings(&["rec", "--mode=config", "/etc/hostname", "52:54:00:12:34:56"]),
+    ];
+    let plan = sh_plan(argvs.iter().cloned().map(run_step).collect());
+    let out = g.run(shell, form, &plan);
+    assert_eq!(code(&out), Some(0), "stderr: {}", stderr(&out));
+    assert_eq!(g.calls(), argvs);
+    match form {
+        Form::Exec => assert!(stderr(&out).ends_with("\ncocoon-fixup: done\n")),
+        Form::Script => assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "cocoon-fixup: all 7 steps done\n"
+        ),
+    }
+}
+
+#[rstest]
+fn writes_files_byte_for_byte(
+    #[values("/bin/sh", "/bin/bash")] shell: &str,
+    #[values(Form::Exec, Form::Script)] form: Form,
+) {
+    if !have(shell) {
+        return;
+    }
+    let g = guest();
+    let keep = g.path("keep mode");
+    fs::write(&keep, "old").unwrap();
+    fs::set_permissions(&keep, fs::Permissions::from_mode(0o604)).unwrap();
+
+    let mut steps = Vec::new();
+    let mut expected = Vec::new();
+    for (i, content) in NASTY.iter().enumerate() {
+        let path = g.path(&format!("{i} it's %s $(x) `y` \\ ü * ?"));
+        steps.push(write_step(path.clone(), content, Some(0o640)));
+        expected.push((path, content.to_string(), 0o640));
+    }
+    let all = NASTY.join("|");
+    for (name, mode) in [("setuid", 0o4751), ("private", 0o600), ("-dash", 0o644)] {
+        let path = g.path(name);
+        steps.push(write_step(path.clone(), &all, Some(mode)));
+        expected.push((path, all.clone(), mode));
+    }
+    steps.push(write_step(keep.clone(), "new\n", None));
+    expected.push((keep, "new\n".into(), 0o604));
+
+    let out = g.run(shell, form, &sh_plan(steps));
+    assert_eq!(code(&out), Some(0), "stderr: {}", stderr(&out));
+    for (path, content, mode) in expected {
+        assert_eq!(fs::read(&path).unwrap(), content.as_bytes(), "{path}");
+        let got = fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(got, mode, "{path}: mode {got:o}");
+    }
+}
+
+fn listing(dir: &Path) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for entry in fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().into_string().unwrap();
+        if entry.file_type().unwrap().is_dir() {
+            for inner in listing(&entry.path()) {
+                names.insert(format!("{name}/{inner}"));
+            }
+        } else {
+            names.insert(name);
+        }
+    }
+    names
+}
+
+#[rstest]
+fn removes_only_what_matches(
+    #[values("/bin/sh", "/bin/bash")] shell: &str,
+    #[values(Form::Exec, Form::Script)] form: Form,
+) {
+    if !have(shell) {
+        return;
+    }
+    let g = guest();
+    let sub = g.files.join("we'ird $d");
+    fs::create_dir(&sub).unwrap();
+    let present = [
+        "10-a.network",
+        "10-b.network",
+        "10-.network",
+        "10-*.network",
+        "11-a.network",
+        "10-a.netdev",
+        "10-a.network.bak",
+        "it's 10-q.network",
+        "a?c",
+        "abc",
+        "[x]",
+        "x",
+        "we'ird $d/x1",
+        "we'ird $d/x 2",
+        "we'ird $d/y1",
+        "keep-literal*",
+    ];
+    for name in present {
+        fs::write(g.files.join(name), name).unwrap();
+    }
+    let patterns = vec![
+        g.path("10-*.network"),
+        g.path("a?c"),
+        g.path("[x]"),
+        g.path("we'ird $d/x*"),
+        g.path("nothing-matches-*"),
+        g.path("missing-literal"),
+    ];
+    let plan = sh_plan(vec![
+        Step {
+            description: "remove".into(),
+            phase: Phase::Configure,
+            best_effort: false,
+            action: Action::RemoveFiles(patterns),
+        },
+        run_step(strings(&["rec", "after"])),
+    ]);
+    let out = g.run(shell, form, &plan);
+    assert_eq!(code(&out), Some(0), "stderr: {}", stderr(&out));
+    let expected: BTreeSet<String> = [
+        "11-a.network",
+        "10-a.netdev",
+        "10-a.network.bak",
+        "it's 10-q.network",
+        "abc",
+        "x",
+        "we'ird $d/y1",
+        "keep-literal*",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    assert_eq!(listing(&g.files), expected);
+}
+
+fn failing_plan(best_effort: bool) -> Plan {
+    let mut fail = run_step(strings(&["fail3", "arg"]));
+    fail.description = "the failing one".into();
+    fail.best_effort = best_effort;
+    sh_plan(vec![
+        run_step(strings(&["rec", "one"])),
+        fail,
+        run_step(strings(&["rec", "three"])),
+    ])
+}
+
+#[rstest]
+fn a_failing_step_stops_the_script(
+    #[values("/bin/sh", "/bin/bash")] shell: &str,
+    #[values(Form::Exec, Form::Script)] form: Form,
+) {
+    if !have(shell) {
+        return;
+    }
+    let g = guest();
+    let plan = failing_plan(false);
+    let out = g.run(shell, form, &plan);
+    assert_eq!(code(&out), Some(3), "stderr: {}", stderr(&out));
+    assert_eq!(
+        g.calls(),
+        [strings(&["rec", "one"]), strings(&["fail3", "arg"])]
+    );
+    match form {
+        Form::Exec => {
+            let failure = attribute_failure(&plan, code(&out), &out.stderr);
+            assert_eq!(
+                failure,
+                StepFailure::Step {
+                    step: 2,
+                    total: 3,
+                    description: "the failing one".into(),
+                    exit_code: Some(3),
+                    stderr: StderrTail {
+                        text: "boom: it's broken".into(),
+                        cut: false
+                    },
+                }
+            );
+            assert_eq!(
+                failure.to_string(),
+                "step 2/3 \"the failing one\" exited 3: boom: it's broken"
+            );
+        }
+        Form::Script => {
+            assert!(
+                stderr(&out).ends_with("boom: it's broken\nstep 2/3 failed (exit 3), stopping\n"),
+                "stderr: {}",
+                stderr(&out)
+            );
+            assert!(out.stdout.is_empty());
+        }
+    }
+}
+
+#[rstest]
+fn a_failing_best_effort_step_does_not(
+    #[values("/bin/sh", "/bin/bash")] shell: &str,
+    #[values(Form::Exec, Form::Script)] form: Form,
+) {
+    if !have(shell) {
+        return;
+    }
+    let g = guest();
+    let out = g.run(shell, form, &failing_plan(true));
+    assert_eq!(code(&out), Some(0), "stderr: {}", stderr(&out));
+    assert_eq!(
+        g.calls(),
+        [
+            strings(&["rec", "one"]),
+            strings(&["fail3", "arg"]),
+            strings(&["rec", "three"])
+        ]
+    );
+    let err = stderr(&out);
+    match form {
+        Form::Exec => assert!(
+            err.contains("boom: it's broken\ncocoon-fixup: step 2/3 ignored exit 3\n"),
+            "{err}"
+        ),
+        Form::Script => assert!(
+            err.contains("step 2/3 failed (exit 3), ignored: best effort"),
+            "{err}"
+        ),
+    }
+}
+
+fn missing_program(_: &Guest) -> Step {
+    run_step(strings(&["no-such-program", "x"]))
+}
+
+fn unwritable(_: &Guest) -> Step {
+    write_step("/nonexistent-dir/x/y".into(), "z", Some(0o644))
+}
+
+fn rm_of_a_directory(g: &Guest) -> Step {
+    fs::create_dir(g.files.join("a-directory")).unwrap();
+    Step {
+        description: "remove a directory".into(),
+        phase: Phase::Configure,
+        best_effort: false,
+        action: Action::RemoveFiles(vec![g.path("a-directory")]),
+    }
+}
+
+#[rstest]
+#[case::missing_program(missing_program, Some(127))]
+#[case::unwritable(unwritable, None)]
+#[case::rm_of_a_directory(rm_of_a_directory, None)]
+fn every_kind_of_failure_is_attributed(
+    #[values("/bin/sh", "/bin/bash")] shell: &str,
+    #[case] failing: fn(&Guest) -> Step,
+    #[case] expected_code: Option<i32>,
+) {
+    if !have(shell) {
+        return;
+    }
+    let g = guest();
+    let failing = failing(&g);
+    let description = failing.description.clone();
+    let plan = sh_plan(vec![
+        run_step(strings(&["rec", "one"])),
+        failing,
+        run_step(strings(&["rec", "three"])),
+    ]);
+    let out = g.run(shell, Form::Exec, &plan);
+    let exit = code(&out);
+    assert_ne!(exit, Some(0));
+    if expected_code.is_some() {
+        assert_eq!(exit, expected_code);
+    }
+    assert_eq!(g.calls(), [strings(&["rec", "one"])]);
+    let failure = attribute_failure(&plan, exit, &out.stderr);
+    let StepFailure::Step {
+        step,
+        description: named,
+        exit_code,
+        stderr: tail,
+        ..
+    } = &failure
+    else {
+        panic!("not attributed to a step: {failure}");
+    };
+    assert_eq!((*step, named, *exit_code), (2, &description, exit));
+    assert!(
+        !tail.text.trim().is_empty(),
+        "the shell said why: {failure}"
+    );
+    assert!(!tail.text.contains("cocoon-fixup"), "{failure}");
+}
+
+#[rstest]
+fn an_empty_plan_does_nothing(#[values(Form::Exec, Form::Script)] form: Form) {
+    let g = guest();
+    let plan = sh_plan(vec![]);
+    let out = g.run("/bin/sh", form, &plan);
+    assert_eq!(code(&out), Some(0), "stderr: {}", stderr(&out));
+    assert!(g.calls().is_empty());
+}
+
+/// Pasted into an interactive root shell, a failing hint stops itself but
+/// leaves that shell running.
+#[rstest]
+fn pasted_hint_does_not_end_the_shell(#[values("/bin/sh", "/bin/bash")] shell: &str) {
+    if !have(shell) {
+        return;
+    }
+    let g = guest();
+    let hint = render_script(&failing_plan(false), &ScriptHeader::default());
+    let pasted = format!("{hint}rec still-here \"$?\"\n");
+    let out = g.shell(shell, &["-i"], Some(&pasted));
+    assert_eq!(
+        g.calls(),
+        [
+            strings(&["rec", "one"]),
+            strings(&["fail3", "arg"]),
+            strings(&["rec", "still-here", "3"])
+        ],
+        "stderr: {}",
+        stderr(&out)
+    );
+}
