@@ -1,1 +1,119 @@
+//! Integration tests for cocoon-fixup live in `tests/`: the real plugin
+//! components (built by `build.rs`) run through the real host. This library
+//! holds the helpers they share.
 
+use std::path::PathBuf;
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// A fixture path under `tests/fixtures`.
+pub fn fixture(rel: &str) -> PathBuf {
+    workspace().join("tests").join("fixtures").join(rel)
+}
+
+/// True when golden files should be rewritten (`BLESS=1 cargo test`).
+pub fn blessing() -> bool {
+    std::env::var_os("BLESS").is_some_and(|v| v != "0")
+}
+
+/// Compare `actual` with the golden file at `path`; with `BLESS=1` write it
+/// instead. On mismatch the panic shows a unified diff.
+pub fn assert_golden(path: &std::path::Path, actual: &str) {
+    if blessing() {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).expect("create golden dir");
+        }
+        std::fs::write(path, actual).expect("write golden file");
+        return;
+    }
+    let expected = std::fs::read_to_string(path).unwrap_or_else(|e| {
+        panic!(
+            "golden file {} is missing ({e}): run `BLESS=1 cargo test` to create it",
+            path.display()
+        )
+    });
+    if expected != actual {
+        let diff = similar::TextDiff::from_lines(expected.as_str(), actual)
+            .unified_diff()
+            .context_radius(3)
+            .header("expected", "actual")
+            .to_string();
+        panic!(
+            "{} differs from the golden file (run `BLESS=1 cargo test` if the change is intended):\n{diff}",
+            path.display()
+        );
+    }
+}
+
+use fixup_host::facts::{ImageKind, Observation, Overrides, PodInput, VmFacts, VmInspect};
+
+/// A pod JSON document with the given annotations.
+pub fn pod_json(annotations: &[(&str, &str)]) -> String {
+    let annotations: serde_json::Map<String, serde_json::Value> = annotations
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), serde_json::Value::from(*v)))
+        .collect();
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "web-0",
+            "namespace": "default",
+            "uid": "0b7c2f3e-9a51-4c1e-8f1a-2d9e6c1b7a40",
+            "annotations": annotations,
+        }
+    })
+    .to_string()
+}
+
+/// A `cocoon vm inspect --json` document. Each NIC is `(mac, static ip)`,
+/// the static ones as `ip/prefix` with gateway `.1` of the same /24.
+pub fn vm_json(id: &str, nics: &[(&str, Option<&str>)]) -> String {
+    let nics: Vec<serde_json::Value> = nics
+        .iter()
+        .enumerate()
+        .map(|(i, (mac, ip))| match ip {
+            Some(cidr) => {
+                let (ip, prefix) = cidr.split_once('/').expect("ip/prefix");
+                let gw = format!("{}.1", ip.rsplit_once('.').expect("dotted").0);
+                serde_json::json!({"mac": mac, "tap": format!("tap{i}"),
+                    "network": {"ip": ip, "prefix": prefix.parse::<u8>().expect("prefix"), "gateway": gw}})
+            }
+            None => serde_json::json!({"mac": mac, "tap": format!("tap{i}")}),
+        })
+        .collect();
+    serde_json::json!({"id": id, "name": "web-0", "network_configs": nics}).to_string()
+}
+
+/// Observation for a managed Linux clone on Cloud Hypervisor.
+pub fn observation(
+    vm_name: &str,
+    flavor: Option<&str>,
+    nics: &[(&str, Option<&str>)],
+) -> Observation {
+    let mut annotations = vec![
+        ("vm.cocoonstack.io/name", vm_name),
+        ("cocoonset.cocoonstack.io/managed", "true"),
+        ("cocoonset.cocoonstack.io/os", "linux"),
+        ("vm.cocoonstack.io/backend", "cloud-hypervisor"),
+    ];
+    if let Some(f) = flavor {
+        annotations.push(("vm.cocoonstack.io/guest-flavor", f));
+    }
+    let pod = PodInput::from_json(&pod_json(&annotations), "pod.json").expect("test pod parses");
+    let vm =
+        VmInspect::from_json(&vm_json("vm-0123abcd", nics), "vm.json").expect("test vm parses");
+    Observation::new(&pod, &vm, &Overrides::default()).expect("test observation")
+}
+
+/// Validated facts for a Linux OCI clone.
+pub fn facts(vm_name: &str, flavor: Option<&str>, nics: &[(&str, Option<&str>)]) -> VmFacts {
+    VmFacts::validate(&observation(vm_name, flavor, nics), ImageKind::Oci)
+        .expect("test facts validate")
+}

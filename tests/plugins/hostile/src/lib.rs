@@ -1,1 +1,273 @@
+//! A deliberately misbehaving plan plugin, for the host's sandbox tests.
+//!
+//! Never ship it. `plan` ignores the scenario and picks its misbehaviour by
+//! the VM name in the facts:
+//!
+//! | name      | what it does                                               |
+//! |-----------|------------------------------------------------------------|
+//! | `spin`    | loops forever; only fuel or an epoch deadline stops it      |
+//! | `balloon` | allocates and touches 1 MiB chunks until memory growth traps |
+//! | `flood`   | returns [`FLOOD_STEPS`] empty steps                         |
+//! | `wide`    | returns [`WIDE_STEPS`] small valid steps                    |
+//! | `heavy`   | returns one write-file step with [`HEAVY_BYTES`] of content  |
+//! | `panic`   | panics with [`PANIC_MESSAGE`]                               |
+//! | `snoop`   | reads a host file, the environment and the wall clock       |
+//! | `chatty`  | logs a [`CHATTY_BYTES`] message, then returns a normal plan |
+//! | other     | returns a valid one-step plan (`run ["true"]`)              |
 
+use std::hint::black_box;
+
+use cocoon_fixup_sdk::{
+    LogLevel, Phase, Plan, PlanError, Plugin, PluginInfo, Scenario, Step, VmFacts,
+};
+
+/// The plugin's name; also the one flavour it claims, so it is never picked
+/// for a real guest by accident.
+pub const NAME: &str = "hostile";
+
+/// Steps in the `flood` plan.
+pub const FLOOD_STEPS: usize = 100_000;
+
+/// Steps in the `wide` plan.
+pub const WIDE_STEPS: usize = 300;
+
+/// Content size of the `heavy` plan's one step.
+pub const HEAVY_BYTES: usize = 1 << 20;
+
+/// Size of the `chatty` log message.
+pub const CHATTY_BYTES: usize = 1 << 20;
+
+/// What `panic` panics with.
+pub const PANIC_MESSAGE: &str = "hostile plugin panicked on purpose";
+
+/// Every step description in a `snoop` plan starts with this, followed by
+/// what was obtained. A host whose sandbox holds never sees one.
+pub const SNOOPED_PREFIX: &str = "snooped ";
+
+/// The misbehaving plugin.
+#[derive(Debug)]
+pub struct Hostile;
+
+impl Plugin for Hostile {
+    fn describe() -> PluginInfo {
+        PluginInfo::new(
+            NAME,
+            env!("CARGO_PKG_VERSION"),
+            "misbehaves on request, to test the host's sandbox",
+            vec![Scenario::OciNetworkd],
+        )
+        .with_flavors([NAME])
+    }
+
+    fn plan(_scenario: Scenario, facts: &VmFacts) -> Result<Plan, PlanError> {
+        match facts.name.as_str() {
+            "spin" => spin(),
+            "balloon" => balloon(),
+            "flood" => Ok(flood()),
+            "wide" => Ok(numbered("wide", WIDE_STEPS)),
+            "heavy" => Ok(heavy()),
+            "panic" => panic!("{PANIC_MESSAGE}"),
+            "snoop" => Ok(snoop()),
+            "chatty" => {
+                cocoon_fixup_sdk::log(LogLevel::Info, &"c".repeat(CHATTY_BYTES));
+                Ok(benign())
+            }
+            _ => Ok(benign()),
+        }
+    }
+}
+
+cocoon_fixup_sdk::export_plugin!(Hostile);
+
+/// Burns CPU forever. `black_box` hides the counter from the optimiser so
+/// the loop cannot be folded away.
+fn spin() -> ! {
+    let mut turns: u64 = 0;
+    loop {
+        turns = black_box(turns.wrapping_add(1));
+    }
+}
+
+/// Grows linear memory 1 MiB at a time until the host refuses to grow it
+/// (a trap) or the allocator gives up (an abort, also a trap). Every page of
+/// each chunk is written so the memory is really used.
+fn balloon() -> ! {
+    const CHUNK: usize = 1 << 20;
+    const PAGE: usize = 4096;
+    let mut hoard: Vec<Vec<u8>> = Vec::new();
+    loop {
+        let mut chunk = vec![0u8; CHUNK];
+        for byte in chunk.iter_mut().step_by(PAGE) {
+            *byte = 0xA5;
+        }
+        hoard.push(black_box(chunk));
+    }
+}
+
+/// [`FLOOD_STEPS`] identical steps, each an empty `remove-files` with an
+/// empty description: no allocation per step, so building and returning the
+/// plan costs about 33 million fuel (a `run` step with text costs five times
+/// that). Any budget above that leaves the host's limit on plan size, not
+/// fuel, to stop it.
+fn flood() -> Plan {
+    let step = Step::remove_files(String::new(), Phase::Configure, Vec::<String>::new());
+    Plan::posix_sh(vec![step; FLOOD_STEPS])
+}
+
+/// `count` small, valid steps.
+fn numbered(label: &str, count: usize) -> Plan {
+    Plan::posix_sh(
+        (0..count)
+            .map(|i| Step::run(format!("{label} step {i}"), Phase::Configure, ["true"]))
+            .collect(),
+    )
+}
+
+fn heavy() -> Plan {
+    Plan::posix_sh(vec![Step::write_file(
+        "write a 1 MiB file",
+        Phase::Configure,
+        "/tmp/hostile-heavy",
+        "h".repeat(HEAVY_BYTES),
+        Some(0o644),
+    )])
+}
+
+/// Tries to reach past the sandbox. In a host that denies WASI, the first
+/// attempt traps; in one that grants WASI without preopens, the file read
+/// fails but the environment and clock answer, and the plan says so.
+fn snoop() -> Plan {
+    let mut found = Vec::new();
+    if let Ok(hostname) = std::fs::read_to_string("/etc/hostname") {
+        found.push(format!("/etc/hostname: {}", hostname.trim_end()));
+    }
+    for (key, value) in std::env::vars() {
+        found.push(format!("env {key}={value}"));
+    }
+    if let Ok(since_epoch) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        found.push(format!("wall clock: {} s", since_epoch.as_secs()));
+    }
+    if found.is_empty() {
+        return Plan::posix_sh(vec![Step::run(
+            "snoop obtained nothing",
+            Phase::Configure,
+            ["true"],
+        )]);
+    }
+    Plan::posix_sh(
+        found
+            .into_iter()
+            .map(|what| {
+                Step::run(
+                    format!("{SNOOPED_PREFIX}{what}"),
+                    Phase::Configure,
+                    ["true"],
+                )
+            })
+            .collect(),
+    )
+}
+
+fn benign() -> Plan {
+    Plan::posix_sh(vec![Step::run("do nothing", Phase::Configure, ["true"])])
+}
+
+#[cfg(test)]
+mod tests {
+    use cocoon_fixup_sdk::{
+        Action, Backend, BootKind, CONTRACT_VERSION, GuestOs, ImageKind, WriteFile,
+    };
+
+    use super::*;
+
+    fn facts(name: &str) -> VmFacts {
+        VmFacts {
+            name: name.into(),
+            id: "vm-hostile".into(),
+            backend: Backend::CloudHypervisor,
+            os: GuestOs::Linux,
+            image: ImageKind::Oci,
+            boot: BootKind::Clone,
+            nics: Vec::new(),
+            flavor: Some(NAME.into()),
+        }
+    }
+
+    fn plan(name: &str) -> Plan {
+        Hostile::plan(Scenario::OciNetworkd, &facts(name)).expect("a plan")
+    }
+
+    #[test]
+    fn describe_claims_only_the_hostile_flavor() {
+        let info = Hostile::describe();
+        assert_eq!(info.name, "hostile");
+        assert_eq!(info.version, "0.1.0");
+        assert_eq!(info.contract, CONTRACT_VERSION);
+        assert_eq!(info.scenarios, vec![Scenario::OciNetworkd]);
+        assert_eq!(info.flavors, vec!["hostile".to_owned()]);
+    }
+
+    #[test]
+    fn anything_else_is_one_benign_step() {
+        let expected = Plan::posix_sh(vec![Step {
+            description: "do nothing".into(),
+            phase: Phase::Configure,
+            best_effort: false,
+            action: Action::Run(vec!["true".into()]),
+        }]);
+        assert_eq!(plan("web-0"), expected);
+        assert_eq!(plan("chatty"), expected);
+    }
+
+    #[test]
+    fn flood_returns_that_many_empty_steps() {
+        let steps = plan("flood").steps;
+        assert_eq!(steps.len(), FLOOD_STEPS);
+        assert!(
+            steps
+                .iter()
+                .all(|s| s.action == Action::RemoveFiles(Vec::new()))
+        );
+    }
+
+    #[test]
+    fn wide_returns_that_many_small_valid_steps() {
+        let steps = plan("wide").steps;
+        assert_eq!(steps.len(), WIDE_STEPS);
+        assert_eq!(steps[WIDE_STEPS - 1].description, "wide step 299");
+        assert!(
+            steps
+                .iter()
+                .all(|s| s.action == Action::Run(vec!["true".into()]))
+        );
+    }
+
+    #[test]
+    fn heavy_writes_one_mebibyte() {
+        let steps = plan("heavy").steps;
+        assert_eq!(steps.len(), 1);
+        let Action::WriteFile(WriteFile { content, .. }) = &steps[0].action else {
+            panic!("not a write: {:?}", steps[0]);
+        };
+        assert_eq!(content.len(), HEAVY_BYTES);
+    }
+
+    #[test]
+    #[should_panic(expected = "hostile plugin panicked on purpose")]
+    fn panic_panics() {
+        plan("panic");
+    }
+
+    /// Natively nothing stops it: the clock at least answers, and every
+    /// finding is marked.
+    #[test]
+    fn snoop_reports_what_it_obtained() {
+        let steps = plan("snoop").steps;
+        assert!(
+            steps
+                .iter()
+                .all(|s| s.description.starts_with(SNOOPED_PREFIX))
+        );
+        assert!(steps.iter().any(|s| s.description.contains("wall clock")));
+    }
+}

@@ -1,0 +1,27 @@
+//! Builds the four built-in plugins for wasm32-wasip2 so the binary can
+//! embed them (see `src/plugin/builtin.rs`).
+
+use fixup_plugin_build::{PluginCrate, build_plugins, workspace_root};
+
+const BUILTINS: [&str; 4] = ["cloudimg", "oci-networkd", "fc-mac", "windows-pnp"];
+
+fn main() {
+    let root = workspace_root();
+    let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    let plugins: Vec<(PluginCrate, &str)> = BUILTINS
+        .iter()
+        .map(|name| {
+            (
+                PluginCrate {
+                    package: format!("fixup-plugin-{name}"),
+                    dir: root.join("plugins").join(name),
+                },
+                *name,
+            )
+        })
+        .collect();
+    if let Err(e) = build_plugins(&root, &plugins, &out_dir) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,598 @@
+//! Plan plugins: the only module that knows wasmtime.
+//!
+//! One [`Engine`] (component model, fuel metering, pooling allocator) per
+//! [`PluginHost`]. Each plugin is compiled once (or loaded from the
+//! precompiled [`cache`]), checked against the contract, linked with the
+//! host's `log` and nothing else (see [`sandbox`]), and kept as an
+//! `InstancePre`. Every call gets a fresh Store with its own limits.
+//! [`registry`] decides which plugin serves a scenario and flavour.
+
+pub mod bindings;
+pub mod builtin;
+pub mod cache;
+pub mod registry;
+pub mod sandbox;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, Trap};
+
+use crate::classify::Scenario;
+use crate::facts::{Flavor, VmFacts};
+use crate::plan::{Plan, PlanError};
+
+use bindings::{CONTRACT_VERSION, GENERATOR_EXPORT, HOST_IMPORT, PluginPre};
+use cache::ArtifactCache;
+pub use registry::{Registry, Selection};
+pub use sandbox::Limits;
+use sandbox::{CallState, DeniedImport, MemoryLimitHit};
+
+/// Plugin instances that may exist at once (one per concurrent call). The
+/// pooling allocator reserves their slots up front. Set with
+/// `--plugin-slots`.
+pub const DEFAULT_SLOTS: u32 = 64;
+
+/// Where a plugin came from.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Origin {
+    /// Embedded in the binary.
+    BuiltIn(String),
+    /// Loaded from a file (a plugin directory or a path given by the user).
+    File(PathBuf),
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::BuiltIn(name) => write!(f, "built-in:{name}"),
+            Origin::File(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+/// What a plugin says it is (its `describe` export), validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginInfo {
+    pub name: String,
+    pub version: String,
+    pub contract: String,
+    pub summary: String,
+    pub scenarios: Vec<Scenario>,
+    /// Empty: serves any flavour.
+    pub flavors: Vec<Flavor>,
+}
+
+/// A plugin ready to be called.
+pub struct LoadedPlugin {
+    pub info: PluginInfo,
+    pub origin: Origin,
+    /// Lowercase hex sha256 of the `.wasm` file.
+    pub sha256: String,
+    /// Every import of the component, granted or denied.
+    pub imports: Vec<String>,
+    pre: PluginPre<CallState>,
+}
+
+impl fmt::Debug for LoadedPlugin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoadedPlugin")
+            .field("info", &self.info)
+            .field("origin", &self.origin)
+            .field("sha256", &self.sha256)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one call used, against the limits.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CallStats {
+    pub fuel_used: u64,
+    pub peak_memory_bytes: usize,
+    pub logs: Vec<sandbox::LogLine>,
+}
+
+/// Everything that can go wrong loading or calling a plugin. Each variant
+/// names the plugin (its name, or its origin before the name is known).
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    #[error("cannot read plugin {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "{origin} is not a WebAssembly component{detail}: build plugins with `cargo build --target wasm32-wasip2`"
+    )]
+    NotAComponent {
+        origin: Origin,
+        detail: &'static str,
+    },
+    #[error("{origin} could not be compiled: {reason}; rebuild the plugin from source")]
+    Compile { origin: Origin, reason: String },
+    #[error(
+        "{origin} targets contract {found}, this host supports {supported}: rebuild the plugin against cocoon:fixup@{supported}"
+    )]
+    ContractMismatch {
+        origin: Origin,
+        found: String,
+        supported: &'static str,
+    },
+    #[error(
+        "{origin} does not export `{GENERATOR_EXPORT}`: it is not a cocoon-fixup plugin (export the `plugin` world of wit/)"
+    )]
+    NotAPlugin { origin: Origin },
+    #[error("{origin} cannot be linked: {reason}")]
+    Link { origin: Origin, reason: String },
+    #[error("plugin {plugin} describes itself wrongly: {reason}")]
+    BadDescription { plugin: String, reason: String },
+    #[error(
+        "plugin {plugin} called `{import}`, which the sandbox denies (plugins get no filesystem, environment, network, clock or randomness)"
+    )]
+    Denied { plugin: String, import: String },
+    #[error(
+        "plugin {plugin} ran out of CPU fuel (limit {limit}, set with --plugin-fuel): it loops or does far too much work"
+    )]
+    Fuel { plugin: String, limit: u64 },
+    #[error(
+        "plugin {plugin} exceeded its memory limit: wanted {desired} bytes, limit {limit} (set with --plugin-memory-mib)"
+    )]
+    Memory {
+        plugin: String,
+        desired: usize,
+        limit: usize,
+    },
+    #[error("plugin {plugin} panicked: {message}")]
+    Panicked { plugin: String, message: String },
+    #[error("plugin {plugin} trapped: {reason}")]
+    Trapped { plugin: String, reason: String },
+    #[error("plugin {plugin} returned an unusable plan: {source}")]
+    BadPlan {
+        plugin: String,
+        #[source]
+        source: PlanError,
+    },
+    #[error("plugin {plugin} does not support {scenario} here: {reason}")]
+    Unsupported {
+        plugin: String,
+        scenario: Scenario,
+        reason: String,
+    },
+    #[error("plugin {plugin} rejected fact `{field}`: {reason}")]
+    InvalidFact {
+        plugin: String,
+        field: String,
+        reason: String,
+    },
+    #[error("cannot set up the plugin engine: {reason}")]
+    Engine { reason: String },
+}
+
+/// How the engine is set up.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    pub limits: Limits,
+    /// Directory for precompiled plugins; `None` compiles every start.
+    pub cache_dir: Option<PathBuf>,
+    /// Concurrent instances the pooling allocator reserves.
+    pub slots: u32,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            limits: Limits::default(),
+            cache_dir: None,
+            slots: DEFAULT_SLOTS,
+        }
+    }
+}
+
+/// The engine and the plugins it has loaded.
+pub struct PluginHost {
+    engine: Engine,
+    limits: Limits,
+    cache: Option<ArtifactCache>,
+    registry: Registry,
+}
+
+impl fmt::Debug for PluginHost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PluginHost")
+            .field("limits", &self.limits)
+            .field("cache", &self.cache)
+            .field("registry", &self.registry)
+            .finish_non_exhaustive()
+    }
+}
+
+fn engine_error(e: impl fmt::Display) -> PluginError {
+    PluginError::Engine {
+        reason: e.to_string(),
+    }
+}
+
+impl PluginHost {
+    /// Build the engine. No plugin is loaded yet.
+    pub fn new(options: EngineOptions) -> Result<Self, PluginError> {
+        let mut config = Config::new();
+        config.consume_fuel(true);
+        let mut pool = PoolingAllocationConfig::default();
+        let slots = options.slots.max(1);
+        pool.total_component_instances(slots)
+            .total_core_instances(slots.saturating_mul(8))
+            .total_memories(slots.saturating_mul(2))
+            .total_tables(slots.saturating_mul(8))
+            .max_memory_size(options.limits.memory_bytes)
+            // Zeroing 2 MiB in place is cheaper than unmapping it: most
+            // plugin calls touch less than that.
+            .linear_memory_keep_resident(2 << 20);
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&config).map_err(engine_error)?;
+        let cache = options
+            .cache_dir
+            .map(|dir| ArtifactCache::new(dir, &engine));
+        Ok(PluginHost {
+            engine,
+            limits: options.limits,
+            cache,
+            registry: Registry::default(),
+        })
+    }
+
+    /// The engine, for callers that manage their own cache.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Load the four built-in plugins. They are compiled into the binary,
+    /// so a failure here is a build defect.
+    pub fn load_builtins(&mut self) -> Result<(), LoadError> {
+        for (name, bytes) in builtin::BUILTINS {
+            let plugin = self.prepare(Origin::BuiltIn((*name).to_owned()), bytes)?;
+            self.registry.add(plugin)?;
+        }
+        Ok(())
+    }
+
+    /// Load every `*.wasm` file in `dir`, in name order. One bad file never
+    /// stops the others: each failure is returned, the rest are loaded.
+    pub fn load_dir(&mut self, dir: &Path) -> Result<Vec<LoadFailure>, PluginError> {
+        let entries = std::fs::read_dir(dir).map_err(|source| PluginError::Read {
+            path: dir.to_owned(),
+            source,
+        })?;
+        let mut paths: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "wasm") && p.is_file())
+            .collect();
+        paths.sort();
+        let mut failures = Vec::new();
+        for path in paths {
+            if let Err(error) = self.load_file(&path) {
+                failures.push(LoadFailure { path, error });
+            }
+        }
+        Ok(failures)
+    }
+
+    /// Load one plugin file and register it.
+    pub fn load_file(&mut self, path: &Path) -> Result<Arc<LoadedPlugin>, LoadError> {
+        let plugin = self.inspect_file(path)?;
+        Ok(self.registry.add(plugin)?)
+    }
+
+    /// Read, compile, check and describe a plugin file without registering
+    /// it (for `plugin inspect` and `plugin test`).
+    pub fn inspect_file(&self, path: &Path) -> Result<LoadedPlugin, PluginError> {
+        let bytes = std::fs::read(path).map_err(|source| PluginError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        self.prepare(Origin::File(path.to_owned()), &bytes)
+    }
+
+    /// Compile (or load from cache), check the contract, link and describe.
+    pub fn prepare(&self, origin: Origin, bytes: &[u8]) -> Result<LoadedPlugin, PluginError> {
+        if !is_component(bytes) {
+            let detail = if bytes.starts_with(CORE_MODULE_HEADER) {
+                " (it is a core module)"
+            } else {
+                ""
+            };
+            return Err(PluginError::NotAComponent { origin, detail });
+        }
+        let sha256 = hex::encode(Sha256::digest(bytes));
+        let component = match &self.cache {
+            Some(cache) => cache.load_or_compile(&self.engine, bytes, &sha256),
+            None => Component::new(&self.engine, bytes),
+        }
+        .map_err(|e| PluginError::Compile {
+            origin: origin.clone(),
+            reason: format!("{e:#}"),
+        })?;
+        check_contract(&self.engine, &component, &origin)?;
+
+        let imports: Vec<String> = component
+            .component_type()
+            .imports(&self.engine)
+            .map(|(name, _)| name.to_owned())
+            .collect();
+        let link = |e: wasmtime::Error| PluginError::Link {
+            origin: origin.clone(),
+            reason: format!("{e:#}"),
+        };
+        let mut linker = Linker::<CallState>::new(&self.engine);
+        bindings::add_host_to_linker(&mut linker).map_err(link)?;
+        sandbox::deny_remaining_imports(&self.engine, &mut linker, &component, &[HOST_IMPORT])
+            .map_err(link)?;
+        let pre = linker.instantiate_pre(&component).map_err(link)?;
+        let pre = PluginPre::new(pre).map_err(link)?;
+
+        let label = origin.to_string();
+        let (raw, _) = call(&self.engine, &pre, &self.limits, &label, |store, plugin| {
+            plugin.cocoon_fixup_generator().call_describe(store)
+        })?;
+        let info = describe(raw, &origin)?;
+        Ok(LoadedPlugin {
+            info,
+            origin,
+            sha256,
+            imports,
+            pre,
+        })
+    }
+
+    /// Ask `plugin` for the plan of `scenario`. The plan is checked against
+    /// the plan limits before it is returned.
+    pub fn plan(
+        &self,
+        plugin: &LoadedPlugin,
+        scenario: Scenario,
+        facts: &VmFacts,
+    ) -> Result<(Plan, CallStats), PluginError> {
+        let name = plugin.info.name.as_str();
+        let wit_facts = bindings::facts_to_wit(facts);
+        let wit_scenario = bindings::scenario_to_wit(scenario);
+        let (result, stats) = call(&self.engine, &plugin.pre, &self.limits, name, |store, p| {
+            p.cocoon_fixup_generator()
+                .call_plan(store, wit_scenario, &wit_facts)
+        })?;
+        let plan = match result {
+            Ok(plan) => bindings::plan_from_wit(plan),
+            Err(bindings::wit::PlanError::Unsupported(reason)) => {
+                return Err(PluginError::Unsupported {
+                    plugin: name.to_owned(),
+                    scenario,
+                    reason,
+                });
+            }
+            Err(bindings::wit::PlanError::InvalidFacts(f)) => {
+                return Err(PluginError::InvalidFact {
+                    plugin: name.to_owned(),
+                    field: f.field,
+                    reason: f.reason,
+                });
+            }
+        };
+        plan.check(&self.limits.plan)
+            .map_err(|source| PluginError::BadPlan {
+                plugin: name.to_owned(),
+                source,
+            })?;
+        Ok((plan, stats))
+    }
+}
+
+/// A plugin file that could not be loaded.
+#[derive(Debug)]
+pub struct LoadFailure {
+    pub path: PathBuf,
+    pub error: LoadError,
+}
+
+/// Why a plugin was not registered.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
+    #[error(transparent)]
+    Conflict(#[from] registry::ConflictError),
+}
+
+/// `\0asm`, then version 1, layer 0: a core module.
+const CORE_MODULE_HEADER: &[u8] = b"\0asm\x01\0\0\0";
+
+/// `\0asm`, then layer 1: a component (the version half is the component
+/// encoding's own, 0x0d while the format is pre-1.0).
+fn is_component(bytes: &[u8]) -> bool {
+    bytes.len() >= 8 && bytes.starts_with(b"\0asm") && bytes[6..8] == [0x01, 0x00]
+}
+
+/// The contract check: the component must export the generator interface
+/// at exactly the version this host implements.
+fn check_contract(
+    engine: &Engine,
+    component: &Component,
+    origin: &Origin,
+) -> Result<(), PluginError> {
+    let ty = component.component_type();
+    let prefix = format!("{GENERATOR_EXPORT}@");
+    let mut found = None;
+    for (name, _) in ty.exports(engine) {
+        if let Some(version) = name.strip_prefix(&prefix) {
+            if version == CONTRACT_VERSION {
+                return Ok(());
+            }
+            found = Some(version.to_owned());
+        } else if name == GENERATOR_EXPORT {
+            found = Some("(unversioned)".to_owned());
+        }
+    }
+    match found {
+        Some(found) => Err(PluginError::ContractMismatch {
+            origin: origin.clone(),
+            found,
+            supported: CONTRACT_VERSION,
+        }),
+        None => Err(PluginError::NotAPlugin {
+            origin: origin.clone(),
+        }),
+    }
+}
+
+fn describe(raw: bindings::WitPluginInfo, origin: &Origin) -> Result<PluginInfo, PluginError> {
+    let bad = |reason: String| PluginError::BadDescription {
+        plugin: origin.to_string(),
+        reason,
+    };
+    let name_ok = !raw.name.is_empty()
+        && raw.name.len() <= 63
+        && raw
+            .name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if !name_ok {
+        return Err(bad(format!(
+            "name {:?} must be 1..=63 of a-z, 0-9 and -",
+            truncate_for_message(&raw.name)
+        )));
+    }
+    if raw.contract != CONTRACT_VERSION {
+        return Err(PluginError::ContractMismatch {
+            origin: origin.clone(),
+            found: truncate_for_message(&raw.contract).to_owned(),
+            supported: CONTRACT_VERSION,
+        });
+    }
+    if raw.version.is_empty() || raw.version.len() > 64 || raw.version.contains(char::is_control) {
+        return Err(bad(format!(
+            "version {:?} must be a short semver string",
+            truncate_for_message(&raw.version)
+        )));
+    }
+    if raw.scenarios.is_empty() {
+        return Err(bad("it serves no scenario".to_owned()));
+    }
+    let mut scenarios: Vec<Scenario> = raw
+        .scenarios
+        .into_iter()
+        .map(bindings::scenario_from_wit)
+        .collect();
+    scenarios.sort();
+    scenarios.dedup();
+    let mut flavors = Vec::new();
+    for f in &raw.flavors {
+        flavors.push(Flavor::parse(f).map_err(|e| bad(format!("flavour: {e}")))?);
+    }
+    flavors.sort();
+    flavors.dedup();
+    let mut summary = raw.summary;
+    summary.retain(|c| !c.is_control());
+    summary.truncate(summary.floor_char_boundary(200));
+    Ok(PluginInfo {
+        name: raw.name,
+        version: raw.version,
+        contract: raw.contract,
+        summary,
+        scenarios,
+        flavors,
+    })
+}
+
+fn truncate_for_message(s: &str) -> &str {
+    &s[..s.floor_char_boundary(80)]
+}
+
+/// Run one export in a fresh Store with the call limits, and turn a trap
+/// into the typed error that says which limit or capability it hit.
+fn call<R>(
+    engine: &Engine,
+    pre: &PluginPre<CallState>,
+    limits: &Limits,
+    plugin: &str,
+    f: impl FnOnce(&mut Store<CallState>, &bindings::Plugin) -> wasmtime::Result<R>,
+) -> Result<(R, CallStats), PluginError> {
+    let mut store = Store::new(engine, CallState::new(plugin, limits));
+    store.limiter(|s| s);
+    store.set_fuel(limits.fuel).map_err(engine_error)?;
+    let outcome = pre
+        .instantiate(&mut store)
+        .and_then(|instance| f(&mut store, &instance));
+    let fuel_left = store.get_fuel().unwrap_or(0);
+    let state = store.into_data();
+    match outcome {
+        Ok(value) => Ok((
+            value,
+            CallStats {
+                fuel_used: limits.fuel - fuel_left,
+                peak_memory_bytes: state.peak_memory,
+                logs: state.logs,
+            },
+        )),
+        Err(e) => Err(trap_error(&e, &state, limits, plugin)),
+    }
+}
+
+fn find<T: std::error::Error + Send + Sync + 'static>(e: &wasmtime::Error) -> Option<&T> {
+    e.downcast_ref::<T>()
+        .or_else(|| e.chain().find_map(|c| c.downcast_ref::<T>()))
+}
+
+fn trap_error(
+    e: &wasmtime::Error,
+    state: &CallState,
+    limits: &Limits,
+    plugin: &str,
+) -> PluginError {
+    let plugin = plugin.to_owned();
+    if let Some(denied) = find::<DeniedImport>(e) {
+        return PluginError::Denied {
+            plugin,
+            import: denied.import.clone(),
+        };
+    }
+    if let Some(hit) = find::<MemoryLimitHit>(e) {
+        return PluginError::Memory {
+            plugin,
+            desired: hit.desired,
+            limit: hit.limit,
+        };
+    }
+    match find::<Trap>(e) {
+        Some(Trap::OutOfFuel) => PluginError::Fuel {
+            plugin,
+            limit: limits.fuel,
+        },
+        Some(Trap::UnreachableCodeReached) => match state.last_error() {
+            Some(message) => PluginError::Panicked {
+                plugin,
+                message: message.to_owned(),
+            },
+            None => PluginError::Trapped {
+                plugin,
+                reason: "unreachable code reached (a panic or abort)".to_owned(),
+            },
+        },
+        Some(trap) => PluginError::Trapped {
+            plugin,
+            reason: trap.to_string(),
+        },
+        None => PluginError::Trapped {
+            plugin,
+            reason: format!("{e:#}"),
+        },
+    }
+}

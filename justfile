@@ -1,0 +1,30 @@
+# cocoon-fixup tasks. `just --list` shows them.
+
+# Build the host (and, through its build script, the built-in plugins).
+build:
+    cargo build --release
+
+# Build only the plugins as wasm32-wasip2 components (one cargo per plugin).
+plugins:
+    for p in cloudimg oci-networkd fc-mac windows-pnp; do \
+        cargo build --release --target wasm32-wasip2 -p fixup-plugin-$p --target-dir target/plugin-wasm || exit 1; \
+    done
+    ls -l target/plugin-wasm/wasm32-wasip2/release/*.wasm
+
+# Run every test (plugins natively, the host, the real components through the host).
+test:
+    cargo test --workspace
+
+# Rewrite the golden files after an intended change, then show what changed.
+bless:
+    BLESS=1 cargo test -p fixup-tests
+    git status --short tests/fixtures
+
+# Lints as CI runs them.
+lint:
+    cargo fmt --all -- --check
+    cargo clippy --workspace --all-targets -- -D warnings
+
+# Print the plan for every bundled example.
+demo:
+    bash examples/run-all

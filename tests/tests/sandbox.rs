@@ -1,0 +1,156 @@
+//! Deliberately hostile plugins: each breach gets its typed error, and the
+//! next call on a good plugin still works.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use fixup_host::classify::Scenario;
+use fixup_host::plugin::{EngineOptions, LoadedPlugin, PluginError, PluginHost};
+use fixup_tests::facts;
+use rstest::rstest;
+
+fn host_with_hostile() -> (PluginHost, Arc<LoadedPlugin>) {
+    let mut host = PluginHost::new(EngineOptions::default()).expect("engine");
+    host.load_builtins().expect("built-ins load");
+    let hostile = host
+        .load_file(Path::new(env!("PLUGIN_HOSTILE")))
+        .expect("hostile plugin loads: it misbehaves only when called");
+    (host, hostile)
+}
+
+const NIC: [(&str, Option<&str>); 1] = [("52:54:00:aa:bb:01", Some("10.0.0.5/24"))];
+
+/// After a hostile call, the built-in networkd plugin must still plan.
+fn assert_still_serving(host: &PluginHost) {
+    let facts = facts("web-0", None, &NIC);
+    let selection = host
+        .registry()
+        .select(Scenario::OciNetworkd, None)
+        .expect("built-in serves oci-networkd");
+    let (plan, _) = host
+        .plan(&selection.plugin, Scenario::OciNetworkd, &facts)
+        .expect("a good plugin still works after a hostile call");
+    assert!(plan.steps.len() >= 4, "networkd plan has its steps");
+}
+
+#[rstest]
+#[case::endless_loop("spin")]
+#[case::memory_bomb("balloon")]
+#[case::million_steps("flood")]
+#[case::too_many_steps("wide")]
+#[case::oversized_content("heavy")]
+#[case::panic("panic")]
+#[case::reads_file_and_env("snoop")]
+fn hostile_call_is_contained(#[case] behaviour: &str) {
+    let (host, hostile) = host_with_hostile();
+    let facts = facts(behaviour, Some("hostile"), &NIC);
+    let err = host
+        .plan(&hostile, Scenario::OciNetworkd, &facts)
+        .expect_err("a hostile call must fail");
+    let message = err.to_string();
+    assert!(
+        message.contains("hostile"),
+        "error names the plugin: {message}"
+    );
+    match (behaviour, &err) {
+        ("spin", PluginError::Fuel { limit, .. }) => {
+            assert_eq!(*limit, host.limits().fuel);
+            assert!(message.contains("--plugin-fuel"), "{message}");
+        }
+        ("balloon", PluginError::Memory { limit, desired, .. }) => {
+            assert_eq!(*limit, host.limits().memory_bytes);
+            assert!(desired > limit);
+        }
+        ("flood", PluginError::Memory { .. } | PluginError::BadPlan { .. }) => {}
+        ("wide", PluginError::BadPlan { .. }) => assert!(message.contains("256"), "{message}"),
+        ("heavy", PluginError::BadPlan { .. }) => assert!(message.contains("65536"), "{message}"),
+        ("panic", PluginError::Panicked { message: m, .. }) => {
+            assert!(m.contains("on purpose"), "panic message is captured: {m}")
+        }
+        ("snoop", PluginError::Denied { import, .. }) => {
+            assert!(
+                import.starts_with("wasi:"),
+                "a WASI import was denied: {import}"
+            )
+        }
+        _ => panic!("{behaviour}: unexpected error {err:?}"),
+    }
+    assert_still_serving(&host);
+}
+
+#[test]
+fn log_volume_is_bounded() {
+    let (host, hostile) = host_with_hostile();
+    let facts = facts("chatty", Some("hostile"), &NIC);
+    let (plan, stats) = host
+        .plan(&hostile, Scenario::OciNetworkd, &facts)
+        .expect("logging a lot is allowed, but bounded");
+    assert_eq!(plan.steps.len(), 1);
+    let logged: usize = stats.logs.iter().map(|l| l.message.len()).sum();
+    assert!(logged <= 16 << 10, "at most 16 KiB kept, got {logged}");
+    assert!(logged > 0);
+}
+
+#[test]
+fn well_behaved_call_reports_usage_within_limits() {
+    let (host, hostile) = host_with_hostile();
+    let facts = facts("tame", Some("hostile"), &NIC);
+    let (plan, stats) = host
+        .plan(&hostile, Scenario::OciNetworkd, &facts)
+        .expect("tame call works");
+    assert_eq!(plan.steps.len(), 1);
+    assert!(stats.fuel_used > 0 && stats.fuel_used < host.limits().fuel);
+    assert!(stats.peak_memory_bytes > 0 && stats.peak_memory_bytes <= host.limits().memory_bytes);
+}
+
+#[test]
+fn each_call_gets_a_fresh_instance() {
+    // Memory growth in one call must not be visible in the next: the
+    // balloon fills its memory; a following tame call starts small again.
+    let (host, hostile) = host_with_hostile();
+    let _ = host.plan(
+        &hostile,
+        Scenario::OciNetworkd,
+        &facts("balloon", Some("hostile"), &NIC),
+    );
+    let (_, stats) = host
+        .plan(
+            &hostile,
+            Scenario::OciNetworkd,
+            &facts("tame", Some("hostile"), &NIC),
+        )
+        .expect("tame call works");
+    assert!(
+        stats.peak_memory_bytes < host.limits().memory_bytes / 2,
+        "fresh store starts small, peak {}",
+        stats.peak_memory_bytes
+    );
+}
+
+#[test]
+fn non_components_are_refused_with_the_fix() {
+    let host = PluginHost::new(EngineOptions::default()).expect("engine");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let core = dir.path().join("core.wasm");
+    // The smallest valid core module: magic and version 1.
+    std::fs::write(&core, b"\0asm\x01\0\0\0").expect("write");
+    let err = host
+        .inspect_file(&core)
+        .expect_err("a core module is not a plugin");
+    assert!(matches!(err, PluginError::NotAComponent { .. }), "{err:?}");
+    assert!(err.to_string().contains("wasm32-wasip2"), "{err}");
+
+    let junk = dir.path().join("junk.wasm");
+    std::fs::write(&junk, b"#!/bin/sh\necho not wasm\n").expect("write");
+    let err = host.inspect_file(&junk).expect_err("junk is not a plugin");
+    assert!(matches!(err, PluginError::NotAComponent { .. }), "{err:?}");
+
+    let truncated = dir.path().join("truncated.wasm");
+    let bytes = std::fs::read(env!("PLUGIN_HOSTILE")).expect("hostile built");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).expect("write");
+    let err = host
+        .inspect_file(&truncated)
+        .expect_err("a truncated component fails");
+    assert!(matches!(err, PluginError::Compile { .. }), "{err:?}");
+    assert!(err.to_string().contains("truncated.wasm"), "{err}");
+}

@@ -1,0 +1,89 @@
+//! Which plugin serves a VM: flavours, specificity, conflicts.
+
+use std::path::Path;
+
+use fixup_host::classify::Scenario;
+use fixup_host::facts::Flavor;
+use fixup_host::plugin::{EngineOptions, LoadError, Origin, PluginHost};
+
+fn flavor(s: &str) -> Flavor {
+    Flavor::parse(s).expect("valid flavour")
+}
+
+#[test]
+fn a_flavoured_plugin_replaces_the_builtin_for_its_flavour_only() {
+    let mut host = PluginHost::new(EngineOptions::default()).expect("engine");
+    host.load_builtins().expect("built-ins");
+    host.load_file(Path::new(env!("PLUGIN_HOSTILE")))
+        .expect("hostile declares flavour `hostile`");
+    let registry = host.registry();
+
+    let chosen = registry
+        .select(Scenario::OciNetworkd, Some(&flavor("hostile")))
+        .expect("served");
+    assert_eq!(chosen.plugin.info.name, "hostile");
+    assert!(
+        chosen.reason.contains("flavour `hostile`"),
+        "{}",
+        chosen.reason
+    );
+    assert!(
+        chosen.reason.contains("built-in:oci-networkd"),
+        "{}",
+        chosen.reason
+    );
+
+    let generic = registry
+        .select(Scenario::OciNetworkd, Some(&flavor("ubuntu")))
+        .expect("served");
+    assert_eq!(generic.plugin.info.name, "oci-networkd");
+    assert!(
+        generic
+            .reason
+            .contains("no plugin declares flavour `ubuntu`"),
+        "{}",
+        generic.reason
+    );
+
+    let none = registry
+        .select(Scenario::OciNetworkd, None)
+        .expect("served");
+    assert_eq!(none.plugin.origin, Origin::BuiltIn("oci-networkd".into()));
+
+    // The hostile plugin serves only oci-networkd: cloudimg stays built-in
+    // even for its flavour.
+    let cloud = registry
+        .select(Scenario::Cloudimg, Some(&flavor("hostile")))
+        .expect("served");
+    assert_eq!(cloud.plugin.info.name, "cloudimg");
+}
+
+#[test]
+fn equal_claims_are_a_load_error_naming_both_files() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bytes = std::fs::read(env!("PLUGIN_HOSTILE")).expect("built");
+    std::fs::write(dir.path().join("a-hostile.wasm"), &bytes).expect("write");
+    std::fs::write(dir.path().join("b-hostile.wasm"), &bytes).expect("write");
+    std::fs::write(dir.path().join("c-broken.wasm"), b"not wasm").expect("write");
+    let mut host = PluginHost::new(EngineOptions::default()).expect("engine");
+    host.load_builtins().expect("built-ins");
+    let failures = host.load_dir(dir.path()).expect("dir readable");
+    assert_eq!(failures.len(), 2, "{failures:?}");
+    let conflict = failures
+        .iter()
+        .find(|f| f.path.ends_with("b-hostile.wasm"))
+        .expect("second copy refused");
+    assert!(matches!(conflict.error, LoadError::Conflict(_)));
+    let message = conflict.error.to_string();
+    assert!(
+        message.contains("a-hostile.wasm") && message.contains("b-hostile.wasm"),
+        "{message}"
+    );
+    assert!(failures.iter().any(|f| f.path.ends_with("c-broken.wasm")));
+    // The good file still loaded: one bad file never stops the others.
+    let chosen = host
+        .registry()
+        .select(Scenario::OciNetworkd, Some(&flavor("hostile")))
+        .expect("served");
+    assert!(matches!(&chosen.plugin.origin, Origin::File(p) if p.ends_with("a-hostile.wasm")));
+}
