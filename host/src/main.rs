@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use fixup_host::facts::{BootKind, Observation, Overrides, PodInput, VmInspect};
-use fixup_host::plan::{self, Action};
+use fixup_host::plan::{self, Action, PlanLimits};
 use fixup_host::planner::{PlanOutcome, Planner, PlannerOptions};
 use fixup_host::plugin::cache::DEFAULT_CACHE_DIR;
 use fixup_host::plugin::sandbox::{DEFAULT_FUEL, DEFAULT_MEMORY_BYTES};
@@ -100,6 +100,12 @@ struct EngineArgs {
     #[arg(long, value_name = "MIB", default_value_t = (DEFAULT_MEMORY_BYTES >> 20) as u32,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     plugin_memory_mib: u32,
+    /// Most steps a plan may have.
+    #[arg(long, value_name = "N", default_value_t = PlanLimits::default().max_steps)]
+    plan_max_steps: usize,
+    /// Most bytes of text (argv, paths, contents, descriptions) in a plan.
+    #[arg(long, value_name = "BYTES", default_value_t = PlanLimits::default().max_bytes)]
+    plan_max_bytes: usize,
 }
 
 impl EngineArgs {
@@ -121,7 +127,10 @@ impl EngineArgs {
                 limits: Limits {
                     fuel: self.plugin_fuel,
                     memory_bytes: (self.plugin_memory_mib as usize) << 20,
-                    ..Limits::default()
+                    plan: PlanLimits {
+                        max_steps: self.plan_max_steps,
+                        max_bytes: self.plan_max_bytes,
+                    },
                 },
                 cache_dir: (!self.no_cache).then(|| self.cache_dir.clone()),
                 slots: DEFAULT_SLOTS,
@@ -165,9 +174,13 @@ fn observe(args: &PlanArgs) -> Result<Observation> {
 fn run_plan(args: &PlanArgs) -> Result<()> {
     let obs = observe(args)?;
     let planner = args.engine.planner()?;
-    let outcome = planner
-        .plan(&obs)
-        .with_context(|| format!("planning the fixup for pod {}", obs.pod))?;
+    let outcome = planner.plan(&obs).with_context(|| {
+        format!(
+            "planning from {} and {}",
+            args.pod.display(),
+            args.vm.display()
+        )
+    })?;
     match args.output {
         Output::Json => {
             let json = serde_json::to_string_pretty(&outcome.report(&obs))?;

@@ -40,7 +40,10 @@ fn assert_still_serving(host: &PluginHost) {
 #[case::too_many_steps("wide")]
 #[case::oversized_content("heavy")]
 #[case::panic("panic")]
-#[case::reads_file_and_env("snoop")]
+#[case::reads_a_file("snoop-file")]
+#[case::reads_the_environment("snoop-env")]
+#[case::reads_the_clock("snoop-clock")]
+#[case::asks_for_randomness("snoop-random")]
 fn hostile_call_is_contained(#[case] behaviour: &str) {
     let (host, hostile) = host_with_hostile();
     let facts = facts(behaviour, Some("hostile"), &NIC);
@@ -67,11 +70,18 @@ fn hostile_call_is_contained(#[case] behaviour: &str) {
         ("panic", PluginError::Panicked { message: m, .. }) => {
             assert!(m.contains("on purpose"), "panic message is captured: {m}")
         }
-        ("snoop", PluginError::Denied { import, .. }) => {
+        (snoop, PluginError::Denied { import, .. }) if snoop.starts_with("snoop-") => {
+            let interface = match snoop {
+                "snoop-file" => "wasi:filesystem/",
+                "snoop-env" => "wasi:cli/environment",
+                "snoop-clock" => "wasi:clocks/wall-clock",
+                _ => "wasi:random/",
+            };
             assert!(
-                import.starts_with("wasi:"),
-                "a WASI import was denied: {import}"
-            )
+                import.starts_with(interface),
+                "{snoop}: denied {import}, expected {interface}*"
+            );
+            assert!(message.contains("denies"), "{message}");
         }
         _ => panic!("{behaviour}: unexpected error {err:?}"),
     }

@@ -11,7 +11,10 @@
 //! | `wide`    | returns [`WIDE_STEPS`] small valid steps                    |
 //! | `heavy`   | returns one write-file step with [`HEAVY_BYTES`] of content  |
 //! | `panic`   | panics with [`PANIC_MESSAGE`]                               |
-//! | `snoop`   | reads a host file, the environment and the wall clock       |
+//! | `snoop-file`   | reads a host file                                      |
+//! | `snoop-env`    | reads the environment                                  |
+//! | `snoop-clock`  | reads the wall clock                                   |
+//! | `snoop-random` | asks for random numbers                                |
 //! | `chatty`  | logs a [`CHATTY_BYTES`] message, then returns a normal plan |
 //! | other     | returns a valid one-step plan (`run ["true"]`)              |
 
@@ -67,7 +70,25 @@ impl Plugin for Hostile {
             "wide" => Ok(numbered("wide", WIDE_STEPS)),
             "heavy" => Ok(heavy()),
             "panic" => panic!("{PANIC_MESSAGE}"),
-            "snoop" => Ok(snoop()),
+            "snoop-file" => Ok(snooped(
+                std::fs::read_to_string("/etc/hostname")
+                    .ok()
+                    .map(|h| format!("/etc/hostname: {}", h.trim_end())),
+            )),
+            "snoop-env" => Ok(snooped(
+                std::env::vars().next().map(|(k, v)| format!("env {k}={v}")),
+            )),
+            "snoop-clock" => Ok(snooped(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .ok()
+                    .map(|d| format!("wall clock: {} s", d.as_secs())),
+            )),
+            "snoop-random" => {
+                use std::hash::{BuildHasher, RandomState};
+                let seed = RandomState::new().hash_one(0u8);
+                Ok(snooped(Some(format!("random: {seed}"))))
+            }
             "chatty" => {
                 cocoon_fixup_sdk::log(LogLevel::Info, &"c".repeat(CHATTY_BYTES));
                 Ok(benign())
@@ -133,39 +154,15 @@ fn heavy() -> Plan {
     )])
 }
 
-/// Tries to reach past the sandbox. In a host that denies WASI, the first
-/// attempt traps; in one that grants WASI without preopens, the file read
-/// fails but the environment and clock answer, and the plan says so.
-fn snoop() -> Plan {
-    let mut found = Vec::new();
-    if let Ok(hostname) = std::fs::read_to_string("/etc/hostname") {
-        found.push(format!("/etc/hostname: {}", hostname.trim_end()));
-    }
-    for (key, value) in std::env::vars() {
-        found.push(format!("env {key}={value}"));
-    }
-    if let Ok(since_epoch) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
-        found.push(format!("wall clock: {} s", since_epoch.as_secs()));
-    }
-    if found.is_empty() {
-        return Plan::posix_sh(vec![Step::run(
-            "snoop obtained nothing",
-            Phase::Configure,
-            ["true"],
-        )]);
-    }
-    Plan::posix_sh(
-        found
-            .into_iter()
-            .map(|what| {
-                Step::run(
-                    format!("{SNOOPED_PREFIX}{what}"),
-                    Phase::Configure,
-                    ["true"],
-                )
-            })
-            .collect(),
-    )
+/// The plan of a `snoop-*` behaviour: what it obtained, if anything. In a
+/// host that denies WASI the attempt traps before this is reached; in one
+/// that grants WASI, the plan says what leaked.
+fn snooped(found: Option<String>) -> Plan {
+    let description = match found {
+        Some(what) => format!("{SNOOPED_PREFIX}{what}"),
+        None => "snoop obtained nothing".to_owned(),
+    };
+    Plan::posix_sh(vec![Step::run(description, Phase::Configure, ["true"])])
 }
 
 fn benign() -> Plan {
@@ -258,16 +255,14 @@ mod tests {
         plan("panic");
     }
 
-    /// Natively nothing stops it: the clock at least answers, and every
-    /// finding is marked.
+    /// Natively nothing stops them: each finding is marked.
     #[test]
-    fn snoop_reports_what_it_obtained() {
-        let steps = plan("snoop").steps;
-        assert!(
-            steps
-                .iter()
-                .all(|s| s.description.starts_with(SNOOPED_PREFIX))
-        );
-        assert!(steps.iter().any(|s| s.description.contains("wall clock")));
+    fn snoops_report_what_they_obtained() {
+        for (name, what) in [("snoop-clock", "wall clock"), ("snoop-random", "random")] {
+            let steps = plan(name).steps;
+            assert_eq!(steps.len(), 1);
+            assert!(steps[0].description.starts_with(SNOOPED_PREFIX), "{name}");
+            assert!(steps[0].description.contains(what), "{name}");
+        }
     }
 }

@@ -1,0 +1,181 @@
+//! The `cocoon-fixup` binary as a user runs it: exit codes, output, and
+//! error messages that name the file and the field.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")
+}
+
+fn plan(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cocoon-fixup"))
+        .arg("plan")
+        .args(["--no-cache", "--cocoon-root"])
+        .arg(examples().join("cocoon-root"))
+        .args(args)
+        .env_remove("COCOON_FIXUP_PLUGIN_DIR")
+        .output()
+        .expect("binary runs")
+}
+
+fn example_args(name: &str) -> Vec<String> {
+    let dir = examples().join(name);
+    vec![
+        "--pod".into(),
+        dir.join("pod.json").display().to_string(),
+        "--vm".into(),
+        dir.join("vm.json").display().to_string(),
+    ]
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn json_output_has_the_documented_keys() {
+    let mut args = example_args("oci-static");
+    args.extend(["--output".into(), "json".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = plan(&args);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    for key in [
+        "needs_fixup",
+        "scenario",
+        "plugins",
+        "steps",
+        "exec",
+        "script",
+        "hint",
+        "rule",
+        "reason",
+    ] {
+        assert!(json.get(key).is_some(), "missing key {key}: {json}");
+    }
+    assert_eq!(json["scenario"], "oci-networkd");
+    assert_eq!(json["exec"][0], "sh");
+    assert_eq!(
+        json["plugins"][0]["sha256"].as_str().map(str::len),
+        Some(64)
+    );
+}
+
+#[test]
+fn text_output_names_rule_plugin_and_steps() {
+    let args = example_args("fc-dhcp");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = plan(&args);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("rule 5"), "{stdout}");
+    assert!(stdout.contains("plugin: fc-mac"), "{stdout}");
+    assert!(stdout.contains("plugin: oci-networkd"), "{stdout}");
+    assert!(stdout.contains("ip link set dev eth0 address"), "{stdout}");
+    assert!(stdout.contains("hint script:"), "{stdout}");
+}
+
+#[test]
+fn no_fixup_is_said_plainly() {
+    let args = example_args("no-fixup");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = plan(&args);
+    assert!(out.status.success());
+    assert!(text(&out.stdout).contains("no fixup needed"));
+}
+
+#[test]
+fn bad_inputs_exit_non_zero_naming_file_and_field() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pod = examples().join("oci-static/pod.json");
+    let good_vm = std::fs::read_to_string(examples().join("oci-static/vm.json")).expect("vm");
+
+    let bad_prefix = dir.path().join("bad-prefix.json");
+    std::fs::write(
+        &bad_prefix,
+        good_vm.replace("\"prefix\": 24", "\"prefix\": \"24\""),
+    )
+    .expect("write");
+    let bad_mac = dir.path().join("bad-mac.json");
+    std::fs::write(
+        &bad_mac,
+        good_vm.replace("52:54:00:3a:91:0c", "52:54:00:3a:91"),
+    )
+    .expect("write");
+    let malformed = dir.path().join("malformed.json");
+    std::fs::write(&malformed, "{\"id\": ").expect("write");
+    let missing = dir.path().join("missing.json");
+
+    let cases: [(&Path, &[&str]); 4] = [
+        (
+            &bad_prefix,
+            &["bad-prefix.json", "network_configs[0].network.prefix"],
+        ),
+        (&bad_mac, &["network_configs[0].mac", "52:54:00:3a:91"]),
+        (&malformed, &["malformed.json", "line 1"]),
+        (&missing, &["missing.json"]),
+    ];
+    for (vm, needles) in cases {
+        let out = plan(&[
+            "--pod",
+            pod.to_str().expect("utf-8"),
+            "--vm",
+            vm.to_str().expect("utf-8"),
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{}", vm.display());
+        let stderr = text(&out.stderr);
+        assert!(stderr.starts_with("error: "), "{stderr}");
+        for needle in needles {
+            assert!(
+                stderr.contains(needle),
+                "{} should mention {needle}: {stderr}",
+                vm.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn a_missing_plugin_dir_is_an_error_and_a_broken_plugin_stops_plan() {
+    let args = example_args("oci-static");
+    let mut with_dir: Vec<&str> = args.iter().map(String::as_str).collect();
+    with_dir.extend(["--plugin-dir", "/nonexistent/cocoon-fixup-plugins"]);
+    let out = plan(&with_dir);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("/nonexistent/cocoon-fixup-plugins"));
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("broken.wasm"), b"\0asm\x01\0\0\0").expect("write");
+    let mut with_broken: Vec<&str> = args.iter().map(String::as_str).collect();
+    let dir_arg = dir.path().display().to_string();
+    with_broken.extend(["--plugin-dir", &dir_arg]);
+    let out = plan(&with_broken);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("broken.wasm") && stderr.contains("core module"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn help_explains_the_plan_command() {
+    let out = Command::new(env!("CARGO_BIN_EXE_cocoon-fixup"))
+        .args(["plan", "--help"])
+        .output()
+        .expect("runs");
+    assert!(out.status.success());
+    let help = text(&out.stdout);
+    for flag in [
+        "--pod",
+        "--vm",
+        "--source-image",
+        "--boot",
+        "--cocoon-root",
+        "--plugin-dir",
+        "--output",
+    ] {
+        assert!(help.contains(flag), "--help lists {flag}");
+    }
+}
