@@ -2,18 +2,46 @@
 //!
 //! # Layout
 //!
+//! The plan path:
+//!
 //! - [`facts`]: pod and inspect input, validated VM facts.
 //! - [`classify`]: facts to scenario, a pure function (spec section 3).
-//! - [`plan`]: the plan as domain types; rendering to exec argv and hint scripts.
 //! - [`probe`]: the qcow2 overlay probe, confined to the cocoon root.
 //! - [`plugin`]: the only module that knows wasmtime: engine, loader, sandbox,
 //!   bindings, precompiled cache, selection.
+//! - [`plan`]: the plan as domain types; rendering to exec argv and hint scripts.
 //! - [`planner`]: the plan path end to end, and its JSON report.
-//! - `cli` (binary only): the thin `cocoon-fixup` command line.
+//!
+//! The apply path:
+//!
+//! - [`cocoon`]: the one type that runs the `cocoon` CLI.
+//! - [`pods`]: the Kubernetes seam (`PodApi`), annotation keys, event
+//!   reasons, pods in memory.
+//! - [`kube`]: `PodApi` over the real `kube` client, uid preconditions, retries.
+//! - [`lifecycle`]: lifecycle stickiness and startup reconciliation, pure.
+//! - [`apply`]: the fixup loop within its budget, and the IP wait.
+//! - [`ready`]: the lease file, its watcher, the readiness probe.
+//! - [`host`]: `Host`, what an embedder builds once and calls per pod.
+//! - [`serve`]: the node daemon's watch, dispatcher and metrics endpoint.
+//! - [`metrics`]: Prometheus metrics.
+//! - [`config`]: flags > environment > file > defaults, resolved once.
+//!
+//! The binary (`src/main.rs`) only parses, calls these, prints the error once
+//! and picks the exit code.
 
+pub mod apply;
 pub mod classify;
+pub mod cocoon;
+pub mod config;
 pub mod facts;
+pub mod host;
+pub mod kube;
+pub mod lifecycle;
+pub mod metrics;
 pub mod plan;
 pub mod planner;
 pub mod plugin;
+pub mod pods;
 pub mod probe;
+pub mod ready;
+pub mod serve;

@@ -3,28 +3,35 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use fixup_host::cocoon::CocoonCli;
+use fixup_host::config::{ConfigArgs, Settings};
 use fixup_host::facts::{BootKind, Observation, Overrides, PodInput, VmInspect};
-use fixup_host::plan::{self, Action, PlanLimits};
-use fixup_host::planner::{PlanOutcome, Planner, PlannerOptions};
-use fixup_host::plugin::cache::DEFAULT_CACHE_DIR;
-use fixup_host::plugin::sandbox::{DEFAULT_FUEL, DEFAULT_MEMORY_BYTES};
-use fixup_host::plugin::{DEFAULT_SLOTS, EngineOptions, Limits};
-use fixup_host::probe::DEFAULT_COCOON_ROOT;
-
-/// Where vendor plugins are looked for unless `--plugin-dir` says otherwise.
-const DEFAULT_PLUGIN_DIR: &str = "/etc/cocoon-fixup/plugins";
+use fixup_host::host::{Host, Summary, Trigger};
+use fixup_host::kube::KubeApi;
+use fixup_host::metrics::Metrics;
+use fixup_host::plan::{self, Action};
+use fixup_host::planner::{PlanOutcome, Planner};
+use fixup_host::ready::LeaseWatcher;
+use fixup_host::serve;
 
 /// Post-clone guest network fixup for cocoon microVMs.
 ///
 /// Decides whether a cloned VM needs commands run inside its guest to get
-/// its network back, and produces them with sandboxed WebAssembly plugins.
+/// its network back, produces them with sandboxed WebAssembly plugins, runs
+/// them within a retry budget, waits for the guest's IP and reports to
+/// Kubernetes. Every option can also be set in the environment or in the
+/// configuration file (flags > environment > file > defaults).
 #[derive(Debug, Parser)]
 #[command(name = "cocoon-fixup", version, propagate_version = true)]
 struct Cli {
+    /// Configuration file (TOML) [default: /etc/cocoon-fixup/config.toml, when it exists]
+    #[arg(long, global = true, value_name = "FILE", env = "COCOON_FIXUP_CONFIG")]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -36,6 +43,15 @@ enum Command {
     /// Example:
     ///   cocoon-fixup plan --pod examples/oci-static/pod.json --vm examples/oci-static/vm.json
     Plan(PlanArgs),
+    /// Run the whole flow for one pod: fixup, IP wait, annotations, events.
+    ///
+    /// Prints a JSON summary. Exit codes: 0 ready (or nothing to do),
+    /// 2 the fixup failed (now or earlier), 3 no IP in time or Failed is
+    /// sticky, 4 interrupted or the pod went away, 1 could not run.
+    Run(RunArgs),
+    /// The node daemon: watch this node's pods and run the flow for every
+    /// managed clone that needs it; serve /metrics and /healthz.
+    Serve(ServeArgs),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -68,88 +84,117 @@ struct PlanArgs {
     /// Override the boot kind read from the pod annotations.
     #[arg(long, value_enum)]
     boot: Option<Boot>,
-    #[command(flatten)]
-    engine: EngineArgs,
     /// How to print the result.
     #[arg(long, value_enum, default_value_t = Output::Text)]
     output: Output,
+    #[command(flatten)]
+    config: ConfigArgs,
 }
 
-/// Options shared by every command that loads plugins.
 #[derive(Debug, Args)]
-struct EngineArgs {
-    /// The cocoon root; the overlay probe looks under
-    /// `<root>/run/cloudhypervisor/<vm id>/overlay.qcow2`.
-    #[arg(long, value_name = "DIR", env = "COCOON_ROOT", default_value = DEFAULT_COCOON_ROOT)]
-    cocoon_root: PathBuf,
-    /// Directory of vendor plugins (`*.wasm`), loaded after the built-ins.
-    /// The default is used only when it exists; a given one must exist.
-    #[arg(long, value_name = "DIR", env = "COCOON_FIXUP_PLUGIN_DIR")]
-    plugin_dir: Option<PathBuf>,
-    /// Directory for precompiled plugins (makes a restart load in
-    /// milliseconds).
-    #[arg(long, value_name = "DIR", env = "COCOON_FIXUP_CACHE_DIR", default_value = DEFAULT_CACHE_DIR)]
-    cache_dir: PathBuf,
-    /// Compile plugins at every start instead of using the cache.
-    #[arg(long)]
-    no_cache: bool,
-    /// CPU fuel per plugin call (about 10 ms of work by default).
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_FUEL)]
-    plugin_fuel: u64,
-    /// Linear memory per plugin call, in MiB.
-    #[arg(long, value_name = "MIB", default_value_t = (DEFAULT_MEMORY_BYTES >> 20) as u32,
-          value_parser = clap::value_parser!(u32).range(1..=4096))]
-    plugin_memory_mib: u32,
-    /// Most steps a plan may have.
-    #[arg(long, value_name = "N", default_value_t = PlanLimits::default().max_steps)]
-    plan_max_steps: usize,
-    /// Most bytes of text (argv, paths, contents, descriptions) in a plan.
-    #[arg(long, value_name = "BYTES", default_value_t = PlanLimits::default().max_bytes)]
-    plan_max_bytes: usize,
+struct RunArgs {
+    /// The pod's namespace.
+    #[arg(long, short = 'n', value_name = "NS", default_value = "default")]
+    namespace: String,
+    /// The pod's name.
+    #[arg(long, value_name = "NAME")]
+    pod: String,
+    #[command(flatten)]
+    config: ConfigArgs,
 }
 
-impl EngineArgs {
-    fn planner(&self) -> Result<Planner> {
-        let plugin_dir = match &self.plugin_dir {
-            Some(dir) => {
-                if !dir.is_dir() {
-                    bail!(
-                        "plugin directory {} does not exist: create it or drop --plugin-dir",
-                        dir.display()
-                    );
-                }
-                Some(dir.clone())
-            }
-            None => Some(PathBuf::from(DEFAULT_PLUGIN_DIR)).filter(|d| d.is_dir()),
-        };
-        let options = PlannerOptions {
-            engine: EngineOptions {
-                limits: Limits {
-                    fuel: self.plugin_fuel,
-                    memory_bytes: (self.plugin_memory_mib as usize) << 20,
-                    plan: PlanLimits {
-                        max_steps: self.plan_max_steps,
-                        max_bytes: self.plan_max_bytes,
-                    },
-                },
-                cache_dir: (!self.no_cache).then(|| self.cache_dir.clone()),
-                slots: DEFAULT_SLOTS,
-            },
-            cocoon_root: self.cocoon_root.clone(),
-            plugin_dir,
-        };
-        let (planner, failures) = Planner::new(options).context("starting the plugin host")?;
-        if !failures.is_empty() {
-            for f in &failures {
-                eprintln!("error: {}: {}", f.path.display(), f.error);
-            }
-            bail!(
-                "{} plugin(s) could not be loaded: fix or remove them",
-                failures.len()
-            );
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// The node whose pods to serve (usually the downward API's spec.nodeName).
+    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
+    node: String,
+    #[command(flatten)]
+    config: ConfigArgs,
+}
+
+fn planner(settings: &Settings) -> Result<Planner> {
+    let (planner, failures) =
+        Planner::new(settings.planner.clone()).context("starting the plugin host")?;
+    if !failures.is_empty() {
+        for f in &failures {
+            eprintln!("error: {}: {}", f.path.display(), f.error);
         }
-        Ok(planner)
+        bail!(
+            "{} plugin(s) could not be loaded: fix or remove them",
+            failures.len()
+        );
     }
+    Ok(planner)
+}
+
+/// Everything `run` and `serve` share: planner, cocoon, Kubernetes, leases.
+async fn build_host(
+    settings: &Settings,
+    node: Option<String>,
+) -> Result<(Host<CocoonCli, KubeApi>, kube::Client)> {
+    let planner = Arc::new(planner(settings)?);
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to Kubernetes (in-cluster config or KUBECONFIG)")?;
+    let pods = KubeApi::new(client.clone(), "cocoon-fixup", node);
+    let leases = Arc::new(
+        LeaseWatcher::new(settings.lease_file.clone(), settings.ip_poll)
+            .context("watching the lease file")?,
+    );
+    let host = Host::new(
+        planner,
+        CocoonCli::new(settings.cocoon_bin.clone()),
+        pods,
+        leases,
+        settings.host.clone(),
+        Arc::new(Metrics::new()),
+    );
+    Ok((host, client))
+}
+
+/// `run`'s exit code for a summary (documented in `run --help`).
+fn run_exit_code(summary: &Summary) -> u8 {
+    match (summary.fixup, summary.readiness, summary.action) {
+        (Some("exhausted" | "plan-failed"), _, _) | (_, _, "parked") => 2,
+        (_, Some("timed-out" | "ready-blocked"), _) => 3,
+        (Some("shutdown" | "gone"), _, _) | (_, Some("shutdown" | "gone"), _) => 4,
+        _ => 0,
+    }
+}
+
+async fn run_run(args: &RunArgs, config: Option<&Path>) -> Result<u8> {
+    let settings = args.config.resolve(config)?;
+    let (host, _client) = build_host(&settings, None).await?;
+    let shutdown = serve::shutdown_on_signals();
+    let summary = host
+        .handle(&args.namespace, &args.pod, Trigger::Event, &shutdown)
+        .await?;
+    println!("{}", serde_json::to_string_pretty(&summary)?);
+    Ok(run_exit_code(&summary))
+}
+
+async fn run_serve(args: &ServeArgs, config: Option<&Path>) -> Result<u8> {
+    let settings = args.config.resolve(config)?;
+    let (host, client) = build_host(&settings, Some(args.node.clone())).await?;
+    let host = Arc::new(host);
+    let shutdown = serve::shutdown_on_signals();
+    let server = tokio::spawn(serve::metrics_server(
+        settings.metrics_addr,
+        host.metrics_handle(),
+        shutdown.clone(),
+    ));
+    tracing::info!(node = %args.node, metrics = %settings.metrics_addr, concurrency = settings.concurrency, "serving");
+    serve::run(
+        client,
+        &args.node,
+        host,
+        settings.concurrency,
+        shutdown.clone(),
+    )
+    .await;
+    shutdown.cancel();
+    server.await.context("metrics server task")??;
+    Ok(0)
 }
 
 fn read(path: &Path) -> Result<String> {
@@ -171,9 +216,10 @@ fn observe(args: &PlanArgs) -> Result<Observation> {
     Ok(Observation::new(&pod, &vm, &overrides)?)
 }
 
-fn run_plan(args: &PlanArgs) -> Result<()> {
+fn run_plan(args: &PlanArgs, config: Option<&Path>) -> Result<u8> {
     let obs = observe(args)?;
-    let planner = args.engine.planner()?;
+    let settings = args.config.resolve(config)?;
+    let planner = planner(&settings)?;
     let outcome = planner.plan(&obs).with_context(|| {
         format!(
             "planning from {} and {}",
@@ -188,7 +234,7 @@ fn run_plan(args: &PlanArgs) -> Result<()> {
         }
         Output::Text => print_text(&obs, &outcome),
     }
-    Ok(())
+    Ok(0)
 }
 
 fn print_text(obs: &Observation, outcome: &PlanOutcome) {
@@ -261,14 +307,24 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    let config = cli.config.as_deref();
     let result = match &cli.command {
-        Command::Plan(args) => run_plan(args),
+        Command::Plan(args) => run_plan(args, config),
+        Command::Run(args) => runtime().and_then(|rt| rt.block_on(run_run(args, config))),
+        Command::Serve(args) => runtime().and_then(|rt| rt.block_on(run_serve(args, config))),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
 }

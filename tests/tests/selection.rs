@@ -87,3 +87,43 @@ fn equal_claims_are_a_load_error_naming_both_files() {
         .expect("served");
     assert!(matches!(&chosen.plugin.origin, Origin::File(p) if p.ends_with("a-hostile.wasm")));
 }
+
+#[test]
+fn an_allow_list_refuses_every_other_plugin_file() {
+    let bytes = std::fs::read(env!("PLUGIN_HOSTILE")).expect("built");
+    let digest = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(&bytes))
+    };
+    let other = "0".repeat(64);
+    let options = |allowed: &[&str]| EngineOptions {
+        allowed_sha256: Some(allowed.iter().map(|s| (*s).to_owned()).collect()),
+        ..EngineOptions::default()
+    };
+
+    let mut strict = PluginHost::new(options(&[&other])).expect("engine");
+    strict
+        .load_builtins()
+        .expect("built-ins are always trusted");
+    let err = strict
+        .load_file(Path::new(env!("PLUGIN_HOSTILE")))
+        .expect_err("not on the list");
+    let message = err.to_string();
+    assert!(
+        matches!(
+            err,
+            LoadError::Plugin(fixup_host::plugin::PluginError::NotAllowed { .. })
+        ),
+        "{err:?}"
+    );
+    assert!(message.contains(&digest), "names the digest: {message}");
+    assert!(
+        message.contains("--allow-plugin"),
+        "says the fix: {message}"
+    );
+
+    let mut trusting = PluginHost::new(options(&[&other, &digest])).expect("engine");
+    trusting
+        .load_file(Path::new(env!("PLUGIN_HOSTILE")))
+        .expect("listed digest loads");
+}

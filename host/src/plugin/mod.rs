@@ -90,6 +90,8 @@ impl fmt::Debug for LoadedPlugin {
 /// What one call used, against the limits.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CallStats {
+    /// Wall time of the call, instantiation included.
+    pub duration: std::time::Duration,
     pub fuel_used: u64,
     pub peak_memory_bytes: usize,
     pub logs: Vec<sandbox::LogLine>,
@@ -168,6 +170,10 @@ pub enum PluginError {
         field: String,
         reason: String,
     },
+    #[error(
+        "{origin} (sha256 {sha256}) is not on the plugin allow-list: review it, then add its digest with --allow-plugin {sha256}, or remove the file"
+    )]
+    NotAllowed { origin: Origin, sha256: String },
     #[error("cannot set up the plugin engine: {reason}")]
     Engine { reason: String },
 }
@@ -180,6 +186,10 @@ pub struct EngineOptions {
     pub cache_dir: Option<PathBuf>,
     /// Concurrent instances the pooling allocator reserves.
     pub slots: u32,
+    /// When set, only plugin files whose sha256 (lowercase hex) is listed
+    /// are loaded; every other file is refused before it is compiled.
+    /// Built-in plugins are part of the binary and always trusted.
+    pub allowed_sha256: Option<std::collections::BTreeSet<String>>,
 }
 
 impl Default for EngineOptions {
@@ -188,6 +198,7 @@ impl Default for EngineOptions {
             limits: Limits::default(),
             cache_dir: None,
             slots: DEFAULT_SLOTS,
+            allowed_sha256: None,
         }
     }
 }
@@ -196,6 +207,7 @@ impl Default for EngineOptions {
 pub struct PluginHost {
     engine: Engine,
     limits: Limits,
+    allowed_sha256: Option<std::collections::BTreeSet<String>>,
     cache: Option<ArtifactCache>,
     registry: Registry,
 }
@@ -239,6 +251,7 @@ impl PluginHost {
         Ok(PluginHost {
             engine,
             limits: options.limits,
+            allowed_sha256: options.allowed_sha256,
             cache,
             registry: Registry::default(),
         })
@@ -315,6 +328,11 @@ impl PluginHost {
             return Err(PluginError::NotAComponent { origin, detail });
         }
         let sha256 = hex::encode(Sha256::digest(bytes));
+        if let (Origin::File(_), Some(allowed)) = (&origin, &self.allowed_sha256)
+            && !allowed.contains(&sha256)
+        {
+            return Err(PluginError::NotAllowed { origin, sha256 });
+        }
         let component = match &self.cache {
             Some(cache) => cache.load_or_compile(&self.engine, bytes, &sha256),
             None => Component::new(&self.engine, bytes),
@@ -525,6 +543,7 @@ fn call<R>(
     plugin: &str,
     f: impl FnOnce(&mut Store<CallState>, &bindings::Plugin) -> wasmtime::Result<R>,
 ) -> Result<(R, CallStats), PluginError> {
+    let started = std::time::Instant::now();
     let mut store = Store::new(engine, CallState::new(plugin, limits));
     store.limiter(|s| s);
     store.set_fuel(limits.fuel).map_err(engine_error)?;
@@ -537,6 +556,7 @@ fn call<R>(
         Ok(value) => Ok((
             value,
             CallStats {
+                duration: started.elapsed(),
                 fuel_used: limits.fuel - fuel_left,
                 peak_memory_bytes: state.peak_memory,
                 logs: state.logs,

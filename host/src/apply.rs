@@ -1,0 +1,489 @@
+//! Applying a plan: one `cocoon vm exec` per attempt within a retry budget,
+//! the error chain, the annotations and events (spec section 5), then the
+//! wait for the guest's IP (spec section 6).
+//!
+//! Time and shutdown are parameters: every wait is a `tokio::time` sleep
+//! raced against a [`CancellationToken`], so tests run 180 s of retries in
+//! milliseconds under `tokio::time::pause()`. Shutdown is never exhaustion:
+//! nothing is marked failed and `post-clone-state` stays `running` for the
+//! next start. A deleted or replaced pod stops the loop, and every write
+//! carries the pod's uid precondition.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::classify::Scenario;
+use crate::cocoon::{Cocoon, CocoonError, ExecOutput};
+use crate::facts::{GuestOs, MacAddr, VmFacts, VmId};
+use crate::lifecycle::{self, Lifecycle, PostCloneState};
+use crate::plan::{Plan, attribute_failure};
+use crate::pods::{AnnotationPatch, Event, PodApi, PodError, PodRef, cap_utf8, keys, reasons};
+use crate::ready::LeaseWatcher;
+
+/// The retry budget (spec section 5). Defaults: first attempt at once, 3 s
+/// between attempts, until 180 s after the first; each exec bounded by
+/// 90 s and by what is left of the budget. Configured with
+/// `--retry-interval`, `--retry-budget`, `--exec-timeout`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryConfig {
+    pub interval: Duration,
+    pub budget: Duration,
+    pub exec_timeout: Duration,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            interval: Duration::from_secs(3),
+            budget: Duration::from_secs(180),
+            exec_timeout: Duration::from_secs(90),
+        }
+    }
+}
+
+/// The IP wait (spec section 6). Defaults: 45 s budget, poll every 200 ms,
+/// Windows renew nudge once after 30 s with a 20 s timeout, DHCP recovery
+/// for an all-DHCP Linux clone after 15 s. Configured with `--ip-wait`,
+/// `--renew-after`, `--renew-timeout`, `--dhcp-recovery-after`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadyConfig {
+    pub budget: Duration,
+    pub renew_after: Duration,
+    pub renew_timeout: Duration,
+    pub dhcp_recovery_after: Duration,
+}
+
+impl Default for ReadyConfig {
+    fn default() -> Self {
+        ReadyConfig {
+            budget: Duration::from_secs(45),
+            renew_after: Duration::from_secs(30),
+            renew_timeout: Duration::from_secs(20),
+            dhcp_recovery_after: Duration::from_secs(15),
+        }
+    }
+}
+
+/// `vm.cocoonstack.io/post-clone-errors` holds at most this many bytes.
+pub const ERRORS_ANNOTATION_MAX: usize = 4096;
+
+/// How a fixup loop ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FixupOutcome {
+    /// An attempt succeeded; `post-clone-state` is `done`.
+    Done { attempts: u32 },
+    /// The budget ran out; the pod is marked failed with hint and errors.
+    Exhausted { attempts: u32, errors: Vec<String> },
+    /// The host is shutting down; `post-clone-state` stays `running`.
+    Shutdown { attempts: u32 },
+    /// The pod was deleted or replaced; nothing more is written.
+    Gone { attempts: u32 },
+}
+
+/// What one fixup needs.
+#[derive(Debug, Clone, Copy)]
+pub struct FixupJob<'a> {
+    pub pod: &'a PodRef,
+    pub vm: &'a VmId,
+    pub scenario: Scenario,
+    pub plan: &'a Plan,
+    /// The argv after `cocoon vm exec <id> --`.
+    pub exec: &'a [String],
+    /// The base64 hint for the failed case.
+    pub hint: &'a str,
+    /// The pod's annotations as read before the loop.
+    pub annotations: &'a std::collections::BTreeMap<String, String>,
+}
+
+/// Run one exec of the plan; `Ok` on success, else the attempt's error as
+/// one line.
+async fn attempt<C: Cocoon>(
+    cocoon: &C,
+    job: &FixupJob<'_>,
+    timeout: Duration,
+) -> Result<(), String> {
+    match cocoon.exec(job.vm, job.exec, timeout).await {
+        Ok(out) if out.success() => Ok(()),
+        Ok(out) => Err(describe_failure(job.plan, &out)),
+        Err(e) => Err(one_line(&e.to_string())),
+    }
+}
+
+fn describe_failure(plan: &Plan, out: &ExecOutput) -> String {
+    let failure = attribute_failure(plan, out.code(), &out.stderr);
+    let text = match out.code() {
+        Some(_) => failure.to_string(),
+        None => format!("cocoon vm exec {}: {failure}", out.status),
+    };
+    one_line(&text)
+}
+
+/// A duration in messages: whole seconds as `45s` (the spec's form), else
+/// `1s 500ms`.
+fn span(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        humantime::format_duration(d).to_string()
+    }
+}
+
+/// Error chain lines are one line each: newlines inside become ` | `.
+pub fn one_line(text: &str) -> String {
+    text.trim()
+        .lines()
+        .map(str::trim_end)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
+/// The joined error chain, at most [`ERRORS_ANNOTATION_MAX`] bytes, cut on a
+/// UTF-8 boundary, keeping the newest attempts and saying that it cut.
+pub fn errors_annotation(errors: &[String]) -> String {
+    let joined = errors.join("\n");
+    if joined.len() <= ERRORS_ANNOTATION_MAX {
+        return joined;
+    }
+    let dropped_prefix = |dropped: usize| format!("[truncated: first {dropped} bytes dropped]\n");
+    // The marker's length depends on the number it carries; a 20-digit
+    // bound keeps the result within the limit.
+    let room = ERRORS_ANNOTATION_MAX - dropped_prefix(usize::MAX).len();
+    let mut start = joined.len() - room;
+    while !joined.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("{}{}", dropped_prefix(start), &joined[start..])
+}
+
+async fn emit<P: PodApi>(pods: &P, pod: &PodRef, event: Event) {
+    if let Err(e) = pods.event(pod, &event).await {
+        tracing::warn!(pod = %pod, reason = event.reason, "cannot record event: {e}");
+    }
+}
+
+/// Is the pod still this incarnation? API errors count as yes: a flaky API
+/// server must not stop a fixup; the uid precondition still guards writes.
+async fn still_there<P: PodApi>(pods: &P, pod: &PodRef) -> bool {
+    match pods.get(&pod.namespace, &pod.name).await {
+        Ok(Some(p)) => p.uid.as_deref() == Some(pod.uid.as_str()),
+        Ok(None) => false,
+        Err(e) => {
+            tracing::warn!(pod = %pod, "cannot check the pod before an attempt: {e}");
+            true
+        }
+    }
+}
+
+fn state_patch(state: PostCloneState) -> AnnotationPatch {
+    AnnotationPatch::from([(
+        keys::POST_CLONE_STATE.to_owned(),
+        Some(state.as_str().to_owned()),
+    )])
+}
+
+/// The fixup loop of spec section 5.
+pub async fn run_fixup<C: Cocoon, P: PodApi>(
+    cocoon: &C,
+    pods: &P,
+    job: FixupJob<'_>,
+    retry: &RetryConfig,
+    shutdown: &CancellationToken,
+) -> Result<FixupOutcome, PodError> {
+    let pod = job.pod;
+    match pods
+        .patch_annotations(pod, &state_patch(PostCloneState::Running))
+        .await
+    {
+        Err(PodError::Gone { .. }) => return Ok(FixupOutcome::Gone { attempts: 0 }),
+        other => other?,
+    }
+    let start = Instant::now();
+    let deadline = start + retry.budget;
+    let mut errors = Vec::new();
+    let mut attempts = 0u32;
+    loop {
+        if shutdown.is_cancelled() {
+            return Ok(FixupOutcome::Shutdown { attempts });
+        }
+        if !still_there(pods, pod).await {
+            return Ok(FixupOutcome::Gone { attempts });
+        }
+        attempts += 1;
+        let timeout = retry
+            .exec_timeout
+            .min(deadline.saturating_duration_since(Instant::now()))
+            .max(Duration::from_millis(1));
+        let result = tokio::select! {
+            r = attempt(cocoon, &job, timeout) => r,
+            () = shutdown.cancelled() => return Ok(FixupOutcome::Shutdown { attempts }),
+        };
+        match result {
+            Ok(()) => {
+                match pods
+                    .patch_annotations(pod, &state_patch(PostCloneState::Done))
+                    .await
+                {
+                    Err(PodError::Gone { .. }) => return Ok(FixupOutcome::Gone { attempts }),
+                    other => other?,
+                }
+                emit(
+                    pods,
+                    pod,
+                    Event::normal(
+                        reasons::SUCCEEDED,
+                        format!("kind={} attempts={attempts}", job.scenario),
+                    ),
+                )
+                .await;
+                return Ok(FixupOutcome::Done { attempts });
+            }
+            Err(error) => {
+                let line = format!("attempt {attempts}: {error}");
+                tracing::warn!(pod = %pod, "{line}");
+                emit(
+                    pods,
+                    pod,
+                    Event::warning(reasons::EXEC_ATTEMPT_FAILED, line.clone()),
+                )
+                .await;
+                errors.push(line);
+            }
+        }
+        if Instant::now() + retry.interval >= deadline {
+            break;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(retry.interval) => {}
+            () = shutdown.cancelled() => return Ok(FixupOutcome::Shutdown { attempts }),
+        }
+    }
+    exhausted(pods, &job, retry, attempts, errors).await
+}
+
+async fn exhausted<P: PodApi>(
+    pods: &P,
+    job: &FixupJob<'_>,
+    retry: &RetryConfig,
+    attempts: u32,
+    errors: Vec<String>,
+) -> Result<FixupOutcome, PodError> {
+    let pod = job.pod;
+    let last = errors
+        .last()
+        .map(String::as_str)
+        .unwrap_or("no attempt ran");
+    let summary = format!(
+        "post-clone fixup {} failed after {attempts} attempt(s) in {}: {last}",
+        job.scenario,
+        span(retry.budget)
+    );
+    let mut patch = state_patch(PostCloneState::Failed);
+    patch.insert(keys::POST_CLONE_HINT.to_owned(), Some(job.hint.to_owned()));
+    patch.insert(
+        keys::POST_CLONE_ERRORS.to_owned(),
+        Some(errors_annotation(&errors)),
+    );
+    let current = match pods.get(&pod.namespace, &pod.name).await {
+        Ok(Some(p)) if p.uid.as_deref() == Some(pod.uid.as_str()) => p.annotations,
+        Ok(_) => return Ok(FixupOutcome::Gone { attempts }),
+        // Failed is always allowed; the annotations read at the start still
+        // carry the generation to echo.
+        Err(_) => job.annotations.clone(),
+    };
+    let message = cap_utf8(summary.clone(), 1024, "… [truncated]");
+    if let Some(lifecycle) = lifecycle::transition(&current, Lifecycle::Failed, &message) {
+        patch.extend(lifecycle);
+    }
+    match pods.patch_annotations(pod, &patch).await {
+        Err(PodError::Gone { .. }) => return Ok(FixupOutcome::Gone { attempts }),
+        other => other?,
+    }
+    emit(pods, pod, Event::warning(reasons::EXEC_EXHAUSTED, summary)).await;
+    Ok(FixupOutcome::Exhausted { attempts, errors })
+}
+
+/// How an IP wait ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadyOutcome {
+    /// The IP is published and the lifecycle is `ready` (unless Failed was
+    /// sticky, then `ready_blocked`).
+    Ready {
+        ip: Ipv4Addr,
+        ready_blocked: bool,
+    },
+    /// No IP in time: lifecycle Failed, `PostCloneIPWaitTimeout`.
+    TimedOut,
+    Shutdown,
+    Gone,
+}
+
+/// A recovery pass the IP wait may run once: the DHCP plan's exec argv.
+#[derive(Debug, Clone)]
+pub struct DhcpRecovery {
+    pub plan: Plan,
+    pub exec: Vec<String>,
+}
+
+/// Wait for the guest's IP and publish readiness (spec section 6).
+///
+/// - First NIC static: its configured IP, at once.
+/// - Otherwise the primary MAC's lease, watched in the lease file.
+/// - Windows: one `cmd /c ipconfig /renew` nudge after `renew_after`.
+/// - A Linux clone that needed no fixup: one DHCP recovery pass after
+///   `dhcp_recovery_after`, inside the same budget.
+#[allow(clippy::too_many_arguments)]
+pub async fn wait_ready<C: Cocoon, P: PodApi>(
+    cocoon: &C,
+    pods: &P,
+    leases: &LeaseWatcher,
+    pod: &PodRef,
+    facts: &VmFacts,
+    recovery: Option<&DhcpRecovery>,
+    config: &ReadyConfig,
+    shutdown: &CancellationToken,
+) -> Result<ReadyOutcome, PodError> {
+    let start = Instant::now();
+    let deadline = start + config.budget;
+    let ip = match facts.nics.first() {
+        Some(nic) => match nic.static_ipv4 {
+            Some(s) => Some(s.address),
+            None => {
+                tokio::select! {
+                    ip = wait_lease(cocoon, pods, leases, pod, facts, nic.mac, recovery, config, start, deadline) => ip,
+                    () = shutdown.cancelled() => return Ok(ReadyOutcome::Shutdown),
+                }
+            }
+        },
+        None => {
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => None,
+                () = shutdown.cancelled() => return Ok(ReadyOutcome::Shutdown),
+            }
+        }
+    };
+    // Stickiness is decided on the pod as it is now. When it cannot be read
+    // (after the API client's own retries), nothing is assumed: the IP is
+    // recorded but the lifecycle is left alone.
+    let current = match pods.get(&pod.namespace, &pod.name).await {
+        Ok(Some(p)) if p.uid.as_deref() == Some(pod.uid.as_str()) => Some(p.annotations),
+        Ok(_) => return Ok(ReadyOutcome::Gone),
+        Err(e) => {
+            tracing::warn!(pod = %pod, "cannot read the pod before the ready write ({e}); recording the IP only");
+            None
+        }
+    };
+    let outcome = match ip {
+        Some(ip) => {
+            let mut patch = AnnotationPatch::from([(keys::IP.to_owned(), Some(ip.to_string()))]);
+            let transition = current
+                .as_ref()
+                .and_then(|c| lifecycle::transition(c, Lifecycle::Ready, ""));
+            let ready_blocked = transition.is_none();
+            patch.extend(transition.unwrap_or_default());
+            match pods.patch_annotations(pod, &patch).await {
+                Err(PodError::Gone { .. }) => return Ok(ReadyOutcome::Gone),
+                other => other?,
+            }
+            ReadyOutcome::Ready { ip, ready_blocked }
+        }
+        None => {
+            let message = format!(
+                "clone {}: dhcp lease not observed within {}",
+                facts.name,
+                span(config.budget)
+            );
+            let current = current.unwrap_or_default();
+            if let Some(patch) = lifecycle::transition(&current, Lifecycle::Failed, &message) {
+                match pods.patch_annotations(pod, &patch).await {
+                    Err(PodError::Gone { .. }) => return Ok(ReadyOutcome::Gone),
+                    other => other?,
+                }
+            }
+            emit(pods, pod, Event::warning(reasons::IP_WAIT_TIMEOUT, message)).await;
+            ReadyOutcome::TimedOut
+        }
+    };
+    Ok(outcome)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn wait_lease<C: Cocoon, P: PodApi>(
+    cocoon: &C,
+    pods: &P,
+    leases: &LeaseWatcher,
+    pod: &PodRef,
+    facts: &VmFacts,
+    mac: MacAddr,
+    recovery: Option<&DhcpRecovery>,
+    config: &ReadyConfig,
+    start: Instant,
+    deadline: Instant,
+) -> Option<Ipv4Addr> {
+    let windows = facts.os == GuestOs::Windows;
+    let nudge_at = if windows {
+        Some(start + config.renew_after)
+    } else if recovery.is_some() {
+        Some(start + config.dhcp_recovery_after)
+    } else {
+        None
+    };
+    if let Some(at) = nudge_at.filter(|at| *at < deadline) {
+        if let Some(ip) = leases.wait_for(&mac, at).await {
+            return Some(ip);
+        }
+        if windows {
+            let argv: Vec<String> = ["cmd", "/c", "ipconfig", "/renew"]
+                .map(str::to_owned)
+                .to_vec();
+            let timeout = config
+                .renew_timeout
+                .min(deadline.saturating_duration_since(Instant::now()));
+            if let Err(e) = exec_once(cocoon, &facts.id, &argv, timeout).await {
+                tracing::warn!(pod = %pod, "ipconfig /renew nudge failed: {e}");
+            }
+        } else if let Some(recovery) = recovery {
+            emit(
+                pods,
+                pod,
+                Event::normal(
+                    reasons::DHCP_RECOVERY,
+                    format!(
+                        "no lease after {}: re-running DHCP on {} NIC(s)",
+                        span(config.dhcp_recovery_after),
+                        facts.nics.len()
+                    ),
+                ),
+            )
+            .await;
+            let timeout = deadline.saturating_duration_since(Instant::now());
+            if let Err(e) = exec_once(cocoon, &facts.id, &recovery.exec, timeout).await {
+                tracing::warn!(pod = %pod, "DHCP recovery pass failed: {e}");
+            }
+        }
+    }
+    leases.wait_for(&mac, deadline).await
+}
+
+async fn exec_once<C: Cocoon>(
+    cocoon: &C,
+    vm: &VmId,
+    argv: &[String],
+    timeout: Duration,
+) -> Result<(), String> {
+    match cocoon
+        .exec(vm, argv, timeout.max(Duration::from_millis(1)))
+        .await
+    {
+        Ok(out) if out.success() => Ok(()),
+        Ok(out) => Err(format!(
+            "{}: {}",
+            out.status,
+            one_line(&String::from_utf8_lossy(&out.stderr))
+        )),
+        Err(e) => Err(CocoonError::to_string(&e)),
+    }
+}

@@ -1,0 +1,391 @@
+//! Configuration: command-line flags > environment > file > defaults,
+//! resolved once into [`Settings`].
+//!
+//! Every option has a flag (`--retry-budget 180s`), an environment variable
+//! (`COCOON_FIXUP_RETRY_BUDGET=180s`) and a key in the TOML file
+//! (`retry_budget = "180s"`, file from `--config`, default
+//! `/etc/cocoon-fixup/config.toml` when it exists). Durations are written
+//! like `200ms`, `3s`, `2m`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Args;
+use serde::Deserialize;
+
+use crate::apply::{ReadyConfig, RetryConfig};
+use crate::cocoon::DEFAULT_COCOON_BIN;
+use crate::host::HostConfig;
+use crate::plan::PlanLimits;
+use crate::planner::PlannerOptions;
+use crate::plugin::cache::DEFAULT_CACHE_DIR;
+use crate::plugin::sandbox::{DEFAULT_FUEL, DEFAULT_MEMORY_BYTES};
+use crate::plugin::{DEFAULT_SLOTS, EngineOptions, Limits};
+use crate::probe::DEFAULT_COCOON_ROOT;
+use crate::ready::DEFAULT_LEASE_FILE;
+
+/// The configuration file read when `--config` is not given and it exists.
+pub const DEFAULT_CONFIG_FILE: &str = "/etc/cocoon-fixup/config.toml";
+/// Vendor plugins are loaded from here when it exists.
+pub const DEFAULT_PLUGIN_DIR: &str = "/etc/cocoon-fixup/plugins";
+/// Where `serve` answers `/metrics` and `/healthz`.
+pub const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:9464";
+/// Pods `serve` works on at once.
+pub const DEFAULT_CONCURRENCY: usize = 16;
+
+/// Why the configuration could not be resolved.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {reason}")]
+    Read { path: PathBuf, reason: String },
+    #[error("config file {path}: {reason}; see the README's configuration table")]
+    Parse { path: PathBuf, reason: String },
+    #[error("plugin directory {path} does not exist: create it or drop the setting")]
+    PluginDir { path: PathBuf },
+    #[error("{what} must be {rule}, got {value}")]
+    Invalid {
+        what: &'static str,
+        rule: &'static str,
+        value: String,
+    },
+}
+
+fn sha256_hex(s: &str) -> Result<String, String> {
+    let lower = s.trim().to_ascii_lowercase();
+    if lower.len() == 64 && lower.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(lower)
+    } else {
+        Err(format!(
+            "{s:?} is not a sha256 digest (64 hex digits, as `cocoon-fixup plugin inspect` prints it)"
+        ))
+    }
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 200ms, 3s, 2m)"))
+}
+
+/// Options every command that plans or applies shares. All are optional
+/// here so that the file and the defaults can fill them in.
+#[derive(Debug, Clone, Default, Args, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigArgs {
+    /// The cocoon CLI [default: /usr/local/bin/cocoon]
+    #[arg(long, value_name = "PATH", env = "COCOON_FIXUP_COCOON_BIN")]
+    pub cocoon_bin: Option<PathBuf>,
+    /// The cocoon root, for the overlay probe [default: /var/lib/cocoon]
+    #[arg(long, value_name = "DIR", env = "COCOON_ROOT")]
+    pub cocoon_root: Option<PathBuf>,
+    /// The cocoon-net lease file [default: /var/lib/cocoon/net/leases.json]
+    #[arg(long, value_name = "FILE", env = "COCOON_FIXUP_LEASE_FILE")]
+    pub lease_file: Option<PathBuf>,
+    /// Directory of vendor plugins (`*.wasm`) [default: /etc/cocoon-fixup/plugins, when it exists]
+    #[arg(long, value_name = "DIR", env = "COCOON_FIXUP_PLUGIN_DIR")]
+    pub plugin_dir: Option<PathBuf>,
+    /// Directory for precompiled plugins [default: /var/cache/cocoon-fixup]
+    #[arg(long, value_name = "DIR", env = "COCOON_FIXUP_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Compile plugins at every start instead of using the cache
+    #[arg(long, env = "COCOON_FIXUP_NO_CACHE")]
+    #[serde(default)]
+    pub no_cache: bool,
+    /// CPU fuel per plugin call [default: 250000000, about 10 ms]
+    #[arg(long, value_name = "N", env = "COCOON_FIXUP_PLUGIN_FUEL")]
+    pub plugin_fuel: Option<u64>,
+    /// Linear memory per plugin call, MiB [default: 16]
+    #[arg(long, value_name = "MIB", env = "COCOON_FIXUP_PLUGIN_MEMORY_MIB")]
+    pub plugin_memory_mib: Option<u32>,
+    /// Most steps in a plan [default: 256]
+    #[arg(long, value_name = "N", env = "COCOON_FIXUP_PLAN_MAX_STEPS")]
+    pub plan_max_steps: Option<usize>,
+    /// Most bytes of text in a plan [default: 65536]
+    #[arg(long, value_name = "BYTES", env = "COCOON_FIXUP_PLAN_MAX_BYTES")]
+    pub plan_max_bytes: Option<usize>,
+    /// Wait between fixup attempts [default: 3s]
+    #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_RETRY_INTERVAL", value_parser = duration)]
+    #[serde(default, with = "opt_duration")]
+    pub retry_interval: Option<Duration>,
+    /// Fixup retry budget from the first attempt [default: 180s]
+    #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_RETRY_BUDGET", value_parser = duration)]
+    #[serde(default, with = "opt_duration")]
+    pub retry_budget: Option<Duration>,
+    /// Timeout of one `cocoon vm exec` [default: 90s, never past the budget]
+    #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_EXEC_TIMEOUT", value_parser = duration)]
+    #[serde(default, with = "opt_duration")]
+    pub exec_timeout: Option<Duration>,
+    /// Timeout of `cocoon vm inspect` [default: 10s]
+    #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_INSPECT_TIMEOUT", value_parser = duration)]
+    #[serde(default, with = "opt_duration")]
+    pub inspect_timeout: Option<Duration>,
+    /// IP wait budget [default: 45s]
+    #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_IP_WAIT", value_parser = duration)]
+    #[serde(default, with = "opt_duration")]
+    pub ip_wait: Option<Duration>,
+    /// Lease file poll interval, the safety net behind the file watch [default: 200ms]
+    #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_IP_POLL", value_parser = duration)]
+    #[serde(default, with = "opt_duration")]
+    pub ip_poll: Option<Duration>,
+    /// Windows: nudge with `ipconfig /renew` after this long without an IP [default: 30s]
+    #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_RENEW_AFTER", value_parser = duration)]
+    #[serde(default, with = "opt_duration")]
+    pub renew_after: Option<Duration>,
+    /// Timeout of the renew nudge [default: 20s]
+    #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_RENEW_TIMEOUT", value_parser = duration)]
+    #[serde(default, with = "opt_duration")]
+    pub renew_timeout: Option<Duration>,
+    /// Linux all-DHCP clones: DHCP recovery pass after this long without a lease [default: 15s]
+    #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_DHCP_RECOVERY_AFTER", value_parser = duration)]
+    #[serde(default, with = "opt_duration")]
+    pub dhcp_recovery_after: Option<Duration>,
+    /// Only load plugin files with this sha256 (repeat for several); without
+    /// it every plugin file is loaded. Built-ins are always trusted.
+    #[arg(long = "allow-plugin", value_name = "SHA256", env = "COCOON_FIXUP_ALLOW_PLUGINS", value_delimiter = ',', value_parser = sha256_hex)]
+    #[serde(default, rename = "allowed_plugins")]
+    pub allowed_plugins: Vec<String>,
+    /// `serve`: pods worked on at once [default: 16]
+    #[arg(long, value_name = "N", env = "COCOON_FIXUP_CONCURRENCY")]
+    pub concurrency: Option<usize>,
+    /// `serve`: address of /metrics and /healthz [default: 0.0.0.0:9464]
+    #[arg(long, value_name = "ADDR", env = "COCOON_FIXUP_METRICS_ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+mod opt_duration {
+    use serde::{Deserialize, Deserializer};
+    use std::time::Duration;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let text: Option<String> = Option::deserialize(d)?;
+        text.map(|t| super::duration(&t).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
+/// Everything resolved, with the numbers in force.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub cocoon_bin: PathBuf,
+    pub lease_file: PathBuf,
+    pub ip_poll: Duration,
+    pub planner: PlannerOptions,
+    pub host: HostConfig,
+    pub concurrency: usize,
+    pub metrics_addr: SocketAddr,
+    /// The file that was read, if any.
+    pub file: Option<PathBuf>,
+}
+
+impl ConfigArgs {
+    /// Merge: `self` (flags and environment, from clap) over the file over
+    /// the defaults. `config` is `--config`; without it the default file is
+    /// read when it exists.
+    pub fn resolve(&self, config: Option<&Path>) -> Result<Settings, ConfigError> {
+        let (file, path) = match config {
+            Some(p) => (Self::read(p)?, Some(p.to_owned())),
+            None if Path::new(DEFAULT_CONFIG_FILE).is_file() => (
+                Self::read(Path::new(DEFAULT_CONFIG_FILE))?,
+                Some(PathBuf::from(DEFAULT_CONFIG_FILE)),
+            ),
+            None => (ConfigArgs::default(), None),
+        };
+        let a = self.clone().over(file);
+        let plugin_dir = match a.plugin_dir {
+            Some(dir) if dir.is_dir() => Some(dir),
+            Some(dir) => return Err(ConfigError::PluginDir { path: dir }),
+            None => Some(PathBuf::from(DEFAULT_PLUGIN_DIR)).filter(|d| d.is_dir()),
+        };
+        let memory_mib = a
+            .plugin_memory_mib
+            .unwrap_or((DEFAULT_MEMORY_BYTES >> 20) as u32);
+        if !(1..=4096).contains(&memory_mib) {
+            return Err(ConfigError::Invalid {
+                what: "plugin_memory_mib",
+                rule: "1..=4096",
+                value: memory_mib.to_string(),
+            });
+        }
+        let mut allowed = std::collections::BTreeSet::new();
+        for digest in &a.allowed_plugins {
+            allowed.insert(sha256_hex(digest).map_err(|rule| ConfigError::Invalid {
+                what: "allowed_plugins",
+                rule: "64 hex digits per entry",
+                value: rule,
+            })?);
+        }
+        let concurrency = a.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
+        if concurrency == 0 {
+            return Err(ConfigError::Invalid {
+                what: "concurrency",
+                rule: "at least 1",
+                value: "0".into(),
+            });
+        }
+        let retry_default = RetryConfig::default();
+        let ready_default = ReadyConfig::default();
+        let host_default = HostConfig::default();
+        let plan_default = PlanLimits::default();
+        Ok(Settings {
+            cocoon_bin: a
+                .cocoon_bin
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_COCOON_BIN)),
+            lease_file: a
+                .lease_file
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_LEASE_FILE)),
+            ip_poll: a.ip_poll.unwrap_or(Duration::from_millis(200)),
+            planner: PlannerOptions {
+                engine: EngineOptions {
+                    limits: Limits {
+                        fuel: a.plugin_fuel.unwrap_or(DEFAULT_FUEL),
+                        memory_bytes: (memory_mib as usize) << 20,
+                        plan: PlanLimits {
+                            max_steps: a.plan_max_steps.unwrap_or(plan_default.max_steps),
+                            max_bytes: a.plan_max_bytes.unwrap_or(plan_default.max_bytes),
+                        },
+                    },
+                    cache_dir: (!a.no_cache).then(|| {
+                        a.cache_dir
+                            .unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE_DIR))
+                    }),
+                    // One instance per pod in flight, plus room for the
+                    // recovery plans and `plan` calls beside them.
+                    slots: (concurrency as u32).saturating_mul(2).max(DEFAULT_SLOTS),
+                    allowed_sha256: (!allowed.is_empty()).then_some(allowed),
+                },
+                cocoon_root: a
+                    .cocoon_root
+                    .unwrap_or_else(|| PathBuf::from(DEFAULT_COCOON_ROOT)),
+                plugin_dir,
+            },
+            host: HostConfig {
+                retry: RetryConfig {
+                    interval: a.retry_interval.unwrap_or(retry_default.interval),
+                    budget: a.retry_budget.unwrap_or(retry_default.budget),
+                    exec_timeout: a.exec_timeout.unwrap_or(retry_default.exec_timeout),
+                },
+                ready: ReadyConfig {
+                    budget: a.ip_wait.unwrap_or(ready_default.budget),
+                    renew_after: a.renew_after.unwrap_or(ready_default.renew_after),
+                    renew_timeout: a.renew_timeout.unwrap_or(ready_default.renew_timeout),
+                    dhcp_recovery_after: a
+                        .dhcp_recovery_after
+                        .unwrap_or(ready_default.dhcp_recovery_after),
+                },
+                inspect_timeout: a.inspect_timeout.unwrap_or(host_default.inspect_timeout),
+            },
+            concurrency,
+            metrics_addr: a.metrics_addr.unwrap_or_else(|| {
+                DEFAULT_METRICS_ADDR
+                    .parse()
+                    .expect("the default address parses")
+            }),
+            file: path,
+        })
+    }
+
+    fn read(path: &Path) -> Result<ConfigArgs, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            reason: e.message().to_owned(),
+        })
+    }
+
+    /// Field by field: `self` where set, else `file`.
+    fn over(self, file: ConfigArgs) -> ConfigArgs {
+        ConfigArgs {
+            cocoon_bin: self.cocoon_bin.or(file.cocoon_bin),
+            cocoon_root: self.cocoon_root.or(file.cocoon_root),
+            lease_file: self.lease_file.or(file.lease_file),
+            plugin_dir: self.plugin_dir.or(file.plugin_dir),
+            cache_dir: self.cache_dir.or(file.cache_dir),
+            no_cache: self.no_cache || file.no_cache,
+            plugin_fuel: self.plugin_fuel.or(file.plugin_fuel),
+            plugin_memory_mib: self.plugin_memory_mib.or(file.plugin_memory_mib),
+            plan_max_steps: self.plan_max_steps.or(file.plan_max_steps),
+            plan_max_bytes: self.plan_max_bytes.or(file.plan_max_bytes),
+            retry_interval: self.retry_interval.or(file.retry_interval),
+            retry_budget: self.retry_budget.or(file.retry_budget),
+            exec_timeout: self.exec_timeout.or(file.exec_timeout),
+            inspect_timeout: self.inspect_timeout.or(file.inspect_timeout),
+            ip_wait: self.ip_wait.or(file.ip_wait),
+            ip_poll: self.ip_poll.or(file.ip_poll),
+            renew_after: self.renew_after.or(file.renew_after),
+            renew_timeout: self.renew_timeout.or(file.renew_timeout),
+            dhcp_recovery_after: self.dhcp_recovery_after.or(file.dhcp_recovery_after),
+            allowed_plugins: if self.allowed_plugins.is_empty() {
+                file.allowed_plugins
+            } else {
+                self.allowed_plugins
+            },
+            concurrency: self.concurrency.or(file.concurrency),
+            metrics_addr: self.metrics_addr.or(file.metrics_addr),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        config: ConfigArgs,
+    }
+
+    #[test]
+    fn flags_beat_the_file_and_the_file_beats_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.toml");
+        std::fs::write(
+            &file,
+            "retry_budget = \"60s\"\nretry_interval = \"500ms\"\nconcurrency = 4\n",
+        )
+        .unwrap();
+        let cli = Cli::parse_from(["x", "--retry-budget", "90s"]);
+        let s = cli.config.resolve(Some(&file)).unwrap();
+        assert_eq!(s.host.retry.budget, Duration::from_secs(90), "flag wins");
+        assert_eq!(
+            s.host.retry.interval,
+            Duration::from_millis(500),
+            "file fills in"
+        );
+        assert_eq!(s.concurrency, 4);
+        assert_eq!(
+            s.host.retry.exec_timeout,
+            Duration::from_secs(90),
+            "default"
+        );
+        assert_eq!(s.host.ready.budget, Duration::from_secs(45));
+        assert_eq!(s.file.as_deref(), Some(file.as_path()));
+    }
+
+    #[test]
+    fn bad_files_say_where_and_what() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.toml");
+        std::fs::write(&file, "retry_budget = \"soon\"\n").unwrap();
+        let err = ConfigArgs::default().resolve(Some(&file)).unwrap_err();
+        assert!(err.to_string().contains("config.toml"), "{err}");
+        std::fs::write(&file, "retry_budgett = \"5s\"\n").unwrap();
+        let err = ConfigArgs::default().resolve(Some(&file)).unwrap_err();
+        assert!(err.to_string().contains("retry_budgett"), "{err}");
+        let err = ConfigArgs::default()
+            .resolve(Some(&dir.path().join("missing.toml")))
+            .unwrap_err();
+        assert!(matches!(err, ConfigError::Read { .. }));
+    }
+
+    #[test]
+    fn limits_are_checked() {
+        let cli = Cli::parse_from(["x", "--concurrency", "0"]);
+        assert!(cli.config.resolve(None).is_err());
+        let cli = Cli::parse_from(["x", "--plugin-memory-mib", "0"]);
+        assert!(cli.config.resolve(None).is_err());
+    }
+}

@@ -1,0 +1,586 @@
+//! [`PodApi`] against a real API server, through the `kube` client.
+//!
+//! What this module promises:
+//!
+//! - Annotation writes are JSON merge patches that carry `metadata.uid` as a
+//!   precondition: the API server answers 409 Conflict when the live pod
+//!   has another uid, and a 409 is only retried after a GET shows the pod
+//!   still has the uid we were given. A write never lands on another
+//!   incarnation of the pod (spec section 5).
+//! - Transient failures (409 with the same uid, 429, 5xx, transport errors,
+//!   no answer within the request timeout) are retried with the backoff in
+//!   [`RetryPolicy`]; everything else fails at once, because another try
+//!   would get the same answer.
+//! - Events go through kube-runtime's [`Recorder`] to the `events.k8s.io/v1`
+//!   API, regarding the pod with its uid.
+//!
+//! Tests: `host/tests/kube.rs` runs every conversation against a tower-test
+//! mock API server.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use ::kube::Client;
+use ::kube::api::{Api, ListParams, Patch, PatchParams};
+use ::kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use serde_json::{Map, Value};
+
+use crate::facts::PodInput;
+use crate::pods::{AnnotationPatch, Event, EventType, PodApi, PodError, PodRef, reasons};
+
+/// The controller name in events (`reportingController`) and the field
+/// manager of annotation patches.
+pub const REPORTER: &str = "cocoon-fixup";
+
+/// Names the API server in errors about a pod object that does not parse.
+const SOURCE: &str = "kubernetes API";
+
+/// Pods per page when listing a node's pods. A node runs 110 pods by
+/// default, so one page is the common case; `continue` covers the rest.
+pub const LIST_PAGE_SIZE: u32 = 500;
+
+/// How requests to the API server are retried.
+///
+/// The defaults: 5 tries; 200 ms before the second, doubling each time
+/// (200, 400, 800, 1600 ms: at most 3 s of waiting in all), never more than
+/// 3.2 s between tries (this only binds when `tries` is raised, or when a
+/// 429 asks for a longer wait with `retryAfterSeconds`); each request gets
+/// 10 s to answer. Worst case one call takes 5 x 10 s + 3 s = 53 s.
+/// Set with [`KubeApi::with_retry`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Requests sent in all, the first included. At least 1.
+    pub tries: u32,
+    /// Wait before the second try; doubles before each further try.
+    pub first_delay: Duration,
+    /// Upper bound of any wait between tries.
+    pub max_delay: Duration,
+    /// How long one request may take before it counts as a transient
+    /// failure. A merge patch is idempotent, so resending one that timed
+    /// out but was applied is harmless.
+    pub request_timeout: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            tries: 5,
+            first_delay: Duration::from_millis(200),
+            max_delay: Duration::from_millis(3200),
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait after the `failed`-th try (1-based) before the next one.
+    pub fn delay_after(&self, failed: u32) -> Duration {
+        let doublings = failed.saturating_sub(1).min(31);
+        self.first_delay
+            .saturating_mul(1u32 << doublings)
+            .min(self.max_delay)
+    }
+}
+
+impl fmt::Display for RetryPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} tries, {:?} doubling up to {:?} between tries, {:?} per request",
+            self.tries, self.first_delay, self.max_delay, self.request_timeout
+        )
+    }
+}
+
+/// Why the Kubernetes client could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeSetupError {
+    /// Neither the in-cluster service account nor a kubeconfig gave a
+    /// usable client configuration.
+    #[error(
+        "no usable Kubernetes client configuration (tried the kubeconfig, then the in-cluster service account); run inside a pod with a service account, or set KUBECONFIG to a valid kubeconfig"
+    )]
+    Config(#[source] ::kube::Error),
+}
+
+/// [`PodApi`] over a [`kube::Client`].
+///
+/// Cheap to clone: the client is a handle to one connection pool.
+#[derive(Clone)]
+pub struct KubeApi {
+    client: Client,
+    reporter: Reporter,
+    retry: RetryPolicy,
+}
+
+impl fmt::Debug for KubeApi {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KubeApi")
+            .field("reporter", &self.reporter)
+            .field("retry", &self.retry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubeApi {
+    /// `reporter` is the controller name in events and the field manager of
+    /// patches (normally [`REPORTER`]); `instance` tells the nodes apart in
+    /// events (normally the node name). Without an instance, events name
+    /// the controller as the instance.
+    pub fn new(client: Client, reporter: &str, instance: Option<String>) -> Self {
+        KubeApi {
+            client,
+            reporter: Reporter {
+                controller: reporter.to_owned(),
+                instance,
+            },
+            retry: RetryPolicy::default(),
+        }
+    }
+
+    /// A client from the environment: the kubeconfig (`KUBECONFIG` or
+    /// `~/.kube/config`) when there is one, else the in-cluster service
+    /// account. Must run inside a tokio runtime.
+    pub async fn try_default(
+        reporter: &str,
+        instance: Option<String>,
+    ) -> Result<Self, KubeSetupError> {
+        let client = Client::try_default()
+            .await
+            .map_err(KubeSetupError::Config)?;
+        Ok(Self::new(client, reporter, instance))
+    }
+
+    /// Replace the retry policy (default: [`RetryPolicy::default`]).
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    pub fn retry_policy(&self) -> &RetryPolicy {
+        &self.retry
+    }
+
+    /// Every pod scheduled to `node` in all namespaces (field selector
+    /// `spec.nodeName=<node>`), for startup reconciliation (spec section 8).
+    /// Pages of [`LIST_PAGE_SIZE`]; each page is retried like any request.
+    /// A pod object that cannot be read is skipped with a warning, so one
+    /// odd pod does not stop the others from resuming.
+    pub async fn list_node_pods(&self, node: &str) -> Result<Vec<PodInput>, PodError> {
+        let label = format!("* on node {node:?}");
+        if node.is_empty() {
+            return Err(PodError::Api {
+                pod: label,
+                reason: "the node name is empty, so the field selector would match every unscheduled pod; configure the node name".into(),
+            });
+        }
+        let api: Api<Pod> = Api::all(self.client.clone());
+        let selector = format!("spec.nodeName={node}");
+        let mut pods = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut params = ListParams::default()
+                .fields(&selector)
+                .limit(LIST_PAGE_SIZE);
+            if let Some(token) = &token {
+                params = params.continue_token(token);
+            }
+            let page = self
+                .retrying(&label, "listing pods", || {
+                    let api = &api;
+                    let params = &params;
+                    async move { self.call(api.list(params)).await.map_err(TryError::from) }
+                })
+                .await?;
+            for pod in &page.items {
+                match to_input(pod) {
+                    Ok(input) => pods.push(input),
+                    Err(err) => {
+                        tracing::warn!(node, error = %err, "skipping a pod that cannot be read")
+                    }
+                }
+            }
+            match page.metadata.continue_ {
+                Some(next) if !next.is_empty() => token = Some(next),
+                _ => return Ok(pods),
+            }
+        }
+    }
+
+    /// One request, bounded by the request timeout.
+    async fn call<T>(
+        &self,
+        request: impl Future<Output = Result<T, ::kube::Error>>,
+    ) -> Result<T, Failure> {
+        match tokio::time::timeout(self.retry.request_timeout, request).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => Err(Failure::from_kube(&err)),
+            Err(_) => Err(Failure {
+                kind: FailureKind::Transient,
+                code: 0,
+                detail: format!("no answer within {:?}", self.retry.request_timeout),
+                retry_after: None,
+            }),
+        }
+    }
+
+    /// Run `attempt` until it succeeds, fails for good, or the tries of the
+    /// retry policy are used up. `pod` and `what` name the work in errors.
+    async fn retrying<T, F, Fut>(
+        &self,
+        pod: &str,
+        what: &str,
+        mut attempt: F,
+    ) -> Result<T, PodError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, TryError>>,
+    {
+        let tries = self.retry.tries.max(1);
+        let mut waited = Duration::ZERO;
+        let mut try_no = 1;
+        loop {
+            let (detail, retry_after) = match attempt().await {
+                Ok(value) => return Ok(value),
+                Err(TryError::Gone) => {
+                    return Err(PodError::Gone {
+                        pod: pod.to_owned(),
+                    });
+                }
+                Err(TryError::Permanent { detail, code }) => {
+                    return Err(PodError::Api {
+                        pod: pod.to_owned(),
+                        reason: format!("{what}: {detail}; {}", permanent_hint(code)),
+                    });
+                }
+                Err(TryError::Transient {
+                    detail,
+                    retry_after,
+                }) => (detail, retry_after),
+            };
+            if try_no >= tries {
+                return Err(PodError::Api {
+                    pod: pod.to_owned(),
+                    reason: format!(
+                        "{what}: gave up after {tries} tries and {waited:?} of backoff ({}); last error: {detail}; check that the API server is reachable and not overloaded",
+                        self.retry
+                    ),
+                });
+            }
+            let mut delay = self.retry.delay_after(try_no);
+            if let Some(asked) = retry_after {
+                delay = delay.max(asked.min(self.retry.max_delay));
+            }
+            tracing::debug!(pod, what, try_no, ?delay, error = %detail, "retrying a Kubernetes request");
+            tokio::time::sleep(delay).await;
+            waited += delay;
+            try_no += 1;
+        }
+    }
+
+    /// One try of the uid-guarded merge patch.
+    async fn patch_once(&self, api: &Api<Pod>, pod: &PodRef, body: &Value) -> Result<(), TryError> {
+        let params = PatchParams {
+            field_manager: Some(self.reporter.controller.clone()),
+            ..PatchParams::default()
+        };
+        let failure = match self
+            .call(api.patch(&pod.name, &params, &Patch::Merge(body)))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(failure) => failure,
+        };
+        match failure.kind {
+            FailureKind::NotFound => Err(TryError::Gone),
+            FailureKind::Conflict => {
+                // Either the uid precondition failed (the pod was replaced)
+                // or the write raced another one. Only the live uid tells.
+                match self.call(api.get(&pod.name)).await {
+                    Ok(live) if live.metadata.uid.as_deref() == Some(pod.uid.as_str()) => {
+                        Err(TryError::Transient {
+                            detail: format!(
+                                "{} (the pod still has uid {})",
+                                failure.detail, pod.uid
+                            ),
+                            retry_after: failure.retry_after,
+                        })
+                    }
+                    Ok(live) => {
+                        tracing::info!(
+                            pod = %pod,
+                            expected_uid = pod.uid,
+                            live_uid = live.metadata.uid.as_deref().unwrap_or(""),
+                            "pod was replaced; not writing to the new incarnation"
+                        );
+                        Err(TryError::Gone)
+                    }
+                    Err(get) if get.kind == FailureKind::NotFound => Err(TryError::Gone),
+                    Err(get) => Err(TryError::from(Failure {
+                        detail: format!(
+                            "{}; then reading the pod to check its uid failed: {}",
+                            failure.detail, get.detail
+                        ),
+                        ..get
+                    })),
+                }
+            }
+            _ => Err(TryError::from(failure)),
+        }
+    }
+}
+
+impl PodApi for KubeApi {
+    async fn get(&self, namespace: &str, name: &str) -> Result<Option<PodInput>, PodError> {
+        let label = format!("{namespace}/{name}");
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let pod = self
+            .retrying(&label, "reading the pod", || {
+                let api = &api;
+                async move {
+                    match self.call(api.get(name)).await {
+                        Ok(pod) => Ok(Some(pod)),
+                        Err(failure) if failure.kind == FailureKind::NotFound => Ok(None),
+                        Err(failure) => Err(TryError::from(failure)),
+                    }
+                }
+            })
+            .await?;
+        pod.as_ref().map(to_input).transpose()
+    }
+
+    async fn patch_annotations(
+        &self,
+        pod: &PodRef,
+        patch: &AnnotationPatch,
+    ) -> Result<(), PodError> {
+        if pod.uid.is_empty() {
+            return Err(PodError::Api {
+                pod: pod.to_string(),
+                reason: "refusing to patch without a uid precondition; read the pod first and pass its metadata.uid".into(),
+            });
+        }
+        let body = merge_patch(pod, patch);
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        self.retrying(&pod.to_string(), "patching annotations", || {
+            self.patch_once(&api, pod, &body)
+        })
+        .await
+    }
+
+    async fn event(&self, pod: &PodRef, event: &Event) -> Result<(), PodError> {
+        // A fresh Recorder per event on purpose: kube-runtime 5's Recorder
+        // folds a repeat of (type, reason, action, regarding) within 6
+        // minutes into a PATCH of the first event that keeps the first
+        // note, so "attempt 2: ..." and later lines would never be seen.
+        // Every event here is a new object; no retry, because events are
+        // best effort and must not hold up the fixup loop.
+        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some(pod.namespace.clone()),
+            name: Some(pod.name.clone()),
+            uid: Some(pod.uid.clone()),
+            ..ObjectReference::default()
+        };
+        let kube_event = KubeEvent {
+            type_: match event.kind {
+                EventType::Normal => KubeEventType::Normal,
+                EventType::Warning => KubeEventType::Warning,
+            },
+            reason: event.reason.to_owned(),
+            note: (!event.message.is_empty()).then(|| event.message.clone()),
+            action: action_for(event.reason).to_owned(),
+            secondary: None,
+        };
+        self.call(recorder.publish(&kube_event, &reference))
+            .await
+            .map_err(|failure| PodError::Api {
+                pod: pod.to_string(),
+                reason: format!(
+                    "recording event {}: {}; {}",
+                    event.reason,
+                    failure.detail,
+                    match failure.kind {
+                        FailureKind::Permanent => permanent_hint(failure.code),
+                        _ => "the event is lost; check that the API server is reachable",
+                    }
+                ),
+            })
+    }
+}
+
+/// `{"metadata": {"uid": <uid>, "annotations": {k: v | null}}}`.
+fn merge_patch(pod: &PodRef, patch: &AnnotationPatch) -> Value {
+    let annotations: Map<String, Value> = patch
+        .iter()
+        .map(|(key, value)| {
+            let value = value
+                .as_ref()
+                .map_or(Value::Null, |v| Value::String(v.clone()));
+            (key.clone(), value)
+        })
+        .collect();
+    serde_json::json!({
+        "metadata": {
+            "uid": pod.uid,
+            "annotations": annotations,
+        }
+    })
+}
+
+/// The events.k8s.io `action` for a reason: what the host was doing.
+fn action_for(reason: &'static str) -> &'static str {
+    match reason {
+        reasons::EXEC_ATTEMPT_FAILED | reasons::SUCCEEDED | reasons::EXEC_EXHAUSTED => {
+            "PostCloneFixup"
+        }
+        reasons::IP_WAIT_TIMEOUT | reasons::DHCP_RECOVERY => "ReadyWait",
+        reasons::RESUMED_AFTER_RESTART => "Resume",
+        other => other,
+    }
+}
+
+fn to_input(pod: &Pod) -> Result<PodInput, PodError> {
+    let label = || {
+        let meta = &pod.metadata;
+        format!(
+            "{}/{}",
+            meta.namespace.as_deref().unwrap_or(""),
+            meta.name.as_deref().unwrap_or("")
+        )
+    };
+    let value = serde_json::to_value(pod).map_err(|err| PodError::Api {
+        pod: label(),
+        reason: format!("the pod object does not serialise: {err}; report a bug"),
+    })?;
+    PodInput::from_value(&value, SOURCE).map_err(|err| PodError::Api {
+        pod: label(),
+        reason: err.to_string(),
+    })
+}
+
+/// The next action for a failure that retrying does not fix.
+fn permanent_hint(code: u16) -> &'static str {
+    match code {
+        401 => "not retried; check the service account token or the kubeconfig credentials",
+        403 => {
+            "not retried; grant the service account get, list and patch on pods and create on events.k8s.io events"
+        }
+        _ => "not retried, another try would get the same answer; check the request named above",
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FailureKind {
+    NotFound,
+    Conflict,
+    Transient,
+    Permanent,
+}
+
+/// A failed request, classified.
+#[derive(Debug)]
+struct Failure {
+    kind: FailureKind,
+    /// The HTTP status when the API server answered, else 0.
+    code: u16,
+    /// What went wrong, for the error message.
+    detail: String,
+    retry_after: Option<Duration>,
+}
+
+impl Failure {
+    fn from_kube(err: &::kube::Error) -> Self {
+        use ::kube::Error as E;
+        match err {
+            E::Api(status) => {
+                let code = status_code(status);
+                let kind = match code {
+                    404 => FailureKind::NotFound,
+                    409 => FailureKind::Conflict,
+                    429 | 500..=599 => FailureKind::Transient,
+                    _ => FailureKind::Permanent,
+                };
+                let retry_after = status
+                    .details
+                    .as_ref()
+                    .map(|d| d.retry_after_seconds)
+                    .filter(|&s| s > 0)
+                    .map(|s| Duration::from_secs(s.into()));
+                let mut detail = format!("{code} {}", status.reason);
+                if !status.message.is_empty() {
+                    detail.push_str(": ");
+                    detail.push_str(&status.message);
+                }
+                Failure {
+                    kind,
+                    code,
+                    detail,
+                    retry_after,
+                }
+            }
+            // No answer, or the connection broke: the next try may get through.
+            E::HyperError(_) | E::Service(_) | E::ReadEvents(_) => Failure {
+                kind: FailureKind::Transient,
+                code: 0,
+                detail: err.to_string(),
+                retry_after: None,
+            },
+            _ => Failure {
+                kind: FailureKind::Permanent,
+                code: 0,
+                detail: err.to_string(),
+                retry_after: None,
+            },
+        }
+    }
+}
+
+/// What one try came to, when it did not succeed.
+enum TryError {
+    /// The pod is deleted or replaced: stop, write nothing more.
+    Gone,
+    /// Worth another try after the backoff.
+    Transient {
+        detail: String,
+        retry_after: Option<Duration>,
+    },
+    /// Another try would get the same answer.
+    Permanent { detail: String, code: u16 },
+}
+
+impl From<Failure> for TryError {
+    fn from(failure: Failure) -> Self {
+        match failure.kind {
+            FailureKind::Permanent | FailureKind::NotFound => TryError::Permanent {
+                code: failure.code,
+                detail: failure.detail,
+            },
+            FailureKind::Conflict | FailureKind::Transient => TryError::Transient {
+                detail: failure.detail,
+                retry_after: failure.retry_after,
+            },
+        }
+    }
+}
+
+/// The HTTP status of an error answer. kube fills `code` from the body; a
+/// body without one (a proxy's, or `{}`) falls back to the reason.
+fn status_code(status: &::kube::core::Status) -> u16 {
+    if status.code != 0 {
+        return status.code;
+    }
+    match status.reason.as_str() {
+        "NotFound" => 404,
+        "Conflict" | "AlreadyExists" => 409,
+        "TooManyRequests" => 429,
+        "InternalError" => 500,
+        "ServiceUnavailable" => 503,
+        "ServerTimeout" | "Timeout" => 504,
+        _ => 0,
+    }
+}

@@ -1,0 +1,196 @@
+//! Prometheus metrics (spec section 9): fixups by scenario and result,
+//! attempts per fixup, IP wait results, resumed work by op, plugin
+//! execution time and fuel, plugin traps.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::classify::Scenario;
+use crate::planner::{PlanOutcome, PlannerError};
+use crate::plugin::PluginError;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FixupLabels {
+    scenario: String,
+    result: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabels {
+    op: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PluginLabels {
+    plugin: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TrapLabels {
+    plugin: String,
+    kind: String,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// The host's metrics and their registry.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    fixups: Family<FixupLabels, Counter>,
+    attempts: Histogram,
+    ip_waits: Family<ResultLabels, Counter>,
+    resumed: Family<OpLabels, Counter>,
+    plugin_seconds: HistogramFamily<PluginLabels>,
+    plugin_fuel: HistogramFamily<PluginLabels>,
+    plugin_traps: Family<TrapLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn seconds_histogram() -> Histogram {
+    // 10 us .. ~0.3 s: plugin calls take tens of microseconds.
+    Histogram::new(exponential_buckets(1e-5, 3.0, 10))
+}
+
+fn fuel_histogram() -> Histogram {
+    // 1e3 .. ~2.6e8: the default limit is 2.5e8.
+    Histogram::new(exponential_buckets(1e3, 4.0, 14))
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("cocoon_fixup");
+        let fixups = Family::<FixupLabels, Counter>::default();
+        registry.register(
+            "fixups",
+            "Fixup loops that ended, by scenario and result",
+            fixups.clone(),
+        );
+        let attempts = Histogram::new([1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 40.0, 60.0]);
+        registry.register(
+            "fixup_attempts",
+            "Attempts per finished fixup loop",
+            attempts.clone(),
+        );
+        let ip_waits = Family::<ResultLabels, Counter>::default();
+        registry.register("ip_waits", "IP waits by result", ip_waits.clone());
+        let resumed = Family::<OpLabels, Counter>::default();
+        registry.register(
+            "resumed",
+            "Work resumed after a restart, by op",
+            resumed.clone(),
+        );
+        let plugin_seconds: HistogramFamily<PluginLabels> =
+            Family::new_with_constructor(seconds_histogram);
+        registry.register(
+            "plugin_call_seconds",
+            "Plugin plan call time, including instantiation",
+            plugin_seconds.clone(),
+        );
+        let plugin_fuel: HistogramFamily<PluginLabels> =
+            Family::new_with_constructor(fuel_histogram);
+        registry.register(
+            "plugin_fuel",
+            "Fuel used per plugin plan call",
+            plugin_fuel.clone(),
+        );
+        let plugin_traps = Family::<TrapLabels, Counter>::default();
+        registry.register(
+            "plugin_traps",
+            "Plugin calls that trapped or broke a limit, by kind",
+            plugin_traps.clone(),
+        );
+        Metrics {
+            registry,
+            fixups,
+            attempts,
+            ip_waits,
+            resumed,
+            plugin_seconds,
+            plugin_fuel,
+            plugin_traps,
+        }
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+
+    pub fn fixup(&self, scenario: Scenario, result: &str, attempts: u32) {
+        self.fixups
+            .get_or_create(&FixupLabels {
+                scenario: scenario.as_str().to_owned(),
+                result: result.to_owned(),
+            })
+            .inc();
+        self.attempts.observe(f64::from(attempts));
+    }
+
+    pub fn ip_wait(&self, result: &str) {
+        self.ip_waits
+            .get_or_create(&ResultLabels {
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn resumed(&self, op: &str) {
+        self.resumed
+            .get_or_create(&OpLabels { op: op.to_owned() })
+            .inc();
+    }
+
+    /// Record the plugin calls of a plan.
+    pub fn plugin_calls(&self, outcome: &PlanOutcome) {
+        for part in outcome.composed.iter().flat_map(|c| &c.parts) {
+            let labels = PluginLabels {
+                plugin: part.selection.plugin.info.name.clone(),
+            };
+            self.plugin_seconds
+                .get_or_create(&labels)
+                .observe(part.stats.duration.as_secs_f64());
+            self.plugin_fuel
+                .get_or_create(&labels)
+                .observe(part.stats.fuel_used as f64);
+        }
+    }
+
+    /// Count a plugin trap or limit breach behind a planning error.
+    pub fn plan_error(&self, error: &PlannerError) {
+        let PlannerError::Plugin(e) = error else {
+            return;
+        };
+        let (plugin, kind) = match e {
+            PluginError::Denied { plugin, .. } => (plugin, "denied-import"),
+            PluginError::Fuel { plugin, .. } => (plugin, "fuel"),
+            PluginError::Memory { plugin, .. } => (plugin, "memory"),
+            PluginError::Panicked { plugin, .. } => (plugin, "panic"),
+            PluginError::Trapped { plugin, .. } => (plugin, "trap"),
+            PluginError::BadPlan { plugin, .. } => (plugin, "bad-plan"),
+            _ => return,
+        };
+        self.plugin_traps
+            .get_or_create(&TrapLabels {
+                plugin: plugin.clone(),
+                kind: kind.to_owned(),
+            })
+            .inc();
+    }
+}

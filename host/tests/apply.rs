@@ -1,0 +1,553 @@
+//! The apply path through `Host` with pods in memory and a scripted,
+//! in-process cocoon: the retry budget runs under paused tokio time, so
+//! 180 s of retries take milliseconds. Timings asserted here are virtual
+//! (the configured interval and budget), never machine speed.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use fixup_host::apply::{ReadyConfig, RetryConfig};
+use fixup_host::host::{Host, HostConfig, Summary, Trigger};
+use fixup_host::metrics::Metrics;
+use fixup_host::planner::{Planner, PlannerOptions};
+use fixup_host::pods::{EventType, MemoryPods, keys, reasons};
+use fixup_host::ready::LeaseWatcher;
+use support::{Reply, ScriptedCocoon, UID, inspect, pod};
+use tokio_util::sync::CancellationToken;
+
+const STATIC: [(&str, Option<&str>); 1] = [("52:54:00:aa:bb:01", Some("10.0.0.5/24"))];
+
+struct Rig {
+    host: Arc<Host<ScriptedCocoon, MemoryPods>>,
+    cocoon: ScriptedCocoon,
+    pods: MemoryPods,
+    _dir: tempfile::TempDir,
+    lease_file: std::path::PathBuf,
+}
+
+fn rig(
+    replies: Vec<Reply>,
+    nics: &[(&str, Option<&str>)],
+    extra: &[(&str, &str)],
+    config: HostConfig,
+) -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("cocoon-root");
+    std::fs::create_dir_all(&root).unwrap();
+    let options = PlannerOptions {
+        cocoon_root: root,
+        ..PlannerOptions::default()
+    };
+    let (planner, failures) = Planner::new(options).unwrap();
+    assert!(failures.is_empty());
+    let cocoon = ScriptedCocoon::new(replies, inspect(nics));
+    let pods = MemoryPods::new();
+    pods.insert(pod(extra));
+    let lease_file = dir.path().join("leases.json");
+    let leases = LeaseWatcher::new(lease_file.clone(), Duration::from_millis(20)).unwrap();
+    let host = Host::new(
+        Arc::new(planner),
+        cocoon.clone(),
+        pods.clone(),
+        Arc::new(leases),
+        config,
+        Arc::new(Metrics::new()),
+    );
+    Rig {
+        host: Arc::new(host),
+        cocoon,
+        pods,
+        _dir: dir,
+        lease_file,
+    }
+}
+
+impl Rig {
+    async fn handle(&self, trigger: Trigger, shutdown: &CancellationToken) -> Summary {
+        self.host
+            .handle("default", "web-0", trigger, shutdown)
+            .await
+            .unwrap()
+    }
+
+    fn annotation(&self, key: &str) -> Option<String> {
+        self.pods
+            .annotations("default", "web-0")
+            .unwrap()
+            .get(key)
+            .cloned()
+    }
+
+    fn events(&self, reason: &str) -> Vec<String> {
+        self.pods
+            .events()
+            .into_iter()
+            .filter(|(_, e)| e.reason == reason)
+            .map(|(_, e)| e.message)
+            .collect()
+    }
+}
+
+/// stderr of an attempt whose step 4 (of 5) failed.
+const STEP4_FAILED: &str = "\ncocoon-fixup: step 1/5 start\n\ncocoon-fixup: step 2/5 start\n\ncocoon-fixup: step 3/5 start\n\ncocoon-fixup: step 4/5 start\nprintf: /etc/systemd/network: Read-only file system\n\ncocoon-fixup: step 4/5 failed exit 1\n";
+
+#[tokio::test(start_paused = true)]
+async fn first_attempt_succeeds_then_ready() {
+    let rig = rig(
+        vec![Reply::Exit(0, "")],
+        &STATIC,
+        &[],
+        HostConfig::default(),
+    );
+    let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
+    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(summary.attempts, 1);
+    assert_eq!(summary.readiness, Some("ready"));
+    assert_eq!(summary.ip.as_deref(), Some("10.0.0.5"));
+    assert_eq!(
+        rig.annotation(keys::POST_CLONE_STATE).as_deref(),
+        Some("done")
+    );
+    assert_eq!(rig.annotation(keys::IP).as_deref(), Some("10.0.0.5"));
+    assert_eq!(
+        rig.annotation(keys::LIFECYCLE_STATE).as_deref(),
+        Some("ready")
+    );
+    assert_eq!(
+        rig.annotation(keys::LIFECYCLE_OBSERVED_GENERATION)
+            .as_deref(),
+        Some("3")
+    );
+    assert_eq!(
+        rig.events(reasons::SUCCEEDED),
+        ["kind=oci-networkd attempts=1"]
+    );
+    // `running` is written before the first attempt.
+    let patches = rig.pods.patches();
+    assert_eq!(
+        patches[0].1[keys::POST_CLONE_STATE].as_deref(),
+        Some("running")
+    );
+    assert!(patches.iter().all(|(p, _)| p.uid == UID));
+    let calls = rig.cocoon.calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].vm, "vm-0123abcd");
+    assert_eq!(calls[0].argv[..2], ["sh", "-c"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_attempts_are_chained_and_retried_every_interval() {
+    let replies = vec![
+        Reply::Exit(1, STEP4_FAILED),
+        Reply::Signal(9),
+        Reply::Spawn,
+        Reply::Exit(0, ""),
+    ];
+    let rig = rig(replies, &STATIC, &[], HostConfig::default());
+    let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
+    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(summary.attempts, 4);
+    let failed = rig.events(reasons::EXEC_ATTEMPT_FAILED);
+    assert_eq!(failed.len(), 3);
+    assert!(
+        failed[0].starts_with("attempt 1: step 4/5"),
+        "{}",
+        failed[0]
+    );
+    assert!(
+        failed[0].contains("Read-only file system"),
+        "stderr tail kept: {}",
+        failed[0]
+    );
+    assert!(
+        failed[1].starts_with("attempt 2: ") && failed[1].contains("signal 9"),
+        "{}",
+        failed[1]
+    );
+    assert!(
+        failed[2].starts_with("attempt 3: ") && failed[2].contains("--cocoon-bin"),
+        "{}",
+        failed[2]
+    );
+    let calls = rig.cocoon.calls();
+    for pair in calls.windows(2) {
+        assert_eq!(
+            pair[1].at - pair[0].at,
+            Duration::from_secs(3),
+            "3 s between attempts"
+        );
+    }
+    assert_eq!(
+        rig.events(reasons::SUCCEEDED),
+        ["kind=oci-networkd attempts=4"]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn budget_exhaustion_marks_failed_with_hint_and_errors() {
+    let rig = rig(
+        vec![Reply::Exit(1, STEP4_FAILED)],
+        &STATIC,
+        &[],
+        HostConfig::default(),
+    );
+    let started = tokio::time::Instant::now();
+    let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
+    assert_eq!(summary.fixup, Some("exhausted"));
+    // Attempts at 0, 3, ..., 177 s: the next would start at 180 s.
+    assert_eq!(summary.attempts, 60);
+    let calls = rig.cocoon.calls();
+    assert_eq!(calls.last().unwrap().at - started, Duration::from_secs(177));
+    assert_eq!(
+        rig.annotation(keys::POST_CLONE_STATE).as_deref(),
+        Some("failed")
+    );
+    let hint = rig.annotation(keys::POST_CLONE_HINT).expect("hint written");
+    let script = String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(hint)
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(script.starts_with("#!/bin/sh"), "{script}");
+    assert!(script.contains("MACAddress=52:54:00:aa:bb:01"));
+    let errors = rig
+        .annotation(keys::POST_CLONE_ERRORS)
+        .expect("errors written");
+    assert!(errors.len() <= 4096, "{} bytes", errors.len());
+    assert!(
+        errors.starts_with("[truncated: first "),
+        "the cut is announced"
+    );
+    assert!(
+        errors.ends_with("Read-only file system"),
+        "newest attempt kept: {errors}"
+    );
+    assert!(errors.contains("\nattempt 60: step 4/5"));
+    assert_eq!(
+        rig.annotation(keys::LIFECYCLE_STATE).as_deref(),
+        Some("failed")
+    );
+    let message = rig.annotation(keys::LIFECYCLE_MESSAGE).unwrap();
+    assert!(
+        message.contains("failed after 60 attempt(s) in 180s"),
+        "{message}"
+    );
+    assert_eq!(rig.events(reasons::EXEC_ATTEMPT_FAILED).len(), 60);
+    let exhausted = rig.events(reasons::EXEC_EXHAUSTED);
+    assert_eq!(exhausted.len(), 1);
+    assert!(exhausted[0].len() <= 512);
+    assert_eq!(
+        rig.annotation(keys::IP),
+        None,
+        "no IP wait after a failed fixup"
+    );
+    let warnings = rig
+        .pods
+        .events()
+        .iter()
+        .filter(|(_, e)| e.kind == EventType::Warning)
+        .count();
+    assert_eq!(warnings, 61);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_during_the_sleep_is_not_exhaustion() {
+    let rig = rig(
+        vec![Reply::Exit(1, STEP4_FAILED)],
+        &STATIC,
+        &[],
+        HostConfig::default(),
+    );
+    let shutdown = CancellationToken::new();
+    let cancel = shutdown.clone();
+    tokio::spawn(async move {
+        // After attempt 2 (at 3 s), inside the sleep before attempt 3.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        cancel.cancel();
+    });
+    let summary = rig.handle(Trigger::Event, &shutdown).await;
+    assert_eq!(summary.fixup, Some("shutdown"));
+    assert_eq!(summary.attempts, 2);
+    assert_eq!(
+        rig.annotation(keys::POST_CLONE_STATE).as_deref(),
+        Some("running")
+    );
+    assert_eq!(rig.annotation(keys::POST_CLONE_HINT), None);
+    assert_eq!(rig.annotation(keys::LIFECYCLE_STATE), None);
+    assert!(rig.events(reasons::EXEC_EXHAUSTED).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deleted_or_recreated_pod_stops_the_loop_and_is_never_written() {
+    let rig = rig(
+        vec![Reply::Exit(1, STEP4_FAILED)],
+        &STATIC,
+        &[],
+        HostConfig::default(),
+    );
+    let pods = rig.pods.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        // Deleted and recreated under the same name: a new incarnation.
+        pods.remove("default", "web-0");
+        let mut again = pod(&[]);
+        again.uid = Some("11111111-2222-3333-4444-555555555555".into());
+        pods.insert(again);
+    });
+    let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
+    assert_eq!(summary.fixup, Some("gone"));
+    assert_eq!(summary.attempts, 2);
+    let annotations = rig.pods.annotations("default", "web-0").unwrap();
+    assert!(
+        !annotations.contains_key(keys::POST_CLONE_STATE),
+        "nothing landed on the new pod"
+    );
+    assert!(rig.pods.patches().iter().all(|(p, _)| p.uid == UID));
+}
+
+#[rstest::rstest]
+#[case::exec_timeout_inside_budget(Duration::from_secs(90), Duration::from_secs(90))]
+#[case::never_past_the_budget(Duration::from_secs(600), Duration::from_secs(180))]
+#[tokio::test(start_paused = true)]
+async fn a_hung_exec_is_bounded(#[case] exec_timeout: Duration, #[case] first_timeout: Duration) {
+    let config = HostConfig {
+        retry: RetryConfig {
+            exec_timeout,
+            ..RetryConfig::default()
+        },
+        ..HostConfig::default()
+    };
+    let rig = rig(vec![Reply::Hang, Reply::Exit(0, "")], &STATIC, &[], config);
+    let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
+    let calls = rig.cocoon.calls();
+    assert_eq!(calls[0].timeout, first_timeout);
+    let failed = rig.events(reasons::EXEC_ATTEMPT_FAILED);
+    assert!(failed[0].contains("timed out"), "{}", failed[0]);
+    if first_timeout < Duration::from_secs(180) {
+        assert_eq!(summary.fixup, Some("done"));
+        assert_eq!(summary.attempts, 2);
+        assert_eq!(
+            calls[1].at - calls[0].at,
+            first_timeout + Duration::from_secs(3)
+        );
+    } else {
+        // The hung exec ate the whole budget: exhausted after one attempt.
+        assert_eq!(summary.fixup, Some("exhausted"));
+        assert_eq!(summary.attempts, 1);
+    }
+}
+
+#[rstest::rstest]
+#[case::parked(&[(keys::POST_CLONE_STATE, "failed")], "parked", 0, None)]
+#[case::terminal_ready(&[(keys::LIFECYCLE_STATE, "ready")], "nothing", 0, None)]
+#[case::running_reruns(&[(keys::POST_CLONE_STATE, "running")], "fixup", 1, Some("op=post_clone"))]
+#[case::done_waits(&[(keys::POST_CLONE_STATE, "done")], "ip-wait", 0, Some("op=ready_wait"))]
+#[case::no_marker_runs(&[], "fixup", 1, Some("op=post_clone"))]
+#[tokio::test(start_paused = true)]
+async fn startup_follows_the_persisted_state(
+    #[case] extra: &[(&str, &str)],
+    #[case] action: &str,
+    #[case] execs: usize,
+    #[case] resumed: Option<&str>,
+) {
+    let rig = rig(
+        vec![Reply::Exit(0, "")],
+        &STATIC,
+        extra,
+        HostConfig::default(),
+    );
+    let summary = rig
+        .handle(Trigger::Startup, &CancellationToken::new())
+        .await;
+    assert_eq!(summary.action, action);
+    assert_eq!(rig.cocoon.calls().len(), execs);
+    let events = rig.events(reasons::RESUMED_AFTER_RESTART);
+    assert_eq!(events.first().map(String::as_str), resumed);
+    if action == "fixup" || action == "ip-wait" {
+        assert_eq!(summary.readiness, Some("ready"));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn unmanaged_pods_are_never_touched() {
+    let rig = rig(
+        vec![Reply::Exit(0, "")],
+        &STATIC,
+        &[("cocoonset.cocoonstack.io/managed", "false")],
+        HostConfig::default(),
+    );
+    let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
+    assert_eq!(summary.action, "nothing");
+    assert!(rig.cocoon.calls().is_empty());
+    assert!(rig.pods.patches().is_empty());
+    assert!(rig.pods.events().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn bad_facts_fail_the_pod_once_without_exec() {
+    let rig = rig(
+        vec![Reply::Exit(0, "")],
+        &STATIC,
+        &[("vm.cocoonstack.io/name", "web_0;reboot")],
+        HostConfig::default(),
+    );
+    let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
+    assert_eq!(summary.fixup, Some("plan-failed"));
+    assert!(
+        rig.cocoon.calls().is_empty(),
+        "nothing runs for facts that fail validation"
+    );
+    assert_eq!(
+        rig.annotation(keys::POST_CLONE_STATE).as_deref(),
+        Some("failed")
+    );
+    assert_eq!(
+        rig.annotation(keys::LIFECYCLE_STATE).as_deref(),
+        Some("failed")
+    );
+    let errors = rig.annotation(keys::POST_CLONE_ERRORS).unwrap();
+    assert!(errors.contains("vm.cocoonstack.io/name"), "{errors}");
+}
+
+// ---- the IP wait, in real (short) time: the lease file is real ----
+
+fn short_ready() -> HostConfig {
+    HostConfig {
+        ready: ReadyConfig {
+            budget: Duration::from_secs(3),
+            renew_after: Duration::from_millis(300),
+            renew_timeout: Duration::from_secs(1),
+            dhcp_recovery_after: Duration::from_millis(300),
+        },
+        ..HostConfig::default()
+    }
+}
+
+const DHCP: [(&str, Option<&str>); 1] = [("52:54:00:AA:BB:02", None)];
+
+fn write_lease(path: &std::path::Path, mac: &str, ip: &str) {
+    let lease = serde_json::json!([{"mac": mac, "ip": ip, "expiry": "2099-01-01T00:00:00Z"}]);
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, lease.to_string()).unwrap();
+    std::fs::rename(tmp, path).unwrap();
+}
+
+/// Wait until the scripted cocoon has seen `n` execs (bounded).
+async fn execs(cocoon: &ScriptedCocoon, n: usize) {
+    for _ in 0..200 {
+        if cocoon.calls().len() >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("expected {n} execs, saw {:?}", cocoon.calls());
+}
+
+#[tokio::test]
+async fn an_all_dhcp_clone_gets_one_recovery_pass_then_its_lease() {
+    let rig = rig(vec![Reply::Exit(0, "")], &DHCP, &[], short_ready());
+    let (cocoon, lease_file) = (rig.cocoon.clone(), rig.lease_file.clone());
+    tokio::spawn(async move {
+        execs(&cocoon, 1).await;
+        write_lease(&lease_file, "52:54:00:aa:bb:02", "10.0.0.77");
+    });
+    let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
+    assert_eq!(summary.action, "ip-wait");
+    assert_eq!(summary.readiness, Some("ready"));
+    assert_eq!(summary.ip.as_deref(), Some("10.0.0.77"));
+    let calls = rig.cocoon.calls();
+    assert_eq!(calls.len(), 1, "exactly one recovery pass");
+    let script = calls[0].argv.join(" ");
+    assert!(
+        script.contains("DHCP=ipv4") && script.contains("MACAddress=52:54:00:aa:bb:02"),
+        "{script}"
+    );
+    assert_eq!(rig.events(reasons::DHCP_RECOVERY).len(), 1);
+    assert_eq!(
+        rig.annotation(keys::LIFECYCLE_STATE).as_deref(),
+        Some("ready")
+    );
+}
+
+#[tokio::test]
+async fn windows_is_nudged_once_with_ipconfig_renew() {
+    let extra = [("cocoonset.cocoonstack.io/os", "windows")];
+    // The PnP fixup succeeds, then the nudge.
+    let rig = rig(
+        vec![Reply::Exit(0, ""), Reply::Exit(0, "")],
+        &DHCP,
+        &extra,
+        short_ready(),
+    );
+    let (cocoon, lease_file) = (rig.cocoon.clone(), rig.lease_file.clone());
+    tokio::spawn(async move {
+        execs(&cocoon, 2).await;
+        write_lease(&lease_file, "52:54:00:AA:BB:02", "10.0.0.78");
+    });
+    let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
+    assert_eq!(summary.scenario, "windows-pnp");
+    assert_eq!(summary.readiness, Some("ready"));
+    let calls = rig.cocoon.calls();
+    assert_eq!(calls[0].argv[0], "powershell");
+    assert_eq!(calls[1].argv, ["cmd", "/c", "ipconfig", "/renew"]);
+    assert!(calls[1].timeout <= Duration::from_secs(1));
+}
+
+#[tokio::test]
+async fn no_lease_in_time_fails_with_the_spec_message() {
+    let rig = rig(
+        vec![Reply::Exit(0, "")],
+        &DHCP,
+        &[("vm.cocoonstack.io/fork-from", "web-src")],
+        short_ready(),
+    );
+    let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
+    assert_eq!(summary.readiness, Some("timed-out"));
+    let message = "clone web-0: dhcp lease not observed within 3s";
+    assert_eq!(
+        rig.annotation(keys::LIFECYCLE_STATE).as_deref(),
+        Some("failed")
+    );
+    assert_eq!(
+        rig.annotation(keys::LIFECYCLE_MESSAGE).as_deref(),
+        Some(message)
+    );
+    assert_eq!(rig.events(reasons::IP_WAIT_TIMEOUT), [message]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_is_sticky_within_a_generation() {
+    // Another component marks the pod Failed while the fixup retries: the
+    // IP is still recorded, but the pod is never made ready.
+    let rig = rig(
+        vec![Reply::Exit(1, STEP4_FAILED), Reply::Exit(0, "")],
+        &STATIC,
+        &[],
+        HostConfig::default(),
+    );
+    let pods = rig.pods.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let mut failed = pod(&[]);
+        failed.annotations = pods.annotations("default", "web-0").unwrap();
+        failed
+            .annotations
+            .insert(keys::LIFECYCLE_STATE.into(), "failed".into());
+        failed
+            .annotations
+            .insert(keys::LIFECYCLE_OBSERVED_GENERATION.into(), "3".into());
+        pods.insert(failed);
+    });
+    let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
+    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(summary.readiness, Some("ready-blocked"));
+    assert_eq!(rig.annotation(keys::IP).as_deref(), Some("10.0.0.5"));
+    assert_eq!(
+        rig.annotation(keys::LIFECYCLE_STATE).as_deref(),
+        Some("failed")
+    );
+}

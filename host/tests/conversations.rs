@@ -1,0 +1,642 @@
+//! `Host::handle` over the real `kube` client, against a tower-test mock
+//! API server: the counterparts of `apply.rs` (which keeps pods in memory).
+//!
+//! Each test is a named scenario that lists the whole conversation the host
+//! must have with the API server, in order: every GET of the pod, every
+//! annotation PATCH with its exact body (merge-patch content type, the
+//! `metadata.uid` precondition, every key and value, removals as `null`),
+//! and every event POST with its reason, type and note. A request the
+//! scenario does not list fails the test, and so does a listed request that
+//! never came. GETs are answered with the pod as the earlier PATCHes (and
+//! any other writer the scenario names) left it.
+//!
+//! The cocoon side is the in-process `ScriptedCocoon`, so the retry budget
+//! runs under paused tokio time; only the IP-wait timeout runs in real
+//! (short) time, because the lease watcher reads a real file.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use fixup_host::apply::{ReadyConfig, RetryConfig};
+use fixup_host::facts::PodInput;
+use fixup_host::host::{Host, HostConfig, HostError, Summary, Trigger};
+use fixup_host::kube::{REPORTER, RetryPolicy};
+use fixup_host::metrics::Metrics;
+use fixup_host::planner::{Planner, PlannerOptions};
+use fixup_host::pods::{keys, reasons};
+use fixup_host::ready::LeaseWatcher;
+use serde_json::{Map, Value, json};
+use support::mock_api::{Exchange, NODE, Scenario, status};
+use support::{Call, Reply, ScriptedCocoon, UID, inspect, pod};
+use tokio_util::sync::CancellationToken;
+
+const NAMESPACE: &str = "default";
+const NAME: &str = "web-0";
+const POD_PATH: &str = "/api/v1/namespaces/default/pods/web-0";
+const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
+
+const STATIC: [(&str, Option<&str>); 1] = [("52:54:00:aa:bb:01", Some("10.0.0.5/24"))];
+const DHCP: [(&str, Option<&str>); 1] = [("52:54:00:AA:BB:02", None)];
+
+/// stderr of an attempt whose step 4 (of 5) failed.
+const STEP4_FAILED: &str = "\ncocoon-fixup: step 1/5 start\n\ncocoon-fixup: step 2/5 start\n\ncocoon-fixup: step 3/5 start\n\ncocoon-fixup: step 4/5 start\nprintf: /etc/systemd/network: Read-only file system\n\ncocoon-fixup: step 4/5 failed exit 1\n";
+
+// ---- the conversation: what the API server expects, step by step ----
+
+/// The API server's side of a conversation about pod `default/web-0`.
+struct Conversation {
+    name: &'static str,
+    /// The pod as the server holds it now; GETs answer with it.
+    uid: String,
+    annotations: BTreeMap<String, String>,
+    exchanges: Vec<Exchange>,
+}
+
+impl Conversation {
+    fn new(name: &'static str, pod: &PodInput) -> Self {
+        Conversation {
+            name,
+            uid: pod.uid.clone().expect("the test pod has a uid"),
+            annotations: pod.annotations.clone(),
+            exchanges: Vec::new(),
+        }
+    }
+
+    fn pod_json(&self) -> Value {
+        json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": NAME,
+                "namespace": NAMESPACE,
+                "uid": self.uid,
+                "annotations": self.annotations,
+            },
+            "spec": { "nodeName": NODE, "containers": [] },
+        })
+    }
+
+    fn step(mut self, exchange: Exchange) -> Self {
+        self.exchanges.push(exchange);
+        self
+    }
+
+    /// Another writer changes the pod's annotations before the next step.
+    fn meanwhile(mut self, changes: &[(&str, &str)]) -> Self {
+        for (k, v) in changes {
+            self.annotations.insert((*k).to_owned(), (*v).to_owned());
+        }
+        self
+    }
+
+    /// The pod is deleted and recreated under its name before the next step.
+    fn recreated(mut self, uid: &str) -> Self {
+        uid.clone_into(&mut self.uid);
+        self.annotations = pod(&[]).annotations;
+        self
+    }
+
+    /// The host reads the pod.
+    fn get(self) -> Self {
+        let answer = self.pod_json();
+        self.step(
+            Exchange::get(POD_PATH)
+                .body(|_, body| assert_eq!(body, &Value::Null, "a GET has no body"))
+                .respond(200, answer),
+        )
+    }
+
+    /// The host reads the pod, which was deleted.
+    fn get_not_found(self) -> Self {
+        self.step(
+            Exchange::get(POD_PATH)
+                .respond(404, status(404, "NotFound", "pods \"web-0\" not found")),
+        )
+    }
+
+    /// The host merge-patches exactly these annotations (`null` removes a
+    /// key) under the uid precondition of the pod it was given.
+    fn patch(mut self, annotations: Value) -> Self {
+        let Value::Object(expected) = annotations else {
+            panic!("annotations must be a JSON object");
+        };
+        for (k, v) in &expected {
+            match v {
+                Value::String(v) => self.annotations.insert(k.clone(), v.clone()),
+                Value::Null => self.annotations.remove(k),
+                other => panic!("annotation {k} must be a string or null, not {other}"),
+            };
+        }
+        let answer = self.pod_json();
+        self.step(
+            Exchange::patch(POD_PATH)
+                .body(move |_, body| assert_eq!(body, &patch_body(expected)))
+                .respond(200, answer),
+        )
+    }
+
+    /// The host merge-patches exactly the annotation keys `keys` under the
+    /// uid precondition; `check` asserts their values. The answer (which
+    /// the host does not read) carries the pod as it was.
+    fn patch_with(
+        self,
+        keys: &[&str],
+        check: impl FnOnce(&Map<String, Value>) + Send + 'static,
+    ) -> Self {
+        let mut expected: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
+        expected.sort();
+        let answer = self.pod_json();
+        self.step(
+            Exchange::patch(POD_PATH)
+                .body(move |_, body| {
+                    let annotations = &body["metadata"]["annotations"];
+                    let Value::Object(annotations) = annotations.clone() else {
+                        panic!("no annotations in {body}");
+                    };
+                    assert_eq!(
+                        body,
+                        &patch_body(annotations.clone()),
+                        "only uid and annotations"
+                    );
+                    let mut found: Vec<String> = annotations.keys().cloned().collect();
+                    found.sort();
+                    assert_eq!(found, expected, "annotation keys of the patch");
+                    check(&annotations);
+                })
+                .respond(200, answer),
+        )
+    }
+
+    /// The last request is answered with this error instead. (The pod
+    /// state a refused PATCH changed is not rolled back: no scenario reads
+    /// it after a refusal.)
+    fn refused(mut self, code: u16, body: Value) -> Self {
+        let last = self.exchanges.pop().expect("a step to refuse");
+        self.step(last.respond(code, body))
+    }
+
+    /// The host records a new event with exactly this note.
+    fn event(self, kind: &'static str, reason: &'static str, note: &str) -> Self {
+        let note = note.to_owned();
+        self.event_with(kind, reason, move |found| assert_eq!(found, note))
+    }
+
+    /// The host records a new event; `check` asserts its note.
+    fn event_with(
+        self,
+        kind: &'static str,
+        reason: &'static str,
+        check: impl FnOnce(&str) + Send + 'static,
+    ) -> Self {
+        self.step(
+            Exchange::post(EVENTS_PATH)
+                .body(move |_, body| {
+                    assert_eq!(body["reason"], reason, "event {body}");
+                    assert_eq!(body["type"], kind, "event {body}");
+                    assert_eq!(body["action"], action_for(reason), "event {body}");
+                    assert_eq!(body["reportingController"], REPORTER);
+                    assert_eq!(body["reportingInstance"], NODE);
+                    assert_eq!(body["metadata"]["namespace"], NAMESPACE);
+                    assert_eq!(body["series"], Value::Null, "a new event, not a repeat");
+                    assert_eq!(
+                        body["regarding"],
+                        json!({
+                            "apiVersion": "v1",
+                            "kind": "Pod",
+                            "namespace": NAMESPACE,
+                            "name": NAME,
+                            "uid": UID,
+                        })
+                    );
+                    let note = body["note"].as_str().expect("every event has a note");
+                    assert!(note.len() <= 512, "{} bytes: {note}", note.len());
+                    check(note);
+                })
+                .respond(
+                    201,
+                    json!({
+                        "apiVersion": "events.k8s.io/v1",
+                        "kind": "Event",
+                        "metadata": {"name": "web-0.1", "namespace": NAMESPACE},
+                    }),
+                ),
+        )
+    }
+
+    fn into_scenario(self) -> Scenario {
+        Scenario::new(self.name, self.exchanges)
+    }
+}
+
+/// A merge patch as the host must send it: the uid precondition of the
+/// pod it was given, and the annotations; nothing else.
+fn patch_body(annotations: Map<String, Value>) -> Value {
+    json!({ "metadata": { "uid": UID, "annotations": annotations } })
+}
+
+/// The events.k8s.io `action` each reason is recorded under.
+fn action_for(reason: &str) -> &'static str {
+    match reason {
+        reasons::EXEC_ATTEMPT_FAILED | reasons::SUCCEEDED | reasons::EXEC_EXHAUSTED => {
+            "PostCloneFixup"
+        }
+        reasons::IP_WAIT_TIMEOUT | reasons::DHCP_RECOVERY => "ReadyWait",
+        reasons::RESUMED_AFTER_RESTART => "Resume",
+        other => panic!("unexpected event reason {other}"),
+    }
+}
+
+/// The ready write for the static NIC: the IP and the lifecycle triple.
+fn ready_patch() -> Value {
+    json!({
+        keys::IP: "10.0.0.5",
+        keys::LIFECYCLE_STATE: "ready",
+        keys::LIFECYCLE_MESSAGE: null,
+        keys::LIFECYCLE_OBSERVED_GENERATION: "3",
+    })
+}
+
+// ---- the host under test ----
+
+struct Rig {
+    planner: Arc<Planner>,
+    cocoon: ScriptedCocoon,
+    leases: Arc<LeaseWatcher>,
+    config: HostConfig,
+    _dir: tempfile::TempDir,
+}
+
+fn rig(replies: Vec<Reply>, nics: &[(&str, Option<&str>)], config: HostConfig) -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("cocoon-root");
+    std::fs::create_dir_all(&root).unwrap();
+    let options = PlannerOptions {
+        cocoon_root: root,
+        ..PlannerOptions::default()
+    };
+    let (planner, failures) = Planner::new(options).unwrap();
+    assert!(failures.is_empty(), "{failures:?}");
+    let leases = LeaseWatcher::new(dir.path().join("leases.json"), Duration::from_millis(20))
+        .expect("lease watcher");
+    Rig {
+        planner: Arc::new(planner),
+        cocoon: ScriptedCocoon::new(replies, inspect(nics)),
+        leases: Arc::new(leases),
+        config,
+        _dir: dir,
+    }
+}
+
+/// Fast API retries, so a conversation that goes wrong fails quickly even
+/// in real time; none of the scenarios below needs a retry.
+fn fast_retry() -> RetryPolicy {
+    RetryPolicy {
+        tries: 2,
+        first_delay: Duration::from_millis(10),
+        max_delay: Duration::from_millis(10),
+        request_timeout: Duration::from_secs(2),
+    }
+}
+
+impl Rig {
+    /// Run `Host::handle` for `default/web-0` against the conversation;
+    /// returns the summary and every `vm exec` the host ran.
+    async fn play(&self, conversation: Conversation, trigger: Trigger) -> (Summary, Vec<Call>) {
+        let result: Result<Summary, HostError> = conversation
+            .into_scenario()
+            .run(|api| async move {
+                let host = Host::new(
+                    self.planner.clone(),
+                    self.cocoon.clone(),
+                    api.with_retry(fast_retry()),
+                    self.leases.clone(),
+                    self.config.clone(),
+                    Arc::new(Metrics::new()),
+                );
+                // `host` (and its client) is dropped here, which ends the
+                // conversation.
+                host.handle(NAMESPACE, NAME, trigger, &CancellationToken::new())
+                    .await
+            })
+            .await;
+        (result.expect("the pod was handled"), self.cocoon.calls())
+    }
+}
+
+// ---- the scenarios ----
+
+#[tokio::test(start_paused = true)]
+async fn success_marks_running_then_done_then_ready() {
+    let rig = rig(vec![Reply::Exit(0, "")], &STATIC, HostConfig::default());
+    let conversation = Conversation::new("fixup succeeds at once, static NIC", &pod(&[]))
+        .get()
+        .patch(json!({ keys::POST_CLONE_STATE: "running" }))
+        // Still this incarnation before attempt 1.
+        .get()
+        .patch(json!({ keys::POST_CLONE_STATE: "done" }))
+        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
+        // The lifecycle as it is before the ready write.
+        .get()
+        .patch(ready_patch());
+    let (summary, calls) = rig.play(conversation, Trigger::Event).await;
+    assert_eq!(summary.action, "fixup");
+    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(summary.attempts, 1);
+    assert_eq!(summary.readiness, Some("ready"));
+    assert_eq!(summary.ip.as_deref(), Some("10.0.0.5"));
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].vm, "vm-0123abcd");
+    assert_eq!(calls[0].argv[..2], ["sh", "-c"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn exhaustion_chains_every_attempt_then_fails_the_pod() {
+    // Attempts at 0, 3 and 6 s; a fourth would start at 9 s, past 7 s.
+    let config = HostConfig {
+        retry: RetryConfig {
+            interval: Duration::from_secs(3),
+            budget: Duration::from_secs(7),
+            ..RetryConfig::default()
+        },
+        ..HostConfig::default()
+    };
+    let rig = rig(vec![Reply::Exit(1, STEP4_FAILED)], &STATIC, config);
+    let line = |n: u32| {
+        format!(
+            "attempt {n}: step 4/5 \"write the static network file for 52:54:00:aa:bb:01\" exited 1: printf: /etc/systemd/network: Read-only file system"
+        )
+    };
+    let errors = [line(1), line(2), line(3)].join("\n");
+    let summary_line = format!(
+        "post-clone fixup oci-networkd failed after 3 attempt(s) in 7s: {}",
+        line(3)
+    );
+    let mut conversation = Conversation::new("three failed attempts exhaust 7 s", &pod(&[]))
+        .get()
+        .patch(json!({ keys::POST_CLONE_STATE: "running" }));
+    for n in 1..=3 {
+        // Still this incarnation before each attempt; each failure is told.
+        conversation = conversation
+            .get()
+            .event("Warning", reasons::EXEC_ATTEMPT_FAILED, &line(n));
+    }
+    let message = summary_line.clone();
+    let conversation = conversation
+        // The lifecycle as it is before the failed write.
+        .get()
+        .patch_with(
+            &[
+                keys::POST_CLONE_STATE,
+                keys::POST_CLONE_HINT,
+                keys::POST_CLONE_ERRORS,
+                keys::LIFECYCLE_STATE,
+                keys::LIFECYCLE_MESSAGE,
+                keys::LIFECYCLE_OBSERVED_GENERATION,
+            ],
+            move |a| {
+                assert_eq!(a[keys::POST_CLONE_STATE], "failed");
+                assert_eq!(a[keys::POST_CLONE_ERRORS], errors.as_str());
+                assert_eq!(a[keys::LIFECYCLE_STATE], "failed");
+                assert_eq!(a[keys::LIFECYCLE_MESSAGE], message.as_str());
+                assert_eq!(a[keys::LIFECYCLE_OBSERVED_GENERATION], "3");
+                let hint = a[keys::POST_CLONE_HINT].as_str().expect("a string hint");
+                let script = base64::engine::general_purpose::STANDARD
+                    .decode(hint)
+                    .expect("the hint is standard, padded base64");
+                let script = String::from_utf8(script).unwrap();
+                assert!(script.starts_with("#!/bin/sh\n"), "{script}");
+                assert!(script.contains("MACAddress=52:54:00:aa:bb:01"), "{script}");
+                assert!(script.contains("Address=10.0.0.5/24"), "{script}");
+            },
+        )
+        .event("Warning", reasons::EXEC_EXHAUSTED, &summary_line);
+    let started = tokio::time::Instant::now();
+    let (summary, calls) = rig.play(conversation, Trigger::Event).await;
+    assert_eq!(summary.fixup, Some("exhausted"));
+    assert_eq!(summary.attempts, 3);
+    assert_eq!(summary.readiness, None, "no IP wait after a failed fixup");
+    assert_eq!(summary.errors, [line(1), line(2), line(3)]);
+    let offsets: Vec<u64> = calls.iter().map(|c| (c.at - started).as_secs()).collect();
+    assert_eq!(offsets, [0, 3, 6]);
+}
+
+#[tokio::test]
+async fn no_lease_in_time_runs_dhcp_recovery_then_fails_the_pod() {
+    // Real time: the lease watcher reads a real (here: absent) lease file.
+    let config = HostConfig {
+        ready: ReadyConfig {
+            budget: Duration::from_secs(2),
+            dhcp_recovery_after: Duration::from_secs(1),
+            ..ReadyConfig::default()
+        },
+        ..HostConfig::default()
+    };
+    let rig = rig(vec![Reply::Exit(0, "")], &DHCP, config);
+    let forked = pod(&[("vm.cocoonstack.io/fork-from", "web-src")]);
+    let message = "clone web-0: dhcp lease not observed within 2s";
+    // An all-DHCP Linux fork needs no fixup (rule 7), so no post-clone
+    // marker is written; after 1 s without a lease the safety net runs
+    // once, then the wait goes on to the 2 s budget.
+    let conversation = Conversation::new("all-DHCP fork, no lease ever", &forked)
+        .get()
+        .event(
+            "Normal",
+            reasons::DHCP_RECOVERY,
+            "no lease after 1s: re-running DHCP on 1 NIC(s)",
+        )
+        // The lifecycle as it is before the failed write.
+        .get()
+        .patch(json!({
+            keys::LIFECYCLE_STATE: "failed",
+            keys::LIFECYCLE_MESSAGE: message,
+            keys::LIFECYCLE_OBSERVED_GENERATION: "3",
+        }))
+        .event("Warning", reasons::IP_WAIT_TIMEOUT, message);
+    let started = std::time::Instant::now();
+    let (summary, calls) = rig.play(conversation, Trigger::Event).await;
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "the whole budget"
+    );
+    assert_eq!(summary.action, "ip-wait");
+    assert_eq!(summary.rule, 7);
+    assert_eq!(summary.fixup, None);
+    assert_eq!(summary.readiness, Some("timed-out"));
+    assert_eq!(summary.ip, None);
+    assert_eq!(calls.len(), 1, "exactly one recovery pass");
+    let script = calls[0].argv.join(" ");
+    assert!(
+        script.contains("DHCP=ipv4") && script.contains("MACAddress=52:54:00:aa:bb:02"),
+        "{script}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_is_sticky_the_ready_write_carries_only_the_ip() {
+    let rig = rig(vec![Reply::Exit(0, "")], &STATIC, HostConfig::default());
+    let conversation = Conversation::new("another writer failed the pod meanwhile", &pod(&[]))
+        .get()
+        .patch(json!({ keys::POST_CLONE_STATE: "running" }))
+        .get()
+        .patch(json!({ keys::POST_CLONE_STATE: "done" }))
+        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
+        .meanwhile(&[
+            (keys::LIFECYCLE_STATE, "failed"),
+            (keys::LIFECYCLE_MESSAGE, "marked failed elsewhere"),
+            (keys::LIFECYCLE_OBSERVED_GENERATION, "3"),
+        ])
+        .get()
+        .patch(json!({ keys::IP: "10.0.0.5" }));
+    let (summary, calls) = rig.play(conversation, Trigger::Event).await;
+    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(summary.readiness, Some("ready-blocked"));
+    assert_eq!(summary.ip.as_deref(), Some("10.0.0.5"));
+    assert!(!summary.is_ready());
+    assert_eq!(calls.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn startup_resumes_a_running_fixup() {
+    let rig = rig(vec![Reply::Exit(0, "")], &STATIC, HostConfig::default());
+    let running = pod(&[(keys::POST_CLONE_STATE, "running")]);
+    let conversation = Conversation::new("restart with post-clone-state=running", &running)
+        .get()
+        .event("Normal", reasons::RESUMED_AFTER_RESTART, "op=post_clone")
+        .patch(json!({ keys::POST_CLONE_STATE: "running" }))
+        .get()
+        .patch(json!({ keys::POST_CLONE_STATE: "done" }))
+        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
+        .get()
+        .patch(ready_patch());
+    let (summary, calls) = rig.play(conversation, Trigger::Startup).await;
+    assert_eq!(summary.action, "fixup");
+    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(summary.readiness, Some("ready"));
+    assert_eq!(calls.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn startup_resumes_a_done_fixup_with_the_ip_wait_only() {
+    let rig = rig(vec![Reply::Exit(0, "")], &STATIC, HostConfig::default());
+    let done = pod(&[(keys::POST_CLONE_STATE, "done")]);
+    let conversation = Conversation::new("restart with post-clone-state=done", &done)
+        .get()
+        .event("Normal", reasons::RESUMED_AFTER_RESTART, "op=ready_wait")
+        .get()
+        .patch(ready_patch());
+    let (summary, calls) = rig.play(conversation, Trigger::Startup).await;
+    assert_eq!(summary.action, "ip-wait");
+    assert_eq!(summary.fixup, None);
+    assert_eq!(summary.readiness, Some("ready"));
+    assert!(calls.is_empty(), "the fixup is not run again");
+}
+
+#[tokio::test(start_paused = true)]
+async fn startup_leaves_a_failed_fixup_parked() {
+    let rig = rig(vec![Reply::Exit(0, "")], &STATIC, HostConfig::default());
+    let failed = pod(&[(keys::POST_CLONE_STATE, "failed")]);
+    let conversation = Conversation::new("restart with post-clone-state=failed", &failed).get();
+    let (summary, calls) = rig.play(conversation, Trigger::Startup).await;
+    assert_eq!(summary.action, "parked");
+    assert_eq!(summary.fixup, None);
+    assert_eq!(summary.readiness, None);
+    assert!(calls.is_empty(), "nothing runs in the guest");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_conflict_from_a_new_incarnation_stops_before_any_exec() {
+    let rig = rig(vec![Reply::Exit(0, "")], &STATIC, HostConfig::default());
+    let conflict = status(
+        409,
+        "Conflict",
+        &format!("Precondition failed: UID in precondition: {UID}, UID in object meta: uid-2"),
+    );
+    let conversation = Conversation::new("409 on running, the pod was recreated", &pod(&[]))
+        .get()
+        .patch(json!({ keys::POST_CLONE_STATE: "running" }))
+        .refused(409, conflict)
+        // The follow-up read that tells a race from a new incarnation.
+        .recreated("uid-2")
+        .get();
+    let (summary, calls) = rig.play(conversation, Trigger::Event).await;
+    assert_eq!(summary.fixup, Some("gone"));
+    assert_eq!(summary.attempts, 0);
+    assert_eq!(summary.readiness, None);
+    assert!(calls.is_empty(), "no exec for a pod that is gone");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_deleted_between_attempts_stops_the_loop() {
+    let rig = rig(
+        vec![Reply::Exit(1, STEP4_FAILED)],
+        &STATIC,
+        HostConfig::default(),
+    );
+    let conversation = Conversation::new("pod deleted after attempt 1", &pod(&[]))
+        .get()
+        .patch(json!({ keys::POST_CLONE_STATE: "running" }))
+        .get()
+        .event_with("Warning", reasons::EXEC_ATTEMPT_FAILED, |note| {
+            assert!(note.starts_with("attempt 1: step 4/5"), "{note}");
+        })
+        .get_not_found();
+    let (summary, calls) = rig.play(conversation, Trigger::Event).await;
+    assert_eq!(summary.fixup, Some("gone"));
+    assert_eq!(summary.attempts, 1);
+    assert_eq!(calls.len(), 1, "no attempt after the pod was deleted");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_event_does_not_stop_the_fixup() {
+    let rig = rig(vec![Reply::Exit(0, "")], &STATIC, HostConfig::default());
+    let conversation = Conversation::new("the success event is refused", &pod(&[]))
+        .get()
+        .patch(json!({ keys::POST_CLONE_STATE: "running" }))
+        .get()
+        .patch(json!({ keys::POST_CLONE_STATE: "done" }))
+        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
+        // Events are best effort: not retried, and the work goes on.
+        .refused(
+            500,
+            status(500, "InternalError", "etcdserver: request timed out"),
+        )
+        .get()
+        .patch(ready_patch());
+    let (summary, _) = rig.play(conversation, Trigger::Event).await;
+    assert_eq!(summary.readiness, Some("ready"));
+}
+
+/// When the read before the ready write fails (after the client's
+/// retries), stickiness cannot be checked: the host records the IP only and
+/// leaves the lifecycle alone, so a Failed pod (spec section 7) is never
+/// made Ready by accident.
+#[tokio::test(start_paused = true)]
+async fn a_failed_read_before_the_ready_write_does_not_unstick_failed() {
+    let rig = rig(vec![Reply::Exit(0, "")], &STATIC, HostConfig::default());
+    let unavailable = || status(500, "InternalError", "etcdserver: request timed out");
+    let conversation = Conversation::new("the read before the ready write fails", &pod(&[]))
+        .get()
+        .patch(json!({ keys::POST_CLONE_STATE: "running" }))
+        .get()
+        .patch(json!({ keys::POST_CLONE_STATE: "done" }))
+        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
+        .meanwhile(&[
+            (keys::LIFECYCLE_STATE, "failed"),
+            (keys::LIFECYCLE_MESSAGE, "marked failed elsewhere"),
+            (keys::LIFECYCLE_OBSERVED_GENERATION, "3"),
+        ])
+        // Both tries of the fast retry policy fail.
+        .get()
+        .refused(500, unavailable())
+        .get()
+        .refused(500, unavailable())
+        // Stickiness cannot be checked: the IP is recorded, the
+        // lifecycle is left alone.
+        .patch(json!({ keys::IP: "10.0.0.5" }));
+    let (summary, _) = rig.play(conversation, Trigger::Event).await;
+    assert!(!summary.is_ready(), "{summary:?}");
+}

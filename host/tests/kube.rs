@@ -1,0 +1,448 @@
+//! `KubeApi` against a tower-test mock API server.
+//!
+//! Each test is a named [`Scenario`] (`support/mock_api.rs`): the exact
+//! conversation the client must have with the API server, in order. The
+//! mock asserts method, path, query and body of every request, answers
+//! with the scripted status and body, fails on any request the scenario
+//! does not expect, and fails when a scripted request never came. Time is
+//! paused (`start_paused`), so the retry backoff and request timeouts pass
+//! instantly; no assertion depends on how long anything took.
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use fixup_host::facts::PodInput;
+use fixup_host::kube::{REPORTER, RetryPolicy};
+use fixup_host::pods::{AnnotationPatch, Event, PodApi, PodError, PodRef, reasons};
+use http::Method;
+use serde_json::{Value, json};
+use support::mock_api::{Exchange, NODE, Scenario, status};
+
+const POD_PATH: &str = "/api/v1/namespaces/ns/pods/name";
+
+/// A PATCH of pod `ns/name` by this host.
+fn patch_pod() -> Exchange {
+    Exchange::patch(POD_PATH)
+}
+
+fn pod_ref() -> PodRef {
+    PodRef {
+        namespace: "ns".into(),
+        name: "name".into(),
+        uid: "uid-1".into(),
+    }
+}
+
+fn pod_json(name: &str, uid: &str, annotations: Value) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": uid,
+            "annotations": annotations,
+        },
+        "spec": { "nodeName": NODE, "containers": [] },
+    })
+}
+
+fn conflict() -> Value {
+    status(
+        409,
+        "Conflict",
+        "Precondition failed: UID in precondition: uid-1, UID in object meta: uid-2",
+    )
+}
+
+fn internal_error() -> Value {
+    status(500, "InternalError", "etcdserver: request timed out")
+}
+
+fn patch() -> AnnotationPatch {
+    BTreeMap::from([
+        (
+            "vm.cocoonstack.io/post-clone-state".to_owned(),
+            Some("done".to_owned()),
+        ),
+        ("vm.cocoonstack.io/post-clone-errors".to_owned(), None),
+    ])
+}
+
+fn patched_pod() -> Value {
+    pod_json(
+        "name",
+        "uid-1",
+        json!({ "vm.cocoonstack.io/post-clone-state": "done" }),
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn get_reads_an_existing_pod() {
+    let pod = Scenario::new(
+        "get found",
+        vec![Exchange::get(POD_PATH).respond(200, pod_json("name", "uid-1", json!({"a": "b"})))],
+    )
+    .run(|api| async move { api.get("ns", "name").await })
+    .await;
+    assert_eq!(
+        pod,
+        Ok(Some(PodInput {
+            name: "name".into(),
+            namespace: "ns".into(),
+            uid: Some("uid-1".into()),
+            annotations: BTreeMap::from([("a".into(), "b".into())]),
+        }))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn get_of_a_missing_pod_is_none() {
+    let pod = Scenario::new(
+        "get 404",
+        vec![
+            Exchange::get(POD_PATH)
+                .respond(404, status(404, "NotFound", "pods \"name\" not found")),
+        ],
+    )
+    .run(|api| async move { api.get("ns", "name").await })
+    .await;
+    assert_eq!(pod, Ok(None));
+}
+
+#[tokio::test(start_paused = true)]
+async fn get_retries_a_server_error() {
+    let pod = Scenario::new(
+        "get 503 then found",
+        vec![
+            Exchange::get(POD_PATH).respond(503, status(503, "ServiceUnavailable", "try later")),
+            Exchange::get(POD_PATH).respond(200, pod_json("name", "uid-1", json!({}))),
+        ],
+    )
+    .run(|api| async move { api.get("ns", "name").await })
+    .await;
+    assert_eq!(pod.unwrap().unwrap().uid.as_deref(), Some("uid-1"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn patch_sends_a_uid_guarded_merge_patch() {
+    let result = Scenario::new(
+        "patch success",
+        vec![
+            patch_pod()
+                .body(|_, body| {
+                    assert_eq!(
+                        body,
+                        &json!({
+                            "metadata": {
+                                "uid": "uid-1",
+                                "annotations": {
+                                    "vm.cocoonstack.io/post-clone-state": "done",
+                                    "vm.cocoonstack.io/post-clone-errors": null,
+                                },
+                            },
+                        })
+                    );
+                })
+                .respond(200, patched_pod()),
+        ],
+    )
+    .run(|api| async move { api.patch_annotations(&pod_ref(), &patch()).await })
+    .await;
+    assert_eq!(result, Ok(()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn patch_conflict_with_the_same_uid_is_retried() {
+    let result = Scenario::new(
+        "patch 409, pod still has our uid, patch again",
+        vec![
+            patch_pod().respond(409, conflict()),
+            Exchange::get(POD_PATH).respond(200, pod_json("name", "uid-1", json!({}))),
+            patch_pod()
+                .body(|_, body| assert_eq!(body["metadata"]["uid"], "uid-1"))
+                .respond(200, patched_pod()),
+        ],
+    )
+    .run(|api| async move { api.patch_annotations(&pod_ref(), &patch()).await })
+    .await;
+    assert_eq!(result, Ok(()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn patch_conflict_with_another_uid_is_gone_and_not_retried() {
+    let result = Scenario::new(
+        "patch 409, pod was recreated",
+        vec![
+            patch_pod().respond(409, conflict()),
+            Exchange::get(POD_PATH).respond(200, pod_json("name", "uid-2", json!({}))),
+        ],
+    )
+    .run(|api| async move { api.patch_annotations(&pod_ref(), &patch()).await })
+    .await;
+    assert_eq!(
+        result,
+        Err(PodError::Gone {
+            pod: "ns/name".into()
+        })
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn patch_conflict_with_the_pod_deleted_is_gone() {
+    let result = Scenario::new(
+        "patch 409, pod deleted meanwhile",
+        vec![
+            patch_pod().respond(409, conflict()),
+            Exchange::get(POD_PATH)
+                .respond(404, status(404, "NotFound", "pods \"name\" not found")),
+        ],
+    )
+    .run(|api| async move { api.patch_annotations(&pod_ref(), &patch()).await })
+    .await;
+    assert_eq!(
+        result,
+        Err(PodError::Gone {
+            pod: "ns/name".into()
+        })
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn patch_of_a_missing_pod_is_gone() {
+    let result = Scenario::new(
+        "patch 404",
+        vec![patch_pod().respond(404, status(404, "NotFound", "pods \"name\" not found"))],
+    )
+    .run(|api| async move { api.patch_annotations(&pod_ref(), &patch()).await })
+    .await;
+    assert_eq!(
+        result,
+        Err(PodError::Gone {
+            pod: "ns/name".into()
+        })
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn patch_recovers_from_server_errors_after_backoff() {
+    let result = Scenario::new(
+        "patch 500, 500, 200",
+        vec![
+            patch_pod().respond(500, internal_error()),
+            patch_pod().respond(500, internal_error()),
+            patch_pod().respond(200, patched_pod()),
+        ],
+    )
+    .run(|api| async move { api.patch_annotations(&pod_ref(), &patch()).await })
+    .await;
+    assert_eq!(result, Ok(()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn patch_gives_up_after_the_policy_tries() {
+    let tries = RetryPolicy::default().tries;
+    assert_eq!(tries, 5, "the documented default");
+    let exchanges = (0..tries)
+        .map(|_| patch_pod().respond(500, internal_error()))
+        .collect();
+    let result = Scenario::new("patch always 500", exchanges)
+        .run(|api| async move { api.patch_annotations(&pod_ref(), &patch()).await })
+        .await;
+    let Err(PodError::Api { pod, reason }) = &result else {
+        panic!("expected an API error, got {result:?}");
+    };
+    assert_eq!(pod, "ns/name");
+    let message = result.as_ref().unwrap_err().to_string();
+    assert!(message.contains("ns/name"), "{message}");
+    assert!(reason.contains("gave up after 5 tries"), "{reason}");
+    assert!(reason.contains("etcdserver: request timed out"), "{reason}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn patch_retries_a_request_that_gets_no_answer() {
+    let result = Scenario::new(
+        "patch unanswered, then 200",
+        vec![patch_pod().hang(), patch_pod().respond(200, patched_pod())],
+    )
+    .run(|api| async move { api.patch_annotations(&pod_ref(), &patch()).await })
+    .await;
+    assert_eq!(result, Ok(()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn patch_forbidden_is_not_retried() {
+    let result = Scenario::new(
+        "patch 403",
+        vec![patch_pod().respond(
+            403,
+            status(
+                403,
+                "Forbidden",
+                "pods \"name\" is forbidden: User cannot patch",
+            ),
+        )],
+    )
+    .run(|api| async move { api.patch_annotations(&pod_ref(), &patch()).await })
+    .await;
+    let Err(PodError::Api { pod, reason }) = result else {
+        panic!("expected an API error, got {result:?}");
+    };
+    assert_eq!(pod, "ns/name");
+    assert!(reason.contains("403 Forbidden"), "{reason}");
+    assert!(reason.contains("grant the service account"), "{reason}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn patch_without_a_uid_sends_nothing() {
+    let result = Scenario::new("patch without uid", vec![])
+        .run(|api| async move {
+            let pod = PodRef {
+                uid: String::new(),
+                ..pod_ref()
+            };
+            api.patch_annotations(&pod, &patch()).await
+        })
+        .await;
+    assert!(matches!(result, Err(PodError::Api { .. })), "{result:?}");
+}
+
+fn event_exchange(kind: &'static str, note: &'static str) -> Exchange {
+    Exchange::new(Method::POST, "/apis/events.k8s.io/v1/namespaces/ns/events")
+        .body(move |_, body| {
+            assert_eq!(body["reason"], reasons::EXEC_ATTEMPT_FAILED);
+            assert_eq!(body["type"], kind);
+            assert_eq!(body["note"], note);
+            assert_eq!(body["action"], "PostCloneFixup");
+            assert_eq!(body["reportingController"], REPORTER);
+            assert_eq!(body["reportingInstance"], NODE);
+            assert_eq!(body["metadata"]["namespace"], "ns");
+            let regarding = &body["regarding"];
+            assert_eq!(regarding["apiVersion"], "v1");
+            assert_eq!(regarding["kind"], "Pod");
+            assert_eq!(regarding["namespace"], "ns");
+            assert_eq!(regarding["name"], "name");
+            assert_eq!(regarding["uid"], "uid-1");
+        })
+        .respond(201, json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "name.1", "namespace": "ns"}}))
+}
+
+#[tokio::test(start_paused = true)]
+async fn event_is_created_in_the_events_api() {
+    let result = Scenario::new(
+        "event creation",
+        vec![event_exchange("Warning", "attempt 1: exit 1")],
+    )
+    .run(|api| async move {
+        api.event(
+            &pod_ref(),
+            &Event::warning(reasons::EXEC_ATTEMPT_FAILED, "attempt 1: exit 1"),
+        )
+        .await
+    })
+    .await;
+    assert_eq!(result, Ok(()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn repeated_events_each_keep_their_message() {
+    // kube-runtime's Recorder would turn the second into a PATCH of the
+    // first that keeps "attempt 1"; every attempt line must be visible.
+    let result = Scenario::new(
+        "two events with one reason",
+        vec![
+            event_exchange("Warning", "attempt 1: exit 1"),
+            event_exchange("Warning", "attempt 2: exit 2"),
+        ],
+    )
+    .run(|api| async move {
+        for line in ["attempt 1: exit 1", "attempt 2: exit 2"] {
+            api.event(
+                &pod_ref(),
+                &Event::warning(reasons::EXEC_ATTEMPT_FAILED, line),
+            )
+            .await?;
+        }
+        Ok::<_, PodError>(())
+    })
+    .await;
+    assert_eq!(result, Ok(()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn event_failure_is_returned_without_retry() {
+    let result = Scenario::new(
+        "event 500",
+        vec![
+            Exchange::new(Method::POST, "/apis/events.k8s.io/v1/namespaces/ns/events")
+                .respond(500, internal_error()),
+        ],
+    )
+    .run(|api| async move {
+        api.event(
+            &pod_ref(),
+            &Event::normal(reasons::SUCCEEDED, "kind=oci attempts=1"),
+        )
+        .await
+    })
+    .await;
+    let Err(PodError::Api { pod, reason }) = result else {
+        panic!("expected an API error, got {result:?}");
+    };
+    assert_eq!(pod, "ns/name");
+    assert!(reason.contains(reasons::SUCCEEDED), "{reason}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn list_node_pods_selects_by_node_and_follows_pages() {
+    let selector = format!("spec.nodeName={NODE}");
+    let pods = Scenario::new(
+        "list pods on the node, two pages",
+        vec![
+            Exchange::get("/api/v1/pods")
+                .query(&[("fieldSelector", &selector), ("limit", "500")])
+                .respond(
+                    200,
+                    json!({
+                        "apiVersion": "v1",
+                        "kind": "PodList",
+                        "metadata": {"continue": "page-2"},
+                        "items": [pod_json("a", "uid-a", json!({}))],
+                    }),
+                ),
+            Exchange::get("/api/v1/pods")
+                .query(&[
+                    ("fieldSelector", &selector),
+                    ("limit", "500"),
+                    ("continue", "page-2"),
+                ])
+                .respond(
+                    200,
+                    json!({
+                        "apiVersion": "v1",
+                        "kind": "PodList",
+                        "metadata": {},
+                        "items": [pod_json("b", "uid-b", json!({"k": "v"}))],
+                    }),
+                ),
+        ],
+    )
+    .run(|api| async move { api.list_node_pods(NODE).await })
+    .await
+    .unwrap();
+    let names: Vec<_> = pods
+        .iter()
+        .map(|p| (p.name.as_str(), p.uid.as_deref()))
+        .collect();
+    assert_eq!(names, [("a", Some("uid-a")), ("b", Some("uid-b"))]);
+    assert_eq!(pods[1].annotation("k"), "v");
+}
+
+#[test]
+fn retry_policy_numbers_are_the_documented_ones() {
+    let policy = RetryPolicy::default();
+    let delays: Vec<u128> = (1..=6).map(|n| policy.delay_after(n).as_millis()).collect();
+    assert_eq!(delays, [200, 400, 800, 1600, 3200, 3200]);
+    assert_eq!(policy.request_timeout.as_secs(), 10);
+}

@@ -1,0 +1,185 @@
+//! The node daemon's dispatcher: which pods have work, no pod twice at
+//! once, bounded concurrency, clean stop. (The kube-runtime watch feeding
+//! it needs an API server; the dispatcher is what decides.)
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fixup_host::facts::PodInput;
+use fixup_host::host::{Host, HostConfig, Trigger};
+use fixup_host::metrics::Metrics;
+use fixup_host::planner::{Planner, PlannerOptions};
+use fixup_host::pods::{MemoryPods, keys};
+use fixup_host::ready::LeaseWatcher;
+use fixup_host::serve::{Dispatcher, has_work};
+use rstest::rstest;
+use support::{Reply, ScriptedCocoon, inspect, pod};
+use tokio_util::sync::CancellationToken;
+
+#[rstest]
+#[case::fresh_clone(&[], true)]
+#[case::unmanaged(&[("cocoonset.cocoonstack.io/managed", "")], false)]
+#[case::no_vm_yet(&[("vm.cocoonstack.io/id", ""), ("vm.cocoonstack.io/name", "")], false)]
+#[case::ready(&[(keys::LIFECYCLE_STATE, "ready")], false)]
+#[case::failed(&[(keys::LIFECYCLE_STATE, "failed")], false)]
+#[case::parked(&[(keys::POST_CLONE_STATE, "failed")], false)]
+#[case::resumable(&[(keys::POST_CLONE_STATE, "running")], true)]
+#[case::ip_wait_left(&[(keys::POST_CLONE_STATE, "done")], true)]
+fn which_pods_have_work(#[case] extra: &[(&str, &str)], #[case] expected: bool) {
+    assert_eq!(has_work(&pod(extra)), expected);
+}
+
+fn named(name: &str, uid: &str) -> PodInput {
+    let mut p = pod(&[]);
+    p.name = name.into();
+    p.uid = Some(uid.into());
+    p
+}
+
+fn host(
+    cocoon: ScriptedCocoon,
+    pods: MemoryPods,
+    dir: &tempfile::TempDir,
+) -> Arc<Host<ScriptedCocoon, MemoryPods>> {
+    let options = PlannerOptions {
+        cocoon_root: dir.path().to_owned(),
+        ..PlannerOptions::default()
+    };
+    let (planner, _) = Planner::new(options).unwrap();
+    let leases =
+        LeaseWatcher::new(dir.path().join("leases.json"), Duration::from_millis(50)).unwrap();
+    Arc::new(Host::new(
+        Arc::new(planner),
+        cocoon,
+        pods,
+        Arc::new(leases),
+        HostConfig::default(),
+        Arc::new(Metrics::new()),
+    ))
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_pod_is_never_worked_on_twice_and_concurrency_is_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let cocoon = ScriptedCocoon::new(
+        vec![Reply::Hang],
+        inspect(&[("52:54:00:aa:bb:01", Some("10.0.0.5/24"))]),
+    );
+    let pods = MemoryPods::new();
+    let (a, b) = (named("web-0", "uid-a"), named("web-1", "uid-b"));
+    pods.insert(a.clone());
+    pods.insert(b.clone());
+    let shutdown = CancellationToken::new();
+    let mut dispatcher = Dispatcher::new(
+        host(cocoon.clone(), pods.clone(), &dir),
+        1,
+        shutdown.clone(),
+    );
+    // The same pod offered again while in flight (the host's own patches
+    // cause such updates), and a second pod beyond the concurrency of 1.
+    dispatcher.offer(a.clone(), Trigger::Startup);
+    dispatcher.offer(a.clone(), Trigger::Event);
+    dispatcher.offer(b.clone(), Trigger::Event);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(
+        cocoon.calls().len(),
+        1,
+        "one exec: web-0 once, web-1 waits for a slot"
+    );
+    shutdown.cancel();
+    dispatcher.drain(Duration::from_secs(10)).await;
+    // Stopped, not failed: the work stays `running` for the next start.
+    let a_state = pods.annotations("default", "web-0").unwrap();
+    assert_eq!(
+        a_state.get(keys::POST_CLONE_STATE).map(String::as_str),
+        Some("running")
+    );
+    assert!(!a_state.contains_key(keys::POST_CLONE_ERRORS));
+}
+
+#[tokio::test(start_paused = true)]
+async fn finished_pods_are_not_picked_up_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let cocoon = ScriptedCocoon::new(
+        vec![Reply::Exit(0, "")],
+        inspect(&[("52:54:00:aa:bb:01", Some("10.0.0.5/24"))]),
+    );
+    let pods = MemoryPods::new();
+    pods.insert(named("web-0", "uid-a"));
+    let shutdown = CancellationToken::new();
+    let mut dispatcher = Dispatcher::new(
+        host(cocoon.clone(), pods.clone(), &dir),
+        4,
+        shutdown.clone(),
+    );
+    dispatcher.offer(named("web-0", "uid-a"), Trigger::Event);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The watch would now deliver the pod with the host's annotations.
+    let mut updated = named("web-0", "uid-a");
+    updated.annotations = pods.annotations("default", "web-0").unwrap();
+    assert_eq!(
+        updated
+            .annotations
+            .get(keys::LIFECYCLE_STATE)
+            .map(String::as_str),
+        Some("ready")
+    );
+    dispatcher.offer(updated, Trigger::Event);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(cocoon.calls().len(), 1);
+    dispatcher.drain(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn metrics_and_health_are_served() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    let metrics = Arc::new(Metrics::new());
+    metrics.fixup(fixup_host::classify::Scenario::Cloudimg, "done", 2);
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(fixup_host::serve::metrics_server(
+        addr,
+        metrics,
+        shutdown.clone(),
+    ));
+    let get = |path: &'static str| async move {
+        for _ in 0..100 {
+            if let Ok(mut s) = tokio::net::TcpStream::connect(addr).await {
+                s.write_all(
+                    format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                        .as_bytes(),
+                )
+                .await
+                .unwrap();
+                let mut body = String::new();
+                s.read_to_string(&mut body).await.unwrap();
+                return body;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("metrics server did not come up on {addr}");
+    };
+    let health = get("/healthz").await;
+    assert!(
+        health.starts_with("HTTP/1.1 200") && health.ends_with("ok\n"),
+        "{health}"
+    );
+    let text = get("/metrics").await;
+    assert!(
+        text.contains("cocoon_fixup_fixups_total{scenario=\"cloudimg\",result=\"done\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("cocoon_fixup_fixup_attempts_bucket"),
+        "{text}"
+    );
+    shutdown.cancel();
+    server.await.unwrap().unwrap();
+}

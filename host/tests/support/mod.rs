@@ -1,0 +1,161 @@
+//! Test doubles shared by the host's integration tests.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fixup_host::cocoon::{Cocoon, CocoonError, ExecOutput, ExitStatusKind};
+use fixup_host::facts::{PodInput, VmId, VmInspect};
+
+pub mod mock_api;
+
+/// What the scripted cocoon does for one `vm exec`.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// Exit with this code and stderr.
+    Exit(i32, &'static str),
+    /// Killed by a signal.
+    Signal(i32),
+    /// Never answer: the caller's timeout ends it.
+    Hang,
+    /// Could not start.
+    Spawn,
+}
+
+/// One recorded `vm exec`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    pub vm: String,
+    pub argv: Vec<String>,
+    pub timeout: Duration,
+    pub at: tokio::time::Instant,
+}
+
+/// An in-process `Cocoon`: replies from a script (the last one repeats),
+/// inspect answers from a fixed document, every exec recorded. In-process
+/// so the retry loop can run under `tokio::time::pause()`.
+#[derive(Debug, Clone)]
+pub struct ScriptedCocoon {
+    replies: Arc<Mutex<VecDeque<Reply>>>,
+    last: Arc<Mutex<Reply>>,
+    inspect: Arc<String>,
+    pub calls: Arc<Mutex<Vec<Call>>>,
+}
+
+impl ScriptedCocoon {
+    pub fn new(replies: Vec<Reply>, inspect_json: String) -> Self {
+        let last = replies.last().cloned().unwrap_or(Reply::Exit(0, ""));
+        ScriptedCocoon {
+            replies: Arc::new(Mutex::new(replies.into())),
+            last: Arc::new(Mutex::new(last)),
+            inspect: Arc::new(inspect_json),
+            calls: Arc::default(),
+        }
+    }
+
+    pub fn calls(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+impl Cocoon for ScriptedCocoon {
+    async fn exec(
+        &self,
+        vm: &VmId,
+        argv: &[String],
+        timeout: Duration,
+    ) -> Result<ExecOutput, CocoonError> {
+        self.calls.lock().unwrap().push(Call {
+            vm: vm.to_string(),
+            argv: argv.to_vec(),
+            timeout,
+            at: tokio::time::Instant::now(),
+        });
+        let reply = {
+            let mut replies = self.replies.lock().unwrap();
+            replies
+                .pop_front()
+                .unwrap_or_else(|| self.last.lock().unwrap().clone())
+        };
+        let output = |status, stderr: &str| ExecOutput {
+            status,
+            stdout: Vec::new(),
+            stderr: stderr.as_bytes().to_vec(),
+            stderr_cut: false,
+        };
+        match reply {
+            Reply::Exit(code, stderr) => Ok(output(ExitStatusKind::Code(code), stderr)),
+            Reply::Signal(n) => Ok(output(ExitStatusKind::Signal(n), "")),
+            Reply::Hang => {
+                tokio::time::sleep(timeout).await;
+                Err(CocoonError::Timeout {
+                    what: format!("cocoon vm exec {vm}"),
+                    after: timeout,
+                })
+            }
+            Reply::Spawn => Err(CocoonError::Spawn {
+                program: "/usr/local/bin/cocoon".into(),
+                source_text: "No such file or directory".into(),
+            }),
+        }
+    }
+
+    async fn inspect(&self, _vm: &VmId, _timeout: Duration) -> Result<VmInspect, CocoonError> {
+        Ok(VmInspect::from_json(&self.inspect, "scripted inspect").expect("test inspect JSON"))
+    }
+
+    async fn source_image(
+        &self,
+        _vm: &VmId,
+        _timeout: Duration,
+    ) -> Result<Option<String>, CocoonError> {
+        Ok(None)
+    }
+}
+
+pub const UID: &str = "0b7c2f3e-9a51-4c1e-8f1a-2d9e6c1b7a40";
+
+/// A managed Linux clone pod on Cloud Hypervisor with extra annotations.
+pub fn pod(extra: &[(&str, &str)]) -> PodInput {
+    let mut annotations: BTreeMap<String, String> = [
+        ("vm.cocoonstack.io/name", "web-0"),
+        ("vm.cocoonstack.io/id", "vm-0123abcd"),
+        ("cocoonset.cocoonstack.io/managed", "true"),
+        ("cocoonset.cocoonstack.io/os", "linux"),
+        ("cocoonset.cocoonstack.io/generation", "3"),
+        ("vm.cocoonstack.io/backend", "cloud-hypervisor"),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    for (k, v) in extra {
+        annotations.insert((*k).to_owned(), (*v).to_owned());
+    }
+    PodInput {
+        name: "web-0".into(),
+        namespace: "default".into(),
+        uid: Some(UID.into()),
+        annotations,
+    }
+}
+
+/// `cocoon vm inspect --json` for the test VM with these NICs:
+/// `(mac, Some("ip/prefix"))` static with gateway `.1`, `None` DHCP.
+pub fn inspect(nics: &[(&str, Option<&str>)]) -> String {
+    let nics: Vec<serde_json::Value> = nics
+        .iter()
+        .enumerate()
+        .map(|(i, (mac, ip))| match ip {
+            Some(cidr) => {
+                let (ip, prefix) = cidr.split_once('/').unwrap();
+                let gw = format!("{}.1", ip.rsplit_once('.').unwrap().0);
+                serde_json::json!({"mac": mac, "tap": format!("tap{i}"),
+                    "network": {"ip": ip, "prefix": prefix.parse::<u8>().unwrap(), "gateway": gw}})
+            }
+            None => serde_json::json!({"mac": mac, "tap": format!("tap{i}")}),
+        })
+        .collect();
+    serde_json::json!({"id": "vm-0123abcd", "network_configs": nics}).to_string()
+}
