@@ -178,6 +178,20 @@ async fn still_there<P: PodApi>(pods: &P, pod: &PodRef) -> bool {
     }
 }
 
+/// Write a patch; `Ok(false)` when the pod is gone (deleted or replaced),
+/// after which nothing more is written for it.
+pub async fn write<P: PodApi>(
+    pods: &P,
+    pod: &PodRef,
+    patch: &AnnotationPatch,
+) -> Result<bool, PodError> {
+    match pods.patch_annotations(pod, patch).await {
+        Ok(()) => Ok(true),
+        Err(PodError::Gone { .. }) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 fn state_patch(state: PostCloneState) -> AnnotationPatch {
     AnnotationPatch::from([(
         keys::POST_CLONE_STATE.to_owned(),
@@ -194,12 +208,8 @@ pub async fn run_fixup<C: Cocoon, P: PodApi>(
     shutdown: &CancellationToken,
 ) -> Result<FixupOutcome, PodError> {
     let pod = job.pod;
-    match pods
-        .patch_annotations(pod, &state_patch(PostCloneState::Running))
-        .await
-    {
-        Err(PodError::Gone { .. }) => return Ok(FixupOutcome::Gone { attempts: 0 }),
-        other => other?,
+    if !write(pods, pod, &state_patch(PostCloneState::Running)).await? {
+        return Ok(FixupOutcome::Gone { attempts: 0 });
     }
     let start = Instant::now();
     let deadline = start + retry.budget;
@@ -223,12 +233,8 @@ pub async fn run_fixup<C: Cocoon, P: PodApi>(
         };
         match result {
             Ok(()) => {
-                match pods
-                    .patch_annotations(pod, &state_patch(PostCloneState::Done))
-                    .await
-                {
-                    Err(PodError::Gone { .. }) => return Ok(FixupOutcome::Gone { attempts }),
-                    other => other?,
+                if !write(pods, pod, &state_patch(PostCloneState::Done)).await? {
+                    return Ok(FixupOutcome::Gone { attempts });
                 }
                 emit(
                     pods,
@@ -298,9 +304,8 @@ async fn exhausted<P: PodApi>(
     if let Some(lifecycle) = lifecycle::transition(&current, Lifecycle::Failed, &message) {
         patch.extend(lifecycle);
     }
-    match pods.patch_annotations(pod, &patch).await {
-        Err(PodError::Gone { .. }) => return Ok(FixupOutcome::Gone { attempts }),
-        other => other?,
+    if !write(pods, pod, &patch).await? {
+        return Ok(FixupOutcome::Gone { attempts });
     }
     emit(pods, pod, Event::warning(reasons::EXEC_EXHAUSTED, summary)).await;
     Ok(FixupOutcome::Exhausted { attempts, errors })
@@ -384,9 +389,8 @@ pub async fn wait_ready<C: Cocoon, P: PodApi>(
                 .and_then(|c| lifecycle::transition(c, Lifecycle::Ready, ""));
             let ready_blocked = transition.is_none();
             patch.extend(transition.unwrap_or_default());
-            match pods.patch_annotations(pod, &patch).await {
-                Err(PodError::Gone { .. }) => return Ok(ReadyOutcome::Gone),
-                other => other?,
+            if !write(pods, pod, &patch).await? {
+                return Ok(ReadyOutcome::Gone);
             }
             ReadyOutcome::Ready { ip, ready_blocked }
         }
@@ -398,9 +402,8 @@ pub async fn wait_ready<C: Cocoon, P: PodApi>(
             );
             let current = current.unwrap_or_default();
             if let Some(patch) = lifecycle::transition(&current, Lifecycle::Failed, &message) {
-                match pods.patch_annotations(pod, &patch).await {
-                    Err(PodError::Gone { .. }) => return Ok(ReadyOutcome::Gone),
-                    other => other?,
+                if !write(pods, pod, &patch).await? {
+                    return Ok(ReadyOutcome::Gone);
                 }
             }
             emit(pods, pod, Event::warning(reasons::IP_WAIT_TIMEOUT, message)).await;

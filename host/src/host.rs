@@ -451,12 +451,9 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         if let Some(lifecycle) = lifecycle::transition(current, Lifecycle::Failed, &message) {
             patch.extend(lifecycle);
         }
-        match self.pods.patch_annotations(pod, &patch).await {
-            Err(PodError::Gone { .. }) => {
-                summary.fixup = Some("gone");
-                return Ok(summary);
-            }
-            other => other?,
+        if !apply::write(&self.pods, pod, &patch).await? {
+            summary.fixup = Some("gone");
+            return Ok(summary);
         }
         self.emit(pod, Event::warning(reasons::EXEC_EXHAUSTED, line.clone()))
             .await;
