@@ -401,10 +401,10 @@ pub async fn wait_ready<C: Cocoon, P: PodApi>(
                 span(config.budget)
             );
             let current = current.unwrap_or_default();
-            if let Some(patch) = lifecycle::transition(&current, Lifecycle::Failed, &message) {
-                if !write(pods, pod, &patch).await? {
-                    return Ok(ReadyOutcome::Gone);
-                }
+            if let Some(patch) = lifecycle::transition(&current, Lifecycle::Failed, &message)
+                && !write(pods, pod, &patch).await?
+            {
+                return Ok(ReadyOutcome::Gone);
             }
             emit(pods, pod, Event::warning(reasons::IP_WAIT_TIMEOUT, message)).await;
             ReadyOutcome::TimedOut
