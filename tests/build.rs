@@ -1,10 +1,23 @@
-//! Builds the test-only plugins (under `tests/plugins/`) for wasm32-wasip2,
-//! so `cargo test` needs no extra step. Their paths reach the tests as
-//! `env!("PLUGIN_<NAME>")`.
+//! Builds the plugins the tests load from files, for wasm32-wasip2, so
+//! `cargo test` needs no extra step: the test-only plugins under
+//! `tests/plugins/` (workspace members) and the example vendor plugins under
+//! `examples/plugins/` (each its own workspace, built the way a vendor builds
+//! it). Their paths reach the tests as `env!("PLUGIN_<NAME>")`, for example
+//! `PLUGIN_HOSTILE` and `PLUGIN_NM_KEYFILE`.
 
-use fixup_plugin_build::{PluginCrate, build_plugins, workspace_root};
+use std::path::Path;
+
+use fixup_plugin_build::{PluginCrate, build_external_plugin, build_plugins, workspace_root};
 
 const TEST_PLUGINS: [&str; 1] = ["hostile"];
+
+/// Example vendor plugins: `(package, folder under the workspace)`.
+const EXAMPLE_PLUGINS: [(&str, &str); 1] = [("nm-keyfile", "examples/plugins/nm-keyfile")];
+
+fn env_var(name: &str, path: &Path) {
+    let var = format!("PLUGIN_{}", name.to_uppercase().replace('-', "_"));
+    println!("cargo:rustc-env={var}={}", path.display());
+}
 
 fn main() {
     let root = workspace_root();
@@ -21,16 +34,22 @@ fn main() {
             )
         })
         .collect();
-    match build_plugins(&root, &plugins, &out_dir) {
-        Ok(paths) => {
-            for (name, path) in TEST_PLUGINS.iter().zip(paths) {
-                let var = format!("PLUGIN_{}", name.to_uppercase().replace('-', "_"));
-                println!("cargo:rustc-env={var}={}", path.display());
-            }
+    let built = build_plugins(&root, &plugins, &out_dir).and_then(|paths| {
+        for (name, path) in TEST_PLUGINS.iter().zip(paths) {
+            env_var(name, &path);
         }
-        Err(e) => {
-            eprintln!("error: {e}");
-            std::process::exit(1);
+        for (package, dir) in EXAMPLE_PLUGINS {
+            let plugin = PluginCrate {
+                package: package.to_owned(),
+                dir: root.join(dir),
+            };
+            let path = build_external_plugin(&root, &plugin, package, &out_dir)?;
+            env_var(package, &path);
         }
+        Ok(())
+    });
+    if let Err(e) = built {
+        eprintln!("error: {e}");
+        std::process::exit(1);
     }
 }

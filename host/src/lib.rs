@@ -26,6 +26,12 @@
 //! - [`metrics`]: Prometheus metrics.
 //! - [`config`]: flags > environment > file > defaults, resolved once.
 //!
+//! For plugin vendors:
+//!
+//! - [`template`]: `plugin new`, a plugin crate from `plugins/template/`.
+//! - [`kit`]: `plugin test` (case files in, diffs and usage out) and
+//!   `plugin inspect` (what a plugin file is, and whether the host takes it).
+//!
 //! The binary (`src/main.rs`) only parses, calls these, prints the error once
 //! and picks the exit code.
 
@@ -35,6 +41,7 @@ pub mod cocoon;
 pub mod config;
 pub mod facts;
 pub mod host;
+pub mod kit;
 pub mod kube;
 pub mod lifecycle;
 pub mod metrics;
@@ -45,3 +52,4 @@ pub mod pods;
 pub mod probe;
 pub mod ready;
 pub mod serve;
+pub mod template;

@@ -18,6 +18,7 @@ use fixup_host::plan::{self, Action};
 use fixup_host::planner::{PlanOutcome, Planner};
 use fixup_host::ready::LeaseWatcher;
 use fixup_host::serve;
+use fixup_host::{kit, template};
 
 /// Post-clone guest network fixup for cocoon microVMs.
 ///
@@ -52,6 +53,76 @@ enum Command {
     /// The node daemon: watch this node's pods and run the flow for every
     /// managed clone that needs it; serve /metrics and /healthz.
     Serve(ServeArgs),
+    /// Write, test and inspect plan plugins.
+    #[command(subcommand)]
+    Plugin(PluginCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum PluginCommand {
+    /// Run a plugin on case files (facts in, expected plan or error out).
+    ///
+    /// CASES is a case file or a folder of `*.json` case files (the format
+    /// is in the README, "Testing a plugin"). Each case runs in the real
+    /// sandbox with the configured limits; a mismatch shows a diff. Exit
+    /// code 1 when any case fails or a case file is invalid.
+    ///
+    /// Example:
+    ///   cocoon-fixup plugin test target/wasm32-wasip2/release/acme_net.wasm cases/
+    Test(PluginTestArgs),
+    /// Show what a plugin file is and whether the host would load it.
+    ///
+    /// Name, version, contract, sha256, scenarios, flavours and imports,
+    /// then `accepted` or `refused: <why and the fix>`. Exit code 1 when
+    /// refused.
+    Inspect(PluginInspectArgs),
+    /// Create a new plugin crate from the template.
+    ///
+    /// Example:
+    ///   cocoon-fixup plugin new acme-net --dir ~/src
+    New(PluginNewArgs),
+}
+
+#[derive(Debug, Args)]
+struct PluginTestArgs {
+    /// The plugin component (`.wasm`).
+    #[arg(value_name = "PLUGIN.wasm")]
+    plugin: PathBuf,
+    /// A case file, or a folder of them.
+    #[arg(value_name = "CASES")]
+    cases: PathBuf,
+    /// Write each case's actual result into its `expect` (review the diff).
+    #[arg(long)]
+    bless: bool,
+    /// How to print the result.
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    output: Output,
+    #[command(flatten)]
+    config: ConfigArgs,
+}
+
+#[derive(Debug, Args)]
+struct PluginInspectArgs {
+    /// The plugin component (`.wasm`).
+    #[arg(value_name = "PLUGIN.wasm")]
+    plugin: PathBuf,
+    /// How to print the result.
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    output: Output,
+    #[command(flatten)]
+    config: ConfigArgs,
+}
+
+#[derive(Debug, Args)]
+struct PluginNewArgs {
+    /// The plugin's name: lowercase letters, digits and `-`.
+    name: String,
+    /// Where to create the plugin's folder.
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    dir: PathBuf,
+    /// The cocoon-fixup SDK folder (`plugins/sdk` of a checkout) [default: the checkout this binary was built from]
+    #[arg(long, value_name = "PATH")]
+    sdk: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -298,6 +369,42 @@ fn print_text(obs: &Observation, outcome: &PlanOutcome) {
     println!("{}", composed.script);
 }
 
+fn run_plugin_test(args: &PluginTestArgs, config: Option<&Path>) -> Result<u8> {
+    let settings = args.config.resolve(config)?;
+    let report = kit::test_plugin(
+        kit::engine_options(&settings.planner.engine),
+        &args.plugin,
+        &args.cases,
+        kit::TestOptions { bless: args.bless },
+    )?;
+    match args.output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        Output::Text => print!("{report}"),
+    }
+    Ok(if report.success() { 0 } else { 1 })
+}
+
+fn run_plugin_inspect(args: &PluginInspectArgs, config: Option<&Path>) -> Result<u8> {
+    let settings = args.config.resolve(config)?;
+    let inspector = kit::Inspector::new(
+        kit::engine_options(&settings.planner.engine),
+        settings.planner.plugin_dir.as_deref(),
+    )?;
+    let inspection = inspector.inspect(&args.plugin);
+    match args.output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&inspection)?),
+        Output::Text => print!("{inspection}"),
+    }
+    Ok(if inspection.accepted { 0 } else { 1 })
+}
+
+fn run_plugin_new(args: &PluginNewArgs) -> Result<u8> {
+    let sdk = args.sdk.clone().unwrap_or_else(template::default_sdk_dir);
+    let dir = template::new_plugin(&args.name, &args.dir, &sdk)?;
+    println!("created {}", dir.display());
+    Ok(0)
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -312,6 +419,9 @@ fn main() -> ExitCode {
         Command::Plan(args) => run_plan(args, config),
         Command::Run(args) => runtime().and_then(|rt| rt.block_on(run_run(args, config))),
         Command::Serve(args) => runtime().and_then(|rt| rt.block_on(run_serve(args, config))),
+        Command::Plugin(PluginCommand::Test(args)) => run_plugin_test(args, config),
+        Command::Plugin(PluginCommand::Inspect(args)) => run_plugin_inspect(args, config),
+        Command::Plugin(PluginCommand::New(args)) => run_plugin_new(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

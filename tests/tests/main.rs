@@ -2,5 +2,7 @@
 
 mod cache;
 mod examples;
+mod kit;
 mod sandbox;
 mod selection;
+mod vendor;

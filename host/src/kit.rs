@@ -1,0 +1,1552 @@
+//! The plugin kit: what a plugin author runs before shipping a plugin.
+//!
+//! - [`run_cases`] (`cocoon-fixup plugin test PLUGIN.wasm CASES`) calls a
+//!   plugin once per case file through the real [`PluginHost`]: the same
+//!   sandbox and the same per-call limits as production, a fresh Store for
+//!   every case. It compares the result with the case's expectation, shows
+//!   a unified diff on a mismatch, reports what each call used against the
+//!   limits, and with `--bless` writes the actual results back.
+//! - [`Inspector`] (`cocoon-fixup plugin inspect PLUGIN.wasm`) says what a
+//!   plugin file is (name, version, contract, digest, scenarios, flavours,
+//!   imports) and whether the host would load it, and if not, why and what
+//!   to change. A file that does not load is still described as far as the
+//!   host got.
+//!
+//! The kit compiles plugins without the on-disk cache: a plugin under
+//! development changes with every build, and an entry per build would only
+//! pile up.
+//!
+//! # Case files
+//!
+//! A case is one JSON object in a `*.json` file; a folder of cases is every
+//! `*.json` file in it (not its subfolders), run in name order. The case's
+//! name is its file name without `.json`.
+//!
+//! ```json
+//! {
+//!   "description": "one static NIC with a gateway",
+//!   "scenario": "oci-networkd",
+//!   "facts": {
+//!     "name": "web-0",
+//!     "id": "vm-0123abcd",
+//!     "backend": "cloud-hypervisor",
+//!     "os": "linux",
+//!     "image": "oci",
+//!     "boot": "clone",
+//!     "nics": [
+//!       {"mac": "52:54:00:12:34:56",
+//!        "static_ipv4": {"address": "10.0.0.5", "prefix": 24, "gateway": "10.0.0.1"}}
+//!     ],
+//!     "flavor": null
+//!   },
+//!   "expect": {"plan": {"dialect": "posix-sh", "steps": ["..."]}}
+//! }
+//! ```
+//!
+//! - `description` (optional): one line for people.
+//! - `scenario`: what the host asks for: `cloudimg`, `oci-networkd`,
+//!   `fc-mac`, `windows-pnp` or `dhcp-recovery`.
+//! - `facts`: the VM facts the host passes to the plugin (the WIT
+//!   `vm-facts`): `name` (RFC 1123 label), `id`, `backend`
+//!   (`cloud-hypervisor` or `firecracker`), `os` (`linux`, `windows`,
+//!   `android`, `unknown`), `image` (`cloudimg`, `oci`, `unknown`), `boot`
+//!   (`clone`, `fork`, `wake`, `resumed`), `nics` (in inspect order, each a
+//!   `mac` and a `static_ipv4` that is `null` for DHCP; `gateway` may be
+//!   `null`) and `flavor` (a guest flavour or `null`). `static_ipv4`,
+//!   `gateway` and `flavor` may be left out; `--bless` writes them as `null`.
+//!   The facts pass the host's own validation before the plugin sees them,
+//!   so an invalid value is an error in the case file, naming the file and
+//!   the field, never a plugin failure.
+//! - `expect`: exactly one of
+//!   - `{"plan": PLAN}`: the plan, as `cocoon-fixup plan --output json`
+//!     prints a plan (`dialect` and `steps`, see [`crate::plan`]); compared
+//!     as JSON, so key order and spacing do not matter;
+//!   - `{"error": {"kind": "unsupported", "reason_contains": "..."}}` or
+//!     `{"error": {"kind": "invalid-facts", "field": "nics[0].mac",
+//!     "reason_contains": "..."}}`: the plugin declines. `field` and
+//!     `reason_contains` are optional; when given, the field must be equal
+//!     and the reason must contain the text.
+//!
+//!   A case without `expect` fails until `--bless` records one.
+//!
+//! A sandbox breach (fuel, memory, a denied import, a panic, a plan over the
+//! plan limits) is always a failure: it cannot be expected or blessed.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::io::Write as _;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::classify::Scenario;
+use crate::facts::{
+    Backend, BootKind, FactError, Flavor, GuestOs, ImageKind, MAX_NICS, MacAddr, Nic, StaticIpv4,
+    VmFacts, VmId, VmName,
+};
+use crate::plan::Plan;
+use crate::plugin::bindings::{CONTRACT_VERSION, HOST_IMPORT};
+use crate::plugin::registry::ConflictError;
+use crate::plugin::{
+    EngineOptions, Limits, LoadError, LoadedPlugin, Origin, PluginError, PluginHost,
+};
+
+/// Instances the kit's engine reserves. The kit makes one call at a time;
+/// the pooling allocator's reservation does not need to be the daemon's.
+const KIT_SLOTS: u32 = 4;
+
+/// Values shown in case-file errors are cut to this many characters.
+const SHOWN_CHARS: usize = 80;
+
+/// The engine options the kit runs plugins with: the resolved production
+/// options (limits and plugin allow-list as configured, so `--plugin-fuel`
+/// and friends apply), without the on-disk cache and with a small instance
+/// pool.
+pub fn engine_options(resolved: &EngineOptions) -> EngineOptions {
+    EngineOptions {
+        cache_dir: None,
+        slots: KIT_SLOTS,
+        ..resolved.clone()
+    }
+}
+
+/// Why the kit could not run at all (as opposed to a case that failed).
+#[derive(Debug, thiserror::Error)]
+pub enum KitError {
+    #[error(
+        "cannot read cases at {path}: {reason}; pass a case file or a folder of `*.json` case files"
+    )]
+    Cases { path: PathBuf, reason: String },
+    #[error(
+        "{path} holds no `*.json` case files: write one (the format is in the README, \"Testing a plugin\")"
+    )]
+    NoCases { path: PathBuf },
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
+    #[error("the built-in plugins do not load ({0}): this binary is broken, rebuild it")]
+    BuiltIns(LoadError),
+}
+
+/// A case file that cannot be used. Each names the file and, where there is
+/// one, the field.
+#[derive(Debug, thiserror::Error)]
+pub enum CaseError {
+    #[error("cannot read case file {file}: {reason}; check the path and its permissions")]
+    Read { file: PathBuf, reason: String },
+    #[error(
+        "{file}: not JSON (line {line} column {column}: {reason}); a case file is one JSON object, see \"Testing a plugin\" in the README"
+    )]
+    Json {
+        file: PathBuf,
+        line: usize,
+        column: usize,
+        reason: String,
+    },
+    #[error("{file}: {field}: {problem}")]
+    Field {
+        file: PathBuf,
+        field: String,
+        problem: String,
+    },
+    /// A fact the host's validation refuses (its message carries the fix).
+    #[error("{file}: {field}: {error}")]
+    Fact {
+        file: PathBuf,
+        field: String,
+        error: Box<FactError>,
+    },
+}
+
+/// What a case expects the plugin to return.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Expect {
+    /// The plan, as JSON (compared as JSON values).
+    Plan(Value),
+    /// The plugin declines.
+    Error(ExpectedError),
+}
+
+/// A plugin's refusal, as a case expects it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ExpectedError {
+    pub kind: ErrorKind,
+    /// `invalid-facts` only: the field the plugin names.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// Text the plugin's reason must contain.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason_contains: Option<String>,
+}
+
+/// The two ways a plugin may decline (the WIT `plan-error`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ErrorKind {
+    Unsupported,
+    InvalidFacts,
+}
+
+impl ErrorKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Unsupported => "unsupported",
+            ErrorKind::InvalidFacts => "invalid-facts",
+        }
+    }
+}
+
+/// One case file, read and validated.
+#[derive(Debug, Clone)]
+pub struct Case {
+    /// The file name without `.json`.
+    pub name: String,
+    pub file: PathBuf,
+    pub description: Option<String>,
+    pub scenario: Scenario,
+    pub facts: VmFacts,
+    pub expect: Option<Expect>,
+    /// The facts as written (values unnormalised), for `--bless`.
+    raw_facts: RawFacts,
+}
+
+/// The facts in case-file form, in the documented key order.
+#[derive(Debug, Clone, Serialize)]
+struct RawFacts {
+    name: String,
+    id: String,
+    backend: &'static str,
+    os: &'static str,
+    image: &'static str,
+    boot: &'static str,
+    nics: Vec<RawNic>,
+    flavor: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct RawNic {
+    mac: String,
+    static_ipv4: Option<RawStatic>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct RawStatic {
+    address: String,
+    prefix: u8,
+    gateway: Option<String>,
+}
+
+/// The case files at `path`: the file itself, or every `*.json` file in the
+/// folder, sorted by name.
+pub fn case_files(path: &Path) -> Result<Vec<PathBuf>, KitError> {
+    let cases = |e: std::io::Error| KitError::Cases {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    };
+    if std::fs::metadata(path).map_err(cases)?.is_file() {
+        return Ok(vec![path.to_owned()]);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+        .map_err(cases)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "json") && p.is_file())
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(KitError::NoCases {
+            path: path.to_owned(),
+        });
+    }
+    Ok(files)
+}
+
+fn case_name(file: &Path) -> String {
+    file.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| file.display().to_string())
+}
+
+/// Read and validate one case file.
+pub fn load_case(file: &Path) -> Result<Case, CaseError> {
+    let text = std::fs::read_to_string(file).map_err(|e| CaseError::Read {
+        file: file.to_owned(),
+        reason: e.to_string(),
+    })?;
+    let value: Value = serde_json::from_str(&text).map_err(|e| {
+        let full = e.to_string();
+        let position = format!(" at line {} column {}", e.line(), e.column());
+        CaseError::Json {
+            file: file.to_owned(),
+            line: e.line(),
+            column: e.column(),
+            reason: full.strip_suffix(&position).unwrap_or(&full).to_owned(),
+        }
+    })?;
+    let r = Reader { file };
+    let root = r.object(&value, "top level")?;
+    r.only(root, "", &["description", "scenario", "facts", "expect"])?;
+    let description = r.opt_string(root, "", "description")?;
+    let scenario = r.choice(
+        root,
+        "",
+        "scenario",
+        &Scenario::ALL.map(|s| (s.as_str(), s)),
+    )?;
+    let Some(facts) = present(root.get("facts")) else {
+        return Err(r.field(
+            "facts",
+            "is missing; give the VM facts the plugin sees".into(),
+        ));
+    };
+    let (facts, raw_facts) = r.facts(facts)?;
+    let expect = match present(root.get("expect")) {
+        None => None,
+        Some(v) => Some(r.expect(v)?),
+    };
+    Ok(Case {
+        name: case_name(file),
+        file: file.to_owned(),
+        description,
+        scenario,
+        facts,
+        expect,
+        raw_facts,
+    })
+}
+
+/// `null` reads like an absent key.
+fn present(value: Option<&Value>) -> Option<&Value> {
+    value.filter(|v| !v.is_null())
+}
+
+fn join(parent: &str, key: &str) -> String {
+    if parent.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{parent}.{key}")
+    }
+}
+
+/// A JSON value for an error message: compact, cut to [`SHOWN_CHARS`].
+fn shown(value: &Value) -> String {
+    let text = value.to_string();
+    match text.char_indices().nth(SHOWN_CHARS) {
+        None => text,
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+    }
+}
+
+/// Reads a case file's JSON, naming the file and the field in every error.
+struct Reader<'a> {
+    file: &'a Path,
+}
+
+impl Reader<'_> {
+    fn field(&self, field: &str, problem: String) -> CaseError {
+        CaseError::Field {
+            file: self.file.to_owned(),
+            field: field.to_owned(),
+            problem,
+        }
+    }
+
+    fn fact(&self, field: &str, error: FactError) -> CaseError {
+        CaseError::Fact {
+            file: self.file.to_owned(),
+            field: field.to_owned(),
+            error: Box::new(error),
+        }
+    }
+
+    fn object<'v>(
+        &self,
+        value: &'v Value,
+        field: &str,
+    ) -> Result<&'v Map<String, Value>, CaseError> {
+        value
+            .as_object()
+            .ok_or_else(|| self.field(field, format!("expected an object, got {}", shown(value))))
+    }
+
+    /// Refuse keys outside `allowed`: a misspelt key would otherwise be
+    /// silently ignored.
+    fn only(&self, map: &Map<String, Value>, at: &str, allowed: &[&str]) -> Result<(), CaseError> {
+        match map.keys().find(|k| !allowed.contains(&k.as_str())) {
+            None => Ok(()),
+            Some(key) => Err(self.field(
+                &join(at, key),
+                format!("unknown key; expected one of {}", allowed.join(", ")),
+            )),
+        }
+    }
+
+    fn opt_string(
+        &self,
+        map: &Map<String, Value>,
+        at: &str,
+        key: &str,
+    ) -> Result<Option<String>, CaseError> {
+        match present(map.get(key)) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(other) => Err(self.field(
+                &join(at, key),
+                format!("expected a string, got {}", shown(other)),
+            )),
+        }
+    }
+
+    fn string(&self, map: &Map<String, Value>, at: &str, key: &str) -> Result<String, CaseError> {
+        self.opt_string(map, at, key)?
+            .ok_or_else(|| self.field(&join(at, key), "is missing; it is required".into()))
+    }
+
+    fn choice<T: Copy>(
+        &self,
+        map: &Map<String, Value>,
+        at: &str,
+        key: &str,
+        options: &[(&str, T)],
+    ) -> Result<T, CaseError> {
+        let names: Vec<String> = options.iter().map(|(n, _)| format!("\"{n}\"")).collect();
+        let value = self.opt_string(map, at, key)?.ok_or_else(|| {
+            self.field(
+                &join(at, key),
+                format!("is missing; give one of {}", names.join(", ")),
+            )
+        })?;
+        options
+            .iter()
+            .find(|(n, _)| *n == value)
+            .map(|(_, t)| *t)
+            .ok_or_else(|| {
+                self.field(
+                    &join(at, key),
+                    format!(
+                        "{} is not one of {}",
+                        shown(&Value::String(value)),
+                        names.join(", ")
+                    ),
+                )
+            })
+    }
+
+    fn ipv4(&self, value: String, field: &str) -> Result<Ipv4Addr, CaseError> {
+        value.parse().map_err(|_| {
+            self.field(
+                field,
+                format!(
+                    "{} is not a dotted-quad IPv4 address",
+                    shown(&Value::String(value.clone()))
+                ),
+            )
+        })
+    }
+
+    /// The facts, validated with the host's rules (the same parsers
+    /// [`VmFacts::validate`] uses, the same NIC bound, unique MACs).
+    fn facts(&self, value: &Value) -> Result<(VmFacts, RawFacts), CaseError> {
+        const AT: &str = "facts";
+        let map = self.object(value, AT)?;
+        self.only(
+            map,
+            AT,
+            &[
+                "name", "id", "backend", "os", "image", "boot", "nics", "flavor",
+            ],
+        )?;
+        let raw_name = self.string(map, AT, "name")?;
+        let name = VmName::parse(&raw_name).map_err(|e| self.fact("facts.name", e))?;
+        let raw_id = self.string(map, AT, "id")?;
+        let id = VmId::parse(&raw_id).map_err(|e| self.fact("facts.id", e))?;
+        let backend = self.choice(
+            map,
+            AT,
+            "backend",
+            &[Backend::CloudHypervisor, Backend::Firecracker].map(|b| (b.as_str(), b)),
+        )?;
+        let os = self.choice(
+            map,
+            AT,
+            "os",
+            &[
+                GuestOs::Linux,
+                GuestOs::Windows,
+                GuestOs::Android,
+                GuestOs::Unknown,
+            ]
+            .map(|o| (o.as_str(), o)),
+        )?;
+        let image = self.choice(
+            map,
+            AT,
+            "image",
+            &[ImageKind::Cloudimg, ImageKind::Oci, ImageKind::Unknown].map(|i| (i.as_str(), i)),
+        )?;
+        let boot = self.choice(
+            map,
+            AT,
+            "boot",
+            &[
+                BootKind::Clone,
+                BootKind::Fork,
+                BootKind::Wake,
+                BootKind::Resumed,
+            ]
+            .map(|b| (b.as_str(), b)),
+        )?;
+        let items = match present(map.get("nics")) {
+            Some(Value::Array(items)) => items,
+            Some(other) => {
+                return Err(self.field(
+                    "facts.nics",
+                    format!("expected an array, got {}", shown(other)),
+                ));
+            }
+            None => {
+                return Err(self.field(
+                    "facts.nics",
+                    "is missing; give the NICs in inspect order (`[]` for none)".into(),
+                ));
+            }
+        };
+        if items.len() > MAX_NICS {
+            return Err(self.field(
+                "facts.nics",
+                format!(
+                    "{} NICs, more than the {MAX_NICS} the host passes to a plugin",
+                    items.len()
+                ),
+            ));
+        }
+        let mut nics = Vec::with_capacity(items.len());
+        let mut raw_nics = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let (nic, raw) = self.nic(i, item)?;
+            if let Some(first) = nics.iter().position(|n: &Nic| n.mac == nic.mac) {
+                return Err(self.field(
+                    &format!("facts.nics[{i}].mac"),
+                    format!(
+                        "{} is also the MAC of nics[{first}]; give every NIC its own MAC",
+                        nic.mac
+                    ),
+                ));
+            }
+            nics.push(nic);
+            raw_nics.push(raw);
+        }
+        let raw_flavor = self.opt_string(map, AT, "flavor")?;
+        let flavor = raw_flavor
+            .as_deref()
+            .map(|f| Flavor::parse(f).map_err(|e| self.fact("facts.flavor", e)))
+            .transpose()?;
+        let facts = VmFacts {
+            name,
+            id,
+            backend,
+            os,
+            image,
+            boot,
+            nics,
+            flavor,
+        };
+        let raw = RawFacts {
+            name: raw_name,
+            id: raw_id,
+            backend: backend.as_str(),
+            os: os.as_str(),
+            image: image.as_str(),
+            boot: boot.as_str(),
+            nics: raw_nics,
+            flavor: raw_flavor,
+        };
+        Ok((facts, raw))
+    }
+
+    fn nic(&self, i: usize, value: &Value) -> Result<(Nic, RawNic), CaseError> {
+        let at = format!("facts.nics[{i}]");
+        let map = self.object(value, &at)?;
+        self.only(map, &at, &["mac", "static_ipv4"])?;
+        let raw_mac = self.string(map, &at, "mac")?;
+        let mac = MacAddr::parse(&raw_mac).map_err(|e| self.fact(&join(&at, "mac"), e))?;
+        let Some(ipv4) = present(map.get("static_ipv4")) else {
+            let nic = Nic {
+                mac,
+                static_ipv4: None,
+            };
+            let raw = RawNic {
+                mac: raw_mac,
+                static_ipv4: None,
+            };
+            return Ok((nic, raw));
+        };
+        let at = join(&at, "static_ipv4");
+        let s = self.object(ipv4, &at)?;
+        self.only(s, &at, &["address", "prefix", "gateway"])?;
+        let raw_address = self.string(s, &at, "address")?;
+        let address = self.ipv4(raw_address.clone(), &join(&at, "address"))?;
+        let prefix_field = join(&at, "prefix");
+        let prefix = match present(s.get("prefix")) {
+            None => {
+                return Err(self.field(
+                    &prefix_field,
+                    "is missing; a static NIC needs a prefix length 0..=32".into(),
+                ));
+            }
+            Some(v) => v
+                .as_u64()
+                .and_then(|p| u8::try_from(p).ok())
+                .filter(|p| *p <= 32)
+                .ok_or_else(|| {
+                    self.field(
+                        &prefix_field,
+                        format!("expected a prefix length 0..=32, got {}", shown(v)),
+                    )
+                })?,
+        };
+        let raw_gateway = self.opt_string(s, &at, "gateway")?;
+        let gateway = raw_gateway
+            .clone()
+            .map(|g| self.ipv4(g, &join(&at, "gateway")))
+            .transpose()?;
+        let nic = Nic {
+            mac,
+            static_ipv4: Some(StaticIpv4 {
+                address,
+                prefix,
+                gateway,
+            }),
+        };
+        let raw = RawNic {
+            mac: raw_mac,
+            static_ipv4: Some(RawStatic {
+                address: raw_address,
+                prefix,
+                gateway: raw_gateway,
+            }),
+        };
+        Ok((nic, raw))
+    }
+
+    fn expect(&self, value: &Value) -> Result<Expect, CaseError> {
+        let map = self.object(value, "expect")?;
+        let keys: Vec<&str> = map.keys().map(String::as_str).collect();
+        match keys.as_slice() {
+            ["plan"] => {
+                let plan = &map["plan"];
+                self.object(plan, "expect.plan")?;
+                Ok(Expect::Plan(plan.clone()))
+            }
+            ["error"] => {
+                const AT: &str = "expect.error";
+                let e = self.object(&map["error"], AT)?;
+                self.only(e, AT, &["kind", "field", "reason_contains"])?;
+                let kind = self.choice(
+                    e,
+                    AT,
+                    "kind",
+                    &[ErrorKind::Unsupported, ErrorKind::InvalidFacts].map(|k| (k.as_str(), k)),
+                )?;
+                let field = self.opt_string(e, AT, "field")?;
+                if kind == ErrorKind::Unsupported && field.is_some() {
+                    return Err(self.field(
+                        "expect.error.field",
+                        "applies to kind \"invalid-facts\" only; remove it".into(),
+                    ));
+                }
+                Ok(Expect::Error(ExpectedError {
+                    kind,
+                    field,
+                    reason_contains: self.opt_string(e, AT, "reason_contains")?,
+                }))
+            }
+            _ => Err(self.field(
+                "expect",
+                "must hold exactly one key, \"plan\" or \"error\" (or leave `expect` out and run with --bless)".into(),
+            )),
+        }
+    }
+}
+
+/// What the plugin returned for a case (a sandbox breach is kept apart).
+#[derive(Debug, Clone, PartialEq)]
+enum Returned {
+    Plan(Plan),
+    Declined {
+        kind: ErrorKind,
+        field: Option<String>,
+        reason: String,
+    },
+}
+
+impl Returned {
+    fn matches(&self, expect: &Expect) -> bool {
+        match (expect, self) {
+            (Expect::Plan(expected), Returned::Plan(plan)) => {
+                serde_json::to_value(plan).is_ok_and(|actual| actual == *expected)
+            }
+            (
+                Expect::Error(e),
+                Returned::Declined {
+                    kind,
+                    field,
+                    reason,
+                },
+            ) => {
+                e.kind == *kind
+                    && e.field.as_ref().is_none_or(|f| Some(f) == field.as_ref())
+                    && e.reason_contains
+                        .as_ref()
+                        .is_none_or(|text| reason.contains(text.as_str()))
+            }
+            _ => false,
+        }
+    }
+
+    /// The expectation `--bless` records for this result.
+    fn expectation(&self) -> ExpectOut<'_> {
+        match self {
+            Returned::Plan(plan) => ExpectOut::Plan(plan),
+            Returned::Declined {
+                kind,
+                field,
+                reason,
+            } => ExpectOut::Error(ExpectedError {
+                kind: *kind,
+                field: field.clone(),
+                reason_contains: Some(reason.clone()),
+            }),
+        }
+    }
+}
+
+/// An expectation as written to a case file: `{"plan": ...}` or
+/// `{"error": ...}`, the plan's keys in their natural order.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum ExpectOut<'a> {
+    Plan(&'a Plan),
+    Error(ExpectedError),
+}
+
+#[derive(Debug, Serialize)]
+struct CaseFileOut<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    description: Option<&'a str>,
+    scenario: &'a str,
+    facts: &'a RawFacts,
+    expect: &'a ExpectOut<'a>,
+}
+
+/// Keys in the order the contract lists them (and `--bless` writes them);
+/// keys not listed follow, alphabetically.
+const KEY_ORDER: [&str; 16] = [
+    "plan",
+    "error",
+    "kind",
+    "field",
+    "reason_contains",
+    "dialect",
+    "steps",
+    "description",
+    "phase",
+    "best_effort",
+    "run",
+    "write_file",
+    "remove_files",
+    "path",
+    "content",
+    "mode",
+];
+
+/// Pretty JSON (two-space indent) with keys in [`KEY_ORDER`] and a final
+/// newline. Both sides of a diff go through this, so only real differences
+/// show, whatever the key order and spacing in the case file.
+fn normalised(value: &impl Serialize) -> String {
+    let value = serde_json::to_value(value).unwrap_or(Value::Null);
+    let mut out = String::new();
+    pretty(&value, 0, &mut out);
+    out.push('\n');
+    out
+}
+
+fn pretty(value: &Value, depth: usize, out: &mut String) {
+    let pad = |out: &mut String, depth: usize| out.push_str(&"  ".repeat(depth));
+    match value {
+        Value::Object(map) if !map.is_empty() => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort_by_key(|k| {
+                let rank = KEY_ORDER.iter().position(|o| o == k);
+                (rank.unwrap_or(KEY_ORDER.len()), k.as_str())
+            });
+            out.push_str("{\n");
+            for (i, key) in keys.iter().enumerate() {
+                pad(out, depth + 1);
+                out.push_str(&Value::String((*key).clone()).to_string());
+                out.push_str(": ");
+                pretty(&map[key.as_str()], depth + 1, out);
+                out.push_str(if i + 1 < keys.len() { ",\n" } else { "\n" });
+            }
+            pad(out, depth);
+            out.push('}');
+        }
+        Value::Array(items) if !items.is_empty() => {
+            out.push_str("[\n");
+            for (i, item) in items.iter().enumerate() {
+                pad(out, depth + 1);
+                pretty(item, depth + 1, out);
+                out.push_str(if i + 1 < items.len() { ",\n" } else { "\n" });
+            }
+            pad(out, depth);
+            out.push(']');
+        }
+        scalar_or_empty => out.push_str(&scalar_or_empty.to_string()),
+    }
+}
+
+fn expect_json(expect: &Expect) -> String {
+    match expect {
+        Expect::Plan(plan) => normalised(&serde_json::json!({ "plan": plan })),
+        Expect::Error(e) => normalised(&serde_json::json!({ "error": e })),
+    }
+}
+
+fn unified_diff(expected: &str, actual: &str) -> String {
+    similar::TextDiff::from_lines(expected, actual)
+        .unified_diff()
+        .context_radius(3)
+        .header("expected", "actual")
+        .to_string()
+}
+
+/// Write the case file back with a new `expect`, through a temporary file
+/// renamed into place so an interrupted bless leaves the old file whole.
+fn bless(case: &Case, expect: &ExpectOut<'_>) -> std::io::Result<()> {
+    let out = CaseFileOut {
+        description: case.description.as_deref(),
+        scenario: case.scenario.as_str(),
+        facts: &case.raw_facts,
+        expect,
+    };
+    let mut text = serde_json::to_string_pretty(&out).map_err(std::io::Error::other)?;
+    text.push('\n');
+    let dir = case
+        .file
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(text.as_bytes())?;
+    tmp.persist(&case.file).map_err(|e| e.error)?;
+    Ok(())
+}
+
+/// `plugin test` options.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TestOptions {
+    /// Rewrite `expect` in each case whose result differs (or that has none).
+    pub bless: bool,
+}
+
+/// How a case ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// The result matched `expect`.
+    Pass,
+    /// It did not, or the call breached the sandbox.
+    Fail,
+    /// `--bless` recorded the result as the new `expect`.
+    Blessed,
+    /// The case file is unusable (bad JSON, an invalid fact).
+    Invalid,
+}
+
+impl Status {
+    fn label(self) -> &'static str {
+        match self {
+            Status::Pass => "PASS",
+            Status::Fail => "FAIL",
+            Status::Blessed => "BLESSED",
+            Status::Invalid => "INVALID",
+        }
+    }
+}
+
+/// What one call used. `None` where the host did not report it: a call
+/// that ends in an error reports no usage, except the fuel it ran out of.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Usage {
+    pub fuel: Option<u64>,
+    pub peak_memory_bytes: Option<usize>,
+    pub plan_steps: Option<usize>,
+    pub plan_bytes: Option<usize>,
+    /// Wall time of the call, instantiation included, in milliseconds.
+    pub wall_ms: f64,
+}
+
+/// A line the plugin logged during the call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LogReport {
+    pub level: String,
+    pub message: String,
+}
+
+/// The result of one case.
+#[derive(Debug, Clone, Serialize)]
+pub struct CaseReport {
+    pub name: String,
+    pub file: String,
+    pub description: Option<String>,
+    pub scenario: Option<&'static str>,
+    pub status: Status,
+    /// Why it failed (or was blessed), one sentence.
+    pub message: Option<String>,
+    /// Unified diff of `expect` (as normalised JSON) against the actual
+    /// result, when they differ.
+    pub diff: Option<String>,
+    pub usage: Option<Usage>,
+    pub logs: Vec<LogReport>,
+}
+
+/// The plugin a report is about.
+#[derive(Debug, Clone, Serialize)]
+pub struct PluginSummary {
+    pub name: String,
+    pub version: String,
+    pub sha256: String,
+    pub file: String,
+}
+
+/// The limits in force for every call.
+#[derive(Debug, Clone, Serialize)]
+pub struct LimitsReport {
+    pub fuel: u64,
+    pub memory_bytes: usize,
+    pub plan_max_steps: usize,
+    pub plan_max_bytes: usize,
+}
+
+impl From<&Limits> for LimitsReport {
+    fn from(l: &Limits) -> Self {
+        LimitsReport {
+            fuel: l.fuel,
+            memory_bytes: l.memory_bytes,
+            plan_max_steps: l.plan.max_steps,
+            plan_max_bytes: l.plan.max_bytes,
+        }
+    }
+}
+
+/// The result of `plugin test`: every case, and the counts.
+#[derive(Debug, Clone, Serialize)]
+pub struct TestReport {
+    pub plugin: PluginSummary,
+    pub limits: LimitsReport,
+    pub cases: Vec<CaseReport>,
+    /// Cases that passed, blessed ones included.
+    pub passed: usize,
+    /// Cases that failed, invalid case files included.
+    pub failed: usize,
+    pub blessed: usize,
+}
+
+impl TestReport {
+    /// True when no case failed: the exit code is 0.
+    pub fn success(&self) -> bool {
+        self.failed == 0
+    }
+}
+
+/// Load the plugin at `plugin` and run it on the cases at `cases` (a file
+/// or a folder).
+pub fn test_plugin(
+    engine: EngineOptions,
+    plugin: &Path,
+    cases: &Path,
+    options: TestOptions,
+) -> Result<TestReport, KitError> {
+    let files = case_files(cases)?;
+    let host = PluginHost::new(engine)?;
+    let loaded = host.inspect_file(plugin)?;
+    Ok(run_cases(&host, &loaded, &files, options))
+}
+
+/// Run `plugin` on each case file, in order.
+pub fn run_cases(
+    host: &PluginHost,
+    plugin: &LoadedPlugin,
+    files: &[PathBuf],
+    options: TestOptions,
+) -> TestReport {
+    let cases: Vec<CaseReport> = files
+        .iter()
+        .map(|file| run_case(host, plugin, file, options))
+        .collect();
+    let count = |s: Status| cases.iter().filter(|c| c.status == s).count();
+    let blessed = count(Status::Blessed);
+    TestReport {
+        plugin: PluginSummary {
+            name: plugin.info.name.clone(),
+            version: plugin.info.version.clone(),
+            sha256: plugin.sha256.clone(),
+            file: plugin.origin.to_string(),
+        },
+        limits: host.limits().into(),
+        passed: count(Status::Pass) + blessed,
+        failed: count(Status::Fail) + count(Status::Invalid),
+        blessed,
+        cases,
+    }
+}
+
+fn run_case(
+    host: &PluginHost,
+    plugin: &LoadedPlugin,
+    file: &Path,
+    options: TestOptions,
+) -> CaseReport {
+    let case = match load_case(file) {
+        Ok(case) => case,
+        Err(e) => {
+            return CaseReport {
+                name: case_name(file),
+                file: file.display().to_string(),
+                description: None,
+                scenario: None,
+                status: Status::Invalid,
+                message: Some(e.to_string()),
+                diff: None,
+                usage: None,
+                logs: Vec::new(),
+            };
+        }
+    };
+    let mut report = CaseReport {
+        name: case.name.clone(),
+        file: file.display().to_string(),
+        description: case.description.clone(),
+        scenario: Some(case.scenario.as_str()),
+        status: Status::Fail,
+        message: None,
+        diff: None,
+        usage: None,
+        logs: Vec::new(),
+    };
+    let started = Instant::now();
+    let result = host.plan(plugin, case.scenario, &case.facts);
+    let wall_ms = duration_ms(started.elapsed());
+    let mut usage = Usage {
+        fuel: None,
+        peak_memory_bytes: None,
+        plan_steps: None,
+        plan_bytes: None,
+        wall_ms,
+    };
+    let returned = match result {
+        Ok((plan, stats)) => {
+            usage.fuel = Some(stats.fuel_used);
+            usage.peak_memory_bytes = Some(stats.peak_memory_bytes);
+            usage.plan_steps = Some(plan.steps.len());
+            usage.plan_bytes = Some(plan.text_bytes());
+            report.logs = stats
+                .logs
+                .iter()
+                .map(|l| LogReport {
+                    level: l.level.as_str().to_ascii_lowercase(),
+                    message: l.message.clone(),
+                })
+                .collect();
+            Returned::Plan(plan)
+        }
+        Err(PluginError::Unsupported { reason, .. }) => Returned::Declined {
+            kind: ErrorKind::Unsupported,
+            field: None,
+            reason,
+        },
+        Err(PluginError::InvalidFact { field, reason, .. }) => Returned::Declined {
+            kind: ErrorKind::InvalidFacts,
+            field: Some(field),
+            reason,
+        },
+        Err(breach) => {
+            if let PluginError::Fuel { limit, .. } = &breach {
+                usage.fuel = Some(*limit);
+            }
+            report.usage = Some(usage);
+            report.message = Some(breach.to_string());
+            return report;
+        }
+    };
+    report.usage = Some(usage);
+    if let Some(expect) = &case.expect
+        && returned.matches(expect)
+    {
+        report.status = Status::Pass;
+        return report;
+    }
+    let expected = case.expect.as_ref().map(expect_json).unwrap_or_default();
+    let actual_expect = returned.expectation();
+    let actual = normalised(&actual_expect);
+    report.diff = Some(unified_diff(&expected, &actual));
+    if options.bless {
+        match bless(&case, &actual_expect) {
+            Ok(()) => {
+                report.status = Status::Blessed;
+                report.message = Some(format!("wrote the actual result to {}", file.display()));
+            }
+            Err(e) => {
+                report.message = Some(format!(
+                    "cannot write {}: {e}; check that the file and its folder are writable",
+                    file.display()
+                ));
+            }
+        }
+    } else if case.expect.is_none() {
+        report.message = Some(
+            "the case has no `expect` yet: check the result below, then run with --bless to record it"
+                .to_owned(),
+        );
+    } else {
+        report.message = Some(
+            "the result differs from `expect`: fix the plugin, or run with --bless if the change is intended"
+                .to_owned(),
+        );
+    }
+    report
+}
+
+fn duration_ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// `28380` as `28,380`.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `812 B`, `64 KiB`, `1.1 MiB`.
+fn bytes(n: usize) -> String {
+    let scaled = |unit: usize, name: &str| {
+        let v = n as f64 / unit as f64;
+        if n.is_multiple_of(unit) {
+            format!("{} {name}", n / unit)
+        } else {
+            format!("{v:.1} {name}")
+        }
+    };
+    if n >= 1 << 20 {
+        scaled(1 << 20, "MiB")
+    } else if n >= 1 << 10 {
+        scaled(1 << 10, "KiB")
+    } else {
+        format!("{n} B")
+    }
+}
+
+fn percent(used: u64, limit: u64) -> String {
+    if limit == 0 {
+        return "-".to_owned();
+    }
+    let p = used as f64 * 100.0 / limit as f64;
+    if used > 0 && p < 0.01 {
+        "<0.01%".to_owned()
+    } else {
+        format!("{p:.2}%")
+    }
+}
+
+impl Usage {
+    /// `fuel 28,380 / 250,000,000 (0.01%)  memory 1.1 MiB / 16 MiB  plan 6 steps / 256, 812 B / 64 KiB  time 1.3 ms`
+    fn line(&self, limits: &LimitsReport) -> String {
+        let mut parts = Vec::new();
+        if let Some(fuel) = self.fuel {
+            parts.push(format!(
+                "fuel {} / {} ({})",
+                thousands(fuel),
+                thousands(limits.fuel),
+                percent(fuel, limits.fuel)
+            ));
+        }
+        if let Some(memory) = self.peak_memory_bytes {
+            parts.push(format!(
+                "memory {} / {}",
+                bytes(memory),
+                bytes(limits.memory_bytes)
+            ));
+        }
+        if let (Some(steps), Some(size)) = (self.plan_steps, self.plan_bytes) {
+            parts.push(format!(
+                "plan {steps} step{} / {}, {} / {}",
+                if steps == 1 { "" } else { "s" },
+                limits.plan_max_steps,
+                bytes(size),
+                bytes(limits.plan_max_bytes)
+            ));
+        }
+        parts.push(format!("time {:.1} ms", self.wall_ms));
+        parts.join("  ")
+    }
+}
+
+const INDENT: &str = "        ";
+
+impl fmt::Display for TestReport {
+    /// The text `plugin test` prints.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let p = &self.plugin;
+        let n = self.cases.len();
+        writeln!(
+            f,
+            "{} {} (sha256 {}) from {}: {n} case{}",
+            p.name,
+            p.version,
+            &p.sha256[..p.sha256.len().min(16)],
+            p.file,
+            if n == 1 { "" } else { "s" }
+        )?;
+        for case in &self.cases {
+            write!(f, "{:<7} {}", case.status.label(), case.name)?;
+            match (case.scenario, &case.description) {
+                (Some(s), Some(d)) => writeln!(f, "  {s}: {d}")?,
+                (Some(s), None) => writeln!(f, "  {s}")?,
+                _ => writeln!(f)?,
+            }
+            if let Some(usage) = &case.usage {
+                writeln!(f, "{INDENT}{}", usage.line(&self.limits))?;
+            }
+            if let Some(message) = &case.message {
+                writeln!(f, "{INDENT}{message}")?;
+            }
+            if case.status != Status::Pass {
+                for log in &case.logs {
+                    writeln!(f, "{INDENT}log {}: {}", log.level, log.message)?;
+                }
+            }
+            if let Some(diff) = &case.diff {
+                for line in diff.lines() {
+                    writeln!(f, "{INDENT}{line}")?;
+                }
+            }
+        }
+        write!(f, "{} passed, {} failed", self.passed, self.failed)?;
+        if self.blessed > 0 {
+            write!(f, " ({} blessed)", self.blessed)?;
+        }
+        writeln!(f)
+    }
+}
+
+/// How the host treats one import of a plugin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Access {
+    /// Linked to the host: `cocoon:fixup/host` (the bounded log) and the
+    /// contract's own type interface.
+    Granted,
+    /// Linked to a function that traps with an error naming the import.
+    Denied,
+}
+
+/// One import of a plugin.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ImportReport {
+    pub name: String,
+    pub access: Access,
+}
+
+/// What the bytes of a file are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Format {
+    Component,
+    CoreModule,
+    NotWasm,
+    Unreadable,
+}
+
+impl Format {
+    fn of(bytes: &[u8]) -> Self {
+        match bytes.get(..8) {
+            Some([0, b'a', b's', b'm', _, _, 1, 0]) => Format::Component,
+            Some([0, b'a', b's', b'm', 1, 0, 0, 0]) => Format::CoreModule,
+            _ => Format::NotWasm,
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Format::Component => "WebAssembly component",
+            Format::CoreModule => "WebAssembly core module (not a component)",
+            Format::NotWasm => "not WebAssembly",
+            Format::Unreadable => "unreadable",
+        }
+    }
+}
+
+/// What `plugin inspect` found. Fields the host could not learn before it
+/// refused the file are `None` (or empty).
+#[derive(Debug, Clone, Serialize)]
+pub struct Inspection {
+    pub file: String,
+    pub size_bytes: Option<u64>,
+    pub sha256: Option<String>,
+    pub format: Format,
+    pub name: Option<String>,
+    pub version: Option<String>,
+    /// `cocoon:fixup@<version>`.
+    pub contract: Option<String>,
+    pub summary: Option<String>,
+    pub scenarios: Vec<&'static str>,
+    /// Empty: any flavour (when the plugin loaded).
+    pub flavors: Vec<String>,
+    pub imports: Vec<ImportReport>,
+    pub accepted: bool,
+    /// `accepted`, or `refused: <one sentence with the fix>`.
+    pub verdict: String,
+}
+
+/// Inspects plugin files against a host set up like production: the
+/// built-ins and the plugin directory loaded, so a plugin that would clash
+/// with one of them is refused as the host would refuse it.
+pub struct Inspector {
+    host: PluginHost,
+}
+
+impl fmt::Debug for Inspector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Inspector")
+            .field("host", &self.host)
+            .finish()
+    }
+}
+
+impl Inspector {
+    /// An engine with the built-ins and, when given, the plugins of
+    /// `plugin_dir` (files that fail to load there are skipped: they are
+    /// not the file being inspected).
+    pub fn new(engine: EngineOptions, plugin_dir: Option<&Path>) -> Result<Self, KitError> {
+        let mut host = PluginHost::new(engine)?;
+        host.load_builtins().map_err(KitError::BuiltIns)?;
+        if let Some(dir) = plugin_dir {
+            host.load_dir(dir)?;
+        }
+        Ok(Inspector { host })
+    }
+
+    /// Inspect one file. Never fails: what cannot be learned stays empty
+    /// and the verdict says why.
+    pub fn inspect(&self, path: &Path) -> Inspection {
+        let mut out = Inspection {
+            file: path.display().to_string(),
+            size_bytes: None,
+            sha256: None,
+            format: Format::Unreadable,
+            name: None,
+            version: None,
+            contract: None,
+            summary: None,
+            scenarios: Vec::new(),
+            flavors: Vec::new(),
+            imports: Vec::new(),
+            accepted: false,
+            verdict: String::new(),
+        };
+        let bytes = match std::fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                out.verdict = format!(
+                    "refused: cannot read {}: {e}; check the path",
+                    path.display()
+                );
+                return out;
+            }
+        };
+        out.size_bytes = Some(bytes.len() as u64);
+        out.sha256 = Some(hex::encode(Sha256::digest(&bytes)));
+        out.format = Format::of(&bytes);
+        let plugin = match self.host.prepare(Origin::File(path.to_owned()), &bytes) {
+            Ok(plugin) => plugin,
+            Err(e) => {
+                out.verdict = format!("refused: {}", refusal(&e));
+                return out;
+            }
+        };
+        out.name = Some(plugin.info.name.clone());
+        out.version = Some(plugin.info.version.clone());
+        out.contract = Some(format!("cocoon:fixup@{}", plugin.info.contract));
+        out.summary = Some(plugin.info.summary.clone());
+        out.scenarios = plugin.info.scenarios.iter().map(|s| s.as_str()).collect();
+        out.flavors = plugin
+            .info
+            .flavors
+            .iter()
+            .map(|f| f.as_str().to_owned())
+            .collect();
+        out.imports = plugin
+            .imports
+            .iter()
+            .map(|name| ImportReport {
+                access: import_access(name),
+                name: name.clone(),
+            })
+            .collect();
+        match self.conflict(&plugin) {
+            Some(conflict) => out.verdict = format!("refused: {}", conflict_sentence(&conflict)),
+            None => {
+                out.accepted = true;
+                out.verdict = "accepted".to_owned();
+            }
+        }
+        out
+    }
+
+    /// A claim of `plugin` that a loaded plugin already makes. A loaded
+    /// plugin with the same digest is the same plugin (a copy of a
+    /// built-in, or the file itself in the plugin directory) and is skipped.
+    fn conflict(&self, plugin: &LoadedPlugin) -> Option<ConflictError> {
+        let claims = claims(plugin);
+        self.host
+            .registry()
+            .plugins()
+            .iter()
+            .filter(|other| other.sha256 != plugin.sha256)
+            .find_map(|other| {
+                let theirs = claims_set(other);
+                claims
+                    .iter()
+                    .find(|c| theirs.contains(c))
+                    .map(|(scenario, flavor)| ConflictError {
+                        scenario: *scenario,
+                        flavor: flavor.clone(),
+                        existing: other.origin.clone(),
+                        new: plugin.origin.clone(),
+                    })
+            })
+    }
+}
+
+type Claim = (Scenario, Option<Flavor>);
+
+/// The `(scenario, flavour)` pairs a plugin claims, as the registry counts
+/// them: one per declared flavour, or `(scenario, any)` without flavours.
+fn claims(plugin: &LoadedPlugin) -> Vec<Claim> {
+    let mut claims = Vec::new();
+    for &scenario in &plugin.info.scenarios {
+        if plugin.info.flavors.is_empty() {
+            claims.push((scenario, None));
+        }
+        for f in &plugin.info.flavors {
+            claims.push((scenario, Some(f.clone())));
+        }
+    }
+    claims
+}
+
+fn claims_set(plugin: &LoadedPlugin) -> BTreeSet<Claim> {
+    claims(plugin).into_iter().collect()
+}
+
+fn conflict_sentence(c: &ConflictError) -> String {
+    match (&c.existing, &c.flavor) {
+        (Origin::BuiltIn(name), None) => format!(
+            "it serves {} for any flavour, as built-in {name} does, and a plugin file cannot replace a built-in for every flavour: declare the guest flavours it serves (`PluginInfo::with_flavors`)",
+            c.scenario
+        ),
+        _ => c.to_string(),
+    }
+}
+
+fn import_access(name: &str) -> Access {
+    let types = format!("cocoon:fixup/types@{CONTRACT_VERSION}");
+    if name == HOST_IMPORT || name == types {
+        Access::Granted
+    } else {
+        Access::Denied
+    }
+}
+
+/// Why the host refuses a plugin, as one sentence ending in the fix. The
+/// host's own messages carry the fix where the cause implies it; the rest
+/// get one here.
+fn refusal(e: &PluginError) -> String {
+    match e {
+        PluginError::Read { .. } => format!("{e}; check the path"),
+        PluginError::Link { .. } => format!(
+            "{e}; build the plugin with cocoon-fixup-sdk for wasm32-wasip2, which imports only what the host can link"
+        ),
+        PluginError::BadDescription { .. } => {
+            format!("{e}; fix what the plugin's `describe` returns")
+        }
+        PluginError::Denied { .. } => {
+            format!("{e}; remove that call from the plugin's `describe`")
+        }
+        PluginError::Panicked { .. } | PluginError::Trapped { .. } => {
+            format!("{e}; fix the plugin's `describe` so that it returns")
+        }
+        _ => e.to_string(),
+    }
+}
+
+impl fmt::Display for Inspection {
+    /// The text `plugin inspect` prints.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let row =
+            |f: &mut fmt::Formatter<'_>, key: &str, value: &str| writeln!(f, "{key:<10} {value}");
+        let size = self
+            .size_bytes
+            .map(|n| format!(" ({} bytes)", thousands(n)))
+            .unwrap_or_default();
+        row(f, "file", &format!("{}{size}", self.file))?;
+        if let Some(sha) = &self.sha256 {
+            row(f, "sha256", sha)?;
+        }
+        row(f, "format", self.format.describe())?;
+        for (key, value) in [
+            ("name", &self.name),
+            ("version", &self.version),
+            ("contract", &self.contract),
+            ("summary", &self.summary),
+        ] {
+            if let Some(value) = value {
+                row(f, key, value)?;
+            }
+        }
+        if self.name.is_some() {
+            row(f, "scenarios", &self.scenarios.join(", "))?;
+            let flavors = if self.flavors.is_empty() {
+                "any".to_owned()
+            } else {
+                self.flavors.join(", ")
+            };
+            row(f, "flavours", &flavors)?;
+            if self.imports.is_empty() {
+                row(f, "imports", "none")?;
+            }
+            let width = self.imports.iter().map(|i| i.name.len()).max().unwrap_or(0);
+            for (i, import) in self.imports.iter().enumerate() {
+                let access = match import.access {
+                    Access::Granted if import.name.starts_with("cocoon:fixup/types@") => {
+                        "granted (types only)"
+                    }
+                    Access::Granted => "granted",
+                    Access::Denied => "denied (traps)",
+                };
+                let line = format!("{:<width$}  {access}", import.name);
+                row(f, if i == 0 { "imports" } else { "" }, &line)?;
+            }
+        }
+        row(f, "verdict", &self.verdict)
+    }
+}

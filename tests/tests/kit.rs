@@ -1,0 +1,468 @@
+//! The plugin kit (`plugin test`, `plugin inspect`) on real `.wasm` files:
+//! the built-ins written out of the binary, the hostile test plugin, and
+//! files that are not plugins at all.
+
+use std::path::{Path, PathBuf};
+
+use fixup_host::kit::{self, Access, Format, Inspector, KitError, Status, TestOptions, TestReport};
+use fixup_host::plugin::builtin::BUILTINS;
+use fixup_host::plugin::sandbox::DEFAULT_FUEL;
+use fixup_host::plugin::{EngineOptions, PluginError};
+use fixup_tests::workspace;
+use rstest::rstest;
+
+/// The engine options `plugin test` and `plugin inspect` use by default.
+fn engine() -> EngineOptions {
+    kit::engine_options(&EngineOptions::default())
+}
+
+/// Write the built-in plugin `name` to `dir` as a `.wasm` file, as a vendor
+/// would have it on disk.
+fn builtin_file(dir: &Path, name: &str) -> PathBuf {
+    let (_, bytes) = BUILTINS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .expect("a built-in of that name");
+    let path = dir.join(format!("{name}.wasm"));
+    std::fs::write(&path, bytes).expect("write plugin file");
+    path
+}
+
+fn cases_of(plugin: &str) -> PathBuf {
+    workspace().join("plugins").join(plugin).join("cases")
+}
+
+fn test(plugin: &Path, cases: &Path, bless: bool) -> TestReport {
+    kit::test_plugin(engine(), plugin, cases, TestOptions { bless }).expect("the kit runs")
+}
+
+#[rstest]
+#[case::cloudimg("cloudimg")]
+#[case::oci_networkd("oci-networkd")]
+#[case::fc_mac("fc-mac")]
+#[case::windows_pnp("windows-pnp")]
+fn each_builtin_passes_its_cases(#[case] name: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugin = builtin_file(dir.path(), name);
+    let report = test(&plugin, &cases_of(name), false);
+    assert!(report.success(), "{report}");
+    assert!(report.cases.len() >= 3, "at least three cases: {report}");
+    assert_eq!(report.passed, report.cases.len());
+    assert_eq!(report.plugin.name, name);
+    for case in &report.cases {
+        assert_eq!(case.status, Status::Pass, "{report}");
+        assert!(case.diff.is_none());
+        let usage = case.usage.as_ref().expect("usage reported");
+        assert!(usage.wall_ms > 0.0);
+    }
+    assert!(
+        report
+            .cases
+            .iter()
+            .any(|c| c.name.starts_with("unsupported-")),
+        "each plugin has an unsupported-scenario case"
+    );
+    let text = report.to_string();
+    assert!(text.ends_with(&format!("{} passed, 0 failed\n", report.cases.len())));
+    assert!(
+        text.contains(" / 250,000,000 ("),
+        "fuel against the limit: {text}"
+    );
+    assert!(
+        text.contains(" / 16 MiB"),
+        "memory against the limit: {text}"
+    );
+    assert!(
+        text.contains(" / 256, "),
+        "plan steps against the limit: {text}"
+    );
+    assert!(
+        text.contains(" / 64 KiB"),
+        "plan size against the limit: {text}"
+    );
+}
+
+#[test]
+fn a_wrong_expectation_fails_with_a_diff_and_bless_fixes_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugin = builtin_file(dir.path(), "oci-networkd");
+    let committed = cases_of("oci-networkd").join("static-gateway.json");
+    let original = std::fs::read_to_string(&committed).expect("committed case");
+    let case = dir.path().join("static-gateway.json");
+    let wrong = original.replace(r"Gateway=10.0.0.1\n", r"Gateway=10.0.0.254\n");
+    assert_ne!(wrong, original, "the case has the gateway line to break");
+    std::fs::write(&case, &wrong).expect("write case");
+
+    let report = test(&plugin, &case, false);
+    assert!(!report.success());
+    assert_eq!((report.passed, report.failed), (0, 1));
+    let result = &report.cases[0];
+    assert_eq!(result.status, Status::Fail);
+    let diff = result.diff.as_deref().expect("a diff");
+    let removed: Vec<&str> = diff.lines().filter(|l| l.starts_with('-')).collect();
+    let added: Vec<&str> = diff.lines().filter(|l| l.starts_with('+')).collect();
+    assert_eq!(removed.len(), 2, "--- header and one line: {diff}");
+    assert_eq!(added.len(), 2, "+++ header and one line: {diff}");
+    assert!(removed[1].contains(r"Gateway=10.0.0.254\n"), "{diff}");
+    assert!(added[1].contains(r"Gateway=10.0.0.1\n"), "{diff}");
+    let text = report.to_string();
+    assert!(text.contains("FAIL    static-gateway"), "{text}");
+    assert!(
+        text.contains("--bless"),
+        "the failure says how to accept: {text}"
+    );
+    assert!(text.ends_with("0 passed, 1 failed\n"), "{text}");
+
+    let blessed = test(&plugin, &case, true);
+    assert!(blessed.success(), "{blessed}");
+    assert_eq!(blessed.cases[0].status, Status::Blessed);
+    assert_eq!(blessed.blessed, 1);
+    assert!(
+        blessed.cases[0].diff.as_deref() == Some(diff),
+        "bless shows what changed"
+    );
+    let rewritten = std::fs::read_to_string(&case).expect("blessed case");
+    assert_eq!(
+        rewritten, original,
+        "bless writes the committed form back: same keys, order and layout"
+    );
+
+    let rerun = test(&plugin, &case, false);
+    assert!(rerun.success(), "{rerun}");
+    assert_eq!(rerun.cases[0].status, Status::Pass);
+}
+
+/// A case for the hostile plugin: its VM name picks the misbehaviour.
+fn hostile_case(dir: &Path, behaviour: &str) -> PathBuf {
+    let case = serde_json::json!({
+        "description": format!("the hostile plugin's {behaviour}"),
+        "scenario": "oci-networkd",
+        "facts": {
+            "name": behaviour, "id": "vm-1", "backend": "cloud-hypervisor",
+            "os": "linux", "image": "oci", "boot": "clone",
+            "nics": [{"mac": "52:54:00:aa:bb:01", "static_ipv4": null}],
+            "flavor": "hostile"
+        },
+        "expect": {"plan": {"dialect": "posix-sh", "steps": []}}
+    });
+    let path = dir.join(format!("{behaviour}.json"));
+    std::fs::write(&path, serde_json::to_string_pretty(&case).expect("json")).expect("write");
+    path
+}
+
+#[rstest]
+#[case::endless_loop(
+    "spin",
+    "ran out of CPU fuel (limit 250000000, set with --plugin-fuel)"
+)]
+#[case::panic("panic", "panicked: hostile plugin panicked on purpose")]
+#[case::reads_a_file("snoop-file", "which the sandbox denies")]
+#[case::too_many_steps("wide", "256")]
+fn a_sandbox_breach_fails_the_case_and_cannot_be_blessed(
+    #[case] behaviour: &str,
+    #[case] expected: &str,
+) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let case = hostile_case(dir.path(), behaviour);
+    let before = std::fs::read_to_string(&case).expect("case");
+    let plugin = Path::new(env!("PLUGIN_HOSTILE"));
+    for bless in [false, true] {
+        let report = test(plugin, &case, bless);
+        assert!(!report.success());
+        let result = &report.cases[0];
+        assert_eq!(result.status, Status::Fail, "{report}");
+        let message = result.message.as_deref().expect("a message");
+        assert!(message.contains("plugin hostile"), "{message}");
+        assert!(message.contains(expected), "{message}");
+        assert!(result.diff.is_none(), "a breach has nothing to diff");
+        if behaviour == "spin" {
+            let usage = result.usage.as_ref().expect("usage");
+            assert_eq!(usage.fuel, Some(DEFAULT_FUEL), "all the fuel was used");
+            assert!(report.to_string().contains("(100.00%)"), "{report}");
+        }
+    }
+    assert_eq!(
+        std::fs::read_to_string(&case).expect("case"),
+        before,
+        "bless leaves a breaching case alone"
+    );
+}
+
+#[test]
+fn the_configured_limits_apply() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugin = builtin_file(dir.path(), "oci-networkd");
+    let mut options = EngineOptions::default();
+    options.limits.fuel = 1_000;
+    let err = kit::test_plugin(
+        kit::engine_options(&options),
+        &plugin,
+        &cases_of("oci-networkd"),
+        TestOptions::default(),
+    )
+    .expect_err("1000 fuel is too little even for `describe`");
+    assert!(
+        matches!(
+            err,
+            KitError::Plugin(PluginError::Fuel { limit: 1_000, .. })
+        ),
+        "{err}"
+    );
+}
+
+#[rstest]
+#[case::multicast_mac(
+    r#""nics": [{"mac": "01:00:5e:00:00:01", "static_ipv4": null}]"#,
+    "facts.nics[0].mac: MAC address \"01:00:5e:00:00:01\": is a multicast address"
+)]
+#[case::prefix(
+    r#""nics": [{"mac": "52:54:00:00:00:01", "static_ipv4": {"address": "10.0.0.2", "prefix": 33, "gateway": null}}]"#,
+    "facts.nics[0].static_ipv4.prefix: expected a prefix length 0..=32, got 33"
+)]
+#[case::gateway(
+    r#""nics": [{"mac": "52:54:00:00:00:01", "static_ipv4": {"address": "10.0.0.2", "prefix": 24, "gateway": "10.0.0.1; reboot"}}]"#,
+    "facts.nics[0].static_ipv4.gateway: \"10.0.0.1; reboot\" is not a dotted-quad IPv4 address"
+)]
+#[case::duplicate_mac(
+    r#""nics": [{"mac": "52:54:00:00:00:01"}, {"mac": "52:54:00:00:00:01"}]"#,
+    "facts.nics[1].mac: 52:54:00:00:00:01 is also the MAC of nics[0]"
+)]
+#[case::misspelt_key(
+    r#""nics": [], "flavour": "rhel""#,
+    "facts.flavour: unknown key; expected one of name, id, backend, os, image, boot, nics, flavor"
+)]
+#[case::bad_flavor(
+    r#""nics": [], "flavor": "RHEL""#,
+    "facts.flavor: guest flavour \"RHEL\""
+)]
+fn an_invalid_case_names_the_file_and_the_field(#[case] nics: &str, #[case] expected: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugin = builtin_file(dir.path(), "oci-networkd");
+    let case = dir.path().join("bad.json");
+    let text = format!(
+        r#"{{"scenario": "oci-networkd", "facts": {{"name": "web-0", "id": "vm-1",
+            "backend": "cloud-hypervisor", "os": "linux", "image": "oci", "boot": "clone", {nics}}}}}"#
+    );
+    std::fs::write(&case, text).expect("write case");
+    let report = test(&plugin, dir.path(), false);
+    assert!(!report.success());
+    let result = &report.cases[0];
+    assert_eq!(result.status, Status::Invalid);
+    assert!(result.usage.is_none(), "the plugin never ran");
+    let message = result.message.as_deref().expect("message");
+    assert_eq!(
+        message.split_once(": ").map(|(file, _)| file),
+        Some(case.display().to_string().as_str()),
+        "names the file first: {message}"
+    );
+    assert!(message.contains(expected), "{message}");
+    assert!(report.to_string().contains("INVALID bad"));
+}
+
+#[test]
+fn expected_errors_match_by_kind_field_and_text() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugin = builtin_file(dir.path(), "fc-mac");
+    let write = |name: &str, expect: serde_json::Value| {
+        let case = serde_json::json!({
+            "scenario": "cloudimg",
+            "facts": {"name": "fc-0", "id": "vm-1", "backend": "firecracker", "os": "linux",
+                      "image": "oci", "boot": "clone", "nics": []},
+            "expect": expect,
+        });
+        std::fs::write(dir.path().join(name), case.to_string()).expect("write");
+    };
+    write(
+        "a-loose.json",
+        serde_json::json!({"error": {"kind": "unsupported"}}),
+    );
+    write(
+        "b-text.json",
+        serde_json::json!({"error": {"kind": "unsupported", "reason_contains": "does not serve scenario `cloudimg`"}}),
+    );
+    write(
+        "c-wrong-text.json",
+        serde_json::json!({"error": {"kind": "unsupported", "reason_contains": "nope"}}),
+    );
+    write(
+        "d-wrong-kind.json",
+        serde_json::json!({"error": {"kind": "invalid-facts", "field": "nics"}}),
+    );
+    std::fs::write(dir.path().join("notes.txt"), "not a case").expect("write");
+    let report = test(&plugin, dir.path(), false);
+    let statuses: Vec<(&str, Status)> = report
+        .cases
+        .iter()
+        .map(|c| (c.name.as_str(), c.status))
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            ("a-loose", Status::Pass),
+            ("b-text", Status::Pass),
+            ("c-wrong-text", Status::Fail),
+            ("d-wrong-kind", Status::Fail),
+        ],
+        "every *.json in name order, nothing else"
+    );
+    let diff = report.cases[2].diff.as_deref().expect("diff");
+    assert!(diff.contains(r#"-    "reason_contains": "nope""#), "{diff}");
+    assert!(
+        diff.contains(
+            r#"+    "reason_contains": "plugin `fc-mac` does not serve scenario `cloudimg`""#
+        ),
+        "{diff}"
+    );
+}
+
+#[test]
+fn a_case_without_expect_fails_until_blessed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugin = builtin_file(dir.path(), "windows-pnp");
+    let case = dir.path().join("new.json");
+    std::fs::write(
+        &case,
+        r#"{"scenario": "windows-pnp", "facts": {"name": "win-0", "id": "vm-1",
+            "backend": "cloud-hypervisor", "os": "windows", "image": "unknown",
+            "boot": "clone", "nics": [{"mac": "52:54:00:77:00:01"}]}}"#,
+    )
+    .expect("write");
+    let report = test(&plugin, &case, false);
+    assert_eq!(report.cases[0].status, Status::Fail);
+    assert!(
+        report.cases[0]
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("no `expect` yet")),
+        "{report}"
+    );
+    assert!(test(&plugin, &case, true).success());
+    let blessed: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&case).expect("read")).expect("json");
+    assert_eq!(blessed["expect"]["plan"]["dialect"], "powershell");
+    assert_eq!(
+        blessed["facts"]["nics"][0]["static_ipv4"],
+        serde_json::Value::Null,
+        "bless writes the optional keys out"
+    );
+    assert!(test(&plugin, &case, false).success());
+}
+
+#[test]
+fn json_output_is_the_report() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugin = builtin_file(dir.path(), "fc-mac");
+    let report = test(&plugin, &cases_of("fc-mac"), false);
+    let json = serde_json::to_value(&report).expect("serialises");
+    assert_eq!(json["plugin"]["name"], "fc-mac");
+    assert_eq!(json["limits"]["fuel"], DEFAULT_FUEL);
+    assert_eq!(json["failed"], 0);
+    let two = json["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .find(|c| c["name"] == "two-nics")
+        .expect("the two-NIC case");
+    assert_eq!(two["status"], "pass");
+    assert_eq!(two["usage"]["plan_steps"], 6);
+    assert!(two["usage"]["fuel"].as_u64().is_some_and(|f| f > 0));
+}
+
+#[test]
+fn missing_cases_are_an_error_with_the_fix() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugin = builtin_file(dir.path(), "fc-mac");
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).expect("mkdir");
+    let err = kit::test_plugin(engine(), &plugin, &empty, TestOptions::default()).unwrap_err();
+    assert!(matches!(err, KitError::NoCases { .. }), "{err}");
+    let err = kit::test_plugin(
+        engine(),
+        &plugin,
+        &dir.path().join("nowhere"),
+        TestOptions::default(),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("pass a case file or a folder of `*.json` case files"),
+        "{err}"
+    );
+}
+
+fn inspector() -> Inspector {
+    Inspector::new(engine(), None).expect("inspector starts")
+}
+
+#[test]
+fn inspect_accepts_each_builtin() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inspector = inspector();
+    for (name, bytes) in BUILTINS {
+        let path = builtin_file(dir.path(), name);
+        let found = inspector.inspect(&path);
+        assert!(found.accepted, "{found}");
+        assert_eq!(found.verdict, "accepted");
+        assert_eq!(found.name.as_deref(), Some(name));
+        assert_eq!(found.contract.as_deref(), Some("cocoon:fixup@0.1.0"));
+        assert_eq!(found.size_bytes, Some(bytes.len() as u64));
+        assert_eq!(found.format, Format::Component);
+        assert!(!found.scenarios.is_empty());
+        let host = found
+            .imports
+            .iter()
+            .find(|i| i.name == "cocoon:fixup/host@0.1.0")
+            .expect("imports the host log");
+        assert_eq!(host.access, Access::Granted);
+        let wasi: Vec<_> = found
+            .imports
+            .iter()
+            .filter(|i| i.name.starts_with("wasi:"))
+            .collect();
+        assert!(!wasi.is_empty(), "a std build imports WASI: {found}");
+        assert!(wasi.iter().all(|i| i.access == Access::Denied), "{found}");
+        let text = found.to_string();
+        assert!(text.contains("cocoon:fixup/host@0.1.0"), "{text}");
+        assert!(text.contains("  granted\n"), "{text}");
+        assert!(text.contains("  denied (traps)\n"), "{text}");
+        assert!(text.ends_with("verdict    accepted\n"), "{text}");
+    }
+}
+
+#[test]
+fn inspect_shows_flavours() {
+    let found = inspector().inspect(Path::new(env!("PLUGIN_HOSTILE")));
+    assert!(found.accepted, "{found}");
+    assert_eq!(found.flavors, ["hostile"]);
+    assert!(found.to_string().contains("flavours   hostile\n"));
+}
+
+#[rstest]
+#[case::core_module(b"\0asm\x01\0\0\0" as &[u8], Format::CoreModule, "(it is a core module)")]
+#[case::junk(b"#!/bin/sh\necho hi\n" as &[u8], Format::NotWasm, "is not a WebAssembly component")]
+#[case::broken_component(b"\0asm\x0d\0\x01\0garbage" as &[u8], Format::Component, "could not be compiled")]
+fn inspect_refuses_what_is_not_a_plugin_and_says_the_fix(
+    #[case] bytes: &[u8],
+    #[case] format: Format,
+    #[case] why: &str,
+) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("thing.wasm");
+    std::fs::write(&path, bytes).expect("write");
+    let found = inspector().inspect(&path);
+    assert!(!found.accepted);
+    assert_eq!(found.format, format);
+    assert_eq!(found.size_bytes, Some(bytes.len() as u64));
+    assert!(found.sha256.is_some(), "what is known is shown");
+    assert!(found.name.is_none());
+    assert!(found.verdict.starts_with("refused: "), "{found}");
+    assert!(found.verdict.contains(why), "{found}");
+    assert!(
+        found.verdict.contains("cargo build --target wasm32-wasip2")
+            || found.verdict.contains("rebuild the plugin"),
+        "the refusal ends with the fix: {found}"
+    );
+    let text = found.to_string();
+    assert!(text.contains("sha256     "), "{text}");
+    assert!(text.contains("\nverdict    refused: "), "{text}");
+}

@@ -1,0 +1,265 @@
+//! A vendor plugin from a plugin directory: the example `nm-keyfile`
+//! (`examples/plugins/nm-keyfile`, built from source by `build.rs` the way a
+//! vendor builds it) replaces the built-in `oci-networkd` for the RHEL
+//! family only, and the plan report says which plugin was chosen and why.
+
+use std::path::Path;
+
+use fixup_host::classify::Scenario;
+use fixup_host::facts::{ImageKind, Observation, Overrides, PodInput, VmFacts, VmInspect};
+use fixup_host::kit::{self, TestOptions};
+use fixup_host::planner::{PlanOutcome, Planner, PlannerOptions};
+use fixup_host::plugin::EngineOptions;
+use fixup_tests::{observation, pod_json, vm_json, workspace};
+use rstest::rstest;
+use serde_json::Value;
+use tempfile::TempDir;
+
+/// The file name the plugin is shipped under.
+const SHIPPED: &str = "nm-keyfile.wasm";
+
+/// A planner over the built-ins and a plugin directory holding only
+/// nm-keyfile, with an empty cocoon root (no overlay: OCI unless the source
+/// image says cloudimg). The directories live as long as the planner.
+struct Node {
+    planner: Planner,
+    plugin_dir: TempDir,
+    _cocoon_root: TempDir,
+}
+
+fn node() -> Node {
+    let plugin_dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(env!("PLUGIN_NM_KEYFILE"), plugin_dir.path().join(SHIPPED))
+        .expect("copy the built plugin");
+    let cocoon_root = tempfile::tempdir().expect("tempdir");
+    let options = PlannerOptions {
+        cocoon_root: cocoon_root.path().to_owned(),
+        plugin_dir: Some(plugin_dir.path().to_owned()),
+        ..PlannerOptions::default()
+    };
+    let (planner, failures) = Planner::new(options).expect("planner starts");
+    assert!(failures.is_empty(), "{failures:?}");
+    Node {
+        planner,
+        plugin_dir,
+        _cocoon_root: cocoon_root,
+    }
+}
+
+fn report(outcome: &PlanOutcome, obs: &Observation) -> Value {
+    serde_json::to_value(outcome.report(obs)).expect("serialises")
+}
+
+/// `(name, source, why)` of each plugin in the report, in plan order.
+fn chosen(report: &Value) -> Vec<(String, String, String)> {
+    report["plugins"]
+        .as_array()
+        .expect("plugins array")
+        .iter()
+        .map(|p| {
+            let text = |key: &str| p[key].as_str().expect("string").to_owned();
+            (text("name"), text("source"), text("why"))
+        })
+        .collect()
+}
+
+/// A managed Linux clone on `backend` with one static NIC, of `flavor`.
+fn clone_observation(
+    backend: &str,
+    flavor: Option<&str>,
+    source_image: Option<&str>,
+) -> Observation {
+    let mut annotations = vec![
+        ("vm.cocoonstack.io/name", "db-0"),
+        ("cocoonset.cocoonstack.io/managed", "true"),
+        ("cocoonset.cocoonstack.io/os", "linux"),
+        ("vm.cocoonstack.io/backend", backend),
+    ];
+    if let Some(f) = flavor {
+        annotations.push(("vm.cocoonstack.io/guest-flavor", f));
+    }
+    let pod = PodInput::from_json(&pod_json(&annotations), "pod.json").expect("pod parses");
+    let vm = VmInspect::from_json(
+        &vm_json(
+            "vm-5e1d0b7a",
+            &[("52:54:00:5e:1d:01", Some("10.88.7.14/24"))],
+        ),
+        "vm.json",
+    )
+    .expect("vm parses");
+    let overrides = Overrides {
+        source_image: source_image.map(str::to_owned),
+        ..Overrides::default()
+    };
+    Observation::new(&pod, &vm, &overrides).expect("observation")
+}
+
+#[test]
+fn the_example_rhel_pod_gets_nm_keyfile_from_the_plugin_directory() {
+    let node = node();
+    let dir = workspace().join("examples/plugins/nm-keyfile/example");
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).expect("example file");
+    let pod = PodInput::from_json(&read("pod.json"), "pod.json").expect("pod parses");
+    let vm = VmInspect::from_json(&read("vm.json"), "vm.json").expect("vm parses");
+    let obs = Observation::new(&pod, &vm, &Overrides::default()).expect("observation");
+
+    let outcome = node.planner.plan(&obs).expect("plans");
+    let report = report(&outcome, &obs);
+    assert_eq!(report["scenario"], "oci-networkd");
+    assert_eq!(report["image"], "oci");
+
+    let [(name, source, why)] = chosen(&report).try_into().expect("one plugin");
+    assert_eq!(name, "nm-keyfile");
+    assert_eq!(
+        Path::new(&source),
+        node.plugin_dir.path().join(SHIPPED),
+        "the source is the file in the plugin directory"
+    );
+    assert!(why.contains("declares flavour `rhel`"), "{why}");
+    assert!(
+        why.contains("in place of the generic built-in:oci-networkd"),
+        "{why}"
+    );
+    let plugin = &report["plugins"][0];
+    assert_eq!(plugin["scenario"], "oci-networkd");
+    assert_eq!(plugin["sha256"].as_str().map(str::len), Some(64));
+
+    // The plan is the plugin's, through the host's checks and rendering.
+    let steps = report["steps"].as_array().expect("steps");
+    let keyfile = steps
+        .iter()
+        .find(|s| {
+            s["write_file"]["path"]
+                == "/etc/NetworkManager/system-connections/cocoon-5254005e1d01.nmconnection"
+        })
+        .expect("a keyfile for the static NIC");
+    assert_eq!(keyfile["write_file"]["mode"], "0600");
+    let content = keyfile["write_file"]["content"].as_str().expect("content");
+    assert!(
+        content.contains("mac-address=52:54:00:5e:1d:01\n"),
+        "{content}"
+    );
+    assert!(
+        content.contains("address1=10.88.7.14/24,10.88.7.1\n"),
+        "{content}"
+    );
+    let runs: Vec<&Value> = steps.iter().filter_map(|s| s.get("run")).collect();
+    assert_eq!(
+        runs,
+        [
+            &serde_json::json!(["nmcli", "connection", "reload"]),
+            &serde_json::json!([
+                "nmcli",
+                "--wait",
+                "30",
+                "connection",
+                "up",
+                "id",
+                "cocoon-5254005e1d01"
+            ]),
+            &serde_json::json!([
+                "nmcli",
+                "--wait",
+                "0",
+                "connection",
+                "up",
+                "id",
+                "cocoon-5254005e1d02"
+            ]),
+        ]
+    );
+    let script = report["script"].as_str().expect("script");
+    assert!(script.contains("nm-keyfile 0.1.0 sha256:"), "{script}");
+    assert!(!script.contains("systemd-networkd"), "{script}");
+}
+
+#[rstest]
+#[case::rhel(Some("rhel"), "nm-keyfile", "declares flavour `rhel`")]
+#[case::rocky(Some("rocky"), "nm-keyfile", "declares flavour `rocky`")]
+#[case::fedora(Some("fedora"), "nm-keyfile", "declares flavour `fedora`")]
+#[case::ubuntu(Some("ubuntu"), "oci-networkd", "no plugin declares flavour `ubuntu`")]
+#[case::no_flavour(None, "oci-networkd", "serves oci-networkd for any flavour")]
+fn only_the_declared_flavours_leave_the_builtin(
+    #[case] flavor: Option<&str>,
+    #[case] plugin: &str,
+    #[case] why_contains: &str,
+) {
+    let node = node();
+    let obs = clone_observation("cloud-hypervisor", flavor, None);
+    let outcome = node.planner.plan(&obs).expect("plans");
+    let report = report(&outcome, &obs);
+    assert_eq!(report["scenario"], "oci-networkd");
+    let [(name, source, why)] = chosen(&report).try_into().expect("one plugin");
+    assert_eq!(name, plugin);
+    assert!(why.contains(why_contains), "{why}");
+    if plugin == "oci-networkd" {
+        assert_eq!(source, "built-in:oci-networkd");
+    }
+}
+
+#[test]
+fn a_rhel_cloudimg_guest_keeps_the_builtin_cloudimg() {
+    let node = node();
+    let obs = clone_observation(
+        "cloud-hypervisor",
+        Some("rhel"),
+        Some("https://images.example/rhel-9.qcow2"),
+    );
+    let outcome = node.planner.plan(&obs).expect("plans");
+    let report = report(&outcome, &obs);
+    assert_eq!(report["scenario"], "cloudimg");
+    let [(name, source, why)] = chosen(&report).try_into().expect("one plugin");
+    assert_eq!(
+        (name.as_str(), source.as_str()),
+        ("cloudimg", "built-in:cloudimg")
+    );
+    assert!(why.contains("no plugin declares flavour `rhel`"), "{why}");
+}
+
+#[test]
+fn a_rhel_firecracker_clone_composes_fc_mac_with_nm_keyfile() {
+    let node = node();
+    let obs = clone_observation("firecracker", Some("rhel"), None);
+    let outcome = node.planner.plan(&obs).expect("plans");
+    let names: Vec<String> = chosen(&report(&outcome, &obs))
+        .into_iter()
+        .map(|(name, _, _)| name)
+        .collect();
+    assert_eq!(names, ["fc-mac", "nm-keyfile"]);
+}
+
+#[rstest]
+#[case::almalinux(Some("almalinux"), "nm-keyfile")]
+#[case::ubuntu(Some("ubuntu"), "oci-networkd")]
+#[case::no_flavour(None, "oci-networkd")]
+fn dhcp_recovery_follows_the_flavour_too(#[case] flavor: Option<&str>, #[case] plugin: &str) {
+    let node = node();
+    let obs = observation("db-0", flavor, &[("52:54:00:5e:1d:02", None)]);
+    let facts = VmFacts::validate(&obs, ImageKind::Unknown).expect("facts");
+    let composed = node
+        .planner
+        .plan_scenarios(&facts, &[Scenario::DhcpRecovery])
+        .expect("plans");
+    let [part] = composed.parts.as_slice() else {
+        panic!("one plugin: {:?}", composed.parts);
+    };
+    assert_eq!(part.selection.plugin.info.name, plugin);
+    let restarts = composed.script.contains("nmcli");
+    assert_eq!(restarts, plugin == "nm-keyfile", "{}", composed.script);
+}
+
+/// The case files shipped with the example, through the same runner as
+/// `cocoon-fixup plugin test`.
+#[test]
+fn nm_keyfile_passes_its_case_files() {
+    let report = kit::test_plugin(
+        kit::engine_options(&EngineOptions::default()),
+        Path::new(env!("PLUGIN_NM_KEYFILE")),
+        &workspace().join("examples/plugins/nm-keyfile/cases"),
+        TestOptions::default(),
+    )
+    .expect("the kit runs");
+    assert!(report.success(), "{report}");
+    assert_eq!(report.plugin.name, "nm-keyfile");
+    assert_eq!(report.passed, 4, "{report}");
+}
