@@ -9,7 +9,14 @@ use std::path::Path;
 
 use fixup_plugin_build::{PluginCrate, build_external_plugin, build_plugins, workspace_root};
 
-const TEST_PLUGINS: [&str; 1] = ["hostile"];
+/// Test-only plugins: `hostile` misbehaves on request; the others are
+/// refused by the host in one specific way each (see their crate docs).
+const TEST_PLUGINS: [&str; 4] = [
+    "hostile",
+    "describe-trap",
+    "future-contract",
+    "extra-import",
+];
 
 /// Example vendor plugins: `(package, folder under the workspace)`.
 const EXAMPLE_PLUGINS: [(&str, &str); 1] = [("nm-keyfile", "examples/plugins/nm-keyfile")];
@@ -34,6 +41,14 @@ fn main() {
             )
         })
         .collect();
+    // Two of them carry their own WIT (another contract version; an extra
+    // import): rebuild when it changes.
+    for name in TEST_PLUGINS {
+        let wit = root.join("tests/plugins").join(name).join("wit");
+        if wit.is_dir() {
+            println!("cargo:rerun-if-changed={}", wit.display());
+        }
+    }
     let built = build_plugins(&root, &plugins, &out_dir).and_then(|paths| {
         for (name, path) in TEST_PLUGINS.iter().zip(paths) {
             env_var(name, &path);

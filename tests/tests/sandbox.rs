@@ -164,3 +164,137 @@ fn non_components_are_refused_with_the_fix() {
     assert!(matches!(err, PluginError::Compile { .. }), "{err:?}");
     assert!(err.to_string().contains("truncated.wasm"), "{err}");
 }
+
+#[test]
+fn a_plugin_that_traps_in_describe_is_refused_at_load() {
+    let host = PluginHost::new(EngineOptions::default()).expect("engine");
+    let err = host
+        .inspect_file(Path::new(env!("PLUGIN_DESCRIBE_TRAP")))
+        .expect_err("describe traps");
+    match &err {
+        PluginError::Panicked { plugin, message } => {
+            assert!(
+                plugin.contains("describe-trap.wasm"),
+                "names the file: {plugin}"
+            );
+            assert!(message.contains("describe refuses on purpose"), "{message}");
+        }
+        other => panic!("unexpected: {other:?}"),
+    }
+}
+
+#[test]
+fn a_plugin_for_another_contract_version_is_refused_naming_both() {
+    let host = PluginHost::new(EngineOptions::default()).expect("engine");
+    let err = host
+        .inspect_file(Path::new(env!("PLUGIN_FUTURE_CONTRACT")))
+        .expect_err("0.2.0 is not supported");
+    assert!(
+        matches!(err, PluginError::ContractMismatch { .. }),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains("0.2.0") && message.contains("0.1.0"),
+        "{message}"
+    );
+}
+
+#[test]
+fn an_import_the_host_does_not_grant_traps_by_name() {
+    let mut host = PluginHost::new(EngineOptions::default()).expect("engine");
+    host.load_builtins().expect("built-ins");
+    let plugin = host
+        .load_file(Path::new(env!("PLUGIN_EXTRA_IMPORT")))
+        .expect("loads: the extra import is linked to a trap");
+    assert!(
+        plugin.imports.iter().any(|i| i == "acme:smuggle/net@1.0.0"),
+        "{:?}",
+        plugin.imports
+    );
+    let err = host
+        .plan(
+            &plugin,
+            Scenario::OciNetworkd,
+            &facts("web-0", Some("smuggle"), &NIC),
+        )
+        .expect_err("the call reaches for the network");
+    match &err {
+        PluginError::Denied { import, .. } => {
+            assert_eq!(import, "acme:smuggle/net@1.0.0#fetch")
+        }
+        other => panic!("unexpected: {other:?}"),
+    }
+    assert_still_serving(&host);
+}
+
+#[test]
+fn one_bad_file_never_stops_the_others_from_loading() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let copy = |var: &str, name: &str| {
+        std::fs::copy(var, dir.path().join(name)).expect("copy plugin");
+    };
+    copy(env!("PLUGIN_DESCRIBE_TRAP"), "a-describe-trap.wasm");
+    copy(env!("PLUGIN_FUTURE_CONTRACT"), "b-future.wasm");
+    copy(env!("PLUGIN_HOSTILE"), "c-hostile.wasm");
+    std::fs::write(dir.path().join("d-junk.wasm"), b"junk").expect("write");
+    let bytes = std::fs::read(env!("PLUGIN_EXTRA_IMPORT")).expect("built");
+    std::fs::write(
+        dir.path().join("e-truncated.wasm"),
+        &bytes[..bytes.len() / 3],
+    )
+    .expect("write");
+    copy(env!("PLUGIN_EXTRA_IMPORT"), "f-extra-import.wasm");
+    let mut host = PluginHost::new(EngineOptions::default()).expect("engine");
+    host.load_builtins().expect("built-ins");
+    let failures = host.load_dir(dir.path()).expect("dir readable");
+    let failed: Vec<String> = failures
+        .iter()
+        .map(|f| f.path.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        failed,
+        [
+            "a-describe-trap.wasm",
+            "b-future.wasm",
+            "d-junk.wasm",
+            "e-truncated.wasm"
+        ]
+    );
+    let names: Vec<&str> = host
+        .registry()
+        .plugins()
+        .iter()
+        .map(|p| p.info.name.as_str())
+        .collect();
+    assert!(
+        names.contains(&"hostile") && names.contains(&"extra-import"),
+        "{names:?}"
+    );
+    assert_still_serving(&host);
+}
+
+/// Beyond the step and byte limits: a million steps, or strings of many
+/// megabytes, are stopped by the plugin's own memory limit before the host
+/// ever holds them.
+#[rstest]
+#[case::a_million_steps("million")]
+#[case::megabytes_of_text("giant")]
+fn oversized_returns_are_stopped(#[case] behaviour: &str) {
+    let (host, hostile) = host_with_hostile();
+    let err = host
+        .plan(
+            &hostile,
+            Scenario::OciNetworkd,
+            &facts(behaviour, Some("hostile"), &NIC),
+        )
+        .expect_err("too big");
+    assert!(
+        matches!(
+            err,
+            PluginError::Memory { .. } | PluginError::BadPlan { .. } | PluginError::Fuel { .. }
+        ),
+        "{err:?}"
+    );
+    assert_still_serving(&host);
+}

@@ -10,6 +10,8 @@
 //! | `flood`   | returns [`FLOOD_STEPS`] empty steps                         |
 //! | `wide`    | returns [`WIDE_STEPS`] small valid steps                    |
 //! | `heavy`   | returns one write-file step with [`HEAVY_BYTES`] of content  |
+//! | `million` | returns [`MILLION_STEPS`] steps                              |
+//! | `giant`   | returns one argument of [`GIANT_BYTES`]                      |
 //! | `panic`   | panics with [`PANIC_MESSAGE`]                               |
 //! | `snoop-file`   | reads a host file                                      |
 //! | `snoop-env`    | reads the environment                                  |
@@ -30,6 +32,12 @@ pub const NAME: &str = "hostile";
 
 /// Steps in the `flood` plan.
 pub const FLOOD_STEPS: usize = 100_000;
+
+/// Steps in the `million` plan: far past what 16 MiB of memory holds.
+pub const MILLION_STEPS: usize = 1_000_000;
+
+/// Size of the `giant` plan's one argument: 12 MiB, most of the memory limit.
+pub const GIANT_BYTES: usize = 12 << 20;
 
 /// Steps in the `wide` plan.
 pub const WIDE_STEPS: usize = 300;
@@ -69,6 +77,16 @@ impl Plugin for Hostile {
             "flood" => Ok(flood()),
             "wide" => Ok(numbered("wide", WIDE_STEPS)),
             "heavy" => Ok(heavy()),
+            "million" => Ok(Plan::posix_sh(
+                (0..MILLION_STEPS)
+                    .map(|i| Step::run(format!("step {i}"), Phase::Configure, ["true"]))
+                    .collect(),
+            )),
+            "giant" => Ok(Plan::posix_sh(vec![Step::run(
+                "giant",
+                Phase::Configure,
+                ["echo".to_owned(), "g".repeat(GIANT_BYTES)],
+            )])),
             "panic" => panic!("{PANIC_MESSAGE}"),
             "snoop-file" => Ok(snooped(
                 std::fs::read_to_string("/etc/hostname")
