@@ -28,3 +28,9 @@ lint:
 # Print the plan for every bundled example.
 demo:
     bash examples/run-all
+
+# Run each fuzz target for SECONDS (default 60) on stable Rust: needs
+# cargo-fuzz (`cargo install cargo-fuzz --locked`); docs/fuzzing.md.
+fuzz seconds="60":
+    cd fuzz && mkdir -p corpus/facts && RUSTC_BOOTSTRAP=1 cargo fuzz run -s none facts corpus/facts seeds/facts -- -dict=facts.dict -max_total_time={{seconds}}
+    cd fuzz && mkdir -p corpus/render && RUSTC_BOOTSTRAP=1 cargo fuzz run -s none render corpus/render -- -max_total_time={{seconds}}

@@ -131,14 +131,18 @@ fn span(d: Duration) -> String {
     }
 }
 
-/// Error chain lines are one line each: newlines inside become ` | `.
+/// Error chain lines are one line each: newlines inside become ` | `, and
+/// any other control character (guest stderr can carry ESC, NUL, CR) is
+/// escaped, so annotations and events stay printable.
 pub fn one_line(text: &str) -> String {
-    text.trim()
+    let joined = text
+        .trim()
         .lines()
         .map(str::trim_end)
         .filter(|l| !l.is_empty())
         .collect::<Vec<_>>()
-        .join(" | ")
+        .join(" | ");
+    crate::facts::escape_controls(&joined)
 }
 
 /// The joined error chain, at most [`ERRORS_ANNOTATION_MAX`] bytes, cut on a

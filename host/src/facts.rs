@@ -37,10 +37,28 @@ pub mod annotations {
     pub const GUEST_FLAVOR: &str = "vm.cocoonstack.io/guest-flavor";
 }
 
+/// `text` with every control character escaped (`\n`, `\u{1b}`, ...), so
+/// untrusted text stays one printable line in messages, annotations and
+/// events.
+pub fn escape_controls(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// At most this many NICs per VM. A cocoon VM has a handful; the bound keeps
-/// plan size (one networkd file and a few link steps per NIC) and error
-/// messages small whatever the inspect output says.
-pub const MAX_NICS: usize = 64;
+/// plan size and error messages small whatever the inspect output says. 48
+/// is the most a Firecracker clone can have and still fit the default plan
+/// limit of 256 steps: 2 prepare steps, 3 link steps per NIC, and the
+/// networkd flavour's cleanup, one file per NIC and a restart
+/// (2 + 3 x 48 + 1 + 48 + 1 = 196).
+pub const MAX_NICS: usize = 48;
 
 /// Longest VM id, in bytes. Cocoon ids are short; the bound keeps the id a
 /// sane single path component below the cocoon root.
@@ -319,12 +337,16 @@ impl PodInput {
     }
 
     /// `namespace/name`, or just the name when the namespace is unknown.
+    /// `namespace/name` for messages, with control characters escaped: a
+    /// pod file may carry a name the API server would refuse, and a message
+    /// stays one printable line.
     pub fn display_name(&self) -> String {
-        if self.namespace.is_empty() {
+        let raw = if self.namespace.is_empty() {
             self.name.clone()
         } else {
             format!("{}/{}", self.namespace, self.name)
-        }
+        };
+        escape_controls(&raw)
     }
 
     /// The annotation's value; empty when absent, because the spec treats
@@ -758,7 +780,7 @@ pub enum FactError {
         second: usize,
     },
     #[error(
-        "pod {pod}: {count} NICs, more than the {max} a fixup handles; check the inspect output (a cocoon VM has a handful of NICs)",
+        "pod {pod}: network_configs: {count} NICs, more than the {max} a fixup handles; check the inspect output (a cocoon VM has a handful of NICs)",
         max = MAX_NICS
     )]
     TooManyNics { pod: String, count: usize },
@@ -1418,7 +1440,7 @@ mod tests {
             .collect();
         let err = VmFacts::validate(&observation(nics), ImageKind::Oci).unwrap_err();
         assert!(
-            matches!(err, FactError::TooManyNics { count: 65, .. }),
+            matches!(err, FactError::TooManyNics { count, .. } if count == MAX_NICS + 1),
             "{err}"
         );
         let nics = (0..MAX_NICS)

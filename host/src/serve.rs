@@ -98,7 +98,12 @@ impl<C: Cocoon, P: PodApi> Dispatcher<C, P> {
         self.tasks.spawn(async move {
             let label = pod.display_name();
             if let Ok(_permit) = permits.acquire_owned().await {
-                match host.handle_pod(&pod, trigger, &shutdown).await {
+                // Decide on the live pod, not the event's copy: a watch event
+                // can arrive after the work it describes has finished.
+                match host
+                    .handle(&pod.namespace, &pod.name, trigger, &shutdown)
+                    .await
+                {
                     Ok(summary) => tracing::info!(
                         pod = %label,
                         action = summary.action,

@@ -124,6 +124,10 @@ pub enum Problem {
     EmptyProgram,
     #[error("`{0}` is a shell special built-in, not a program; run `sh -c` if it is meant")]
     ShellBuiltin(String),
+    #[error(
+        "`{0}` starts with `%`, which bash (the `sh` of RHEL-family guests) takes as a job to resume, quoted or not; rename the program or run it by its absolute path"
+    )]
+    JobSpec(String),
     #[error("lists no paths")]
     NoPaths,
     #[error("is not an absolute path (it must start with `/`)")]
@@ -223,6 +227,9 @@ fn check_argv(dialect: Dialect, argv: &[String]) -> Result<(), Broken> {
     }
     if dialect == Dialect::PosixSh && SH_SPECIAL_BUILTINS.contains(&program.as_str()) {
         return Err((Field::Arg(0), Problem::ShellBuiltin(program.clone())));
+    }
+    if dialect == Dialect::PosixSh && program.starts_with('%') {
+        return Err((Field::Arg(0), Problem::JobSpec(program.clone())));
     }
     Ok(())
 }
@@ -357,6 +364,7 @@ mod tests {
     #[case::nul_arg(run(&["ip", "a\0b"]), Field::Arg(1), Problem::Nul)]
     #[case::builtin_exit(run(&["exit", "0"]), Field::Arg(0), Problem::ShellBuiltin("exit".into()))]
     #[case::builtin_dot(run(&[".", "/x"]), Field::Arg(0), Problem::ShellBuiltin(".".into()))]
+    #[case::job_spec(run(&["%rec", "arg"]), Field::Arg(0), Problem::JobSpec("%rec".into()))]
     #[case::relative(write("etc/hostname", "", None), Field::Path, Problem::NotAbsolute)]
     #[case::empty_path(write("", "", None), Field::Path, Problem::NotAbsolute)]
     #[case::root(write("/", "", None), Field::Path, Problem::NotNormalised)]

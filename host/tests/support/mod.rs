@@ -9,6 +9,9 @@ use std::time::Duration;
 use fixup_host::cocoon::{Cocoon, CocoonError, ExecOutput, ExitStatusKind};
 use fixup_host::facts::{PodInput, VmId, VmInspect};
 
+pub mod fake;
+pub mod fake_api;
+pub mod guest;
 pub mod mock_api;
 
 /// What the scripted cocoon does for one `vm exec`.

@@ -1,0 +1,802 @@
+//! Faults: the loop records each failure as an attempt error and goes on;
+//! the Kubernetes side retries annotation writes without losing the error
+//! chain or the hint, and never writes to another pod incarnation.
+//!
+//! - `cocoon` missing, not executable, hanging past its timeout, killed by
+//!   a signal, printing garbage: the real `CocoonCli` runs `fake-cocoon`
+//!   (tests/fake-cocoon) inside the real fixup loop
+//!   (`apply::run_fixup`, pods in memory), in real time with a short
+//!   budget (50 ms between attempts, 3 s budget, 300 ms per exec). The
+//!   first attempt meets the fault; the scenario then switches to success
+//!   and the next attempt succeeds. No assertion depends on how long
+//!   anything took, only on what was recorded.
+//! - The Kubernetes API answering 409, 500, nothing (timeouts), or 404
+//!   after the pod was deleted between a read and a patch: `Host::handle`
+//!   over the real `kube` client against the tower-test mock API server
+//!   (`support/mock_api.rs`), under paused time. `kube.rs` covers each
+//!   answer for one request; here the same answers land in the middle of
+//!   the flow, where the chain and the hint must survive the retries.
+
+mod support;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use fixup_host::apply::{self, FixupJob, FixupOutcome, RetryConfig};
+use fixup_host::classify::Scenario;
+use fixup_host::cocoon::CocoonCli;
+use fixup_host::facts::VmId;
+use fixup_host::host::{Host, HostConfig, Summary, Trigger};
+use fixup_host::kube::REPORTER;
+use fixup_host::metrics::Metrics;
+use fixup_host::plan::{self, Action, Dialect, Phase, Plan, Step};
+use fixup_host::planner::{Planner, PlannerOptions};
+use fixup_host::pods::{EventType, MemoryPods, PodRef, keys, reasons};
+use fixup_host::ready::LeaseWatcher;
+use fixup_host::serve::Dispatcher;
+use rstest::rstest;
+use serde_json::{Value, json};
+use support::fake::fake_cocoon;
+use support::mock_api::{Exchange, NODE, Scenario as Conversation, status};
+use support::{Reply, ScriptedCocoon, UID, inspect, pod};
+use tokio_util::sync::CancellationToken;
+
+// ---- cocoon faults through the real runner ----
+
+const VM: &str = "vm-faults";
+
+/// Short, in real time: many attempts fit in the budget, so a slow
+/// machine still reaches the attempt that succeeds.
+fn retry() -> RetryConfig {
+    RetryConfig {
+        interval: Duration::from_millis(50),
+        budget: Duration::from_secs(3),
+        exec_timeout: Duration::from_millis(300),
+    }
+}
+
+fn two_step_plan() -> Plan {
+    let step = |description: &str, argv: &[&str]| Step {
+        description: description.into(),
+        phase: Phase::Configure,
+        best_effort: false,
+        action: Action::Run(argv.iter().map(|a| (*a).to_owned()).collect()),
+    };
+    Plan {
+        dialect: Dialect::PosixSh,
+        steps: vec![
+            step("bring the link up", &["ip", "link", "set", "eth0", "up"]),
+            step(
+                "restart networkd",
+                &["systemctl", "restart", "systemd-networkd"],
+            ),
+        ],
+    }
+}
+
+/// How the `cocoon` binary is broken for the first attempt.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    Missing,
+    NotExecutable,
+    Hangs,
+    KilledBySignal,
+    PrintsGarbage,
+}
+
+/// A directory with `cocoon` (a wrapper that runs fake-cocoon with the
+/// scenario next to it) and the fake's call log.
+struct Rig {
+    dir: tempfile::TempDir,
+    program: PathBuf,
+}
+
+impl Rig {
+    fn new(fault: Fault) -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let program = dir.path().join("cocoon");
+        let first = match fault {
+            Fault::Hangs => json!({ "hang": true }),
+            Fault::KilledBySignal => json!({ "signal": 9, "stderr": "partial output" }),
+            Fault::PrintsGarbage => json!({
+                "stdout": "\u{0}\u{1b}[2J{not json",
+                "stderr": "\ncocoon-fixup: step 1/99 failed exit 7\n\u{1b}[31mpanic: \u{fffd}\u{0}garbage\nline two\n",
+                "exit": 3,
+            }),
+            // The binary itself is broken: the fake is never reached on
+            // the first attempt.
+            Fault::Missing | Fault::NotExecutable => json!({ "exit": 0 }),
+        };
+        let scenario = json!({
+            "log": dir.path().join("calls.jsonl"),
+            "state_file": dir.path().join("state"),
+            "exec": [first, { "exit": 0 }],
+        });
+        fs::write(dir.path().join("scenario.json"), scenario.to_string()).unwrap();
+        let rig = Rig { dir, program };
+        match fault {
+            Fault::Missing => {}
+            Fault::NotExecutable => rig.install(0o644),
+            _ => rig.install(0o755),
+        }
+        rig
+    }
+
+    /// Write the `cocoon` wrapper with `mode`.
+    fn install(&self, mode: u32) {
+        let tmp = self.dir.path().join("cocoon.tmp");
+        fs::write(
+            &tmp,
+            format!(
+                "#!/bin/sh\nFAKE_COCOON_SCENARIO='{}' exec '{}' \"$@\"\n",
+                self.dir.path().join("scenario.json").display(),
+                fake_cocoon().display()
+            ),
+        )
+        .unwrap();
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(mode)).unwrap();
+        fs::rename(&tmp, &self.program).unwrap();
+    }
+
+    /// Make the binary work (for the faults of the binary itself).
+    fn repair(&self) {
+        self.install(0o755);
+    }
+
+    fn exec_calls(&self) -> usize {
+        fs::read_to_string(self.dir.path().join("calls.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    }
+}
+
+fn pod_ref() -> PodRef {
+    PodRef {
+        namespace: "default".into(),
+        name: "web-0".into(),
+        uid: UID.into(),
+    }
+}
+
+fn attempt_events(pods: &MemoryPods) -> Vec<String> {
+    pods.events()
+        .into_iter()
+        .filter(|(_, e)| e.reason == reasons::EXEC_ATTEMPT_FAILED)
+        .map(|(p, e)| {
+            assert_eq!(p, pod_ref(), "events are about this pod");
+            assert_eq!(e.kind, EventType::Warning);
+            e.message
+        })
+        .collect()
+}
+
+/// What the first attempt's error line must say, past `attempt 1: `.
+fn expected_first_error(fault: Fault, program: &Path) -> Vec<String> {
+    let program = program.display();
+    match fault {
+        Fault::Missing => vec![format!(
+            "cannot run {program}: No such file or directory; install cocoon or pass --cocoon-bin"
+        )],
+        Fault::NotExecutable => vec![format!(
+            "cannot run {program}: Permission denied; install cocoon or pass --cocoon-bin"
+        )],
+        Fault::Hangs => vec![format!(
+            "cocoon vm exec {VM}: timed out after 300ms (killed); raise --exec-timeout or check the guest agent"
+        )],
+        Fault::KilledBySignal => vec![
+            "cocoon vm exec was killed by signal 9:".into(),
+            "partial output".into(),
+        ],
+        // The stray marker is of another plan size: not ours, so it is
+        // output, and the exec failed before step 1 of 2 started.
+        Fault::PrintsGarbage => vec![
+            "exited 3".into(),
+            "before the first step started".into(),
+            "cocoon-fixup: step 1/99 failed exit 7".into(),
+            "garbage | line two".into(),
+        ],
+    }
+}
+
+/// Guest stderr is untrusted text: it ends up in the attempt line, and so
+/// in a Warning event, the `post-clone-errors` annotation and the log.
+/// Facts errors escape control characters (`FactError` shows values with
+/// `{:?}`); attempt errors pass ESC, NUL and lone CR through, so a guest
+/// can put terminal escapes into `kubectl describe pod` and the host log.
+#[tokio::test]
+async fn guest_stderr_cannot_put_control_characters_into_events() {
+    let rig = Rig::new(Fault::PrintsGarbage);
+    let pods = MemoryPods::new();
+    pods.insert(pod(&[]));
+    let plan = two_step_plan();
+    let exec = plan::render_exec(&plan);
+    let vm = VmId::parse(VM).unwrap();
+    let annotations = pod(&[]).annotations;
+    let pod_ref = pod_ref();
+    let job = FixupJob {
+        pod: &pod_ref,
+        vm: &vm,
+        scenario: Scenario::OciNetworkd,
+        plan: &plan,
+        exec: &exec,
+        hint: "",
+        annotations: &annotations,
+    };
+    let retry = retry();
+    apply::run_fixup(
+        &CocoonCli::new(&rig.program),
+        &pods,
+        job,
+        &retry,
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    for line in attempt_events(&pods) {
+        assert!(!line.chars().any(char::is_control), "{line:?}");
+    }
+}
+
+#[rstest]
+#[case::missing(Fault::Missing)]
+#[case::not_executable(Fault::NotExecutable)]
+#[case::hangs_past_its_timeout(Fault::Hangs)]
+#[case::killed_by_a_signal(Fault::KilledBySignal)]
+#[case::prints_garbage(Fault::PrintsGarbage)]
+#[tokio::test]
+async fn a_broken_cocoon_is_an_attempt_error_and_the_loop_goes_on(#[case] fault: Fault) {
+    let rig = Rig::new(fault);
+    let pods = MemoryPods::new();
+    pods.insert(pod(&[]));
+    let plan = two_step_plan();
+    let exec = plan::render_exec(&plan);
+    let hint = plan::hint_base64("#!/bin/sh\n");
+    let vm = VmId::parse(VM).unwrap();
+    let annotations = pod(&[]).annotations;
+    let pod_ref = pod_ref();
+    let job = FixupJob {
+        pod: &pod_ref,
+        vm: &vm,
+        scenario: Scenario::OciNetworkd,
+        plan: &plan,
+        exec: &exec,
+        hint: &hint,
+        annotations: &annotations,
+    };
+    let cocoon = CocoonCli::new(&rig.program);
+    let shutdown = CancellationToken::new();
+    // The binary faults are repaired once the loop has told of attempt 1.
+    let repair = async {
+        if matches!(fault, Fault::Missing | Fault::NotExecutable) {
+            while attempt_events(&pods).is_empty() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            rig.repair();
+        }
+    };
+    let retry = retry();
+    let (outcome, ()) = tokio::join!(
+        apply::run_fixup(&cocoon, &pods, job, &retry, &shutdown),
+        repair
+    );
+    let outcome = outcome.expect("the pod API works");
+    let events = attempt_events(&pods);
+    let FixupOutcome::Done { attempts } = outcome else {
+        panic!("expected a later attempt to succeed, got {outcome:?}; events {events:#?}");
+    };
+    assert_eq!(
+        attempts as usize,
+        events.len() + 1,
+        "every failed attempt told: {events:#?}"
+    );
+    let first = events.first().expect("attempt 1 failed");
+    assert!(first.starts_with("attempt 1: "), "{first}");
+    for part in expected_first_error(fault, &rig.program) {
+        assert!(first.contains(&part), "{first:?} lacks {part:?}");
+    }
+    assert!(!first.contains('\n'), "one line: {first:?}");
+    for (i, line) in events.iter().enumerate() {
+        assert!(line.starts_with(&format!("attempt {}: ", i + 1)), "{line}");
+    }
+    // The fake saw every attempt that reached it, the last one succeeding.
+    let reached = match fault {
+        Fault::Missing | Fault::NotExecutable => 1,
+        _ => attempts as usize,
+    };
+    assert!(rig.exec_calls() >= reached, "{} calls", rig.exec_calls());
+    let annotations = pods.annotations("default", "web-0").unwrap();
+    assert_eq!(annotations[keys::POST_CLONE_STATE], "done");
+    assert!(!annotations.contains_key(keys::POST_CLONE_ERRORS));
+    let succeeded: Vec<String> = pods
+        .events()
+        .into_iter()
+        .filter(|(_, e)| e.reason == reasons::SUCCEEDED)
+        .map(|(_, e)| e.message)
+        .collect();
+    assert_eq!(
+        succeeded,
+        [format!("kind=oci-networkd attempts={attempts}")]
+    );
+}
+
+/// A `cocoon` that stays broken exhausts the budget: every attempt is in
+/// the chain, in order, and the pod is failed with the hint.
+#[tokio::test]
+async fn a_cocoon_that_never_answers_exhausts_the_budget_with_every_attempt_chained() {
+    let rig = Rig::new(Fault::Hangs);
+    fs::write(
+        rig.dir.path().join("scenario.json"),
+        json!({ "exec": [{ "hang": true }] }).to_string(),
+    )
+    .unwrap();
+    let pods = MemoryPods::new();
+    pods.insert(pod(&[]));
+    let plan = two_step_plan();
+    let exec = plan::render_exec(&plan);
+    let script = plan::render_script(&plan, &plan::ScriptHeader::default());
+    let hint = plan::hint_base64(&script);
+    let vm = VmId::parse(VM).unwrap();
+    let annotations = pod(&[]).annotations;
+    let pod_ref = pod_ref();
+    let job = FixupJob {
+        pod: &pod_ref,
+        vm: &vm,
+        scenario: Scenario::OciNetworkd,
+        plan: &plan,
+        exec: &exec,
+        hint: &hint,
+        annotations: &annotations,
+    };
+    let config = RetryConfig {
+        interval: Duration::from_millis(50),
+        budget: Duration::from_millis(900),
+        exec_timeout: Duration::from_millis(200),
+    };
+    let outcome = apply::run_fixup(
+        &CocoonCli::new(&rig.program),
+        &pods,
+        job,
+        &config,
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    let FixupOutcome::Exhausted { attempts, errors } = outcome else {
+        panic!("expected exhaustion, got {outcome:?}");
+    };
+    assert!(attempts >= 2, "{errors:#?}");
+    assert_eq!(errors, attempt_events(&pods));
+    let annotations = pods.annotations("default", "web-0").unwrap();
+    assert_eq!(annotations[keys::POST_CLONE_STATE], "failed");
+    assert_eq!(annotations[keys::POST_CLONE_ERRORS], errors.join("\n"));
+    assert_eq!(annotations[keys::POST_CLONE_HINT], hint);
+    assert_eq!(annotations[keys::LIFECYCLE_STATE], "failed");
+}
+
+// ---- Kubernetes faults in the middle of the flow ----
+
+const POD_PATH: &str = "/api/v1/namespaces/default/pods/web-0";
+const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
+
+/// stderr of an attempt whose step 4 (of 5) failed.
+const STEP4_FAILED: &str = "\ncocoon-fixup: step 1/5 start\n\ncocoon-fixup: step 2/5 start\n\ncocoon-fixup: step 3/5 start\n\ncocoon-fixup: step 4/5 start\nprintf: /etc/systemd/network: Read-only file system\n\ncocoon-fixup: step 4/5 failed exit 1\n";
+
+const STATIC: [(&str, Option<&str>); 1] = [("52:54:00:aa:bb:01", Some("10.0.0.5/24"))];
+
+fn line(n: u32) -> String {
+    format!(
+        "attempt {n}: step 4/5 \"write the static network file for 52:54:00:aa:bb:01\" exited 1: printf: /etc/systemd/network: Read-only file system"
+    )
+}
+
+fn pod_json(uid: &str, annotations: &serde_json::Map<String, Value>) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "web-0", "namespace": "default", "uid": uid, "annotations": annotations},
+        "spec": {"nodeName": NODE, "containers": []},
+    })
+}
+
+/// The pod as the server holds it, and the conversation so far.
+struct Server {
+    uid: String,
+    annotations: serde_json::Map<String, Value>,
+    exchanges: Vec<Exchange>,
+}
+
+impl Server {
+    fn new() -> Self {
+        let annotations = pod(&[])
+            .annotations
+            .into_iter()
+            .map(|(k, v)| (k, Value::String(v)))
+            .collect();
+        Server {
+            uid: UID.into(),
+            annotations,
+            exchanges: Vec::new(),
+        }
+    }
+
+    fn get(mut self) -> Self {
+        let answer = pod_json(&self.uid, &self.annotations);
+        self.exchanges
+            .push(Exchange::get(POD_PATH).respond(200, answer));
+        self
+    }
+
+    /// A PATCH that must carry exactly `annotations` under our uid,
+    /// answered `status` (the pod changes only on 200).
+    fn patch(mut self, annotations: &Value, code: u16, answer: Value) -> Self {
+        let expected = json!({"metadata": {"uid": UID, "annotations": annotations}});
+        if code == 200 {
+            for (k, v) in annotations.as_object().unwrap() {
+                if v.is_null() {
+                    self.annotations.remove(k);
+                } else {
+                    self.annotations.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        let answer = if code == 200 {
+            pod_json(&self.uid, &self.annotations)
+        } else {
+            answer
+        };
+        self.exchanges.push(
+            Exchange::patch(POD_PATH)
+                .body(move |_, body| assert_eq!(body, &expected, "the patch body"))
+                .respond(code, answer),
+        );
+        self
+    }
+
+    /// A PATCH that gets no answer: the client's request timeout fires.
+    fn patch_unanswered(mut self, annotations: &Value) -> Self {
+        let expected = json!({"metadata": {"uid": UID, "annotations": annotations}});
+        self.exchanges.push(
+            Exchange::patch(POD_PATH)
+                .body(move |_, body| assert_eq!(body, &expected, "the patch body"))
+                .hang(),
+        );
+        self
+    }
+
+    fn event(mut self, reason: &'static str, note: String, code: u16) -> Self {
+        self.exchanges.push(
+            Exchange::post(EVENTS_PATH)
+                .body(move |_, body| {
+                    assert_eq!(body["reason"], reason);
+                    assert_eq!(body["note"], note.as_str());
+                    assert_eq!(
+                        body["regarding"]["uid"], UID,
+                        "events regard this incarnation"
+                    );
+                    assert_eq!(body["reportingController"], REPORTER);
+                })
+                .respond(
+                    code,
+                    if code < 300 {
+                        json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                            "metadata": {"name": "web-0.1", "namespace": "default"}})
+                    } else {
+                        status(code, "InternalError", "etcdserver: leader changed")
+                    },
+                ),
+        );
+        self
+    }
+
+    /// The pod is deleted and recreated under its name.
+    fn recreated(mut self, uid: &str) -> Self {
+        uid.clone_into(&mut self.uid);
+        self
+    }
+}
+
+fn conflict() -> Value {
+    status(
+        409,
+        "Conflict",
+        "Operation cannot be fulfilled on pods \"web-0\": the object has been modified",
+    )
+}
+
+fn unavailable() -> Value {
+    status(500, "InternalError", "etcdserver: request timed out")
+}
+
+fn gone() -> Value {
+    status(404, "NotFound", "pods \"web-0\" not found")
+}
+
+/// Three attempts at 0, 3 and 6 s fit in 7 s.
+fn exhausting() -> HostConfig {
+    HostConfig {
+        retry: RetryConfig {
+            interval: Duration::from_secs(3),
+            budget: Duration::from_secs(7),
+            ..RetryConfig::default()
+        },
+        ..HostConfig::default()
+    }
+}
+
+async fn play(
+    server: Server,
+    replies: Vec<Reply>,
+    config: HostConfig,
+) -> (Summary, ScriptedCocoon) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("cocoon-root");
+    fs::create_dir_all(&root).unwrap();
+    let (planner, failures) = Planner::new(PlannerOptions {
+        cocoon_root: root,
+        ..PlannerOptions::default()
+    })
+    .unwrap();
+    assert!(failures.is_empty());
+    let leases =
+        LeaseWatcher::new(dir.path().join("leases.json"), Duration::from_millis(20)).unwrap();
+    let cocoon = ScriptedCocoon::new(replies, inspect(&STATIC));
+    let summary = Conversation::new("kubernetes faults", server.exchanges)
+        .run(|api| {
+            let cocoon = cocoon.clone();
+            async move {
+                let host = Host::new(
+                    Arc::new(planner),
+                    cocoon,
+                    api,
+                    Arc::new(leases),
+                    config,
+                    Arc::new(Metrics::new()),
+                );
+                host.handle(
+                    "default",
+                    "web-0",
+                    Trigger::Event,
+                    &CancellationToken::new(),
+                )
+                .await
+            }
+        })
+        .await
+        .expect("the pod was handled");
+    (summary, cocoon)
+}
+
+/// The exhaustion write as the host must send it, every time it is sent.
+fn failed_patch(hint: &str) -> Value {
+    let errors = [line(1), line(2), line(3)].join("\n");
+    let message = format!(
+        "post-clone fixup oci-networkd failed after 3 attempt(s) in 7s: {}",
+        line(3)
+    );
+    json!({
+        keys::POST_CLONE_STATE: "failed",
+        keys::POST_CLONE_HINT: hint,
+        keys::POST_CLONE_ERRORS: errors,
+        keys::LIFECYCLE_STATE: "failed",
+        keys::LIFECYCLE_MESSAGE: message,
+        keys::LIFECYCLE_OBSERVED_GENERATION: "3",
+    })
+}
+
+/// The hint the planner makes for the test pod (the exhaustion patch must
+/// carry it byte for byte).
+fn expected_hint() -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let (planner, _) = Planner::new(PlannerOptions {
+        cocoon_root: dir.path().to_owned(),
+        ..PlannerOptions::default()
+    })
+    .unwrap();
+    let pod = pod(&[]);
+    let vm = fixup_host::facts::VmInspect::from_json(&inspect(&STATIC), "inspect").unwrap();
+    let obs = fixup_host::facts::Observation::new(&pod, &vm, &Default::default()).unwrap();
+    let hint = planner.plan(&obs).unwrap().composed.unwrap().hint;
+    let script = base64::engine::general_purpose::STANDARD
+        .decode(&hint)
+        .unwrap();
+    assert!(
+        String::from_utf8(script)
+            .unwrap()
+            .contains("MACAddress=52:54:00:aa:bb:01")
+    );
+    hint
+}
+
+/// How the exhaustion write is answered before it gets through.
+#[derive(Debug, Clone, Copy)]
+enum Trouble {
+    ServerErrorsTwice,
+    ConflictWithOurUid,
+    NoAnswer,
+    EventsLostToo,
+}
+
+#[rstest]
+#[case::server_errors_twice(Trouble::ServerErrorsTwice)]
+#[case::conflict_with_our_uid(Trouble::ConflictWithOurUid)]
+#[case::no_answer(Trouble::NoAnswer)]
+#[case::events_lost_too(Trouble::EventsLostToo)]
+#[tokio::test(start_paused = true)]
+async fn the_exhaustion_write_survives_api_trouble_with_chain_and_hint_intact(
+    #[case] trouble: Trouble,
+) {
+    let hint = expected_hint();
+    let running = json!({ keys::POST_CLONE_STATE: "running" });
+    let failed = failed_patch(&hint);
+    let event_code = if matches!(trouble, Trouble::EventsLostToo) {
+        500
+    } else {
+        201
+    };
+    let mut server = Server::new().get().patch(&running, 200, Value::Null);
+    for n in 1..=3 {
+        server = server
+            .get()
+            .event(reasons::EXEC_ATTEMPT_FAILED, line(n), event_code);
+    }
+    server = server.get();
+    server = match trouble {
+        Trouble::ServerErrorsTwice => {
+            server
+                .patch(&failed, 500, unavailable())
+                .patch(&failed, 500, unavailable())
+        }
+        // The host reads the pod back: still our uid, so it is a race and
+        // the write is retried.
+        Trouble::ConflictWithOurUid => server.patch(&failed, 409, conflict()).get(),
+        Trouble::NoAnswer => server.patch_unanswered(&failed),
+        Trouble::EventsLostToo => server,
+    };
+    let summary_line = format!(
+        "post-clone fixup oci-networkd failed after 3 attempt(s) in 7s: {}",
+        line(3)
+    );
+    let server = server.patch(&failed, 200, Value::Null).event(
+        reasons::EXEC_EXHAUSTED,
+        summary_line,
+        event_code,
+    );
+    let (summary, cocoon) = play(server, vec![Reply::Exit(1, STEP4_FAILED)], exhausting()).await;
+    assert_eq!(summary.fixup, Some("exhausted"));
+    assert_eq!(summary.errors, [line(1), line(2), line(3)]);
+    assert_eq!(cocoon.calls().len(), 3);
+}
+
+/// A 409 on the `running` write while the pod still has our uid is a
+/// race: the write is retried and the fixup runs.
+#[tokio::test(start_paused = true)]
+async fn a_conflict_on_the_running_write_is_retried_and_the_fixup_runs() {
+    let running = json!({ keys::POST_CLONE_STATE: "running" });
+    let done = json!({ keys::POST_CLONE_STATE: "done" });
+    let ready = json!({
+        keys::IP: "10.0.0.5",
+        keys::LIFECYCLE_STATE: "ready",
+        keys::LIFECYCLE_MESSAGE: null,
+        keys::LIFECYCLE_OBSERVED_GENERATION: "3",
+    });
+    let server = Server::new()
+        .get()
+        .patch(&running, 409, conflict())
+        .get()
+        .patch(&running, 500, unavailable())
+        .patch(&running, 200, Value::Null)
+        .get()
+        .patch(&done, 200, Value::Null)
+        .event(
+            reasons::SUCCEEDED,
+            "kind=oci-networkd attempts=1".into(),
+            201,
+        )
+        .get()
+        .patch(&ready, 200, Value::Null);
+    let (summary, cocoon) = play(server, vec![Reply::Exit(0, "")], HostConfig::default()).await;
+    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(summary.readiness, Some("ready"));
+    assert_eq!(cocoon.calls().len(), 1);
+}
+
+/// The pod is deleted between the read before an attempt and the write
+/// after it: the host stops; nothing more is sent (the mock fails on any
+/// request it does not list).
+#[tokio::test(start_paused = true)]
+async fn a_pod_deleted_between_read_and_patch_stops_everything() {
+    let running = json!({ keys::POST_CLONE_STATE: "running" });
+    let done = json!({ keys::POST_CLONE_STATE: "done" });
+    let server = Server::new()
+        .get()
+        .patch(&running, 200, Value::Null)
+        .get()
+        .patch(&done, 404, gone());
+    let (summary, cocoon) = play(server, vec![Reply::Exit(0, "")], HostConfig::default()).await;
+    assert_eq!(summary.fixup, Some("gone"));
+    assert_eq!(summary.readiness, None);
+    assert_eq!(cocoon.calls().len(), 1);
+}
+
+/// The pod is recreated (another uid) between the read before the
+/// exhaustion write and the write: the 409 is checked against the live
+/// uid, which is not ours, so nothing is written to the new pod.
+#[tokio::test(start_paused = true)]
+async fn a_pod_recreated_before_the_exhaustion_write_gets_nothing() {
+    let hint = expected_hint();
+    let running = json!({ keys::POST_CLONE_STATE: "running" });
+    let mut server = Server::new().get().patch(&running, 200, Value::Null);
+    for n in 1..=3 {
+        server = server
+            .get()
+            .event(reasons::EXEC_ATTEMPT_FAILED, line(n), 201);
+    }
+    let server = server
+        .get()
+        .patch(&failed_patch(&hint), 409, conflict())
+        .recreated("uid-2")
+        .get();
+    let (summary, cocoon) = play(server, vec![Reply::Exit(1, STEP4_FAILED)], exhausting()).await;
+    assert_eq!(summary.fixup, Some("gone"));
+    assert_eq!(cocoon.calls().len(), 3);
+}
+
+// ---- the watch redelivering an old state ----
+
+/// The daemon's watch hands the dispatcher pod objects as they were when
+/// the event was sent. An event still in flight when the work finished
+/// (the MODIFIED event of the host's own `running` write, say) reaches
+/// the dispatcher after the pod left the in-flight set; the dispatcher
+/// judges the stale object (`has_work`: `post-clone-state=running`) and
+/// `Host::handle_pod` decides from it, so the finished fixup runs again:
+/// a second exec in the guest, `post-clone-state` written back to
+/// `running` over `done`, and the ready write repeated. Seen for real
+/// against `cocoon-fixup serve` with a fake API server that streams its
+/// changes; here it is made deterministic with the dispatcher in process.
+#[tokio::test(start_paused = true)]
+async fn a_stale_watch_event_does_not_rerun_finished_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let (planner, _) = Planner::new(PlannerOptions {
+        cocoon_root: dir.path().to_owned(),
+        ..PlannerOptions::default()
+    })
+    .unwrap();
+    let leases =
+        LeaseWatcher::new(dir.path().join("leases.json"), Duration::from_millis(50)).unwrap();
+    let cocoon = ScriptedCocoon::new(vec![Reply::Exit(0, "")], inspect(&STATIC));
+    let pods = MemoryPods::new();
+    pods.insert(pod(&[]));
+    let host = Arc::new(Host::new(
+        Arc::new(planner),
+        cocoon.clone(),
+        pods.clone(),
+        Arc::new(leases),
+        HostConfig::default(),
+        Arc::new(Metrics::new()),
+    ));
+    // The work runs to the end.
+    let mut dispatcher = Dispatcher::new(host.clone(), 4, CancellationToken::new());
+    dispatcher.offer(pod(&[]), Trigger::Event);
+    dispatcher.drain(Duration::from_secs(600)).await;
+    let after = pods.annotations("default", "web-0").unwrap();
+    assert_eq!(after[keys::POST_CLONE_STATE], "done");
+    assert_eq!(after[keys::LIFECYCLE_STATE], "ready");
+    let writes = pods.patches().len();
+    // Then the watch delivers the pod as the `running` write left it.
+    let stale = pod(&[(keys::POST_CLONE_STATE, "running")]);
+    let mut dispatcher = Dispatcher::new(host, 4, CancellationToken::new());
+    dispatcher.offer(stale, Trigger::Event);
+    dispatcher.drain(Duration::from_secs(600)).await;
+    assert_eq!(cocoon.calls().len(), 1, "the fixup ran again in the guest");
+    assert_eq!(
+        pods.patches().len(),
+        writes,
+        "a finished pod was written again: {:#?}",
+        &pods.patches()[writes..]
+    );
+}

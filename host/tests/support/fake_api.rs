@@ -1,0 +1,266 @@
+//! A small fake Kubernetes API server on 127.0.0.1, for tests that run the
+//! real `cocoon-fixup` binary as a child process.
+//!
+//! It keeps one pod in memory and serves what the binary uses:
+//!
+//! - `GET /api/v1/namespaces/<ns>/pods/<name>`: the pod (404 for others);
+//! - `PATCH` of the same path: a JSON merge patch of `metadata.annotations`
+//!   with the `metadata.uid` precondition (409 Conflict when it is not the
+//!   pod's uid, as the real API server answers);
+//! - `POST /apis/events.k8s.io/v1/namespaces/<ns>/events`: recorded;
+//! - `GET /api/v1/pods` (kube-runtime's watcher): the list, and with
+//!   `watch=true` a newline-delimited JSON watch stream, kept open. The
+//!   pod's changes are streamed only when asked ([`FakeApi::start`]): a
+//!   watch event that arrives after the daemon finished the work re-runs
+//!   it (see `faults.rs`, `a_stale_watch_event_does_not_rerun_finished_work`),
+//!   which a test of something else must not trip over.
+//!
+//! Anything else is answered 404 and recorded, so a test can assert that
+//! nothing unexpected was asked. [`FakeApi::kubeconfig`] writes a
+//! kubeconfig that points a client at the server without credentials.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use http::{Method, StatusCode, Uri};
+use serde_json::{Map, Value, json};
+use tokio::sync::broadcast;
+
+/// What the server holds and saw.
+#[derive(Debug, Default)]
+pub struct ApiState {
+    /// The pod, as the API server would return it.
+    pub pod: Value,
+    resource_version: u64,
+    /// Every event body POSTed, in order.
+    pub events: Vec<Value>,
+    /// Every PATCH body, in order, with the status it got.
+    pub patches: Vec<(Value, u16)>,
+    /// Requests no route serves.
+    pub unexpected: Vec<String>,
+}
+
+#[derive(Clone)]
+struct Shared {
+    state: Arc<Mutex<ApiState>>,
+    changes: broadcast::Sender<Value>,
+    stream_changes: bool,
+}
+
+/// A running fake API server; it stops when dropped.
+#[derive(Debug)]
+pub struct FakeApi {
+    pub addr: SocketAddr,
+    state: Arc<Mutex<ApiState>>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+impl FakeApi {
+    /// Serve `pod` (a Pod object; `metadata.resourceVersion` is managed
+    /// here) on an ephemeral port of 127.0.0.1. With `stream_changes`,
+    /// every accepted PATCH is sent to open watches as `MODIFIED`.
+    pub async fn start(pod: Value, stream_changes: bool) -> FakeApi {
+        let state = Arc::new(Mutex::new(ApiState {
+            pod,
+            resource_version: 1,
+            ..ApiState::default()
+        }));
+        state.lock().unwrap().stamp();
+        let (changes, _) = broadcast::channel(64);
+        let shared = Shared {
+            state: state.clone(),
+            changes,
+            stream_changes,
+        };
+        let app = Router::new().fallback(handle).with_state(shared);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app).await.expect("fake API server");
+        });
+        FakeApi {
+            addr,
+            state,
+            server,
+        }
+    }
+
+    /// A kubeconfig for this server, written into `dir`.
+    pub fn kubeconfig(&self, dir: &Path) -> PathBuf {
+        let path = dir.join("kubeconfig");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: default\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
+            self.addr
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// Read the state.
+    pub fn with<T>(&self, f: impl FnOnce(&ApiState) -> T) -> T {
+        f(&self.state.lock().unwrap())
+    }
+
+    /// One annotation of the pod now.
+    pub fn annotation(&self, key: &str) -> Option<String> {
+        self.with(|s| {
+            s.pod["metadata"]["annotations"][key]
+                .as_str()
+                .map(str::to_owned)
+        })
+    }
+
+    /// `(reason, note)` of every event so far.
+    pub fn events(&self) -> Vec<(String, String)> {
+        self.with(|s| {
+            s.events
+                .iter()
+                .map(|e| {
+                    (
+                        e["reason"].as_str().unwrap_or("").to_owned(),
+                        e["note"].as_str().unwrap_or("").to_owned(),
+                    )
+                })
+                .collect()
+        })
+    }
+}
+
+impl ApiState {
+    fn stamp(&mut self) {
+        self.pod["metadata"]["resourceVersion"] = json!(self.resource_version.to_string());
+    }
+
+    fn pod_path(&self) -> String {
+        format!(
+            "/api/v1/namespaces/{}/pods/{}",
+            self.pod["metadata"]["namespace"].as_str().unwrap_or(""),
+            self.pod["metadata"]["name"].as_str().unwrap_or("")
+        )
+    }
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response {
+    (
+        status,
+        [(http::header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn status_body(code: u16, reason: &str, message: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "code": code, "reason": reason, "message": message})
+}
+
+async fn handle(State(shared): State<Shared>, method: Method, uri: Uri, body: Bytes) -> Response {
+    let path = uri.path().to_owned();
+    let query = uri.query().unwrap_or("").to_owned();
+    let watch = query
+        .split('&')
+        .any(|p| p == "watch=true" || p == "watch=1");
+    let mut state = shared.state.lock().unwrap();
+    let pod_path = state.pod_path();
+    match (&method, path.as_str()) {
+        (&Method::GET, p) if p == pod_path => json_response(StatusCode::OK, &state.pod),
+        (&Method::PATCH, p) if p == pod_path => {
+            let patch: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let uid = state.pod["metadata"]["uid"].clone();
+            if patch["metadata"]["uid"] != uid {
+                state.patches.push((patch.clone(), 409));
+                let message = format!(
+                    "Precondition failed: UID in precondition: {}, UID in object meta: {}",
+                    patch["metadata"]["uid"], uid
+                );
+                return json_response(
+                    StatusCode::CONFLICT,
+                    &status_body(409, "Conflict", &message),
+                );
+            }
+            let annotations = state.pod["metadata"]
+                .as_object_mut()
+                .unwrap()
+                .entry("annotations")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Some(changes) = patch["metadata"]["annotations"].as_object() {
+                let annotations = annotations.as_object_mut().unwrap();
+                for (k, v) in changes {
+                    if v.is_null() {
+                        annotations.remove(k);
+                    } else {
+                        annotations.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+            state.resource_version += 1;
+            state.stamp();
+            state.patches.push((patch, 200));
+            if shared.stream_changes {
+                let _ = shared
+                    .changes
+                    .send(json!({"type": "MODIFIED", "object": state.pod.clone()}));
+            }
+            json_response(StatusCode::OK, &state.pod)
+        }
+        (&Method::POST, p) if p.starts_with("/apis/events.k8s.io/v1/namespaces/") => {
+            let mut event: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let n = state.events.len();
+            event["metadata"]["name"] = json!(format!("event-{n}"));
+            state.events.push(event.clone());
+            json_response(StatusCode::CREATED, &event)
+        }
+        (&Method::GET, "/api/v1/pods") if watch => {
+            let rx = shared.changes.subscribe();
+            drop(state);
+            // The changes after the list, one JSON object per line; the
+            // stream stays open until the client goes away.
+            let stream = futures::stream::unfold(rx, |mut rx| async move {
+                loop {
+                    match rx.recv().await {
+                        Ok(change) => {
+                            let mut line = change.to_string();
+                            line.push('\n');
+                            return Some((Ok::<_, Infallible>(Bytes::from(line)), rx));
+                        }
+                        Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                        Err(broadcast::error::RecvError::Closed) => return None,
+                    }
+                }
+            });
+            Response::builder()
+                .status(StatusCode::OK)
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(Body::from_stream(stream))
+                .unwrap()
+        }
+        (&Method::GET, "/api/v1/pods") => {
+            let list = json!({
+                "apiVersion": "v1",
+                "kind": "PodList",
+                "metadata": {"resourceVersion": state.resource_version.to_string()},
+                "items": [state.pod.clone()],
+            });
+            json_response(StatusCode::OK, &list)
+        }
+        _ => {
+            state.unexpected.push(format!("{method} {uri}"));
+            json_response(
+                StatusCode::NOT_FOUND,
+                &status_body(404, "NotFound", &format!("{method} {path} is not served")),
+            )
+        }
+    }
+}
