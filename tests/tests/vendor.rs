@@ -263,3 +263,72 @@ fn nm_keyfile_passes_its_case_files() {
     assert_eq!(report.plugin.name, "nm-keyfile");
     assert_eq!(report.passed, 4, "{report}");
 }
+
+/// The vendor path of docs/plugins.md, end to end: `plugin new` writes a
+/// crate outside this workspace; its own `cargo test` passes; it builds for
+/// wasm32-wasip2; its example case passes `plugin test`; and `plan` picks
+/// it from a plugin directory for its flavour.
+#[test]
+fn a_plugin_from_the_template_builds_tests_and_is_picked() {
+    let dir = TempDir::new().expect("tempdir");
+    let sdk = fixup_host::template::default_sdk_dir();
+    let crate_dir = fixup_host::template::new_plugin("acme-net", dir.path(), &sdk)
+        .expect("the template writes a crate");
+    // A target dir kept between runs, so a rerun costs seconds.
+    let target = workspace().join("target").join("template-check");
+    let cargo = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()));
+        cmd.args(args)
+            .current_dir(&crate_dir)
+            .env("CARGO_TARGET_DIR", &target);
+        for var in [
+            "RUSTFLAGS",
+            "CARGO_ENCODED_RUSTFLAGS",
+            "CARGO_BUILD_TARGET",
+            "RUSTC_WRAPPER",
+            "RUSTC_WORKSPACE_WRAPPER",
+        ] {
+            cmd.env_remove(var);
+        }
+        let out = cmd.output().expect("cargo runs");
+        assert!(
+            out.status.success(),
+            "cargo {args:?} in the generated crate failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    cargo(&["test", "--quiet"]);
+    cargo(&["build", "--quiet", "--release", "--target", "wasm32-wasip2"]);
+    let wasm = target.join("wasm32-wasip2/release/acme_net.wasm");
+
+    let kit_report = kit::test_plugin(
+        kit::engine_options(&EngineOptions::default()),
+        &wasm,
+        &crate_dir.join("cases"),
+        TestOptions::default(),
+    )
+    .expect("the kit runs");
+    assert!(kit_report.success(), "{kit_report}");
+    assert_eq!(kit_report.passed, 1, "{kit_report}");
+
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugin dir");
+    std::fs::copy(&wasm, plugins.join("acme-net.wasm")).expect("ship it");
+    let root = dir.path().join("cocoon-root");
+    std::fs::create_dir_all(&root).expect("cocoon root");
+    let (planner, failures) = Planner::new(PlannerOptions {
+        cocoon_root: root,
+        plugin_dir: Some(plugins),
+        ..PlannerOptions::default()
+    })
+    .expect("planner");
+    assert!(failures.is_empty(), "{failures:?}");
+    let obs = observation(
+        "web-0",
+        Some("acme-net"),
+        &[("52:54:00:12:34:56", Some("10.0.0.7/24"))],
+    );
+    let outcome = planner.plan(&obs).expect("plans");
+    let chosen = chosen(&report(&outcome, &obs));
+    assert_eq!(chosen[0].0, "acme-net", "{chosen:?}");
+}
