@@ -29,8 +29,27 @@ lint:
 demo:
     bash examples/run-all
 
+# Benchmarks (benches/, see BENCHMARKS.md): the criterion benches (plan
+# latency against the native baseline, engine settings, cold start), then
+# the whole-process figures (cold start, clone storm, readiness reaction)
+# and the summary table, also written to target/bench-summary.md. Run it on
+# a quiet machine: `uptime` should show a load well under 1.
+bench:
+    cargo bench -p fixup-bench
+    cargo run --release -p fixup-bench --bin fixup-bench -- report --output target/bench-summary.md
+
 # Run each fuzz target for SECONDS (default 60) on stable Rust: needs
 # cargo-fuzz (`cargo install cargo-fuzz --locked`); docs/fuzzing.md.
 fuzz seconds="60":
     cd fuzz && mkdir -p corpus/facts && RUSTC_BOOTSTRAP=1 cargo fuzz run -s none facts corpus/facts seeds/facts -- -dict=facts.dict -max_total_time={{seconds}}
     cd fuzz && mkdir -p corpus/render && RUSTC_BOOTSTRAP=1 cargo fuzz run -s none render corpus/render -- -max_total_time={{seconds}}
+
+# End-to-end guest suite (root, QEMU, minutes; docs/e2e.md): installs the
+# host packages it lacks, builds the guest images once (cached outside the
+# repository, /var/tmp/cocoon-fixup-e2e), then boots a guest per scenario
+# and runs the real apply flow into it. `just e2e cloudimg` runs only the
+# scenarios whose name contains `cloudimg`.
+e2e *FILTER:
+    bash e2e/host-packages.sh
+    bash e2e/images.sh
+    RUST_LIB_BACKTRACE=0 cargo test -p fixup-e2e --test guest -- --ignored --test-threads=1 --nocapture {{FILTER}}

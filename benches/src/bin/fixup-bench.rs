@@ -1,0 +1,665 @@
+//! `fixup-bench`: the whole-process measurements and the summary table.
+//!
+//! - `fixup-bench report` runs everything below in child processes (so each
+//!   figure is that process's own), reads criterion's latest results, and
+//!   prints the markdown summary. Run `cargo bench -p fixup-bench` first.
+//! - `fixup-bench cold-start [--cache-dir DIR]`: build a planner with the
+//!   four built-ins, print the time it took as JSON.
+//! - `fixup-bench storm [...]`: the clone storm, as JSON.
+//! - `fixup-bench ready [...]`: the readiness reaction, as JSON.
+//! - `fixup-bench loop WORKLOAD`: one workload in a loop, to run under a
+//!   profiler (`perf record -g fixup-bench loop cold-cache`).
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use fixup_bench::cases::{self, Case};
+use fixup_bench::engines::{
+    Interrupt, START_VARIANTS, Variant, VariantEngine, first_and_second_call,
+};
+use fixup_bench::native;
+use fixup_bench::process::{self, Machine};
+use fixup_bench::ready::{ReadyResult, ReadyRunConfig};
+use fixup_bench::report::{
+    self, BenchResult, Table, criterion_dir, human_ns, interleaved, median, ratio, read_criterion,
+    verdict,
+};
+use fixup_bench::storm::{StormConfig, StormResult};
+use fixup_host::classify::Scenario;
+use fixup_host::facts::{ImageKind, Observation, VmFacts};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Parser)]
+#[command(about = "cocoon-fixup benchmarks: whole-process figures and the summary table")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run the whole-process measurements and print the summary table.
+    Report {
+        /// Criterion's output directory (default: as criterion picks it).
+        #[arg(long)]
+        criterion_dir: Option<PathBuf>,
+        /// Cold starts per mode, each a fresh process.
+        #[arg(long, default_value_t = 10)]
+        cold_runs: usize,
+        #[arg(long, default_value_t = 1000)]
+        fixups: usize,
+        #[arg(long, default_value_t = 200)]
+        ready_runs: usize,
+        /// Also write the table to this file.
+        #[arg(long)]
+        output: Option<PathBuf>,
+    },
+    /// Build a planner with the four built-ins and print how long it took.
+    ColdStart {
+        /// A warm precompiled cache; without it every plugin is compiled.
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
+    },
+    /// The clone storm through `Host::handle`.
+    Storm {
+        #[arg(long, default_value_t = 1000)]
+        fixups: usize,
+        #[arg(long, default_value_t = 3)]
+        exec_delay_ms: u64,
+        #[arg(long, default_value_t = 5)]
+        fail_first_every: usize,
+        #[arg(long, default_value_t = 100)]
+        retry_interval_ms: u64,
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
+    },
+    /// Run one workload in a loop, for a profiler.
+    Loop {
+        #[arg(value_enum)]
+        workload: Workload,
+        #[arg(long, default_value_t = 1000)]
+        iterations: usize,
+    },
+    /// Lease written by rename to IP published.
+    Ready {
+        #[arg(long, default_value_t = 200)]
+        runs: usize,
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
+    },
+}
+
+/// What `loop` runs.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Workload {
+    /// `Planner::new` from a warm precompiled cache.
+    ColdCache,
+    /// `Planner::plan`, oci-networkd.
+    PlanOci,
+    /// `Planner::plan`, windows-pnp.
+    PlanWindows,
+    /// The native baseline, oci-networkd.
+    NativeOci,
+}
+
+/// What one `cold-start` child reports.
+#[derive(Debug, Serialize, Deserialize)]
+struct ColdStart {
+    /// `Planner::new` with the four built-ins.
+    planner_ms: f64,
+    /// From `main` to the planner being ready.
+    main_to_ready_ms: f64,
+    peak_rss_kib: u64,
+}
+
+fn main() -> anyhow::Result<()> {
+    let entered = Instant::now();
+    match Cli::parse().command {
+        Cmd::ColdStart { cache_dir } => {
+            let started = Instant::now();
+            let planner = cases::planner(Path::new("/nonexistent"), cache_dir)?;
+            let ready = Instant::now();
+            drop(planner);
+            print_json(&ColdStart {
+                planner_ms: ms(ready - started),
+                main_to_ready_ms: ms(ready - entered),
+                peak_rss_kib: process::peak_rss_kib(),
+            })
+        }
+        Cmd::Storm {
+            fixups,
+            exec_delay_ms,
+            fail_first_every,
+            retry_interval_ms,
+            cache_dir,
+        } => print_json(&fixup_bench::storm::run(&StormConfig {
+            fixups,
+            exec_delay: Duration::from_millis(exec_delay_ms),
+            fail_first_every,
+            retry_interval: Duration::from_millis(retry_interval_ms),
+            cache_dir,
+            workers: None,
+        })?),
+        Cmd::Loop {
+            workload,
+            iterations,
+        } => run_loop(workload, iterations),
+        Cmd::Ready { runs, cache_dir } => print_json(&fixup_bench::ready::run(&ReadyRunConfig {
+            runs,
+            cache_dir,
+            ..ReadyRunConfig::default()
+        })?),
+        Cmd::Report {
+            criterion_dir: dir,
+            cold_runs,
+            fixups,
+            ready_runs,
+            output,
+        } => {
+            let dir = dir.unwrap_or_else(|| criterion_dir(&workspace_root()));
+            let table = report(&dir, cold_runs, fixups, ready_runs)?;
+            print!("{table}");
+            if let Some(path) = output {
+                std::fs::write(&path, &table)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn run_loop(workload: Workload, iterations: usize) -> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let cache = scratch.path().join("cache");
+    cases::warm_cache(&cache)?;
+    let planner = cases::planner(scratch.path(), Some(cache.clone()))?;
+    let started = Instant::now();
+    for _ in 0..iterations {
+        match workload {
+            Workload::ColdCache => drop(cases::planner(scratch.path(), Some(cache.clone()))?),
+            Workload::PlanOci => drop(planner.plan(&Case::OciNetworkd.observation(0))?),
+            Workload::PlanWindows => drop(planner.plan(&Case::WindowsPnp.observation(0))?),
+            Workload::NativeOci => drop(fixup_bench::native::plan(
+                &planner,
+                scratch.path(),
+                &Case::OciNetworkd.observation(0),
+            )?),
+        }
+    }
+    let each = started.elapsed() / iterations.max(1) as u32;
+    eprintln!("{workload:?}: {} per iteration", human_ns(dns(each)));
+    Ok(())
+}
+
+fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string(value)?);
+    Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// Run this binary with `args`; its stdout is one JSON value.
+fn child<T: for<'de> Deserialize<'de>>(args: &[&str]) -> anyhow::Result<(T, Duration)> {
+    let exe = std::env::current_exe()?;
+    let started = Instant::now();
+    let out = Command::new(&exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {} {}", exe.display(), args.join(" ")))?;
+    let elapsed = started.elapsed();
+    anyhow::ensure!(
+        out.status.success(),
+        "`fixup-bench {}` failed: {}",
+        args.join(" "),
+        out.status
+    );
+    let value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("reading the output of `fixup-bench {}`", args.join(" ")))?;
+    Ok((value, elapsed))
+}
+
+/// Median whole-process and in-process cold start over `runs` processes.
+struct ColdFigures {
+    process: Duration,
+    planner: Duration,
+    main_to_ready: Duration,
+    peak_rss_kib: u64,
+}
+
+fn cold_starts(runs: usize, cache_dir: Option<&Path>) -> anyhow::Result<ColdFigures> {
+    let mut args = vec!["cold-start".to_owned()];
+    if let Some(dir) = cache_dir {
+        args.push("--cache-dir".to_owned());
+        args.push(dir.display().to_string());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (mut process, mut planner, mut main_to_ready, mut peak) = (vec![], vec![], vec![], 0);
+    for _ in 0..runs.max(1) {
+        let (figures, elapsed): (ColdStart, _) = child(&args)?;
+        process.push(elapsed);
+        planner.push(Duration::from_secs_f64(figures.planner_ms / 1e3));
+        main_to_ready.push(Duration::from_secs_f64(figures.main_to_ready_ms / 1e3));
+        peak = peak.max(figures.peak_rss_kib);
+    }
+    Ok(ColdFigures {
+        process: median(&process),
+        planner: median(&planner),
+        main_to_ready: median(&main_to_ready),
+        peak_rss_kib: peak,
+    })
+}
+
+fn dns(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e9
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+/// Plan and engine figures measured in turns in this process (see
+/// [`interleaved`]): `(id, per-iteration median)`, ids as criterion's.
+fn in_turns(cache: &Path) -> anyhow::Result<BTreeMap<String, f64>> {
+    let scratch = tempfile::tempdir()?;
+    let root = scratch.path().to_owned();
+    let planner = cases::planner(&root, Some(cache.to_owned()))?;
+    let observations: Vec<(Case, Observation)> =
+        Case::ALL.iter().map(|&c| (c, c.observation(0))).collect();
+    for (_, obs) in &observations {
+        let wasm = planner.plan(obs)?;
+        native::assert_same(&wasm, &native::plan(&planner, &root, obs)?);
+    }
+    let mut work: Vec<report::Workload<'_>> = Vec::new();
+    for (case, obs) in &observations {
+        let (planner, root) = (&planner, &root);
+        work.push((
+            format!("plan/native/{}", case.name()),
+            Box::new(move || {
+                black_box(native::plan(planner, root, black_box(obs)).expect("native plan"));
+            }),
+        ));
+        work.push((
+            format!("plan/wasm/{}", case.name()),
+            Box::new(move || {
+                black_box(planner.plan(black_box(obs)).expect("wasm plan"));
+            }),
+        ));
+    }
+    let mut figures: BTreeMap<String, f64> = interleaved(TURN_ROUNDS, TURN_BATCH, &mut work)
+        .into_iter()
+        .map(|(id, d)| (id, dns(d)))
+        .collect();
+    drop(work);
+
+    let obs = Case::OciNetworkd.observation(0);
+    let facts = VmFacts::validate(&obs, ImageKind::Oci)?;
+    let scenario = Scenario::OciNetworkd;
+    let expected = native::call("oci-networkd", scenario, &facts)?;
+    let selection = planner.plugins().registry().select(scenario, None)?;
+    let engines = Variant::ALL
+        .iter()
+        .map(|&v| VariantEngine::new(v, "oci-networkd"))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    for engine in &engines {
+        anyhow::ensure!(engine.plan(scenario, &facts)? == expected);
+    }
+    let mut work: Vec<report::Workload<'_>> = Vec::new();
+    let facts = &facts;
+    work.push((
+        "engine/native".to_owned(),
+        Box::new(move || {
+            black_box(native::call("oci-networkd", scenario, black_box(facts)).expect("call"));
+        }),
+    ));
+    let (plugins, plugin) = (planner.plugins(), &selection.plugin);
+    work.push((
+        "engine/shipped".to_owned(),
+        Box::new(move || {
+            black_box(
+                plugins
+                    .plan(plugin, scenario, black_box(facts))
+                    .expect("call"),
+            );
+        }),
+    ));
+    for engine in &engines {
+        work.push((
+            format!("engine/{}", engine.variant().label()),
+            Box::new(move || {
+                black_box(engine.plan(scenario, black_box(facts)).expect("call"));
+            }),
+        ));
+    }
+    figures.extend(
+        interleaved(TURN_ROUNDS, TURN_BATCH, &mut work)
+            .into_iter()
+            .map(|(id, d)| (id, dns(d))),
+    );
+    Ok(figures)
+}
+
+/// Rounds of [`in_turns`], and calls per workload in each: many short
+/// rounds, so a burst of load from elsewhere spoils few of them (about 2 s
+/// in all on this kind of machine).
+const TURN_ROUNDS: usize = 200;
+const TURN_BATCH: usize = 10;
+
+fn report(
+    criterion: &Path,
+    cold_runs: usize,
+    fixups: usize,
+    ready_runs: usize,
+) -> anyhow::Result<String> {
+    let machine = Machine::current();
+    let benches = read_criterion(criterion)?;
+    let crit = |id: &str| {
+        benches
+            .get(id)
+            .map_or(f64::NAN, |r: &BenchResult| r.median_ns)
+    };
+
+    eprintln!("fixup-bench: warming the plugin cache");
+    let cache = tempfile::tempdir()?;
+    cases::warm_cache(cache.path())?;
+    eprintln!("fixup-bench: plan latency and engine settings, measured in turns");
+    let turns = in_turns(cache.path())?;
+    let turn = |id: &str| turns.get(id).copied().unwrap_or(f64::NAN);
+    eprintln!("fixup-bench: first calls on fresh pool slots");
+    let first_calls = Variant::ALL
+        .iter()
+        .filter(|v| v.interrupt == Interrupt::Fuel && v.instance_pre)
+        .map(|&v| Ok((v, first_and_second_call(v, 5)?)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    eprintln!("fixup-bench: cold starts ({cold_runs} processes per mode)");
+    let compile = cold_starts(cold_runs, None)?;
+    let cached = cold_starts(cold_runs, Some(cache.path()))?;
+    eprintln!("fixup-bench: clone storm ({fixups} flows)");
+    let cache_arg = cache.path().display().to_string();
+    let fixups_arg = fixups.to_string();
+    let (storm, _): (StormResult, _) =
+        child(&["storm", "--fixups", &fixups_arg, "--cache-dir", &cache_arg])?;
+    eprintln!("fixup-bench: readiness reaction ({ready_runs} runs)");
+    let runs_arg = ready_runs.to_string();
+    let (ready, _): (ReadyResult, _) =
+        child(&["ready", "--runs", &runs_arg, "--cache-dir", &cache_arg])?;
+    let load_end = process::load_average();
+
+    let mut out = String::new();
+    out.push_str("## cocoon-fixup benchmarks\n\n");
+    out.push_str(&format!(
+        "Machine: {} CPUs ({}), {:.1} GiB memory, Linux {}; 1-minute load {:.2} when the report started, {:.2} when it ended.\n\n",
+        machine.cpus, machine.cpu_model, machine.memory_gib, machine.kernel, machine.load, load_end
+    ));
+    if benches.is_empty() {
+        out.push_str(&format!(
+            "No criterion results under {}: run `cargo bench -p fixup-bench` first for the criterion columns.\n\n",
+            criterion.display()
+        ));
+    }
+
+    // The goals, each against the baseline measured in this run.
+    let plan_ratio = |case: Case| {
+        turn(&format!("plan/wasm/{}", case.name())) / turn(&format!("plan/native/{}", case.name()))
+    };
+    let (worst_case, worst) = Case::ALL.iter().map(|&c| (c, plan_ratio(c))).fold(
+        (Case::OciNetworkd, f64::NAN),
+        |acc, x| {
+            if x.1 > acc.1 || acc.1.is_nan() {
+                x
+            } else {
+                acc
+            }
+        },
+    );
+    // Criterion's in-process figure, else the fresh processes' one.
+    let either = |id: &str, fallback: Duration| {
+        let ns = crit(id);
+        if ns.is_finite() { ns } else { dns(fallback) }
+    };
+    let cache_ns = either("cold_start/cache", cached.planner);
+    let compile_ns = either("cold_start/compile", compile.planner);
+    let mean_plan_ns = Case::ALL
+        .iter()
+        .map(|c| turn(&format!("plan/wasm/{}", c.name())))
+        .sum::<f64>()
+        / Case::ALL.len() as f64;
+
+    let mut goals = Table::new(&[
+        "goal",
+        "measured",
+        "baseline (same run)",
+        "ratio",
+        "verdict",
+    ]);
+    goals.row(vec![
+        "plan <= 25x native baseline".into(),
+        format!(
+            "worst: {} {}",
+            worst_case.name(),
+            human_ns(turn(&format!("plan/wasm/{}", worst_case.name())))
+        ),
+        format!(
+            "native {}",
+            human_ns(turn(&format!("plan/native/{}", worst_case.name())))
+        ),
+        format!("{worst:.1}x"),
+        verdict(worst, 25.0).into(),
+    ]);
+    goals.row(vec![
+        "cold start from cache <= 5 ms (4 plugins, `Planner::new`)".into(),
+        human_ns(cache_ns),
+        format!("compiling: {}", human_ns(compile_ns)),
+        ratio(cache_ns, compile_ns),
+        verdict(cache_ns, 5e6).into(),
+    ]);
+    goals.row(vec![
+        "clone storm peak memory < 64 MiB".into(),
+        mib(storm.peak_rss_kib),
+        format!("idle before the storm: {}", mib(storm.rss_before_kib)),
+        ratio(storm.peak_rss_kib as f64, storm.rss_before_kib as f64),
+        verdict(storm.peak_rss_kib as f64, 64.0 * 1024.0).into(),
+    ]);
+    goals.row(vec![
+        "clone storm CPU < 1 ms per fixup".into(),
+        human_ns(storm.cpu_per_fixup_us * 1e3),
+        format!("its plan alone (mean of the 4): {}", human_ns(mean_plan_ns)),
+        ratio(storm.cpu_per_fixup_us * 1e3, mean_plan_ns),
+        verdict(storm.cpu_per_fixup_us, 1000.0).into(),
+    ]);
+    goals.row(vec![
+        "lease to ready p99 <= 20 ms".into(),
+        format!("{:.2} ms", ready.p99_ms),
+        format!("safety-net poll: {:.0} ms", ready.poll_ms),
+        ratio(ready.p99_ms, ready.poll_ms),
+        verdict(ready.p99_ms, 20.0).into(),
+    ]);
+    out.push_str("### Goals\n\n");
+    out.push_str(&goals.render());
+
+    out.push_str(&format!(
+        "\n### Plan latency per scenario\n\n`Planner::plan` on an observation (classification, overlay probe, validation, a fresh sandbox per plugin call, the call, checks, composition, rendering) against the same host code calling the plugin crates natively; both make the same plan (checked first). Medians of {TURN_ROUNDS} rounds measured in turns; criterion's medians from `cargo bench` for comparison.\n\n"
+    ));
+    let mut plans = Table::new(&[
+        "scenario",
+        "plugins",
+        "native",
+        "wasm",
+        "ratio",
+        "criterion native",
+        "criterion wasm",
+        "criterion ratio",
+    ]);
+    for case in Case::ALL {
+        let (n, w) = (
+            format!("plan/native/{}", case.name()),
+            format!("plan/wasm/{}", case.name()),
+        );
+        plans.row(vec![
+            case.name().into(),
+            case.plugins().into(),
+            human_ns(turn(&n)),
+            human_ns(turn(&w)),
+            ratio(turn(&w), turn(&n)),
+            human_ns(crit(&n)),
+            human_ns(crit(&w)),
+            ratio(crit(&w), crit(&n)),
+        ]);
+    }
+    out.push_str(&plans.render());
+
+    out.push_str(
+        "\n### Engine settings\n\nThe plugin call alone (fresh Store, instantiation, `plan`, conversion, plan check), oci-networkd. `shipped` is `PluginHost::plan` itself; each variant rebuilds its sandbox with one setting changed (`pooling+fuel+pre` is the shipped configuration rebuilt: the difference between the two is noise). Measured in turns; criterion's median for comparison.\n\n",
+    );
+    let native_call = turn("engine/native");
+    let shipped = turn("engine/shipped");
+    let mut engines = Table::new(&[
+        "engine",
+        "call",
+        "vs shipped",
+        "vs native call",
+        "criterion",
+    ]);
+    let mut engine_row = |label: String, id: &str| {
+        let ns = turn(id);
+        engines.row(vec![
+            label,
+            human_ns(ns),
+            ratio(ns, shipped),
+            ratio(ns, native_call),
+            human_ns(crit(id)),
+        ]);
+    };
+    engine_row("native call (no sandbox)".into(), "engine/native");
+    engine_row("shipped (`PluginHost::plan`)".into(), "engine/shipped");
+    for variant in Variant::ALL {
+        engine_row(variant.label(), &format!("engine/{}", variant.label()));
+    }
+    out.push_str(&engines.render());
+
+    out.push_str(
+        "\nThe first call on a pool slot no instance has used (each plugin's `describe` at start-up) against the second (a running daemon's plan calls); median of 5 fresh engines each.\n\n",
+    );
+    let mut firsts = Table::new(&["engine", "first call", "second call"]);
+    for (variant, (first, second)) in &first_calls {
+        firsts.row(vec![
+            variant.label(),
+            human_ns(dns(*first)),
+            human_ns(dns(*second)),
+        ]);
+    }
+    out.push_str(&firsts.render());
+
+    out.push_str(&format!(
+        "\n### Cold start\n\nA planner with the four built-ins. In-process: criterion's median of `Planner::new`. Fresh process: median of {cold_runs} processes, `Planner::new` timed inside, and the whole process from spawn to exit (exec, loading, `Planner::new`, teardown).\n\n"
+    ));
+    let mut cold = Table::new(&[
+        "plugins from",
+        "`Planner::new` (criterion)",
+        "`Planner::new` (fresh process)",
+        "main to ready",
+        "whole process",
+        "peak memory",
+    ]);
+    for (label, id, figures) in [
+        ("compiled (no cache)", "cold_start/compile", &compile),
+        ("precompiled cache", "cold_start/cache", &cached),
+    ] {
+        cold.row(vec![
+            label.into(),
+            human_ns(crit(id)),
+            human_ns(dns(figures.planner)),
+            human_ns(dns(figures.main_to_ready)),
+            human_ns(dns(figures.process)),
+            mib(figures.peak_rss_kib),
+        ]);
+    }
+    for variant in START_VARIANTS {
+        cold.row(vec![
+            format!("cache, rebuilt outside the host: {}", variant.label()),
+            human_ns(crit(&format!("cold_start/rebuilt/{}", variant.label()))),
+            String::new(),
+            String::new(),
+            String::new(),
+            String::new(),
+        ]);
+    }
+    cold.row(vec![
+        "engine alone (no plugin)".into(),
+        human_ns(crit("cold_start/engine")),
+        String::new(),
+        String::new(),
+        String::new(),
+        String::new(),
+    ]);
+    out.push_str(&cold.render());
+
+    out.push_str(&format!(
+        "\n### Clone storm\n\n{} flows at once through `Host::handle` (`MemoryPods`, static first NICs, the four scenarios in turn), an in-process runner answering each exec after {:.0} ms and failing the first attempt of every fifth VM ({} flows), retry interval {:.0} ms (the default is 3 s), plugins from the precompiled cache, tokio's default runtime (one worker per core). A process of its own.\n\n",
+        storm.fixups, storm.exec_delay_ms, storm.failed_first, storm.retry_interval_ms
+    ));
+    let mut st = Table::new(&["figure", "value"]);
+    st.row(vec!["wall time".into(), human_ns(storm.wall_ms * 1e6)]);
+    st.row(vec!["execs".into(), storm.attempts.to_string()]);
+    st.row(vec![
+        "CPU time (user + system, all threads)".into(),
+        human_ns(storm.cpu_ms * 1e6),
+    ]);
+    st.row(vec![
+        "CPU time per fixup".into(),
+        human_ns(storm.cpu_per_fixup_us * 1e3),
+    ]);
+    st.row(vec![
+        "resident before the storm (planner, runtime, pods set up)".into(),
+        mib(storm.rss_before_kib),
+    ]);
+    st.row(vec![
+        "resident after the storm".into(),
+        mib(storm.rss_after_kib),
+    ]);
+    st.row(vec![
+        "peak resident, whole process (VmHWM = ru_maxrss)".into(),
+        mib(storm.peak_rss_kib),
+    ]);
+    out.push_str(&st.render());
+
+    out.push_str(&format!(
+        "\n### Readiness reaction\n\nFrom the rename that puts a lease into the lease file to the `vm.cocoonstack.io/ip` patch reaching the pod store, {} runs, one shared `LeaseWatcher` (file events {}; safety-net poll {:.0} ms).\n\n",
+        ready.runs,
+        if ready.watching {
+            "on"
+        } else {
+            "OFF: polling only"
+        },
+        ready.poll_ms
+    ));
+    let mut rd = Table::new(&["min", "p50", "p90", "p99", "max"]);
+    rd.row(
+        [
+            ready.min_ms,
+            ready.p50_ms,
+            ready.p90_ms,
+            ready.p99_ms,
+            ready.max_ms,
+        ]
+        .iter()
+        .map(|v| format!("{v:.2} ms"))
+        .collect(),
+    );
+    out.push_str(&rd.render());
+    Ok(out)
+}

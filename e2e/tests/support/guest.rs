@@ -1,0 +1,343 @@
+//! One guest under QEMU: a qcow2 overlay on a cached image, booted
+//! directly from the image's kernel inside the test's network namespace,
+//! with a virtio-net NIC on the namespace's tap, the guest agent on a
+//! virtio-serial socket, QMP on a unix socket and the serial console in a
+//! file. TCG by default; `COCOON_FIXUP_E2E_ACCEL=kvm` uses KVM where it is
+//! real hardware virtualisation.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::Ipv4Addr;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use fixup_e2e::qga::{Agent, GuestExit};
+use fixup_e2e::state::{QEMU_LOG, QGA_SOCKET, QMP_SOCKET, SERIAL_LOG};
+use serde_json::{Value, json};
+
+use super::images::Image;
+use super::net::{Netns, run};
+
+/// A guest command run by the harness (not by the product) gets this long.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// What to boot.
+#[derive(Debug)]
+pub struct Spec<'a> {
+    pub image: &'a Image,
+    /// The VM's state directory (`state::vm_dir`).
+    pub dir: PathBuf,
+    /// The overlay's file name: `overlay.qcow2` makes the host's disk probe
+    /// see a cloud image.
+    pub disk: &'static str,
+    /// The MAC of the guest's NIC as QEMU presents it.
+    pub mac: String,
+    pub tap: &'static str,
+    /// A NoCloud seed ISO on a SCSI CD (`cd0`), if any.
+    pub seed: Option<PathBuf>,
+}
+
+/// A running guest; killed on drop if still running.
+#[derive(Debug)]
+pub struct Guest {
+    child: Child,
+    dir: PathBuf,
+}
+
+/// A NIC as `ip -j addr show dev ...` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    pub mac: String,
+    pub ipv4: Vec<(Ipv4Addr, u8)>,
+}
+
+impl Link {
+    pub fn has(&self, ip: &str, prefix: u8) -> bool {
+        self.ipv4
+            .iter()
+            .any(|(a, p)| a.to_string() == ip && *p == prefix)
+    }
+}
+
+impl Guest {
+    pub fn boot(ns: &Netns, spec: &Spec<'_>) -> Result<Guest> {
+        std::fs::create_dir_all(&spec.dir)?;
+        let disk = spec.dir.join(spec.disk);
+        let sock = spec.dir.join(QGA_SOCKET);
+        if sock.as_os_str().len() > 100 {
+            bail!(
+                "socket path {} is too long for a unix socket: set COCOON_FIXUP_E2E_CACHE to a shorter directory",
+                sock.display()
+            );
+        }
+        // A second boot (the clone after its parent) reuses the disk.
+        if !disk.exists() {
+            run(Command::new("qemu-img")
+                .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
+                .arg(spec.image.rootfs())
+                .arg(&disk))?;
+        }
+        let accel = std::env::var("COCOON_FIXUP_E2E_ACCEL").unwrap_or_default();
+        let (accel, cpu) = match accel.as_str() {
+            "kvm" => ("kvm", "host"),
+            "" | "tcg" => ("tcg,thread=multi", "max"),
+            other => bail!("COCOON_FIXUP_E2E_ACCEL={other}: use `tcg` (default) or `kvm`"),
+        };
+        let log = std::fs::File::create(spec.dir.join(QEMU_LOG))?;
+        let mut cmd = ns.command("qemu-system-x86_64");
+        cmd.args([
+            "-name",
+            "cocoon-fixup-e2e",
+            "-no-user-config",
+            "-nodefaults",
+        ])
+        .args(["-display", "none", "-machine", "q35", "-accel", accel])
+        .args(["-cpu", cpu, "-smp", "1", "-m", "1024"])
+        .arg("-kernel")
+        .arg(spec.image.kernel())
+        .arg("-initrd")
+        .arg(spec.image.initrd())
+        .args([
+            "-append",
+            "root=/dev/vda rw console=ttyS0 net.ifnames=0 panic=-1",
+            "-no-reboot",
+        ])
+        .arg("-drive")
+        .arg(format!(
+            "file={},if=none,id=disk0,format=qcow2,cache=unsafe,discard=unmap",
+            disk.display()
+        ))
+        .args(["-device", "virtio-blk-pci,drive=disk0"])
+        .args(["-device", "virtio-rng-pci"])
+        .arg("-netdev")
+        .arg(format!(
+            "tap,id=net0,ifname={},script=no,downscript=no",
+            spec.tap
+        ))
+        .arg("-device")
+        .arg(format!("virtio-net-pci,netdev=net0,mac={}", spec.mac))
+        .args(["-device", "virtio-serial-pci,id=vser0"])
+        .arg("-chardev")
+        .arg(format!(
+            "socket,id=qga0,path={},server=on,wait=off",
+            sock.display()
+        ))
+        .args([
+            "-device",
+            "virtserialport,bus=vser0.0,chardev=qga0,name=org.qemu.guest_agent.0",
+        ])
+        .arg("-qmp")
+        .arg(format!(
+            "unix:{},server=on,wait=off",
+            spec.dir.join(QMP_SOCKET).display()
+        ))
+        .arg("-serial")
+        .arg(format!("file:{}", spec.dir.join(SERIAL_LOG).display()));
+        if let Some(seed) = &spec.seed {
+            cmd.args(["-device", "virtio-scsi-pci,id=scsi0"])
+                .arg("-drive")
+                .arg(format!(
+                    "file={},if=none,id=seed0,media=cdrom,format=raw,readonly=on",
+                    seed.display()
+                ))
+                .args(["-device", "scsi-cd,bus=scsi0.0,drive=seed0,id=cd0"]);
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("cannot start qemu-system-x86_64")?;
+        Ok(Guest {
+            child,
+            dir: spec.dir.clone(),
+        })
+    }
+
+    /// Wait for the guest agent to answer (the guest has booted far
+    /// enough for the host to exec into it).
+    pub fn wait_agent(&mut self, within: Duration) -> Result<Duration> {
+        let started = Instant::now();
+        let sock = self.dir.join(QGA_SOCKET);
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("QEMU exited during boot ({status}): {}", self.logs());
+            }
+            let left = within.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                bail!(
+                    "the guest agent did not answer within {within:?}: {}",
+                    self.logs()
+                );
+            }
+            if Agent::connect(&sock, left.min(Duration::from_secs(3))).is_ok() {
+                return Ok(started.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    fn agent(&self) -> Result<Agent> {
+        Agent::connect(&self.dir.join(QGA_SOCKET), Duration::from_secs(30))
+            .map_err(|e| anyhow!("{e}: {}", self.logs()))
+    }
+
+    /// Run argv in the guest through the agent (the harness's own checks).
+    pub fn run(&self, argv: &[&str]) -> Result<GuestExit> {
+        let (program, args) = argv.split_first().expect("a program");
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        Ok(self.agent()?.exec(program, &args, COMMAND_TIMEOUT)?)
+    }
+
+    /// Run argv and require exit 0; stdout as text.
+    pub fn check(&self, argv: &[&str]) -> Result<String> {
+        let exit = self.run(argv)?;
+        if !exit.success() {
+            bail!(
+                "guest command {argv:?} exited {:?}: {}",
+                exit.code,
+                exit.stderr_text().trim()
+            );
+        }
+        Ok(exit.stdout_text())
+    }
+
+    pub fn sh(&self, script: &str) -> Result<GuestExit> {
+        self.run(&["sh", "-c", script])
+    }
+
+    pub fn read_file(&self, path: &str) -> Result<String> {
+        self.check(&["cat", path])
+    }
+
+    /// `ip -j addr show dev <dev>`, read from inside the guest.
+    pub fn link(&self, dev: &str) -> Result<Link> {
+        let json = self.check(&["ip", "-j", "addr", "show", "dev", dev])?;
+        let parsed: Value = serde_json::from_str(&json).context("ip -j addr output")?;
+        let entry = parsed
+            .get(0)
+            .ok_or_else(|| anyhow!("no {dev} in the guest: {json}"))?;
+        let mac = entry["address"].as_str().unwrap_or_default().to_owned();
+        let ipv4 = entry["addr_info"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|a| a["family"] == "inet")
+            .filter_map(|a| {
+                let ip = a["local"].as_str()?.parse().ok()?;
+                let prefix = u8::try_from(a["prefixlen"].as_u64()?).ok()?;
+                Some((ip, prefix))
+            })
+            .collect();
+        Ok(Link { mac, ipv4 })
+    }
+
+    pub fn qmp(&self) -> Result<Qmp> {
+        Qmp::connect(&self.dir.join(QMP_SOCKET))
+    }
+
+    /// Power the guest off through the agent and wait for QEMU to exit;
+    /// kill it after `within`.
+    pub fn shutdown(mut self, within: Duration) -> Result<Duration> {
+        let started = Instant::now();
+        if let Ok(mut agent) = self.agent() {
+            let _ = agent.shutdown();
+        }
+        while started.elapsed() < within {
+            if self.child.try_wait()?.is_some() {
+                return Ok(started.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        bail!("the guest did not power off within {within:?}; QEMU was killed")
+    }
+
+    /// The tail of the serial console and QEMU's own log, for errors.
+    pub fn logs(&self) -> String {
+        format!(
+            "\n--- serial console (last lines of {}) ---\n{}\n--- qemu log ---\n{}",
+            self.dir.join(SERIAL_LOG).display(),
+            tail(&self.dir.join(SERIAL_LOG), 40),
+            tail(&self.dir.join(QEMU_LOG), 10)
+        )
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// A QMP connection, capabilities negotiated.
+#[derive(Debug)]
+pub struct Qmp {
+    out: UnixStream,
+    reader: BufReader<UnixStream>,
+}
+
+impl Qmp {
+    fn connect(path: &Path) -> Result<Qmp> {
+        let out = UnixStream::connect(path)
+            .with_context(|| format!("cannot connect to QMP at {}", path.display()))?;
+        out.set_read_timeout(Some(Duration::from_secs(30)))?;
+        let mut qmp = Qmp {
+            reader: BufReader::new(out.try_clone()?),
+            out,
+        };
+        let greeting = qmp.read()?;
+        if greeting.get("QMP").is_none() {
+            bail!("not a QMP greeting: {greeting}");
+        }
+        qmp.execute("qmp_capabilities", json!({}))?;
+        Ok(qmp)
+    }
+
+    fn read(&mut self) -> Result<Value> {
+        let mut line = String::new();
+        if self.reader.read_line(&mut line)? == 0 {
+            bail!("QMP closed the connection");
+        }
+        Ok(serde_json::from_str(&line)?)
+    }
+
+    /// Run a command; events that arrive meanwhile are skipped.
+    pub fn execute(&mut self, command: &str, arguments: Value) -> Result<Value> {
+        let request = json!({"execute": command, "arguments": arguments});
+        writeln!(self.out, "{request}")?;
+        loop {
+            let reply = self.read()?;
+            if let Some(error) = reply.get("error") {
+                bail!("QMP {command} failed: {error}");
+            }
+            if let Some(value) = reply.get("return") {
+                return Ok(value.clone());
+            }
+        }
+    }
+
+    /// Swap the medium of CD `device` (its qdev id) for `file`, forcing
+    /// the tray open even if the guest locked it.
+    pub fn change_medium(&mut self, device: &str, file: &Path) -> Result<()> {
+        self.execute(
+            "blockdev-change-medium",
+            json!({"id": device, "filename": file, "format": "raw",
+                   "read-only-mode": "read-only", "force": true}),
+        )?;
+        Ok(())
+    }
+}

@@ -1,0 +1,374 @@
+//! The harness: a [`Lab`] per scenario plays cocoon and the node around
+//! one cloned guest, and builds the real host over it.
+//!
+//! - The stand-in cocoon root is `<cache>/runs/<scenario>/`; the VM lives
+//!   in `run/<backend>/<vm id>/` below it (disk overlay, agent and QMP
+//!   sockets, serial log, `inspect.json`), and is left there after the run
+//!   for a post-mortem.
+//! - The network is a namespace of the scenario's own with `tap0`; its
+//!   namespace side is the guest network's gateway.
+//! - The host is `fixup_host::host::Host` with the real `Planner` and
+//!   built-in plugins, the real `CocoonCli` pointed at
+//!   `<root>/bin/cocoon` (a wrapper that runs `cocoon-shim --root <root>`),
+//!   `MemoryPods` holding the pod, and a `LeaseWatcher` on
+//!   `<root>/leases.json`.
+
+#![allow(dead_code)]
+
+pub mod guest;
+pub mod images;
+pub mod net;
+pub mod seed;
+
+use std::io::Write as _;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use fixup_e2e::state::{self, Backend, INSPECT_FILE};
+use fixup_host::cocoon::CocoonCli;
+use fixup_host::facts::PodInput;
+use fixup_host::host::{Host, HostConfig, Summary, Trigger};
+use fixup_host::metrics::Metrics;
+use fixup_host::planner::{Planner, PlannerOptions};
+use fixup_host::plugin::EngineOptions;
+use fixup_host::pods::MemoryPods;
+use fixup_host::ready::{DEFAULT_LEASE_POLL, LeaseWatcher};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use guest::{Guest, Spec};
+use images::Image;
+use net::Netns;
+
+/// The tap every guest's NIC is on, inside its scenario's namespace.
+pub const TAP: &str = "tap0";
+/// The clone's MAC ("MAC B"): what cocoon gave the clone's NIC.
+pub const MAC_B: &str = "52:54:00:e2:e0:0b";
+/// The clone's static address ("IP Y"); the parent's ("IP X") and the
+/// gateway come from the image (`image.json`).
+pub const IP_Y: &str = "10.213.7.20";
+/// dnsmasq's pool in the DHCP scenarios.
+pub const DHCP_RANGE: &str = "10.213.7.100,10.213.7.199,255.255.255.0";
+/// The pod's namespace in `MemoryPods`.
+pub const POD_NAMESPACE: &str = "e2e";
+pub const POD_UID: &str = "5d0c7a10-e2e0-4c1e-9f00-000000000001";
+
+/// Boot to a responding guest agent: measured 13-45 s under TCG; the
+/// bound leaves room for a machine busy compiling.
+pub const BOOT_LIMIT: Duration = Duration::from_secs(300);
+/// The guest's NIC settling on its new address after the host is done:
+/// well under a second measured.
+pub const LINK_LIMIT: Duration = Duration::from_secs(30);
+/// Ping after a fixup: the first echo usually answers within a second.
+pub const PING_LIMIT: Duration = Duration::from_secs(30);
+/// Power-off through the agent: 2-3 s measured.
+pub const SHUTDOWN_LIMIT: Duration = Duration::from_secs(60);
+
+/// A NIC as cocoon reports it in `vm inspect --json`.
+#[derive(Debug, Clone)]
+pub enum NicNet {
+    Static {
+        ip: String,
+        prefix: u8,
+        gateway: String,
+    },
+    Dhcp,
+}
+
+/// One scenario's world: image, namespace, stand-in cocoon root, timings.
+#[derive(Debug)]
+pub struct Lab {
+    pub scenario: &'static str,
+    pub image: Image,
+    pub root: PathBuf,
+    pub ns: Netns,
+    pub backend: Backend,
+    pub vm_id: String,
+    pub vm_name: String,
+    started: Instant,
+    timings: Vec<(String, Duration)>,
+}
+
+impl Lab {
+    /// Check prerequisites, reset `<cache>/runs/<scenario>`, create the
+    /// namespace with its tap.
+    pub fn new(scenario: &'static str, image: &str, backend: Backend) -> Result<Lab> {
+        let image = images::require(image)?;
+        let root = images::cache_dir().join("runs").join(scenario);
+        if root.exists() {
+            std::fs::remove_dir_all(&root)
+                .with_context(|| format!("cannot clear {}", root.display()))?;
+        }
+        std::fs::create_dir_all(root.join("bin"))?;
+        let ns = Netns::create(&format!("cfe2e-{scenario}"))?;
+        let gateway = format!("{}/{}", image.golden.gateway, image.golden.prefix);
+        ns.add_tap(TAP, &gateway)?;
+        eprintln!(
+            "e2e {scenario}: image {} (Debian {}{}), state in {}",
+            image.name,
+            image.release,
+            if image.cloud_init.is_empty() {
+                String::new()
+            } else {
+                format!(", cloud-init {}", image.cloud_init)
+            },
+            root.display()
+        );
+        Ok(Lab {
+            scenario,
+            image,
+            root,
+            ns,
+            backend,
+            vm_id: format!("vm-{scenario}"),
+            vm_name: format!("e2e-{scenario}"),
+            started: Instant::now(),
+            timings: Vec::new(),
+        })
+    }
+
+    pub fn vm_dir(&self) -> PathBuf {
+        state::vm_dir(&self.root, self.backend, &self.vm_id)
+    }
+
+    /// Record how long `f` took under `phase`.
+    pub fn timed<T>(&mut self, phase: &'static str, f: impl FnOnce(&mut Self) -> T) -> T {
+        let t = Instant::now();
+        let out = f(self);
+        self.timings.push((phase.to_owned(), t.elapsed()));
+        out
+    }
+
+    pub fn record(&mut self, phase: &str, took: Duration) {
+        self.timings.push((phase.to_owned(), took));
+    }
+
+    /// Boot the guest with its NIC on `mac` and wait until it has booted;
+    /// `phase` names the timing ("boot", "parent boot").
+    pub fn boot(
+        &mut self,
+        phase: &str,
+        mac: &str,
+        disk: &'static str,
+        seed: Option<PathBuf>,
+    ) -> Result<Guest> {
+        let spec = Spec {
+            image: &self.image,
+            dir: self.vm_dir(),
+            disk,
+            mac: mac.to_owned(),
+            tap: TAP,
+            seed,
+        };
+        let started = Instant::now();
+        let mut guest = Guest::boot(&self.ns, &spec)?;
+        let agent = guest.wait_agent(BOOT_LIMIT)?;
+        // The agent starts early; the checks need networkd (and, on cloud
+        // images, cloud-init's first run) to have finished.
+        let state = guest.run(&["systemctl", "is-system-running", "--wait"])?;
+        let state = state.stdout_text();
+        let state = state.trim();
+        if state != "running" {
+            let failed = guest.run(&["systemctl", "--failed", "--no-legend", "--plain"])?;
+            eprintln!(
+                "e2e {}: guest is {state}; failed units: {}",
+                self.scenario,
+                failed.stdout_text().trim()
+            );
+        }
+        anyhow::ensure!(
+            matches!(state, "running" | "degraded"),
+            "the guest did not finish booting: {state}{}",
+            guest.logs()
+        );
+        self.timings.push((format!("{phase} (agent up)"), agent));
+        self.timings.push((phase.to_owned(), started.elapsed()));
+        Ok(guest)
+    }
+
+    /// What `cocoon vm inspect --json` prints for the clone.
+    pub fn write_inspect(&self, nics: &[(&str, NicNet)]) -> Result<()> {
+        let nics: Vec<serde_json::Value> = nics
+            .iter()
+            .map(|(mac, net)| match net {
+                NicNet::Static {
+                    ip,
+                    prefix,
+                    gateway,
+                } => json!({"mac": mac, "tap": TAP,
+                    "network": {"ip": ip, "prefix": prefix, "gateway": gateway}}),
+                NicNet::Dhcp => json!({"mac": mac, "tap": TAP}),
+            })
+            .collect();
+        let inspect = json!({
+            "id": self.vm_id,
+            "name": self.vm_name,
+            "state": "running",
+            "hypervisor": self.backend.annotation(),
+            "network_configs": nics,
+        });
+        std::fs::create_dir_all(self.vm_dir())?;
+        std::fs::write(
+            self.vm_dir().join(INSPECT_FILE),
+            serde_json::to_vec_pretty(&inspect)?,
+        )?;
+        Ok(())
+    }
+
+    /// The clone's static NIC: MAC B on IP Y in the image's subnet.
+    pub fn static_y(&self) -> NicNet {
+        NicNet::Static {
+            ip: IP_Y.to_owned(),
+            prefix: self.image.golden.prefix,
+            gateway: self.image.golden.gateway.clone(),
+        }
+    }
+
+    /// The host as the node daemon builds it, over this lab.
+    pub fn host(&self, config: HostConfig) -> Result<Rig> {
+        let shim = self.root.join("bin").join("cocoon");
+        let mut script = std::fs::File::create(&shim)?;
+        write!(
+            script,
+            "#!/bin/sh\nexec '{}' --root '{}' \"$@\"\n",
+            env!("CARGO_BIN_EXE_cocoon-shim"),
+            self.root.display()
+        )?;
+        drop(script);
+        std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755))?;
+
+        let pod = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": self.vm_name,
+                "namespace": POD_NAMESPACE,
+                "uid": POD_UID,
+                "annotations": {
+                    "cocoonset.cocoonstack.io/managed": "true",
+                    "cocoonset.cocoonstack.io/mode": "clone",
+                    "cocoonset.cocoonstack.io/os": "linux",
+                    "cocoonset.cocoonstack.io/generation": "1",
+                    "vm.cocoonstack.io/name": self.vm_name,
+                    "vm.cocoonstack.io/id": self.vm_id,
+                    "vm.cocoonstack.io/backend": self.backend.annotation(),
+                },
+            },
+            "spec": {"nodeName": "e2e-node"},
+        });
+        let pod = PodInput::from_json(&pod.to_string(), "e2e pod")?;
+        let pods = MemoryPods::new();
+        pods.insert(pod);
+
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let _entered = runtime.enter();
+        let options = PlannerOptions {
+            cocoon_root: self.root.clone(),
+            engine: EngineOptions {
+                cache_dir: Some(images::cache_dir().join("plugin-cache")),
+                ..EngineOptions::default()
+            },
+            plugin_dir: None,
+        };
+        let (planner, failures) = Planner::new(options)?;
+        anyhow::ensure!(failures.is_empty(), "plugins failed to load: {failures:?}");
+        let leases = LeaseWatcher::new(self.root.join("leases.json"), DEFAULT_LEASE_POLL)?;
+        let host = Host::new(
+            Arc::new(planner),
+            CocoonCli::new(&shim),
+            pods.clone(),
+            Arc::new(leases),
+            config,
+            Arc::new(Metrics::new()),
+        );
+        Ok(Rig {
+            host,
+            pods,
+            runtime,
+            pod_name: self.vm_name.clone(),
+        })
+    }
+
+    /// Print the timings (and append them to `<cache>/timings.log`).
+    pub fn finish(mut self) {
+        self.timings
+            .push(("total".to_owned(), self.started.elapsed()));
+        let accel = std::env::var("COCOON_FIXUP_E2E_ACCEL").unwrap_or_else(|_| "tcg".into());
+        let line = format!(
+            "e2e {} ({}, {accel}): {}",
+            self.scenario,
+            self.image.name,
+            self.timings
+                .iter()
+                .map(|(p, d)| format!("{p} {:.1}s", d.as_secs_f64()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        eprintln!("{line}");
+        if let Ok(mut log) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(images::cache_dir().join("timings.log"))
+        {
+            let now = jiff::Timestamp::now();
+            let _ = writeln!(log, "{now} {line}");
+        }
+    }
+}
+
+/// The host over a lab, and the pod it handles.
+#[derive(Debug)]
+pub struct Rig {
+    pub host: Host<CocoonCli, MemoryPods>,
+    pub pods: MemoryPods,
+    runtime: tokio::runtime::Runtime,
+    pod_name: String,
+}
+
+impl Rig {
+    /// `Host::handle` for the pod, as an event would trigger it.
+    pub fn handle(&self) -> Result<Summary> {
+        let shutdown = CancellationToken::new();
+        Ok(self.runtime.block_on(self.host.handle(
+            POD_NAMESPACE,
+            &self.pod_name,
+            Trigger::Event,
+            &shutdown,
+        ))?)
+    }
+
+    pub fn annotation(&self, key: &str) -> Option<String> {
+        self.pods
+            .annotations(POD_NAMESPACE, &self.pod_name)
+            .and_then(|a| a.get(key).cloned())
+    }
+
+    /// Messages of the events with `reason`, in order.
+    pub fn events(&self, reason: &str) -> Vec<String> {
+        self.pods
+            .events()
+            .into_iter()
+            .filter(|(_, e)| e.reason == reason)
+            .map(|(_, e)| e.message)
+            .collect()
+    }
+}
+
+/// The networkd file name the product writes for `mac`.
+pub fn networkd_file(mac: &str) -> String {
+    format!("/etc/systemd/network/10-{}.network", mac.replace(':', ""))
+}
+
+/// Lines of the shim's log: one per `cocoon` call the host made.
+pub fn shim_calls(root: &Path) -> Vec<String> {
+    std::fs::read_to_string(root.join(state::SHIM_LOG))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
