@@ -18,7 +18,7 @@ use cocoon_fixup_sdk as sdk;
 use cocoon_fixup_sdk::Plugin as _;
 use fixup_host::classify::{self, Scenario};
 use fixup_host::facts::{self, ImageKind, Observation, VmFacts, VmId};
-use fixup_host::plan::{self, Plan, ScriptHeader};
+use fixup_host::plan::{self, Plan};
 use fixup_host::planner::{ComposedPlan, PlanOutcome, PlanPart, Planner};
 use fixup_host::plugin::CallStats;
 use fixup_host::probe::OverlayProbe;
@@ -88,45 +88,7 @@ pub fn plan_scenarios(
     }
     let plan = plan::compose(plans)?;
     plan.check(limits)?;
-    // The header exactly as the planner writes it.
-    let header = ScriptHeader {
-        title: vec![
-            format!(
-                "cocoon-fixup {} plan for VM {} (id {})",
-                scenarios
-                    .iter()
-                    .map(|s| s.as_str())
-                    .collect::<Vec<_>>()
-                    .join(" + "),
-                facts.name,
-                facts.id
-            ),
-            format!(
-                "plugins: {}",
-                parts
-                    .iter()
-                    .map(|p| format!(
-                        "{} {} sha256:{}",
-                        p.selection.plugin.info.name,
-                        p.selection.plugin.info.version,
-                        &p.selection.plugin.sha256[..12]
-                    ))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        ],
-    };
-    let script = plan::render_script(&plan, &header);
-    let hint = plan::hint_base64(&script);
-    let exec = plan::render_exec(&plan);
-    Ok(ComposedPlan {
-        facts: facts.clone(),
-        parts,
-        plan,
-        exec,
-        script,
-        hint,
-    })
+    Ok(ComposedPlan::render(facts, scenarios, parts, plan))
 }
 
 /// One plugin's plan, called natively: the same conversion the host's

@@ -80,6 +80,53 @@ pub struct ComposedPlan {
     pub hint: String,
 }
 
+impl ComposedPlan {
+    /// Render a checked, composed plan: the exec argv, and the hint script
+    /// under a header naming the scenarios, the VM and each plugin's digest.
+    pub fn render(
+        facts: &VmFacts,
+        scenarios: &[Scenario],
+        parts: Vec<PlanPart>,
+        plan: Plan,
+    ) -> Self {
+        let scenario_names: Vec<&str> = scenarios.iter().map(|s| s.as_str()).collect();
+        let plugins: Vec<String> = parts
+            .iter()
+            .map(|p| {
+                let plugin = &p.selection.plugin;
+                format!(
+                    "{} {} sha256:{}",
+                    plugin.info.name,
+                    plugin.info.version,
+                    &plugin.sha256[..12]
+                )
+            })
+            .collect();
+        let header = ScriptHeader {
+            title: vec![
+                format!(
+                    "cocoon-fixup {} plan for VM {} (id {})",
+                    scenario_names.join(" + "),
+                    facts.name,
+                    facts.id
+                ),
+                format!("plugins: {}", plugins.join(", ")),
+            ],
+        };
+        let script = plan::render_script(&plan, &header);
+        let hint = plan::hint_base64(&script);
+        let exec = plan::render_exec(&plan);
+        ComposedPlan {
+            facts: facts.clone(),
+            parts,
+            plan,
+            exec,
+            script,
+            hint,
+        }
+    }
+}
+
 /// The answer for one VM.
 #[derive(Debug, Clone)]
 pub struct PlanOutcome {
@@ -189,44 +236,7 @@ impl Planner {
                 plugins: names(),
                 source,
             })?;
-        let header = ScriptHeader {
-            title: vec![
-                format!(
-                    "cocoon-fixup {} plan for VM {} (id {})",
-                    scenarios
-                        .iter()
-                        .map(|s| s.as_str())
-                        .collect::<Vec<_>>()
-                        .join(" + "),
-                    facts.name,
-                    facts.id
-                ),
-                format!(
-                    "plugins: {}",
-                    parts
-                        .iter()
-                        .map(|p| format!(
-                            "{} {} sha256:{}",
-                            p.selection.plugin.info.name,
-                            p.selection.plugin.info.version,
-                            &p.selection.plugin.sha256[..12]
-                        ))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            ],
-        };
-        let script = plan::render_script(&plan, &header);
-        let hint = plan::hint_base64(&script);
-        let exec = plan::render_exec(&plan);
-        Ok(ComposedPlan {
-            facts: facts.clone(),
-            parts,
-            plan,
-            exec,
-            script,
-            hint,
-        })
+        Ok(ComposedPlan::render(facts, scenarios, parts, plan))
     }
 
     /// Cloudimg when the source image is an http(s) URL, else when the
