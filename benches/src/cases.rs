@@ -116,6 +116,7 @@ impl Case {
             namespace: NAMESPACE.to_owned(),
             uid: Some(uid(self, i)),
             annotations,
+            deleting: false,
         }
     }
 

@@ -9,6 +9,7 @@
 //! next start. A deleted or replaced pod stops the loop, and every write
 //! carries the pod's uid precondition.
 
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::classify::Scenario;
 use crate::cocoon::{Cocoon, CocoonError, ExecOutput};
-use crate::facts::{GuestOs, MacAddr, VmFacts, VmId};
+use crate::facts::{GuestOs, MacAddr, PodInput, VmId, WaitFacts, WaitNic, annotations};
 use crate::lifecycle::{self, Lifecycle, PostCloneState};
 use crate::plan::{Plan, attribute_failure};
 use crate::pods::{AnnotationPatch, Event, PodApi, PodError, PodRef, cap_utf8, keys, reasons};
@@ -54,6 +55,9 @@ pub struct ReadyConfig {
     pub renew_after: Duration,
     pub renew_timeout: Duration,
     pub dhcp_recovery_after: Duration,
+    /// Timeout of the DHCP recovery exec, like every plan exec (90 s,
+    /// `--exec-timeout`), never past the IP budget.
+    pub recovery_timeout: Duration,
 }
 
 impl Default for ReadyConfig {
@@ -63,6 +67,7 @@ impl Default for ReadyConfig {
             renew_after: Duration::from_secs(30),
             renew_timeout: Duration::from_secs(20),
             dhcp_recovery_after: Duration::from_secs(15),
+            recovery_timeout: RetryConfig::default().exec_timeout,
         }
     }
 }
@@ -79,7 +84,8 @@ pub enum FixupOutcome {
     Exhausted { attempts: u32, errors: Vec<String> },
     /// The host is shutting down; `post-clone-state` stays `running`.
     Shutdown { attempts: u32 },
-    /// The pod was deleted or replaced; nothing more is written.
+    /// The pod was deleted or replaced, or the stack took it over
+    /// (hibernation, deletion, another VM): nothing more is written.
     Gone { attempts: u32 },
 }
 
@@ -94,8 +100,6 @@ pub struct FixupJob<'a> {
     pub exec: &'a [String],
     /// The base64 hint for the failed case.
     pub hint: &'a str,
-    /// The pod's annotations as read before the loop.
-    pub annotations: &'a std::collections::BTreeMap<String, String>,
 }
 
 /// Run one exec of the plan; `Ok` on success, else the attempt's error as
@@ -169,11 +173,40 @@ async fn emit<P: PodApi>(pods: &P, pod: &PodRef, event: Event) {
     }
 }
 
-/// Is the pod still this incarnation? API errors count as yes: a flaky API
-/// server must not stop a fixup; the uid precondition still guards writes.
-async fn still_there<P: PodApi>(pods: &P, pod: &PodRef) -> bool {
+/// Is `current` still the pod the host is working for, with work the host
+/// owns? The same incarnation (uid), the decision table still open (not
+/// hibernating, not deleting, lifecycle not moved on: spec section 8), and
+/// no other VM id annotated than the one the host bound.
+pub fn still_ours(current: &PodInput, pod: &PodRef, vm: &VmId) -> bool {
+    let annotated = current.annotation(annotations::VM_ID);
+    current.uid.as_deref() == Some(pod.uid.as_str())
+        && lifecycle::gate(current).is_ok()
+        && (annotated.is_empty() || annotated == vm.as_str())
+}
+
+/// Read the pod again before a final write: `Ok(Some)` with its
+/// annotations while it is still ours ([`still_ours`]), `Ok(None)` when the
+/// write must be skipped. A read that fails (after the API client's own
+/// retries) is an error: nothing is assumed, nothing is written, and the
+/// caller tries again later.
+pub async fn reread<P: PodApi>(
+    pods: &P,
+    pod: &PodRef,
+    vm: &VmId,
+) -> Result<Option<BTreeMap<String, String>>, PodError> {
+    Ok(pods
+        .get(&pod.namespace, &pod.name)
+        .await?
+        .filter(|current| still_ours(current, pod, vm))
+        .map(|current| current.annotations))
+}
+
+/// Is the pod still ours before an attempt? API errors count as yes: a
+/// flaky API server must not stop a fixup; the uid precondition still
+/// guards writes, and the final write reads again.
+async fn still_there<P: PodApi>(pods: &P, pod: &PodRef, vm: &VmId) -> bool {
     match pods.get(&pod.namespace, &pod.name).await {
-        Ok(Some(p)) => p.uid.as_deref() == Some(pod.uid.as_str()),
+        Ok(Some(current)) => still_ours(&current, pod, vm),
         Ok(None) => false,
         Err(e) => {
             tracing::warn!(pod = %pod, "cannot check the pod before an attempt: {e}");
@@ -223,7 +256,7 @@ pub async fn run_fixup<C: Cocoon, P: PodApi>(
         if shutdown.is_cancelled() {
             return Ok(FixupOutcome::Shutdown { attempts });
         }
-        if !still_there(pods, pod).await {
+        if !still_there(pods, pod, job.vm).await {
             return Ok(FixupOutcome::Gone { attempts });
         }
         attempts += 1;
@@ -297,12 +330,8 @@ async fn exhausted<P: PodApi>(
         keys::POST_CLONE_ERRORS.to_owned(),
         Some(errors_annotation(&errors)),
     );
-    let current = match pods.get(&pod.namespace, &pod.name).await {
-        Ok(Some(p)) if p.uid.as_deref() == Some(pod.uid.as_str()) => p.annotations,
-        Ok(_) => return Ok(FixupOutcome::Gone { attempts }),
-        // Failed is always allowed; the annotations read at the start still
-        // carry the generation to echo.
-        Err(_) => job.annotations.clone(),
+    let Some(current) = reread(pods, pod, job.vm).await? else {
+        return Ok(FixupOutcome::Gone { attempts });
     };
     let message = cap_utf8(summary.clone(), 1024, "… [truncated]");
     if let Some(lifecycle) = lifecycle::transition(&current, Lifecycle::Failed, &message) {
@@ -335,6 +364,8 @@ pub enum ReadyOutcome {
 pub struct DhcpRecovery {
     pub plan: Plan,
     pub exec: Vec<String>,
+    /// The NICs the plan re-runs DHCP on, for the event.
+    pub nics: usize,
 }
 
 /// Wait for the guest's IP and publish readiness (spec section 6).
@@ -344,29 +375,31 @@ pub struct DhcpRecovery {
 /// - Windows: one `cmd /c ipconfig /renew` nudge after `renew_after`.
 /// - A Linux clone that needed no fixup: one DHCP recovery pass after
 ///   `dhcp_recovery_after`, inside the same budget.
+///
+/// Before the final write the pod is read again: the write is skipped when
+/// the pod is no longer ours ([`still_ours`]), and a read that fails is an
+/// error (nothing written; the caller retries), never a guess.
 #[allow(clippy::too_many_arguments)]
 pub async fn wait_ready<C: Cocoon, P: PodApi>(
     cocoon: &C,
     pods: &P,
     leases: &LeaseWatcher,
     pod: &PodRef,
-    facts: &VmFacts,
+    facts: &WaitFacts,
     recovery: Option<&DhcpRecovery>,
     config: &ReadyConfig,
     shutdown: &CancellationToken,
 ) -> Result<ReadyOutcome, PodError> {
     let start = Instant::now();
     let deadline = start + config.budget;
-    let ip = match facts.nics.first() {
-        Some(nic) => match nic.static_ipv4 {
-            Some(s) => Some(s.address),
-            None => {
-                tokio::select! {
-                    ip = wait_lease(cocoon, pods, leases, pod, facts, nic.mac, recovery, config, start, deadline) => ip,
-                    () = shutdown.cancelled() => return Ok(ReadyOutcome::Shutdown),
-                }
+    let ip = match facts.first {
+        Some(WaitNic::Static(address)) => Some(address),
+        Some(WaitNic::Lease(mac)) => {
+            tokio::select! {
+                ip = wait_lease(cocoon, pods, leases, pod, facts, mac, recovery, config, start, deadline) => ip,
+                () = shutdown.cancelled() => return Ok(ReadyOutcome::Shutdown),
             }
-        },
+        }
         None => {
             tokio::select! {
                 () = tokio::time::sleep_until(deadline) => None,
@@ -374,23 +407,13 @@ pub async fn wait_ready<C: Cocoon, P: PodApi>(
             }
         }
     };
-    // Stickiness is decided on the pod as it is now. When it cannot be read
-    // (after the API client's own retries), nothing is assumed: the IP is
-    // recorded but the lifecycle is left alone.
-    let current = match pods.get(&pod.namespace, &pod.name).await {
-        Ok(Some(p)) if p.uid.as_deref() == Some(pod.uid.as_str()) => Some(p.annotations),
-        Ok(_) => return Ok(ReadyOutcome::Gone),
-        Err(e) => {
-            tracing::warn!(pod = %pod, "cannot read the pod before the ready write ({e}); recording the IP only");
-            None
-        }
+    let Some(current) = reread(pods, pod, &facts.id).await? else {
+        return Ok(ReadyOutcome::Gone);
     };
     let outcome = match ip {
         Some(ip) => {
             let mut patch = AnnotationPatch::from([(keys::IP.to_owned(), Some(ip.to_string()))]);
-            let transition = current
-                .as_ref()
-                .and_then(|c| lifecycle::transition(c, Lifecycle::Ready, ""));
+            let transition = lifecycle::transition(&current, Lifecycle::Ready, "");
             let ready_blocked = transition.is_none();
             patch.extend(transition.unwrap_or_default());
             if !write(pods, pod, &patch).await? {
@@ -404,7 +427,6 @@ pub async fn wait_ready<C: Cocoon, P: PodApi>(
                 facts.name,
                 span(config.budget)
             );
-            let current = current.unwrap_or_default();
             if let Some(patch) = lifecycle::transition(&current, Lifecycle::Failed, &message)
                 && !write(pods, pod, &patch).await?
             {
@@ -423,7 +445,7 @@ async fn wait_lease<C: Cocoon, P: PodApi>(
     pods: &P,
     leases: &LeaseWatcher,
     pod: &PodRef,
-    facts: &VmFacts,
+    facts: &WaitFacts,
     mac: MacAddr,
     recovery: Option<&DhcpRecovery>,
     config: &ReadyConfig,
@@ -442,13 +464,12 @@ async fn wait_lease<C: Cocoon, P: PodApi>(
         if let Some(ip) = leases.wait_for(&mac, at).await {
             return Some(ip);
         }
+        let left = deadline.saturating_duration_since(Instant::now());
         if windows {
             let argv: Vec<String> = ["cmd", "/c", "ipconfig", "/renew"]
                 .map(str::to_owned)
                 .to_vec();
-            let timeout = config
-                .renew_timeout
-                .min(deadline.saturating_duration_since(Instant::now()));
+            let timeout = config.renew_timeout.min(left);
             if let Err(e) = exec_once(cocoon, &facts.id, &argv, timeout).await {
                 tracing::warn!(pod = %pod, "ipconfig /renew nudge failed: {e}");
             }
@@ -461,12 +482,12 @@ async fn wait_lease<C: Cocoon, P: PodApi>(
                     format!(
                         "no lease after {}: re-running DHCP on {} NIC(s)",
                         span(config.dhcp_recovery_after),
-                        facts.nics.len()
+                        recovery.nics
                     ),
                 ),
             )
             .await;
-            let timeout = deadline.saturating_duration_since(Instant::now());
+            let timeout = config.recovery_timeout.min(left);
             if let Err(e) = exec_once(cocoon, &facts.id, &recovery.exec, timeout).await {
                 tracing::warn!(pod = %pod, "DHCP recovery pass failed: {e}");
             }

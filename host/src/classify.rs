@@ -188,6 +188,7 @@ pub fn classify(obs: &Observation) -> Decision {
     } else if obs.boot.is_none() {
         Rule::NotCloned
     } else if obs.backend == Backend::CloudHypervisor
+        && obs.backend_exact
         && obs.os == GuestOs::Windows
         && obs.boot == Some(BootKind::Wake)
     {
@@ -258,9 +259,12 @@ mod tests {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            deleting: false,
         };
         let vm = VmInspect {
             id: "vm-1".to_owned(),
+            name: "vk-default-web-0-000000".to_owned(),
+            image: String::new(),
             nics: nics
                 .chars()
                 .enumerate()
@@ -290,7 +294,7 @@ mod tests {
     #[case::run(&[M, (MODE, "run"), FC], "s", Rule::NotCloned)]
     #[case::run_upper(&[M, (MODE, "RUN"), WIN], "d", Rule::NotCloned)]
     #[case::run_mixed(&[M, (MODE, "Run")], "s", Rule::NotCloned)]
-    #[case::run_hibernate(&[M, (MODE, "run"), WAKE, WIN], "d", Rule::NotCloned)]
+    #[case::run_hibernate_linux(&[M, (MODE, "run"), WAKE, LINUX], "d", Rule::AllDhcp)]
     #[case::run_upper_fork(&[M, (MODE, "RUN"), (FORK_FROM, "vm-src")], "s", Rule::StaticNic)]
     #[case::run_mixed_fork(&[M, (MODE, "Run"), (FORK_FROM, "vm-src")], "d", Rule::AllDhcp)]
     #[case::run_clone_dir(&[M, (MODE, "Run"), (CLONE_FROM_DIR, "/snap/a")], "s", Rule::StaticNic)]
@@ -299,8 +303,16 @@ mod tests {
     #[case::no_mode(&[M], "s", Rule::StaticNic)]
     // Rule 3: CH Windows wake only.
     #[case::ch_windows_wake(&[M, CH, WIN, WAKE], "d", Rule::WindowsHibernateWake)]
-    #[case::default_backend_windows_wake(&[M, WIN, WAKE], "s", Rule::WindowsHibernateWake)]
-    #[case::ch_windows_wake_fork_wins(&[M, CH, WIN, WAKE, (FORK_FROM, "vm-src")], "d", Rule::Windows)]
+    // Upstream drops the NIC before hibernating only for exactly
+    // `cloud-hypervisor`: an empty or unknown backend keeps it, needs PnP.
+    #[case::default_backend_windows_wake(&[M, WIN, WAKE], "s", Rule::Windows)]
+    #[case::empty_backend_windows_wake(&[M, (BACKEND, ""), WIN, WAKE], "d", Rule::Windows)]
+    #[case::unknown_backend_windows_wake(&[M, (BACKEND, "qemu"), WIN, WAKE], "d", Rule::Windows)]
+    #[case::capital_backend_windows_wake(&[M, (BACKEND, "Cloud-Hypervisor"), WIN, WAKE], "d", Rule::Windows)]
+    // A wake is a wake whatever else the pod says: it comes first.
+    #[case::ch_windows_wake_beats_fork(&[M, CH, WIN, WAKE, (FORK_FROM, "vm-src")], "d", Rule::WindowsHibernateWake)]
+    #[case::ch_windows_wake_beats_dir(&[M, CH, WIN, WAKE, (CLONE_FROM_DIR, "/snap/a")], "d", Rule::WindowsHibernateWake)]
+    #[case::ch_windows_wake_beats_run(&[M, CH, WIN, WAKE, (MODE, "run")], "d", Rule::WindowsHibernateWake)]
     #[case::ch_windows_wake_not_exact(&[M, CH, WIN, (RESTORE_FROM_HIBERNATE, "yes")], "d", Rule::Windows)]
     // Rule 4: Windows, any backend, any NICs.
     #[case::ch_windows_clone(&[M, CH, WIN, (MODE, "clone")], "d", Rule::Windows)]

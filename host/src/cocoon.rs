@@ -41,9 +41,10 @@ use crate::plan::StderrTail;
 pub const DEFAULT_COCOON_BIN: &str = "/usr/local/bin/cocoon";
 
 /// Timeout for `vm inspect` (default 10 s), configured by the caller: it
-/// is the `timeout` argument of [`Cocoon::inspect`] and
-/// [`Cocoon::source_image`]. Inspect only reads cocoon's own state, so a
-/// slow one means cocoon itself is stuck.
+/// is the `timeout` argument of [`Cocoon::inspect`]. One inspect per pod
+/// gives the whole VM record, the source image (`config.image`) included.
+/// Inspect only reads cocoon's own state, so a slow one means cocoon
+/// itself is stuck.
 pub const DEFAULT_INSPECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Most bytes of stdout kept, 64 KiB: the first ones. Inspect output for
@@ -201,21 +202,6 @@ pub trait Cocoon: Send + Sync + 'static {
         vm: &VmId,
         timeout: Duration,
     ) -> impl Future<Output = Result<VmInspect, CocoonError>> + Send;
-
-    /// The source image recorded for a normal clone from a snapshot (spec
-    /// section 2), or `None` when unknown.
-    ///
-    /// **Assumption**: it is the top-level `image` field of
-    /// `cocoon vm inspect --json`, taken when it is a non-empty string;
-    /// absent, `null`, empty or any other type reads as `None` (the disk
-    /// probe decides then). The real cocoon may record it elsewhere (in the
-    /// snapshot's metadata, for instance); this method is the one place to
-    /// change when it does. Same errors and timeout as [`Cocoon::inspect`].
-    fn source_image(
-        &self,
-        vm: &VmId,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<Option<String>, CocoonError>> + Send;
 }
 
 /// Runs the real `cocoon` binary.
@@ -366,18 +352,6 @@ impl Cocoon for CocoonCli {
         VmInspect::from_value(&value, "cocoon vm inspect").map_err(|e| CocoonError::BadOutput {
             what: format!("cocoon vm inspect {vm}"),
             reason: fact_reason(e),
-        })
-    }
-
-    async fn source_image(
-        &self,
-        vm: &VmId,
-        timeout: Duration,
-    ) -> Result<Option<String>, CocoonError> {
-        let value = self.inspect_json(vm, timeout).await?;
-        Ok(match value.get("image") {
-            Some(Value::String(image)) if !image.is_empty() => Some(image.clone()),
-            _ => None,
         })
     }
 }

@@ -15,6 +15,7 @@ use clap::Args;
 use serde::Deserialize;
 
 use crate::apply::{ReadyConfig, RetryConfig};
+use crate::binding::BindingPolicy;
 use crate::cocoon::DEFAULT_COCOON_BIN;
 use crate::host::HostConfig;
 use crate::plan::PlanLimits;
@@ -143,6 +144,12 @@ pub struct ConfigArgs {
     #[arg(long = "allow-plugin", value_name = "SHA256", env = "COCOON_FIXUP_ALLOW_PLUGINS", value_delimiter = ',', value_parser = sha256_hex)]
     #[serde(default, rename = "allowed_plugins")]
     pub allowed_plugins: Vec<String>,
+    /// Also accept VMs named in the legacy unhashed form `vk-<namespace>-<pod>`
+    /// (ambiguous across namespaces with dashes: only for VMs created before
+    /// the stack hashed names)
+    #[arg(long, env = "COCOON_FIXUP_ACCEPT_LEGACY_VM_NAMES")]
+    #[serde(default)]
+    pub accept_legacy_vm_names: bool,
     /// `serve`: pods worked on at once [default: 16]
     #[arg(long, value_name = "N", env = "COCOON_FIXUP_CONCURRENCY")]
     pub concurrency: Option<usize>,
@@ -270,8 +277,12 @@ impl ConfigArgs {
                     dhcp_recovery_after: a
                         .dhcp_recovery_after
                         .unwrap_or(ready_default.dhcp_recovery_after),
+                    recovery_timeout: a.exec_timeout.unwrap_or(retry_default.exec_timeout),
                 },
                 inspect_timeout: a.inspect_timeout.unwrap_or(host_default.inspect_timeout),
+                binding: BindingPolicy {
+                    accept_legacy_names: a.accept_legacy_vm_names,
+                },
             },
             concurrency,
             metrics_addr: a.metrics_addr.unwrap_or_else(|| {
@@ -321,6 +332,7 @@ impl ConfigArgs {
             } else {
                 self.allowed_plugins
             },
+            accept_legacy_vm_names: self.accept_legacy_vm_names || file.accept_legacy_vm_names,
             concurrency: self.concurrency.or(file.concurrency),
             metrics_addr: self.metrics_addr.or(file.metrics_addr),
         }

@@ -35,6 +35,8 @@ pub mod annotations {
     pub const CLONE_FROM_DIR: &str = "vm.cocoonstack.io/clone-from-dir";
     pub const RESTORE_FROM_HIBERNATE: &str = "vm.cocoonstack.io/restore-from-hibernate";
     pub const GUEST_FLAVOR: &str = "vm.cocoonstack.io/guest-flavor";
+    /// `"true"` while the stack hibernates the VM (spec section 8).
+    pub const HIBERNATE: &str = "vm.cocoonstack.io/hibernate";
 }
 
 /// `text` with every control character escaped (`\n`, `\u{1b}`, ...), so
@@ -181,14 +183,14 @@ pub enum BootKind {
 }
 
 impl BootKind {
-    /// Derives the boot kind from pod annotations (spec section 2), in this
-    /// order:
+    /// Derives the boot kind from pod annotations (spec section 2), in
+    /// upstream's order:
     ///
-    /// - mode `run` (ASCII case-insensitive) with empty fork-from and empty
-    ///   clone-from-dir: not cloned, `None`;
-    /// - fork-from non-empty: [`BootKind::Fork`];
+    /// - restore-from-hibernate exactly `"true"`: [`BootKind::Wake`], even
+    ///   on a `mode=run` or forked pod;
     /// - clone-from-dir non-empty: [`BootKind::Clone`];
-    /// - restore-from-hibernate exactly `"true"`: [`BootKind::Wake`];
+    /// - fork-from non-empty: [`BootKind::Fork`];
+    /// - mode `run` (ASCII case-insensitive): not cloned, `None`;
     /// - otherwise [`BootKind::Clone`]: an empty or unknown mode is a clone,
     ///   the controller's default.
     ///
@@ -196,19 +198,14 @@ impl BootKind {
     /// is resuming work after a restart, and says so through [`Overrides`].
     pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Option<Self> {
         let get = |key: &str| annotations.get(key).map(String::as_str).unwrap_or("");
-        let fork_from = get(annotations::FORK_FROM);
-        let clone_from_dir = get(annotations::CLONE_FROM_DIR);
-        if get(annotations::MODE).eq_ignore_ascii_case("run")
-            && fork_from.is_empty()
-            && clone_from_dir.is_empty()
-        {
-            None
-        } else if !fork_from.is_empty() {
-            Some(BootKind::Fork)
-        } else if !clone_from_dir.is_empty() {
-            Some(BootKind::Clone)
-        } else if get(annotations::RESTORE_FROM_HIBERNATE) == "true" {
+        if get(annotations::RESTORE_FROM_HIBERNATE) == "true" {
             Some(BootKind::Wake)
+        } else if !get(annotations::CLONE_FROM_DIR).is_empty() {
+            Some(BootKind::Clone)
+        } else if !get(annotations::FORK_FROM).is_empty() {
+            Some(BootKind::Fork)
+        } else if get(annotations::MODE).eq_ignore_ascii_case("run") {
+            None
         } else {
             Some(BootKind::Clone)
         }
@@ -278,6 +275,9 @@ pub struct PodInput {
     pub uid: Option<String>,
     /// `metadata.annotations`; absent or `null` reads as empty.
     pub annotations: BTreeMap<String, String>,
+    /// `metadata.deletionTimestamp` is set: the pod is being deleted and
+    /// nothing more is done for it (spec section 8).
+    pub deleting: bool,
 }
 
 impl PodInput {
@@ -328,11 +328,13 @@ impl PodInput {
                 }
             }
         }
+        let deleting = present(meta.get("deletionTimestamp")).is_some();
         Ok(PodInput {
             name,
             namespace,
             uid,
             annotations,
+            deleting,
         })
     }
 
@@ -356,11 +358,17 @@ impl PodInput {
     }
 }
 
-/// The parts of `cocoon vm inspect --json` the host reads.
+/// The parts of the VM record (`cocoon vm inspect --json`) the host reads.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct VmInspect {
     /// `id`; empty when absent.
     pub id: String,
+    /// `config.name`: the VM's name, which binds it to its pod (spec
+    /// section 2); empty when absent.
+    pub name: String,
+    /// `config.image`: cocoon copies a snapshot's config into its clones,
+    /// so on a normal clone this is the source image; empty when absent.
+    pub image: String,
     /// `network_configs[]` in inspect order (the order FC's `eth<i>` follows).
     pub nics: Vec<RawNic>,
 }
@@ -383,6 +391,16 @@ impl VmInspect {
         };
         let root = r.object(Some(value), "top level")?;
         let id = r.opt_string(root, "id", "id")?.unwrap_or_default();
+        let (mut name, mut image) = (String::new(), String::new());
+        if let Some(config) = present(root.get("config")) {
+            let config = r.object(Some(config), "config")?;
+            name = r
+                .opt_string(config, "name", "config.name")?
+                .unwrap_or_default();
+            image = r
+                .opt_string(config, "image", "config.image")?
+                .unwrap_or_default();
+        }
         let mut nics = Vec::new();
         if let Some(found) = present(root.get("network_configs")) {
             let Value::Array(items) = found else {
@@ -414,7 +432,12 @@ impl VmInspect {
                 nics.push(raw);
             }
         }
-        Ok(VmInspect { id, nics })
+        Ok(VmInspect {
+            id,
+            name,
+            image,
+            nics,
+        })
     }
 }
 
@@ -437,10 +460,16 @@ pub struct Observation {
     /// Pod namespace and name, for messages.
     pub pod: String,
     pub managed: bool,
+    /// The VM record's `config.name`; the `vm.cocoonstack.io/name`
+    /// annotation only when the record has none (a hand-written VM file).
     pub vm_name: String,
     /// From inspect (`id`), else the `vm.cocoonstack.io/id` annotation.
     pub vm_id: String,
     pub backend: Backend,
+    /// The backend annotation is exactly [`Backend::as_str`] of `backend`
+    /// (an empty or unknown value is Cloud Hypervisor, but not *exactly*
+    /// `cloud-hypervisor`: classification rule 3 needs the difference).
+    pub backend_exact: bool,
     pub os: GuestOs,
     /// `None` when the VM was not cloned (classification rule 2).
     pub boot: Option<BootKind>,
@@ -476,19 +505,34 @@ impl Observation {
             &vm.id
         };
         let flavor = pod.annotation(annotations::GUEST_FLAVOR);
+        let vm_name = match vm.name.as_str() {
+            "" => pod.annotation(annotations::VM_NAME),
+            name => name,
+        };
+        let backend_annotation = pod.annotation(annotations::BACKEND);
+        let backend = Backend::from_annotation(backend_annotation);
+        let boot = overrides
+            .boot
+            .or_else(|| BootKind::from_annotations(&pod.annotations));
+        // The record's image is the snapshot's only on a normal clone from a
+        // snapshot; a fork, a wake, a clone from a directory and resumed
+        // work leave it unknown (spec section 2), and the disk probe decides.
+        let recorded_image = (boot == Some(BootKind::Clone)
+            && pod.annotation(annotations::CLONE_FROM_DIR).is_empty())
+        .then(|| vm.image.clone());
         Ok(Observation {
             pod: pod_name,
             managed: pod.annotation(annotations::MANAGED) == "true",
-            vm_name: pod.annotation(annotations::VM_NAME).to_owned(),
+            vm_name: vm_name.to_owned(),
             vm_id: vm_id.to_owned(),
-            backend: Backend::from_annotation(pod.annotation(annotations::BACKEND)),
+            backend,
+            backend_exact: backend_annotation == backend.as_str(),
             os: GuestOs::from_annotation(pod.annotation(annotations::OS)),
-            boot: overrides
-                .boot
-                .or_else(|| BootKind::from_annotations(&pod.annotations)),
+            boot,
             source_image: overrides
                 .source_image
                 .clone()
+                .or(recorded_image)
                 .filter(|image| !image.is_empty()),
             flavor: (!flavor.is_empty()).then(|| flavor.to_owned()),
             nics: vm.nics.clone(),
@@ -701,6 +745,80 @@ impl VmFacts {
             nics,
             flavor,
         })
+    }
+}
+
+/// How the IP wait finds the guest's address: the first NIC's static IP,
+/// or its MAC's lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WaitNic {
+    Static(Ipv4Addr),
+    Lease(MacAddr),
+}
+
+/// What the IP wait needs, and nothing more: the VM id, the first NIC and
+/// the OS (spec section 2, "validate only what the path uses"). A pod that
+/// needs no fixup is never failed over a fact only a plan would use (a VM
+/// name that is no hostname, an odd MAC on a second NIC).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitFacts {
+    pub id: VmId,
+    /// The VM's name as the record has it, escaped, for messages only.
+    pub name: String,
+    pub os: GuestOs,
+    /// `None` when the VM has no NIC: there is no IP to wait for.
+    pub first: Option<WaitNic>,
+}
+
+impl WaitFacts {
+    /// Validates the id and the one value of the first NIC the wait reads.
+    pub fn validate(obs: &Observation) -> Result<Self, FactError> {
+        let pod = Some(obs.pod.as_str());
+        let id = parse_id(
+            &obs.vm_id,
+            &Ctx::in_pod(
+                pod,
+                format!(
+                    "VM id (inspect `id`, else annotation {})",
+                    annotations::VM_ID
+                ),
+            ),
+        )?;
+        let first = match obs.nics.first() {
+            None => None,
+            Some(raw) if raw.is_static() => Some(WaitNic::Static(
+                raw.ip.parse::<Ipv4Addr>().map_err(|_| {
+                    Ctx::in_pod(pod, "network_configs[0].network.ip".to_owned()).invalid(
+                        &raw.ip,
+                        "is not a dotted-quad IPv4 address",
+                        FIX_NET,
+                    )
+                })?,
+            )),
+            Some(raw) => Some(WaitNic::Lease(parse_mac(
+                &raw.mac,
+                &Ctx::in_pod(pod, "network_configs[0].mac".to_owned()),
+            )?)),
+        };
+        Ok(WaitFacts {
+            id,
+            name: escape_controls(&obs.vm_name),
+            os: obs.os,
+            first,
+        })
+    }
+
+    /// The same view of facts already validated for a plan.
+    pub fn from_facts(facts: &VmFacts) -> Self {
+        WaitFacts {
+            id: facts.id.clone(),
+            name: facts.name.to_string(),
+            os: facts.os,
+            first: facts.nics.first().map(|nic| match nic.static_ipv4 {
+                Some(s) => WaitNic::Static(s.address),
+                None => WaitNic::Lease(nic.mac),
+            }),
+        }
     }
 }
 
@@ -1105,6 +1223,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            deleting: false,
         }
     }
 
@@ -1128,6 +1247,7 @@ mod tests {
         let vm = VmInspect {
             id: "vm-1234".to_owned(),
             nics,
+            ..VmInspect::default()
         };
         Observation::new(&pod, &vm, &Overrides::default()).unwrap()
     }
@@ -1273,11 +1393,13 @@ mod tests {
     #[case::run_padded(&[(annotations::MODE, " run")], Some(BootKind::Clone))]
     #[case::run_fork(&[(annotations::MODE, "Run"), (annotations::FORK_FROM, "vm-a")], Some(BootKind::Fork))]
     #[case::run_dir(&[(annotations::MODE, "RUN"), (annotations::CLONE_FROM_DIR, "/snap")], Some(BootKind::Clone))]
-    #[case::fork_over_dir(&[(annotations::FORK_FROM, "vm-a"), (annotations::CLONE_FROM_DIR, "/snap")], Some(BootKind::Fork))]
-    #[case::dir_over_wake(&[(annotations::CLONE_FROM_DIR, "/snap"), (annotations::RESTORE_FROM_HIBERNATE, "true")], Some(BootKind::Clone))]
+    #[case::dir_over_fork(&[(annotations::FORK_FROM, "vm-a"), (annotations::CLONE_FROM_DIR, "/snap")], Some(BootKind::Clone))]
+    #[case::wake_over_dir(&[(annotations::CLONE_FROM_DIR, "/snap"), (annotations::RESTORE_FROM_HIBERNATE, "true")], Some(BootKind::Wake))]
+    #[case::wake_over_fork(&[(annotations::FORK_FROM, "vm-a"), (annotations::RESTORE_FROM_HIBERNATE, "true")], Some(BootKind::Wake))]
     #[case::wake(&[(annotations::RESTORE_FROM_HIBERNATE, "true")], Some(BootKind::Wake))]
     #[case::wake_not_exact(&[(annotations::RESTORE_FROM_HIBERNATE, "True")], Some(BootKind::Clone))]
-    #[case::run_wake(&[(annotations::MODE, "run"), (annotations::RESTORE_FROM_HIBERNATE, "true")], None)]
+    #[case::run_wake(&[(annotations::MODE, "run"), (annotations::RESTORE_FROM_HIBERNATE, "true")], Some(BootKind::Wake))]
+    #[case::run_wake_not_exact(&[(annotations::MODE, "run"), (annotations::RESTORE_FROM_HIBERNATE, "yes")], None)]
     fn boot_kind_from_annotations(
         #[case] annotations: &[(&str, &str)],
         #[case] expected: Option<BootKind>,
@@ -1325,7 +1447,7 @@ mod tests {
         let pod = pod_with(&[(annotations::VM_ID, annotated)]);
         let vm = VmInspect {
             id: inspect.to_owned(),
-            nics: vec![],
+            ..VmInspect::default()
         };
         let got = Observation::new(&pod, &vm, &Overrides::default())
             .map(|o| o.vm_id)

@@ -1,9 +1,10 @@
 //! [`Host`]: what an embedding daemon builds once and calls per pod.
 //!
 //! One call, [`Host::handle`], takes a pod from its annotations to a ready
-//! intent (or a clear failure): read the pod, inspect its VM, classify,
-//! decide from the persisted annotations whether to run, resume or park
-//! (spec section 8), run the fixup loop, wait for the IP. The cocoon CLI
+//! intent (or a clear failure): read the pod, decide from its annotations
+//! whether the host has any business with it (spec section 8), inspect its
+//! VM and prove the VM is the pod's own (spec section 2), classify, run the
+//! fixup loop, wait for the IP. The cocoon CLI
 //! and the Kubernetes side are traits ([`Cocoon`], [`PodApi`]), so an
 //! embedder can supply its own.
 
@@ -16,26 +17,30 @@ use tokio_util::sync::CancellationToken;
 use crate::apply::{
     self, DhcpRecovery, FixupJob, FixupOutcome, ReadyConfig, ReadyOutcome, RetryConfig,
 };
+use crate::binding::{self, BindingPolicy, Verdict};
 use crate::classify::{self, Rule, Scenario};
 use crate::cocoon::{Cocoon, CocoonError};
 use crate::facts::{
     BootKind, FactError, GuestOs, ImageKind, Observation, Overrides, PodInput, VmFacts, VmId,
-    annotations,
+    VmInspect, WaitFacts, annotations, escape_controls,
 };
-use crate::lifecycle::{self, Lifecycle, PostCloneState, Resume};
+use crate::lifecycle::{self, Action, HandsOff, Lifecycle, PostCloneState};
 use crate::metrics::Metrics;
 use crate::planner::{Planner, PlannerError};
 use crate::pods::{AnnotationPatch, Event, PodApi, PodError, PodRef, cap_utf8, keys, reasons};
+use crate::probe::ProbeError;
 use crate::ready::LeaseWatcher;
 
-/// Timeouts and budgets of the apply path, resolved once from the
-/// configuration.
+/// Timeouts, budgets and policies of the apply path, resolved once from
+/// the configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostConfig {
     pub retry: RetryConfig,
     pub ready: ReadyConfig,
     /// Timeout for `cocoon vm inspect` (default 10 s, `--inspect-timeout`).
     pub inspect_timeout: Duration,
+    /// Which VM names bind a VM to its pod (spec section 2).
+    pub binding: BindingPolicy,
 }
 
 impl Default for HostConfig {
@@ -44,6 +49,7 @@ impl Default for HostConfig {
             retry: RetryConfig::default(),
             ready: ReadyConfig::default(),
             inspect_timeout: Duration::from_secs(10),
+            binding: BindingPolicy::default(),
         }
     }
 }
@@ -58,7 +64,7 @@ pub enum Trigger {
     Startup,
 }
 
-/// Why a pod could not be handled at all.
+/// Why a pod could not be handled (yet).
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
     #[error("pod {pod} not found: check the namespace and name")]
@@ -81,8 +87,47 @@ pub enum HostError {
         #[source]
         source: CocoonError,
     },
+    /// The disk probe cannot read the cocoon root: the node is set up
+    /// wrong, not the pod. Reported and retried, never a pod failure.
+    #[error("pod {pod}: node configuration: {source}")]
+    Probe {
+        pod: String,
+        #[source]
+        source: ProbeError,
+    },
     #[error(transparent)]
     Pods(#[from] PodError),
+}
+
+impl HostError {
+    /// Whether trying the same pod again later can succeed: cocoon, the
+    /// API server and the node's mounts can recover; a pod that is gone or
+    /// whose annotations do not parse cannot.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            HostError::Cocoon { .. } | HostError::Probe { .. } => true,
+            HostError::Pods(PodError::Api { .. }) => true,
+            HostError::NotFound { .. }
+            | HostError::NoUid { .. }
+            | HostError::NoVm { .. }
+            | HostError::Facts(_)
+            | HostError::Pods(PodError::Gone { .. }) => false,
+        }
+    }
+
+    /// A short label for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            HostError::NotFound { .. } => "not-found",
+            HostError::NoUid { .. } => "no-uid",
+            HostError::NoVm { .. } => "no-vm",
+            HostError::Facts(_) => "facts",
+            HostError::Cocoon { .. } => "cocoon",
+            HostError::Probe { .. } => "probe",
+            HostError::Pods(PodError::Api { .. }) => "api",
+            HostError::Pods(PodError::Gone { .. }) => "gone",
+        }
+    }
 }
 
 /// How one call ended, for logs, `run`'s JSON summary and metrics.
@@ -90,9 +135,16 @@ pub enum HostError {
 pub struct Summary {
     pub pod: String,
     pub uid: String,
-    /// `nothing`, `parked`, `fixup` or `ip-wait`.
+    /// `nothing`, `parked`, `vm-mismatch`, `fixup` or `ip-wait`.
     pub action: &'static str,
-    /// The classification rule (1..=7).
+    /// Why nothing was done (`action` = `nothing`): `stack-owns`,
+    /// `hibernate-requested`, `deleting`, `not-managed`, `not-cloned`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hands_off: Option<&'static str>,
+    /// Why the VM is not this pod's (`action` = `vm-mismatch`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mismatch: Option<String>,
+    /// The classification rule (1..=7); 0 when the VM was not classified.
     pub rule: u8,
     /// The scenario, or `none`.
     pub scenario: &'static str,
@@ -109,9 +161,43 @@ pub struct Summary {
 }
 
 impl Summary {
+    fn new(pod: String, uid: String) -> Self {
+        Summary {
+            pod,
+            uid,
+            action: "nothing",
+            hands_off: None,
+            mismatch: None,
+            rule: 0,
+            scenario: "none",
+            fixup: None,
+            attempts: 0,
+            readiness: None,
+            ip: None,
+            errors: Vec::new(),
+        }
+    }
+
     /// Ready intent published.
     pub fn is_ready(&self) -> bool {
         self.readiness == Some("ready")
+    }
+
+    /// Record an action that ends the call before any work.
+    fn stop(mut self, action: Action) -> Self {
+        match action {
+            Action::Nothing(why) => {
+                self.hands_off = Some(why.as_str());
+                self.rule = match why {
+                    HandsOff::NotManaged => Rule::NotManaged.number(),
+                    HandsOff::NotCloned => Rule::NotCloned.number(),
+                    _ => 0,
+                };
+            }
+            Action::Parked => self.action = "parked",
+            Action::RunLoop | Action::IpWaitOnly => {}
+        }
+        self
     }
 }
 
@@ -175,8 +261,19 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         self.handle_pod(&pod, trigger, shutdown).await
     }
 
-    /// As [`handle`](Self::handle), for a pod the caller already read (the
-    /// node daemon gets them from its watch).
+    /// As [`handle`](Self::handle), for a pod the caller already read.
+    ///
+    /// The steps, each of which may end the call:
+    ///
+    /// 1. the rows of spec section 8 that need only the pod
+    ///    ([`lifecycle::gate`]): hands-off, deleting, unmanaged, not
+    ///    cloned, parked. Nothing is asked of cocoon, nothing written.
+    /// 2. one `cocoon vm inspect` of the VM the annotations point at, and
+    ///    the binding of spec section 2 ([`binding::bind`]): a VM that is
+    ///    not this pod's gets nothing but a `PostCloneVMMismatch` event.
+    /// 3. classification and the rest of the table ([`lifecycle::decide`]).
+    /// 4. the fixup loop, then the IP wait; each final write reads the pod
+    ///    again and is skipped when the table says the host is done.
     pub async fn handle_pod(
         &self,
         pod: &PodInput,
@@ -194,65 +291,31 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             name: pod.name.clone(),
             uid: uid.clone(),
         };
-        let mut summary = Summary {
-            pod: label.clone(),
-            uid,
-            action: "nothing",
-            rule: 0,
-            scenario: "none",
-            fixup: None,
-            attempts: 0,
-            readiness: None,
-            ip: None,
-            errors: Vec::new(),
-        };
+        let mut summary = Summary::new(label.clone(), uid);
 
-        // Only the persisted annotations decide (spec section 8).
-        let state = pod
-            .annotations
-            .get(keys::POST_CLONE_STATE)
-            .and_then(|s| PostCloneState::parse(s));
-        // Unmanaged pods are never touched (rule 1), not even read further.
-        if pod.annotation(annotations::MANAGED) != "true" {
-            summary.rule = Rule::NotManaged.number();
-            return Ok(summary);
+        let marker = match lifecycle::gate(pod) {
+            Ok(marker) => marker,
+            Err(action) => return Ok(summary.stop(action)),
+        };
+        let record = self.inspect(pod, &label).await?;
+        if let Verdict::Mismatch(mismatch) =
+            binding::bind(pod, &record.name, self.config.binding)
+        {
+            return Ok(self.mismatch(&pod_ref, &record, mismatch, summary).await);
         }
-        // Terminal and parked pods are decided by their annotations alone:
-        // no need to ask cocoon about their VM.
-        match lifecycle::resume(&pod.annotations, true) {
-            Resume::Nothing => return Ok(summary),
-            Resume::Parked => {
-                summary.action = "parked";
-                return Ok(summary);
-            }
-            Resume::RunLoop | Resume::IpWaitOnly => {}
-        }
-        let mut obs = self.observe(pod, &label, state).await?;
+        // Work resumed after a restart does not know its source image: the
+        // disk probe decides (spec section 8).
+        let overrides = Overrides {
+            boot: (marker == Some(PostCloneState::Running)).then_some(BootKind::Resumed),
+            source_image: None,
+        };
+        let obs = Observation::new(pod, &record, &overrides)?;
+        let vm = VmId::parse(&obs.vm_id)?;
         let decision = classify::classify(&obs);
         summary.rule = decision.rule.number();
-        if decision.needs_image_kind()
-            && obs.boot == Some(BootKind::Clone)
-            && pod.annotation(annotations::CLONE_FROM_DIR).is_empty()
-            && obs.source_image.is_none()
-        {
-            let vm = VmId::parse(&obs.vm_id)?;
-            obs.source_image = self
-                .cocoon
-                .source_image(&vm, self.config.inspect_timeout)
-                .await
-                .map_err(|source| HostError::Cocoon {
-                    pod: label.clone(),
-                    source,
-                })?;
-        }
-        let resume = match lifecycle::resume(&pod.annotations, decision.needs_fixup()) {
-            // `running` from an earlier start, but the facts no longer need
-            // a fixup: only the IP wait is left.
-            Resume::RunLoop if !decision.needs_fixup() => Resume::IpWaitOnly,
-            other => other,
-        };
+        let action = lifecycle::decide(pod, decision.needs_fixup());
         if trigger == Trigger::Startup
-            && let Some(op) = resume.op()
+            && let Some(op) = action.op()
         {
             self.metrics.resumed(op);
             self.emit(
@@ -261,112 +324,41 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             )
             .await;
         }
-        match resume {
-            Resume::Nothing => return Ok(summary),
-            Resume::Parked => {
-                summary.action = "parked";
-                return Ok(summary);
-            }
-            Resume::RunLoop | Resume::IpWaitOnly => {}
-        }
-        let mut facts_for_wait = None;
-        let mut ran_fixup = false;
-        if resume == Resume::RunLoop && decision.needs_fixup() {
-            summary.action = "fixup";
-            ran_fixup = true;
-            let outcome = match self.planner.plan(&obs) {
-                Ok(o) => o,
-                Err(e) => {
-                    self.metrics.plan_error(&e);
-                    return self
-                        .plan_failed(&pod_ref, &pod.annotations, summary, &e)
-                        .await;
-                }
-            };
-            self.metrics.plugin_calls(&outcome);
-            let scenario = outcome.scenario.unwrap_or(Scenario::OciNetworkd);
-            summary.scenario = scenario.as_str();
-            let composed = outcome
-                .composed
-                .expect("a decision that needs a fixup has a plan");
-            let job = FixupJob {
-                pod: &pod_ref,
-                vm: &composed.facts.id,
-                scenario,
-                plan: &composed.plan,
-                exec: &composed.exec,
-                hint: &composed.hint,
-                annotations: &pod.annotations,
-            };
-            let result =
-                apply::run_fixup(&self.cocoon, &self.pods, job, &self.config.retry, shutdown)
-                    .await?;
-            match result {
-                FixupOutcome::Done { attempts } => {
-                    summary.fixup = Some("done");
-                    summary.attempts = attempts;
-                    self.metrics.fixup(scenario, "done", attempts);
-                }
-                FixupOutcome::Exhausted { attempts, errors } => {
-                    summary.fixup = Some("exhausted");
-                    summary.attempts = attempts;
-                    summary.errors = errors;
-                    self.metrics.fixup(scenario, "exhausted", attempts);
-                    return Ok(summary);
-                }
-                FixupOutcome::Shutdown { attempts } => {
-                    summary.fixup = Some("shutdown");
-                    summary.attempts = attempts;
-                    return Ok(summary);
-                }
-                FixupOutcome::Gone { attempts } => {
-                    summary.fixup = Some("gone");
-                    summary.attempts = attempts;
-                    return Ok(summary);
+        let wait_facts = match action {
+            Action::Nothing(_) | Action::Parked => return Ok(summary.stop(action)),
+            Action::RunLoop => {
+                summary.action = "fixup";
+                match self.fixup(&pod_ref, &vm, &obs, &mut summary, shutdown).await? {
+                    Some(facts) => WaitFacts::from_facts(&facts),
+                    None => return Ok(summary),
                 }
             }
-            facts_for_wait = Some(composed.facts);
-        } else {
-            summary.action = "ip-wait";
-        }
-
-        let facts = match facts_for_wait {
-            Some(f) => f,
-            None => match VmFacts::validate(&obs, ImageKind::Unknown) {
-                Ok(f) => f,
-                Err(e) => {
-                    let e = PlannerError::Facts(e);
-                    return self
-                        .plan_failed(&pod_ref, &pod.annotations, summary, &e)
-                        .await;
-                }
-            },
-        };
-        // The DHCP safety net: a Linux clone that needed no fixup.
-        let recovery =
-            if !ran_fixup && decision.rule == Rule::AllDhcp && facts.os != GuestOs::Windows {
-                match self
-                    .planner
-                    .plan_scenarios(&facts, &[Scenario::DhcpRecovery])
-                {
-                    Ok(c) => Some(DhcpRecovery {
-                        plan: c.plan,
-                        exec: c.exec,
-                    }),
+            Action::IpWaitOnly => {
+                summary.action = "ip-wait";
+                match WaitFacts::validate(&obs) {
+                    Ok(facts) => facts,
                     Err(e) => {
-                        tracing::warn!(pod = %pod_ref, "no DHCP recovery plan: {e}");
-                        None
+                        let e = PlannerError::Facts(e);
+                        return self.plan_failed(&pod_ref, &vm, summary, &e).await;
                     }
                 }
-            } else {
-                None
-            };
+            }
+        };
+        // The DHCP safety net: a Linux clone that needed no fixup.
+        let recovery = if action == Action::IpWaitOnly
+            && decision.rule == Rule::AllDhcp
+            && obs.os == GuestOs::Linux
+        {
+            self.recovery_plan(&pod_ref, &obs)
+        } else {
+            None
+        };
         let ready = apply::wait_ready(
             &self.cocoon,
             &self.pods,
             &self.leases,
             &pod_ref,
-            &facts,
+            &wait_facts,
             recovery.as_ref(),
             &self.config.ready,
             shutdown,
@@ -391,52 +383,169 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         Ok(summary)
     }
 
-    /// Read the VM and build the observation.
-    async fn observe(
+    /// Plan and run the fixup loop. `Ok(Some(facts))` when it succeeded and
+    /// the IP wait follows; `Ok(None)` when the call ends here (the summary
+    /// says how).
+    async fn fixup(
         &self,
-        pod: &PodInput,
-        label: &str,
-        state: Option<PostCloneState>,
-    ) -> Result<Observation, HostError> {
-        let id = match pod.annotation(annotations::VM_ID) {
+        pod: &PodRef,
+        vm: &VmId,
+        obs: &Observation,
+        summary: &mut Summary,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<VmFacts>, HostError> {
+        let outcome = match self.planner.plan(obs) {
+            Ok(o) => o,
+            Err(PlannerError::Probe(source)) => {
+                return Err(self.node_error(pod, source).await);
+            }
+            Err(e) => {
+                self.metrics.plan_error(&e);
+                *summary = self.plan_failed(pod, vm, summary.clone(), &e).await?;
+                return Ok(None);
+            }
+        };
+        self.metrics.plugin_calls(&outcome);
+        let scenario = outcome.scenario.unwrap_or(Scenario::OciNetworkd);
+        summary.scenario = scenario.as_str();
+        let composed = outcome
+            .composed
+            .expect("a decision that needs a fixup has a plan");
+        let job = FixupJob {
+            pod,
+            vm: &composed.facts.id,
+            scenario,
+            plan: &composed.plan,
+            exec: &composed.exec,
+            hint: &composed.hint,
+        };
+        let result =
+            apply::run_fixup(&self.cocoon, &self.pods, job, &self.config.retry, shutdown).await?;
+        let (label, attempts) = match result {
+            FixupOutcome::Done { attempts } => ("done", attempts),
+            FixupOutcome::Exhausted { attempts, errors } => {
+                summary.errors = errors;
+                ("exhausted", attempts)
+            }
+            FixupOutcome::Shutdown { attempts } => ("shutdown", attempts),
+            FixupOutcome::Gone { attempts } => ("gone", attempts),
+        };
+        summary.fixup = Some(label);
+        summary.attempts = attempts;
+        if matches!(label, "done" | "exhausted") {
+            self.metrics.fixup(scenario, label, attempts);
+        }
+        Ok((label == "done").then_some(composed.facts))
+    }
+
+    /// The DHCP recovery plan for an all-DHCP Linux clone, when one can be
+    /// made; a clone whose facts do not validate for a plan simply waits
+    /// without it.
+    fn recovery_plan(&self, pod: &PodRef, obs: &Observation) -> Option<DhcpRecovery> {
+        let planned = VmFacts::validate(obs, ImageKind::Unknown)
+            .map_err(PlannerError::from)
+            .and_then(|facts| {
+                self.planner
+                    .plan_scenarios(&facts, &[Scenario::DhcpRecovery])
+            });
+        match planned {
+            Ok(c) => Some(DhcpRecovery {
+                nics: c.facts.nics.len(),
+                plan: c.plan,
+                exec: c.exec,
+            }),
+            Err(e) => {
+                tracing::warn!(pod = %pod, "no DHCP recovery plan: {e}");
+                None
+            }
+        }
+    }
+
+    /// Look up the VM the annotations point at. The id annotation (else the
+    /// name annotation) is only where to look: [`binding::bind`] decides
+    /// whether the record found is the pod's.
+    async fn inspect(&self, pod: &PodInput, label: &str) -> Result<VmInspect, HostError> {
+        let reference = match pod.annotation(annotations::VM_ID) {
             "" => pod.annotation(annotations::VM_NAME),
             id => id,
         };
-        if id.is_empty() {
+        if reference.is_empty() {
             return Err(HostError::NoVm {
                 pod: label.to_owned(),
             });
         }
-        let vm_id = VmId::parse(id)?;
-        let vm = self
-            .cocoon
-            .inspect(&vm_id, self.config.inspect_timeout)
+        let vm = VmId::parse(reference)?;
+        self.cocoon
+            .inspect(&vm, self.config.inspect_timeout)
             .await
             .map_err(|source| HostError::Cocoon {
                 pod: label.to_owned(),
                 source,
-            })?;
-        // Work resumed after a restart does not know its source image: the
-        // disk probe decides (spec section 8).
-        let boot = (state == Some(PostCloneState::Running)).then_some(BootKind::Resumed);
-        let overrides = Overrides {
-            boot,
-            source_image: None,
-        };
-        Ok(Observation::new(pod, &vm, &overrides)?)
+            })
+    }
+
+    /// The VM is not this pod's: nothing runs, nothing is written; a
+    /// Warning event on the pod that asked, and a log line with both names.
+    async fn mismatch(
+        &self,
+        pod: &PodRef,
+        record: &VmInspect,
+        mismatch: binding::Mismatch,
+        mut summary: Summary,
+    ) -> Summary {
+        let message = format!(
+            "VM {} not used: {mismatch}; nothing was run and no IP is published",
+            escape_controls(&record.id)
+        );
+        tracing::warn!(
+            pod = %pod,
+            vm_id = %escape_controls(&record.id),
+            vm_name = %escape_controls(&record.name),
+            expected = %binding::vm_name_for_pod(&pod.namespace, &pod.name),
+            "{message}"
+        );
+        self.metrics.vm_mismatch();
+        self.emit(pod, Event::warning(reasons::VM_MISMATCH, message))
+            .await;
+        summary.action = "vm-mismatch";
+        summary.mismatch = Some(mismatch.to_string());
+        summary
+    }
+
+    /// The cocoon root cannot be probed: a node configuration error.
+    /// Reported (Warning event, metric, log) and returned for a retry; the
+    /// pod is not failed.
+    async fn node_error(&self, pod: &PodRef, source: ProbeError) -> HostError {
+        let message = format!(
+            "cannot tell the guest's image kind: {source}; the fixup waits until the node is fixed"
+        );
+        tracing::error!(pod = %pod, "{message}");
+        self.metrics.node_error("probe");
+        self.emit(pod, Event::warning(reasons::NODE_ERROR, message))
+            .await;
+        HostError::Probe {
+            pod: pod.to_string(),
+            source,
+        }
     }
 
     /// No plan could be made (bad facts, no plugin, a plugin failure): a
     /// retry cannot help, so the pod is marked failed like an exhausted
-    /// fixup, without a hint.
+    /// fixup, without a hint, after reading it once more.
     async fn plan_failed(
         &self,
         pod: &PodRef,
-        current: &std::collections::BTreeMap<String, String>,
+        vm: &VmId,
         mut summary: Summary,
         error: &PlannerError,
     ) -> Result<Summary, HostError> {
+        summary.fixup = Some("plan-failed");
         let line = apply::one_line(&format!("no plan could be made: {error}"));
+        summary.errors = vec![line.clone()];
+        let Some(current) = apply::reread(&self.pods, pod, vm).await? else {
+            summary.fixup = Some("gone");
+            return Ok(summary);
+        };
         let mut patch = AnnotationPatch::from([
             (
                 keys::POST_CLONE_STATE.to_owned(),
@@ -448,17 +557,14 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             ),
         ]);
         let message = cap_utf8(line.clone(), 1024, "… [truncated]");
-        if let Some(lifecycle) = lifecycle::transition(current, Lifecycle::Failed, &message) {
+        if let Some(lifecycle) = lifecycle::transition(&current, Lifecycle::Failed, &message) {
             patch.extend(lifecycle);
         }
         if !apply::write(&self.pods, pod, &patch).await? {
             summary.fixup = Some("gone");
             return Ok(summary);
         }
-        self.emit(pod, Event::warning(reasons::EXEC_EXHAUSTED, line.clone()))
-            .await;
-        summary.fixup = Some("plan-failed");
-        summary.errors = vec![line];
+        self.emit(pod, Event::warning(reasons::PLAN_FAILED, line)).await;
         Ok(summary)
     }
 

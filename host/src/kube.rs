@@ -435,9 +435,12 @@ fn merge_patch(pod: &PodRef, patch: &AnnotationPatch) -> Value {
 /// The events.k8s.io `action` for a reason: what the host was doing.
 fn action_for(reason: &'static str) -> &'static str {
     match reason {
-        reasons::EXEC_ATTEMPT_FAILED | reasons::SUCCEEDED | reasons::EXEC_EXHAUSTED => {
-            "PostCloneFixup"
-        }
+        reasons::EXEC_ATTEMPT_FAILED
+        | reasons::SUCCEEDED
+        | reasons::EXEC_EXHAUSTED
+        | reasons::PLAN_FAILED
+        | reasons::NODE_ERROR => "PostCloneFixup",
+        reasons::VM_MISMATCH => "BindVM",
         reasons::IP_WAIT_TIMEOUT | reasons::DHCP_RECOVERY => "ReadyWait",
         reasons::RESUMED_AFTER_RESTART => "Resume",
         other => other,

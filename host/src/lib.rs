@@ -5,6 +5,7 @@
 //! The plan path:
 //!
 //! - [`facts`]: pod and inspect input, validated VM facts.
+//! - [`binding`]: whether a VM is the pod's own (spec section 2), pure.
 //! - [`classify`]: facts to scenario, a pure function (spec section 3).
 //! - [`probe`]: the qcow2 overlay probe, confined to the cocoon root.
 //! - [`plugin`]: the only module that knows wasmtime: engine, loader, sandbox,
@@ -18,7 +19,8 @@
 //! - [`pods`]: the Kubernetes seam (`PodApi`), annotation keys, event
 //!   reasons, pods in memory.
 //! - [`kube`]: `PodApi` over the real `kube` client, uid preconditions, retries.
-//! - [`lifecycle`]: lifecycle stickiness and startup reconciliation, pure.
+//! - [`lifecycle`]: lifecycle stickiness and the decision table of spec
+//!   section 8 (what to do with a pod, from its annotations), pure.
 //! - [`apply`]: the fixup loop within its budget, and the IP wait.
 //! - [`ready`]: the lease file, its watcher, the readiness probe.
 //! - [`host`]: `Host`, what an embedder builds once and calls per pod.
@@ -36,6 +38,7 @@
 //! and picks the exit code.
 
 pub mod apply;
+pub mod binding;
 pub mod classify;
 pub mod cocoon;
 pub mod config;

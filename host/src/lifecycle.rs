@@ -1,5 +1,5 @@
-//! The lifecycle annotations (spec section 7) and startup reconciliation
-//! (spec section 8): pure functions of a pod's annotations.
+//! The lifecycle annotations (spec section 7) and the decision table of
+//! spec section 8 ([`decide`]): pure functions of a pod.
 //!
 //! Failed is sticky: within the same generation it can only be replaced by
 //! `failed`, `creating` or `hibernating`. A probe success or a manual
@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::facts::{BootKind, PodInput, annotations};
 use crate::pods::{AnnotationPatch, keys};
 
 /// `vm.cocoonstack.io/lifecycle-state`.
@@ -129,13 +130,49 @@ impl PostCloneState {
     }
 }
 
-/// What to do with a pod, decided from its persisted annotations only
-/// (spec section 8). The same table serves a fresh pod (no markers yet)
-/// and a pod found at startup.
+/// Why the host leaves a pod alone (the "nothing" rows of spec section 8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Resume {
-    /// Lifecycle already ready, failed or hibernated.
-    Nothing,
+pub enum HandsOff {
+    /// The lifecycle is set and is not `creating`: the stack owns the pod
+    /// now (`ready`, `failed`, `hibernating`, `hibernated`, or a value this
+    /// host does not know).
+    StackOwns,
+    /// `vm.cocoonstack.io/hibernate` is `"true"`.
+    HibernateRequested,
+    /// `metadata.deletionTimestamp` is set.
+    Deleting,
+    /// Not managed (classification rule 1): never touched.
+    NotManaged,
+    /// Not a cloned boot (classification rule 2): nothing to repair.
+    NotCloned,
+}
+
+impl HandsOff {
+    /// For logs and `run`'s summary.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HandsOff::StackOwns => "stack-owns",
+            HandsOff::HibernateRequested => "hibernate-requested",
+            HandsOff::Deleting => "deleting",
+            HandsOff::NotManaged => "not-managed",
+            HandsOff::NotCloned => "not-cloned",
+        }
+    }
+}
+
+impl fmt::Display for HandsOff {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What to do with a pod: spec section 8's table. The same table decides
+/// at startup and for every pod event, and once more before the final
+/// `ready` or `failed` write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Leave the pod alone: no inspect, no exec, no write, no IP wait.
+    Nothing(HandsOff),
     /// The fixup failed earlier: the work stays parked.
     Parked,
     /// Run the whole fixup loop (again).
@@ -144,31 +181,63 @@ pub enum Resume {
     IpWaitOnly,
 }
 
-impl Resume {
+impl Action {
     /// The `op=` of the `ResumedAfterRestart` event, for work that resumes.
     pub fn op(self) -> Option<&'static str> {
         match self {
-            Resume::RunLoop => Some("post_clone"),
-            Resume::IpWaitOnly => Some("ready_wait"),
-            Resume::Nothing | Resume::Parked => None,
+            Action::RunLoop => Some("post_clone"),
+            Action::IpWaitOnly => Some("ready_wait"),
+            Action::Nothing(_) | Action::Parked => None,
         }
+    }
+
+    /// Whether there is work for the host.
+    pub fn has_work(self) -> bool {
+        matches!(self, Action::RunLoop | Action::IpWaitOnly)
     }
 }
 
-/// Spec section 8, row by row.
-pub fn resume(annotations: &BTreeMap<String, String>, fixup_needed: bool) -> Resume {
-    if current(annotations).is_some_and(Lifecycle::is_terminal) {
-        return Resume::Nothing;
+/// The rows of the table that need nothing but the pod: `Err` with the
+/// action when they decide, else `Ok` with the `post-clone-state` marker
+/// (if any) for the rows that also need to know whether a fixup is due.
+///
+/// Cheap (annotations only), so the daemon can run it on every watch event
+/// and the host before it asks cocoon anything.
+pub fn gate(pod: &PodInput) -> Result<Option<PostCloneState>, Action> {
+    let get = |key: &str| pod.annotation(key);
+    if !matches!(get(keys::LIFECYCLE_STATE), "" | "creating") {
+        return Err(Action::Nothing(HandsOff::StackOwns));
     }
-    match annotations
-        .get(keys::POST_CLONE_STATE)
-        .and_then(|s| PostCloneState::parse(s))
-    {
-        Some(PostCloneState::Failed) => Resume::Parked,
-        Some(PostCloneState::Running) => Resume::RunLoop,
-        Some(PostCloneState::Done) => Resume::IpWaitOnly,
-        None if fixup_needed => Resume::RunLoop,
-        None => Resume::IpWaitOnly,
+    if get(annotations::HIBERNATE) == "true" {
+        return Err(Action::Nothing(HandsOff::HibernateRequested));
+    }
+    if pod.deleting {
+        return Err(Action::Nothing(HandsOff::Deleting));
+    }
+    if get(annotations::MANAGED) != "true" {
+        return Err(Action::Nothing(HandsOff::NotManaged));
+    }
+    if BootKind::from_annotations(&pod.annotations).is_none() {
+        return Err(Action::Nothing(HandsOff::NotCloned));
+    }
+    match PostCloneState::parse(get(keys::POST_CLONE_STATE)) {
+        Some(PostCloneState::Failed) => Err(Action::Parked),
+        marker => Ok(marker),
+    }
+}
+
+/// Spec section 8, row by row. `fixup_needed` is classification's answer
+/// for the VM (only the last rows read it).
+///
+/// `running` with facts that no longer need a fixup (the VM's NICs changed
+/// while the host was down) leaves only the IP wait: there is no plan to
+/// run.
+pub fn decide(pod: &PodInput, fixup_needed: bool) -> Action {
+    match gate(pod) {
+        Err(action) => action,
+        Ok(Some(PostCloneState::Done)) => Action::IpWaitOnly,
+        Ok(Some(PostCloneState::Running) | None) if fixup_needed => Action::RunLoop,
+        Ok(_) => Action::IpWaitOnly,
     }
 }
 
@@ -189,28 +258,60 @@ mod tests {
     const OBSERVED: &str = keys::LIFECYCLE_OBSERVED_GENERATION;
     const PC: &str = keys::POST_CLONE_STATE;
 
+    const HIB: &str = annotations::HIBERNATE;
+    const MANAGED: (&str, &str) = (annotations::MANAGED, "true");
+
+    fn pod(pairs: &[(&str, &str)], deleting: bool) -> PodInput {
+        PodInput {
+            name: "web-0".into(),
+            namespace: "default".into(),
+            uid: Some("u".into()),
+            annotations: ann(pairs),
+            deleting,
+        }
+    }
+
+    use Action::{IpWaitOnly, Nothing, Parked, RunLoop};
+    use HandsOff::{Deleting, HibernateRequested, NotCloned, NotManaged, StackOwns};
+
     /// Spec section 8's table, row by row, plus the edges.
     #[rstest]
-    #[case::ready_is_terminal(&[(STATE, "ready")], true, Resume::Nothing)]
-    #[case::failed_is_terminal(&[(STATE, "failed"), (PC, "running")], true, Resume::Nothing)]
-    #[case::hibernated_is_terminal(&[(STATE, "hibernated")], false, Resume::Nothing)]
-    #[case::post_clone_failed_parks(&[(PC, "failed")], true, Resume::Parked)]
-    #[case::post_clone_failed_parks_even_creating(&[(STATE, "creating"), (PC, "failed")], true, Resume::Parked)]
-    #[case::running_reruns(&[(PC, "running")], true, Resume::RunLoop)]
-    #[case::running_reruns_even_if_not_needed_now(&[(PC, "running")], false, Resume::RunLoop)]
-    #[case::done_waits_for_ip(&[(PC, "done")], true, Resume::IpWaitOnly)]
-    #[case::no_marker_needed(&[], true, Resume::RunLoop)]
-    #[case::no_marker_not_needed(&[], false, Resume::IpWaitOnly)]
-    #[case::creating_no_marker(&[(STATE, "creating")], true, Resume::RunLoop)]
-    #[case::hibernating_is_not_terminal(&[(STATE, "hibernating"), (PC, "done")], true, Resume::IpWaitOnly)]
-    #[case::unknown_marker_is_no_marker(&[(PC, "bogus")], false, Resume::IpWaitOnly)]
-    #[case::unknown_lifecycle_is_not_terminal(&[(STATE, "Ready"), (PC, "running")], false, Resume::RunLoop)]
-    fn resume_table(
+    #[case::ready_is_the_stacks(&[MANAGED, (STATE, "ready")], false, true, Nothing(StackOwns))]
+    #[case::failed_is_the_stacks(&[MANAGED, (STATE, "failed"), (PC, "running")], false, true, Nothing(StackOwns))]
+    #[case::hibernated_is_the_stacks(&[MANAGED, (STATE, "hibernated")], false, false, Nothing(StackOwns))]
+    #[case::hibernating_is_the_stacks(&[MANAGED, (STATE, "hibernating"), (PC, "done")], false, true, Nothing(StackOwns))]
+    #[case::unknown_lifecycle_is_the_stacks(&[MANAGED, (STATE, "Ready"), (PC, "running")], false, false, Nothing(StackOwns))]
+    #[case::hibernate_requested(&[MANAGED, (HIB, "true"), (PC, "running")], false, true, Nothing(HibernateRequested))]
+    #[case::hibernate_requested_while_creating(&[MANAGED, (STATE, "creating"), (HIB, "true")], false, true, Nothing(HibernateRequested))]
+    #[case::hibernate_not_exact(&[MANAGED, (HIB, "True")], false, true, RunLoop)]
+    #[case::deleting(&[MANAGED, (PC, "running")], true, true, Nothing(Deleting))]
+    #[case::deleting_done(&[MANAGED, (PC, "done")], true, false, Nothing(Deleting))]
+    #[case::unmanaged(&[(PC, "running")], false, true, Nothing(NotManaged))]
+    #[case::run_mode(&[MANAGED, (annotations::MODE, "run")], false, true, Nothing(NotCloned))]
+    #[case::run_mode_upper(&[MANAGED, (annotations::MODE, "RUN")], false, false, Nothing(NotCloned))]
+    #[case::run_mode_wake_is_cloned(&[MANAGED, (annotations::MODE, "run"), (annotations::RESTORE_FROM_HIBERNATE, "true")], false, true, RunLoop)]
+    #[case::run_mode_fork_is_cloned(&[MANAGED, (annotations::MODE, "run"), (annotations::FORK_FROM, "vm-a")], false, false, IpWaitOnly)]
+    #[case::post_clone_failed_parks(&[MANAGED, (PC, "failed")], false, true, Parked)]
+    #[case::post_clone_failed_parks_even_creating(&[MANAGED, (STATE, "creating"), (PC, "failed")], false, true, Parked)]
+    #[case::running_reruns(&[MANAGED, (PC, "running")], false, true, RunLoop)]
+    #[case::running_but_not_needed_now(&[MANAGED, (PC, "running")], false, false, IpWaitOnly)]
+    #[case::done_waits_for_ip(&[MANAGED, (PC, "done")], false, true, IpWaitOnly)]
+    #[case::no_marker_needed(&[MANAGED], false, true, RunLoop)]
+    #[case::no_marker_not_needed(&[MANAGED], false, false, IpWaitOnly)]
+    #[case::creating_no_marker(&[MANAGED, (STATE, "creating")], false, true, RunLoop)]
+    #[case::unknown_marker_is_no_marker(&[MANAGED, (PC, "bogus")], false, false, IpWaitOnly)]
+    fn decision_table(
         #[case] pairs: &[(&str, &str)],
+        #[case] deleting: bool,
         #[case] fixup_needed: bool,
-        #[case] expected: Resume,
+        #[case] expected: Action,
     ) {
-        assert_eq!(resume(&ann(pairs), fixup_needed), expected);
+        assert_eq!(decide(&pod(pairs, deleting), fixup_needed), expected);
+        // The gate agrees: it decides exactly the rows that need no facts.
+        match gate(&pod(pairs, deleting)) {
+            Err(action) => assert_eq!(action, expected),
+            Ok(_) => assert!(expected.has_work()),
+        }
     }
 
     #[rstest]
@@ -249,8 +350,9 @@ mod tests {
 
     #[test]
     fn ops_name_the_resumed_work() {
-        assert_eq!(Resume::RunLoop.op(), Some("post_clone"));
-        assert_eq!(Resume::IpWaitOnly.op(), Some("ready_wait"));
-        assert_eq!(Resume::Parked.op(), None);
+        assert_eq!(RunLoop.op(), Some("post_clone"));
+        assert_eq!(IpWaitOnly.op(), Some("ready_wait"));
+        assert_eq!(Parked.op(), None);
+        assert_eq!(Nothing(Deleting).op(), None);
     }
 }

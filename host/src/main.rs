@@ -8,6 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use fixup_host::binding::{self, BindingPolicy, Verdict};
 use fixup_host::cocoon::CocoonCli;
 use fixup_host::config::{ConfigArgs, Settings};
 use fixup_host::facts::{BootKind, Observation, Overrides, PodInput, VmInspect};
@@ -48,7 +49,8 @@ enum Command {
     ///
     /// Prints a JSON summary. Exit codes: 0 ready (or nothing to do),
     /// 2 the fixup failed (now or earlier), 3 no IP in time or Failed is
-    /// sticky, 4 interrupted or the pod went away, 1 could not run.
+    /// sticky, 4 interrupted or the pod went away, 5 the VM its annotations
+    /// point at is not the pod's (nothing was run), 1 could not run.
     Run(RunArgs),
     /// The node daemon: watch this node's pods and run the flow for every
     /// managed clone that needs it; serve /metrics and /healthz.
@@ -183,6 +185,8 @@ struct ServeArgs {
     config: ConfigArgs,
 }
 
+/// The planner for `plan`: a plugin file that does not load is an error,
+/// so a vendor sees it before a node does.
 fn planner(settings: &Settings) -> Result<Planner> {
     let (planner, failures) =
         Planner::new(settings.planner.clone()).context("starting the plugin host")?;
@@ -198,12 +202,31 @@ fn planner(settings: &Settings) -> Result<Planner> {
     Ok(planner)
 }
 
+/// The planner for `run` and `serve`: a plugin file that does not load is
+/// reported (log, metric) and the others serve; only pods whose scenario
+/// and flavour then have no plugin fail, with a message naming the files.
+fn node_planner(settings: &Settings, metrics: &Metrics) -> Result<Planner> {
+    let (planner, failures) =
+        Planner::new(settings.planner.clone()).context("starting the plugin host")?;
+    for f in &failures {
+        tracing::error!(
+            plugin = %f.path.display(),
+            "plugin not loaded: {}; the other plugins serve, see `cocoon-fixup plugin inspect {}`",
+            f.error,
+            f.path.display()
+        );
+    }
+    metrics.plugin_load_failures(failures.len());
+    Ok(planner)
+}
+
 /// Everything `run` and `serve` share: planner, cocoon, Kubernetes, leases.
 async fn build_host(
     settings: &Settings,
     node: Option<String>,
 ) -> Result<(Host<CocoonCli, KubeApi>, kube::Client)> {
-    let planner = Arc::new(planner(settings)?);
+    let metrics = Arc::new(Metrics::new());
+    let planner = Arc::new(node_planner(settings, &metrics)?);
     let client = kube::Client::try_default()
         .await
         .context("connecting to Kubernetes (in-cluster config or KUBECONFIG)")?;
@@ -218,7 +241,7 @@ async fn build_host(
         pods,
         leases,
         settings.host.clone(),
-        Arc::new(Metrics::new()),
+        metrics,
     );
     Ok((host, client))
 }
@@ -226,6 +249,7 @@ async fn build_host(
 /// `run`'s exit code for a summary (documented in `run --help`).
 fn run_exit_code(summary: &Summary) -> u8 {
     match (summary.fixup, summary.readiness, summary.action) {
+        (_, _, "vm-mismatch") => 5,
         (Some("exhausted" | "plan-failed"), _, _) | (_, _, "parked") => 2,
         (_, Some("timed-out" | "ready-blocked"), _) => 3,
         (Some("shutdown" | "gone"), _, _) | (_, Some("shutdown" | "gone"), _) => 4,
@@ -272,9 +296,10 @@ fn read(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
 }
 
-fn observe(args: &PlanArgs) -> Result<Observation> {
+fn observe(args: &PlanArgs, policy: BindingPolicy) -> Result<(Observation, Verdict)> {
     let pod = PodInput::from_json(&read(&args.pod)?, &args.pod.display().to_string())?;
     let vm = VmInspect::from_json(&read(&args.vm)?, &args.vm.display().to_string())?;
+    let verdict = binding::bind(&pod, &vm.name, policy);
     let overrides = Overrides {
         boot: args.boot.map(|b| match b {
             Boot::Clone => BootKind::Clone,
@@ -284,12 +309,17 @@ fn observe(args: &PlanArgs) -> Result<Observation> {
         }),
         source_image: args.source_image.clone(),
     };
-    Ok(Observation::new(&pod, &vm, &overrides)?)
+    Ok((Observation::new(&pod, &vm, &overrides)?, verdict))
 }
 
 fn run_plan(args: &PlanArgs, config: Option<&Path>) -> Result<u8> {
-    let obs = observe(args)?;
     let settings = args.config.resolve(config)?;
+    let (obs, verdict) = observe(args, settings.host.binding)?;
+    if !verdict.is_bound() {
+        eprintln!(
+            "warning: {verdict}; `run` and `serve` would run nothing in this VM for this pod"
+        );
+    }
     let planner = planner(&settings)?;
     let outcome = planner.plan(&obs).with_context(|| {
         format!(
@@ -300,17 +330,19 @@ fn run_plan(args: &PlanArgs, config: Option<&Path>) -> Result<u8> {
     })?;
     match args.output {
         Output::Json => {
-            let json = serde_json::to_string_pretty(&outcome.report(&obs))?;
-            println!("{json}");
+            let mut report = outcome.report(&obs);
+            report.binding = Some(verdict);
+            println!("{}", serde_json::to_string_pretty(&report)?);
         }
-        Output::Text => print_text(&obs, &outcome),
+        Output::Text => print_text(&obs, &outcome, &verdict),
     }
     Ok(0)
 }
 
-fn print_text(obs: &Observation, outcome: &PlanOutcome) {
+fn print_text(obs: &Observation, outcome: &PlanOutcome, verdict: &Verdict) {
     let report = outcome.report(obs);
     println!("pod {}  (VM {}, id {})", obs.pod, obs.vm_name, obs.vm_id);
+    println!("binding: {verdict}");
     println!(
         "rule {}: {}",
         outcome.decision.rule.number(),

@@ -52,6 +52,15 @@ pub struct Metrics {
     plugin_seconds: HistogramFamily<PluginLabels>,
     plugin_fuel: HistogramFamily<PluginLabels>,
     plugin_traps: Family<TrapLabels, Counter>,
+    vm_mismatches: Counter,
+    node_errors: Family<KindLabels, Counter>,
+    retries: Family<KindLabels, Counter>,
+    plugin_load_failures: Counter,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
 }
 
 impl Default for Metrics {
@@ -113,8 +122,36 @@ impl Metrics {
             "Plugin calls that trapped or broke a limit, by kind",
             plugin_traps.clone(),
         );
+        let vm_mismatches = Counter::default();
+        registry.register(
+            "vm_mismatches",
+            "Pods whose annotations pointed at a VM that is not theirs (nothing was run)",
+            vm_mismatches.clone(),
+        );
+        let node_errors = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "node_errors",
+            "Node configuration errors met while handling a pod (retried), by kind",
+            node_errors.clone(),
+        );
+        let retries = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "retries",
+            "Pods handled again after a failure before the fixup loop, by the failure's kind",
+            retries.clone(),
+        );
+        let plugin_load_failures = Counter::default();
+        registry.register(
+            "plugin_load_failures",
+            "Plugin files that could not be loaded at start",
+            plugin_load_failures.clone(),
+        );
         Metrics {
             registry,
+            vm_mismatches,
+            node_errors,
+            retries,
+            plugin_load_failures,
             fixups,
             attempts,
             ip_waits,
@@ -155,6 +192,32 @@ impl Metrics {
         self.resumed
             .get_or_create(&OpLabels { op: op.to_owned() })
             .inc();
+    }
+
+    pub fn vm_mismatch(&self) {
+        self.vm_mismatches.inc();
+    }
+
+    pub fn node_error(&self, kind: &str) {
+        self.node_errors
+            .get_or_create(&KindLabels {
+                kind: kind.to_owned(),
+            })
+            .inc();
+    }
+
+    /// A pod handled again after a failure of `kind` ([`crate::host::HostError::kind`]).
+    pub fn retry(&self, kind: &str) {
+        self.retries
+            .get_or_create(&KindLabels {
+                kind: kind.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Plugin files that failed to load at start.
+    pub fn plugin_load_failures(&self, count: usize) {
+        self.plugin_load_failures.inc_by(count as u64);
     }
 
     /// Record the plugin calls of a plan.

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+use crate::binding::Verdict;
 use crate::classify::{self, Decision, Fixup, Scenario};
 use crate::facts::{FactError, ImageKind, Observation, VmFacts, VmId};
 use crate::plan::{self, Plan, PlanError, ScriptHeader};
@@ -268,6 +269,10 @@ pub struct PlanReport<'a> {
     pub exec: &'a [String],
     pub script: Option<&'a str>,
     pub hint: Option<&'a str>,
+    /// Whether the VM is the pod's own (spec section 2); set by callers
+    /// that have the pod, absent from the JSON otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub binding: Option<Verdict>,
 }
 
 #[derive(Debug, Serialize)]
@@ -326,6 +331,7 @@ impl PlanOutcome {
             exec: composed.map_or(&[], |c| c.exec.as_slice()),
             script: composed.map(|c| c.script.as_str()),
             hint: composed.map(|c| c.hint.as_str()),
+            binding: None,
         }
     }
 }

@@ -36,6 +36,13 @@ pub mod reasons {
     pub const IP_WAIT_TIMEOUT: &str = "PostCloneIPWaitTimeout";
     pub const DHCP_RECOVERY: &str = "PostCloneDHCPRecovery";
     pub const RESUMED_AFTER_RESTART: &str = "ResumedAfterRestart";
+    /// No plan could be made, no exec ran; the pod is failed without a hint.
+    pub const PLAN_FAILED: &str = "PostClonePlanFailed";
+    /// The VM the annotations point at is not the pod's (spec section 2).
+    pub const VM_MISMATCH: &str = "PostCloneVMMismatch";
+    /// Not in spec section 9: the node cannot be probed (the cocoon root is
+    /// not readable). The work is retried, the pod is not failed.
+    pub const NODE_ERROR: &str = "PostCloneNodeError";
 }
 
 /// Event messages are capped at this many bytes (spec section 9).

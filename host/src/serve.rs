@@ -10,7 +10,7 @@
 //! for the next start. `/metrics` (Prometheus) and `/healthz` are served on
 //! the metrics address.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cocoon::Cocoon;
 use crate::facts::{PodInput, annotations};
 use crate::host::{Host, Trigger};
-use crate::lifecycle::{self, Resume};
+use crate::lifecycle;
 use crate::pods::PodApi;
 
 /// How long in-flight work may take to stop after SIGTERM before the
@@ -40,30 +40,49 @@ pub enum ServeError {
     Listen { addr: SocketAddr, reason: String },
 }
 
-/// Is there anything to do for this pod? Cheap: annotations only, so
-/// updates caused by the host's own patches cost nothing.
+/// Is there anything to do for this pod? Cheap: the rows of spec section
+/// 8's table that need only the pod ([`lifecycle::gate`]), plus a VM to look
+/// up, so updates caused by the host's own patches cost nothing.
 pub fn has_work(pod: &PodInput) -> bool {
-    if pod.annotation(annotations::MANAGED) != "true" {
-        return false;
+    let names_a_vm = !pod.annotation(annotations::VM_ID).is_empty()
+        || !pod.annotation(annotations::VM_NAME).is_empty();
+    names_a_vm && lifecycle::gate(pod).is_ok()
+}
+
+/// How a pod whose handling failed before its work could run (cocoon did
+/// not answer, the API server was unreachable, the node's cocoon root could
+/// not be probed) is tried again: after `first` (1 s), doubling, never more
+/// than `max` (60 s) apart, for as long as the pod still has work. The pod
+/// is never left `creating` without work in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    pub first: Duration,
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            first: Duration::from_secs(1),
+            max: Duration::from_secs(60),
+        }
     }
-    if pod.annotation(annotations::VM_ID).is_empty()
-        && pod.annotation(annotations::VM_NAME).is_empty()
-    {
-        return false;
-    }
-    !matches!(
-        lifecycle::resume(&pod.annotations, true),
-        Resume::Nothing | Resume::Parked
-    )
 }
 
 /// Runs pods through the host, bounded and without duplicates.
+///
+/// Every pod event goes through the same table: an event that shows the
+/// host has nothing more to do for a pod it is working on (hibernation
+/// requested, lifecycle moved on, deletion started) stops that work, as
+/// does the pod's deletion.
 #[derive(Debug)]
 pub struct Dispatcher<C, P> {
     host: Arc<Host<C, P>>,
     permits: Arc<Semaphore>,
-    in_flight: Arc<Mutex<HashSet<String>>>,
+    /// Pod uid -> the token that stops its work.
+    in_flight: Arc<Mutex<HashMap<String, CancellationToken>>>,
     shutdown: CancellationToken,
+    backoff: Backoff,
     tasks: JoinSet<()>,
 }
 
@@ -74,51 +93,59 @@ impl<C: Cocoon, P: PodApi> Dispatcher<C, P> {
             permits: Arc::new(Semaphore::new(concurrency.max(1))),
             in_flight: Arc::default(),
             shutdown,
+            backoff: Backoff::default(),
             tasks: JoinSet::new(),
         }
     }
 
-    /// Start work for `pod` unless it has none or is already in flight.
+    /// Replace the retry backoff.
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Pods being worked on now (their uids).
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.lock().expect("in-flight lock").len()
+    }
+
+    /// Start work for `pod` unless it has none or is already in flight;
+    /// stop work in flight when the table now says there is none.
     pub fn offer(&mut self, pod: PodInput, trigger: Trigger) {
-        let Some(uid) = pod.uid.clone().filter(|_| has_work(&pod)) else {
+        let Some(uid) = pod.uid.clone() else {
             return;
         };
-        if !self
-            .in_flight
-            .lock()
-            .expect("in-flight lock")
-            .insert(uid.clone())
-        {
+        if !has_work(&pod) {
+            self.stop(&uid);
             return;
         }
+        let token = {
+            let mut in_flight = self.in_flight.lock().expect("in-flight lock");
+            if in_flight.contains_key(&uid) {
+                return;
+            }
+            let token = self.shutdown.child_token();
+            in_flight.insert(uid.clone(), token.clone());
+            token
+        };
         let host = self.host.clone();
         let permits = self.permits.clone();
         let in_flight = self.in_flight.clone();
-        let shutdown = self.shutdown.clone();
+        let backoff = self.backoff;
         self.tasks.spawn(async move {
-            let label = pod.display_name();
-            if let Ok(_permit) = permits.acquire_owned().await {
-                // Decide on the live pod, not the event's copy: a watch event
-                // can arrive after the work it describes has finished.
-                match host
-                    .handle(&pod.namespace, &pod.name, trigger, &shutdown)
-                    .await
-                {
-                    Ok(summary) => tracing::info!(
-                        pod = %label,
-                        action = summary.action,
-                        fixup = summary.fixup,
-                        readiness = summary.readiness,
-                        attempts = summary.attempts,
-                        "pod handled"
-                    ),
-                    Err(e) => tracing::warn!(pod = %label, "{e}"),
-                }
-            }
+            work(host, permits, &pod, trigger, &token, backoff).await;
             in_flight.lock().expect("in-flight lock").remove(&uid);
         });
         // Reap finished tasks so the set does not grow.
         while self.tasks.try_join_next().is_some() {}
+    }
+
+    /// Stop the work in flight for pod `uid`, if any (the pod was deleted,
+    /// or the stack took it over).
+    pub fn stop(&self, uid: &str) {
+        if let Some(token) = self.in_flight.lock().expect("in-flight lock").get(uid) {
+            token.cancel();
+        }
     }
 
     /// Wait for in-flight work, at most `timeout`.
@@ -127,6 +154,60 @@ impl<C: Cocoon, P: PodApi> Dispatcher<C, P> {
         if tokio::time::timeout(timeout, all).await.is_err() {
             tracing::warn!("in-flight work did not stop within {timeout:?}; exiting anyway");
         }
+    }
+}
+
+/// One pod's work: handle it, and handle it again with backoff while it
+/// fails before its work could run.
+async fn work<C: Cocoon, P: PodApi>(
+    host: Arc<Host<C, P>>,
+    permits: Arc<Semaphore>,
+    pod: &PodInput,
+    mut trigger: Trigger,
+    token: &CancellationToken,
+    backoff: Backoff,
+) {
+    let label = pod.display_name();
+    let mut delay = backoff.first;
+    loop {
+        let Ok(permit) = permits.acquire().await else {
+            return;
+        };
+        // Decide on the live pod, not the event's copy: a watch event can
+        // arrive after the work it describes has finished.
+        let result = host
+            .handle(&pod.namespace, &pod.name, trigger, token)
+            .await;
+        drop(permit);
+        match result {
+            Ok(summary) => {
+                tracing::info!(
+                    pod = %label,
+                    action = summary.action,
+                    hands_off = summary.hands_off,
+                    fixup = summary.fixup,
+                    readiness = summary.readiness,
+                    attempts = summary.attempts,
+                    "pod handled"
+                );
+                return;
+            }
+            Err(e) if e.is_retryable() && !token.is_cancelled() => {
+                host.metrics().retry(e.kind());
+                tracing::warn!(pod = %label, "{e}; trying again in {delay:?}");
+            }
+            Err(e) => {
+                tracing::warn!(pod = %label, "{e}");
+                return;
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = token.cancelled() => return,
+        }
+        delay = (delay * 2).min(backoff.max);
+        // `ResumedAfterRestart` is announced once, not on every retry.
+        trigger = Trigger::Event;
     }
 }
 
@@ -183,7 +264,12 @@ pub async fn run<C: Cocoon, P: PodApi>(
                 }
                 started = true;
             }
-            Some(Ok(watcher::Event::Init | watcher::Event::Delete(_))) => {}
+            Some(Ok(watcher::Event::Delete(pod))) => {
+                if let Some(uid) = pod.metadata.uid.as_deref() {
+                    dispatcher.stop(uid);
+                }
+            }
+            Some(Ok(watcher::Event::Init)) => {}
             Some(Err(e)) => tracing::warn!("pod watch: {e}; retrying with backoff"),
             None => break,
         }

@@ -15,7 +15,7 @@ use fixup_host::metrics::Metrics;
 use fixup_host::planner::{Planner, PlannerOptions};
 use fixup_host::pods::{EventType, MemoryPods, keys, reasons};
 use fixup_host::ready::LeaseWatcher;
-use support::{Reply, ScriptedCocoon, UID, inspect, pod};
+use support::{Reply, ScriptedCocoon, UID, inspect, pod, vm_name};
 use tokio_util::sync::CancellationToken;
 
 const STATIC: [(&str, Option<&str>); 1] = [("52:54:00:aa:bb:01", Some("10.0.0.5/24"))];
@@ -391,8 +391,8 @@ async fn unmanaged_pods_are_never_touched() {
 async fn bad_facts_fail_the_pod_once_without_exec() {
     let rig = rig(
         vec![Reply::Exit(0, "")],
-        &STATIC,
-        &[("vm.cocoonstack.io/name", "web_0;reboot")],
+        &[("52:54:00:zz:bb:01;reboot", Some("10.0.0.5/24"))],
+        &[],
         HostConfig::default(),
     );
     let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
@@ -410,7 +410,13 @@ async fn bad_facts_fail_the_pod_once_without_exec() {
         Some("failed")
     );
     let errors = rig.annotation(keys::POST_CLONE_ERRORS).unwrap();
-    assert!(errors.contains("vm.cocoonstack.io/name"), "{errors}");
+    assert!(errors.contains("network_configs[0].mac"), "{errors}");
+    assert_eq!(
+        rig.events(reasons::PLAN_FAILED).len(),
+        1,
+        "a plan failure is no exhausted exec"
+    );
+    assert!(rig.events(reasons::EXEC_EXHAUSTED).is_empty());
 }
 
 // ---- the IP wait, in real (short) time: the lease file is real ----
@@ -422,6 +428,7 @@ fn short_ready() -> HostConfig {
             renew_after: Duration::from_millis(300),
             renew_timeout: Duration::from_secs(1),
             dhcp_recovery_after: Duration::from_millis(300),
+            recovery_timeout: Duration::from_secs(1),
         },
         ..HostConfig::default()
     }
@@ -507,22 +514,23 @@ async fn no_lease_in_time_fails_with_the_spec_message() {
     );
     let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
     assert_eq!(summary.readiness, Some("timed-out"));
-    let message = "clone web-0: dhcp lease not observed within 3s";
+    let message = format!("clone {}: dhcp lease not observed within 3s", vm_name());
     assert_eq!(
         rig.annotation(keys::LIFECYCLE_STATE).as_deref(),
         Some("failed")
     );
     assert_eq!(
         rig.annotation(keys::LIFECYCLE_MESSAGE).as_deref(),
-        Some(message)
+        Some(message.as_str())
     );
     assert_eq!(rig.events(reasons::IP_WAIT_TIMEOUT), [message]);
 }
 
 #[tokio::test(start_paused = true)]
-async fn failed_is_sticky_within_a_generation() {
+async fn a_pod_another_component_fails_is_left_alone() {
     // Another component marks the pod Failed while the fixup retries: the
-    // IP is still recorded, but the pod is never made ready.
+    // stack owns the pod now (spec section 8), so the loop stops before its
+    // next attempt and nothing more is written, not even the IP.
     let rig = rig(
         vec![Reply::Exit(1, STEP4_FAILED), Reply::Exit(0, "")],
         &STATIC,
@@ -543,11 +551,17 @@ async fn failed_is_sticky_within_a_generation() {
         pods.insert(failed);
     });
     let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
-    assert_eq!(summary.fixup, Some("done"));
-    assert_eq!(summary.readiness, Some("ready-blocked"));
-    assert_eq!(rig.annotation(keys::IP).as_deref(), Some("10.0.0.5"));
+    assert_eq!(summary.fixup, Some("gone"));
+    assert_eq!(summary.attempts, 1, "no attempt after the stack took over");
+    assert_eq!(rig.cocoon.calls().len(), 1);
+    assert_eq!(rig.annotation(keys::IP), None);
     assert_eq!(
         rig.annotation(keys::LIFECYCLE_STATE).as_deref(),
         Some("failed")
+    );
+    assert_eq!(
+        rig.annotation(keys::POST_CLONE_STATE).as_deref(),
+        Some("running"),
+        "the marker is the stack's to clear"
     );
 }

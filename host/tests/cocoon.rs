@@ -364,10 +364,6 @@ async fn a_program_that_cannot_run_is_a_spawn_error(
     );
     assert_eq!(cli.inspect(&vm(), TIMEOUT).await, Err(expected.clone()));
     assert_eq!(
-        cli.source_image(&vm(), TIMEOUT).await,
-        Err(expected.clone())
-    );
-    assert_eq!(
         expected.to_string(),
         format!(
             "cannot run {}: {os_text}; install cocoon or pass --cocoon-bin",
@@ -376,11 +372,13 @@ async fn a_program_that_cannot_run_is_a_spawn_error(
     );
 }
 
+/// A VM record as `cocoon vm inspect --json` prints it (spec section 2).
 fn inspect_json(image: Value) -> Value {
     json!({
         "id": "vm-1",
-        "name": "web-0",
-        "image": image,
+        "hypervisor": "cloud-hypervisor",
+        "state": "running",
+        "config": { "name": "vk-default-web-0-0f1e2d", "cpu": 2, "memory": 1073741824, "image": image },
         "network_configs": [
             {
                 "mac": "52:54:00:aa:bb:01",
@@ -398,6 +396,8 @@ async fn inspect_parses_the_nics() {
     let got = fake.cli().inspect(&vm(), TIMEOUT).await;
     let expected = VmInspect {
         id: "vm-1".into(),
+        name: "vk-default-web-0-0f1e2d".into(),
+        image: String::new(),
         nics: vec![
             RawNic {
                 mac: "52:54:00:aa:bb:01".into(),
@@ -420,29 +420,50 @@ async fn inspect_parses_the_nics() {
     );
 }
 
+/// The source image is the record's `config.image` (cocoon copies a
+/// snapshot's config into its clones), read by the one inspect.
 #[rstest]
 #[case::url(
     json!("https://cloud-images.example/noble.img"),
-    Some("https://cloud-images.example/noble.img")
+    "https://cloud-images.example/noble.img"
 )]
-#[case::oci(json!("ghcr.io/acme/ubuntu:24.04"), Some("ghcr.io/acme/ubuntu:24.04"))]
-#[case::empty(json!(""), None)]
-#[case::null(Value::Null, None)]
-#[case::not_a_string(json!(42), None)]
+#[case::oci(json!("ghcr.io/acme/ubuntu:24.04"), "ghcr.io/acme/ubuntu:24.04")]
+#[case::empty(json!(""), "")]
+#[case::null(Value::Null, "")]
 #[tokio::test]
-async fn source_image_is_the_inspect_image_field(
+async fn the_source_image_is_the_records_config_image(
     #[case] image: Value,
-    #[case] expected: Option<&str>,
+    #[case] expected: &str,
 ) {
     let fake = Fake::new(json!({ "inspect": { "json": inspect_json(image) } }));
-    let got = fake.cli().source_image(&vm(), TIMEOUT).await;
-    assert_eq!(got, Ok(expected.map(str::to_owned)));
+    let got = fake.cli().inspect(&vm(), TIMEOUT).await.expect("inspect");
+    assert_eq!(got.image, expected);
+    assert_eq!(
+        fake.calls().len(),
+        1,
+        "one inspect gives the whole record"
+    );
 }
 
 #[tokio::test]
-async fn source_image_absent_is_none() {
+async fn a_record_without_config_reads_as_unnamed() {
     let fake = Fake::new(json!({ "inspect": { "json": { "id": "vm-1" } } }));
-    assert_eq!(fake.cli().source_image(&vm(), TIMEOUT).await, Ok(None));
+    let got = fake.cli().inspect(&vm(), TIMEOUT).await.expect("inspect");
+    assert_eq!((got.name.as_str(), got.image.as_str()), ("", ""));
+}
+
+#[rstest]
+#[case::image_not_a_string(json!({"id": "vm-1", "config": {"image": 42}}), "config.image")]
+#[case::name_not_a_string(json!({"id": "vm-1", "config": {"name": ["vk-a"]}}), "config.name")]
+#[case::config_not_an_object(json!({"id": "vm-1", "config": "vk-a"}), "config")]
+#[tokio::test]
+async fn a_record_of_the_wrong_shape_names_the_field(#[case] record: Value, #[case] field: &str) {
+    let fake = Fake::new(json!({ "inspect": { "json": record } }));
+    let err = fake.cli().inspect(&vm(), TIMEOUT).await.unwrap_err();
+    assert!(
+        matches!(&err, CocoonError::BadOutput { reason, .. } if reason.contains(field)),
+        "{err}"
+    );
 }
 
 fn failed(status: ExitStatusKind, stderr: &str) -> CocoonError {
@@ -497,8 +518,7 @@ async fn inspect_errors(#[case] entry: Value, #[case] expected: CocoonError) {
         CocoonError::Timeout { after, .. } => after,
         _ => TIMEOUT,
     };
-    assert_eq!(cli.inspect(&vm(), timeout).await, Err(expected.clone()));
-    assert_eq!(cli.source_image(&vm(), timeout).await, Err(expected));
+    assert_eq!(cli.inspect(&vm(), timeout).await, Err(expected));
 }
 
 #[tokio::test]

@@ -212,11 +212,10 @@ fn expected_first_error(fault: Fault, program: &Path) -> Vec<String> {
 async fn guest_stderr_cannot_put_control_characters_into_events() {
     let rig = Rig::new(Fault::PrintsGarbage);
     let pods = MemoryPods::new();
-    pods.insert(pod(&[]));
+    pods.insert(pod(&[("vm.cocoonstack.io/id", VM)]));
     let plan = two_step_plan();
     let exec = plan::render_exec(&plan);
     let vm = VmId::parse(VM).unwrap();
-    let annotations = pod(&[]).annotations;
     let pod_ref = pod_ref();
     let job = FixupJob {
         pod: &pod_ref,
@@ -225,7 +224,6 @@ async fn guest_stderr_cannot_put_control_characters_into_events() {
         plan: &plan,
         exec: &exec,
         hint: "",
-        annotations: &annotations,
     };
     let retry = retry();
     apply::run_fixup(
@@ -252,12 +250,11 @@ async fn guest_stderr_cannot_put_control_characters_into_events() {
 async fn a_broken_cocoon_is_an_attempt_error_and_the_loop_goes_on(#[case] fault: Fault) {
     let rig = Rig::new(fault);
     let pods = MemoryPods::new();
-    pods.insert(pod(&[]));
+    pods.insert(pod(&[("vm.cocoonstack.io/id", VM)]));
     let plan = two_step_plan();
     let exec = plan::render_exec(&plan);
     let hint = plan::hint_base64("#!/bin/sh\n");
     let vm = VmId::parse(VM).unwrap();
-    let annotations = pod(&[]).annotations;
     let pod_ref = pod_ref();
     let job = FixupJob {
         pod: &pod_ref,
@@ -266,7 +263,6 @@ async fn a_broken_cocoon_is_an_attempt_error_and_the_loop_goes_on(#[case] fault:
         plan: &plan,
         exec: &exec,
         hint: &hint,
-        annotations: &annotations,
     };
     let cocoon = CocoonCli::new(&rig.program);
     let shutdown = CancellationToken::new();
@@ -335,13 +331,12 @@ async fn a_cocoon_that_never_answers_exhausts_the_budget_with_every_attempt_chai
     )
     .unwrap();
     let pods = MemoryPods::new();
-    pods.insert(pod(&[]));
+    pods.insert(pod(&[("vm.cocoonstack.io/id", VM)]));
     let plan = two_step_plan();
     let exec = plan::render_exec(&plan);
     let script = plan::render_script(&plan, &plan::ScriptHeader::default());
     let hint = plan::hint_base64(&script);
     let vm = VmId::parse(VM).unwrap();
-    let annotations = pod(&[]).annotations;
     let pod_ref = pod_ref();
     let job = FixupJob {
         pod: &pod_ref,
@@ -350,7 +345,6 @@ async fn a_cocoon_that_never_answers_exhausts_the_budget_with_every_attempt_chai
         plan: &plan,
         exec: &exec,
         hint: &hint,
-        annotations: &annotations,
     };
     let config = RetryConfig {
         interval: Duration::from_millis(50),

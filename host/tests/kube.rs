@@ -93,6 +93,7 @@ async fn get_reads_an_existing_pod() {
             namespace: "ns".into(),
             uid: Some("uid-1".into()),
             annotations: BTreeMap::from([("a".into(), "b".into())]),
+            deleting: false,
         }))
     );
 }

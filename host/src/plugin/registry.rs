@@ -32,12 +32,42 @@ pub struct ConflictError {
 /// No plugin serves a scenario.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "no loaded plugin serves {scenario} for {}: add one to the plugin directory",
-    flavor_label(.flavor.as_ref())
+    "no loaded plugin serves {scenario} for {}{}",
+    flavor_label(.flavor.as_ref()),
+    no_plugin_fix(.contested.as_ref(), .failed)
 )]
 pub struct NoPlugin {
     pub scenario: Scenario,
     pub flavor: Option<Flavor>,
+    /// The claim is contested: two plugins made it, neither serves it.
+    pub contested: Option<(Origin, Origin)>,
+    /// Plugin files that failed to load, as `path: why` (at most a few).
+    pub failed: Vec<String>,
+}
+
+/// Plugin-file failures named in a [`NoPlugin`] message.
+const FAILURES_SHOWN: usize = 3;
+
+fn no_plugin_fix(contested: Option<&(Origin, Origin)>, failed: &[String]) -> String {
+    let mut text = match contested {
+        Some((a, b)) => format!(
+            ": {a} and {b} both claim it, so neither serves it; remove one of them"
+        ),
+        None => ": add one to the plugin directory".to_owned(),
+    };
+    if !failed.is_empty() {
+        text.push_str(&format!(
+            "; {} plugin file(s) did not load (`cocoon-fixup plugin inspect FILE` says why): {}",
+            failed.len(),
+            failed
+                .iter()
+                .take(FAILURES_SHOWN)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("; ")
+        ));
+    }
+    text
 }
 
 fn flavor_label(f: Option<&Flavor>) -> String {
@@ -59,10 +89,17 @@ pub struct Selection {
 type Claim = (Scenario, Option<Flavor>);
 
 /// The loaded plugins and their claims.
+///
+/// A claim two plugins make is *contested*: neither serves it, and a VM
+/// that needs it fails with a message naming both, rather than being
+/// served by whichever file happened to load first.
 #[derive(Debug, Default)]
 pub struct Registry {
     plugins: Vec<Arc<LoadedPlugin>>,
     claims: BTreeMap<Claim, usize>,
+    contested: BTreeMap<Claim, (Origin, Origin)>,
+    /// Plugin files that did not load, as `path: why`, for messages.
+    failed: Vec<String>,
 }
 
 fn claims_of(plugin: &LoadedPlugin) -> Vec<Claim> {
@@ -81,17 +118,30 @@ fn claims_of(plugin: &LoadedPlugin) -> Vec<Claim> {
 impl Registry {
     /// Register a plugin unless one of its claims is taken; then nothing of
     /// it is registered.
+    ///
+    /// On a conflict every claim the two plugins share is withdrawn (see
+    /// [`Registry`]); the first plugin keeps serving its other claims.
     pub fn add(&mut self, plugin: LoadedPlugin) -> Result<Arc<LoadedPlugin>, ConflictError> {
         let claims = claims_of(&plugin);
+        let mut conflict = None;
         for claim in &claims {
-            if let Some(&i) = self.claims.get(claim) {
-                return Err(ConflictError {
-                    scenario: claim.0,
-                    flavor: claim.1.clone(),
-                    existing: self.plugins[i].origin.clone(),
-                    new: plugin.origin.clone(),
-                });
-            }
+            let existing = match (self.claims.get(claim), self.contested.get(claim)) {
+                (Some(&i), _) => self.plugins[i].origin.clone(),
+                (None, Some((first, _))) => first.clone(),
+                (None, None) => continue,
+            };
+            self.claims.remove(claim);
+            self.contested
+                .insert(claim.clone(), (existing.clone(), plugin.origin.clone()));
+            conflict.get_or_insert_with(|| ConflictError {
+                scenario: claim.0,
+                flavor: claim.1.clone(),
+                existing,
+                new: plugin.origin.clone(),
+            });
+        }
+        if let Some(conflict) = conflict {
+            return Err(conflict);
         }
         let index = self.plugins.len();
         let plugin = Arc::new(plugin);
@@ -100,6 +150,13 @@ impl Registry {
             self.claims.insert(claim, index);
         }
         Ok(plugin)
+    }
+
+    /// Remember plugin files that failed to load, for the messages of
+    /// [`NoPlugin`] and of generic selections that one of them might have
+    /// replaced.
+    pub fn note_failures(&mut self, failures: impl IntoIterator<Item = String>) {
+        self.failed.extend(failures);
     }
 
     /// Every registered plugin, in load order.
@@ -113,6 +170,17 @@ impl Registry {
         scenario: Scenario,
         flavor: Option<&Flavor>,
     ) -> Result<Selection, NoPlugin> {
+        let no_plugin = |contested: Option<&(Origin, Origin)>| NoPlugin {
+            scenario,
+            flavor: flavor.cloned(),
+            contested: contested.cloned(),
+            failed: self.failed.clone(),
+        };
+        if let Some(f) = flavor
+            && let Some(pair) = self.contested.get(&(scenario, Some(f.clone())))
+        {
+            return Err(no_plugin(Some(pair)));
+        }
         if let Some(f) = flavor
             && let Some(&i) = self.claims.get(&(scenario, Some(f.clone())))
         {
@@ -133,9 +201,12 @@ impl Registry {
         match self.claims.get(&(scenario, None)) {
             Some(&i) => {
                 let plugin = self.plugins[i].clone();
-                let why_generic = match flavor {
-                    Some(f) => format!("; no plugin declares flavour `{f}`"),
-                    None => String::new(),
+                let why_generic = match (flavor, self.failed.len()) {
+                    (Some(f), 0) => format!("; no plugin declares flavour `{f}`"),
+                    (Some(f), n) => format!(
+                        "; no loaded plugin declares flavour `{f}` ({n} plugin file(s) did not load: one of them may have)"
+                    ),
+                    (None, _) => String::new(),
                 };
                 Ok(Selection {
                     reason: format!(
@@ -146,10 +217,7 @@ impl Registry {
                     scenario,
                 })
             }
-            None => Err(NoPlugin {
-                scenario,
-                flavor: flavor.cloned(),
-            }),
+            None => Err(no_plugin(self.contested.get(&(scenario, None)))),
         }
     }
 }

@@ -108,22 +108,20 @@ impl Cocoon for ScriptedCocoon {
     async fn inspect(&self, _vm: &VmId, _timeout: Duration) -> Result<VmInspect, CocoonError> {
         Ok(VmInspect::from_json(&self.inspect, "scripted inspect").expect("test inspect JSON"))
     }
-
-    async fn source_image(
-        &self,
-        _vm: &VmId,
-        _timeout: Duration,
-    ) -> Result<Option<String>, CocoonError> {
-        Ok(None)
-    }
 }
 
 pub const UID: &str = "0b7c2f3e-9a51-4c1e-8f1a-2d9e6c1b7a40";
 
+/// The name the stack gives the test pod's VM (`default/web-0`).
+pub fn vm_name() -> String {
+    fixup_host::binding::vm_name_for_pod("default", "web-0")
+}
+
 /// A managed Linux clone pod on Cloud Hypervisor with extra annotations.
 pub fn pod(extra: &[(&str, &str)]) -> PodInput {
+    let vm_name = vm_name();
     let mut annotations: BTreeMap<String, String> = [
-        ("vm.cocoonstack.io/name", "web-0"),
+        ("vm.cocoonstack.io/name", vm_name.as_str()),
         ("vm.cocoonstack.io/id", "vm-0123abcd"),
         ("cocoonset.cocoonstack.io/managed", "true"),
         ("cocoonset.cocoonstack.io/os", "linux"),
@@ -141,6 +139,7 @@ pub fn pod(extra: &[(&str, &str)]) -> PodInput {
         namespace: "default".into(),
         uid: Some(UID.into()),
         annotations,
+        deleting: false,
     }
 }
 
@@ -160,5 +159,6 @@ pub fn inspect(nics: &[(&str, Option<&str>)]) -> String {
             None => serde_json::json!({"mac": mac, "tap": format!("tap{i}")}),
         })
         .collect();
-    serde_json::json!({"id": "vm-0123abcd", "network_configs": nics}).to_string()
+    serde_json::json!({"id": "vm-0123abcd", "config": {"name": vm_name()}, "network_configs": nics})
+        .to_string()
 }
