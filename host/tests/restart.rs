@@ -33,9 +33,10 @@ use std::time::Duration;
 use fixup_host::pods::{keys, reasons};
 use rustix::process::{Pid, Signal, kill_process, kill_process_group};
 use serde_json::{Value, json};
+use support::binary::cocoon_fixup;
 use support::fake::fake_cocoon;
 use support::fake_api::FakeApi;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 const UID: &str = "7d3f1c2a-5b6e-4f80-9a1b-2c3d4e5f6a7b";
 
@@ -118,31 +119,11 @@ impl Node {
     /// clean environment.
     fn serve(&self) -> Child {
         let d = self.dir.path();
-        Command::new(env!("CARGO_BIN_EXE_cocoon-fixup"))
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .env("HOME", d)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .env("COCOON_FIXUP_LOG", "info")
-            .arg("--config")
-            .arg(d.join("config.toml"))
-            .args(["serve", "--node", "n1"])
-            .arg("--cocoon-bin")
-            .arg(d.join("cocoon"))
-            .arg("--cocoon-root")
-            .arg(d)
-            .arg("--lease-file")
-            .arg(d.join("leases.json"))
-            .arg("--plugin-dir")
-            .arg(d.join("plugins"))
-            .arg("--cache-dir")
-            .arg(d.join("cache"))
+        cocoon_fixup(d, &self.kubeconfig, &["serve", "--node", "n1"])
             .args(["--retry-interval", "100ms", "--retry-budget", "10m"])
             .args(["--exec-timeout", "10m", "--metrics-addr", "127.0.0.1:0"])
-            .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(fs::File::create(d.join("daemon.log")).unwrap())
-            .kill_on_drop(true)
             .spawn()
             .expect("the daemon starts")
     }

@@ -44,6 +44,17 @@ pub struct ApiState {
     pub patches: Vec<(Value, u16)>,
     /// Requests no route serves.
     pub unexpected: Vec<String>,
+    /// Every request, in order, served or not.
+    pub requests: Vec<Request>,
+}
+
+/// One request as the server received it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub method: String,
+    pub path: String,
+    /// The query string without the `?`, empty when there is none.
+    pub query: String,
 }
 
 #[derive(Clone)]
@@ -173,6 +184,11 @@ async fn handle(State(shared): State<Shared>, method: Method, uri: Uri, body: By
         .split('&')
         .any(|p| p == "watch=true" || p == "watch=1");
     let mut state = shared.state.lock().unwrap();
+    state.requests.push(Request {
+        method: method.to_string(),
+        path: path.clone(),
+        query: query.clone(),
+    });
     let pod_path = state.pod_path();
     match (&method, path.as_str()) {
         (&Method::GET, p) if p == pod_path => json_response(StatusCode::OK, &state.pod),

@@ -9,6 +9,7 @@ use std::time::Duration;
 use fixup_host::cocoon::{Cocoon, CocoonError, ExecOutput, ExitStatusKind};
 use fixup_host::facts::{PodInput, VmId, VmInspect};
 
+pub mod binary;
 pub mod fake;
 pub mod fake_api;
 pub mod guest;

@@ -1,0 +1,902 @@
+//! The files in `deploy/`, tied to the code and to each other.
+//!
+//! - `deploy/admission-policy.yaml`: the match conditions, variables and
+//!   validations are read from the file and evaluated by a CEL interpreter
+//!   (the `cel` crate) in the API server's order, against a table of
+//!   admission requests. Tenants cannot set, change or remove a key under
+//!   `vm.cocoonstack.io/` or `cocoonset.cocoonstack.io/` (on a pod, through
+//!   pods/status, through a Binding); the listed identities can; other
+//!   annotations and labels stay writable; evictions are not matched; a
+//!   pod without annotations is no evaluation error. Every key the host
+//!   reads or writes is protected, and the identity `deploy/rbac.yaml`
+//!   binds is allowed.
+//! - `deploy/rbac.yaml`: the real `cocoon-fixup` binary runs `serve` and
+//!   `run` through a whole fixup against the fake API server
+//!   (`support/fake_api.rs`) and `fake-cocoon`; every request it made is
+//!   mapped to (API group, resource, verb) as the API server's authorizer
+//!   does, and the set must equal the ClusterRole's rules: no verb missing,
+//!   none granted that the code never uses.
+//! - README.md links to the files in `deploy/` and keeps no copy of them.
+//!
+//! The CEL here is the portable subset that both the `cel` crate and the
+//! API server evaluate (the standard macros and the strings extension's
+//! `join`); the API server also type-checks the expressions against the Pod
+//! schema, which this test does not.
+
+mod support;
+
+use std::collections::{BTreeSet, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use cel::{Context, Env, Program};
+use fixup_host::facts::annotations;
+use fixup_host::pods::{keys, reasons};
+use rstest::rstest;
+use rustix::process::{Pid, Signal, kill_process};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use support::binary::cocoon_fixup;
+use support::fake::fake_cocoon;
+use support::fake_api::{FakeApi, Request};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn read(relative: &str) -> String {
+    let path = repo().join(relative);
+    fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
+
+/// Every YAML document of a file under the repository root.
+fn yaml_documents(relative: &str) -> Vec<Value> {
+    serde_saphyr::from_multiple::<Value>(&read(relative))
+        .unwrap_or_else(|e| panic!("{relative} is not valid YAML: {e}"))
+}
+
+/// The one document of `kind` in a file.
+fn document(relative: &str, kind: &str) -> Value {
+    let mut found: Vec<Value> = yaml_documents(relative)
+        .into_iter()
+        .filter(|d| d["kind"] == kind)
+        .collect();
+    assert_eq!(found.len(), 1, "{relative}: expected one {kind}");
+    found.remove(0)
+}
+
+fn str_list(value: &Value, what: &str) -> Vec<String> {
+    value
+        .as_array()
+        .unwrap_or_else(|| panic!("{what}: expected a list, got {value}"))
+        .iter()
+        .map(|v| {
+            v.as_str()
+                .unwrap_or_else(|| panic!("{what}: expected strings, got {v}"))
+                .to_owned()
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// The admission policy, evaluated
+
+const POLICY_FILE: &str = "deploy/admission-policy.yaml";
+
+/// One expression of the policy, compiled.
+struct Expression {
+    /// Where it stands in the file, for messages: `variables[touchedKeys]`.
+    place: String,
+    program: Program,
+}
+
+/// A resource rule of `matchConstraints`.
+struct Rule {
+    groups: Vec<String>,
+    versions: Vec<String>,
+    operations: Vec<String>,
+    resources: Vec<String>,
+}
+
+struct Validation {
+    check: Expression,
+    message: String,
+    message_expression: Option<Expression>,
+}
+
+/// The policy as the API server would run it.
+struct Policy {
+    env: Arc<Env>,
+    rules: Vec<Rule>,
+    match_conditions: Vec<Expression>,
+    /// In file order: a variable may use the ones before it.
+    variables: Vec<(String, Expression)>,
+    validations: Vec<Validation>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Decision {
+    /// No rule or match condition selects the request: the policy is not
+    /// consulted.
+    NotMatched,
+    Admit,
+    /// Refused, with the message the user sees.
+    Deny(String),
+}
+
+impl Policy {
+    fn load() -> Policy {
+        let policy = document(POLICY_FILE, "ValidatingAdmissionPolicy");
+        let spec = &policy["spec"];
+        assert_eq!(
+            spec["failurePolicy"], "Fail",
+            "{POLICY_FILE}: failurePolicy"
+        );
+        let binding = document(POLICY_FILE, "ValidatingAdmissionPolicyBinding");
+        assert_eq!(
+            binding["spec"]["policyName"], policy["metadata"]["name"],
+            "{POLICY_FILE}: the binding names the policy"
+        );
+        assert_eq!(
+            binding["spec"]["validationActions"],
+            json!(["Deny"]),
+            "{POLICY_FILE}: the binding refuses"
+        );
+        assert!(
+            binding["spec"].get("paramRef").is_none() && spec.get("paramKind").is_none(),
+            "{POLICY_FILE}: the policy takes no params; this test gives it none"
+        );
+
+        let mut env = Env::stdlib();
+        cel::extensions::strings(&mut env).expect("the strings extension registers");
+        let env = Arc::new(env);
+        let compile = |place: String, source: &Value| {
+            let source = source
+                .as_str()
+                .unwrap_or_else(|| panic!("{POLICY_FILE}: {place}: expected a string"));
+            let program = env
+                .compile(source)
+                .unwrap_or_else(|e| panic!("{POLICY_FILE}: {place} does not compile: {e}"));
+            Expression { place, program }
+        };
+        let named = |list: &str| -> Vec<(String, Value)> {
+            spec[list]
+                .as_array()
+                .map(|items| {
+                    items
+                        .iter()
+                        .map(|item| {
+                            let name = item["name"].as_str().unwrap_or("").to_owned();
+                            (name, item["expression"].clone())
+                        })
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+
+        let rules = spec["matchConstraints"]["resourceRules"]
+            .as_array()
+            .expect("matchConstraints.resourceRules")
+            .iter()
+            .map(|r| Rule {
+                groups: str_list(&r["apiGroups"], "apiGroups"),
+                versions: str_list(&r["apiVersions"], "apiVersions"),
+                operations: str_list(&r["operations"], "operations"),
+                resources: str_list(&r["resources"], "resources"),
+            })
+            .collect();
+        let match_conditions = named("matchConditions")
+            .into_iter()
+            .map(|(name, source)| compile(format!("matchConditions[{name}]"), &source))
+            .collect();
+        let variables = named("variables")
+            .into_iter()
+            .map(|(name, source)| {
+                let expression = compile(format!("variables[{name}]"), &source);
+                (name, expression)
+            })
+            .collect();
+        let validations: Vec<Validation> = spec["validations"]
+            .as_array()
+            .expect("validations")
+            .iter()
+            .enumerate()
+            .map(|(i, v)| Validation {
+                check: compile(format!("validations[{i}].expression"), &v["expression"]),
+                message: v["message"].as_str().unwrap_or("").to_owned(),
+                message_expression: v
+                    .get("messageExpression")
+                    .map(|m| compile(format!("validations[{i}].messageExpression"), m)),
+            })
+            .collect();
+        assert!(!validations.is_empty(), "{POLICY_FILE}: no validations");
+        Policy {
+            env,
+            rules,
+            match_conditions,
+            variables,
+            validations,
+        }
+    }
+
+    /// Whether a resource rule selects the request, as `matchConstraints`
+    /// does: `pods` is the pod itself, `pods/*` any of its subresources.
+    fn selects(&self, request: &Value) -> bool {
+        let r = &request["request"];
+        let field = |v: &Value| v.as_str().unwrap_or("").to_owned();
+        let resource = match field(&r["subResource"]).as_str() {
+            "" => field(&r["resource"]["resource"]),
+            sub => format!("{}/{sub}", field(&r["resource"]["resource"])),
+        };
+        let (main, _) = resource.split_once('/').unwrap_or((&resource, ""));
+        let any = |list: &[String], value: &str| list.iter().any(|x| x == "*" || x == value);
+        self.rules.iter().any(|rule| {
+            any(&rule.groups, &field(&r["resource"]["group"]))
+                && any(&rule.versions, &field(&r["resource"]["version"]))
+                && any(&rule.operations, &field(&r["operation"]))
+                && rule.resources.iter().any(|x| {
+                    x == &resource
+                        || x == "*/*"
+                        || (x == "*" && !resource.contains('/'))
+                        || (x.strip_suffix("/*") == Some(main) && resource.contains('/'))
+                })
+        })
+    }
+
+    /// The decision for one admission request
+    /// (`{"request": .., "object": .., "oldObject": ..}`): the rules, then
+    /// every match condition, then the variables in order, then the
+    /// validations. An expression that fails to evaluate is an error (the
+    /// API server would refuse the request: `failurePolicy: Fail`).
+    fn decide(&self, input: &Value) -> Result<Decision, String> {
+        if !self.selects(input) {
+            return Ok(Decision::NotMatched);
+        }
+        let mut context = Context::with_env(self.env.clone());
+        for name in ["request", "object", "oldObject"] {
+            context
+                .add_variable(name, &input[name])
+                .map_err(|e| format!("{name} is not a CEL value: {e}"))?;
+        }
+        for condition in &self.match_conditions {
+            if !eval_bool(condition, &context)? {
+                return Ok(Decision::NotMatched);
+            }
+        }
+        let mut variables: HashMap<String, cel::Value> = HashMap::new();
+        for (name, expression) in &self.variables {
+            context.add_variable_from_value("variables", variables.clone());
+            let value = expression
+                .program
+                .execute(&context)
+                .map_err(|e| format!("{}: {e}", expression.place))?;
+            variables.insert(name.clone(), value);
+        }
+        context.add_variable_from_value("variables", variables);
+        for validation in &self.validations {
+            if eval_bool(&validation.check, &context)? {
+                continue;
+            }
+            let message = match &validation.message_expression {
+                Some(m) => match m.program.execute(&context) {
+                    Ok(cel::Value::String(s)) => s.to_string(),
+                    other => return Err(format!("{}: not a string: {other:?}", m.place)),
+                },
+                None => validation.message.clone(),
+            };
+            return Ok(Decision::Deny(message));
+        }
+        Ok(Decision::Admit)
+    }
+
+    /// The value of a variable that needs no request (a literal list).
+    fn constant(&self, name: &str) -> cel::Value {
+        let (_, expression) = self
+            .variables
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("{POLICY_FILE}: no variable {name}"));
+        expression
+            .program
+            .execute(&Context::with_env(self.env.clone()))
+            .unwrap_or_else(|e| panic!("{}: {e}", expression.place))
+    }
+}
+
+fn eval_bool(expression: &Expression, context: &Context) -> Result<bool, String> {
+    match expression.program.execute(context) {
+        Ok(cel::Value::Bool(b)) => Ok(b),
+        Ok(other) => Err(format!("{}: not a bool: {other:?}", expression.place)),
+        Err(e) => Err(format!("{}: {e}", expression.place)),
+    }
+}
+
+static POLICY: LazyLock<Policy> = LazyLock::new(Policy::load);
+
+// The people in the table.
+const TENANT: &str = "alice@example.com";
+const FIXUP: &str = "cocoon-fixup";
+const VK_NODE: &str = "system:node:vk-cocoon";
+const COCOONSET: &str = "system:serviceaccount:cocoon-system:cocoonset-controller";
+const KUBELET: &str = "system:node:worker-1";
+const SCHEDULER: &str = "system:kube-scheduler";
+const ADMIN: &str = "kubernetes-admin";
+const ANONYMOUS: &str = "system:anonymous";
+
+fn groups_of(user: &str) -> Value {
+    match user {
+        VK_NODE | KUBELET => json!(["system:nodes", "system:authenticated"]),
+        COCOONSET => json!([
+            "system:serviceaccounts",
+            "system:serviceaccounts:cocoon-system",
+            "system:authenticated"
+        ]),
+        ADMIN => json!(["system:masters", "system:authenticated"]),
+        // The API server leaves out an empty list.
+        ANONYMOUS => Value::Null,
+        _ => json!(["tenants", "system:authenticated"]),
+    }
+}
+
+const VM_ID: &str = annotations::VM_ID;
+const IP: &str = keys::IP;
+const MANAGED: &str = annotations::MANAGED;
+const STATE: &str = keys::POST_CLONE_STATE;
+
+/// A pod with these labels and annotations; `None` leaves
+/// `metadata.annotations` out, as the API server does for a pod without any.
+fn pod(annotations: Option<&[(&str, &str)]>, labels: &[(&str, &str)]) -> Value {
+    let to_map = |pairs: &[(&str, &str)]| -> Value {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), json!(v)))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    };
+    let mut metadata = json!({"name": "web-0", "namespace": "tenant-a", "uid": "u-1",
+        "labels": to_map(labels)});
+    if let Some(pairs) = annotations {
+        metadata["annotations"] = to_map(pairs);
+    }
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
+        "spec": {"nodeName": "vk-cocoon", "containers": [{"name": "c", "image": "busybox"}]},
+        "status": {"phase": "Running"}})
+}
+
+/// The stack's annotations on a running pod, and a tenant's own.
+const STACK: &[(&str, &str)] = &[
+    (VM_ID, "vm-0123abcd"),
+    (MANAGED, "true"),
+    (IP, "10.0.0.5"),
+    ("team.example.com/owner", "alice"),
+];
+
+fn with(base: &[(&str, &str)], changes: &[(&str, Option<&str>)]) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = base
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    for (key, value) in changes {
+        out.retain(|(k, _)| k != key);
+        if let Some(v) = value {
+            out.push(((*key).to_owned(), (*v).to_owned()));
+        }
+    }
+    out
+}
+
+/// A pod with `STACK` changed by `changes` (`None` removes a key).
+fn stack_pod(changes: &[(&str, Option<&str>)]) -> Value {
+    let annotations = with(STACK, changes);
+    let pairs: Vec<(&str, &str)> = annotations
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    pod(Some(&pairs), &[("app", "web")])
+}
+
+/// `stack_pod(&[])` with one more label.
+fn relabelled() -> Value {
+    let mut pod = stack_pod(&[]);
+    pod["metadata"]["labels"]["tier"] = json!("front");
+    pod
+}
+
+/// `stack_pod(&[])` with another status.
+fn succeeded() -> Value {
+    let mut pod = stack_pod(&[]);
+    pod["status"]["phase"] = json!("Succeeded");
+    pod
+}
+
+/// An admission request: `subresource` empty for the pod itself;
+/// `kind` the object's (group, kind).
+fn request(
+    operation: &str,
+    user: &str,
+    subresource: &str,
+    kind: (&str, &str),
+    object: Value,
+    old: Value,
+) -> Value {
+    let mut user_info = json!({"username": user, "groups": groups_of(user)});
+    if user_info["groups"].is_null() {
+        user_info.as_object_mut().unwrap().remove("groups");
+    }
+    json!({
+        "request": {
+            "operation": operation,
+            "kind": {"group": kind.0, "version": "v1", "kind": kind.1},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "subResource": subresource,
+            "namespace": "tenant-a",
+            "name": "web-0",
+            "userInfo": user_info,
+        },
+        "object": object,
+        "oldObject": old,
+    })
+}
+
+const POD: (&str, &str) = ("", "Pod");
+
+fn create(user: &str, object: Value) -> Value {
+    request("CREATE", user, "", POD, object, Value::Null)
+}
+
+fn update(user: &str, old: Value, new: Value) -> Value {
+    request("UPDATE", user, "", POD, new, old)
+}
+
+fn update_status(user: &str, old: Value, new: Value) -> Value {
+    request("UPDATE", user, "status", POD, new, old)
+}
+
+/// What a case expects: `Deny` lists what the message must name.
+#[derive(Debug)]
+enum Expect {
+    NotMatched,
+    Admit,
+    Deny(&'static [&'static str]),
+}
+
+#[rstest]
+// Creating a pod.
+#[case::tenant_creates_with_vm_id(create(TENANT, pod(Some(&[(VM_ID, "vm-1")]), &[])), Expect::Deny(&[VM_ID, TENANT]))]
+#[case::tenant_creates_managed(create(TENANT, pod(Some(&[(MANAGED, "true")]), &[])), Expect::Deny(&[MANAGED]))]
+#[case::tenant_creates_with_both_prefixes(create(TENANT, stack_pod(&[])), Expect::Deny(&[VM_ID, MANAGED, IP]))]
+#[case::cocoonset_controller_creates_with_stack_keys(create(COCOONSET, stack_pod(&[])), Expect::Admit)]
+#[case::tenant_creates_without_annotations(create(TENANT, pod(None, &[("app", "web")])), Expect::Admit)]
+#[case::tenant_creates_with_empty_annotations(create(TENANT, pod(Some(&[]), &[])), Expect::Admit)]
+#[case::tenant_creates_with_unrelated_annotations(create(TENANT, pod(Some(&[("team.example.com/owner", "alice")]), &[])), Expect::Admit)]
+#[case::a_look_alike_key_is_not_the_stacks(create(TENANT, pod(Some(&[("x.vm.cocoonstack.io/id", "1"), ("vm.cocoonstack.io.example.com/id", "1")]), &[])), Expect::Admit)]
+// Updating a pod that carries the stack's keys.
+#[case::tenant_changes_only_a_label(update(TENANT, stack_pod(&[]), relabelled()), Expect::Admit)]
+#[case::tenant_adds_an_unrelated_annotation(update(TENANT, stack_pod(&[]), stack_pod(&[("team.example.com/cost-centre", Some("42"))])), Expect::Admit)]
+#[case::tenant_changes_an_unrelated_annotation(update(TENANT, stack_pod(&[]), stack_pod(&[("team.example.com/owner", Some("bob"))])), Expect::Admit)]
+#[case::tenant_removes_an_unrelated_annotation(update(TENANT, stack_pod(&[]), stack_pod(&[("team.example.com/owner", None)])), Expect::Admit)]
+#[case::tenant_resends_the_stack_keys_unchanged(update(TENANT, stack_pod(&[]), stack_pod(&[])), Expect::Admit)]
+#[case::tenant_changes_the_ip(update(TENANT, stack_pod(&[]), stack_pod(&[(IP, Some("10.0.0.99"))])), Expect::Deny(&[IP]))]
+#[case::tenant_adds_an_ip(update(TENANT, stack_pod(&[(IP, None)]), stack_pod(&[])), Expect::Deny(&[IP]))]
+#[case::tenant_removes_the_ip(update(TENANT, stack_pod(&[]), stack_pod(&[(IP, None)])), Expect::Deny(&[IP]))]
+#[case::tenant_empties_the_ip(update(TENANT, stack_pod(&[]), stack_pod(&[(IP, Some(""))])), Expect::Deny(&[IP]))]
+#[case::tenant_unmanages(update(TENANT, stack_pod(&[]), stack_pod(&[(MANAGED, Some("false"))])), Expect::Deny(&[MANAGED]))]
+#[case::tenant_removes_managed(update(TENANT, stack_pod(&[]), stack_pod(&[(MANAGED, None)])), Expect::Deny(&[MANAGED]))]
+#[case::tenant_adds_managed(update(TENANT, stack_pod(&[(MANAGED, None)]), stack_pod(&[])), Expect::Deny(&[MANAGED]))]
+#[case::tenant_drops_every_annotation(update(TENANT, stack_pod(&[]), pod(None, &[("app", "web")])), Expect::Deny(&[VM_ID, MANAGED, IP]))]
+#[case::tenant_annotates_a_pod_without_annotations(update(TENANT, pod(None, &[]), pod(Some(&[(STATE, "done")]), &[])), Expect::Deny(&[STATE]))]
+#[case::tenant_labels_a_pod_without_annotations(update(TENANT, pod(None, &[]), pod(None, &[("tier", "front")])), Expect::Admit)]
+#[case::fixup_writes_its_state(update(FIXUP, stack_pod(&[]), stack_pod(&[(STATE, Some("done")), (IP, Some("10.0.0.6"))])), Expect::Admit)]
+#[case::cocoonset_controller_removes_a_key(update(COCOONSET, stack_pod(&[]), stack_pod(&[(MANAGED, None)])), Expect::Admit)]
+// Exact names only; a cluster administrator is not on the list.
+#[case::a_longer_name_is_not_the_daemon(update("cocoon-fixup-2", stack_pod(&[]), stack_pod(&[(IP, Some("10.0.0.6"))])), Expect::Deny(&[IP, "cocoon-fixup-2"]))]
+#[case::a_prefix_of_a_listed_name_is_not_it(update("system:node:vk", stack_pod(&[]), stack_pod(&[(IP, Some("10.0.0.6"))])), Expect::Deny(&[IP]))]
+#[case::a_user_without_groups_is_refused(update(ANONYMOUS, stack_pod(&[]), stack_pod(&[(IP, Some("10.0.0.6"))])), Expect::Deny(&[IP, ANONYMOUS]))]
+#[case::a_user_without_groups_labels(update(ANONYMOUS, stack_pod(&[]), relabelled()), Expect::Admit)]
+#[case::cluster_admin_is_refused_too(update(ADMIN, stack_pod(&[]), stack_pod(&[(IP, Some("10.0.0.6"))])), Expect::Deny(&[IP]))]
+// pods/status carries metadata too.
+#[case::tenant_status_update_changes_the_state(update_status(TENANT, stack_pod(&[]), stack_pod(&[(STATE, Some("done"))])), Expect::Deny(&[STATE]))]
+#[case::kubelet_status_update_changes_a_stack_key(update_status(KUBELET, stack_pod(&[]), stack_pod(&[(keys::LIFECYCLE_STATE, Some("ready"))])), Expect::Deny(&[keys::LIFECYCLE_STATE, KUBELET]))]
+#[case::kubelet_status_update_of_status_only(update_status(KUBELET, stack_pod(&[]), succeeded()), Expect::Admit)]
+#[case::vk_node_status_update_writes_the_lifecycle(update_status(VK_NODE, stack_pod(&[]), stack_pod(&[(keys::LIFECYCLE_STATE, Some("ready"))])), Expect::Admit)]
+#[case::tenant_ephemeral_container_update(request("UPDATE", TENANT, "ephemeralcontainers", POD, stack_pod(&[]), stack_pod(&[])), Expect::Admit)]
+// Subresources whose object is not a Pod.
+#[case::eviction_is_not_matched(request("CREATE", TENANT, "eviction", ("policy", "Eviction"), json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "web-0", "namespace": "tenant-a", "annotations": {(IP): "x"}}}), Value::Null), Expect::NotMatched)]
+#[case::eviction_without_metadata_is_not_matched(request("CREATE", TENANT, "eviction", ("policy", "Eviction"), json!({"apiVersion": "policy/v1", "kind": "Eviction"}), Value::Null), Expect::NotMatched)]
+#[case::scheduler_binds(request("CREATE", SCHEDULER, "binding", ("", "Binding"), json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "web-0", "namespace": "tenant-a"}, "target": {"kind": "Node", "name": "vk-cocoon"}}), Value::Null), Expect::Admit)]
+#[case::binding_annotations_reach_the_pod(request("CREATE", TENANT, "binding", ("", "Binding"), json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "web-0", "namespace": "tenant-a", "annotations": {(IP): "10.0.0.99"}}, "target": {"kind": "Node", "name": "vk-cocoon"}}), Value::Null), Expect::Deny(&[IP]))]
+// Operations the policy does not constrain.
+#[case::delete_is_not_matched(request("DELETE", TENANT, "", POD, Value::Null, stack_pod(&[])), Expect::NotMatched)]
+#[case::exec_is_not_matched(request("CONNECT", TENANT, "exec", ("", "PodExecOptions"), json!({"kind": "PodExecOptions"}), Value::Null), Expect::NotMatched)]
+fn admission_policy_decides(#[case] input: Value, #[case] expect: Expect) {
+    let decision = POLICY
+        .decide(&input)
+        .unwrap_or_else(|e| panic!("the policy failed to evaluate: {e}\nrequest: {input:#}"));
+    match (&expect, &decision) {
+        (Expect::NotMatched, Decision::NotMatched) | (Expect::Admit, Decision::Admit) => {}
+        (Expect::Deny(names), Decision::Deny(message)) => {
+            for name in *names {
+                assert!(
+                    message.contains(name),
+                    "the message names {name}: {message}"
+                );
+            }
+            assert!(
+                message.contains("allowedUsers") && message.contains("leave these keys out"),
+                "the message says what to do: {message}"
+            );
+        }
+        _ => panic!("expected {expect:?}, got {decision:?}\nrequest: {input:#}"),
+    }
+}
+
+/// Every annotation the host reads (spec section 2) or writes (sections 5
+/// to 7) is one a tenant cannot set.
+#[test]
+fn every_key_the_host_reads_or_writes_is_protected() {
+    let read_keys = [
+        annotations::VM_NAME,
+        annotations::VM_ID,
+        annotations::BACKEND,
+        annotations::OS,
+        annotations::MANAGED,
+        annotations::MODE,
+        annotations::FORK_FROM,
+        annotations::CLONE_FROM_DIR,
+        annotations::RESTORE_FROM_HIBERNATE,
+        annotations::GUEST_FLAVOR,
+        keys::PROBE_PORT,
+        keys::GENERATION,
+        "vm.cocoonstack.io/hibernate",
+    ];
+    let written_keys = [
+        keys::POST_CLONE_STATE,
+        keys::POST_CLONE_HINT,
+        keys::POST_CLONE_ERRORS,
+        keys::IP,
+        keys::LIFECYCLE_STATE,
+        keys::LIFECYCLE_MESSAGE,
+        keys::LIFECYCLE_OBSERVED_GENERATION,
+    ];
+    for key in read_keys.into_iter().chain(written_keys) {
+        let input = update(TENANT, pod(None, &[]), pod(Some(&[(key, "x")]), &[]));
+        let decision = POLICY.decide(&input).expect("evaluates");
+        assert!(
+            matches!(&decision, Decision::Deny(m) if m.contains(key)),
+            "a tenant may set {key}: {decision:?}"
+        );
+    }
+}
+
+/// The daemon's identity in deploy/rbac.yaml is one the policy lets write.
+#[test]
+fn the_identity_rbac_binds_may_write_the_annotations() {
+    let binding = document("deploy/rbac.yaml", "ClusterRoleBinding");
+    let subjects = binding["subjects"].as_array().expect("subjects");
+    assert!(!subjects.is_empty());
+    let cel::Value::List(allowed) = POLICY.constant("allowedUsers") else {
+        panic!("allowedUsers is not a list");
+    };
+    for subject in subjects {
+        assert_eq!(subject["kind"], "User", "{subject}");
+        let name = subject["name"].as_str().expect("subject name");
+        assert!(
+            allowed
+                .iter()
+                .any(|v| matches!(v, cel::Value::String(s) if s.as_str() == name)),
+            "{name} (deploy/rbac.yaml) is missing from allowedUsers in {POLICY_FILE}"
+        );
+        let input = update(name, stack_pod(&[]), stack_pod(&[(STATE, Some("running"))]));
+        assert_eq!(POLICY.decide(&input), Ok(Decision::Admit));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// RBAC: what the real binary asks the API server
+
+/// `(API group, resource, verb)`, as RBAC rules name them.
+type Permission = (String, String, String);
+
+/// What the API server's authorizer checks for a request (the request info
+/// of k8s.io/apiserver): the group from `/api` or `/apis/<group>`, the
+/// resource (with its subresource), and the verb from the method: GET is
+/// `watch` with `watch=true`, else `get` of one object and `list` of a
+/// collection; POST `create`, PUT `update`, PATCH `patch`, DELETE `delete`
+/// or `deletecollection`.
+fn permission(r: &Request) -> Permission {
+    let parts: Vec<&str> = r.path.trim_matches('/').split('/').collect();
+    let (group, rest) = match parts.as_slice() {
+        ["api", _version, rest @ ..] => ("", rest),
+        ["apis", group, _version, rest @ ..] => (*group, rest),
+        _ => panic!("not a resource request: {r:?}"),
+    };
+    let rest = match rest {
+        ["namespaces", _namespace, rest @ ..] if !rest.is_empty() => rest,
+        other => other,
+    };
+    let (resource, name) = match rest {
+        [resource] => (resource.to_string(), None),
+        [resource, name] => (resource.to_string(), Some(name)),
+        [resource, name, sub] => (format!("{resource}/{sub}"), Some(name)),
+        _ => panic!("not a resource request: {r:?}"),
+    };
+    let watch = r
+        .query
+        .split('&')
+        .any(|p| p == "watch=true" || p == "watch=1");
+    let verb = match (r.method.as_str(), name.is_some()) {
+        ("GET", _) if watch => "watch",
+        ("GET", true) => "get",
+        ("GET", false) => "list",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        _ => panic!("a method RBAC does not name: {r:?}"),
+    };
+    (group.to_owned(), resource, verb.to_owned())
+}
+
+/// Every (group, resource, verb) the ClusterRole in deploy/rbac.yaml grants.
+fn granted() -> BTreeSet<Permission> {
+    let role = document("deploy/rbac.yaml", "ClusterRole");
+    let mut out = BTreeSet::new();
+    for rule in role["rules"].as_array().expect("rules") {
+        assert!(rule.get("resourceNames").is_none(), "{rule}");
+        let groups = str_list(&rule["apiGroups"], "apiGroups");
+        let resources = str_list(&rule["resources"], "resources");
+        let verbs = str_list(&rule["verbs"], "verbs");
+        for g in &groups {
+            for r in &resources {
+                for v in &verbs {
+                    assert!(
+                        ![g, r, v].iter().any(|x| x.contains('*')),
+                        "a wildcard grants what no test sees: {rule}"
+                    );
+                    out.insert((g.clone(), r.clone(), v.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn permissions(requests: &[Request]) -> BTreeSet<Permission> {
+    requests.iter().map(permission).collect()
+}
+
+fn perm(group: &str, resource: &str, verb: &str) -> Permission {
+    (group.to_owned(), resource.to_owned(), verb.to_owned())
+}
+
+const NAMESPACE: &str = "default";
+const POD_NAME: &str = "web-0";
+
+/// The VM's name for the pod, as the stack names it (spec section 2):
+/// `vk-<namespace>-<pod>-<first 3 bytes of sha256("<ns>/<pod>") in hex>`.
+fn vm_name() -> String {
+    let digest = Sha256::digest(format!("{NAMESPACE}/{POD_NAME}"));
+    format!("vk-{NAMESPACE}-{POD_NAME}-{}", hex::encode(&digest[..3]))
+}
+
+/// A managed Linux clone on Cloud Hypervisor: a fixup is needed.
+fn fixup_pod() -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": POD_NAME,
+            "namespace": NAMESPACE,
+            "uid": "3e0c6a57-2f1b-4d8e-9c4a-6b7d8e9f0a1b",
+            "annotations": {
+                (annotations::VM_NAME): vm_name(),
+                (VM_ID): "vm-deploy",
+                (MANAGED): "true",
+                (annotations::OS): "linux",
+                (keys::GENERATION): "1",
+                (annotations::BACKEND): "cloud-hypervisor",
+            },
+        },
+        "spec": {"nodeName": "n1", "containers": []},
+    })
+}
+
+/// A node's directory: the fake `cocoon` (a link to fake-cocoon, which
+/// plays `cocoon.json` beside it: a static NIC, so the IP is known at once,
+/// and exec succeeds), an empty config and plugin directory.
+fn node_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::os::unix::fs::symlink(fake_cocoon(), d.join("cocoon")).unwrap();
+    let scenario = json!({
+        "exec": [{"exit": 0}],
+        "inspect": {"json": {
+            "id": "vm-deploy",
+            "hypervisor": "cloud-hypervisor",
+            "config": {"name": vm_name()},
+            "network_configs": [
+                {"mac": "52:54:00:12:34:56", "tap": "tap0",
+                 "network": {"ip": "10.0.0.5", "prefix": 24, "gateway": "10.0.0.1"}}]}},
+    });
+    fs::write(d.join("cocoon.json"), scenario.to_string()).unwrap();
+    fs::create_dir(d.join("plugins")).unwrap();
+    fs::write(d.join("config.toml"), "").unwrap();
+    dir
+}
+
+/// The pod ended ready after a successful fixup, and every request was
+/// one the server serves.
+fn assert_fixed(api: &FakeApi, log: &str) {
+    assert_eq!(
+        api.annotation(keys::LIFECYCLE_STATE).as_deref(),
+        Some("ready"),
+        "log:\n{log}"
+    );
+    assert_eq!(
+        api.annotation(keys::POST_CLONE_STATE).as_deref(),
+        Some("done")
+    );
+    assert_eq!(api.annotation(keys::IP).as_deref(), Some("10.0.0.5"));
+    assert!(
+        api.events()
+            .iter()
+            .any(|(reason, _)| reason == reasons::SUCCEEDED),
+        "{:#?}",
+        api.events()
+    );
+    api.with(|s| assert!(s.unexpected.is_empty(), "{:?}", s.unexpected));
+}
+
+/// The requests of `serve --node n1` through one fixup, until the pod is
+/// ready; then SIGTERM.
+async fn serve_requests() -> Vec<Request> {
+    let dir = node_dir();
+    let api = FakeApi::start(fixup_pod(), false).await;
+    let log = dir.path().join("serve.log");
+    let mut daemon = cocoon_fixup(
+        dir.path(),
+        &api.kubeconfig(dir.path()),
+        &["serve", "--node", "n1"],
+    )
+    .args(["--metrics-addr", "127.0.0.1:0"])
+    .stdout(Stdio::null())
+    .stderr(fs::File::create(&log).unwrap())
+    .spawn()
+    .expect("the daemon starts");
+    let start = std::time::Instant::now();
+    while api.annotation(keys::LIFECYCLE_STATE).as_deref() != Some("ready") {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "gave up waiting for the fixup; daemon log:\n{}",
+            fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pid = Pid::from_raw(i32::try_from(daemon.id().unwrap()).unwrap()).unwrap();
+    kill_process(pid, Signal::TERM).unwrap();
+    let status = daemon.wait().await.unwrap();
+    let log = fs::read_to_string(&log).unwrap_or_default();
+    assert!(status.success(), "{status}; log:\n{log}");
+    assert_fixed(&api, &log);
+    api.with(|s| s.requests.clone())
+}
+
+/// The requests of `run --namespace default --pod web-0` through one fixup.
+async fn run_requests() -> Vec<Request> {
+    let dir = node_dir();
+    let api = FakeApi::start(fixup_pod(), false).await;
+    let out = cocoon_fixup(
+        dir.path(),
+        &api.kubeconfig(dir.path()),
+        &["run", "--namespace", NAMESPACE, "--pod", POD_NAME],
+    )
+    .output()
+    .await
+    .expect("run runs");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{}; stdout:\n{}\nstderr:\n{log}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_fixed(&api, &log);
+    api.with(|s| s.requests.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rbac_grants_exactly_what_serve_and_run_use() {
+    let serve = permissions(&serve_requests().await);
+    let run = permissions(&run_requests().await);
+
+    // `run` handles one pod: read it, patch it, record events.
+    let one_pod: BTreeSet<Permission> = [
+        perm("", "pods", "get"),
+        perm("", "pods", "patch"),
+        perm("events.k8s.io", "events", "create"),
+    ]
+    .into();
+    assert_eq!(run, one_pod, "the requests of `run`");
+    // `serve` also lists and watches the node's pods.
+    let mut node: BTreeSet<Permission> = one_pod;
+    node.extend([perm("", "pods", "list"), perm("", "pods", "watch")]);
+    assert_eq!(serve, node, "the requests of `serve`");
+
+    let used: BTreeSet<Permission> = serve.union(&run).cloned().collect();
+    let granted = granted();
+    let missing: Vec<_> = used.difference(&granted).collect();
+    let unused: Vec<_> = granted.difference(&used).collect();
+    assert!(
+        missing.is_empty() && unused.is_empty(),
+        "deploy/rbac.yaml and the code disagree: used but not granted {missing:?}; \
+         granted but never used {unused:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// README.md and deploy/
+
+/// README.md's "Deployment" section, up to the next heading.
+fn readme_deployment() -> String {
+    let readme = read("README.md");
+    let start = readme
+        .find("### Deployment")
+        .expect("README.md has a Deployment section");
+    readme[start..]
+        .lines()
+        .enumerate()
+        .take_while(|(i, line)| *i == 0 || !line.starts_with('#'))
+        .map(|(_, line)| format!("{line}\n"))
+        .collect()
+}
+
+#[test]
+fn readme_links_the_deploy_files_and_keeps_no_copies() {
+    let section = readme_deployment();
+    for file in [
+        "deploy/cocoon-fixup.service",
+        "deploy/rbac.yaml",
+        "deploy/admission-policy.yaml",
+        "deploy/README.md",
+    ] {
+        assert!(
+            repo().join(file).is_file(),
+            "{file} is missing from the repository"
+        );
+        assert!(
+            section.contains(&format!("]({file})")),
+            "README.md's Deployment section does not link {file}"
+        );
+    }
+    let readme = read("README.md");
+    for copied in [
+        "kind: ClusterRole",
+        "kind: ValidatingAdmissionPolicy",
+        "[Service]",
+        "ExecStart=",
+    ] {
+        assert!(
+            !readme.contains(copied),
+            "README.md inlines `{copied}`: link the file in deploy/ instead, so the two cannot drift"
+        );
+    }
+}
+
+/// deploy/README.md describes every file beside it.
+#[test]
+fn deploy_readme_names_every_file() {
+    let readme = read("deploy/README.md");
+    for entry in fs::read_dir(repo().join("deploy")).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if name != "README.md" {
+            assert!(
+                readme.contains(&name),
+                "deploy/README.md does not mention {name}"
+            );
+        }
+    }
+}
