@@ -91,6 +91,11 @@ impl Case {
         format!("vm-{}{i:06}", self.short())
     }
 
+    /// The VM name the stack derives for instance `i`'s pod.
+    pub fn vm_name(self, i: usize) -> String {
+        fixup_host::binding::vm_name_for_pod(NAMESPACE, &self.pod_name(i))
+    }
+
     /// The pod of instance `i`, as the API server would return it.
     pub fn pod(self, i: usize) -> PodInput {
         let (backend, os) = match self {
@@ -99,12 +104,13 @@ impl Case {
             Case::OciNetworkd | Case::Cloudimg => ("cloud-hypervisor", "linux"),
         };
         let name = self.pod_name(i);
+        let vm_name = self.vm_name(i);
         let annotations: BTreeMap<String, String> = [
             ("cocoonset.cocoonstack.io/managed", "true"),
             ("cocoonset.cocoonstack.io/mode", "clone"),
             ("cocoonset.cocoonstack.io/os", os),
             ("cocoonset.cocoonstack.io/generation", "3"),
-            ("vm.cocoonstack.io/name", name.as_str()),
+            ("vm.cocoonstack.io/name", vm_name.as_str()),
             ("vm.cocoonstack.io/id", self.vm_id(i).as_str()),
             ("vm.cocoonstack.io/backend", backend),
         ]
@@ -137,7 +143,12 @@ impl Case {
         if matches!(self, Case::OciNetworkd | Case::FcMac) {
             nics.push(serde_json::json!({"mac": mac(self, i, 1), "tap": "tap1"}));
         }
-        serde_json::json!({"id": self.vm_id(i), "network_configs": nics}).to_string()
+        let config = serde_json::json!({
+            "name": self.vm_name(i),
+            "image": self.source_image().unwrap_or_default(),
+        });
+        serde_json::json!({"id": self.vm_id(i), "config": config, "network_configs": nics})
+            .to_string()
     }
 
     /// The parsed inspect output of instance `i`.

@@ -17,7 +17,6 @@ use fixup_host::facts::{VmId, VmInspect};
 #[derive(Debug)]
 struct Vm {
     inspect_json: String,
-    source_image: Option<String>,
     fail_first: bool,
     attempts: AtomicU32,
 }
@@ -39,20 +38,14 @@ pub struct BenchCocoonBuilder {
 }
 
 impl BenchCocoonBuilder {
-    /// A VM with this id answers inspect with `inspect_json`, reports
-    /// `source_image`, and fails its first exec when `fail_first`.
-    pub fn vm(
-        &mut self,
-        id: String,
-        inspect_json: String,
-        source_image: Option<String>,
-        fail_first: bool,
-    ) -> &mut Self {
+    /// A VM with this id answers inspect with `inspect_json` (its record,
+    /// the source image included), and fails its first exec when
+    /// `fail_first`.
+    pub fn vm(&mut self, id: String, inspect_json: String, fail_first: bool) -> &mut Self {
         self.vms.insert(
             id,
             Vm {
                 inspect_json,
-                source_image,
                 fail_first,
                 attempts: AtomicU32::new(0),
             },
@@ -131,13 +124,5 @@ impl Cocoon for BenchCocoon {
                 reason: e.to_string(),
             }
         })
-    }
-
-    async fn source_image(
-        &self,
-        vm: &VmId,
-        _timeout: Duration,
-    ) -> Result<Option<String>, CocoonError> {
-        Ok(self.vm(vm)?.source_image.clone())
     }
 }

@@ -114,15 +114,17 @@ pub fn run(config: &ReadyRunConfig) -> anyhow::Result<ReadyResult> {
 fn pod(i: usize) -> (PodInput, String, String) {
     let mut pod = Case::OciNetworkd.pod(i);
     pod.name = format!("ready-{i}");
+    let vm_name = fixup_host::binding::vm_name_for_pod(&pod.namespace, &pod.name);
     pod.annotations
-        .insert("vm.cocoonstack.io/name".to_owned(), pod.name.clone());
+        .insert("vm.cocoonstack.io/name".to_owned(), vm_name.clone());
     let id = format!("vm-ready{i:06}");
     pod.annotations
         .insert("vm.cocoonstack.io/id".to_owned(), id.clone());
     pod.uid = Some(format!("00000000-0000-4000-9000-{i:012}"));
     let mac = cases::mac(Case::OciNetworkd, i, 2);
     let inspect =
-        serde_json::json!({"id": id, "network_configs": [{"mac": mac, "tap": "tap0"}]}).to_string();
+        serde_json::json!({"id": id, "config": {"name": vm_name}, "network_configs": [{"mac": mac, "tap": "tap0"}]})
+            .to_string();
     (pod, id, inspect)
 }
 
@@ -158,7 +160,7 @@ async fn measure(config: &ReadyRunConfig) -> anyhow::Result<ReadyResult> {
     for i in 0..config.runs {
         let (pod, id, inspect) = pod(i);
         pods.inner.insert(pod);
-        runner.vm(id, inspect, None, false);
+        runner.vm(id, inspect, false);
         macs.push(cases::mac(Case::OciNetworkd, i, 2));
     }
     let leases = Arc::new(LeaseWatcher::new(lease_file.clone(), config.poll)?);

@@ -115,12 +115,7 @@ async fn storm(config: &StormConfig) -> anyhow::Result<StormResult> {
         pods.insert(case.pod(i));
         let fail_first = config.fail_first_every > 0 && i % config.fail_first_every == 0;
         failed_first += usize::from(fail_first);
-        runner.vm(
-            case.vm_id(i),
-            case.inspect_json(i),
-            case.source_image(),
-            fail_first,
-        );
+        runner.vm(case.vm_id(i), case.inspect_json(i), fail_first);
     }
     let cocoon = runner.build(config.exec_delay);
     let leases = Arc::new(LeaseWatcher::new(

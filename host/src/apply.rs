@@ -464,6 +464,11 @@ async fn wait_lease<C: Cocoon, P: PodApi>(
         if let Some(ip) = leases.wait_for(&mac, at).await {
             return Some(ip);
         }
+        // Nothing runs in a guest the stack has taken over meanwhile (a
+        // hibernation, a deletion): the final read then skips the write.
+        if !still_there(pods, pod, &facts.id).await {
+            return None;
+        }
         let left = deadline.saturating_duration_since(Instant::now());
         if windows {
             let argv: Vec<String> = ["cmd", "/c", "ipconfig", "/renew"]

@@ -245,7 +245,14 @@ mod tests {
     #[case::other_pods_vm("tenant-a", "web-0", None, Some(("tenant-a", "web-1")), false, false)]
     #[case::legacy_refused("tenant-a", "web-0", None, Some(("legacy", "")), false, false)]
     #[case::legacy_accepted("tenant-a", "web-0", None, Some(("legacy", "")), true, true)]
-    #[case::annotation_disagrees("tenant-a", "web-0", Some("vk-tenant-b-web-0-abcdef"), None, false, false)]
+    #[case::annotation_disagrees(
+        "tenant-a",
+        "web-0",
+        Some("vk-tenant-b-web-0-abcdef"),
+        None,
+        false,
+        false
+    )]
     #[case::no_namespace("", "web-0", None, None, false, false)]
     fn verdicts(
         #[case] namespace: &str,
@@ -285,7 +292,10 @@ mod tests {
             BindingPolicy::default(),
         );
         let text = verdict.to_string();
-        assert!(text.contains(&vm_name_for_pod("tenant-a", "web-0")), "{text}");
+        assert!(
+            text.contains(&vm_name_for_pod("tenant-a", "web-0")),
+            "{text}"
+        );
         assert!(text.contains(r"vk-tenant-b\u{1b}[2J"), "{text}");
         assert!(!text.contains('\u{1b}'));
     }

@@ -298,9 +298,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             Err(action) => return Ok(summary.stop(action)),
         };
         let record = self.inspect(pod, &label).await?;
-        if let Verdict::Mismatch(mismatch) =
-            binding::bind(pod, &record.name, self.config.binding)
-        {
+        if let Verdict::Mismatch(mismatch) = binding::bind(pod, &record.name, self.config.binding) {
             return Ok(self.mismatch(&pod_ref, &record, mismatch, summary).await);
         }
         // Work resumed after a restart does not know its source image: the
@@ -328,7 +326,10 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             Action::Nothing(_) | Action::Parked => return Ok(summary.stop(action)),
             Action::RunLoop => {
                 summary.action = "fixup";
-                match self.fixup(&pod_ref, &vm, &obs, &mut summary, shutdown).await? {
+                match self
+                    .fixup(&pod_ref, &vm, &obs, &mut summary, shutdown)
+                    .await?
+                {
                     Some(facts) => WaitFacts::from_facts(&facts),
                     None => return Ok(summary),
                 }
@@ -564,7 +565,8 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             summary.fixup = Some("gone");
             return Ok(summary);
         }
-        self.emit(pod, Event::warning(reasons::PLAN_FAILED, line)).await;
+        self.emit(pod, Event::warning(reasons::PLAN_FAILED, line))
+            .await;
         Ok(summary)
     }
 

@@ -175,9 +175,7 @@ async fn work<C: Cocoon, P: PodApi>(
         };
         // Decide on the live pod, not the event's copy: a watch event can
         // arrive after the work it describes has finished.
-        let result = host
-            .handle(&pod.namespace, &pod.name, trigger, token)
-            .await;
+        let result = host.handle(&pod.namespace, &pod.name, trigger, token).await;
         drop(permit);
         match result {
             Ok(summary) => {

@@ -438,11 +438,7 @@ async fn the_source_image_is_the_records_config_image(
     let fake = Fake::new(json!({ "inspect": { "json": inspect_json(image) } }));
     let got = fake.cli().inspect(&vm(), TIMEOUT).await.expect("inspect");
     assert_eq!(got.image, expected);
-    assert_eq!(
-        fake.calls().len(),
-        1,
-        "one inspect gives the whole record"
-    );
+    assert_eq!(fake.calls().len(), 1, "one inspect gives the whole record");
 }
 
 #[tokio::test]

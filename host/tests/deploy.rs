@@ -38,7 +38,6 @@ use fixup_host::pods::{keys, reasons};
 use rstest::rstest;
 use rustix::process::{Pid, Signal, kill_process};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use support::binary::cocoon_fixup;
 use support::fake::fake_cocoon;
 use support::fake_api::{FakeApi, Request};
@@ -676,11 +675,9 @@ fn perm(group: &str, resource: &str, verb: &str) -> Permission {
 const NAMESPACE: &str = "default";
 const POD_NAME: &str = "web-0";
 
-/// The VM's name for the pod, as the stack names it (spec section 2):
-/// `vk-<namespace>-<pod>-<first 3 bytes of sha256("<ns>/<pod>") in hex>`.
+/// The VM's name for the pod, as the stack names it (spec section 2).
 fn vm_name() -> String {
-    let digest = Sha256::digest(format!("{NAMESPACE}/{POD_NAME}"));
-    format!("vk-{NAMESPACE}-{POD_NAME}-{}", hex::encode(&digest[..3]))
+    fixup_host::binding::vm_name_for_pod(NAMESPACE, POD_NAME)
 }
 
 /// A managed Linux clone on Cloud Hypervisor: a fixup is needed.

@@ -36,6 +36,7 @@ use serde_json::{Value, json};
 use support::binary::cocoon_fixup;
 use support::fake::fake_cocoon;
 use support::fake_api::FakeApi;
+use support::vm_name;
 use tokio::process::Child;
 
 const UID: &str = "7d3f1c2a-5b6e-4f80-9a1b-2c3d4e5f6a7b";
@@ -52,7 +53,7 @@ fn pod() -> Value {
             "namespace": "default",
             "uid": UID,
             "annotations": {
-                "vm.cocoonstack.io/name": "web-0",
+                "vm.cocoonstack.io/name": vm_name(),
                 "vm.cocoonstack.io/id": "vm-restart",
                 "cocoonset.cocoonstack.io/managed": "true",
                 "cocoonset.cocoonstack.io/os": "linux",
@@ -69,7 +70,7 @@ fn scenario(dir: &Path, exec: Value) -> Value {
     json!({
         "log": dir.join("calls.jsonl"),
         "exec": [exec],
-        "inspect": {"json": {"id": "vm-restart", "network_configs": [
+        "inspect": {"json": {"id": "vm-restart", "config": {"name": vm_name()}, "network_configs": [
             {"mac": "52:54:00:12:34:56", "tap": "tap0",
              "network": {"ip": "10.0.0.5", "prefix": 24, "gateway": "10.0.0.1"}}]}},
     })

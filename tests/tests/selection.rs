@@ -59,7 +59,10 @@ fn a_flavoured_plugin_replaces_the_builtin_for_its_flavour_only() {
 }
 
 #[test]
-fn equal_claims_are_a_load_error_naming_both_files() {
+/// Two files claiming the same thing (an upgrade that left the old file
+/// behind) are a load error naming both, and the claim serves nobody: no
+/// VM gets whichever file happened to load first. Everything else serves.
+fn equal_claims_are_a_load_error_naming_both_files_and_serve_nobody() {
     let dir = tempfile::tempdir().expect("tempdir");
     let bytes = std::fs::read(env!("PLUGIN_HOSTILE")).expect("built");
     std::fs::write(dir.path().join("a-hostile.wasm"), &bytes).expect("write");
@@ -80,12 +83,28 @@ fn equal_claims_are_a_load_error_naming_both_files() {
         "{message}"
     );
     assert!(failures.iter().any(|f| f.path.ends_with("c-broken.wasm")));
-    // The good file still loaded: one bad file never stops the others.
-    let chosen = host
+    // The contested claim serves nobody, and says why.
+    let refused = host
         .registry()
         .select(Scenario::OciNetworkd, Some(&flavor("hostile")))
+        .expect_err("a contested claim is not served");
+    let message = refused.to_string();
+    for needle in [
+        "a-hostile.wasm",
+        "b-hostile.wasm",
+        "c-broken.wasm",
+        "remove one",
+    ] {
+        assert!(message.contains(needle), "{needle}: {message}");
+    }
+    // One bad file never stops the others: the built-ins still serve
+    // every other flavour, and say that a file did not load.
+    let chosen = host
+        .registry()
+        .select(Scenario::OciNetworkd, Some(&flavor("ubuntu")))
         .expect("served");
-    assert!(matches!(&chosen.plugin.origin, Origin::File(p) if p.ends_with("a-hostile.wasm")));
+    assert_eq!(chosen.plugin.origin, Origin::BuiltIn("oci-networkd".into()));
+    assert!(chosen.reason.contains("did not load"), "{}", chosen.reason);
 }
 
 #[test]

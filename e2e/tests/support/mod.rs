@@ -87,6 +87,8 @@ pub struct Lab {
     pub ns: Netns,
     pub backend: Backend,
     pub vm_id: String,
+    /// The pod's name; the VM's name is derived from it, as the stack does.
+    pub pod_name: String,
     pub vm_name: String,
     started: Instant,
     timings: Vec<(String, Duration)>,
@@ -124,7 +126,11 @@ impl Lab {
             ns,
             backend,
             vm_id: format!("vm-{scenario}"),
-            vm_name: format!("e2e-{scenario}"),
+            pod_name: format!("e2e-{scenario}"),
+            vm_name: fixup_host::binding::vm_name_for_pod(
+                POD_NAMESPACE,
+                &format!("e2e-{scenario}"),
+            ),
             started: Instant::now(),
             timings: Vec::new(),
         })
@@ -205,9 +211,9 @@ impl Lab {
             .collect();
         let inspect = json!({
             "id": self.vm_id,
-            "name": self.vm_name,
             "state": "running",
             "hypervisor": self.backend.annotation(),
+            "config": {"name": self.vm_name},
             "network_configs": nics,
         });
         std::fs::create_dir_all(self.vm_dir())?;
@@ -244,7 +250,7 @@ impl Lab {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
-                "name": self.vm_name,
+                "name": self.pod_name,
                 "namespace": POD_NAMESPACE,
                 "uid": POD_UID,
                 "annotations": {
@@ -290,7 +296,7 @@ impl Lab {
             host,
             pods,
             runtime,
-            pod_name: self.vm_name.clone(),
+            pod_name: self.pod_name.clone(),
         })
     }
 

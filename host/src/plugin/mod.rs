@@ -302,9 +302,11 @@ impl PluginHost {
                 failures.push(LoadFailure { path, error });
             }
         }
-        self.registry.note_failures(failures.iter().map(|f| {
-            crate::facts::escape_controls(&format!("{}: {}", f.path.display(), f.error))
-        }));
+        self.registry.note_failures(
+            failures.iter().map(|f| {
+                crate::facts::escape_controls(&format!("{}: {}", f.path.display(), f.error))
+            }),
+        );
         Ok(failures)
     }
 

@@ -50,9 +50,9 @@ const FAILURES_SHOWN: usize = 3;
 
 fn no_plugin_fix(contested: Option<&(Origin, Origin)>, failed: &[String]) -> String {
     let mut text = match contested {
-        Some((a, b)) => format!(
-            ": {a} and {b} both claim it, so neither serves it; remove one of them"
-        ),
+        Some((a, b)) => {
+            format!(": {a} and {b} both claim it, so neither serves it; remove one of them")
+        }
         None => ": add one to the plugin directory".to_owned(),
     };
     if !failed.is_empty() {

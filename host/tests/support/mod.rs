@@ -46,6 +46,10 @@ pub struct ScriptedCocoon {
     last: Arc<Mutex<Reply>>,
     inspect: Arc<String>,
     pub calls: Arc<Mutex<Vec<Call>>>,
+    /// The VM references `inspect` was asked for, in order.
+    pub inspects: Arc<Mutex<Vec<String>>>,
+    /// This many more inspects time out before one answers.
+    pub inspect_failures: Arc<Mutex<usize>>,
 }
 
 impl ScriptedCocoon {
@@ -56,7 +60,19 @@ impl ScriptedCocoon {
             last: Arc::new(Mutex::new(last)),
             inspect: Arc::new(inspect_json),
             calls: Arc::default(),
+            inspects: Arc::default(),
+            inspect_failures: Arc::default(),
         }
+    }
+
+    /// The VM references asked for so far.
+    pub fn inspected(&self) -> Vec<String> {
+        self.inspects.lock().unwrap().clone()
+    }
+
+    /// The next `n` inspects time out.
+    pub fn fail_inspects(&self, n: usize) {
+        *self.inspect_failures.lock().unwrap() = n;
     }
 
     pub fn calls(&self) -> Vec<Call> {
@@ -106,7 +122,18 @@ impl Cocoon for ScriptedCocoon {
         }
     }
 
-    async fn inspect(&self, _vm: &VmId, _timeout: Duration) -> Result<VmInspect, CocoonError> {
+    async fn inspect(&self, vm: &VmId, timeout: Duration) -> Result<VmInspect, CocoonError> {
+        self.inspects.lock().unwrap().push(vm.to_string());
+        {
+            let mut failures = self.inspect_failures.lock().unwrap();
+            if *failures > 0 {
+                *failures -= 1;
+                return Err(CocoonError::Timeout {
+                    what: format!("cocoon vm inspect {vm}"),
+                    after: timeout,
+                });
+            }
+        }
         Ok(VmInspect::from_json(&self.inspect, "scripted inspect").expect("test inspect JSON"))
     }
 }

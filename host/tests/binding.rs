@@ -1,0 +1,976 @@
+//! Right pod, right VM, right moment: the host acts on a VM only when the
+//! VM is the pod's own (spec section 2), and only while the decision table
+//! of spec section 8 gives it work.
+//!
+//! One test (or table) per case, through `Host` with pods in memory and the
+//! scripted `cocoon`, asserting what is run and what is written (nothing,
+//! where nothing is due). The first four cases also run through the real
+//! `cocoon-fixup run` binary against the fake API server and `fake-cocoon`
+//! (`real_binary_*` at the end).
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use fixup_host::binding::{BindingPolicy, legacy_vm_name_for_pod, vm_name_for_pod};
+use fixup_host::facts::PodInput;
+use fixup_host::host::{Host, HostConfig, HostError, Summary, Trigger};
+use fixup_host::metrics::Metrics;
+use fixup_host::planner::{Planner, PlannerOptions};
+use fixup_host::pods::{
+    AnnotationPatch, Event, EventType, MemoryPods, PodApi, PodError, PodRef, keys, reasons,
+};
+use fixup_host::ready::LeaseWatcher;
+use fixup_host::serve::{Backoff, Dispatcher};
+use serde_json::{Value, json};
+use support::{Reply, ScriptedCocoon, pod};
+use tokio_util::sync::CancellationToken;
+
+const VM_ID: &str = "vm-0123abcd";
+const STATIC_MAC: &str = "52:54:00:aa:bb:01";
+const DHCP_MAC: &str = "52:54:00:aa:bb:02";
+
+/// A VM record: `config.name`, `config.image`, NICs as `(mac, static IP)`.
+fn record(name: &str, image: &str, nics: &[(&str, Option<&str>)]) -> String {
+    let nics: Vec<Value> = nics
+        .iter()
+        .enumerate()
+        .map(|(i, (mac, ip))| match ip {
+            Some(ip) => json!({"mac": mac, "tap": format!("tap{i}"),
+                "network": {"ip": ip, "prefix": 24, "gateway": "10.0.0.1"}}),
+            None => json!({"mac": mac, "tap": format!("tap{i}")}),
+        })
+        .collect();
+    json!({"id": VM_ID, "hypervisor": "cloud-hypervisor", "state": "running",
+        "config": {"name": name, "image": image}, "network_configs": nics})
+    .to_string()
+}
+
+/// A pod like `support::pod`, under another namespace and name, with its
+/// VM name annotation set to `vm_name` (removed when empty).
+fn pod_as(namespace: &str, name: &str, vm_name: &str, extra: &[(&str, &str)]) -> PodInput {
+    let mut p = pod(extra);
+    p.namespace = namespace.to_owned();
+    p.name = name.to_owned();
+    if vm_name.is_empty() {
+        p.annotations.remove("vm.cocoonstack.io/name");
+    } else {
+        p.annotations
+            .insert("vm.cocoonstack.io/name".into(), vm_name.into());
+    }
+    p
+}
+
+struct Rig {
+    host: Arc<Host<ScriptedCocoon, MemoryPods>>,
+    cocoon: ScriptedCocoon,
+    pods: MemoryPods,
+    lease_file: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+struct Setup {
+    replies: Vec<Reply>,
+    record: String,
+    pods: Vec<PodInput>,
+    config: HostConfig,
+    /// The cocoon root; `None` is an empty directory that exists.
+    cocoon_root: Option<PathBuf>,
+    plugin_dir: Option<PathBuf>,
+}
+
+impl Setup {
+    fn new(record: String, pods: Vec<PodInput>) -> Self {
+        Setup {
+            replies: vec![Reply::Exit(0, "")],
+            record,
+            pods,
+            config: HostConfig::default(),
+            cocoon_root: None,
+            plugin_dir: None,
+        }
+    }
+
+    fn build(self) -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let root = self.cocoon_root.unwrap_or_else(|| {
+            let root = dir.path().join("cocoon-root");
+            std::fs::create_dir_all(&root).unwrap();
+            root
+        });
+        let (planner, _failures) = Planner::new(PlannerOptions {
+            cocoon_root: root,
+            plugin_dir: self.plugin_dir,
+            ..PlannerOptions::default()
+        })
+        .unwrap();
+        let cocoon = ScriptedCocoon::new(self.replies, self.record);
+        let pods = MemoryPods::new();
+        for p in self.pods {
+            pods.insert(p);
+        }
+        let lease_file = dir.path().join("leases.json");
+        let leases = LeaseWatcher::new(lease_file.clone(), Duration::from_millis(20)).unwrap();
+        let host = Host::new(
+            Arc::new(planner),
+            cocoon.clone(),
+            pods.clone(),
+            Arc::new(leases),
+            self.config,
+            Arc::new(Metrics::new()),
+        );
+        Rig {
+            host: Arc::new(host),
+            cocoon,
+            pods,
+            lease_file,
+            _dir: dir,
+        }
+    }
+}
+
+impl Rig {
+    async fn handle(&self, namespace: &str, name: &str) -> Result<Summary, HostError> {
+        self.host
+            .handle(namespace, name, Trigger::Event, &CancellationToken::new())
+            .await
+    }
+
+    fn events(&self) -> Vec<(String, Event)> {
+        self.pods
+            .events()
+            .into_iter()
+            .map(|(p, e)| (p.to_string(), e))
+            .collect()
+    }
+
+    fn annotation(&self, namespace: &str, name: &str, key: &str) -> Option<String> {
+        self.pods
+            .annotations(namespace, name)
+            .unwrap()
+            .get(key)
+            .cloned()
+    }
+
+    fn write_lease(&self, mac: &str, ip: &str) {
+        let lease = json!([{"mac": mac, "ip": ip, "expiry": "2099-01-01T00:00:00Z"}]);
+        let tmp = self.lease_file.with_extension("tmp");
+        std::fs::write(&tmp, lease.to_string()).unwrap();
+        std::fs::rename(tmp, &self.lease_file).unwrap();
+    }
+
+    fn metrics(&self) -> String {
+        self.host.metrics().encode()
+    }
+}
+
+/// Nothing was run in any guest and nothing written to any pod.
+fn assert_untouched(rig: &Rig) {
+    assert!(rig.cocoon.calls().is_empty(), "{:?}", rig.cocoon.calls());
+    assert!(rig.pods.patches().is_empty(), "{:?}", rig.pods.patches());
+}
+
+/// Short IP waits in real time (the lease watcher reads a real file).
+fn short_ready() -> HostConfig {
+    let mut config = HostConfig::default();
+    config.ready.budget = Duration::from_secs(2);
+    config.ready.renew_after = Duration::from_millis(300);
+    config.ready.renew_timeout = Duration::from_millis(500);
+    config.ready.dhcp_recovery_after = Duration::from_millis(300);
+    config.ready.recovery_timeout = Duration::from_millis(500);
+    config
+}
+
+// ---- 1. another tenant's VM ----
+
+/// A pod in `tenant-a` that names, in its own annotations, the VM of a pod
+/// in `tenant-b` gets nothing run and nothing published: one Warning event
+/// on the pod that asked, naming both VMs. The victim is not touched.
+#[rstest::rstest]
+#[case::id_and_name(true, true)]
+#[case::id_only(true, false)]
+#[case::name_only(false, true)]
+#[tokio::test(start_paused = true)]
+async fn another_tenants_vm_gets_nothing(#[case] with_id: bool, #[case] with_name: bool) {
+    let victim_name = vm_name_for_pod("tenant-b", "db-0");
+    let victim = pod_as("tenant-b", "db-0", &victim_name, &[]);
+    let mut attacker = pod_as(
+        "tenant-a",
+        "evil",
+        if with_name { &victim_name } else { "" },
+        &[],
+    );
+    if !with_id {
+        attacker.annotations.remove("vm.cocoonstack.io/id");
+    }
+    let rig = Setup::new(
+        record(&victim_name, "", &[(STATIC_MAC, Some("10.0.0.5"))]),
+        vec![victim.clone(), attacker],
+    )
+    .build();
+    let summary = rig.handle("tenant-a", "evil").await.unwrap();
+    assert_eq!(summary.action, "vm-mismatch");
+    assert_eq!(summary.readiness, None);
+    assert_eq!(summary.ip, None);
+    assert_untouched(&rig);
+    let events = rig.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let (target, event) = &events[0];
+    assert_eq!(target, "tenant-a/evil", "only the pod that asked is told");
+    assert_eq!(event.reason, reasons::VM_MISMATCH);
+    assert_eq!(event.kind, EventType::Warning);
+    assert!(event.message.contains(&victim_name), "{}", event.message);
+    assert!(
+        event.message.contains(&vm_name_for_pod("tenant-a", "evil")),
+        "{}",
+        event.message
+    );
+    assert_eq!(
+        rig.pods.annotations("tenant-b", "db-0").unwrap(),
+        victim.annotations
+    );
+    assert!(rig.metrics().contains("cocoon_fixup_vm_mismatches_total 1"));
+}
+
+/// The pod's own VM, found through the same annotations, is fixed up.
+#[tokio::test(start_paused = true)]
+async fn the_pods_own_vm_is_bound_and_fixed() {
+    let name = vm_name_for_pod("tenant-a", "web-0");
+    let rig = Setup::new(
+        record(&name, "", &[(STATIC_MAC, Some("10.0.0.5"))]),
+        vec![pod_as("tenant-a", "web-0", &name, &[])],
+    )
+    .build();
+    let summary = rig.handle("tenant-a", "web-0").await.unwrap();
+    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(summary.readiness, Some("ready"));
+    let calls = rig.cocoon.calls();
+    assert_eq!(calls.len(), 1);
+    assert!(
+        calls[0].argv[2].contains(&format!("'{name}\n'")),
+        "the hostname is the record's name"
+    );
+}
+
+/// The legacy unhashed name binds only when the operator opts in.
+#[rstest::rstest]
+#[case::refused(false, "vm-mismatch")]
+#[case::accepted(true, "fixup")]
+#[tokio::test(start_paused = true)]
+async fn a_legacy_name_binds_only_by_policy(#[case] accept: bool, #[case] action: &str) {
+    let legacy = legacy_vm_name_for_pod("tenant-a", "web-0");
+    let mut setup = Setup::new(
+        record(&legacy, "", &[(STATIC_MAC, Some("10.0.0.5"))]),
+        vec![pod_as("tenant-a", "web-0", "", &[])],
+    );
+    setup.config.binding = BindingPolicy {
+        accept_legacy_names: accept,
+    };
+    let rig = setup.build();
+    let summary = rig.handle("tenant-a", "web-0").await.unwrap();
+    assert_eq!(summary.action, action);
+    assert_eq!(rig.cocoon.calls().len(), usize::from(accept));
+}
+
+// ---- 2, 3 and 4: what the stack owns, and what is not a clone ----
+
+/// Pods the table leaves alone: not even `cocoon vm inspect` runs, and
+/// nothing is written or told.
+#[rstest::rstest]
+#[case::run_mode(&[("cocoonset.cocoonstack.io/mode", "run")], false, "not-cloned")]
+#[case::run_mode_any_case(&[("cocoonset.cocoonstack.io/mode", "RUN")], false, "not-cloned")]
+#[case::hibernating(&[(keys::LIFECYCLE_STATE, "hibernating"), ("vm.cocoonstack.io/hibernate", "true")], false, "stack-owns")]
+#[case::hibernated(&[(keys::LIFECYCLE_STATE, "hibernated")], false, "stack-owns")]
+#[case::hibernate_requested_while_creating(&[(keys::LIFECYCLE_STATE, "creating"), ("vm.cocoonstack.io/hibernate", "true")], false, "hibernate-requested")]
+#[case::hibernate_requested_mid_fixup(&[(keys::POST_CLONE_STATE, "running"), ("vm.cocoonstack.io/hibernate", "true")], false, "hibernate-requested")]
+#[case::deleting(&[], true, "deleting")]
+#[case::deleting_mid_fixup(&[(keys::POST_CLONE_STATE, "running")], true, "deleting")]
+#[case::unmanaged(&[("cocoonset.cocoonstack.io/managed", "false")], false, "not-managed")]
+#[tokio::test(start_paused = true)]
+async fn pods_the_host_leaves_alone(
+    #[case] extra: &[(&str, &str)],
+    #[case] deleting: bool,
+    #[case] why: &str,
+) {
+    let mut p = pod(extra);
+    p.deleting = deleting;
+    let rig = Setup::new(
+        record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
+        vec![p],
+    )
+    .build();
+    let summary = rig.handle("default", "web-0").await.unwrap();
+    assert_eq!(summary.action, "nothing");
+    assert_eq!(summary.hands_off, Some(why));
+    assert!(rig.cocoon.inspected().is_empty(), "no inspect");
+    assert_untouched(&rig);
+    assert!(rig.events().is_empty());
+}
+
+/// The stack hibernates the pod while the host waits for its IP: neither
+/// the IP nor `ready` (lease found) nor `failed` (no lease in time) is
+/// written over the stack's state.
+#[rstest::rstest]
+#[case::lease_arrives(true)]
+#[case::no_lease(false)]
+#[tokio::test]
+async fn hibernation_during_the_ip_wait_is_never_overwritten(#[case] lease: bool) {
+    let mut setup = Setup::new(
+        record(&support::vm_name(), "", &[(DHCP_MAC, None)]),
+        vec![pod(&[("vm.cocoonstack.io/fork-from", "vm-src")])],
+    );
+    setup.config = short_ready();
+    let rig = Arc::new(setup.build());
+    let stack = {
+        let rig = rig.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let mut hibernating = pod(&[("vm.cocoonstack.io/fork-from", "vm-src")]);
+            hibernating.annotations = rig.pods.annotations("default", "web-0").unwrap();
+            hibernating
+                .annotations
+                .insert(keys::LIFECYCLE_STATE.into(), "hibernating".into());
+            hibernating
+                .annotations
+                .insert("vm.cocoonstack.io/hibernate".into(), "true".into());
+            rig.pods.insert(hibernating);
+            if lease {
+                rig.write_lease(DHCP_MAC, "10.0.0.77");
+            }
+        })
+    };
+    let summary = rig.handle("default", "web-0").await.unwrap();
+    stack.await.unwrap();
+    assert_eq!(summary.readiness, Some("gone"));
+    assert_eq!(rig.annotation("default", "web-0", keys::IP), None);
+    assert_eq!(
+        rig.annotation("default", "web-0", keys::LIFECYCLE_STATE)
+            .as_deref(),
+        Some("hibernating")
+    );
+    assert!(rig.pods.patches().is_empty(), "{:?}", rig.pods.patches());
+    assert!(
+        rig.cocoon.calls().is_empty(),
+        "no DHCP recovery pass in a hibernating guest: {:?}",
+        rig.cocoon.calls()
+    );
+}
+
+/// Deletion starts while the fixup retries: the loop stops before its next
+/// attempt and writes nothing more.
+#[tokio::test(start_paused = true)]
+async fn deletion_mid_loop_stops_it() {
+    let mut setup = Setup::new(
+        record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
+        vec![pod(&[])],
+    );
+    setup.replies = vec![Reply::Exit(1, "boom")];
+    let rig = Arc::new(setup.build());
+    let stack = {
+        let rig = rig.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let mut deleting = pod(&[]);
+            deleting.annotations = rig.pods.annotations("default", "web-0").unwrap();
+            deleting.deleting = true;
+            rig.pods.insert(deleting);
+        })
+    };
+    let summary = rig.handle("default", "web-0").await.unwrap();
+    stack.await.unwrap();
+    assert_eq!(summary.fixup, Some("gone"));
+    assert_eq!(
+        rig.cocoon.calls().len(),
+        1,
+        "no attempt after deletion began"
+    );
+    let patches = rig.pods.patches();
+    assert_eq!(patches.len(), 1, "only `running`: {patches:?}");
+}
+
+// ---- 5. validate only what the path uses ----
+
+/// Pods that need no fixup (rules 3 and 7) are never failed over a fact
+/// only a plan would use: a VM name that is no hostname (over 63
+/// characters), an odd MAC on a second NIC. The IP wait runs and the pod
+/// becomes ready.
+#[rstest::rstest]
+#[case::rule7_long_name("a-pod-whose-name-is-long-enough-to-make-the-vm-name-no-hostname", &[])]
+#[case::rule3_windows_wake("web-0", &[("cocoonset.cocoonstack.io/os", "windows"), ("vm.cocoonstack.io/restore-from-hibernate", "true")])]
+#[tokio::test]
+async fn facts_only_a_plan_uses_never_fail_a_pod_that_needs_none(
+    #[case] name: &str,
+    #[case] extra: &[(&str, &str)],
+) {
+    let vm_name = vm_name_for_pod("default", name);
+    let mut setup = Setup::new(
+        record(
+            &vm_name,
+            "",
+            &[(DHCP_MAC, None), ("52:54:00:zz:00:01;odd", None)],
+        ),
+        vec![pod_as("default", name, &vm_name, extra)],
+    );
+    setup.config = short_ready();
+    let rig = setup.build();
+    rig.write_lease(DHCP_MAC, "10.0.0.42");
+    let summary = rig.handle("default", name).await.unwrap();
+    assert_eq!(summary.action, "ip-wait", "{summary:?}");
+    assert_eq!(summary.readiness, Some("ready"), "{summary:?}");
+    assert_eq!(summary.ip.as_deref(), Some("10.0.0.42"));
+    assert!(
+        rig.events()
+            .iter()
+            .all(|(_, e)| e.kind == EventType::Normal),
+        "{:?}",
+        rig.events()
+    );
+}
+
+// ---- 6. failures before the loop are retried, in serve ----
+
+/// Pod API whose first `patch_failures` patches fail as an unreachable
+/// API server would.
+#[derive(Debug, Clone)]
+struct Flaky {
+    inner: MemoryPods,
+    patch_failures: Arc<AtomicUsize>,
+    get_failures_after: Arc<AtomicUsize>,
+}
+
+impl PodApi for Flaky {
+    async fn get(&self, namespace: &str, name: &str) -> Result<Option<PodInput>, PodError> {
+        // `get_failures_after`: reads succeed this many more times, then
+        // fail once (usize::MAX: never).
+        let left = self.get_failures_after.load(Ordering::SeqCst);
+        if left != usize::MAX {
+            if left == 0 {
+                self.get_failures_after.store(usize::MAX, Ordering::SeqCst);
+                return Err(PodError::Api {
+                    pod: format!("{namespace}/{name}"),
+                    reason: "connection refused".into(),
+                });
+            }
+            self.get_failures_after.store(left - 1, Ordering::SeqCst);
+        }
+        self.inner.get(namespace, name).await
+    }
+
+    async fn patch_annotations(
+        &self,
+        pod: &PodRef,
+        patch: &AnnotationPatch,
+    ) -> Result<(), PodError> {
+        if self
+            .patch_failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(PodError::Api {
+                pod: pod.to_string(),
+                reason: "connection refused".into(),
+            });
+        }
+        self.inner.patch_annotations(pod, patch).await
+    }
+
+    async fn event(&self, pod: &PodRef, event: &Event) -> Result<(), PodError> {
+        self.inner.event(pod, event).await
+    }
+}
+
+fn flaky_host(
+    cocoon: &ScriptedCocoon,
+    pods: &Flaky,
+    dir: &Path,
+) -> Arc<Host<ScriptedCocoon, Flaky>> {
+    let root = dir.join("cocoon-root");
+    std::fs::create_dir_all(&root).unwrap();
+    let (planner, _) = Planner::new(PlannerOptions {
+        cocoon_root: root,
+        ..PlannerOptions::default()
+    })
+    .unwrap();
+    let leases = LeaseWatcher::new(dir.join("leases.json"), Duration::from_millis(20)).unwrap();
+    Arc::new(Host::new(
+        Arc::new(planner),
+        cocoon.clone(),
+        pods.clone(),
+        Arc::new(leases),
+        HostConfig::default(),
+        Arc::new(Metrics::new()),
+    ))
+}
+
+/// An inspect timeout and a refused `running` write before the loop: the
+/// daemon tries again with backoff, counts each retry, and the pod ends
+/// ready; it is never left `creating` with no work in flight.
+#[tokio::test(start_paused = true)]
+async fn serve_retries_failures_before_the_loop() {
+    let dir = tempfile::tempdir().unwrap();
+    let cocoon = ScriptedCocoon::new(
+        vec![Reply::Exit(0, "")],
+        record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
+    );
+    cocoon.fail_inspects(2);
+    let pods = Flaky {
+        inner: MemoryPods::new(),
+        patch_failures: Arc::new(AtomicUsize::new(1)),
+        get_failures_after: Arc::new(AtomicUsize::new(usize::MAX)),
+    };
+    pods.inner.insert(pod(&[]));
+    let host = flaky_host(&cocoon, &pods, dir.path());
+    let mut dispatcher =
+        Dispatcher::new(host.clone(), 4, CancellationToken::new()).with_backoff(Backoff {
+            first: Duration::from_secs(1),
+            max: Duration::from_secs(4),
+        });
+    let started = tokio::time::Instant::now();
+    dispatcher.offer(pod(&[]), Trigger::Event);
+    dispatcher.drain(Duration::from_secs(600)).await;
+    let after = pods.inner.annotations("default", "web-0").unwrap();
+    assert_eq!(after[keys::LIFECYCLE_STATE], "ready");
+    assert_eq!(after[keys::POST_CLONE_STATE], "done");
+    assert_eq!(
+        cocoon.inspected().len(),
+        4,
+        "two timeouts, one refusal, success"
+    );
+    assert_eq!(cocoon.calls().len(), 1);
+    // 1 s, 2 s, then 4 s of backoff.
+    assert_eq!(started.elapsed().as_secs(), 7);
+    let metrics = host.metrics().encode();
+    assert!(
+        metrics.contains("cocoon_fixup_retries_total{kind=\"cocoon\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("cocoon_fixup_retries_total{kind=\"api\"} 1"),
+        "{metrics}"
+    );
+}
+
+/// A pod event that shows the stack took the pod over stops its work in
+/// flight.
+#[tokio::test(start_paused = true)]
+async fn an_event_that_hands_the_pod_over_stops_its_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let cocoon = ScriptedCocoon::new(
+        vec![Reply::Hang],
+        record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
+    );
+    let pods = Flaky {
+        inner: MemoryPods::new(),
+        patch_failures: Arc::default(),
+        get_failures_after: Arc::new(AtomicUsize::new(usize::MAX)),
+    };
+    pods.inner.insert(pod(&[]));
+    let host = flaky_host(&cocoon, &pods, dir.path());
+    let mut dispatcher = Dispatcher::new(host, 4, CancellationToken::new());
+    dispatcher.offer(pod(&[]), Trigger::Event);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(dispatcher.in_flight(), 1);
+    assert_eq!(cocoon.calls().len(), 1, "attempt 1 hangs");
+    dispatcher.offer(
+        pod(&[("vm.cocoonstack.io/hibernate", "true")]),
+        Trigger::Event,
+    );
+    dispatcher.drain(Duration::from_secs(1)).await;
+    assert_eq!(cocoon.calls().len(), 1);
+    let after = pods.inner.annotations("default", "web-0").unwrap();
+    assert_eq!(
+        after[keys::POST_CLONE_STATE],
+        "running",
+        "left for the stack"
+    );
+    assert!(!after.contains_key(keys::LIFECYCLE_STATE));
+}
+
+// ---- 7 and 8: boot-kind precedence, rule 3 needs exactly cloud-hypervisor ----
+
+/// A Windows hibernate wake on exactly `cloud-hypervisor` needs the IP
+/// wait only, even on a `mode=run`, forked or directory-cloned pod (the
+/// wake comes first); on an empty or other backend the NIC was kept and
+/// PnP runs.
+#[rstest::rstest]
+#[case::ch_wake(&[], 3)]
+#[case::ch_wake_run_mode(&[("cocoonset.cocoonstack.io/mode", "run")], 3)]
+#[case::ch_wake_fork(&[("vm.cocoonstack.io/fork-from", "vm-src")], 3)]
+#[case::ch_wake_dir(&[("vm.cocoonstack.io/clone-from-dir", "/snap")], 3)]
+#[case::empty_backend(&[("vm.cocoonstack.io/backend", "")], 4)]
+#[case::other_backend(&[("vm.cocoonstack.io/backend", "Cloud-Hypervisor")], 4)]
+#[tokio::test]
+async fn windows_wakes(#[case] extra: &[(&str, &str)], #[case] rule: u8) {
+    let mut annotations = vec![
+        ("cocoonset.cocoonstack.io/os", "windows"),
+        ("vm.cocoonstack.io/restore-from-hibernate", "true"),
+    ];
+    annotations.extend_from_slice(extra);
+    let mut setup = Setup::new(
+        record(&support::vm_name(), "", &[(DHCP_MAC, None)]),
+        vec![pod(&annotations)],
+    );
+    setup.config = short_ready();
+    let rig = setup.build();
+    rig.write_lease(DHCP_MAC, "10.0.0.9");
+    let summary = rig.handle("default", "web-0").await.unwrap();
+    assert_eq!(summary.rule, rule, "{summary:?}");
+    let ran: Vec<String> = rig
+        .cocoon
+        .calls()
+        .iter()
+        .map(|c| c.argv[0].clone())
+        .collect();
+    if rule == 3 {
+        assert!(ran.is_empty(), "{ran:?}");
+        assert_eq!(summary.action, "ip-wait");
+    } else {
+        assert_eq!(ran, ["powershell"]);
+        assert_eq!(summary.scenario, "windows-pnp");
+    }
+    assert_eq!(summary.readiness, Some("ready"));
+}
+
+// ---- 9. the probe cannot read the cocoon root ----
+
+/// A cocoon root the daemon cannot read is a node configuration error:
+/// reported (Warning event, metric) and returned for a retry; the pod is
+/// not failed, and once the root is there the same pod is fixed.
+#[tokio::test(start_paused = true)]
+async fn an_unreadable_cocoon_root_is_a_node_error_not_a_pod_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("not-mounted");
+    let mut setup = Setup::new(
+        record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
+        vec![pod(&[])],
+    );
+    setup.cocoon_root = Some(root.clone());
+    let rig = setup.build();
+    let error = rig.handle("default", "web-0").await.unwrap_err();
+    assert!(matches!(error, HostError::Probe { .. }), "{error}");
+    assert!(error.is_retryable());
+    assert_untouched(&rig);
+    let events = rig.events();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].1.reason, reasons::NODE_ERROR);
+    assert!(
+        events[0].1.message.contains("not-mounted"),
+        "{}",
+        events[0].1.message
+    );
+    assert!(
+        rig.metrics()
+            .contains("cocoon_fixup_node_errors_total{kind=\"probe\"} 1")
+    );
+    std::fs::create_dir(&root).unwrap();
+    let summary = rig.handle("default", "web-0").await.unwrap();
+    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(summary.readiness, Some("ready"));
+}
+
+// ---- 10. a plan failure is not an exhausted exec ----
+
+#[tokio::test(start_paused = true)]
+async fn a_plan_failure_emits_plan_failed_and_runs_nothing() {
+    let rig = Setup::new(
+        record(
+            &support::vm_name(),
+            "",
+            &[(STATIC_MAC, Some("10.0.0.5")), (STATIC_MAC, None)],
+        ),
+        vec![pod(&[])],
+    )
+    .build();
+    let summary = rig.handle("default", "web-0").await.unwrap();
+    assert_eq!(summary.fixup, Some("plan-failed"));
+    assert!(rig.cocoon.calls().is_empty());
+    let reasons: Vec<&str> = rig.events().iter().map(|(_, e)| e.reason).collect();
+    assert_eq!(reasons, [reasons::PLAN_FAILED]);
+    assert_eq!(
+        rig.annotation("default", "web-0", keys::POST_CLONE_STATE)
+            .as_deref(),
+        Some("failed")
+    );
+    assert_eq!(
+        rig.annotation("default", "web-0", keys::POST_CLONE_HINT),
+        None,
+        "no plan, no hint"
+    );
+}
+
+// ---- 11. the source image is the record's, in one inspect ----
+
+#[rstest::rstest]
+#[case::clone_with_url(&[], "https://cloud-images.example/noble.img", "cloudimg")]
+#[case::clone_with_oci(&[], "ghcr.io/acme/ubuntu:24.04", "oci-networkd")]
+#[case::fork_ignores_it(&[("vm.cocoonstack.io/fork-from", "vm-src")], "https://cloud-images.example/noble.img", "oci-networkd")]
+#[case::dir_ignores_it(&[("vm.cocoonstack.io/clone-from-dir", "/snap")], "https://cloud-images.example/noble.img", "oci-networkd")]
+#[case::resumed_ignores_it(&[(keys::POST_CLONE_STATE, "running")], "https://cloud-images.example/noble.img", "oci-networkd")]
+#[tokio::test(start_paused = true)]
+async fn the_source_image_is_the_records_and_inspect_runs_once(
+    #[case] extra: &[(&str, &str)],
+    #[case] image: &str,
+    #[case] scenario: &str,
+) {
+    let rig = Setup::new(
+        record(
+            &support::vm_name(),
+            image,
+            &[(STATIC_MAC, Some("10.0.0.5"))],
+        ),
+        vec![pod(extra)],
+    )
+    .build();
+    let summary = rig.handle("default", "web-0").await.unwrap();
+    assert_eq!(summary.scenario, scenario);
+    assert_eq!(rig.cocoon.inspected(), [VM_ID], "one inspect per pod");
+}
+
+// ---- 12. the read before the ready write fails ----
+
+/// Nothing is written (no IP over a lifecycle left `creating`, no
+/// `ready-blocked`): the error is retryable, and the retry, from `done`,
+/// only waits for the IP and publishes it.
+#[tokio::test(start_paused = true)]
+async fn a_failed_read_before_the_ready_write_is_retried_not_guessed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cocoon = ScriptedCocoon::new(
+        vec![Reply::Exit(0, "")],
+        record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
+    );
+    // Reads: the handle's own, the check before attempt 1, then the read
+    // before the ready write fails.
+    let pods = Flaky {
+        inner: MemoryPods::new(),
+        patch_failures: Arc::default(),
+        get_failures_after: Arc::new(AtomicUsize::new(2)),
+    };
+    pods.inner.insert(pod(&[]));
+    let host = flaky_host(&cocoon, &pods, dir.path());
+    let token = CancellationToken::new();
+    let error = host
+        .handle("default", "web-0", Trigger::Event, &token)
+        .await
+        .unwrap_err();
+    assert!(error.is_retryable(), "{error}");
+    let after = pods.inner.annotations("default", "web-0").unwrap();
+    assert_eq!(after[keys::POST_CLONE_STATE], "done");
+    assert!(!after.contains_key(keys::IP), "{after:?}");
+    assert!(!after.contains_key(keys::LIFECYCLE_STATE), "{after:?}");
+    let summary = host
+        .handle("default", "web-0", Trigger::Event, &token)
+        .await
+        .unwrap();
+    assert_eq!(summary.action, "ip-wait");
+    assert_eq!(summary.readiness, Some("ready"));
+    assert_eq!(cocoon.calls().len(), 1, "the fixup is not run again");
+}
+
+// ---- 13. the DHCP safety net: Linux only, bounded by the exec timeout ----
+
+#[rstest::rstest]
+#[case::linux("linux", 1)]
+#[case::android("android", 0)]
+#[case::unknown("plan9", 0)]
+#[tokio::test]
+async fn dhcp_recovery_is_for_linux_and_bounded_by_the_exec_timeout(
+    #[case] os: &str,
+    #[case] recoveries: usize,
+) {
+    let mut setup = Setup::new(
+        record(&support::vm_name(), "", &[(DHCP_MAC, None)]),
+        vec![pod(&[("cocoonset.cocoonstack.io/os", os)])],
+    );
+    setup.config = short_ready();
+    setup.replies = vec![Reply::Hang];
+    let rig = setup.build();
+    let summary = rig.handle("default", "web-0").await.unwrap();
+    assert_eq!(summary.readiness, Some("timed-out"));
+    let calls = rig.cocoon.calls();
+    assert_eq!(calls.len(), recoveries, "{calls:?}");
+    for call in calls {
+        assert!(
+            call.timeout <= Duration::from_millis(500),
+            "bounded by the exec timeout, not the IP budget: {:?}",
+            call.timeout
+        );
+    }
+}
+
+// ---- 14. a plugin file that does not load ----
+
+/// A file claiming what the built-in oci-networkd claims (a second copy of
+/// it), and a file that is no plugin: the good plugins load; pods whose
+/// scenario has a plugin are served, pods whose scenario is contested fail
+/// with a message naming the files.
+#[tokio::test(start_paused = true)]
+async fn a_plugin_file_that_does_not_load_fails_only_its_pods() {
+    let plugins = tempfile::tempdir().unwrap();
+    let (_, networkd) = fixup_host::plugin::builtin::BUILTINS
+        .iter()
+        .find(|(name, _)| *name == "oci-networkd")
+        .unwrap();
+    std::fs::write(plugins.path().join("networkd-v1.wasm"), networkd).unwrap();
+    std::fs::write(plugins.path().join("junk.wasm"), b"not a component").unwrap();
+
+    // Served: a Windows clone (windows-pnp is not contested).
+    let mut setup = Setup::new(
+        record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
+        vec![pod(&[("cocoonset.cocoonstack.io/os", "windows")])],
+    );
+    setup.plugin_dir = Some(plugins.path().to_owned());
+    let rig = setup.build();
+    let summary = rig.handle("default", "web-0").await.unwrap();
+    assert_eq!(summary.fixup, Some("done"), "{summary:?}");
+
+    // Failed, clearly: a Linux static clone needs the contested claim.
+    let mut setup = Setup::new(
+        record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
+        vec![pod(&[])],
+    );
+    setup.plugin_dir = Some(plugins.path().to_owned());
+    let rig = setup.build();
+    let summary = rig.handle("default", "web-0").await.unwrap();
+    assert_eq!(summary.fixup, Some("plan-failed"));
+    assert!(rig.cocoon.calls().is_empty());
+    let errors = summary.errors.join("\n");
+    for needle in ["networkd-v1.wasm", "built-in:oci-networkd", "junk.wasm"] {
+        assert!(errors.contains(needle), "{needle}: {errors}");
+    }
+}
+
+// ---- 1 to 4 through the real binary ----
+
+mod real_binary {
+    use super::*;
+    use std::fs;
+    use support::binary::cocoon_fixup;
+    use support::fake::fake_cocoon;
+    use support::fake_api::FakeApi;
+
+    /// `cocoon-fixup run` for `namespace/name` against a fake API server
+    /// holding `pod`, with `fake-cocoon` answering inspect with `vm_record`
+    /// and every exec with success. Returns the exit code, the cocoon calls
+    /// (argv after the program) and the server.
+    async fn run(pod: Value, vm_record: Value) -> (Option<i32>, Vec<Vec<String>>, FakeApi) {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::os::unix::fs::symlink(fake_cocoon(), d.join("cocoon")).unwrap();
+        let scenario = json!({
+            "log": d.join("calls.jsonl"),
+            "exec": [{"exit": 0}],
+            "inspect": {"json": vm_record},
+        });
+        fs::write(d.join("cocoon.json"), scenario.to_string()).unwrap();
+        fs::create_dir(d.join("plugins")).unwrap();
+        fs::write(d.join("config.toml"), "").unwrap();
+        let namespace = pod["metadata"]["namespace"].as_str().unwrap().to_owned();
+        let name = pod["metadata"]["name"].as_str().unwrap().to_owned();
+        let api = FakeApi::start(pod, false).await;
+        let out = cocoon_fixup(
+            d,
+            &api.kubeconfig(d),
+            &["run", "--namespace", &namespace, "--pod", &name],
+        )
+        .output()
+        .await
+        .expect("run runs");
+        let calls = fs::read_to_string(d.join("calls.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).unwrap();
+                v["argv"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|a| a.as_str().unwrap().to_owned())
+                    .collect()
+            })
+            .collect();
+        (out.status.code(), calls, api)
+    }
+
+    fn pod_json(namespace: &str, name: &str, annotations: &BTreeMap<&str, Value>) -> Value {
+        json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace,
+                "uid": "5f0c3a1e-8b7d-4c2a-9e1f-0a2b3c4d5e6f", "annotations": annotations},
+            "spec": {"nodeName": "n1", "containers": []},
+        })
+    }
+
+    fn base(vm_name: &str) -> BTreeMap<&'static str, Value> {
+        BTreeMap::from([
+            ("vm.cocoonstack.io/name", json!(vm_name)),
+            ("vm.cocoonstack.io/id", json!(VM_ID)),
+            ("cocoonset.cocoonstack.io/managed", json!("true")),
+            ("cocoonset.cocoonstack.io/os", json!("linux")),
+            ("cocoonset.cocoonstack.io/generation", json!("1")),
+            ("vm.cocoonstack.io/backend", json!("cloud-hypervisor")),
+        ])
+    }
+
+    fn vm(name: &str) -> Value {
+        serde_json::from_str(&record(name, "", &[(STATIC_MAC, Some("10.0.0.5"))])).unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn another_tenants_vm() {
+        let victim = vm_name_for_pod("tenant-b", "db-0");
+        let (code, calls, api) =
+            run(pod_json("tenant-a", "evil", &base(&victim)), vm(&victim)).await;
+        assert_eq!(code, Some(5), "exit code 5: not this pod's VM");
+        assert_eq!(calls, [["vm", "inspect", "--json", VM_ID]], "no exec");
+        api.with(|s| assert!(s.patches.is_empty(), "{:?}", s.patches));
+        let events = api.events();
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events[0].0, reasons::VM_MISMATCH);
+        assert!(events[0].1.contains(&victim), "{}", events[0].1);
+        assert_eq!(api.annotation(keys::IP), None);
+    }
+
+    #[rstest::rstest]
+    #[case::run_mode(&[("cocoonset.cocoonstack.io/mode", json!("run"))], false)]
+    #[case::hibernating(&[(keys::LIFECYCLE_STATE, json!("hibernating")), ("vm.cocoonstack.io/hibernate", json!("true"))], false)]
+    #[case::deleting(&[], true)]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn left_alone(#[case] extra: &[(&str, Value)], #[case] deleting: bool) {
+        let name = vm_name_for_pod("default", "web-0");
+        let mut annotations = base(&name);
+        annotations.extend(extra.iter().cloned());
+        let mut pod = pod_json("default", "web-0", &annotations);
+        if deleting {
+            pod["metadata"]["deletionTimestamp"] = json!("2026-12-01T10:00:00Z");
+        }
+        let before = pod["metadata"]["annotations"].clone();
+        let (code, calls, api) = run(pod, vm(&name)).await;
+        assert_eq!(code, Some(0));
+        assert!(calls.is_empty(), "cocoon is not even asked: {calls:?}");
+        api.with(|s| {
+            assert!(s.patches.is_empty(), "{:?}", s.patches);
+            assert!(s.events.is_empty(), "{:?}", s.events);
+            assert_eq!(s.pod["metadata"]["annotations"], before);
+        });
+    }
+
+    /// The control: the pod's own VM is fixed up by the same binary.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_pods_own_vm() {
+        let name = vm_name_for_pod("default", "web-0");
+        let (code, calls, api) = run(pod_json("default", "web-0", &base(&name)), vm(&name)).await;
+        assert_eq!(code, Some(0));
+        assert_eq!(calls.len(), 2, "inspect, then one exec: {calls:?}");
+        assert_eq!(calls[1][..3], ["vm", "exec", VM_ID]);
+        assert_eq!(api.annotation(keys::IP).as_deref(), Some("10.0.0.5"));
+        assert_eq!(
+            api.annotation(keys::LIFECYCLE_STATE).as_deref(),
+            Some("ready")
+        );
+    }
+}
