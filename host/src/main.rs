@@ -151,7 +151,7 @@ struct PlanArgs {
     /// The VM, as `cocoon vm inspect --json ID` prints it.
     #[arg(long, value_name = "VM.json")]
     vm: PathBuf,
-    /// The snapshot's recorded source image (known on a normal clone only).
+    /// The snapshot's source image [default: the record's `config.image` on a normal clone]
     #[arg(long, value_name = "URL")]
     source_image: Option<String>,
     /// Override the boot kind read from the pod annotations.

@@ -959,6 +959,78 @@ mod real_binary {
         });
     }
 
+    /// `serve` with a plugin file that does not load: it starts anyway,
+    /// says so in its log and its metrics, serves the pod with the plugins
+    /// that loaded, and `plugin inspect` says why the file was refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn serve_reports_a_plugin_that_does_not_load_and_serves() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::os::unix::fs::symlink(fake_cocoon(), d.join("cocoon")).unwrap();
+        let name = vm_name_for_pod("default", "web-0");
+        let scenario = json!({"exec": [{"exit": 0}], "inspect": {"json": vm(&name)}});
+        fs::write(d.join("cocoon.json"), scenario.to_string()).unwrap();
+        fs::create_dir(d.join("plugins")).unwrap();
+        fs::write(d.join("plugins/junk.wasm"), b"not a component").unwrap();
+        fs::write(d.join("config.toml"), "").unwrap();
+        let api = FakeApi::start(pod_json("default", "web-0", &base(&name)), false).await;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let log = d.join("serve.log");
+        let mut daemon = cocoon_fixup(d, &api.kubeconfig(d), &["serve", "--node", "n1"])
+            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .stdout(std::process::Stdio::null())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("the daemon starts");
+        let started = std::time::Instant::now();
+        while api.annotation(keys::LIFECYCLE_STATE).as_deref() != Some("ready") {
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "no fixup; log:\n{}",
+                fs::read_to_string(&log).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let metrics = {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .expect("metrics listener");
+            stream
+                .write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+                .await
+                .unwrap();
+            let mut body = String::new();
+            stream.read_to_string(&mut body).await.unwrap();
+            body
+        };
+        daemon.start_kill().unwrap();
+        daemon.wait().await.unwrap();
+        let log = fs::read_to_string(&log).unwrap();
+        assert!(
+            log.contains("plugin not loaded") && log.contains("junk.wasm"),
+            "{log}"
+        );
+        assert!(
+            metrics.contains("cocoon_fixup_plugin_load_failures_total 1"),
+            "{metrics}"
+        );
+        let inspect = std::process::Command::new(env!("CARGO_BIN_EXE_cocoon-fixup"))
+            .args(["plugin", "inspect"])
+            .arg(d.join("plugins/junk.wasm"))
+            .arg("--cache-dir")
+            .arg(d.join("cache"))
+            .output()
+            .unwrap();
+        assert_eq!(inspect.status.code(), Some(1));
+        let said = String::from_utf8_lossy(&inspect.stdout);
+        assert!(said.contains("refused"), "{said}");
+    }
+
     /// The control: the pod's own VM is fixed up by the same binary.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_pods_own_vm() {

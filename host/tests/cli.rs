@@ -179,3 +179,47 @@ fn help_explains_the_plan_command() {
         assert!(help.contains(flag), "--help lists {flag}");
     }
 }
+
+/// `plan` says whether the VM is the pod's (spec section 2): bound for the
+/// examples; for a record named after another pod it still plans (vendors
+/// plan from hand-written files) but warns and reports the mismatch.
+#[test]
+fn plan_shows_the_binding_verdict() {
+    let args = example_args("oci-static");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut json_args = args.clone();
+    json_args.extend(["--output", "json"]);
+    let out = plan(&json_args);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(json["binding"]["verdict"], "bound");
+    assert_eq!(json["binding"]["form"], "hashed");
+    assert!(text(&out.stderr).is_empty(), "{}", text(&out.stderr));
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let vm = std::fs::read_to_string(examples().join("oci-static/vm.json")).expect("vm");
+    let other = fixup_host::binding::vm_name_for_pod("tenant-b", "db-0");
+    let record: serde_json::Value = serde_json::from_str(&vm).expect("vm json");
+    let own = record["config"]["name"].as_str().expect("name").to_owned();
+    let foreign = dir.path().join("vm.json");
+    std::fs::write(&foreign, vm.replace(&own, &other)).expect("write");
+    let pod = examples().join("oci-static/pod.json");
+    let mut text_args = vec![
+        "--pod",
+        pod.to_str().expect("utf-8"),
+        "--vm",
+        foreign.to_str().expect("utf-8"),
+    ];
+    let out = plan(&text_args);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(stderr.starts_with("warning: not this pod's VM"), "{stderr}");
+    assert!(stderr.contains(&other) && stderr.contains(&own), "{stderr}");
+    assert!(text(&out.stdout).contains("binding: not this pod's VM"));
+    text_args.extend(["--output", "json"]);
+    let out = plan(&text_args);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(json["binding"]["verdict"], "mismatch");
+    assert_eq!(json["binding"]["reason"], "other-vm");
+    assert_eq!(json["binding"]["record"], other.as_str());
+}
