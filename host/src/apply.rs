@@ -347,11 +347,9 @@ async fn exhausted<P: PodApi>(
 /// How an IP wait ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReadyOutcome {
-    /// The IP is published and the lifecycle is `ready` (unless Failed was
-    /// sticky, then `ready_blocked`).
+    /// The IP is published and the lifecycle is `ready`.
     Ready {
         ip: Ipv4Addr,
-        ready_blocked: bool,
     },
     /// No IP in time: lifecycle Failed, `PostCloneIPWaitTimeout`.
     TimedOut,
@@ -412,14 +410,14 @@ pub async fn wait_ready<C: Cocoon, P: PodApi>(
     };
     let outcome = match ip {
         Some(ip) => {
+            // The fresh read showed the lifecycle empty or `creating`, so
+            // stickiness (spec section 7) cannot forbid `ready` here.
             let mut patch = AnnotationPatch::from([(keys::IP.to_owned(), Some(ip.to_string()))]);
-            let transition = lifecycle::transition(&current, Lifecycle::Ready, "");
-            let ready_blocked = transition.is_none();
-            patch.extend(transition.unwrap_or_default());
+            patch.extend(lifecycle::transition(&current, Lifecycle::Ready, "").unwrap_or_default());
             if !write(pods, pod, &patch).await? {
                 return Ok(ReadyOutcome::Gone);
             }
-            ReadyOutcome::Ready { ip, ready_blocked }
+            ReadyOutcome::Ready { ip }
         }
         None => {
             let message = format!(

@@ -152,8 +152,8 @@ pub struct Summary {
     /// when no fixup ran.
     pub fixup: Option<&'static str>,
     pub attempts: u32,
-    /// `ready`, `ready-blocked` (Failed was sticky), `timed-out`,
-    /// `shutdown` or `gone`; absent when no IP wait ran.
+    /// `ready`, `timed-out`, `shutdown` or `gone` (deleted, replaced, or
+    /// taken over by the stack); absent when no IP wait ran.
     pub readiness: Option<&'static str>,
     pub ip: Option<String>,
     /// The error chain of a failed fixup.
@@ -366,14 +366,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         )
         .await?;
         let (readiness, ip) = match ready {
-            ReadyOutcome::Ready { ip, ready_blocked } => (
-                if ready_blocked {
-                    "ready-blocked"
-                } else {
-                    "ready"
-                },
-                Some(ip.to_string()),
-            ),
+            ReadyOutcome::Ready { ip } => ("ready", Some(ip.to_string())),
             ReadyOutcome::TimedOut => ("timed-out", None),
             ReadyOutcome::Shutdown => ("shutdown", None),
             ReadyOutcome::Gone => ("gone", None),

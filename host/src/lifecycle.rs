@@ -43,14 +43,6 @@ impl Lifecycle {
             _ => return None,
         })
     }
-
-    /// Ready, Failed and Hibernated end the host's work on a pod.
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            Lifecycle::Ready | Lifecycle::Failed | Lifecycle::Hibernated
-        )
-    }
 }
 
 impl fmt::Display for Lifecycle {

@@ -48,8 +48,8 @@ enum Command {
     /// Run the whole flow for one pod: fixup, IP wait, annotations, events.
     ///
     /// Prints a JSON summary. Exit codes: 0 ready (or nothing to do),
-    /// 2 the fixup failed (now or earlier), 3 no IP in time or Failed is
-    /// sticky, 4 interrupted or the pod went away, 5 the VM its annotations
+    /// 2 the fixup failed (now or earlier), 3 no IP in time, 4 interrupted
+    /// or the pod went away (or the stack took it over), 5 the VM its annotations
     /// point at is not the pod's (nothing was run), 1 could not run.
     Run(RunArgs),
     /// The node daemon: watch this node's pods and run the flow for every
@@ -251,7 +251,7 @@ fn run_exit_code(summary: &Summary) -> u8 {
     match (summary.fixup, summary.readiness, summary.action) {
         (_, _, "vm-mismatch") => 5,
         (Some("exhausted" | "plan-failed"), _, _) | (_, _, "parked") => 2,
-        (_, Some("timed-out" | "ready-blocked"), _) => 3,
+        (_, Some("timed-out"), _) => 3,
         (Some("shutdown" | "gone"), _, _) | (_, Some("shutdown" | "gone"), _) => 4,
         _ => 0,
     }

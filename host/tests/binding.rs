@@ -732,9 +732,9 @@ async fn the_source_image_is_the_records_and_inspect_runs_once(
 
 // ---- 12. the read before the ready write fails ----
 
-/// Nothing is written (no IP over a lifecycle left `creating`, no
-/// `ready-blocked`): the error is retryable, and the retry, from `done`,
-/// only waits for the IP and publishes it.
+/// Nothing is written (no IP next to a lifecycle left `creating`): the
+/// error is retryable, and the retry, from `done`, only waits for the IP
+/// and publishes it.
 #[tokio::test(start_paused = true)]
 async fn a_failed_read_before_the_ready_write_is_retried_not_guessed() {
     let dir = tempfile::tempdir().unwrap();

@@ -625,7 +625,7 @@ async fn a_lost_event_does_not_stop_the_fixup() {
 
 /// When the read before the ready write fails (after the client's
 /// retries), the host cannot tell whether the pod is still its own: it
-/// writes nothing (no IP, no lifecycle, nothing left `ready-blocked`) and
+/// writes nothing (no IP next to a lifecycle left `creating`) and
 /// returns an error the daemon retries; the retry finds `done` and only
 /// waits for the IP again.
 #[tokio::test(start_paused = true)]
