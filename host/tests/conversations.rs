@@ -454,6 +454,8 @@ async fn no_lease_in_time_runs_dhcp_recovery_then_fails_the_pod() {
     // once, then the wait goes on to the 2 s budget.
     let conversation = Conversation::new("all-DHCP fork, no lease ever", &forked)
         .get()
+        // Still this pod's, with work, before anything runs in the guest.
+        .get()
         .event(
             "Normal",
             reasons::DHCP_RECOVERY,
