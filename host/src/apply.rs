@@ -245,6 +245,14 @@ pub async fn run_fixup<C: Cocoon, P: PodApi>(
     shutdown: &CancellationToken,
 ) -> Result<FixupOutcome, PodError> {
     let pod = job.pod;
+    // The work may have been stopped, or the pod handed over, while cocoon
+    // was asked about the VM: then `running` must not land on it.
+    if shutdown.is_cancelled() {
+        return Ok(FixupOutcome::Shutdown { attempts: 0 });
+    }
+    if !still_there(pods, pod, job.vm).await {
+        return Ok(FixupOutcome::Gone { attempts: 0 });
+    }
     if !write(pods, pod, &state_patch(PostCloneState::Running)).await? {
         return Ok(FixupOutcome::Gone { attempts: 0 });
     }

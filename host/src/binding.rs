@@ -41,6 +41,9 @@ pub fn legacy_vm_name_for_pod(namespace: &str, pod: &str) -> String {
     format!("vk-{namespace}-{pod}")
 }
 
+/// The next action for a pod whose annotations point at the wrong VM.
+const FIX: &str = "the stack writes vm.cocoonstack.io/id and vm.cocoonstack.io/name: remove them from the pod (and its template), or recreate the pod through its controller";
+
 /// What the operator allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BindingPolicy {
@@ -74,6 +77,27 @@ pub enum Mismatch {
     /// The `vm.cocoonstack.io/name` annotation names another VM than the
     /// record.
     AnnotationDisagrees { annotation: String, record: String },
+    /// The annotations name no VM that can be looked up (not a valid VM
+    /// id or name).
+    BadReference { reference: String },
+    /// The record found has another id than the `vm.cocoonstack.io/id`
+    /// annotation.
+    IdDisagrees { annotation: String, record: String },
+}
+
+impl Mismatch {
+    /// Whether the message names a VM that may be another pod's (its
+    /// record's name or id). Such messages go to the daemon's log, never
+    /// to the pod that asked: a pod's events must not tell its owner which
+    /// VMs exist on the node.
+    pub fn names_another_vm(&self) -> bool {
+        matches!(
+            self,
+            Mismatch::OtherVm { .. }
+                | Mismatch::AnnotationDisagrees { .. }
+                | Mismatch::IdDisagrees { .. }
+        )
+    }
 }
 
 impl fmt::Display for Mismatch {
@@ -89,9 +113,7 @@ impl fmt::Display for Mismatch {
             ),
             Mismatch::OtherVm { expected, record } => write!(
                 f,
-                "the VM record is named {:?}, but this pod's VM must be named {:?}: the annotations point at another pod's VM",
-                record,
-                expected
+                "the VM record is named {record:?}, but this pod's VM must be named {expected:?}: the annotations point at another pod's VM; {FIX}"
             ),
             Mismatch::LegacyNotAccepted { expected, record } => write!(
                 f,
@@ -101,10 +123,17 @@ impl fmt::Display for Mismatch {
             ),
             Mismatch::AnnotationDisagrees { annotation, record } => write!(
                 f,
-                "annotation {} says {:?} but the VM record is named {:?}",
+                "annotation {} says {annotation:?} but the VM record is named {record:?}; {FIX}",
                 annotations::VM_NAME,
-                annotation,
-                record
+            ),
+            Mismatch::BadReference { reference } => write!(
+                f,
+                "the annotations name {reference:?}, which is no VM id or name; {FIX}"
+            ),
+            Mismatch::IdDisagrees { annotation, record } => write!(
+                f,
+                "annotation {} says {annotation:?} but the VM record found has id {record:?}; {FIX}",
+                annotations::VM_ID,
             ),
         }
     }

@@ -27,6 +27,7 @@ use crate::facts::{
 use crate::lifecycle::{self, Action, HandsOff, Lifecycle, PostCloneState};
 use crate::metrics::Metrics;
 use crate::planner::{Planner, PlannerError};
+use crate::plugin::registry::NoPlugin;
 use crate::pods::{AnnotationPatch, Event, PodApi, PodError, PodRef, cap_utf8, keys, reasons};
 use crate::probe::ProbeError;
 use crate::ready::LeaseWatcher;
@@ -62,6 +63,9 @@ pub enum Trigger {
     /// Startup reconciliation: resumed work is announced with
     /// `ResumedAfterRestart`.
     Startup,
+    /// The daemon tries again after a failure before the loop: the node
+    /// error that caused it is not announced again.
+    Retry,
 }
 
 /// Why a pod could not be handled (yet).
@@ -95,6 +99,15 @@ pub enum HostError {
         #[source]
         source: ProbeError,
     },
+    /// The plugin directory leaves the pod's scenario and flavour without a
+    /// plugin (a contested claim, a file that did not load): the node's
+    /// operator must fix it. Reported and retried, never a pod failure.
+    #[error("pod {pod}: node configuration: {source}")]
+    Plugins {
+        pod: String,
+        #[source]
+        source: NoPlugin,
+    },
     #[error(transparent)]
     Pods(#[from] PodError),
 }
@@ -105,7 +118,7 @@ impl HostError {
     /// whose annotations do not parse cannot.
     pub fn is_retryable(&self) -> bool {
         match self {
-            HostError::Cocoon { .. } | HostError::Probe { .. } => true,
+            HostError::Cocoon { .. } | HostError::Probe { .. } | HostError::Plugins { .. } => true,
             HostError::Pods(PodError::Api { .. }) => true,
             HostError::NotFound { .. }
             | HostError::NoUid { .. }
@@ -124,6 +137,7 @@ impl HostError {
             HostError::Facts(_) => "facts",
             HostError::Cocoon { .. } => "cocoon",
             HostError::Probe { .. } => "probe",
+            HostError::Plugins { .. } => "plugins",
             HostError::Pods(PodError::Api { .. }) => "api",
             HostError::Pods(PodError::Gone { .. }) => "gone",
         }
@@ -135,7 +149,8 @@ impl HostError {
 pub struct Summary {
     pub pod: String,
     pub uid: String,
-    /// `nothing`, `parked`, `vm-mismatch`, `fixup` or `ip-wait`.
+    /// `nothing`, `parked`, `vm-mismatch`, `fixup`, `ip-wait`, or `gone`
+    /// (the pod was recreated under its name before the work started).
     pub action: &'static str,
     /// Why nothing was done (`action` = `nothing`): `stack-owns`,
     /// `hibernate-requested`, `deleting`, `not-managed`, `not-cloned`.
@@ -261,6 +276,33 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         self.handle_pod(&pod, trigger, shutdown).await
     }
 
+    /// As [`handle`](Self::handle), for one incarnation of the pod: when
+    /// the pod by that name now has another uid (it was deleted and
+    /// recreated), nothing is done for it here and the summary's action is
+    /// `gone`. The daemon uses this, so that work started for one
+    /// incarnation never runs for the next.
+    pub async fn handle_uid(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        trigger: Trigger,
+        shutdown: &CancellationToken,
+    ) -> Result<Summary, HostError> {
+        let label = format!("{namespace}/{name}");
+        let pod = self
+            .pods
+            .get(namespace, name)
+            .await?
+            .ok_or_else(|| HostError::NotFound { pod: label.clone() })?;
+        if pod.uid.as_deref() != Some(uid) {
+            let mut summary = Summary::new(pod.display_name(), uid.to_owned());
+            summary.action = "gone";
+            return Ok(summary);
+        }
+        self.handle_pod(&pod, trigger, shutdown).await
+    }
+
     /// As [`handle`](Self::handle), for a pod the caller already read.
     ///
     /// The steps, each of which may end the call:
@@ -297,9 +339,20 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             Ok(marker) => marker,
             Err(action) => return Ok(summary.stop(action)),
         };
-        let record = self.inspect(pod, &label).await?;
+        let record = match self.inspect(pod, &label).await? {
+            Ok(record) => record,
+            Err(mismatch) => return Ok(self.mismatch(&pod_ref, mismatch, summary).await),
+        };
+        let annotated_id = pod.annotation(annotations::VM_ID);
+        if !record.id.is_empty() && !annotated_id.is_empty() && record.id != annotated_id {
+            let mismatch = binding::Mismatch::IdDisagrees {
+                annotation: annotated_id.to_owned(),
+                record: record.id.clone(),
+            };
+            return Ok(self.mismatch(&pod_ref, mismatch, summary).await);
+        }
         if let Verdict::Mismatch(mismatch) = binding::bind(pod, &record.name, self.config.binding) {
-            return Ok(self.mismatch(&pod_ref, &record, mismatch, summary).await);
+            return Ok(self.mismatch(&pod_ref, mismatch, summary).await);
         }
         // Work resumed after a restart does not know its source image: the
         // disk probe decides (spec section 8).
@@ -327,7 +380,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             Action::RunLoop => {
                 summary.action = "fixup";
                 match self
-                    .fixup(&pod_ref, &vm, &obs, &mut summary, shutdown)
+                    .fixup(&pod_ref, &vm, &obs, trigger, &mut summary, shutdown)
                     .await?
                 {
                     Some(facts) => WaitFacts::from_facts(&facts),
@@ -385,13 +438,25 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         pod: &PodRef,
         vm: &VmId,
         obs: &Observation,
+        trigger: Trigger,
         summary: &mut Summary,
         shutdown: &CancellationToken,
     ) -> Result<Option<VmFacts>, HostError> {
         let outcome = match self.planner.plan(obs) {
             Ok(o) => o,
             Err(PlannerError::Probe(source)) => {
-                return Err(self.node_error(pod, source).await);
+                let error = HostError::Probe {
+                    pod: pod.to_string(),
+                    source,
+                };
+                return Err(self.node_error(pod, trigger, error).await);
+            }
+            Err(PlannerError::NoPlugin(source)) if source.is_node_config() => {
+                let error = HostError::Plugins {
+                    pod: pod.to_string(),
+                    source,
+                };
+                return Err(self.node_error(pod, trigger, error).await);
             }
             Err(e) => {
                 self.metrics.plan_error(&e);
@@ -458,7 +523,14 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
     /// Look up the VM the annotations point at. The id annotation (else the
     /// name annotation) is only where to look: [`binding::bind`] decides
     /// whether the record found is the pod's.
-    async fn inspect(&self, pod: &PodInput, label: &str) -> Result<VmInspect, HostError> {
+    ///
+    /// An annotation that is no VM id or name is a mismatch (`Ok(Err)`):
+    /// nothing can be looked up, and the pod's owner is told so.
+    async fn inspect(
+        &self,
+        pod: &PodInput,
+        label: &str,
+    ) -> Result<Result<VmInspect, binding::Mismatch>, HostError> {
         let reference = match pod.annotation(annotations::VM_ID) {
             "" => pod.annotation(annotations::VM_NAME),
             id => id,
@@ -468,10 +540,15 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
                 pod: label.to_owned(),
             });
         }
-        let vm = VmId::parse(reference)?;
+        let Ok(vm) = VmId::parse(reference) else {
+            return Ok(Err(binding::Mismatch::BadReference {
+                reference: reference.to_owned(),
+            }));
+        };
         self.cocoon
             .inspect(&vm, self.config.inspect_timeout)
             .await
+            .map(Ok)
             .map_err(|source| HostError::Cocoon {
                 pod: label.to_owned(),
                 source,
@@ -480,47 +557,50 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
 
     /// The VM is not this pod's: nothing runs, nothing is written; a
     /// Warning event on the pod that asked, and a log line with both names.
+    /// The event never names the other VM (its record's name or id): a
+    /// pod's events must not tell its owner which VMs exist on the node.
     async fn mismatch(
         &self,
         pod: &PodRef,
-        record: &VmInspect,
         mismatch: binding::Mismatch,
         mut summary: Summary,
     ) -> Summary {
-        let message = format!(
-            "VM {} not used: {mismatch}; nothing was run and no IP is published",
-            escape_controls(&record.id)
-        );
+        let expected = binding::vm_name_for_pod(&pod.namespace, &pod.name);
         tracing::warn!(
             pod = %pod,
-            vm_id = %escape_controls(&record.id),
-            vm_name = %escape_controls(&record.name),
-            expected = %binding::vm_name_for_pod(&pod.namespace, &pod.name),
-            "{message}"
+            expected = %escape_controls(&expected),
+            "VM not used, nothing run: {mismatch}"
         );
+        let told = if mismatch.names_another_vm() {
+            format!(
+                "the VM that annotations {} and {} point at is not this pod's VM (its name must be {expected:?}): nothing was run and no IP is published; the stack writes those annotations: remove them from the pod (and its template), or recreate the pod through its controller",
+                annotations::VM_ID,
+                annotations::VM_NAME,
+            )
+        } else {
+            format!("VM not used: {mismatch}; nothing was run and no IP is published")
+        };
         self.metrics.vm_mismatch();
-        self.emit(pod, Event::warning(reasons::VM_MISMATCH, message))
+        self.emit(pod, Event::warning(reasons::VM_MISMATCH, told))
             .await;
         summary.action = "vm-mismatch";
         summary.mismatch = Some(mismatch.to_string());
         summary
     }
 
-    /// The cocoon root cannot be probed: a node configuration error.
-    /// Reported (Warning event, metric, log) and returned for a retry; the
-    /// pod is not failed.
-    async fn node_error(&self, pod: &PodRef, source: ProbeError) -> HostError {
-        let message = format!(
-            "cannot tell the guest's image kind: {source}; the fixup waits until the node is fixed"
-        );
+    /// The node is set up wrong (the cocoon root cannot be probed, the
+    /// plugin directory leaves the pod without a plugin): reported (a
+    /// Warning event, once per pod and not on every retry; a metric; an
+    /// error log) and returned for a retry. The pod is not failed.
+    async fn node_error(&self, pod: &PodRef, trigger: Trigger, error: HostError) -> HostError {
+        let message = format!("{error}; the fixup waits until the node is fixed");
         tracing::error!(pod = %pod, "{message}");
-        self.metrics.node_error("probe");
-        self.emit(pod, Event::warning(reasons::NODE_ERROR, message))
-            .await;
-        HostError::Probe {
-            pod: pod.to_string(),
-            source,
+        self.metrics.node_error(error.kind());
+        if trigger != Trigger::Retry {
+            self.emit(pod, Event::warning(reasons::NODE_ERROR, message))
+                .await;
         }
+        error
     }
 
     /// No plan could be made (bad facts, no plugin, a plugin failure): a

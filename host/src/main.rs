@@ -217,6 +217,11 @@ fn node_planner(settings: &Settings, metrics: &Metrics) -> Result<Planner> {
         );
     }
     metrics.plugin_load_failures(failures.len());
+    if settings.host.binding.accept_legacy_names {
+        tracing::warn!(
+            "--accept-legacy-vm-names is on: a VM named vk-<namespace>-<pod> binds to that pod, and the form is ambiguous across namespaces with dashes in their names (vk-a-b-c is a/b-c and a-b/c); turn it off once the legacy VMs are gone"
+        );
+    }
     Ok(planner)
 }
 

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cocoon::Cocoon;
 use crate::facts::{PodInput, annotations};
-use crate::host::{Host, Trigger};
+use crate::host::{Host, Summary, Trigger};
 use crate::lifecycle;
 use crate::pods::PodApi;
 
@@ -74,16 +74,39 @@ impl Default for Backoff {
 /// Every pod event goes through the same table: an event that shows the
 /// host has nothing more to do for a pod it is working on (hibernation
 /// requested, lifecycle moved on, deletion started) stops that work, as
-/// does the pod's deletion.
+/// does the pod's deletion. Work offered while a stopped task is still
+/// winding down is kept and run when it has.
 #[derive(Debug)]
 pub struct Dispatcher<C, P> {
     host: Arc<Host<C, P>>,
     permits: Arc<Semaphore>,
-    /// Pod uid -> the token that stops its work.
-    in_flight: Arc<Mutex<HashMap<String, CancellationToken>>>,
+    /// Pod uid -> its work in flight.
+    in_flight: Arc<Mutex<HashMap<String, Slot>>>,
+    /// Pod uid -> the VM annotations (id, name) whose VM was not the pod's:
+    /// the pod is not inspected again (nor its owner told again) until
+    /// they change.
+    mismatched: Arc<Mutex<HashMap<String, (String, String)>>>,
     shutdown: CancellationToken,
     backoff: Backoff,
     tasks: JoinSet<()>,
+}
+
+/// One pod's work in flight.
+#[derive(Debug)]
+struct Slot {
+    /// Stops this work.
+    token: CancellationToken,
+    /// Work offered after `token` was cancelled, to run once the stopped
+    /// work has wound down.
+    pending: Option<(PodInput, Trigger)>,
+}
+
+/// The annotations that point at a pod's VM.
+fn vm_pointer(pod: &PodInput) -> (String, String) {
+    (
+        pod.annotation(annotations::VM_ID).to_owned(),
+        pod.annotation(annotations::VM_NAME).to_owned(),
+    )
 }
 
 impl<C: Cocoon, P: PodApi> Dispatcher<C, P> {
@@ -92,6 +115,7 @@ impl<C: Cocoon, P: PodApi> Dispatcher<C, P> {
             host,
             permits: Arc::new(Semaphore::new(concurrency.max(1))),
             in_flight: Arc::default(),
+            mismatched: Arc::default(),
             shutdown,
             backoff: Backoff::default(),
             tasks: JoinSet::new(),
@@ -119,33 +143,58 @@ impl<C: Cocoon, P: PodApi> Dispatcher<C, P> {
             self.stop(&uid);
             return;
         }
+        {
+            let mut mismatched = self.mismatched.lock().expect("mismatch lock");
+            if mismatched.get(&uid) == Some(&vm_pointer(&pod)) {
+                return;
+            }
+            mismatched.remove(&uid);
+        }
         let token = {
             let mut in_flight = self.in_flight.lock().expect("in-flight lock");
-            if in_flight.contains_key(&uid) {
+            if let Some(slot) = in_flight.get_mut(&uid) {
+                if slot.token.is_cancelled() {
+                    slot.pending = Some((pod, trigger));
+                }
                 return;
             }
             let token = self.shutdown.child_token();
-            in_flight.insert(uid.clone(), token.clone());
+            in_flight.insert(
+                uid.clone(),
+                Slot {
+                    token: token.clone(),
+                    pending: None,
+                },
+            );
             token
         };
-        let host = self.host.clone();
-        let permits = self.permits.clone();
-        let in_flight = self.in_flight.clone();
-        let backoff = self.backoff;
-        self.tasks.spawn(async move {
-            work(host, permits, &pod, trigger, &token, backoff).await;
-            in_flight.lock().expect("in-flight lock").remove(&uid);
-        });
+        let task = Task {
+            host: self.host.clone(),
+            permits: self.permits.clone(),
+            in_flight: self.in_flight.clone(),
+            mismatched: self.mismatched.clone(),
+            shutdown: self.shutdown.clone(),
+            backoff: self.backoff,
+            uid,
+        };
+        self.tasks.spawn(task.run(pod, trigger, token));
         // Reap finished tasks so the set does not grow.
         while self.tasks.try_join_next().is_some() {}
     }
 
-    /// Stop the work in flight for pod `uid`, if any (the pod was deleted,
-    /// or the stack took it over).
+    /// Stop the work in flight for pod `uid`, if any, and drop work offered
+    /// for later (the pod was deleted, or the stack took it over).
     pub fn stop(&self, uid: &str) {
-        if let Some(token) = self.in_flight.lock().expect("in-flight lock").get(uid) {
-            token.cancel();
+        if let Some(slot) = self.in_flight.lock().expect("in-flight lock").get_mut(uid) {
+            slot.token.cancel();
+            slot.pending = None;
         }
+    }
+
+    /// The pod was deleted: stop its work and forget it.
+    pub fn forget(&self, uid: &str) {
+        self.stop(uid);
+        self.mismatched.lock().expect("mismatch lock").remove(uid);
     }
 
     /// Wait for in-flight work, at most `timeout`.
@@ -157,55 +206,124 @@ impl<C: Cocoon, P: PodApi> Dispatcher<C, P> {
     }
 }
 
-/// One pod's work: handle it, and handle it again with backoff while it
-/// fails before its work could run.
-async fn work<C: Cocoon, P: PodApi>(
+/// One pod's task: its work, then any work offered while it wound down.
+struct Task<C, P> {
     host: Arc<Host<C, P>>,
     permits: Arc<Semaphore>,
-    pod: &PodInput,
-    mut trigger: Trigger,
-    token: &CancellationToken,
+    in_flight: Arc<Mutex<HashMap<String, Slot>>>,
+    mismatched: Arc<Mutex<HashMap<String, (String, String)>>>,
+    shutdown: CancellationToken,
     backoff: Backoff,
-) {
-    let label = pod.display_name();
-    let mut delay = backoff.first;
-    loop {
-        let Ok(permit) = permits.acquire().await else {
-            return;
+    uid: String,
+}
+
+/// Removes a pod's slot if its task ends without doing so (a panic), so
+/// the pod can be worked on again.
+struct SlotGuard<'a> {
+    in_flight: &'a Mutex<HashMap<String, Slot>>,
+    uid: &'a str,
+    armed: bool,
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed
+            && let Ok(mut in_flight) = self.in_flight.lock()
+        {
+            in_flight.remove(self.uid);
+        }
+    }
+}
+
+impl<C: Cocoon, P: PodApi> Task<C, P> {
+    async fn run(self, mut pod: PodInput, mut trigger: Trigger, mut token: CancellationToken) {
+        let mut guard = SlotGuard {
+            in_flight: &self.in_flight,
+            uid: &self.uid,
+            armed: true,
         };
-        // Decide on the live pod, not the event's copy: a watch event can
-        // arrive after the work it describes has finished.
-        let result = host.handle(&pod.namespace, &pod.name, trigger, token).await;
-        drop(permit);
-        match result {
-            Ok(summary) => {
-                tracing::info!(
-                    pod = %label,
-                    action = summary.action,
-                    hands_off = summary.hands_off,
-                    fixup = summary.fixup,
-                    readiness = summary.readiness,
-                    attempts = summary.attempts,
-                    "pod handled"
-                );
-                return;
+        loop {
+            if let Some(summary) = self.work(&pod, trigger, &token).await
+                && summary.action == "vm-mismatch"
+            {
+                self.mismatched
+                    .lock()
+                    .expect("mismatch lock")
+                    .insert(self.uid.clone(), vm_pointer(&pod));
             }
-            Err(e) if e.is_retryable() && !token.is_cancelled() => {
-                host.metrics().retry(e.kind());
-                tracing::warn!(pod = %label, "{e}; trying again in {delay:?}");
-            }
-            Err(e) => {
-                tracing::warn!(pod = %label, "{e}");
-                return;
+            // Under one lock: take work offered meanwhile, or leave.
+            let mut in_flight = self.in_flight.lock().expect("in-flight lock");
+            let next = in_flight.get_mut(&self.uid).and_then(|slot| {
+                let next = slot.pending.take()?;
+                slot.token = self.shutdown.child_token();
+                Some((next, slot.token.clone()))
+            });
+            match next {
+                Some(((next_pod, next_trigger), next_token)) => {
+                    (pod, trigger, token) = (next_pod, next_trigger, next_token);
+                }
+                None => {
+                    in_flight.remove(&self.uid);
+                    guard.armed = false;
+                    return;
+                }
             }
         }
-        tokio::select! {
-            () = tokio::time::sleep(delay) => {}
-            () = token.cancelled() => return,
+    }
+
+    /// Handle the pod, and again with backoff while it fails before its
+    /// work could run. `None` when it was stopped or gave up.
+    async fn work(
+        &self,
+        pod: &PodInput,
+        mut trigger: Trigger,
+        token: &CancellationToken,
+    ) -> Option<Summary> {
+        let label = pod.display_name();
+        let mut delay = self.backoff.first;
+        loop {
+            let permit = tokio::select! {
+                permit = self.permits.acquire() => permit.ok()?,
+                () = token.cancelled() => return None,
+            };
+            // Decide on the live pod, not the event's copy: a watch event
+            // can arrive after the work it describes has finished.
+            let result = self
+                .host
+                .handle_uid(&pod.namespace, &pod.name, &self.uid, trigger, token)
+                .await;
+            drop(permit);
+            match result {
+                Ok(summary) => {
+                    tracing::info!(
+                        pod = %label,
+                        action = summary.action,
+                        hands_off = summary.hands_off,
+                        fixup = summary.fixup,
+                        readiness = summary.readiness,
+                        attempts = summary.attempts,
+                        "pod handled"
+                    );
+                    return Some(summary);
+                }
+                Err(e) if e.is_retryable() && !token.is_cancelled() => {
+                    self.host.metrics().retry(e.kind());
+                    tracing::warn!(pod = %label, "{e}; trying again in {delay:?}");
+                }
+                Err(e) => {
+                    tracing::warn!(pod = %label, "{e}");
+                    return None;
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = token.cancelled() => return None,
+            }
+            delay = (delay * 2).min(self.backoff.max);
+            // `ResumedAfterRestart` and node errors are told once, not on
+            // every retry.
+            trigger = Trigger::Retry;
         }
-        delay = (delay * 2).min(backoff.max);
-        // `ResumedAfterRestart` is announced once, not on every retry.
-        trigger = Trigger::Event;
     }
 }
 
@@ -264,7 +382,7 @@ pub async fn run<C: Cocoon, P: PodApi>(
             }
             Some(Ok(watcher::Event::Delete(pod))) => {
                 if let Some(uid) = pod.metadata.uid.as_deref() {
-                    dispatcher.stop(uid);
+                    dispatcher.forget(uid);
                 }
             }
             Some(Ok(watcher::Event::Init)) => {}

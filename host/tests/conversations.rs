@@ -344,6 +344,8 @@ async fn success_marks_running_then_done_then_ready() {
     let rig = rig(vec![Reply::Exit(0, "")], &STATIC, HostConfig::default());
     let conversation = Conversation::new("fixup succeeds at once, static NIC", &pod(&[]))
         .get()
+        // Still this pod's, with work, before `running` is written.
+        .get()
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
         // Still this incarnation before attempt 1.
         .get()
@@ -386,6 +388,8 @@ async fn exhaustion_chains_every_attempt_then_fails_the_pod() {
         line(3)
     );
     let mut conversation = Conversation::new("three failed attempts exhaust 7 s", &pod(&[]))
+        .get()
+        // Still this pod's, with work, before `running` is written.
         .get()
         .patch(json!({ keys::POST_CLONE_STATE: "running" }));
     for n in 1..=3 {
@@ -496,6 +500,8 @@ async fn a_pod_failed_elsewhere_gets_no_ready_write() {
     let rig = rig(vec![Reply::Exit(0, "")], &STATIC, HostConfig::default());
     let conversation = Conversation::new("another writer failed the pod meanwhile", &pod(&[]))
         .get()
+        // Still this pod's, with work, before `running` is written.
+        .get()
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
         .get()
         .patch(json!({ keys::POST_CLONE_STATE: "done" }))
@@ -521,6 +527,8 @@ async fn startup_resumes_a_running_fixup() {
     let conversation = Conversation::new("restart with post-clone-state=running", &running)
         .get()
         .event("Normal", reasons::RESUMED_AFTER_RESTART, "op=post_clone")
+        // Still this pod's, with work, before `running` is written.
+        .get()
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
         .get()
         .patch(json!({ keys::POST_CLONE_STATE: "done" }))
@@ -572,6 +580,8 @@ async fn a_conflict_from_a_new_incarnation_stops_before_any_exec() {
     );
     let conversation = Conversation::new("409 on running, the pod was recreated", &pod(&[]))
         .get()
+        // Still this pod's, with work, before `running` is written.
+        .get()
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
         .refused(409, conflict)
         // The follow-up read that tells a race from a new incarnation.
@@ -593,6 +603,8 @@ async fn a_pod_deleted_between_attempts_stops_the_loop() {
     );
     let conversation = Conversation::new("pod deleted after attempt 1", &pod(&[]))
         .get()
+        // Still this pod's, with work, before `running` is written.
+        .get()
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
         .get()
         .event_with("Warning", reasons::EXEC_ATTEMPT_FAILED, |note| {
@@ -609,6 +621,8 @@ async fn a_pod_deleted_between_attempts_stops_the_loop() {
 async fn a_lost_event_does_not_stop_the_fixup() {
     let rig = rig(vec![Reply::Exit(0, "")], &STATIC, HostConfig::default());
     let conversation = Conversation::new("the success event is refused", &pod(&[]))
+        .get()
+        // Still this pod's, with work, before `running` is written.
         .get()
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
         .get()
@@ -635,6 +649,8 @@ async fn a_failed_read_before_the_ready_write_writes_nothing_and_is_retried() {
     let rig = rig(vec![Reply::Exit(0, "")], &STATIC, HostConfig::default());
     let unavailable = || status(500, "InternalError", "etcdserver: request timed out");
     let conversation = Conversation::new("the read before the ready write fails", &pod(&[]))
+        .get()
+        // Still this pod's, with work, before `running` is written.
         .get()
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
         .get()

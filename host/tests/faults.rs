@@ -632,7 +632,8 @@ async fn the_exhaustion_write_survives_api_trouble_with_chain_and_hint_intact(
     } else {
         201
     };
-    let mut server = Server::new().get().patch(&running, 200, Value::Null);
+    // The second read: still this pod's, with work, before `running`.
+    let mut server = Server::new().get().get().patch(&running, 200, Value::Null);
     for n in 1..=3 {
         server = server
             .get()
@@ -680,6 +681,8 @@ async fn a_conflict_on_the_running_write_is_retried_and_the_fixup_runs() {
     });
     let server = Server::new()
         .get()
+        // Still this pod's, with work, before `running` is written.
+        .get()
         .patch(&running, 409, conflict())
         .get()
         .patch(&running, 500, unavailable())
@@ -708,6 +711,8 @@ async fn a_pod_deleted_between_read_and_patch_stops_everything() {
     let done = json!({ keys::POST_CLONE_STATE: "done" });
     let server = Server::new()
         .get()
+        // Still this pod's, with work, before `running` is written.
+        .get()
         .patch(&running, 200, Value::Null)
         .get()
         .patch(&done, 404, gone());
@@ -724,7 +729,8 @@ async fn a_pod_deleted_between_read_and_patch_stops_everything() {
 async fn a_pod_recreated_before_the_exhaustion_write_gets_nothing() {
     let hint = expected_hint();
     let running = json!({ keys::POST_CLONE_STATE: "running" });
-    let mut server = Server::new().get().patch(&running, 200, Value::Null);
+    // The second read: still this pod's, with work, before `running`.
+    let mut server = Server::new().get().get().patch(&running, 200, Value::Null);
     for n in 1..=3 {
         server = server
             .get()

@@ -45,6 +45,15 @@ pub struct NoPlugin {
     pub failed: Vec<String>,
 }
 
+impl NoPlugin {
+    /// Whether the plugin directory is to blame (a contested claim, a file
+    /// that did not load) rather than the VM: the node's operator must fix
+    /// it, and the VM can be served once they have.
+    pub fn is_node_config(&self) -> bool {
+        self.contested.is_some() || !self.failed.is_empty()
+    }
+}
+
 /// Plugin-file failures named in a [`NoPlugin`] message.
 const FAILURES_SHOWN: usize = 3;
 
@@ -53,7 +62,11 @@ fn no_plugin_fix(contested: Option<&(Origin, Origin)>, failed: &[String]) -> Str
         Some((a, b)) => {
             format!(": {a} and {b} both claim it, so neither serves it; remove one of them")
         }
-        None => ": add one to the plugin directory".to_owned(),
+        None if failed.is_empty() => ": add one to the plugin directory".to_owned(),
+        None => {
+            ": a plugin file that did not load may have served it; fix or remove it, then restart"
+                .to_owned()
+        }
     };
     if !failed.is_empty() {
         text.push_str(&format!(
@@ -119,8 +132,10 @@ impl Registry {
     /// Register a plugin unless one of its claims is taken; then nothing of
     /// it is registered.
     ///
-    /// On a conflict every claim the two plugins share is withdrawn (see
-    /// [`Registry`]); the first plugin keeps serving its other claims.
+    /// On a conflict between two plugin files every claim they share is
+    /// withdrawn (see [`Registry`]); the first file keeps serving its other
+    /// claims. A built-in keeps its claims: a file that claims the same is
+    /// refused, and the built-in goes on serving.
     pub fn add(&mut self, plugin: LoadedPlugin) -> Result<Arc<LoadedPlugin>, ConflictError> {
         let claims = claims_of(&plugin);
         let mut conflict = None;
@@ -130,6 +145,15 @@ impl Registry {
                 (None, Some((first, _))) => first.clone(),
                 (None, None) => continue,
             };
+            if matches!(existing, Origin::BuiltIn(_)) {
+                conflict.get_or_insert_with(|| ConflictError {
+                    scenario: claim.0,
+                    flavor: claim.1.clone(),
+                    existing,
+                    new: plugin.origin.clone(),
+                });
+                continue;
+            }
             self.claims.remove(claim);
             self.contested
                 .insert(claim.clone(), (existing.clone(), plugin.origin.clone()));
@@ -198,15 +222,18 @@ impl Registry {
                 scenario,
             });
         }
+        // A VM that asks for a flavour no loaded plugin declares, while a
+        // plugin file did not load: that file may have been the flavour's
+        // plugin, so the generic plan is not guessed at.
+        if flavor.is_some() && !self.failed.is_empty() {
+            return Err(no_plugin(None));
+        }
         match self.claims.get(&(scenario, None)) {
             Some(&i) => {
                 let plugin = self.plugins[i].clone();
-                let why_generic = match (flavor, self.failed.len()) {
-                    (Some(f), 0) => format!("; no plugin declares flavour `{f}`"),
-                    (Some(f), n) => format!(
-                        "; no loaded plugin declares flavour `{f}` ({n} plugin file(s) did not load: one of them may have)"
-                    ),
-                    (None, _) => String::new(),
+                let why_generic = match flavor {
+                    Some(f) => format!("; no plugin declares flavour `{f}`"),
+                    None => String::new(),
                 };
                 Ok(Selection {
                     reason: format!(
