@@ -5,7 +5,8 @@
 //!   (the `cel` crate) in the API server's order, against a table of
 //!   admission requests. Tenants cannot set, change or remove a key under
 //!   `vm.cocoonstack.io/` or `cocoonset.cocoonstack.io/` (on a pod, through
-//!   pods/status, through a Binding); the listed identities can; other
+//!   pods/status, through a Binding to pods/binding or to the legacy
+//!   `bindings` resource); the listed identities can; other
 //!   annotations and labels stay writable; evictions are not matched; a
 //!   pod without annotations is no evaluation error. Every key the host
 //!   reads or writes is protected, and the identity `deploy/rbac.yaml`
@@ -454,6 +455,40 @@ fn update_status(user: &str, old: Value, new: Value) -> Value {
     request("UPDATE", user, "status", POD, new, old)
 }
 
+const BINDING: (&str, &str) = ("", "Binding");
+
+/// A Binding of pod web-0 to node vk-cocoon, with these annotations.
+fn binding(annotations: &[(&str, &str)]) -> Value {
+    let annotations: serde_json::Map<String, Value> = annotations
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), json!(v)))
+        .collect();
+    json!({"apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": "web-0", "namespace": "tenant-a", "annotations": annotations},
+        "target": {"kind": "Node", "name": "vk-cocoon"}})
+}
+
+/// `POST .../pods/web-0/binding`.
+fn bind(user: &str, annotations: &[(&str, &str)]) -> Value {
+    request(
+        "CREATE",
+        user,
+        "binding",
+        BINDING,
+        binding(annotations),
+        Value::Null,
+    )
+}
+
+/// `POST /api/v1/namespaces/tenant-a/bindings`: the legacy resource, same
+/// object, same effect on the pod.
+fn bind_legacy(user: &str, annotations: &[(&str, &str)]) -> Value {
+    let mut input = bind(user, annotations);
+    input["request"]["resource"]["resource"] = json!("bindings");
+    input["request"]["subResource"] = json!("");
+    input
+}
+
 /// What a case expects: `Deny` lists what the message must name.
 #[derive(Debug)]
 enum Expect {
@@ -505,8 +540,15 @@ enum Expect {
 // Subresources whose object is not a Pod.
 #[case::eviction_is_not_matched(request("CREATE", TENANT, "eviction", ("policy", "Eviction"), json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "web-0", "namespace": "tenant-a", "annotations": {(IP): "x"}}}), Value::Null), Expect::NotMatched)]
 #[case::eviction_without_metadata_is_not_matched(request("CREATE", TENANT, "eviction", ("policy", "Eviction"), json!({"apiVersion": "policy/v1", "kind": "Eviction"}), Value::Null), Expect::NotMatched)]
-#[case::scheduler_binds(request("CREATE", SCHEDULER, "binding", ("", "Binding"), json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "web-0", "namespace": "tenant-a"}, "target": {"kind": "Node", "name": "vk-cocoon"}}), Value::Null), Expect::Admit)]
-#[case::binding_annotations_reach_the_pod(request("CREATE", TENANT, "binding", ("", "Binding"), json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "web-0", "namespace": "tenant-a", "annotations": {(IP): "10.0.0.99"}}, "target": {"kind": "Node", "name": "vk-cocoon"}}), Value::Null), Expect::Deny(&[IP]))]
+// A Binding's annotations are copied onto the pod: pods/binding and the
+// legacy `bindings` resource alike.
+#[case::scheduler_binds(request("CREATE", SCHEDULER, "binding", BINDING, json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "web-0", "namespace": "tenant-a"}, "target": {"kind": "Node", "name": "vk-cocoon"}}), Value::Null), Expect::Admit)]
+#[case::binding_annotations_reach_the_pod(bind(TENANT, &[(IP, "10.0.0.99")]), Expect::Deny(&[IP]))]
+#[case::binding_with_unrelated_annotations(bind(TENANT, &[("team.example.com/owner", "alice")]), Expect::Admit)]
+#[case::scheduler_posts_to_bindings(bind_legacy(SCHEDULER, &[]), Expect::Admit)]
+#[case::legacy_binding_annotations_reach_the_pod(bind_legacy(TENANT, &[(IP, "10.0.0.99"), (MANAGED, "false")]), Expect::Deny(&[IP, MANAGED, TENANT]))]
+#[case::legacy_binding_with_unrelated_annotations(bind_legacy(TENANT, &[("team.example.com/owner", "alice")]), Expect::Admit)]
+#[case::legacy_binding_by_the_stack(bind_legacy(COCOONSET, &[(IP, "10.0.0.99")]), Expect::Admit)]
 // Operations the policy does not constrain.
 #[case::delete_is_not_matched(request("DELETE", TENANT, "", POD, Value::Null, stack_pod(&[])), Expect::NotMatched)]
 #[case::exec_is_not_matched(request("CONNECT", TENANT, "exec", ("", "PodExecOptions"), json!({"kind": "PodExecOptions"}), Value::Null), Expect::NotMatched)]
