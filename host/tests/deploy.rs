@@ -133,7 +133,22 @@ enum Decision {
 
 impl Policy {
     fn load() -> Policy {
-        let policy = document(POLICY_FILE, "ValidatingAdmissionPolicy");
+        Policy::load_with(&[])
+    }
+
+    /// The policy with some variables' expressions replaced, as an operator
+    /// would edit them.
+    fn load_with(overrides: &[(&str, &str)]) -> Policy {
+        let mut policy = document(POLICY_FILE, "ValidatingAdmissionPolicy");
+        for (name, expression) in overrides {
+            let variable = policy["spec"]["variables"]
+                .as_array_mut()
+                .expect("variables")
+                .iter_mut()
+                .find(|v| v["name"] == *name)
+                .unwrap_or_else(|| panic!("{POLICY_FILE}: no variable {name}"));
+            variable["expression"] = json!(expression);
+        }
         let spec = &policy["spec"];
         assert_eq!(
             spec["failurePolicy"], "Fail",
@@ -358,7 +373,7 @@ fn groups_of(user: &str) -> Value {
         ]),
         ADMIN => json!(["system:masters", "system:authenticated"]),
         FIXUP => json!(["system:authenticated"]),
-        NODE_DAEMON => json!([DAEMON_GROUP, "system:authenticated"]),
+        _ if user.starts_with("cocoon-fixup:") => json!([DAEMON_GROUP, "system:authenticated"]),
         // The API server leaves out an empty list.
         ANONYMOUS => Value::Null,
         _ => json!(["tenants", "system:authenticated"]),
@@ -724,6 +739,46 @@ fn every_key_the_host_reads_or_writes_is_protected() {
     }
 }
 
+/// The policy with the per-node opt-in: each daemon identity is
+/// `cocoon-fixup:<node name>` and writes only its node's pods.
+static NODE_POLICY: LazyLock<Policy> =
+    LazyLock::new(|| Policy::load_with(&[("daemonNodePrefix", "'cocoon-fixup:'")]));
+
+/// `stack_pod(&[])` scheduled on another node, or on none.
+fn on_node(node: Option<&str>) -> Value {
+    let mut pod = stack_pod(&[]);
+    match node {
+        Some(node) => pod["spec"]["nodeName"] = json!(node),
+        None => {
+            pod["spec"].as_object_mut().unwrap().remove("nodeName");
+        }
+    }
+    pod
+}
+
+/// The write the daemon makes when a fixup is done, on `old`.
+fn done(user: &str, old: Value) -> Value {
+    let mut new = old.clone();
+    new["metadata"]["annotations"][STATE] = json!("done");
+    update(user, old, new)
+}
+
+#[rstest]
+#[case::its_own_node(done(NODE_DAEMON, stack_pod(&[])), Expect::Admit)]
+#[case::another_nodes_pod(done(NODE_DAEMON, on_node(Some("worker-2"))), Expect::DaemonDeny(&["a pod on node worker-2", "daemonNodePrefix"]))]
+#[case::another_nodes_daemon(done("cocoon-fixup:worker-2", stack_pod(&[])), Expect::DaemonDeny(&["a pod on node vk-cocoon"]))]
+#[case::a_prefix_of_the_node_name(done("cocoon-fixup:vk", stack_pod(&[])), Expect::DaemonDeny(&["vk-cocoon"]))]
+#[case::an_extension_of_the_node_name(done("cocoon-fixup:vk-cocoon-2", stack_pod(&[])), Expect::DaemonDeny(&["vk-cocoon"]))]
+#[case::an_unscheduled_pod(done(NODE_DAEMON, on_node(None)), Expect::DaemonDeny(&["(none)"]))]
+#[case::the_shared_user(done(FIXUP, stack_pod(&[])), Expect::DaemonDeny(&["vk-cocoon", FIXUP]))]
+#[case::its_own_node_but_a_label(update(NODE_DAEMON, stack_pod(&[]), relabelled()), Expect::DaemonDeny(&["labels"]))]
+#[case::its_own_node_but_the_vm_id(update(NODE_DAEMON, stack_pod(&[]), stack_pod(&[(VM_ID, Some("vm-other"))])), Expect::DaemonDeny(&[VM_ID]))]
+#[case::the_stack_is_not_limited(update(VK_NODE, on_node(Some("worker-2")), edited(on_node(Some("worker-2")), &["metadata", "annotations", MANAGED], json!("false"))), Expect::Admit)]
+#[case::tenants_are_not_let_in(done(TENANT, stack_pod(&[])), Expect::Deny(&[STATE]))]
+fn per_node_daemons_write_only_their_nodes_pods(#[case] input: Value, #[case] expect: Expect) {
+    assert_decides(&NODE_POLICY, &input, &expect);
+}
+
 /// `daemonKeys` in the policy are the keys the code writes, no more, no
 /// fewer.
 #[test]
@@ -869,19 +924,22 @@ fn merge_patch(target: &mut Value, patch: &Value) {
 /// Each patch the real binary made, applied in order to the pod it
 /// started from, is an update the admission policy lets the daemon's
 /// identity make: what the code writes needs nothing the policy refuses.
+/// With the per-node opt-in, the daemon of the pod's node (`n1`).
 fn assert_the_policy_lets_the_daemon_patch(patches: &[Value]) {
     assert!(!patches.is_empty(), "the daemon patched nothing");
-    let mut pod = fixup_pod();
-    for patch in patches {
-        let mut next = pod.clone();
-        merge_patch(&mut next, patch);
-        let input = update(FIXUP, pod, next.clone());
-        assert_eq!(
-            POLICY.decide(&input),
-            Ok(Decision::Admit),
-            "the policy refuses the daemon's patch {patch}"
-        );
-        pod = next;
+    for (policy, user) in [(&*POLICY, FIXUP), (&*NODE_POLICY, "cocoon-fixup:n1")] {
+        let mut pod = fixup_pod();
+        for patch in patches {
+            let mut next = pod.clone();
+            merge_patch(&mut next, patch);
+            let input = update(user, pod, next.clone());
+            assert_eq!(
+                policy.decide(&input),
+                Ok(Decision::Admit),
+                "the policy refuses {user}'s patch {patch}"
+            );
+            pod = next;
+        }
     }
 }
 
