@@ -578,6 +578,7 @@ enum Expect {
 #[case::tenant_adds_managed(update(TENANT, stack_pod(&[(MANAGED, None)]), stack_pod(&[])), Expect::Deny(&[MANAGED]))]
 #[case::tenant_drops_every_annotation(update(TENANT, stack_pod(&[]), pod(None, &[("app", "web")])), Expect::Deny(&[VM_ID, MANAGED, IP]))]
 #[case::tenant_annotates_a_pod_without_annotations(update(TENANT, pod(None, &[]), pod(Some(&[(STATE, "done")]), &[])), Expect::Deny(&[STATE]))]
+#[case::tenant_may_not_hibernate(update(TENANT, stack_pod(&[]), stack_pod(&[(HIBERNATE, Some("true"))])), Expect::Deny(&[HIBERNATE]))]
 #[case::tenant_labels_a_pod_without_annotations(update(TENANT, pod(None, &[]), pod(None, &[("tier", "front")])), Expect::Admit)]
 #[case::cocoonset_controller_removes_a_key(update(COCOONSET, stack_pod(&[]), stack_pod(&[(MANAGED, None)])), Expect::Admit)]
 // Exact names only; a cluster administrator is not on the list.
@@ -725,6 +726,10 @@ fn every_key_the_host_reads_or_writes_is_protected() {
         annotations::GUEST_FLAVOR,
         HIBERNATE,
     ];
+    assert!(
+        POLICY.strings("userKeys").is_empty(),
+        "{POLICY_FILE}: userKeys is for operators to fill, empty as shipped"
+    );
     let pods_keys = pods_keys();
     for key in read_keys
         .into_iter()
@@ -777,6 +782,38 @@ fn done(user: &str, old: Value) -> Value {
 #[case::tenants_are_not_let_in(done(TENANT, stack_pod(&[])), Expect::Deny(&[STATE]))]
 fn per_node_daemons_write_only_their_nodes_pods(#[case] input: Value, #[case] expect: Expect) {
     assert_decides(&NODE_POLICY, &input, &expect);
+}
+
+/// The policy as an operator whose stack lets users hibernate their VMs
+/// would set it: `vm.cocoonstack.io/hibernate` in `userKeys`.
+static USER_KEYS_POLICY: LazyLock<Policy> =
+    LazyLock::new(|| Policy::load_with(&[("userKeys", "['vm.cocoonstack.io/hibernate']")]));
+
+#[rstest]
+#[case::tenant_hibernates(update(TENANT, stack_pod(&[]), stack_pod(&[(HIBERNATE, Some("true"))])), Expect::Admit)]
+#[case::tenant_wakes(update(TENANT, stack_pod(&[(HIBERNATE, Some("true"))]), stack_pod(&[])), Expect::Admit)]
+#[case::tenant_creates_hibernated(create(TENANT, pod(Some(&[(HIBERNATE, "true")]), &[])), Expect::Admit)]
+#[case::only_that_exact_key(update(TENANT, stack_pod(&[]), stack_pod(&[("vm.cocoonstack.io/hibernate-now", Some("true"))])), Expect::Deny(&["vm.cocoonstack.io/hibernate-now"]))]
+#[case::other_keys_stay_protected(update(TENANT, stack_pod(&[]), stack_pod(&[(keys::PROBE_PORT, Some("22"))])), Expect::Deny(&[keys::PROBE_PORT]))]
+#[case::with_a_protected_key(update(TENANT, stack_pod(&[]), stack_pod(&[(HIBERNATE, Some("true")), (IP, Some("10.0.0.9"))])), Expect::Deny(&[IP]))]
+#[case::the_daemon_still_may_not(update(FIXUP, stack_pod(&[]), stack_pod(&[(HIBERNATE, Some("true"))])), Expect::DaemonDeny(&[HIBERNATE]))]
+#[case::the_stack_still_may(update(COCOONSET, stack_pod(&[]), stack_pod(&[(HIBERNATE, Some("true"))])), Expect::Admit)]
+fn user_keys_are_exempt_for_users_only(#[case] input: Value, #[case] expect: Expect) {
+    assert_decides(&USER_KEYS_POLICY, &input, &expect);
+}
+
+/// A refusal names the protected keys, not the exempted one beside them.
+#[test]
+fn a_refusal_does_not_name_user_keys() {
+    let input = update(
+        TENANT,
+        stack_pod(&[]),
+        stack_pod(&[(HIBERNATE, Some("true")), (IP, Some("10.0.0.9"))]),
+    );
+    let Ok(Decision::Deny(message)) = USER_KEYS_POLICY.decide(&input) else {
+        panic!("admitted");
+    };
+    assert!(!message.contains(HIBERNATE), "{message}");
 }
 
 /// `daemonKeys` in the policy are the keys the code writes, no more, no
