@@ -603,7 +603,7 @@ enum Expect {
 #[case::fixup_may_not_relabel_with_its_state(update(FIXUP, stack_pod(&[]), edited(stack_pod(&[(STATE, Some("done"))]), &["metadata", "labels", "app"], json!("db"))), Expect::DaemonDeny(&["labels"]))]
 #[case::fixup_may_not_add_an_unrelated_annotation(update(FIXUP, stack_pod(&[]), stack_pod(&[("team.example.com/cost-centre", Some("42"))])), Expect::DaemonDeny(&["team.example.com/cost-centre"]))]
 #[case::fixup_may_not_remove_an_unrelated_annotation(update(FIXUP, stack_pod(&[]), stack_pod(&[("team.example.com/owner", None)])), Expect::DaemonDeny(&["team.example.com/owner"]))]
-#[case::fixup_may_not_change_an_image(update(FIXUP, stack_pod(&[]), edited(stack_pod(&[]), &["spec", "containers", "0", "image"], json!("registry.example/evil"))), Expect::DaemonDeny(&["spec"]))]
+#[case::fixup_may_not_change_an_image(update(FIXUP, stack_pod(&[]), edited(stack_pod(&[]), &["spec", "containers", "0", "image"], json!("example.com/evil:latest"))), Expect::DaemonDeny(&["spec"]))]
 #[case::fixup_may_not_add_a_finalizer(update(FIXUP, stack_pod(&[]), edited(stack_pod(&[]), &["metadata", "finalizers"], json!(["example.com/hold"]))), Expect::DaemonDeny(&["finalizers"]))]
 #[case::fixup_may_not_add_an_owner(update(FIXUP, stack_pod(&[]), edited(stack_pod(&[]), &["metadata", "ownerReferences"], json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "u-2"}]))), Expect::DaemonDeny(&["owner references"]))]
 #[case::fixup_may_not_create_a_pod(create(FIXUP, pod(None, &[])), Expect::DaemonDeny(&["CREATE of pods"]))]
