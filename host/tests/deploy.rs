@@ -5,11 +5,16 @@
 //!   (the `cel` crate) in the API server's order, against a table of
 //!   admission requests. Tenants cannot set, change or remove a key under
 //!   `vm.cocoonstack.io/` or `cocoonset.cocoonstack.io/` (on a pod, through
-//!   pods/status, through a Binding); the listed identities can; other
-//!   annotations and labels stay writable; evictions are not matched; a
-//!   pod without annotations is no evaluation error. Every key the host
-//!   reads or writes is protected, and the identity `deploy/rbac.yaml`
-//!   binds is allowed.
+//!   pods/status, through a Binding to pods/binding or to the legacy
+//!   `bindings` resource); the stack's identities can; the node daemon's
+//!   identities can change only the keys the daemon writes (taken from
+//!   `fixup_host::pods::keys`), only by updating a pod that exists, and
+//!   nothing else of it (no label, no other annotation, no spec); other
+//!   annotations and labels stay writable for tenants; evictions are not
+//!   matched; a pod without annotations is no evaluation error. Every key
+//!   the host reads or writes is protected, the identities
+//!   `deploy/rbac.yaml` binds are the policy's daemon, and every patch the
+//!   real binary makes in a fixup is one the policy lets the daemon make.
 //! - `deploy/rbac.yaml`: the real `cocoon-fixup` binary runs `serve` and
 //!   `run` through a whole fixup against the fake API server
 //!   (`support/fake_api.rs`) and `fake-cocoon`; every request it made is
@@ -128,7 +133,22 @@ enum Decision {
 
 impl Policy {
     fn load() -> Policy {
-        let policy = document(POLICY_FILE, "ValidatingAdmissionPolicy");
+        Policy::load_with(&[])
+    }
+
+    /// The policy with some variables' expressions replaced, as an operator
+    /// would edit them.
+    fn load_with(overrides: &[(&str, &str)]) -> Policy {
+        let mut policy = document(POLICY_FILE, "ValidatingAdmissionPolicy");
+        for (name, expression) in overrides {
+            let variable = policy["spec"]["variables"]
+                .as_array_mut()
+                .expect("variables")
+                .iter_mut()
+                .find(|v| v["name"] == *name)
+                .unwrap_or_else(|| panic!("{POLICY_FILE}: no variable {name}"));
+            variable["expression"] = json!(expression);
+        }
         let spec = &policy["spec"];
         assert_eq!(
             spec["failurePolicy"], "Fail",
@@ -291,6 +311,20 @@ impl Policy {
         Ok(Decision::Admit)
     }
 
+    /// A variable that is a literal list of strings.
+    fn strings(&self, name: &str) -> Vec<String> {
+        let cel::Value::List(items) = self.constant(name) else {
+            panic!("{POLICY_FILE}: {name} is not a list");
+        };
+        items
+            .iter()
+            .map(|v| match v {
+                cel::Value::String(s) => s.to_string(),
+                other => panic!("{POLICY_FILE}: {name} holds {other:?}, not a string"),
+            })
+            .collect()
+    }
+
     /// The value of a variable that needs no request (a literal list).
     fn constant(&self, name: &str) -> cel::Value {
         let (_, expression) = self
@@ -317,7 +351,11 @@ static POLICY: LazyLock<Policy> = LazyLock::new(Policy::load);
 
 // The people in the table.
 const TENANT: &str = "alice@example.com";
+/// The shared daemon user of deploy/rbac.yaml.
 const FIXUP: &str = "cocoon-fixup";
+/// A per-node daemon identity: CN=cocoon-fixup:<node>, O=cocoon:fixup-daemons.
+const NODE_DAEMON: &str = "cocoon-fixup:vk-cocoon";
+const DAEMON_GROUP: &str = "cocoon:fixup-daemons";
 const VK_NODE: &str = "system:node:vk-cocoon";
 const COCOONSET: &str = "system:serviceaccount:cocoon-system:cocoonset-controller";
 const KUBELET: &str = "system:node:worker-1";
@@ -334,6 +372,8 @@ fn groups_of(user: &str) -> Value {
             "system:authenticated"
         ]),
         ADMIN => json!(["system:masters", "system:authenticated"]),
+        FIXUP => json!(["system:authenticated"]),
+        _ if user.starts_with("cocoon-fixup:") => json!([DAEMON_GROUP, "system:authenticated"]),
         // The API server leaves out an empty list.
         ANONYMOUS => Value::Null,
         _ => json!(["tenants", "system:authenticated"]),
@@ -344,6 +384,7 @@ const VM_ID: &str = annotations::VM_ID;
 const IP: &str = keys::IP;
 const MANAGED: &str = annotations::MANAGED;
 const STATE: &str = keys::POST_CLONE_STATE;
+const HIBERNATE: &str = "vm.cocoonstack.io/hibernate";
 
 /// A pod with these labels and annotations; `None` leaves
 /// `metadata.annotations` out, as the API server does for a pod without any.
@@ -397,18 +438,32 @@ fn stack_pod(changes: &[(&str, Option<&str>)]) -> Value {
     pod(Some(&pairs), &[("app", "web")])
 }
 
+/// `pod` with the field at `path` (object keys, list indexes) set to
+/// `value`.
+fn edited(mut pod: Value, path: &[&str], value: Value) -> Value {
+    let mut at = &mut pod;
+    for part in path {
+        at = match part.parse::<usize>() {
+            Ok(i) => &mut at[i],
+            Err(_) => &mut at[*part],
+        };
+    }
+    *at = value;
+    pod
+}
+
 /// `stack_pod(&[])` with one more label.
 fn relabelled() -> Value {
-    let mut pod = stack_pod(&[]);
-    pod["metadata"]["labels"]["tier"] = json!("front");
-    pod
+    edited(
+        stack_pod(&[]),
+        &["metadata", "labels", "tier"],
+        json!("front"),
+    )
 }
 
 /// `stack_pod(&[])` with another status.
 fn succeeded() -> Value {
-    let mut pod = stack_pod(&[]);
-    pod["status"]["phase"] = json!("Succeeded");
-    pod
+    edited(stack_pod(&[]), &["status", "phase"], json!("Succeeded"))
 }
 
 /// An admission request: `subresource` empty for the pod itself;
@@ -454,12 +509,48 @@ fn update_status(user: &str, old: Value, new: Value) -> Value {
     request("UPDATE", user, "status", POD, new, old)
 }
 
-/// What a case expects: `Deny` lists what the message must name.
+const BINDING: (&str, &str) = ("", "Binding");
+
+/// A Binding of pod web-0 to node vk-cocoon, with these annotations.
+fn binding(annotations: &[(&str, &str)]) -> Value {
+    let annotations: serde_json::Map<String, Value> = annotations
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), json!(v)))
+        .collect();
+    json!({"apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": "web-0", "namespace": "tenant-a", "annotations": annotations},
+        "target": {"kind": "Node", "name": "vk-cocoon"}})
+}
+
+/// `POST .../pods/web-0/binding`.
+fn bind(user: &str, annotations: &[(&str, &str)]) -> Value {
+    request(
+        "CREATE",
+        user,
+        "binding",
+        BINDING,
+        binding(annotations),
+        Value::Null,
+    )
+}
+
+/// `POST /api/v1/namespaces/tenant-a/bindings`: the legacy resource, same
+/// object, same effect on the pod.
+fn bind_legacy(user: &str, annotations: &[(&str, &str)]) -> Value {
+    let mut input = bind(user, annotations);
+    input["request"]["resource"]["resource"] = json!("bindings");
+    input["request"]["subResource"] = json!("");
+    input
+}
+
+/// What a case expects: `Deny` (the tenants' rule) and `DaemonDeny` (the
+/// daemon's) list what the message must name.
 #[derive(Debug)]
 enum Expect {
     NotMatched,
     Admit,
     Deny(&'static [&'static str]),
+    DaemonDeny(&'static [&'static str]),
 }
 
 #[rstest]
@@ -487,8 +578,8 @@ enum Expect {
 #[case::tenant_adds_managed(update(TENANT, stack_pod(&[(MANAGED, None)]), stack_pod(&[])), Expect::Deny(&[MANAGED]))]
 #[case::tenant_drops_every_annotation(update(TENANT, stack_pod(&[]), pod(None, &[("app", "web")])), Expect::Deny(&[VM_ID, MANAGED, IP]))]
 #[case::tenant_annotates_a_pod_without_annotations(update(TENANT, pod(None, &[]), pod(Some(&[(STATE, "done")]), &[])), Expect::Deny(&[STATE]))]
+#[case::tenant_may_not_hibernate(update(TENANT, stack_pod(&[]), stack_pod(&[(HIBERNATE, Some("true"))])), Expect::Deny(&[HIBERNATE]))]
 #[case::tenant_labels_a_pod_without_annotations(update(TENANT, pod(None, &[]), pod(None, &[("tier", "front")])), Expect::Admit)]
-#[case::fixup_writes_its_state(update(FIXUP, stack_pod(&[]), stack_pod(&[(STATE, Some("done")), (IP, Some("10.0.0.6"))])), Expect::Admit)]
 #[case::cocoonset_controller_removes_a_key(update(COCOONSET, stack_pod(&[]), stack_pod(&[(MANAGED, None)])), Expect::Admit)]
 // Exact names only; a cluster administrator is not on the list.
 #[case::a_longer_name_is_not_the_daemon(update("cocoon-fixup-2", stack_pod(&[]), stack_pod(&[(IP, Some("10.0.0.6"))])), Expect::Deny(&[IP, "cocoon-fixup-2"]))]
@@ -496,6 +587,34 @@ enum Expect {
 #[case::a_user_without_groups_is_refused(update(ANONYMOUS, stack_pod(&[]), stack_pod(&[(IP, Some("10.0.0.6"))])), Expect::Deny(&[IP, ANONYMOUS]))]
 #[case::a_user_without_groups_labels(update(ANONYMOUS, stack_pod(&[]), relabelled()), Expect::Admit)]
 #[case::cluster_admin_is_refused_too(update(ADMIN, stack_pod(&[]), stack_pod(&[(IP, Some("10.0.0.6"))])), Expect::Deny(&[IP]))]
+// The node daemon: its own keys, on a pod that exists, and nothing else.
+#[case::fixup_writes_its_state(update(FIXUP, stack_pod(&[]), stack_pod(&[(STATE, Some("done")), (IP, Some("10.0.0.6"))])), Expect::Admit)]
+#[case::fixup_writes_the_lifecycle(update(FIXUP, stack_pod(&[]), stack_pod(&[(keys::LIFECYCLE_STATE, Some("ready")), (keys::LIFECYCLE_MESSAGE, Some("")), (keys::LIFECYCLE_OBSERVED_GENERATION, Some("1"))])), Expect::Admit)]
+#[case::fixup_writes_a_hint_and_errors(update(FIXUP, stack_pod(&[]), stack_pod(&[(STATE, Some("failed")), (keys::POST_CLONE_HINT, Some("ip link ...")), (keys::POST_CLONE_ERRORS, Some("attempt 1: exit 1"))])), Expect::Admit)]
+#[case::fixup_removes_its_hint(update(FIXUP, stack_pod(&[(keys::POST_CLONE_HINT, Some("x"))]), stack_pod(&[])), Expect::Admit)]
+#[case::fixup_resends_everything_unchanged(update(FIXUP, stack_pod(&[]), stack_pod(&[])), Expect::Admit)]
+#[case::fixup_may_not_write_the_vm_id(update(FIXUP, stack_pod(&[]), stack_pod(&[(STATE, Some("done")), (VM_ID, Some("vm-other"))])), Expect::DaemonDeny(&[VM_ID, FIXUP]))]
+#[case::fixup_may_not_unmanage(update(FIXUP, stack_pod(&[]), stack_pod(&[(MANAGED, Some("false"))])), Expect::DaemonDeny(&[MANAGED]))]
+#[case::fixup_may_not_remove_managed(update(FIXUP, stack_pod(&[]), stack_pod(&[(MANAGED, None)])), Expect::DaemonDeny(&[MANAGED]))]
+#[case::fixup_may_not_hibernate(update(FIXUP, stack_pod(&[]), stack_pod(&[(HIBERNATE, Some("true"))])), Expect::DaemonDeny(&[HIBERNATE]))]
+#[case::fixup_may_not_write_what_it_only_reads(update(FIXUP, stack_pod(&[]), stack_pod(&[(keys::GENERATION, Some("2")), (keys::PROBE_PORT, Some("22"))])), Expect::DaemonDeny(&[keys::GENERATION, keys::PROBE_PORT]))]
+#[case::fixup_may_not_add_a_label(update(FIXUP, stack_pod(&[]), relabelled()), Expect::DaemonDeny(&["labels"]))]
+#[case::fixup_may_not_remove_the_labels(update(FIXUP, stack_pod(&[]), edited(stack_pod(&[]), &["metadata", "labels"], json!({}))), Expect::DaemonDeny(&["labels"]))]
+#[case::fixup_may_not_relabel_with_its_state(update(FIXUP, stack_pod(&[]), edited(stack_pod(&[(STATE, Some("done"))]), &["metadata", "labels", "app"], json!("db"))), Expect::DaemonDeny(&["labels"]))]
+#[case::fixup_may_not_add_an_unrelated_annotation(update(FIXUP, stack_pod(&[]), stack_pod(&[("team.example.com/cost-centre", Some("42"))])), Expect::DaemonDeny(&["team.example.com/cost-centre"]))]
+#[case::fixup_may_not_remove_an_unrelated_annotation(update(FIXUP, stack_pod(&[]), stack_pod(&[("team.example.com/owner", None)])), Expect::DaemonDeny(&["team.example.com/owner"]))]
+#[case::fixup_may_not_change_an_image(update(FIXUP, stack_pod(&[]), edited(stack_pod(&[]), &["spec", "containers", "0", "image"], json!("example.com/evil:latest"))), Expect::DaemonDeny(&["spec"]))]
+#[case::fixup_may_not_add_a_finalizer(update(FIXUP, stack_pod(&[]), edited(stack_pod(&[]), &["metadata", "finalizers"], json!(["example.com/hold"]))), Expect::DaemonDeny(&["finalizers"]))]
+#[case::fixup_may_not_add_an_owner(update(FIXUP, stack_pod(&[]), edited(stack_pod(&[]), &["metadata", "ownerReferences"], json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "u-2"}]))), Expect::DaemonDeny(&["owner references"]))]
+#[case::fixup_may_not_create_a_pod(create(FIXUP, pod(None, &[])), Expect::DaemonDeny(&["CREATE of pods"]))]
+#[case::fixup_may_not_create_a_pod_with_its_keys(create(FIXUP, pod(Some(&[(STATE, "done")]), &[])), Expect::DaemonDeny(&["CREATE of pods"]))]
+#[case::fixup_may_not_update_the_status(update_status(FIXUP, stack_pod(&[]), stack_pod(&[(STATE, Some("done"))])), Expect::DaemonDeny(&["UPDATE of pods/status"]))]
+#[case::fixup_may_not_bind(bind(FIXUP, &[]), Expect::DaemonDeny(&["CREATE of pods/binding"]))]
+#[case::fixup_may_not_post_a_binding(bind_legacy(FIXUP, &[(IP, "10.0.0.6")]), Expect::DaemonDeny(&["CREATE of bindings"]))]
+#[case::node_daemon_writes_its_state(update(NODE_DAEMON, stack_pod(&[]), stack_pod(&[(STATE, Some("done")), (IP, Some("10.0.0.6"))])), Expect::Admit)]
+#[case::node_daemon_may_not_unmanage(update(NODE_DAEMON, stack_pod(&[]), stack_pod(&[(MANAGED, Some("false"))])), Expect::DaemonDeny(&[MANAGED, NODE_DAEMON]))]
+#[case::node_daemon_may_not_label(update(NODE_DAEMON, stack_pod(&[]), relabelled()), Expect::DaemonDeny(&["labels"]))]
+#[case::node_daemon_may_not_create(create(NODE_DAEMON, pod(None, &[])), Expect::DaemonDeny(&["CREATE"]))]
 // pods/status carries metadata too.
 #[case::tenant_status_update_changes_the_state(update_status(TENANT, stack_pod(&[]), stack_pod(&[(STATE, Some("done"))])), Expect::Deny(&[STATE]))]
 #[case::kubelet_status_update_changes_a_stack_key(update_status(KUBELET, stack_pod(&[]), stack_pod(&[(keys::LIFECYCLE_STATE, Some("ready"))])), Expect::Deny(&[keys::LIFECYCLE_STATE, KUBELET]))]
@@ -505,31 +624,89 @@ enum Expect {
 // Subresources whose object is not a Pod.
 #[case::eviction_is_not_matched(request("CREATE", TENANT, "eviction", ("policy", "Eviction"), json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "web-0", "namespace": "tenant-a", "annotations": {(IP): "x"}}}), Value::Null), Expect::NotMatched)]
 #[case::eviction_without_metadata_is_not_matched(request("CREATE", TENANT, "eviction", ("policy", "Eviction"), json!({"apiVersion": "policy/v1", "kind": "Eviction"}), Value::Null), Expect::NotMatched)]
-#[case::scheduler_binds(request("CREATE", SCHEDULER, "binding", ("", "Binding"), json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "web-0", "namespace": "tenant-a"}, "target": {"kind": "Node", "name": "vk-cocoon"}}), Value::Null), Expect::Admit)]
-#[case::binding_annotations_reach_the_pod(request("CREATE", TENANT, "binding", ("", "Binding"), json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "web-0", "namespace": "tenant-a", "annotations": {(IP): "10.0.0.99"}}, "target": {"kind": "Node", "name": "vk-cocoon"}}), Value::Null), Expect::Deny(&[IP]))]
+// A Binding's annotations are copied onto the pod: pods/binding and the
+// legacy `bindings` resource alike.
+#[case::scheduler_binds(request("CREATE", SCHEDULER, "binding", BINDING, json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "web-0", "namespace": "tenant-a"}, "target": {"kind": "Node", "name": "vk-cocoon"}}), Value::Null), Expect::Admit)]
+#[case::binding_annotations_reach_the_pod(bind(TENANT, &[(IP, "10.0.0.99")]), Expect::Deny(&[IP]))]
+#[case::binding_with_unrelated_annotations(bind(TENANT, &[("team.example.com/owner", "alice")]), Expect::Admit)]
+#[case::scheduler_posts_to_bindings(bind_legacy(SCHEDULER, &[]), Expect::Admit)]
+#[case::legacy_binding_annotations_reach_the_pod(bind_legacy(TENANT, &[(IP, "10.0.0.99"), (MANAGED, "false")]), Expect::Deny(&[IP, MANAGED, TENANT]))]
+#[case::legacy_binding_with_unrelated_annotations(bind_legacy(TENANT, &[("team.example.com/owner", "alice")]), Expect::Admit)]
+#[case::legacy_binding_by_the_stack(bind_legacy(COCOONSET, &[(IP, "10.0.0.99")]), Expect::Admit)]
 // Operations the policy does not constrain.
 #[case::delete_is_not_matched(request("DELETE", TENANT, "", POD, Value::Null, stack_pod(&[])), Expect::NotMatched)]
 #[case::exec_is_not_matched(request("CONNECT", TENANT, "exec", ("", "PodExecOptions"), json!({"kind": "PodExecOptions"}), Value::Null), Expect::NotMatched)]
 fn admission_policy_decides(#[case] input: Value, #[case] expect: Expect) {
-    let decision = POLICY
-        .decide(&input)
+    assert_decides(&POLICY, &input, &expect);
+}
+
+/// `policy` decides `input` as `expect` says; a refusal's message names
+/// what `expect` lists and says what the refused identity may do.
+fn assert_decides(policy: &Policy, input: &Value, expect: &Expect) {
+    let decision = policy
+        .decide(input)
         .unwrap_or_else(|e| panic!("the policy failed to evaluate: {e}\nrequest: {input:#}"));
-    match (&expect, &decision) {
-        (Expect::NotMatched, Decision::NotMatched) | (Expect::Admit, Decision::Admit) => {}
-        (Expect::Deny(names), Decision::Deny(message)) => {
-            for name in *names {
-                assert!(
-                    message.contains(name),
-                    "the message names {name}: {message}"
-                );
-            }
-            assert!(
-                message.contains("allowedUsers") && message.contains("leave these keys out"),
-                "the message says what to do: {message}"
-            );
-        }
+    let (names, says, message) = match (expect, &decision) {
+        (Expect::NotMatched, Decision::NotMatched) | (Expect::Admit, Decision::Admit) => return,
+        (Expect::Deny(names), Decision::Deny(message)) => (
+            names,
+            vec!["allowedUsers".to_owned(), "leave these keys out".to_owned()],
+            message,
+        ),
+        (Expect::DaemonDeny(names), Decision::Deny(message)) => (
+            names,
+            vec![
+                "daemon identity".to_owned(),
+                policy.strings("daemonKeys").join(", "),
+            ],
+            message,
+        ),
         _ => panic!("expected {expect:?}, got {decision:?}\nrequest: {input:#}"),
+    };
+    for name in *names {
+        assert!(
+            message.contains(name),
+            "the message names {name}: {message}"
+        );
     }
+    for what in says {
+        assert!(
+            message.contains(&what),
+            "the message says what to do ({what}): {message}"
+        );
+    }
+}
+
+/// The value of every constant in `fixup_host::pods::keys`, read from its
+/// source: a key added there is seen here without a change to this file.
+fn pods_keys() -> BTreeSet<String> {
+    let source = read("host/src/pods.rs");
+    let start = source
+        .find("pub mod keys {")
+        .expect("host/src/pods.rs has `pub mod keys`");
+    let body = &source[start..];
+    let body = &body[..body.find("\n}").expect("the end of `mod keys`")];
+    let values: BTreeSet<String> = body
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(
+        values.len(),
+        body.matches("pub const ").count(),
+        "one string per constant in `pods::keys`: {values:?}"
+    );
+    assert!(values.contains(keys::IP) && values.contains(keys::GENERATION));
+    values
+}
+
+/// The keys the daemon writes: `pods::keys` without the two it only reads.
+fn written_keys() -> BTreeSet<String> {
+    let mut keys = pods_keys();
+    keys.remove(keys::GENERATION);
+    keys.remove(keys::PROBE_PORT);
+    keys
 }
 
 /// Every annotation the host reads (spec section 2) or writes (sections 5
@@ -547,20 +724,17 @@ fn every_key_the_host_reads_or_writes_is_protected() {
         annotations::CLONE_FROM_DIR,
         annotations::RESTORE_FROM_HIBERNATE,
         annotations::GUEST_FLAVOR,
-        keys::PROBE_PORT,
-        keys::GENERATION,
-        "vm.cocoonstack.io/hibernate",
+        HIBERNATE,
     ];
-    let written_keys = [
-        keys::POST_CLONE_STATE,
-        keys::POST_CLONE_HINT,
-        keys::POST_CLONE_ERRORS,
-        keys::IP,
-        keys::LIFECYCLE_STATE,
-        keys::LIFECYCLE_MESSAGE,
-        keys::LIFECYCLE_OBSERVED_GENERATION,
-    ];
-    for key in read_keys.into_iter().chain(written_keys) {
+    assert!(
+        POLICY.strings("userKeys").is_empty(),
+        "{POLICY_FILE}: userKeys is for operators to fill, empty as shipped"
+    );
+    let pods_keys = pods_keys();
+    for key in read_keys
+        .into_iter()
+        .chain(pods_keys.iter().map(String::as_str))
+    {
         let input = update(TENANT, pod(None, &[]), pod(Some(&[(key, "x")]), &[]));
         let decision = POLICY.decide(&input).expect("evaluates");
         assert!(
@@ -570,26 +744,127 @@ fn every_key_the_host_reads_or_writes_is_protected() {
     }
 }
 
-/// The daemon's identity in deploy/rbac.yaml is one the policy lets write.
+/// The policy with the per-node opt-in: each daemon identity is
+/// `cocoon-fixup:<node name>` and writes only its node's pods.
+static NODE_POLICY: LazyLock<Policy> =
+    LazyLock::new(|| Policy::load_with(&[("daemonNodePrefix", "'cocoon-fixup:'")]));
+
+/// `stack_pod(&[])` scheduled on another node, or on none.
+fn on_node(node: Option<&str>) -> Value {
+    let mut pod = stack_pod(&[]);
+    match node {
+        Some(node) => pod["spec"]["nodeName"] = json!(node),
+        None => {
+            pod["spec"].as_object_mut().unwrap().remove("nodeName");
+        }
+    }
+    pod
+}
+
+/// The write the daemon makes when a fixup is done, on `old`.
+fn done(user: &str, old: Value) -> Value {
+    let mut new = old.clone();
+    new["metadata"]["annotations"][STATE] = json!("done");
+    update(user, old, new)
+}
+
+#[rstest]
+#[case::its_own_node(done(NODE_DAEMON, stack_pod(&[])), Expect::Admit)]
+#[case::another_nodes_pod(done(NODE_DAEMON, on_node(Some("worker-2"))), Expect::DaemonDeny(&["a pod on node worker-2", "daemonNodePrefix"]))]
+#[case::another_nodes_daemon(done("cocoon-fixup:worker-2", stack_pod(&[])), Expect::DaemonDeny(&["a pod on node vk-cocoon"]))]
+#[case::a_prefix_of_the_node_name(done("cocoon-fixup:vk", stack_pod(&[])), Expect::DaemonDeny(&["vk-cocoon"]))]
+#[case::an_extension_of_the_node_name(done("cocoon-fixup:vk-cocoon-2", stack_pod(&[])), Expect::DaemonDeny(&["vk-cocoon"]))]
+#[case::an_unscheduled_pod(done(NODE_DAEMON, on_node(None)), Expect::DaemonDeny(&["(none)"]))]
+#[case::the_shared_user(done(FIXUP, stack_pod(&[])), Expect::DaemonDeny(&["vk-cocoon", FIXUP]))]
+#[case::its_own_node_but_a_label(update(NODE_DAEMON, stack_pod(&[]), relabelled()), Expect::DaemonDeny(&["labels"]))]
+#[case::its_own_node_but_the_vm_id(update(NODE_DAEMON, stack_pod(&[]), stack_pod(&[(VM_ID, Some("vm-other"))])), Expect::DaemonDeny(&[VM_ID]))]
+#[case::the_stack_is_not_limited(update(VK_NODE, on_node(Some("worker-2")), edited(on_node(Some("worker-2")), &["metadata", "annotations", MANAGED], json!("false"))), Expect::Admit)]
+#[case::tenants_are_not_let_in(done(TENANT, stack_pod(&[])), Expect::Deny(&[STATE]))]
+fn per_node_daemons_write_only_their_nodes_pods(#[case] input: Value, #[case] expect: Expect) {
+    assert_decides(&NODE_POLICY, &input, &expect);
+}
+
+/// The policy as an operator whose stack lets users hibernate their VMs
+/// would set it: `vm.cocoonstack.io/hibernate` in `userKeys`.
+static USER_KEYS_POLICY: LazyLock<Policy> =
+    LazyLock::new(|| Policy::load_with(&[("userKeys", "['vm.cocoonstack.io/hibernate']")]));
+
+#[rstest]
+#[case::tenant_hibernates(update(TENANT, stack_pod(&[]), stack_pod(&[(HIBERNATE, Some("true"))])), Expect::Admit)]
+#[case::tenant_wakes(update(TENANT, stack_pod(&[(HIBERNATE, Some("true"))]), stack_pod(&[])), Expect::Admit)]
+#[case::tenant_creates_hibernated(create(TENANT, pod(Some(&[(HIBERNATE, "true")]), &[])), Expect::Admit)]
+#[case::only_that_exact_key(update(TENANT, stack_pod(&[]), stack_pod(&[("vm.cocoonstack.io/hibernate-now", Some("true"))])), Expect::Deny(&["vm.cocoonstack.io/hibernate-now"]))]
+#[case::other_keys_stay_protected(update(TENANT, stack_pod(&[]), stack_pod(&[(keys::PROBE_PORT, Some("22"))])), Expect::Deny(&[keys::PROBE_PORT]))]
+#[case::with_a_protected_key(update(TENANT, stack_pod(&[]), stack_pod(&[(HIBERNATE, Some("true")), (IP, Some("10.0.0.9"))])), Expect::Deny(&[IP]))]
+#[case::the_daemon_still_may_not(update(FIXUP, stack_pod(&[]), stack_pod(&[(HIBERNATE, Some("true"))])), Expect::DaemonDeny(&[HIBERNATE]))]
+#[case::the_stack_still_may(update(COCOONSET, stack_pod(&[]), stack_pod(&[(HIBERNATE, Some("true"))])), Expect::Admit)]
+fn user_keys_are_exempt_for_users_only(#[case] input: Value, #[case] expect: Expect) {
+    assert_decides(&USER_KEYS_POLICY, &input, &expect);
+}
+
+/// A refusal names the protected keys, not the exempted one beside them.
 #[test]
-fn the_identity_rbac_binds_may_write_the_annotations() {
+fn a_refusal_does_not_name_user_keys() {
+    let input = update(
+        TENANT,
+        stack_pod(&[]),
+        stack_pod(&[(HIBERNATE, Some("true")), (IP, Some("10.0.0.9"))]),
+    );
+    let Ok(Decision::Deny(message)) = USER_KEYS_POLICY.decide(&input) else {
+        panic!("admitted");
+    };
+    assert!(!message.contains(HIBERNATE), "{message}");
+}
+
+/// `daemonKeys` in the policy are the keys the code writes, no more, no
+/// fewer.
+#[test]
+fn the_daemon_may_write_exactly_the_keys_the_host_writes() {
+    let policy: BTreeSet<String> = POLICY.strings("daemonKeys").into_iter().collect();
+    assert_eq!(
+        policy,
+        written_keys(),
+        "daemonKeys in {POLICY_FILE} and fixup_host::pods::keys (less GENERATION and PROBE_PORT) disagree"
+    );
+}
+
+/// The subjects deploy/rbac.yaml binds are daemon identities of the policy,
+/// not the stack's: each may write the daemon's keys and nothing else.
+#[test]
+fn the_identities_rbac_binds_are_the_policys_daemon() {
     let binding = document("deploy/rbac.yaml", "ClusterRoleBinding");
     let subjects = binding["subjects"].as_array().expect("subjects");
     assert!(!subjects.is_empty());
-    let cel::Value::List(allowed) = POLICY.constant("allowedUsers") else {
-        panic!("allowedUsers is not a list");
-    };
     for subject in subjects {
-        assert_eq!(subject["kind"], "User", "{subject}");
         let name = subject["name"].as_str().expect("subject name");
+        let (daemon_list, stack_list, mut input) = match subject["kind"].as_str() {
+            Some("User") => (
+                "daemonUsers",
+                "allowedUsers",
+                update(name, stack_pod(&[]), stack_pod(&[])),
+            ),
+            Some("Group") => {
+                let mut input = update("cocoon-fixup:n1", stack_pod(&[]), stack_pod(&[]));
+                input["request"]["userInfo"]["groups"] = json!([name, "system:authenticated"]);
+                ("daemonGroups", "allowedGroups", input)
+            }
+            _ => panic!("deploy/rbac.yaml: a subject neither User nor Group: {subject}"),
+        };
         assert!(
-            allowed
-                .iter()
-                .any(|v| matches!(v, cel::Value::String(s) if s.as_str() == name)),
-            "{name} (deploy/rbac.yaml) is missing from allowedUsers in {POLICY_FILE}"
+            POLICY.strings(daemon_list).iter().any(|n| n == name),
+            "{name} (deploy/rbac.yaml) is missing from {daemon_list} in {POLICY_FILE}"
         );
-        let input = update(name, stack_pod(&[]), stack_pod(&[(STATE, Some("running"))]));
-        assert_eq!(POLICY.decide(&input), Ok(Decision::Admit));
+        assert!(
+            !POLICY.strings(stack_list).iter().any(|n| n == name),
+            "{name} (deploy/rbac.yaml) is on {stack_list} in {POLICY_FILE}: the daemon would write every key"
+        );
+        input["object"] = stack_pod(&[(STATE, Some("running"))]);
+        assert_eq!(POLICY.decide(&input), Ok(Decision::Admit), "{subject}");
+        input["object"] = stack_pod(&[(MANAGED, Some("false"))]);
+        assert!(
+            matches!(POLICY.decide(&input), Ok(Decision::Deny(_))),
+            "{subject} may write {MANAGED}"
+        );
     }
 }
 
@@ -662,6 +937,47 @@ fn granted() -> BTreeSet<Permission> {
         }
     }
     out
+}
+
+/// RFC 7386: apply a JSON merge patch, as the API server applies one.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let Some(changes) = patch.as_object() else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let fields = target.as_object_mut().expect("an object");
+    for (key, value) in changes {
+        if value.is_null() {
+            fields.remove(key);
+        } else {
+            merge_patch(fields.entry(key.clone()).or_insert(Value::Null), value);
+        }
+    }
+}
+
+/// Each patch the real binary made, applied in order to the pod it
+/// started from, is an update the admission policy lets the daemon's
+/// identity make: what the code writes needs nothing the policy refuses.
+/// With the per-node opt-in, the daemon of the pod's node (`n1`).
+fn assert_the_policy_lets_the_daemon_patch(patches: &[Value]) {
+    assert!(!patches.is_empty(), "the daemon patched nothing");
+    for (policy, user) in [(&*POLICY, FIXUP), (&*NODE_POLICY, "cocoon-fixup:n1")] {
+        let mut pod = fixup_pod();
+        for patch in patches {
+            let mut next = pod.clone();
+            merge_patch(&mut next, patch);
+            let input = update(user, pod, next.clone());
+            assert_eq!(
+                policy.decide(&input),
+                Ok(Decision::Admit),
+                "the policy refuses {user}'s patch {patch}"
+            );
+            pod = next;
+        }
+    }
 }
 
 fn permissions(requests: &[Request]) -> BTreeSet<Permission> {
@@ -748,9 +1064,28 @@ fn assert_fixed(api: &FakeApi, log: &str) {
     api.with(|s| assert!(s.unexpected.is_empty(), "{:?}", s.unexpected));
 }
 
+/// What the daemon asked of the API server: every request, and the body of
+/// every patch the server applied, in order.
+struct Traffic {
+    requests: Vec<Request>,
+    patches: Vec<Value>,
+}
+
+fn traffic(api: &FakeApi) -> Traffic {
+    api.with(|s| Traffic {
+        requests: s.requests.clone(),
+        patches: s
+            .patches
+            .iter()
+            .filter(|(_, status)| *status == 200)
+            .map(|(patch, _)| patch.clone())
+            .collect(),
+    })
+}
+
 /// The requests of `serve --node n1` through one fixup, until the pod is
 /// ready; then SIGTERM.
-async fn serve_requests() -> Vec<Request> {
+async fn serve_traffic() -> Traffic {
     let dir = node_dir();
     let api = FakeApi::start(fixup_pod(), false).await;
     let log = dir.path().join("serve.log");
@@ -779,11 +1114,11 @@ async fn serve_requests() -> Vec<Request> {
     let log = fs::read_to_string(&log).unwrap_or_default();
     assert!(status.success(), "{status}; log:\n{log}");
     assert_fixed(&api, &log);
-    api.with(|s| s.requests.clone())
+    traffic(&api)
 }
 
 /// The requests of `run --namespace default --pod web-0` through one fixup.
-async fn run_requests() -> Vec<Request> {
+async fn run_traffic() -> Traffic {
     let dir = node_dir();
     let api = FakeApi::start(fixup_pod(), false).await;
     let out = cocoon_fixup(
@@ -802,13 +1137,18 @@ async fn run_requests() -> Vec<Request> {
         String::from_utf8_lossy(&out.stdout)
     );
     assert_fixed(&api, &log);
-    api.with(|s| s.requests.clone())
+    traffic(&api)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rbac_grants_exactly_what_serve_and_run_use() {
-    let serve = permissions(&serve_requests().await);
-    let run = permissions(&run_requests().await);
+    let serve_traffic = serve_traffic().await;
+    let run_traffic = run_traffic().await;
+    for traffic in [&serve_traffic, &run_traffic] {
+        assert_the_policy_lets_the_daemon_patch(&traffic.patches);
+    }
+    let serve = permissions(&serve_traffic.requests);
+    let run = permissions(&run_traffic.requests);
 
     // `run` handles one pod: read it, patch it, record events.
     let one_pod: BTreeSet<Permission> = [
