@@ -237,7 +237,11 @@ impl Planner {
                 plugins: names(),
                 source,
             })?;
-        Ok(ComposedPlan::render(facts, scenarios, parts, plan))
+        let plugins = names();
+        let composed = ComposedPlan::render(facts, scenarios, parts, plan);
+        plan::check_rendered(&composed.exec, &composed.hint)
+            .map_err(|source| PlannerError::Compose { plugins, source })?;
+        Ok(composed)
     }
 
     /// Cloudimg when the source image is an http(s) URL, else when the

@@ -101,6 +101,41 @@ fn log_volume_is_bounded() {
     assert!(logged > 0);
 }
 
+/// A plan within every plan limit whose rendering the kernel would refuse
+/// (64 KiB of `a'` quotes to about 160 KiB, over the 128 KiB one exec
+/// argument may have): a plan error naming the plugin, before anything
+/// runs.
+#[test]
+fn a_plan_that_renders_too_large_is_a_plan_error_naming_the_plugin() {
+    let plugins = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(env!("PLUGIN_HOSTILE"), plugins.path().join("hostile.wasm")).expect("copy");
+    let (planner, failures) =
+        fixup_host::planner::Planner::new(fixup_host::planner::PlannerOptions {
+            plugin_dir: Some(plugins.path().to_owned()),
+            ..Default::default()
+        })
+        .expect("planner");
+    assert!(failures.is_empty(), "{failures:?}");
+    let err = planner
+        .plan_scenarios(
+            &facts("quotes", Some("hostile"), &NIC),
+            &[Scenario::OciNetworkd],
+        )
+        .expect_err("too large to run");
+    let message = err.to_string();
+    assert!(message.contains("hostile"), "names the plugin: {message}");
+    assert!(
+        matches!(
+            err,
+            fixup_host::planner::PlannerError::Compose {
+                source: fixup_host::plan::PlanError::ExecArgTooLong { .. },
+                ..
+            }
+        ),
+        "{message}"
+    );
+}
+
 #[test]
 fn well_behaved_call_reports_usage_within_limits() {
     let (host, hostile) = host_with_hostile();

@@ -48,6 +48,41 @@ impl Default for PlanLimits {
     }
 }
 
+/// The longest single exec argument Linux accepts, in bytes, without its
+/// terminating NUL: `MAX_ARG_STRLEN` is 32 pages of 4 KiB, NUL included.
+pub const MAX_EXEC_ARG: usize = 32 * 4096 - 1;
+
+/// The longest hint (`vm.cocoonstack.io/post-clone-hint`, base64) the host
+/// writes: half of the 256 KiB the API server allows for all of a pod's
+/// annotations together, so the pod's other annotations (the error chain,
+/// the stack's own, `kubectl apply`'s copy of the object) keep the rest.
+pub const MAX_HINT: usize = 128 * 1024;
+
+/// Check what a plan renders to, before anything runs: each exec argument
+/// within [`MAX_EXEC_ARG`], the hint within [`MAX_HINT`]. A plan within
+/// [`PlanLimits`] can still break these: quoting grows text (64 KiB of
+/// `a'` renders to about 160 KiB).
+pub fn check_rendered(exec: &[String], hint: &str) -> Result<(), PlanError> {
+    if let Some((arg, long)) = exec
+        .iter()
+        .enumerate()
+        .find(|(_, a)| a.len() > MAX_EXEC_ARG)
+    {
+        return Err(PlanError::ExecArgTooLong {
+            arg,
+            bytes: long.len(),
+            max: MAX_EXEC_ARG,
+        });
+    }
+    if hint.len() > MAX_HINT {
+        return Err(PlanError::HintTooLarge {
+            bytes: hint.len(),
+            max: MAX_HINT,
+        });
+    }
+    Ok(())
+}
+
 /// A plan that breaks a limit or a structural rule, or plans that cannot
 /// be composed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -65,6 +100,21 @@ pub enum PlanError {
     },
     #[error("no plans to compose: pass at least one")]
     NothingToCompose,
+    /// A rendered exec argument the kernel would refuse (E2BIG): every
+    /// attempt would fail. `arg` counts from 0 (`sh`, `-c`, the script).
+    #[error(
+        "the rendered exec argument {arg} is {bytes} bytes, over the kernel's limit of {max} for one argument (MAX_ARG_STRLEN): no attempt could run; make the plan's text shorter (quoting grows text with quotes in it up to 2.5 times)"
+    )]
+    ExecArgTooLong {
+        arg: usize,
+        bytes: usize,
+        max: usize,
+    },
+    /// The hint would not fit in the pod's annotations.
+    #[error(
+        "the hint (the plan as a script, base64) is {bytes} bytes, over the limit of {max} that leaves the rest of the pod's 256 KiB annotation budget to its other annotations; make the plan's text shorter"
+    )]
+    HintTooLarge { bytes: usize, max: usize },
     /// `part` counts from 1; part 1 sets the dialect.
     #[error("plan {part} is {found} but plan 1 is {expected}: compose plans of one dialect")]
     MixedDialects {
@@ -323,6 +373,42 @@ mod tests {
 
     fn remove(patterns: &[&str]) -> Action {
         Action::RemoveFiles(patterns.iter().map(|s| s.to_string()).collect())
+    }
+
+    /// 64 KiB of `a'` is within the plan limits, but its exec script is
+    /// over the kernel's per-argument limit and its hint over the hint
+    /// limit: both are caught before anything runs.
+    #[test]
+    fn quoting_growth_is_caught_after_rendering() {
+        let content = "a'".repeat(32 * 1024 - 64);
+        let p = plan(vec![step(write("/etc/x", &content, Some(0o644)))]);
+        p.check(&PlanLimits::default())
+            .expect("within the plan limits");
+        let exec = crate::plan::render_exec(&p);
+        let script = crate::plan::render_script(&p, &crate::plan::ScriptHeader { title: vec![] });
+        let hint = crate::plan::hint_base64(&script);
+        assert!(matches!(
+            check_rendered(&exec, &hint),
+            Err(PlanError::ExecArgTooLong { arg: 2, bytes, max: MAX_EXEC_ARG }) if bytes > MAX_EXEC_ARG
+        ));
+        let short = vec!["sh".to_owned(), "-c".to_owned(), "true".to_owned()];
+        assert!(matches!(
+            check_rendered(&short, &hint),
+            Err(PlanError::HintTooLarge { bytes, max: MAX_HINT }) if bytes > MAX_HINT
+        ));
+        // The same plan with plain text renders within both.
+        let plain = plan(vec![step(write(
+            "/etc/x",
+            &"a".repeat(60 * 1024),
+            Some(0o644),
+        ))]);
+        let script =
+            crate::plan::render_script(&plain, &crate::plan::ScriptHeader { title: vec![] });
+        check_rendered(
+            &crate::plan::render_exec(&plain),
+            &crate::plan::hint_base64(&script),
+        )
+        .expect("plain text fits");
     }
 
     fn plan(steps: Vec<Step>) -> Plan {

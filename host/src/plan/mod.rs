@@ -68,7 +68,10 @@ use std::fmt;
 use serde::{Serialize, Serializer};
 
 pub use attribute::{STDERR_TAIL_MAX, StderrTail, StepFailure, attribute_failure};
-pub use check::{DESCRIPTION_MAX, Field, PlanError, PlanLimits, Problem, SH_SPECIAL_BUILTINS};
+pub use check::{
+    DESCRIPTION_MAX, Field, MAX_EXEC_ARG, MAX_HINT, PlanError, PlanLimits, Problem,
+    SH_SPECIAL_BUILTINS, check_rendered,
+};
 pub use render::{
     ScriptHeader, hint_base64, ps_quote, render_exec, render_script, sh_quote, sh_words,
 };

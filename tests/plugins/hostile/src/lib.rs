@@ -77,6 +77,7 @@ impl Plugin for Hostile {
             "flood" => Ok(flood()),
             "wide" => Ok(numbered("wide", WIDE_STEPS)),
             "heavy" => Ok(heavy()),
+            "quotes" => Ok(quotes()),
             "million" => Ok(Plan::posix_sh(
                 (0..MILLION_STEPS)
                     .map(|i| Step::run(format!("step {i}"), Phase::Configure, ["true"]))
@@ -168,6 +169,19 @@ fn heavy() -> Plan {
         Phase::Configure,
         "/tmp/hostile-heavy",
         "h".repeat(HEAVY_BYTES),
+        Some(0o644),
+    )])
+}
+
+/// Just under the plan limit of 64 KiB of text, all `a'`: within every
+/// plan limit, but sh quoting grows each `'` to `'\''`, so the rendered
+/// script is over the kernel's limit for one exec argument.
+fn quotes() -> Plan {
+    Plan::posix_sh(vec![Step::write_file(
+        "write a file full of quotes",
+        Phase::Configure,
+        "/tmp/hostile-quotes",
+        "a'".repeat(32 * 1024 - 64),
         Some(0o644),
     )])
 }
