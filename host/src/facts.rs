@@ -39,19 +39,43 @@ pub mod annotations {
     pub const HIBERNATE: &str = "vm.cocoonstack.io/hibernate";
 }
 
-/// `text` with every control character escaped (`\n`, `\u{1b}`, ...), so
-/// untrusted text stays one printable line in messages, annotations and
-/// events.
+/// `text` with every control character (C0, DEL, C1: `\n`, `\r`,
+/// `\u{1b}`, ...) and every invisible formatting character
+/// ([`is_invisible_format`]: bidi overrides, zero-width characters) escaped,
+/// so untrusted text stays one printable line that shows what it is in
+/// messages, logs, annotations and events: a `\r` cannot rewrite a line, an
+/// ESC cannot drive the terminal, a U+202E cannot reorder what a reviewer
+/// sees.
 pub fn escape_controls(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
-        if c.is_control() {
+        if c.is_control() || is_invisible_format(c) {
             out.extend(c.escape_default());
         } else {
             out.push(c);
         }
     }
     out
+}
+
+/// Unicode formatting characters that change how text is shown without
+/// being seen: bidi embeddings, overrides and isolates (U+202A..=U+202E,
+/// U+2066..=U+2069, U+200E, U+200F, U+061C), zero-width characters
+/// (U+200B..=U+200D, U+2060..=U+2064, U+FEFF), the soft hyphen, the
+/// Mongolian vowel separator and interlinear annotation marks.
+pub fn is_invisible_format(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00AD}'
+            | '\u{061C}'
+            | '\u{180E}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{2064}'
+            | '\u{2066}'..='\u{2069}'
+            | '\u{FEFF}'
+            | '\u{FFF9}'..='\u{FFFB}'
+    )
 }
 
 /// At most this many NICs per VM. A cocoon VM has a handful; the bound keeps

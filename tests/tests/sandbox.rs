@@ -136,6 +136,27 @@ fn a_plan_that_renders_too_large_is_a_plan_error_naming_the_plugin() {
     );
 }
 
+/// A plugin's log line stays one line that shows what it says: a line
+/// break cannot forge a host log line, nor a carriage return or a bidi
+/// override rewrite one.
+#[test]
+fn plugin_log_lines_are_escaped() {
+    let (host, hostile) = host_with_hostile();
+    let facts = facts("forge", Some("hostile"), &NIC);
+    let (_, stats) = host
+        .plan(&hostile, Scenario::OciNetworkd, &facts)
+        .expect("logging is allowed");
+    let line = &stats.logs.last().expect("logged").message;
+    assert!(
+        !line.contains(['\n', '\r', '\u{202E}']),
+        "raw control or format characters: {line:?}"
+    );
+    assert_eq!(
+        line,
+        "planning\\nINFO cocoon-fixup: fixup done\\r\\u{202e}enod"
+    );
+}
+
 #[test]
 fn well_behaved_call_reports_usage_within_limits() {
     let (host, hostile) = host_with_hostile();

@@ -137,6 +137,9 @@ impl CallState {
             return;
         }
         self.log_left -= message.len();
+        // A plugin's line stays one line that shows what it says: a `\n`
+        // cannot forge a host log line, a `\r` or ESC cannot rewrite one.
+        let message = crate::facts::escape_controls(&message);
         let plugin = self.plugin.as_str();
         match level {
             tracing::Level::ERROR => tracing::error!(plugin, "{message}"),

@@ -55,6 +55,10 @@ pub const PANIC_MESSAGE: &str = "hostile plugin panicked on purpose";
 /// what was obtained. A host whose sandbox holds never sees one.
 pub const SNOOPED_PREFIX: &str = "snooped ";
 
+/// What the `forge` behaviour logs: a line break and a carriage return
+/// that would forge a host log line, and a bidi override.
+pub const FORGED_LOG: &str = "planning\nINFO cocoon-fixup: fixup done\r\u{202E}enod";
+
 /// The misbehaving plugin.
 #[derive(Debug)]
 pub struct Hostile;
@@ -107,6 +111,10 @@ impl Plugin for Hostile {
                 use std::hash::{BuildHasher, RandomState};
                 let seed = RandomState::new().hash_one(0u8);
                 Ok(snooped(Some(format!("random: {seed}"))))
+            }
+            "forge" => {
+                cocoon_fixup_sdk::log(LogLevel::Info, FORGED_LOG);
+                Ok(benign())
             }
             "chatty" => {
                 cocoon_fixup_sdk::log(LogLevel::Info, &"c".repeat(CHATTY_BYTES));
