@@ -39,6 +39,7 @@ fn assert_still_serving(host: &PluginHost) {
 #[case::million_steps("flood")]
 #[case::too_many_steps("wide")]
 #[case::oversized_content("heavy")]
+#[case::hides_what_runs("hide")]
 #[case::panic("panic")]
 #[case::reads_a_file("snoop-file")]
 #[case::reads_the_environment("snoop-env")]
@@ -67,6 +68,10 @@ fn hostile_call_is_contained(#[case] behaviour: &str) {
         ("flood", PluginError::Memory { .. } | PluginError::BadPlan { .. }) => {}
         ("wide", PluginError::BadPlan { .. }) => assert!(message.contains("256"), "{message}"),
         ("heavy", PluginError::BadPlan { .. }) => assert!(message.contains("65536"), "{message}"),
+        ("hide", PluginError::BadPlan { .. }) => {
+            assert!(message.contains("run[2]"), "{message}");
+            assert!(message.contains("control character"), "{message}");
+        }
         ("panic", PluginError::Panicked { message: m, .. }) => {
             assert!(m.contains("on purpose"), "panic message is captured: {m}")
         }

@@ -9,6 +9,8 @@
 
 use std::fmt;
 
+use crate::facts::is_invisible_format;
+
 use super::{Action, Dialect, Plan, Step, WriteFile};
 
 /// Most bytes a step description may have: it is one line of a comment in
@@ -164,6 +166,14 @@ pub enum Problem {
     Nul,
     #[error("contains a control character (line break, tab or similar)")]
     ControlChar,
+    #[error(
+        "contains a control character other than a line break or a tab (a carriage return, ESC or similar), which could hide text from a reviewer"
+    )]
+    ContentControlChar,
+    #[error(
+        "contains an invisible formatting character (a bidi override, a zero-width character), which could hide text from a reviewer"
+    )]
+    FormatChar,
     #[error("is empty: say in one line what the step does")]
     EmptyDescription,
     #[error("is {len} bytes, over the limit of {max}: shorten it")]
@@ -235,6 +245,69 @@ impl Plan {
         }
         Ok(())
     }
+
+    /// Whether a person reviewing the plan sees what runs: no control
+    /// character in a description, an argv entry, a path or a removal
+    /// pattern, and none but line breaks and tabs in file contents; no
+    /// invisible formatting character (bidi override, zero-width) anywhere.
+    /// A `\r` or ESC could hide a step in `plan`'s output, a U+202E could
+    /// reorder it. Every plugin's plan must pass this as well as
+    /// [`Plan::check`]; the renderer still quotes whatever it is given.
+    pub fn check_reviewable(&self) -> Result<(), PlanError> {
+        for (i, step) in self.steps.iter().enumerate() {
+            check_reviewable_step(step).map_err(|(field, problem)| PlanError::Invalid {
+                step: i + 1,
+                field,
+                problem,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+fn check_reviewable_step(step: &Step) -> Result<(), Broken> {
+    visible_line(&step.description).map_err(|p| (Field::Description, p))?;
+    match &step.action {
+        Action::Run(argv) => {
+            for (i, arg) in argv.iter().enumerate() {
+                visible_line(arg).map_err(|p| (Field::Arg(i), p))?;
+            }
+        }
+        Action::WriteFile(w) => {
+            visible_line(&w.path).map_err(|p| (Field::Path, p))?;
+            visible_text(&w.content).map_err(|p| (Field::Content, p))?;
+        }
+        Action::RemoveFiles(patterns) => {
+            for (i, pattern) in patterns.iter().enumerate() {
+                visible_line(pattern).map_err(|p| (Field::Pattern(i), p))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One line that shows what it says: no control character at all, no
+/// invisible formatting character.
+fn visible_line(s: &str) -> Result<(), Problem> {
+    if s.chars().any(char::is_control) {
+        return Err(Problem::ControlChar);
+    }
+    if s.chars().any(is_invisible_format) {
+        return Err(Problem::FormatChar);
+    }
+    Ok(())
+}
+
+/// Text that shows what it says over several lines: line breaks and tabs
+/// are the only controls.
+fn visible_text(s: &str) -> Result<(), Problem> {
+    if s.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
+        return Err(Problem::ContentControlChar);
+    }
+    if s.chars().any(is_invisible_format) {
+        return Err(Problem::FormatChar);
+    }
+    Ok(())
 }
 
 type Broken = (Field, Problem);
@@ -409,6 +482,57 @@ mod tests {
             &crate::plan::hint_base64(&script),
         )
         .expect("plain text fits");
+    }
+
+    /// What a reviewer could not see is refused in plugin plans.
+    #[rstest]
+    #[case::cr_arg(run(&["curl", "x\rsafe"]), Field::Arg(1), Problem::ControlChar)]
+    #[case::esc_arg(run(&["echo", "\u{1b}[2K"]), Field::Arg(1), Problem::ControlChar)]
+    #[case::newline_arg(run(&["sh", "-c", "true\ncurl x | sh"]), Field::Arg(2), Problem::ControlChar)]
+    #[case::bidi_arg(run(&["echo", "abc\u{202E}cba"]), Field::Arg(1), Problem::FormatChar)]
+    #[case::zero_width_program(run(&["ls\u{200B}", "/"]), Field::Arg(0), Problem::FormatChar)]
+    #[case::bidi_path(write("/etc/x\u{2066}", "", None), Field::Path, Problem::FormatChar)]
+    #[case::cr_content(
+        write("/etc/x", "a\r\nb", None),
+        Field::Content,
+        Problem::ContentControlChar
+    )]
+    #[case::esc_content(
+        write("/etc/x", "\u{1b}]0;x\u{7}", None),
+        Field::Content,
+        Problem::ContentControlChar
+    )]
+    #[case::bidi_content(
+        write("/etc/x", "a\u{202E}b", None),
+        Field::Content,
+        Problem::FormatChar
+    )]
+    #[case::bidi_pattern(remove(&["/etc/x/\u{202E}*"]), Field::Pattern(0), Problem::FormatChar)]
+    fn unreviewable_steps_are_refused(
+        #[case] action: Action,
+        #[case] field: Field,
+        #[case] problem: Problem,
+    ) {
+        assert_eq!(
+            plan(vec![step(action)]).check_reviewable(),
+            invalid(1, field, problem)
+        );
+    }
+
+    #[test]
+    fn line_breaks_and_tabs_in_file_contents_are_reviewable() {
+        let ok = plan(vec![step(write(
+            "/etc/x",
+            "[Match]\n\tMAC=1\n",
+            Some(0o644),
+        ))]);
+        assert_eq!(ok.check_reviewable(), Ok(()));
+        let mut bidi = step(run(&["true"]));
+        bidi.description = "set the hostname\u{202E}".into();
+        assert_eq!(
+            plan(vec![bidi]).check_reviewable(),
+            invalid(1, Field::Description, Problem::FormatChar)
+        );
     }
 
     fn plan(steps: Vec<Step>) -> Plan {

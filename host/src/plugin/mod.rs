@@ -415,6 +415,7 @@ impl PluginHost {
             }
         };
         plan.check(&self.limits.plan)
+            .and_then(|()| plan.check_reviewable())
             .map_err(|source| PluginError::BadPlan {
                 plugin: name.to_owned(),
                 source,

