@@ -106,7 +106,9 @@ impl Cocoon for BenchCocoon {
         let (status, stderr) = if entry.fail_first && attempt == 1 {
             (ExitStatusKind::Code(1), FAILED_STDERR.as_bytes().to_vec())
         } else {
-            (ExitStatusKind::Code(0), Vec::new())
+            // A guest that ran the whole script ends with the done marker.
+            let done = format!("\n{}\n", fixup_host::plan::DONE_MARKER);
+            (ExitStatusKind::Code(0), done.into_bytes())
         };
         Ok(ExecOutput {
             status,

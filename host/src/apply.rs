@@ -20,7 +20,7 @@ use crate::classify::Scenario;
 use crate::cocoon::{Cocoon, CocoonError, ExecOutput};
 use crate::facts::{GuestOs, MacAddr, PodInput, VmId, WaitFacts, WaitNic, annotations};
 use crate::lifecycle::{self, Lifecycle, PostCloneState};
-use crate::plan::{Plan, attribute_failure};
+use crate::plan::{Plan, attribute_failure, ran_to_completion};
 use crate::pods::{AnnotationPatch, Event, PodApi, PodError, PodRef, cap_utf8, keys, reasons};
 use crate::ready::LeaseWatcher;
 
@@ -110,7 +110,11 @@ async fn attempt<C: Cocoon>(
     timeout: Duration,
 ) -> Result<(), String> {
     match cocoon.exec(job.vm, job.exec, timeout).await {
-        Ok(out) if out.success() => Ok(()),
+        Ok(out) if out.success() && ran_to_completion(job.plan, &out.stderr) => Ok(()),
+        Ok(out) if out.success() => Err(format!(
+            "{}; the script ended early with exit 0, so the steps after it did not run",
+            describe_failure(job.plan, &out)
+        )),
         Ok(out) => Err(describe_failure(job.plan, &out)),
         Err(e) => Err(one_line(&e.to_string())),
     }

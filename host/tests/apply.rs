@@ -96,12 +96,7 @@ const STEP4_FAILED: &str = "\ncocoon-fixup: step 1/5 start\n\ncocoon-fixup: step
 
 #[tokio::test(start_paused = true)]
 async fn first_attempt_succeeds_then_ready() {
-    let rig = rig(
-        vec![Reply::Exit(0, "")],
-        &STATIC,
-        &[],
-        HostConfig::default(),
-    );
+    let rig = rig(vec![Reply::Done], &STATIC, &[], HostConfig::default());
     let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
     assert_eq!(summary.fixup, Some("done"));
     assert_eq!(summary.attempts, 1);
@@ -144,7 +139,7 @@ async fn failed_attempts_are_chained_and_retried_every_interval() {
         Reply::Exit(1, STEP4_FAILED),
         Reply::Signal(9),
         Reply::Spawn,
-        Reply::Exit(0, ""),
+        Reply::Done,
     ];
     let rig = rig(replies, &STATIC, &[], HostConfig::default());
     let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
@@ -321,7 +316,7 @@ async fn a_hung_exec_is_bounded(#[case] exec_timeout: Duration, #[case] first_ti
         },
         ..HostConfig::default()
     };
-    let rig = rig(vec![Reply::Hang, Reply::Exit(0, "")], &STATIC, &[], config);
+    let rig = rig(vec![Reply::Hang, Reply::Done], &STATIC, &[], config);
     let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
     let calls = rig.cocoon.calls();
     assert_eq!(calls[0].timeout, first_timeout);
@@ -354,12 +349,7 @@ async fn startup_follows_the_persisted_state(
     #[case] execs: usize,
     #[case] resumed: Option<&str>,
 ) {
-    let rig = rig(
-        vec![Reply::Exit(0, "")],
-        &STATIC,
-        extra,
-        HostConfig::default(),
-    );
+    let rig = rig(vec![Reply::Done], &STATIC, extra, HostConfig::default());
     let summary = rig
         .handle(Trigger::Startup, &CancellationToken::new())
         .await;
@@ -375,7 +365,7 @@ async fn startup_follows_the_persisted_state(
 #[tokio::test(start_paused = true)]
 async fn unmanaged_pods_are_never_touched() {
     let rig = rig(
-        vec![Reply::Exit(0, "")],
+        vec![Reply::Done],
         &STATIC,
         &[("cocoonset.cocoonstack.io/managed", "false")],
         HostConfig::default(),
@@ -390,7 +380,7 @@ async fn unmanaged_pods_are_never_touched() {
 #[tokio::test(start_paused = true)]
 async fn bad_facts_fail_the_pod_once_without_exec() {
     let rig = rig(
-        vec![Reply::Exit(0, "")],
+        vec![Reply::Done],
         &[("52:54:00:zz:bb:01;reboot", Some("10.0.0.5/24"))],
         &[],
         HostConfig::default(),
@@ -456,7 +446,7 @@ async fn execs(cocoon: &ScriptedCocoon, n: usize) {
 
 #[tokio::test]
 async fn an_all_dhcp_clone_gets_one_recovery_pass_then_its_lease() {
-    let rig = rig(vec![Reply::Exit(0, "")], &DHCP, &[], short_ready());
+    let rig = rig(vec![Reply::Done], &DHCP, &[], short_ready());
     let (cocoon, lease_file) = (rig.cocoon.clone(), rig.lease_file.clone());
     tokio::spawn(async move {
         execs(&cocoon, 1).await;
@@ -484,12 +474,7 @@ async fn an_all_dhcp_clone_gets_one_recovery_pass_then_its_lease() {
 async fn windows_is_nudged_once_with_ipconfig_renew() {
     let extra = [("cocoonset.cocoonstack.io/os", "windows")];
     // The PnP fixup succeeds, then the nudge.
-    let rig = rig(
-        vec![Reply::Exit(0, ""), Reply::Exit(0, "")],
-        &DHCP,
-        &extra,
-        short_ready(),
-    );
+    let rig = rig(vec![Reply::Done, Reply::Done], &DHCP, &extra, short_ready());
     let (cocoon, lease_file) = (rig.cocoon.clone(), rig.lease_file.clone());
     tokio::spawn(async move {
         execs(&cocoon, 2).await;
@@ -507,7 +492,7 @@ async fn windows_is_nudged_once_with_ipconfig_renew() {
 #[tokio::test]
 async fn no_lease_in_time_fails_with_the_spec_message() {
     let rig = rig(
-        vec![Reply::Exit(0, "")],
+        vec![Reply::Done],
         &DHCP,
         &[("vm.cocoonstack.io/fork-from", "web-src")],
         short_ready(),
@@ -532,7 +517,7 @@ async fn a_pod_another_component_fails_is_left_alone() {
     // stack owns the pod now (spec section 8), so the loop stops before its
     // next attempt and nothing more is written, not even the IP.
     let rig = rig(
-        vec![Reply::Exit(1, STEP4_FAILED), Reply::Exit(0, "")],
+        vec![Reply::Exit(1, STEP4_FAILED), Reply::Done],
         &STATIC,
         &[],
         HostConfig::default(),
@@ -563,5 +548,34 @@ async fn a_pod_another_component_fails_is_left_alone() {
         rig.annotation(keys::POST_CLONE_STATE).as_deref(),
         Some("running"),
         "the marker is the stack's to clear"
+    );
+}
+
+/// A step that ends the script with exit 0 (`command exit 0`, `exec true`)
+/// would skip every later step, other plugins' included: without the done
+/// marker an exit 0 is a failed attempt, and the loop tries again.
+#[tokio::test(start_paused = true)]
+async fn exit_zero_before_the_last_step_is_a_failed_attempt() {
+    const ENDED_EARLY: &str = "\ncocoon-fixup: step 1/5 start\n\ncocoon-fixup: step 2/5 start\n";
+    let rig = rig(
+        vec![Reply::Exit(0, ENDED_EARLY), Reply::Done],
+        &STATIC,
+        &[],
+        HostConfig::default(),
+    );
+    let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
+    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(summary.attempts, 2, "attempt 1 did not count as done");
+    let failed = rig.events(reasons::EXEC_ATTEMPT_FAILED);
+    assert_eq!(failed.len(), 1);
+    assert!(
+        failed[0].starts_with("attempt 1: step 2/5"),
+        "{}",
+        failed[0]
+    );
+    assert!(
+        failed[0].contains("ended early with exit 0"),
+        "{}",
+        failed[0]
     );
 }

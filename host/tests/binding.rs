@@ -86,7 +86,7 @@ struct Setup {
 impl Setup {
     fn new(record: String, pods: Vec<PodInput>) -> Self {
         Setup {
-            replies: vec![Reply::Exit(0, "")],
+            replies: vec![Reply::Done],
             record,
             pods,
             config: HostConfig::default(),
@@ -520,7 +520,7 @@ fn flaky_host(
 async fn serve_retries_failures_before_the_loop() {
     let dir = tempfile::tempdir().unwrap();
     let cocoon = ScriptedCocoon::new(
-        vec![Reply::Exit(0, "")],
+        vec![Reply::Done],
         record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
     );
     cocoon.fail_inspects(2);
@@ -604,7 +604,7 @@ async fn an_event_that_hands_the_pod_over_stops_its_work() {
 async fn serve_never_works_for_an_old_incarnation() {
     let dir = tempfile::tempdir().unwrap();
     let cocoon = ScriptedCocoon::new(
-        vec![Reply::Exit(0, "")],
+        vec![Reply::Done],
         record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
     );
     let pods = Flaky {
@@ -629,7 +629,7 @@ async fn serve_never_works_for_an_old_incarnation() {
 async fn work_offered_while_stopped_work_winds_down_is_kept() {
     let dir = tempfile::tempdir().unwrap();
     let cocoon = ScriptedCocoon::new(
-        vec![Reply::Hang, Reply::Exit(0, "")],
+        vec![Reply::Hang, Reply::Done],
         record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
     );
     let pods = Flaky {
@@ -662,7 +662,7 @@ async fn work_offered_while_stopped_work_winds_down_is_kept() {
 async fn a_mismatch_is_told_once_per_pointer() {
     let dir = tempfile::tempdir().unwrap();
     let cocoon = ScriptedCocoon::new(
-        vec![Reply::Exit(0, "")],
+        vec![Reply::Done],
         record(
             &vm_name_for_pod("tenant-b", "db-0"),
             "",
@@ -874,7 +874,7 @@ async fn the_source_image_is_the_records_and_inspect_runs_once(
 async fn a_failed_read_before_the_ready_write_is_retried_not_guessed() {
     let dir = tempfile::tempdir().unwrap();
     let cocoon = ScriptedCocoon::new(
-        vec![Reply::Exit(0, "")],
+        vec![Reply::Done],
         record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
     );
     // Reads: the handle's own, the checks before `running` and before
@@ -1028,7 +1028,7 @@ mod real_binary {
         std::os::unix::fs::symlink(fake_cocoon(), d.join("cocoon")).unwrap();
         let scenario = json!({
             "log": d.join("calls.jsonl"),
-            "exec": [{"exit": 0}],
+            "exec": [{"exit": 0, "done": true}],
             "inspect": {"json": vm_record},
         });
         fs::write(d.join("cocoon.json"), scenario.to_string()).unwrap();
@@ -1134,7 +1134,7 @@ mod real_binary {
         let d = dir.path();
         std::os::unix::fs::symlink(fake_cocoon(), d.join("cocoon")).unwrap();
         let name = vm_name_for_pod("default", "web-0");
-        let scenario = json!({"exec": [{"exit": 0}], "inspect": {"json": vm(&name)}});
+        let scenario = json!({"exec": [{"exit": 0, "done": true}], "inspect": {"json": vm(&name)}});
         fs::write(d.join("cocoon.json"), scenario.to_string()).unwrap();
         fs::create_dir(d.join("plugins")).unwrap();
         fs::write(d.join("plugins/junk.wasm"), b"not a component").unwrap();

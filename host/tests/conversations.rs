@@ -341,7 +341,7 @@ impl Rig {
 
 #[tokio::test(start_paused = true)]
 async fn success_marks_running_then_done_then_ready() {
-    let rig = rig(vec![Reply::Exit(0, "")], &STATIC, HostConfig::default());
+    let rig = rig(vec![Reply::Done], &STATIC, HostConfig::default());
     let conversation = Conversation::new("fixup succeeds at once, static NIC", &pod(&[]))
         .get()
         // Still this pod's, with work, before `running` is written.
@@ -449,7 +449,7 @@ async fn no_lease_in_time_runs_dhcp_recovery_then_fails_the_pod() {
         },
         ..HostConfig::default()
     };
-    let rig = rig(vec![Reply::Exit(0, "")], &DHCP, config);
+    let rig = rig(vec![Reply::Done], &DHCP, config);
     let forked = pod(&[("vm.cocoonstack.io/fork-from", "web-src")]);
     let message = format!("clone {}: dhcp lease not observed within 2s", vm_name());
     let message = message.as_str();
@@ -497,7 +497,7 @@ async fn no_lease_in_time_runs_dhcp_recovery_then_fails_the_pod() {
 /// and nothing is written, not even the IP.
 #[tokio::test(start_paused = true)]
 async fn a_pod_failed_elsewhere_gets_no_ready_write() {
-    let rig = rig(vec![Reply::Exit(0, "")], &STATIC, HostConfig::default());
+    let rig = rig(vec![Reply::Done], &STATIC, HostConfig::default());
     let conversation = Conversation::new("another writer failed the pod meanwhile", &pod(&[]))
         .get()
         // Still this pod's, with work, before `running` is written.
@@ -522,7 +522,7 @@ async fn a_pod_failed_elsewhere_gets_no_ready_write() {
 
 #[tokio::test(start_paused = true)]
 async fn startup_resumes_a_running_fixup() {
-    let rig = rig(vec![Reply::Exit(0, "")], &STATIC, HostConfig::default());
+    let rig = rig(vec![Reply::Done], &STATIC, HostConfig::default());
     let running = pod(&[(keys::POST_CLONE_STATE, "running")]);
     let conversation = Conversation::new("restart with post-clone-state=running", &running)
         .get()
@@ -544,7 +544,7 @@ async fn startup_resumes_a_running_fixup() {
 
 #[tokio::test(start_paused = true)]
 async fn startup_resumes_a_done_fixup_with_the_ip_wait_only() {
-    let rig = rig(vec![Reply::Exit(0, "")], &STATIC, HostConfig::default());
+    let rig = rig(vec![Reply::Done], &STATIC, HostConfig::default());
     let done = pod(&[(keys::POST_CLONE_STATE, "done")]);
     let conversation = Conversation::new("restart with post-clone-state=done", &done)
         .get()
@@ -560,7 +560,7 @@ async fn startup_resumes_a_done_fixup_with_the_ip_wait_only() {
 
 #[tokio::test(start_paused = true)]
 async fn startup_leaves_a_failed_fixup_parked() {
-    let rig = rig(vec![Reply::Exit(0, "")], &STATIC, HostConfig::default());
+    let rig = rig(vec![Reply::Done], &STATIC, HostConfig::default());
     let failed = pod(&[(keys::POST_CLONE_STATE, "failed")]);
     let conversation = Conversation::new("restart with post-clone-state=failed", &failed).get();
     let (summary, calls) = rig.play(conversation, Trigger::Startup).await;
@@ -572,7 +572,7 @@ async fn startup_leaves_a_failed_fixup_parked() {
 
 #[tokio::test(start_paused = true)]
 async fn a_conflict_from_a_new_incarnation_stops_before_any_exec() {
-    let rig = rig(vec![Reply::Exit(0, "")], &STATIC, HostConfig::default());
+    let rig = rig(vec![Reply::Done], &STATIC, HostConfig::default());
     let conflict = status(
         409,
         "Conflict",
@@ -619,7 +619,7 @@ async fn a_pod_deleted_between_attempts_stops_the_loop() {
 
 #[tokio::test(start_paused = true)]
 async fn a_lost_event_does_not_stop_the_fixup() {
-    let rig = rig(vec![Reply::Exit(0, "")], &STATIC, HostConfig::default());
+    let rig = rig(vec![Reply::Done], &STATIC, HostConfig::default());
     let conversation = Conversation::new("the success event is refused", &pod(&[]))
         .get()
         // Still this pod's, with work, before `running` is written.
@@ -646,7 +646,7 @@ async fn a_lost_event_does_not_stop_the_fixup() {
 /// waits for the IP again.
 #[tokio::test(start_paused = true)]
 async fn a_failed_read_before_the_ready_write_writes_nothing_and_is_retried() {
-    let rig = rig(vec![Reply::Exit(0, "")], &STATIC, HostConfig::default());
+    let rig = rig(vec![Reply::Done], &STATIC, HostConfig::default());
     let unavailable = || status(500, "InternalError", "etcdserver: request timed out");
     let conversation = Conversation::new("the read before the ready write fails", &pod(&[]))
         .get()

@@ -1026,7 +1026,7 @@ fn node_dir() -> tempfile::TempDir {
     let d = dir.path();
     std::os::unix::fs::symlink(fake_cocoon(), d.join("cocoon")).unwrap();
     let scenario = json!({
-        "exec": [{"exit": 0}],
+        "exec": [{"exit": 0, "done": true}],
         "inspect": {"json": {
             "id": "vm-deploy",
             "hypervisor": "cloud-hypervisor",

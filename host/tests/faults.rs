@@ -109,12 +109,12 @@ impl Rig {
             }),
             // The binary itself is broken: the fake is never reached on
             // the first attempt.
-            Fault::Missing | Fault::NotExecutable => json!({ "exit": 0 }),
+            Fault::Missing | Fault::NotExecutable => json!({ "exit": 0, "done": true }),
         };
         let scenario = json!({
             "log": dir.path().join("calls.jsonl"),
             "state_file": dir.path().join("state"),
-            "exec": [first, { "exit": 0 }],
+            "exec": [first, { "exit": 0, "done": true }],
         });
         fs::write(dir.path().join("scenario.json"), scenario.to_string()).unwrap();
         let rig = Rig { dir, program };
@@ -696,7 +696,7 @@ async fn a_conflict_on_the_running_write_is_retried_and_the_fixup_runs() {
         )
         .get()
         .patch(&ready, 200, Value::Null);
-    let (summary, cocoon) = play(server, vec![Reply::Exit(0, "")], HostConfig::default()).await;
+    let (summary, cocoon) = play(server, vec![Reply::Done], HostConfig::default()).await;
     assert_eq!(summary.fixup, Some("done"));
     assert_eq!(summary.readiness, Some("ready"));
     assert_eq!(cocoon.calls().len(), 1);
@@ -716,7 +716,7 @@ async fn a_pod_deleted_between_read_and_patch_stops_everything() {
         .patch(&running, 200, Value::Null)
         .get()
         .patch(&done, 404, gone());
-    let (summary, cocoon) = play(server, vec![Reply::Exit(0, "")], HostConfig::default()).await;
+    let (summary, cocoon) = play(server, vec![Reply::Done], HostConfig::default()).await;
     assert_eq!(summary.fixup, Some("gone"));
     assert_eq!(summary.readiness, None);
     assert_eq!(cocoon.calls().len(), 1);
@@ -768,7 +768,7 @@ async fn a_stale_watch_event_does_not_rerun_finished_work() {
     .unwrap();
     let leases =
         LeaseWatcher::new(dir.path().join("leases.json"), Duration::from_millis(50)).unwrap();
-    let cocoon = ScriptedCocoon::new(vec![Reply::Exit(0, "")], inspect(&STATIC));
+    let cocoon = ScriptedCocoon::new(vec![Reply::Done], inspect(&STATIC));
     let pods = MemoryPods::new();
     pods.insert(pod(&[]));
     let host = Arc::new(Host::new(

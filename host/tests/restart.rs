@@ -233,7 +233,7 @@ async fn sigkill_mid_loop_then_restart_resumes_from_running() {
     node.assert_not_failed();
     let resumed_before = node.count(reasons::RESUMED_AFTER_RESTART, "op=post_clone");
 
-    node.set_exec(json!({"exit": 0}));
+    node.set_exec(json!({"exit": 0, "done": true}));
     let mut daemon = node.serve();
     node.until("lifecycle ready", |n| {
         n.api.annotation(keys::LIFECYCLE_STATE).as_deref() == Some("ready")

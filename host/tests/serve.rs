@@ -103,7 +103,7 @@ async fn one_pod_is_never_worked_on_twice_and_concurrency_is_bounded() {
 async fn finished_pods_are_not_picked_up_again() {
     let dir = tempfile::tempdir().unwrap();
     let cocoon = ScriptedCocoon::new(
-        vec![Reply::Exit(0, "")],
+        vec![Reply::Done],
         inspect(&[("52:54:00:aa:bb:01", Some("10.0.0.5/24"))]),
     );
     let pods = MemoryPods::new();

@@ -244,6 +244,20 @@ pub fn attribute_failure(plan: &Plan, exit_code: Option<i32>, stderr: &[u8]) -> 
     }
 }
 
+/// Whether an exec of [`render_exec`](super::render_exec)`(plan)` ran the
+/// whole script: its last marker in `stderr` is the done marker. A plan run
+/// directly (one run step) has no markers, and its exit code alone says.
+///
+/// An exit code of 0 is not enough: a step that ends the script (`exit 0`
+/// through `command`, `exec true`, a `kill` of its shell) would skip every
+/// later step, other plugins' included, and look like success.
+pub fn ran_to_completion(plan: &Plan, stderr: &[u8]) -> bool {
+    direct_run(plan).is_some()
+        || find_markers(stderr, plan.steps.len())
+            .last()
+            .is_some_and(|m| m.marker == Marker::Done)
+}
+
 /// A marker line found in stderr, with the byte range it takes: from the
 /// line break written before it to the end of its own line break.
 #[derive(Debug)]

@@ -67,7 +67,13 @@ use std::fmt;
 
 use serde::{Serialize, Serializer};
 
-pub use attribute::{STDERR_TAIL_MAX, StderrTail, StepFailure, attribute_failure};
+/// The line the exec script writes to stderr after its last step, for
+/// stand-ins of a guest that ran the whole script (tests, benchmarks).
+pub const DONE_MARKER: &str = marker::DONE;
+
+pub use attribute::{
+    STDERR_TAIL_MAX, StderrTail, StepFailure, attribute_failure, ran_to_completion,
+};
 pub use check::{
     DESCRIPTION_MAX, Field, MAX_EXEC_ARG, MAX_HINT, PlanError, PlanLimits, Problem,
     SH_SPECIAL_BUILTINS, check_rendered,

@@ -18,7 +18,10 @@ pub mod mock_api;
 /// What the scripted cocoon does for one `vm exec`.
 #[derive(Debug, Clone)]
 pub enum Reply {
-    /// Exit with this code and stderr.
+    /// The guest ran the whole script: exit 0, the done marker on stderr.
+    Done,
+    /// Exit with this code and stderr (an exit 0 without the done marker
+    /// is a script a step ended early).
     Exit(i32, &'static str),
     /// Killed by a signal.
     Signal(i32),
@@ -54,7 +57,7 @@ pub struct ScriptedCocoon {
 
 impl ScriptedCocoon {
     pub fn new(replies: Vec<Reply>, inspect_json: String) -> Self {
-        let last = replies.last().cloned().unwrap_or(Reply::Exit(0, ""));
+        let last = replies.last().cloned().unwrap_or(Reply::Done);
         ScriptedCocoon {
             replies: Arc::new(Mutex::new(replies.into())),
             last: Arc::new(Mutex::new(last)),
@@ -106,6 +109,10 @@ impl Cocoon for ScriptedCocoon {
             stderr_cut: false,
         };
         match reply {
+            Reply::Done => Ok(output(
+                ExitStatusKind::Code(0),
+                &format!("\n{}\n", fixup_host::plan::DONE_MARKER),
+            )),
             Reply::Exit(code, stderr) => Ok(output(ExitStatusKind::Code(code), stderr)),
             Reply::Signal(n) => Ok(output(ExitStatusKind::Signal(n), "")),
             Reply::Hang => {

@@ -51,7 +51,10 @@
 //!   - `"run": true`: replace itself with the guest argv, run locally
 //!     (`argv[0]` looked up in `PATH`, same stdio, so the same exit code or
 //!     signal): the plan's real `sh -c SCRIPT` runs against stub commands.
-//!   - otherwise exit with `exit` (default 0).
+//!   - otherwise, with `"done": true`, write the plan's done marker to
+//!     stderr (a guest that ran every step of the script; without it an
+//!     exit 0 is a script a step ended early), then exit with `exit`
+//!     (default 0).
 //! - `inspect`: writes `json` (serialised on one line) or `raw` (verbatim)
 //!   to stdout, then `stderr`, then exits with `exit` (default 0).
 //!   `"hang": true` sleeps forever instead. Without `inspect`, the call
@@ -65,6 +68,11 @@ use std::thread;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+
+/// The line a plan's exec script writes after its last step (host/src/plan,
+/// `DONE_MARKER`); written here rather than linked, so this stand-in stays
+/// a plain binary without the host library.
+const DONE_MARKER: &str = "cocoon-fixup: done";
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -139,6 +147,10 @@ fn exec(scenario: &Value, program: &str, rest: &[&str], id: &str, argv: &[&str])
         let e = Command::new(argv[0]).args(&argv[1..]).exec();
         eprintln!("fake-cocoon: cannot run {}: {e}", argv[0]);
         process::exit(127)
+    }
+    if entry["done"] == true {
+        let mut stderr = io::stderr().lock();
+        let _ = writeln!(stderr, "\n{DONE_MARKER}");
     }
     process::exit(exit_code(entry))
 }
