@@ -281,6 +281,7 @@ async fn run_serve(args: &ServeArgs, config: Option<&Path>) -> Result<u8> {
     let server = tokio::spawn(serve::metrics_server(
         settings.metrics_addr,
         host.metrics_handle(),
+        serve::ListenerLimits::default(),
         shutdown.clone(),
     ));
     tracing::info!(node = %args.node, metrics = %settings.metrics_addr, concurrency = settings.concurrency, "serving");
