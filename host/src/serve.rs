@@ -575,6 +575,67 @@ async fn serve_connection(
     drop(permit);
 }
 
+/// The process's open-file limit (`RLIMIT_NOFILE`); `None` is unlimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFileLimit {
+    pub soft: Option<u64>,
+    pub hard: Option<u64>,
+}
+
+impl OpenFileLimit {
+    fn now() -> Self {
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+        OpenFileLimit {
+            soft: limit.current,
+            hard: limit.maximum,
+        }
+    }
+}
+
+fn show_limit(limit: Option<u64>) -> String {
+    limit.map_or_else(|| "unlimited".to_owned(), |n| n.to_string())
+}
+
+/// Raise the soft open-file limit to the hard one, log both, and return the
+/// limit in force. The daemon's descriptors (`cocoon` pipes, watches, the
+/// Kubernetes client, metrics connections) all count against the soft limit,
+/// which is often 1024 while the hard one is far higher (systemd: 1024 and
+/// 524288). Failing to raise it is logged, not fatal: the metrics listener's
+/// cap ([`MAX_CONNECTIONS`]) keeps well inside the old limit.
+pub fn raise_open_file_limit() -> OpenFileLimit {
+    use rustix::process::{Resource, Rlimit, setrlimit};
+    let before = OpenFileLimit::now();
+    if before.soft != before.hard {
+        let raised = Rlimit {
+            current: before.hard,
+            maximum: before.hard,
+        };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            tracing::warn!(
+                soft = %show_limit(before.soft),
+                hard = %show_limit(before.hard),
+                "cannot raise the open-file soft limit to the hard limit: {e}; running with the soft limit (raise the hard limit, e.g. `LimitNOFILE=` in the systemd unit)"
+            );
+        }
+    }
+    let after = OpenFileLimit::now();
+    if after.soft == before.soft {
+        tracing::info!(
+            soft = %show_limit(after.soft),
+            hard = %show_limit(after.hard),
+            "open-file limit"
+        );
+    } else {
+        tracing::info!(
+            from = %show_limit(before.soft),
+            soft = %show_limit(after.soft),
+            hard = %show_limit(after.hard),
+            "open-file soft limit raised to the hard limit"
+        );
+    }
+    after
+}
+
 /// A token cancelled on SIGTERM or SIGINT.
 pub fn shutdown_on_signals() -> CancellationToken {
     let token = CancellationToken::new();

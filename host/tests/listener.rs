@@ -1,7 +1,8 @@
 //! The metrics listener's limits (`serve::serve_http`): connections past the
 //! cap are closed and the ones inside it keep working, idle and slow
 //! clients are disconnected, no connection outlives its lifetime, and
-//! shutdown still stops the server.
+//! shutdown still stops the server. Also the open-file limit `serve` raises
+//! at start.
 //!
 //! Everything runs on 127.0.0.1 under tokio's paused clock, so the limits
 //! are virtual seconds and the tests assert what happened (answered,
@@ -14,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fixup_host::metrics::Metrics;
-use fixup_host::serve::{ListenerLimits, metrics_router, serve_http};
+use fixup_host::serve::{ListenerLimits, metrics_router, raise_open_file_limit, serve_http};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -262,4 +263,25 @@ async fn shutdown_stops_the_server_and_closes_its_idle_connections() {
         TcpStream::connect(addr).await.is_err(),
         "the listener is closed"
     );
+}
+
+#[test]
+fn the_open_file_soft_limit_is_raised_to_the_hard_limit() {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    // Start from a low soft limit, as under systemd (1024), where the hard
+    // limit allows it; 512 is still plenty for the other tests here.
+    let hard = getrlimit(Resource::Nofile).maximum;
+    let low = hard.map_or(512, |h| h.min(512));
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(low),
+            maximum: hard,
+        },
+    )
+    .unwrap();
+    let limit = raise_open_file_limit();
+    assert_eq!(limit.soft, hard);
+    assert_eq!(limit.hard, hard);
+    assert_eq!(getrlimit(Resource::Nofile).current, hard, "in force");
 }
