@@ -274,6 +274,7 @@ async fn run_run(args: &RunArgs, config: Option<&Path>) -> Result<u8> {
 }
 
 async fn run_serve(args: &ServeArgs, config: Option<&Path>) -> Result<u8> {
+    serve::raise_open_file_limit();
     let settings = args.config.resolve(config)?;
     let (host, client) = build_host(&settings, Some(args.node.clone())).await?;
     let host = Arc::new(host);
@@ -281,6 +282,7 @@ async fn run_serve(args: &ServeArgs, config: Option<&Path>) -> Result<u8> {
     let server = tokio::spawn(serve::metrics_server(
         settings.metrics_addr,
         host.metrics_handle(),
+        serve::ListenerLimits::default(),
         shutdown.clone(),
     ));
     tracing::info!(node = %args.node, metrics = %settings.metrics_addr, concurrency = settings.concurrency, "serving");

@@ -8,7 +8,9 @@
 //! twice at the same time. SIGTERM or SIGINT cancels the shutdown token:
 //! in-flight loops stop where they are and leave `post-clone-state=running`
 //! for the next start. `/metrics` (Prometheus) and `/healthz` are served on
-//! the metrics address.
+//! the metrics address, with a header-read and idle timeout, a lifetime and
+//! a cap on every connection ([`ListenerLimits`]), because anyone who can
+//! reach the address can open connections.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -393,14 +395,59 @@ pub async fn run<C: Cocoon, P: PodApi>(
     dispatcher.drain(DRAIN_TIMEOUT).await;
 }
 
-/// Serve `/metrics` and `/healthz` until `shutdown`.
-pub async fn metrics_server(
-    addr: SocketAddr,
-    metrics: Arc<crate::metrics::Metrics>,
-    shutdown: CancellationToken,
-) -> Result<(), ServeError> {
+/// A client of the metrics listener must have sent a request's headers
+/// within 5 s of the listener starting to wait for them. hyper starts this
+/// timer whenever a connection waits for a request head: when it opens, and
+/// after each response on a kept-alive connection. So it is the idle limit
+/// too: a connection that sends nothing, or sits idle between requests, is
+/// closed after 5 s (a longer idle limit could never fire). A head that
+/// trickles in does not move the deadline. Set in [`ListenerLimits`].
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A metrics connection is closed 30 s after it was accepted, whatever it
+/// is doing: a client that keeps asking within the idle limit, sends a body
+/// slowly, or does not read its response cannot hold a connection longer.
+/// A scrape takes milliseconds. Set in [`ListenerLimits`].
+pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(30);
+
+/// At most 64 metrics connections are open at once. A connection past the
+/// cap is accepted and closed at once, so it holds a file descriptor only
+/// for that moment and the connections already open (a scrape, the health
+/// check) keep working. Prometheus and a health check need one or two. Set
+/// in [`ListenerLimits`].
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// How the metrics listener bounds its clients. The defaults are the
+/// constants above and [`DRAIN_TIMEOUT`]; tests pass small values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenerLimits {
+    /// [`HEADER_READ_TIMEOUT`]: headers within this, and the idle limit.
+    pub header_read: Duration,
+    /// [`CONNECTION_LIFETIME`]: no connection lives longer.
+    pub lifetime: Duration,
+    /// [`MAX_CONNECTIONS`]: connections open at once; more are closed.
+    pub max_connections: usize,
+    /// [`DRAIN_TIMEOUT`]: after shutdown, responses in flight get this long
+    /// to finish before their connections are dropped. Idle connections
+    /// close at once.
+    pub drain: Duration,
+}
+
+impl Default for ListenerLimits {
+    fn default() -> Self {
+        ListenerLimits {
+            header_read: HEADER_READ_TIMEOUT,
+            lifetime: CONNECTION_LIFETIME,
+            max_connections: MAX_CONNECTIONS,
+            drain: DRAIN_TIMEOUT,
+        }
+    }
+}
+
+/// `/metrics` (OpenMetrics text) and `/healthz` (`ok`).
+pub fn metrics_router(metrics: Arc<crate::metrics::Metrics>) -> axum::Router {
     use axum::routing::get;
-    let app = axum::Router::new()
+    axum::Router::new()
         .route(
             "/metrics",
             get(move || {
@@ -416,20 +463,177 @@ pub async fn metrics_server(
                 }
             }),
         )
-        .route("/healthz", get(|| async { "ok\n" }));
+        .route("/healthz", get(|| async { "ok\n" }))
+}
+
+/// Serve `/metrics` and `/healthz` on `addr` within `limits` until
+/// `shutdown`.
+pub async fn metrics_server(
+    addr: SocketAddr,
+    metrics: Arc<crate::metrics::Metrics>,
+    limits: ListenerLimits,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| ServeError::Listen {
             addr,
             reason: e.to_string(),
         })?;
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
-        .map_err(|e| ServeError::Listen {
-            addr,
-            reason: e.to_string(),
-        })
+    serve_http(listener, metrics_router(metrics), limits, shutdown).await;
+    Ok(())
+}
+
+/// Serve `app` over HTTP/1 on `listener` until `shutdown`, within `limits`:
+/// every connection has the header-read (and idle) timeout and the
+/// lifetime, and at most `max_connections` are open at once; past the cap a
+/// new connection is closed as soon as it is accepted. On shutdown the
+/// listener is closed, idle connections close at once, and responses in
+/// flight get `limits.drain` to finish.
+pub async fn serve_http(
+    mut listener: tokio::net::TcpListener,
+    app: axum::Router,
+    limits: ListenerLimits,
+    shutdown: CancellationToken,
+) {
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let mut connections = JoinSet::new();
+    // Whether the last connection was refused: the cap being reached is
+    // logged once, not for every refused connection.
+    let mut refusing = false;
+    loop {
+        // axum's accept logs and waits out errors such as EMFILE.
+        let (stream, peer) = tokio::select! {
+            accepted = axum::serve::Listener::accept(&mut listener) => accepted,
+            () = shutdown.cancelled() => break,
+        };
+        while connections.try_join_next().is_some() {}
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            if !refusing {
+                tracing::warn!(
+                    %peer,
+                    cap = limits.max_connections,
+                    "metrics listener: connection cap reached; closing new connections until one ends"
+                );
+            }
+            refusing = true;
+            drop(stream);
+            continue;
+        };
+        refusing = false;
+        connections.spawn(serve_connection(
+            stream,
+            app.clone(),
+            limits,
+            shutdown.clone(),
+            permit,
+        ));
+    }
+    drop(listener);
+    let all = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(limits.drain, all).await.is_err() {
+        tracing::warn!(
+            "metrics listener: responses in flight did not finish within {:?}; dropping their connections",
+            limits.drain
+        );
+    }
+}
+
+/// One connection, holding one of the cap's `permit`s until it closes.
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    app: axum::Router,
+    limits: ListenerLimits,
+    shutdown: CancellationToken,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read);
+    let service = hyper_util::service::TowerToHyperService::new(app);
+    let served = async {
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        let mut conn = std::pin::pin!(conn);
+        tokio::select! {
+            result = conn.as_mut() => return result,
+            () = shutdown.cancelled() => {}
+        }
+        // Finish the response in flight, if any, then close.
+        conn.as_mut().graceful_shutdown();
+        conn.await
+    };
+    match tokio::time::timeout(limits.lifetime, served).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!("metrics connection closed: {e}"),
+        Err(_) => tracing::debug!(
+            "metrics connection closed at its lifetime of {:?}",
+            limits.lifetime
+        ),
+    }
+    drop(permit);
+}
+
+/// The process's open-file limit (`RLIMIT_NOFILE`); `None` is unlimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFileLimit {
+    pub soft: Option<u64>,
+    pub hard: Option<u64>,
+}
+
+impl OpenFileLimit {
+    fn now() -> Self {
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+        OpenFileLimit {
+            soft: limit.current,
+            hard: limit.maximum,
+        }
+    }
+}
+
+fn show_limit(limit: Option<u64>) -> String {
+    limit.map_or_else(|| "unlimited".to_owned(), |n| n.to_string())
+}
+
+/// Raise the soft open-file limit to the hard one, log both, and return the
+/// limit in force. The daemon's descriptors (`cocoon` pipes, watches, the
+/// Kubernetes client, metrics connections) all count against the soft limit,
+/// which is often 1024 while the hard one is far higher (systemd: 1024 and
+/// 524288). Failing to raise it is logged, not fatal: the metrics listener's
+/// cap ([`MAX_CONNECTIONS`]) keeps well inside the old limit.
+pub fn raise_open_file_limit() -> OpenFileLimit {
+    use rustix::process::{Resource, Rlimit, setrlimit};
+    let before = OpenFileLimit::now();
+    if before.soft != before.hard {
+        let raised = Rlimit {
+            current: before.hard,
+            maximum: before.hard,
+        };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            tracing::warn!(
+                soft = %show_limit(before.soft),
+                hard = %show_limit(before.hard),
+                "cannot raise the open-file soft limit to the hard limit: {e}; running with the soft limit (raise the hard limit, e.g. `LimitNOFILE=` in the systemd unit)"
+            );
+        }
+    }
+    let after = OpenFileLimit::now();
+    if after.soft == before.soft {
+        tracing::info!(
+            soft = %show_limit(after.soft),
+            hard = %show_limit(after.hard),
+            "open-file limit"
+        );
+    } else {
+        tracing::info!(
+            from = %show_limit(before.soft),
+            soft = %show_limit(after.soft),
+            hard = %show_limit(after.hard),
+            "open-file soft limit raised to the hard limit"
+        );
+    }
+    after
 }
 
 /// A token cancelled on SIGTERM or SIGINT.

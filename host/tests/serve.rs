@@ -147,6 +147,7 @@ async fn metrics_and_health_are_served() {
     let server = tokio::spawn(fixup_host::serve::metrics_server(
         addr,
         metrics,
+        fixup_host::serve::ListenerLimits::default(),
         shutdown.clone(),
     ));
     let get = |path: &'static str| async move {
