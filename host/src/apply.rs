@@ -20,7 +20,7 @@ use crate::classify::Scenario;
 use crate::cocoon::{Cocoon, CocoonError, ExecOutput};
 use crate::facts::{GuestOs, MacAddr, PodInput, VmId, WaitFacts, WaitNic, annotations};
 use crate::lifecycle::{self, Lifecycle, PostCloneState};
-use crate::plan::{Plan, attribute_failure, ran_to_completion};
+use crate::plan::{Plan, StepFailure, attribute_failure, ran_to_completion};
 use crate::pods::{AnnotationPatch, Event, PodApi, PodError, PodRef, cap_utf8, keys, reasons};
 use crate::ready::LeaseWatcher;
 
@@ -111,10 +111,18 @@ async fn attempt<C: Cocoon>(
 ) -> Result<(), String> {
     match cocoon.exec(job.vm, job.exec, timeout).await {
         Ok(out) if out.success() && ran_to_completion(job.plan, &out.stderr) => Ok(()),
-        Ok(out) if out.success() => Err(format!(
-            "{}; the script ended early with exit 0, so the steps after it did not run",
-            describe_failure(job.plan, &out)
-        )),
+        Ok(out) if out.success() => {
+            Err(match attribute_failure(job.plan, out.code(), &out.stderr) {
+                StepFailure::NotStarted { .. } => one_line(&format!(
+                    "the exec exited 0 but no step markers came back on stderr, so it cannot be told that the steps ran: check that `cocoon vm exec` passes the guest's stderr through; stderr: {}",
+                    out.stderr_tail()
+                )),
+                _ => format!(
+                    "{}; the script ended early with exit 0, so the steps after it did not run",
+                    describe_failure(job.plan, &out)
+                ),
+            })
+        }
         Ok(out) => Err(describe_failure(job.plan, &out)),
         Err(e) => Err(one_line(&e.to_string())),
     }

@@ -124,7 +124,7 @@ impl HostError {
             | HostError::NoUid { .. }
             | HostError::NoVm { .. }
             | HostError::Facts(_)
-            | HostError::Pods(PodError::Gone { .. }) => false,
+            | HostError::Pods(PodError::Refused { .. } | PodError::Gone { .. }) => false,
         }
     }
 
@@ -139,6 +139,7 @@ impl HostError {
             HostError::Probe { .. } => "probe",
             HostError::Plugins { .. } => "plugins",
             HostError::Pods(PodError::Api { .. }) => "api",
+            HostError::Pods(PodError::Refused { .. }) => "api-refused",
             HostError::Pods(PodError::Gone { .. }) => "gone",
         }
     }
@@ -593,7 +594,13 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
     /// Warning event, once per pod and not on every retry; a metric; an
     /// error log) and returned for a retry. The pod is not failed.
     async fn node_error(&self, pod: &PodRef, trigger: Trigger, error: HostError) -> HostError {
-        let message = format!("{error}; the fixup waits until the node is fixed");
+        let fix = match error {
+            HostError::Plugins { .. } => {
+                "the fixup waits: fix the node's plugin directory, then restart cocoon-fixup"
+            }
+            _ => "the fixup waits, and is tried again, until the node is fixed",
+        };
+        let message = format!("{error}; {fix}");
         tracing::error!(pod = %pod, "{message}");
         self.metrics.node_error(error.kind());
         if trigger != Trigger::Retry {

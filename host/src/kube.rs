@@ -250,7 +250,7 @@ impl KubeApi {
                     });
                 }
                 Err(TryError::Permanent { detail, code }) => {
-                    return Err(PodError::Api {
+                    return Err(PodError::Refused {
                         pod: pod.to_owned(),
                         reason: format!("{what}: {detail}; {}", permanent_hint(code)),
                     });

@@ -120,10 +120,14 @@ pub enum PodError {
     /// Nothing more must be written for it.
     #[error("pod {pod} is gone (deleted, or recreated with another uid)")]
     Gone { pod: String },
-    /// The API server could not be reached or refused the request after
-    /// retries.
+    /// The API server could not be reached, or kept failing, after
+    /// retries: a later try may get through.
     #[error("kubernetes API, pod {pod}: {reason}")]
     Api { pod: String, reason: String },
+    /// The API server refused the request for good (401, 403, 422, ...):
+    /// another try gets the same answer until someone changes the cluster.
+    #[error("kubernetes API, pod {pod}: {reason}")]
+    Refused { pod: String, reason: String },
 }
 
 /// What the host needs from Kubernetes.

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cocoon::Cocoon;
 use crate::facts::{PodInput, annotations};
-use crate::host::{Host, Summary, Trigger};
+use crate::host::{Host, HostError, Summary, Trigger};
 use crate::lifecycle;
 use crate::pods::PodApi;
 
@@ -155,7 +155,11 @@ impl<C: Cocoon, P: PodApi> Dispatcher<C, P> {
         let token = {
             let mut in_flight = self.in_flight.lock().expect("in-flight lock");
             if let Some(slot) = in_flight.get_mut(&uid) {
-                if slot.token.is_cancelled() {
+                // The work in flight read the pod when it started; this
+                // event may say more (a new VM id, a wake after a stop).
+                // The latest is kept and looked at once the work is done:
+                // for the host's own writes that costs one read.
+                if !matches!(slot.pending, Some((_, Trigger::Startup))) {
                     slot.pending = Some((pod, trigger));
                 }
                 return;
@@ -245,13 +249,18 @@ impl<C: Cocoon, P: PodApi> Task<C, P> {
             armed: true,
         };
         loop {
-            if let Some(summary) = self.work(&pod, trigger, &token).await
-                && summary.action == "vm-mismatch"
+            let summary = self.work(&pod, trigger, &token).await;
             {
-                self.mismatched
-                    .lock()
-                    .expect("mismatch lock")
-                    .insert(self.uid.clone(), vm_pointer(&pod));
+                let mut mismatched = self.mismatched.lock().expect("mismatch lock");
+                match summary {
+                    Some(s) if s.action == "vm-mismatch" => {
+                        mismatched.insert(self.uid.clone(), vm_pointer(&pod));
+                    }
+                    Some(_) => {
+                        mismatched.remove(&self.uid);
+                    }
+                    None => {}
+                }
             }
             // Under one lock: take work offered meanwhile, or leave.
             let mut in_flight = self.in_flight.lock().expect("in-flight lock");
@@ -285,8 +294,9 @@ impl<C: Cocoon, P: PodApi> Task<C, P> {
         let mut delay = self.backoff.first;
         loop {
             let permit = tokio::select! {
-                permit = self.permits.acquire() => permit.ok()?,
+                biased;
                 () = token.cancelled() => return None,
+                permit = self.permits.acquire() => permit.ok()?,
             };
             // Decide on the live pod, not the event's copy: a watch event
             // can arrive after the work it describes has finished.
@@ -311,6 +321,12 @@ impl<C: Cocoon, P: PodApi> Task<C, P> {
                 Err(e) if e.is_retryable() && !token.is_cancelled() => {
                     self.host.metrics().retry(e.kind());
                     tracing::warn!(pod = %label, "{e}; trying again in {delay:?}");
+                    // A node error has been told (with `ResumedAfterRestart`
+                    // before it): retries do not tell them again. Other
+                    // failures may come before either was told.
+                    if matches!(e, HostError::Probe { .. } | HostError::Plugins { .. }) {
+                        trigger = Trigger::Retry;
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(pod = %label, "{e}");
@@ -322,9 +338,6 @@ impl<C: Cocoon, P: PodApi> Task<C, P> {
                 () = token.cancelled() => return None,
             }
             delay = (delay * 2).min(self.backoff.max);
-            // `ResumedAfterRestart` and node errors are told once, not on
-            // every retry.
-            trigger = Trigger::Retry;
         }
     }
 }

@@ -655,6 +655,96 @@ async fn work_offered_while_stopped_work_winds_down_is_kept() {
     assert_eq!(after[keys::LIFECYCLE_STATE], "ready");
 }
 
+/// An event that arrives while the pod's work is in flight is looked at
+/// once that work is done: here the stack moves the pod to another VM id
+/// mid-loop; the loop stops (not its VM any more), and the kept event has
+/// the new pointer inspected.
+#[tokio::test(start_paused = true)]
+async fn an_event_during_work_is_looked_at_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cocoon = ScriptedCocoon::new(
+        vec![Reply::Exit(1, "boom")],
+        record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
+    );
+    let pods = Flaky {
+        inner: MemoryPods::new(),
+        patch_failures: Arc::default(),
+        get_failures_after: Arc::new(AtomicUsize::new(usize::MAX)),
+    };
+    pods.inner.insert(pod(&[]));
+    let host = flaky_host(&cocoon, &pods, dir.path());
+    let mut dispatcher = Dispatcher::new(host, 4, CancellationToken::new());
+    dispatcher.offer(pod(&[]), Trigger::Event);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(cocoon.calls().len(), 1, "attempt 1 failed, the loop sleeps");
+    let mut moved = pods.inner.annotations("default", "web-0").unwrap();
+    moved.insert("vm.cocoonstack.io/id".into(), "vm-moved".into());
+    let mut moved_pod = pod(&[]);
+    moved_pod.annotations = moved;
+    pods.inner.insert(moved_pod.clone());
+    dispatcher.offer(moved_pod, Trigger::Event);
+    dispatcher.drain(Duration::from_secs(600)).await;
+    assert_eq!(
+        cocoon.calls().len(),
+        1,
+        "no attempt in a VM no longer the pod's"
+    );
+    assert_eq!(cocoon.inspected(), [VM_ID, "vm-moved"]);
+    assert!(
+        pods.inner
+            .events()
+            .iter()
+            .any(|(_, e)| e.reason == reasons::VM_MISMATCH)
+    );
+}
+
+/// A daemon restarted while cocoon is not up yet: the first inspect fails,
+/// the retry still announces `ResumedAfterRestart`.
+#[tokio::test(start_paused = true)]
+async fn a_resumed_pod_is_announced_even_when_the_first_try_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let cocoon = ScriptedCocoon::new(
+        vec![Reply::Done],
+        record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
+    );
+    cocoon.fail_inspects(1);
+    let pods = Flaky {
+        inner: MemoryPods::new(),
+        patch_failures: Arc::default(),
+        get_failures_after: Arc::new(AtomicUsize::new(usize::MAX)),
+    };
+    let running = pod(&[(keys::POST_CLONE_STATE, "running")]);
+    pods.inner.insert(running.clone());
+    let host = flaky_host(&cocoon, &pods, dir.path());
+    let mut dispatcher = Dispatcher::new(host, 4, CancellationToken::new());
+    dispatcher.offer(running, Trigger::Startup);
+    dispatcher.drain(Duration::from_secs(600)).await;
+    let resumed: Vec<_> = pods
+        .inner
+        .events()
+        .into_iter()
+        .filter(|(_, e)| e.reason == reasons::RESUMED_AFTER_RESTART)
+        .collect();
+    assert_eq!(resumed.len(), 1, "{resumed:?}");
+}
+
+/// A request the API server refuses for good (403, 422) is not retried:
+/// the work would only run again to be refused again.
+#[tokio::test(start_paused = true)]
+async fn a_refused_write_is_not_retried() {
+    use fixup_host::pods::PodError;
+    let error = HostError::Pods(PodError::Refused {
+        pod: "default/web-0".into(),
+        reason: "403 Forbidden".into(),
+    });
+    assert!(!error.is_retryable());
+    let error = HostError::Pods(PodError::Api {
+        pod: "default/web-0".into(),
+        reason: "gave up after 5 tries".into(),
+    });
+    assert!(error.is_retryable());
+}
+
 /// A pod whose annotations point at a VM that is not its own is told once:
 /// later events with the same annotations do not inspect again or emit
 /// again; changed annotations are looked at afresh.

@@ -287,7 +287,7 @@ async fn patch_forbidden_is_not_retried() {
     )
     .run(|api| async move { api.patch_annotations(&pod_ref(), &patch()).await })
     .await;
-    let Err(PodError::Api { pod, reason }) = result else {
+    let Err(PodError::Refused { pod, reason }) = result else {
         panic!("expected an API error, got {result:?}");
     };
     assert_eq!(pod, "ns/name");
