@@ -564,6 +564,20 @@ impl Observation {
         })
     }
 
+    /// The VM id, validated; the error names where it came from.
+    fn parse_vm_id(&self) -> Result<VmId, FactError> {
+        parse_id(
+            &self.vm_id,
+            &Ctx::in_pod(
+                Some(self.pod.as_str()),
+                format!(
+                    "VM id (inspect `id`, else annotation {})",
+                    annotations::VM_ID
+                ),
+            ),
+        )
+    }
+
     /// Whether any NIC has a static IP (classification rule 6).
     pub fn has_static_nic(&self) -> bool {
         self.nics.iter().any(RawNic::is_static)
@@ -714,16 +728,7 @@ impl VmFacts {
             &obs.vm_name,
             &Ctx::in_pod(pod, format!("annotation {}", annotations::VM_NAME)),
         )?;
-        let id = parse_id(
-            &obs.vm_id,
-            &Ctx::in_pod(
-                pod,
-                format!(
-                    "VM id (inspect `id`, else annotation {})",
-                    annotations::VM_ID
-                ),
-            ),
-        )?;
+        let id = obs.parse_vm_id()?;
         if obs.nics.len() > MAX_NICS {
             return Err(FactError::TooManyNics {
                 pod: obs.pod.clone(),
@@ -798,16 +803,7 @@ impl WaitFacts {
     /// Validates the id and the one value of the first NIC the wait reads.
     pub fn validate(obs: &Observation) -> Result<Self, FactError> {
         let pod = Some(obs.pod.as_str());
-        let id = parse_id(
-            &obs.vm_id,
-            &Ctx::in_pod(
-                pod,
-                format!(
-                    "VM id (inspect `id`, else annotation {})",
-                    annotations::VM_ID
-                ),
-            ),
-        )?;
+        let id = obs.parse_vm_id()?;
         let first = match obs.nics.first() {
             None => None,
             Some(raw) if raw.is_static() => Some(WaitNic::Static(

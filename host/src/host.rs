@@ -268,12 +268,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         trigger: Trigger,
         shutdown: &CancellationToken,
     ) -> Result<Summary, HostError> {
-        let label = format!("{namespace}/{name}");
-        let pod = self
-            .pods
-            .get(namespace, name)
-            .await?
-            .ok_or_else(|| HostError::NotFound { pod: label.clone() })?;
+        let pod = self.read(namespace, name).await?;
         self.handle_pod(&pod, trigger, shutdown).await
     }
 
@@ -290,18 +285,23 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         trigger: Trigger,
         shutdown: &CancellationToken,
     ) -> Result<Summary, HostError> {
-        let label = format!("{namespace}/{name}");
-        let pod = self
-            .pods
-            .get(namespace, name)
-            .await?
-            .ok_or_else(|| HostError::NotFound { pod: label.clone() })?;
+        let pod = self.read(namespace, name).await?;
         if pod.uid.as_deref() != Some(uid) {
             let mut summary = Summary::new(pod.display_name(), uid.to_owned());
             summary.action = "gone";
             return Ok(summary);
         }
         self.handle_pod(&pod, trigger, shutdown).await
+    }
+
+    /// The pod as it is now.
+    async fn read(&self, namespace: &str, name: &str) -> Result<PodInput, HostError> {
+        self.pods
+            .get(namespace, name)
+            .await?
+            .ok_or_else(|| HostError::NotFound {
+                pod: format!("{namespace}/{name}"),
+            })
     }
 
     /// As [`handle`](Self::handle), for a pod the caller already read.

@@ -449,6 +449,18 @@ struct Flaky {
     get_failures_after: Arc<AtomicUsize>,
 }
 
+impl Flaky {
+    /// Pods in memory whose first `patch_failures` patches fail, and whose
+    /// reads fail once after `get_failures_after` more (usize::MAX: never).
+    fn new(patch_failures: usize, get_failures_after: usize) -> Self {
+        Flaky {
+            inner: MemoryPods::new(),
+            patch_failures: Arc::new(AtomicUsize::new(patch_failures)),
+            get_failures_after: Arc::new(AtomicUsize::new(get_failures_after)),
+        }
+    }
+}
+
 impl PodApi for Flaky {
     async fn get(&self, namespace: &str, name: &str) -> Result<Option<PodInput>, PodError> {
         // `get_failures_after`: reads succeed this many more times, then
@@ -524,11 +536,7 @@ async fn serve_retries_failures_before_the_loop() {
         record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
     );
     cocoon.fail_inspects(2);
-    let pods = Flaky {
-        inner: MemoryPods::new(),
-        patch_failures: Arc::new(AtomicUsize::new(1)),
-        get_failures_after: Arc::new(AtomicUsize::new(usize::MAX)),
-    };
+    let pods = Flaky::new(1, usize::MAX);
     pods.inner.insert(pod(&[]));
     let host = flaky_host(&cocoon, &pods, dir.path());
     let mut dispatcher =
@@ -570,11 +578,7 @@ async fn an_event_that_hands_the_pod_over_stops_its_work() {
         vec![Reply::Hang],
         record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
     );
-    let pods = Flaky {
-        inner: MemoryPods::new(),
-        patch_failures: Arc::default(),
-        get_failures_after: Arc::new(AtomicUsize::new(usize::MAX)),
-    };
+    let pods = Flaky::new(0, usize::MAX);
     pods.inner.insert(pod(&[]));
     let host = flaky_host(&cocoon, &pods, dir.path());
     let mut dispatcher = Dispatcher::new(host, 4, CancellationToken::new());
@@ -607,11 +611,7 @@ async fn serve_never_works_for_an_old_incarnation() {
         vec![Reply::Done],
         record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
     );
-    let pods = Flaky {
-        inner: MemoryPods::new(),
-        patch_failures: Arc::default(),
-        get_failures_after: Arc::new(AtomicUsize::new(usize::MAX)),
-    };
+    let pods = Flaky::new(0, usize::MAX);
     let mut recreated = pod(&[]);
     recreated.uid = Some("uid-of-the-new-pod".into());
     pods.inner.insert(recreated);
@@ -632,11 +632,7 @@ async fn work_offered_while_stopped_work_winds_down_is_kept() {
         vec![Reply::Hang, Reply::Done],
         record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
     );
-    let pods = Flaky {
-        inner: MemoryPods::new(),
-        patch_failures: Arc::default(),
-        get_failures_after: Arc::new(AtomicUsize::new(usize::MAX)),
-    };
+    let pods = Flaky::new(0, usize::MAX);
     pods.inner.insert(pod(&[]));
     let host = flaky_host(&cocoon, &pods, dir.path());
     let mut dispatcher = Dispatcher::new(host, 4, CancellationToken::new());
@@ -666,11 +662,7 @@ async fn an_event_during_work_is_looked_at_after_it() {
         vec![Reply::Exit(1, "boom")],
         record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
     );
-    let pods = Flaky {
-        inner: MemoryPods::new(),
-        patch_failures: Arc::default(),
-        get_failures_after: Arc::new(AtomicUsize::new(usize::MAX)),
-    };
+    let pods = Flaky::new(0, usize::MAX);
     pods.inner.insert(pod(&[]));
     let host = flaky_host(&cocoon, &pods, dir.path());
     let mut dispatcher = Dispatcher::new(host, 4, CancellationToken::new());
@@ -708,11 +700,7 @@ async fn a_resumed_pod_is_announced_even_when_the_first_try_fails() {
         record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
     );
     cocoon.fail_inspects(1);
-    let pods = Flaky {
-        inner: MemoryPods::new(),
-        patch_failures: Arc::default(),
-        get_failures_after: Arc::new(AtomicUsize::new(usize::MAX)),
-    };
+    let pods = Flaky::new(0, usize::MAX);
     let running = pod(&[(keys::POST_CLONE_STATE, "running")]);
     pods.inner.insert(running.clone());
     let host = flaky_host(&cocoon, &pods, dir.path());
@@ -759,11 +747,7 @@ async fn a_mismatch_is_told_once_per_pointer() {
             &[(STATIC_MAC, Some("10.0.0.5"))],
         ),
     );
-    let pods = Flaky {
-        inner: MemoryPods::new(),
-        patch_failures: Arc::default(),
-        get_failures_after: Arc::new(AtomicUsize::new(usize::MAX)),
-    };
+    let pods = Flaky::new(0, usize::MAX);
     let evil = pod_as("default", "web-0", "", &[]);
     pods.inner.insert(evil.clone());
     let host = flaky_host(&cocoon, &pods, dir.path());
@@ -969,11 +953,7 @@ async fn a_failed_read_before_the_ready_write_is_retried_not_guessed() {
     );
     // Reads: the handle's own, the checks before `running` and before
     // attempt 1, then the read before the ready write fails.
-    let pods = Flaky {
-        inner: MemoryPods::new(),
-        patch_failures: Arc::default(),
-        get_failures_after: Arc::new(AtomicUsize::new(3)),
-    };
+    let pods = Flaky::new(0, 3);
     pods.inner.insert(pod(&[]));
     let host = flaky_host(&cocoon, &pods, dir.path());
     let token = CancellationToken::new();
