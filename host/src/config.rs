@@ -21,7 +21,7 @@ use crate::host::HostConfig;
 use crate::plan::PlanLimits;
 use crate::planner::PlannerOptions;
 use crate::plugin::cache::DEFAULT_CACHE_DIR;
-use crate::plugin::sandbox::{DEFAULT_FUEL, DEFAULT_MEMORY_BYTES};
+use crate::plugin::sandbox::{DEFAULT_DEADLINE, DEFAULT_FUEL, DEFAULT_MEMORY_BYTES};
 use crate::plugin::{DEFAULT_SLOTS, EngineOptions, Limits};
 use crate::probe::DEFAULT_COCOON_ROOT;
 use crate::ready::DEFAULT_LEASE_FILE;
@@ -94,6 +94,10 @@ pub struct ConfigArgs {
     /// CPU fuel per plugin call [default: 250000000, about 10 ms]
     #[arg(long, value_name = "N", env = "COCOON_FIXUP_PLUGIN_FUEL")]
     pub plugin_fuel: Option<u64>,
+    /// Wall-clock time one plugin call may take [default: 1s]
+    #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_PLUGIN_DEADLINE", value_parser = duration)]
+    #[serde(default, with = "opt_duration")]
+    pub plugin_deadline: Option<Duration>,
     /// Linear memory per plugin call, MiB [default: 16]
     #[arg(long, value_name = "MIB", env = "COCOON_FIXUP_PLUGIN_MEMORY_MIB")]
     pub plugin_memory_mib: Option<u32>,
@@ -245,6 +249,7 @@ impl ConfigArgs {
                     limits: Limits {
                         fuel: a.plugin_fuel.unwrap_or(DEFAULT_FUEL),
                         memory_bytes: (memory_mib as usize) << 20,
+                        deadline: a.plugin_deadline.unwrap_or(DEFAULT_DEADLINE),
                         plan: PlanLimits {
                             max_steps: a.plan_max_steps.unwrap_or(plan_default.max_steps),
                             max_bytes: a.plan_max_bytes.unwrap_or(plan_default.max_bytes),
@@ -316,6 +321,7 @@ impl ConfigArgs {
             no_cache: self.no_cache || file.no_cache,
             plugin_fuel: self.plugin_fuel.or(file.plugin_fuel),
             plugin_memory_mib: self.plugin_memory_mib.or(file.plugin_memory_mib),
+            plugin_deadline: self.plugin_deadline.or(file.plugin_deadline),
             plan_max_steps: self.plan_max_steps.or(file.plan_max_steps),
             plan_max_bytes: self.plan_max_bytes.or(file.plan_max_bytes),
             retry_interval: self.retry_interval.or(file.retry_interval),

@@ -243,6 +243,7 @@ impl Metrics {
         let (plugin, kind) = match e {
             PluginError::Denied { plugin, .. } => (plugin, "denied-import"),
             PluginError::Fuel { plugin, .. } => (plugin, "fuel"),
+            PluginError::Deadline { plugin, .. } => (plugin, "deadline"),
             PluginError::Memory { plugin, .. } => (plugin, "memory"),
             PluginError::Panicked { plugin, .. } => (plugin, "panic"),
             PluginError::Trapped { plugin, .. } => (plugin, "trap"),

@@ -106,6 +106,40 @@ fn log_volume_is_bounded() {
     assert!(logged > 0);
 }
 
+/// A plugin that loops with fuel to spare is stopped by the wall-clock
+/// deadline (epoch interruption), with an error naming the plugin and the
+/// limit; the host goes on serving.
+#[test]
+fn the_wall_clock_deadline_stops_a_call_fuel_does_not() {
+    let limits = fixup_host::plugin::Limits {
+        fuel: u64::MAX / 4,
+        deadline: std::time::Duration::from_millis(50),
+        ..fixup_host::plugin::Limits::default()
+    };
+    let mut host = PluginHost::new(EngineOptions {
+        limits,
+        ..EngineOptions::default()
+    })
+    .expect("engine");
+    host.load_builtins().expect("built-ins load");
+    let hostile = host
+        .load_file(Path::new(env!("PLUGIN_HOSTILE")))
+        .expect("loads");
+    let err = host
+        .plan(
+            &hostile,
+            Scenario::OciNetworkd,
+            &facts("spin", Some("hostile"), &NIC),
+        )
+        .expect_err("a call that never ends is stopped");
+    assert!(
+        matches!(&err, PluginError::Deadline { plugin, limit } if plugin == "hostile" && limit.as_millis() == 50),
+        "{err}"
+    );
+    assert!(err.to_string().contains("--plugin-deadline"), "{err}");
+    assert_still_serving(&host);
+}
+
 /// A plan within every plan limit whose rendering the kernel would refuse
 /// (64 KiB of `a'` quotes to about 160 KiB, over the 128 KiB one exec
 /// argument may have): a plan error naming the plugin, before anything

@@ -36,6 +36,40 @@ use sandbox::{CallState, DeniedImport, MemoryLimitHit};
 /// `--plugin-slots`.
 pub const DEFAULT_SLOTS: u32 = 64;
 
+/// How often the engine's epoch advances: the granularity of every plugin
+/// call's wall-clock deadline ([`Limits::deadline`]). A thread per
+/// [`PluginHost`] ticks it and stops when the host is dropped.
+pub const EPOCH_TICK: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Advances an engine's epoch every [`EPOCH_TICK`] until dropped.
+struct EpochTicker {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl EpochTicker {
+    fn start(engine: &Engine) -> Result<Self, PluginError> {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let engine = engine.clone();
+        let stopped = stop.clone();
+        std::thread::Builder::new()
+            .name("cocoon-fixup-epoch".into())
+            .spawn(move || {
+                while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    engine.increment_epoch();
+                }
+            })
+            .map_err(engine_error)?;
+        Ok(EpochTicker { stop })
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Where a plugin came from.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Origin {
@@ -141,6 +175,13 @@ pub enum PluginError {
     )]
     Fuel { plugin: String, limit: u64 },
     #[error(
+        "plugin {plugin} ran past its wall-clock deadline ({limit:?}, set with --plugin-deadline): it loops, or keeps the host busy on its behalf"
+    )]
+    Deadline {
+        plugin: String,
+        limit: std::time::Duration,
+    },
+    #[error(
         "plugin {plugin} exceeded its memory limit: wanted {desired} bytes, limit {limit} (set with --plugin-memory-mib)"
     )]
     Memory {
@@ -206,6 +247,7 @@ impl Default for EngineOptions {
 /// The engine and the plugins it has loaded.
 pub struct PluginHost {
     engine: Engine,
+    _ticker: EpochTicker,
     limits: Limits,
     allowed_sha256: Option<std::collections::BTreeSet<String>>,
     cache: Option<ArtifactCache>,
@@ -233,6 +275,7 @@ impl PluginHost {
     pub fn new(options: EngineOptions) -> Result<Self, PluginError> {
         let mut config = Config::new();
         config.consume_fuel(true);
+        config.epoch_interruption(true);
         let mut pool = PoolingAllocationConfig::default();
         let slots = options.slots.max(1);
         pool.total_component_instances(slots)
@@ -252,8 +295,10 @@ impl PluginHost {
         let cache = options
             .cache_dir
             .map(|dir| ArtifactCache::new(dir, &engine));
+        let ticker = EpochTicker::start(&engine)?;
         Ok(PluginHost {
             engine,
+            _ticker: ticker,
             limits: options.limits,
             allowed_sha256: options.allowed_sha256,
             cache,
@@ -557,6 +602,15 @@ fn call<R>(
     let mut store = Store::new(engine, CallState::new(plugin, limits));
     store.limiter(|s| s);
     store.set_fuel(limits.fuel).map_err(engine_error)?;
+    // Whole ticks, rounded up, at least one: the call stops between one
+    // and two ticks past its deadline.
+    let ticks = limits
+        .deadline
+        .as_nanos()
+        .div_ceil(EPOCH_TICK.as_nanos())
+        .max(1);
+    store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX));
+    store.epoch_deadline_trap();
     let outcome = pre
         .instantiate(&mut store)
         .and_then(|instance| f(&mut store, &instance));
@@ -605,6 +659,10 @@ fn trap_error(
         Some(Trap::OutOfFuel) => PluginError::Fuel {
             plugin,
             limit: limits.fuel,
+        },
+        Some(Trap::Interrupt) => PluginError::Deadline {
+            plugin,
+            limit: limits.deadline,
         },
         Some(Trap::UnreachableCodeReached) => match state.last_error() {
             Some(message) => PluginError::Panicked {

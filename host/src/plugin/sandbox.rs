@@ -42,13 +42,24 @@ pub struct Limits {
     pub fuel: u64,
     pub memory_bytes: usize,
     pub plan: PlanLimits,
+    /// Wall-clock time one call may take, instantiation included
+    /// ([`DEFAULT_DEADLINE`], `--plugin-deadline`). Fuel bounds the work a
+    /// plugin does itself; this also bounds time spent in the host on its
+    /// behalf (its `log` calls), to within one epoch tick
+    /// ([`EPOCH_TICK`](super::EPOCH_TICK)).
+    pub deadline: std::time::Duration,
 }
+
+/// A plugin call takes tens of microseconds; one that is still running
+/// after 1 s is stopped (`--plugin-deadline`).
+pub const DEFAULT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             fuel: DEFAULT_FUEL,
             memory_bytes: DEFAULT_MEMORY_BYTES,
+            deadline: DEFAULT_DEADLINE,
             plan: PlanLimits::default(),
         }
     }
