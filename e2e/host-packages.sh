@@ -39,9 +39,12 @@ if [[ " ${need[*]} " == *" qemu-system-x86 "* && "$utils_version" == *bpo12* ]];
     list=/etc/apt/sources.list.d/cocoon-fixup-e2e-backports.sources
     if ! apt-cache policy | grep -q bookworm-backports; then
         echo "qemu-utils $utils_version is from bookworm-backports: adding $list for qemu-system-x86"
-        cat >"$list" <<'EOF'
+        # shellcheck source=apt-mirror.sh
+        . "$(dirname "$0")/apt-mirror.sh"
+        mirror=$(e2e_mirror)
+        cat >"$list" <<EOF
 Types: deb
-URIs: http://deb.debian.org/debian
+URIs: $mirror
 Suites: bookworm-backports
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg

@@ -37,7 +37,10 @@ readonly PREFIX=24
 readonly GATEWAY=10.213.7.1
 
 readonly CACHE=${COCOON_FIXUP_E2E_CACHE:-/var/tmp/cocoon-fixup-e2e}
-readonly MIRROR=${COCOON_FIXUP_E2E_MIRROR:-http://deb.debian.org/debian}
+# shellcheck source=apt-mirror.sh
+. "$(dirname "$0")/apt-mirror.sh"
+MIRROR=$(e2e_mirror)
+readonly MIRROR
 readonly SIZE=2G
 readonly BASE_PACKAGES=systemd,systemd-sysv,udev,dbus,iproute2,iputils-ping,e2fsprogs,qemu-guest-agent,linux-image-cloud-amd64
 
