@@ -9,13 +9,17 @@ use std::path::Path;
 
 use fixup_plugin_build::{PluginCrate, build_external_plugin, build_plugins, workspace_root};
 
-/// Test-only plugins: `hostile` misbehaves on request; the others are
-/// refused by the host in one specific way each (see their crate docs).
-const TEST_PLUGINS: [&str; 4] = [
+/// Test-only plugins: `hostile` misbehaves on request; `legacy` is built
+/// against the frozen contract 0.1.0 and `overreach` plans past its declared
+/// guest policy; the others are refused by the host in one specific way
+/// each (see their crate docs).
+const TEST_PLUGINS: [&str; 6] = [
     "hostile",
     "describe-trap",
     "future-contract",
     "extra-import",
+    "legacy",
+    "overreach",
 ];
 
 /// Example vendor plugins: `(package, folder under the workspace)`.

@@ -17,8 +17,9 @@ use std::time::Duration;
 use fixup_host::classify::Scenario;
 use fixup_host::facts::VmFacts;
 use fixup_host::plan::Plan;
-use fixup_host::plugin::bindings::{self, HOST_IMPORT, Plugin, PluginPre};
 use fixup_host::plugin::builtin::BUILTINS;
+use fixup_host::plugin::contract::v0_2::{self, HOST_IMPORT, Plugin, PluginPre};
+use fixup_host::plugin::contract::{self as bindings};
 use fixup_host::plugin::sandbox::{self, CallState, Limits};
 use fixup_host::plugin::{DEFAULT_SLOTS, EngineOptions};
 use wasmtime::component::{Component, Linker};
@@ -271,7 +272,7 @@ impl VariantEngine {
             .ok_or_else(|| anyhow::anyhow!("no built-in plugin {plugin}"))?;
         let component = Component::new(&engine, bytes).map_err(wasm_error)?;
         let mut linker = Linker::<CallState>::new(&engine);
-        bindings::add_host_to_linker(&mut linker).map_err(wasm_error)?;
+        v0_2::add_host_to_linker(&mut linker).map_err(wasm_error)?;
         sandbox::deny_remaining_imports(&engine, &mut linker, &component, &[HOST_IMPORT])
             .map_err(wasm_error)?;
         let pre = PluginPre::new(linker.instantiate_pre(&component).map_err(wasm_error)?)
@@ -348,7 +349,7 @@ pub fn start_from_cache(variant: Variant, cache_dir: &std::path::Path) -> anyhow
             .load_or_compile(&engine, bytes, &sha256)
             .map_err(wasm_error)?;
         let mut linker = Linker::<CallState>::new(&engine);
-        bindings::add_host_to_linker(&mut linker).map_err(wasm_error)?;
+        v0_2::add_host_to_linker(&mut linker).map_err(wasm_error)?;
         sandbox::deny_remaining_imports(&engine, &mut linker, &component, &[HOST_IMPORT])
             .map_err(wasm_error)?;
         let pre = PluginPre::new(linker.instantiate_pre(&component).map_err(wasm_error)?)

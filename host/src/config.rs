@@ -11,6 +11,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
 use clap::Args;
 use serde::Deserialize;
 
@@ -19,6 +21,7 @@ use crate::binding::BindingPolicy;
 use crate::cocoon::DEFAULT_COCOON_BIN;
 use crate::host::HostConfig;
 use crate::plan::PlanLimits;
+use crate::plan::policy::{GuestPolicy, RawPolicy};
 use crate::planner::PlannerOptions;
 use crate::plugin::cache::DEFAULT_CACHE_DIR;
 use crate::plugin::sandbox::{DEFAULT_DEADLINE, DEFAULT_FUEL, DEFAULT_MEMORY_BYTES};
@@ -44,6 +47,8 @@ pub enum ConfigError {
     Parse { path: PathBuf, reason: String },
     #[error("plugin directory {path} does not exist: create it or drop the setting")]
     PluginDir { path: PathBuf },
+    #[error("plugin_policy.{plugin} in the config file: {reason}")]
+    Policy { plugin: String, reason: String },
     #[error("{what} must be {rule}, got {value}")]
     Invalid {
         what: &'static str,
@@ -160,6 +165,13 @@ pub struct ConfigArgs {
     /// `serve`: address of /metrics and /healthz [default: 0.0.0.0:9464]
     #[arg(long, value_name = "ADDR", env = "COCOON_FIXUP_METRICS_ADDR")]
     pub metrics_addr: Option<SocketAddr>,
+    /// The operator's narrowing of plugins' guest policies, by plugin name:
+    /// configuration file only (`[plugin_policy.NAME]`, keys `writes`,
+    /// `removes`, `runs`, `special_modes`, as in the contract). A plan must
+    /// fit both the plugin's own policy and this.
+    #[arg(skip)]
+    #[serde(default)]
+    pub plugin_policy: BTreeMap<String, RawPolicy>,
 }
 
 mod opt_duration {
@@ -224,6 +236,14 @@ impl ConfigArgs {
                 value: rule,
             })?);
         }
+        let mut narrowing = BTreeMap::new();
+        for (name, raw) in &a.plugin_policy {
+            let policy = GuestPolicy::parse(raw).map_err(|e| ConfigError::Policy {
+                plugin: name.clone(),
+                reason: e.to_string(),
+            })?;
+            narrowing.insert(name.clone(), policy);
+        }
         let concurrency = a.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
         if concurrency == 0 {
             return Err(ConfigError::Invalid {
@@ -263,6 +283,7 @@ impl ConfigArgs {
                     // recovery plans and `plan` calls beside them.
                     slots: (concurrency as u32).saturating_mul(2).max(DEFAULT_SLOTS),
                     allowed_sha256: (!allowed.is_empty()).then_some(allowed),
+                    narrowing,
                 },
                 cocoon_root: a
                     .cocoon_root
@@ -341,6 +362,8 @@ impl ConfigArgs {
             accept_legacy_vm_names: self.accept_legacy_vm_names || file.accept_legacy_vm_names,
             concurrency: self.concurrency.or(file.concurrency),
             metrics_addr: self.metrics_addr.or(file.metrics_addr),
+            // The file is its only source.
+            plugin_policy: file.plugin_policy,
         }
     }
 }
@@ -381,6 +404,38 @@ mod tests {
         );
         assert_eq!(s.host.ready.budget, Duration::from_secs(45));
         assert_eq!(s.file.as_deref(), Some(file.as_path()));
+    }
+
+    #[test]
+    fn the_file_narrows_plugin_policies() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.toml");
+        std::fs::write(
+            &file,
+            r#"
+[plugin_policy.oci-networkd]
+writes = ["/etc/systemd/network/10-*.network"]
+runs = [["systemctl", "restart", "systemd-networkd"]]
+"#,
+        )
+        .unwrap();
+        let s = ConfigArgs::default().resolve(Some(&file)).unwrap();
+        let narrowing = &s.planner.engine.narrowing["oci-networkd"];
+        assert_eq!(narrowing.writes.len(), 1);
+        assert!(narrowing.removes.is_empty() && !narrowing.special_modes);
+        assert_eq!(
+            narrowing.runs[0].argv(),
+            ["systemctl", "restart", "systemd-networkd"]
+        );
+
+        std::fs::write(&file, "[plugin_policy.x]\nwrites = [\"/etc/../shadow\"]\n").unwrap();
+        let err = ConfigArgs::default().resolve(Some(&file)).unwrap_err();
+        assert!(matches!(err, ConfigError::Policy { .. }), "{err:?}");
+        assert!(err.to_string().contains("plugin_policy.x"), "{err}");
+        assert!(err.to_string().contains("writes[0]"), "{err}");
+        std::fs::write(&file, "[plugin_policy.x]\nwrite = []\n").unwrap();
+        let err = ConfigArgs::default().resolve(Some(&file)).unwrap_err();
+        assert!(err.to_string().contains("write"), "{err}");
     }
 
     #[test]

@@ -89,7 +89,8 @@ use crate::facts::{
     VmFacts, VmId, VmName,
 };
 use crate::plan::Plan;
-use crate::plugin::bindings::{CONTRACT_VERSION, HOST_IMPORT};
+use crate::plan::policy::{GuestPolicy, PolicySource};
+use crate::plugin::contract;
 use crate::plugin::registry::ConflictError;
 use crate::plugin::{
     EngineOptions, Limits, LoadError, LoadedPlugin, Origin, PluginError, PluginHost,
@@ -1077,7 +1078,12 @@ fn run_case(
                 usage.fuel = Some(*limit);
             }
             report.usage = Some(usage);
-            report.message = Some(breach.to_string());
+            report.message = Some(match &breach {
+                PluginError::Policy { .. } => format!(
+                    "{breach}; if the plan needs it, declare it in the plugin's `policy` (operators will see it in `plugin inspect`), otherwise drop the step"
+                ),
+                _ => breach.to_string(),
+            });
             return report;
         }
     };
@@ -1312,9 +1318,40 @@ pub struct Inspection {
     /// Empty: any flavour (when the plugin loaded).
     pub flavors: Vec<String>,
     pub imports: Vec<ImportReport>,
+    /// What the plugin's plans may do in the guest (when it loaded).
+    pub policy: Option<PolicyReport>,
     pub accepted: bool,
     /// `accepted`, or `refused: <one sentence with the fix>`.
     pub verdict: String,
+}
+
+/// A plugin's guest-side policy, as `plugin inspect` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct PolicyReport {
+    /// `declared` by the plugin, or the `contract-default` of a contract
+    /// that cannot declare one.
+    pub source: PolicySource,
+    #[serde(flatten)]
+    pub policy: GuestPolicy,
+    /// The operator's narrowing from the configuration file, if any.
+    pub narrowed_by_operator: Option<GuestPolicy>,
+    /// Run rules that let the plugin run arbitrary code in the guest.
+    pub unbounded_runs: Vec<String>,
+}
+
+impl PolicyReport {
+    fn of(plugin: &LoadedPlugin) -> Self {
+        PolicyReport {
+            source: plugin.policy_source,
+            policy: plugin.policy.clone(),
+            narrowed_by_operator: plugin.narrowing.clone(),
+            unbounded_runs: plugin
+                .policy
+                .unbounded_runs()
+                .map(ToString::to_string)
+                .collect(),
+        }
+    }
 }
 
 /// Inspects plugin files against a host set up like production: the
@@ -1360,6 +1397,7 @@ impl Inspector {
             scenarios: Vec::new(),
             flavors: Vec::new(),
             imports: Vec::new(),
+            policy: None,
             accepted: false,
             verdict: String::new(),
         };
@@ -1398,10 +1436,11 @@ impl Inspector {
             .imports
             .iter()
             .map(|name| ImportReport {
-                access: import_access(name),
+                access: import_access(plugin.contract(), name),
                 name: name.clone(),
             })
             .collect();
+        out.policy = Some(PolicyReport::of(&plugin));
         match self.conflict(&plugin) {
             Some(conflict) => out.verdict = format!("refused: {}", conflict_sentence(&conflict)),
             None => {
@@ -1468,9 +1507,11 @@ fn conflict_sentence(c: &ConflictError) -> String {
     }
 }
 
-fn import_access(name: &str) -> Access {
-    let types = format!("cocoon:fixup/types@{CONTRACT_VERSION}");
-    if name == HOST_IMPORT || name == types {
+fn import_access(version: &str, name: &str) -> Access {
+    if contract::granted_imports(version)
+        .iter()
+        .any(|granted| granted == name)
+    {
         Access::Granted
     } else {
         Access::Denied
@@ -1489,6 +1530,9 @@ fn refusal(e: &PluginError) -> String {
         PluginError::BadDescription { .. } => {
             format!("{e}; fix what the plugin's `describe` returns")
         }
+        PluginError::BadPolicy { .. } => format!(
+            "{e}; fix what the plugin's `policy` returns (the rules are in the contract's `policy` interface and docs/plugins.md)"
+        ),
         PluginError::Denied { .. } => {
             format!("{e}; remove that call from the plugin's `describe`")
         }
@@ -1537,7 +1581,10 @@ impl fmt::Display for Inspection {
             let width = self.imports.iter().map(|i| i.name.len()).max().unwrap_or(0);
             for (i, import) in self.imports.iter().enumerate() {
                 let access = match import.access {
-                    Access::Granted if import.name.starts_with("cocoon:fixup/types@") => {
+                    Access::Granted
+                        if import.name.starts_with("cocoon:fixup/types@")
+                            || import.name.starts_with("cocoon:fixup/policy@") =>
+                    {
                         "granted (types only)"
                     }
                     Access::Granted => "granted",
@@ -1545,6 +1592,34 @@ impl fmt::Display for Inspection {
                 };
                 let line = format!("{:<width$}  {access}", import.name);
                 row(f, if i == 0 { "imports" } else { "" }, &line)?;
+            }
+        }
+        if let Some(policy) = &self.policy {
+            let source = match policy.source {
+                PolicySource::Declared => "declared by the plugin".to_owned(),
+                PolicySource::ContractDefault => format!(
+                    "the default for its contract, which cannot declare one (rebuild against cocoon:fixup@{} to declare a tighter one)",
+                    contract::CURRENT
+                ),
+            };
+            row(f, "policy", &source)?;
+            write!(f, "{}", policy.policy)?;
+            for rule in &policy.unbounded_runs {
+                writeln!(
+                    f,
+                    "  warning: `{rule}` can run any code in the guest: this policy does not bound what the plugin does there"
+                )?;
+            }
+            match &policy.narrowed_by_operator {
+                Some(narrowing) => {
+                    row(
+                        f,
+                        "operator",
+                        "narrowed in the configuration file; plans must fit both",
+                    )?;
+                    write!(f, "{narrowing}")?;
+                }
+                None => row(f, "operator", "no narrowing in the configuration file")?,
             }
         }
         row(f, "verdict", &self.verdict)

@@ -42,6 +42,7 @@ pub mod binding;
 pub mod classify;
 pub mod cocoon;
 pub mod config;
+pub mod display;
 pub mod facts;
 pub mod host;
 pub mod kit;

@@ -19,7 +19,7 @@ use fixup_host::plan::{self, Action};
 use fixup_host::planner::{PlanOutcome, Planner};
 use fixup_host::ready::LeaseWatcher;
 use fixup_host::serve;
-use fixup_host::{kit, template};
+use fixup_host::{display, kit, template};
 
 /// Post-clone guest network fixup for cocoon microVMs.
 ///
@@ -192,7 +192,10 @@ fn planner(settings: &Settings) -> Result<Planner> {
         Planner::new(settings.planner.clone()).context("starting the plugin host")?;
     if !failures.is_empty() {
         for f in &failures {
-            eprintln!("error: {}: {}", f.path.display(), f.error);
+            eprintln!(
+                "{}",
+                display::terminal_text(&format!("error: {}: {}", f.path.display(), f.error))
+            );
         }
         bail!(
             "{} plugin(s) could not be loaded: fix or remove them",
@@ -269,7 +272,7 @@ async fn run_run(args: &RunArgs, config: Option<&Path>) -> Result<u8> {
     let summary = host
         .handle(&args.namespace, &args.pod, Trigger::Event, &shutdown)
         .await?;
-    println!("{}", serde_json::to_string_pretty(&summary)?);
+    print_json(&summary)?;
     Ok(run_exit_code(&summary))
 }
 
@@ -324,7 +327,10 @@ fn run_plan(args: &PlanArgs, config: Option<&Path>) -> Result<u8> {
     let (obs, verdict) = observe(args, settings.host.binding)?;
     if !verdict.is_bound() {
         eprintln!(
-            "warning: {verdict}; `run` and `serve` would run nothing in this VM for this pod"
+            "{}",
+            display::terminal_text(&format!(
+                "warning: {verdict}; `run` and `serve` would run nothing in this VM for this pod"
+            ))
         );
     }
     let planner = planner(&settings)?;
@@ -339,61 +345,91 @@ fn run_plan(args: &PlanArgs, config: Option<&Path>) -> Result<u8> {
         Output::Json => {
             let mut report = outcome.report(&obs);
             report.binding = Some(verdict);
-            println!("{}", serde_json::to_string_pretty(&report)?);
+            print_json(&report)?;
         }
-        Output::Text => print_text(&obs, &outcome, &verdict),
+        Output::Text => print_terminal(&plan_text(&obs, &outcome, &verdict)?),
     }
     Ok(0)
 }
 
-fn print_text(obs: &Observation, outcome: &PlanOutcome, verdict: &Verdict) {
+/// Print text that carries plugin- or user-supplied strings: through the
+/// one terminal formatter ([`display::terminal_text`]).
+fn print_terminal(text: &str) {
+    print!("{}", display::terminal_text(text));
+}
+
+/// Print a JSON document through [`display::terminal_json`].
+fn print_json(value: &impl serde::Serialize) -> Result<()> {
+    let json = serde_json::to_string_pretty(value)?;
+    println!("{}", display::terminal_json(&json));
+    Ok(())
+}
+
+fn plan_text(
+    obs: &Observation,
+    outcome: &PlanOutcome,
+    verdict: &Verdict,
+) -> Result<String, std::fmt::Error> {
+    use std::fmt::Write;
+    let mut out = String::new();
     let report = outcome.report(obs);
-    println!("pod {}  (VM {}, id {})", obs.pod, obs.vm_name, obs.vm_id);
-    println!("binding: {verdict}");
-    println!(
+    writeln!(
+        out,
+        "pod {}  (VM {}, id {})",
+        obs.pod, obs.vm_name, obs.vm_id
+    )?;
+    writeln!(out, "binding: {verdict}")?;
+    writeln!(
+        out,
         "rule {}: {}",
         outcome.decision.rule.number(),
         outcome.decision.rule
-    );
+    )?;
     let Some(composed) = &outcome.composed else {
-        println!("no fixup needed");
-        return;
+        writeln!(out, "no fixup needed")?;
+        return Ok(out);
     };
-    println!("scenario: {}  (image: {})", report.scenario, report.image);
+    writeln!(
+        out,
+        "scenario: {}  (image: {})",
+        report.scenario, report.image
+    )?;
     for p in &report.plugins {
-        println!(
+        writeln!(
+            out,
             "plugin: {} {}  sha256:{}  fuel {}  memory {} KiB",
             p.name,
             p.version,
             &p.sha256[..16],
             p.fuel_used,
             p.peak_memory_bytes >> 10
-        );
-        println!("  why: {}", p.why);
+        )?;
+        writeln!(out, "  why: {}", p.why)?;
     }
     let total = composed.plan.steps.len();
-    println!();
+    writeln!(out)?;
     for (i, step) in composed.plan.steps.iter().enumerate() {
         let flag = if step.best_effort {
             " (best effort)"
         } else {
             ""
         };
-        println!("{:>3}/{total} {}{flag}", i + 1, step.description);
+        writeln!(out, "{:>3}/{total} {}{flag}", i + 1, step.description)?;
         match &step.action {
-            Action::Run(argv) => println!("        run   {}", plan::sh_words(argv)),
-            Action::WriteFile(w) => println!(
+            Action::Run(argv) => writeln!(out, "        run   {}", plan::sh_words(argv))?,
+            Action::WriteFile(w) => writeln!(
+                out,
                 "        write {} ({} bytes{})",
                 w.path,
                 w.content.len(),
                 w.mode
                     .map(|m| format!(", mode {m:04o}"))
                     .unwrap_or_default()
-            ),
-            Action::RemoveFiles(paths) => println!("        rm    {}", paths.join(" ")),
+            )?,
+            Action::RemoveFiles(paths) => writeln!(out, "        rm    {}", paths.join(" "))?,
         }
     }
-    println!();
+    writeln!(out)?;
     let exec = match composed.exec.as_slice() {
         [shell, flag, script] if flag.starts_with('-') && script.contains('\n') => format!(
             "{} {flag} <script of {} bytes: the steps above, with step markers>",
@@ -402,10 +438,11 @@ fn print_text(obs: &Observation, outcome: &PlanOutcome, verdict: &Verdict) {
         ),
         argv => plan::sh_words(argv),
     };
-    println!("exec: cocoon vm exec {} -- {exec}", obs.vm_id);
-    println!();
-    println!("hint script:");
-    println!("{}", composed.script);
+    writeln!(out, "exec: cocoon vm exec {} -- {exec}", obs.vm_id)?;
+    writeln!(out)?;
+    writeln!(out, "hint script:")?;
+    writeln!(out, "{}", composed.script)?;
+    Ok(out)
 }
 
 fn run_plugin_test(args: &PluginTestArgs, config: Option<&Path>) -> Result<u8> {
@@ -417,8 +454,8 @@ fn run_plugin_test(args: &PluginTestArgs, config: Option<&Path>) -> Result<u8> {
         kit::TestOptions { bless: args.bless },
     )?;
     match args.output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-        Output::Text => print!("{report}"),
+        Output::Json => print_json(&report)?,
+        Output::Text => print_terminal(&report.to_string()),
     }
     Ok(if report.success() { 0 } else { 1 })
 }
@@ -431,8 +468,8 @@ fn run_plugin_inspect(args: &PluginInspectArgs, config: Option<&Path>) -> Result
     )?;
     let inspection = inspector.inspect(&args.plugin);
     match args.output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&inspection)?),
-        Output::Text => print!("{inspection}"),
+        Output::Json => print_json(&inspection)?,
+        Output::Text => print_terminal(&inspection.to_string()),
     }
     Ok(if inspection.accepted { 0 } else { 1 })
 }
@@ -465,7 +502,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("{}", display::terminal_text(&format!("error: {e:#}")));
             ExitCode::FAILURE
         }
     }

@@ -3,6 +3,7 @@
 mod cache;
 mod examples;
 mod kit;
+mod policy;
 mod sandbox;
 mod selection;
 mod vendor;

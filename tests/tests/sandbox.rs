@@ -283,14 +283,14 @@ fn a_plugin_for_another_contract_version_is_refused_naming_both() {
     let host = PluginHost::new(EngineOptions::default()).expect("engine");
     let err = host
         .inspect_file(Path::new(env!("PLUGIN_FUTURE_CONTRACT")))
-        .expect_err("0.2.0 is not supported");
+        .expect_err("0.9.0 is not served");
     assert!(
         matches!(err, PluginError::ContractMismatch { .. }),
         "{err:?}"
     );
     let message = err.to_string();
     assert!(
-        message.contains("0.2.0") && message.contains("0.1.0"),
+        message.contains("0.9.0") && message.contains("0.2.0 and 0.1.0"),
         "{message}"
     );
 }

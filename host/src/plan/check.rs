@@ -202,6 +202,12 @@ pub enum Problem {
     TooShallow,
     #[error("{0:o} (octal) is not a permission mode: the most is 7777")]
     ModeOutOfRange(u32),
+    #[error("has {len} entries or bytes, over the limit of {max}")]
+    RuleTooLong { len: usize, max: usize },
+    #[error("has a `**` component that is not the last one")]
+    DeepWildcardNotLast,
+    #[error("has `**` inside a component: `**` must be a whole, last component")]
+    DeepWildcardNotAlone,
 }
 
 impl Plan {
@@ -288,7 +294,7 @@ fn check_reviewable_step(step: &Step) -> Result<(), Broken> {
 
 /// One line that shows what it says: no control character at all, no
 /// invisible formatting character.
-fn visible_line(s: &str) -> Result<(), Problem> {
+pub(super) fn visible_line(s: &str) -> Result<(), Problem> {
     if s.chars().any(char::is_control) {
         return Err(Problem::ControlChar);
     }
@@ -300,7 +306,7 @@ fn visible_line(s: &str) -> Result<(), Problem> {
 
 /// Text that shows what it says over several lines: line breaks and tabs
 /// are the only controls.
-fn visible_text(s: &str) -> Result<(), Problem> {
+pub(super) fn visible_text(s: &str) -> Result<(), Problem> {
     if s.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
         return Err(Problem::ContentControlChar);
     }
@@ -390,7 +396,7 @@ fn check_pattern(pattern: &str) -> Result<(), Problem> {
     Ok(())
 }
 
-fn check_path(path: &str) -> Result<(), Problem> {
+pub(super) fn check_path(path: &str) -> Result<(), Problem> {
     no_nul(path)?;
     if path.chars().any(char::is_control) {
         return Err(Problem::ControlChar);

@@ -59,6 +59,7 @@
 mod attribute;
 mod check;
 mod marker;
+pub mod policy;
 mod render;
 #[cfg(test)]
 mod shell_tests;

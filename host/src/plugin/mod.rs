@@ -7,9 +7,9 @@
 //! `InstancePre`. Every call gets a fresh Store with its own limits.
 //! [`registry`] decides which plugin serves a scenario and flavour.
 
-pub mod bindings;
 pub mod builtin;
 pub mod cache;
+pub mod contract;
 pub mod registry;
 pub mod sandbox;
 
@@ -18,15 +18,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
-use wasmtime::component::{Component, Linker};
+use wasmtime::component::Component;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, Trap};
 
 use crate::classify::Scenario;
 use crate::facts::{Flavor, VmFacts};
+use crate::plan::policy::{Breach, GuestPolicy, PolicyError, PolicySource};
 use crate::plan::{Plan, PlanError};
 
-use bindings::{CONTRACT_VERSION, GENERATOR_EXPORT, HOST_IMPORT, PluginPre};
 use cache::ArtifactCache;
+use contract::{GENERATOR_EXPORT, Pre, SUPPORTED};
 pub use registry::{Registry, Selection};
 pub use sandbox::Limits;
 use sandbox::{CallState, DeniedImport, MemoryLimitHit};
@@ -108,7 +109,13 @@ pub struct LoadedPlugin {
     pub sha256: String,
     /// Every import of the component, granted or denied.
     pub imports: Vec<String>,
-    pre: PluginPre<CallState>,
+    /// What its plans may do in the guest, and where that comes from.
+    pub policy: GuestPolicy,
+    pub policy_source: PolicySource,
+    /// The operator's narrowing from the configuration file, checked as
+    /// well as [`LoadedPlugin::policy`].
+    pub narrowing: Option<GuestPolicy>,
+    pre: Pre,
 }
 
 impl fmt::Debug for LoadedPlugin {
@@ -117,6 +124,8 @@ impl fmt::Debug for LoadedPlugin {
             .field("info", &self.info)
             .field("origin", &self.origin)
             .field("sha256", &self.sha256)
+            .field("policy", &self.policy)
+            .field("narrowing", &self.narrowing)
             .finish_non_exhaustive()
     }
 }
@@ -151,13 +160,9 @@ pub enum PluginError {
     #[error("{origin} could not be compiled: {reason}; rebuild the plugin from source")]
     Compile { origin: Origin, reason: String },
     #[error(
-        "{origin} targets contract {found}, this host supports {supported}: rebuild the plugin against cocoon:fixup@{supported}"
+        "{origin} targets contract {found}, this host serves {}: rebuild the plugin against cocoon:fixup@{}", SUPPORTED.join(" and "), contract::CURRENT
     )]
-    ContractMismatch {
-        origin: Origin,
-        found: String,
-        supported: &'static str,
-    },
+    ContractMismatch { origin: Origin, found: String },
     #[error(
         "{origin} does not export `{GENERATOR_EXPORT}`: it is not a cocoon-fixup plugin (export the `plugin` world of wit/)"
     )]
@@ -166,6 +171,20 @@ pub enum PluginError {
     Link { origin: Origin, reason: String },
     #[error("plugin {plugin} describes itself wrongly: {reason}")]
     BadDescription { plugin: String, reason: String },
+    #[error("plugin {plugin} declares a guest policy that is not well formed: {source}")]
+    BadPolicy {
+        plugin: String,
+        #[source]
+        source: PolicyError,
+    },
+    #[error("plugin {plugin} planned what {by} does not allow: {breach}")]
+    Policy {
+        plugin: String,
+        /// `its declared policy`, `the default policy of its contract
+        /// version`, or the operator's narrowing.
+        by: String,
+        breach: Breach,
+    },
     #[error(
         "plugin {plugin} called `{import}`, which the sandbox denies (plugins get no filesystem, environment, network, clock or randomness)"
     )]
@@ -231,6 +250,10 @@ pub struct EngineOptions {
     /// are loaded; every other file is refused before it is compiled.
     /// Built-in plugins are part of the binary and always trusted.
     pub allowed_sha256: Option<std::collections::BTreeSet<String>>,
+    /// The operator's narrowing of plugins' guest policies, by plugin name
+    /// (`[plugin_policy.NAME]` in the configuration file). A plan must fit
+    /// both the plugin's policy and this.
+    pub narrowing: std::collections::BTreeMap<String, GuestPolicy>,
 }
 
 impl Default for EngineOptions {
@@ -240,6 +263,7 @@ impl Default for EngineOptions {
             cache_dir: None,
             slots: DEFAULT_SLOTS,
             allowed_sha256: None,
+            narrowing: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -250,6 +274,7 @@ pub struct PluginHost {
     _ticker: EpochTicker,
     limits: Limits,
     allowed_sha256: Option<std::collections::BTreeSet<String>>,
+    narrowing: std::collections::BTreeMap<String, GuestPolicy>,
     cache: Option<ArtifactCache>,
     registry: Registry,
 }
@@ -301,6 +326,7 @@ impl PluginHost {
             _ticker: ticker,
             limits: options.limits,
             allowed_sha256: options.allowed_sha256,
+            narrowing: options.narrowing,
             cache,
             registry: Registry::default(),
         })
@@ -395,7 +421,7 @@ impl PluginHost {
             origin: origin.clone(),
             reason: format!("{e:#}"),
         })?;
-        check_contract(&self.engine, &component, &origin)?;
+        let version = check_contract(&self.engine, &component, &origin)?;
 
         let imports: Vec<String> = component
             .component_type()
@@ -406,23 +432,35 @@ impl PluginHost {
             origin: origin.clone(),
             reason: format!("{e:#}"),
         };
-        let mut linker = Linker::<CallState>::new(&self.engine);
-        bindings::add_host_to_linker(&mut linker).map_err(link)?;
-        sandbox::deny_remaining_imports(&self.engine, &mut linker, &component, &[HOST_IMPORT])
-            .map_err(link)?;
-        let pre = linker.instantiate_pre(&component).map_err(link)?;
-        let pre = PluginPre::new(pre).map_err(link)?;
+        let pre = contract::link(&self.engine, &component, version).map_err(link)?;
 
         let label = origin.to_string();
-        let (raw, _) = call(&self.engine, &pre, &self.limits, &label, |store, plugin| {
-            plugin.cocoon_fixup_generator().call_describe(store)
+        let (described, _) = call(&self.engine, &self.limits, &label, |store| {
+            pre.describe(store)
         })?;
-        let info = describe(raw, &origin)?;
+        let info = describe(described.info, &origin, version)?;
+        let (policy, policy_source) = match described.policy {
+            Some(raw) => (
+                GuestPolicy::parse(&raw).map_err(|source| PluginError::BadPolicy {
+                    plugin: info.name.clone(),
+                    source,
+                })?,
+                PolicySource::Declared,
+            ),
+            None => (
+                GuestPolicy::contract_0_1_default(),
+                PolicySource::ContractDefault,
+            ),
+        };
+        let narrowing = self.narrowing.get(&info.name).cloned();
         Ok(LoadedPlugin {
             info,
             origin,
             sha256,
             imports,
+            policy,
+            policy_source,
+            narrowing,
             pre,
         })
     }
@@ -436,22 +474,21 @@ impl PluginHost {
         facts: &VmFacts,
     ) -> Result<(Plan, CallStats), PluginError> {
         let name = plugin.info.name.as_str();
-        let wit_facts = bindings::facts_to_wit(facts);
-        let wit_scenario = bindings::scenario_to_wit(scenario);
-        let (result, stats) = call(&self.engine, &plugin.pre, &self.limits, name, |store, p| {
-            p.cocoon_fixup_generator()
-                .call_plan(store, wit_scenario, &wit_facts)
+        let wit_facts = contract::facts_to_wit(facts);
+        let wit_scenario = contract::scenario_to_wit(scenario);
+        let (result, stats) = call(&self.engine, &self.limits, name, |store| {
+            plugin.pre.plan(store, wit_scenario, &wit_facts)
         })?;
         let plan = match result {
-            Ok(plan) => bindings::plan_from_wit(plan),
-            Err(bindings::wit::PlanError::Unsupported(reason)) => {
+            Ok(plan) => contract::plan_from_wit(plan),
+            Err(contract::wit::PlanError::Unsupported(reason)) => {
                 return Err(PluginError::Unsupported {
                     plugin: name.to_owned(),
                     scenario,
                     reason,
                 });
             }
-            Err(bindings::wit::PlanError::InvalidFacts(f)) => {
+            Err(contract::wit::PlanError::InvalidFacts(f)) => {
                 return Err(PluginError::InvalidFact {
                     plugin: name.to_owned(),
                     field: f.field,
@@ -465,7 +502,40 @@ impl PluginHost {
                 plugin: name.to_owned(),
                 source,
             })?;
+        plugin.check_policy(&plan)?;
         Ok((plan, stats))
+    }
+}
+
+impl LoadedPlugin {
+    /// The contract version the plugin was built against.
+    pub fn contract(&self) -> &'static str {
+        self.pre.version()
+    }
+
+    /// Check a plan against the plugin's policy and the operator's
+    /// narrowing of it.
+    pub fn check_policy(&self, plan: &Plan) -> Result<(), PluginError> {
+        let breach = |by: String, breach: Breach| PluginError::Policy {
+            plugin: self.info.name.clone(),
+            by,
+            breach,
+        };
+        self.policy
+            .check(plan)
+            .map_err(|b| breach(self.policy_source.to_string(), b))?;
+        if let Some(narrowing) = &self.narrowing {
+            narrowing.check(plan).map_err(|b| {
+                breach(
+                    format!(
+                        "the operator's policy for it (plugin_policy.{} in the configuration file)",
+                        self.info.name
+                    ),
+                    b,
+                )
+            })?;
+        }
+        Ok(())
     }
 }
 
@@ -495,19 +565,19 @@ fn is_component(bytes: &[u8]) -> bool {
 }
 
 /// The contract check: the component must export the generator interface
-/// at exactly the version this host implements.
+/// at a version this host serves. Returns that version.
 fn check_contract(
     engine: &Engine,
     component: &Component,
     origin: &Origin,
-) -> Result<(), PluginError> {
+) -> Result<&'static str, PluginError> {
     let ty = component.component_type();
     let prefix = format!("{GENERATOR_EXPORT}@");
     let mut found = None;
     for (name, _) in ty.exports(engine) {
         if let Some(version) = name.strip_prefix(&prefix) {
-            if version == CONTRACT_VERSION {
-                return Ok(());
+            if let Some(served) = SUPPORTED.iter().find(|v| **v == version) {
+                return Ok(served);
             }
             found = Some(version.to_owned());
         } else if name == GENERATOR_EXPORT {
@@ -517,8 +587,7 @@ fn check_contract(
     match found {
         Some(found) => Err(PluginError::ContractMismatch {
             origin: origin.clone(),
-            found,
-            supported: CONTRACT_VERSION,
+            found: crate::facts::escape_controls(truncate_for_message(&found)),
         }),
         None => Err(PluginError::NotAPlugin {
             origin: origin.clone(),
@@ -526,7 +595,11 @@ fn check_contract(
     }
 }
 
-fn describe(raw: bindings::WitPluginInfo, origin: &Origin) -> Result<PluginInfo, PluginError> {
+fn describe(
+    raw: contract::WitPluginInfo,
+    origin: &Origin,
+    version: &str,
+) -> Result<PluginInfo, PluginError> {
     let bad = |reason: String| PluginError::BadDescription {
         plugin: origin.to_string(),
         reason,
@@ -543,12 +616,11 @@ fn describe(raw: bindings::WitPluginInfo, origin: &Origin) -> Result<PluginInfo,
             truncate_for_message(&raw.name)
         )));
     }
-    if raw.contract != CONTRACT_VERSION {
-        return Err(PluginError::ContractMismatch {
-            origin: origin.clone(),
-            found: truncate_for_message(&raw.contract).to_owned(),
-            supported: CONTRACT_VERSION,
-        });
+    if raw.contract != version {
+        return Err(bad(format!(
+            "it says contract {:?} but exports the generator of contract {version}",
+            truncate_for_message(&raw.contract)
+        )));
     }
     if raw.version.is_empty() || raw.version.len() > 64 || raw.version.contains(char::is_control) {
         return Err(bad(format!(
@@ -562,7 +634,7 @@ fn describe(raw: bindings::WitPluginInfo, origin: &Origin) -> Result<PluginInfo,
     let mut scenarios: Vec<Scenario> = raw
         .scenarios
         .into_iter()
-        .map(bindings::scenario_from_wit)
+        .map(contract::scenario_from_wit)
         .collect();
     scenarios.sort();
     scenarios.dedup();
@@ -593,10 +665,9 @@ fn truncate_for_message(s: &str) -> &str {
 /// into the typed error that says which limit or capability it hit.
 fn call<R>(
     engine: &Engine,
-    pre: &PluginPre<CallState>,
     limits: &Limits,
     plugin: &str,
-    f: impl FnOnce(&mut Store<CallState>, &bindings::Plugin) -> wasmtime::Result<R>,
+    f: impl FnOnce(&mut Store<CallState>) -> wasmtime::Result<R>,
 ) -> Result<(R, CallStats), PluginError> {
     let started = std::time::Instant::now();
     let mut store = Store::new(engine, CallState::new(plugin, limits));
@@ -611,9 +682,7 @@ fn call<R>(
         .max(1);
     store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX));
     store.epoch_deadline_trap();
-    let outcome = pre
-        .instantiate(&mut store)
-        .and_then(|instance| f(&mut store, &instance));
+    let outcome = f(&mut store);
     let fuel_left = store.get_fuel().unwrap_or(0);
     let state = store.into_data();
     match outcome {

@@ -14,7 +14,8 @@
 //!   fails the attempt and the host's error names the stage.
 
 use cocoon_fixup_sdk::{
-    Phase, Plan, PlanError, Plugin, PluginInfo, Scenario, Step, VmFacts, linux, networkd,
+    GuestPolicy, Phase, Plan, PlanError, Plugin, PluginInfo, Scenario, Step, VmFacts, linux,
+    networkd,
 };
 
 /// The plugin's name, as in its directory.
@@ -37,6 +38,21 @@ pub const CLOUD_INIT_NETWORK_FILES: [&str; 6] = [
     "/etc/network/interfaces.d/50-cloud-init.cfg",
 ];
 
+/// The cloud-init commands of the plan, in order: what each does, and its
+/// arguments after `cloud-init`.
+const CLOUD_INIT_RUNS: [(&str, &[&str]); 4] = [
+    (
+        "forget the source VM's cloud-init state",
+        &["clean", "--logs", "--seed"],
+    ),
+    ("run cloud-init's local stage", &["init", "--local"]),
+    ("run cloud-init's network stage", &["init"]),
+    (
+        "run cloud-init's config modules",
+        &["modules", "--mode=config"],
+    ),
+];
+
 /// Re-runs cloud-init on a cloned cloud image.
 #[derive(Debug)]
 pub struct Cloudimg;
@@ -49,6 +65,20 @@ impl Plugin for Cloudimg {
             "re-runs cloud-init on a cloned cloud image and restarts systemd-networkd",
             vec![Scenario::Cloudimg],
         )
+    }
+
+    /// The hostname, the page-cache knob, networkd's files and restart,
+    /// cloud-init's generated network files, and the four cloud-init
+    /// commands, each with its exact arguments.
+    fn policy() -> GuestPolicy {
+        linux::prelude_policy()
+            .with(networkd::policy())
+            .removes(CLOUD_INIT_NETWORK_FILES)
+            .runs(
+                CLOUD_INIT_RUNS
+                    .iter()
+                    .map(|(_, args)| std::iter::once("cloud-init").chain(args.iter().copied())),
+            )
     }
 
     fn plan(scenario: Scenario, facts: &VmFacts) -> Result<Plan, PlanError> {
@@ -69,19 +99,11 @@ fn cloudimg_steps(facts: &VmFacts) -> Vec<Step> {
         Phase::Configure,
         CLOUD_INIT_NETWORK_FILES,
     ));
-    steps.push(cloud_init(
-        "forget the source VM's cloud-init state",
-        &["clean", "--logs", "--seed"],
-    ));
-    steps.push(cloud_init(
-        "run cloud-init's local stage",
-        &["init", "--local"],
-    ));
-    steps.push(cloud_init("run cloud-init's network stage", &["init"]));
-    steps.push(cloud_init(
-        "run cloud-init's config modules",
-        &["modules", "--mode=config"],
-    ));
+    steps.extend(
+        CLOUD_INIT_RUNS
+            .iter()
+            .map(|(description, args)| cloud_init(description, args)),
+    );
     steps.push(networkd::restart());
     steps
 }

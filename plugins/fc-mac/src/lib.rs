@@ -7,7 +7,9 @@
 //! order is `eth<i>` in the guest. The plan has link-phase steps only; the
 //! host composes it with a network flavour's plan (prepare, link, configure).
 
-use cocoon_fixup_sdk::{Nic, Phase, Plan, PlanError, Plugin, PluginInfo, Scenario, Step, VmFacts};
+use cocoon_fixup_sdk::{
+    GuestPolicy, Nic, Phase, Plan, PlanError, Plugin, PluginInfo, Scenario, Step, VmFacts,
+};
 
 /// The plugin's name, as in its directory.
 pub const NAME: &str = "fc-mac";
@@ -24,6 +26,11 @@ impl Plugin for FcMac {
             "re-applies each NIC's MAC address on a Firecracker clone (link phase only)",
             vec![Scenario::FcMac],
         )
+    }
+
+    /// `ip link set dev ...` and nothing else: no file, no other program.
+    fn policy() -> GuestPolicy {
+        GuestPolicy::new().runs([["ip", "link", "set", "dev", "*"]])
     }
 
     fn plan(scenario: Scenario, facts: &VmFacts) -> Result<Plan, PlanError> {

@@ -8,7 +8,7 @@
 //!   DHCP file for every NIC and a restart, without the housekeeping.
 
 use cocoon_fixup_sdk::{
-    Nic, Plan, PlanError, Plugin, PluginInfo, Scenario, VmFacts, linux, networkd,
+    GuestPolicy, Nic, Plan, PlanError, Plugin, PluginInfo, Scenario, VmFacts, linux, networkd,
 };
 
 /// The plugin's name, as in its directory.
@@ -26,6 +26,12 @@ impl Plugin for OciNetworkd {
             "writes MAC-matched systemd-networkd files for every NIC and restarts networkd",
             vec![Scenario::OciNetworkd, Scenario::DhcpRecovery],
         )
+    }
+
+    /// The hostname, the page-cache knob, networkd's `10-*.network` files
+    /// and networkd's restart: nothing else.
+    fn policy() -> GuestPolicy {
+        linux::prelude_policy().with(networkd::policy())
     }
 
     fn plan(scenario: Scenario, facts: &VmFacts) -> Result<Plan, PlanError> {

@@ -3,7 +3,7 @@
 //! The only capability a plugin has is [`log`]. Everything else it needs
 //! arrives as [`VmFacts`]; everything it decides leaves as a [`Plan`].
 
-use crate::{LogLevel, Plan, PlanError, PluginInfo, Scenario, VmFacts};
+use crate::{GuestPolicy, LogLevel, Plan, PlanError, PluginInfo, Scenario, VmFacts};
 
 /// A plan plugin: pure logic from facts to steps.
 ///
@@ -19,6 +19,13 @@ pub trait Plugin {
     /// The plan for `scenario` on this VM. A scenario the plugin does not
     /// serve is [`PlanError::unsupported`].
     fn plan(scenario: Scenario, facts: &VmFacts) -> Result<Plan, PlanError>;
+
+    /// What this plugin's plans may do in the guest: the files they may
+    /// write and remove, the commands they may run, whether they may set
+    /// modes beyond 0o755. The host refuses every plan that does more, and
+    /// `cocoon-fixup plugin inspect` shows it to the operators who decide
+    /// whether to load the plugin: declare the least the plans need.
+    fn policy() -> GuestPolicy;
 }
 
 /// Records `message` in the host's log under the plugin's name.
@@ -37,7 +44,7 @@ pub fn log(level: LogLevel, message: &str) {
 /// the API: only the macro's expansion may use it.
 #[doc(hidden)]
 pub mod __private {
-    use crate::{LogLevel, Plan, PlanError, PluginInfo, Scenario, VmFacts};
+    use crate::{GuestPolicy, LogLevel, Plan, PlanError, PluginInfo, Scenario, VmFacts};
 
     pub use crate::bindings::exports::cocoon::fixup::generator::Guest;
 
@@ -51,6 +58,11 @@ pub mod __private {
     pub fn plan<P: Plugin>(scenario: Scenario, facts: VmFacts) -> Result<Plan, PlanError> {
         install_panic_hook();
         P::plan(scenario, &facts)
+    }
+
+    pub fn policy<P: Plugin>() -> GuestPolicy {
+        install_panic_hook();
+        P::policy()
     }
 
     /// Sends a panic's message and location to the host's log at error

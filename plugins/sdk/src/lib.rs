@@ -1,4 +1,4 @@
-//! The guest side of the cocoon-fixup plugin contract (`wit/fixup.wit`).
+//! The guest side of the cocoon-fixup plugin contract (`wit/0.2.0/fixup.wit`).
 //!
 //! A plan plugin is a WebAssembly component that turns the facts of one
 //! cloned VM into an ordered list of typed steps. With this crate a vendor
@@ -6,7 +6,9 @@
 //! [`export_plugin!`] once.
 //!
 //! ```
-//! use cocoon_fixup_sdk::{Phase, Plan, PlanError, Plugin, PluginInfo, Scenario, Step, VmFacts};
+//! use cocoon_fixup_sdk::{
+//!     GuestPolicy, Phase, Plan, PlanError, Plugin, PluginInfo, Scenario, Step, VmFacts,
+//! };
 //!
 //! #[derive(Debug)]
 //! pub struct Hello;
@@ -14,6 +16,10 @@
 //! impl Plugin for Hello {
 //!     fn describe() -> PluginInfo {
 //!         PluginInfo::new("hello", "0.1.0", "says hello", vec![Scenario::OciNetworkd])
+//!     }
+//!
+//!     fn policy() -> GuestPolicy {
+//!         GuestPolicy::new().runs([["echo", "hello"]])
 //!     }
 //!
 //!     fn plan(scenario: Scenario, facts: &VmFacts) -> Result<Plan, PlanError> {
@@ -41,6 +47,8 @@
 //!   re-exported here unchanged; nothing else in the crate touches the ABI.
 //! - [`guest`]: the [`Plugin`] trait, [`log`], the panic hook and the glue
 //!   behind [`export_plugin!`].
+//! - `policy`: constructors for [`GuestPolicy`], what a plugin's plans may
+//!   do in the guest.
 //! - `values`: `Display` for MAC and IPv4 addresses and for the WIT enums.
 //! - `steps`: constructors for [`Step`], [`Plan`], [`PlanError`] and
 //!   [`PluginInfo`].
@@ -50,6 +58,7 @@
 pub mod guest;
 pub mod linux;
 pub mod networkd;
+mod policy;
 mod steps;
 mod values;
 
@@ -59,7 +68,7 @@ mod values;
 #[allow(unsafe_code)] // the canonical ABI glue is unsafe by nature
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../../wit",
+        path: "../../wit/0.2.0",
         world: "plugin",
         pub_export_macro: true,
         export_macro_name: "__export_cocoon_fixup_plugin",
@@ -68,6 +77,7 @@ pub mod bindings {
     });
 }
 
+pub use bindings::cocoon::fixup::policy::GuestPolicy;
 pub use bindings::cocoon::fixup::types::{
     Action, Backend, BootKind, Dialect, GuestOs, ImageKind, InvalidFact, Ipv4Address, LogLevel,
     MacAddress, Nic, Phase, Plan, PlanError, PluginInfo, Scenario, StaticIpv4, Step, VmFacts,
@@ -77,10 +87,10 @@ pub use guest::{Plugin, log};
 pub use steps::unsupported;
 
 /// The contract version this SDK was generated from: the version in the
-/// `package` line of `wit/fixup.wit`. The host refuses a plugin whose
+/// `package` line of `wit/0.2.0/fixup.wit`. The host refuses a plugin whose
 /// `generator` export carries a version it does not support, and a plugin
 /// reports this value in [`PluginInfo::contract`].
-pub const CONTRACT_VERSION: &str = "0.1.0";
+pub const CONTRACT_VERSION: &str = "0.2.0";
 
 /// Wires a [`Plugin`] implementation to the component's exports.
 ///
@@ -108,6 +118,10 @@ macro_rules! export_plugin {
                 ) -> ::core::result::Result<$crate::Plan, $crate::PlanError> {
                     $crate::guest::__private::plan::<$plugin>(scenario, facts)
                 }
+
+                fn policy() -> $crate::GuestPolicy {
+                    $crate::guest::__private::policy::<$plugin>()
+                }
             }
 
             $crate::bindings::__export_cocoon_fixup_plugin!(
@@ -121,7 +135,10 @@ macro_rules! export_plugin {
 mod tests {
     use super::CONTRACT_VERSION;
 
-    const WIT: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../wit/fixup.wit"));
+    const WIT: &str = include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../wit/0.2.0/fixup.wit"
+    ));
 
     /// The version in `package cocoon:fixup@<version>;`.
     fn wit_package_version() -> &'static str {
@@ -129,7 +146,7 @@ mod tests {
             .lines()
             .map(str::trim)
             .find(|line| line.starts_with("package "))
-            .expect("wit/fixup.wit has a package line");
+            .expect("wit/0.2.0/fixup.wit has a package line");
         let (_, version) = line
             .trim_end_matches(';')
             .split_once('@')

@@ -4,7 +4,7 @@
 //! `/etc/hostname` byte for byte, so no name can inject a command. The host
 //! has already checked that the name is an RFC 1123 label.
 
-use crate::{Phase, Step, VmFacts};
+use crate::{GuestPolicy, Phase, Step, VmFacts};
 
 /// Writing `3` here drops the page cache, dentries and inodes.
 pub const DROP_CACHES_PATH: &str = "/proc/sys/vm/drop_caches";
@@ -36,6 +36,12 @@ pub fn prelude(facts: &VmFacts) -> Vec<Step> {
             Some(0o644),
         ),
     ]
+}
+
+/// What [`prelude`] does in the guest: write [`DROP_CACHES_PATH`] and
+/// [`HOSTNAME_PATH`].
+pub fn prelude_policy() -> GuestPolicy {
+    GuestPolicy::new().writes([DROP_CACHES_PATH, HOSTNAME_PATH])
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! `/etc/systemd/network/10-<12 lowercase hex digits>.network`. File content
 //! is written byte for byte, never through `printf` or a shell.
 
-use crate::{MacAddress, Nic, Phase, StaticIpv4, Step};
+use crate::{GuestPolicy, MacAddress, Nic, Phase, StaticIpv4, Step};
 
 /// The directory networkd reads administrator configuration from.
 pub const NETWORK_DIR: &str = "/etc/systemd/network";
@@ -23,6 +23,18 @@ pub fn remove_stale() -> Step {
         Phase::Configure,
         [STALE_GLOB],
     )
+}
+
+/// The restart [`restart`] runs.
+pub const RESTART: [&str; 3] = ["systemctl", "restart", "systemd-networkd"];
+
+/// What the steps of this module do in the guest: write and remove
+/// [`STALE_GLOB`] files, run [`RESTART`].
+pub fn policy() -> GuestPolicy {
+    GuestPolicy::new()
+        .writes([STALE_GLOB])
+        .removes([STALE_GLOB])
+        .runs([RESTART])
 }
 
 /// The path of the file for `mac`.
@@ -72,11 +84,7 @@ pub fn dhcp_file_for(mac: &MacAddress) -> Step {
 
 /// Restarts networkd so it reads the new files.
 pub fn restart() -> Step {
-    Step::run(
-        "restart systemd-networkd",
-        Phase::Configure,
-        ["systemctl", "restart", "systemd-networkd"],
-    )
+    Step::run("restart systemd-networkd", Phase::Configure, RESTART)
 }
 
 fn write(description: String, mac: &MacAddress, content: String) -> Step {

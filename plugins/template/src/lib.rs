@@ -13,8 +13,8 @@
 //! host quotes and renders every value, so nothing here builds shell text.
 
 use cocoon_fixup_sdk::{
-    LogLevel, Phase, Plan, PlanError, Plugin, PluginInfo, Scenario, Step, VmFacts, linux, log,
-    networkd,
+    GuestPolicy, LogLevel, Phase, Plan, PlanError, Plugin, PluginInfo, Scenario, Step, VmFacts,
+    linux, log, networkd,
 };
 
 /// The plugin's name, as `plan` and `plugin inspect` show it.
@@ -25,6 +25,9 @@ pub const NAME: &str = "{{name}}";
 /// guest keeps the built-in. An empty list claims every flavour, which
 /// collides with the built-in's claim and is refused when the host loads it.
 pub const FLAVORS: &[&str] = &["{{name}}"];
+
+/// Drops the neighbour (ARP) entries the clone inherited.
+const FLUSH_NEIGHBOURS: [&str; 4] = ["ip", "neigh", "flush", "all"];
 
 /// Why a VM without NICs gets no plan.
 const NO_NICS: &str = "the VM has no NIC to configure";
@@ -43,6 +46,16 @@ impl Plugin for {{type_name}} {
             vec![Scenario::OciNetworkd],
         )
         .with_flavors(FLAVORS.iter().copied())
+    }
+
+    /// Everything the plans may do in the guest, and nothing more: the
+    /// host refuses a plan that steps outside it, and operators read it in
+    /// `cocoon-fixup plugin inspect` before they load the plugin. When a
+    /// plan gains a step, add what it needs here.
+    fn policy() -> GuestPolicy {
+        linux::prelude_policy()
+            .with(networkd::policy())
+            .runs([FLUSH_NEIGHBOURS])
     }
 
     fn plan(scenario: Scenario, facts: &VmFacts) -> Result<Plan, PlanError> {
@@ -65,7 +78,7 @@ impl Plugin for {{type_name}} {
                     Step::run(
                         "flush the neighbour cache",
                         Phase::Configure,
-                        ["ip", "neigh", "flush", "all"],
+                        FLUSH_NEIGHBOURS,
                     )
                     .best_effort(),
                 );

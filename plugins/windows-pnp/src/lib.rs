@@ -1,7 +1,9 @@
 //! Plan plugin for Windows guests: re-enumerate the network devices so the
 //! clone's NICs come up cleanly (spec section 4, Windows plan).
 
-use cocoon_fixup_sdk::{Phase, Plan, PlanError, Plugin, PluginInfo, Scenario, Step, VmFacts};
+use cocoon_fixup_sdk::{
+    GuestPolicy, Phase, Plan, PlanError, Plugin, PluginInfo, Scenario, Step, VmFacts,
+};
 
 /// The plugin's name, as in its directory.
 pub const NAME: &str = "windows-pnp";
@@ -10,6 +12,10 @@ pub const NAME: &str = "windows-pnp";
 /// matters: ghost devices left by earlier MACs make `Disable-PnpDevice` fail
 /// and abort the pipeline.
 pub const SCRIPT: &str = "$x=Get-PnpDevice -Class Net -PresentOnly;$x|Disable-PnpDevice -Confirm:$false;$x|Enable-PnpDevice -Confirm:$false";
+
+/// The one command of the plan: [`SCRIPT`] in a PowerShell without a
+/// profile.
+pub const COMMAND: [&str; 4] = ["powershell", "-nop", "-c", SCRIPT];
 
 /// Re-enumerates a Windows guest's network devices.
 #[derive(Debug)]
@@ -25,12 +31,17 @@ impl Plugin for WindowsPnp {
         )
     }
 
+    /// [`COMMAND`], exactly: no file, no other program or script.
+    fn policy() -> GuestPolicy {
+        GuestPolicy::new().runs([COMMAND])
+    }
+
     fn plan(scenario: Scenario, _facts: &VmFacts) -> Result<Plan, PlanError> {
         match scenario {
             Scenario::WindowsPnp => Ok(Plan::powershell(vec![Step::run(
                 "re-enumerate present network devices (disable, then enable each)",
                 Phase::Configure,
-                ["powershell", "-nop", "-c", SCRIPT],
+                COMMAND,
             )])),
             other => cocoon_fixup_sdk::unsupported(NAME, other),
         }

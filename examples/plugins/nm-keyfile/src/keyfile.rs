@@ -28,7 +28,7 @@
 //! but they drop every connection in the guest and leave the choice of
 //! profile to autoconnect; naming each connection does neither.
 
-use cocoon_fixup_sdk::{MacAddress, Nic, Phase, StaticIpv4, Step};
+use cocoon_fixup_sdk::{GuestPolicy, MacAddress, Nic, Phase, StaticIpv4, Step};
 
 use crate::uuid;
 
@@ -90,6 +90,18 @@ pub fn content(mac: &MacAddress, ipv4: Option<&StaticIpv4>) -> String {
     }
     text.push_str("\n[ipv6]\nmethod=ignore\n");
     text
+}
+
+/// What the steps of this module do in the guest: write and remove
+/// [`STALE_GLOB`] keyfiles, reload NetworkManager, bring a connection up.
+pub fn policy() -> GuestPolicy {
+    GuestPolicy::new()
+        .writes([STALE_GLOB])
+        .removes([STALE_GLOB])
+        .runs([
+            vec!["nmcli", "connection", "reload"],
+            vec!["nmcli", "--wait", "*"],
+        ])
 }
 
 /// Removes the keyfiles this plugin wrote for the source VM's MACs.

@@ -24,7 +24,9 @@
 pub mod keyfile;
 pub mod uuid;
 
-use cocoon_fixup_sdk::{Nic, Plan, PlanError, Plugin, PluginInfo, Scenario, VmFacts, linux};
+use cocoon_fixup_sdk::{
+    GuestPolicy, Nic, Plan, PlanError, Plugin, PluginInfo, Scenario, VmFacts, linux,
+};
 
 /// The plugin's name, as `plan` and `plugin inspect` show it.
 pub const NAME: &str = "nm-keyfile";
@@ -47,6 +49,12 @@ impl Plugin for NmKeyfile {
             vec![Scenario::OciNetworkd, Scenario::DhcpRecovery],
         )
         .with_flavors(FLAVORS.iter().copied())
+    }
+
+    /// The hostname, the page-cache knob, this plugin's own keyfiles and
+    /// two `nmcli connection` commands.
+    fn policy() -> GuestPolicy {
+        linux::prelude_policy().with(keyfile::policy())
     }
 
     fn plan(scenario: Scenario, facts: &VmFacts) -> Result<Plan, PlanError> {

@@ -1,5 +1,5 @@
 //! A test plugin built against a contract version this host does not
-//! support (`cocoon:fixup@0.2.0`, a copy of the contract with only the
+//! support (`cocoon:fixup@0.9.0`, a copy of the contract with only the
 //! version changed): the host must refuse it at load, naming both
 //! versions. Never ship it.
 
@@ -19,7 +19,7 @@ mod bindings {
             PluginInfo {
                 name: "future-contract".into(),
                 version: "0.1.0".into(),
-                contract: "0.2.0".into(),
+                contract: "0.9.0".into(),
                 summary: "targets a contract this host does not know".into(),
                 scenarios: vec![Scenario::OciNetworkd],
                 flavors: vec!["future".into()],

@@ -23,7 +23,7 @@
 use std::hint::black_box;
 
 use cocoon_fixup_sdk::{
-    LogLevel, Phase, Plan, PlanError, Plugin, PluginInfo, Scenario, Step, VmFacts,
+    GuestPolicy, LogLevel, Phase, Plan, PlanError, Plugin, PluginInfo, Scenario, Step, VmFacts,
 };
 
 /// The plugin's name; also the one flavour it claims, so it is never picked
@@ -72,6 +72,16 @@ impl Plugin for Hostile {
             vec![Scenario::OciNetworkd],
         )
         .with_flavors([NAME])
+    }
+
+    /// Anything at all, declared honestly: its tests are about the sandbox,
+    /// not the guest-side policy (the `overreach` test plugin is).
+    fn policy() -> GuestPolicy {
+        GuestPolicy::new()
+            .writes(["/**"])
+            .removes(["/**"])
+            .runs([["*"]])
+            .special_modes()
     }
 
     fn plan(_scenario: Scenario, facts: &VmFacts) -> Result<Plan, PlanError> {

@@ -1,0 +1,793 @@
+//! Guest-side policy: what a plugin's plans may do inside the guest.
+//!
+//! A plugin of contract 0.2.0 declares a [`GuestPolicy`] (the `policy`
+//! export); a plugin of contract 0.1.0, which cannot, gets
+//! [`GuestPolicy::contract_0_1_default`]. The operator may narrow either per
+//! plugin in the configuration file. Every plan a plugin returns is checked
+//! against both ([`GuestPolicy::check`]) before anything renders or runs it:
+//! a step outside them fails the plan with a [`Breach`] naming the step and
+//! the rule.
+//!
+//! # Patterns
+//!
+//! A path pattern is an absolute, normalised path. Its components are
+//! literal, except that `*` matches any run of characters other than `/`
+//! within one component, and a last component of `**` matches one or more
+//! further components. Nothing else is special.
+//!
+//! A `remove-files` entry may itself end in a component with `*`. It is
+//! allowed when the entry, its `*` taken as an ordinary character, matches a
+//! pattern. That is sound: a pattern never matches a `*` literally, so the
+//! entry's `*` was matched by a pattern `*` (which also matches whatever the
+//! guest's shell expands it to, `/` never being part of the expansion) or
+//! by a `**`.
+//!
+//! # Runs
+//!
+//! A run rule is an argument vector matched element by element and exactly,
+//! except that a last element `*` matches any further arguments (none
+//! included). `["systemctl", "restart", "systemd-networkd"]` allows that one
+//! command; `["cloud-init", "*"]` allows cloud-init with any arguments.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use super::check::{check_path, visible_line};
+use super::{Action, Plan, Problem};
+
+/// Entries a policy may list, per kind. A real policy needs a handful.
+pub const MAX_RULES: usize = 64;
+/// Elements of one run rule.
+pub const MAX_RUN_ARGS: usize = 64;
+/// Bytes of one pattern or run element.
+pub const MAX_RULE_BYTES: usize = 4096;
+
+/// Mode bits a `write-file` may set without [`GuestPolicy::special_modes`].
+pub const PLAIN_MODE_BITS: u32 = 0o755;
+
+/// A path pattern (see the module docs), checked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct PathPattern(String);
+
+impl PathPattern {
+    pub fn parse(text: &str) -> Result<Self, Problem> {
+        check_path(text)?;
+        visible_line(text)?;
+        if text.len() > MAX_RULE_BYTES {
+            return Err(Problem::RuleTooLong {
+                len: text.len(),
+                max: MAX_RULE_BYTES,
+            });
+        }
+        let components: Vec<&str> = text[1..].split('/').collect();
+        let (_, dirs) = components.split_last().expect("split yields one at least");
+        if dirs.contains(&"**") {
+            return Err(Problem::DeepWildcardNotLast);
+        }
+        if components.iter().any(|c| *c != "**" && c.contains("**")) {
+            return Err(Problem::DeepWildcardNotAlone);
+        }
+        Ok(PathPattern(text.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Does the path (or a remove entry, its `*` taken literally) match?
+    /// Both are checked absolute and normalised paths.
+    pub fn matches(&self, path: &str) -> bool {
+        let mut pattern = self.0[1..].split('/');
+        let mut path = path[1..].split('/');
+        loop {
+            match (pattern.next(), path.next()) {
+                (Some("**"), Some(_)) => return true,
+                (Some(p), Some(c)) if component_matches(p, c) => {}
+                (None, None) => return true,
+                _ => return false,
+            }
+        }
+    }
+}
+
+impl fmt::Display for PathPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One component against one pattern component: `*` matches any run of
+/// characters, everything else itself.
+fn component_matches(pattern: &str, text: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().expect("split yields one at least");
+    let Some(mut rest) = text.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty();
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
+/// One run rule (see the module docs), checked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct RunRule(Vec<String>);
+
+impl RunRule {
+    pub fn parse(argv: &[String]) -> Result<Self, Problem> {
+        // `["*"]` alone allows every command; `*` as the program of a
+        // longer rule means nothing.
+        if argv.is_empty() || argv[0].is_empty() || (argv[0] == "*" && argv.len() > 1) {
+            return Err(Problem::EmptyProgram);
+        }
+        if argv.len() > MAX_RUN_ARGS {
+            return Err(Problem::RuleTooLong {
+                len: argv.len(),
+                max: MAX_RUN_ARGS,
+            });
+        }
+        for arg in argv {
+            if arg.len() > MAX_RULE_BYTES {
+                return Err(Problem::RuleTooLong {
+                    len: arg.len(),
+                    max: MAX_RULE_BYTES,
+                });
+            }
+            if arg.contains('\0') {
+                return Err(Problem::Nul);
+            }
+            super::check::visible_text(arg)?;
+        }
+        Ok(RunRule(argv.to_vec()))
+    }
+
+    pub fn argv(&self) -> &[String] {
+        &self.0
+    }
+
+    /// Whether a trailing `*` leaves the arguments open.
+    pub fn open_ended(&self) -> bool {
+        self.0.last().is_some_and(|a| a == "*")
+    }
+
+    pub fn matches(&self, argv: &[String]) -> bool {
+        if self.open_ended() {
+            let fixed = &self.0[..self.0.len() - 1];
+            argv.len() >= fixed.len() && argv[..fixed.len()] == *fixed
+        } else {
+            argv == self.0.as_slice()
+        }
+    }
+
+    /// A rule that lets the plugin run arbitrary code: an interpreter, a
+    /// shell, or a program that runs another, with open arguments. Shown as
+    /// a warning by `plugin inspect`.
+    pub fn is_unbounded(&self) -> bool {
+        let program = self.0[0].rsplit(['/', '\\']).next().unwrap_or_default();
+        let program = program.to_ascii_lowercase();
+        let program = program.strip_suffix(".exe").unwrap_or(&program);
+        let base = program.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+        if !self.open_ended() {
+            return false;
+        }
+        if self.0.len() == 1 {
+            return true;
+        }
+        if base == "ip" {
+            // `ip link set ...` cannot run a program; `ip netns exec` and
+            // `ip -batch FILE` can.
+            let fixed = &self.0[1..self.0.len() - 1];
+            return fixed
+                .first()
+                .is_none_or(|a| IP_ESCAPES.contains(&a.as_str()));
+        }
+        UNBOUNDED_PROGRAMS.contains(&base)
+    }
+}
+
+/// Programs that run arbitrary code given free arguments (digits and dots
+/// at the end are ignored: `python3.11` is `python`).
+const UNBOUNDED_PROGRAMS: &[&str] = &[
+    "sh",
+    "bash",
+    "dash",
+    "ash",
+    "zsh",
+    "ksh",
+    "busybox",
+    "env",
+    "sudo",
+    "su",
+    "doas",
+    "xargs",
+    "nohup",
+    "timeout",
+    "nice",
+    "chroot",
+    "nsenter",
+    "unshare",
+    "systemd-run",
+    "setsid",
+    "python",
+    "perl",
+    "ruby",
+    "node",
+    "lua",
+    "awk",
+    "gawk",
+    "find",
+    "powershell",
+    "pwsh",
+    "cmd",
+    "wscript",
+    "cscript",
+];
+
+/// `ip` options and objects that run other programs or read commands.
+const IP_ESCAPES: &[&str] = &["netns", "-n", "-netns", "-b", "-batch", "-force", "vrf"];
+
+impl fmt::Display for RunRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, arg) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" ")?;
+            }
+            let simple = !arg.is_empty()
+                && arg
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_./=:@,+*".contains(&b));
+            if simple {
+                f.write_str(arg)?;
+            } else {
+                write!(f, "{:?}", crate::facts::escape_controls(arg))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a plugin's plans may do in the guest.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct GuestPolicy {
+    pub writes: Vec<PathPattern>,
+    pub removes: Vec<PathPattern>,
+    pub runs: Vec<RunRule>,
+    pub special_modes: bool,
+}
+
+/// A policy as declared, before it is checked: from a plugin or the
+/// configuration file.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPolicy {
+    #[serde(default)]
+    pub writes: Vec<String>,
+    #[serde(default)]
+    pub removes: Vec<String>,
+    #[serde(default)]
+    pub runs: Vec<Vec<String>>,
+    #[serde(default)]
+    pub special_modes: bool,
+}
+
+/// A policy entry that is not well formed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct PolicyError {
+    /// `writes[2]`, `runs[0]` and so on.
+    pub field: String,
+    pub problem: Problem,
+}
+
+impl GuestPolicy {
+    /// Check every entry of a declared policy.
+    pub fn parse(raw: &RawPolicy) -> Result<Self, PolicyError> {
+        fn patterns(kind: &str, list: &[String]) -> Result<Vec<PathPattern>, PolicyError> {
+            too_many(kind, list.len())?;
+            list.iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    PathPattern::parse(p).map_err(|problem| PolicyError {
+                        field: format!("{kind}[{i}]"),
+                        problem,
+                    })
+                })
+                .collect()
+        }
+        fn too_many(kind: &str, len: usize) -> Result<(), PolicyError> {
+            if len > MAX_RULES {
+                return Err(PolicyError {
+                    field: kind.to_owned(),
+                    problem: Problem::RuleTooLong {
+                        len,
+                        max: MAX_RULES,
+                    },
+                });
+            }
+            Ok(())
+        }
+        too_many("runs", raw.runs.len())?;
+        let runs = raw
+            .runs
+            .iter()
+            .enumerate()
+            .map(|(i, argv)| {
+                RunRule::parse(argv).map_err(|problem| PolicyError {
+                    field: format!("runs[{i}]"),
+                    problem,
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(GuestPolicy {
+            writes: patterns("writes", &raw.writes)?,
+            removes: patterns("removes", &raw.removes)?,
+            runs,
+            special_modes: raw.special_modes,
+        })
+    }
+
+    /// The policy of a plugin built against contract 0.1.0, which cannot
+    /// declare one: the network configuration files of the common Linux
+    /// network stacks, the hostname and the page-cache knob; the network
+    /// tools with their configuring subcommands; modes within 0o755. It
+    /// admits what the four 0.1.0 built-ins and the example vendor plugin
+    /// did, and nothing under `/root`, `/home`, `/usr`, `/bin`, the
+    /// credentials in `/etc`, or any interpreter.
+    pub fn contract_0_1_default() -> Self {
+        const CONFIG: &[&str] = &[
+            "/etc/systemd/network/*",
+            "/etc/NetworkManager/system-connections/*",
+            "/etc/NetworkManager/conf.d/*",
+            "/etc/netplan/*",
+            "/etc/network/interfaces",
+            "/etc/network/interfaces.d/*",
+            "/etc/sysconfig/network-scripts/*",
+        ];
+        const WRITES_ALSO: &[&str] = &["/etc/hostname", "/proc/sys/vm/drop_caches"];
+        const RUNS: &[&[&str]] = &[
+            &["ip", "link", "set", "*"],
+            &["ip", "addr", "*"],
+            &["ip", "address", "*"],
+            &["ip", "route", "*"],
+            &["networkctl", "*"],
+            &["systemctl", "restart", "*"],
+            &["systemctl", "reload", "*"],
+            &["nmcli", "*"],
+            &["netplan", "apply"],
+            &["netplan", "generate"],
+            &["cloud-init", "*"],
+            &["udevadm", "*"],
+            &["ifup", "*"],
+            &["ifdown", "*"],
+            &["dhclient", "*"],
+            &["hostname", "*"],
+            &["sync"],
+        ];
+        let strings = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let raw = RawPolicy {
+            writes: strings(&[CONFIG, WRITES_ALSO].concat()),
+            removes: strings(CONFIG),
+            runs: RUNS.iter().map(|argv| strings(argv)).collect(),
+            special_modes: false,
+        };
+        GuestPolicy::parse(&raw).expect("the built-in default policy is well formed")
+    }
+
+    /// The first step of `plan` this policy does not allow.
+    pub fn check(&self, plan: &Plan) -> Result<(), Breach> {
+        for (i, step) in plan.steps.iter().enumerate() {
+            let breach = |rule: Rule| Breach { step: i + 1, rule };
+            match &step.action {
+                Action::Run(argv) => {
+                    if !self.runs.iter().any(|r| r.matches(argv)) {
+                        return Err(breach(Rule::Run(argv.clone())));
+                    }
+                }
+                Action::WriteFile(w) => {
+                    if !self.writes.iter().any(|p| p.matches(&w.path)) {
+                        return Err(breach(Rule::Write(w.path.clone())));
+                    }
+                    if let Some(mode) = w.mode
+                        && mode & !PLAIN_MODE_BITS != 0
+                        && !self.special_modes
+                    {
+                        return Err(breach(Rule::Mode {
+                            path: w.path.clone(),
+                            mode,
+                        }));
+                    }
+                }
+                Action::RemoveFiles(entries) => {
+                    for entry in entries {
+                        if !self.removes.iter().any(|p| p.matches(entry)) {
+                            return Err(breach(Rule::Remove(entry.clone())));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Run rules that let the plugin run arbitrary code.
+    pub fn unbounded_runs(&self) -> impl Iterator<Item = &RunRule> {
+        self.runs.iter().filter(|r| r.is_unbounded())
+    }
+}
+
+/// Where a plugin's policy comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicySource {
+    /// The plugin declared it (contract 0.2.0 and later).
+    Declared,
+    /// The plugin's contract cannot declare one: the host's default for it.
+    ContractDefault,
+}
+
+impl fmt::Display for PolicySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PolicySource::Declared => "its declared policy",
+            PolicySource::ContractDefault => "the default policy of its contract version",
+        })
+    }
+}
+
+/// A step a policy does not allow.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("step {step} {rule}")]
+pub struct Breach {
+    /// Counts from 1.
+    pub step: usize,
+    pub rule: Rule,
+}
+
+/// What the step wanted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rule {
+    Run(Vec<String>),
+    Write(String),
+    Remove(String),
+    Mode { path: String, mode: u32 },
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown = |s: &str| crate::facts::escape_controls(&s[..s.floor_char_boundary(200)]);
+        match self {
+            Rule::Run(argv) => {
+                let shown_argv = RunRule(argv.iter().take(8).map(|a| shown(a)).collect());
+                let more = if argv.len() > 8 { " ..." } else { "" };
+                write!(f, "runs `{shown_argv}{more}`, which no run rule allows")
+            }
+            Rule::Write(path) => write!(f, "writes {}, which no write pattern allows", shown(path)),
+            Rule::Remove(entry) => {
+                write!(
+                    f,
+                    "removes {}, which no remove pattern allows",
+                    shown(entry)
+                )
+            }
+            Rule::Mode { path, mode } => write!(
+                f,
+                "sets mode {mode:04o} on {}, beyond 0755, without special-modes",
+                shown(path)
+            ),
+        }
+    }
+}
+
+impl fmt::Display for GuestPolicy {
+    /// One entry per line under its kind, indented, for `plugin inspect`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fn list<T: fmt::Display>(
+            f: &mut fmt::Formatter<'_>,
+            kind: &str,
+            items: &[T],
+        ) -> fmt::Result {
+            if items.is_empty() {
+                return writeln!(f, "  {kind:<8} (none)");
+            }
+            for (i, item) in items.iter().enumerate() {
+                writeln!(f, "  {:<8} {item}", if i == 0 { kind } else { "" })?;
+            }
+            Ok(())
+        }
+        list(f, "writes", &self.writes)?;
+        list(f, "removes", &self.removes)?;
+        list(f, "runs", &self.runs)?;
+        let modes = if self.special_modes {
+            "any (special-modes)"
+        } else {
+            "within 0755"
+        };
+        writeln!(f, "  {:<8} {modes}", "modes")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rstest::rstest;
+
+    use super::*;
+    use crate::plan::{Dialect, Phase, Step, WriteFile};
+
+    fn pattern(p: &str) -> PathPattern {
+        PathPattern::parse(p).unwrap()
+    }
+
+    #[rstest]
+    #[case("/etc/hostname", "/etc/hostname", true)]
+    #[case("/etc/hostname", "/etc/hostnamex", false)]
+    #[case("/etc/systemd/network/*", "/etc/systemd/network/10-a.network", true)]
+    #[case("/etc/systemd/network/*", "/etc/systemd/network/a/b", false)]
+    #[case("/etc/systemd/network/*", "/etc/systemd/network", false)]
+    #[case(
+        "/etc/systemd/network/10-*.network",
+        "/etc/systemd/network/10-a.network",
+        true
+    )]
+    #[case(
+        "/etc/systemd/network/10-*.network",
+        "/etc/systemd/network/10-.network",
+        true
+    )]
+    #[case(
+        "/etc/systemd/network/10-*.network",
+        "/etc/systemd/network/10.network",
+        false
+    )]
+    #[case(
+        "/etc/systemd/network/10-*.network",
+        "/etc/systemd/network/20-a.network",
+        false
+    )]
+    #[case("/etc/a*b*c", "/etc/abc", true)]
+    #[case("/etc/a*b*c", "/etc/aXbYbZc", true)]
+    #[case("/etc/a*b*c", "/etc/acb", false)]
+    #[case("/etc/*ab*ab", "/etc/ab", false)]
+    #[case("/etc/*ab*ab", "/etc/abab", true)]
+    #[case("/etc/netplan/**", "/etc/netplan/a", true)]
+    #[case("/etc/netplan/**", "/etc/netplan/a/b/c", true)]
+    #[case("/etc/netplan/**", "/etc/netplan", false)]
+    #[case("/etc/netplan/**", "/etc/netplanx/a", false)]
+    #[case("/etc/*/x", "/etc/a/x", true)]
+    #[case("/etc/*/x", "/etc/a/b/x", false)]
+    fn patterns_match(#[case] p: &str, #[case] path: &str, #[case] matches: bool) {
+        assert_eq!(pattern(p).matches(path), matches, "{p} vs {path}");
+    }
+
+    /// A remove entry's `*` is taken literally; a match means every
+    /// expansion matches too. Checked here by expanding the entry's `*`
+    /// into several strings without `/`.
+    #[rstest]
+    #[case(
+        "/etc/systemd/network/*.network",
+        "/etc/systemd/network/10-*.network",
+        true
+    )]
+    #[case(
+        "/etc/systemd/network/10-*.network",
+        "/etc/systemd/network/*.network",
+        false
+    )]
+    #[case("/etc/systemd/network/10-*", "/etc/systemd/network/10-*.network", true)]
+    #[case("/etc/systemd/network/10-a*", "/etc/systemd/network/10-*", false)]
+    #[case("/etc/netplan/**", "/etc/netplan/*", true)]
+    #[case("/etc/x?", "/etc/x*", false)]
+    fn remove_entries_match_soundly(#[case] p: &str, #[case] entry: &str, #[case] allowed: bool) {
+        let p = pattern(p);
+        assert_eq!(p.matches(entry), allowed, "{p} vs {entry}");
+        if allowed {
+            for fill in ["", "a", "10-b.network", "x*y", "**"] {
+                let expanded = entry.replace('*', fill);
+                assert!(
+                    p.matches(&expanded),
+                    "{p} allowed {entry} but not {expanded}"
+                );
+            }
+        }
+    }
+
+    #[rstest]
+    #[case("etc/x", Problem::NotAbsolute)]
+    #[case("/etc/../shadow", Problem::ParentComponent)]
+    #[case("/etc//x", Problem::NotNormalised)]
+    #[case("/etc/**/x", Problem::DeepWildcardNotLast)]
+    #[case("/etc/a**", Problem::DeepWildcardNotAlone)]
+    #[case("/etc/\u{202e}x", Problem::FormatChar)]
+    #[case("/etc/\rx", Problem::ControlChar)]
+    fn bad_patterns_are_refused(#[case] p: &str, #[case] problem: Problem) {
+        assert_eq!(PathPattern::parse(p), Err(problem));
+    }
+
+    fn argv(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[rstest]
+    #[case(&["systemctl", "restart", "systemd-networkd"], &["systemctl", "restart", "systemd-networkd"], true)]
+    #[case(&["systemctl", "restart", "systemd-networkd"], &["systemctl", "restart", "systemd-networkd", "sshd"], false)]
+    #[case(&["systemctl", "restart", "systemd-networkd"], &["systemctl", "restart"], false)]
+    #[case(&["cloud-init", "*"], &["cloud-init"], true)]
+    #[case(&["cloud-init", "*"], &["cloud-init", "init", "--local"], true)]
+    #[case(&["cloud-init", "*"], &["cloud-initx"], false)]
+    #[case(&["ip", "link", "set", "*"], &["ip", "netns", "exec", "x", "sh"], false)]
+    #[case(&["echo", "a*"], &["echo", "abc"], false)]
+    #[case(&["echo", "a*"], &["echo", "a*"], true)]
+    fn run_rules_match(#[case] rule: &[&str], #[case] run: &[&str], #[case] matches: bool) {
+        let rule = RunRule::parse(&argv(rule)).unwrap();
+        assert_eq!(rule.matches(&argv(run)), matches, "{rule} vs {run:?}");
+    }
+
+    #[rstest]
+    #[case(&["sh", "*"], true)]
+    #[case(&["/bin/bash", "*"], true)]
+    #[case(&["python3.11", "*"], true)]
+    #[case(&["PowerShell.exe", "-c", "*"], true)]
+    #[case(&["powershell", "-nop", "-c", "Get-NetAdapter"], false)]
+    #[case(&["systemctl", "restart", "*"], false)]
+    #[case(&["sh"], false)]
+    #[case(&["ip", "*"], true)]
+    #[case(&["ip", "netns", "*"], true)]
+    #[case(&["ip", "link", "set", "*"], false)]
+    fn unbounded_rules_are_recognised(#[case] rule: &[&str], #[case] unbounded: bool) {
+        assert_eq!(
+            RunRule::parse(&argv(rule)).unwrap().is_unbounded(),
+            unbounded
+        );
+    }
+
+    #[test]
+    fn run_rules_need_a_program() {
+        assert_eq!(RunRule::parse(&[]), Err(Problem::EmptyProgram));
+        assert_eq!(
+            RunRule::parse(&argv(&["*", "x"])),
+            Err(Problem::EmptyProgram)
+        );
+        let anything = RunRule::parse(&argv(&["*"])).unwrap();
+        assert!(anything.matches(&argv(&["curl", "x"])) && anything.is_unbounded());
+        assert_eq!(
+            RunRule::parse(&argv(&["x", "a\u{1b}[2J"])),
+            Err(Problem::ContentControlChar)
+        );
+    }
+
+    fn plan(steps: Vec<Action>) -> Plan {
+        Plan {
+            dialect: Dialect::PosixSh,
+            steps: steps
+                .into_iter()
+                .map(|action| Step {
+                    description: "step".into(),
+                    phase: Phase::Configure,
+                    best_effort: false,
+                    action,
+                })
+                .collect(),
+        }
+    }
+
+    fn write(path: &str, mode: Option<u32>) -> Action {
+        Action::WriteFile(WriteFile {
+            path: path.into(),
+            content: "x".into(),
+            mode,
+        })
+    }
+
+    fn networkd_policy() -> GuestPolicy {
+        GuestPolicy::parse(&RawPolicy {
+            writes: argv(&["/etc/systemd/network/10-*.network", "/etc/hostname"]),
+            removes: argv(&["/etc/systemd/network/10-*.network"]),
+            runs: vec![argv(&["systemctl", "restart", "systemd-networkd"])],
+            special_modes: false,
+        })
+        .unwrap()
+    }
+
+    #[rstest]
+    #[case(write("/etc/shadow", Some(0o644)), Rule::Write("/etc/shadow".into()))]
+    #[case(write("/root/.ssh/authorized_keys", None), Rule::Write("/root/.ssh/authorized_keys".into()))]
+    #[case(write("/etc/hostname", Some(0o4777)), Rule::Mode { path: "/etc/hostname".into(), mode: 0o4777 })]
+    #[case(write("/etc/hostname", Some(0o666)), Rule::Mode { path: "/etc/hostname".into(), mode: 0o666 })]
+    #[case(Action::RemoveFiles(argv(&["/etc/*"])), Rule::Remove("/etc/*".into()))]
+    #[case(Action::RemoveFiles(argv(&["/etc/systemd/network/10-*.network", "/etc/systemd/network/*"])), Rule::Remove("/etc/systemd/network/*".into()))]
+    #[case(Action::Run(argv(&["curl", "http://x"])), Rule::Run(argv(&["curl", "http://x"])))]
+    #[case(Action::Run(argv(&["systemctl", "restart", "sshd"])), Rule::Run(argv(&["systemctl", "restart", "sshd"])))]
+    fn breaches_name_step_and_rule(#[case] bad: Action, #[case] rule: Rule) {
+        let ok = write("/etc/hostname", Some(0o644));
+        let err = networkd_policy().check(&plan(vec![ok, bad])).unwrap_err();
+        assert_eq!(err, Breach { step: 2, rule });
+    }
+
+    #[rstest]
+    #[case(write("/etc/systemd/network/10-a.network", Some(0o644)))]
+    #[case(write("/etc/hostname", Some(0o600)))]
+    #[case(write("/etc/hostname", Some(0o755)))]
+    #[case(write("/etc/hostname", None))]
+    #[case(Action::RemoveFiles(argv(&["/etc/systemd/network/10-*.network"])))]
+    #[case(Action::Run(argv(&["systemctl", "restart", "systemd-networkd"])))]
+    fn allowed_steps_pass(#[case] action: Action) {
+        networkd_policy().check(&plan(vec![action])).unwrap();
+    }
+
+    #[test]
+    fn special_modes_allow_any_mode() {
+        let mut policy = networkd_policy();
+        policy.special_modes = true;
+        policy
+            .check(&plan(vec![write("/etc/hostname", Some(0o4777))]))
+            .unwrap();
+    }
+
+    #[test]
+    fn the_0_1_default_refuses_credentials_and_interpreters() {
+        let policy = GuestPolicy::contract_0_1_default();
+        for bad in [
+            write("/etc/shadow", Some(0o644)),
+            write("/root/.ssh/authorized_keys", Some(0o600)),
+            write("/etc/systemd/network/x", Some(0o4777)),
+            Action::RemoveFiles(argv(&["/etc/*"])),
+            Action::Run(argv(&["sh", "-c", "curl x | sh"])),
+            Action::Run(argv(&["ip", "netns", "exec", "x", "sh"])),
+        ] {
+            assert!(policy.check(&plan(vec![bad.clone()])).is_err(), "{bad:?}");
+        }
+        policy
+            .check(&plan(vec![
+                write(
+                    "/etc/NetworkManager/system-connections/a.nmconnection",
+                    Some(0o600),
+                ),
+                Action::RemoveFiles(argv(&["/etc/systemd/network/10-*.network"])),
+                Action::Run(argv(&["nmcli", "connection", "reload"])),
+            ]))
+            .unwrap();
+        assert_eq!(policy.unbounded_runs().count(), 0);
+    }
+
+    #[test]
+    fn policies_have_bounded_size() {
+        let raw = RawPolicy {
+            writes: vec!["/etc/x".into(); MAX_RULES + 1],
+            ..RawPolicy::default()
+        };
+        let err = GuestPolicy::parse(&raw).unwrap_err();
+        assert_eq!(err.field, "writes");
+    }
+
+    #[test]
+    fn display_lists_one_entry_per_line() {
+        let shown = networkd_policy().to_string();
+        assert_eq!(
+            shown,
+            "  writes   /etc/systemd/network/10-*.network\n           /etc/hostname\n  removes  /etc/systemd/network/10-*.network\n  runs     systemctl restart systemd-networkd\n  modes    within 0755\n"
+        );
+        assert!(
+            GuestPolicy::default()
+                .to_string()
+                .contains("  writes   (none)\n")
+        );
+    }
+
+    #[test]
+    fn breaches_escape_what_they_show() {
+        let rule = Rule::Write("/etc/\u{202e}x".into());
+        assert!(rule.to_string().contains("\\u{202e}"), "{rule}");
+        let run = Rule::Run(argv(&["a\u{1b}b"]));
+        assert!(!run.to_string().contains('\u{1b}'), "{run}");
+    }
+}

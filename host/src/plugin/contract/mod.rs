@@ -1,0 +1,272 @@
+//! The contract versions this host serves, and the only place generated
+//! bindings are seen: facts go in and plans come out as the host's domain
+//! types.
+//!
+//! Each version is a module with its own `bindgen!` over its frozen WIT
+//! (`wit/<version>/`): [`v0_1`] and [`v0_2`]. The `types` interface is the
+//! same in both, so 0.1.0 reuses the types generated for 0.2.0 and the
+//! conversions below serve every version. [`Pre`] is a linked plugin of any
+//! version, dispatching each export to its version's bindings.
+//!
+//! Serving a third version takes: its WIT under `wit/<version>/`, a module
+//! like [`v0_2`] (a `bindgen!`, the `log` import, `link`, `describe`,
+//! `plan`), an arm in [`Pre`] and in [`link`], and an entry in [`SUPPORTED`].
+//! If its `types` change, the conversions move into that module.
+
+pub mod v0_1;
+pub mod v0_2;
+
+use wasmtime::Store;
+use wasmtime::component::{Component, Linker};
+
+use crate::classify::Scenario;
+use crate::facts::{self, VmFacts};
+use crate::plan::policy::RawPolicy;
+use crate::plan::{self, Plan};
+
+use super::sandbox::{self, CallState};
+
+pub use v0_2::cocoon::fixup::types as wit;
+pub use v0_2::exports::cocoon::fixup::generator::PluginInfo as WitPluginInfo;
+
+/// The contract version new plugins are built against (the SDK's).
+pub const CURRENT: &str = v0_2::VERSION;
+
+/// Every contract version this host serves, newest first. A plugin whose
+/// `generator` export carries another version is refused at load.
+pub const SUPPORTED: &[&str] = &[v0_2::VERSION, v0_1::VERSION];
+
+/// The export every plugin must provide, without its version.
+pub const GENERATOR_EXPORT: &str = "cocoon:fixup/generator";
+
+/// The imports a plugin of `version` is granted, for `plugin inspect`: the
+/// host's `log` and the interfaces that only carry types.
+pub fn granted_imports(version: &str) -> Vec<String> {
+    let interfaces: &[&str] = match version {
+        v0_1::VERSION => &["host", "types"],
+        _ => &["host", "types", "policy"],
+    };
+    interfaces
+        .iter()
+        .map(|i| format!("cocoon:fixup/{i}@{version}"))
+        .collect()
+}
+
+/// A plugin linked against its contract version.
+pub enum Pre {
+    V0_1(v0_1::PluginPre<CallState>),
+    V0_2(v0_2::PluginPre<CallState>),
+}
+
+/// What a plugin says about itself at load.
+#[derive(Debug)]
+pub struct Described {
+    pub info: WitPluginInfo,
+    /// `None` for a contract that cannot declare a policy.
+    pub policy: Option<RawPolicy>,
+}
+
+/// Link `component`, which exports the generator at `version` (one of
+/// [`SUPPORTED`]): the version's `log`, and every other import denied.
+pub fn link(
+    engine: &wasmtime::Engine,
+    component: &Component,
+    version: &str,
+) -> wasmtime::Result<Pre> {
+    let mut linker = Linker::<CallState>::new(engine);
+    let host_import = match version {
+        v0_1::VERSION => {
+            v0_1::add_host_to_linker(&mut linker)?;
+            v0_1::HOST_IMPORT
+        }
+        v0_2::VERSION => {
+            v0_2::add_host_to_linker(&mut linker)?;
+            v0_2::HOST_IMPORT
+        }
+        other => wasmtime::bail!("contract {other} is not served"),
+    };
+    // The type-only interfaces are defined as empty instances there too.
+    sandbox::deny_remaining_imports(engine, &mut linker, component, &[host_import])?;
+    let pre = linker.instantiate_pre(component)?;
+    Ok(match version {
+        v0_1::VERSION => Pre::V0_1(v0_1::PluginPre::new(pre)?),
+        _ => Pre::V0_2(v0_2::PluginPre::new(pre)?),
+    })
+}
+
+impl std::fmt::Debug for Pre {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Pre(contract {})", self.version())
+    }
+}
+
+impl Pre {
+    pub fn version(&self) -> &'static str {
+        match self {
+            Pre::V0_1(_) => v0_1::VERSION,
+            Pre::V0_2(_) => v0_2::VERSION,
+        }
+    }
+
+    /// Instantiate and call `describe` (and, where the contract has it,
+    /// `policy`) in one instance.
+    pub fn describe(&self, store: &mut Store<CallState>) -> wasmtime::Result<Described> {
+        match self {
+            Pre::V0_1(pre) => {
+                let plugin = pre.instantiate(&mut *store)?;
+                let info = plugin.cocoon_fixup_generator().call_describe(&mut *store)?;
+                Ok(Described { info, policy: None })
+            }
+            Pre::V0_2(pre) => {
+                let plugin = pre.instantiate(&mut *store)?;
+                let generator = plugin.cocoon_fixup_generator();
+                let info = generator.call_describe(&mut *store)?;
+                let p = generator.call_policy(&mut *store)?;
+                let policy = RawPolicy {
+                    writes: p.writes,
+                    removes: p.removes,
+                    runs: p.runs,
+                    special_modes: p.special_modes,
+                };
+                Ok(Described {
+                    info,
+                    policy: Some(policy),
+                })
+            }
+        }
+    }
+
+    /// Instantiate and call `plan`.
+    pub fn plan(
+        &self,
+        store: &mut Store<CallState>,
+        scenario: wit::Scenario,
+        facts: &wit::VmFacts,
+    ) -> wasmtime::Result<Result<wit::Plan, wit::PlanError>> {
+        match self {
+            Pre::V0_1(pre) => pre
+                .instantiate(&mut *store)?
+                .cocoon_fixup_generator()
+                .call_plan(&mut *store, scenario, facts),
+            Pre::V0_2(pre) => pre
+                .instantiate(&mut *store)?
+                .cocoon_fixup_generator()
+                .call_plan(&mut *store, scenario, facts),
+        }
+    }
+}
+
+/// A `log` call from a plugin of any version.
+fn log(state: &mut CallState, level: wit::LogLevel, message: String) {
+    let level = match level {
+        wit::LogLevel::Debug => tracing::Level::DEBUG,
+        wit::LogLevel::Info => tracing::Level::INFO,
+        wit::LogLevel::Warn => tracing::Level::WARN,
+        wit::LogLevel::Error => tracing::Level::ERROR,
+    };
+    state.log(level, message);
+}
+
+pub fn scenario_to_wit(s: Scenario) -> wit::Scenario {
+    match s {
+        Scenario::Cloudimg => wit::Scenario::Cloudimg,
+        Scenario::OciNetworkd => wit::Scenario::OciNetworkd,
+        Scenario::FcMac => wit::Scenario::FcMac,
+        Scenario::WindowsPnp => wit::Scenario::WindowsPnp,
+        Scenario::DhcpRecovery => wit::Scenario::DhcpRecovery,
+    }
+}
+
+pub fn scenario_from_wit(s: wit::Scenario) -> Scenario {
+    match s {
+        wit::Scenario::Cloudimg => Scenario::Cloudimg,
+        wit::Scenario::OciNetworkd => Scenario::OciNetworkd,
+        wit::Scenario::FcMac => Scenario::FcMac,
+        wit::Scenario::WindowsPnp => Scenario::WindowsPnp,
+        wit::Scenario::DhcpRecovery => Scenario::DhcpRecovery,
+    }
+}
+
+fn ipv4_to_wit(a: std::net::Ipv4Addr) -> wit::Ipv4Address {
+    let o = a.octets();
+    wit::Ipv4Address {
+        octets: (o[0], o[1], o[2], o[3]),
+    }
+}
+
+pub fn facts_to_wit(f: &VmFacts) -> wit::VmFacts {
+    wit::VmFacts {
+        name: f.name.as_str().to_owned(),
+        id: f.id.as_str().to_owned(),
+        backend: match f.backend {
+            facts::Backend::CloudHypervisor => wit::Backend::CloudHypervisor,
+            facts::Backend::Firecracker => wit::Backend::Firecracker,
+        },
+        os: match f.os {
+            facts::GuestOs::Linux => wit::GuestOs::Linux,
+            facts::GuestOs::Windows => wit::GuestOs::Windows,
+            facts::GuestOs::Android => wit::GuestOs::Android,
+            facts::GuestOs::Unknown => wit::GuestOs::Unknown,
+        },
+        image: match f.image {
+            facts::ImageKind::Cloudimg => wit::ImageKind::Cloudimg,
+            facts::ImageKind::Oci => wit::ImageKind::Oci,
+            facts::ImageKind::Unknown => wit::ImageKind::Unknown,
+        },
+        boot: match f.boot {
+            facts::BootKind::Clone => wit::BootKind::Clone,
+            facts::BootKind::Fork => wit::BootKind::Fork,
+            facts::BootKind::Wake => wit::BootKind::Wake,
+            facts::BootKind::Resumed => wit::BootKind::Resumed,
+        },
+        nics: f
+            .nics
+            .iter()
+            .map(|n| {
+                let m = n.mac.0;
+                wit::Nic {
+                    mac: wit::MacAddress {
+                        octets: (m[0], m[1], m[2], m[3], m[4], m[5]),
+                    },
+                    static_ipv4: n.static_ipv4.map(|s| wit::StaticIpv4 {
+                        address: ipv4_to_wit(s.address),
+                        prefix: s.prefix,
+                        gateway: s.gateway.map(ipv4_to_wit),
+                    }),
+                }
+            })
+            .collect(),
+        flavor: f.flavor.as_ref().map(|f| f.as_str().to_owned()),
+    }
+}
+
+pub fn plan_from_wit(p: wit::Plan) -> Plan {
+    Plan {
+        dialect: match p.dialect {
+            wit::Dialect::PosixSh => plan::Dialect::PosixSh,
+            wit::Dialect::Powershell => plan::Dialect::PowerShell,
+        },
+        steps: p
+            .steps
+            .into_iter()
+            .map(|s| plan::Step {
+                description: s.description,
+                phase: match s.phase {
+                    wit::Phase::Prepare => plan::Phase::Prepare,
+                    wit::Phase::Link => plan::Phase::Link,
+                    wit::Phase::Configure => plan::Phase::Configure,
+                },
+                best_effort: s.best_effort,
+                action: match s.action {
+                    wit::Action::Run(argv) => plan::Action::Run(argv),
+                    wit::Action::WriteFile(w) => plan::Action::WriteFile(plan::WriteFile {
+                        path: w.path,
+                        content: w.content,
+                        mode: w.mode,
+                    }),
+                    wit::Action::RemoveFiles(paths) => plan::Action::RemoveFiles(paths),
+                },
+            })
+            .collect(),
+    }
+}
