@@ -74,9 +74,11 @@ enum PluginCommand {
     Test(PluginTestArgs),
     /// Show what a plugin file is and whether the host would load it.
     ///
-    /// Name, version, contract, sha256, scenarios, flavours and imports,
-    /// then `accepted` or `refused: <why and the fix>`. Exit code 1 when
-    /// refused.
+    /// Name, version, contract, sha256, scenarios, flavours, imports and
+    /// the guest policy (what its plans may write, remove and run in a
+    /// guest, with a warning for rules that allow arbitrary code, and the
+    /// configuration file's narrowing of it), then `accepted` or
+    /// `refused: <why and the fix>`. Exit code 1 when refused.
     Inspect(PluginInspectArgs),
     /// Create a new plugin crate from the template.
     ///

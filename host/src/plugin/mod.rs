@@ -622,7 +622,13 @@ fn describe(
             truncate_for_message(&raw.contract)
         )));
     }
-    if raw.version.is_empty() || raw.version.len() > 64 || raw.version.contains(char::is_control) {
+    if raw.version.is_empty()
+        || raw.version.len() > 64
+        || raw
+            .version
+            .chars()
+            .any(|c| c.is_control() || crate::facts::is_invisible_format(c))
+    {
         return Err(bad(format!(
             "version {:?} must be a short semver string",
             truncate_for_message(&raw.version)
@@ -645,7 +651,7 @@ fn describe(
     flavors.sort();
     flavors.dedup();
     let mut summary = raw.summary;
-    summary.retain(|c| !c.is_control());
+    summary.retain(|c| !c.is_control() && !crate::facts::is_invisible_format(c));
     summary.truncate(summary.floor_char_boundary(200));
     Ok(PluginInfo {
         name: raw.name,
