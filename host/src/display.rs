@@ -37,18 +37,21 @@ pub fn terminal_text(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// JSON for a terminal: serde_json already escapes the control characters;
-/// this writes every invisible formatting character as a `\uXXXX` escape
-/// too. The document means the same: such characters only occur inside
-/// strings, where the escape is the same character.
+/// JSON for a terminal: serde_json escapes only U+0000..=U+001F; this
+/// writes DEL, the C1 controls (U+009B is a one-character CSI) and every
+/// invisible formatting character as `\uXXXX` too. The document means the
+/// same: outside strings serde_json writes only ASCII punctuation, spaces
+/// and line breaks, which are kept, and inside strings the escape is the
+/// same character.
 pub fn terminal_json(json: &str) -> Cow<'_, str> {
-    if !json.chars().any(is_invisible_format) {
+    let escaped = |c: char| (c.is_control() && c != '\n' && c != ' ') || is_invisible_format(c);
+    if !json.chars().any(escaped) {
         return Cow::Borrowed(json);
     }
     let mut out = String::with_capacity(json.len() + 16);
     for c in json.chars() {
-        if is_invisible_format(c) {
-            // Every invisible formatting character is in the BMP.
+        if escaped(c) {
+            // Every such character is in the BMP.
             out.push_str(&format!("\\u{:04x}", c as u32));
         } else {
             out.push(c);
@@ -72,11 +75,16 @@ mod tests {
 
     #[test]
     fn terminal_json_escapes_format_characters_and_keeps_the_value() {
-        let value = serde_json::json!({"d": "a\u{202e}b\u{200b}c\u{1b}"});
-        let json = serde_json::to_string(&value).unwrap();
+        let value = serde_json::json!({"d": "a\u{202e}b\u{200b}c\u{1b}\u{7f}\u{9b}2J\u{85}"});
+        let json = serde_json::to_string_pretty(&value).unwrap();
         let shown = terminal_json(&json);
-        assert!(!shown.contains('\u{202e}') && !shown.contains('\u{200b}'));
-        assert!(!shown.contains('\u{1b}'));
+        assert!(
+            !shown
+                .chars()
+                .any(|c| (c.is_control() && c != '\n') || crate::facts::is_invisible_format(c)),
+            "{shown:?}"
+        );
+        assert!(shown.contains("\\u009b2J"), "{shown}");
         let back: serde_json::Value = serde_json::from_str(&shown).unwrap();
         assert_eq!(back, value);
     }

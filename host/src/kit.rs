@@ -1335,8 +1335,10 @@ pub struct PolicyReport {
     pub policy: GuestPolicy,
     /// The operator's narrowing from the configuration file, if any.
     pub narrowed_by_operator: Option<GuestPolicy>,
-    /// Run rules that let the plugin run arbitrary code in the guest.
-    pub unbounded_runs: Vec<String>,
+    /// What a reviewer must look at twice: run rules that leave a
+    /// program's arguments open, patterns that cover files through which
+    /// code could run ([`GuestPolicy::warnings`]).
+    pub warnings: Vec<String>,
 }
 
 impl PolicyReport {
@@ -1345,11 +1347,7 @@ impl PolicyReport {
             source: plugin.policy_source,
             policy: plugin.policy.clone(),
             narrowed_by_operator: plugin.narrowing.clone(),
-            unbounded_runs: plugin
-                .policy
-                .unbounded_runs()
-                .map(ToString::to_string)
-                .collect(),
+            warnings: plugin.policy.warnings(),
         }
     }
 }
@@ -1436,7 +1434,7 @@ impl Inspector {
             .imports
             .iter()
             .map(|name| ImportReport {
-                access: import_access(plugin.contract(), name),
+                access: import_access(&plugin.granted_imports(), name),
                 name: name.clone(),
             })
             .collect();
@@ -1507,11 +1505,8 @@ fn conflict_sentence(c: &ConflictError) -> String {
     }
 }
 
-fn import_access(version: &str, name: &str) -> Access {
-    if contract::granted_imports(version)
-        .iter()
-        .any(|granted| granted == name)
-    {
+fn import_access(granted: &[String], name: &str) -> Access {
+    if granted.iter().any(|g| g == name) {
         Access::Granted
     } else {
         Access::Denied
@@ -1599,16 +1594,13 @@ impl fmt::Display for Inspection {
                 PolicySource::Declared => "declared by the plugin".to_owned(),
                 PolicySource::ContractDefault => format!(
                     "the default for its contract, which cannot declare one (rebuild against cocoon:fixup@{} to declare a tighter one)",
-                    contract::CURRENT
+                    contract::Contract::CURRENT
                 ),
             };
             row(f, "policy", &source)?;
             write!(f, "{}", policy.policy)?;
-            for rule in &policy.unbounded_runs {
-                writeln!(
-                    f,
-                    "  warning: `{rule}` can run any code in the guest: this policy does not bound what the plugin does there"
-                )?;
+            for warning in &policy.warnings {
+                writeln!(f, "  warning: {warning}")?;
             }
             match &policy.narrowed_by_operator {
                 Some(narrowing) => {

@@ -157,6 +157,13 @@ impl Planner {
             Some(dir) => plugins.load_dir(dir)?,
             None => Vec::new(),
         };
+        for name in plugins.unused_narrowings() {
+            tracing::warn!(
+                plugin = %crate::facts::escape_controls(&name),
+                "the configuration file narrows the guest policy of plugin_policy.{}, but no loaded plugin has that name: check the name against `cocoon-fixup plugin inspect`",
+                crate::facts::escape_controls(&name)
+            );
+        }
         Ok((
             Planner {
                 plugins,

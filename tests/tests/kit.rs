@@ -426,7 +426,7 @@ fn inspect_accepts_each_builtin() {
         assert!(text.contains("cocoon:fixup/host@0.2.0"), "{text}");
         let policy = found.policy.as_ref().expect("a loaded plugin has a policy");
         assert_eq!(policy.source, PolicySource::Declared, "{name}");
-        assert!(policy.unbounded_runs.is_empty(), "{name}: {text}");
+        assert!(policy.warnings.is_empty(), "{name}: {text}");
         assert!(!policy.policy.special_modes, "{name}");
         assert!(
             text.contains("policy     declared by the plugin\n"),

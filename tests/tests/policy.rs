@@ -143,6 +143,39 @@ fn the_operator_narrows_a_built_in() {
 }
 
 #[test]
+fn a_narrowing_never_widens() {
+    let mut options = narrowing(RawPolicy::default());
+    options.narrowing = BTreeMap::from([(
+        "overreach".to_owned(),
+        GuestPolicy::parse(&RawPolicy {
+            writes: strings(&["/**"]),
+            removes: strings(&["/**"]),
+            runs: vec![strings(&["*"])],
+            special_modes: true,
+        })
+        .expect("well formed"),
+    )]);
+    let host = host(options);
+    for name in ["shadow", "setuid", "curl"] {
+        match plan(&host, Some("overreach"), name) {
+            Err(PluginError::Policy { by, .. }) => assert_eq!(by, "its declared policy"),
+            other => panic!("{name}: unexpected: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_narrowing_for_no_loaded_plugin_is_reported() {
+    let host = host(narrowing(RawPolicy::default()));
+    assert!(host.unused_narrowings().is_empty());
+    let mut options = EngineOptions::default();
+    options
+        .narrowing
+        .insert("oci_networkd".to_owned(), GuestPolicy::default());
+    assert_eq!(self::host(options).unused_narrowings(), ["oci_networkd"]);
+}
+
+#[test]
 fn a_narrowing_that_covers_the_plan_changes_nothing() {
     let host = host(narrowing(RawPolicy {
         writes: strings(&["/proc/sys/vm/*", "/etc/hostname", "/etc/systemd/network/**"]),
@@ -174,7 +207,7 @@ fn inspect_shows_the_default_policy_of_a_contract_0_1_plugin() {
         "{text}"
     );
     assert!(
-        text.contains("  writes   /etc/systemd/network/*\n"),
+        text.contains("  writes   /etc/systemd/network/10-*.network\n"),
         "{text}"
     );
     assert!(text.contains("  modes    within 0755\n"), "{text}");
@@ -197,11 +230,12 @@ fn inspect_shows_a_declared_policy_and_warns_about_unbounded_runs() {
 
     let hostile = inspect(env!("PLUGIN_HOSTILE"));
     let policy = hostile.policy.as_ref().expect("policy");
-    assert_eq!(policy.unbounded_runs, ["*"]);
+    assert_eq!(policy.warnings.len(), 3, "{:?}", policy.warnings);
+    assert!(policy.warnings[0].starts_with("`*` leaves the arguments open"));
     assert!(policy.policy.special_modes);
     let text = hostile.to_string();
     assert!(
-        text.contains("warning: `*` can run any code in the guest"),
+        text.contains("  warning: write pattern /** covers /etc/shadow"),
         "{text}"
     );
     assert!(text.contains("  modes    any (special-modes)\n"), "{text}");

@@ -204,6 +204,14 @@ pub enum Problem {
     ModeOutOfRange(u32),
     #[error("has {len} entries or bytes, over the limit of {max}")]
     RuleTooLong { len: usize, max: usize },
+    #[error(
+        "contains a backslash, which Windows takes as a separator (so `..\\` could climb out of a directory)"
+    )]
+    Backslash,
+    #[error("contains `:`, which Windows takes as a drive or stream separator")]
+    Colon,
+    #[error("its last component can match `.` or `..` in some shells (dash expands `.*` to both)")]
+    DotGlob,
     #[error("has a `**` component that is not the last one")]
     DeepWildcardNotLast,
     #[error("has `**` inside a component: `**` must be a whole, last component")]
@@ -322,8 +330,8 @@ fn check_step(dialect: Dialect, step: &Step) -> Result<(), Broken> {
     check_description(&step.description).map_err(|p| (Field::Description, p))?;
     match &step.action {
         Action::Run(argv) => check_argv(dialect, argv),
-        Action::WriteFile(w) => check_write(w),
-        Action::RemoveFiles(patterns) => check_patterns(patterns),
+        Action::WriteFile(w) => check_write(dialect, w),
+        Action::RemoveFiles(patterns) => check_patterns(dialect, patterns),
     }
 }
 
@@ -363,8 +371,10 @@ fn check_argv(dialect: Dialect, argv: &[String]) -> Result<(), Broken> {
     Ok(())
 }
 
-fn check_write(w: &WriteFile) -> Result<(), Broken> {
-    check_path(&w.path).map_err(|p| (Field::Path, p))?;
+fn check_write(dialect: Dialect, w: &WriteFile) -> Result<(), Broken> {
+    check_path(&w.path)
+        .and_then(|()| check_dialect_path(dialect, &w.path))
+        .map_err(|p| (Field::Path, p))?;
     no_nul(&w.content).map_err(|p| (Field::Content, p))?;
     match w.mode {
         Some(m) if m > 0o7777 => Err((Field::Mode, Problem::ModeOutOfRange(m))),
@@ -372,12 +382,29 @@ fn check_write(w: &WriteFile) -> Result<(), Broken> {
     }
 }
 
-fn check_patterns(patterns: &[String]) -> Result<(), Broken> {
+fn check_patterns(dialect: Dialect, patterns: &[String]) -> Result<(), Broken> {
     if patterns.is_empty() {
         return Err((Field::RemoveFiles, Problem::NoPaths));
     }
     for (i, pattern) in patterns.iter().enumerate() {
-        check_pattern(pattern).map_err(|p| (Field::Pattern(i), p))?;
+        check_pattern(pattern)
+            .and_then(|()| check_dialect_path(dialect, pattern))
+            .map_err(|p| (Field::Pattern(i), p))?;
+    }
+    Ok(())
+}
+
+/// Windows also takes a backslash as a separator (so `..` then a
+/// backslash climbs) and `:` as a drive or stream separator: a PowerShell
+/// plan's paths have neither. On Linux both are ordinary characters.
+fn check_dialect_path(dialect: Dialect, path: &str) -> Result<(), Problem> {
+    if dialect == Dialect::PowerShell {
+        if path.contains('\\') {
+            return Err(Problem::Backslash);
+        }
+        if path.contains(':') {
+            return Err(Problem::Colon);
+        }
     }
     Ok(())
 }
@@ -389,9 +416,13 @@ fn check_pattern(pattern: &str) -> Result<(), Problem> {
     if components.len() < 2 {
         return Err(Problem::TooShallow);
     }
-    let (_, dirs) = components.split_last().expect("at least two components");
+    let (last, dirs) = components.split_last().expect("at least two components");
     if dirs.iter().any(|c| c.contains('*')) {
         return Err(Problem::WildcardNotLast);
+    }
+    // dash expands `.*` to `.` and `..` as well.
+    if last.contains('*') && last.starts_with('.') && last.chars().all(|c| c == '.' || c == '*') {
+        return Err(Problem::DotGlob);
     }
     Ok(())
 }
@@ -636,6 +667,55 @@ mod tests {
         let mut s = step(run(&["true"]));
         s.description = "é".repeat(100);
         assert_eq!(plan(vec![s]).check(&PlanLimits::default()), Ok(()));
+    }
+
+    #[test]
+    fn paths_windows_could_read_differently_are_refused() {
+        let ps = |action: Action| Plan {
+            dialect: Dialect::PowerShell,
+            steps: vec![step(action)],
+        };
+        let limits = PlanLimits::default();
+        for (action, field, problem) in [
+            (
+                write("/ProgramData/acme/..\\..\\Windows\\x.dll", "x", None),
+                Field::Path,
+                Problem::Backslash,
+            ),
+            (
+                write("/ProgramData/acme/x.txt:stream", "x", None),
+                Field::Path,
+                Problem::Colon,
+            ),
+            (
+                remove(&["/ProgramData/C:*"]),
+                Field::Pattern(0),
+                Problem::Colon,
+            ),
+        ] {
+            assert_eq!(
+                ps(action).check(&limits),
+                Err(PlanError::Invalid {
+                    step: 1,
+                    field,
+                    problem
+                })
+            );
+        }
+        // Both are ordinary characters on Linux.
+        plan(vec![step(write("/etc/a:b\\c", "x", None))])
+            .check(&limits)
+            .unwrap();
+    }
+
+    #[rstest]
+    #[case("/etc/x/.*")]
+    #[case("/etc/x/..*")]
+    #[case("/etc/x/*.")]
+    fn globs_that_match_dot_or_dot_dot_are_refused(#[case] pattern: &str) {
+        let err = plan(vec![step(remove(&[pattern]))]).check(&PlanLimits::default());
+        let dot = pattern.rsplit('/').next().unwrap().starts_with('.');
+        assert_eq!(err.is_err(), dot, "{pattern}: {err:?}");
     }
 
     #[test]

@@ -79,8 +79,11 @@ impl PathPattern {
     /// Does the path (or a remove entry, its `*` taken literally) match?
     /// Both are checked absolute and normalised paths.
     pub fn matches(&self, path: &str) -> bool {
-        let mut pattern = self.0[1..].split('/');
-        let mut path = path[1..].split('/');
+        let (Some(pattern), Some(path)) = (self.0.strip_prefix('/'), path.strip_prefix('/')) else {
+            return false;
+        };
+        let mut pattern = pattern.split('/');
+        let mut path = path.split('/');
         loop {
             match (pattern.next(), path.next()) {
                 (Some("**"), Some(_)) => return true,
@@ -147,7 +150,7 @@ impl RunRule {
             if arg.contains('\0') {
                 return Err(Problem::Nul);
             }
-            super::check::visible_text(arg)?;
+            visible_line(arg)?;
         }
         Ok(RunRule(argv.to_vec()))
     }
@@ -170,72 +173,78 @@ impl RunRule {
         }
     }
 
-    /// A rule that lets the plugin run arbitrary code: an interpreter, a
-    /// shell, or a program that runs another, with open arguments. Shown as
-    /// a warning by `plugin inspect`.
+    /// A rule that leaves arguments open to a program that is not known
+    /// to stay within bounds with any arguments: the host cannot tell what
+    /// such a program does (a shell, `dhclient -sf SCRIPT`, `systemctl
+    /// start debug-shell`, ...), so the rule bounds nothing. Shown as a
+    /// warning by `plugin inspect`. Exact rules are never flagged: the
+    /// whole command is there to read.
     pub fn is_unbounded(&self) -> bool {
-        let program = self.0[0].rsplit(['/', '\\']).next().unwrap_or_default();
-        let program = program.to_ascii_lowercase();
-        let program = program.strip_suffix(".exe").unwrap_or(&program);
-        let base = program.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
         if !self.open_ended() {
             return false;
         }
-        if self.0.len() == 1 {
-            return true;
-        }
-        if base == "ip" {
-            // `ip link set ...` cannot run a program; `ip netns exec` and
-            // `ip -batch FILE` can.
-            let fixed = &self.0[1..self.0.len() - 1];
-            return fixed
-                .first()
-                .is_none_or(|a| IP_ESCAPES.contains(&a.as_str()));
-        }
-        UNBOUNDED_PROGRAMS.contains(&base)
+        let fixed = &self.0[..self.0.len() - 1];
+        !BOUNDED_OPEN_PREFIXES.iter().any(|prefix| {
+            fixed.len() >= prefix.len() && fixed.iter().zip(prefix.iter()).all(|(a, b)| a == b)
+        })
     }
 }
 
-/// Programs that run arbitrary code given free arguments (digits and dots
-/// at the end are ignored: `python3.11` is `python`).
-const UNBOUNDED_PROGRAMS: &[&str] = &[
-    "sh",
-    "bash",
-    "dash",
-    "ash",
-    "zsh",
-    "ksh",
-    "busybox",
-    "env",
-    "sudo",
-    "su",
-    "doas",
-    "xargs",
-    "nohup",
-    "timeout",
-    "nice",
-    "chroot",
-    "nsenter",
-    "unshare",
-    "systemd-run",
-    "setsid",
-    "python",
-    "perl",
-    "ruby",
-    "node",
-    "lua",
-    "awk",
-    "gawk",
-    "find",
-    "powershell",
-    "pwsh",
-    "cmd",
-    "wscript",
-    "cscript",
+/// Commands whose remaining arguments cannot make them run other code or
+/// touch files: an open rule that starts with one of these is not flagged.
+const BOUNDED_OPEN_PREFIXES: &[&[&str]] = &[
+    &["ip", "link", "set"],
+    &["ip", "address", "add"],
+    &["ip", "address", "del"],
+    &["ip", "address", "flush"],
+    &["ip", "addr", "add"],
+    &["ip", "addr", "del"],
+    &["ip", "addr", "flush"],
+    &["ip", "route", "add"],
+    &["ip", "route", "del"],
+    &["ip", "route", "replace"],
+    &["ip", "neigh", "flush"],
+    &["nmcli", "--wait"],
+    &["nmcli", "connection", "up"],
+    &["nmcli", "connection", "down"],
+    &["networkctl", "reload"],
+    &["networkctl", "reconfigure"],
 ];
 
-/// `ip` options and objects that run other programs or read commands.
-const IP_ESCAPES: &[&str] = &["netns", "-n", "-netns", "-b", "-batch", "-force", "vrf"];
+/// Files a write or remove pattern must not cover without a warning: each
+/// stands for a way to run code as root or to log in.
+const SENSITIVE_PATHS: &[&str] = &[
+    "/etc/shadow",
+    "/etc/passwd",
+    "/etc/sudoers",
+    "/etc/sudoers.d/cocoon",
+    "/root/.ssh/authorized_keys",
+    "/home/user/.ssh/authorized_keys",
+    "/etc/ssh/sshd_config",
+    "/etc/cron.d/cocoon",
+    "/etc/crontab",
+    "/etc/systemd/system/cocoon.service",
+    "/etc/systemd/system.conf",
+    "/lib/systemd/system/cocoon.service",
+    "/etc/profile.d/cocoon.sh",
+    "/etc/ld.so.preload",
+    "/etc/pam.d/sshd",
+    "/etc/rc.local",
+    "/etc/init.d/cocoon",
+    "/etc/NetworkManager/dispatcher.d/cocoon",
+    "/etc/network/if-up.d/cocoon",
+    "/etc/network/interfaces",
+    "/etc/sysconfig/network-scripts/ifup-local",
+    "/etc/dhcp/dhclient-exit-hooks.d/cocoon",
+    "/usr/bin/cocoon",
+    "/usr/local/bin/cocoon",
+    "/bin/cocoon",
+    "/sbin/cocoon",
+    "/boot/vmlinuz",
+    "/var/spool/cron/root",
+    "/ProgramData/Microsoft/Windows/Start Menu/Programs/StartUp/x.ps1",
+    "/Windows/System32/x.dll",
+];
 
 impl fmt::Display for RunRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -338,46 +347,46 @@ impl GuestPolicy {
     }
 
     /// The policy of a plugin built against contract 0.1.0, which cannot
-    /// declare one: the network configuration files of the common Linux
-    /// network stacks, the hostname and the page-cache knob; the network
-    /// tools with their configuring subcommands; modes within 0o755. It
-    /// admits what the four 0.1.0 built-ins and the example vendor plugin
-    /// did, and nothing under `/root`, `/home`, `/usr`, `/bin`, the
-    /// credentials in `/etc`, or any interpreter.
+    /// declare one: what the plugins of that time did, and nothing a
+    /// program could stretch into running other code. Writes: networkd's
+    /// `10-*.network` files, NetworkManager keyfiles, netplan YAML, the
+    /// hostname and the page-cache knob; removes: the same and cloud-init's
+    /// generated network files; runs: the networkd restart, the four
+    /// cloud-init stages with their exact arguments, `ip link set dev ...`,
+    /// `nmcli connection reload`, `nmcli --wait ...`, `netplan apply` and
+    /// `netplan generate`, `sync`, and the Windows re-enumeration command;
+    /// modes within 0o755.
     pub fn contract_0_1_default() -> Self {
         const CONFIG: &[&str] = &[
-            "/etc/systemd/network/*",
-            "/etc/NetworkManager/system-connections/*",
-            "/etc/NetworkManager/conf.d/*",
-            "/etc/netplan/*",
-            "/etc/network/interfaces",
-            "/etc/network/interfaces.d/*",
-            "/etc/sysconfig/network-scripts/*",
+            "/etc/systemd/network/10-*.network",
+            "/etc/NetworkManager/system-connections/*.nmconnection",
+            "/etc/netplan/*.yaml",
         ];
         const WRITES_ALSO: &[&str] = &["/etc/hostname", "/proc/sys/vm/drop_caches"];
+        const REMOVES_ALSO: &[&str] = &[
+            "/etc/NetworkManager/conf.d/99-cloud-init.conf",
+            "/etc/NetworkManager/conf.d/30-cloud-init-ip6-addr-gen-mode.conf",
+            "/etc/network/interfaces.d/50-cloud-init.cfg",
+        ];
+        const WINDOWS_PNP: &str = "$x=Get-PnpDevice -Class Net -PresentOnly;$x|Disable-PnpDevice -Confirm:$false;$x|Enable-PnpDevice -Confirm:$false";
         const RUNS: &[&[&str]] = &[
-            &["ip", "link", "set", "*"],
-            &["ip", "addr", "*"],
-            &["ip", "address", "*"],
-            &["ip", "route", "*"],
-            &["networkctl", "*"],
-            &["systemctl", "restart", "*"],
-            &["systemctl", "reload", "*"],
-            &["nmcli", "*"],
+            &["systemctl", "restart", "systemd-networkd"],
+            &["cloud-init", "clean", "--logs", "--seed"],
+            &["cloud-init", "init", "--local"],
+            &["cloud-init", "init"],
+            &["cloud-init", "modules", "--mode=config"],
+            &["ip", "link", "set", "dev", "*"],
+            &["nmcli", "connection", "reload"],
+            &["nmcli", "--wait", "*"],
             &["netplan", "apply"],
             &["netplan", "generate"],
-            &["cloud-init", "*"],
-            &["udevadm", "*"],
-            &["ifup", "*"],
-            &["ifdown", "*"],
-            &["dhclient", "*"],
-            &["hostname", "*"],
             &["sync"],
+            &["powershell", "-nop", "-c", WINDOWS_PNP],
         ];
         let strings = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
         let raw = RawPolicy {
             writes: strings(&[CONFIG, WRITES_ALSO].concat()),
-            removes: strings(CONFIG),
+            removes: strings(&[CONFIG, REMOVES_ALSO].concat()),
             runs: RUNS.iter().map(|argv| strings(argv)).collect(),
             special_modes: false,
         };
@@ -420,9 +429,34 @@ impl GuestPolicy {
         Ok(())
     }
 
-    /// Run rules that let the plugin run arbitrary code.
+    /// Run rules that leave arguments open to a program not known to stay
+    /// within bounds ([`RunRule::is_unbounded`]).
     pub fn unbounded_runs(&self) -> impl Iterator<Item = &RunRule> {
         self.runs.iter().filter(|r| r.is_unbounded())
+    }
+
+    /// What a reviewer must look at twice, one sentence each: open run
+    /// rules of unbounded programs, and write or remove patterns that cover
+    /// a file through which a plugin could run code or log in.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .unbounded_runs()
+            .map(|rule| {
+                format!(
+                    "`{rule}` leaves the arguments open: the host cannot bound what that program does with them, so this rule may run any code in the guest"
+                )
+            })
+            .collect();
+        for (kind, patterns) in [("write", &self.writes), ("remove", &self.removes)] {
+            for pattern in patterns {
+                if let Some(path) = SENSITIVE_PATHS.iter().find(|p| pattern.matches(p)) {
+                    out.push(format!(
+                        "{kind} pattern {pattern} covers {path}: through such a file a plugin can run code as root or let someone log in"
+                    ));
+                }
+            }
+        }
+        out
     }
 }
 
@@ -638,11 +672,19 @@ mod tests {
     #[case(&["python3.11", "*"], true)]
     #[case(&["PowerShell.exe", "-c", "*"], true)]
     #[case(&["powershell", "-nop", "-c", "Get-NetAdapter"], false)]
-    #[case(&["systemctl", "restart", "*"], false)]
+    #[case(&["systemctl", "restart", "*"], true)]
+    #[case(&["dhclient", "*"], true)]
+    #[case(&["udevadm", "*"], true)]
+    #[case(&["cloud-init", "*"], true)]
+    #[case(&["stdbuf", "*"], true)]
     #[case(&["sh"], false)]
     #[case(&["ip", "*"], true)]
     #[case(&["ip", "netns", "*"], true)]
+    #[case(&["ip", "-s", "*"], true)]
+    #[case(&["ip", "link", "*"], true)]
     #[case(&["ip", "link", "set", "*"], false)]
+    #[case(&["ip", "link", "set", "dev", "*"], false)]
+    #[case(&["nmcli", "--wait", "*"], false)]
     fn unbounded_rules_are_recognised(#[case] rule: &[&str], #[case] unbounded: bool) {
         assert_eq!(
             RunRule::parse(&argv(rule)).unwrap().is_unbounded(),
@@ -661,7 +703,7 @@ mod tests {
         assert!(anything.matches(&argv(&["curl", "x"])) && anything.is_unbounded());
         assert_eq!(
             RunRule::parse(&argv(&["x", "a\u{1b}[2J"])),
-            Err(Problem::ContentControlChar)
+            Err(Problem::ControlChar)
         );
     }
 
@@ -756,7 +798,63 @@ mod tests {
                 Action::Run(argv(&["nmcli", "connection", "reload"])),
             ]))
             .unwrap();
-        assert_eq!(policy.unbounded_runs().count(), 0);
+        assert!(policy.warnings().is_empty(), "{:?}", policy.warnings());
+        // What the 0.1.0 built-ins did still passes, Windows included.
+        let windows = Plan {
+            dialect: Dialect::PowerShell,
+            ..plan(vec![Action::Run(argv(&[
+                "powershell",
+                "-nop",
+                "-c",
+                "$x=Get-PnpDevice -Class Net -PresentOnly;$x|Disable-PnpDevice -Confirm:$false;$x|Enable-PnpDevice -Confirm:$false",
+            ]))])
+        };
+        policy.check(&windows).unwrap();
+        for escape in [
+            &[
+                "dhclient",
+                "-sf",
+                "/etc/systemd/network/10-x.network",
+                "eth0",
+            ][..],
+            &["ifup", "-i", "/etc/x", "eth0"],
+            &["udevadm", "lock", "--device=/dev/vda", "sh"],
+            &["systemctl", "restart", "debug-shell"],
+            &[
+                "cloud-init",
+                "-f",
+                "/etc/netplan/x.yaml",
+                "single",
+                "--name",
+                "bootcmd",
+            ],
+        ] {
+            assert!(
+                policy
+                    .check(&plan(vec![Action::Run(argv(escape))]))
+                    .is_err(),
+                "{escape:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn warnings_name_open_programs_and_sensitive_patterns() {
+        let policy = GuestPolicy::parse(&RawPolicy {
+            writes: argv(&["/etc/**", "/etc/systemd/network/10-*.network"]),
+            removes: argv(&["/root/**"]),
+            runs: vec![argv(&["dhclient", "*"]), argv(&["ip", "link", "set", "*"])],
+            special_modes: false,
+        })
+        .unwrap();
+        let warnings = policy.warnings();
+        assert_eq!(warnings.len(), 3, "{warnings:?}");
+        assert!(warnings[0].starts_with("`dhclient *` leaves the arguments open"));
+        assert!(warnings[1].starts_with("write pattern /etc/** covers /etc/shadow"));
+        assert!(
+            warnings[2].starts_with("remove pattern /root/** covers /root/.ssh/authorized_keys")
+        );
+        assert!(networkd_policy().warnings().is_empty());
     }
 
     #[test]

@@ -27,7 +27,7 @@ use crate::plan::policy::{Breach, GuestPolicy, PolicyError, PolicySource};
 use crate::plan::{Plan, PlanError};
 
 use cache::ArtifactCache;
-use contract::{GENERATOR_EXPORT, Pre, SUPPORTED};
+use contract::{Contract, GENERATOR_EXPORT, Pre};
 pub use registry::{Registry, Selection};
 pub use sandbox::Limits;
 use sandbox::{CallState, DeniedImport, MemoryLimitHit};
@@ -160,7 +160,9 @@ pub enum PluginError {
     #[error("{origin} could not be compiled: {reason}; rebuild the plugin from source")]
     Compile { origin: Origin, reason: String },
     #[error(
-        "{origin} targets contract {found}, this host serves {}: rebuild the plugin against cocoon:fixup@{}", SUPPORTED.join(" and "), contract::CURRENT
+        "{origin} targets contract {found}, this host serves {}: rebuild the plugin against cocoon:fixup@{}",
+        Contract::served(),
+        Contract::CURRENT
     )]
     ContractMismatch { origin: Origin, found: String },
     #[error(
@@ -345,6 +347,22 @@ impl PluginHost {
         &self.registry
     }
 
+    /// Names in the operator's narrowing that no loaded plugin has: a typo
+    /// or a renamed plugin, so the narrowing is not in force.
+    pub fn unused_narrowings(&self) -> Vec<String> {
+        self.narrowing
+            .keys()
+            .filter(|name| {
+                !self
+                    .registry
+                    .plugins()
+                    .iter()
+                    .any(|p| &p.info.name == *name)
+            })
+            .cloned()
+            .collect()
+    }
+
     /// Load the four built-in plugins. They are compiled into the binary,
     /// so a failure here is a build defect.
     pub fn load_builtins(&mut self) -> Result<(), LoadError> {
@@ -485,14 +503,14 @@ impl PluginHost {
                 return Err(PluginError::Unsupported {
                     plugin: name.to_owned(),
                     scenario,
-                    reason,
+                    reason: plugin_text(&reason),
                 });
             }
             Err(contract::wit::PlanError::InvalidFacts(f)) => {
                 return Err(PluginError::InvalidFact {
                     plugin: name.to_owned(),
-                    field: f.field,
-                    reason: f.reason,
+                    field: plugin_text(&f.field),
+                    reason: plugin_text(&f.reason),
                 });
             }
         };
@@ -510,7 +528,12 @@ impl PluginHost {
 impl LoadedPlugin {
     /// The contract version the plugin was built against.
     pub fn contract(&self) -> &'static str {
-        self.pre.version()
+        self.pre.contract().version()
+    }
+
+    /// The imports its contract grants (for `plugin inspect`).
+    pub fn granted_imports(&self) -> Vec<String> {
+        self.pre.contract().granted_imports()
     }
 
     /// Check a plan against the plugin's policy and the operator's
@@ -565,24 +588,29 @@ fn is_component(bytes: &[u8]) -> bool {
 }
 
 /// The contract check: the component must export the generator interface
-/// at a version this host serves. Returns that version.
+/// at a version this host serves. Returns that version; the newest when it
+/// exports several.
 fn check_contract(
     engine: &Engine,
     component: &Component,
     origin: &Origin,
-) -> Result<&'static str, PluginError> {
+) -> Result<Contract, PluginError> {
     let ty = component.component_type();
     let prefix = format!("{GENERATOR_EXPORT}@");
     let mut found = None;
+    let mut served = None;
     for (name, _) in ty.exports(engine) {
         if let Some(version) = name.strip_prefix(&prefix) {
-            if let Some(served) = SUPPORTED.iter().find(|v| **v == version) {
-                return Ok(served);
+            match Contract::parse(version) {
+                Some(c) => served = served.max(Some(c)),
+                None => found = Some(version.to_owned()),
             }
-            found = Some(version.to_owned());
         } else if name == GENERATOR_EXPORT {
             found = Some("(unversioned)".to_owned());
         }
+    }
+    if let Some(contract) = served {
+        return Ok(contract);
     }
     match found {
         Some(found) => Err(PluginError::ContractMismatch {
@@ -598,8 +626,9 @@ fn check_contract(
 fn describe(
     raw: contract::WitPluginInfo,
     origin: &Origin,
-    version: &str,
+    contract: Contract,
 ) -> Result<PluginInfo, PluginError> {
+    let version = contract.version();
     let bad = |reason: String| PluginError::BadDescription {
         plugin: origin.to_string(),
         reason,
@@ -661,6 +690,21 @@ fn describe(
         scenarios,
         flavors,
     })
+}
+
+/// Most bytes of a plugin's own reason or field name that messages keep.
+const PLUGIN_TEXT_MAX: usize = 512;
+
+/// A plugin-supplied string bound for messages, logs, events and
+/// annotations: cut to [`PLUGIN_TEXT_MAX`] bytes, one line, every control
+/// and invisible formatting character escaped.
+fn plugin_text(s: &str) -> String {
+    let cut = &s[..s.floor_char_boundary(PLUGIN_TEXT_MAX)];
+    let mut out = crate::facts::escape_controls(cut);
+    if cut.len() < s.len() {
+        out.push_str("...");
+    }
+    out
 }
 
 fn truncate_for_message(s: &str) -> &str {

@@ -9,9 +9,10 @@
 //! version, dispatching each export to its version's bindings.
 //!
 //! Serving a third version takes: its WIT under `wit/<version>/`, a module
-//! like [`v0_2`] (a `bindgen!`, the `log` import, `link`, `describe`,
-//! `plan`), an arm in [`Pre`] and in [`link`], and an entry in [`SUPPORTED`].
-//! If its `types` change, the conversions move into that module.
+//! like [`v0_2`] (a `bindgen!`, its `log` import), a variant of
+//! [`Contract`] and of [`Pre`]; every match over them is exhaustive, so the
+//! compiler lists each place that needs an arm. If its `types` change, the
+//! conversions move into that module.
 
 pub mod v0_1;
 pub mod v0_2;
@@ -29,27 +30,67 @@ use super::sandbox::{self, CallState};
 pub use v0_2::cocoon::fixup::types as wit;
 pub use v0_2::exports::cocoon::fixup::generator::PluginInfo as WitPluginInfo;
 
-/// The contract version new plugins are built against (the SDK's).
-pub const CURRENT: &str = v0_2::VERSION;
-
-/// Every contract version this host serves, newest first. A plugin whose
-/// `generator` export carries another version is refused at load.
-pub const SUPPORTED: &[&str] = &[v0_2::VERSION, v0_1::VERSION];
-
 /// The export every plugin must provide, without its version.
 pub const GENERATOR_EXPORT: &str = "cocoon:fixup/generator";
 
-/// The imports a plugin of `version` is granted, for `plugin inspect`: the
-/// host's `log` and the interfaces that only carry types.
-pub fn granted_imports(version: &str) -> Vec<String> {
-    let interfaces: &[&str] = match version {
-        v0_1::VERSION => &["host", "types"],
-        _ => &["host", "types", "policy"],
-    };
-    interfaces
-        .iter()
-        .map(|i| format!("cocoon:fixup/{i}@{version}"))
-        .collect()
+/// A contract version this host serves. A plugin whose `generator` export
+/// carries another version is refused at load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Contract {
+    V0_1,
+    V0_2,
+}
+
+impl Contract {
+    /// Every served version, newest first.
+    pub const ALL: [Contract; 2] = [Contract::V0_2, Contract::V0_1];
+
+    /// The version new plugins are built against (the SDK's).
+    pub const CURRENT: Contract = Contract::V0_2;
+
+    pub fn version(self) -> &'static str {
+        match self {
+            Contract::V0_1 => v0_1::VERSION,
+            Contract::V0_2 => v0_2::VERSION,
+        }
+    }
+
+    pub fn parse(version: &str) -> Option<Contract> {
+        Contract::ALL.into_iter().find(|c| c.version() == version)
+    }
+
+    /// The served versions for messages: `0.2.0 and 0.1.0`.
+    pub fn served() -> String {
+        let versions: Vec<&str> = Contract::ALL.iter().map(|c| c.version()).collect();
+        versions.join(" and ")
+    }
+
+    /// The one import with functions a plugin of this version is granted.
+    fn host_import(self) -> &'static str {
+        match self {
+            Contract::V0_1 => v0_1::HOST_IMPORT,
+            Contract::V0_2 => v0_2::HOST_IMPORT,
+        }
+    }
+
+    /// The imports a plugin of this version is granted, for `plugin
+    /// inspect`: the host's `log` and the interfaces that only carry types.
+    pub fn granted_imports(self) -> Vec<String> {
+        let interfaces: &[&str] = match self {
+            Contract::V0_1 => &["host", "types"],
+            Contract::V0_2 => &["host", "types", "policy"],
+        };
+        interfaces
+            .iter()
+            .map(|i| format!("cocoon:fixup/{i}@{}", self.version()))
+            .collect()
+    }
+}
+
+impl std::fmt::Display for Contract {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.version())
+    }
 }
 
 /// A plugin linked against its contract version.
@@ -66,45 +107,38 @@ pub struct Described {
     pub policy: Option<RawPolicy>,
 }
 
-/// Link `component`, which exports the generator at `version` (one of
-/// [`SUPPORTED`]): the version's `log`, and every other import denied.
+/// Link `component`, which exports the generator of `contract`: that
+/// version's `log`, and every other import denied.
 pub fn link(
     engine: &wasmtime::Engine,
     component: &Component,
-    version: &str,
+    contract: Contract,
 ) -> wasmtime::Result<Pre> {
     let mut linker = Linker::<CallState>::new(engine);
-    let host_import = match version {
-        v0_1::VERSION => {
-            v0_1::add_host_to_linker(&mut linker)?;
-            v0_1::HOST_IMPORT
-        }
-        v0_2::VERSION => {
-            v0_2::add_host_to_linker(&mut linker)?;
-            v0_2::HOST_IMPORT
-        }
-        other => wasmtime::bail!("contract {other} is not served"),
-    };
+    match contract {
+        Contract::V0_1 => v0_1::add_host_to_linker(&mut linker)?,
+        Contract::V0_2 => v0_2::add_host_to_linker(&mut linker)?,
+    }
     // The type-only interfaces are defined as empty instances there too.
-    sandbox::deny_remaining_imports(engine, &mut linker, component, &[host_import])?;
+    sandbox::deny_remaining_imports(engine, &mut linker, component, &[contract.host_import()])?;
     let pre = linker.instantiate_pre(component)?;
-    Ok(match version {
-        v0_1::VERSION => Pre::V0_1(v0_1::PluginPre::new(pre)?),
-        _ => Pre::V0_2(v0_2::PluginPre::new(pre)?),
+    Ok(match contract {
+        Contract::V0_1 => Pre::V0_1(v0_1::PluginPre::new(pre)?),
+        Contract::V0_2 => Pre::V0_2(v0_2::PluginPre::new(pre)?),
     })
 }
 
 impl std::fmt::Debug for Pre {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Pre(contract {})", self.version())
+        write!(f, "Pre(contract {})", self.contract())
     }
 }
 
 impl Pre {
-    pub fn version(&self) -> &'static str {
+    pub fn contract(&self) -> Contract {
         match self {
-            Pre::V0_1(_) => v0_1::VERSION,
-            Pre::V0_2(_) => v0_2::VERSION,
+            Pre::V0_1(_) => Contract::V0_1,
+            Pre::V0_2(_) => Contract::V0_2,
         }
     }
 
