@@ -20,7 +20,7 @@ use crate::classify::Scenario;
 use crate::cocoon::{Cocoon, CocoonError, ExecOutput};
 use crate::facts::{GuestOs, MacAddr, PodInput, VmId, WaitFacts, WaitNic, annotations};
 use crate::lifecycle::{self, Lifecycle, PostCloneState};
-use crate::plan::{Plan, StepFailure, attribute_failure, ran_to_completion};
+use crate::plan::{Nonce, Plan, StepFailure, attribute_failure, exec_argv, ran_to_completion};
 use crate::pods::{AnnotationPatch, Event, PodApi, PodError, PodRef, cap_utf8, keys, reasons};
 use crate::ready::LeaseWatcher;
 
@@ -96,7 +96,8 @@ pub struct FixupJob<'a> {
     pub vm: &'a VmId,
     pub scenario: Scenario,
     pub plan: &'a Plan,
-    /// The argv after `cocoon vm exec <id> --`.
+    /// The argv after `cocoon vm exec <id> --` without a nonce: each
+    /// attempt adds a fresh one ([`exec_argv`]).
     pub exec: &'a [String],
     /// The base64 hint for the failed case.
     pub hint: &'a str,
@@ -109,27 +110,44 @@ async fn attempt<C: Cocoon>(
     job: &FixupJob<'_>,
     timeout: Duration,
 ) -> Result<(), String> {
-    match cocoon.exec(job.vm, job.exec, timeout).await {
-        Ok(out) if out.success() && ran_to_completion(job.plan, &out.stderr) => Ok(()),
-        Ok(out) if out.success() => {
-            Err(match attribute_failure(job.plan, out.code(), &out.stderr) {
+    run_plan(cocoon, job.vm, job.plan, job.exec, timeout).await
+}
+
+/// One exec of `plan` (`exec` is its [`render_exec`](crate::plan::render_exec)
+/// argv) under a fresh [`Nonce`]: `Ok` when it exited 0 and its stderr
+/// ends with the done marker of that nonce ([`ran_to_completion`]), else
+/// the error as one line, naming the failed step. Marker lines with another
+/// nonce or none are a guest program's output, not the script's.
+async fn run_plan<C: Cocoon>(
+    cocoon: &C,
+    vm: &VmId,
+    plan: &Plan,
+    exec: &[String],
+    timeout: Duration,
+) -> Result<(), String> {
+    let nonce = Nonce::generate().map_err(|e| one_line(&e.to_string()))?;
+    let argv = exec_argv(plan, exec, &nonce);
+    match cocoon.exec(vm, &argv, timeout).await {
+        Ok(out) if out.success() && ran_to_completion(plan, &nonce, &out.stderr) => Ok(()),
+        Ok(out) if out.success() => Err(
+            match attribute_failure(plan, &nonce, out.code(), &out.stderr) {
                 StepFailure::NotStarted { .. } => one_line(&format!(
-                    "the exec exited 0 but no step markers came back on stderr, so it cannot be told that the steps ran: check that `cocoon vm exec` passes the guest's stderr through; stderr: {}",
+                    "the exec exited 0 but no step markers of this exec came back on stderr, so it cannot be told that the steps ran: check that `cocoon vm exec` passes the guest's stderr through; stderr: {}",
                     out.stderr_tail()
                 )),
                 _ => format!(
                     "{}; the script ended early with exit 0, so the steps after it did not run",
-                    describe_failure(job.plan, &out)
+                    describe_failure(plan, &nonce, &out)
                 ),
-            })
-        }
-        Ok(out) => Err(describe_failure(job.plan, &out)),
+            },
+        ),
+        Ok(out) => Err(describe_failure(plan, &nonce, &out)),
         Err(e) => Err(one_line(&e.to_string())),
     }
 }
 
-fn describe_failure(plan: &Plan, out: &ExecOutput) -> String {
-    let failure = attribute_failure(plan, out.code(), &out.stderr);
+fn describe_failure(plan: &Plan, nonce: &Nonce, out: &ExecOutput) -> String {
+    let failure = attribute_failure(plan, nonce, out.code(), &out.stderr);
     let text = match out.code() {
         Some(_) => failure.to_string(),
         None => format!("cocoon vm exec {}: {failure}", out.status),
@@ -377,7 +395,8 @@ pub enum ReadyOutcome {
     Gone,
 }
 
-/// A recovery pass the IP wait may run once: the DHCP plan's exec argv.
+/// A recovery pass the IP wait may run once: the DHCP plan and its exec
+/// argv (without a nonce: each exec draws its own).
 #[derive(Debug, Clone)]
 pub struct DhcpRecovery {
     pub plan: Plan,
@@ -510,8 +529,12 @@ async fn wait_lease<C: Cocoon, P: PodApi>(
                 ),
             )
             .await;
-            let timeout = config.recovery_timeout.min(left);
-            if let Err(e) = exec_once(cocoon, &facts.id, &recovery.exec, timeout).await {
+            let timeout = config
+                .recovery_timeout
+                .min(left)
+                .max(Duration::from_millis(1));
+            let pass = run_plan(cocoon, &facts.id, &recovery.plan, &recovery.exec, timeout);
+            if let Err(e) = pass.await {
                 tracing::warn!(pod = %pod, "DHCP recovery pass failed: {e}");
             }
         }

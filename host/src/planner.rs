@@ -73,7 +73,8 @@ pub struct ComposedPlan {
     pub facts: VmFacts,
     pub parts: Vec<PlanPart>,
     pub plan: Plan,
-    /// The argv after `cocoon vm exec <id> --`.
+    /// The argv after `cocoon vm exec <id> --`, the same for every exec of
+    /// the plan; each exec adds its own nonce ([`plan::exec_argv`]).
     pub exec: Vec<String>,
     /// The hint script a person can paste.
     pub script: String,
