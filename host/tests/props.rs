@@ -54,6 +54,7 @@ use fixup_host::planner::{Planner, PlannerOptions};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use support::guest::{Guest, Shell, assert_tree, expected_calls};
+use support::strategies;
 
 // ---- the parser side ----
 
@@ -419,40 +420,12 @@ fn text() -> impl Strategy<Value = String> {
     .prop_map(|s| s.replace('\0', ""))
 }
 
-/// One path component: no `/`, no control character, not `.` or `..`.
-fn component() -> impl Strategy<Value = String> {
-    text()
-        .prop_map(|s| {
-            s.replace(['/', '*'], "_")
-                .chars()
-                .filter(|c| !c.is_control())
-                .collect::<String>()
-        })
-        .prop_filter("a real component", |c| {
-            !c.is_empty() && c != "." && c != ".."
-        })
+fn path() -> BoxedStrategy<String> {
+    strategies::path(text().boxed())
 }
 
-fn path() -> impl Strategy<Value = String> {
-    prop::collection::vec(component(), 1..4).prop_map(|parts| format!("/{}", parts.join("/")))
-}
-
-fn pattern() -> impl Strategy<Value = String> {
-    (
-        prop::collection::vec(component(), 1..3),
-        component(),
-        prop::collection::vec(any::<bool>(), 0..4),
-    )
-        .prop_map(|(dirs, last, stars)| {
-            let mut name = last;
-            for (i, star) in stars.iter().enumerate() {
-                if *star {
-                    let at = name.char_indices().nth(i).map_or(name.len(), |(at, _)| at);
-                    name.insert(at, '*');
-                }
-            }
-            format!("/{}/{name}", dirs.join("/"))
-        })
+fn pattern() -> BoxedStrategy<String> {
+    strategies::pattern(text().boxed())
 }
 
 fn action() -> impl Strategy<Value = Action> {

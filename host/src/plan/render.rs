@@ -23,7 +23,11 @@
 //! passes arguments to native programs through its own command-line
 //! quoting, which mangles arguments with embedded `"` and drops empty ones;
 //! the Windows plan today is one direct `powershell -nop -c` run, which
-//! avoids it.
+//! avoids it. The exec script is one script block, `& { param([string]$nonce)
+//! ... }`, and PowerShell appends the quoted nonce after it as its argument
+//! ([`exec_argv`]). Both forms are parsed back by an independent PowerShell
+//! grammar in the tests (`host/tests/ps_props.rs`): every value is one verbatim
+//! string that unquotes to itself.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;

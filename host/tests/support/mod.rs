@@ -14,6 +14,7 @@ pub mod fake;
 pub mod fake_api;
 pub mod guest;
 pub mod mock_api;
+pub mod strategies;
 
 /// What the scripted cocoon does for one `vm exec`.
 #[derive(Debug, Clone)]
