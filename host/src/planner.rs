@@ -240,7 +240,7 @@ impl Planner {
             })?;
         let plugins = names();
         let composed = ComposedPlan::render(facts, scenarios, parts, plan);
-        plan::check_rendered(&composed.exec, &composed.hint)
+        plan::check_rendered(&composed.plan, &composed.exec, &composed.hint)
             .map_err(|source| PlannerError::Compose { plugins, source })?;
         Ok(composed)
     }

@@ -85,8 +85,8 @@ pub use attribute::{
     STDERR_TAIL_MAX, StderrTail, StepFailure, attribute_failure, ran_to_completion,
 };
 pub use check::{
-    DESCRIPTION_MAX, Field, MAX_EXEC_ARG, MAX_HINT, PlanError, PlanLimits, Problem,
-    SH_SPECIAL_BUILTINS, check_rendered,
+    DESCRIPTION_MAX, Field, MAX_EXEC_ARG, MAX_HINT, MAX_WINDOWS_COMMAND_LINE, PlanError,
+    PlanLimits, Problem, SH_SPECIAL_BUILTINS, check_rendered, windows_command_line_len,
 };
 pub use nonce::{NONCE_HEX_LEN, Nonce, NonceError};
 pub use render::{
