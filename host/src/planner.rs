@@ -83,6 +83,15 @@ pub struct ComposedPlan {
 }
 
 impl ComposedPlan {
+    /// The names of the plan's plugins, in plan order, joined by ` + `.
+    pub fn plugins(&self) -> String {
+        self.parts
+            .iter()
+            .map(|p| p.selection.plugin.info.name.as_str())
+            .collect::<Vec<_>>()
+            .join(" + ")
+    }
+
     /// Render a checked, composed plan: the exec argv, and the hint script
     /// under a header naming the scenarios, the VM and each plugin's digest.
     pub fn render(

@@ -628,3 +628,42 @@ async fn forged_markers_without_the_execs_nonce_do_not_count() {
         assert!(!call.argv[2].contains(call.argv[4].as_str()));
     }
 }
+
+/// A hint that the pod's annotations could not hold (here beside a large
+/// `last-applied-configuration`) could never be written when the budget
+/// runs out: the plan fails at once, naming its plugin, and nothing runs.
+#[tokio::test(start_paused = true)]
+async fn a_hint_the_pods_annotations_cannot_hold_is_a_plan_error_before_anything_runs() {
+    let applied = "x".repeat(fixup_host::apply::ANNOTATIONS_MAX - 2048);
+    let rig = rig(
+        vec![Reply::Done],
+        &STATIC,
+        &[("kubectl.kubernetes.io/last-applied-configuration", &applied)],
+        HostConfig::default(),
+    );
+    let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
+    assert_eq!(summary.fixup, Some("plan-failed"));
+    assert!(rig.cocoon.calls().is_empty(), "nothing ran");
+    let failed = rig.events(reasons::PLAN_FAILED);
+    assert_eq!(failed.len(), 1);
+    assert!(
+        failed[0].contains("the hint of the plan of oci-networkd is")
+            && failed[0].contains("over the 262144"),
+        "{}",
+        failed[0]
+    );
+    assert_eq!(
+        rig.annotation(keys::POST_CLONE_STATE).as_deref(),
+        Some("failed")
+    );
+    assert_eq!(rig.annotation(keys::POST_CLONE_HINT), None);
+    assert_eq!(
+        rig.annotation(keys::LIFECYCLE_STATE).as_deref(),
+        Some("failed")
+    );
+
+    // The same plan on a pod with room runs.
+    let rig = self::rig(vec![Reply::Done], &STATIC, &[], HostConfig::default());
+    let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
+    assert_eq!(summary.fixup, Some("done"));
+}

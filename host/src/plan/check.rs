@@ -573,6 +573,25 @@ mod tests {
         .expect("plain text fits");
     }
 
+    /// The hint is stored base64: 4 bytes for every 3 of the script. A
+    /// script under MAX_HINT whose base64 is over it is refused.
+    #[test]
+    fn the_hint_limit_counts_the_base64() {
+        let p = plan(vec![step(write("/etc/x", &"'".repeat(50 * 1024), None))]);
+        p.check(&PlanLimits::default()).unwrap();
+        let script = crate::plan::render_script(&p, &crate::plan::ScriptHeader::default());
+        let hint = crate::plan::hint_base64(&script);
+        assert!(script.len() < MAX_HINT && hint.len() > MAX_HINT);
+        assert_eq!(hint.len(), script.len().div_ceil(3) * 4);
+        assert_eq!(
+            check_rendered(&p, &crate::plan::render_exec(&p), &hint),
+            Err(PlanError::HintTooLarge {
+                bytes: hint.len(),
+                max: MAX_HINT
+            })
+        );
+    }
+
     #[rstest]
     #[case::plain("abc", 3)]
     #[case::empty("", 2)]
