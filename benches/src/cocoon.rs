@@ -90,7 +90,7 @@ impl Cocoon for BenchCocoon {
     async fn exec(
         &self,
         vm: &VmId,
-        _argv: &[String],
+        argv: &[String],
         timeout: Duration,
     ) -> Result<ExecOutput, CocoonError> {
         let entry = self.vm(vm)?;
@@ -106,8 +106,13 @@ impl Cocoon for BenchCocoon {
         let (status, stderr) = if entry.fail_first && attempt == 1 {
             (ExitStatusKind::Code(1), FAILED_STDERR.as_bytes().to_vec())
         } else {
-            // A guest that ran the whole script ends with the done marker.
-            let done = format!("\n{}\n", fixup_host::plan::DONE_MARKER);
+            // A guest that ran the whole script ends with the done marker,
+            // under the nonce of this exec's argv (a plan run directly has
+            // none and needs no marker).
+            let done = match fixup_host::plan::exec_nonce(argv) {
+                Some(nonce) => format!("\n{}\n", fixup_host::plan::done_marker(&nonce)),
+                None => String::new(),
+            };
             (ExitStatusKind::Code(0), done.into_bytes())
         };
         Ok(ExecOutput {

@@ -1,6 +1,7 @@
 //! Plan checking and rendering: an arbitrary plan goes through
 //! `Plan::check`; one that passes is rendered as the exec argv and as the
-//! hint in its dialect, and a failure is attributed from arbitrary stderr.
+//! hint in its dialect, and a failure is attributed from arbitrary stderr
+//! under an arbitrary nonce.
 //! Nothing may panic, and the rendered forms keep their shape.
 
 #![no_main]
@@ -37,6 +38,7 @@ struct Input {
     steps: Vec<FuzzStep>,
     title: Vec<String>,
     exit_code: Option<i32>,
+    nonce: [u8; 16],
     stderr: Vec<u8>,
 }
 
@@ -119,6 +121,10 @@ fuzz_target!(|input: Input| {
         let _ = plan::sh_quote(&word);
         let _ = plan::ps_quote(&word);
     }
-    let failure = plan::attribute_failure(&plan, input.exit_code, &input.stderr);
+    let nonce = plan::Nonce::from_bytes(input.nonce);
+    let argv = plan::exec_argv(&plan, &exec, &nonce);
+    assert_eq!(argv[..exec.len()], exec[..], "the nonce is only appended");
+    let failure = plan::attribute_failure(&plan, &nonce, input.exit_code, &input.stderr);
     let _ = failure.to_string();
+    let _ = plan::ran_to_completion(&plan, &nonce, &input.stderr);
 });

@@ -20,7 +20,7 @@ use crate::classify::Scenario;
 use crate::cocoon::{Cocoon, CocoonError, ExecOutput};
 use crate::facts::{GuestOs, MacAddr, PodInput, VmId, WaitFacts, WaitNic, annotations};
 use crate::lifecycle::{self, Lifecycle, PostCloneState};
-use crate::plan::{Plan, StepFailure, attribute_failure, ran_to_completion};
+use crate::plan::{Nonce, Plan, StepFailure, attribute_failure, exec_argv, ran_to_completion};
 use crate::pods::{AnnotationPatch, Event, PodApi, PodError, PodRef, cap_utf8, keys, reasons};
 use crate::ready::LeaseWatcher;
 
@@ -75,6 +75,90 @@ impl Default for ReadyConfig {
 /// `vm.cocoonstack.io/post-clone-errors` holds at most this many bytes.
 pub const ERRORS_ANNOTATION_MAX: usize = 4096;
 
+/// `vm.cocoonstack.io/lifecycle-state-message` of a failed fixup holds at
+/// most this many bytes (cut on a UTF-8 boundary, saying so).
+pub const FAILURE_MESSAGE_MAX: usize = 1024;
+
+/// The most bytes the API server takes for all of a pod's annotations
+/// together, keys and values counted (256 KiB, Kubernetes'
+/// `TotalAnnotationSizeLimitB`): the failure record of an exhausted fixup,
+/// hint included, must fit in it beside the pod's other annotations.
+pub const ANNOTATIONS_MAX: usize = 256 * 1024;
+
+/// The failure record of a plan, hint included, would not fit in the pod's
+/// annotations: it could never be written, so nothing runs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the hint of the plan of {plugins} is {hint} bytes of base64; with the pod's other annotations and the rest of the failure record (post-clone-state, post-clone-errors of up to {ERRORS_ANNOTATION_MAX} bytes, lifecycle Failed) the pod's annotations would take {total} bytes, over the {max} the API server allows for all of them: the hint could not be stored, so nothing runs; make the plan's text shorter, or remove large annotations from the pod"
+)]
+pub struct NoRoomForHint {
+    /// The plugins whose plan it is, joined by ` + `.
+    pub plugins: String,
+    /// The hint's bytes (base64).
+    pub hint: usize,
+    /// All annotations' bytes (keys and values) after the largest failure
+    /// record.
+    pub total: usize,
+    pub max: usize,
+}
+
+/// Check, before anything runs, that the failure record of an exhausted
+/// fixup fits in the pod's annotations (`annotations`, as read): the
+/// record with `hint` (the base64 hint), the longest error chain
+/// ([`ERRORS_ANNOTATION_MAX`]) and the longest lifecycle message
+/// ([`FAILURE_MESSAGE_MAX`]), keys and values counted as the API server
+/// counts them against [`ANNOTATIONS_MAX`]. `plugins` names the plan's
+/// plugins for the error. [`MAX_HINT`](crate::plan::MAX_HINT) bounds the
+/// hint alone when the plan is made; this bounds it on the pod it is for.
+pub fn check_hint_room(
+    annotations: &BTreeMap<String, String>,
+    hint: &str,
+    plugins: &str,
+) -> Result<(), NoRoomForHint> {
+    let record = failure_record(
+        annotations,
+        hint,
+        "e".repeat(ERRORS_ANNOTATION_MAX),
+        &"m".repeat(FAILURE_MESSAGE_MAX),
+    );
+    let mut after = annotations.clone();
+    for (key, value) in record {
+        match value {
+            Some(value) => after.insert(key, value),
+            None => after.remove(&key),
+        };
+    }
+    let total = after.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if total > ANNOTATIONS_MAX {
+        return Err(NoRoomForHint {
+            plugins: plugins.to_owned(),
+            hint: hint.len(),
+            total,
+            max: ANNOTATIONS_MAX,
+        });
+    }
+    Ok(())
+}
+
+/// The patch an exhausted fixup writes over `current` (the pod's
+/// annotations as read just before): `post-clone-state=failed`, the hint,
+/// the error chain, and lifecycle Failed with `message` when stickiness
+/// allows it.
+fn failure_record(
+    current: &BTreeMap<String, String>,
+    hint: &str,
+    errors: String,
+    message: &str,
+) -> AnnotationPatch {
+    let mut patch = state_patch(PostCloneState::Failed);
+    patch.insert(keys::POST_CLONE_HINT.to_owned(), Some(hint.to_owned()));
+    patch.insert(keys::POST_CLONE_ERRORS.to_owned(), Some(errors));
+    if let Some(lifecycle) = lifecycle::transition(current, Lifecycle::Failed, message) {
+        patch.extend(lifecycle);
+    }
+    patch
+}
+
 /// How a fixup loop ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FixupOutcome {
@@ -96,7 +180,8 @@ pub struct FixupJob<'a> {
     pub vm: &'a VmId,
     pub scenario: Scenario,
     pub plan: &'a Plan,
-    /// The argv after `cocoon vm exec <id> --`.
+    /// The argv after `cocoon vm exec <id> --` without a nonce: each
+    /// attempt adds a fresh one ([`exec_argv`]).
     pub exec: &'a [String],
     /// The base64 hint for the failed case.
     pub hint: &'a str,
@@ -109,27 +194,44 @@ async fn attempt<C: Cocoon>(
     job: &FixupJob<'_>,
     timeout: Duration,
 ) -> Result<(), String> {
-    match cocoon.exec(job.vm, job.exec, timeout).await {
-        Ok(out) if out.success() && ran_to_completion(job.plan, &out.stderr) => Ok(()),
-        Ok(out) if out.success() => {
-            Err(match attribute_failure(job.plan, out.code(), &out.stderr) {
+    run_plan(cocoon, job.vm, job.plan, job.exec, timeout).await
+}
+
+/// One exec of `plan` (`exec` is its [`render_exec`](crate::plan::render_exec)
+/// argv) under a fresh [`Nonce`]: `Ok` when it exited 0 and its stderr
+/// ends with the done marker of that nonce ([`ran_to_completion`]), else
+/// the error as one line, naming the failed step. Marker lines with another
+/// nonce or none are a guest program's output, not the script's.
+async fn run_plan<C: Cocoon>(
+    cocoon: &C,
+    vm: &VmId,
+    plan: &Plan,
+    exec: &[String],
+    timeout: Duration,
+) -> Result<(), String> {
+    let nonce = Nonce::generate().map_err(|e| one_line(&e.to_string()))?;
+    let argv = exec_argv(plan, exec, &nonce);
+    match cocoon.exec(vm, &argv, timeout).await {
+        Ok(out) if out.success() && ran_to_completion(plan, &nonce, &out.stderr) => Ok(()),
+        Ok(out) if out.success() => Err(
+            match attribute_failure(plan, &nonce, out.code(), &out.stderr) {
                 StepFailure::NotStarted { .. } => one_line(&format!(
-                    "the exec exited 0 but no step markers came back on stderr, so it cannot be told that the steps ran: check that `cocoon vm exec` passes the guest's stderr through; stderr: {}",
+                    "the exec exited 0 but no step markers of this exec came back on stderr, so it cannot be told that the steps ran: check that `cocoon vm exec` passes the guest's stderr through; stderr: {}",
                     out.stderr_tail()
                 )),
                 _ => format!(
                     "{}; the script ended early with exit 0, so the steps after it did not run",
-                    describe_failure(job.plan, &out)
+                    describe_failure(plan, &nonce, &out)
                 ),
-            })
-        }
-        Ok(out) => Err(describe_failure(job.plan, &out)),
+            },
+        ),
+        Ok(out) => Err(describe_failure(plan, &nonce, &out)),
         Err(e) => Err(one_line(&e.to_string())),
     }
 }
 
-fn describe_failure(plan: &Plan, out: &ExecOutput) -> String {
-    let failure = attribute_failure(plan, out.code(), &out.stderr);
+fn describe_failure(plan: &Plan, nonce: &Nonce, out: &ExecOutput) -> String {
+    let failure = attribute_failure(plan, nonce, out.code(), &out.stderr);
     let text = match out.code() {
         Some(_) => failure.to_string(),
         None => format!("cocoon vm exec {}: {failure}", out.status),
@@ -344,19 +446,11 @@ async fn exhausted<P: PodApi>(
         job.scenario,
         span(retry.budget)
     );
-    let mut patch = state_patch(PostCloneState::Failed);
-    patch.insert(keys::POST_CLONE_HINT.to_owned(), Some(job.hint.to_owned()));
-    patch.insert(
-        keys::POST_CLONE_ERRORS.to_owned(),
-        Some(errors_annotation(&errors)),
-    );
     let Some(current) = reread(pods, pod, job.vm).await? else {
         return Ok(FixupOutcome::Gone { attempts });
     };
-    let message = cap_utf8(summary.clone(), 1024, "… [truncated]");
-    if let Some(lifecycle) = lifecycle::transition(&current, Lifecycle::Failed, &message) {
-        patch.extend(lifecycle);
-    }
+    let message = cap_utf8(summary.clone(), FAILURE_MESSAGE_MAX, "… [truncated]");
+    let patch = failure_record(&current, job.hint, errors_annotation(&errors), &message);
     if !write(pods, pod, &patch).await? {
         return Ok(FixupOutcome::Gone { attempts });
     }
@@ -377,7 +471,8 @@ pub enum ReadyOutcome {
     Gone,
 }
 
-/// A recovery pass the IP wait may run once: the DHCP plan's exec argv.
+/// A recovery pass the IP wait may run once: the DHCP plan and its exec
+/// argv (without a nonce: each exec draws its own).
 #[derive(Debug, Clone)]
 pub struct DhcpRecovery {
     pub plan: Plan,
@@ -510,8 +605,12 @@ async fn wait_lease<C: Cocoon, P: PodApi>(
                 ),
             )
             .await;
-            let timeout = config.recovery_timeout.min(left);
-            if let Err(e) = exec_once(cocoon, &facts.id, &recovery.exec, timeout).await {
+            let timeout = config
+                .recovery_timeout
+                .min(left)
+                .max(Duration::from_millis(1));
+            let pass = run_plan(cocoon, &facts.id, &recovery.plan, &recovery.exec, timeout);
+            if let Err(e) = pass.await {
                 tracing::warn!(pod = %pod, "DHCP recovery pass failed: {e}");
             }
         }
@@ -536,5 +635,112 @@ async fn exec_once<C: Cocoon>(
             one_line(&String::from_utf8_lossy(&out.stderr))
         )),
         Err(e) => Err(CocoonError::to_string(&e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    /// The bytes of the largest failure record over an empty pod, keys
+    /// included, besides the hint's value: what the room check adds.
+    fn record_without_hint() -> usize {
+        let record = failure_record(
+            &BTreeMap::new(),
+            "",
+            "e".repeat(ERRORS_ANNOTATION_MAX),
+            &"m".repeat(FAILURE_MESSAGE_MAX),
+        );
+        record
+            .iter()
+            .map(|(k, v)| k.len() + v.as_ref().map_or(0, String::len))
+            .sum()
+    }
+
+    #[test]
+    fn the_record_counts_every_key_and_the_longest_values() {
+        let fixed = record_without_hint();
+        let keys = [
+            keys::POST_CLONE_STATE,
+            keys::POST_CLONE_HINT,
+            keys::POST_CLONE_ERRORS,
+            keys::LIFECYCLE_STATE,
+            keys::LIFECYCLE_MESSAGE,
+        ];
+        let key_bytes: usize = keys.iter().map(|k| k.len()).sum();
+        assert_eq!(
+            fixed,
+            key_bytes + "failed".len() * 2 + ERRORS_ANNOTATION_MAX + FAILURE_MESSAGE_MAX
+        );
+    }
+
+    /// All of the pod's annotations after the record, keys and values, may
+    /// take exactly 256 KiB and not a byte more.
+    #[test]
+    fn the_hint_fits_up_to_the_pods_annotation_budget_exactly() {
+        let filler_key = "example.com/big";
+        let hint = "QUJD".repeat(1000);
+        let room = ANNOTATIONS_MAX - record_without_hint() - hint.len() - filler_key.len();
+        let pod = annotations(&[(filler_key, &"x".repeat(room))]);
+        assert_eq!(check_hint_room(&pod, &hint, "acme"), Ok(()));
+        let pod = annotations(&[(filler_key, &"x".repeat(room + 1))]);
+        let err = check_hint_room(&pod, &hint, "acme").unwrap_err();
+        assert_eq!(
+            err,
+            NoRoomForHint {
+                plugins: "acme".into(),
+                hint: 4000,
+                total: ANNOTATIONS_MAX + 1,
+                max: ANNOTATIONS_MAX,
+            }
+        );
+        let message = err.to_string();
+        assert!(
+            message.starts_with("the hint of the plan of acme is 4000 bytes of base64")
+                && message.contains("262145 bytes, over the 262144"),
+            "{message}"
+        );
+    }
+
+    /// What the record replaces is not counted twice: a pod that already
+    /// carries a state, an old hint or a long lifecycle message has them
+    /// overwritten.
+    #[test]
+    fn replaced_annotations_are_counted_once() {
+        let hint = "h".repeat(100 * 1024);
+        let old = "o".repeat(155 * 1024);
+        let pod = annotations(&[
+            (keys::POST_CLONE_HINT, &old),
+            (keys::POST_CLONE_STATE, "running"),
+            (keys::LIFECYCLE_MESSAGE, "creating"),
+        ]);
+        assert_eq!(check_hint_room(&pod, &hint, "acme"), Ok(()));
+        // The same bytes under another key do count.
+        let pod = annotations(&[("example.com/old", &old)]);
+        assert!(check_hint_room(&pod, &hint, "acme").is_err());
+    }
+
+    /// The largest hint the planner lets through (MAX_HINT, 128 KiB of
+    /// base64) fits on a pod whose other annotations are ordinary.
+    #[test]
+    fn a_hint_of_max_hint_fits_beside_ordinary_annotations() {
+        let hint = "A".repeat(crate::plan::MAX_HINT);
+        let pod = annotations(&[
+            ("vm.cocoonstack.io/name", "vk-default-web-0-abcdef"),
+            ("vm.cocoonstack.io/id", "vm-0123abcd"),
+            ("cocoonset.cocoonstack.io/generation", "3"),
+            (
+                "kubectl.kubernetes.io/last-applied-configuration",
+                &"{}".repeat(8 * 1024),
+            ),
+        ]);
+        assert_eq!(check_hint_room(&pod, &hint, "acme"), Ok(()));
     }
 }

@@ -471,6 +471,14 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         let composed = outcome
             .composed
             .expect("a decision that needs a fixup has a plan");
+        // The hint is written only after the budget is spent: a record
+        // that cannot be stored is known now, before anything runs.
+        if let Err(e) =
+            apply::check_hint_room(&obs.annotations, &composed.hint, &composed.plugins())
+        {
+            *summary = self.plan_failed(pod, vm, summary.clone(), &e).await?;
+            return Ok(None);
+        }
         let job = FixupJob {
             pod,
             vm: &composed.facts.id,
@@ -610,15 +618,16 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         error
     }
 
-    /// No plan could be made (bad facts, no plugin, a plugin failure): a
-    /// retry cannot help, so the pod is marked failed like an exhausted
-    /// fixup, without a hint, after reading it once more.
+    /// No plan could be made (bad facts, no plugin, a plugin failure, a
+    /// hint the pod's annotations could not hold): a retry cannot help, so
+    /// the pod is marked failed like an exhausted fixup, without a hint,
+    /// after reading it once more.
     async fn plan_failed(
         &self,
         pod: &PodRef,
         vm: &VmId,
         mut summary: Summary,
-        error: &PlannerError,
+        error: &(dyn std::error::Error + Send + Sync),
     ) -> Result<Summary, HostError> {
         summary.fixup = Some("plan-failed");
         let line = apply::one_line(&format!("no plan could be made: {error}"));
@@ -637,7 +646,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
                 Some(apply::errors_annotation(std::slice::from_ref(&line))),
             ),
         ]);
-        let message = cap_utf8(line.clone(), 1024, "… [truncated]");
+        let message = cap_utf8(line.clone(), apply::FAILURE_MESSAGE_MAX, "… [truncated]");
         if let Some(lifecycle) = lifecycle::transition(&current, Lifecycle::Failed, &message) {
             patch.extend(lifecycle);
         }

@@ -440,6 +440,16 @@ fn plan_text(
         ),
         argv => plan::sh_words(argv),
     };
+    // The nonce is drawn for each exec; show where it goes.
+    let placeholder = plan::Nonce::from_bytes([0; plan::NONCE_HEX_LEN / 2]);
+    let nonce_words = plan::exec_argv(&composed.plan, &composed.exec, &placeholder)
+        .len()
+        .saturating_sub(composed.exec.len());
+    let exec = match (nonce_words, composed.plan.dialect) {
+        (0, _) => exec,
+        (_, plan::Dialect::PosixSh) => format!("{exec} sh <nonce: fresh for each exec>"),
+        (_, plan::Dialect::PowerShell) => format!("{exec} '<nonce: fresh for each exec>'"),
+    };
     writeln!(out, "exec: cocoon vm exec {} -- {exec}", obs.vm_id)?;
     writeln!(out)?;
     writeln!(out, "hint script:")?;

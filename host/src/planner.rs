@@ -73,7 +73,8 @@ pub struct ComposedPlan {
     pub facts: VmFacts,
     pub parts: Vec<PlanPart>,
     pub plan: Plan,
-    /// The argv after `cocoon vm exec <id> --`.
+    /// The argv after `cocoon vm exec <id> --`, the same for every exec of
+    /// the plan; each exec adds its own nonce ([`plan::exec_argv`]).
     pub exec: Vec<String>,
     /// The hint script a person can paste.
     pub script: String,
@@ -82,6 +83,15 @@ pub struct ComposedPlan {
 }
 
 impl ComposedPlan {
+    /// The names of the plan's plugins, in plan order, joined by ` + `.
+    pub fn plugins(&self) -> String {
+        self.parts
+            .iter()
+            .map(|p| p.selection.plugin.info.name.as_str())
+            .collect::<Vec<_>>()
+            .join(" + ")
+    }
+
     /// Render a checked, composed plan: the exec argv, and the hint script
     /// under a header naming the scenarios, the VM and each plugin's digest.
     pub fn render(
@@ -246,7 +256,7 @@ impl Planner {
             })?;
         let plugins = names();
         let composed = ComposedPlan::render(facts, scenarios, parts, plan);
-        plan::check_rendered(&composed.exec, &composed.hint)
+        plan::check_rendered(&composed.plan, &composed.exec, &composed.hint)
             .map_err(|source| PlannerError::Compose { plugins, source })?;
         Ok(composed)
     }

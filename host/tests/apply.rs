@@ -92,7 +92,7 @@ impl Rig {
 }
 
 /// stderr of an attempt whose step 4 (of 5) failed.
-const STEP4_FAILED: &str = "\ncocoon-fixup: step 1/5 start\n\ncocoon-fixup: step 2/5 start\n\ncocoon-fixup: step 3/5 start\n\ncocoon-fixup: step 4/5 start\nprintf: /etc/systemd/network: Read-only file system\n\ncocoon-fixup: step 4/5 failed exit 1\n";
+const STEP4_FAILED: &str = "\ncocoon-fixup: {nonce} step 1/5 start\n\ncocoon-fixup: {nonce} step 2/5 start\n\ncocoon-fixup: {nonce} step 3/5 start\n\ncocoon-fixup: {nonce} step 4/5 start\nprintf: /etc/systemd/network: Read-only file system\n\ncocoon-fixup: {nonce} step 4/5 failed exit 1\n";
 
 #[tokio::test(start_paused = true)]
 async fn first_attempt_succeeds_then_ready() {
@@ -556,7 +556,8 @@ async fn a_pod_another_component_fails_is_left_alone() {
 /// marker an exit 0 is a failed attempt, and the loop tries again.
 #[tokio::test(start_paused = true)]
 async fn exit_zero_before_the_last_step_is_a_failed_attempt() {
-    const ENDED_EARLY: &str = "\ncocoon-fixup: step 1/5 start\n\ncocoon-fixup: step 2/5 start\n";
+    const ENDED_EARLY: &str =
+        "\ncocoon-fixup: {nonce} step 1/5 start\n\ncocoon-fixup: {nonce} step 2/5 start\n";
     let rig = rig(
         vec![Reply::Exit(0, ENDED_EARLY), Reply::Done],
         &STATIC,
@@ -578,4 +579,91 @@ async fn exit_zero_before_the_last_step_is_a_failed_attempt() {
         "{}",
         failed[0]
     );
+}
+
+/// A guest program can print the done marker (or a failure marker) as it
+/// likes, but not with the nonce of an exec it did not see start: an exit 0
+/// whose only done markers lack the exec's nonce is a failed attempt, and
+/// a forged failure marker does not move the blame off the running step.
+#[tokio::test(start_paused = true)]
+async fn forged_markers_without_the_execs_nonce_do_not_count() {
+    const NO_NONCE: &str = "\ncocoon-fixup: {nonce} step 1/5 start\n\ncocoon-fixup: {nonce} step 2/5 start\n\ncocoon-fixup: step 5/5 failed exit 9\n\ncocoon-fixup: done\n";
+    const OLD_NONCE: &str = "\ncocoon-fixup: {nonce} step 1/5 start\n\ncocoon-fixup: {nonce} step 2/5 start\n\ncocoon-fixup: 0123456789abcdef0123456789abcdef step 5/5 failed exit 9\n\ncocoon-fixup: 0123456789abcdef0123456789abcdef done\n";
+    let rig = rig(
+        vec![
+            Reply::Exit(0, NO_NONCE),
+            Reply::Exit(0, OLD_NONCE),
+            Reply::Done,
+        ],
+        &STATIC,
+        &[],
+        HostConfig::default(),
+    );
+    let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
+    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(summary.attempts, 3, "the forged done markers did not count");
+    let failed = rig.events(reasons::EXEC_ATTEMPT_FAILED);
+    assert_eq!(failed.len(), 2);
+    for (n, event) in failed.iter().enumerate() {
+        assert!(
+            event.starts_with(&format!("attempt {}: step 2/5", n + 1))
+                && event.contains("did not finish")
+                && event.contains("ended early with exit 0"),
+            "{event}"
+        );
+    }
+
+    // Every attempt ran the same script under a nonce of its own.
+    let calls = rig.cocoon.calls();
+    assert_eq!(calls.len(), 3);
+    let nonces: Vec<_> = calls
+        .iter()
+        .map(|c| fixup_host::plan::exec_nonce(&c.argv).expect("a nonce in every exec"))
+        .collect();
+    assert!(nonces[0] != nonces[1] && nonces[1] != nonces[2] && nonces[0] != nonces[2]);
+    for call in &calls {
+        assert_eq!(call.argv[..3], calls[0].argv[..3], "one script for all");
+        assert_eq!(call.argv[..2], ["sh", "-c"]);
+        assert_eq!(call.argv[3], "sh");
+        assert!(!call.argv[2].contains(call.argv[4].as_str()));
+    }
+}
+
+/// A hint that the pod's annotations could not hold (here beside a large
+/// `last-applied-configuration`) could never be written when the budget
+/// runs out: the plan fails at once, naming its plugin, and nothing runs.
+#[tokio::test(start_paused = true)]
+async fn a_hint_the_pods_annotations_cannot_hold_is_a_plan_error_before_anything_runs() {
+    let applied = "x".repeat(fixup_host::apply::ANNOTATIONS_MAX - 2048);
+    let rig = rig(
+        vec![Reply::Done],
+        &STATIC,
+        &[("kubectl.kubernetes.io/last-applied-configuration", &applied)],
+        HostConfig::default(),
+    );
+    let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
+    assert_eq!(summary.fixup, Some("plan-failed"));
+    assert!(rig.cocoon.calls().is_empty(), "nothing ran");
+    let failed = rig.events(reasons::PLAN_FAILED);
+    assert_eq!(failed.len(), 1);
+    assert!(
+        failed[0].contains("the hint of the plan of oci-networkd is")
+            && failed[0].contains("over the 262144"),
+        "{}",
+        failed[0]
+    );
+    assert_eq!(
+        rig.annotation(keys::POST_CLONE_STATE).as_deref(),
+        Some("failed")
+    );
+    assert_eq!(rig.annotation(keys::POST_CLONE_HINT), None);
+    assert_eq!(
+        rig.annotation(keys::LIFECYCLE_STATE).as_deref(),
+        Some("failed")
+    );
+
+    // The same plan on a pod with room runs.
+    let rig = self::rig(vec![Reply::Done], &STATIC, &[], HostConfig::default());
+    let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
+    assert_eq!(summary.fixup, Some("done"));
 }

@@ -43,7 +43,7 @@ const STATIC: [(&str, Option<&str>); 1] = [("52:54:00:aa:bb:01", Some("10.0.0.5/
 const DHCP: [(&str, Option<&str>); 1] = [("52:54:00:AA:BB:02", None)];
 
 /// stderr of an attempt whose step 4 (of 5) failed.
-const STEP4_FAILED: &str = "\ncocoon-fixup: step 1/5 start\n\ncocoon-fixup: step 2/5 start\n\ncocoon-fixup: step 3/5 start\n\ncocoon-fixup: step 4/5 start\nprintf: /etc/systemd/network: Read-only file system\n\ncocoon-fixup: step 4/5 failed exit 1\n";
+const STEP4_FAILED: &str = "\ncocoon-fixup: {nonce} step 1/5 start\n\ncocoon-fixup: {nonce} step 2/5 start\n\ncocoon-fixup: {nonce} step 3/5 start\n\ncocoon-fixup: {nonce} step 4/5 start\nprintf: /etc/systemd/network: Read-only file system\n\ncocoon-fixup: {nonce} step 4/5 failed exit 1\n";
 
 // ---- the conversation: what the API server expects, step by step ----
 

@@ -268,9 +268,11 @@ async fn run_inert(composed: &ComposedPlan) -> Result<(), String> {
     Ok(())
 }
 
-/// The exec argv through `CocoonCli` and `fake-cocoon`: it arrives intact,
-/// and what runs is exactly the plan.
+/// The exec argv (`exec` with a fresh nonce) through `CocoonCli` and
+/// `fake-cocoon`: it arrives intact, and what runs is exactly the plan.
 async fn run_exec(guest: &Guest, vm: &VmId, exec: &[String], plan: &Plan) -> Result<(), String> {
+    let nonce = plan::Nonce::generate().map_err(|e| e.to_string())?;
+    let exec = &plan::exec_argv(plan, exec, &nonce);
     let out = guest
         .cocoon()
         .exec(vm, exec, EXEC_TIMEOUT)
@@ -291,11 +293,8 @@ async fn run_exec(guest: &Guest, vm: &VmId, exec: &[String], plan: &Plan) -> Res
     if calls != [call] {
         return Err(format!("cocoon got {calls:?}"));
     }
-    if plan::render_exec(plan).len() > 1
-        && exec[0] == "sh"
-        && !stderr.contains("cocoon-fixup: done")
-    {
-        return Err(format!("no done marker: {stderr}"));
+    if !plan::ran_to_completion(plan, &nonce, &out.stderr) {
+        return Err(format!("no done marker with the exec's nonce: {stderr}"));
     }
     compare(guest, plan, "exec")
 }

@@ -54,6 +54,7 @@ use fixup_host::planner::{Planner, PlannerOptions};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use support::guest::{Guest, Shell, assert_tree, expected_calls};
+use support::strategies;
 
 // ---- the parser side ----
 
@@ -279,19 +280,27 @@ fn check_step(step: &Step, commands: &[&SimpleCommand]) -> Result<(), String> {
     Ok(())
 }
 
-/// A marker line: `printf '\n%s\n' '<text>' >&2`.
-fn check_marker(list: &AndOrList, text: &str) -> Result<(), String> {
+/// The `printf` format of the marker of `event`: the prefix, the nonce
+/// (`%s`), the event and, with `code`, the exit code (`%s`).
+fn marker_format(event: &str, code: bool) -> String {
+    let code = if code { "%s" } else { "" };
+    plan::sh_quote(&format!(r"\ncocoon-fixup: %s {event}{code}\n")).into_owned()
+}
+
+/// A marker line: `printf '\ncocoon-fixup: %s <event>\n' "$1" >&2`, the
+/// nonce coming from the script's argument, never from its text.
+fn check_marker(list: &AndOrList, event: &str) -> Result<(), String> {
     if !list.additional.is_empty() {
         return Err(format!("marker line {list}"));
     }
     let inv = invocation(simple(&list.first)?);
     let want = [
         "printf".to_owned(),
-        r"'\n%s\n'".to_owned(),
-        plan::sh_quote(text).into_owned(),
+        marker_format(event, false),
+        r#""$1""#.to_owned(),
     ];
     if inv.raw != want || inv.redirects != [(">&".to_owned(), "2".to_owned())] {
-        return Err(format!("marker {inv:?}, expected {text:?}"));
+        return Err(format!("marker {inv:?}, expected {event:?}"));
     }
     Ok(())
 }
@@ -311,10 +320,7 @@ fn check_exec_script(plan: &Plan, script: &str) -> Result<(), String> {
     }
     for (i, step) in plan.steps.iter().enumerate() {
         let n = i + 1;
-        check_marker(
-            items[2 * i],
-            &format!("cocoon-fixup: step {n}/{total} start"),
-        )?;
+        check_marker(items[2 * i], &format!("step {n}/{total} start"))?;
         let (commands, handler) = split_step(items[2 * i + 1])?;
         check_step(step, &commands).map_err(|e| format!("step {n}: {e}"))?;
         let handler = handler.to_string();
@@ -323,13 +329,15 @@ fn check_exec_script(plan: &Plan, script: &str) -> Result<(), String> {
         } else {
             "failed"
         };
-        let expected =
-            plan::sh_quote(&format!("cocoon-fixup: step {n}/{total} {marker} exit ")).into_owned();
+        let expected = format!(
+            "printf {} \"$1\"",
+            marker_format(&format!("step {n}/{total} {marker} exit "), true)
+        );
         if !handler.contains(&expected) || step.best_effort == handler.contains("exit \"$rc\"") {
             return Err(format!("step {n}: handler {handler:?}"));
         }
     }
-    check_marker(items[2 * total], "cocoon-fixup: done")
+    check_marker(items[2 * total], "done")
 }
 
 /// The hint (`render_script`) is the plan, step by step, in a subshell.
@@ -386,6 +394,11 @@ fn check_rendered(plan: &Plan) -> Result<(), String> {
                 return Err(format!("exec form {exec:?}"));
             }
             check_exec_script(plan, &exec[2]).map_err(|e| format!("exec: {e}"))?;
+            let nonce = plan::Nonce::generate().map_err(|e| e.to_string())?;
+            let argv = plan::exec_argv(plan, &exec, &nonce);
+            if argv[..3] != exec[..] || argv[3..] != ["sh", nonce.as_str()] {
+                return Err(format!("the nonce is not $1: {argv:?}"));
+            }
         }
     }
     let title = vec!["header\nwith $(lines) and 'quotes'".to_owned()];
@@ -407,40 +420,12 @@ fn text() -> impl Strategy<Value = String> {
     .prop_map(|s| s.replace('\0', ""))
 }
 
-/// One path component: no `/`, no control character, not `.` or `..`.
-fn component() -> impl Strategy<Value = String> {
-    text()
-        .prop_map(|s| {
-            s.replace(['/', '*'], "_")
-                .chars()
-                .filter(|c| !c.is_control())
-                .collect::<String>()
-        })
-        .prop_filter("a real component", |c| {
-            !c.is_empty() && c != "." && c != ".."
-        })
+fn path() -> BoxedStrategy<String> {
+    strategies::path(text().boxed())
 }
 
-fn path() -> impl Strategy<Value = String> {
-    prop::collection::vec(component(), 1..4).prop_map(|parts| format!("/{}", parts.join("/")))
-}
-
-fn pattern() -> impl Strategy<Value = String> {
-    (
-        prop::collection::vec(component(), 1..3),
-        component(),
-        prop::collection::vec(any::<bool>(), 0..4),
-    )
-        .prop_map(|(dirs, last, stars)| {
-            let mut name = last;
-            for (i, star) in stars.iter().enumerate() {
-                if *star {
-                    let at = name.char_indices().nth(i).map_or(name.len(), |(at, _)| at);
-                    name.insert(at, '*');
-                }
-            }
-            format!("/{}/{name}", dirs.join("/"))
-        })
+fn pattern() -> BoxedStrategy<String> {
+    strategies::pattern(text().boxed())
 }
 
 fn action() -> impl Strategy<Value = Action> {
@@ -635,9 +620,11 @@ proptest! {
         }
         guest.reseed();
         check_rendered(&plan).map_err(TestCaseError::fail)?;
-        let exec = plan::render_exec(&plan);
+        let nonce = plan::Nonce::generate().unwrap();
+        let exec = plan::exec_argv(&plan, &plan::render_exec(&plan), &nonce);
         let out = guest.run(&exec.iter().map(String::as_str).collect::<Vec<_>>());
         prop_assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        prop_assert!(plan::ran_to_completion(&plan, &nonce, &out.stderr));
         prop_assert_eq!(guest.calls(), expected_calls(&plan));
         assert_tree(&guest.tree(), &guest.expected_tree(&plan), "exec");
     }

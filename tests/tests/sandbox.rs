@@ -5,6 +5,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use fixup_host::classify::Scenario;
+use fixup_host::plan::PlanError;
+use fixup_host::planner::PlannerError;
 use fixup_host::plugin::{EngineOptions, LoadedPlugin, PluginError, PluginHost};
 use fixup_tests::facts;
 use rstest::rstest;
@@ -140,12 +142,9 @@ fn the_wall_clock_deadline_stops_a_call_fuel_does_not() {
     assert_still_serving(&host);
 }
 
-/// A plan within every plan limit whose rendering the kernel would refuse
-/// (64 KiB of `a'` quotes to about 160 KiB, over the 128 KiB one exec
-/// argument may have): a plan error naming the plugin, before anything
-/// runs.
-#[test]
-fn a_plan_that_renders_too_large_is_a_plan_error_naming_the_plugin() {
+/// A planner with the built-ins and the hostile plugin from a plugin
+/// directory (kept alive by the returned guard).
+fn planner_with_hostile() -> (fixup_host::planner::Planner, tempfile::TempDir) {
     let plugins = tempfile::tempdir().expect("tempdir");
     std::fs::copy(env!("PLUGIN_HOSTILE"), plugins.path().join("hostile.wasm")).expect("copy");
     let (planner, failures) =
@@ -155,22 +154,42 @@ fn a_plan_that_renders_too_large_is_a_plan_error_naming_the_plugin() {
         })
         .expect("planner");
     assert!(failures.is_empty(), "{failures:?}");
+    (planner, plugins)
+}
+
+fn over_the_kernels_argument_limit(e: &PlanError) -> bool {
+    matches!(e, PlanError::ExecArgTooLong { .. })
+}
+
+fn over_the_windows_command_line(e: &PlanError) -> bool {
+    matches!(e, PlanError::CommandLineTooLong { units, max }
+        if units > max && *max == fixup_host::plan::MAX_WINDOWS_COMMAND_LINE)
+}
+
+/// A plan within every plan limit whose rendering could never run: a plan
+/// error naming the plugin, before anything runs. `quotes`: 64 KiB of `a'`
+/// quotes to about 160 KiB of sh, over the 128 KiB one exec argument may
+/// have. `windows-quotes`: 24 KiB of `a'` in a PowerShell plan, whose exec
+/// (each `'` doubled) is over the 32,767 UTF-16 code units of a Windows
+/// command line.
+#[rstest]
+#[case::kernel("quotes", over_the_kernels_argument_limit)]
+#[case::windows("windows-quotes", over_the_windows_command_line)]
+fn a_plan_that_renders_too_large_is_a_plan_error_naming_the_plugin(
+    #[case] behaviour: &str,
+    #[case] expected: fn(&PlanError) -> bool,
+) {
+    let (planner, _plugins) = planner_with_hostile();
     let err = planner
         .plan_scenarios(
-            &facts("quotes", Some("hostile"), &NIC),
+            &facts(behaviour, Some("hostile"), &NIC),
             &[Scenario::OciNetworkd],
         )
         .expect_err("too large to run");
     let message = err.to_string();
     assert!(message.contains("hostile"), "names the plugin: {message}");
     assert!(
-        matches!(
-            err,
-            fixup_host::planner::PlannerError::Compose {
-                source: fixup_host::plan::PlanError::ExecArgTooLong { .. },
-                ..
-            }
-        ),
+        matches!(&err, PlannerError::Compose { source, .. } if expected(source)),
         "{message}"
     );
 }

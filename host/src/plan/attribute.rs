@@ -2,9 +2,9 @@
 
 use std::fmt;
 
-use super::Plan;
 use super::marker::{self, Marker};
 use super::render::direct_run;
+use super::{Nonce, Plan};
 
 /// Most bytes of stderr a [`StepFailure`] keeps (its tail), 2 KiB: enough
 /// for the last error lines of a step, small enough for an annotation.
@@ -174,18 +174,24 @@ impl fmt::Display for StepFailure {
 /// A failed attempt's error can carry the failure as its `#[source]`.
 impl std::error::Error for StepFailure {}
 
-/// Name the step a failed exec of [`render_exec`](super::render_exec)`(plan)`
-/// failed in, from the exec's exit code (`None` when it had none) and its
-/// stderr.
+/// Name the step a failed exec of [`exec_argv`](super::exec_argv)`(plan, _,
+/// nonce)` failed in, from the exec's exit code (`None` when it had none)
+/// and its stderr.
 ///
 /// The last failure marker names the step; its stderr is what the step
 /// printed after its start marker, markers removed. A plan run directly (one
 /// run step) has no markers: step 1 is blamed, with all of stderr (so a
 /// `cocoon` CLI failure there is blamed on the step too). Without a failure
 /// marker, the last marker says how far the script got; with no marker at
-/// all, the script never started. Markers of another plan size are not
-/// ours and count as stderr.
-pub fn attribute_failure(plan: &Plan, exit_code: Option<i32>, stderr: &[u8]) -> StepFailure {
+/// all, the script never started. Only markers with this exec's `nonce`
+/// and the plan's size are ours: any other marker-like line (a guest
+/// program's forgery, an older exec's, another plan's) counts as stderr.
+pub fn attribute_failure(
+    plan: &Plan,
+    nonce: &Nonce,
+    exit_code: Option<i32>,
+    stderr: &[u8],
+) -> StepFailure {
     let total = plan.steps.len();
     let description = |step: usize| plan.steps[step - 1].description.clone();
     if direct_run(plan).is_some() {
@@ -197,7 +203,7 @@ pub fn attribute_failure(plan: &Plan, exit_code: Option<i32>, stderr: &[u8]) -> 
             stderr: StderrTail::new(stderr),
         };
     }
-    let found = find_markers(stderr, total);
+    let found = find_markers(stderr, total, nonce);
     let failed = found
         .iter()
         .rposition(|m| matches!(m.marker, Marker::Failed { .. }));
@@ -244,16 +250,19 @@ pub fn attribute_failure(plan: &Plan, exit_code: Option<i32>, stderr: &[u8]) -> 
     }
 }
 
-/// Whether an exec of [`render_exec`](super::render_exec)`(plan)` ran the
-/// whole script: its last marker in `stderr` is the done marker. A plan run
-/// directly (one run step) has no markers, and its exit code alone says.
+/// Whether an exec of [`exec_argv`](super::exec_argv)`(plan, _, nonce)`
+/// ran the whole script: its last marker in `stderr` is the done marker
+/// with this exec's `nonce`. A plan run directly (one run step) has no
+/// markers, and its exit code alone says.
 ///
 /// An exit code of 0 is not enough: a step that ends the script (`exit 0`
 /// through `command`, `exec true`, a `kill` of its shell) would skip every
-/// later step, other plugins' included, and look like success.
-pub fn ran_to_completion(plan: &Plan, stderr: &[u8]) -> bool {
+/// later step, other plugins' included, and look like success. Nor is a
+/// done marker without the nonce: any guest program can print that line,
+/// but none knew the nonce before the exec started.
+pub fn ran_to_completion(plan: &Plan, nonce: &Nonce, stderr: &[u8]) -> bool {
     direct_run(plan).is_some()
-        || find_markers(stderr, plan.steps.len())
+        || find_markers(stderr, plan.steps.len(), nonce)
             .last()
             .is_some_and(|m| m.marker == Marker::Done)
 }
@@ -267,8 +276,9 @@ struct Found {
     end: usize,
 }
 
-/// The markers of a plan of `total` steps, in order.
-fn find_markers(stderr: &[u8], total: usize) -> Vec<Found> {
+/// The markers of an exec with `nonce` of a plan of `total` steps, in
+/// order.
+fn find_markers(stderr: &[u8], total: usize, nonce: &Nonce) -> Vec<Found> {
     let mut found = Vec::new();
     let mut line_start = 0;
     while line_start <= stderr.len() {
@@ -278,7 +288,7 @@ fn find_markers(stderr: &[u8], total: usize) -> Vec<Found> {
             None => (rest, stderr.len()),
         };
         if line.starts_with(marker::PREFIX.as_bytes())
-            && let Some(m) = marker::parse(line)
+            && let Some(m) = marker::parse(line, nonce)
             && m.fits(total)
         {
             // Claim the line break the script wrote before the marker
@@ -328,6 +338,28 @@ mod tests {
     use super::*;
     use crate::plan::{Action, Dialect, Phase, Step};
 
+    /// The exec's nonce in these tests.
+    const N: &str = "0123456789abcdef0123456789abcdef";
+    /// Another exec's nonce.
+    const OTHER: &str = "fedcba9876543210fedcba9876543210";
+
+    fn nonce() -> Nonce {
+        Nonce::parse(N).unwrap()
+    }
+
+    /// `text` with each `@` replaced by the exec's nonce.
+    fn ours(text: &str) -> String {
+        text.replace('@', N)
+    }
+
+    fn attribute(plan: &Plan, exit_code: Option<i32>, stderr: &str) -> StepFailure {
+        attribute_failure(plan, &nonce(), exit_code, ours(stderr).as_bytes())
+    }
+
+    fn completed(plan: &Plan, stderr: &str) -> bool {
+        ran_to_completion(plan, &nonce(), ours(stderr).as_bytes())
+    }
+
     fn plan(n: usize) -> Plan {
         Plan {
             dialect: Dialect::PosixSh,
@@ -361,43 +393,110 @@ mod tests {
 
     #[rstest]
     #[case::no_trailing_newline(
-        "\ncocoon-fixup: step 1/3 start\n\ncocoon-fixup: step 2/3 start\nboom\ncocoon-fixup: step 2/3 failed exit 3\n",
+        "\ncocoon-fixup: @ step 1/3 start\n\ncocoon-fixup: @ step 2/3 start\nboom\ncocoon-fixup: @ step 2/3 failed exit 3\n",
         step_failure(2, 3, 3, "boom")
     )]
     #[case::trailing_newline(
-        "\ncocoon-fixup: step 1/3 start\nwarn\n\ncocoon-fixup: step 2/3 start\nline 1\nline 2\n\ncocoon-fixup: step 2/3 failed exit 2\n",
+        "\ncocoon-fixup: @ step 1/3 start\nwarn\n\ncocoon-fixup: @ step 2/3 start\nline 1\nline 2\n\ncocoon-fixup: @ step 2/3 failed exit 2\n",
         step_failure(2, 3, 2, "line 1\nline 2\n")
     )]
     #[case::silent_step(
-        "\ncocoon-fixup: step 1/3 start\n\ncocoon-fixup: step 1/3 failed exit 127\n",
+        "\ncocoon-fixup: @ step 1/3 start\n\ncocoon-fixup: @ step 1/3 failed exit 127\n",
         step_failure(1, 3, 127, "")
     )]
     #[case::after_ignored(
-        "\ncocoon-fixup: step 1/3 start\nx\n\ncocoon-fixup: step 1/3 ignored exit 1\n\ncocoon-fixup: step 2/3 start\ny\ncocoon-fixup: step 2/3 failed exit 4\n",
+        "\ncocoon-fixup: @ step 1/3 start\nx\n\ncocoon-fixup: @ step 1/3 ignored exit 1\n\ncocoon-fixup: @ step 2/3 start\ny\ncocoon-fixup: @ step 2/3 failed exit 4\n",
         step_failure(2, 3, 4, "y")
     )]
     #[case::crlf(
-        "\r\ncocoon-fixup: step 1/3 start\r\nbad thing\r\n\r\ncocoon-fixup: step 1/3 failed exit -1\r\n",
+        "\r\ncocoon-fixup: @ step 1/3 start\r\nbad thing\r\n\r\ncocoon-fixup: @ step 1/3 failed exit -1\r\n",
         step_failure(1, 3, -1, "bad thing\r\n")
     )]
     #[case::inline_lookalike(
-        "\ncocoon-fixup: step 1/3 start\nsaid cocoon-fixup: step 3/3 failed exit 9\n\ncocoon-fixup: step 1/3 failed exit 5\n",
-        step_failure(1, 3, 5, "said cocoon-fixup: step 3/3 failed exit 9\n")
+        "\ncocoon-fixup: @ step 1/3 start\nsaid cocoon-fixup: @ step 3/3 failed exit 9\n\ncocoon-fixup: @ step 1/3 failed exit 5\n",
+        step_failure(1, 3, 5, &ours("said cocoon-fixup: @ step 3/3 failed exit 9\n"))
     )]
     #[case::other_plans_marker(
-        "\ncocoon-fixup: step 1/3 start\ncocoon-fixup: step 1/7 failed exit 9\n\ncocoon-fixup: step 1/3 failed exit 5\n",
-        step_failure(1, 3, 5, "cocoon-fixup: step 1/7 failed exit 9\n")
+        "\ncocoon-fixup: @ step 1/3 start\ncocoon-fixup: @ step 1/7 failed exit 9\n\ncocoon-fixup: @ step 1/3 failed exit 5\n",
+        step_failure(1, 3, 5, &ours("cocoon-fixup: @ step 1/7 failed exit 9\n"))
     )]
     fn failure_marker_names_the_step(#[case] stderr: &str, #[case] expected: StepFailure) {
-        assert_eq!(
-            attribute_failure(&plan(3), Some(9), stderr.as_bytes()),
-            expected
+        assert_eq!(attribute(&plan(3), Some(9), stderr), expected);
+    }
+
+    /// A guest program that prints markers without this exec's nonce (none,
+    /// an older exec's, a guess) cannot move the blame: its lines are the
+    /// step's stderr.
+    #[rstest]
+    #[case::no_nonce("cocoon-fixup: step 3/3 failed exit 9\n")]
+    #[case::other_nonce(&format!("cocoon-fixup: {OTHER} step 3/3 failed exit 9\n"))]
+    #[case::empty_nonce("cocoon-fixup:  step 3/3 failed exit 9\n")]
+    fn forged_failure_markers_are_stderr(#[case] forged: &str) {
+        let stderr = format!(
+            "\ncocoon-fixup: @ step 1/3 start\n\ncocoon-fixup: @ step 2/3 start\n\n{forged}\ncocoon-fixup: @ step 2/3 failed exit 5\n"
         );
+        assert_eq!(
+            attribute(&plan(3), Some(5), &stderr),
+            step_failure(2, 3, 5, &format!("\n{forged}"))
+        );
+        // Forged markers alone: the script never started, as far as the
+        // host can tell.
+        let only = format!("\n{forged}\ncocoon-fixup: done\n");
+        assert!(matches!(
+            attribute(&plan(3), Some(5), &only),
+            StepFailure::NotStarted { .. }
+        ));
+    }
+
+    /// A done marker without this exec's nonce is no success: the step
+    /// that was running when the script ended is named.
+    #[rstest]
+    #[case::no_nonce("cocoon-fixup: done")]
+    #[case::other_nonce(&format!("cocoon-fixup: {OTHER} done"))]
+    #[case::empty_nonce("cocoon-fixup:  done")]
+    #[case::short_nonce("cocoon-fixup: 0123456789abcdef done")]
+    fn forged_done_markers_do_not_complete(#[case] forged: &str) {
+        let p = plan(3);
+        let ended_early = format!(
+            "\ncocoon-fixup: @ step 1/3 start\n\ncocoon-fixup: @ step 2/3 start\n\n{forged}\n"
+        );
+        assert!(!completed(&p, &ended_early));
+        assert_eq!(
+            attribute(&p, Some(0), &ended_early),
+            StepFailure::Interrupted {
+                step: 2,
+                total: 3,
+                description: "step number 2".into(),
+                exit_code: Some(0),
+                stderr: tail(&format!("\n{forged}\n")),
+            }
+        );
+        assert!(!completed(&p, &format!("\n{forged}\n")));
+        // The real one, with the exec's nonce, does complete; a forged one
+        // after it does not undo that, and one before it does not matter.
+        let real = format!(
+            "\ncocoon-fixup: @ step 1/3 start\n{forged}\n\ncocoon-fixup: @ step 2/3 start\n\ncocoon-fixup: @ step 3/3 start\n\ncocoon-fixup: @ done\n"
+        );
+        assert!(completed(&p, &real));
+        assert!(completed(&p, &format!("{real}{forged}\n")));
+    }
+
+    #[test]
+    fn the_same_lines_with_another_execs_nonce_are_not_ours() {
+        let stderr = "\ncocoon-fixup: @ step 1/2 start\n\ncocoon-fixup: @ step 2/2 start\n\ncocoon-fixup: @ done\n";
+        let p = plan(2);
+        assert!(completed(&p, stderr));
+        let other = Nonce::parse(OTHER).unwrap();
+        assert!(!ran_to_completion(&p, &other, ours(stderr).as_bytes()));
+        assert!(matches!(
+            attribute_failure(&p, &other, Some(1), ours(stderr).as_bytes()),
+            StepFailure::NotStarted { .. }
+        ));
     }
 
     #[test]
     fn no_markers_means_not_started() {
-        let got = attribute_failure(&plan(3), Some(1), b"Error: vm abc not found\n");
+        let got = attribute(&plan(3), Some(1), "Error: vm abc not found\n");
         assert_eq!(
             got,
             StepFailure::NotStarted {
@@ -414,8 +513,8 @@ mod tests {
 
     #[test]
     fn a_started_step_without_end_was_interrupted() {
-        let stderr = "\ncocoon-fixup: step 1/3 start\n\ncocoon-fixup: step 2/3 start\nwaiting";
-        let got = attribute_failure(&plan(3), None, stderr.as_bytes());
+        let stderr = "\ncocoon-fixup: @ step 1/3 start\n\ncocoon-fixup: @ step 2/3 start\nwaiting";
+        let got = attribute(&plan(3), None, stderr);
         assert_eq!(
             got,
             StepFailure::Interrupted {
@@ -435,10 +534,10 @@ mod tests {
     #[test]
     fn failure_after_done_is_outside_the_steps() {
         let stderr =
-            "\ncocoon-fixup: step 1/1 start\n\ncocoon-fixup: done\nexec: connection reset\n";
+            "\ncocoon-fixup: @ step 1/1 start\n\ncocoon-fixup: @ done\nexec: connection reset\n";
         let mut p = plan(1);
         p.steps[0].best_effort = true;
-        let got = attribute_failure(&p, Some(1), stderr.as_bytes());
+        let got = attribute(&p, Some(1), stderr);
         assert_eq!(
             got,
             StepFailure::AfterLastStep {
@@ -451,12 +550,14 @@ mod tests {
 
     #[test]
     fn direct_form_blames_step_one_with_all_stderr() {
-        let got = attribute_failure(&plan(1), Some(2), b"Disable-PnpDevice: failed\n");
+        let got = attribute(&plan(1), Some(2), "Disable-PnpDevice: failed\n");
         assert_eq!(got, step_failure(1, 1, 2, "Disable-PnpDevice: failed\n"));
         assert_eq!(
             got.to_string(),
             "step 1/1 \"step number 1\" exited 2: Disable-PnpDevice: failed"
         );
+        // It has no markers, so its exit code alone says.
+        assert!(completed(&plan(1), ""));
     }
 
     #[test]
@@ -505,9 +606,9 @@ mod tests {
     fn tail_of_a_step_is_bounded_too() {
         let noise = "n".repeat(5000);
         let stderr = format!(
-            "\ncocoon-fixup: step 1/2 start\n{noise}end\n\ncocoon-fixup: step 1/2 failed exit 1\n"
+            "\ncocoon-fixup: @ step 1/2 start\n{noise}end\n\ncocoon-fixup: @ step 1/2 failed exit 1\n"
         );
-        let got = attribute_failure(&plan(2), Some(1), stderr.as_bytes());
+        let got = attribute(&plan(2), Some(1), &stderr);
         let t = got.stderr();
         assert!(t.cut);
         assert_eq!(t.text.len(), STDERR_TAIL_MAX);

@@ -11,7 +11,7 @@ use std::fmt;
 
 use crate::facts::is_invisible_format;
 
-use super::{Action, Dialect, Plan, Step, WriteFile};
+use super::{Action, Dialect, Nonce, Plan, Step, WriteFile};
 
 /// Most bytes a step description may have: it is one line of a comment in
 /// the hint and of the error a failed step produces.
@@ -60,12 +60,29 @@ pub const MAX_EXEC_ARG: usize = 32 * 4096 - 1;
 /// the stack's own, `kubectl apply`'s copy of the object) keep the rest.
 pub const MAX_HINT: usize = 128 * 1024;
 
+/// The longest command line Windows starts a process with, in UTF-16 code
+/// units, without its terminating NUL: `CreateProcess` takes at most
+/// 32,767 with it. A PowerShell plan's exec reaches the guest as one
+/// command line (see [`windows_command_line_len`]).
+pub const MAX_WINDOWS_COMMAND_LINE: usize = 32_767 - 1;
+
+/// Room counted for the program on a Windows command line, in UTF-16 code
+/// units: the guest agent may put the program's resolved path there, up to
+/// `MAX_PATH` (260), instead of `powershell`.
+const WINDOWS_PROGRAM_ROOM: usize = 260;
+
 /// Check what a plan renders to, before anything runs: each exec argument
-/// within [`MAX_EXEC_ARG`], the hint within [`MAX_HINT`]. A plan within
-/// [`PlanLimits`] can still break these: quoting grows text (64 KiB of
-/// `a'` renders to about 160 KiB).
-pub fn check_rendered(exec: &[String], hint: &str) -> Result<(), PlanError> {
-    if let Some((arg, long)) = exec
+/// within [`MAX_EXEC_ARG`] (the host's `cocoon` gets the argv through
+/// `execve` on Linux, whatever the guest), a PowerShell plan's command line
+/// within [`MAX_WINDOWS_COMMAND_LINE`], the hint within [`MAX_HINT`]. A plan
+/// within [`PlanLimits`] can still break these: quoting grows text (64 KiB
+/// of `a'` renders to about 160 KiB in sh and 96 KiB in PowerShell).
+///
+/// `exec` is [`render_exec`](super::render_exec)`(plan)`; the argv checked
+/// is what one exec runs, the nonce included ([`exec_argv`](super::exec_argv)).
+pub fn check_rendered(plan: &Plan, exec: &[String], hint: &str) -> Result<(), PlanError> {
+    let argv = super::exec_argv(plan, exec, &Nonce::from_bytes([0; 16]));
+    if let Some((arg, long)) = argv
         .iter()
         .enumerate()
         .find(|(_, a)| a.len() > MAX_EXEC_ARG)
@@ -76,6 +93,15 @@ pub fn check_rendered(exec: &[String], hint: &str) -> Result<(), PlanError> {
             max: MAX_EXEC_ARG,
         });
     }
+    if plan.dialect == Dialect::PowerShell {
+        let units = windows_command_line_len(&argv);
+        if units > MAX_WINDOWS_COMMAND_LINE {
+            return Err(PlanError::CommandLineTooLong {
+                units,
+                max: MAX_WINDOWS_COMMAND_LINE,
+            });
+        }
+    }
     if hint.len() > MAX_HINT {
         return Err(PlanError::HintTooLarge {
             bytes: hint.len(),
@@ -83,6 +109,62 @@ pub fn check_rendered(exec: &[String], hint: &str) -> Result<(), PlanError> {
         });
     }
     Ok(())
+}
+
+/// The length, in UTF-16 code units, of the Windows command line an argv
+/// becomes: the words joined by spaces, each quoted by the convention that
+/// `CommandLineToArgvW` and the C runtime read back (as the guest agent's
+/// spawn writes it), and the program counted as at least
+/// [`WINDOWS_PROGRAM_ROOM`].
+///
+/// A word is counted in double quotes when it is empty or holds a space, a
+/// tab, a line break or a `"` (some quote only for blanks: this is the
+/// longer count); a `"` inside is written `\"`, and the backslashes right
+/// before a `"` or before the closing quote are doubled. PowerShell's
+/// `-Command` takes the script as one such word (no `-EncodedCommand`,
+/// which would grow it to 8/3 of its length in base64 of UTF-16).
+pub fn windows_command_line_len(argv: &[String]) -> usize {
+    let words: usize = argv
+        .iter()
+        .enumerate()
+        .map(|(i, word)| {
+            let len = windows_quoted_len(word);
+            if i == 0 {
+                len.max(WINDOWS_PROGRAM_ROOM)
+            } else {
+                len
+            }
+        })
+        .sum();
+    words + argv.len().saturating_sub(1)
+}
+
+fn windows_quoted_len(word: &str) -> usize {
+    let quoted = word.is_empty() || word.contains([' ', '\t', '\n', '\u{b}', '"']);
+    let mut len = 0;
+    let mut backslashes = 0;
+    for c in word.chars() {
+        match c {
+            '\\' => {
+                backslashes += 1;
+                len += 1;
+            }
+            // The run of backslashes doubled, then `\"`.
+            '"' => {
+                len += backslashes + 2;
+                backslashes = 0;
+            }
+            c => {
+                backslashes = 0;
+                len += c.len_utf16();
+            }
+        }
+    }
+    if quoted {
+        // The closing quote doubles a run of backslashes before it.
+        len += 2 + backslashes;
+    }
+    len
 }
 
 /// A plan that breaks a limit or a structural rule, or plans that cannot
@@ -112,6 +194,12 @@ pub enum PlanError {
         bytes: usize,
         max: usize,
     },
+    /// The PowerShell exec would not fit on a Windows command line
+    /// (`CreateProcess`): every attempt would fail.
+    #[error(
+        "the rendered exec is a Windows command line of {units} UTF-16 code units, over the limit of {max} (CreateProcess takes 32767 with the NUL; room is kept for the program's path): no attempt could run; make the plan's text shorter (PowerShell doubles quotes, the command line escapes `\"`)"
+    )]
+    CommandLineTooLong { units: usize, max: usize },
     /// The hint would not fit in the pod's annotations.
     #[error(
         "the hint (the plan as a script, base64) is {bytes} bytes, over the limit of {max} that leaves the rest of the pod's 256 KiB annotation budget to its other annotations; make the plan's text shorter"
@@ -498,12 +586,12 @@ mod tests {
         let script = crate::plan::render_script(&p, &crate::plan::ScriptHeader { title: vec![] });
         let hint = crate::plan::hint_base64(&script);
         assert!(matches!(
-            check_rendered(&exec, &hint),
+            check_rendered(&p, &exec, &hint),
             Err(PlanError::ExecArgTooLong { arg: 2, bytes, max: MAX_EXEC_ARG }) if bytes > MAX_EXEC_ARG
         ));
         let short = vec!["sh".to_owned(), "-c".to_owned(), "true".to_owned()];
         assert!(matches!(
-            check_rendered(&short, &hint),
+            check_rendered(&p, &short, &hint),
             Err(PlanError::HintTooLarge { bytes, max: MAX_HINT }) if bytes > MAX_HINT
         ));
         // The same plan with plain text renders within both.
@@ -515,10 +603,118 @@ mod tests {
         let script =
             crate::plan::render_script(&plain, &crate::plan::ScriptHeader { title: vec![] });
         check_rendered(
+            &plain,
             &crate::plan::render_exec(&plain),
             &crate::plan::hint_base64(&script),
         )
         .expect("plain text fits");
+    }
+
+    /// The hint is stored base64: 4 bytes for every 3 of the script. A
+    /// script under MAX_HINT whose base64 is over it is refused.
+    #[test]
+    fn the_hint_limit_counts_the_base64() {
+        let p = plan(vec![step(write("/etc/x", &"'".repeat(50 * 1024), None))]);
+        p.check(&PlanLimits::default()).unwrap();
+        let script = crate::plan::render_script(&p, &crate::plan::ScriptHeader::default());
+        let hint = crate::plan::hint_base64(&script);
+        assert!(script.len() < MAX_HINT && hint.len() > MAX_HINT);
+        assert_eq!(hint.len(), script.len().div_ceil(3) * 4);
+        assert_eq!(
+            check_rendered(&p, &crate::plan::render_exec(&p), &hint),
+            Err(PlanError::HintTooLarge {
+                bytes: hint.len(),
+                max: MAX_HINT
+            })
+        );
+    }
+
+    #[rstest]
+    #[case::plain("abc", 3)]
+    #[case::empty("", 2)]
+    #[case::space("a b", 5)]
+    #[case::tab("a\tb", 5)]
+    #[case::line_break("a\nb", 5)]
+    #[case::quote(r#"a"b"#, 6)]
+    #[case::backslashes_alone(r"a\b\", 4)]
+    #[case::backslash_before_quote(r#"a\"b"#, 8)]
+    #[case::backslash_before_closing_quote(r"a b\", 7)]
+    #[case::astral("😀", 2)]
+    #[case::bmp("ü‘", 2)]
+    fn windows_words_are_counted_quoted_in_utf16(#[case] word: &str, #[case] units: usize) {
+        assert_eq!(windows_quoted_len(word), units, "{word:?}");
+    }
+
+    #[test]
+    fn a_windows_command_line_is_its_words_and_the_spaces_between() {
+        let argv: Vec<String> = ["powershell", "-c", "a b"].map(String::from).to_vec();
+        // The program counts as the path the agent may put in its place.
+        assert_eq!(windows_command_line_len(&argv), 260 + 1 + 2 + 1 + 5);
+        let long = "p".repeat(300);
+        assert_eq!(windows_command_line_len(&[long]), 300);
+        assert_eq!(windows_command_line_len(&[]), 0);
+    }
+
+    fn ps_write(content: &str) -> Plan {
+        Plan {
+            dialect: Dialect::PowerShell,
+            steps: vec![step(write("/ProgramData/x", content, None))],
+        }
+    }
+
+    fn check_ps(p: &Plan) -> Result<(), PlanError> {
+        let script = crate::plan::render_script(p, &crate::plan::ScriptHeader::default());
+        check_rendered(
+            p,
+            &crate::plan::render_exec(p),
+            &crate::plan::hint_base64(&script),
+        )
+    }
+
+    /// A PowerShell plan's exec is one Windows command line: at most 32,766
+    /// UTF-16 code units with the nonce and the quoting, exactly.
+    #[test]
+    fn a_powershell_exec_must_fit_a_windows_command_line() {
+        let argv = |p: &Plan| {
+            let nonce = crate::plan::Nonce::generate().unwrap();
+            crate::plan::exec_argv(p, &crate::plan::render_exec(p), &nonce)
+        };
+        let base = windows_command_line_len(&argv(&ps_write("")));
+        let room = MAX_WINDOWS_COMMAND_LINE - base;
+        let at = ps_write(&"a".repeat(room));
+        assert_eq!(
+            windows_command_line_len(&argv(&at)),
+            MAX_WINDOWS_COMMAND_LINE
+        );
+        at.check(&PlanLimits::default()).unwrap();
+        assert_eq!(check_ps(&at), Ok(()));
+        let over = ps_write(&"a".repeat(room + 1));
+        let err = check_ps(&over).unwrap_err();
+        assert_eq!(
+            err,
+            PlanError::CommandLineTooLong {
+                units: MAX_WINDOWS_COMMAND_LINE + 1,
+                max: MAX_WINDOWS_COMMAND_LINE
+            }
+        );
+        assert!(err.to_string().contains("32767"), "{err}");
+
+        // Quotes grow it: PowerShell doubles `'`, the command line escapes
+        // `"`, and a non-BMP character takes two code units. Each of these
+        // is within the plan limits and the kernel's, not within Windows'.
+        for grown in ["'", "\"", "😀"] {
+            let p = ps_write(&grown.repeat(room / 2 + 1));
+            p.check(&PlanLimits::default()).unwrap();
+            assert!(
+                matches!(check_ps(&p), Err(PlanError::CommandLineTooLong { .. })),
+                "{grown}"
+            );
+        }
+        // A POSIX sh plan of the same size is no Windows command line.
+        let mut sh = ps_write(&"'".repeat(room));
+        sh.dialect = Dialect::PosixSh;
+        sh.steps[0].action = write("/etc/x", &"'".repeat(room), None);
+        assert_eq!(check_ps(&sh), Ok(()));
     }
 
     /// What a reviewer could not see is refused in plugin plans.

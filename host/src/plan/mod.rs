@@ -8,6 +8,7 @@
 //! - [`compose`]: several plugins' plans in one, ordered by [`Phase`];
 //! - [`render_exec`]: the argv after `cocoon vm exec <id> --`, one exec per
 //!   attempt, with step markers on stderr so a failure names its step;
+//!   [`exec_argv`] adds each exec's [`Nonce`] to it;
 //! - [`render_script`]: the hint a person pastes into the guest (POSIX sh
 //!   or PowerShell) that stops at the first failing step;
 //! - [`attribute_failure`]: reads the markers back out of a failed exec.
@@ -44,21 +45,34 @@
 //! not end its last line cannot glue onto it) and one after it:
 //!
 //! ```text
-//! cocoon-fixup: step <n>/<total> start                before step n runs
-//! cocoon-fixup: step <n>/<total> failed exit <code>   step n failed; the script exits <code>
-//! cocoon-fixup: step <n>/<total> ignored exit <code>  best-effort step n failed; the script goes on
-//! cocoon-fixup: done                                   every step ran
+//! cocoon-fixup: <nonce> step <n>/<total> start               before step n runs
+//! cocoon-fixup: <nonce> step <n>/<total> failed exit <code>  step n failed; the script exits <code>
+//! cocoon-fixup: <nonce> step <n>/<total> ignored exit <code> best-effort step n failed; the script goes on
+//! cocoon-fixup: <nonce> done                                  every step ran
 //! ```
+//!
+//! `<nonce>` is the exec's [`Nonce`]: 32 lowercase hex digits (128 bits
+//! from the OS random number generator), drawn for each exec and passed to
+//! the script as an argument by [`exec_argv`] (`sh -c <script> sh <nonce>`,
+//! or the PowerShell script block's argument), never written into the
+//! script's text: no guest program knows it before the exec starts, and the
+//! rendered script is one text for every exec of a plan. A marker-like line
+//! with another nonce or none (a guest program's forgery) is ordinary
+//! stderr, and an exit 0 without the done marker of the exec's nonce is a
+//! failed attempt ([`ran_to_completion`]).
 //!
 //! `<n>` counts from 1; `<code>` is the step's exit status, never 0. A
 //! trailing `\r` is ignored (PowerShell on Windows ends lines with `\r\n`).
 //! Markers whose `<total>` is not the plan's are not ours and count as
 //! output. A plan rendered in the direct form (one run step, see
-//! [`render_exec`]) has no markers.
+//! [`render_exec`]) has no markers and takes no nonce. The hint
+//! ([`render_script`]) writes no markers either: a person reads it, and it
+//! runs by hand with no argument.
 
 mod attribute;
 mod check;
 mod marker;
+mod nonce;
 pub mod policy;
 mod render;
 #[cfg(test)]
@@ -68,19 +82,17 @@ use std::fmt;
 
 use serde::{Serialize, Serializer};
 
-/// The line the exec script writes to stderr after its last step, for
-/// stand-ins of a guest that ran the whole script (tests, benchmarks).
-pub const DONE_MARKER: &str = marker::DONE;
-
 pub use attribute::{
     STDERR_TAIL_MAX, StderrTail, StepFailure, attribute_failure, ran_to_completion,
 };
 pub use check::{
-    DESCRIPTION_MAX, Field, MAX_EXEC_ARG, MAX_HINT, PlanError, PlanLimits, Problem,
-    SH_SPECIAL_BUILTINS, check_rendered,
+    DESCRIPTION_MAX, Field, MAX_EXEC_ARG, MAX_HINT, MAX_WINDOWS_COMMAND_LINE, PlanError,
+    PlanLimits, Problem, SH_SPECIAL_BUILTINS, check_rendered, windows_command_line_len,
 };
+pub use nonce::{NONCE_HEX_LEN, Nonce, NonceError};
 pub use render::{
-    ScriptHeader, hint_base64, ps_quote, render_exec, render_script, sh_quote, sh_words,
+    ScriptHeader, done_marker, exec_argv, exec_nonce, hint_base64, ps_quote, render_exec,
+    render_script, sh_quote, sh_words,
 };
 
 /// The shell a plan targets.

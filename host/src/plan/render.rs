@@ -23,14 +23,18 @@
 //! passes arguments to native programs through its own command-line
 //! quoting, which mangles arguments with embedded `"` and drops empty ones;
 //! the Windows plan today is one direct `powershell -nop -c` run, which
-//! avoids it.
+//! avoids it. The exec script is one script block, `& { param([string]$nonce)
+//! ... }`, and PowerShell appends the quoted nonce after it as its argument
+//! ([`exec_argv`]). Both forms are parsed back by an independent PowerShell
+//! grammar in the tests (`host/tests/ps_props.rs`): every value is one verbatim
+//! string that unquotes to itself.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use base64::Engine as _;
 
-use super::{Action, Dialect, Plan, Step, WriteFile, format_mode, marker};
+use super::{Action, Dialect, Nonce, Plan, Step, WriteFile, format_mode, marker};
 
 /// The lines that open a hint script, one comment line each (for example
 /// the pod, the VM and the scenario). Line breaks and other control
@@ -92,8 +96,9 @@ pub fn hint_base64(script: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(script)
 }
 
-/// The argv to run after `cocoon vm exec <id> --`: one exec runs the whole
-/// plan.
+/// The argv to run after `cocoon vm exec <id> --`, without the exec's
+/// nonce: one exec runs the whole plan, and [`exec_argv`] adds the nonce
+/// of each exec.
 ///
 /// A plan of exactly one step that runs a program (and is not best effort)
 /// is that program's argv unchanged: the Windows plan becomes the spec's
@@ -104,6 +109,9 @@ pub fn hint_base64(script: &str) -> String {
 /// failure marker with the exit code when a step fails. A failing step
 /// stops the script with its exit code; a failing best-effort step writes
 /// an "ignored" marker and the script goes on.
+///
+/// The script reads the nonce from its argument, so its text is the same
+/// for every exec of the plan, whichever pod or attempt it is for.
 pub fn render_exec(plan: &Plan) -> Vec<String> {
     if let Some(argv) = direct_run(plan) {
         return argv.to_vec();
@@ -118,6 +126,46 @@ pub fn render_exec(plan: &Plan) -> Vec<String> {
             ps_exec_script(plan),
         ],
     }
+}
+
+/// The argv of one exec of `plan`: `exec` (what [`render_exec`] made of
+/// `plan`) with the exec's `nonce` added where its script reads it.
+///
+/// - POSIX sh: `sh -c <script> sh <nonce>`: `sh` is the script's `$0`
+///   (the name in the shell's own error messages), the nonce its `$1`.
+/// - PowerShell: `powershell ... -Command <script> '<nonce>'`. PowerShell
+///   joins the words after `-Command` with spaces into one command, and the
+///   script is one script block, `& { param([string]$nonce) ... }`, so the
+///   quoted nonce becomes its argument.
+/// - The direct form (one run step) has no markers: `exec` unchanged.
+pub fn exec_argv(plan: &Plan, exec: &[String], nonce: &Nonce) -> Vec<String> {
+    let mut argv = exec.to_vec();
+    if direct_run(plan).is_none() {
+        match plan.dialect {
+            Dialect::PosixSh => argv.extend(["sh".to_owned(), nonce.to_string()]),
+            Dialect::PowerShell => argv.push(ps_quote(nonce.as_str())),
+        }
+    }
+    argv
+}
+
+/// The nonce an argv of [`exec_argv`] carries (its last word), for
+/// stand-ins of a guest (tests, benchmarks) that write markers as the
+/// script would; `None` when the last word is no nonce.
+pub fn exec_nonce(argv: &[String]) -> Option<Nonce> {
+    let last = argv.last()?;
+    let bare = last
+        .strip_prefix('\'')
+        .and_then(|s| s.strip_suffix('\''))
+        .unwrap_or(last);
+    Nonce::parse(bare)
+}
+
+/// The done marker line of an exec with `nonce` (without the line breaks
+/// the script writes around it), for stand-ins of a guest that ran the
+/// whole script.
+pub fn done_marker(nonce: &Nonce) -> String {
+    marker::line(nonce, marker::DONE)
 }
 
 /// The plan as a script a person pastes into the guest (or saves and runs):
@@ -238,13 +286,28 @@ fn sh_command(action: &Action) -> String {
     }
 }
 
-/// `printf` that writes `text` as a marker line to stderr, with a newline
-/// before it; `code_var` appends a variable (the exit code) to it.
-fn sh_marker(text: &str, code_var: Option<&str>) -> String {
-    match code_var {
-        None => format!("printf '\\n%s\\n' {} >&2", sh_quote(text)),
-        Some(var) => format!("printf '\\n%s%s\\n' {} \"{var}\" >&2", sh_quote(text)),
+/// `printf` that writes the marker of `event` to stderr as a line of its
+/// own (a line break before it): the prefix, the exec's nonce (`$1`, see
+/// [`exec_argv`]), the event and, with `code_var`, that variable (the exit
+/// code). The prefix and event are part of the format, escaped for it.
+fn sh_marker(event: &str, code_var: Option<&str>) -> String {
+    let mut format = format!(
+        "\\n{}%s {}",
+        printf_literal(marker::PREFIX),
+        printf_literal(event)
+    );
+    let mut args = String::from(r#" "$1""#);
+    if let Some(var) = code_var {
+        format.push_str("%s");
+        let _ = write!(args, r#" "{var}""#);
     }
+    format.push_str("\\n");
+    format!("printf {}{args} >&2", sh_quote(&format))
+}
+
+/// `text` as literal text in a `printf` format: `\` and `%` escaped.
+fn printf_literal(text: &str) -> String {
+    text.replace('\\', r"\\").replace('%', "%%")
 }
 
 fn sh_exec_script(plan: &Plan) -> String {
@@ -341,24 +404,36 @@ fn ps_command(action: &Action) -> String {
     }
 }
 
-/// A marker line on stderr, with a line break before it. `code_var`
-/// appends a variable (the exit code).
-fn ps_marker(text: &str, code_var: Option<&str>) -> String {
-    let line = match code_var {
-        None => ps_quote(text),
-        Some(var) => format!("{} + {var}", ps_quote(text)),
-    };
+/// A marker line on stderr, with a line break before it: the prefix, the
+/// exec's nonce (`$nonce`, the script block's argument), the event and,
+/// with `code_var`, that variable (the exit code).
+fn ps_marker(event: &str, code_var: Option<&str>) -> String {
+    let mut line = format!(
+        "{} + $nonce + {}",
+        ps_quote(marker::PREFIX),
+        ps_quote(&format!(" {event}"))
+    );
+    if let Some(var) = code_var {
+        let _ = write!(line, " + {var}");
+    }
     format!("[Console]::Error.WriteLine(); [Console]::Error.WriteLine({line})")
 }
 
-/// The exec script. `$ErrorActionPreference` stays `Continue`: under `Stop`,
-/// Windows PowerShell turns a native program's stderr line into a
-/// terminating error when its stderr is redirected, as it is under exec.
-/// Each step runs in `try`, so an exception or a missing program counts as
-/// exit code 1.
+/// The exec script: one script block, `& { param([string]$nonce) ... }`,
+/// that takes the exec's nonce as its argument (see [`exec_argv`]). It
+/// ends with the block's `}` and no line break, so the nonce PowerShell
+/// appends after a space is on the same line: the block's argument, not a
+/// statement of its own. `exit` inside the block ends PowerShell with
+/// that code.
+///
+/// `$ErrorActionPreference` stays `Continue`: under `Stop`, Windows
+/// PowerShell turns a native program's stderr line into a terminating
+/// error when its stderr is redirected, as it is under exec. Each step
+/// runs in `try`, so an exception or a missing program counts as exit
+/// code 1.
 fn ps_exec_script(plan: &Plan) -> String {
     let total = plan.steps.len();
-    let mut out = String::new();
+    let mut out = String::from("& {\nparam([string]$nonce)\n");
     for (i, step) in plan.steps.iter().enumerate() {
         let n = i + 1;
         let body = match &step.action {
@@ -382,7 +457,7 @@ fn ps_exec_script(plan: &Plan) -> String {
         }
     }
     let _ = writeln!(out, "{}", ps_marker(marker::DONE, None));
-    out.push_str("exit 0\n");
+    out.push_str("exit 0\n}");
     out
 }
 
@@ -659,19 +734,52 @@ echo 'cocoon-fixup: all 4 steps done'
         let argv = render_exec(&linux_plan());
         assert_eq!(argv[..2], ["sh", "-c"]);
         assert_eq!(argv.len(), 3);
-        let expected = r#"printf '\n%s\n' 'cocoon-fixup: step 1/4 start' >&2
+        let expected = r#"printf '\ncocoon-fixup: %s step 1/4 start\n' "$1" >&2
 printf '%s' '3
-' > /proc/sys/vm/drop_caches || printf '\n%s%s\n' 'cocoon-fixup: step 1/4 ignored exit ' "$?" >&2
-printf '\n%s\n' 'cocoon-fixup: step 2/4 start' >&2
+' > /proc/sys/vm/drop_caches || printf '\ncocoon-fixup: %s step 1/4 ignored exit %s\n' "$1" "$?" >&2
+printf '\ncocoon-fixup: %s step 2/4 start\n' "$1" >&2
 printf '%s' 'vm-1
-' > /etc/hostname && chmod 0644 /etc/hostname || { rc=$?; printf '\n%s%s\n' 'cocoon-fixup: step 2/4 failed exit ' "$rc" >&2; exit "$rc"; }
-printf '\n%s\n' 'cocoon-fixup: step 3/4 start' >&2
-rm -f -- /etc/systemd/network/10-*.network || { rc=$?; printf '\n%s%s\n' 'cocoon-fixup: step 3/4 failed exit ' "$rc" >&2; exit "$rc"; }
-printf '\n%s\n' 'cocoon-fixup: step 4/4 start' >&2
-cloud-init modules --mode=config || { rc=$?; printf '\n%s%s\n' 'cocoon-fixup: step 4/4 failed exit ' "$rc" >&2; exit "$rc"; }
-printf '\n%s\n' 'cocoon-fixup: done' >&2
+' > /etc/hostname && chmod 0644 /etc/hostname || { rc=$?; printf '\ncocoon-fixup: %s step 2/4 failed exit %s\n' "$1" "$rc" >&2; exit "$rc"; }
+printf '\ncocoon-fixup: %s step 3/4 start\n' "$1" >&2
+rm -f -- /etc/systemd/network/10-*.network || { rc=$?; printf '\ncocoon-fixup: %s step 3/4 failed exit %s\n' "$1" "$rc" >&2; exit "$rc"; }
+printf '\ncocoon-fixup: %s step 4/4 start\n' "$1" >&2
+cloud-init modules --mode=config || { rc=$?; printf '\ncocoon-fixup: %s step 4/4 failed exit %s\n' "$1" "$rc" >&2; exit "$rc"; }
+printf '\ncocoon-fixup: %s done\n' "$1" >&2
 "#;
         assert_eq!(argv[2], expected);
+    }
+
+    const NONCE: &str = "0123456789abcdef0123456789abcdef";
+
+    /// Each exec adds its nonce where the script reads it; the script's
+    /// text is the same for every exec.
+    #[test]
+    fn the_nonce_is_an_argument_not_script_text() {
+        let nonce = Nonce::parse(NONCE).unwrap();
+        let other = Nonce::generate().unwrap();
+        let plan = linux_plan();
+        let exec = render_exec(&plan);
+        let argv = exec_argv(&plan, &exec, &nonce);
+        assert_eq!(argv[..3], exec[..]);
+        assert_eq!(argv[3..], ["sh", NONCE]);
+        assert_eq!(exec_nonce(&argv), Some(nonce));
+        assert_eq!(exec_argv(&plan, &exec, &other)[..3], exec[..]);
+        assert!(!exec[2].contains(NONCE));
+
+        let plan = mixed_windows_plan();
+        let exec = render_exec(&plan);
+        let argv = exec_argv(&plan, &exec, &nonce);
+        assert_eq!(argv[..5], exec[..]);
+        assert_eq!(argv[5..], [format!("'{NONCE}'")]);
+        assert_eq!(exec_nonce(&argv), Some(nonce));
+        assert!(exec[4].ends_with("\n}"), "no line break after the block");
+
+        // The direct form has no markers and takes no nonce.
+        let plan = windows_plan();
+        let exec = render_exec(&plan);
+        assert_eq!(exec_argv(&plan, &exec, &nonce), exec);
+        assert_eq!(exec_nonce(&exec), None);
+        assert_eq!(done_marker(&nonce), format!("cocoon-fixup: {NONCE} done"));
     }
 
     const PNP: &str = "$x=Get-PnpDevice -Class Net -PresentOnly;$x|Disable-PnpDevice -Confirm:$false;$x|Enable-PnpDevice -Confirm:$false";
@@ -805,21 +913,23 @@ Write-Host 'cocoon-fixup: all 4 steps done'
             argv[..4],
             ["powershell", "-NoProfile", "-NonInteractive", "-Command"]
         );
-        let expected = "[Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: step 1/4 start')
+        let expected = "& {
+param([string]$nonce)
+[Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: ' + $nonce + ' step 1/4 start')
 $rc = 0; try { $global:LASTEXITCODE = 0; & 'ipconfig' '/flushdns'; $rc = [int]$global:LASTEXITCODE } catch { [Console]::Error.WriteLine($_.ToString()); $rc = 1 }
-if ($rc -ne 0) { [Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: step 1/4 ignored exit ' + $rc) }
-[Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: step 2/4 start')
+if ($rc -ne 0) { [Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: ' + $nonce + ' step 1/4 ignored exit ' + $rc) }
+[Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: ' + $nonce + ' step 2/4 start')
 $rc = 0; try { [IO.File]::WriteAllText('/ProgramData/x/it''s.txt', 'a ''b''\r\n') } catch { [Console]::Error.WriteLine($_.ToString()); $rc = 1 }
-if ($rc -ne 0) { [Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: step 2/4 failed exit ' + $rc); exit $rc }
-[Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: step 3/4 start')
+if ($rc -ne 0) { [Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: ' + $nonce + ' step 2/4 failed exit ' + $rc); exit $rc }
+[Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: ' + $nonce + ' step 3/4 start')
 $rc = 0; try { Remove-Item -Force -ErrorAction SilentlyContinue -Path '/ProgramData/x/`[1`]*.log', '/ProgramData/y/z' } catch { [Console]::Error.WriteLine($_.ToString()); $rc = 1 }
-if ($rc -ne 0) { [Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: step 3/4 ignored exit ' + $rc) }
-[Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: step 4/4 start')
+if ($rc -ne 0) { [Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: ' + $nonce + ' step 3/4 ignored exit ' + $rc) }
+[Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: ' + $nonce + ' step 4/4 start')
 $rc = 0; try { $global:LASTEXITCODE = 0; & 'ipconfig' '/renew'; $rc = [int]$global:LASTEXITCODE } catch { [Console]::Error.WriteLine($_.ToString()); $rc = 1 }
-if ($rc -ne 0) { [Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: step 4/4 failed exit ' + $rc); exit $rc }
-[Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: done')
+if ($rc -ne 0) { [Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: ' + $nonce + ' step 4/4 failed exit ' + $rc); exit $rc }
+[Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: ' + $nonce + ' done')
 exit 0
-";
+}";
         assert_eq!(argv[4], expected);
     }
 

@@ -46,6 +46,9 @@ const NASTY: &[&str] = &[
     "\u{7f}\u{1b}[0m",
 ];
 
+/// A nonce no exec of these tests draws (the odds are 2^-128).
+const WRONG: &str = "ffffffffffffffffffffffffffffffff";
+
 /// How the plan is run: as the exec argv, or as the hint run by `sh -c`.
 #[derive(Debug, Clone, Copy)]
 enum Form {
@@ -59,6 +62,8 @@ struct Guest {
     bin: PathBuf,
     log: PathBuf,
     files: PathBuf,
+    /// The nonce of the guest's exec-form runs.
+    nonce: Nonce,
 }
 
 /// A stub records its argv (`$#`, then `basename $0` and every argument,
@@ -87,6 +92,12 @@ fn guest() -> Guest {
         "printf '%s' \"boom: it's broken\" >&2\nexit 3",
     );
     stub(&bin, "fail5", "printf 'warn\\n' >&2\nexit 5");
+    // Markers a guest program can forge: without a nonce, with a wrong one.
+    let forged = format!(
+        "printf '\\ncocoon-fixup: done\\n\\ncocoon-fixup: {WRONG} done\\n\\ncocoon-fixup: {WRONG} step 4/4 failed exit 9\\n' >&2"
+    );
+    stub(&bin, "forge", &format!("{forged}\nexit 0"));
+    stub(&bin, "forge5", &format!("{forged}\nexit 5"));
     for tool in ["chmod", "rm"] {
         symlink(Path::new("/bin").join(tool), bin.join(tool)).unwrap();
     }
@@ -95,6 +106,7 @@ fn guest() -> Guest {
         root,
         bin,
         files,
+        nonce: Nonce::generate().unwrap(),
     }
 }
 
@@ -103,20 +115,29 @@ impl Guest {
     fn run(&self, shell: &str, form: Form, plan: &Plan) -> Output {
         plan.check(&PlanLimits::default())
             .expect("test plans are valid");
-        let script = match form {
+        match form {
             Form::Exec => {
-                let argv = render_exec(plan);
+                let argv = exec_argv(plan, &render_exec(plan), &self.nonce);
                 assert_eq!(argv[..2], ["sh", "-c"], "exec form of a multi-step plan");
-                argv[2].clone()
+                assert_eq!(argv[3..], ["sh", self.nonce.as_str()], "the nonce is $1");
+                let args: Vec<&str> = argv[1..].iter().map(String::as_str).collect();
+                self.shell(shell, &args, None)
             }
-            Form::Script => render_script(
-                plan,
-                &ScriptHeader {
-                    title: vec!["test".into()],
-                },
-            ),
-        };
-        self.shell(shell, &["-c", &script], None)
+            Form::Script => {
+                let script = render_script(
+                    plan,
+                    &ScriptHeader {
+                        title: vec!["test".into()],
+                    },
+                );
+                self.shell(shell, &["-c", &script], None)
+            }
+        }
+    }
+
+    /// The exec's marker line for `event`, with the line break before it.
+    fn marker(&self, event: &str) -> String {
+        format!("\n{}\n", marker::line(&self.nonce, event))
     }
 
     fn shell(&self, shell: &str, args: &[&str], stdin: Option<&str>) -> Output {
@@ -249,7 +270,10 @@ fn runs_every_argv_exactly(
     assert_eq!(code(&out), Some(0), "stderr: {}", stderr(&out));
     assert_eq!(g.calls(), argvs);
     match form {
-        Form::Exec => assert!(stderr(&out).ends_with("\ncocoon-fixup: done\n")),
+        Form::Exec => {
+            assert!(stderr(&out).ends_with(&g.marker("done")));
+            assert!(ran_to_completion(&plan, &g.nonce, &out.stderr));
+        }
         Form::Script => assert_eq!(
             String::from_utf8_lossy(&out.stdout),
             "cocoon-fixup: all 7 steps done\n"
@@ -407,7 +431,7 @@ fn a_failing_step_stops_the_script(
     );
     match form {
         Form::Exec => {
-            let failure = attribute_failure(&plan, code(&out), &out.stderr);
+            let failure = attribute_failure(&plan, &g.nonce, code(&out), &out.stderr);
             assert_eq!(
                 failure,
                 StepFailure::Step {
@@ -459,7 +483,10 @@ fn a_failing_best_effort_step_does_not(
     let err = stderr(&out);
     match form {
         Form::Exec => assert!(
-            err.contains("boom: it's broken\ncocoon-fixup: step 2/3 ignored exit 3\n"),
+            err.contains(&format!(
+                "boom: it's broken{}",
+                g.marker("step 2/3 ignored exit 3")
+            )),
             "{err}"
         ),
         Form::Script => assert!(
@@ -514,7 +541,7 @@ fn every_kind_of_failure_is_attributed(
         assert_eq!(exit, expected_code);
     }
     assert_eq!(g.calls(), [strings(&["rec", "one"])]);
-    let failure = attribute_failure(&plan, exit, &out.stderr);
+    let failure = attribute_failure(&plan, &g.nonce, exit, &out.stderr);
     let StepFailure::Step {
         step,
         description: named,
@@ -562,5 +589,77 @@ fn pasted_hint_does_not_end_the_shell(#[values("/bin/sh", "/bin/bash")] shell: &
         ],
         "stderr: {}",
         stderr(&out)
+    );
+}
+
+/// A plan whose second step forges markers (the done marker without a
+/// nonce and with a wrong one, a failure of step 4), then `last`.
+fn forging_plan(forger: &str, last: Vec<String>) -> Plan {
+    sh_plan(vec![
+        run_step(strings(&["rec", "one"])),
+        run_step(strings(&[forger])),
+        run_step(last),
+        run_step(strings(&["rec", "four"])),
+    ])
+}
+
+/// A step that prints a done marker and then ends the script with exit 0
+/// (`command exit 0`) does not make the attempt a success: without the
+/// exec's nonce its lines are output, and the step that was running when
+/// the script ended is named.
+#[rstest]
+fn forged_done_markers_do_not_complete_an_exec(#[values("/bin/sh", "/bin/bash")] shell: &str) {
+    if !have(shell) {
+        return;
+    }
+    let g = guest();
+    let plan = forging_plan("forge", strings(&["command", "exit", "0"]));
+    let out = g.run(shell, Form::Exec, &plan);
+    assert_eq!(code(&out), Some(0), "stderr: {}", stderr(&out));
+    assert_eq!(g.calls(), [strings(&["rec", "one"]), strings(&["forge"])]);
+    assert!(stderr(&out).contains(&format!("cocoon-fixup: {WRONG} done")));
+    assert!(!ran_to_completion(&plan, &g.nonce, &out.stderr));
+    let failure = attribute_failure(&plan, &g.nonce, Some(0), &out.stderr);
+    assert_eq!(failure.step(), Some(3), "{failure}");
+    assert!(
+        matches!(failure, StepFailure::Interrupted { .. }),
+        "{failure}"
+    );
+
+    // The same forgeries in a plan that does run to its end: the real done
+    // marker, with the exec's nonce, counts.
+    let plan = forging_plan("forge", strings(&["rec", "three"]));
+    let g = guest();
+    let out = g.run(shell, Form::Exec, &plan);
+    assert_eq!(code(&out), Some(0), "stderr: {}", stderr(&out));
+    assert!(ran_to_completion(&plan, &g.nonce, &out.stderr));
+}
+
+/// A failing step that prints a forged failure marker of a later step is
+/// still the step blamed, and the forgery is part of its stderr.
+#[rstest]
+fn forged_failure_markers_do_not_move_the_blame(#[values("/bin/sh", "/bin/bash")] shell: &str) {
+    if !have(shell) {
+        return;
+    }
+    let g = guest();
+    let plan = forging_plan("forge5", strings(&["rec", "three"]));
+    let out = g.run(shell, Form::Exec, &plan);
+    assert_eq!(code(&out), Some(5), "stderr: {}", stderr(&out));
+    let failure = attribute_failure(&plan, &g.nonce, Some(5), &out.stderr);
+    let StepFailure::Step {
+        step,
+        exit_code,
+        stderr: tail,
+        ..
+    } = &failure
+    else {
+        panic!("not attributed to a step: {failure}");
+    };
+    assert_eq!((*step, *exit_code), (2, Some(5)));
+    assert!(
+        tail.text
+            .contains(&format!("cocoon-fixup: {WRONG} step 4/4 failed exit 9")),
+        "{failure}"
     );
 }

@@ -14,14 +14,19 @@ pub mod fake;
 pub mod fake_api;
 pub mod guest;
 pub mod mock_api;
+pub mod strategies;
 
 /// What the scripted cocoon does for one `vm exec`.
 #[derive(Debug, Clone)]
 pub enum Reply {
-    /// The guest ran the whole script: exit 0, the done marker on stderr.
+    /// The guest ran the whole script: exit 0, the done marker with the
+    /// nonce of the exec's argv on stderr.
     Done,
-    /// Exit with this code and stderr (an exit 0 without the done marker
-    /// is a script a step ended early).
+    /// Exit with this code and stderr, in which each `{nonce}` becomes the
+    /// nonce of the exec's argv, as the script would write its markers (an
+    /// exit 0 without the done marker is a script a step ended early). A
+    /// marker written with another nonce, or none, is what a guest program
+    /// forging markers would print.
     Exit(i32, &'static str),
     /// Killed by a signal.
     Signal(i32),
@@ -108,12 +113,18 @@ impl Cocoon for ScriptedCocoon {
             stderr: stderr.as_bytes().to_vec(),
             stderr_cut: false,
         };
+        // A plan run directly has no nonce; its markers would not count.
+        let nonce = fixup_host::plan::exec_nonce(argv)
+            .map_or_else(|| "(no nonce in argv)".to_owned(), |n| n.to_string());
         match reply {
             Reply::Done => Ok(output(
                 ExitStatusKind::Code(0),
-                &format!("\n{}\n", fixup_host::plan::DONE_MARKER),
+                &format!("\ncocoon-fixup: {nonce} done\n"),
             )),
-            Reply::Exit(code, stderr) => Ok(output(ExitStatusKind::Code(code), stderr)),
+            Reply::Exit(code, stderr) => Ok(output(
+                ExitStatusKind::Code(code),
+                &stderr.replace("{nonce}", &nonce),
+            )),
             Reply::Signal(n) => Ok(output(ExitStatusKind::Signal(n), "")),
             Reply::Hang => {
                 tokio::time::sleep(timeout).await;

@@ -52,8 +52,11 @@
 //!     (`argv[0]` looked up in `PATH`, same stdio, so the same exit code or
 //!     signal): the plan's real `sh -c SCRIPT` runs against stub commands.
 //!   - otherwise, with `"done": true`, write the plan's done marker to
-//!     stderr (a guest that ran every step of the script; without it an
-//!     exit 0 is a script a step ended early), then exit with `exit`
+//!     stderr with the nonce the exec argv carries as its last word
+//!     (`sh -c SCRIPT sh NONCE`, or `'NONCE'` after a PowerShell script):
+//!     a guest that ran every step of the script; without it an exit 0 is
+//!     a script a step ended early. An argv without a nonce (a plan run
+//!     directly has no markers) gets no marker. Then exit with `exit`
 //!     (default 0).
 //! - `inspect`: writes `json` (serialised on one line) or `raw` (verbatim)
 //!   to stdout, then `stderr`, then exits with `exit` (default 0).
@@ -69,10 +72,23 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-/// The line a plan's exec script writes after its last step (host/src/plan,
-/// `DONE_MARKER`); written here rather than linked, so this stand-in stays
-/// a plain binary without the host library.
-const DONE_MARKER: &str = "cocoon-fixup: done";
+/// What the done marker a plan's exec script writes after its last step
+/// starts with, before the exec's nonce (host/src/plan/marker.rs); written
+/// here rather than linked, so this stand-in stays a plain binary without
+/// the host library.
+const MARKER_PREFIX: &str = "cocoon-fixup: ";
+
+/// The nonce an exec argv carries: its last word, 32 lowercase hex digits,
+/// single-quoted after a PowerShell script.
+fn exec_nonce<'a>(argv: &[&'a str]) -> Option<&'a str> {
+    let last = *argv.last()?;
+    let bare = last
+        .strip_prefix('\'')
+        .and_then(|s| s.strip_suffix('\''))
+        .unwrap_or(last);
+    let hex = |b: u8| b.is_ascii_digit() || (b'a'..=b'f').contains(&b);
+    (bare.len() == 32 && bare.bytes().all(hex)).then_some(bare)
+}
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -148,9 +164,11 @@ fn exec(scenario: &Value, program: &str, rest: &[&str], id: &str, argv: &[&str])
         eprintln!("fake-cocoon: cannot run {}: {e}", argv[0]);
         process::exit(127)
     }
-    if entry["done"] == true {
+    if entry["done"] == true
+        && let Some(nonce) = exec_nonce(argv)
+    {
         let mut stderr = io::stderr().lock();
-        let _ = writeln!(stderr, "\n{DONE_MARKER}");
+        let _ = writeln!(stderr, "\n{MARKER_PREFIX}{nonce} done");
     }
     process::exit(exit_code(entry))
 }

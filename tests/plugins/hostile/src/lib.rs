@@ -92,6 +92,7 @@ impl Plugin for Hostile {
             "wide" => Ok(numbered("wide", WIDE_STEPS)),
             "heavy" => Ok(heavy()),
             "quotes" => Ok(quotes()),
+            "windows-quotes" => Ok(windows_quotes()),
             "million" => Ok(Plan::posix_sh(
                 (0..MILLION_STEPS)
                     .map(|i| Step::run(format!("step {i}"), Phase::Configure, ["true"]))
@@ -212,6 +213,19 @@ fn quotes() -> Plan {
         "/tmp/hostile-quotes",
         "a'".repeat(32 * 1024 - 64),
         Some(0o644),
+    )])
+}
+
+/// 24 KiB of `a'` in a PowerShell plan: within every plan limit and the
+/// kernel's, but PowerShell quoting doubles each `'`, so the exec is over
+/// the 32,767 UTF-16 code units of a Windows command line.
+fn windows_quotes() -> Plan {
+    Plan::powershell(vec![Step::write_file(
+        "write a file full of quotes",
+        Phase::Configure,
+        "/ProgramData/hostile-quotes",
+        "a'".repeat(12 * 1024),
+        None,
     )])
 }
 
