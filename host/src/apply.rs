@@ -86,10 +86,11 @@ pub const FAILURE_MESSAGE_MAX: usize = 1024;
 pub const ANNOTATIONS_MAX: usize = 256 * 1024;
 
 /// The failure record of a plan, hint included, would not fit in the pod's
-/// annotations: it could never be written, so nothing runs.
+/// annotations. The fixup runs anyway (it may well succeed); if it fails,
+/// the record is written without the hint, and the error chain says so.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "the hint of the plan of {plugins} is {hint} bytes of base64; with the pod's other annotations and the rest of the failure record (post-clone-state, post-clone-errors of up to {ERRORS_ANNOTATION_MAX} bytes, lifecycle Failed) the pod's annotations would take {total} bytes, over the {max} the API server allows for all of them: the hint could not be stored, so nothing runs; make the plan's text shorter, or remove large annotations from the pod"
+    "the hint of the plan of {plugins} is {hint} bytes of base64; with the pod's other annotations and the rest of the failure record (post-clone-state, post-clone-errors of up to {ERRORS_ANNOTATION_MAX} bytes, lifecycle Failed) the pod's annotations would take {total} bytes, over the {max} the API server allows for all of them: if the fixup fails, the hint is left out (`cocoon-fixup plan` prints it); make the plan's text shorter, or remove large annotations from the pod"
 )]
 pub struct NoRoomForHint {
     /// The plugins whose plan it is, joined by ` + `.
@@ -121,14 +122,7 @@ pub fn check_hint_room(
         "e".repeat(ERRORS_ANNOTATION_MAX),
         &"m".repeat(FAILURE_MESSAGE_MAX),
     );
-    let mut after = annotations.clone();
-    for (key, value) in record {
-        match value {
-            Some(value) => after.insert(key, value),
-            None => after.remove(&key),
-        };
-    }
-    let total = after.iter().map(|(k, v)| k.len() + v.len()).sum();
+    let total = annotations_after(annotations, &record);
     if total > ANNOTATIONS_MAX {
         return Err(NoRoomForHint {
             plugins: plugins.to_owned(),
@@ -138,6 +132,22 @@ pub fn check_hint_room(
         });
     }
     Ok(())
+}
+
+/// The bytes of all annotations (keys and values, as the API server counts
+/// them) once `patch` is applied to `current`.
+fn annotations_after(current: &BTreeMap<String, String>, patch: &AnnotationPatch) -> usize {
+    let mut total: usize = current
+        .iter()
+        .filter(|(k, _)| !patch.contains_key(*k))
+        .map(|(k, v)| k.len() + v.len())
+        .sum();
+    for (key, value) in patch {
+        if let Some(value) = value {
+            total += key.len() + value.len();
+        }
+    }
+    total
 }
 
 /// The patch an exhausted fixup writes over `current` (the pod's
@@ -151,7 +161,9 @@ fn failure_record(
     message: &str,
 ) -> AnnotationPatch {
     let mut patch = state_patch(PostCloneState::Failed);
-    patch.insert(keys::POST_CLONE_HINT.to_owned(), Some(hint.to_owned()));
+    // An empty hint is one that did not fit: remove a stale one.
+    let hint = (!hint.is_empty()).then(|| hint.to_owned());
+    patch.insert(keys::POST_CLONE_HINT.to_owned(), hint);
     patch.insert(keys::POST_CLONE_ERRORS.to_owned(), Some(errors));
     if let Some(lifecycle) = lifecycle::transition(current, Lifecycle::Failed, message) {
         patch.extend(lifecycle);
@@ -450,11 +462,45 @@ async fn exhausted<P: PodApi>(
         return Ok(FixupOutcome::Gone { attempts });
     };
     let message = cap_utf8(summary.clone(), FAILURE_MESSAGE_MAX, "… [truncated]");
-    let patch = failure_record(&current, job.hint, errors_annotation(&errors), &message);
-    if !write(pods, pod, &patch).await? {
-        return Ok(FixupOutcome::Gone { attempts });
+    // Annotations may have grown since the plan was made: without room
+    // for the hint, the record goes without it and says so.
+    let mut errors = errors;
+    let hint = match check_hint_room(&current, job.hint, job.scenario.as_str()) {
+        Ok(()) => job.hint,
+        Err(e) => {
+            tracing::warn!(pod = %pod, error = %e, "the failure record is written without the hint");
+            errors.push(format!(
+                "the hint ({} bytes) does not fit in the pod's annotations ({ANNOTATIONS_MAX} bytes for all of them) and was left out: `cocoon-fixup plan` prints it",
+                job.hint.len()
+            ));
+            ""
+        }
+    };
+    let mut chain = errors_annotation(&errors);
+    let mut patch = failure_record(&current, hint, chain.clone(), &message);
+    // Still too large (the pod's own annotations fill nearly all): the
+    // chain keeps its newest part, as much as fits.
+    let excess = annotations_after(&current, &patch).saturating_sub(ANNOTATIONS_MAX);
+    if excess > 0 {
+        let keep = chain.len().saturating_sub(excess + 32);
+        let mut start = chain.len() - keep;
+        while !chain.is_char_boundary(start) {
+            start += 1;
+        }
+        chain = format!("[truncated]\n{}", &chain[start..]);
+        patch = failure_record(&current, hint, chain, &message);
     }
-    emit(pods, pod, Event::warning(reasons::EXEC_EXHAUSTED, summary)).await;
+    let event = Event::warning(reasons::EXEC_EXHAUSTED, summary);
+    match write(pods, pod, &patch).await {
+        Ok(true) => {}
+        Ok(false) => return Ok(FixupOutcome::Gone { attempts }),
+        // Told even when the record cannot be written.
+        Err(e) => {
+            emit(pods, pod, event).await;
+            return Err(e);
+        }
+    }
+    emit(pods, pod, event).await;
     Ok(FixupOutcome::Exhausted { attempts, errors })
 }
 

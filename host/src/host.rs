@@ -471,13 +471,12 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         let composed = outcome
             .composed
             .expect("a decision that needs a fixup has a plan");
-        // The hint is written only after the budget is spent: a record
-        // that cannot be stored is known now, before anything runs.
+        // The hint is written only after the budget is spent, and only if
+        // it fits then; say now that it would not.
         if let Err(e) =
             apply::check_hint_room(&obs.annotations, &composed.hint, &composed.plugins())
         {
-            *summary = self.plan_failed(pod, vm, summary.clone(), &e).await?;
-            return Ok(None);
+            tracing::warn!(pod = %pod, error = %e, "the hint may not be stored");
         }
         let job = FixupJob {
             pod,
@@ -650,12 +649,20 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         if let Some(lifecycle) = lifecycle::transition(&current, Lifecycle::Failed, &message) {
             patch.extend(lifecycle);
         }
-        if !apply::write(&self.pods, pod, &patch).await? {
-            summary.fixup = Some("gone");
-            return Ok(summary);
+        let event = Event::warning(reasons::PLAN_FAILED, line);
+        match apply::write(&self.pods, pod, &patch).await {
+            Ok(true) => {}
+            Ok(false) => {
+                summary.fixup = Some("gone");
+                return Ok(summary);
+            }
+            // Told even when the record cannot be written.
+            Err(e) => {
+                self.emit(pod, event).await;
+                return Err(e.into());
+            }
         }
-        self.emit(pod, Event::warning(reasons::PLAN_FAILED, line))
-            .await;
+        self.emit(pod, event).await;
         Ok(summary)
     }
 

@@ -235,12 +235,25 @@ impl PodApi for MemoryPods {
                 });
             }
         };
+        let mut after = current.annotations.clone();
         for (k, v) in patch {
             match v {
-                Some(v) => current.annotations.insert(k.clone(), v.clone()),
-                None => current.annotations.remove(k),
+                Some(v) => after.insert(k.clone(), v.clone()),
+                None => after.remove(k),
             };
         }
+        // The API server's limit on all of a pod's annotations.
+        let total: usize = after.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if total > crate::apply::ANNOTATIONS_MAX {
+            return Err(PodError::Refused {
+                pod: pod.to_string(),
+                reason: format!(
+                    "422: metadata.annotations: Too long: must have at most {} bytes",
+                    crate::apply::ANNOTATIONS_MAX
+                ),
+            });
+        }
+        current.annotations = after;
         state.patches.push((pod.clone(), patch.clone()));
         Ok(())
     }

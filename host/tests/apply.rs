@@ -630,10 +630,9 @@ async fn forged_markers_without_the_execs_nonce_do_not_count() {
 }
 
 /// A hint that the pod's annotations could not hold (here beside a large
-/// `last-applied-configuration`) could never be written when the budget
-/// runs out: the plan fails at once, naming its plugin, and nothing runs.
+/// `last-applied-configuration`) does not stop a fixup that may succeed.
 #[tokio::test(start_paused = true)]
-async fn a_hint_the_pods_annotations_cannot_hold_is_a_plan_error_before_anything_runs() {
+async fn a_hint_the_pods_annotations_cannot_hold_does_not_stop_the_fixup() {
     let applied = "x".repeat(fixup_host::apply::ANNOTATIONS_MAX - 2048);
     let rig = rig(
         vec![Reply::Done],
@@ -642,28 +641,80 @@ async fn a_hint_the_pods_annotations_cannot_hold_is_a_plan_error_before_anything
         HostConfig::default(),
     );
     let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
-    assert_eq!(summary.fixup, Some("plan-failed"));
-    assert!(rig.cocoon.calls().is_empty(), "nothing ran");
-    let failed = rig.events(reasons::PLAN_FAILED);
-    assert_eq!(failed.len(), 1);
-    assert!(
-        failed[0].contains("the hint of the plan of oci-networkd is")
-            && failed[0].contains("over the 262144"),
-        "{}",
-        failed[0]
+    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(rig.cocoon.calls().len(), 1);
+}
+
+/// When such a fixup fails, the failure record goes without the hint and
+/// says so: the pod is marked failed, the event is told, and no write is
+/// refused for being too large.
+#[tokio::test(start_paused = true)]
+async fn an_exhausted_fixup_without_room_for_the_hint_is_recorded_without_it() {
+    // The hint of this plan, from a pod with room.
+    let roomy = rig(
+        vec![Reply::Exit(1, "boom")],
+        &STATIC,
+        &[],
+        HostConfig::default(),
     );
+    roomy
+        .handle(Trigger::Event, &CancellationToken::new())
+        .await;
+    let hint = roomy.annotation(keys::POST_CLONE_HINT).expect("a hint");
+    let roomy_total: usize = roomy
+        .pods
+        .annotations("default", "web-0")
+        .unwrap()
+        .iter()
+        .map(|(k, v)| k.len() + v.len())
+        .sum();
+    // With the hint, the record would be half a hint over the limit;
+    // without it, half a hint under (less the note that says so).
+    let key = "kubectl.kubernetes.io/last-applied-configuration";
+    let applied =
+        "x".repeat(fixup_host::apply::ANNOTATIONS_MAX - key.len() - roomy_total + hint.len() / 2);
+    assert!(hint.len() > 1000, "the hint is large enough for this test");
+    let rig = rig(
+        vec![Reply::Exit(1, "boom")],
+        &STATIC,
+        &[(key, &applied)],
+        HostConfig::default(),
+    );
+    let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
+    assert_eq!(summary.fixup, Some("exhausted"));
     assert_eq!(
         rig.annotation(keys::POST_CLONE_STATE).as_deref(),
         Some("failed")
     );
     assert_eq!(rig.annotation(keys::POST_CLONE_HINT), None);
+    let errors = rig.annotation(keys::POST_CLONE_ERRORS).expect("errors");
+    assert!(errors.contains("was left out"), "{errors}");
+    assert_eq!(rig.events(reasons::EXEC_EXHAUSTED).len(), 1);
+}
+
+/// A pod whose own annotations leave no room even for the whole error
+/// chain still gets its failure recorded, with the chain's newest part.
+#[tokio::test(start_paused = true)]
+async fn an_exhausted_fixup_on_a_full_pod_keeps_the_newest_errors() {
+    let key = "kubectl.kubernetes.io/last-applied-configuration";
+    let applied = "x".repeat(fixup_host::apply::ANNOTATIONS_MAX - key.len() - 2500);
+    let rig = rig(
+        vec![Reply::Exit(1, "boom")],
+        &STATIC,
+        &[(key, &applied)],
+        HostConfig::default(),
+    );
+    let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
+    assert_eq!(summary.fixup, Some("exhausted"));
     assert_eq!(
-        rig.annotation(keys::LIFECYCLE_STATE).as_deref(),
+        rig.annotation(keys::POST_CLONE_STATE).as_deref(),
         Some("failed")
     );
-
-    // The same plan on a pod with room runs.
-    let rig = self::rig(vec![Reply::Done], &STATIC, &[], HostConfig::default());
-    let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
-    assert_eq!(summary.fixup, Some("done"));
+    let errors = rig.annotation(keys::POST_CLONE_ERRORS).expect("errors");
+    assert!(errors.starts_with("[truncated]\n"), "{errors}");
+    assert!(
+        errors.ends_with("was left out: `cocoon-fixup plan` prints it"),
+        "{errors}"
+    );
+    assert_eq!(rig.events(reasons::EXEC_EXHAUSTED).len(), 1);
 }

@@ -416,14 +416,15 @@ fn one_block<'t>(root: Node<'t>, source: &str) -> Result<(Node<'t>, Vec<Node<'t>
 
 /// The markers the exec script writes, in order, each as its parts joined:
 /// literal text unquoted, variables by name (`cocoon-fixup: $nonce step 1/2
-/// start`). A marker is `[Console]::Error.WriteLine(<literals and variables
-/// joined by +>)`; the empty `WriteLine()` before each and the
-/// `WriteLine($_.ToString())` of a caught error are not markers.
+/// start`). A marker is `[Console]::Error.Write([Environment]::NewLine +
+/// <literals and variables joined by +> + [Environment]::NewLine)`: one
+/// write, line breaks included; the `WriteLine($_.ToString())` of a caught
+/// error is not a marker.
 fn markers(block: Node<'_>, source: &str) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
     for node in descendants(block) {
         if node.kind() != "invokation_expression"
-            || !text(node, source).starts_with("[Console]::Error.WriteLine(")
+            || !text(node, source).starts_with("[Console]::Error.Write(")
         {
             continue;
         }
@@ -434,7 +435,7 @@ fn markers(block: Node<'_>, source: &str) -> Result<Vec<String>, String> {
             continue;
         };
         let whole = text(args, source);
-        if whole == "()" || whole == "($_.ToString())" {
+        if whole == "($_.ToString())" {
             continue;
         }
         let leaves: Vec<Node<'_>> = descendants(args)
@@ -442,7 +443,12 @@ fn markers(block: Node<'_>, source: &str) -> Result<Vec<String>, String> {
             .filter(|n| matches!(n.kind(), "verbatim_string_characters" | "variable"))
             .collect();
         let joined: Vec<&str> = leaves.iter().map(|n| text(*n, source)).collect();
-        if whole != format!("({})", joined.join(" + ")) {
+        if whole
+            != format!(
+                "([Environment]::NewLine + {} + [Environment]::NewLine)",
+                joined.join(" + ")
+            )
+        {
             return Err(format!(
                 "a marker that is not literals and variables: {whole}"
             ));

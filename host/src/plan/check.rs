@@ -17,13 +17,16 @@ use super::{Action, Dialect, Nonce, Plan, Step, WriteFile};
 /// the hint and of the error a failed step produces.
 pub const DESCRIPTION_MAX: usize = 200;
 
-/// POSIX special built-ins. The shell finds them before it searches PATH,
-/// and most of them change the script around the step (`exit`, `exec`,
-/// `set`, `trap`, `eval`), so a POSIX sh plan may not run one as a
-/// program. A plugin that truly means one writes `sh -c ...`.
-pub const SH_SPECIAL_BUILTINS: [&str; 15] = [
+/// POSIX special built-ins, and the regular built-ins of dash and bash
+/// that run other built-ins or change the shell for later steps. The shell
+/// finds them before it searches PATH, and they change the script around
+/// the step (`exit`, `exec`, `set`, `trap`, `eval`, `command exit 0`,
+/// `alias`, `umask 0`), so a POSIX sh plan may not run one as a program.
+/// A plugin that truly means one writes `sh -c ...`.
+pub const SH_SPECIAL_BUILTINS: &[&str] = &[
     "break", ":", "continue", ".", "eval", "exec", "exit", "export", "readonly", "return", "set",
-    "shift", "times", "trap", "unset",
+    "shift", "times", "trap", "unset", "command", "builtin", "alias", "unalias", "hash", "enable",
+    "source", "umask", "ulimit", "cd", "local", "declare", "typeset", "shopt",
 ];
 
 /// Size limits for one plan. They bound what a plugin can make the host

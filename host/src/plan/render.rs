@@ -416,7 +416,9 @@ fn ps_marker(event: &str, code_var: Option<&str>) -> String {
     if let Some(var) = code_var {
         let _ = write!(line, " + {var}");
     }
-    format!("[Console]::Error.WriteLine(); [Console]::Error.WriteLine({line})")
+    // One write, line breaks included, so no other output can land
+    // between the break and the marker.
+    format!("[Console]::Error.Write([Environment]::NewLine + {line} + [Environment]::NewLine)")
 }
 
 /// The exec script: one script block, `& { param([string]$nonce) ... }`,
@@ -915,19 +917,19 @@ Write-Host 'cocoon-fixup: all 4 steps done'
         );
         let expected = "& {
 param([string]$nonce)
-[Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: ' + $nonce + ' step 1/4 start')
+[Console]::Error.Write([Environment]::NewLine + 'cocoon-fixup: ' + $nonce + ' step 1/4 start' + [Environment]::NewLine)
 $rc = 0; try { $global:LASTEXITCODE = 0; & 'ipconfig' '/flushdns'; $rc = [int]$global:LASTEXITCODE } catch { [Console]::Error.WriteLine($_.ToString()); $rc = 1 }
-if ($rc -ne 0) { [Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: ' + $nonce + ' step 1/4 ignored exit ' + $rc) }
-[Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: ' + $nonce + ' step 2/4 start')
+if ($rc -ne 0) { [Console]::Error.Write([Environment]::NewLine + 'cocoon-fixup: ' + $nonce + ' step 1/4 ignored exit ' + $rc + [Environment]::NewLine) }
+[Console]::Error.Write([Environment]::NewLine + 'cocoon-fixup: ' + $nonce + ' step 2/4 start' + [Environment]::NewLine)
 $rc = 0; try { [IO.File]::WriteAllText('/ProgramData/x/it''s.txt', 'a ''b''\r\n') } catch { [Console]::Error.WriteLine($_.ToString()); $rc = 1 }
-if ($rc -ne 0) { [Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: ' + $nonce + ' step 2/4 failed exit ' + $rc); exit $rc }
-[Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: ' + $nonce + ' step 3/4 start')
+if ($rc -ne 0) { [Console]::Error.Write([Environment]::NewLine + 'cocoon-fixup: ' + $nonce + ' step 2/4 failed exit ' + $rc + [Environment]::NewLine); exit $rc }
+[Console]::Error.Write([Environment]::NewLine + 'cocoon-fixup: ' + $nonce + ' step 3/4 start' + [Environment]::NewLine)
 $rc = 0; try { Remove-Item -Force -ErrorAction SilentlyContinue -Path '/ProgramData/x/`[1`]*.log', '/ProgramData/y/z' } catch { [Console]::Error.WriteLine($_.ToString()); $rc = 1 }
-if ($rc -ne 0) { [Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: ' + $nonce + ' step 3/4 ignored exit ' + $rc) }
-[Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: ' + $nonce + ' step 4/4 start')
+if ($rc -ne 0) { [Console]::Error.Write([Environment]::NewLine + 'cocoon-fixup: ' + $nonce + ' step 3/4 ignored exit ' + $rc + [Environment]::NewLine) }
+[Console]::Error.Write([Environment]::NewLine + 'cocoon-fixup: ' + $nonce + ' step 4/4 start' + [Environment]::NewLine)
 $rc = 0; try { $global:LASTEXITCODE = 0; & 'ipconfig' '/renew'; $rc = [int]$global:LASTEXITCODE } catch { [Console]::Error.WriteLine($_.ToString()); $rc = 1 }
-if ($rc -ne 0) { [Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: ' + $nonce + ' step 4/4 failed exit ' + $rc); exit $rc }
-[Console]::Error.WriteLine(); [Console]::Error.WriteLine('cocoon-fixup: ' + $nonce + ' done')
+if ($rc -ne 0) { [Console]::Error.Write([Environment]::NewLine + 'cocoon-fixup: ' + $nonce + ' step 4/4 failed exit ' + $rc + [Environment]::NewLine); exit $rc }
+[Console]::Error.Write([Environment]::NewLine + 'cocoon-fixup: ' + $nonce + ' done' + [Environment]::NewLine)
 exit 0
 }";
         assert_eq!(argv[4], expected);
