@@ -9,10 +9,12 @@ use std::path::Path;
 
 use fixup_plugin_build::{PluginCrate, build_external_plugin, build_plugins, workspace_root};
 
-/// Test-only plugins: `hostile` misbehaves on request; the others are
-/// refused by the host in one specific way each (see their crate docs).
-const TEST_PLUGINS: [&str; 4] = [
+/// Test-only plugins: `hostile` misbehaves on request; `alias` returns a
+/// plan whose strings share guest memory; the others are refused by the
+/// host in one specific way each (see their crate docs).
+const TEST_PLUGINS: [&str; 5] = [
     "hostile",
+    "alias",
     "describe-trap",
     "future-contract",
     "extra-import",

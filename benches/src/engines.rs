@@ -271,7 +271,7 @@ impl VariantEngine {
             .ok_or_else(|| anyhow::anyhow!("no built-in plugin {plugin}"))?;
         let component = Component::new(&engine, bytes).map_err(wasm_error)?;
         let mut linker = Linker::<CallState>::new(&engine);
-        bindings::add_host_to_linker(&mut linker).map_err(wasm_error)?;
+        sandbox::link_log(&mut linker).map_err(wasm_error)?;
         sandbox::deny_remaining_imports(&engine, &mut linker, &component, &[HOST_IMPORT])
             .map_err(wasm_error)?;
         let pre = PluginPre::new(linker.instantiate_pre(&component).map_err(wasm_error)?)
@@ -348,7 +348,7 @@ pub fn start_from_cache(variant: Variant, cache_dir: &std::path::Path) -> anyhow
             .load_or_compile(&engine, bytes, &sha256)
             .map_err(wasm_error)?;
         let mut linker = Linker::<CallState>::new(&engine);
-        bindings::add_host_to_linker(&mut linker).map_err(wasm_error)?;
+        sandbox::link_log(&mut linker).map_err(wasm_error)?;
         sandbox::deny_remaining_imports(&engine, &mut linker, &component, &[HOST_IMPORT])
             .map_err(wasm_error)?;
         let pre = PluginPre::new(linker.instantiate_pre(&component).map_err(wasm_error)?)

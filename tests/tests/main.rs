@@ -2,6 +2,7 @@
 
 mod cache;
 mod examples;
+mod held;
 mod kit;
 mod sandbox;
 mod selection;

@@ -5,8 +5,6 @@ use crate::classify::Scenario;
 use crate::facts::{self, VmFacts};
 use crate::plan::{self, Plan};
 
-use super::sandbox::CallState;
-
 wasmtime::component::bindgen!({
     path: "../wit",
     world: "plugin",
@@ -22,29 +20,10 @@ pub const CONTRACT_VERSION: &str = "0.1.0";
 /// The export every plugin must provide, without its version.
 pub const GENERATOR_EXPORT: &str = "cocoon:fixup/generator";
 
-/// The one import a plugin is granted.
+/// The one import a plugin is granted. It is linked by hand
+/// ([`super::sandbox::link_log`]), not through the generated `Host` traits:
+/// its host function needs the Store, to charge the call's fuel.
 pub const HOST_IMPORT: &str = "cocoon:fixup/host@0.1.0";
-
-impl cocoon::fixup::types::Host for CallState {}
-
-impl cocoon::fixup::host::Host for CallState {
-    fn log(&mut self, level: wit::LogLevel, message: String) {
-        let level = match level {
-            wit::LogLevel::Debug => tracing::Level::DEBUG,
-            wit::LogLevel::Info => tracing::Level::INFO,
-            wit::LogLevel::Warn => tracing::Level::WARN,
-            wit::LogLevel::Error => tracing::Level::ERROR,
-        };
-        CallState::log(self, level, message);
-    }
-}
-
-/// Add the granted host interface to a linker.
-pub fn add_host_to_linker(
-    linker: &mut wasmtime::component::Linker<CallState>,
-) -> wasmtime::Result<()> {
-    Plugin::add_to_linker::<CallState, wasmtime::component::HasSelf<CallState>>(linker, |s| s)
-}
 
 pub fn scenario_to_wit(s: Scenario) -> wit::Scenario {
     match s {

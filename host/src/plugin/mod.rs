@@ -29,7 +29,7 @@ use bindings::{CONTRACT_VERSION, GENERATOR_EXPORT, HOST_IMPORT, PluginPre};
 use cache::ArtifactCache;
 pub use registry::{Registry, Selection};
 pub use sandbox::Limits;
-use sandbox::{CallState, DeniedImport, MemoryLimitHit};
+use sandbox::{CallState, DeniedImport, LogFloodHit, MemoryLimitHit};
 
 /// Plugin instances that may exist at once (one per concurrent call). The
 /// pooling allocator reserves their slots up front. Set with
@@ -189,6 +189,19 @@ pub enum PluginError {
         desired: usize,
         limit: usize,
     },
+    #[error(
+        "plugin {plugin} logged too much: more than {limit} {what} in one call (the most a call may log): it logs in a loop"
+    )]
+    LogFlood {
+        plugin: String,
+        /// `messages` or `bytes`.
+        what: &'static str,
+        limit: usize,
+    },
+    #[error(
+        "plugin {plugin} handed the host more than {limit} bytes at once (a returned plan or one log message; the limit follows the plan limits, --plan-max-bytes and --plan-max-steps): its plan is far too large"
+    )]
+    TooMuchData { plugin: String, limit: usize },
     #[error("plugin {plugin} panicked: {message}")]
     Panicked { plugin: String, message: String },
     #[error("plugin {plugin} trapped: {reason}")]
@@ -407,7 +420,7 @@ impl PluginHost {
             reason: format!("{e:#}"),
         };
         let mut linker = Linker::<CallState>::new(&self.engine);
-        bindings::add_host_to_linker(&mut linker).map_err(link)?;
+        sandbox::link_log(&mut linker).map_err(link)?;
         sandbox::deny_remaining_imports(&self.engine, &mut linker, &component, &[HOST_IMPORT])
             .map_err(link)?;
         let pre = linker.instantiate_pre(&component).map_err(link)?;
@@ -602,6 +615,10 @@ fn call<R>(
     let mut store = Store::new(engine, CallState::new(plugin, limits));
     store.limiter(|s| s);
     store.set_fuel(limits.fuel).map_err(engine_error)?;
+    // What the host copies out of the guest at once (the returned plan,
+    // one log message) stays within a few times the plan limits, however
+    // many of the plan's strings point at the same guest bytes.
+    store.set_hostcall_fuel(limits.hostcall_bytes());
     // Whole ticks, rounded up, at least one: the call stops between one
     // and two ticks past its deadline.
     let ticks = limits
@@ -635,6 +652,16 @@ fn find<T: std::error::Error + Send + Sync + 'static>(e: &wasmtime::Error) -> Op
         .or_else(|| e.chain().find_map(|c| c.downcast_ref::<T>()))
 }
 
+/// Whether `e` is wasmtime running out of hostcall fuel
+/// ([`Store::set_hostcall_fuel`]) while lifting values out of the guest.
+/// wasmtime reports it with a private error type, so its message is the
+/// only mark; `tests/tests/sandbox.rs` (`aliased_strings_*`) fails if that
+/// message changes.
+fn is_hostcall_fuel_exhausted(e: &wasmtime::Error) -> bool {
+    const MARK: &str = "fuel allocated for hostcalls has been exhausted";
+    e.chain().any(|c| c.to_string().contains(MARK))
+}
+
 fn trap_error(
     e: &wasmtime::Error,
     state: &CallState,
@@ -653,6 +680,19 @@ fn trap_error(
             plugin,
             desired: hit.desired,
             limit: hit.limit,
+        };
+    }
+    if let Some(hit) = find::<LogFloodHit>(e) {
+        return PluginError::LogFlood {
+            plugin,
+            what: hit.what,
+            limit: hit.limit,
+        };
+    }
+    if is_hostcall_fuel_exhausted(e) {
+        return PluginError::TooMuchData {
+            plugin,
+            limit: limits.hostcall_bytes(),
         };
     }
     match find::<Trap>(e) {

@@ -18,6 +18,10 @@
 //! | `snoop-clock`  | reads the wall clock                                   |
 //! | `snoop-random` | asks for random numbers                                |
 //! | `chatty`  | logs a [`CHATTY_BYTES`] message, then returns a normal plan |
+//! | `mute`    | builds the `chatty` message without logging it, then returns a normal plan |
+//! | `babble`  | logs [`BABBLE_MESSAGES`] one-byte messages, then returns a normal plan |
+//! | `shout`   | logs [`SHOUT_MESSAGES`] messages of [`SHOUT_BYTES`], then returns a normal plan |
+//! | `scream`  | logs one [`SCREAM_BYTES`] message, then returns a normal plan |
 //! | other     | returns a valid one-step plan (`run ["true"]`)              |
 
 use std::hint::black_box;
@@ -42,11 +46,26 @@ pub const GIANT_BYTES: usize = 12 << 20;
 /// Steps in the `wide` plan.
 pub const WIDE_STEPS: usize = 300;
 
-/// Content size of the `heavy` plan's one step.
-pub const HEAVY_BYTES: usize = 1 << 20;
+/// Content size of the `heavy` plan's one step: over the host's plan
+/// limit of 64 KiB of text, within what the host copies out of a plugin.
+pub const HEAVY_BYTES: usize = 96 << 10;
 
-/// Size of the `chatty` log message.
-pub const CHATTY_BYTES: usize = 1 << 20;
+/// Size of the `chatty` log message: more than the host keeps (16 KiB),
+/// within what one call may log (64 KiB).
+pub const CHATTY_BYTES: usize = 32 << 10;
+
+/// One-byte messages `babble` logs: the loop that once cost the host 23 s.
+pub const BABBLE_MESSAGES: usize = 20_000;
+
+/// Messages `shout` logs, each [`SHOUT_BYTES`] long.
+pub const SHOUT_MESSAGES: usize = 100;
+
+/// Size of each `shout` message.
+pub const SHOUT_BYTES: usize = 16 << 10;
+
+/// Size of the one `scream` message: more than the host copies out of a
+/// plugin at once.
+pub const SCREAM_BYTES: usize = 1 << 20;
 
 /// What `panic` panics with.
 pub const PANIC_MESSAGE: &str = "hostile plugin panicked on purpose";
@@ -131,6 +150,27 @@ impl Plugin for Hostile {
                 cocoon_fixup_sdk::log(LogLevel::Info, &"c".repeat(CHATTY_BYTES));
                 Ok(benign())
             }
+            "mute" => {
+                black_box("c".repeat(CHATTY_BYTES));
+                Ok(benign())
+            }
+            "babble" => {
+                for _ in 0..BABBLE_MESSAGES {
+                    cocoon_fixup_sdk::log(LogLevel::Debug, ".");
+                }
+                Ok(benign())
+            }
+            "shout" => {
+                let message = "s".repeat(SHOUT_BYTES);
+                for _ in 0..SHOUT_MESSAGES {
+                    cocoon_fixup_sdk::log(LogLevel::Info, &message);
+                }
+                Ok(benign())
+            }
+            "scream" => {
+                cocoon_fixup_sdk::log(LogLevel::Info, &"s".repeat(SCREAM_BYTES));
+                Ok(benign())
+            }
             _ => Ok(benign()),
         }
     }
@@ -184,7 +224,7 @@ fn numbered(label: &str, count: usize) -> Plan {
 
 fn heavy() -> Plan {
     Plan::posix_sh(vec![Step::write_file(
-        "write a 1 MiB file",
+        "write a large file",
         Phase::Configure,
         "/tmp/hostile-heavy",
         "h".repeat(HEAVY_BYTES),
@@ -265,6 +305,7 @@ mod tests {
         }]);
         assert_eq!(plan("web-0"), expected);
         assert_eq!(plan("chatty"), expected);
+        assert_eq!(plan("babble"), expected);
     }
 
     #[test]
@@ -291,7 +332,7 @@ mod tests {
     }
 
     #[test]
-    fn heavy_writes_one_mebibyte() {
+    fn heavy_writes_its_bytes() {
         let steps = plan("heavy").steps;
         assert_eq!(steps.len(), 1);
         let Action::WriteFile(WriteFile { content, .. }) = &steps[0].action else {
