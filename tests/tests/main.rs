@@ -7,3 +7,4 @@ mod kit;
 mod sandbox;
 mod selection;
 mod vendor;
+mod workers;

@@ -262,6 +262,8 @@ pub struct PluginHost {
     engine: Engine,
     _ticker: EpochTicker,
     limits: Limits,
+    slots: u32,
+    in_flight: std::sync::atomic::AtomicUsize,
     allowed_sha256: Option<std::collections::BTreeSet<String>>,
     cache: Option<ArtifactCache>,
     registry: Registry,
@@ -313,6 +315,8 @@ impl PluginHost {
             engine,
             _ticker: ticker,
             limits: options.limits,
+            slots,
+            in_flight: std::sync::atomic::AtomicUsize::new(0),
             allowed_sha256: options.allowed_sha256,
             cache,
             registry: Registry::default(),
@@ -326,6 +330,18 @@ impl PluginHost {
 
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// Plugin instances that may exist at once ([`EngineOptions::slots`]):
+    /// callers that call from several threads keep at most this many calls
+    /// in flight.
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    /// Plugin calls running right now, `describe` at load included.
+    pub fn calls_in_flight(&self) -> usize {
+        self.in_flight.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn registry(&self) -> &Registry {
@@ -427,9 +443,12 @@ impl PluginHost {
         let pre = PluginPre::new(pre).map_err(link)?;
 
         let label = origin.to_string();
-        let (raw, _) = call(&self.engine, &pre, &self.limits, &label, |store, plugin| {
-            plugin.cocoon_fixup_generator().call_describe(store)
-        })?;
+        let (raw, _) = {
+            let _in_flight = InFlight::enter(&self.in_flight);
+            call(&self.engine, &pre, &self.limits, &label, |store, plugin| {
+                plugin.cocoon_fixup_generator().call_describe(store)
+            })?
+        };
         let info = describe(raw, &origin)?;
         Ok(LoadedPlugin {
             info,
@@ -451,10 +470,13 @@ impl PluginHost {
         let name = plugin.info.name.as_str();
         let wit_facts = bindings::facts_to_wit(facts);
         let wit_scenario = bindings::scenario_to_wit(scenario);
-        let (result, stats) = call(&self.engine, &plugin.pre, &self.limits, name, |store, p| {
-            p.cocoon_fixup_generator()
-                .call_plan(store, wit_scenario, &wit_facts)
-        })?;
+        let (result, stats) = {
+            let _in_flight = InFlight::enter(&self.in_flight);
+            call(&self.engine, &plugin.pre, &self.limits, name, |store, p| {
+                p.cocoon_fixup_generator()
+                    .call_plan(store, wit_scenario, &wit_facts)
+            })?
+        };
         let plan = match result {
             Ok(plan) => bindings::plan_from_wit(plan),
             Err(bindings::wit::PlanError::Unsupported(reason)) => {
@@ -479,6 +501,22 @@ impl PluginHost {
                 source,
             })?;
         Ok((plan, stats))
+    }
+}
+
+/// Counts one call in [`PluginHost::calls_in_flight`] while it lives.
+struct InFlight<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn enter(count: &'a std::sync::atomic::AtomicUsize) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        InFlight(count)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

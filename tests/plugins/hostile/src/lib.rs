@@ -1,7 +1,9 @@
 //! A deliberately misbehaving plan plugin, for the host's sandbox tests.
 //!
 //! Never ship it. `plan` ignores the scenario and picks its misbehaviour by
-//! the VM name in the facts:
+//! the VM id when it is `hostile-<behaviour>` (tests that go through the
+//! pod-to-VM binding, where the VM name must be the stack's), else by the VM
+//! name in the facts:
 //!
 //! | name      | what it does                                               |
 //! |-----------|------------------------------------------------------------|
@@ -94,7 +96,8 @@ impl Plugin for Hostile {
     }
 
     fn plan(_scenario: Scenario, facts: &VmFacts) -> Result<Plan, PlanError> {
-        match facts.name.as_str() {
+        let behaviour = facts.id.strip_prefix("hostile-").unwrap_or(&facts.name);
+        match behaviour {
             "spin" => spin(),
             "balloon" => balloon(),
             "flood" => Ok(flood()),
@@ -306,6 +309,16 @@ mod tests {
         assert_eq!(plan("web-0"), expected);
         assert_eq!(plan("chatty"), expected);
         assert_eq!(plan("babble"), expected);
+    }
+
+    #[test]
+    fn a_hostile_vm_id_picks_the_behaviour() {
+        let mut facts = facts("vk-default-web-0-0a1b2c");
+        facts.id = "hostile-wide".into();
+        let steps = Hostile::plan(Scenario::OciNetworkd, &facts)
+            .expect("a plan")
+            .steps;
+        assert_eq!(steps.len(), WIDE_STEPS);
     }
 
     #[test]
