@@ -341,7 +341,11 @@ pub fn start_from_cache(variant: Variant, cache_dir: &std::path::Path) -> anyhow
 
     let limits = EngineOptions::default().limits;
     let engine = Engine::new(&variant.config(&limits)).map_err(wasm_error)?;
-    let cache = ArtifactCache::new(cache_dir.to_owned(), &engine);
+    let cache = ArtifactCache::open(
+        cache_dir,
+        Some(&crate::cases::cache_key(cache_dir)),
+        &engine,
+    )?;
     for (name, bytes) in BUILTINS {
         let sha256 = hex::encode(Sha256::digest(bytes));
         let component = cache

@@ -422,17 +422,121 @@ fn one_bad_file_never_stops_the_others_from_loading() {
             "e-truncated.wasm"
         ]
     );
-    let names: Vec<&str> = host
-        .registry()
-        .plugins()
-        .iter()
-        .map(|p| p.info.name.as_str())
-        .collect();
+    let names = plugin_names(&host);
     assert!(
         names.contains(&"hostile") && names.contains(&"extra-import"),
         "{names:?}"
     );
     assert_still_serving(&host);
+}
+
+/// The names of the plugins `host` has registered.
+fn plugin_names(host: &PluginHost) -> Vec<&str> {
+    host.registry()
+        .plugins()
+        .iter()
+        .map(|p| p.info.name.as_str())
+        .collect()
+}
+
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+fn load_dir(dir: &Path) -> (PluginHost, Vec<fixup_host::plugin::LoadFailure>) {
+    let mut host = PluginHost::new(EngineOptions::default()).expect("engine");
+    host.load_builtins().expect("built-ins");
+    let failures = host.load_dir(dir).expect("the directory exists");
+    (host, failures)
+}
+
+/// A plugin directory others may write is refused whole, naming the
+/// directory and the fix: none of its files is read, the built-ins serve,
+/// and a VM that asks for a flavour waits for the node to be fixed.
+#[test]
+fn a_plugin_directory_others_can_write_is_refused_whole() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(env!("PLUGIN_HOSTILE"), dir.path().join("hostile.wasm")).expect("copy");
+    chmod(dir.path(), 0o777);
+    let (host, failures) = load_dir(dir.path());
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0].path, dir.path());
+    let message = failures[0].error.to_string();
+    assert!(
+        message.contains(&dir.path().display().to_string()) && message.contains("chmod go-w"),
+        "{message}"
+    );
+    assert_eq!(host.registry().plugins().len(), 4, "only the built-ins");
+    let flavour = fixup_host::facts::Flavor::parse("hostile").expect("flavour");
+    let waits = host
+        .registry()
+        .select(Scenario::OciNetworkd, Some(&flavour))
+        .expect_err("no hostile plugin");
+    assert!(waits.is_node_config(), "{waits}");
+    assert_still_serving(&host);
+}
+
+/// In a good directory, a plugin file that is a link, is writable by
+/// others, or (as root) belongs to another user is refused by name; the
+/// others load.
+#[test]
+fn a_linked_or_writable_or_foreign_plugin_file_is_refused_naming_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let copy = |name: &str| {
+        let path = dir.path().join(name);
+        std::fs::copy(env!("PLUGIN_HOSTILE"), &path).expect("copy");
+        chmod(&path, 0o644);
+        path
+    };
+    copy("a-hostile.wasm");
+    std::os::unix::fs::symlink(env!("PLUGIN_ALIAS"), dir.path().join("b-link.wasm")).expect("link");
+    chmod(&copy("c-open.wasm"), 0o666);
+    let root = fixup_host::plugin::trusted::euid() == 0;
+    if root {
+        std::os::unix::fs::chown(copy("d-foreign.wasm"), Some(4242), None).expect("chown");
+    }
+    let (host, failures) = load_dir(dir.path());
+    let refused: Vec<(String, String)> = failures
+        .iter()
+        .map(|f| {
+            (
+                f.path.file_name().unwrap().to_string_lossy().into_owned(),
+                f.error.to_string(),
+            )
+        })
+        .collect();
+    let mut expected = vec![
+        ("b-link.wasm", "symbolic link"),
+        ("c-open.wasm", "chmod go-w"),
+    ];
+    if root {
+        expected.push(("d-foreign.wasm", "owned by uid 4242"));
+    }
+    assert_eq!(refused.len(), expected.len(), "{refused:?}");
+    for ((name, message), (want_name, want_text)) in refused.iter().zip(expected) {
+        assert_eq!(name, want_name);
+        assert!(
+            message.contains(want_name) && message.contains(want_text),
+            "{message}"
+        );
+    }
+    let names = plugin_names(&host);
+    assert!(
+        names.contains(&"hostile") && !names.contains(&"alias"),
+        "{names:?}"
+    );
+
+    let err = host
+        .inspect_file(&dir.path().join("b-link.wasm"))
+        .expect_err("inspect refuses a link too");
+    assert!(
+        matches!(
+            err,
+            PluginError::Untrusted(fixup_host::plugin::trusted::Untrusted::Symlink { .. })
+        ),
+        "{err}"
+    );
 }
 
 /// The most bytes a call may make the host hold beyond a small plan's

@@ -1,8 +1,10 @@
 //! Plan plugins: the only module that knows wasmtime.
 //!
 //! One [`Engine`] (component model, fuel metering, pooling allocator) per
-//! [`PluginHost`]. Each plugin is compiled once (or loaded from the
-//! precompiled [`cache`]), checked against the contract, linked with the
+//! [`PluginHost`]. Each plugin file is read only from a place only root or
+//! the host's user can write ([`trusted`]), compiled once (or loaded from
+//! the authenticated precompiled [`cache`]), checked against the contract,
+//! linked with the
 //! host's `log` and nothing else (see [`sandbox`]), and kept as an
 //! `InstancePre`. Every call gets a fresh Store with its own limits.
 //! [`registry`] decides which plugin serves a scenario and flavour.
@@ -12,6 +14,7 @@ pub mod builtin;
 pub mod cache;
 pub mod registry;
 pub mod sandbox;
+pub mod trusted;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -30,6 +33,7 @@ use cache::ArtifactCache;
 pub use registry::{Registry, Selection};
 pub use sandbox::Limits;
 use sandbox::{CallState, DeniedImport, LogFloodHit, MemoryLimitHit};
+use trusted::{TrustedDir, Untrusted};
 
 /// Plugin instances that may exist at once (one per concurrent call). The
 /// pooling allocator reserves their slots up front. Set with
@@ -135,6 +139,8 @@ pub struct CallStats {
 /// names the plugin (its name, or its origin before the name is known).
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
+    #[error("plugin file refused: {0}")]
+    Untrusted(Untrusted),
     #[error("cannot read plugin {path}: {source}")]
     Read {
         path: PathBuf,
@@ -238,6 +244,9 @@ pub struct EngineOptions {
     pub limits: Limits,
     /// Directory for precompiled plugins; `None` compiles every start.
     pub cache_dir: Option<PathBuf>,
+    /// The key that authenticates cache entries; `None` is
+    /// [`cache::default_key_path`]. Created on first use.
+    pub cache_key: Option<PathBuf>,
     /// Concurrent instances the pooling allocator reserves.
     pub slots: u32,
     /// When set, only plugin files whose sha256 (lowercase hex) is listed
@@ -251,6 +260,7 @@ impl Default for EngineOptions {
         EngineOptions {
             limits: Limits::default(),
             cache_dir: None,
+            cache_key: None,
             slots: DEFAULT_SLOTS,
             allowed_sha256: None,
         }
@@ -307,9 +317,13 @@ impl PluginHost {
             .table_keep_resident(64 << 10);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config).map_err(engine_error)?;
-        let cache = options
-            .cache_dir
-            .map(|dir| ArtifactCache::new(dir, &engine));
+        // The cache is an optimisation: one that is refused is a warning,
+        // and every plugin is compiled instead.
+        let cache = options.cache_dir.as_deref().and_then(|dir| {
+            ArtifactCache::open(dir, options.cache_key.as_deref(), &engine)
+                .inspect_err(|e| tracing::warn!("{e}; plugins are compiled at every start instead"))
+                .ok()
+        });
         let ticker = EpochTicker::start(&engine)?;
         Ok(PluginHost {
             engine,
@@ -348,6 +362,12 @@ impl PluginHost {
         &self.registry
     }
 
+    /// The precompiled cache in use: `None` without `cache_dir`, or when it
+    /// was refused (a warning said why).
+    pub fn cache(&self) -> Option<&ArtifactCache> {
+        self.cache.as_ref()
+    }
+
     /// Load the four built-in plugins. They are compiled into the binary,
     /// so a failure here is a build defect.
     pub fn load_builtins(&mut self) -> Result<(), LoadError> {
@@ -360,20 +380,45 @@ impl PluginHost {
 
     /// Load every `*.wasm` file in `dir`, in name order. One bad file never
     /// stops the others: each failure is returned, the rest are loaded.
+    ///
+    /// The directory and every directory above it must be root's or the
+    /// host's user's and not writable by others, and each file a regular
+    /// file of theirs, not writable by others and not a link ([`trusted`]).
+    /// A directory that breaks the rule is one failure, for the directory,
+    /// and none of its files is read; a file that breaks it is that file's
+    /// failure. A directory that cannot be read at all is an error.
     pub fn load_dir(&mut self, dir: &Path) -> Result<Vec<LoadFailure>, PluginError> {
-        let entries = std::fs::read_dir(dir).map_err(|source| PluginError::Read {
-            path: dir.to_owned(),
-            source,
-        })?;
-        let mut paths: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "wasm") && p.is_file())
-            .collect();
-        paths.sort();
         let mut failures = Vec::new();
-        for path in paths {
-            if let Err(error) = self.load_file(&path) {
-                failures.push(LoadFailure { path, error });
+        match TrustedDir::open(dir).and_then(|d| d.entries(".wasm").map(|e| (d, e))) {
+            Err(Untrusted::Io { source, .. }) => {
+                return Err(PluginError::Read {
+                    path: dir.to_owned(),
+                    source,
+                });
+            }
+            Err(e) => failures.push(LoadFailure {
+                path: dir.to_owned(),
+                error: PluginError::Untrusted(e).into(),
+            }),
+            Ok((trusted, entries)) => {
+                for (name, kind) in entries {
+                    if kind == rustix::fs::FileType::Directory {
+                        continue;
+                    }
+                    let path = dir.join(&name);
+                    let loaded = match trusted.read_file(&name) {
+                        Ok(Some(bytes)) => self
+                            .prepare(Origin::File(path.clone()), &bytes)
+                            .map_err(LoadError::from)
+                            .and_then(|plugin| Ok(self.registry.add(plugin)?)),
+                        // Gone since the listing: nothing to load.
+                        Ok(None) => continue,
+                        Err(e) => Err(PluginError::Untrusted(e).into()),
+                    };
+                    if let Err(error) = loaded {
+                        failures.push(LoadFailure { path, error });
+                    }
+                }
             }
         }
         self.registry.note_failures(
@@ -391,11 +436,16 @@ impl PluginHost {
     }
 
     /// Read, compile, check and describe a plugin file without registering
-    /// it (for `plugin inspect` and `plugin test`).
+    /// it (for `plugin inspect` and `plugin test`). The file and the
+    /// directories above it must pass the rules of [`trusted`], as in
+    /// [`load_dir`](Self::load_dir).
     pub fn inspect_file(&self, path: &Path) -> Result<LoadedPlugin, PluginError> {
-        let bytes = std::fs::read(path).map_err(|source| PluginError::Read {
-            path: path.to_owned(),
-            source,
+        let bytes = trusted::read_file(path).map_err(|e| match e {
+            Untrusted::Io { source, .. } => PluginError::Read {
+                path: path.to_owned(),
+                source,
+            },
+            e => PluginError::Untrusted(e),
         })?;
         self.prepare(Origin::File(path.to_owned()), &bytes)
     }
