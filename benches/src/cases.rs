@@ -217,12 +217,15 @@ pub fn planner(cocoon_root: &Path, cache_dir: Option<PathBuf>) -> anyhow::Result
     Ok(planner)
 }
 
-/// The cache key the benchmarks use for `cache_dir`: a file beside it
-/// (`<dir>.key`), so that no benchmark makes the machine's default key.
+/// The cache key the benchmarks use for `cache_dir`: `cache.key` in a
+/// directory beside it (`<dir>-key/`), so that no benchmark makes the
+/// machine's default key, and a cache directly under `/tmp` still gets a
+/// key directory of its own (a key may not sit in a directory others can
+/// write).
 pub fn cache_key(cache_dir: &Path) -> PathBuf {
     let mut name = cache_dir.file_name().unwrap_or_default().to_owned();
-    name.push(".key");
-    cache_dir.with_file_name(name)
+    name.push("-key");
+    cache_dir.with_file_name(name).join("cache.key")
 }
 
 /// Fill `cache_dir` with the precompiled built-ins, as the first start of a

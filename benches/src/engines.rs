@@ -428,10 +428,13 @@ mod tests {
 
     #[test]
     fn starts_from_a_cache() {
-        let cache = tempfile::tempdir().unwrap();
+        // The cache and its key's directory both inside one temporary
+        // directory, removed with it.
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache");
         for variant in [Variant::SHIPPED, Variant::ALL[3]] {
-            start_from_cache(variant, cache.path()).unwrap();
-            start_from_cache(variant, cache.path()).unwrap();
+            start_from_cache(variant, &cache).unwrap();
+            start_from_cache(variant, &cache).unwrap();
         }
     }
 

@@ -139,7 +139,7 @@ pub struct CallStats {
 /// names the plugin (its name, or its origin before the name is known).
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
-    #[error("plugin file refused: {0}")]
+    #[error("plugins are not loaded from there: {0}")]
     Untrusted(Untrusted),
     #[error("cannot read plugin {path}: {source}")]
     Read {
