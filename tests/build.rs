@@ -9,12 +9,14 @@ use std::path::Path;
 
 use fixup_plugin_build::{PluginCrate, build_external_plugin, build_plugins, workspace_root};
 
-/// Test-only plugins: `hostile` misbehaves on request; `legacy` is built
-/// against the frozen contract 0.1.0 and `overreach` plans past its declared
-/// guest policy; the others are refused by the host in one specific way
-/// each (see their crate docs).
-const TEST_PLUGINS: [&str; 6] = [
+/// Test-only plugins: `hostile` misbehaves on request; `alias` returns a
+/// plan whose strings share guest memory; `legacy` is built against the
+/// frozen contract 0.1.0 and `overreach` plans past its declared guest
+/// policy; the others are refused by the host in one specific way each
+/// (see their crate docs).
+const TEST_PLUGINS: [&str; 7] = [
     "hostile",
+    "alias",
     "describe-trap",
     "future-contract",
     "extra-import",

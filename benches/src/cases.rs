@@ -201,10 +201,11 @@ pub fn dhcp_nic(mac: &str) -> RawNic {
 
 /// A planner with the four built-ins and the default engine, probing
 /// overlays under `cocoon_root`; `cache_dir` as `--cache-dir` (`None` is
-/// `--no-cache`).
+/// `--no-cache`), its key beside it ([`cache_key`]).
 pub fn planner(cocoon_root: &Path, cache_dir: Option<PathBuf>) -> anyhow::Result<Planner> {
     let options = PlannerOptions {
         engine: EngineOptions {
+            cache_key: cache_dir.as_deref().map(cache_key),
             cache_dir,
             ..EngineOptions::default()
         },
@@ -216,12 +217,27 @@ pub fn planner(cocoon_root: &Path, cache_dir: Option<PathBuf>) -> anyhow::Result
     Ok(planner)
 }
 
+/// The cache key the benchmarks use for `cache_dir`: `cache.key` in a
+/// directory beside it (`<dir>-key/`), so that no benchmark makes the
+/// machine's default key, and a cache directly under `/tmp` still gets a
+/// key directory of its own (a key may not sit in a directory others can
+/// write).
+pub fn cache_key(cache_dir: &Path) -> PathBuf {
+    let mut name = cache_dir.file_name().unwrap_or_default().to_owned();
+    name.push("-key");
+    cache_dir.with_file_name(name).join("cache.key")
+}
+
 /// Fill `cache_dir` with the precompiled built-ins, as the first start of a
 /// daemon does, and check that a second start hits every entry.
 pub fn warm_cache(cache_dir: &Path) -> anyhow::Result<()> {
     let root = tempfile::tempdir()?;
     let planner = planner(root.path(), Some(cache_dir.to_owned()))?;
-    let cache = ArtifactCache::new(cache_dir.to_owned(), planner.plugins().engine());
+    let cache = ArtifactCache::open(
+        cache_dir,
+        Some(&cache_key(cache_dir)),
+        planner.plugins().engine(),
+    )?;
     for plugin in planner.plugins().registry().plugins() {
         let path = cache.entry_path(&plugin.sha256);
         anyhow::ensure!(

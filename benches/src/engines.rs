@@ -18,7 +18,7 @@ use fixup_host::classify::Scenario;
 use fixup_host::facts::VmFacts;
 use fixup_host::plan::Plan;
 use fixup_host::plugin::builtin::BUILTINS;
-use fixup_host::plugin::contract::v0_2::{self, HOST_IMPORT, Plugin, PluginPre};
+use fixup_host::plugin::contract::v0_2::{HOST_IMPORT, Plugin, PluginPre};
 use fixup_host::plugin::contract::{self as bindings};
 use fixup_host::plugin::sandbox::{self, CallState, Limits};
 use fixup_host::plugin::{DEFAULT_SLOTS, EngineOptions};
@@ -272,7 +272,7 @@ impl VariantEngine {
             .ok_or_else(|| anyhow::anyhow!("no built-in plugin {plugin}"))?;
         let component = Component::new(&engine, bytes).map_err(wasm_error)?;
         let mut linker = Linker::<CallState>::new(&engine);
-        v0_2::add_host_to_linker(&mut linker).map_err(wasm_error)?;
+        sandbox::link_log(&mut linker, HOST_IMPORT).map_err(wasm_error)?;
         sandbox::deny_remaining_imports(&engine, &mut linker, &component, &[HOST_IMPORT])
             .map_err(wasm_error)?;
         let pre = PluginPre::new(linker.instantiate_pre(&component).map_err(wasm_error)?)
@@ -342,14 +342,18 @@ pub fn start_from_cache(variant: Variant, cache_dir: &std::path::Path) -> anyhow
 
     let limits = EngineOptions::default().limits;
     let engine = Engine::new(&variant.config(&limits)).map_err(wasm_error)?;
-    let cache = ArtifactCache::new(cache_dir.to_owned(), &engine);
+    let cache = ArtifactCache::open(
+        cache_dir,
+        Some(&crate::cases::cache_key(cache_dir)),
+        &engine,
+    )?;
     for (name, bytes) in BUILTINS {
         let sha256 = hex::encode(Sha256::digest(bytes));
         let component = cache
             .load_or_compile(&engine, bytes, &sha256)
             .map_err(wasm_error)?;
         let mut linker = Linker::<CallState>::new(&engine);
-        v0_2::add_host_to_linker(&mut linker).map_err(wasm_error)?;
+        sandbox::link_log(&mut linker, HOST_IMPORT).map_err(wasm_error)?;
         sandbox::deny_remaining_imports(&engine, &mut linker, &component, &[HOST_IMPORT])
             .map_err(wasm_error)?;
         let pre = PluginPre::new(linker.instantiate_pre(&component).map_err(wasm_error)?)
@@ -425,10 +429,13 @@ mod tests {
 
     #[test]
     fn starts_from_a_cache() {
-        let cache = tempfile::tempdir().unwrap();
+        // The cache and its key's directory both inside one temporary
+        // directory, removed with it.
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache");
         for variant in [Variant::SHIPPED, Variant::ALL[3]] {
-            start_from_cache(variant, cache.path()).unwrap();
-            start_from_cache(variant, cache.path()).unwrap();
+            start_from_cache(variant, &cache).unwrap();
+            start_from_cache(variant, &cache).unwrap();
         }
     }
 

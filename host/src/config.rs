@@ -86,12 +86,26 @@ pub struct ConfigArgs {
     /// The cocoon-net lease file [default: /var/lib/cocoon/net/leases.json]
     #[arg(long, value_name = "FILE", env = "COCOON_FIXUP_LEASE_FILE")]
     pub lease_file: Option<PathBuf>,
-    /// Directory of vendor plugins (`*.wasm`) [default: /etc/cocoon-fixup/plugins, when it exists]
+    /// Directory of vendor plugins (`*.wasm`). It and the directories above
+    /// it must be root's or the user's and not writable by others, and each
+    /// plugin a regular file (not a link) of theirs, not writable by others
+    /// [default: /etc/cocoon-fixup/plugins, when it exists]
     #[arg(long, value_name = "DIR", env = "COCOON_FIXUP_PLUGIN_DIR")]
     pub plugin_dir: Option<PathBuf>,
-    /// Directory for precompiled plugins [default: /var/cache/cocoon-fixup]
+    /// Directory for precompiled plugins, created 0700. It and the
+    /// directories above it must be root's or the user's and not writable by
+    /// others (a root-owned sticky directory like /tmp may be above it),
+    /// or it is not used: a warning, and plugins are compiled at every start
+    /// [default: /var/cache/cocoon-fixup]
     #[arg(long, value_name = "DIR", env = "COCOON_FIXUP_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
+    /// Key that authenticates precompiled plugins: 32 random bytes, made
+    /// on first use, mode 0600, owned by the user cocoon-fixup runs as,
+    /// outside the cache directory [default: /var/lib/cocoon-fixup/cache.key
+    /// for root; $XDG_STATE_HOME/cocoon-fixup/cache.key, else
+    /// ~/.local/state/cocoon-fixup/cache.key, for other users]
+    #[arg(long, value_name = "FILE", env = "COCOON_FIXUP_CACHE_KEY")]
+    pub cache_key: Option<PathBuf>,
     /// Compile plugins at every start instead of using the cache
     #[arg(long, env = "COCOON_FIXUP_NO_CACHE")]
     #[serde(default)]
@@ -279,6 +293,7 @@ impl ConfigArgs {
                         a.cache_dir
                             .unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE_DIR))
                     }),
+                    cache_key: a.cache_key,
                     // One instance per pod in flight, plus room for the
                     // recovery plans and `plan` calls beside them.
                     slots: (concurrency as u32).saturating_mul(2).max(DEFAULT_SLOTS),
@@ -339,6 +354,7 @@ impl ConfigArgs {
             lease_file: self.lease_file.or(file.lease_file),
             plugin_dir: self.plugin_dir.or(file.plugin_dir),
             cache_dir: self.cache_dir.or(file.cache_dir),
+            cache_key: self.cache_key.or(file.cache_key),
             no_cache: self.no_cache || file.no_cache,
             plugin_fuel: self.plugin_fuel.or(file.plugin_fuel),
             plugin_memory_mib: self.plugin_memory_mib.or(file.plugin_memory_mib),
@@ -452,6 +468,18 @@ runs = [["systemctl", "restart", "systemd-networkd"]]
             .resolve(Some(&dir.path().join("missing.toml")))
             .unwrap_err();
         assert!(matches!(err, ConfigError::Read { .. }));
+    }
+
+    #[test]
+    fn the_cache_key_is_a_flag_or_the_default() {
+        let cli = Cli::parse_from(["x", "--cache-key", "/etc/cocoon-fixup/cache.key"]);
+        let s = cli.config.resolve(None).unwrap();
+        assert_eq!(
+            s.planner.engine.cache_key.as_deref(),
+            Some(Path::new("/etc/cocoon-fixup/cache.key"))
+        );
+        let s = Cli::parse_from(["x"]).config.resolve(None).unwrap();
+        assert_eq!(s.planner.engine.cache_key, None, "the engine's default");
     }
 
     #[test]

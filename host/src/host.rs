@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::apply::{
@@ -218,9 +219,20 @@ impl Summary {
 }
 
 /// The host: planner, cocoon runner, Kubernetes side, lease watcher.
+///
+/// Planning is synchronous (the plugin engine, the disk probe) and a plugin
+/// call may take up to its deadline (1 s by default, `--plugin-deadline`),
+/// so it never runs on the async workers: [`Host::handle`] hands it to
+/// tokio's blocking pool, at most [`PluginHost::slots`] calls at once (the
+/// engine's instance slots), and the watch, the metrics listener and the
+/// other pods' loops go on meanwhile.
+///
+/// [`PluginHost::slots`]: crate::plugin::PluginHost::slots
 #[derive(Debug)]
 pub struct Host<C, P> {
     planner: Arc<Planner>,
+    /// Permits for planning on the blocking pool, one per engine slot.
+    planning: Arc<Semaphore>,
     cocoon: C,
     pods: P,
     leases: Arc<LeaseWatcher>,
@@ -237,7 +249,9 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         config: HostConfig,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let slots = usize::try_from(planner.plugins().slots()).unwrap_or(usize::MAX);
         Host {
+            planning: Arc::new(Semaphore::new(slots.clamp(1, Semaphore::MAX_PERMITS))),
             planner,
             cocoon,
             pods,
@@ -404,7 +418,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             && decision.rule == Rule::AllDhcp
             && obs.os == GuestOs::Linux
         {
-            self.recovery_plan(&pod_ref, &obs)
+            self.recovery_plan(&pod_ref, &obs).await
         } else {
             None
         };
@@ -443,7 +457,13 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         summary: &mut Summary,
         shutdown: &CancellationToken,
     ) -> Result<Option<VmFacts>, HostError> {
-        let outcome = match self.planner.plan(obs) {
+        let outcome = match self
+            .plan_off_workers({
+                let obs = obs.clone();
+                move |planner| planner.plan(&obs)
+            })
+            .await
+        {
             Ok(o) => o,
             Err(PlannerError::Probe(source)) => {
                 let error = HostError::Probe {
@@ -508,13 +528,15 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
     /// The DHCP recovery plan for an all-DHCP Linux clone, when one can be
     /// made; a clone whose facts do not validate for a plan simply waits
     /// without it.
-    fn recovery_plan(&self, pod: &PodRef, obs: &Observation) -> Option<DhcpRecovery> {
-        let planned = VmFacts::validate(obs, ImageKind::Unknown)
-            .map_err(PlannerError::from)
-            .and_then(|facts| {
-                self.planner
-                    .plan_scenarios(&facts, &[Scenario::DhcpRecovery])
-            });
+    async fn recovery_plan(&self, pod: &PodRef, obs: &Observation) -> Option<DhcpRecovery> {
+        let obs = obs.clone();
+        let planned = self
+            .plan_off_workers(move |planner| {
+                VmFacts::validate(&obs, ImageKind::Unknown)
+                    .map_err(PlannerError::from)
+                    .and_then(|facts| planner.plan_scenarios(&facts, &[Scenario::DhcpRecovery]))
+            })
+            .await;
         match planned {
             Ok(c) => Some(DhcpRecovery {
                 nics: c.facts.nics.len(),
@@ -525,6 +547,33 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
                 tracing::warn!(pod = %pod, "no DHCP recovery plan: {e}");
                 None
             }
+        }
+    }
+
+    /// Run `plan` on tokio's blocking pool once one of the engine's slots
+    /// is free (see [`Host`]): the caller's task waits without holding an
+    /// async worker.
+    async fn plan_off_workers<T: Send + 'static>(
+        &self,
+        plan: impl FnOnce(&Planner) -> T + Send + 'static,
+    ) -> T {
+        let permit = self
+            .planning
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the planning semaphore is never closed");
+        let planner = self.planner.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            plan(&planner)
+        });
+        match task.await {
+            Ok(value) => value,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Only a runtime shutting down cancels a blocking task, and it
+            // drops this task with it.
+            Err(e) => panic!("planning was cancelled: {e}"),
         }
     }
 

@@ -9,7 +9,8 @@
 //! - [`classify`]: facts to scenario, a pure function (spec section 3).
 //! - [`probe`]: the qcow2 overlay probe, confined to the cocoon root.
 //! - [`plugin`]: the only module that knows wasmtime: engine, loader, sandbox,
-//!   bindings, precompiled cache, selection.
+//!   bindings, authenticated precompiled cache, selection, and the
+//!   ownership checks of the files it loads.
 //! - [`plan`]: the plan as domain types; rendering to exec argv and hint scripts.
 //! - [`planner`]: the plan path end to end, and its JSON report.
 //!

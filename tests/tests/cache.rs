@@ -1,8 +1,23 @@
-//! The precompiled cache: hits after the first load, never stale, never
-//! trusted when corrupt.
+//! The precompiled cache: hits after the first load, never stale, and
+//! never trusted when an entry is corrupt, swapped in from another plugin,
+//! made under another key or reached through a link, nor when the
+//! directory or the key could be written by another user.
+//!
+//! These tests run as root (as CI does); the ones that hand a directory or
+//! a file to another user need root for `chown` and say so when skipped.
 
-use fixup_host::plugin::cache::{ArtifactCache, CacheOutcome};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use fixup_host::classify::Scenario;
+use fixup_host::plugin::builtin::BUILTINS;
+use fixup_host::plugin::cache::{ArtifactCache, CacheError, CacheOutcome};
+use fixup_host::plugin::trusted::Untrusted;
 use fixup_host::plugin::{EngineOptions, PluginHost};
+use fixup_tests::facts;
+
+/// A uid no test machine gives to the user running the tests.
+const OTHER_UID: u32 = 4242;
 
 fn hostile() -> Vec<u8> {
     std::fs::read(env!("PLUGIN_HOSTILE")).expect("built")
@@ -13,11 +28,64 @@ fn sha(bytes: &[u8]) -> String {
     hex::encode(sha2::Sha256::digest(bytes))
 }
 
+fn chmod(path: &Path, mode: u32) {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+fn is_root() -> bool {
+    fixup_host::plugin::trusted::euid() == 0
+}
+
+/// A cache directory and a key file apart from it, in a private temporary
+/// directory.
+struct Place {
+    root: tempfile::TempDir,
+    cache: PathBuf,
+    key: PathBuf,
+}
+
+fn place() -> Place {
+    let root = tempfile::tempdir().expect("tempdir");
+    let cache = root.path().join("cache");
+    let key = root.path().join("keys").join("cache.key");
+    Place { root, cache, key }
+}
+
+impl Place {
+    fn open(&self, host: &PluginHost) -> Result<ArtifactCache, CacheError> {
+        ArtifactCache::open(&self.cache, Some(&self.key), host.engine())
+    }
+
+    fn options(&self) -> EngineOptions {
+        EngineOptions {
+            cache_dir: Some(self.cache.clone()),
+            cache_key: Some(self.key.clone()),
+            ..EngineOptions::default()
+        }
+    }
+
+    fn entries(&self) -> usize {
+        std::fs::read_dir(&self.cache)
+            .map(|dir| {
+                dir.filter(|e| {
+                    e.as_ref()
+                        .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
+                })
+                .count()
+            })
+            .unwrap_or(0)
+    }
+}
+
+fn engine() -> PluginHost {
+    PluginHost::new(EngineOptions::default()).expect("engine")
+}
+
 #[test]
 fn second_load_hits_and_corruption_is_rebuilt() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let host = PluginHost::new(EngineOptions::default()).expect("engine");
-    let cache = ArtifactCache::new(dir.path().to_owned(), host.engine());
+    let place = place();
+    let host = engine();
+    let cache = place.open(&host).expect("cache");
     let wasm = hostile();
     let digest = sha(&wasm);
 
@@ -51,9 +119,9 @@ fn second_load_hits_and_corruption_is_rebuilt() {
 
 #[test]
 fn a_changed_plugin_never_hits_the_old_entry() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let host = PluginHost::new(EngineOptions::default()).expect("engine");
-    let cache = ArtifactCache::new(dir.path().to_owned(), host.engine());
+    let place = place();
+    let host = engine();
+    let cache = place.open(&host).expect("cache");
     let wasm = hostile();
     cache
         .lookup(host.engine(), &wasm, &sha(&wasm))
@@ -74,22 +142,264 @@ fn a_changed_plugin_never_hits_the_old_entry() {
 
 #[test]
 fn the_host_loads_builtins_through_the_cache() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let options = EngineOptions {
-        cache_dir: Some(dir.path().to_owned()),
-        ..EngineOptions::default()
-    };
-    let mut host = PluginHost::new(options.clone()).expect("engine");
+    let place = place();
+    let mut host = PluginHost::new(place.options()).expect("engine");
+    assert!(host.cache().is_some(), "the cache is in use");
     host.load_builtins().expect("built-ins compile");
-    let entries = std::fs::read_dir(dir.path())
-        .expect("cache dir")
-        .filter(|e| {
-            e.as_ref()
-                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
-        })
-        .count();
-    assert_eq!(entries, 4, "one artifact per built-in");
-    let mut again = PluginHost::new(options).expect("engine");
+    assert_eq!(place.entries(), 4, "one artifact per built-in");
+    let mut again = PluginHost::new(place.options()).expect("engine");
     again.load_builtins().expect("built-ins load from cache");
     assert_eq!(again.registry().plugins().len(), 4);
+}
+
+/// Another plugin's entry copied over a built-in's (what once made the
+/// hostile plugin run as `built-in:oci-networkd`): its MAC names the other
+/// plugin, so the entry is compiled again from the built-in's own bytes,
+/// and the built-in plans its own plan.
+#[test]
+fn an_entry_swapped_in_from_another_plugin_is_rebuilt_and_the_builtin_plans_its_own_plan() {
+    let place = place();
+    let mut first = PluginHost::new(place.options()).expect("engine");
+    first.load_builtins().expect("built-ins");
+    first
+        .load_file(Path::new(env!("PLUGIN_HOSTILE")))
+        .expect("hostile");
+    let cache = place.open(&first).expect("cache");
+    let (_, networkd) = BUILTINS
+        .iter()
+        .find(|(name, _)| *name == "oci-networkd")
+        .expect("a networkd built-in");
+    let builtin_entry = cache.entry_path(&sha(networkd));
+    let hostile_entry = cache.entry_path(&sha(&hostile()));
+    std::fs::copy(&hostile_entry, &builtin_entry).expect("swap the entry");
+
+    let mut second = PluginHost::new(place.options()).expect("engine");
+    second.load_builtins().expect("built-ins");
+    let selection = second
+        .registry()
+        .select(Scenario::OciNetworkd, None)
+        .expect("the built-in still serves oci-networkd");
+    assert_eq!(selection.plugin.info.name, "oci-networkd");
+    let nic = [("52:54:00:aa:bb:01", Some("10.0.0.5/24"))];
+    let (plan, _) = second
+        .plan(
+            &selection.plugin,
+            Scenario::OciNetworkd,
+            &facts("web-0", None, &nic),
+        )
+        .expect("plans");
+    assert!(plan.steps.len() >= 4, "the networkd plan: {plan:?}");
+    assert_ne!(
+        std::fs::read(&builtin_entry).expect("entry"),
+        std::fs::read(&hostile_entry).expect("entry"),
+        "the swapped entry was replaced"
+    );
+
+    // The same swap seen by a lookup.
+    std::fs::copy(&hostile_entry, &builtin_entry).expect("swap again");
+    let (_, outcome) = cache
+        .lookup(first.engine(), networkd, &sha(networkd))
+        .expect("compiles");
+    assert_eq!(outcome, CacheOutcome::Rebuilt);
+}
+
+#[test]
+fn an_entry_made_under_another_key_is_rebuilt() {
+    let place = place();
+    let host = engine();
+    let wasm = hostile();
+    let cache = place.open(&host).expect("cache");
+    cache
+        .lookup(host.engine(), &wasm, &sha(&wasm))
+        .expect("compiles");
+    let other_key = place.root.path().join("other.key");
+    let other = ArtifactCache::open(&place.cache, Some(&other_key), host.engine()).expect("cache");
+    let (_, outcome) = other
+        .lookup(host.engine(), &wasm, &sha(&wasm))
+        .expect("compiles");
+    assert_eq!(outcome, CacheOutcome::Rebuilt);
+}
+
+/// A cache directory others may write is never used, sticky bit or not:
+/// the host warns, compiles, and writes nothing there.
+#[test]
+fn a_cache_directory_others_can_write_is_refused() {
+    for mode in [0o777, 0o1777, 0o775] {
+        let place = place();
+        std::fs::create_dir(&place.cache).expect("mkdir");
+        chmod(&place.cache, mode);
+        let err = place.open(&engine()).expect_err("refused");
+        assert!(
+            matches!(&err, CacheError::Dir(Untrusted::Writable { path, .. }) if path.ends_with("cache")),
+            "{mode:o}: {err}"
+        );
+        assert!(err.to_string().contains("chmod go-w"), "{err}");
+
+        let mut host = PluginHost::new(place.options()).expect("engine");
+        assert!(host.cache().is_none(), "{mode:o}: not used");
+        host.load_builtins().expect("built-ins compile without it");
+        assert_eq!(place.entries(), 0, "{mode:o}: nothing written there");
+    }
+}
+
+#[test]
+fn a_cache_directory_owned_by_another_user_is_refused() {
+    if !is_root() {
+        eprintln!("skipped: handing a directory to another user needs root");
+        return;
+    }
+    let place = place();
+    std::fs::create_dir(&place.cache).expect("mkdir");
+    chmod(&place.cache, 0o700);
+    std::os::unix::fs::chown(&place.cache, Some(OTHER_UID), None).expect("chown");
+    let err = place.open(&engine()).expect_err("refused");
+    assert!(
+        matches!(
+            err,
+            CacheError::Dir(Untrusted::Owner {
+                owner: OTHER_UID,
+                ..
+            })
+        ),
+        "{err}"
+    );
+    let mut host = PluginHost::new(place.options()).expect("engine");
+    assert!(host.cache().is_none());
+    host.load_builtins().expect("built-ins compile without it");
+    assert_eq!(place.entries(), 0);
+}
+
+/// Every directory above the cache counts: one others may write is
+/// refused, unless it is root's and sticky (`/tmp`), where nobody else can
+/// rename or remove what is below it.
+#[test]
+fn a_cache_below_a_directory_others_can_write_is_refused_unless_it_is_roots_and_sticky() {
+    let place = place();
+    chmod(place.root.path(), 0o777);
+    let err = place.open(&engine()).expect_err("refused");
+    assert!(
+        matches!(&err, CacheError::Dir(Untrusted::Writable { path, .. }) if path == &std::fs::canonicalize(place.root.path()).unwrap()),
+        "{err}"
+    );
+    assert!(!place.cache.exists(), "nothing created below it");
+    if is_root() {
+        chmod(place.root.path(), 0o1777);
+        place
+            .open(&engine())
+            .expect("a root-owned sticky parent is fine");
+    }
+}
+
+/// An entry that is a link is replaced, never followed: not even a link to
+/// a genuine entry under the same key is a hit.
+#[test]
+fn a_linked_entry_is_not_followed() {
+    let place = place();
+    let host = engine();
+    let wasm = hostile();
+    let digest = sha(&wasm);
+    let genuine_dir = place.root.path().join("genuine");
+    let genuine =
+        ArtifactCache::open(&genuine_dir, Some(&place.key), host.engine()).expect("cache");
+    genuine
+        .lookup(host.engine(), &wasm, &digest)
+        .expect("compiles");
+    let target = genuine.entry_path(&digest);
+    let before = std::fs::read(&target).expect("genuine entry");
+
+    let cache = place.open(&host).expect("cache");
+    let entry = cache.entry_path(&digest);
+    std::os::unix::fs::symlink(&target, &entry).expect("link");
+    let (_, outcome) = cache
+        .lookup(host.engine(), &wasm, &digest)
+        .expect("compiles");
+    assert_eq!(outcome, CacheOutcome::Rebuilt);
+    assert!(
+        std::fs::symlink_metadata(&entry)
+            .expect("entry")
+            .file_type()
+            .is_file(),
+        "the link was replaced by a file"
+    );
+    assert_eq!(std::fs::read(&target).expect("target"), before, "untouched");
+}
+
+#[test]
+fn the_key_is_made_0600_on_first_use_and_kept() {
+    let place = place();
+    let host = engine();
+    let wasm = hostile();
+    assert!(!place.key.exists());
+    let cache = place.open(&host).expect("cache");
+    let meta = std::fs::metadata(&place.key).expect("key made");
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
+    assert_eq!(meta.len(), 32);
+    assert_eq!(meta.uid(), fixup_host::plugin::trusted::euid());
+    let key_dir = place.key.parent().expect("dir");
+    assert_eq!(
+        std::fs::metadata(key_dir)
+            .expect("dir")
+            .permissions()
+            .mode()
+            & 0o777,
+        0o700
+    );
+    let key = std::fs::read(&place.key).expect("key");
+    cache
+        .lookup(host.engine(), &wasm, &sha(&wasm))
+        .expect("compiles");
+
+    let again = place.open(&host).expect("cache");
+    assert_eq!(std::fs::read(&place.key).expect("key"), key, "kept");
+    let (_, outcome) = again
+        .lookup(host.engine(), &wasm, &sha(&wasm))
+        .expect("loads");
+    assert_eq!(outcome, CacheOutcome::Hit, "the same key authenticates");
+}
+
+#[test]
+fn a_key_others_may_read_is_refused() {
+    let place = place();
+    place.open(&engine()).expect("makes the key");
+    chmod(&place.key, 0o644);
+    let err = place.open(&engine()).expect_err("refused");
+    assert!(
+        matches!(&err, CacheError::KeyMode { mode: 0o644, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("chmod 600"), "{err}");
+    let host = PluginHost::new(place.options()).expect("engine");
+    assert!(host.cache().is_none(), "the cache is not used");
+}
+
+#[test]
+fn a_key_owned_by_another_user_is_refused() {
+    if !is_root() {
+        eprintln!("skipped: handing a file to another user needs root");
+        return;
+    }
+    let place = place();
+    place.open(&engine()).expect("makes the key");
+    std::os::unix::fs::chown(&place.key, Some(OTHER_UID), None).expect("chown");
+    let err = place.open(&engine()).expect_err("refused");
+    assert!(
+        matches!(
+            err,
+            CacheError::Key(Untrusted::Owner {
+                owner: OTHER_UID,
+                ..
+            })
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_key_inside_the_cache_directory_is_refused() {
+    let place = place();
+    let key = place.cache.join("cache.key");
+    let err =
+        ArtifactCache::open(&place.cache, Some(&key), engine().engine()).expect_err("refused");
+    assert!(matches!(err, CacheError::KeyInsideCache { .. }), "{err}");
+    assert!(!key.exists(), "no key made there");
 }

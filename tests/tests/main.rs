@@ -2,8 +2,10 @@
 
 mod cache;
 mod examples;
+mod held;
 mod kit;
 mod policy;
 mod sandbox;
 mod selection;
 mod vendor;
+mod workers;

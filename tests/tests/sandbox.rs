@@ -7,17 +7,31 @@ use std::sync::Arc;
 use fixup_host::classify::Scenario;
 use fixup_host::plan::PlanError;
 use fixup_host::planner::PlannerError;
-use fixup_host::plugin::{EngineOptions, LoadedPlugin, PluginError, PluginHost};
+use fixup_host::plugin::sandbox::{
+    LOG_BYTES_PER_CALL, LOG_FUEL_PER_BYTE, LOG_FUEL_PER_MESSAGE, LOG_MAX_BYTES, LOG_MAX_MESSAGES,
+};
+use fixup_host::plugin::{EngineOptions, Limits, LoadedPlugin, PluginError, PluginHost};
 use fixup_tests::facts;
+
+use crate::held;
 use rstest::rstest;
 
-fn host_with_hostile() -> (PluginHost, Arc<LoadedPlugin>) {
-    let mut host = PluginHost::new(EngineOptions::default()).expect("engine");
+/// A host with the built-ins and the plugin file at `path`, under `limits`.
+fn host_loading(limits: Limits, path: &str) -> (PluginHost, Arc<LoadedPlugin>) {
+    let mut host = PluginHost::new(EngineOptions {
+        limits,
+        ..EngineOptions::default()
+    })
+    .expect("engine");
     host.load_builtins().expect("built-ins load");
-    let hostile = host
-        .load_file(Path::new(env!("PLUGIN_HOSTILE")))
-        .expect("hostile plugin loads: it misbehaves only when called");
-    (host, hostile)
+    let plugin = host
+        .load_file(Path::new(path))
+        .expect("the test plugin loads: it misbehaves only when called");
+    (host, plugin)
+}
+
+fn host_with_hostile() -> (PluginHost, Arc<LoadedPlugin>) {
+    host_loading(Limits::default(), env!("PLUGIN_HOSTILE"))
 }
 
 const NIC: [(&str, Option<&str>); 1] = [("52:54:00:aa:bb:01", Some("10.0.0.5/24"))];
@@ -47,6 +61,9 @@ fn assert_still_serving(host: &PluginHost) {
 #[case::reads_the_environment("snoop-env")]
 #[case::reads_the_clock("snoop-clock")]
 #[case::asks_for_randomness("snoop-random")]
+#[case::logs_in_a_loop("babble")]
+#[case::logs_too_many_bytes("shout")]
+#[case::logs_one_huge_message("scream")]
 fn hostile_call_is_contained(#[case] behaviour: &str) {
     let (host, hostile) = host_with_hostile();
     let facts = facts(behaviour, Some("hostile"), &NIC);
@@ -67,12 +84,22 @@ fn hostile_call_is_contained(#[case] behaviour: &str) {
             assert_eq!(*limit, host.limits().memory_bytes);
             assert!(desired > limit);
         }
-        ("flood", PluginError::Memory { .. } | PluginError::BadPlan { .. }) => {}
+        ("flood", PluginError::Memory { .. } | PluginError::TooMuchData { .. }) => {}
         ("wide", PluginError::BadPlan { .. }) => assert!(message.contains("256"), "{message}"),
         ("heavy", PluginError::BadPlan { .. }) => assert!(message.contains("65536"), "{message}"),
         ("hide", PluginError::BadPlan { .. }) => {
             assert!(message.contains("run[2]"), "{message}");
             assert!(message.contains("control character"), "{message}");
+        }
+        ("babble", PluginError::LogFlood { what, limit, .. }) => {
+            assert_eq!((*what, *limit), ("messages", LOG_MAX_MESSAGES));
+            assert!(message.contains("1000 messages"), "{message}");
+        }
+        ("shout", PluginError::LogFlood { what, limit, .. }) => {
+            assert_eq!((*what, *limit), ("bytes", LOG_MAX_BYTES));
+        }
+        ("scream", PluginError::TooMuchData { limit, .. }) => {
+            assert_eq!(*limit, host.limits().hostcall_bytes());
         }
         ("panic", PluginError::Panicked { message: m, .. }) => {
             assert!(m.contains("on purpose"), "panic message is captured: {m}")
@@ -101,11 +128,58 @@ fn log_volume_is_bounded() {
     let facts = facts("chatty", Some("hostile"), &NIC);
     let (plan, stats) = host
         .plan(&hostile, Scenario::OciNetworkd, &facts)
-        .expect("logging a lot is allowed, but bounded");
+        .expect("a 32 KiB message is within the log budget");
     assert_eq!(plan.steps.len(), 1);
     let logged: usize = stats.logs.iter().map(|l| l.message.len()).sum();
-    assert!(logged <= 16 << 10, "at most 16 KiB kept, got {logged}");
-    assert!(logged > 0);
+    assert_eq!(logged, LOG_BYTES_PER_CALL, "16 KiB of the 32 KiB kept");
+}
+
+/// The host's work on a `log` call is charged to the call's fuel, by the
+/// byte: `chatty` and `mute` build the same 32 KiB message, and only
+/// `chatty` logs it.
+#[test]
+fn a_log_message_costs_fuel_by_the_byte() {
+    let (host, hostile) = host_with_hostile();
+    let fuel = |behaviour| {
+        let facts = facts(behaviour, Some("hostile"), &NIC);
+        let (_, stats) = host
+            .plan(&hostile, Scenario::OciNetworkd, &facts)
+            .expect("within budget");
+        stats.fuel_used
+    };
+    let charge = LOG_FUEL_PER_MESSAGE + (32 << 10) * LOG_FUEL_PER_BYTE;
+    let (chatty, mute) = (fuel("chatty"), fuel("mute"));
+    assert!(
+        chatty.abs_diff(mute + charge) < charge / 100,
+        "logging 32 KiB costs {charge} fuel: chatty {chatty}, mute {mute}"
+    );
+}
+
+/// Fuel spent on `log` is fuel the plugin no longer has: a budget that
+/// covers `chatty`'s own work but not its message runs out.
+#[test]
+fn a_log_message_the_fuel_cannot_pay_for_traps_as_out_of_fuel() {
+    let (host, hostile) = host_with_hostile();
+    let (_, stats) = host
+        .plan(
+            &hostile,
+            Scenario::OciNetworkd,
+            &facts("mute", Some("hostile"), &NIC),
+        )
+        .expect("mute works");
+    let limits = Limits {
+        fuel: stats.fuel_used + LOG_FUEL_PER_MESSAGE,
+        ..Limits::default()
+    };
+    let (tight, hostile) = host_loading(limits, env!("PLUGIN_HOSTILE"));
+    let err = tight
+        .plan(
+            &hostile,
+            Scenario::OciNetworkd,
+            &facts("chatty", Some("hostile"), &NIC),
+        )
+        .expect_err("the message costs more than is left");
+    assert!(matches!(err, PluginError::Fuel { .. }), "{err:?}");
 }
 
 /// A plugin that loops with fuel to spare is stopped by the wall-clock
@@ -113,20 +187,12 @@ fn log_volume_is_bounded() {
 /// limit; the host goes on serving.
 #[test]
 fn the_wall_clock_deadline_stops_a_call_fuel_does_not() {
-    let limits = fixup_host::plugin::Limits {
+    let limits = Limits {
         fuel: u64::MAX / 4,
         deadline: std::time::Duration::from_millis(50),
-        ..fixup_host::plugin::Limits::default()
+        ..Limits::default()
     };
-    let mut host = PluginHost::new(EngineOptions {
-        limits,
-        ..EngineOptions::default()
-    })
-    .expect("engine");
-    host.load_builtins().expect("built-ins load");
-    let hostile = host
-        .load_file(Path::new(env!("PLUGIN_HOSTILE")))
-        .expect("loads");
+    let (host, hostile) = host_loading(limits, env!("PLUGIN_HOSTILE"));
     let err = host
         .plan(
             &hostile,
@@ -375,12 +441,7 @@ fn one_bad_file_never_stops_the_others_from_loading() {
             "e-truncated.wasm"
         ]
     );
-    let names: Vec<&str> = host
-        .registry()
-        .plugins()
-        .iter()
-        .map(|p| p.info.name.as_str())
-        .collect();
+    let names = plugin_names(&host);
     assert!(
         names.contains(&"hostile") && names.contains(&"extra-import"),
         "{names:?}"
@@ -388,27 +449,212 @@ fn one_bad_file_never_stops_the_others_from_loading() {
     assert_still_serving(&host);
 }
 
-/// Beyond the step and byte limits: a million steps, or strings of many
-/// megabytes, are stopped by the plugin's own memory limit before the host
-/// ever holds them.
+/// The names of the plugins `host` has registered.
+fn plugin_names(host: &PluginHost) -> Vec<&str> {
+    host.registry()
+        .plugins()
+        .iter()
+        .map(|p| p.info.name.as_str())
+        .collect()
+}
+
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+fn load_dir(dir: &Path) -> (PluginHost, Vec<fixup_host::plugin::LoadFailure>) {
+    let mut host = PluginHost::new(EngineOptions::default()).expect("engine");
+    host.load_builtins().expect("built-ins");
+    let failures = host.load_dir(dir).expect("the directory exists");
+    (host, failures)
+}
+
+/// A plugin directory others may write is refused whole, naming the
+/// directory and the fix: none of its files is read, the built-ins serve,
+/// and a VM that asks for a flavour waits for the node to be fixed.
+#[test]
+fn a_plugin_directory_others_can_write_is_refused_whole() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(env!("PLUGIN_HOSTILE"), dir.path().join("hostile.wasm")).expect("copy");
+    chmod(dir.path(), 0o777);
+    let (host, failures) = load_dir(dir.path());
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0].path, dir.path());
+    let message = failures[0].error.to_string();
+    assert!(
+        message.contains(&dir.path().display().to_string()) && message.contains("chmod go-w"),
+        "{message}"
+    );
+    assert_eq!(host.registry().plugins().len(), 4, "only the built-ins");
+    let flavour = fixup_host::facts::Flavor::parse("hostile").expect("flavour");
+    let waits = host
+        .registry()
+        .select(Scenario::OciNetworkd, Some(&flavour))
+        .expect_err("no hostile plugin");
+    assert!(waits.is_node_config(), "{waits}");
+    assert_still_serving(&host);
+}
+
+/// In a good directory, a plugin file that is a link, is writable by
+/// others, or (as root) belongs to another user is refused by name; the
+/// others load.
+#[test]
+fn a_linked_or_writable_or_foreign_plugin_file_is_refused_naming_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let copy = |name: &str| {
+        let path = dir.path().join(name);
+        std::fs::copy(env!("PLUGIN_HOSTILE"), &path).expect("copy");
+        chmod(&path, 0o644);
+        path
+    };
+    copy("a-hostile.wasm");
+    std::os::unix::fs::symlink(env!("PLUGIN_ALIAS"), dir.path().join("b-link.wasm")).expect("link");
+    chmod(&copy("c-open.wasm"), 0o666);
+    let root = fixup_host::plugin::trusted::euid() == 0;
+    if root {
+        std::os::unix::fs::chown(copy("d-foreign.wasm"), Some(4242), None).expect("chown");
+    }
+    let (host, failures) = load_dir(dir.path());
+    let refused: Vec<(String, String)> = failures
+        .iter()
+        .map(|f| {
+            (
+                f.path.file_name().unwrap().to_string_lossy().into_owned(),
+                f.error.to_string(),
+            )
+        })
+        .collect();
+    let mut expected = vec![
+        ("b-link.wasm", "symbolic link"),
+        ("c-open.wasm", "chmod go-w"),
+    ];
+    if root {
+        expected.push(("d-foreign.wasm", "owned by uid 4242"));
+    }
+    assert_eq!(refused.len(), expected.len(), "{refused:?}");
+    for ((name, message), (want_name, want_text)) in refused.iter().zip(expected) {
+        assert_eq!(name, want_name);
+        assert!(
+            message.contains(want_name) && message.contains(want_text),
+            "{message}"
+        );
+    }
+    let names = plugin_names(&host);
+    assert!(
+        names.contains(&"hostile") && !names.contains(&"alias"),
+        "{names:?}"
+    );
+
+    let err = host
+        .inspect_file(&dir.path().join("b-link.wasm"))
+        .expect_err("inspect refuses a link too");
+    assert!(
+        matches!(
+            err,
+            PluginError::Untrusted(fixup_host::plugin::trusted::Untrusted::Symlink { .. })
+        ),
+        "{err}"
+    );
+}
+
+/// The most bytes a call may make the host hold beyond a small plan's
+/// call: the hostcall bound once for what is lifted, once more for the
+/// host's conversion of it into its own plan types.
+fn held_bound(host: &PluginHost) -> usize {
+    2 * host.limits().hostcall_bytes()
+}
+
+/// The bytes the host holds during a tame call on `plugin`: Store,
+/// instance, facts, a one-step plan.
+fn held_by_a_small_call(host: &PluginHost, plugin: &LoadedPlugin, name: &str) -> usize {
+    let facts = facts(name, plugin.info.flavors.first().map(|f| f.as_str()), &NIC);
+    let (result, held) = held::peak_held(|| host.plan(plugin, Scenario::OciNetworkd, &facts));
+    result.expect("a small plan");
+    held
+}
+
+/// Beyond the step and byte limits: a million steps are stopped by the
+/// plugin's own memory limit; a 12 MiB argument fits in the plugin's 16 MiB
+/// but not in what the host copies out of it at once, so the host never
+/// holds more than a few times the plan limit.
 #[rstest]
 #[case::a_million_steps("million")]
 #[case::megabytes_of_text("giant")]
 fn oversized_returns_are_stopped(#[case] behaviour: &str) {
     let (host, hostile) = host_with_hostile();
-    let err = host
-        .plan(
-            &hostile,
-            Scenario::OciNetworkd,
-            &facts(behaviour, Some("hostile"), &NIC),
-        )
-        .expect_err("too big");
+    let baseline = held_by_a_small_call(&host, &hostile, "tame");
+    let facts = facts(behaviour, Some("hostile"), &NIC);
+    let (result, held) = held::peak_held(|| host.plan(&hostile, Scenario::OciNetworkd, &facts));
+    let err = result.expect_err("too big");
+    match (behaviour, &err) {
+        ("million", PluginError::Memory { .. }) => {}
+        ("giant", PluginError::TooMuchData { plugin, limit }) => {
+            assert_eq!(plugin, "hostile");
+            assert_eq!(*limit, host.limits().hostcall_bytes());
+        }
+        _ => panic!("{behaviour}: unexpected error {err:?}"),
+    }
     assert!(
-        matches!(
-            err,
-            PluginError::Memory { .. } | PluginError::BadPlan { .. } | PluginError::Fuel { .. }
-        ),
-        "{err:?}"
+        held <= baseline + held_bound(&host),
+        "{behaviour}: the host held {held} bytes (a small call {baseline})"
+    );
+    assert_still_serving(&host);
+}
+
+fn host_with_alias() -> (PluginHost, Arc<LoadedPlugin>) {
+    host_loading(Limits::default(), env!("PLUGIN_ALIAS"))
+}
+
+/// The alias plugin's hand-written canonical ABI is what it says: strings
+/// and lists that share guest memory lift to the plan they describe.
+#[test]
+fn a_plan_whose_strings_share_guest_memory_lifts_as_written() {
+    let (host, alias) = host_with_alias();
+    let (plan, _) = host
+        .plan(
+            &alias,
+            Scenario::OciNetworkd,
+            &facts("small", Some("alias"), &NIC),
+        )
+        .expect("a small aliased plan is a plan");
+    let step = fixup_host::plan::Step {
+        description: "echo".into(),
+        phase: fixup_host::plan::Phase::Configure,
+        best_effort: false,
+        action: fixup_host::plan::Action::Run(vec!["echo".into(); 3]),
+    };
+    assert_eq!(plan.steps, vec![step.clone(), step]);
+}
+
+/// 256 steps of 64 arguments, every string the same 64 KiB of guest memory
+/// (about 80 KiB in the guest, about 1 GiB if the host lifted it all;
+/// wasmtime's default bound would have let the host hold 128 MiB): the
+/// host stops after the hostcall bound, a small multiple of the plan limit,
+/// with an error naming the plugin and the limit.
+#[test]
+fn aliased_strings_stop_at_the_hostcall_bound() {
+    let (host, alias) = host_with_alias();
+    let baseline = held_by_a_small_call(&host, &alias, "small");
+    let facts = facts("alias", Some("alias"), &NIC);
+    let (result, held) = held::peak_held(|| host.plan(&alias, Scenario::OciNetworkd, &facts));
+    let err = result.expect_err("far too large");
+    match &err {
+        PluginError::TooMuchData { plugin, limit } => {
+            assert_eq!(plugin, "alias");
+            assert_eq!(
+                *limit,
+                256 << 10,
+                "twice 64 KiB, plus 512 bytes for each of 256 steps"
+            );
+        }
+        other => panic!("unexpected: {other:?}"),
+    }
+    assert!(err.to_string().contains("--plan-max-bytes"), "{err}");
+    assert!(
+        held <= baseline + held_bound(&host),
+        "the host held {held} bytes (a small call {baseline}), bound {}",
+        held_bound(&host)
     );
     assert_still_serving(&host);
 }

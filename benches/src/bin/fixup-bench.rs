@@ -374,10 +374,13 @@ fn report(
     };
 
     eprintln!("fixup-bench: warming the plugin cache");
-    let cache = tempfile::tempdir()?;
-    cases::warm_cache(cache.path())?;
+    // The cache and its key's directory (`cases::cache_key`) inside one
+    // temporary directory, removed with it.
+    let scratch = tempfile::tempdir()?;
+    let cache = scratch.path().join("cache");
+    cases::warm_cache(&cache)?;
     eprintln!("fixup-bench: plan latency and engine settings, measured in turns");
-    let turns = in_turns(cache.path())?;
+    let turns = in_turns(&cache)?;
     let turn = |id: &str| turns.get(id).copied().unwrap_or(f64::NAN);
     eprintln!("fixup-bench: first calls on fresh pool slots");
     let first_calls = Variant::ALL
@@ -387,9 +390,9 @@ fn report(
         .collect::<anyhow::Result<Vec<_>>>()?;
     eprintln!("fixup-bench: cold starts ({cold_runs} processes per mode)");
     let compile = cold_starts(cold_runs, None)?;
-    let cached = cold_starts(cold_runs, Some(cache.path()))?;
+    let cached = cold_starts(cold_runs, Some(&cache))?;
     eprintln!("fixup-bench: clone storm ({fixups} flows)");
-    let cache_arg = cache.path().display().to_string();
+    let cache_arg = cache.display().to_string();
     let fixups_arg = fixups.to_string();
     let (storm, _): (StormResult, _) =
         child(&["storm", "--fixups", &fixups_arg, "--cache-dir", &cache_arg])?;

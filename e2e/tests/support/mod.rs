@@ -277,6 +277,7 @@ impl Lab {
             cocoon_root: self.root.clone(),
             engine: EngineOptions {
                 cache_dir: Some(images::cache_dir().join("plugin-cache")),
+                cache_key: Some(images::cache_dir().join("plugin-cache.key")),
                 ..EngineOptions::default()
             },
             plugin_dir: None,

@@ -1,26 +1,53 @@
 //! The precompiled-plugin cache: compile once, load in milliseconds after a
 //! restart.
 //!
-//! An entry is keyed by the plugin's sha256 and the engine's compatibility
-//! hash (wasmtime version and every setting that changes the code), so a
-//! changed plugin or a changed engine never hits a stale entry. Each
-//! artifact has a sidecar with its own sha256, checked before the artifact
-//! is deserialized: deserializing is only sound for artifacts this host
-//! wrote, and a torn or corrupted file is rebuilt, never trusted. Writes go
-//! to a temporary file that is renamed into place. The cache is an
-//! optimisation: if it cannot be written the host compiles and goes on.
+//! A cache entry is native code the host deserializes and runs, so it must
+//! be one this host wrote for this plugin. What makes it so:
+//!
+//! - **The directory is the host's own** ([`TrustedDir`]): it and every
+//!   directory above it are owned by root or the effective user and not
+//!   writable by others (a root-owned sticky ancestor such as `/tmp`
+//!   excepted); the cache directory itself must be the effective user's.
+//!   It is created 0700. Entries are opened without following links.
+//! - **Every entry is authenticated** with HMAC-SHA256 under a key only
+//!   the host's user can read ([`CacheKey`]), over the plugin's sha256, the
+//!   engine's compatibility key and the artifact bytes. An entry copied
+//!   from another plugin, another engine or another key, or changed in any
+//!   byte, fails the check and is compiled again; a checksum beside the
+//!   artifact would only catch corruption, since whoever can swap the
+//!   artifact can swap its checksum too.
+//!
+//! An entry is named `<plugin sha256>-<engine key>.cwasm` and holds
+//! [`MAGIC`], the 32-byte MAC, then the artifact. Writes go to a new
+//! temporary file that is renamed into place.
+//!
+//! The cache is an optimisation: a directory or key that is refused, or a
+//! cache that cannot be written, is a warning and the host compiles
+//! instead ([`PluginHost::new`](super::PluginHost::new)).
 
-use std::fs;
 use std::hash::{Hash, Hasher};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
+use super::trusted::{TrustedDir, Untrusted, euid};
+
 /// Where the cache lives unless `--cache-dir` says otherwise.
 pub const DEFAULT_CACHE_DIR: &str = "/var/cache/cocoon-fixup";
+
+/// Where root keeps the cache key unless `--cache-key` says otherwise.
+/// Another user's default is `cocoon-fixup/cache.key` under
+/// `$XDG_STATE_HOME`, else under `~/.local/state` ([`default_key_path`]).
+pub const DEFAULT_KEY_FILE: &str = "/var/lib/cocoon-fixup/cache.key";
+
+/// The first bytes of every entry: the format's name and version.
+pub const MAGIC: &[u8; 8] = b"cfxc\0v1\0";
+
+/// Length of the key, and of the MAC.
+const KEY_BYTES: usize = 32;
 
 /// What happened on a lookup, for logs and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,43 +55,250 @@ pub enum CacheOutcome {
     Hit,
     /// Not there: compiled and stored.
     Miss,
-    /// There but unusable (checksum or engine mismatch): compiled again.
+    /// There but unusable (failed authentication, or not a file the host
+    /// trusts): compiled again and replaced.
     Rebuilt,
 }
 
+/// Why the cache cannot be used. Each is a warning: the host compiles
+/// every plugin instead.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    #[error("plugin cache directory refused: {0}")]
+    Dir(Untrusted),
+    #[error("plugin cache key refused: {0}")]
+    Key(Untrusted),
+    #[error(
+        "plugin cache key {} may be read or written by its group or others (mode {mode:04o}): run `chmod 600 {}`",
+        path.display(),
+        path.display()
+    )]
+    KeyMode { path: PathBuf, mode: u32 },
+    #[error(
+        "plugin cache key {} is owned by uid {owner}, not by uid {euid} that cocoon-fixup runs as: remove it, and a new key is made at the next start",
+        path.display()
+    )]
+    KeyOwner {
+        path: PathBuf,
+        owner: u32,
+        euid: u32,
+    },
+    #[error(
+        "plugin cache key {} holds {len} bytes, not {KEY_BYTES}: remove it, and a new key is made at the next start",
+        path.display()
+    )]
+    KeyLength { path: PathBuf, len: usize },
+    #[error(
+        "plugin cache key {} is inside the cache directory {}: keep it apart (--cache-key)",
+        key.display(),
+        dir.display()
+    )]
+    KeyInsideCache { key: PathBuf, dir: PathBuf },
+    #[error(
+        "no place for the plugin cache key: set --cache-key (HOME and XDG_STATE_HOME are unset)"
+    )]
+    NoKeyPath,
+    #[error("cannot create the plugin cache key {}: {source}", path.display())]
+    KeyWrite {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The default key file for the user the host runs as: [`DEFAULT_KEY_FILE`]
+/// for root; `$XDG_STATE_HOME/cocoon-fixup/cache.key`, else
+/// `~/.local/state/cocoon-fixup/cache.key`, for anyone else.
+pub fn default_key_path() -> Option<PathBuf> {
+    if euid() == 0 {
+        return Some(PathBuf::from(DEFAULT_KEY_FILE));
+    }
+    let state = std::env::var_os("XDG_STATE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|home| PathBuf::from(home).join(".local/state"))
+        })?;
+    Some(state.join("cocoon-fixup").join("cache.key"))
+}
+
+/// The secret that authenticates cache entries: 32 random bytes in a file
+/// owned by the effective user with no permission for group or others
+/// (0600), kept outside the cache directory, so that whoever can write
+/// the cache cannot forge an entry.
+pub struct CacheKey {
+    path: PathBuf,
+    bytes: [u8; KEY_BYTES],
+}
+
+impl std::fmt::Debug for CacheKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheKey")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CacheKey {
+    /// Read the key at `path`, or create it (0600, its directory 0700 if
+    /// missing) on first use. Its directory must pass the rules of
+    /// [`TrustedDir`] and not be inside `cache_dir`; the file must be a
+    /// regular file owned by the effective user with no group or other
+    /// permission.
+    pub fn load_or_create(path: &Path, cache_dir: &Path) -> Result<Self, CacheError> {
+        let (dir, name) = match (path.parent(), path.file_name().and_then(|n| n.to_str())) {
+            (Some(dir), Some(name)) if !dir.as_os_str().is_empty() => (dir, name),
+            _ => {
+                return Err(CacheError::Key(Untrusted::Kind {
+                    path: path.to_owned(),
+                    expected: "file path with a directory",
+                }));
+            }
+        };
+        let dir = TrustedDir::create(dir).map_err(CacheError::Key)?;
+        let key_path = dir.path().join(name);
+        if dir.path().starts_with(cache_dir) {
+            return Err(CacheError::KeyInsideCache {
+                key: key_path,
+                dir: cache_dir.to_owned(),
+            });
+        }
+        if dir.open_file(name).map_err(CacheError::Key)?.is_none() {
+            let mut bytes = [0u8; KEY_BYTES];
+            rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty()).map_err(
+                |e| CacheError::KeyWrite {
+                    path: key_path.clone(),
+                    source: e.into(),
+                },
+            )?;
+            // Another process may have made it meanwhile: then read theirs.
+            dir.create_file(name, &bytes, 0o600)
+                .map_err(|source| CacheError::KeyWrite {
+                    path: key_path.clone(),
+                    source,
+                })?;
+        }
+        let (mut file, stat) = dir
+            .open_file(name)
+            .map_err(CacheError::Key)?
+            .ok_or_else(|| CacheError::KeyWrite {
+                path: key_path.clone(),
+                source: std::io::ErrorKind::NotFound.into(),
+            })?;
+        if stat.st_uid != euid() {
+            return Err(CacheError::KeyOwner {
+                path: key_path,
+                owner: stat.st_uid,
+                euid: euid(),
+            });
+        }
+        let mode = stat.st_mode & 0o7777;
+        if mode & 0o077 != 0 {
+            return Err(CacheError::KeyMode {
+                path: key_path,
+                mode,
+            });
+        }
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut file, &mut bytes).map_err(|e| {
+            CacheError::Key(Untrusted::Io {
+                path: key_path.clone(),
+                source: e,
+            })
+        })?;
+        let bytes: [u8; KEY_BYTES] =
+            bytes
+                .as_slice()
+                .try_into()
+                .map_err(|_| CacheError::KeyLength {
+                    path: key_path.clone(),
+                    len: bytes.len(),
+                })?;
+        Ok(CacheKey {
+            path: key_path,
+            bytes,
+        })
+    }
+
+    /// The key file's resolved path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
 /// A directory of precompiled plugins for one engine configuration.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ArtifactCache {
-    dir: PathBuf,
+    dir: TrustedDir,
+    key: CacheKey,
     engine_key: String,
 }
 
 impl ArtifactCache {
-    pub fn new(dir: PathBuf, engine: &Engine) -> Self {
+    /// Open (or create, 0700) the cache at `dir` with the key at `key`
+    /// (created on first use; `None` is [`default_key_path`]). Refused when
+    /// the directory or the key break the rules above.
+    pub fn open(dir: &Path, key: Option<&Path>, engine: &Engine) -> Result<Self, CacheError> {
+        let dir = TrustedDir::create(dir).map_err(CacheError::Dir)?;
+        let owner = dir.owner().map_err(CacheError::Dir)?;
+        if owner != euid() {
+            // Root's directory is safe, but not this user's to write.
+            return Err(CacheError::Dir(Untrusted::Owner {
+                path: dir.path().to_owned(),
+                owner,
+                euid: euid(),
+            }));
+        }
+        let key_path = match key {
+            Some(path) => path.to_owned(),
+            None => default_key_path().ok_or(CacheError::NoKeyPath)?,
+        };
+        let key = CacheKey::load_or_create(&key_path, dir.path())?;
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut hasher);
-        ArtifactCache {
+        Ok(ArtifactCache {
             dir,
+            key,
             engine_key: format!("{:016x}", hasher.finish()),
-        }
+        })
     }
 
+    /// The cache directory's resolved path.
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.dir.path()
+    }
+
+    /// The file name of a plugin's entry.
+    fn entry_name(&self, plugin_sha256: &str) -> String {
+        format!("{plugin_sha256}-{}.cwasm", self.engine_key)
     }
 
     /// The artifact path for a plugin digest.
     pub fn entry_path(&self, plugin_sha256: &str) -> PathBuf {
-        self.dir
-            .join(format!("{plugin_sha256}-{}.cwasm", self.engine_key))
+        self.dir.path().join(self.entry_name(plugin_sha256))
     }
 
-    fn sum_path(artifact: &Path) -> PathBuf {
-        artifact.with_extension("cwasm.sha256")
+    /// The MAC over what an entry stands for and holds.
+    fn mac(&self, plugin_sha256: &str, artifact: &[u8]) -> Hmac<Sha256> {
+        let mut mac =
+            Hmac::<Sha256>::new_from_slice(&self.key.bytes).expect("HMAC takes keys of any length");
+        for part in [
+            MAGIC.as_slice(),
+            plugin_sha256.as_bytes(),
+            b"\0",
+            self.engine_key.as_bytes(),
+            b"\0",
+        ] {
+            mac.update(part);
+        }
+        mac.update(artifact);
+        mac
     }
 
-    /// The compiled component for `wasm`, from the cache when a verified
-    /// entry exists, else compiled and stored.
+    /// The compiled component for `wasm`, from the cache when an
+    /// authenticated entry exists, else compiled and stored.
     pub fn load_or_compile(
         &self,
         engine: &Engine,
@@ -81,20 +315,24 @@ impl ArtifactCache {
         wasm: &[u8],
         plugin_sha256: &str,
     ) -> wasmtime::Result<(Component, CacheOutcome)> {
-        let path = self.entry_path(plugin_sha256);
-        let mut outcome = CacheOutcome::Miss;
-        if let Ok(artifact) = fs::read(&path) {
-            match self.verified(engine, &path, &artifact) {
+        let name = self.entry_name(plugin_sha256);
+        let outcome = match self.dir.read_file(&name) {
+            Ok(None) => CacheOutcome::Miss,
+            Ok(Some(entry)) => match self.verified(engine, plugin_sha256, &entry) {
                 Some(component) => return Ok((component, CacheOutcome::Hit)),
                 None => {
-                    tracing::warn!(path = %path.display(), "precompiled plugin failed verification; rebuilding it");
-                    outcome = CacheOutcome::Rebuilt;
+                    tracing::warn!(path = %self.dir.path().join(&name).display(), "precompiled plugin failed authentication; compiling it again");
+                    CacheOutcome::Rebuilt
                 }
+            },
+            Err(e) => {
+                tracing::warn!("precompiled plugin not used: {e}; compiling it again");
+                CacheOutcome::Rebuilt
             }
-        }
+        };
         let artifact = engine.precompile_component(wasm)?;
-        if let Err(e) = self.store(&path, &artifact) {
-            tracing::warn!(dir = %self.dir.display(), "cannot write the plugin cache ({e}); plugins will be compiled at every start");
+        if let Err(e) = self.store(&name, plugin_sha256, &artifact) {
+            tracing::warn!(dir = %self.dir.path().display(), "cannot write the plugin cache ({e}); plugins will be compiled at every start");
         }
         #[allow(unsafe_code)]
         // SAFETY: `artifact` was produced just now by this engine's
@@ -103,41 +341,28 @@ impl ArtifactCache {
         Ok((component, outcome))
     }
 
-    fn verified(&self, engine: &Engine, path: &Path, artifact: &[u8]) -> Option<Component> {
-        let recorded = fs::read_to_string(Self::sum_path(path)).ok()?;
-        let actual = hex::encode(Sha256::digest(artifact));
-        if recorded.trim() != actual {
-            return None;
-        }
+    fn verified(&self, engine: &Engine, plugin_sha256: &str, entry: &[u8]) -> Option<Component> {
+        let rest = entry.strip_prefix(MAGIC.as_slice())?;
+        let (tag, artifact) = rest.split_at_checked(KEY_BYTES)?;
+        self.mac(plugin_sha256, artifact).verify_slice(tag).ok()?;
         #[allow(unsafe_code)]
-        // SAFETY: the artifact's checksum matches the one this host wrote
-        // beside it when it precompiled it with an engine of the same
-        // compatibility hash (part of the file name); wasmtime additionally
-        // checks the engine configuration recorded in the artifact.
+        // SAFETY: the MAC under the host's key proves this host wrote these
+        // bytes as the artifact of this plugin for an engine of the same
+        // compatibility hash; wasmtime additionally checks the engine
+        // configuration recorded in the artifact.
         let component = unsafe { Component::deserialize(engine, artifact) };
         component.ok()
     }
 
-    fn store(&self, path: &Path, artifact: &[u8]) -> std::io::Result<()> {
-        create_private_dir(&self.dir)?;
-        let sum = hex::encode(Sha256::digest(artifact));
-        write_atomically(&Self::sum_path(path), sum.as_bytes())?;
-        write_atomically(path, artifact)
+    fn store(&self, name: &str, plugin_sha256: &str, artifact: &[u8]) -> std::io::Result<()> {
+        let tag = self.mac(plugin_sha256, artifact).finalize().into_bytes();
+        let mut entry = Vec::with_capacity(MAGIC.len() + tag.len() + artifact.len());
+        entry.extend_from_slice(MAGIC);
+        entry.extend_from_slice(&tag);
+        entry.extend_from_slice(artifact);
+        self.dir.write_file(name, &entry, 0o600)?;
+        // The checksum file of the format before entries were
+        // authenticated, if one is left.
+        self.dir.remove(&format!("{name}.sha256"))
     }
-}
-
-fn create_private_dir(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-}
-
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    tmp.write_all(bytes)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map(drop).map_err(|e| e.error)
 }

@@ -1,8 +1,10 @@
 //! Plan plugins: the only module that knows wasmtime.
 //!
 //! One [`Engine`] (component model, fuel metering, pooling allocator) per
-//! [`PluginHost`]. Each plugin is compiled once (or loaded from the
-//! precompiled [`cache`]), checked against the contract, linked with the
+//! [`PluginHost`]. Each plugin file is read only from a place only root or
+//! the host's user can write ([`trusted`]), compiled once (or loaded from
+//! the authenticated precompiled [`cache`]), checked against the contract,
+//! linked with the
 //! host's `log` and nothing else (see [`sandbox`]), and kept as an
 //! `InstancePre`. Every call gets a fresh Store with its own limits.
 //! [`registry`] decides which plugin serves a scenario and flavour.
@@ -12,6 +14,7 @@ pub mod cache;
 pub mod contract;
 pub mod registry;
 pub mod sandbox;
+pub mod trusted;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -30,7 +33,8 @@ use cache::ArtifactCache;
 use contract::{Contract, GENERATOR_EXPORT, Pre};
 pub use registry::{Registry, Selection};
 pub use sandbox::Limits;
-use sandbox::{CallState, DeniedImport, MemoryLimitHit};
+use sandbox::{CallState, DeniedImport, LogFloodHit, MemoryLimitHit};
+use trusted::{TrustedDir, Untrusted};
 
 /// Plugin instances that may exist at once (one per concurrent call). The
 /// pooling allocator reserves their slots up front. Set with
@@ -144,6 +148,8 @@ pub struct CallStats {
 /// names the plugin (its name, or its origin before the name is known).
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
+    #[error("plugins are not loaded from there: {0}")]
+    Untrusted(Untrusted),
     #[error("cannot read plugin {path}: {source}")]
     Read {
         path: PathBuf,
@@ -210,6 +216,19 @@ pub enum PluginError {
         desired: usize,
         limit: usize,
     },
+    #[error(
+        "plugin {plugin} logged too much: more than {limit} {what} in one call (the most a call may log): it logs in a loop"
+    )]
+    LogFlood {
+        plugin: String,
+        /// `messages` or `bytes`.
+        what: &'static str,
+        limit: usize,
+    },
+    #[error(
+        "plugin {plugin} handed the host more than {limit} bytes at once (a returned plan or one log message; the limit follows the plan limits, --plan-max-bytes and --plan-max-steps): its plan is far too large"
+    )]
+    TooMuchData { plugin: String, limit: usize },
     #[error("plugin {plugin} panicked: {message}")]
     Panicked { plugin: String, message: String },
     #[error("plugin {plugin} trapped: {reason}")]
@@ -246,6 +265,9 @@ pub struct EngineOptions {
     pub limits: Limits,
     /// Directory for precompiled plugins; `None` compiles every start.
     pub cache_dir: Option<PathBuf>,
+    /// The key that authenticates cache entries; `None` is
+    /// [`cache::default_key_path`]. Created on first use.
+    pub cache_key: Option<PathBuf>,
     /// Concurrent instances the pooling allocator reserves.
     pub slots: u32,
     /// When set, only plugin files whose sha256 (lowercase hex) is listed
@@ -263,6 +285,7 @@ impl Default for EngineOptions {
         EngineOptions {
             limits: Limits::default(),
             cache_dir: None,
+            cache_key: None,
             slots: DEFAULT_SLOTS,
             allowed_sha256: None,
             narrowing: std::collections::BTreeMap::new(),
@@ -275,6 +298,8 @@ pub struct PluginHost {
     engine: Engine,
     _ticker: EpochTicker,
     limits: Limits,
+    slots: u32,
+    in_flight: std::sync::atomic::AtomicUsize,
     allowed_sha256: Option<std::collections::BTreeSet<String>>,
     narrowing: std::collections::BTreeMap<String, GuestPolicy>,
     cache: Option<ArtifactCache>,
@@ -319,14 +344,20 @@ impl PluginHost {
             .table_keep_resident(64 << 10);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config).map_err(engine_error)?;
-        let cache = options
-            .cache_dir
-            .map(|dir| ArtifactCache::new(dir, &engine));
+        // The cache is an optimisation: one that is refused is a warning,
+        // and every plugin is compiled instead.
+        let cache = options.cache_dir.as_deref().and_then(|dir| {
+            ArtifactCache::open(dir, options.cache_key.as_deref(), &engine)
+                .inspect_err(|e| tracing::warn!("{e}; plugins are compiled at every start instead"))
+                .ok()
+        });
         let ticker = EpochTicker::start(&engine)?;
         Ok(PluginHost {
             engine,
             _ticker: ticker,
             limits: options.limits,
+            slots,
+            in_flight: std::sync::atomic::AtomicUsize::new(0),
             allowed_sha256: options.allowed_sha256,
             narrowing: options.narrowing,
             cache,
@@ -341,6 +372,18 @@ impl PluginHost {
 
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// Plugin instances that may exist at once ([`EngineOptions::slots`]):
+    /// callers that call from several threads keep at most this many calls
+    /// in flight.
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    /// Plugin calls running right now, `describe` at load included.
+    pub fn calls_in_flight(&self) -> usize {
+        self.in_flight.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn registry(&self) -> &Registry {
@@ -363,6 +406,12 @@ impl PluginHost {
             .collect()
     }
 
+    /// The precompiled cache in use: `None` without `cache_dir`, or when it
+    /// was refused (a warning said why).
+    pub fn cache(&self) -> Option<&ArtifactCache> {
+        self.cache.as_ref()
+    }
+
     /// Load the four built-in plugins. They are compiled into the binary,
     /// so a failure here is a build defect.
     pub fn load_builtins(&mut self) -> Result<(), LoadError> {
@@ -375,20 +424,45 @@ impl PluginHost {
 
     /// Load every `*.wasm` file in `dir`, in name order. One bad file never
     /// stops the others: each failure is returned, the rest are loaded.
+    ///
+    /// The directory and every directory above it must be root's or the
+    /// host's user's and not writable by others, and each file a regular
+    /// file of theirs, not writable by others and not a link ([`trusted`]).
+    /// A directory that breaks the rule is one failure, for the directory,
+    /// and none of its files is read; a file that breaks it is that file's
+    /// failure. A directory that cannot be read at all is an error.
     pub fn load_dir(&mut self, dir: &Path) -> Result<Vec<LoadFailure>, PluginError> {
-        let entries = std::fs::read_dir(dir).map_err(|source| PluginError::Read {
-            path: dir.to_owned(),
-            source,
-        })?;
-        let mut paths: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "wasm") && p.is_file())
-            .collect();
-        paths.sort();
         let mut failures = Vec::new();
-        for path in paths {
-            if let Err(error) = self.load_file(&path) {
-                failures.push(LoadFailure { path, error });
+        match TrustedDir::open(dir).and_then(|d| d.entries(".wasm").map(|e| (d, e))) {
+            Err(Untrusted::Io { source, .. }) => {
+                return Err(PluginError::Read {
+                    path: dir.to_owned(),
+                    source,
+                });
+            }
+            Err(e) => failures.push(LoadFailure {
+                path: dir.to_owned(),
+                error: PluginError::Untrusted(e).into(),
+            }),
+            Ok((trusted, entries)) => {
+                for (name, kind) in entries {
+                    if kind == rustix::fs::FileType::Directory {
+                        continue;
+                    }
+                    let path = dir.join(&name);
+                    let loaded = match trusted.read_file(&name) {
+                        Ok(Some(bytes)) => self
+                            .prepare(Origin::File(path.clone()), &bytes)
+                            .map_err(LoadError::from)
+                            .and_then(|plugin| Ok(self.registry.add(plugin)?)),
+                        // Gone since the listing: nothing to load.
+                        Ok(None) => continue,
+                        Err(e) => Err(PluginError::Untrusted(e).into()),
+                    };
+                    if let Err(error) = loaded {
+                        failures.push(LoadFailure { path, error });
+                    }
+                }
             }
         }
         self.registry.note_failures(
@@ -406,11 +480,16 @@ impl PluginHost {
     }
 
     /// Read, compile, check and describe a plugin file without registering
-    /// it (for `plugin inspect` and `plugin test`).
+    /// it (for `plugin inspect` and `plugin test`). The file and the
+    /// directories above it must pass the rules of [`trusted`], as in
+    /// [`load_dir`](Self::load_dir).
     pub fn inspect_file(&self, path: &Path) -> Result<LoadedPlugin, PluginError> {
-        let bytes = std::fs::read(path).map_err(|source| PluginError::Read {
-            path: path.to_owned(),
-            source,
+        let bytes = trusted::read_file(path).map_err(|e| match e {
+            Untrusted::Io { source, .. } => PluginError::Read {
+                path: path.to_owned(),
+                source,
+            },
+            e => PluginError::Untrusted(e),
         })?;
         self.prepare(Origin::File(path.to_owned()), &bytes)
     }
@@ -453,9 +532,12 @@ impl PluginHost {
         let pre = contract::link(&self.engine, &component, version).map_err(link)?;
 
         let label = origin.to_string();
-        let (described, _) = call(&self.engine, &self.limits, &label, |store| {
-            pre.describe(store)
-        })?;
+        let (described, _) = {
+            let _in_flight = InFlight::enter(&self.in_flight);
+            call(&self.engine, &self.limits, &label, |store| {
+                pre.describe(store)
+            })?
+        };
         let info = describe(described.info, &origin, version)?;
         let (policy, policy_source) = match described.policy {
             Some(raw) => (
@@ -494,9 +576,12 @@ impl PluginHost {
         let name = plugin.info.name.as_str();
         let wit_facts = contract::facts_to_wit(facts);
         let wit_scenario = contract::scenario_to_wit(scenario);
-        let (result, stats) = call(&self.engine, &self.limits, name, |store| {
-            plugin.pre.plan(store, wit_scenario, &wit_facts)
-        })?;
+        let (result, stats) = {
+            let _in_flight = InFlight::enter(&self.in_flight);
+            call(&self.engine, &self.limits, name, |store| {
+                plugin.pre.plan(store, wit_scenario, &wit_facts)
+            })?
+        };
         let plan = match result {
             Ok(plan) => contract::plan_from_wit(plan),
             Err(contract::wit::PlanError::Unsupported(reason)) => {
@@ -559,6 +644,22 @@ impl LoadedPlugin {
             })?;
         }
         Ok(())
+    }
+}
+
+/// Counts one call in [`PluginHost::calls_in_flight`] while it lives.
+struct InFlight<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn enter(count: &'a std::sync::atomic::AtomicUsize) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        InFlight(count)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -723,6 +824,10 @@ fn call<R>(
     let mut store = Store::new(engine, CallState::new(plugin, limits));
     store.limiter(|s| s);
     store.set_fuel(limits.fuel).map_err(engine_error)?;
+    // What the host copies out of the guest at once (the returned plan,
+    // one log message) stays within a few times the plan limits, however
+    // many of the plan's strings point at the same guest bytes.
+    store.set_hostcall_fuel(limits.hostcall_bytes());
     // Whole ticks, rounded up, at least one: the call stops between one
     // and two ticks past its deadline.
     let ticks = limits
@@ -754,6 +859,16 @@ fn find<T: std::error::Error + Send + Sync + 'static>(e: &wasmtime::Error) -> Op
         .or_else(|| e.chain().find_map(|c| c.downcast_ref::<T>()))
 }
 
+/// Whether `e` is wasmtime running out of hostcall fuel
+/// ([`Store::set_hostcall_fuel`]) while lifting values out of the guest.
+/// wasmtime reports it with a private error type, so its message is the
+/// only mark; `tests/tests/sandbox.rs` (`aliased_strings_*`) fails if that
+/// message changes.
+fn is_hostcall_fuel_exhausted(e: &wasmtime::Error) -> bool {
+    const MARK: &str = "fuel allocated for hostcalls has been exhausted";
+    e.chain().any(|c| c.to_string().contains(MARK))
+}
+
 fn trap_error(
     e: &wasmtime::Error,
     state: &CallState,
@@ -772,6 +887,19 @@ fn trap_error(
             plugin,
             desired: hit.desired,
             limit: hit.limit,
+        };
+    }
+    if let Some(hit) = find::<LogFloodHit>(e) {
+        return PluginError::LogFlood {
+            plugin,
+            what: hit.what,
+            limit: hit.limit,
+        };
+    }
+    if is_hostcall_fuel_exhausted(e) {
+        return PluginError::TooMuchData {
+            plugin,
+            limit: limits.hostcall_bytes(),
         };
     }
     match find::<Trap>(e) {

@@ -33,6 +33,8 @@ pub fn cocoon_fixup(dir: &Path, kubeconfig: &Path, args: &[&str]) -> Command {
         .arg(dir.join("plugins"))
         .arg("--cache-dir")
         .arg(dir.join("cache"))
+        .arg("--cache-key")
+        .arg(dir.join("cache.key"))
         .stdin(Stdio::null())
         .kill_on_drop(true);
     command

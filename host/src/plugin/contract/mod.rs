@@ -9,7 +9,7 @@
 //! version, dispatching each export to its version's bindings.
 //!
 //! Serving a third version takes: its WIT under `wit/<version>/`, a module
-//! like [`v0_2`] (a `bindgen!`, its `log` import), a variant of
+//! like [`v0_2`] (a `bindgen!`, its host import's name), a variant of
 //! [`Contract`] and of [`Pre`]; every match over them is exhaustive, so the
 //! compiler lists each place that needs an arm. If its `types` change, the
 //! conversions move into that module.
@@ -115,10 +115,9 @@ pub fn link(
     contract: Contract,
 ) -> wasmtime::Result<Pre> {
     let mut linker = Linker::<CallState>::new(engine);
-    match contract {
-        Contract::V0_1 => v0_1::add_host_to_linker(&mut linker)?,
-        Contract::V0_2 => v0_2::add_host_to_linker(&mut linker)?,
-    }
+    // `log` is linked by hand (its host function charges the Store's fuel),
+    // the same for every version: its signature has not changed.
+    sandbox::link_log(&mut linker, contract.host_import())?;
     // The type-only interfaces are defined as empty instances there too.
     sandbox::deny_remaining_imports(engine, &mut linker, component, &[contract.host_import()])?;
     let pre = linker.instantiate_pre(component)?;
@@ -188,17 +187,6 @@ impl Pre {
                 .call_plan(&mut *store, scenario, facts),
         }
     }
-}
-
-/// A `log` call from a plugin of any version.
-fn log(state: &mut CallState, level: wit::LogLevel, message: String) {
-    let level = match level {
-        wit::LogLevel::Debug => tracing::Level::DEBUG,
-        wit::LogLevel::Info => tracing::Level::INFO,
-        wit::LogLevel::Warn => tracing::Level::WARN,
-        wit::LogLevel::Error => tracing::Level::ERROR,
-    };
-    state.log(level, message);
 }
 
 pub fn scenario_to_wit(s: Scenario) -> wit::Scenario {

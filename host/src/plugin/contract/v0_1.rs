@@ -4,8 +4,6 @@
 //!
 //! [`GuestPolicy::contract_0_1_default`]: crate::plan::policy::GuestPolicy::contract_0_1_default
 
-use super::super::sandbox::CallState;
-
 wasmtime::component::bindgen!({
     path: "../wit/0.1.0",
     world: "plugin",
@@ -16,18 +14,6 @@ wasmtime::component::bindgen!({
 
 pub const VERSION: &str = "0.1.0";
 
-/// The one import with functions a plugin of this version is granted.
+/// The one import with functions a plugin of this version is granted,
+/// linked by [`link_log`](super::super::sandbox::link_log).
 pub const HOST_IMPORT: &str = "cocoon:fixup/host@0.1.0";
-
-impl cocoon::fixup::host::Host for CallState {
-    fn log(&mut self, level: super::wit::LogLevel, message: String) {
-        super::log(self, level, message);
-    }
-}
-
-/// Add this version's `log` import to a linker.
-pub fn add_host_to_linker(
-    linker: &mut wasmtime::component::Linker<CallState>,
-) -> wasmtime::Result<()> {
-    Plugin::add_to_linker::<CallState, wasmtime::component::HasSelf<CallState>>(linker, |s| s)
-}

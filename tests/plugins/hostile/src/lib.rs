@@ -1,7 +1,9 @@
 //! A deliberately misbehaving plan plugin, for the host's sandbox tests.
 //!
 //! Never ship it. `plan` ignores the scenario and picks its misbehaviour by
-//! the VM name in the facts:
+//! the VM id when it is `hostile-<behaviour>` (tests that go through the
+//! pod-to-VM binding, where the VM name must be the stack's), else by the VM
+//! name in the facts:
 //!
 //! | name      | what it does                                               |
 //! |-----------|------------------------------------------------------------|
@@ -18,6 +20,10 @@
 //! | `snoop-clock`  | reads the wall clock                                   |
 //! | `snoop-random` | asks for random numbers                                |
 //! | `chatty`  | logs a [`CHATTY_BYTES`] message, then returns a normal plan |
+//! | `mute`    | builds the `chatty` message without logging it, then returns a normal plan |
+//! | `babble`  | logs [`BABBLE_MESSAGES`] one-byte messages, then returns a normal plan |
+//! | `shout`   | logs [`SHOUT_MESSAGES`] messages of [`SHOUT_BYTES`], then returns a normal plan |
+//! | `scream`  | logs one [`SCREAM_BYTES`] message, then returns a normal plan |
 //! | other     | returns a valid one-step plan (`run ["true"]`)              |
 
 use std::hint::black_box;
@@ -42,11 +48,26 @@ pub const GIANT_BYTES: usize = 12 << 20;
 /// Steps in the `wide` plan.
 pub const WIDE_STEPS: usize = 300;
 
-/// Content size of the `heavy` plan's one step.
-pub const HEAVY_BYTES: usize = 1 << 20;
+/// Content size of the `heavy` plan's one step: over the host's plan
+/// limit of 64 KiB of text, within what the host copies out of a plugin.
+pub const HEAVY_BYTES: usize = 96 << 10;
 
-/// Size of the `chatty` log message.
-pub const CHATTY_BYTES: usize = 1 << 20;
+/// Size of the `chatty` log message: more than the host keeps (16 KiB),
+/// within what one call may log (64 KiB).
+pub const CHATTY_BYTES: usize = 32 << 10;
+
+/// One-byte messages `babble` logs: the loop that once cost the host 23 s.
+pub const BABBLE_MESSAGES: usize = 20_000;
+
+/// Messages `shout` logs, each [`SHOUT_BYTES`] long.
+pub const SHOUT_MESSAGES: usize = 100;
+
+/// Size of each `shout` message.
+pub const SHOUT_BYTES: usize = 16 << 10;
+
+/// Size of the one `scream` message: more than the host copies out of a
+/// plugin at once.
+pub const SCREAM_BYTES: usize = 1 << 20;
 
 /// What `panic` panics with.
 pub const PANIC_MESSAGE: &str = "hostile plugin panicked on purpose";
@@ -85,7 +106,8 @@ impl Plugin for Hostile {
     }
 
     fn plan(_scenario: Scenario, facts: &VmFacts) -> Result<Plan, PlanError> {
-        match facts.name.as_str() {
+        let behaviour = facts.id.strip_prefix("hostile-").unwrap_or(&facts.name);
+        match behaviour {
             "spin" => spin(),
             "balloon" => balloon(),
             "flood" => Ok(flood()),
@@ -142,6 +164,27 @@ impl Plugin for Hostile {
                 cocoon_fixup_sdk::log(LogLevel::Info, &"c".repeat(CHATTY_BYTES));
                 Ok(benign())
             }
+            "mute" => {
+                black_box("c".repeat(CHATTY_BYTES));
+                Ok(benign())
+            }
+            "babble" => {
+                for _ in 0..BABBLE_MESSAGES {
+                    cocoon_fixup_sdk::log(LogLevel::Debug, ".");
+                }
+                Ok(benign())
+            }
+            "shout" => {
+                let message = "s".repeat(SHOUT_BYTES);
+                for _ in 0..SHOUT_MESSAGES {
+                    cocoon_fixup_sdk::log(LogLevel::Info, &message);
+                }
+                Ok(benign())
+            }
+            "scream" => {
+                cocoon_fixup_sdk::log(LogLevel::Info, &"s".repeat(SCREAM_BYTES));
+                Ok(benign())
+            }
             _ => Ok(benign()),
         }
     }
@@ -195,7 +238,7 @@ fn numbered(label: &str, count: usize) -> Plan {
 
 fn heavy() -> Plan {
     Plan::posix_sh(vec![Step::write_file(
-        "write a 1 MiB file",
+        "write a large file",
         Phase::Configure,
         "/tmp/hostile-heavy",
         "h".repeat(HEAVY_BYTES),
@@ -289,6 +332,17 @@ mod tests {
         }]);
         assert_eq!(plan("web-0"), expected);
         assert_eq!(plan("chatty"), expected);
+        assert_eq!(plan("babble"), expected);
+    }
+
+    #[test]
+    fn a_hostile_vm_id_picks_the_behaviour() {
+        let mut facts = facts("vk-default-web-0-0a1b2c");
+        facts.id = "hostile-wide".into();
+        let steps = Hostile::plan(Scenario::OciNetworkd, &facts)
+            .expect("a plan")
+            .steps;
+        assert_eq!(steps.len(), WIDE_STEPS);
     }
 
     #[test]
@@ -315,7 +369,7 @@ mod tests {
     }
 
     #[test]
-    fn heavy_writes_one_mebibyte() {
+    fn heavy_writes_its_bytes() {
         let steps = plan("heavy").steps;
         assert_eq!(steps.len(), 1);
         let Action::WriteFile(WriteFile { content, .. }) = &steps[0].action else {
