@@ -30,8 +30,10 @@ pub trait Plugin {
 
 /// Records `message` in the host's log under the plugin's name.
 ///
-/// The host keeps at most a few KiB of each message and drops the rest, so
-/// put the important part first. Natively (unit tests) the message goes to
+/// The host keeps at most 16 KiB per call and drops the rest, so put the
+/// important part first. Each message costs fuel by the byte, and a call
+/// that logs more than 1,000 messages or 64 KiB fails: log what helps a
+/// person, not every step. Natively (unit tests) the message goes to
 /// stderr instead.
 pub fn log(level: LogLevel, message: &str) {
     #[cfg(target_arch = "wasm32")]
