@@ -16,13 +16,23 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use fixup_core::annotations::{exhausted_record, state_patch};
+use fixup_core::exec;
+
 use crate::classify::Scenario;
-use crate::cocoon::{Cocoon, CocoonError, ExecOutput};
+use crate::cocoon::{Cocoon, CocoonError};
 use crate::facts::{GuestOs, MacAddr, PodInput, VmId, WaitFacts, WaitNic, annotations};
 use crate::lifecycle::{self, Lifecycle, PostCloneState};
-use crate::plan::{Nonce, Plan, StepFailure, attribute_failure, exec_argv, ran_to_completion};
-use crate::pods::{AnnotationPatch, Event, PodApi, PodError, PodRef, cap_utf8, keys, reasons};
+use crate::plan::{Nonce, Plan, exec_argv};
+use crate::pods::{AnnotationPatch, Event, PodApi, PodError, PodRef, keys, reasons};
 use crate::ready::LeaseWatcher;
+
+/// The annotation values the loop writes, and their limits: the plan
+/// side's, re-exported for the daemon's callers.
+pub use fixup_core::annotations::{
+    ANNOTATIONS_MAX, ERRORS_ANNOTATION_MAX, FAILURE_MESSAGE_MAX, NoRoomForHint, check_hint_room,
+    errors_annotation, one_line,
+};
 
 /// The retry budget (spec section 5). Defaults: first attempt at once, 3 s
 /// between attempts, until 180 s after the first; each exec bounded by
@@ -72,105 +82,6 @@ impl Default for ReadyConfig {
     }
 }
 
-/// `vm.cocoonstack.io/post-clone-errors` holds at most this many bytes.
-pub const ERRORS_ANNOTATION_MAX: usize = 4096;
-
-/// `vm.cocoonstack.io/lifecycle-state-message` of a failed fixup holds at
-/// most this many bytes (cut on a UTF-8 boundary, saying so).
-pub const FAILURE_MESSAGE_MAX: usize = 1024;
-
-/// The most bytes the API server takes for all of a pod's annotations
-/// together, keys and values counted (256 KiB, Kubernetes'
-/// `TotalAnnotationSizeLimitB`): the failure record of an exhausted fixup,
-/// hint included, must fit in it beside the pod's other annotations.
-pub const ANNOTATIONS_MAX: usize = 256 * 1024;
-
-/// The failure record of a plan, hint included, would not fit in the pod's
-/// annotations. The fixup runs anyway (it may well succeed); if it fails,
-/// the record is written without the hint, and the error chain says so.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "the hint of the plan of {plugins} is {hint} bytes of base64; with the pod's other annotations and the rest of the failure record (post-clone-state, post-clone-errors of up to {ERRORS_ANNOTATION_MAX} bytes, lifecycle Failed) the pod's annotations would take {total} bytes, over the {max} the API server allows for all of them: if the fixup fails, the hint is left out (`cocoon-fixup plan` prints it); make the plan's text shorter, or remove large annotations from the pod"
-)]
-pub struct NoRoomForHint {
-    /// The plugins whose plan it is, joined by ` + `.
-    pub plugins: String,
-    /// The hint's bytes (base64).
-    pub hint: usize,
-    /// All annotations' bytes (keys and values) after the largest failure
-    /// record.
-    pub total: usize,
-    pub max: usize,
-}
-
-/// Check, before anything runs, that the failure record of an exhausted
-/// fixup fits in the pod's annotations (`annotations`, as read): the
-/// record with `hint` (the base64 hint), the longest error chain
-/// ([`ERRORS_ANNOTATION_MAX`]) and the longest lifecycle message
-/// ([`FAILURE_MESSAGE_MAX`]), keys and values counted as the API server
-/// counts them against [`ANNOTATIONS_MAX`]. `plugins` names the plan's
-/// plugins for the error. [`MAX_HINT`](crate::plan::MAX_HINT) bounds the
-/// hint alone when the plan is made; this bounds it on the pod it is for.
-pub fn check_hint_room(
-    annotations: &BTreeMap<String, String>,
-    hint: &str,
-    plugins: &str,
-) -> Result<(), NoRoomForHint> {
-    let record = failure_record(
-        annotations,
-        hint,
-        "e".repeat(ERRORS_ANNOTATION_MAX),
-        &"m".repeat(FAILURE_MESSAGE_MAX),
-    );
-    let total = annotations_after(annotations, &record);
-    if total > ANNOTATIONS_MAX {
-        return Err(NoRoomForHint {
-            plugins: plugins.to_owned(),
-            hint: hint.len(),
-            total,
-            max: ANNOTATIONS_MAX,
-        });
-    }
-    Ok(())
-}
-
-/// The bytes of all annotations (keys and values, as the API server counts
-/// them) once `patch` is applied to `current`.
-fn annotations_after(current: &BTreeMap<String, String>, patch: &AnnotationPatch) -> usize {
-    let mut total: usize = current
-        .iter()
-        .filter(|(k, _)| !patch.contains_key(*k))
-        .map(|(k, v)| k.len() + v.len())
-        .sum();
-    for (key, value) in patch {
-        if let Some(value) = value {
-            total += key.len() + value.len();
-        }
-    }
-    total
-}
-
-/// The patch an exhausted fixup writes over `current` (the pod's
-/// annotations as read just before): `post-clone-state=failed`, the hint,
-/// the error chain, and lifecycle Failed with `message` when stickiness
-/// allows it.
-fn failure_record(
-    current: &BTreeMap<String, String>,
-    hint: &str,
-    errors: String,
-    message: &str,
-) -> AnnotationPatch {
-    let mut patch = state_patch(PostCloneState::Failed);
-    // An empty hint is one that did not fit: remove a stale one.
-    let hint = (!hint.is_empty()).then(|| hint.to_owned());
-    patch.insert(keys::POST_CLONE_HINT.to_owned(), hint);
-    patch.insert(keys::POST_CLONE_ERRORS.to_owned(), Some(errors));
-    if let Some(lifecycle) = lifecycle::transition(current, Lifecycle::Failed, message) {
-        patch.extend(lifecycle);
-    }
-    patch
-}
-
 /// How a fixup loop ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FixupOutcome {
@@ -210,10 +121,8 @@ async fn attempt<C: Cocoon>(
 }
 
 /// One exec of `plan` (`exec` is its [`render_exec`](crate::plan::render_exec)
-/// argv) under a fresh [`Nonce`]: `Ok` when it exited 0 and its stderr
-/// ends with the done marker of that nonce ([`ran_to_completion`]), else
-/// the error as one line, naming the failed step. Marker lines with another
-/// nonce or none are a guest program's output, not the script's.
+/// argv) under a fresh [`Nonce`], judged by [`exec::verdict`]: `Ok` when it
+/// ran to completion, else the error as one line, naming the failed step.
 async fn run_plan<C: Cocoon>(
     cocoon: &C,
     vm: &VmId,
@@ -224,31 +133,9 @@ async fn run_plan<C: Cocoon>(
     let nonce = Nonce::generate().map_err(|e| one_line(&e.to_string()))?;
     let argv = exec_argv(plan, exec, &nonce);
     match cocoon.exec(vm, &argv, timeout).await {
-        Ok(out) if out.success() && ran_to_completion(plan, &nonce, &out.stderr) => Ok(()),
-        Ok(out) if out.success() => Err(
-            match attribute_failure(plan, &nonce, out.code(), &out.stderr) {
-                StepFailure::NotStarted { .. } => one_line(&format!(
-                    "the exec exited 0 but no step markers of this exec came back on stderr, so it cannot be told that the steps ran: check that `cocoon vm exec` passes the guest's stderr through; stderr: {}",
-                    out.stderr_tail()
-                )),
-                _ => format!(
-                    "{}; the script ended early with exit 0, so the steps after it did not run",
-                    describe_failure(plan, &nonce, &out)
-                ),
-            },
-        ),
-        Ok(out) => Err(describe_failure(plan, &nonce, &out)),
+        Ok(out) => exec::verdict(plan, &nonce, &out),
         Err(e) => Err(one_line(&e.to_string())),
     }
-}
-
-fn describe_failure(plan: &Plan, nonce: &Nonce, out: &ExecOutput) -> String {
-    let failure = attribute_failure(plan, nonce, out.code(), &out.stderr);
-    let text = match out.code() {
-        Some(_) => failure.to_string(),
-        None => format!("cocoon vm exec {}: {failure}", out.status),
-    };
-    one_line(&text)
 }
 
 /// A duration in messages: whole seconds as `45s` (the spec's form), else
@@ -259,38 +146,6 @@ fn span(d: Duration) -> String {
     } else {
         humantime::format_duration(d).to_string()
     }
-}
-
-/// Error chain lines are one line each: newlines inside become ` | `, and
-/// any other control character (guest stderr can carry ESC, NUL, CR) is
-/// escaped, so annotations and events stay printable.
-pub fn one_line(text: &str) -> String {
-    let joined = text
-        .trim()
-        .lines()
-        .map(str::trim_end)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join(" | ");
-    crate::facts::escape_controls(&joined)
-}
-
-/// The joined error chain, at most [`ERRORS_ANNOTATION_MAX`] bytes, cut on a
-/// UTF-8 boundary, keeping the newest attempts and saying that it cut.
-pub fn errors_annotation(errors: &[String]) -> String {
-    let joined = errors.join("\n");
-    if joined.len() <= ERRORS_ANNOTATION_MAX {
-        return joined;
-    }
-    let dropped_prefix = |dropped: usize| format!("[truncated: first {dropped} bytes dropped]\n");
-    // The marker's length depends on the number it carries; a 20-digit
-    // bound keeps the result within the limit.
-    let room = ERRORS_ANNOTATION_MAX - dropped_prefix(usize::MAX).len();
-    let mut start = joined.len() - room;
-    while !joined.is_char_boundary(start) {
-        start += 1;
-    }
-    format!("{}{}", dropped_prefix(start), &joined[start..])
 }
 
 async fn emit<P: PodApi>(pods: &P, pod: &PodRef, event: Event) {
@@ -353,13 +208,6 @@ pub async fn write<P: PodApi>(
         Err(PodError::Gone { .. }) => Ok(false),
         Err(e) => Err(e),
     }
-}
-
-fn state_patch(state: PostCloneState) -> AnnotationPatch {
-    AnnotationPatch::from([(
-        keys::POST_CLONE_STATE.to_owned(),
-        Some(state.as_str().to_owned()),
-    )])
 }
 
 /// The fixup loop of spec section 5.
@@ -461,35 +309,13 @@ async fn exhausted<P: PodApi>(
     let Some(current) = reread(pods, pod, job.vm).await? else {
         return Ok(FixupOutcome::Gone { attempts });
     };
-    let message = cap_utf8(summary.clone(), FAILURE_MESSAGE_MAX, "… [truncated]");
     // Annotations may have grown since the plan was made: without room
     // for the hint, the record goes without it and says so.
-    let mut errors = errors;
-    let hint = match check_hint_room(&current, job.hint, job.scenario.as_str()) {
-        Ok(()) => job.hint,
-        Err(e) => {
-            tracing::warn!(pod = %pod, error = %e, "the failure record is written without the hint");
-            errors.push(format!(
-                "the hint ({} bytes) does not fit in the pod's annotations ({ANNOTATIONS_MAX} bytes for all of them) and was left out: `cocoon-fixup plan` prints it",
-                job.hint.len()
-            ));
-            ""
-        }
-    };
-    let mut chain = errors_annotation(&errors);
-    let mut patch = failure_record(&current, hint, chain.clone(), &message);
-    // Still too large (the pod's own annotations fill nearly all): the
-    // chain keeps its newest part, as much as fits.
-    let excess = annotations_after(&current, &patch).saturating_sub(ANNOTATIONS_MAX);
-    if excess > 0 {
-        let keep = chain.len().saturating_sub(excess + 32);
-        let mut start = chain.len() - keep;
-        while !chain.is_char_boundary(start) {
-            start += 1;
-        }
-        chain = format!("[truncated]\n{}", &chain[start..]);
-        patch = failure_record(&current, hint, chain, &message);
+    let record = exhausted_record(&current, job.hint, job.scenario.as_str(), errors, &summary);
+    if let Some(e) = &record.hint_left_out {
+        tracing::warn!(pod = %pod, error = %e, "the failure record is written without the hint");
     }
+    let (patch, errors) = (record.patch, record.errors);
     let event = Event::warning(reasons::EXEC_EXHAUSTED, summary);
     match write(pods, pod, &patch).await {
         Ok(true) => {}
@@ -681,112 +507,5 @@ async fn exec_once<C: Cocoon>(
             one_line(&String::from_utf8_lossy(&out.stderr))
         )),
         Err(e) => Err(CocoonError::to_string(&e)),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
-
-    /// The bytes of the largest failure record over an empty pod, keys
-    /// included, besides the hint's value: what the room check adds.
-    fn record_without_hint() -> usize {
-        let record = failure_record(
-            &BTreeMap::new(),
-            "",
-            "e".repeat(ERRORS_ANNOTATION_MAX),
-            &"m".repeat(FAILURE_MESSAGE_MAX),
-        );
-        record
-            .iter()
-            .map(|(k, v)| k.len() + v.as_ref().map_or(0, String::len))
-            .sum()
-    }
-
-    #[test]
-    fn the_record_counts_every_key_and_the_longest_values() {
-        let fixed = record_without_hint();
-        let keys = [
-            keys::POST_CLONE_STATE,
-            keys::POST_CLONE_HINT,
-            keys::POST_CLONE_ERRORS,
-            keys::LIFECYCLE_STATE,
-            keys::LIFECYCLE_MESSAGE,
-        ];
-        let key_bytes: usize = keys.iter().map(|k| k.len()).sum();
-        assert_eq!(
-            fixed,
-            key_bytes + "failed".len() * 2 + ERRORS_ANNOTATION_MAX + FAILURE_MESSAGE_MAX
-        );
-    }
-
-    /// All of the pod's annotations after the record, keys and values, may
-    /// take exactly 256 KiB and not a byte more.
-    #[test]
-    fn the_hint_fits_up_to_the_pods_annotation_budget_exactly() {
-        let filler_key = "example.com/big";
-        let hint = "QUJD".repeat(1000);
-        let room = ANNOTATIONS_MAX - record_without_hint() - hint.len() - filler_key.len();
-        let pod = annotations(&[(filler_key, &"x".repeat(room))]);
-        assert_eq!(check_hint_room(&pod, &hint, "acme"), Ok(()));
-        let pod = annotations(&[(filler_key, &"x".repeat(room + 1))]);
-        let err = check_hint_room(&pod, &hint, "acme").unwrap_err();
-        assert_eq!(
-            err,
-            NoRoomForHint {
-                plugins: "acme".into(),
-                hint: 4000,
-                total: ANNOTATIONS_MAX + 1,
-                max: ANNOTATIONS_MAX,
-            }
-        );
-        let message = err.to_string();
-        assert!(
-            message.starts_with("the hint of the plan of acme is 4000 bytes of base64")
-                && message.contains("262145 bytes, over the 262144"),
-            "{message}"
-        );
-    }
-
-    /// What the record replaces is not counted twice: a pod that already
-    /// carries a state, an old hint or a long lifecycle message has them
-    /// overwritten.
-    #[test]
-    fn replaced_annotations_are_counted_once() {
-        let hint = "h".repeat(100 * 1024);
-        let old = "o".repeat(155 * 1024);
-        let pod = annotations(&[
-            (keys::POST_CLONE_HINT, &old),
-            (keys::POST_CLONE_STATE, "running"),
-            (keys::LIFECYCLE_MESSAGE, "creating"),
-        ]);
-        assert_eq!(check_hint_room(&pod, &hint, "acme"), Ok(()));
-        // The same bytes under another key do count.
-        let pod = annotations(&[("example.com/old", &old)]);
-        assert!(check_hint_room(&pod, &hint, "acme").is_err());
-    }
-
-    /// The largest hint the planner lets through (MAX_HINT, 128 KiB of
-    /// base64) fits on a pod whose other annotations are ordinary.
-    #[test]
-    fn a_hint_of_max_hint_fits_beside_ordinary_annotations() {
-        let hint = "A".repeat(crate::plan::MAX_HINT);
-        let pod = annotations(&[
-            ("vm.cocoonstack.io/name", "vk-default-web-0-abcdef"),
-            ("vm.cocoonstack.io/id", "vm-0123abcd"),
-            ("cocoonset.cocoonstack.io/generation", "3"),
-            (
-                "kubectl.kubernetes.io/last-applied-configuration",
-                &"{}".repeat(8 * 1024),
-            ),
-        ]);
-        assert_eq!(check_hint_room(&pod, &hint, "acme"), Ok(()));
     }
 }

@@ -21,7 +21,6 @@
 //!   ([`StderrTail`]), and its message ends with what to do next.
 
 use std::ffi::OsStr;
-use std::fmt;
 use std::future::Future;
 use std::io;
 use std::os::unix::process::ExitStatusExt;
@@ -65,68 +64,15 @@ const KILL_REAP_WAIT: Duration = Duration::from_secs(1);
 /// Read buffer size for the pipes.
 const CHUNK: usize = 8 * 1024;
 
-/// How a process ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ExitStatusKind {
-    /// It exited with this code. For `vm exec` it is the guest command's.
-    Code(i32),
-    /// It was killed by this signal (for example 9, SIGKILL).
-    Signal(i32),
-}
+pub use fixup_core::exec::{ExecOutput, ExitStatusKind};
 
-impl ExitStatusKind {
-    fn from_std(status: ExitStatus) -> Option<Self> {
-        match (status.code(), status.signal()) {
-            (Some(code), _) => Some(ExitStatusKind::Code(code)),
-            (None, Some(signal)) => Some(ExitStatusKind::Signal(signal)),
-            // Stopped or continued: `wait` does not report those.
-            (None, None) => None,
-        }
-    }
-}
-
-impl fmt::Display for ExitStatusKind {
-    /// `exited 3` or `was killed by signal 9`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ExitStatusKind::Code(code) => write!(f, "exited {code}"),
-            ExitStatusKind::Signal(signal) => write!(f, "was killed by signal {signal}"),
-        }
-    }
-}
-
-/// What a finished `cocoon` process left behind.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExecOutput {
-    pub status: ExitStatusKind,
-    /// The first [`STDOUT_MAX`] bytes of stdout; the rest was read and
-    /// dropped.
-    pub stdout: Vec<u8>,
-    /// The last [`STDERR_MAX`] bytes of stderr.
-    pub stderr: Vec<u8>,
-    /// Earlier stderr bytes were dropped to keep the bound.
-    pub stderr_cut: bool,
-}
-
-impl ExecOutput {
-    /// Exited with code 0.
-    pub fn success(&self) -> bool {
-        self.status == ExitStatusKind::Code(0)
-    }
-
-    /// The exit code; `None` when a signal ended the process.
-    pub fn code(&self) -> Option<i32> {
-        match self.status {
-            ExitStatusKind::Code(code) => Some(code),
-            ExitStatusKind::Signal(_) => None,
-        }
-    }
-
-    /// The end of stderr as an error carries it ([`StderrTail`], 2 KiB).
-    pub fn stderr_tail(&self) -> StderrTail {
-        let mut tail = StderrTail::new(&self.stderr);
-        tail.cut |= self.stderr_cut;
-        tail
+/// How a process ended, as [`ExitStatusKind`]; `None` for stopped or
+/// continued, which `wait` does not report.
+fn exit_status_kind(status: ExitStatus) -> Option<ExitStatusKind> {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => Some(ExitStatusKind::Code(code)),
+        (None, Some(signal)) => Some(ExitStatusKind::Signal(signal)),
+        (None, None) => None,
     }
 }
 
@@ -311,7 +257,7 @@ impl CocoonCli {
             reason,
         };
         let status = status.map_err(|e| bad(format!("waiting for the process: {e}")))?;
-        let status = ExitStatusKind::from_std(status)
+        let status = exit_status_kind(status)
             .ok_or_else(|| bad(format!("exit status {status} has no code and no signal")))?;
         let (stdout, stdout_cut) = stdout.map_err(|e| bad(format!("reading stdout: {e}")))?;
         let (stderr, stderr_cut) = stderr.map_err(|e| bad(format!("reading stderr: {e}")))?;

@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use fixup_core::annotations::plan_failed_record;
 use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -25,11 +26,11 @@ use crate::facts::{
     BootKind, FactError, GuestOs, ImageKind, Observation, Overrides, PodInput, VmFacts, VmId,
     VmInspect, WaitFacts, annotations, escape_controls,
 };
-use crate::lifecycle::{self, Action, HandsOff, Lifecycle, PostCloneState};
+use crate::lifecycle::{self, Action, HandsOff, PostCloneState};
 use crate::metrics::Metrics;
 use crate::planner::{Planner, PlannerError};
 use crate::plugin::registry::NoPlugin;
-use crate::pods::{AnnotationPatch, Event, PodApi, PodError, PodRef, cap_utf8, keys, reasons};
+use crate::pods::{Event, PodApi, PodError, PodRef, reasons};
 use crate::probe::ProbeError;
 use crate::ready::LeaseWatcher;
 
@@ -684,20 +685,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             summary.fixup = Some("gone");
             return Ok(summary);
         };
-        let mut patch = AnnotationPatch::from([
-            (
-                keys::POST_CLONE_STATE.to_owned(),
-                Some(PostCloneState::Failed.as_str().to_owned()),
-            ),
-            (
-                keys::POST_CLONE_ERRORS.to_owned(),
-                Some(apply::errors_annotation(std::slice::from_ref(&line))),
-            ),
-        ]);
-        let message = cap_utf8(line.clone(), apply::FAILURE_MESSAGE_MAX, "… [truncated]");
-        if let Some(lifecycle) = lifecycle::transition(&current, Lifecycle::Failed, &message) {
-            patch.extend(lifecycle);
-        }
+        let patch = plan_failed_record(&current, &line);
         let event = Event::warning(reasons::PLAN_FAILED, line);
         match apply::write(&self.pods, pod, &patch).await {
             Ok(true) => {}

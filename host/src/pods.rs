@@ -3,9 +3,8 @@
 //!
 //! [`PodApi`] is the seam: [`crate::kube::KubeApi`] implements it with the
 //! real `kube` client; [`MemoryPods`] keeps pods in memory for tests,
-//! benchmarks and embedders without a cluster. The annotation keys and
-//! event reasons here are a contract: other components of the stack read
-//! them.
+//! benchmarks and embedders without a cluster. The annotation keys, event
+//! reasons and events are `fixup_core::annotations`'s, re-exported here.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -13,40 +12,11 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use crate::facts::PodInput;
+use fixup_core::annotations::ANNOTATIONS_MAX;
 
-/// Annotation keys the host writes (spec sections 5-7).
-pub mod keys {
-    pub const POST_CLONE_STATE: &str = "vm.cocoonstack.io/post-clone-state";
-    pub const POST_CLONE_HINT: &str = "vm.cocoonstack.io/post-clone-hint";
-    pub const POST_CLONE_ERRORS: &str = "vm.cocoonstack.io/post-clone-errors";
-    pub const IP: &str = "vm.cocoonstack.io/ip";
-    pub const PROBE_PORT: &str = "vm.cocoonstack.io/probe-port";
-    pub const LIFECYCLE_STATE: &str = "vm.cocoonstack.io/lifecycle-state";
-    pub const LIFECYCLE_MESSAGE: &str = "vm.cocoonstack.io/lifecycle-state-message";
-    pub const LIFECYCLE_OBSERVED_GENERATION: &str =
-        "vm.cocoonstack.io/lifecycle-observed-generation";
-    pub const GENERATION: &str = "cocoonset.cocoonstack.io/generation";
-}
-
-/// Event reasons (spec section 9).
-pub mod reasons {
-    pub const EXEC_ATTEMPT_FAILED: &str = "PostCloneExecAttemptFailed";
-    pub const SUCCEEDED: &str = "PostCloneSucceeded";
-    pub const EXEC_EXHAUSTED: &str = "PostCloneExecExhausted";
-    pub const IP_WAIT_TIMEOUT: &str = "PostCloneIPWaitTimeout";
-    pub const DHCP_RECOVERY: &str = "PostCloneDHCPRecovery";
-    pub const RESUMED_AFTER_RESTART: &str = "ResumedAfterRestart";
-    /// No plan could be made, no exec ran; the pod is failed without a hint.
-    pub const PLAN_FAILED: &str = "PostClonePlanFailed";
-    /// The VM the annotations point at is not the pod's (spec section 2).
-    pub const VM_MISMATCH: &str = "PostCloneVMMismatch";
-    /// Not in spec section 9: the node cannot be probed (the cocoon root is
-    /// not readable). The work is retried, the pod is not failed.
-    pub const NODE_ERROR: &str = "PostCloneNodeError";
-}
-
-/// Event messages are capped at this many bytes (spec section 9).
-pub const EVENT_MESSAGE_MAX: usize = 512;
+pub use fixup_core::annotations::{
+    AnnotationPatch, EVENT_MESSAGE_MAX, Event, EventType, cap_utf8, keys, reasons,
+};
 
 /// One incarnation of a pod: a write for `uid` never lands on a pod that
 /// was deleted and recreated under the same name.
@@ -62,56 +32,6 @@ impl fmt::Display for PodRef {
         write!(f, "{}/{}", self.namespace, self.name)
     }
 }
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventType {
-    Normal,
-    Warning,
-}
-
-/// A Kubernetes event about a pod.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Event {
-    pub kind: EventType,
-    pub reason: &'static str,
-    /// At most [`EVENT_MESSAGE_MAX`] bytes; [`Event::new`] cuts it.
-    pub message: String,
-}
-
-impl Event {
-    pub fn normal(reason: &'static str, message: impl Into<String>) -> Self {
-        Self::new(EventType::Normal, reason, message)
-    }
-
-    pub fn warning(reason: &'static str, message: impl Into<String>) -> Self {
-        Self::new(EventType::Warning, reason, message)
-    }
-
-    pub fn new(kind: EventType, reason: &'static str, message: impl Into<String>) -> Self {
-        Event {
-            kind,
-            reason,
-            message: cap_utf8(message.into(), EVENT_MESSAGE_MAX, "… [truncated]"),
-        }
-    }
-}
-
-/// Cut `text` to at most `max` bytes on a UTF-8 boundary; when it is cut,
-/// end it with `marker` (which counts towards `max`).
-pub fn cap_utf8(mut text: String, max: usize, marker: &str) -> String {
-    if text.len() <= max {
-        return text;
-    }
-    let keep = max.saturating_sub(marker.len());
-    text.truncate(text.floor_char_boundary(keep));
-    if marker.len() <= max {
-        text.push_str(marker);
-    }
-    text
-}
-
-/// Annotation changes: `Some(value)` sets a key, `None` removes it.
-pub type AnnotationPatch = BTreeMap<String, Option<String>>;
 
 /// Why a pod could not be read or written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -244,12 +164,12 @@ impl PodApi for MemoryPods {
         }
         // The API server's limit on all of a pod's annotations.
         let total: usize = after.iter().map(|(k, v)| k.len() + v.len()).sum();
-        if total > crate::apply::ANNOTATIONS_MAX {
+        if total > ANNOTATIONS_MAX {
             return Err(PodError::Refused {
                 pod: pod.to_string(),
                 reason: format!(
                     "422: metadata.annotations: Too long: must have at most {} bytes",
-                    crate::apply::ANNOTATIONS_MAX
+                    ANNOTATIONS_MAX
                 ),
             });
         }

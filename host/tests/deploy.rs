@@ -677,13 +677,14 @@ fn assert_decides(policy: &Policy, input: &Value, expect: &Expect) {
     }
 }
 
-/// The value of every constant in `fixup_host::pods::keys`, read from its
-/// source: a key added there is seen here without a change to this file.
+/// The value of every constant in `fixup_host::pods::keys` (defined in
+/// `fixup_core::annotations`), read from its source: a key added there is
+/// seen here without a change to this file.
 fn pods_keys() -> BTreeSet<String> {
-    let source = read("host/src/pods.rs");
+    let source = read("core/src/annotations.rs");
     let start = source
         .find("pub mod keys {")
-        .expect("host/src/pods.rs has `pub mod keys`");
+        .expect("core/src/annotations.rs has `pub mod keys`");
     let body = &source[start..];
     let body = &body[..body.find("\n}").expect("the end of `mod keys`")];
     let values: BTreeSet<String> = body

@@ -1,4 +1,4 @@
-//! Builds the four built-in plugins for wasm32-wasip2 so the binary can
+//! Builds the four built-in plugins for wasm32-wasip2 so the library can
 //! embed them (see `src/plugin/builtin.rs`).
 
 use fixup_plugin_build::{PluginCrate, build_plugins, workspace_root};

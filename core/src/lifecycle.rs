@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::annotations::{AnnotationPatch, keys};
 use crate::facts::{BootKind, PodInput, annotations};
-use crate::pods::{AnnotationPatch, keys};
 
 /// `vm.cocoonstack.io/lifecycle-state`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,425 @@
+//! The annotation values and events the fixup writes (spec sections 5-9),
+//! as pure functions: the keys and event reasons, the error chain of
+//! `post-clone-errors` (4096 bytes, cut on a UTF-8 boundary, the cut
+//! announced), the event message cap (512 bytes), the failure records of an
+//! exhausted fixup and of a plan that could not be made, and the room check
+//! that keeps them within the API server's 256 KiB for all of a pod's
+//! annotations.
+//!
+//! The daemon's loop (`fixup-host`'s `apply`) and an embedder's own loop
+//! write the same values because both take them from here. The keys and
+//! event reasons are a contract: other components of the stack read them.
+
+use std::collections::BTreeMap;
+
+use crate::lifecycle::{self, Lifecycle, PostCloneState};
+
+/// Annotation keys the host writes (spec sections 5-7).
+pub mod keys {
+    pub const POST_CLONE_STATE: &str = "vm.cocoonstack.io/post-clone-state";
+    pub const POST_CLONE_HINT: &str = "vm.cocoonstack.io/post-clone-hint";
+    pub const POST_CLONE_ERRORS: &str = "vm.cocoonstack.io/post-clone-errors";
+    pub const IP: &str = "vm.cocoonstack.io/ip";
+    pub const PROBE_PORT: &str = "vm.cocoonstack.io/probe-port";
+    pub const LIFECYCLE_STATE: &str = "vm.cocoonstack.io/lifecycle-state";
+    pub const LIFECYCLE_MESSAGE: &str = "vm.cocoonstack.io/lifecycle-state-message";
+    pub const LIFECYCLE_OBSERVED_GENERATION: &str =
+        "vm.cocoonstack.io/lifecycle-observed-generation";
+    pub const GENERATION: &str = "cocoonset.cocoonstack.io/generation";
+}
+
+/// Event reasons (spec section 9).
+pub mod reasons {
+    pub const EXEC_ATTEMPT_FAILED: &str = "PostCloneExecAttemptFailed";
+    pub const SUCCEEDED: &str = "PostCloneSucceeded";
+    pub const EXEC_EXHAUSTED: &str = "PostCloneExecExhausted";
+    pub const IP_WAIT_TIMEOUT: &str = "PostCloneIPWaitTimeout";
+    pub const DHCP_RECOVERY: &str = "PostCloneDHCPRecovery";
+    pub const RESUMED_AFTER_RESTART: &str = "ResumedAfterRestart";
+    /// No plan could be made, no exec ran; the pod is failed without a hint.
+    pub const PLAN_FAILED: &str = "PostClonePlanFailed";
+    /// The VM the annotations point at is not the pod's (spec section 2).
+    pub const VM_MISMATCH: &str = "PostCloneVMMismatch";
+    /// Not in spec section 9: the node cannot be probed (the cocoon root is
+    /// not readable). The work is retried, the pod is not failed.
+    pub const NODE_ERROR: &str = "PostCloneNodeError";
+}
+
+/// Event messages are capped at this many bytes (spec section 9).
+pub const EVENT_MESSAGE_MAX: usize = 512;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+/// A Kubernetes event about a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub kind: EventType,
+    pub reason: &'static str,
+    /// At most [`EVENT_MESSAGE_MAX`] bytes; [`Event::new`] cuts it.
+    pub message: String,
+}
+
+impl Event {
+    pub fn normal(reason: &'static str, message: impl Into<String>) -> Self {
+        Self::new(EventType::Normal, reason, message)
+    }
+
+    pub fn warning(reason: &'static str, message: impl Into<String>) -> Self {
+        Self::new(EventType::Warning, reason, message)
+    }
+
+    pub fn new(kind: EventType, reason: &'static str, message: impl Into<String>) -> Self {
+        Event {
+            kind,
+            reason,
+            message: cap_utf8(message.into(), EVENT_MESSAGE_MAX, "… [truncated]"),
+        }
+    }
+}
+
+/// Cut `text` to at most `max` bytes on a UTF-8 boundary; when it is cut,
+/// end it with `marker` (which counts towards `max`).
+pub fn cap_utf8(mut text: String, max: usize, marker: &str) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let keep = max.saturating_sub(marker.len());
+    text.truncate(text.floor_char_boundary(keep));
+    if marker.len() <= max {
+        text.push_str(marker);
+    }
+    text
+}
+
+/// Annotation changes: `Some(value)` sets a key, `None` removes it.
+pub type AnnotationPatch = BTreeMap<String, Option<String>>;
+
+/// `vm.cocoonstack.io/post-clone-errors` holds at most this many bytes.
+pub const ERRORS_ANNOTATION_MAX: usize = 4096;
+
+/// `vm.cocoonstack.io/lifecycle-state-message` of a failed fixup holds at
+/// most this many bytes (cut on a UTF-8 boundary, saying so).
+pub const FAILURE_MESSAGE_MAX: usize = 1024;
+
+/// The most bytes the API server takes for all of a pod's annotations
+/// together, keys and values counted (256 KiB, Kubernetes'
+/// `TotalAnnotationSizeLimitB`): the failure record of an exhausted fixup,
+/// hint included, must fit in it beside the pod's other annotations.
+pub const ANNOTATIONS_MAX: usize = 256 * 1024;
+
+/// The failure record of a plan, hint included, would not fit in the pod's
+/// annotations. The fixup runs anyway (it may well succeed); if it fails,
+/// the record is written without the hint, and the error chain says so.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the hint of the plan of {plugins} is {hint} bytes of base64; with the pod's other annotations and the rest of the failure record (post-clone-state, post-clone-errors of up to {ERRORS_ANNOTATION_MAX} bytes, lifecycle Failed) the pod's annotations would take {total} bytes, over the {max} the API server allows for all of them: if the fixup fails, the hint is left out (`cocoon-fixup plan` prints it); make the plan's text shorter, or remove large annotations from the pod"
+)]
+pub struct NoRoomForHint {
+    /// The plugins whose plan it is, joined by ` + `.
+    pub plugins: String,
+    /// The hint's bytes (base64).
+    pub hint: usize,
+    /// All annotations' bytes (keys and values) after the largest failure
+    /// record.
+    pub total: usize,
+    pub max: usize,
+}
+
+/// Check, before anything runs, that the failure record of an exhausted
+/// fixup fits in the pod's annotations (`annotations`, as read): the
+/// record with `hint` (the base64 hint), the longest error chain
+/// ([`ERRORS_ANNOTATION_MAX`]) and the longest lifecycle message
+/// ([`FAILURE_MESSAGE_MAX`]), keys and values counted as the API server
+/// counts them against [`ANNOTATIONS_MAX`]. `plugins` names the plan's
+/// plugins for the error. [`MAX_HINT`](crate::plan::MAX_HINT) bounds the
+/// hint alone when the plan is made; this bounds it on the pod it is for.
+pub fn check_hint_room(
+    annotations: &BTreeMap<String, String>,
+    hint: &str,
+    plugins: &str,
+) -> Result<(), NoRoomForHint> {
+    let record = failure_record(
+        annotations,
+        hint,
+        "e".repeat(ERRORS_ANNOTATION_MAX),
+        &"m".repeat(FAILURE_MESSAGE_MAX),
+    );
+    let total = annotations_after(annotations, &record);
+    if total > ANNOTATIONS_MAX {
+        return Err(NoRoomForHint {
+            plugins: plugins.to_owned(),
+            hint: hint.len(),
+            total,
+            max: ANNOTATIONS_MAX,
+        });
+    }
+    Ok(())
+}
+
+/// The bytes of all annotations (keys and values, as the API server counts
+/// them) once `patch` is applied to `current`.
+pub fn annotations_after(current: &BTreeMap<String, String>, patch: &AnnotationPatch) -> usize {
+    let mut total: usize = current
+        .iter()
+        .filter(|(k, _)| !patch.contains_key(*k))
+        .map(|(k, v)| k.len() + v.len())
+        .sum();
+    for (key, value) in patch {
+        if let Some(value) = value {
+            total += key.len() + value.len();
+        }
+    }
+    total
+}
+
+/// The patch an exhausted fixup writes over `current` (the pod's
+/// annotations as read just before): `post-clone-state=failed`, the hint,
+/// the error chain, and lifecycle Failed with `message` when stickiness
+/// allows it.
+pub fn failure_record(
+    current: &BTreeMap<String, String>,
+    hint: &str,
+    errors: String,
+    message: &str,
+) -> AnnotationPatch {
+    let mut patch = state_patch(PostCloneState::Failed);
+    // An empty hint is one that did not fit: remove a stale one.
+    let hint = (!hint.is_empty()).then(|| hint.to_owned());
+    patch.insert(keys::POST_CLONE_HINT.to_owned(), hint);
+    patch.insert(keys::POST_CLONE_ERRORS.to_owned(), Some(errors));
+    if let Some(lifecycle) = lifecycle::transition(current, Lifecycle::Failed, message) {
+        patch.extend(lifecycle);
+    }
+    patch
+}
+
+/// The record an exhausted fixup writes: the patch over `current` (the
+/// pod's annotations as read just before the write), and the error chain
+/// as it ends up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExhaustedRecord {
+    pub patch: AnnotationPatch,
+    /// The attempts' errors, and a last line when the hint was left out.
+    pub errors: Vec<String>,
+    /// Why the hint was left out, when it was ([`check_hint_room`]).
+    pub hint_left_out: Option<NoRoomForHint>,
+}
+
+/// The failure record of an exhausted fixup (spec section 5) over
+/// `current`: `post-clone-state=failed`, the hint, the error chain of
+/// `errors` ([`errors_annotation`]) and lifecycle Failed with `summary`
+/// cut to [`FAILURE_MESSAGE_MAX`] bytes. `label` names the plan's plugins
+/// (or scenario) in the hint's error. Without room for the hint in the
+/// pod's annotations the record goes without it and the chain says so;
+/// when even that is too large (the pod's own annotations fill nearly all
+/// of [`ANNOTATIONS_MAX`]), the chain keeps its newest part, as much as
+/// fits.
+pub fn exhausted_record(
+    current: &BTreeMap<String, String>,
+    hint: &str,
+    label: &str,
+    mut errors: Vec<String>,
+    summary: &str,
+) -> ExhaustedRecord {
+    let message = cap_utf8(summary.to_owned(), FAILURE_MESSAGE_MAX, "… [truncated]");
+    let (hint, hint_left_out) = match check_hint_room(current, hint, label) {
+        Ok(()) => (hint, None),
+        Err(e) => {
+            errors.push(format!(
+                "the hint ({} bytes) does not fit in the pod's annotations ({ANNOTATIONS_MAX} bytes for all of them) and was left out: `cocoon-fixup plan` prints it",
+                hint.len()
+            ));
+            ("", Some(e))
+        }
+    };
+    let mut chain = errors_annotation(&errors);
+    let mut patch = failure_record(current, hint, chain.clone(), &message);
+    let excess = annotations_after(current, &patch).saturating_sub(ANNOTATIONS_MAX);
+    if excess > 0 {
+        let keep = chain.len().saturating_sub(excess + 32);
+        let mut start = chain.len() - keep;
+        while !chain.is_char_boundary(start) {
+            start += 1;
+        }
+        chain = format!("[truncated]\n{}", &chain[start..]);
+        patch = failure_record(current, hint, chain, &message);
+    }
+    ExhaustedRecord {
+        patch,
+        errors,
+        hint_left_out,
+    }
+}
+
+/// The record of a pod for which no plan could be made (`line` is the
+/// error as one line, [`one_line`]): `post-clone-state=failed`, the error
+/// chain of that one line, and lifecycle Failed when stickiness allows it.
+/// No hint: there is no plan to hint at.
+pub fn plan_failed_record(current: &BTreeMap<String, String>, line: &str) -> AnnotationPatch {
+    let mut patch = AnnotationPatch::from([
+        (
+            keys::POST_CLONE_STATE.to_owned(),
+            Some(PostCloneState::Failed.as_str().to_owned()),
+        ),
+        (
+            keys::POST_CLONE_ERRORS.to_owned(),
+            Some(errors_annotation(&[line.to_owned()])),
+        ),
+    ]);
+    let message = cap_utf8(line.to_owned(), FAILURE_MESSAGE_MAX, "… [truncated]");
+    if let Some(lifecycle) = lifecycle::transition(current, Lifecycle::Failed, &message) {
+        patch.extend(lifecycle);
+    }
+    patch
+}
+
+/// Error chain lines are one line each: newlines inside become ` | `, and
+/// any other control character (guest stderr can carry ESC, NUL, CR) is
+/// escaped, so annotations and events stay printable.
+pub fn one_line(text: &str) -> String {
+    let joined = text
+        .trim()
+        .lines()
+        .map(str::trim_end)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" | ");
+    crate::facts::escape_controls(&joined)
+}
+
+/// The joined error chain, at most [`ERRORS_ANNOTATION_MAX`] bytes, cut on a
+/// UTF-8 boundary, keeping the newest attempts and saying that it cut.
+pub fn errors_annotation(errors: &[String]) -> String {
+    let joined = errors.join("\n");
+    if joined.len() <= ERRORS_ANNOTATION_MAX {
+        return joined;
+    }
+    let dropped_prefix = |dropped: usize| format!("[truncated: first {dropped} bytes dropped]\n");
+    // The marker's length depends on the number it carries; a 20-digit
+    // bound keeps the result within the limit.
+    let room = ERRORS_ANNOTATION_MAX - dropped_prefix(usize::MAX).len();
+    let mut start = joined.len() - room;
+    while !joined.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("{}{}", dropped_prefix(start), &joined[start..])
+}
+
+/// The patch that sets `post-clone-state` to `state`.
+pub fn state_patch(state: PostCloneState) -> AnnotationPatch {
+    AnnotationPatch::from([(
+        keys::POST_CLONE_STATE.to_owned(),
+        Some(state.as_str().to_owned()),
+    )])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    /// The bytes of the largest failure record over an empty pod, keys
+    /// included, besides the hint's value: what the room check adds.
+    fn record_without_hint() -> usize {
+        let record = failure_record(
+            &BTreeMap::new(),
+            "",
+            "e".repeat(ERRORS_ANNOTATION_MAX),
+            &"m".repeat(FAILURE_MESSAGE_MAX),
+        );
+        record
+            .iter()
+            .map(|(k, v)| k.len() + v.as_ref().map_or(0, String::len))
+            .sum()
+    }
+
+    #[test]
+    fn the_record_counts_every_key_and_the_longest_values() {
+        let fixed = record_without_hint();
+        let keys = [
+            keys::POST_CLONE_STATE,
+            keys::POST_CLONE_HINT,
+            keys::POST_CLONE_ERRORS,
+            keys::LIFECYCLE_STATE,
+            keys::LIFECYCLE_MESSAGE,
+        ];
+        let key_bytes: usize = keys.iter().map(|k| k.len()).sum();
+        assert_eq!(
+            fixed,
+            key_bytes + "failed".len() * 2 + ERRORS_ANNOTATION_MAX + FAILURE_MESSAGE_MAX
+        );
+    }
+
+    /// All of the pod's annotations after the record, keys and values, may
+    /// take exactly 256 KiB and not a byte more.
+    #[test]
+    fn the_hint_fits_up_to_the_pods_annotation_budget_exactly() {
+        let filler_key = "example.com/big";
+        let hint = "QUJD".repeat(1000);
+        let room = ANNOTATIONS_MAX - record_without_hint() - hint.len() - filler_key.len();
+        let pod = annotations(&[(filler_key, &"x".repeat(room))]);
+        assert_eq!(check_hint_room(&pod, &hint, "acme"), Ok(()));
+        let pod = annotations(&[(filler_key, &"x".repeat(room + 1))]);
+        let err = check_hint_room(&pod, &hint, "acme").unwrap_err();
+        assert_eq!(
+            err,
+            NoRoomForHint {
+                plugins: "acme".into(),
+                hint: 4000,
+                total: ANNOTATIONS_MAX + 1,
+                max: ANNOTATIONS_MAX,
+            }
+        );
+        let message = err.to_string();
+        assert!(
+            message.starts_with("the hint of the plan of acme is 4000 bytes of base64")
+                && message.contains("262145 bytes, over the 262144"),
+            "{message}"
+        );
+    }
+
+    /// What the record replaces is not counted twice: a pod that already
+    /// carries a state, an old hint or a long lifecycle message has them
+    /// overwritten.
+    #[test]
+    fn replaced_annotations_are_counted_once() {
+        let hint = "h".repeat(100 * 1024);
+        let old = "o".repeat(155 * 1024);
+        let pod = annotations(&[
+            (keys::POST_CLONE_HINT, &old),
+            (keys::POST_CLONE_STATE, "running"),
+            (keys::LIFECYCLE_MESSAGE, "creating"),
+        ]);
+        assert_eq!(check_hint_room(&pod, &hint, "acme"), Ok(()));
+        // The same bytes under another key do count.
+        let pod = annotations(&[("example.com/old", &old)]);
+        assert!(check_hint_room(&pod, &hint, "acme").is_err());
+    }
+
+    /// The largest hint the planner lets through (MAX_HINT, 128 KiB of
+    /// base64) fits on a pod whose other annotations are ordinary.
+    #[test]
+    fn a_hint_of_max_hint_fits_beside_ordinary_annotations() {
+        let hint = "A".repeat(crate::plan::MAX_HINT);
+        let pod = annotations(&[
+            ("vm.cocoonstack.io/name", "vk-default-web-0-abcdef"),
+            ("vm.cocoonstack.io/id", "vm-0123abcd"),
+            ("cocoonset.cocoonstack.io/generation", "3"),
+            (
+                "kubectl.kubernetes.io/last-applied-configuration",
+                &"{}".repeat(8 * 1024),
+            ),
+        ]);
+        assert_eq!(check_hint_room(&pod, &hint, "acme"), Ok(()));
+    }
+}
