@@ -1,0 +1,74 @@
+//! fixup-core is the plan path without the daemon: an embedder (the C
+//! library, a Go caller) links it without an async runtime, a Kubernetes
+//! client, an HTTP server, a file watcher or a metrics registry. This test
+//! reads the crate's normal dependency closure, for every target, from
+//! `cargo tree` and fails when one of the daemon's crates is in it.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+
+/// The daemon's crates: they belong to `fixup-host`, never to the core.
+const DAEMON_CRATES: [&str; 7] = [
+    "tokio",
+    "kube",
+    "k8s-openapi",
+    "axum",
+    "hyper",
+    "notify",
+    "prometheus-client",
+];
+
+/// The names of the packages fixup-core needs to build and run (normal
+/// dependencies, on any target; not dev- or build-dependencies), with
+/// features resolved as when fixup-core is built alone.
+fn normal_closure() -> BTreeSet<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    let out = Command::new(cargo)
+        .args(["tree", "--manifest-path"])
+        .arg(&manifest)
+        .args([
+            "-p",
+            "fixup-core",
+            "-e",
+            "normal",
+            "--target",
+            "all",
+            "--prefix",
+            "none",
+            "--format",
+            "{p}",
+        ])
+        .output()
+        .expect("run `cargo tree`");
+    assert!(
+        out.status.success(),
+        "`cargo tree -p fixup-core` failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .expect("cargo tree prints UTF-8")
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_daemon_crates_stay_out_of_the_core() {
+    let closure = normal_closure();
+    // The reading works: the crate itself and its plugin engine are there.
+    assert!(
+        closure.contains("fixup-core") && closure.contains("wasmtime"),
+        "cargo tree's output was not read as expected: {closure:?}"
+    );
+    let found: Vec<&str> = DAEMON_CRATES
+        .into_iter()
+        .filter(|name| closure.contains(*name))
+        .collect();
+    assert!(
+        found.is_empty(),
+        "fixup-core depends on {found:?}, which belong to the daemon (fixup-host): keep them out of core/Cargo.toml, or find which dependency brings them in with `cargo tree -p fixup-core -e normal -i <crate>`"
+    );
+}
