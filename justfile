@@ -1,6 +1,6 @@
 # cocoon-fixup tasks. `just --list` shows them.
 
-# Build the host (and, through its build script, the built-in plugins).
+# Build the host (and, through fixup-core's build script, the built-in plugins).
 build:
     cargo build --release
 
