@@ -73,7 +73,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 /// What the done marker a plan's exec script writes after its last step
-/// starts with, before the exec's nonce (host/src/plan/marker.rs); written
+/// starts with, before the exec's nonce (core/src/plan/marker.rs); written
 /// here rather than linked, so this stand-in stays a plain binary without
 /// the host library.
 const MARKER_PREFIX: &str = "cocoon-fixup: ";
