@@ -422,4 +422,55 @@ mod tests {
         ]);
         assert_eq!(check_hint_room(&pod, &hint, "acme"), Ok(()));
     }
+
+    /// The error chain keeps its newest bytes within 4096, cuts on a
+    /// character boundary and says how much it dropped.
+    #[test]
+    fn the_error_chain_is_cut_on_a_char_boundary_and_says_so() {
+        let errors: Vec<String> = (1..=200)
+            .map(|n| format!("attempt {n}: é{}", "x".repeat(40)))
+            .collect();
+        let chain = errors_annotation(&errors);
+        assert!(chain.len() <= ERRORS_ANNOTATION_MAX, "{}", chain.len());
+        assert!(chain.starts_with("[truncated: first "), "{chain}");
+        assert!(chain.ends_with(errors.last().unwrap()));
+        let short = vec!["attempt 1: boom".to_owned()];
+        assert_eq!(errors_annotation(&short), "attempt 1: boom");
+    }
+
+    /// Without room for the hint, the exhausted record goes without it and
+    /// its chain says why; with room, the hint is written.
+    #[test]
+    fn an_exhausted_record_without_room_leaves_the_hint_out() {
+        let errors = vec!["attempt 1: exited 1".to_owned()];
+        let hint = "QUJD".repeat(100);
+        let record = exhausted_record(&BTreeMap::new(), &hint, "acme", errors.clone(), "failed");
+        assert_eq!(record.hint_left_out, None);
+        assert_eq!(record.errors, errors);
+        assert_eq!(record.patch[keys::POST_CLONE_HINT], Some(hint.clone()));
+        assert_eq!(
+            record.patch[keys::POST_CLONE_STATE].as_deref(),
+            Some("failed")
+        );
+
+        let full = annotations(&[("example.com/big", &"x".repeat(ANNOTATIONS_MAX - 1000))]);
+        let record = exhausted_record(&full, &hint, "acme", errors, "failed");
+        assert!(record.hint_left_out.is_some());
+        assert_eq!(record.patch[keys::POST_CLONE_HINT], None);
+        assert!(record.errors[1].starts_with("the hint (400 bytes) does not fit"));
+        assert!(annotations_after(&full, &record.patch) <= ANNOTATIONS_MAX);
+    }
+
+    /// A plan that could not be made is recorded as failed with its one
+    /// line, and no hint is touched.
+    #[test]
+    fn a_plan_failed_record_has_the_line_and_no_hint() {
+        let patch = plan_failed_record(&BTreeMap::new(), "no plan could be made: no plugin");
+        assert_eq!(patch[keys::POST_CLONE_STATE].as_deref(), Some("failed"));
+        assert_eq!(
+            patch[keys::POST_CLONE_ERRORS].as_deref(),
+            Some("no plan could be made: no plugin")
+        );
+        assert!(!patch.contains_key(keys::POST_CLONE_HINT));
+    }
 }
