@@ -11,8 +11,9 @@ use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use crate::facts::PodInput;
 use fixup_core::annotations::ANNOTATIONS_MAX;
+
+use crate::facts::PodInput;
 
 pub use fixup_core::annotations::{
     AnnotationPatch, EVENT_MESSAGE_MAX, Event, EventType, cap_utf8, keys, reasons,
