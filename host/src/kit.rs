@@ -978,7 +978,9 @@ pub fn test_plugin(
     if let Err(e) = crate::plugin::trusted::read_file(plugin)
         && !e.is_io()
     {
-        tracing::warn!("{e}; the host would refuse this file where it is (see `cocoon-fixup plugin inspect`)");
+        tracing::warn!(
+            "{e}; the host would refuse this file where it is (see `cocoon-fixup plugin inspect`)"
+        );
     }
     let bytes = std::fs::read(plugin).map_err(|source| PluginError::Read {
         path: plugin.to_owned(),

@@ -489,7 +489,11 @@ fn inspect_refuses_a_file_the_host_would_not_trust() {
     let found = inspector.inspect(&path);
     assert!(!found.accepted, "{found}");
     assert!(found.verdict.contains("chmod go-w"), "{found}");
-    assert_eq!(found.name.as_deref(), Some("oci-networkd"), "still described");
+    assert_eq!(
+        found.name.as_deref(),
+        Some("oci-networkd"),
+        "still described"
+    );
 
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     let link = dir.path().join("link.wasm");

@@ -366,29 +366,31 @@ impl TrustedDir {
     }
 
     /// Create `name` holding `bytes` with `mode`, only if no entry of that
-    /// name exists (`Ok(false)` then). Never through a link.
+    /// name exists (`Ok(false)` then). Never through a link, and never
+    /// half-written: the content goes to a temporary file first, which is
+    /// then hard-linked as `name` (refused if `name` exists), so a reader
+    /// sees the whole file or none.
     pub fn create_file(&self, name: &str, bytes: &[u8], mode: u32) -> io::Result<bool> {
-        let fd = match rustix::fs::openat(
+        let temp = format!(".{name}.{}.{}.tmp", std::process::id(), unique());
+        let fd = rustix::fs::openat(
             &self.fd,
-            name,
+            temp.as_str(),
             OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::from_raw_mode(mode),
-        ) {
-            Ok(fd) => fd,
-            Err(Errno::EXIST) => return Ok(false),
-            Err(e) => return Err(e.into()),
-        };
-        let written = (|| {
+        )?;
+        let linked = (|| {
             rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))?;
             let mut file = File::from(fd);
             file.write_all(bytes)?;
-            file.sync_all()
+            file.sync_all()?;
+            match rustix::fs::linkat(&self.fd, temp.as_str(), &self.fd, name, AtFlags::empty()) {
+                Ok(()) => Ok(true),
+                Err(Errno::EXIST) => Ok(false),
+                Err(e) => Err(io::Error::from(e)),
+            }
         })();
-        if let Err(e) = written {
-            let _ = rustix::fs::unlinkat(&self.fd, name, AtFlags::empty());
-            return Err(e);
-        }
-        Ok(true)
+        let _ = rustix::fs::unlinkat(&self.fd, temp.as_str(), AtFlags::empty());
+        linked
     }
 
     /// Remove the entry `name` if it exists (a link is removed, not
@@ -473,7 +475,10 @@ mod tests {
             let err = TrustedDir::create(&via_link.join("new")).unwrap_err();
             assert!(matches!(err, Untrusted::Symlink { .. }), "{err}");
         }
-        assert!(!real.join("cache/new").exists(), "nothing created through the link");
+        assert!(
+            !real.join("cache/new").exists(),
+            "nothing created through the link"
+        );
         let err = TrustedDir::open(&real.join("cache/../cache")).unwrap_err();
         assert!(err.to_string().contains("`..`"), "{err}");
     }
