@@ -23,7 +23,7 @@ use crate::host::HostConfig;
 use crate::plan::PlanLimits;
 use crate::plan::policy::{GuestPolicy, RawPolicy};
 use crate::planner::PlannerOptions;
-use crate::plugin::cache::DEFAULT_CACHE_DIR;
+use crate::plugin::cache::default_cache_dir;
 use crate::plugin::sandbox::{DEFAULT_DEADLINE, DEFAULT_FUEL, DEFAULT_MEMORY_BYTES};
 use crate::plugin::{DEFAULT_SLOTS, EngineOptions, Limits};
 use crate::probe::DEFAULT_COCOON_ROOT;
@@ -95,8 +95,9 @@ pub struct ConfigArgs {
     /// Directory for precompiled plugins, created 0700. It and the
     /// directories above it must be root's or the user's and not writable by
     /// others (a root-owned sticky directory like /tmp may be above it),
-    /// or it is not used: a warning, and plugins are compiled at every start
-    /// [default: /var/cache/cocoon-fixup]
+    /// or it is not used: a warning, and plugins are compiled at every start.
+    /// No link may be on its path
+    /// [default: /var/cache/cocoon-fixup as root, else ~/.cache/cocoon-fixup]
     #[arg(long, value_name = "DIR", env = "COCOON_FIXUP_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
     /// Key that authenticates precompiled plugins: 32 random bytes, made
@@ -289,10 +290,11 @@ impl ConfigArgs {
                             max_bytes: a.plan_max_bytes.unwrap_or(plan_default.max_bytes),
                         },
                     },
-                    cache_dir: (!a.no_cache).then(|| {
-                        a.cache_dir
-                            .unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE_DIR))
-                    }),
+                    cache_dir: if a.no_cache {
+                        None
+                    } else {
+                        a.cache_dir.or_else(default_cache_dir)
+                    },
                     cache_key: a.cache_key,
                     // One instance per pod in flight, plus room for the
                     // recovery plans and `plan` calls beside them.

@@ -475,3 +475,31 @@ fn inspect_refuses_what_is_not_a_plugin_and_says_the_fix(
     assert!(text.contains("sha256     "), "{text}");
     assert!(text.contains("\nverdict    refused: "), "{text}");
 }
+
+/// `plugin inspect` judges where the file lies as the host does: a file
+/// others may write, or a link, is refused with the reason, though what
+/// the file is is still shown.
+#[test]
+fn inspect_refuses_a_file_the_host_would_not_trust() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inspector = inspector();
+    let path = builtin_file(dir.path(), "oci-networkd");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let found = inspector.inspect(&path);
+    assert!(!found.accepted, "{found}");
+    assert!(found.verdict.contains("chmod go-w"), "{found}");
+    assert_eq!(
+        found.name.as_deref(),
+        Some("oci-networkd"),
+        "still described"
+    );
+
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let link = dir.path().join("link.wasm");
+    std::os::unix::fs::symlink(&path, &link).expect("symlink");
+    let found = inspector.inspect(&link);
+    assert!(!found.accepted, "{found}");
+    assert!(found.verdict.contains("symbolic link"), "{found}");
+    assert!(inspector.inspect(&path).accepted);
+}

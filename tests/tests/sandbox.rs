@@ -619,10 +619,10 @@ fn a_plan_whose_strings_share_guest_memory_lifts_as_written() {
         )
         .expect("a small aliased plan is a plan");
     let step = fixup_host::plan::Step {
-        description: "echo".into(),
+        description: "sync".into(),
         phase: fixup_host::plan::Phase::Configure,
         best_effort: false,
-        action: fixup_host::plan::Action::Run(vec!["echo".into(); 3]),
+        action: fixup_host::plan::Action::Run(vec!["sync".into()]),
     };
     assert_eq!(plan.steps, vec![step.clone(), step]);
 }

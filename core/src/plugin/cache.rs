@@ -124,6 +124,26 @@ pub fn default_key_path() -> Option<PathBuf> {
     Some(state.join("cocoon-fixup").join("cache.key"))
 }
 
+/// The default cache directory for the user the host runs as:
+/// [`DEFAULT_CACHE_DIR`] for root; `$XDG_CACHE_HOME/cocoon-fixup`, else
+/// `~/.cache/cocoon-fixup`, for anyone else (a developer running `plan` or
+/// `plugin inspect` has no business in the node's cache). `None` when
+/// neither variable is set: no cache then.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    if euid() == 0 {
+        return Some(PathBuf::from(DEFAULT_CACHE_DIR));
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|home| PathBuf::from(home).join(".cache"))
+        })?;
+    Some(cache.join("cocoon-fixup"))
+}
+
 /// The secret that authenticates cache entries: 32 random bytes in a file
 /// owned by the effective user with no permission for group or others
 /// (0600), kept outside the cache directory, so that whoever can write

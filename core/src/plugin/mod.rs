@@ -37,8 +37,8 @@ use sandbox::{CallState, DeniedImport, LogFloodHit, MemoryLimitHit};
 use trusted::{TrustedDir, Untrusted};
 
 /// Plugin instances that may exist at once (one per concurrent call). The
-/// pooling allocator reserves their slots up front. Set with
-/// `--plugin-slots`.
+/// pooling allocator reserves their slots up front. The daemon reserves
+/// twice `--concurrency`, at least this many.
 pub const DEFAULT_SLOTS: u32 = 64;
 
 /// How often the engine's epoch advances: the granularity of every plugin

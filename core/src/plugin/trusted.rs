@@ -41,7 +41,7 @@ const STICKY: u32 = 0o1000;
 #[derive(Debug, thiserror::Error)]
 pub enum Untrusted {
     #[error(
-        "{} is owned by uid {owner}, not by root or uid {euid} that cocoon-fixup runs as, so another user controls it: `chown {euid} {}` if it is yours, else use another path",
+        "{} is owned by uid {owner}, not by root or uid {euid} that cocoon-fixup runs as, so another user controls it: check what is in it, then `chown {euid} {}` if it is yours, else use another path",
         path.display(),
         path.display()
     )]
@@ -57,7 +57,7 @@ pub enum Untrusted {
     )]
     Writable { path: PathBuf, mode: u32 },
     #[error(
-        "{} is a symbolic link, and links are not followed here: put the file or directory itself there",
+        "{} is a symbolic link, and links are not followed here (not even in the middle of a path): give the path it points to, or put the file or directory itself there",
         path.display()
     )]
     Symlink { path: PathBuf },
@@ -109,6 +109,27 @@ fn io_error(path: &Path, e: impl Into<io::Error>) -> Untrusted {
     }
 }
 
+/// `path` made absolute against the working directory (whose path the
+/// kernel reports resolved), refusing `..`: with links refused too, the
+/// path walked is the path meant.
+fn absolute(path: &Path) -> Result<PathBuf, Untrusted> {
+    if path.components().any(|c| c == Component::ParentDir) {
+        return Err(io_error(
+            path,
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the path has a `..` component: give it without one",
+            ),
+        ));
+    }
+    if path.is_absolute() {
+        return Ok(path.to_owned());
+    }
+    Ok(std::env::current_dir()
+        .map_err(|e| io_error(path, e))?
+        .join(path))
+}
+
 /// A directory whose whole path passed the rules above, held open: every
 /// entry is looked up relative to it.
 #[derive(Debug)]
@@ -153,6 +174,7 @@ fn check_dir(path: &Path, stat: &Stat, step: Step) -> Result<(), Untrusted> {
 
 /// Open `name` in `dir` as a directory, without following a link.
 fn open_dir_at(dir: impl AsFd, name: &OsStr, path: &Path) -> Result<OwnedFd, Untrusted> {
+    let dir = dir.as_fd();
     rustix::fs::openat(
         dir,
         name,
@@ -163,6 +185,15 @@ fn open_dir_at(dir: impl AsFd, name: &OsStr, path: &Path) -> Result<OwnedFd, Unt
         Errno::LOOP => Untrusted::Symlink {
             path: path.to_owned(),
         },
+        // With O_DIRECTORY, Linux reports a link as "not a directory".
+        Errno::NOTDIR
+            if rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)
+                .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Symlink) =>
+        {
+            Untrusted::Symlink {
+                path: path.to_owned(),
+            }
+        }
         Errno::NOTDIR => Untrusted::Kind {
             path: path.to_owned(),
             expected: "directory",
@@ -173,40 +204,18 @@ fn open_dir_at(dir: impl AsFd, name: &OsStr, path: &Path) -> Result<OwnedFd, Unt
 
 impl TrustedDir {
     /// Open the directory at `path` if it and every directory above it
-    /// pass the rules of this module.
+    /// pass the rules of this module. The path is walked as written, from
+    /// `/`: a symbolic link anywhere on it is refused, never resolved, so
+    /// no link in a directory nobody checked can choose what is trusted.
     pub fn open(path: &Path) -> Result<Self, Untrusted> {
-        let real = std::fs::canonicalize(path).map_err(|e| io_error(path, e))?;
-        Self::walk(&real, false)
+        Self::walk(&absolute(path)?, false)
     }
 
     /// As [`open`](Self::open), creating the directory and any missing
     /// parents with mode 0700 first. Existing directories are checked
     /// before anything is created in them.
     pub fn create(path: &Path) -> Result<Self, Untrusted> {
-        let absolute = if path.is_absolute() {
-            path.to_owned()
-        } else {
-            std::env::current_dir()
-                .map_err(|e| io_error(path, e))?
-                .join(path)
-        };
-        // Resolve the part that exists; the rest is created below it.
-        let mut existing = absolute.as_path();
-        let mut missing = Vec::new();
-        while std::fs::symlink_metadata(existing).is_err() {
-            match (existing.parent(), existing.file_name()) {
-                (Some(parent), Some(name)) => {
-                    missing.push(name.to_owned());
-                    existing = parent;
-                }
-                _ => break,
-            }
-        }
-        let mut real = std::fs::canonicalize(existing).map_err(|e| io_error(existing, e))?;
-        for name in missing.iter().rev() {
-            real.push(name);
-        }
-        Self::walk(&real, true)
+        Self::walk(&absolute(path)?, true)
     }
 
     /// Walk `real` (absolute, resolved) from `/`, checking each directory;
@@ -357,29 +366,31 @@ impl TrustedDir {
     }
 
     /// Create `name` holding `bytes` with `mode`, only if no entry of that
-    /// name exists (`Ok(false)` then). Never through a link.
+    /// name exists (`Ok(false)` then). Never through a link, and never
+    /// half-written: the content goes to a temporary file first, which is
+    /// then hard-linked as `name` (refused if `name` exists), so a reader
+    /// sees the whole file or none.
     pub fn create_file(&self, name: &str, bytes: &[u8], mode: u32) -> io::Result<bool> {
-        let fd = match rustix::fs::openat(
+        let temp = format!(".{name}.{}.{}.tmp", std::process::id(), unique());
+        let fd = rustix::fs::openat(
             &self.fd,
-            name,
+            temp.as_str(),
             OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::from_raw_mode(mode),
-        ) {
-            Ok(fd) => fd,
-            Err(Errno::EXIST) => return Ok(false),
-            Err(e) => return Err(e.into()),
-        };
-        let written = (|| {
+        )?;
+        let linked = (|| {
             rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))?;
             let mut file = File::from(fd);
             file.write_all(bytes)?;
-            file.sync_all()
+            file.sync_all()?;
+            match rustix::fs::linkat(&self.fd, temp.as_str(), &self.fd, name, AtFlags::empty()) {
+                Ok(()) => Ok(true),
+                Err(Errno::EXIST) => Ok(false),
+                Err(e) => Err(io::Error::from(e)),
+            }
         })();
-        if let Err(e) = written {
-            let _ = rustix::fs::unlinkat(&self.fd, name, AtFlags::empty());
-            return Err(e);
-        }
-        Ok(true)
+        let _ = rustix::fs::unlinkat(&self.fd, temp.as_str(), AtFlags::empty());
+        linked
     }
 
     /// Remove the entry `name` if it exists (a link is removed, not
@@ -441,6 +452,35 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let trusted = TrustedDir::open(dir.path()).unwrap();
         assert_eq!(trusted.path(), std::fs::canonicalize(dir.path()).unwrap());
+    }
+
+    /// A link anywhere on the path is refused, never resolved: a link in a
+    /// directory nobody checked must not choose the directory trusted.
+    #[test]
+    fn a_link_on_the_path_is_refused_and_so_is_dot_dot() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        std::fs::create_dir_all(real.join("cache")).unwrap();
+        chmod(&real, 0o700);
+        chmod(&real.join("cache"), 0o700);
+        std::os::unix::fs::symlink(&real, dir.path().join("link")).unwrap();
+        TrustedDir::open(&real.join("cache")).expect("the real path is trusted");
+        for via_link in [dir.path().join("link"), dir.path().join("link/cache")] {
+            let err = TrustedDir::open(&via_link).unwrap_err();
+            assert!(
+                matches!(&err, Untrusted::Symlink { path } if path == &dir.path().join("link")),
+                "{}: {err}",
+                via_link.display()
+            );
+            let err = TrustedDir::create(&via_link.join("new")).unwrap_err();
+            assert!(matches!(err, Untrusted::Symlink { .. }), "{err}");
+        }
+        assert!(
+            !real.join("cache/new").exists(),
+            "nothing created through the link"
+        );
+        let err = TrustedDir::open(&real.join("cache/../cache")).unwrap_err();
+        assert!(err.to_string().contains("`..`"), "{err}");
     }
 
     #[test]
