@@ -338,11 +338,10 @@ impl TrustedDir {
         Ok(found)
     }
 
-    /// Write `bytes` as `name` in this directory: into a new temporary file
-    /// (created exclusively, never through a link, with `mode`), synced,
-    /// then renamed over `name` (which replaces a link rather than
-    /// following it).
-    pub fn write_file(&self, name: &str, bytes: &[u8], mode: u32) -> io::Result<()> {
+    /// Write `bytes` to a new temporary file for `name` in this directory
+    /// (created exclusively, never through a link, with `mode`), synced;
+    /// its name, for the caller to put in place. Removed again on failure.
+    fn write_temp(&self, name: &str, bytes: &[u8], mode: u32) -> io::Result<String> {
         let temp = format!(".{name}.{}.{}.tmp", std::process::id(), unique());
         let fd = rustix::fs::openat(
             &self.fd,
@@ -355,14 +354,26 @@ impl TrustedDir {
             rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))?;
             let mut file = File::from(fd);
             file.write_all(bytes)?;
-            file.sync_all()?;
-            rustix::fs::renameat(&self.fd, temp.as_str(), &self.fd, name)?;
-            Ok(())
+            file.sync_all()
         })();
-        if written.is_err() {
-            let _ = rustix::fs::unlinkat(&self.fd, temp.as_str(), AtFlags::empty());
+        match written {
+            Ok(()) => Ok(temp),
+            Err(e) => {
+                let _ = rustix::fs::unlinkat(&self.fd, temp.as_str(), AtFlags::empty());
+                Err(e)
+            }
         }
-        written
+    }
+
+    /// Write `bytes` as `name` in this directory: into a new temporary file
+    /// ([`write_temp`](Self::write_temp)), then renamed over `name` (which
+    /// replaces a link rather than following it).
+    pub fn write_file(&self, name: &str, bytes: &[u8], mode: u32) -> io::Result<()> {
+        let temp = self.write_temp(name, bytes, mode)?;
+        rustix::fs::renameat(&self.fd, temp.as_str(), &self.fd, name).map_err(|e| {
+            let _ = rustix::fs::unlinkat(&self.fd, temp.as_str(), AtFlags::empty());
+            io::Error::from(e)
+        })
     }
 
     /// Create `name` holding `bytes` with `mode`, only if no entry of that
@@ -371,24 +382,13 @@ impl TrustedDir {
     /// then hard-linked as `name` (refused if `name` exists), so a reader
     /// sees the whole file or none.
     pub fn create_file(&self, name: &str, bytes: &[u8], mode: u32) -> io::Result<bool> {
-        let temp = format!(".{name}.{}.{}.tmp", std::process::id(), unique());
-        let fd = rustix::fs::openat(
-            &self.fd,
-            temp.as_str(),
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(mode),
-        )?;
-        let linked = (|| {
-            rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))?;
-            let mut file = File::from(fd);
-            file.write_all(bytes)?;
-            file.sync_all()?;
+        let temp = self.write_temp(name, bytes, mode)?;
+        let linked =
             match rustix::fs::linkat(&self.fd, temp.as_str(), &self.fd, name, AtFlags::empty()) {
                 Ok(()) => Ok(true),
                 Err(Errno::EXIST) => Ok(false),
                 Err(e) => Err(io::Error::from(e)),
-            }
-        })();
+            };
         let _ = rustix::fs::unlinkat(&self.fd, temp.as_str(), AtFlags::empty());
         linked
     }
