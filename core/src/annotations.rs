@@ -309,6 +309,84 @@ pub fn errors_annotation(errors: &[String]) -> String {
     format!("{}{}", dropped_prefix(start), &joined[start..])
 }
 
+/// The texts of the fixup loop's error chain and events (spec sections 5,
+/// 6 and 9). The daemon and an embedder's loop both take them from here.
+pub mod messages {
+    use std::time::Duration;
+
+    /// A duration in messages: whole seconds as `45s` (the spec's form),
+    /// else `1s 500ms`.
+    pub fn span(d: Duration) -> String {
+        if d.subsec_nanos() == 0 {
+            format!("{}s", d.as_secs())
+        } else {
+            humantime::format_duration(d).to_string()
+        }
+    }
+
+    /// One attempt's line in the error chain and its
+    /// `PostCloneExecAttemptFailed` event: `attempt 2: <error>`.
+    pub fn attempt_line(attempt: u32, error: &str) -> String {
+        format!("attempt {attempt}: {error}")
+    }
+
+    /// The `PostCloneSucceeded` event: `kind=<scenario> attempts=<n>`.
+    pub fn succeeded(scenario: &str, attempts: u32) -> String {
+        format!("kind={scenario} attempts={attempts}")
+    }
+
+    /// The `PostCloneExecExhausted` event, also the lifecycle message of the
+    /// failure record: the scenario, the attempts, the budget and the last
+    /// line of the chain.
+    pub fn exhausted(scenario: &str, attempts: u32, budget: Duration, errors: &[String]) -> String {
+        let last = errors.last().map_or("no attempt ran", String::as_str);
+        format!(
+            "post-clone fixup {scenario} failed after {attempts} attempt(s) in {}: {last}",
+            span(budget)
+        )
+    }
+
+    /// The `PostCloneIPWaitTimeout` event and lifecycle message.
+    pub fn ip_wait_timeout(vm_name: &str, budget: Duration) -> String {
+        format!(
+            "clone {vm_name}: dhcp lease not observed within {}",
+            span(budget)
+        )
+    }
+
+    /// The error-chain line, lifecycle message and `PostClonePlanFailed`
+    /// event of a pod for which no plan could be made.
+    pub fn plan_failed(error: &str) -> String {
+        super::one_line(&format!("no plan could be made: {error}"))
+    }
+
+    /// The `PostCloneVMMismatch` event for a pod whose VM is not its own
+    /// (spec section 2). It never names the other VM (its record's name or
+    /// id): a pod's events must not tell its owner which VMs exist on the
+    /// node.
+    pub fn vm_mismatch(mismatch: &crate::binding::Mismatch, namespace: &str, pod: &str) -> String {
+        use crate::facts::annotations;
+        if mismatch.names_another_vm() {
+            let expected = crate::binding::vm_name_for_pod(namespace, pod);
+            format!(
+                "the VM that annotations {} and {} point at is not this pod's VM (its name must be {expected:?}): nothing was run and no IP is published; the stack writes those annotations: remove them from the pod (and its template), or recreate the pod through its controller",
+                annotations::VM_ID,
+                annotations::VM_NAME,
+            )
+        } else {
+            format!("VM not used: {mismatch}; nothing was run and no IP is published")
+        }
+    }
+
+    /// The `PostCloneDHCPRecovery` event.
+    pub fn dhcp_recovery(after: Duration, nics: usize) -> String {
+        format!(
+            "no lease after {}: re-running DHCP on {nics} NIC(s)",
+            span(after)
+        )
+    }
+}
+
 /// The patch that sets `post-clone-state` to `state`.
 pub fn state_patch(state: PostCloneState) -> AnnotationPatch {
     AnnotationPatch::from([(

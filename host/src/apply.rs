@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use fixup_core::annotations::{exhausted_record, state_patch};
+use fixup_core::annotations::{exhausted_record, messages, state_patch};
 use fixup_core::exec;
 
 use crate::classify::Scenario;
@@ -138,16 +138,6 @@ async fn run_plan<C: Cocoon>(
     }
 }
 
-/// A duration in messages: whole seconds as `45s` (the spec's form), else
-/// `1s 500ms`.
-fn span(d: Duration) -> String {
-    if d.subsec_nanos() == 0 {
-        format!("{}s", d.as_secs())
-    } else {
-        humantime::format_duration(d).to_string()
-    }
-}
-
 async fn emit<P: PodApi>(pods: &P, pod: &PodRef, event: Event) {
     if let Err(e) = pods.event(pod, &event).await {
         tracing::warn!(pod = %pod, reason = event.reason, "cannot record event: {e}");
@@ -260,14 +250,14 @@ pub async fn run_fixup<C: Cocoon, P: PodApi>(
                     pod,
                     Event::normal(
                         reasons::SUCCEEDED,
-                        format!("kind={} attempts={attempts}", job.scenario),
+                        messages::succeeded(job.scenario.as_str(), attempts),
                     ),
                 )
                 .await;
                 return Ok(FixupOutcome::Done { attempts });
             }
             Err(error) => {
-                let line = format!("attempt {attempts}: {error}");
+                let line = messages::attempt_line(attempts, &error);
                 tracing::warn!(pod = %pod, "{line}");
                 emit(
                     pods,
@@ -297,15 +287,7 @@ async fn exhausted<P: PodApi>(
     errors: Vec<String>,
 ) -> Result<FixupOutcome, PodError> {
     let pod = job.pod;
-    let last = errors
-        .last()
-        .map(String::as_str)
-        .unwrap_or("no attempt ran");
-    let summary = format!(
-        "post-clone fixup {} failed after {attempts} attempt(s) in {}: {last}",
-        job.scenario,
-        span(retry.budget)
-    );
+    let summary = messages::exhausted(job.scenario.as_str(), attempts, retry.budget, &errors);
     let Some(current) = reread(pods, pod, job.vm).await? else {
         return Ok(FixupOutcome::Gone { attempts });
     };
@@ -407,11 +389,7 @@ pub async fn wait_ready<C: Cocoon, P: PodApi>(
             ReadyOutcome::Ready { ip }
         }
         None => {
-            let message = format!(
-                "clone {}: dhcp lease not observed within {}",
-                facts.name,
-                span(config.budget)
-            );
+            let message = messages::ip_wait_timeout(&facts.name, config.budget);
             if let Some(patch) = lifecycle::transition(&current, Lifecycle::Failed, &message)
                 && !write(pods, pod, &patch).await?
             {
@@ -469,11 +447,7 @@ async fn wait_lease<C: Cocoon, P: PodApi>(
                 pod,
                 Event::normal(
                     reasons::DHCP_RECOVERY,
-                    format!(
-                        "no lease after {}: re-running DHCP on {} NIC(s)",
-                        span(config.dhcp_recovery_after),
-                        recovery.nics
-                    ),
+                    messages::dhcp_recovery(config.dhcp_recovery_after, recovery.nics),
                 ),
             )
             .await;

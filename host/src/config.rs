@@ -31,8 +31,7 @@ use crate::ready::DEFAULT_LEASE_FILE;
 
 /// The configuration file read when `--config` is not given and it exists.
 pub const DEFAULT_CONFIG_FILE: &str = "/etc/cocoon-fixup/config.toml";
-/// Vendor plugins are loaded from here when it exists.
-pub const DEFAULT_PLUGIN_DIR: &str = "/etc/cocoon-fixup/plugins";
+pub use crate::plugin::DEFAULT_PLUGIN_DIR;
 /// Where `serve` answers `/metrics` and `/healthz`.
 pub const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:9464";
 /// Pods `serve` works on at once.

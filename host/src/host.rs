@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fixup_core::annotations::plan_failed_record;
+use fixup_core::annotations::{messages, plan_failed_record};
 use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -629,15 +629,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             expected = %escape_controls(&expected),
             "VM not used, nothing run: {mismatch}"
         );
-        let told = if mismatch.names_another_vm() {
-            format!(
-                "the VM that annotations {} and {} point at is not this pod's VM (its name must be {expected:?}): nothing was run and no IP is published; the stack writes those annotations: remove them from the pod (and its template), or recreate the pod through its controller",
-                annotations::VM_ID,
-                annotations::VM_NAME,
-            )
-        } else {
-            format!("VM not used: {mismatch}; nothing was run and no IP is published")
-        };
+        let told = messages::vm_mismatch(&mismatch, &pod.namespace, &pod.name);
         self.metrics.vm_mismatch();
         self.emit(pod, Event::warning(reasons::VM_MISMATCH, told))
             .await;
@@ -679,7 +671,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         error: &(dyn std::error::Error + Send + Sync),
     ) -> Result<Summary, HostError> {
         summary.fixup = Some("plan-failed");
-        let line = apply::one_line(&format!("no plan could be made: {error}"));
+        let line = messages::plan_failed(&error.to_string());
         summary.errors = vec![line.clone()];
         let Some(current) = apply::reread(&self.pods, pod, vm).await? else {
             summary.fixup = Some("gone");

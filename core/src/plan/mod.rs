@@ -37,6 +37,10 @@
 //! `remove_files`; `mode` is an octal string of at least four digits
 //! (`"0644"`), or `null` when the step leaves the mode alone.
 //!
+//! The same JSON reads back ([`Plan`] is `Deserialize`, unknown fields
+//! refused), so an embedder can hand a reported plan back for an attempt;
+//! a plan read back is unchecked until [`Plan::check`] says otherwise.
+//!
 //! # Marker protocol
 //!
 //! The script of [`render_exec`] writes marker lines to stderr, and
@@ -80,7 +84,7 @@ mod shell_tests;
 
 use std::fmt;
 
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 pub use attribute::{
     STDERR_TAIL_MAX, StderrTail, StepFailure, attribute_failure, ran_to_completion,
@@ -96,7 +100,7 @@ pub use render::{
 };
 
 /// The shell a plan targets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Dialect {
     #[serde(rename = "posix-sh")]
     PosixSh,
@@ -122,7 +126,7 @@ impl fmt::Display for Dialect {
 
 /// Where a step belongs when plans from several plugins are composed.
 /// Ordered: prepare < link < configure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Phase {
     Prepare,
@@ -148,19 +152,23 @@ impl fmt::Display for Phase {
 }
 
 /// Write a file byte for byte.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WriteFile {
     pub path: String,
     pub content: String,
     /// Permission bits to set after writing; `None` leaves them (files
     /// under /proc). Serialised as an octal string such as `"0644"`, or
     /// `null`. PowerShell plans ignore it: Windows has no mode bits.
-    #[serde(serialize_with = "serialize_mode")]
+    #[serde(
+        serialize_with = "serialize_mode",
+        deserialize_with = "deserialize_mode"
+    )]
     pub mode: Option<u32>,
 }
 
 /// What a step does.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Action {
     /// Run a program; `argv[0]` is looked up on PATH.
@@ -171,7 +179,7 @@ pub enum Action {
 }
 
 /// One step.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Step {
     pub description: String,
     pub phase: Phase,
@@ -183,7 +191,8 @@ pub struct Step {
 }
 
 /// An ordered list of steps in one dialect.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Plan {
     pub dialect: Dialect,
     pub steps: Vec<Step>,
@@ -251,6 +260,21 @@ fn serialize_mode<S: Serializer>(mode: &Option<u32>, s: S) -> Result<S::Ok, S::E
     }
 }
 
+/// The octal string of [`format_mode`] back to bits: four to six octal
+/// digits, nothing else.
+fn deserialize_mode<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    let Some(text) = Option::<String>::deserialize(d)? else {
+        return Ok(None);
+    };
+    let octal = (4..=6).contains(&text.len()) && text.bytes().all(|b| matches!(b, b'0'..=b'7'));
+    match octal.then(|| u32::from_str_radix(&text, 8)) {
+        Some(Ok(mode)) => Ok(Some(mode)),
+        _ => Err(serde::de::Error::custom(format!(
+            "mode {text:?} is not an octal string such as \"0644\""
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -311,6 +335,41 @@ mod tests {
         );
         let ps = serde_json::to_string(&Dialect::PowerShell).unwrap();
         assert_eq!(ps, r#""powershell""#);
+        // It reads back to the same plan.
+        let back: Plan = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, plan);
+    }
+
+    /// A plan read back refuses what it cannot mean: bad modes, unknown
+    /// fields, a step with no action.
+    #[test]
+    fn plans_read_back_strictly() {
+        let step = |write: &str| {
+            format!(
+                r#"{{"dialect":"posix-sh","steps":[{{"description":"d","phase":"prepare","best_effort":false,"write_file":{write}}}]}}"#
+            )
+        };
+        let read = |json: &str| serde_json::from_str::<Plan>(json);
+        let ok = read(&step(r#"{"path":"/a","content":"","mode":"4755"}"#)).unwrap();
+        let Action::WriteFile(w) = &ok.steps[0].action else {
+            panic!("{ok:?}")
+        };
+        assert_eq!(w.mode, Some(0o4755));
+        for mode in [r#""644""#, r#""0648""#, r#""+0644""#, "420", r#""0o644""#] {
+            let err = read(&step(&format!(
+                r#"{{"path":"/a","content":"","mode":{mode}}}"#
+            )));
+            assert!(err.is_err(), "{mode} was taken");
+        }
+        assert!(
+            read(&step(
+                r#"{"path":"/a","content":"","mode":null,"owner":"x"}"#
+            ))
+            .is_err()
+        );
+        assert!(read(r#"{"dialect":"posix-sh","steps":[],"extra":1}"#).is_err());
+        assert!(read(r#"{"dialect":"posix-sh","steps":[{"description":"d","phase":"prepare","best_effort":false}]}"#).is_err());
+        assert!(read(r#"{"dialect":"bash","steps":[]}"#).is_err());
     }
 
     fn tagged(tag: &str, phase: Phase) -> Step {

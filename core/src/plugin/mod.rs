@@ -41,6 +41,10 @@ use trusted::{TrustedDir, Untrusted};
 /// twice `--concurrency`, at least this many.
 pub const DEFAULT_SLOTS: u32 = 64;
 
+/// Vendor plugins are loaded from here when it exists and no other
+/// directory is given (the daemon, the CLI and the C library agree).
+pub const DEFAULT_PLUGIN_DIR: &str = "/etc/cocoon-fixup/plugins";
+
 /// How often the engine's epoch advances: the granularity of every plugin
 /// call's wall-clock deadline ([`Limits::deadline`]). A thread per
 /// [`PluginHost`] ticks it and stops when the host is dropped.
