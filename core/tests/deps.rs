@@ -1,8 +1,9 @@
 //! fixup-core is the plan path without the daemon: an embedder (the C
-//! library, a Go caller) links it without an async runtime, a Kubernetes
-//! client, an HTTP server, a file watcher or a metrics registry. This test
-//! reads the crate's normal dependency closure, for every target, from
-//! `cargo tree` and fails when one of the daemon's crates is in it.
+//! library `fixup-capi`, a Go caller through it) links it without an async
+//! runtime, a Kubernetes client, an HTTP server, a file watcher or a
+//! metrics registry. This test reads the normal dependency closure of both
+//! crates, for every target, from `cargo tree` and fails when one of the
+//! daemon's crates is in it.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -19,32 +20,23 @@ const DAEMON_CRATES: [&str; 7] = [
     "prometheus-client",
 ];
 
-/// The names of the packages fixup-core needs to build and run (normal
+/// The names of the packages `package` needs to build and run (normal
 /// dependencies, on any target; not dev- or build-dependencies), with
-/// features resolved as when fixup-core is built alone.
-fn normal_closure() -> BTreeSet<String> {
+/// features resolved as when it is built alone.
+fn normal_closure(package: &str) -> BTreeSet<String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
     let out = Command::new(cargo)
         .args(["tree", "--manifest-path"])
         .arg(&manifest)
         .args([
-            "-p",
-            "fixup-core",
-            "-e",
-            "normal",
-            "--target",
-            "all",
-            "--prefix",
-            "none",
-            "--format",
-            "{p}",
+            "-p", package, "-e", "normal", "--target", "all", "--prefix", "none", "--format", "{p}",
         ])
         .output()
         .expect("run `cargo tree`");
     assert!(
         out.status.success(),
-        "`cargo tree -p fixup-core` failed: {}",
+        "`cargo tree -p {package}` failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout)
@@ -55,12 +47,11 @@ fn normal_closure() -> BTreeSet<String> {
         .collect()
 }
 
-#[test]
-fn the_daemon_crates_stay_out_of_the_core() {
-    let closure = normal_closure();
+fn check(package: &str) {
+    let closure = normal_closure(package);
     // The reading works: the crate itself and its plugin engine are there.
     assert!(
-        closure.contains("fixup-core") && closure.contains("wasmtime"),
+        closure.contains(package) && closure.contains("wasmtime"),
         "cargo tree's output was not read as expected: {closure:?}"
     );
     let found: Vec<&str> = DAEMON_CRATES
@@ -69,6 +60,17 @@ fn the_daemon_crates_stay_out_of_the_core() {
         .collect();
     assert!(
         found.is_empty(),
-        "fixup-core depends on {found:?}, which belong to the daemon (fixup-host): keep them out of core/Cargo.toml, or find which dependency brings them in with `cargo tree -p fixup-core -e normal -i <crate>`"
+        "{package} depends on {found:?}, which belong to the daemon (fixup-host): keep them out of its Cargo.toml, or find which dependency brings them in with `cargo tree -p {package} -e normal -i <crate>`"
     );
+}
+
+#[test]
+fn the_daemon_crates_stay_out_of_the_core() {
+    check("fixup-core");
+}
+
+/// The C library links the plan path and nothing of the daemon.
+#[test]
+fn the_daemon_crates_stay_out_of_the_c_library() {
+    check("fixup-capi");
 }

@@ -117,3 +117,10 @@ pub fn facts(vm_name: &str, flavor: Option<&str>, nics: &[(&str, Option<&str>)])
     VmFacts::validate(&observation(vm_name, flavor, nics), ImageKind::Oci)
         .expect("test facts validate")
 }
+
+/// Test plugins the build script built, by path: for harnesses outside this
+/// crate (the Go package's tests, run by `fixup-capi`'s `tests/go.rs`).
+pub mod plugin_files {
+    /// `tests/plugins/hostile`: misbehaves on request.
+    pub const HOSTILE: &str = env!("PLUGIN_HOSTILE");
+}

@@ -1,0 +1,669 @@
+//! The calls of the C ABI as safe Rust: JSON and bytes in, JSON out, or a
+//! [`Failure`] with its [`CfStatus`]. `lib.rs` only moves bytes across the
+//! boundary and catches panics.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use fixup_core::annotations::{self, AnnotationPatch, Event, EventType, keys, messages, reasons};
+use fixup_core::binding::{self, BindingPolicy};
+use fixup_core::exec::{ExecOutput, ExitStatusKind};
+use fixup_core::facts::{BootKind, FactError, Observation, Overrides, PodInput, VmInspect};
+use fixup_core::lifecycle::{self, Action, Lifecycle, PostCloneState};
+use fixup_core::plan::policy::{GuestPolicy, RawPolicy};
+use fixup_core::plan::{self, Nonce, Plan, PlanLimits, StepFailure};
+use fixup_core::planner::{Planner, PlannerError, PlannerOptions};
+use fixup_core::plugin::cache::default_cache_dir;
+use fixup_core::plugin::sandbox::{DEFAULT_DEADLINE, DEFAULT_FUEL, DEFAULT_MEMORY_BYTES};
+use fixup_core::plugin::{
+    DEFAULT_PLUGIN_DIR, DEFAULT_SLOTS, EngineOptions, Limits, LoadError, PluginError,
+};
+use fixup_core::probe::DEFAULT_COCOON_ROOT;
+
+/// What a call returns: `CF_OK` and a JSON document, or another status and
+/// a message. A typed code the caller can switch on; the message is for
+/// people and may change between versions.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CfStatus {
+    /// Success: the output is the call's JSON document.
+    CfOk = 0,
+    /// The caller broke the contract: a null pointer, text that is not
+    /// UTF-8, options or a request that are not the documented JSON, a
+    /// planner already freed. A bug in the caller, never in the input data.
+    CfInvalidArgument = 1,
+    /// The pod or VM record is not what `kubectl get pod -o json` or
+    /// `cocoon vm inspect --json` print (malformed JSON, wrong shape).
+    CfBadInput = 2,
+    /// The pod and VM parse, but their facts do not hold together or do
+    /// not validate (an id mismatch, a bad MAC or address, a bad flavour).
+    CfBadFacts = 3,
+    /// The node cannot be probed (the cocoon root is unreadable): the work
+    /// can be retried, the pod is not to be failed.
+    CfNode = 4,
+    /// No plugin serves the scenario and flavour.
+    CfNoPlugin = 5,
+    /// A plugin hit a sandbox limit: fuel, wall-clock deadline, memory,
+    /// log volume, or the bytes it may hand the host.
+    CfPluginLimit = 6,
+    /// A plugin planned what its guest policy (or the operator's narrowing)
+    /// does not allow.
+    CfPluginPolicy = 7,
+    /// A plugin declined: it does not support the scenario here, or it
+    /// rejected a fact.
+    CfPluginDeclined = 8,
+    /// A plugin failed otherwise: it trapped, panicked, called a denied
+    /// import, or returned an unusable plan.
+    CfPluginFailed = 9,
+    /// The plugins' plans cannot be combined, or the combined plan breaks
+    /// the plan limits or the rendered sizes.
+    CfPlanRejected = 10,
+    /// Building the planner failed: the engine, a plugin that does not load
+    /// (in strict mode), a plugin directory that is not trusted.
+    CfLoad = 11,
+    /// The library panicked. The call had no effect the caller can see;
+    /// the message carries the panic's text. Please report it.
+    CfPanic = 12,
+}
+
+/// A call that did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub status: CfStatus,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(status: CfStatus, message: impl Into<String>) -> Self {
+        Failure {
+            status,
+            message: message.into(),
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Failure::new(CfStatus::CfInvalidArgument, message)
+    }
+}
+
+pub type Outcome = Result<String, Failure>;
+
+fn to_json(value: &impl serde::Serialize) -> Outcome {
+    serde_json::to_string(value)
+        .map_err(|e| Failure::invalid(format!("cannot encode the answer as JSON: {e}")))
+}
+
+fn parse<'a, T: Deserialize<'a>>(what: &str, text: &'a str) -> Result<T, Failure> {
+    serde_json::from_str(text).map_err(|e| Failure::invalid(format!("{what}: {e}")))
+}
+
+/// The options of [`cf_planner_new`](crate::cf_planner_new): the keys of
+/// the configuration file that concern planning, with the same defaults.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Options {
+    /// Directory of vendor plugins [default: /etc/cocoon-fixup/plugins,
+    /// when it exists]. An empty string loads none.
+    pub plugin_dir: Option<PathBuf>,
+    /// Precompiled plugins [default: /var/cache/cocoon-fixup as root, else
+    /// ~/.cache/cocoon-fixup].
+    pub cache_dir: Option<PathBuf>,
+    /// The cache's key [default: as the daemon's].
+    pub cache_key: Option<PathBuf>,
+    /// Compile plugins every time a planner is built.
+    #[serde(default)]
+    pub no_cache: bool,
+    /// The cocoon root, for the overlay probe [default: /var/lib/cocoon].
+    pub cocoon_root: Option<PathBuf>,
+    pub plugin_fuel: Option<u64>,
+    pub plugin_deadline_ms: Option<u64>,
+    pub plugin_memory_mib: Option<u32>,
+    pub plan_max_steps: Option<usize>,
+    pub plan_max_bytes: Option<usize>,
+    /// Concurrent plugin instances reserved [default: 64].
+    pub slots: Option<u32>,
+    /// sha256 digests of the plugin files that may load; empty: any.
+    #[serde(default)]
+    pub allowed_plugins: Vec<String>,
+    /// The operator's narrowing of plugins' guest policies, by plugin name.
+    #[serde(default)]
+    pub plugin_policy: BTreeMap<String, RawPolicy>,
+    #[serde(default)]
+    pub accept_legacy_vm_names: bool,
+    /// A plugin file that does not load fails the planner (as `plan`
+    /// does); without it the others serve (as `serve` does) and the
+    /// failures are listed.
+    #[serde(default)]
+    pub strict: bool,
+}
+
+/// A planner and the binding policy it plans under.
+#[derive(Debug)]
+pub struct Built {
+    pub planner: Planner,
+    pub binding: BindingPolicy,
+}
+
+impl Options {
+    fn planner_options(&self) -> Result<PlannerOptions, Failure> {
+        let memory_mib = self
+            .plugin_memory_mib
+            .unwrap_or((DEFAULT_MEMORY_BYTES >> 20) as u32);
+        if !(1..=4096).contains(&memory_mib) {
+            return Err(Failure::invalid(format!(
+                "plugin_memory_mib must be 1..=4096, got {memory_mib}"
+            )));
+        }
+        let mut allowed = BTreeSet::new();
+        for digest in &self.allowed_plugins {
+            let lower = digest.trim().to_ascii_lowercase();
+            if lower.len() != 64 || !lower.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(Failure::invalid(format!(
+                    "allowed_plugins: {digest:?} is not a sha256 digest (64 hex digits, as `cocoon-fixup plugin inspect` prints it)"
+                )));
+            }
+            allowed.insert(lower);
+        }
+        let mut narrowing = BTreeMap::new();
+        for (name, raw) in &self.plugin_policy {
+            let policy = GuestPolicy::parse(raw)
+                .map_err(|e| Failure::invalid(format!("plugin_policy.{name}: {e}")))?;
+            narrowing.insert(name.clone(), policy);
+        }
+        let plugin_dir = match &self.plugin_dir {
+            Some(dir) if dir.as_os_str().is_empty() => None,
+            Some(dir) if dir.is_dir() => Some(dir.clone()),
+            Some(dir) => {
+                return Err(Failure::new(
+                    CfStatus::CfLoad,
+                    format!(
+                        "plugin directory {} does not exist: create it or leave plugin_dir out",
+                        dir.display()
+                    ),
+                ));
+            }
+            None => Some(PathBuf::from(DEFAULT_PLUGIN_DIR)).filter(|d| d.is_dir()),
+        };
+        let defaults = PlanLimits::default();
+        Ok(PlannerOptions {
+            engine: EngineOptions {
+                limits: Limits {
+                    fuel: self.plugin_fuel.unwrap_or(DEFAULT_FUEL),
+                    memory_bytes: (memory_mib as usize) << 20,
+                    deadline: self
+                        .plugin_deadline_ms
+                        .map_or(DEFAULT_DEADLINE, Duration::from_millis),
+                    plan: PlanLimits {
+                        max_steps: self.plan_max_steps.unwrap_or(defaults.max_steps),
+                        max_bytes: self.plan_max_bytes.unwrap_or(defaults.max_bytes),
+                    },
+                },
+                cache_dir: if self.no_cache {
+                    None
+                } else {
+                    self.cache_dir.clone().or_else(default_cache_dir)
+                },
+                cache_key: self.cache_key.clone(),
+                slots: self.slots.unwrap_or(DEFAULT_SLOTS).max(1),
+                allowed_sha256: (!allowed.is_empty()).then_some(allowed),
+                narrowing,
+            },
+            cocoon_root: self
+                .cocoon_root
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_COCOON_ROOT)),
+            plugin_dir,
+        })
+    }
+}
+
+/// Build a planner from options JSON (`null` or `{}`: every default).
+/// The JSON answer lists the plugin files that did not load (non-strict)
+/// and warnings.
+pub fn planner_new(options: &str) -> Result<(Built, String), Failure> {
+    let options: Options = match options.trim() {
+        "" | "null" => Options::default(),
+        text => parse("options", text)?,
+    };
+    let planner_options = options.planner_options()?;
+    let (planner, failures) = Planner::new(planner_options)
+        .map_err(|e| Failure::new(CfStatus::CfLoad, format!("starting the plugin host: {e}")))?;
+    let failures: Vec<Value> = failures
+        .iter()
+        .map(|f| json!({"path": f.path.display().to_string(), "error": f.error.to_string()}))
+        .collect();
+    if options.strict && !failures.is_empty() {
+        let lines: Vec<String> = failures
+            .iter()
+            .map(|f| {
+                format!(
+                    "{}: {}",
+                    f["path"].as_str().unwrap_or(""),
+                    f["error"].as_str().unwrap_or("")
+                )
+            })
+            .collect();
+        return Err(Failure::new(
+            CfStatus::CfLoad,
+            format!(
+                "{} plugin(s) could not be loaded: fix or remove them: {}",
+                lines.len(),
+                lines.join("; ")
+            ),
+        ));
+    }
+    let warnings: Vec<String> = planner
+        .plugins()
+        .unused_narrowings()
+        .into_iter()
+        .map(|name| format!("plugin_policy.{name} narrows a plugin that is not loaded: check the name against `cocoon-fixup plugin inspect`"))
+        .collect();
+    let answer = to_json(&json!({"load_failures": failures, "warnings": warnings}))?;
+    Ok((
+        Built {
+            planner,
+            binding: BindingPolicy {
+                accept_legacy_names: options.accept_legacy_vm_names,
+            },
+        },
+        answer,
+    ))
+}
+
+/// The overrides of a plan call (`null`: none).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OverridesJson {
+    boot: Option<String>,
+    source_image: Option<String>,
+}
+
+fn overrides(text: Option<&str>) -> Result<Overrides, Failure> {
+    let raw: OverridesJson = match text.map(str::trim) {
+        None | Some("" | "null") => OverridesJson::default(),
+        Some(text) => parse("overrides", text)?,
+    };
+    let boot = match raw.boot.as_deref() {
+        None | Some("") => None,
+        Some("clone") => Some(BootKind::Clone),
+        Some("fork") => Some(BootKind::Fork),
+        Some("wake") => Some(BootKind::Wake),
+        Some("resumed") => Some(BootKind::Resumed),
+        Some(other) => {
+            return Err(Failure::invalid(format!(
+                "overrides.boot is {other:?}: use clone, fork, wake or resumed"
+            )));
+        }
+    };
+    Ok(Overrides {
+        boot,
+        source_image: raw.source_image,
+    })
+}
+
+fn input_text<'a>(what: &str, bytes: &'a [u8]) -> Result<&'a str, Failure> {
+    std::str::from_utf8(bytes)
+        .map_err(|e| Failure::new(CfStatus::CfBadInput, format!("{what}: not UTF-8: {e}")))
+}
+
+fn plugin_status(e: &PluginError) -> CfStatus {
+    match e {
+        PluginError::Fuel { .. }
+        | PluginError::Deadline { .. }
+        | PluginError::Memory { .. }
+        | PluginError::LogFlood { .. }
+        | PluginError::TooMuchData { .. } => CfStatus::CfPluginLimit,
+        PluginError::Policy { .. } => CfStatus::CfPluginPolicy,
+        PluginError::Unsupported { .. } | PluginError::InvalidFact { .. } => {
+            CfStatus::CfPluginDeclined
+        }
+        PluginError::Untrusted(_)
+        | PluginError::Read { .. }
+        | PluginError::NotAComponent { .. }
+        | PluginError::Compile { .. }
+        | PluginError::ContractMismatch { .. }
+        | PluginError::NotAPlugin { .. }
+        | PluginError::Link { .. }
+        | PluginError::BadPolicy { .. }
+        | PluginError::NotAllowed { .. } => CfStatus::CfLoad,
+        PluginError::BadDescription { .. }
+        | PluginError::Denied { .. }
+        | PluginError::Panicked { .. }
+        | PluginError::Trapped { .. }
+        | PluginError::BadPlan { .. }
+        | PluginError::Engine { .. } => CfStatus::CfPluginFailed,
+    }
+}
+
+fn planner_status(e: &PlannerError) -> CfStatus {
+    match e {
+        PlannerError::Facts(_) => CfStatus::CfBadFacts,
+        PlannerError::Probe(_) => CfStatus::CfNode,
+        PlannerError::NoPlugin(_) => CfStatus::CfNoPlugin,
+        PlannerError::Plugin(e) => plugin_status(e),
+        PlannerError::Compose { .. } => CfStatus::CfPlanRejected,
+        PlannerError::Load(LoadError::Plugin(e)) => plugin_status(e),
+        PlannerError::Load(LoadError::Conflict(_)) => CfStatus::CfLoad,
+    }
+}
+
+fn bad_input(e: FactError) -> Failure {
+    Failure::new(CfStatus::CfBadInput, e.to_string())
+}
+
+/// Plan for a pod and its VM record: the report of `cocoon-fixup plan
+/// --output json`, with the binding verdict.
+pub fn plan(built: &Built, pod: &[u8], vm: &[u8], overrides_json: Option<&str>) -> Outcome {
+    let overrides = overrides(overrides_json)?;
+    let pod = PodInput::from_json(input_text("pod", pod)?, "pod").map_err(bad_input)?;
+    let vm = VmInspect::from_json(input_text("vm", vm)?, "vm").map_err(bad_input)?;
+    let verdict = binding::bind(&pod, &vm.name, built.binding);
+    let obs = Observation::new(&pod, &vm, &overrides)
+        .map_err(|e| Failure::new(CfStatus::CfBadFacts, e.to_string()))?;
+    let outcome = built
+        .planner
+        .plan(&obs)
+        .map_err(|e| Failure::new(planner_status(&e), e.to_string()))?;
+    let mut report = outcome.report(&obs);
+    report.binding = Some(verdict);
+    to_json(&report)
+}
+
+fn action_json(action: Action) -> Value {
+    let (name, why) = match action {
+        Action::Nothing(why) => ("nothing", Some(why.as_str())),
+        Action::Parked => ("parked", None),
+        Action::RunLoop => ("run-loop", None),
+        Action::IpWaitOnly => ("ip-wait-only", None),
+    };
+    json!({"action": name, "why": why, "op": action.op()})
+}
+
+/// Spec section 8 for a pod: `fixup_needed` is 1 or 0 from the plan's
+/// `needs_fixup`, or -1 when the VM has not been looked at: then the rows
+/// that need only the pod decide, and the others answer `needs-facts`.
+pub fn decide(pod: &[u8], fixup_needed: i32) -> Outcome {
+    let pod = PodInput::from_json(input_text("pod", pod)?, "pod").map_err(bad_input)?;
+    let answer = match fixup_needed {
+        0 | 1 => action_json(lifecycle::decide(&pod, fixup_needed == 1)),
+        -1 => match lifecycle::gate(&pod) {
+            Err(action) => action_json(action),
+            Ok(_) => json!({"action": "needs-facts", "why": null, "op": null}),
+        },
+        other => {
+            return Err(Failure::invalid(format!(
+                "fixup_needed is {other}: pass 1, 0, or -1 (not known yet)"
+            )));
+        }
+    };
+    to_json(&answer)
+}
+
+/// The plan of a report, read back and checked again under the planner's
+/// limits: the caller holds it between the plan and the attempts.
+fn checked_plan(built: &Built, plan_json: &str) -> Result<Plan, Failure> {
+    let plan: Plan = parse("plan", plan_json)?;
+    plan.check(&built.planner.plugins().limits().plan)
+        .map_err(|e| Failure::invalid(format!("plan: {e}")))?;
+    Ok(plan)
+}
+
+/// A fresh attempt of a plan: the exec argv (after `cocoon vm exec <id>
+/// --`) under a new nonce.
+pub fn attempt(built: &Built, plan_json: &str) -> Outcome {
+    let plan = checked_plan(built, plan_json)?;
+    let exec = plan::render_exec(&plan);
+    // The hint was checked when the plan was made; the exec is what runs.
+    plan::check_rendered(&plan, &exec, "").map_err(|e| Failure::invalid(format!("plan: {e}")))?;
+    let nonce = Nonce::generate().map_err(|e| Failure::new(CfStatus::CfNode, e.to_string()))?;
+    let argv = plan::exec_argv(&plan, &exec, &nonce);
+    to_json(&json!({"nonce": nonce.as_str(), "argv": argv}))
+}
+
+/// What an exec of an attempt left behind.
+#[derive(Debug, Clone, Copy)]
+pub struct ExecStatus {
+    /// The exit code; ignored when `signal` is not 0.
+    pub exit_code: i32,
+    /// The signal that killed the process, or 0.
+    pub signal: i32,
+    pub stderr_cut: bool,
+}
+
+fn failure_json(failure: &StepFailure) -> Value {
+    let tail = failure.stderr();
+    let base = json!({"stderr": tail.text, "stderr_cut": tail.cut});
+    let mut doc = match failure {
+        StepFailure::Step {
+            step,
+            total,
+            description,
+            exit_code,
+            ..
+        } => {
+            json!({"kind": "step", "step": step, "total": total, "description": description, "exit_code": exit_code})
+        }
+        StepFailure::Interrupted {
+            step,
+            total,
+            description,
+            exit_code,
+            ..
+        } => {
+            json!({"kind": "interrupted", "step": step, "total": total, "description": description, "exit_code": exit_code})
+        }
+        StepFailure::NotStarted { exit_code, .. } => {
+            json!({"kind": "not-started", "step": null, "total": null, "description": null, "exit_code": exit_code})
+        }
+        StepFailure::AfterLastStep {
+            total, exit_code, ..
+        } => {
+            json!({"kind": "after-last-step", "step": null, "total": total, "description": null, "exit_code": exit_code})
+        }
+    };
+    if let (Some(doc), Some(base)) = (doc.as_object_mut(), base.as_object()) {
+        doc.extend(base.clone());
+    }
+    doc
+}
+
+/// The verdict on one exec of an attempt: ran to completion, or the
+/// attempt's error line with the step it failed in.
+pub fn verdict(plan_json: &str, nonce: &str, status: ExecStatus, stderr: &[u8]) -> Outcome {
+    let plan: Plan = parse("plan", plan_json)?;
+    let nonce = Nonce::parse(nonce)
+        .ok_or_else(|| Failure::invalid("nonce: not the 32 hex digits an attempt returned"))?;
+    let out = ExecOutput {
+        status: if status.signal != 0 {
+            ExitStatusKind::Signal(status.signal)
+        } else {
+            ExitStatusKind::Code(status.exit_code)
+        },
+        stdout: Vec::new(),
+        stderr: stderr.to_vec(),
+        stderr_cut: status.stderr_cut,
+    };
+    let answer = match fixup_core::exec::verdict(&plan, &nonce, &out) {
+        Ok(()) => json!({"ok": true, "error": null, "failure": null}),
+        Err(error) => {
+            let failure = plan::attribute_failure(&plan, &nonce, out.code(), &out.stderr);
+            json!({"ok": false, "error": error, "failure": failure_json(&failure)})
+        }
+    };
+    to_json(&answer)
+}
+
+/// A request to [`values`]: which value, and its inputs.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
+enum ValueRequest {
+    ErrorsAnnotation {
+        errors: Vec<String>,
+    },
+    OneLine {
+        text: String,
+    },
+    EventMessage {
+        message: String,
+    },
+    AttemptFailed {
+        attempt: u32,
+        error: String,
+    },
+    Succeeded {
+        scenario: String,
+        attempts: u32,
+    },
+    Exhausted {
+        annotations: BTreeMap<String, String>,
+        scenario: String,
+        hint: String,
+        attempts: u32,
+        budget_ms: u64,
+        errors: Vec<String>,
+    },
+    PlanFailed {
+        annotations: BTreeMap<String, String>,
+        error: String,
+    },
+    VmMismatch {
+        pod_json: String,
+        vm_name: String,
+        #[serde(default)]
+        accept_legacy_vm_names: bool,
+    },
+    IpWaitTimeout {
+        annotations: BTreeMap<String, String>,
+        vm_name: String,
+        budget_ms: u64,
+    },
+    Ready {
+        annotations: BTreeMap<String, String>,
+        ip: std::net::Ipv4Addr,
+    },
+    State {
+        state: String,
+    },
+}
+
+fn event_json(event: &Event) -> Value {
+    json!({
+        "type": match event.kind { EventType::Normal => "Normal", EventType::Warning => "Warning" },
+        "reason": event.reason,
+        "message": event.message,
+    })
+}
+
+fn patch_json(patch: &AnnotationPatch) -> Value {
+    Value::Object(
+        patch
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone().map_or(Value::Null, Value::String)))
+            .collect(),
+    )
+}
+
+/// The annotation values, error-chain lines and events the fixup loop
+/// writes, as the daemon writes them. One entry point for all of them, so
+/// a new value needs no new C symbol.
+pub fn values(request: &str) -> Outcome {
+    let request: ValueRequest = parse("request", request)?;
+    let answer = match request {
+        ValueRequest::ErrorsAnnotation { errors } => json!({
+            "key": keys::POST_CLONE_ERRORS,
+            "value": annotations::errors_annotation(&errors),
+        }),
+        ValueRequest::OneLine { text } => json!({"value": annotations::one_line(&text)}),
+        ValueRequest::EventMessage { message } => json!({
+            "value": annotations::cap_utf8(message, annotations::EVENT_MESSAGE_MAX, "… [truncated]"),
+        }),
+        ValueRequest::AttemptFailed { attempt, error } => {
+            let line = messages::attempt_line(attempt, &error);
+            let event = Event::warning(reasons::EXEC_ATTEMPT_FAILED, line.clone());
+            json!({"line": line, "event": event_json(&event)})
+        }
+        ValueRequest::Succeeded { scenario, attempts } => {
+            let event = Event::normal(reasons::SUCCEEDED, messages::succeeded(&scenario, attempts));
+            json!({"patch": patch_json(&annotations::state_patch(PostCloneState::Done)), "event": event_json(&event)})
+        }
+        ValueRequest::Exhausted {
+            annotations: current,
+            scenario,
+            hint,
+            attempts,
+            budget_ms,
+            errors,
+        } => {
+            let summary = messages::exhausted(
+                &scenario,
+                attempts,
+                Duration::from_millis(budget_ms),
+                &errors,
+            );
+            let record =
+                annotations::exhausted_record(&current, &hint, &scenario, errors, &summary);
+            let event = Event::warning(reasons::EXEC_EXHAUSTED, summary);
+            json!({
+                "patch": patch_json(&record.patch),
+                "errors": record.errors,
+                "hint_left_out": record.hint_left_out.map(|e| e.to_string()),
+                "event": event_json(&event),
+            })
+        }
+        ValueRequest::PlanFailed {
+            annotations: current,
+            error,
+        } => {
+            let line = messages::plan_failed(&error);
+            let patch = annotations::plan_failed_record(&current, &line);
+            let event = Event::warning(reasons::PLAN_FAILED, line.clone());
+            json!({"line": line, "patch": patch_json(&patch), "event": event_json(&event)})
+        }
+        ValueRequest::VmMismatch {
+            pod_json,
+            vm_name,
+            accept_legacy_vm_names,
+        } => {
+            let pod = PodInput::from_json(&pod_json, "pod").map_err(bad_input)?;
+            let policy = BindingPolicy {
+                accept_legacy_names: accept_legacy_vm_names,
+            };
+            match binding::bind(&pod, &vm_name, policy) {
+                binding::Verdict::Bound { .. } => json!({"event": null}),
+                binding::Verdict::Mismatch(m) => {
+                    let message = messages::vm_mismatch(&m, &pod.namespace, &pod.name);
+                    json!({"event": event_json(&Event::warning(reasons::VM_MISMATCH, message))})
+                }
+            }
+        }
+        ValueRequest::IpWaitTimeout {
+            annotations: current,
+            vm_name,
+            budget_ms,
+        } => {
+            let message = messages::ip_wait_timeout(&vm_name, Duration::from_millis(budget_ms));
+            let patch = lifecycle::transition(&current, Lifecycle::Failed, &message);
+            let event = Event::warning(reasons::IP_WAIT_TIMEOUT, message);
+            json!({"patch": patch.as_ref().map(patch_json), "event": event_json(&event)})
+        }
+        ValueRequest::Ready {
+            annotations: current,
+            ip,
+        } => {
+            let mut patch = AnnotationPatch::from([(keys::IP.to_owned(), Some(ip.to_string()))]);
+            patch.extend(lifecycle::transition(&current, Lifecycle::Ready, "").unwrap_or_default());
+            json!({"patch": patch_json(&patch)})
+        }
+        ValueRequest::State { state } => {
+            let state = PostCloneState::parse(&state).ok_or_else(|| {
+                Failure::invalid(format!("state is {state:?}: use running, done or failed"))
+            })?;
+            json!({"patch": patch_json(&annotations::state_patch(state))})
+        }
+    };
+    to_json(&answer)
+}

@@ -1,0 +1,82 @@
+//! The Go package (`go/cocoonfixup`) against this library: `go test -race`
+//! with the static archive `cargo test` just built, the `cocoon-fixup`
+//! binary to compare reports with, and the hostile test plugin. Needs Go
+//! 1.19 or later (`apt-get install golang-go`); `.ci/run` installs it.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use support::{crate_dir, profile_dir};
+
+fn repo() -> PathBuf {
+    crate_dir().join("../..")
+}
+
+/// The `cocoon-fixup` binary of this build, built when a narrower `cargo
+/// test -p fixup-capi` did not.
+fn cli(profile: &Path) -> PathBuf {
+    let bin = profile.join("cocoon-fixup");
+    if !bin.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "-p", "fixup-host", "--bin", "cocoon-fixup"])
+            .current_dir(repo())
+            .status()
+            .expect("running cargo");
+        assert!(status.success(), "building cocoon-fixup failed");
+    }
+    bin
+}
+
+#[test]
+fn the_go_package_passes_its_tests_under_the_race_detector() {
+    let profile = profile_dir();
+    let archive = profile.join("libcocoon_fixup.a");
+    assert!(
+        archive.exists(),
+        "{} is missing: cargo builds it with this crate",
+        archive.display()
+    );
+    let version = Command::new("go").arg("version").output();
+    let Ok(version) = version else {
+        panic!(
+            "the Go toolchain is needed for the Go package's tests (Go 1.19 or later; on Debian `apt-get install golang-go`)"
+        );
+    };
+    eprintln!("{}", String::from_utf8_lossy(&version.stdout).trim());
+    let output = Command::new("go")
+        .args(["test", "-race", "-count=1", "-v", "./..."])
+        .current_dir(repo().join("go/cocoonfixup"))
+        .env("CGO_ENABLED", "1")
+        .env("CGO_LDFLAGS", format!("-L{}", profile.display()))
+        .env("COCOON_FIXUP_BIN", cli(&profile))
+        .env(
+            "COCOONFIXUP_HOSTILE_PLUGIN",
+            fixup_tests::plugin_files::HOSTILE,
+        )
+        // The package has no dependencies: nothing is fetched.
+        .env("GOPROXY", "off")
+        .output()
+        .expect("running go test");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    eprintln!("{stdout}{stderr}");
+    assert!(
+        output.status.success(),
+        "go test -race failed (output above)"
+    );
+    for test in [
+        "TestReportsAreTheCLIs",
+        "TestConcurrentPlanning",
+        "TestHostilePluginErrorsAreTyped",
+        "TestMemoryIsFlat",
+        "TestExampleLoop",
+    ] {
+        assert!(
+            stdout.contains(&format!("--- PASS: {test} ")),
+            "{test} did not pass (or did not run)"
+        );
+    }
+}

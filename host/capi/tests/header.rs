@@ -1,0 +1,58 @@
+//! The checked-in C header (`include/cocoon_fixup.h`, which C callers and
+//! the Go package include) is what cbindgen makes of the library now.
+//! `BLESS=1` rewrites it.
+
+use std::path::{Path, PathBuf};
+
+fn crate_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn fresh_header() -> String {
+    let dir = crate_dir();
+    let config = cbindgen::Config::from_file(dir.join("cbindgen.toml")).expect("cbindgen.toml");
+    let mut out = Vec::new();
+    cbindgen::Builder::new()
+        .with_config(config)
+        .with_src(dir.join("src/lib.rs"))
+        .with_src(dir.join("src/ops.rs"))
+        .generate()
+        .expect("cbindgen parses the crate")
+        .write(&mut out);
+    String::from_utf8(out).expect("the header is UTF-8")
+}
+
+fn check(path: &Path, fresh: &str) {
+    if std::env::var_os("BLESS").is_some() {
+        std::fs::write(path, fresh).unwrap();
+        return;
+    }
+    let current = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(
+        current == fresh,
+        "{} is stale: the library's C ABI changed. Regenerate it with `BLESS=1 cargo test -p fixup-capi --test header` and review the diff.",
+        path.display()
+    );
+}
+
+#[test]
+fn the_checked_in_headers_are_fresh() {
+    let fresh = fresh_header();
+    for symbol in [
+        "cf_abi_version",
+        "cf_planner_new",
+        "cf_planner_free",
+        "cf_plan",
+        "cf_decide",
+        "cf_attempt",
+        "cf_verdict",
+        "cf_values",
+        "cf_string_free",
+        "CF_OK",
+        "CF_PANIC",
+        "CF_ABI_VERSION",
+    ] {
+        assert!(fresh.contains(symbol), "{symbol} is missing from\n{fresh}");
+    }
+    check(&crate_dir().join("include/cocoon_fixup.h"), &fresh);
+}
