@@ -15,10 +15,15 @@ plugins:
 test:
     cargo test --workspace
 
+# The Go package's tests alone (go test -race against the debug archive).
+go:
+    cargo test -p fixup-capi --test go -- --nocapture
+
 # Rewrite the golden files after an intended change, then show what changed.
 bless:
     BLESS=1 cargo test -p fixup-tests
-    git status --short tests/fixtures
+    BLESS=1 cargo test -p fixup-capi --test header
+    git status --short tests/fixtures host/capi/include go/cocoonfixup
 
 # Lints as CI runs them.
 lint:

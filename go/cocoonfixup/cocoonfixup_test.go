@@ -1,0 +1,652 @@
+package cocoonfixup
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// The repository's root, from this package's folder.
+var root = filepath.Join("..", "..")
+
+// The tests' one planner over the bundled examples' cocoon root, with a
+// cache of its own.
+var shared *Planner
+
+func TestMain(m *testing.M) {
+	cache, err := os.MkdirTemp("", "cocoonfixup-cache-")
+	if err != nil {
+		panic(err)
+	}
+	shared, err = NewPlanner(Options{
+		CocoonRoot: filepath.Join(root, "examples", "cocoon-root"),
+		CacheDir:   cache,
+		Strict:     true,
+	})
+	if err != nil {
+		panic(err)
+	}
+	code := m.Run()
+	shared.Close()
+	os.RemoveAll(cache)
+	os.Exit(code)
+}
+
+// example is one bundled example: its folder, pod, VM and extra `plan`
+// flags.
+type example struct {
+	name    string
+	dir     string
+	pod, vm []byte
+	args    []string
+}
+
+func examples(t testing.TB) []example {
+	dirs, err := filepath.Glob(filepath.Join(root, "examples", "*", "pod.json"))
+	if err != nil || len(dirs) < 5 {
+		t.Fatalf("the bundled examples are missing (%v): found %v", err, dirs)
+	}
+	var out []example
+	for _, pod := range dirs {
+		dir := filepath.Dir(pod)
+		ex := example{name: filepath.Base(dir), dir: dir}
+		ex.pod = read(t, pod)
+		ex.vm = read(t, filepath.Join(dir, "vm.json"))
+		if args, err := os.ReadFile(filepath.Join(dir, "args")); err == nil {
+			ex.args = strings.Fields(string(args))
+		}
+		out = append(out, ex)
+	}
+	return out
+}
+
+func read(t testing.TB, path string) []byte {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// overrides turns an example's `plan` flags into Overrides.
+func overrides(t testing.TB, args []string) Overrides {
+	var o Overrides
+	for i := 0; i < len(args); i++ {
+		switch args[i] {
+		case "--boot":
+			i++
+			o.Boot = args[i]
+		case "--source-image":
+			i++
+			o.SourceImage = args[i]
+		default:
+			t.Fatalf("an example's args has %q, which this test does not map", args[i])
+		}
+	}
+	return o
+}
+
+func cli(t testing.TB) string {
+	bin := os.Getenv("COCOON_FIXUP_BIN")
+	if bin == "" {
+		bin = filepath.Join(root, "target", "debug", "cocoon-fixup")
+	}
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("the cocoon-fixup binary is needed to compare with (%v): `cargo build -p fixup-host`, or set COCOON_FIXUP_BIN", err)
+	}
+	return bin
+}
+
+func decode(t testing.TB, doc []byte) map[string]any {
+	var v map[string]any
+	if err := json.Unmarshal(doc, &v); err != nil {
+		t.Fatalf("not a JSON object: %v\n%s", err, doc)
+	}
+	return v
+}
+
+// The package's report for every bundled example is the CLI's, value for
+// value, typed and untyped.
+func TestReportsAreTheCLIs(t *testing.T) {
+	bin := cli(t)
+	cache := t.TempDir()
+	for _, ex := range examples(t) {
+		t.Run(ex.name, func(t *testing.T) {
+			args := append([]string{"plan", "--pod", filepath.Join(ex.dir, "pod.json"), "--vm", filepath.Join(ex.dir, "vm.json"),
+				"--cocoon-root", filepath.Join(root, "examples", "cocoon-root"), "--cache-dir", cache, "--output", "json"}, ex.args...)
+			cmd := exec.Command(bin, args...)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			want, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("cocoon-fixup %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+			}
+			report, err := shared.Plan(ex.pod, ex.vm, overrides(t, ex.args))
+			if err != nil {
+				t.Fatalf("Plan: %v", err)
+			}
+			got, wantDoc := decode(t, report.JSON()), decode(t, want)
+			if !reflect.DeepEqual(got, wantDoc) {
+				t.Fatalf("the package's report differs from the CLI's\npackage: %s\ncli:     %s", report.JSON(), want)
+			}
+			var typed Report
+			if err := json.Unmarshal(want, &typed); err != nil {
+				t.Fatal(err)
+			}
+			mine := *report
+			mine.raw, mine.plan = nil, nil
+			if !reflect.DeepEqual(mine, typed) {
+				t.Fatalf("typed reports differ:\n%+v\n%+v", mine, typed)
+			}
+			if report.Binding == nil {
+				t.Fatal("the report carries no binding verdict")
+			}
+		})
+	}
+}
+
+// Many goroutines plan at once on one planner, and every answer is the
+// one a single goroutine gets.
+func TestConcurrentPlanning(t *testing.T) {
+	exs := examples(t)
+	want := map[string]map[string]any{}
+	for _, ex := range exs {
+		r, err := shared.Plan(ex.pod, ex.vm, overrides(t, ex.args))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[ex.name] = decode(t, r.JSON())
+	}
+	var wg sync.WaitGroup
+	failures := make(chan string, 64)
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; i < 40; i++ {
+				ex := exs[(g+i)%len(exs)]
+				r, err := shared.Plan(ex.pod, ex.vm, overrides(t, ex.args))
+				if err != nil {
+					failures <- fmt.Sprintf("goroutine %d, %s: %v", g, ex.name, err)
+					return
+				}
+				if !reflect.DeepEqual(decode(t, r.JSON()), want[ex.name]) {
+					failures <- fmt.Sprintf("goroutine %d, %s: another answer", g, ex.name)
+					return
+				}
+				if r.NeedsFixup {
+					if _, err := shared.NewAttempt(r); err != nil {
+						failures <- fmt.Sprintf("goroutine %d, %s: attempt: %v", g, ex.name, err)
+						return
+					}
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	close(failures)
+	for f := range failures {
+		t.Error(f)
+	}
+}
+
+func hostilePlanner(t *testing.T) *Planner {
+	src := os.Getenv("COCOONFIXUP_HOSTILE_PLUGIN")
+	if src == "" {
+		t.Fatal("COCOONFIXUP_HOSTILE_PLUGIN must name the hostile test plugin (tests/plugins/hostile, built by `cargo test`): `cargo test -p fixup-capi --test go` sets it")
+	}
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "hostile.wasm"), read(t, src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewPlanner(Options{PluginDir: dir, NoCache: true, Strict: true, CocoonRoot: filepath.Join(root, "examples", "cocoon-root")})
+	if err != nil {
+		t.Fatalf("a planner with the hostile plugin: %v", err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// A hostile plugin's failure reaches Go as a typed error naming it.
+func TestHostilePluginErrorsAreTyped(t *testing.T) {
+	p := hostilePlanner(t)
+	pod := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
+	vm := read(t, filepath.Join(root, "examples", "oci-static", "vm.json"))
+	pod = bytes.ReplaceAll(pod, []byte(`guest-flavor": "ubuntu"`), []byte(`guest-flavor": "hostile"`))
+	cases := []struct {
+		behaviour string
+		code      Code
+		says      string
+	}{
+		{"spin", CodePluginLimit, "fuel"},
+		{"balloon", CodePluginLimit, "memory"},
+		{"panic", CodePluginFailed, "panicked"},
+		{"snoop-file", CodePluginFailed, "denies"},
+		{"wide", CodePluginFailed, "256"},
+		{"babble", CodePluginLimit, "1000 messages"},
+		{"other", 0, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.behaviour, func(t *testing.T) {
+			id := "hostile-" + c.behaviour
+			podC := bytes.ReplaceAll(pod, []byte(`"vm-7f3a9c21"`), []byte(strconv.Quote(id)))
+			vmC := bytes.ReplaceAll(vm, []byte(`"vm-7f3a9c21"`), []byte(strconv.Quote(id)))
+			r, err := p.Plan(podC, vmC, Overrides{})
+			if c.code == 0 {
+				if err != nil || !r.NeedsFixup || r.Plugins[0].Name != "hostile" {
+					t.Fatalf("a well-behaved call: %v", err)
+				}
+				return
+			}
+			var e *Error
+			if !errors.As(err, &e) {
+				t.Fatalf("want an *Error, got %v", err)
+			}
+			if e.Code != c.code || !strings.Contains(e.Message, "hostile") || !strings.Contains(e.Message, c.says) {
+				t.Fatalf("want %s naming the plugin and %q, got %s: %s", c.code, c.says, e.Code, e.Message)
+			}
+			if !e.PlanFailed() {
+				t.Fatalf("%s must fail the pod", e.Code)
+			}
+			rec, err := PlanFailed(map[string]string{}, err)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if *rec.Patch[KeyPostCloneState] != "failed" || !strings.HasPrefix(rec.Line, "no plan could be made: plugin hostile") {
+				t.Fatalf("plan-failed record: %+v %q", rec.Patch, rec.Line)
+			}
+			if rec.Event.Reason != "PostClonePlanFailed" || rec.Event.Type != "Warning" {
+				t.Fatalf("event %+v", rec.Event)
+			}
+		})
+	}
+	// The planner still serves after the failures.
+	plain := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
+	if r, err := p.Plan(plain, vm, Overrides{}); err != nil || r.Plugins[0].Name != "oci-networkd" {
+		t.Fatalf("after the hostile calls: %v", err)
+	}
+}
+
+func TestInputErrorsAreTyped(t *testing.T) {
+	vm := read(t, filepath.Join(root, "examples", "oci-static", "vm.json"))
+	pod := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
+	check := func(name string, err error, code Code) {
+		t.Helper()
+		var e *Error
+		if !errors.As(err, &e) || e.Code != code {
+			t.Errorf("%s: want %s, got %v", name, code, err)
+		}
+	}
+	_, err := shared.Plan([]byte(`{"kind":"Pod"`), vm, Overrides{})
+	check("truncated pod", err, CodeBadInput)
+	_, err = shared.Plan(pod, nil, Overrides{})
+	check("empty VM", err, CodeBadInput)
+	_, err = shared.Plan(pod, vm, Overrides{Boot: "reboot"})
+	check("unknown boot kind", err, CodeInvalidArgument)
+	mismatched := bytes.Replace(vm, []byte(`"id": "vm-7f3a9c21"`), []byte(`"id": "vm-00000000"`), 1)
+	_, err = shared.Plan(pod, mismatched, Overrides{})
+	check("inspect and annotation disagree", err, CodeBadFacts)
+	_, err = NewPlanner(Options{PluginDir: "/nonexistent/plugins"})
+	check("missing plugin directory", err, CodeLoad)
+	_, err = NewPlanner(Options{Limits: Limits{MemoryMiB: 100000}})
+	check("bad limit", err, CodeInvalidArgument)
+	_, err = NewPlanner(Options{AllowedPlugins: []string{"abc"}})
+	check("bad digest", err, CodeInvalidArgument)
+	_, err = NewPlanner(Options{PluginPolicy: map[string]GuestPolicy{"x": {Writes: []string{"/etc/../shadow"}}}})
+	check("bad narrowing", err, CodeInvalidArgument)
+}
+
+// A VM that is not the pod's is reported, never hidden: the caller must
+// not run anything in it.
+func TestBindingVerdict(t *testing.T) {
+	pod := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
+	vm := read(t, filepath.Join(root, "examples", "oci-static", "vm.json"))
+	r, err := shared.Plan(pod, vm, Overrides{})
+	if err != nil || !r.Bound() {
+		t.Fatalf("the example's VM is its pod's: %v %+v", err, r.Binding)
+	}
+	other := bytes.Replace(vm, []byte(`"name": "vk-apps-web-0-f8181b"`), []byte(`"name": "vk-apps-db-0-0a1b2c"`), 1)
+	r, err = shared.Plan(pod, other, Overrides{})
+	if err == nil && r.Bound() {
+		t.Fatalf("another pod's VM was bound: %+v", r.Binding)
+	}
+	ev, err := VMMismatch(pod, "vk-apps-db-0-0a1b2c", false)
+	if err != nil || ev == nil || ev.Reason != "PostCloneVMMismatch" || strings.Contains(ev.Message, "db-0") {
+		t.Fatalf("the mismatch event (it must not name the other VM): %v %+v", err, ev)
+	}
+	ev, err = VMMismatch(pod, "vk-apps-web-0-f8181b", false)
+	if err != nil || ev != nil {
+		t.Fatalf("no event for the pod's own VM: %v %+v", err, ev)
+	}
+}
+
+func withAnnotations(t *testing.T, pairs map[string]string, deleting bool) []byte {
+	pod := map[string]any{
+		"kind":     "Pod",
+		"metadata": map[string]any{"name": "web-0", "namespace": "apps", "uid": "u", "annotations": pairs},
+	}
+	if deleting {
+		pod["metadata"].(map[string]any)["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+	}
+	b, err := json.Marshal(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Spec section 8's table, as the daemon decides it.
+func TestDecide(t *testing.T) {
+	managed := "cocoonset.cocoonstack.io/managed"
+	mode := "cocoonset.cocoonstack.io/mode"
+	cases := []struct {
+		name     string
+		ann      map[string]string
+		deleting bool
+		needed   bool
+		want     Decision
+		gate     Action
+	}{
+		{"fresh clone", map[string]string{managed: "true", mode: "clone"}, false, true, Decision{Action: RunLoop, Op: "post_clone"}, NeedsFacts},
+		{"nothing to fix", map[string]string{managed: "true", mode: "clone"}, false, false, Decision{Action: IPWaitOnly, Op: "ready_wait"}, NeedsFacts},
+		{"done", map[string]string{managed: "true", mode: "clone", KeyPostCloneState: "done"}, false, true, Decision{Action: IPWaitOnly, Op: "ready_wait"}, NeedsFacts},
+		{"failed parks", map[string]string{managed: "true", mode: "clone", KeyPostCloneState: "failed"}, false, true, Decision{Action: Parked}, Parked},
+		{"hibernating", map[string]string{managed: "true", mode: "clone", KeyLifecycleState: "hibernating"}, false, true, Decision{Action: Nothing, Why: "stack-owns"}, Nothing},
+		{"hibernate asked", map[string]string{managed: "true", mode: "clone", "vm.cocoonstack.io/hibernate": "true"}, false, true, Decision{Action: Nothing, Why: "hibernate-requested"}, Nothing},
+		{"deleting", map[string]string{managed: "true", mode: "clone"}, true, true, Decision{Action: Nothing, Why: "deleting"}, Nothing},
+		{"not managed", map[string]string{mode: "clone"}, false, true, Decision{Action: Nothing, Why: "not-managed"}, Nothing},
+		{"not a clone", map[string]string{managed: "true", mode: "run"}, false, true, Decision{Action: Nothing, Why: "not-cloned"}, Nothing},
+	}
+	for _, c := range cases {
+		pod := withAnnotations(t, c.ann, c.deleting)
+		got, err := Decide(pod, c.needed)
+		if err != nil || got != c.want {
+			t.Errorf("%s: Decide = %+v, %v; want %+v", c.name, got, err, c.want)
+		}
+		gate, err := Gate(pod)
+		if err != nil || gate.Action != c.gate {
+			t.Errorf("%s: Gate = %+v, %v; want %s", c.name, gate, err, c.gate)
+		}
+	}
+	if _, err := Decide([]byte("[]"), true); err == nil {
+		t.Error("a JSON list is not a pod")
+	}
+}
+
+// guestStderr is what a guest prints while it runs `steps` steps of an
+// attempt and fails step `failAt` (0: none fail) with exit 3.
+func guestStderr(nonce string, steps, failAt int, noise string) []byte {
+	var b strings.Builder
+	for i := 1; i <= steps; i++ {
+		fmt.Fprintf(&b, "\ncocoon-fixup: %s step %d/%d start\n", nonce, i, steps)
+		if i == failAt {
+			b.WriteString(noise)
+			fmt.Fprintf(&b, "\ncocoon-fixup: %s step %d/%d failed exit 3\n", nonce, i, steps)
+			return []byte(b.String())
+		}
+	}
+	fmt.Fprintf(&b, "\ncocoon-fixup: %s done\n", nonce)
+	return []byte(b.String())
+}
+
+// An attempt's argv carries a fresh nonce; the verdict trusts only that
+// nonce's markers and names the failed step.
+func TestAttemptsAndVerdicts(t *testing.T) {
+	pod := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
+	vm := read(t, filepath.Join(root, "examples", "oci-static", "vm.json"))
+	r, err := shared.Plan(pod, vm, Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := shared.NewAttempt(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := shared.NewAttempt(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a.Nonce) != 32 || a.Nonce == b.Nonce || a.Argv[len(a.Argv)-1] != a.Nonce {
+		t.Fatalf("nonces: %q %q, argv ends %q", a.Nonce, b.Nonce, a.Argv[len(a.Argv)-1])
+	}
+	if !reflect.DeepEqual(a.Argv[:len(r.Exec)], r.Exec) || !reflect.DeepEqual(a.Argv[len(r.Exec):], []string{"sh", a.Nonce}) {
+		t.Fatalf("the argv is the report's exec and the nonce:\n%q\n%q", a.Argv, r.Exec)
+	}
+	steps := len(r.Steps)
+	v, err := a.Judge(ExecResult{Stderr: guestStderr(a.Nonce, steps, 0, "")})
+	if err != nil || !v.OK {
+		t.Fatalf("a complete run: %+v %v", v, err)
+	}
+	// Another exec's done marker proves nothing.
+	v, err = a.Judge(ExecResult{Stderr: guestStderr(b.Nonce, steps, 0, "")})
+	if err != nil || v.OK || !strings.Contains(v.Error, "no step markers of this exec") {
+		t.Fatalf("a forged done marker was taken: %+v %v", v, err)
+	}
+	v, err = a.Judge(ExecResult{ExitCode: 3, Stderr: guestStderr(a.Nonce, steps, 2, "networkctl: boom")})
+	if err != nil || v.OK || v.Failure == nil || v.Failure.Kind != "step" || *v.Failure.Step != 2 || !strings.Contains(v.Failure.Stderr, "boom") {
+		t.Fatalf("a failed step: %+v %v", v, err)
+	}
+	if !strings.Contains(v.Error, "step 2/") || !strings.Contains(v.Error, "boom") {
+		t.Fatalf("the error line names the step and its stderr: %q", v.Error)
+	}
+	v, err = a.Judge(ExecResult{Signal: 9})
+	if err != nil || v.OK || !strings.Contains(v.Error, "signal 9") {
+		t.Fatalf("a killed exec: %+v %v", v, err)
+	}
+	// A plan that cannot be a report's is refused.
+	bad := *r
+	bad.plan = []byte(`{"dialect":"posix-sh","steps":[{"description":"x","phase":"prepare","best_effort":false,"run":["sh\u0000"]}]}`)
+	if _, err := shared.NewAttempt(&bad); err == nil {
+		t.Fatal("a plan with a NUL in an argument was attempted")
+	}
+	none, err := shared.Plan(read(t, filepath.Join(root, "examples", "no-fixup", "pod.json")), read(t, filepath.Join(root, "examples", "no-fixup", "vm.json")), Overrides{})
+	if err != nil || none.NeedsFixup {
+		t.Fatalf("no-fixup: %v %+v", err, none)
+	}
+	if _, err := shared.NewAttempt(none); err == nil {
+		t.Fatal("a report without a plan was attempted")
+	}
+}
+
+// The values the loop writes are the daemon's, limits included.
+func TestAnnotationValues(t *testing.T) {
+	var chain []string
+	for i := 1; i <= 200; i++ {
+		chain = append(chain, fmt.Sprintf("attempt %d: é%s", i, strings.Repeat("x", 40)))
+	}
+	value, err := ErrorsAnnotation(chain)
+	if err != nil || len(value) > 4096 || !strings.HasPrefix(value, "[truncated: first ") || !strings.HasSuffix(value, chain[199]) {
+		t.Fatalf("errors annotation (%d bytes): %v", len(value), err)
+	}
+	short, err := ErrorsAnnotation([]string{"attempt 1: boom"})
+	if err != nil || short != "attempt 1: boom" {
+		t.Fatalf("%q %v", short, err)
+	}
+	msg, err := EventMessage(strings.Repeat("é", 400))
+	if err != nil || len(msg) > 512 || !strings.HasSuffix(msg, "[truncated]") {
+		t.Fatalf("event message (%d bytes) %v", len(msg), err)
+	}
+	line, err := OneLine("first\nsecond\x1b[31m")
+	if err != nil || strings.ContainsAny(line, "\n\x1b") || !strings.Contains(line, "first | second") {
+		t.Fatalf("one line: %q %v", line, err)
+	}
+	rec, err := AttemptFailed(2, "step 1/3 (Write) failed")
+	if err != nil || rec.Line != "attempt 2: step 1/3 (Write) failed" || rec.Event.Reason != "PostCloneExecAttemptFailed" {
+		t.Fatalf("attempt failed: %+v %v", rec, err)
+	}
+	rec, err = Succeeded("oci-networkd", 2)
+	if err != nil || rec.Event.Message != "kind=oci-networkd attempts=2" || *rec.Patch[KeyPostCloneState] != "done" {
+		t.Fatalf("succeeded: %+v %v", rec, err)
+	}
+	pod := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
+	vm := read(t, filepath.Join(root, "examples", "oci-static", "vm.json"))
+	r, err := shared.Plan(pod, vm, Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	current := map[string]string{"cocoonset.cocoonstack.io/generation": "3"}
+	rec, err = Exhausted(current, r, 60, 180*time.Second, []string{"attempt 60: exited 1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *rec.Patch[KeyPostCloneHint] != r.HintValue() || *rec.Patch[KeyPostCloneErrors] != "attempt 60: exited 1" ||
+		*rec.Patch[KeyLifecycleState] != "failed" || rec.HintLeftOut != nil {
+		t.Fatalf("exhausted record: %+v", rec.Patch)
+	}
+	if rec.Event.Message != "post-clone fixup oci-networkd failed after 60 attempt(s) in 180s: attempt 60: exited 1" {
+		t.Fatalf("exhausted event: %q", rec.Event.Message)
+	}
+	// A pod whose annotations leave no room for the hint gets the record
+	// without it, and the chain says so.
+	full := map[string]string{"example.com/big": strings.Repeat("x", 256*1024-2000)}
+	rec, err = Exhausted(full, r, 1, 3*time.Second, []string{"attempt 1: exited 1"})
+	if err != nil || rec.HintLeftOut == nil || rec.Patch[KeyPostCloneHint] != nil || len(rec.Errors) != 2 {
+		t.Fatalf("exhausted without room: %+v %v", rec, err)
+	}
+	rec, err = IPWaitTimeout(map[string]string{}, "vk-apps-web-0-f8181b", 45*time.Second)
+	want := "clone vk-apps-web-0-f8181b: dhcp lease not observed within 45s"
+	if err != nil || rec.Event.Message != want || *rec.Patch[KeyLifecycleState] != "failed" || *rec.Patch[KeyLifecycleMessage] != want {
+		t.Fatalf("ip wait timeout: %+v %v", rec, err)
+	}
+	patch, err := Ready(map[string]string{}, []byte{10, 88, 4, 21})
+	if err != nil || *patch[KeyIP] != "10.88.4.21" || *patch[KeyLifecycleState] != "ready" {
+		t.Fatalf("ready: %+v %v", patch, err)
+	}
+	// A failed lifecycle is sticky: the IP is published, the state stays.
+	patch, err = Ready(map[string]string{KeyLifecycleState: "failed"}, []byte{10, 88, 4, 21})
+	if _, moved := patch[KeyLifecycleState]; err != nil || moved {
+		t.Fatalf("ready over a sticky failed: %+v %v", patch, err)
+	}
+	if _, err := StatePatch("finished"); err == nil {
+		t.Fatal("an unknown state was taken")
+	}
+}
+
+// Close is the contract: calls after it fail cleanly, twice is harmless.
+func TestClose(t *testing.T) {
+	p, err := NewPlanner(Options{NoPluginDir: true, CocoonRoot: filepath.Join(root, "examples", "cocoon-root")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
+	vm := read(t, filepath.Join(root, "examples", "oci-static", "vm.json"))
+	r, err := p.Plan(pod, vm, Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	p.Close()
+	if _, err := p.Plan(pod, vm, Overrides{}); err != ErrClosed {
+		t.Fatalf("after Close: %v", err)
+	}
+	if _, err := p.NewAttempt(r); err != ErrClosed {
+		t.Fatalf("after Close: %v", err)
+	}
+}
+
+// rss is the process's resident memory in bytes.
+func rss(t testing.TB) int64 {
+	statm, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := strings.Fields(string(statm))
+	pages, err := strconv.ParseInt(fields[1], 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pages * int64(os.Getpagesize())
+}
+
+// 100,000 plan calls (with their attempts and verdicts) leave resident
+// memory where it was after the first few thousand: nothing the library
+// returns or holds per call is kept.
+func TestMemoryIsFlat(t *testing.T) {
+	calls := 100000
+	if s := os.Getenv("COCOONFIXUP_MEMORY_CALLS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 10000 {
+			t.Fatalf("COCOONFIXUP_MEMORY_CALLS=%q: at least 10000", s)
+		}
+		calls = n
+	}
+	exs := examples(t)
+	sample := func() int64 {
+		runtime.GC()
+		return rss(t)
+	}
+	var samples []int64
+	var base int64
+	workers := 4
+	per := calls / workers
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var failed error
+	step := func(w, i int) {
+		ex := exs[(w+i)%len(exs)]
+		r, err := shared.Plan(ex.pod, ex.vm, overrides(t, ex.args))
+		if err == nil && r.NeedsFixup {
+			var a *Attempt
+			if a, err = shared.NewAttempt(r); err == nil {
+				_, err = a.Judge(ExecResult{ExitCode: 1, Stderr: []byte("boom")})
+			}
+		}
+		if err != nil {
+			mu.Lock()
+			failed = err
+			mu.Unlock()
+		}
+	}
+	warm := per / 20
+	for round := 0; round < 20; round++ {
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func(w int) {
+				defer wg.Done()
+				for i := 0; i < warm; i++ {
+					step(w, round*warm+i)
+				}
+			}(w)
+		}
+		wg.Wait()
+		if failed != nil {
+			t.Fatal(failed)
+		}
+		s := sample()
+		if round == 1 {
+			base = s
+		}
+		samples = append(samples, s)
+	}
+	sorted := append([]int64(nil), samples...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
+	growth := samples[len(samples)-1] - base
+	t.Logf("%d calls; RSS after each 5%%: %v MiB; growth after the first 10%%: %d KiB", calls, mib(samples), growth>>10)
+	// A leak of one returned report per call would be hundreds of MiB.
+	if growth > 32<<20 {
+		t.Fatalf("resident memory grew by %d MiB over %d calls after warm-up: %v MiB", growth>>20, calls, mib(samples))
+	}
+}
+
+func mib(xs []int64) []int64 {
+	out := make([]int64, len(xs))
+	for i, x := range xs {
+		out[i] = x >> 20
+	}
+	return out
+}

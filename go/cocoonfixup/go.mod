@@ -1,0 +1,3 @@
+module cocoonfixup
+
+go 1.19

@@ -1,0 +1,123 @@
+package cocoonfixup
+
+import "encoding/json"
+
+// Report is what Plan returns: the document `cocoon-fixup plan --output
+// json` prints (its schema is in the README), with the binding verdict.
+type Report struct {
+	Pod        string      `json:"pod"`
+	VM         VMRef       `json:"vm"`
+	NeedsFixup bool        `json:"needs_fixup"`
+	Scenario   string      `json:"scenario"` // "none" when no fixup is needed
+	Rule       int         `json:"rule"`     // the classification rule that decided (spec section 3)
+	Reason     string      `json:"reason"`
+	Image      string      `json:"image"` // cloudimg, oci or unknown
+	Plugins    []PluginUse `json:"plugins"`
+	Dialect    *string     `json:"dialect"` // posix-sh or powershell; nil without a plan
+	Steps      []Step      `json:"steps"`
+	// Exec is the argv after `cocoon vm exec <id> --` without a nonce: run
+	// an Attempt's Argv, never this.
+	Exec []string `json:"exec"`
+	// Script is the hint a person can paste into the guest; Hint is it in
+	// base64, the value of the post-clone-hint annotation.
+	Script  *string  `json:"script"`
+	Hint    *string  `json:"hint"`
+	Binding *Binding `json:"binding,omitempty"`
+
+	raw  []byte
+	plan []byte
+}
+
+// VMRef names the VM the report is about.
+type VMRef struct {
+	Name string `json:"name"`
+	ID   string `json:"id"`
+}
+
+// PluginUse is one plugin's part in a plan.
+type PluginUse struct {
+	Name            string `json:"name"`
+	Version         string `json:"version"`
+	SHA256          string `json:"sha256"`
+	Source          string `json:"source"`
+	Scenario        string `json:"scenario"`
+	Why             string `json:"why"`
+	FuelUsed        uint64 `json:"fuel_used"`
+	PeakMemoryBytes uint64 `json:"peak_memory_bytes"`
+}
+
+// Step is one step of a plan; exactly one of Run, WriteFile and
+// RemoveFiles is set.
+type Step struct {
+	Description string     `json:"description"`
+	Phase       string     `json:"phase"` // prepare, link or configure
+	BestEffort  bool       `json:"best_effort"`
+	Run         []string   `json:"run,omitempty"`
+	WriteFile   *WriteFile `json:"write_file,omitempty"`
+	RemoveFiles []string   `json:"remove_files,omitempty"`
+}
+
+// WriteFile writes a file byte for byte.
+type WriteFile struct {
+	Path    string  `json:"path"`
+	Content string  `json:"content"`
+	Mode    *string `json:"mode"` // octal such as "0644", or nil to leave it
+}
+
+// Binding is whether the VM is the pod's own (spec section 2).
+type Binding struct {
+	// Verdict is "bound" or "mismatch".
+	Verdict string `json:"verdict"`
+	// Bound: the record's name and its form (hashed or legacy).
+	Name string `json:"name,omitempty"`
+	Form string `json:"form,omitempty"`
+	// Mismatch: why, and the names involved.
+	Reason     string `json:"reason,omitempty"`
+	Expected   string `json:"expected,omitempty"`
+	Record     string `json:"record,omitempty"`
+	Annotation string `json:"annotation,omitempty"`
+	Reference  string `json:"reference,omitempty"`
+}
+
+// Bound reports whether the VM is the pod's: nothing may run in it
+// otherwise, and no IP may be published.
+func (r *Report) Bound() bool {
+	return r.Binding != nil && r.Binding.Verdict == "bound"
+}
+
+// JSON is the report exactly as the library returned it.
+func (r *Report) JSON() []byte {
+	return append([]byte(nil), r.raw...)
+}
+
+// HintValue is the post-clone-hint annotation's value, or "".
+func (r *Report) HintValue() string {
+	if r.Hint == nil {
+		return ""
+	}
+	return *r.Hint
+}
+
+func parseReport(doc []byte) (*Report, error) {
+	r := &Report{raw: doc}
+	if err := json.Unmarshal(doc, r); err != nil {
+		return nil, &Error{Code: CodeInvalidArgument, Message: "reading the report: " + err.Error()}
+	}
+	// The plan, as the library wrote it, for the attempts: the same bytes
+	// go back, so nothing is lost in a Go round trip.
+	var parts struct {
+		Dialect json.RawMessage `json:"dialect"`
+		Steps   json.RawMessage `json:"steps"`
+	}
+	if err := json.Unmarshal(doc, &parts); err != nil {
+		return nil, &Error{Code: CodeInvalidArgument, Message: "reading the report: " + err.Error()}
+	}
+	if r.NeedsFixup {
+		plan, err := json.Marshal(map[string]json.RawMessage{"dialect": parts.Dialect, "steps": parts.Steps})
+		if err != nil {
+			return nil, &Error{Code: CodeInvalidArgument, Message: err.Error()}
+		}
+		r.plan = plan
+	}
+	return r, nil
+}

@@ -1,0 +1,189 @@
+package cocoonfixup
+
+// #cgo CFLAGS: -I${SRCDIR}/../../host/capi/include
+// #include <stdlib.h>
+// #include "cocoon_fixup.h"
+import "C"
+
+import (
+	"encoding/json"
+	"net"
+	"time"
+	"unsafe"
+)
+
+// Annotation keys and event reasons the fixup loop writes (spec sections
+// 5-9).
+const (
+	KeyPostCloneState   = "vm.cocoonstack.io/post-clone-state"
+	KeyPostCloneHint    = "vm.cocoonstack.io/post-clone-hint"
+	KeyPostCloneErrors  = "vm.cocoonstack.io/post-clone-errors"
+	KeyIP               = "vm.cocoonstack.io/ip"
+	KeyLifecycleState   = "vm.cocoonstack.io/lifecycle-state"
+	KeyLifecycleMessage = "vm.cocoonstack.io/lifecycle-state-message"
+)
+
+// Patch is a change to a pod's annotations: a value sets the key, nil
+// removes it.
+type Patch map[string]*string
+
+// Event is a Kubernetes event to record on the pod.
+type Event struct {
+	Type    string `json:"type"` // Normal or Warning
+	Reason  string `json:"reason"`
+	Message string `json:"message"` // at most 512 bytes, cut on a UTF-8 boundary
+}
+
+// Record is what the loop writes at one point: the annotation patch (nil
+// when nothing is to be written), the event, and for an exhausted fixup
+// the final error chain.
+type Record struct {
+	Patch Patch  `json:"patch"`
+	Event *Event `json:"event"`
+	// Line is the error-chain line (AttemptFailed, PlanFailed).
+	Line string `json:"line"`
+	// Errors is the error chain as written (Exhausted): the attempts'
+	// lines, and a last line when the hint had to be left out.
+	Errors []string `json:"errors"`
+	// HintLeftOut says why the hint was not written (Exhausted), or "".
+	HintLeftOut *string `json:"hint_left_out"`
+}
+
+// values asks the library for one value; request carries its op.
+func values(request map[string]any, into any) error {
+	doc, err := json.Marshal(request)
+	if err != nil {
+		return &Error{Code: CodeInvalidArgument, Message: err.Error()}
+	}
+	text := C.CString(string(doc))
+	defer C.free(unsafe.Pointer(text))
+	var out *C.char
+	answer, err := take(C.cf_values(text, &out), out)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(answer, into); err != nil {
+		return &Error{Code: CodeInvalidArgument, Message: "reading the answer: " + err.Error()}
+	}
+	return nil
+}
+
+func value(request map[string]any) (string, error) {
+	var v struct {
+		Value string `json:"value"`
+	}
+	err := values(request, &v)
+	return v.Value, err
+}
+
+func annotationsOrEmpty(a map[string]string) map[string]string {
+	if a == nil {
+		return map[string]string{}
+	}
+	return a
+}
+
+// ErrorsAnnotation is the post-clone-errors value for an error chain: at
+// most 4096 bytes, cut on a UTF-8 boundary keeping the newest lines, the
+// cut announced.
+func ErrorsAnnotation(errors []string) (string, error) {
+	if errors == nil {
+		errors = []string{}
+	}
+	return value(map[string]any{"op": "errors-annotation", "errors": errors})
+}
+
+// OneLine makes text one line for the error chain: newlines become " | ",
+// other control characters are escaped.
+func OneLine(text string) (string, error) {
+	return value(map[string]any{"op": "one-line", "text": text})
+}
+
+// EventMessage cuts a message to the 512 bytes of an event, on a UTF-8
+// boundary, saying so.
+func EventMessage(message string) (string, error) {
+	return value(map[string]any{"op": "event-message", "message": message})
+}
+
+// AttemptFailed is the error-chain line and the PostCloneExecAttemptFailed
+// event of a failed attempt (attempts count from 1; err is the Verdict's
+// Error, or the exec's own error as one line).
+func AttemptFailed(attempt int, err string) (*Record, error) {
+	var r Record
+	return &r, values(map[string]any{"op": "attempt-failed", "attempt": attempt, "error": err}, &r)
+}
+
+// Succeeded is the post-clone-state=done patch and the PostCloneSucceeded
+// event.
+func Succeeded(scenario string, attempts int) (*Record, error) {
+	var r Record
+	return &r, values(map[string]any{"op": "succeeded", "scenario": scenario, "attempts": attempts}, &r)
+}
+
+// Exhausted is the failure record of a fixup whose budget ran out:
+// post-clone-state=failed, the hint (left out, and said so, when the pod's
+// annotations could not hold it), the error chain, lifecycle Failed when
+// stickiness allows; and the PostCloneExecExhausted event. annotations are
+// the pod's as read just before the write.
+func Exhausted(annotations map[string]string, r *Report, attempts int, budget time.Duration, errors []string) (*Record, error) {
+	if errors == nil {
+		errors = []string{}
+	}
+	var out Record
+	return &out, values(map[string]any{
+		"op": "exhausted", "annotations": annotationsOrEmpty(annotations), "scenario": r.Scenario,
+		"hint": r.HintValue(), "attempts": attempts, "budget_ms": budget.Milliseconds(), "errors": errors,
+	}, &out)
+}
+
+// PlanFailed is the record of a pod for which no plan could be made
+// (Plan's error, when Error.PlanFailed): post-clone-state=failed, the
+// error chain of one line, lifecycle Failed; no hint. And its
+// PostClonePlanFailed event.
+func PlanFailed(annotations map[string]string, planErr error) (*Record, error) {
+	message := planErr.Error()
+	if e, ok := errorsOf(planErr); ok {
+		message = e.Message
+	}
+	var out Record
+	return &out, values(map[string]any{"op": "plan-failed", "annotations": annotationsOrEmpty(annotations), "error": message}, &out)
+}
+
+// VMMismatch is the PostCloneVMMismatch event for a pod whose VM record
+// (named vmName) is not its own, or nil when it is. The event never names
+// the other VM.
+func VMMismatch(pod []byte, vmName string, acceptLegacyVMNames bool) (*Event, error) {
+	var out struct {
+		Event *Event `json:"event"`
+	}
+	err := values(map[string]any{"op": "vm-mismatch", "pod_json": string(pod), "vm_name": vmName, "accept_legacy_vm_names": acceptLegacyVMNames}, &out)
+	return out.Event, err
+}
+
+// IPWaitTimeout is the record of an IP wait that ran out: lifecycle Failed
+// (Patch nil when stickiness forbids it) and the PostCloneIPWaitTimeout
+// event.
+func IPWaitTimeout(annotations map[string]string, vmName string, budget time.Duration) (*Record, error) {
+	var out Record
+	return &out, values(map[string]any{"op": "ip-wait-timeout", "annotations": annotationsOrEmpty(annotations), "vm_name": vmName, "budget_ms": budget.Milliseconds()}, &out)
+}
+
+// Ready is the patch that publishes the IP and moves the lifecycle to
+// ready (when stickiness allows).
+func Ready(annotations map[string]string, ip net.IP) (Patch, error) {
+	v4 := ip.To4()
+	if v4 == nil {
+		return nil, &Error{Code: CodeInvalidArgument, Message: "the IP must be IPv4, got " + ip.String()}
+	}
+	var out Record
+	err := values(map[string]any{"op": "ready", "annotations": annotationsOrEmpty(annotations), "ip": v4.String()}, &out)
+	return out.Patch, err
+}
+
+// StatePatch sets post-clone-state: "running" before the first attempt,
+// "done" or "failed" after.
+func StatePatch(state string) (Patch, error) {
+	var out Record
+	err := values(map[string]any{"op": "state", "state": state}, &out)
+	return out.Patch, err
+}
