@@ -378,6 +378,12 @@ pub mod messages {
         }
     }
 
+    /// The `ResumedAfterRestart` event of work picked up again after a
+    /// restart: `op=post_clone` or `op=ready_wait`.
+    pub fn resumed(op: &str) -> String {
+        format!("op={op}")
+    }
+
     /// The `PostCloneDHCPRecovery` event.
     pub fn dhcp_recovery(after: Duration, nics: usize) -> String {
         format!(

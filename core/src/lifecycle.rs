@@ -218,6 +218,19 @@ pub fn gate(pod: &PodInput) -> Result<Option<PostCloneState>, Action> {
     }
 }
 
+/// Is `current` (the pod as read again) still the pod the host is working
+/// for? The same incarnation (`uid`), the decision table still open (not
+/// hibernating, not deleting, the lifecycle not moved on, not parked), and
+/// no other VM id annotated than `vm_id`, the one the host bound. Read
+/// before the `running` write, before each attempt, and before every
+/// final write: when it says no, nothing more is written.
+pub fn still_ours(current: &PodInput, uid: &str, vm_id: &str) -> bool {
+    let annotated = current.annotation(annotations::VM_ID);
+    current.uid.as_deref() == Some(uid)
+        && gate(current).is_ok()
+        && (annotated.is_empty() || annotated == vm_id)
+}
+
 /// Spec section 8, row by row. `fixup_needed` is classification's answer
 /// for the VM (only the last rows read it).
 ///

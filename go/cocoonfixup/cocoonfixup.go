@@ -41,9 +41,9 @@ type Code int32
 // The codes of the C ABI (CfStatus in cocoon_fixup.h).
 const (
 	CodeInvalidArgument Code = C.CF_INVALID_ARGUMENT // the caller broke the contract (a bug in the caller)
-	CodeBadInput        Code = C.CF_BAD_INPUT        // the pod or VM JSON is not what kubectl or cocoon print
+	CodeBadInput        Code = C.CF_BAD_INPUT        // the pod JSON is not what kubectl prints
 	CodeBadFacts        Code = C.CF_BAD_FACTS        // the facts contradict each other or do not validate
-	CodeNode            Code = C.CF_NODE             // the node cannot be probed: retry, do not fail the pod
+	CodeNode            Code = C.CF_NODE             // the node is at fault (cocoon root, plugin directory): retry, do not fail the pod
 	CodeNoPlugin        Code = C.CF_NO_PLUGIN        // no plugin serves the scenario and flavour
 	CodePluginLimit     Code = C.CF_PLUGIN_LIMIT     // a plugin hit a sandbox limit (fuel, deadline, memory, output)
 	CodePluginPolicy    Code = C.CF_PLUGIN_POLICY    // a plugin planned past its guest policy
@@ -51,7 +51,9 @@ const (
 	CodePluginFailed    Code = C.CF_PLUGIN_FAILED    // a plugin trapped, panicked, or returned an unusable plan
 	CodePlanRejected    Code = C.CF_PLAN_REJECTED    // the plans cannot be combined or break the plan limits
 	CodeLoad            Code = C.CF_LOAD             // the planner could not be built
-	CodePanic           Code = C.CF_PANIC            // the library panicked (a bug: please report it)
+	CodePanic           Code = C.CF_PANIC            // the library panicked (a bug: please report it; build a new Planner)
+	CodeVMMismatch      Code = C.CF_VM_MISMATCH      // the VM is not the pod's: run nothing, publish no IP (VMMismatch gives the event)
+	CodeBadRecord       Code = C.CF_BAD_RECORD       // the VM record is not what cocoon prints: retry, do not fail the pod
 )
 
 var codeNames = map[Code]string{
@@ -67,6 +69,8 @@ var codeNames = map[Code]string{
 	CodePlanRejected:    "plan-rejected",
 	CodeLoad:            "load",
 	CodePanic:           "panic",
+	CodeVMMismatch:      "vm-mismatch",
+	CodeBadRecord:       "bad-record",
 }
 
 func (c Code) String() string {
@@ -87,8 +91,10 @@ func (e *Error) Error() string {
 }
 
 // PlanFailed reports whether the error means no plan can be made for the
-// pod, so that the pod is failed without a hint (PlanFailed below), as
-// opposed to an error a retry may clear (CodeNode) or a bug in the caller.
+// pod, so that the pod is failed without a hint (the PlanFailed record), as
+// the daemon fails it. Not for a VM that is not the pod's (CodeVMMismatch:
+// an event, nothing written), an error a retry may clear (Retryable), or a
+// bug in the caller.
 func (e *Error) PlanFailed() bool {
 	switch e.Code {
 	case CodeBadInput, CodeBadFacts, CodeNoPlugin, CodePluginLimit, CodePluginPolicy,
@@ -96,6 +102,12 @@ func (e *Error) PlanFailed() bool {
 		return true
 	}
 	return false
+}
+
+// Retryable reports whether the node, not the pod, is at fault: try the
+// pod again later and leave it as it is.
+func (e *Error) Retryable() bool {
+	return e.Code == CodeNode || e.Code == CodeBadRecord
 }
 
 // ErrClosed is returned by calls on a closed Planner.
@@ -154,7 +166,9 @@ type GuestPolicy struct {
 	SpecialModes bool       `json:"special_modes,omitempty"`
 }
 
-// Options set up a Planner. The zero value is the daemon's defaults.
+// Options set up a Planner. The zero value is the daemon's defaults. The
+// daemon's configuration file (/etc/cocoon-fixup/config.toml) is not read:
+// pass its allow-list and policy narrowing here.
 type Options struct {
 	// PluginDir holds vendor plugins (*.wasm); "" is the default,
 	// /etc/cocoon-fixup/plugins when it exists. NoPluginDir loads none.
@@ -297,9 +311,11 @@ type Overrides struct {
 
 // Plan classifies a pod's VM and, when it needs a fixup, plans it. pod is
 // `kubectl get pod NAME -o json` output (or the same object as the API
-// returns it), vm is `cocoon vm inspect --json ID` output. The report is
-// the one `cocoon-fixup plan --output json` prints, with the binding
-// verdict: run nothing in a VM that is not Bound.
+// returns it), vm is `cocoon vm inspect --json ID` output. A VM that is not
+// the pod's own is refused first (CodeVMMismatch), before anything looks at
+// it. The report is the one `cocoon-fixup plan --output json` prints, with
+// the binding verdict and the plan's seal. Work left `running` is planned
+// as resumed work, as the daemon plans it, unless o says otherwise.
 func (p *Planner) Plan(pod, vm []byte, o Overrides) (*Report, error) {
 	overrides, err := json.Marshal(map[string]any{"boot": nonEmpty(o.Boot), "source_image": nonEmpty(o.SourceImage)})
 	if err != nil {
@@ -331,10 +347,14 @@ func nonEmpty(s string) any {
 
 // NewAttempt starts one attempt of the report's plan: the argv to run
 // after `cocoon vm exec <id> --`, under a fresh nonce. Each exec needs its
-// own attempt.
+// own attempt. The plan must carry this planner's seal: only plans it made
+// are rendered.
 func (p *Planner) NewAttempt(r *Report) (*Attempt, error) {
 	if r == nil || !r.NeedsFixup || len(r.plan) == 0 {
 		return nil, &Error{Code: CodeInvalidArgument, Message: "the report has no plan to attempt"}
+	}
+	if !r.Bound() {
+		return nil, &Error{Code: CodeVMMismatch, Message: "the report's VM is not the pod's: nothing may run in it"}
 	}
 	plan := cString(string(r.plan))
 	defer C.free(unsafe.Pointer(plan))
@@ -354,7 +374,9 @@ func (p *Planner) NewAttempt(r *Report) (*Attempt, error) {
 
 // Attempt is one exec of a plan.
 type Attempt struct {
-	// Nonce marks this exec's step markers; it is already in Argv.
+	// Nonce marks this exec's step markers. It is the last word of Argv,
+	// except for a plan of one run step, which runs directly, has no
+	// markers, and is judged by its exit code.
 	Nonce string `json:"nonce"`
 	// Argv is what to run after `cocoon vm exec <id> --`.
 	Argv []string `json:"argv"`
@@ -434,6 +456,10 @@ type Decision struct {
 	// Op is the ResumedAfterRestart op of work that resumes: post_clone or
 	// ready_wait.
 	Op string `json:"op"`
+	// Marker is the pod's post-clone-state as the table read it: running,
+	// done, or "". With done the fixup is over: wait for the IP, do not
+	// plan.
+	Marker string `json:"marker"`
 }
 
 func decide(pod []byte, needed C.int32_t) (Decision, error) {
@@ -449,11 +475,12 @@ func decide(pod []byte, needed C.int32_t) (Decision, error) {
 		Action Action  `json:"action"`
 		Why    *string `json:"why"`
 		Op     *string `json:"op"`
+		Marker *string `json:"marker"`
 	}
 	if err := json.Unmarshal(doc, &d); err != nil {
 		return Decision{}, &Error{Code: CodeInvalidArgument, Message: "reading the decision: " + err.Error()}
 	}
-	return Decision{Action: d.Action, Why: deref(d.Why), Op: deref(d.Op)}, nil
+	return Decision{Action: d.Action, Why: deref(d.Why), Op: deref(d.Op), Marker: deref(d.Marker)}, nil
 }
 
 func deref(s *string) string {

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,13 +25,14 @@ var root = filepath.Join("..", "..")
 var shared *Planner
 
 func TestMain(m *testing.M) {
-	cache, err := os.MkdirTemp("", "cocoonfixup-cache-")
+	scratch, err := os.MkdirTemp("", "cocoonfixup-")
 	if err != nil {
 		panic(err)
 	}
 	shared, err = NewPlanner(Options{
 		CocoonRoot: filepath.Join(root, "examples", "cocoon-root"),
-		CacheDir:   cache,
+		CacheDir:   filepath.Join(scratch, "cache"),
+		CacheKey:   filepath.Join(scratch, "key", "cache.key"),
 		Strict:     true,
 	})
 	if err != nil {
@@ -40,7 +40,7 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	shared.Close()
-	os.RemoveAll(cache)
+	os.RemoveAll(scratch)
 	os.Exit(code)
 }
 
@@ -138,6 +138,11 @@ func TestReportsAreTheCLIs(t *testing.T) {
 				t.Fatalf("Plan: %v", err)
 			}
 			got, wantDoc := decode(t, report.JSON()), decode(t, want)
+			// The seal is the library's one addition: a plan has one.
+			if _, sealed := got["seal"]; sealed != report.NeedsFixup {
+				t.Fatalf("seal present: %v, needs_fixup: %v", sealed, report.NeedsFixup)
+			}
+			delete(got, "seal")
 			if !reflect.DeepEqual(got, wantDoc) {
 				t.Fatalf("the package's report differs from the CLI's\npackage: %s\ncli:     %s", report.JSON(), want)
 			}
@@ -146,7 +151,7 @@ func TestReportsAreTheCLIs(t *testing.T) {
 				t.Fatal(err)
 			}
 			mine := *report
-			mine.raw, mine.plan = nil, nil
+			mine.raw, mine.plan, mine.Seal = nil, nil, ""
 			if !reflect.DeepEqual(mine, typed) {
 				t.Fatalf("typed reports differ:\n%+v\n%+v", mine, typed)
 			}
@@ -162,8 +167,10 @@ func TestReportsAreTheCLIs(t *testing.T) {
 func TestConcurrentPlanning(t *testing.T) {
 	exs := examples(t)
 	want := map[string]map[string]any{}
-	for _, ex := range exs {
-		r, err := shared.Plan(ex.pod, ex.vm, overrides(t, ex.args))
+	ovr := make([]Overrides, len(exs))
+	for k, ex := range exs {
+		ovr[k] = overrides(t, ex.args)
+		r, err := shared.Plan(ex.pod, ex.vm, ovr[k])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -176,8 +183,9 @@ func TestConcurrentPlanning(t *testing.T) {
 		go func(g int) {
 			defer wg.Done()
 			for i := 0; i < 40; i++ {
-				ex := exs[(g+i)%len(exs)]
-				r, err := shared.Plan(ex.pod, ex.vm, overrides(t, ex.args))
+				k := (g + i) % len(exs)
+				ex := exs[k]
+				r, err := shared.Plan(ex.pod, ex.vm, ovr[k])
 				if err != nil {
 					failures <- fmt.Sprintf("goroutine %d, %s: %v", g, ex.name, err)
 					return
@@ -295,12 +303,15 @@ func TestInputErrorsAreTyped(t *testing.T) {
 	_, err := shared.Plan([]byte(`{"kind":"Pod"`), vm, Overrides{})
 	check("truncated pod", err, CodeBadInput)
 	_, err = shared.Plan(pod, nil, Overrides{})
-	check("empty VM", err, CodeBadInput)
+	check("empty VM record", err, CodeBadRecord)
 	_, err = shared.Plan(pod, vm, Overrides{Boot: "reboot"})
 	check("unknown boot kind", err, CodeInvalidArgument)
 	mismatched := bytes.Replace(vm, []byte(`"id": "vm-7f3a9c21"`), []byte(`"id": "vm-00000000"`), 1)
 	_, err = shared.Plan(pod, mismatched, Overrides{})
-	check("inspect and annotation disagree", err, CodeBadFacts)
+	check("inspect and annotation disagree", err, CodeVMMismatch)
+	badMAC := bytes.Replace(vm, []byte(`"mac": "52:54:00:3a:91:0c"`), []byte(`"mac": "52:54:00:3a:91"`), 1)
+	_, err = shared.Plan(pod, badMAC, Overrides{})
+	check("a MAC that does not validate", err, CodeBadFacts)
 	_, err = NewPlanner(Options{PluginDir: "/nonexistent/plugins"})
 	check("missing plugin directory", err, CodeLoad)
 	_, err = NewPlanner(Options{Limits: Limits{MemoryMiB: 100000}})
@@ -311,27 +322,35 @@ func TestInputErrorsAreTyped(t *testing.T) {
 	check("bad narrowing", err, CodeInvalidArgument)
 }
 
-// A VM that is not the pod's is reported, never hidden: the caller must
-// not run anything in it.
+// A VM that is not the pod's is refused before anything looks at it; its
+// event never names the other VM.
 func TestBindingVerdict(t *testing.T) {
 	pod := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
 	vm := read(t, filepath.Join(root, "examples", "oci-static", "vm.json"))
 	r, err := shared.Plan(pod, vm, Overrides{})
-	if err != nil || !r.Bound() {
+	if err != nil || !r.Bound() || r.Binding.Form != "hashed" {
 		t.Fatalf("the example's VM is its pod's: %v %+v", err, r.Binding)
 	}
-	other := bytes.Replace(vm, []byte(`"name": "vk-apps-web-0-f8181b"`), []byte(`"name": "vk-apps-db-0-0a1b2c"`), 1)
-	r, err = shared.Plan(pod, other, Overrides{})
-	if err == nil && r.Bound() {
-		t.Fatalf("another pod's VM was bound: %+v", r.Binding)
-	}
-	ev, err := VMMismatch(pod, "vk-apps-db-0-0a1b2c", false)
-	if err != nil || ev == nil || ev.Reason != "PostCloneVMMismatch" || strings.Contains(ev.Message, "db-0") {
-		t.Fatalf("the mismatch event (it must not name the other VM): %v %+v", err, ev)
-	}
-	ev, err = VMMismatch(pod, "vk-apps-web-0-f8181b", false)
-	if err != nil || ev != nil {
+	if ev, err := VMMismatch(pod, vm, false); err != nil || ev != nil {
 		t.Fatalf("no event for the pod's own VM: %v %+v", err, ev)
+	}
+	others := map[string][]byte{
+		"another pod's name": bytes.Replace(vm, []byte(`"name": "vk-apps-web-0-f8181b"`), []byte(`"name": "vk-apps-db-0-0a1b2c"`), 1),
+		"another id":         bytes.Replace(vm, []byte(`"id": "vm-7f3a9c21"`), []byte(`"id": "vm-0a1b2c3d"`), 1),
+	}
+	for name, other := range others {
+		_, err := shared.Plan(pod, other, Overrides{})
+		var e *Error
+		if !errors.As(err, &e) || e.Code != CodeVMMismatch || e.PlanFailed() || e.Retryable() {
+			t.Fatalf("%s: want CodeVMMismatch, got %v", name, err)
+		}
+		ev, err := VMMismatch(pod, other, false)
+		if err != nil || ev == nil || ev.Reason != "PostCloneVMMismatch" || ev.Type != "Warning" {
+			t.Fatalf("%s: the mismatch event: %v %+v", name, err, ev)
+		}
+		if strings.Contains(ev.Message, "db-0") || strings.Contains(ev.Message, "0a1b2c3d") {
+			t.Fatalf("%s: the event names the other VM: %s", name, ev.Message)
+		}
 	}
 }
 
@@ -364,7 +383,8 @@ func TestDecide(t *testing.T) {
 	}{
 		{"fresh clone", map[string]string{managed: "true", mode: "clone"}, false, true, Decision{Action: RunLoop, Op: "post_clone"}, NeedsFacts},
 		{"nothing to fix", map[string]string{managed: "true", mode: "clone"}, false, false, Decision{Action: IPWaitOnly, Op: "ready_wait"}, NeedsFacts},
-		{"done", map[string]string{managed: "true", mode: "clone", KeyPostCloneState: "done"}, false, true, Decision{Action: IPWaitOnly, Op: "ready_wait"}, NeedsFacts},
+		{"done", map[string]string{managed: "true", mode: "clone", KeyPostCloneState: "done"}, false, true, Decision{Action: IPWaitOnly, Op: "ready_wait", Marker: "done"}, NeedsFacts},
+		{"running", map[string]string{managed: "true", mode: "clone", KeyPostCloneState: "running"}, false, true, Decision{Action: RunLoop, Op: "post_clone", Marker: "running"}, NeedsFacts},
 		{"failed parks", map[string]string{managed: "true", mode: "clone", KeyPostCloneState: "failed"}, false, true, Decision{Action: Parked}, Parked},
 		{"hibernating", map[string]string{managed: "true", mode: "clone", KeyLifecycleState: "hibernating"}, false, true, Decision{Action: Nothing, Why: "stack-owns"}, Nothing},
 		{"hibernate asked", map[string]string{managed: "true", mode: "clone", "vm.cocoonstack.io/hibernate": "true"}, false, true, Decision{Action: Nothing, Why: "hibernate-requested"}, Nothing},
@@ -527,13 +547,153 @@ func TestAnnotationValues(t *testing.T) {
 	if err != nil || *patch[KeyIP] != "10.88.4.21" || *patch[KeyLifecycleState] != "ready" {
 		t.Fatalf("ready: %+v %v", patch, err)
 	}
-	// A failed lifecycle is sticky: the IP is published, the state stays.
-	patch, err = Ready(map[string]string{KeyLifecycleState: "failed"}, []byte{10, 88, 4, 21})
-	if _, moved := patch[KeyLifecycleState]; err != nil || moved {
-		t.Fatalf("ready over a sticky failed: %+v %v", patch, err)
+	// Before a final write the pod is read again: a pod the stack has taken
+	// over, or another incarnation, gets nothing.
+	podJSON := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
+	uid := "5b7e0c2a-6f1d-4e8b-9c3a-1f2d4e6a8b01"
+	for name, c := range map[string]struct {
+		pod  []byte
+		uid  string
+		vm   string
+		want bool
+	}{
+		"as it was":        {podJSON, uid, "vm-7f3a9c21", true},
+		"recreated":        {podJSON, "another-uid", "vm-7f3a9c21", false},
+		"another VM":       {podJSON, uid, "vm-00000001", false},
+		"failed lifecycle": {bytes.Replace(podJSON, []byte(`"cocoonset.cocoonstack.io/managed": "true",`), []byte(`"cocoonset.cocoonstack.io/managed": "true", "vm.cocoonstack.io/lifecycle-state": "failed",`), 1), uid, "vm-7f3a9c21", false},
+		"hibernating":      {bytes.Replace(podJSON, []byte(`"cocoonset.cocoonstack.io/managed": "true",`), []byte(`"cocoonset.cocoonstack.io/managed": "true", "vm.cocoonstack.io/hibernate": "true",`), 1), uid, "vm-7f3a9c21", false},
+	} {
+		got, err := StillOurs(c.pod, c.uid, c.vm)
+		if err != nil || got != c.want {
+			t.Errorf("StillOurs, %s: %v %v, want %v", name, got, err, c.want)
+		}
+	}
+	ev, err := Resumed("post_clone")
+	if err != nil || ev.Reason != "ResumedAfterRestart" || ev.Message != "op=post_clone" {
+		t.Fatalf("resumed: %+v %v", ev, err)
 	}
 	if _, err := StatePatch("finished"); err == nil {
 		t.Fatal("an unknown state was taken")
+	}
+}
+
+// More goroutines than plugin slots wait for one instead of failing.
+func TestCallersQueueForSlots(t *testing.T) {
+	p, err := NewPlanner(Options{NoPluginDir: true, NoCache: true, Limits: Limits{Slots: 2}, CocoonRoot: filepath.Join(root, "examples", "cocoon-root")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	pod := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
+	vm := read(t, filepath.Join(root, "examples", "oci-static", "vm.json"))
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for g := 0; g < 32; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 5; i++ {
+				if _, err := p.Plan(pod, vm, Overrides{}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// Only a plan the planner made, unchanged, is rendered into an exec.
+func TestAttemptsTakeOnlySealedPlans(t *testing.T) {
+	pod := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
+	vm := read(t, filepath.Join(root, "examples", "oci-static", "vm.json"))
+	r, err := shared.Plan(pod, vm, Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tampered := *r
+	tampered.plan = bytes.Replace(r.plan, []byte("systemd-networkd"), []byte("evil-networkd"), 1)
+	if bytes.Equal(tampered.plan, r.plan) {
+		t.Fatal("the test did not change the plan")
+	}
+	var e *Error
+	if _, err := shared.NewAttempt(&tampered); !errors.As(err, &e) || e.Code != CodeInvalidArgument || !strings.Contains(e.Message, "seal") {
+		t.Fatalf("a changed plan: %v", err)
+	}
+	unsealed := *r
+	unsealed.plan = bytes.Replace(r.plan, []byte(`"seal"`), []byte(`"other"`), 1)
+	if _, err := shared.NewAttempt(&unsealed); err == nil {
+		t.Fatal("a plan without its seal was attempted")
+	}
+	other, err := NewPlanner(Options{NoPluginDir: true, NoCache: true, CocoonRoot: filepath.Join(root, "examples", "cocoon-root")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := other.NewAttempt(r); err == nil {
+		t.Fatal("another planner's plan was attempted")
+	}
+	if _, err := shared.NewAttempt(r); err != nil {
+		t.Fatalf("the plan as made: %v", err)
+	}
+}
+
+// Close while other goroutines plan: each call either finishes or sees
+// ErrClosed; nothing runs on a freed planner (the race detector watches).
+func TestCloseWhileCallsAreInFlight(t *testing.T) {
+	p, err := NewPlanner(Options{NoPluginDir: true, NoCache: true, CocoonRoot: filepath.Join(root, "examples", "cocoon-root")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
+	vm := read(t, filepath.Join(root, "examples", "oci-static", "vm.json"))
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	done, closed, exited := 0, 0, 0
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer func() {
+				mu.Lock()
+				exited++
+				mu.Unlock()
+				wg.Done()
+			}()
+			for {
+				_, err := p.Plan(pod, vm, Overrides{})
+				mu.Lock()
+				if err == ErrClosed {
+					closed++
+					mu.Unlock()
+					return
+				}
+				if err != nil {
+					mu.Unlock()
+					t.Errorf("a call beside Close: %v", err)
+					return
+				}
+				done++
+				mu.Unlock()
+			}
+		}()
+	}
+	for {
+		mu.Lock()
+		n, gone := done, exited
+		mu.Unlock()
+		if n >= 16 || gone > 0 {
+			break
+		}
+		runtime.Gosched()
+	}
+	p.Close()
+	wg.Wait()
+	if closed != 8 {
+		t.Fatalf("%d goroutines saw ErrClosed, want 8", closed)
 	}
 }
 
@@ -586,6 +746,10 @@ func TestMemoryIsFlat(t *testing.T) {
 		calls = n
 	}
 	exs := examples(t)
+	ovr := make([]Overrides, len(exs))
+	for i, ex := range exs {
+		ovr[i] = overrides(t, ex.args)
+	}
 	sample := func() int64 {
 		runtime.GC()
 		return rss(t)
@@ -598,8 +762,8 @@ func TestMemoryIsFlat(t *testing.T) {
 	var mu sync.Mutex
 	var failed error
 	step := func(w, i int) {
-		ex := exs[(w+i)%len(exs)]
-		r, err := shared.Plan(ex.pod, ex.vm, overrides(t, ex.args))
+		k := (w + i) % len(exs)
+		r, err := shared.Plan(exs[k].pod, exs[k].vm, ovr[k])
 		if err == nil && r.NeedsFixup {
 			var a *Attempt
 			if a, err = shared.NewAttempt(r); err == nil {
@@ -633,12 +797,11 @@ func TestMemoryIsFlat(t *testing.T) {
 		}
 		samples = append(samples, s)
 	}
-	sorted := append([]int64(nil), samples...)
-	sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
 	growth := samples[len(samples)-1] - base
 	t.Logf("%d calls; RSS after each 5%%: %v MiB; growth after the first 10%%: %d KiB", calls, mib(samples), growth>>10)
-	// A leak of one returned report per call would be hundreds of MiB.
-	if growth > 32<<20 {
+	// A leak of one returned report per call would be hundreds of MiB, of
+	// one verdict string (200 bytes) about 20 MiB.
+	if growth > 16<<20 {
 		t.Fatalf("resident memory grew by %d MiB over %d calls after warm-up: %v MiB", growth>>20, calls, mib(samples))
 	}
 }

@@ -3,8 +3,9 @@
 package cocoonfixup
 
 // The shared library, with -tags cocoonfixup_dynamic: found on the library
-// path the caller gives (CGO_LDFLAGS="-L/path/to/target/release") at link
-// time, and through the run path or LD_LIBRARY_PATH at run time.
+// path the caller gives at link time, and at run time through a run path
+// given the same way or LD_LIBRARY_PATH:
+// CGO_LDFLAGS="-L/path/to/target/release -Wl,-rpath,/path/to/target/release".
 
 // #cgo LDFLAGS: -lcocoon_fixup
 import "C"

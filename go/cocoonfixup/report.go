@@ -23,6 +23,10 @@ type Report struct {
 	Script  *string  `json:"script"`
 	Hint    *string  `json:"hint"`
 	Binding *Binding `json:"binding,omitempty"`
+	// Seal authenticates the plan to the planner that made it (the
+	// library's addition to the CLI's report): NewAttempt takes only
+	// sealed plans.
+	Seal string `json:"seal,omitempty"`
 
 	raw  []byte
 	plan []byte
@@ -108,12 +112,13 @@ func parseReport(doc []byte) (*Report, error) {
 	var parts struct {
 		Dialect json.RawMessage `json:"dialect"`
 		Steps   json.RawMessage `json:"steps"`
+		Seal    json.RawMessage `json:"seal"`
 	}
 	if err := json.Unmarshal(doc, &parts); err != nil {
 		return nil, &Error{Code: CodeInvalidArgument, Message: "reading the report: " + err.Error()}
 	}
 	if r.NeedsFixup {
-		plan, err := json.Marshal(map[string]json.RawMessage{"dialect": parts.Dialect, "steps": parts.Steps})
+		plan, err := json.Marshal(map[string]json.RawMessage{"dialect": parts.Dialect, "steps": parts.Steps, "seal": parts.Seal})
 		if err != nil {
 			return nil, &Error{Code: CodeInvalidArgument, Message: err.Error()}
 		}

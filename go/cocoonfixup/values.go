@@ -150,13 +150,35 @@ func PlanFailed(annotations map[string]string, planErr error) (*Record, error) {
 }
 
 // VMMismatch is the PostCloneVMMismatch event for a pod whose VM record
-// (named vmName) is not its own, or nil when it is. The event never names
-// the other VM.
-func VMMismatch(pod []byte, vmName string, acceptLegacyVMNames bool) (*Event, error) {
+// (vm, as cocoon printed it) is not its own, or nil when it is. The event
+// never names the other VM.
+func VMMismatch(pod, vm []byte, acceptLegacyVMNames bool) (*Event, error) {
 	var out struct {
 		Event *Event `json:"event"`
 	}
-	err := values(map[string]any{"op": "vm-mismatch", "pod_json": string(pod), "vm_name": vmName, "accept_legacy_vm_names": acceptLegacyVMNames}, &out)
+	err := values(map[string]any{"op": "vm-mismatch", "pod_json": string(pod), "vm_json": string(vm), "accept_legacy_vm_names": acceptLegacyVMNames}, &out)
+	return out.Event, err
+}
+
+// StillOurs reports whether the pod, as read again just now, is still the
+// one the loop works for: the same uid, the decision table still open (not
+// hibernating, not deleting, the lifecycle not moved on, not parked), and
+// no other VM id annotated than vmID. The daemon asks before the running
+// write, before each attempt, and before every final write; when it says
+// no, nothing more is written.
+func StillOurs(pod []byte, uid, vmID string) (bool, error) {
+	var out struct {
+		Value bool `json:"value"`
+	}
+	err := values(map[string]any{"op": "still-ours", "pod_json": string(pod), "uid": uid, "vm_id": vmID}, &out)
+	return out.Value, err
+}
+
+// Resumed is the ResumedAfterRestart event for work picked up again after
+// a restart (the Decision's Op).
+func Resumed(op string) (*Event, error) {
+	var out Record
+	err := values(map[string]any{"op": "resumed", "work": op}, &out)
 	return out.Event, err
 }
 
@@ -169,7 +191,7 @@ func IPWaitTimeout(annotations map[string]string, vmName string, budget time.Dur
 }
 
 // Ready is the patch that publishes the IP and moves the lifecycle to
-// ready (when stickiness allows).
+// ready (when stickiness allows). Write it only when StillOurs says so.
 func Ready(annotations map[string]string, ip net.IP) (Patch, error) {
 	v4 := ip.To4()
 	if v4 == nil {

@@ -21,7 +21,7 @@ use fixup_core::exec;
 
 use crate::classify::Scenario;
 use crate::cocoon::{Cocoon, CocoonError};
-use crate::facts::{GuestOs, MacAddr, PodInput, VmId, WaitFacts, WaitNic, annotations};
+use crate::facts::{GuestOs, MacAddr, PodInput, VmId, WaitFacts, WaitNic};
 use crate::lifecycle::{self, Lifecycle, PostCloneState};
 use crate::plan::{Nonce, Plan, exec_argv};
 use crate::pods::{AnnotationPatch, Event, PodApi, PodError, PodRef, keys, reasons};
@@ -149,10 +149,7 @@ async fn emit<P: PodApi>(pods: &P, pod: &PodRef, event: Event) {
 /// hibernating, not deleting, lifecycle not moved on: spec section 8), and
 /// no other VM id annotated than the one the host bound.
 pub fn still_ours(current: &PodInput, pod: &PodRef, vm: &VmId) -> bool {
-    let annotated = current.annotation(annotations::VM_ID);
-    current.uid.as_deref() == Some(pod.uid.as_str())
-        && lifecycle::gate(current).is_ok()
-        && (annotated.is_empty() || annotated == vm.as_str())
+    lifecycle::still_ours(current, &pod.uid, vm.as_str())
 }
 
 /// Read the pod again before a final write: `Ok(Some)` with its

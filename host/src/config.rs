@@ -56,17 +56,6 @@ pub enum ConfigError {
     },
 }
 
-fn sha256_hex(s: &str) -> Result<String, String> {
-    let lower = s.trim().to_ascii_lowercase();
-    if lower.len() == 64 && lower.bytes().all(|b| b.is_ascii_hexdigit()) {
-        Ok(lower)
-    } else {
-        Err(format!(
-            "{s:?} is not a sha256 digest (64 hex digits, as `cocoon-fixup plugin inspect` prints it)"
-        ))
-    }
-}
-
 fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 200ms, 3s, 2m)"))
 }
@@ -164,7 +153,7 @@ pub struct ConfigArgs {
     pub dhcp_recovery_after: Option<Duration>,
     /// Only load plugin files with this sha256 (repeat for several); without
     /// it every plugin file is loaded. Built-ins are always trusted.
-    #[arg(long = "allow-plugin", value_name = "SHA256", env = "COCOON_FIXUP_ALLOW_PLUGINS", value_delimiter = ',', value_parser = sha256_hex)]
+    #[arg(long = "allow-plugin", value_name = "SHA256", env = "COCOON_FIXUP_ALLOW_PLUGINS", value_delimiter = ',', value_parser = crate::plugin::parse_sha256)]
     #[serde(default, rename = "allowed_plugins")]
     pub allowed_plugins: Vec<String>,
     /// Also accept VMs named in the legacy unhashed form `vk-<namespace>-<pod>`
@@ -235,7 +224,7 @@ impl ConfigArgs {
         let memory_mib = a
             .plugin_memory_mib
             .unwrap_or((DEFAULT_MEMORY_BYTES >> 20) as u32);
-        if !(1..=4096).contains(&memory_mib) {
+        if !crate::plugin::MEMORY_MIB_RANGE.contains(&memory_mib) {
             return Err(ConfigError::Invalid {
                 what: "plugin_memory_mib",
                 rule: "1..=4096",
@@ -244,10 +233,12 @@ impl ConfigArgs {
         }
         let mut allowed = std::collections::BTreeSet::new();
         for digest in &a.allowed_plugins {
-            allowed.insert(sha256_hex(digest).map_err(|rule| ConfigError::Invalid {
-                what: "allowed_plugins",
-                rule: "64 hex digits per entry",
-                value: rule,
+            allowed.insert(crate::plugin::parse_sha256(digest).map_err(|rule| {
+                ConfigError::Invalid {
+                    what: "allowed_plugins",
+                    rule: "64 hex digits per entry",
+                    value: rule,
+                }
             })?);
         }
         let mut narrowing = BTreeMap::new();

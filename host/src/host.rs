@@ -387,7 +387,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             self.metrics.resumed(op);
             self.emit(
                 &pod_ref,
-                Event::normal(reasons::RESUMED_AFTER_RESTART, format!("op={op}")),
+                Event::normal(reasons::RESUMED_AFTER_RESTART, messages::resumed(op)),
             )
             .await;
         }

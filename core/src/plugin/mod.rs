@@ -41,6 +41,22 @@ use trusted::{TrustedDir, Untrusted};
 /// twice `--concurrency`, at least this many.
 pub const DEFAULT_SLOTS: u32 = 64;
 
+/// The plugin memory limit a configuration may set, MiB.
+pub const MEMORY_MIB_RANGE: std::ops::RangeInclusive<u32> = 1..=4096;
+
+/// A plugin digest as the allow-list takes it: 64 hex digits, any case,
+/// surrounding blanks ignored; lowercase out.
+pub fn parse_sha256(s: &str) -> Result<String, String> {
+    let lower = s.trim().to_ascii_lowercase();
+    if lower.len() == 64 && lower.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(lower)
+    } else {
+        Err(format!(
+            "{s:?} is not a sha256 digest (64 hex digits, as `cocoon-fixup plugin inspect` prints it)"
+        ))
+    }
+}
+
 /// Vendor plugins are loaded from here when it exists and no other
 /// directory is given (the daemon, the CLI and the C library agree).
 pub const DEFAULT_PLUGIN_DIR: &str = "/etc/cocoon-fixup/plugins";

@@ -31,13 +31,15 @@ enum CfStatus
   CF_OK = 0,
   /**
    * The caller broke the contract: a null pointer, text that is not
-   * UTF-8, options or a request that are not the documented JSON, a
-   * planner already freed. A bug in the caller, never in the input data.
+   * UTF-8, options or a request that are not the documented JSON, a plan
+   * handed back that is not one this planner made. A bug in the caller,
+   * never in the input data. (A planner used after it was freed is not
+   * detected: that is undefined behaviour.)
    */
   CF_INVALID_ARGUMENT = 1,
   /**
-   * The pod or VM record is not what `kubectl get pod -o json` or
-   * `cocoon vm inspect --json` print (malformed JSON, wrong shape).
+   * The pod is not what `kubectl get pod -o json` prints (malformed
+   * JSON, wrong shape, not a Pod).
    */
   CF_BAD_INPUT = 2,
   /**
@@ -46,12 +48,15 @@ enum CfStatus
    */
   CF_BAD_FACTS = 3,
   /**
-   * The node cannot be probed (the cocoon root is unreadable): the work
-   * can be retried, the pod is not to be failed.
+   * The node is at fault, not the pod: the cocoon root cannot be probed,
+   * or the plugin directory leaves the VM without a plugin (a contested
+   * claim, a file that did not load). Retry later; do not fail the pod.
    */
   CF_NODE = 4,
   /**
-   * No plugin serves the scenario and flavour.
+   * No plugin serves the scenario and flavour. (When the plugin
+   * directory is to blame, a contested claim or a file that did not
+   * load, the answer is `CF_NODE` instead: the node's operator fixes it.)
    */
   CF_NO_PLUGIN = 5,
   /**
@@ -85,10 +90,24 @@ enum CfStatus
    */
   CF_LOAD = 11,
   /**
-   * The library panicked. The call had no effect the caller can see;
-   * the message carries the panic's text. Please report it.
+   * The library panicked. The message carries the panic's text; please
+   * report it. Free the planner and build a new one before planning
+   * again.
    */
   CF_PANIC = 12,
+  /**
+   * The VM record is not the pod's own (spec section 2): nothing may run
+   * in it for this pod and no IP may be published. The message names
+   * both VMs, for the node's log; the pod's event comes from the
+   * `vm-mismatch` value, which never names the other VM.
+   */
+  CF_VM_MISMATCH = 13,
+  /**
+   * The VM record is not what `cocoon vm inspect --json` prints: the
+   * cocoon CLI (or its version) is at fault, not the pod; retry later,
+   * do not fail the pod.
+   */
+  CF_BAD_RECORD = 14,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -157,9 +176,16 @@ void cf_planner_free(struct cf_planner *planner);
  * (may be null) is `{"boot": "clone"|"fork"|"wake"|"resumed", "source_image":
  * URL}`, as `plan --boot` and `--source-image`.
  *
+ * A VM record that is not the pod's own (spec section 2: its id against
+ * the pod's id annotation, its name against the name derived from the
+ * pod) is refused with `CF_VM_MISMATCH` before anything looks at it. Work
+ * the pod's `post-clone-state` says is `running` is planned as resumed
+ * work (boot kind `resumed`, the disk probe decides), as the daemon plans
+ * it, unless `overrides_json` names a boot kind.
+ *
  * On `CF_OK`, `*out` is the report `cocoon-fixup plan --output json`
- * prints, with `binding` (spec section 2): run nothing in the VM unless
- * `binding.verdict` is `"bound"`.
+ * prints, with `binding` and, when there is a plan, `seal`: hand `{dialect,
+ * steps, seal}` back to [`cf_attempt`].
  *
  * # Safety
  *
@@ -183,10 +209,12 @@ CfStatus cf_plan(const struct cf_planner *planner,
  * decide, and the others answer `needs-facts`.
  *
  * On `CF_OK`, `*out` is `{"action": "nothing"|"parked"|"run-loop"|
- * "ip-wait-only"|"needs-facts", "why": ..., "op": ...}`: `why` names the
- * reason for `nothing` (`stack-owns`, `hibernate-requested`, `deleting`,
- * `not-managed`, `not-cloned`), `op` the `ResumedAfterRestart` op of work
- * that resumes (`post_clone`, `ready_wait`).
+ * "ip-wait-only"|"needs-facts", "why": ..., "op": ..., "marker": ...}`:
+ * `why` names the reason for `nothing` (`stack-owns`,
+ * `hibernate-requested`, `deleting`, `not-managed`, `not-cloned`), `op` the
+ * `ResumedAfterRestart` op of work that resumes (`post_clone`,
+ * `ready_wait`), `marker` the pod's `post-clone-state` (`running`, `done`
+ * or null: with `done` only the IP wait is left, plan nothing).
  *
  * # Safety
  *
@@ -199,9 +227,12 @@ CfStatus cf_decide(const uint8_t *pod, size_t pod_len, int32_t fixup_needed, cha
  * A fresh attempt of a plan: the argv to run after `cocoon vm exec <id>
  * --`, under a new nonce (128 bits from the OS).
  *
- * `plan_json` is `{"dialect", "steps"}` from a report; it is checked again
- * under the planner's limits. On `CF_OK`, `*out` is `{"nonce": hex,
- * "argv": [..]}`; pass the nonce to [`cf_verdict`] with the exec's output.
+ * `plan_json` is `{"dialect", "steps", "seal"}` from a report of this
+ * planner: a plan without this planner's seal, or changed, is refused
+ * (`CF_INVALID_ARGUMENT`), and it is checked again under the planner's
+ * limits. On `CF_OK`, `*out` is `{"nonce": hex, "argv": [..]}`; pass the
+ * nonce to [`cf_verdict`] with the exec's output. A plan of one run step
+ * runs directly: its argv carries no nonce and its exit code decides.
  *
  * # Safety
  *
@@ -243,8 +274,8 @@ CfStatus cf_verdict(const char *plan_json,
  * writes, exactly as the daemon writes them. `request_json` names the
  * value in `op`; the README lists each op, its inputs and its answer
  * (`errors-annotation`, `one-line`, `event-message`, `attempt-failed`,
- * `succeeded`, `exhausted`, `plan-failed`, `vm-mismatch`,
- * `ip-wait-timeout`, `ready`, `state`).
+ * `succeeded`, `exhausted`, `plan-failed`, `vm-mismatch`, `still-ours`,
+ * `resumed`, `ip-wait-timeout`, `ready`, `state`).
  *
  * # Safety
  *

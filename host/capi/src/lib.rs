@@ -32,11 +32,16 @@
 //! # Threads
 //!
 //! A planner is built once and may be used from any number of threads at
-//! once; it starts one thread of its own, the plugin engine's epoch ticker
-//! (the wall-clock deadline of plugin calls), which stops when the planner
-//! is freed. No call does network I/O or talks to Kubernetes; [`cf_plan`]
-//! may read the cocoon root (the overlay probe) and, when it builds, the
-//! plugin directory and the cache.
+//! once; calls beyond the engine's instance slots wait for one. The
+//! library's own threads are the plugin engine's: the epoch ticker (the
+//! wall-clock deadline of plugin calls), which stops when the planner is
+//! freed, and the compiler's worker pool while plugins are compiled. No
+//! call does network I/O or talks to Kubernetes; [`cf_plan`] may read the
+//! cocoon root (the overlay probe) and, when a planner is built, the
+//! plugin directory and the cache. The engine installs signal handlers
+//! (SIGSEGV, SIGILL, SIGFPE, SIGBUS) to turn a plugin's traps into errors;
+//! they pass other faults on, and Go's runtime and them coexist (the Go
+//! package's tests run under the race detector).
 //!
 //! # Panics
 //!
@@ -99,7 +104,13 @@ unsafe fn answer(out: *mut *mut c_char, call: impl FnOnce() -> ops::Outcome) -> 
     let (status, text) = match catch_unwind(AssertUnwindSafe(call)) {
         Ok(Ok(json)) => (CfStatus::CfOk, json),
         Ok(Err(failure)) => (failure.status, failure.message),
-        Err(payload) => (CfStatus::CfPanic, panic_message(payload.as_ref())),
+        Err(payload) => {
+            let message = panic_message(payload.as_ref());
+            // A payload's own Drop may panic too: drop it where that is
+            // caught as well.
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
+            (CfStatus::CfPanic, message)
+        }
     };
     // SAFETY: the caller promises `out` is valid for a write; it is not
     // null (checked above).
@@ -158,6 +169,10 @@ unsafe fn c_bytes<'a>(what: &str, ptr: *const u8, len: usize) -> Result<&'a [u8]
         (_, 0) => Ok(&[]),
         (true, _) => Err(ops::Failure::invalid(format!(
             "{what} is null with length {len}"
+        ))),
+        // No allocation is larger: the length is wrong.
+        (false, _) if len > isize::MAX as usize => Err(ops::Failure::invalid(format!(
+            "{what} has length {len}, more than any buffer can hold"
         ))),
         // SAFETY: not null, and the caller promises `len` readable bytes
         // that outlive the call; u8 has no alignment requirement.
@@ -256,9 +271,16 @@ pub unsafe extern "C" fn cf_planner_free(planner: *mut CfPlanner) {
 /// (may be null) is `{"boot": "clone"|"fork"|"wake"|"resumed", "source_image":
 /// URL}`, as `plan --boot` and `--source-image`.
 ///
+/// A VM record that is not the pod's own (spec section 2: its id against
+/// the pod's id annotation, its name against the name derived from the
+/// pod) is refused with `CF_VM_MISMATCH` before anything looks at it. Work
+/// the pod's `post-clone-state` says is `running` is planned as resumed
+/// work (boot kind `resumed`, the disk probe decides), as the daemon plans
+/// it, unless `overrides_json` names a boot kind.
+///
 /// On `CF_OK`, `*out` is the report `cocoon-fixup plan --output json`
-/// prints, with `binding` (spec section 2): run nothing in the VM unless
-/// `binding.verdict` is `"bound"`.
+/// prints, with `binding` and, when there is a plan, `seal`: hand `{dialect,
+/// steps, seal}` back to [`cf_attempt`].
 ///
 /// # Safety
 ///
@@ -300,10 +322,12 @@ pub unsafe extern "C" fn cf_plan(
 /// decide, and the others answer `needs-facts`.
 ///
 /// On `CF_OK`, `*out` is `{"action": "nothing"|"parked"|"run-loop"|
-/// "ip-wait-only"|"needs-facts", "why": ..., "op": ...}`: `why` names the
-/// reason for `nothing` (`stack-owns`, `hibernate-requested`, `deleting`,
-/// `not-managed`, `not-cloned`), `op` the `ResumedAfterRestart` op of work
-/// that resumes (`post_clone`, `ready_wait`).
+/// "ip-wait-only"|"needs-facts", "why": ..., "op": ..., "marker": ...}`:
+/// `why` names the reason for `nothing` (`stack-owns`,
+/// `hibernate-requested`, `deleting`, `not-managed`, `not-cloned`), `op` the
+/// `ResumedAfterRestart` op of work that resumes (`post_clone`,
+/// `ready_wait`), `marker` the pod's `post-clone-state` (`running`, `done`
+/// or null: with `done` only the IP wait is left, plan nothing).
 ///
 /// # Safety
 ///
@@ -328,9 +352,12 @@ pub unsafe extern "C" fn cf_decide(
 /// A fresh attempt of a plan: the argv to run after `cocoon vm exec <id>
 /// --`, under a new nonce (128 bits from the OS).
 ///
-/// `plan_json` is `{"dialect", "steps"}` from a report; it is checked again
-/// under the planner's limits. On `CF_OK`, `*out` is `{"nonce": hex,
-/// "argv": [..]}`; pass the nonce to [`cf_verdict`] with the exec's output.
+/// `plan_json` is `{"dialect", "steps", "seal"}` from a report of this
+/// planner: a plan without this planner's seal, or changed, is refused
+/// (`CF_INVALID_ARGUMENT`), and it is checked again under the planner's
+/// limits. On `CF_OK`, `*out` is `{"nonce": hex, "argv": [..]}`; pass the
+/// nonce to [`cf_verdict`] with the exec's output. A plan of one run step
+/// runs directly: its argv carries no nonce and its exit code decides.
 ///
 /// # Safety
 ///
@@ -411,8 +438,8 @@ pub unsafe extern "C" fn cf_verdict(
 /// writes, exactly as the daemon writes them. `request_json` names the
 /// value in `op`; the README lists each op, its inputs and its answer
 /// (`errors-annotation`, `one-line`, `event-message`, `attempt-failed`,
-/// `succeeded`, `exhausted`, `plan-failed`, `vm-mismatch`,
-/// `ip-wait-timeout`, `ready`, `state`).
+/// `succeeded`, `exhausted`, `plan-failed`, `vm-mismatch`, `still-ours`,
+/// `resumed`, `ip-wait-timeout`, `ready`, `state`).
 ///
 /// # Safety
 ///

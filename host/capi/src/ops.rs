@@ -4,13 +4,16 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
+use hmac::{Hmac, Mac};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use sha2::Sha256;
 
 use fixup_core::annotations::{self, AnnotationPatch, Event, EventType, keys, messages, reasons};
-use fixup_core::binding::{self, BindingPolicy};
+use fixup_core::binding::{self, BindingPolicy, Mismatch, Verdict};
 use fixup_core::exec::{ExecOutput, ExitStatusKind};
 use fixup_core::facts::{BootKind, FactError, Observation, Overrides, PodInput, VmInspect};
 use fixup_core::lifecycle::{self, Action, Lifecycle, PostCloneState};
@@ -20,7 +23,8 @@ use fixup_core::planner::{Planner, PlannerError, PlannerOptions};
 use fixup_core::plugin::cache::default_cache_dir;
 use fixup_core::plugin::sandbox::{DEFAULT_DEADLINE, DEFAULT_FUEL, DEFAULT_MEMORY_BYTES};
 use fixup_core::plugin::{
-    DEFAULT_PLUGIN_DIR, DEFAULT_SLOTS, EngineOptions, Limits, LoadError, PluginError,
+    DEFAULT_PLUGIN_DIR, DEFAULT_SLOTS, EngineOptions, Limits, LoadError, MEMORY_MIB_RANGE,
+    PluginError, parse_sha256,
 };
 use fixup_core::probe::DEFAULT_COCOON_ROOT;
 
@@ -33,19 +37,24 @@ pub enum CfStatus {
     /// Success: the output is the call's JSON document.
     CfOk = 0,
     /// The caller broke the contract: a null pointer, text that is not
-    /// UTF-8, options or a request that are not the documented JSON, a
-    /// planner already freed. A bug in the caller, never in the input data.
+    /// UTF-8, options or a request that are not the documented JSON, a plan
+    /// handed back that is not one this planner made. A bug in the caller,
+    /// never in the input data. (A planner used after it was freed is not
+    /// detected: that is undefined behaviour.)
     CfInvalidArgument = 1,
-    /// The pod or VM record is not what `kubectl get pod -o json` or
-    /// `cocoon vm inspect --json` print (malformed JSON, wrong shape).
+    /// The pod is not what `kubectl get pod -o json` prints (malformed
+    /// JSON, wrong shape, not a Pod).
     CfBadInput = 2,
     /// The pod and VM parse, but their facts do not hold together or do
     /// not validate (an id mismatch, a bad MAC or address, a bad flavour).
     CfBadFacts = 3,
-    /// The node cannot be probed (the cocoon root is unreadable): the work
-    /// can be retried, the pod is not to be failed.
+    /// The node is at fault, not the pod: the cocoon root cannot be probed,
+    /// or the plugin directory leaves the VM without a plugin (a contested
+    /// claim, a file that did not load). Retry later; do not fail the pod.
     CfNode = 4,
-    /// No plugin serves the scenario and flavour.
+    /// No plugin serves the scenario and flavour. (When the plugin
+    /// directory is to blame, a contested claim or a file that did not
+    /// load, the answer is `CF_NODE` instead: the node's operator fixes it.)
     CfNoPlugin = 5,
     /// A plugin hit a sandbox limit: fuel, wall-clock deadline, memory,
     /// log volume, or the bytes it may hand the host.
@@ -65,9 +74,19 @@ pub enum CfStatus {
     /// Building the planner failed: the engine, a plugin that does not load
     /// (in strict mode), a plugin directory that is not trusted.
     CfLoad = 11,
-    /// The library panicked. The call had no effect the caller can see;
-    /// the message carries the panic's text. Please report it.
+    /// The library panicked. The message carries the panic's text; please
+    /// report it. Free the planner and build a new one before planning
+    /// again.
     CfPanic = 12,
+    /// The VM record is not the pod's own (spec section 2): nothing may run
+    /// in it for this pod and no IP may be published. The message names
+    /// both VMs, for the node's log; the pod's event comes from the
+    /// `vm-mismatch` value, which never names the other VM.
+    CfVmMismatch = 13,
+    /// The VM record is not what `cocoon vm inspect --json` prints: the
+    /// cocoon CLI (or its version) is at fault, not the pod; retry later,
+    /// do not fail the pod.
+    CfBadRecord = 14,
 }
 
 /// A call that did not succeed.
@@ -141,11 +160,98 @@ pub struct Options {
     pub strict: bool,
 }
 
-/// A planner and the binding policy it plans under.
+/// A planner, the binding policy it plans under, the permits that keep
+/// plugin calls within the engine's instance slots, and the key that seals
+/// the plans it hands out.
 #[derive(Debug)]
 pub struct Built {
     pub planner: Planner,
     pub binding: BindingPolicy,
+    permits: Permits,
+    seal_key: SealKey,
+}
+
+/// One permit per engine slot: a caller with more threads than slots
+/// waits for one instead of failing the pod on a full instance pool (the
+/// daemon's semaphore, here without an async runtime).
+#[derive(Debug)]
+struct Permits {
+    free: Mutex<u32>,
+    freed: Condvar,
+}
+
+struct Permit<'a>(&'a Permits);
+
+impl Permits {
+    fn new(slots: u32) -> Self {
+        Permits {
+            free: Mutex::new(slots.max(1)),
+            freed: Condvar::new(),
+        }
+    }
+
+    fn acquire(&self) -> Permit<'_> {
+        // A counter cannot be left half-updated: a poisoned lock is safe
+        // to go on with.
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        while *free == 0 {
+            free = self
+                .freed
+                .wait(free)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        *free -= 1;
+        Permit(self)
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        *self.0.free.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        self.0.freed.notify_one();
+    }
+}
+
+/// 32 random bytes per planner: a plan handed back for an attempt must
+/// carry the seal this planner put on it, so nothing but a plan it made
+/// (and checked against the plugins' guest policies) is ever rendered
+/// into an exec.
+struct SealKey([u8; 32]);
+
+impl std::fmt::Debug for SealKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SealKey(..)")
+    }
+}
+
+impl SealKey {
+    fn generate() -> Result<Self, Failure> {
+        let mut bytes = [0u8; 32];
+        getrandom::fill(&mut bytes).map_err(|e| {
+            Failure::new(
+                CfStatus::CfLoad,
+                format!("no random bytes for the plan seal: {e}"),
+            )
+        })?;
+        Ok(SealKey(bytes))
+    }
+
+    fn mac(&self, plan: &Plan) -> Hmac<Sha256> {
+        let mut mac =
+            Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes keys of any length");
+        // The plan's own JSON, as this crate writes it: the same plan
+        // always gives the same bytes.
+        mac.update(&serde_json::to_vec(plan).expect("a plan serialises"));
+        mac
+    }
+
+    fn seal(&self, plan: &Plan) -> String {
+        hex::encode(self.mac(plan).finalize().into_bytes())
+    }
+
+    fn verify(&self, plan: &Plan, seal: &str) -> bool {
+        hex::decode(seal).is_ok_and(|tag| self.mac(plan).verify_slice(&tag).is_ok())
+    }
 }
 
 impl Options {
@@ -153,20 +259,16 @@ impl Options {
         let memory_mib = self
             .plugin_memory_mib
             .unwrap_or((DEFAULT_MEMORY_BYTES >> 20) as u32);
-        if !(1..=4096).contains(&memory_mib) {
+        if !MEMORY_MIB_RANGE.contains(&memory_mib) {
             return Err(Failure::invalid(format!(
                 "plugin_memory_mib must be 1..=4096, got {memory_mib}"
             )));
         }
         let mut allowed = BTreeSet::new();
         for digest in &self.allowed_plugins {
-            let lower = digest.trim().to_ascii_lowercase();
-            if lower.len() != 64 || !lower.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(Failure::invalid(format!(
-                    "allowed_plugins: {digest:?} is not a sha256 digest (64 hex digits, as `cocoon-fixup plugin inspect` prints it)"
-                )));
-            }
-            allowed.insert(lower);
+            let digest = parse_sha256(digest)
+                .map_err(|e| Failure::invalid(format!("allowed_plugins: {e}")))?;
+            allowed.insert(digest);
         }
         let mut narrowing = BTreeMap::new();
         for (name, raw) in &self.plugin_policy {
@@ -263,12 +365,15 @@ pub fn planner_new(options: &str) -> Result<(Built, String), Failure> {
         .map(|name| format!("plugin_policy.{name} narrows a plugin that is not loaded: check the name against `cocoon-fixup plugin inspect`"))
         .collect();
     let answer = to_json(&json!({"load_failures": failures, "warnings": warnings}))?;
+    let permits = Permits::new(planner.plugins().slots());
     Ok((
         Built {
             planner,
             binding: BindingPolicy {
                 accept_legacy_names: options.accept_legacy_vm_names,
             },
+            permits,
+            seal_key: SealKey::generate()?,
         },
         answer,
     ))
@@ -343,6 +448,7 @@ fn planner_status(e: &PlannerError) -> CfStatus {
     match e {
         PlannerError::Facts(_) => CfStatus::CfBadFacts,
         PlannerError::Probe(_) => CfStatus::CfNode,
+        PlannerError::NoPlugin(e) if e.is_node_config() => CfStatus::CfNode,
         PlannerError::NoPlugin(_) => CfStatus::CfNoPlugin,
         PlannerError::Plugin(e) => plugin_status(e),
         PlannerError::Compose { .. } => CfStatus::CfPlanRejected,
@@ -355,22 +461,77 @@ fn bad_input(e: FactError) -> Failure {
     Failure::new(CfStatus::CfBadInput, e.to_string())
 }
 
+/// Whether the VM record is the pod's own, as the daemon checks it before
+/// anything else: the record's id against the pod's id annotation, then
+/// the derived name (spec section 2).
+fn bind_record(pod: &PodInput, vm: &VmInspect, policy: BindingPolicy) -> Result<Verdict, Mismatch> {
+    let annotated = pod.annotation(fixup_core::facts::annotations::VM_ID);
+    if !vm.id.is_empty() && !annotated.is_empty() && vm.id != annotated {
+        return Err(Mismatch::IdDisagrees {
+            annotation: annotated.to_owned(),
+            record: vm.id.clone(),
+        });
+    }
+    match binding::bind(pod, &vm.name, policy) {
+        Verdict::Mismatch(m) => Err(m),
+        bound => Ok(bound),
+    }
+}
+
+fn read_pod(pod: &[u8]) -> Result<PodInput, Failure> {
+    PodInput::from_json(input_text("pod", pod)?, "pod").map_err(bad_input)
+}
+
+fn read_record(vm: &[u8]) -> Result<VmInspect, Failure> {
+    let text = std::str::from_utf8(vm)
+        .map_err(|e| Failure::new(CfStatus::CfBadRecord, format!("vm: not UTF-8: {e}")))?;
+    VmInspect::from_json(text, "vm").map_err(|e| Failure::new(CfStatus::CfBadRecord, e.to_string()))
+}
+
 /// Plan for a pod and its VM record: the report of `cocoon-fixup plan
-/// --output json`, with the binding verdict.
+/// --output json`, with the binding verdict and, when there is a plan, its
+/// seal. A VM that is not the pod's is refused before anything looks at
+/// it (`CF_VM_MISMATCH`). Work the host left `running` is planned as
+/// resumed work, as the daemon plans it (spec section 8: the source image
+/// is not known, the disk probe decides), unless `overrides` says
+/// otherwise.
 pub fn plan(built: &Built, pod: &[u8], vm: &[u8], overrides_json: Option<&str>) -> Outcome {
-    let overrides = overrides(overrides_json)?;
-    let pod = PodInput::from_json(input_text("pod", pod)?, "pod").map_err(bad_input)?;
-    let vm = VmInspect::from_json(input_text("vm", vm)?, "vm").map_err(bad_input)?;
-    let verdict = binding::bind(&pod, &vm.name, built.binding);
+    let mut overrides = overrides(overrides_json)?;
+    let pod = read_pod(pod)?;
+    let vm = read_record(vm)?;
+    let verdict = bind_record(&pod, &vm, built.binding).map_err(|m| {
+        Failure::new(
+            CfStatus::CfVmMismatch,
+            format!("not this pod's VM, nothing may run in it: {m}"),
+        )
+    })?;
+    if overrides.boot.is_none()
+        && PostCloneState::parse(pod.annotation(keys::POST_CLONE_STATE))
+            == Some(PostCloneState::Running)
+    {
+        overrides = Overrides {
+            boot: Some(BootKind::Resumed),
+            source_image: None,
+        };
+    }
     let obs = Observation::new(&pod, &vm, &overrides)
         .map_err(|e| Failure::new(CfStatus::CfBadFacts, e.to_string()))?;
-    let outcome = built
-        .planner
-        .plan(&obs)
-        .map_err(|e| Failure::new(planner_status(&e), e.to_string()))?;
+    let outcome = {
+        let _permit = built.permits.acquire();
+        built.planner.plan(&obs)
+    }
+    .map_err(|e| Failure::new(planner_status(&e), e.to_string()))?;
     let mut report = outcome.report(&obs);
     report.binding = Some(verdict);
-    to_json(&report)
+    let mut doc = serde_json::to_value(&report)
+        .map_err(|e| Failure::invalid(format!("cannot encode the report: {e}")))?;
+    if let (Some(composed), Some(map)) = (&outcome.composed, doc.as_object_mut()) {
+        map.insert(
+            "seal".into(),
+            Value::String(built.seal_key.seal(&composed.plan)),
+        );
+    }
+    to_json(&doc)
 }
 
 fn action_json(action: Action) -> Value {
@@ -386,9 +547,13 @@ fn action_json(action: Action) -> Value {
 /// Spec section 8 for a pod: `fixup_needed` is 1 or 0 from the plan's
 /// `needs_fixup`, or -1 when the VM has not been looked at: then the rows
 /// that need only the pod decide, and the others answer `needs-facts`.
+///
+/// Every answer carries `marker`, the pod's `post-clone-state` as the
+/// table read it (`running`, `done`, or null): with `done` the fixup is
+/// over and only the IP wait is left, so a caller need not plan at all.
 pub fn decide(pod: &[u8], fixup_needed: i32) -> Outcome {
-    let pod = PodInput::from_json(input_text("pod", pod)?, "pod").map_err(bad_input)?;
-    let answer = match fixup_needed {
+    let pod = read_pod(pod)?;
+    let mut answer = match fixup_needed {
         0 | 1 => action_json(lifecycle::decide(&pod, fixup_needed == 1)),
         -1 => match lifecycle::gate(&pod) {
             Err(action) => action_json(action),
@@ -400,14 +565,34 @@ pub fn decide(pod: &[u8], fixup_needed: i32) -> Outcome {
             )));
         }
     };
+    let marker = PostCloneState::parse(pod.annotation(keys::POST_CLONE_STATE))
+        .filter(|m| *m != PostCloneState::Failed)
+        .map(PostCloneState::as_str);
+    answer["marker"] = json!(marker);
     to_json(&answer)
 }
 
-/// The plan of a report, read back and checked again under the planner's
-/// limits: the caller holds it between the plan and the attempts.
-fn checked_plan(built: &Built, plan_json: &str) -> Result<Plan, Failure> {
-    let plan: Plan = parse("plan", plan_json)?;
+/// The plan of a report, read back: it must carry this planner's seal (so
+/// it is a plan the planner made, policies checked), and it is checked
+/// again under the planner's limits.
+fn sealed_plan(built: &Built, plan_json: &str) -> Result<Plan, Failure> {
+    let mut doc: Value = parse("plan", plan_json)?;
+    let seal = doc
+        .as_object_mut()
+        .and_then(|map| map.remove("seal"))
+        .and_then(|seal| seal.as_str().map(str::to_owned))
+        .ok_or_else(|| {
+            Failure::invalid("plan: no seal; hand back {dialect, steps, seal} of a report")
+        })?;
+    let plan: Plan =
+        serde_json::from_value(doc).map_err(|e| Failure::invalid(format!("plan: {e}")))?;
+    if !built.seal_key.verify(&plan, &seal) {
+        return Err(Failure::invalid(
+            "plan: the seal does not match: it is not a plan this planner made (or it was changed)",
+        ));
+    }
     plan.check(&built.planner.plugins().limits().plan)
+        .and_then(|()| plan.check_reviewable())
         .map_err(|e| Failure::invalid(format!("plan: {e}")))?;
     Ok(plan)
 }
@@ -415,7 +600,7 @@ fn checked_plan(built: &Built, plan_json: &str) -> Result<Plan, Failure> {
 /// A fresh attempt of a plan: the exec argv (after `cocoon vm exec <id>
 /// --`) under a new nonce.
 pub fn attempt(built: &Built, plan_json: &str) -> Outcome {
-    let plan = checked_plan(built, plan_json)?;
+    let plan = sealed_plan(built, plan_json)?;
     let exec = plan::render_exec(&plan);
     // The hint was checked when the plan was made; the exec is what runs.
     plan::check_rendered(&plan, &exec, "").map_err(|e| Failure::invalid(format!("plan: {e}")))?;
@@ -474,7 +659,12 @@ fn failure_json(failure: &StepFailure) -> Value {
 /// The verdict on one exec of an attempt: ran to completion, or the
 /// attempt's error line with the step it failed in.
 pub fn verdict(plan_json: &str, nonce: &str, status: ExecStatus, stderr: &[u8]) -> Outcome {
-    let plan: Plan = parse("plan", plan_json)?;
+    let mut doc: Value = parse("plan", plan_json)?;
+    if let Some(map) = doc.as_object_mut() {
+        map.remove("seal");
+    }
+    let plan: Plan =
+        serde_json::from_value(doc).map_err(|e| Failure::invalid(format!("plan: {e}")))?;
     let nonce = Nonce::parse(nonce)
         .ok_or_else(|| Failure::invalid("nonce: not the 32 hex digits an attempt returned"))?;
     let out = ExecOutput {
@@ -532,9 +722,17 @@ enum ValueRequest {
     },
     VmMismatch {
         pod_json: String,
-        vm_name: String,
+        vm_json: String,
         #[serde(default)]
         accept_legacy_vm_names: bool,
+    },
+    StillOurs {
+        pod_json: String,
+        uid: String,
+        vm_id: String,
+    },
+    Resumed {
+        work: String,
     },
     IpWaitTimeout {
         annotations: BTreeMap<String, String>,
@@ -625,20 +823,38 @@ pub fn values(request: &str) -> Outcome {
         }
         ValueRequest::VmMismatch {
             pod_json,
-            vm_name,
+            vm_json,
             accept_legacy_vm_names,
         } => {
-            let pod = PodInput::from_json(&pod_json, "pod").map_err(bad_input)?;
+            let pod = read_pod(pod_json.as_bytes())?;
+            let vm = read_record(vm_json.as_bytes())?;
             let policy = BindingPolicy {
                 accept_legacy_names: accept_legacy_vm_names,
             };
-            match binding::bind(&pod, &vm_name, policy) {
-                binding::Verdict::Bound { .. } => json!({"event": null}),
-                binding::Verdict::Mismatch(m) => {
+            match bind_record(&pod, &vm, policy) {
+                Ok(_) => json!({"event": null}),
+                Err(m) => {
                     let message = messages::vm_mismatch(&m, &pod.namespace, &pod.name);
                     json!({"event": event_json(&Event::warning(reasons::VM_MISMATCH, message))})
                 }
             }
+        }
+        ValueRequest::StillOurs {
+            pod_json,
+            uid,
+            vm_id,
+        } => {
+            let pod = read_pod(pod_json.as_bytes())?;
+            json!({"value": lifecycle::still_ours(&pod, &uid, &vm_id)})
+        }
+        ValueRequest::Resumed { work } => {
+            if !matches!(work.as_str(), "post_clone" | "ready_wait") {
+                return Err(Failure::invalid(format!(
+                    "work is {work:?}: use post_clone or ready_wait (the decision's op)"
+                )));
+            }
+            let event = Event::normal(reasons::RESUMED_AFTER_RESTART, messages::resumed(&work));
+            json!({"event": event_json(&event)})
         }
         ValueRequest::IpWaitTimeout {
             annotations: current,

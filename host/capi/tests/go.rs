@@ -20,11 +20,12 @@ fn cli(profile: &Path) -> PathBuf {
     let bin = profile.join("cocoon-fixup");
     if !bin.exists() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "-p", "fixup-host", "--bin", "cocoon-fixup"])
-            .current_dir(repo())
-            .status()
-            .expect("running cargo");
+        let mut build = Command::new(cargo);
+        build.args(["build", "-p", "fixup-host", "--bin", "cocoon-fixup"]);
+        if profile.ends_with("release") {
+            build.arg("--release");
+        }
+        let status = build.current_dir(repo()).status().expect("running cargo");
         assert!(status.success(), "building cocoon-fixup failed");
     }
     bin
@@ -47,7 +48,9 @@ fn the_go_package_passes_its_tests_under_the_race_detector() {
     };
     eprintln!("{}", String::from_utf8_lossy(&version.stdout).trim());
     let output = Command::new("go")
-        .args(["test", "-race", "-count=1", "-v", "./..."])
+        // 100,000 plan calls under the race detector take minutes in a
+        // debug build: well past go test's default ten.
+        .args(["test", "-race", "-count=1", "-timeout=40m", "-v", "./..."])
         .current_dir(repo().join("go/cocoonfixup"))
         .env("CGO_ENABLED", "1")
         .env("CGO_LDFLAGS", format!("-L{}", profile.display()))
@@ -72,7 +75,11 @@ fn the_go_package_passes_its_tests_under_the_race_detector() {
         "TestConcurrentPlanning",
         "TestHostilePluginErrorsAreTyped",
         "TestMemoryIsFlat",
+        "TestCallersQueueForSlots",
+        "TestAttemptsTakeOnlySealedPlans",
+        "TestCloseWhileCallsAreInFlight",
         "TestExampleLoop",
+        "TestExampleFlowEdges",
     ] {
         assert!(
             stdout.contains(&format!("--- PASS: {test} ")),

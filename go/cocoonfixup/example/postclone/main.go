@@ -5,8 +5,8 @@
 // chain, and the annotations and events the loop writes.
 //
 // A daemon such as vk-cocoon keeps its own cocoon client, Kubernetes
-// client and goroutines: here the exec is a stand-in guest and the writes
-// are printed as JSON lines.
+// client and goroutines: here the exec is a stand-in guest, the pods live
+// in memory, and every write is printed as a JSON line.
 //
 //	CGO_LDFLAGS="-L$PWD/target/release" go run ./example/postclone -examples ../../examples
 package main
@@ -40,153 +40,255 @@ type Budget struct {
 	ExecTimeout time.Duration // one exec, never past the budget
 }
 
-// Sink receives what the loop writes: annotation patches and events. A
-// daemon sends them to the API server; the example prints them.
-type Sink interface {
-	Patch(pod string, patch cocoonfixup.Patch)
-	Event(pod string, event cocoonfixup.Event)
+// Pods is the embedder's Kubernetes client, as far as the loop needs it:
+// read a pod, patch its annotations under a uid precondition (a pod
+// recreated under the same name is not written to), record an event.
+type Pods interface {
+	Get(name string) ([]byte, error)
+	Patch(name, uid string, patch cocoonfixup.Patch) error
+	Event(name string, event cocoonfixup.Event)
 }
 
 // Outcome is what the flow did with one pod.
 type Outcome struct {
 	Pod      string   `json:"pod"`
 	Action   string   `json:"action"`
-	Fixup    string   `json:"fixup,omitempty"` // done, exhausted, plan-failed, vm-mismatch
+	Fixup    string   `json:"fixup,omitempty"` // done, exhausted, plan-failed, vm-mismatch, gone
 	Attempts int      `json:"attempts,omitempty"`
 	Errors   []string `json:"errors,omitempty"`
 }
 
-// PostClone is the flow for one pod whose VM record is vm: what the
-// daemon's `run` does, minus the IP wait.
-func PostClone(ctx context.Context, p *cocoonfixup.Planner, pod, vm []byte, exec Exec, b Budget, sink Sink) (Outcome, error) {
-	var meta struct {
-		Metadata struct {
-			Name        string            `json:"name"`
-			Namespace   string            `json:"namespace"`
-			Annotations map[string]string `json:"annotations"`
-		} `json:"metadata"`
+type podMeta struct {
+	Metadata struct {
+		Name        string            `json:"name"`
+		Namespace   string            `json:"namespace"`
+		UID         string            `json:"uid"`
+		Annotations map[string]string `json:"annotations"`
+	} `json:"metadata"`
+}
+
+// flow is one pod's post-clone work.
+type flow struct {
+	p      *cocoonfixup.Planner
+	pods   Pods
+	exec   Exec
+	budget Budget
+	name   string // namespace/name
+	uid    string
+	vmID   string
+	out    Outcome
+}
+
+// current reads the pod again: its JSON and annotations while it is still
+// the pod the flow works for, or ok=false when nothing more may be
+// written (recreated, hibernating, deleting, handed over, another VM).
+func (f *flow) current() (pod []byte, annotations map[string]string, ok bool, err error) {
+	pod, err = f.pods.Get(f.name)
+	if err != nil {
+		return nil, nil, false, err
 	}
+	ours, err := cocoonfixup.StillOurs(pod, f.uid, f.vmID)
+	if err != nil || !ours {
+		return nil, nil, false, err
+	}
+	var meta podMeta
 	if err := json.Unmarshal(pod, &meta); err != nil {
-		return Outcome{}, err
+		return nil, nil, false, err
 	}
-	name := meta.Metadata.Namespace + "/" + meta.Metadata.Name
-	out := Outcome{Pod: name}
-	// The cheap part of spec section 8 first: no cocoon call for a pod
-	// the host must leave alone.
+	return pod, meta.Metadata.Annotations, true, nil
+}
+
+// write reads the pod again and writes the patch and the event while it is
+// still ours; false when the pod has gone.
+func (f *flow) write(patch cocoonfixup.Patch, event *cocoonfixup.Event) (bool, error) {
+	if _, _, ok, err := f.current(); err != nil || !ok {
+		return false, err
+	}
+	if patch != nil {
+		if err := f.pods.Patch(f.name, f.uid, patch); err != nil {
+			return false, err
+		}
+	}
+	if event != nil {
+		f.pods.Event(f.name, *event)
+	}
+	return true, nil
+}
+
+// PostClone is the flow for one pod whose VM record (as `cocoon vm inspect
+// --json` printed it) is vm, in the daemon's order: the cheap gate, the
+// binding, the decision, the plan, the loop. The IP wait that follows is
+// the embedder's own.
+func PostClone(ctx context.Context, p *cocoonfixup.Planner, pods Pods, name string, vm []byte, exec Exec, b Budget) (Outcome, error) {
+	f := &flow{p: p, pods: pods, exec: exec, budget: b, name: name, out: Outcome{Pod: name}}
+	pod, err := pods.Get(name)
+	if err != nil {
+		return f.out, err
+	}
+	var meta podMeta
+	if err := json.Unmarshal(pod, &meta); err != nil {
+		return f.out, err
+	}
+	f.uid = meta.Metadata.UID
+	var record struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(vm, &record); err != nil {
+		return f.out, err
+	}
+	f.vmID = record.ID
+	// The part of spec section 8 that needs only the pod: no cocoon call
+	// for a pod the host must leave alone.
 	gate, err := cocoonfixup.Gate(pod)
 	if err != nil {
-		return out, err
+		return f.out, err
 	}
 	if gate.Action != cocoonfixup.NeedsFacts {
-		out.Action = string(gate.Action) + " " + gate.Why
-		return out, nil
+		f.out.Action = strings.TrimSpace(string(gate.Action) + " " + gate.Why)
+		return f.out, nil
+	}
+	// The fixup is over: only the IP wait is left, and nothing is planned.
+	if gate.Marker == "done" {
+		if ev, err := cocoonfixup.VMMismatch(pod, vm, false); err != nil || ev != nil {
+			return f.mismatch(ev, err)
+		}
+		f.out.Action = string(cocoonfixup.IPWaitOnly)
+		return f.out, nil
 	}
 	report, err := p.Plan(pod, vm, cocoonfixup.Overrides{})
 	var cfErr *cocoonfixup.Error
-	if errors.As(err, &cfErr) && cfErr.PlanFailed() {
-		// No plan can be made: fail the pod without a hint.
-		rec, err2 := cocoonfixup.PlanFailed(meta.Metadata.Annotations, err)
-		if err2 != nil {
-			return out, err2
+	if errors.As(err, &cfErr) {
+		switch {
+		case cfErr.Code == cocoonfixup.CodeVMMismatch:
+			ev, err := cocoonfixup.VMMismatch(pod, vm, false)
+			return f.mismatch(ev, err)
+		case cfErr.PlanFailed():
+			return f.planFailed(err)
 		}
-		sink.Patch(name, rec.Patch)
-		sink.Event(name, *rec.Event)
-		out.Action, out.Fixup, out.Errors = "run-loop", "plan-failed", []string{rec.Line}
-		return out, nil
 	}
 	if err != nil {
-		return out, err // a node error or a bug: retried later, the pod is not failed
-	}
-	if !report.Bound() {
-		ev, err := cocoonfixup.VMMismatch(pod, report.VM.Name, false)
-		if err != nil {
-			return out, err
-		}
-		sink.Event(name, *ev)
-		out.Action, out.Fixup = "nothing", "vm-mismatch"
-		return out, nil
+		return f.out, err // the node is at fault, or a bug: retried later, the pod is left as it is
 	}
 	decision, err := cocoonfixup.Decide(pod, report.NeedsFixup)
 	if err != nil {
-		return out, err
+		return f.out, err
 	}
-	out.Action = string(decision.Action)
+	f.out.Action = string(decision.Action)
 	if decision.Action != cocoonfixup.RunLoop {
-		return out, nil // the IP wait (or nothing) follows
+		return f.out, nil // the IP wait (or nothing) follows
 	}
-	return runLoop(ctx, p, report, meta.Metadata.Annotations, exec, b, sink, out)
+	return f.runLoop(ctx, report)
 }
 
-func runLoop(ctx context.Context, p *cocoonfixup.Planner, report *cocoonfixup.Report, annotations map[string]string,
-	exec Exec, b Budget, sink Sink, out Outcome) (Outcome, error) {
+func (f *flow) mismatch(ev *cocoonfixup.Event, err error) (Outcome, error) {
+	if err != nil {
+		return f.out, err
+	}
+	f.pods.Event(f.name, *ev) // an event only: nothing is written to the pod
+	f.out.Action, f.out.Fixup = "nothing", "vm-mismatch"
+	return f.out, nil
+}
+
+func (f *flow) planFailed(planErr error) (Outcome, error) {
+	f.out.Action, f.out.Fixup = "run-loop", "plan-failed"
+	_, annotations, ok, err := f.current()
+	if err != nil || !ok {
+		f.out.Fixup = "gone"
+		return f.out, err
+	}
+	rec, err := cocoonfixup.PlanFailed(annotations, planErr)
+	if err != nil {
+		return f.out, err
+	}
+	f.out.Errors = []string{rec.Line}
+	if ok, err := f.write(rec.Patch, rec.Event); err != nil || !ok {
+		f.out.Fixup = "gone"
+		return f.out, err
+	}
+	return f.out, nil
+}
+
+func (f *flow) runLoop(ctx context.Context, report *cocoonfixup.Report) (Outcome, error) {
+	f.out.Fixup = "gone"
 	running, err := cocoonfixup.StatePatch("running")
 	if err != nil {
-		return out, err
+		return f.out, err
 	}
-	sink.Patch(out.Pod, running)
-	deadline := time.Now().Add(b.Total)
+	if ok, err := f.write(running, nil); err != nil || !ok {
+		return f.out, err
+	}
+	deadline := time.Now().Add(f.budget.Total)
 	for {
-		out.Attempts++
-		attempt, err := p.NewAttempt(report)
-		if err != nil {
-			return out, err
+		// Before each attempt: a pod hibernated, deleted or recreated
+		// meanwhile gets no more execs.
+		if _, _, ok, err := f.current(); err != nil || !ok {
+			return f.out, err
 		}
-		timeout := b.ExecTimeout
+		f.out.Attempts++
+		attempt, err := f.p.NewAttempt(report)
+		if err != nil {
+			return f.out, err
+		}
+		timeout := f.budget.ExecTimeout
 		if left := time.Until(deadline); left < timeout {
 			timeout = left
 		}
 		if timeout < time.Millisecond {
 			timeout = time.Millisecond
 		}
-		res, execErr := exec(ctx, report.VM.ID, attempt.Argv, timeout)
+		res, execErr := f.exec(ctx, report.VM.ID, attempt.Argv, timeout)
 		var line string
 		if execErr != nil {
-			line, err = cocoonfixup.OneLine(execErr.Error())
-			if err != nil {
-				return out, err
+			if line, err = cocoonfixup.OneLine(execErr.Error()); err != nil {
+				return f.out, err
 			}
 		} else {
 			verdict, err := attempt.Judge(res)
 			if err != nil {
-				return out, err
+				return f.out, err
 			}
 			if verdict.OK {
-				rec, err := cocoonfixup.Succeeded(report.Scenario, out.Attempts)
+				rec, err := cocoonfixup.Succeeded(report.Scenario, f.out.Attempts)
 				if err != nil {
-					return out, err
+					return f.out, err
 				}
-				sink.Patch(out.Pod, rec.Patch)
-				sink.Event(out.Pod, *rec.Event)
-				out.Fixup = "done"
-				return out, nil
+				if ok, err := f.write(rec.Patch, rec.Event); err != nil || !ok {
+					return f.out, err
+				}
+				f.out.Fixup = "done"
+				return f.out, nil
 			}
 			line = verdict.Error
 		}
-		rec, err := cocoonfixup.AttemptFailed(out.Attempts, line)
+		rec, err := cocoonfixup.AttemptFailed(f.out.Attempts, line)
 		if err != nil {
-			return out, err
+			return f.out, err
 		}
-		sink.Event(out.Pod, *rec.Event)
-		out.Errors = append(out.Errors, rec.Line)
-		if !time.Now().Add(b.Interval).Before(deadline) {
+		f.pods.Event(f.name, *rec.Event)
+		f.out.Errors = append(f.out.Errors, rec.Line)
+		if !time.Now().Add(f.budget.Interval).Before(deadline) {
 			break
 		}
 		select {
-		case <-time.After(b.Interval):
+		case <-time.After(f.budget.Interval):
 		case <-ctx.Done():
-			return out, ctx.Err()
+			return f.out, ctx.Err()
 		}
 	}
-	// A daemon reads the pod again here and writes over its annotations
-	// as they are now; the example has only the ones it started with.
-	rec, err := cocoonfixup.Exhausted(annotations, report, out.Attempts, b.Total, out.Errors)
-	if err != nil {
-		return out, err
+	// The failure record goes over the annotations as they are now.
+	_, annotations, ok, err := f.current()
+	if err != nil || !ok {
+		return f.out, err
 	}
-	sink.Patch(out.Pod, rec.Patch)
-	sink.Event(out.Pod, *rec.Event)
-	out.Fixup, out.Errors = "exhausted", rec.Errors
-	return out, nil
+	rec, err := cocoonfixup.Exhausted(annotations, report, f.out.Attempts, f.budget.Total, f.out.Errors)
+	if err != nil {
+		return f.out, err
+	}
+	if ok, err := f.write(rec.Patch, rec.Event); err != nil || !ok {
+		return f.out, err
+	}
+	f.out.Fixup, f.out.Errors = "exhausted", rec.Errors
+	return f.out, nil
 }
 
 // Guest is a stand-in for a VM behind `cocoon vm exec`: it answers an
@@ -233,32 +335,77 @@ func (g *Guest) Exec(_ context.Context, _ string, argv []string, _ time.Duration
 	return cocoonfixup.ExecResult{Stderr: []byte(stderr.String())}, nil
 }
 
-// printer prints what the loop writes as JSON lines.
-type printer struct{ w io.Writer }
-
-func (p printer) Patch(pod string, patch cocoonfixup.Patch) {
-	line, _ := json.Marshal(map[string]any{"pod": pod, "patch": patch})
-	fmt.Fprintln(p.w, string(line))
+// memoryPods is a stand-in API server: pods in memory, patches applied
+// under the uid precondition, everything written printed as JSON lines.
+type memoryPods struct {
+	pods map[string]map[string]any
+	w    io.Writer
 }
 
-func (p printer) Event(pod string, e cocoonfixup.Event) {
-	line, _ := json.Marshal(map[string]any{"pod": pod, "event": e})
-	fmt.Fprintln(p.w, string(line))
+func (m *memoryPods) add(pod []byte) (string, error) {
+	var obj map[string]any
+	if err := json.Unmarshal(pod, &obj); err != nil {
+		return "", err
+	}
+	var meta podMeta
+	if err := json.Unmarshal(pod, &meta); err != nil {
+		return "", err
+	}
+	name := meta.Metadata.Namespace + "/" + meta.Metadata.Name
+	m.pods[name] = obj
+	return name, nil
 }
 
-// Run plans and repairs every example under dir, writing to w.
-func Run(dir string, failFirst int, b Budget, w io.Writer) ([]Outcome, error) {
-	p, err := cocoonfixup.NewPlanner(cocoonfixup.Options{CocoonRoot: filepath.Join(dir, "cocoon-root")})
+func (m *memoryPods) Get(name string) ([]byte, error) {
+	obj, ok := m.pods[name]
+	if !ok {
+		return nil, fmt.Errorf("pod %s not found", name)
+	}
+	return json.Marshal(obj)
+}
+
+func (m *memoryPods) Patch(name, uid string, patch cocoonfixup.Patch) error {
+	meta, _ := m.pods[name]["metadata"].(map[string]any)
+	if meta == nil || meta["uid"] != uid {
+		return fmt.Errorf("pod %s: uid precondition failed", name)
+	}
+	annotations, _ := meta["annotations"].(map[string]any)
+	if annotations == nil {
+		annotations = map[string]any{}
+		meta["annotations"] = annotations
+	}
+	for k, v := range patch {
+		if v == nil {
+			delete(annotations, k)
+		} else {
+			annotations[k] = *v
+		}
+	}
+	line, _ := json.Marshal(map[string]any{"pod": name, "patch": patch})
+	fmt.Fprintln(m.w, string(line))
+	return nil
+}
+
+func (m *memoryPods) Event(name string, e cocoonfixup.Event) {
+	line, _ := json.Marshal(map[string]any{"pod": name, "event": e})
+	fmt.Fprintln(m.w, string(line))
+}
+
+// Run plans and repairs every example under dir with the planner options
+// o, writing to w.
+func Run(dir string, o cocoonfixup.Options, failFirst int, b Budget, w io.Writer) ([]Outcome, error) {
+	p, err := cocoonfixup.NewPlanner(o)
 	if err != nil {
 		return nil, err
 	}
 	defer p.Close()
-	pods, err := filepath.Glob(filepath.Join(dir, "*", "pod.json"))
-	if err != nil || len(pods) == 0 {
+	podFiles, err := filepath.Glob(filepath.Join(dir, "*", "pod.json"))
+	if err != nil || len(podFiles) == 0 {
 		return nil, fmt.Errorf("no examples (*/pod.json) under %s", dir)
 	}
+	pods := &memoryPods{pods: map[string]map[string]any{}, w: w}
 	var outcomes []Outcome
-	for _, podPath := range pods {
+	for _, podPath := range podFiles {
 		pod, err := os.ReadFile(podPath)
 		if err != nil {
 			return nil, err
@@ -267,8 +414,12 @@ func Run(dir string, failFirst int, b Budget, w io.Writer) ([]Outcome, error) {
 		if err != nil {
 			return nil, err
 		}
+		name, err := pods.add(pod)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", podPath, err)
+		}
 		guest := &Guest{FailFirst: failFirst}
-		out, err := PostClone(context.Background(), p, pod, vm, guest.Exec, b, printer{w})
+		out, err := PostClone(context.Background(), p, pods, name, vm, guest.Exec, b)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", podPath, err)
 		}
@@ -285,8 +436,10 @@ func main() {
 	interval := flag.Duration("interval", 3*time.Second, "wait between attempts")
 	total := flag.Duration("budget", 180*time.Second, "retry budget from the first attempt")
 	timeout := flag.Duration("exec-timeout", 90*time.Second, "timeout of one exec")
+	noCache := flag.Bool("no-cache", false, "compile the plugins instead of using the per-user cache")
 	flag.Parse()
-	if _, err := Run(*dir, *failFirst, Budget{Interval: *interval, Total: *total, ExecTimeout: *timeout}, os.Stdout); err != nil {
+	options := cocoonfixup.Options{CocoonRoot: filepath.Join(*dir, "cocoon-root"), NoCache: *noCache}
+	if _, err := Run(*dir, options, *failFirst, Budget{Interval: *interval, Total: *total, ExecTimeout: *timeout}, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "postclone:", err)
 		os.Exit(1)
 	}
