@@ -97,7 +97,7 @@ func (e *Error) Error() string {
 // bug in the caller.
 func (e *Error) PlanFailed() bool {
 	switch e.Code {
-	case CodeBadInput, CodeBadFacts, CodeNoPlugin, CodePluginLimit, CodePluginPolicy,
+	case CodeBadFacts, CodeNoPlugin, CodePluginLimit, CodePluginPolicy,
 		CodePluginDeclined, CodePluginFailed, CodePlanRejected:
 		return true
 	}
@@ -123,7 +123,11 @@ func init() {
 // Error, and frees the string.
 func take(status C.CfStatus, out *C.char) ([]byte, error) {
 	if out == nil {
-		return nil, &Error{Code: Code(status), Message: "the library returned no answer"}
+		code := Code(status)
+		if status == C.CF_OK {
+			code = CodeInvalidArgument
+		}
+		return nil, &Error{Code: code, Message: "the library returned no answer"}
 	}
 	text := C.GoString(out)
 	C.cf_string_free(out)
@@ -240,6 +244,10 @@ type Planner struct {
 	ptr      *C.cf_planner
 	failures []LoadFailure
 	warnings []string
+	// One token per engine slot: goroutines beyond them wait here, in Go,
+	// not on an OS thread inside the library.
+	slots        chan struct{}
+	acceptLegacy bool
 }
 
 // NewPlanner starts the plugin engine and loads the built-in plugins and
@@ -261,23 +269,36 @@ func NewPlanner(o Options) (*Planner, error) {
 	var loaded struct {
 		LoadFailures []LoadFailure `json:"load_failures"`
 		Warnings     []string      `json:"warnings"`
+		Slots        int           `json:"slots"`
 	}
 	if err := json.Unmarshal(answer, &loaded); err != nil {
 		C.cf_planner_free(ptr)
 		return nil, &Error{Code: CodeInvalidArgument, Message: "reading the planner's answer: " + err.Error()}
 	}
-	p := &Planner{ptr: ptr, failures: loaded.LoadFailures, warnings: loaded.Warnings}
+	if loaded.Slots < 1 {
+		loaded.Slots = 1
+	}
+	p := &Planner{ptr: ptr, failures: loaded.LoadFailures, warnings: loaded.Warnings,
+		slots: make(chan struct{}, loaded.Slots), acceptLegacy: o.AcceptLegacyVMNames}
 	runtime.SetFinalizer(p, (*Planner).Close)
 	return p, nil
 }
 
 // LoadFailures lists the plugin files that did not load (never with
 // Options.Strict, which fails NewPlanner instead).
-func (p *Planner) LoadFailures() []LoadFailure { return p.failures }
+func (p *Planner) LoadFailures() []LoadFailure {
+	return append([]LoadFailure(nil), p.failures...)
+}
 
 // Warnings lists what the operator should know about the options, such as
 // a policy narrowing for a plugin that is not loaded.
-func (p *Planner) Warnings() []string { return p.warnings }
+func (p *Planner) Warnings() []string { return append([]string(nil), p.warnings...) }
+
+// VMMismatch is the PostCloneVMMismatch event for a pod whose VM record is
+// not its own under this planner's binding policy, or nil when it is.
+func (p *Planner) VMMismatch(pod, vm []byte) (*Event, error) {
+	return VMMismatch(pod, vm, p.acceptLegacy)
+}
 
 // Close frees the planner. It waits for calls in flight; later calls
 // return ErrClosed. Closing twice is harmless.
@@ -323,6 +344,8 @@ func (p *Planner) Plan(pod, vm []byte, o Overrides) (*Report, error) {
 	}
 	cOverrides := cString(string(overrides))
 	defer C.free(unsafe.Pointer(cOverrides))
+	p.slots <- struct{}{}
+	defer func() { <-p.slots }()
 	doc, err := p.call(func(ptr *C.cf_planner) ([]byte, error) {
 		podPtr, podLen := cBytes(pod)
 		vmPtr, vmLen := cBytes(vm)
@@ -374,6 +397,9 @@ func (p *Planner) NewAttempt(r *Report) (*Attempt, error) {
 
 // Attempt is one exec of a plan.
 type Attempt struct {
+	// VMID is the VM the plan was made and sealed for: run
+	// `cocoon vm exec <VMID> -- Argv...`.
+	VMID string `json:"vm_id"`
 	// Nonce marks this exec's step markers. It is the last word of Argv,
 	// except for a plan of one run step, which runs directly, has no
 	// markers, and is judged by its exit code.

@@ -470,9 +470,9 @@ func TestAttemptsAndVerdicts(t *testing.T) {
 	}
 	// A plan that cannot be a report's is refused.
 	bad := *r
-	bad.plan = []byte(`{"dialect":"posix-sh","steps":[{"description":"x","phase":"prepare","best_effort":false,"run":["sh\u0000"]}]}`)
+	bad.plan = []byte(`{"dialect":"posix-sh","steps":[{"description":"x","phase":"prepare","best_effort":false,"run":["sh\u0000"]}],"vm_id":"vm-7f3a9c21","seal":"00"}`)
 	if _, err := shared.NewAttempt(&bad); err == nil {
-		t.Fatal("a plan with a NUL in an argument was attempted")
+		t.Fatal("a hand-made plan was attempted")
 	}
 	none, err := shared.Plan(read(t, filepath.Join(root, "examples", "no-fixup", "pod.json")), read(t, filepath.Join(root, "examples", "no-fixup", "vm.json")), Overrides{})
 	if err != nil || none.NeedsFixup {
@@ -626,24 +626,31 @@ func TestAttemptsTakeOnlySealedPlans(t *testing.T) {
 	}
 	unsealed := *r
 	unsealed.plan = bytes.Replace(r.plan, []byte(`"seal"`), []byte(`"other"`), 1)
-	if _, err := shared.NewAttempt(&unsealed); err == nil {
-		t.Fatal("a plan without its seal was attempted")
+	if _, err := shared.NewAttempt(&unsealed); !errors.As(err, &e) || e.Code != CodeInvalidArgument || !strings.Contains(e.Message, "no seal") {
+		t.Fatalf("a plan without its seal: %v", err)
+	}
+	elsewhere := *r
+	elsewhere.plan = bytes.Replace(r.plan, []byte(`"vm-7f3a9c21"`), []byte(`"vm-0a1b2c3d"`), 1)
+	if _, err := shared.NewAttempt(&elsewhere); !errors.As(err, &e) || !strings.Contains(e.Message, "seal does not match") {
+		t.Fatalf("the plan for another VM: %v", err)
 	}
 	other, err := NewPlanner(Options{NoPluginDir: true, NoCache: true, CocoonRoot: filepath.Join(root, "examples", "cocoon-root")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer other.Close()
-	if _, err := other.NewAttempt(r); err == nil {
-		t.Fatal("another planner's plan was attempted")
+	if _, err := other.NewAttempt(r); !errors.As(err, &e) || !strings.Contains(e.Message, "seal does not match") {
+		t.Fatalf("another planner's plan: %v", err)
 	}
-	if _, err := shared.NewAttempt(r); err != nil {
-		t.Fatalf("the plan as made: %v", err)
+	a, err := shared.NewAttempt(r)
+	if err != nil || a.VMID != "vm-7f3a9c21" {
+		t.Fatalf("the plan as made: %v %+v", err, a)
 	}
 }
 
 // Close while other goroutines plan: each call either finishes or sees
-// ErrClosed; nothing runs on a freed planner (the race detector watches).
+// ErrClosed, and every goroutine ends with ErrClosed. (The race detector
+// sees the Go side; a call on a freed planner would crash the library.)
 func TestCloseWhileCallsAreInFlight(t *testing.T) {
 	p, err := NewPlanner(Options{NoPluginDir: true, NoCache: true, CocoonRoot: filepath.Join(root, "examples", "cocoon-root")})
 	if err != nil {

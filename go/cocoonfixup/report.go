@@ -23,8 +23,8 @@ type Report struct {
 	Script  *string  `json:"script"`
 	Hint    *string  `json:"hint"`
 	Binding *Binding `json:"binding,omitempty"`
-	// Seal authenticates the plan to the planner that made it (the
-	// library's addition to the CLI's report): NewAttempt takes only
+	// Seal authenticates the plan and its VM to the planner that made it
+	// (the library's addition to the CLI's report): NewAttempt takes only
 	// sealed plans.
 	Seal string `json:"seal,omitempty"`
 
@@ -118,7 +118,11 @@ func parseReport(doc []byte) (*Report, error) {
 		return nil, &Error{Code: CodeInvalidArgument, Message: "reading the report: " + err.Error()}
 	}
 	if r.NeedsFixup {
-		plan, err := json.Marshal(map[string]json.RawMessage{"dialect": parts.Dialect, "steps": parts.Steps, "seal": parts.Seal})
+		vmID, err := json.Marshal(r.VM.ID)
+		if err != nil {
+			return nil, &Error{Code: CodeInvalidArgument, Message: err.Error()}
+		}
+		plan, err := json.Marshal(map[string]json.RawMessage{"dialect": parts.Dialect, "steps": parts.Steps, "vm_id": vmID, "seal": parts.Seal})
 		if err != nil {
 			return nil, &Error{Code: CodeInvalidArgument, Message: err.Error()}
 		}

@@ -147,7 +147,8 @@ uint32_t cf_abi_version(void);
  * otherwise the others serve, as `serve` does). Unknown keys are refused.
  *
  * On `CF_OK`, `*planner` is the new planner and `*out` the JSON
- * `{"load_failures": [{"path", "error"}], "warnings": [..]}`; otherwise
+ * `{"load_failures": [{"path", "error"}], "warnings": [..], "slots": n}`
+ * (`slots`: the calls that run at once; more wait); otherwise
  * `*planner` is null and `*out` the message.
  *
  * # Safety
@@ -185,7 +186,7 @@ void cf_planner_free(struct cf_planner *planner);
  *
  * On `CF_OK`, `*out` is the report `cocoon-fixup plan --output json`
  * prints, with `binding` and, when there is a plan, `seal`: hand `{dialect,
- * steps, seal}` back to [`cf_attempt`].
+ * steps, vm_id, seal}` back to [`cf_attempt`].
  *
  * # Safety
  *
@@ -227,12 +228,15 @@ CfStatus cf_decide(const uint8_t *pod, size_t pod_len, int32_t fixup_needed, cha
  * A fresh attempt of a plan: the argv to run after `cocoon vm exec <id>
  * --`, under a new nonce (128 bits from the OS).
  *
- * `plan_json` is `{"dialect", "steps", "seal"}` from a report of this
- * planner: a plan without this planner's seal, or changed, is refused
- * (`CF_INVALID_ARGUMENT`), and it is checked again under the planner's
- * limits. On `CF_OK`, `*out` is `{"nonce": hex, "argv": [..]}`; pass the
- * nonce to [`cf_verdict`] with the exec's output. A plan of one run step
- * runs directly: its argv carries no nonce and its exit code decides.
+ * `plan_json` is `{"dialect", "steps", "vm_id", "seal"}` from a report of
+ * this planner (`vm_id` is the report's `vm.id`): the seal covers the plan
+ * and the VM it was made for, so a plan without this planner's seal,
+ * changed, or handed back for another VM is refused
+ * (`CF_INVALID_ARGUMENT`); it is also checked again under the planner's
+ * limits. On `CF_OK`, `*out` is `{"vm_id", "nonce": hex, "argv": [..]}`:
+ * run `cocoon vm exec <vm_id> -- <argv>`, and pass the nonce to
+ * [`cf_verdict`] with the exec's output. A plan of one run step runs
+ * directly: its argv carries no nonce and its exit code decides.
  *
  * # Safety
  *

@@ -209,7 +209,8 @@ unsafe fn planner_ref<'a>(planner: *const CfPlanner) -> Result<&'a ops::Built, o
 /// otherwise the others serve, as `serve` does). Unknown keys are refused.
 ///
 /// On `CF_OK`, `*planner` is the new planner and `*out` the JSON
-/// `{"load_failures": [{"path", "error"}], "warnings": [..]}`; otherwise
+/// `{"load_failures": [{"path", "error"}], "warnings": [..], "slots": n}`
+/// (`slots`: the calls that run at once; more wait); otherwise
 /// `*planner` is null and `*out` the message.
 ///
 /// # Safety
@@ -280,7 +281,7 @@ pub unsafe extern "C" fn cf_planner_free(planner: *mut CfPlanner) {
 ///
 /// On `CF_OK`, `*out` is the report `cocoon-fixup plan --output json`
 /// prints, with `binding` and, when there is a plan, `seal`: hand `{dialect,
-/// steps, seal}` back to [`cf_attempt`].
+/// steps, vm_id, seal}` back to [`cf_attempt`].
 ///
 /// # Safety
 ///
@@ -352,12 +353,15 @@ pub unsafe extern "C" fn cf_decide(
 /// A fresh attempt of a plan: the argv to run after `cocoon vm exec <id>
 /// --`, under a new nonce (128 bits from the OS).
 ///
-/// `plan_json` is `{"dialect", "steps", "seal"}` from a report of this
-/// planner: a plan without this planner's seal, or changed, is refused
-/// (`CF_INVALID_ARGUMENT`), and it is checked again under the planner's
-/// limits. On `CF_OK`, `*out` is `{"nonce": hex, "argv": [..]}`; pass the
-/// nonce to [`cf_verdict`] with the exec's output. A plan of one run step
-/// runs directly: its argv carries no nonce and its exit code decides.
+/// `plan_json` is `{"dialect", "steps", "vm_id", "seal"}` from a report of
+/// this planner (`vm_id` is the report's `vm.id`): the seal covers the plan
+/// and the VM it was made for, so a plan without this planner's seal,
+/// changed, or handed back for another VM is refused
+/// (`CF_INVALID_ARGUMENT`); it is also checked again under the planner's
+/// limits. On `CF_OK`, `*out` is `{"vm_id", "nonce": hex, "argv": [..]}`:
+/// run `cocoon vm exec <vm_id> -- <argv>`, and pass the nonce to
+/// [`cf_verdict`] with the exec's output. A plan of one run step runs
+/// directly: its argv carries no nonce and its exit code decides.
 ///
 /// # Safety
 ///
@@ -509,7 +513,7 @@ mod tests {
         let status = unsafe { cf_planner_new(options.as_ptr(), &mut planner, &mut out) };
         let answer = take(out);
         assert_eq!(status, CfStatus::CfOk, "{answer}");
-        assert_eq!(answer, r#"{"load_failures":[],"warnings":[]}"#);
+        assert_eq!(answer, r#"{"load_failures":[],"slots":64,"warnings":[]}"#);
         planner
     }
 
@@ -614,10 +618,28 @@ mod tests {
         assert_eq!(status, CfStatus::CfOk);
         assert_eq!(report["needs_fixup"], true);
         assert_eq!(report["binding"]["verdict"], "bound");
-        let plan = c(
-            &serde_json::json!({"dialect": report["dialect"], "steps": report["steps"]})
-                .to_string(),
-        );
+        let sealed = serde_json::json!({
+            "dialect": report["dialect"],
+            "steps": report["steps"],
+            "vm_id": report["vm"]["id"],
+            "seal": report["seal"],
+        });
+        let plan = c(&sealed.to_string());
+        // A changed step, or the plan for another VM, is refused.
+        for (pointer, value) in [
+            ("/steps/0/description", "changed"),
+            ("/vm_id", "vm-00000000"),
+        ] {
+            let mut changed = sealed.clone();
+            *changed.pointer_mut(pointer).unwrap() = value.into();
+            let changed = c(&changed.to_string());
+            let mut out = std::ptr::null_mut();
+            // SAFETY: a live planner and a valid string.
+            let status = unsafe { cf_attempt(planner, changed.as_ptr(), &mut out) };
+            let message = take(out);
+            assert_eq!(status, CfStatus::CfInvalidArgument, "{pointer}: {message}");
+            assert!(message.contains("seal does not match"), "{message}");
+        }
 
         let mut out = std::ptr::null_mut();
         // SAFETY: a live planner and a valid string.
@@ -626,6 +648,7 @@ mod tests {
         assert_eq!(status, CfStatus::CfOk);
         let nonce = attempt["nonce"].as_str().unwrap().to_owned();
         assert_eq!(attempt["argv"].as_array().unwrap().last().unwrap(), &nonce);
+        assert_eq!(attempt["vm_id"], report["vm"]["id"]);
 
         let stderr = format!(
             "\ncocoon-fixup: {nonce} step 1/6 start\n\ncocoon-fixup: {nonce} step 2/6 start\nno space\n\ncocoon-fixup: {nonce} step 2/6 failed exit 28\n"

@@ -15,7 +15,7 @@ use sha2::Sha256;
 use fixup_core::annotations::{self, AnnotationPatch, Event, EventType, keys, messages, reasons};
 use fixup_core::binding::{self, BindingPolicy, Mismatch, Verdict};
 use fixup_core::exec::{ExecOutput, ExitStatusKind};
-use fixup_core::facts::{BootKind, FactError, Observation, Overrides, PodInput, VmInspect};
+use fixup_core::facts::{BootKind, FactError, Observation, Overrides, PodInput, VmId, VmInspect};
 use fixup_core::lifecycle::{self, Action, Lifecycle, PostCloneState};
 use fixup_core::plan::policy::{GuestPolicy, RawPolicy};
 use fixup_core::plan::{self, Nonce, Plan, PlanLimits, StepFailure};
@@ -236,21 +236,25 @@ impl SealKey {
         Ok(SealKey(bytes))
     }
 
-    fn mac(&self, plan: &Plan) -> Hmac<Sha256> {
+    /// The MAC of a plan for one VM: the VM id (which cannot hold a NUL),
+    /// a NUL, and the plan's own JSON as this crate writes it (the same
+    /// plan always gives the same bytes).
+    fn mac(&self, vm_id: &str, plan: &Plan) -> Hmac<Sha256> {
         let mut mac =
             Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes keys of any length");
-        // The plan's own JSON, as this crate writes it: the same plan
-        // always gives the same bytes.
+        mac.update(vm_id.as_bytes());
+        mac.update(&[0]);
         mac.update(&serde_json::to_vec(plan).expect("a plan serialises"));
         mac
     }
 
-    fn seal(&self, plan: &Plan) -> String {
-        hex::encode(self.mac(plan).finalize().into_bytes())
+    fn seal(&self, vm_id: &str, plan: &Plan) -> String {
+        hex::encode(self.mac(vm_id, plan).finalize().into_bytes())
     }
 
-    fn verify(&self, plan: &Plan, seal: &str) -> bool {
-        hex::decode(seal).is_ok_and(|tag| self.mac(plan).verify_slice(&tag).is_ok())
+    /// Constant-time: `verify_slice` compares the whole tag.
+    fn verify(&self, vm_id: &str, plan: &Plan, seal: &str) -> bool {
+        hex::decode(seal).is_ok_and(|tag| self.mac(vm_id, plan).verify_slice(&tag).is_ok())
     }
 }
 
@@ -364,8 +368,10 @@ pub fn planner_new(options: &str) -> Result<(Built, String), Failure> {
         .into_iter()
         .map(|name| format!("plugin_policy.{name} narrows a plugin that is not loaded: check the name against `cocoon-fixup plugin inspect`"))
         .collect();
-    let answer = to_json(&json!({"load_failures": failures, "warnings": warnings}))?;
-    let permits = Permits::new(planner.plugins().slots());
+    let slots = planner.plugins().slots();
+    let answer =
+        to_json(&json!({"load_failures": failures, "warnings": warnings, "slots": slots}))?;
+    let permits = Permits::new(slots);
     Ok((
         Built {
             planner,
@@ -465,7 +471,19 @@ fn bad_input(e: FactError) -> Failure {
 /// anything else: the record's id against the pod's id annotation, then
 /// the derived name (spec section 2).
 fn bind_record(pod: &PodInput, vm: &VmInspect, policy: BindingPolicy) -> Result<Verdict, Mismatch> {
-    let annotated = pod.annotation(fixup_core::facts::annotations::VM_ID);
+    use fixup_core::facts::annotations;
+    // The annotations only say where to look; one that is no VM id or name
+    // points nowhere (the daemon does not look it up at all).
+    let reference = match pod.annotation(annotations::VM_ID) {
+        "" => pod.annotation(annotations::VM_NAME),
+        id => id,
+    };
+    if !reference.is_empty() && VmId::parse(reference).is_err() {
+        return Err(Mismatch::BadReference {
+            reference: reference.to_owned(),
+        });
+    }
+    let annotated = pod.annotation(annotations::VM_ID);
     if !vm.id.is_empty() && !annotated.is_empty() && vm.id != annotated {
         return Err(Mismatch::IdDisagrees {
             annotation: annotated.to_owned(),
@@ -509,13 +527,14 @@ pub fn plan(built: &Built, pod: &[u8], vm: &[u8], overrides_json: Option<&str>) 
         && PostCloneState::parse(pod.annotation(keys::POST_CLONE_STATE))
             == Some(PostCloneState::Running)
     {
-        overrides = Overrides {
-            boot: Some(BootKind::Resumed),
-            source_image: None,
-        };
+        // The daemon does not know the source image of resumed work; a
+        // caller that does keeps it.
+        overrides.boot = Some(BootKind::Resumed);
     }
     let obs = Observation::new(&pod, &vm, &overrides)
         .map_err(|e| Failure::new(CfStatus::CfBadFacts, e.to_string()))?;
+    let vm_id = VmId::parse(&obs.vm_id)
+        .map_err(|e| Failure::new(CfStatus::CfBadRecord, format!("vm: {e}")))?;
     let outcome = {
         let _permit = built.permits.acquire();
         built.planner.plan(&obs)
@@ -526,10 +545,8 @@ pub fn plan(built: &Built, pod: &[u8], vm: &[u8], overrides_json: Option<&str>) 
     let mut doc = serde_json::to_value(&report)
         .map_err(|e| Failure::invalid(format!("cannot encode the report: {e}")))?;
     if let (Some(composed), Some(map)) = (&outcome.composed, doc.as_object_mut()) {
-        map.insert(
-            "seal".into(),
-            Value::String(built.seal_key.seal(&composed.plan)),
-        );
+        let seal = built.seal_key.seal(vm_id.as_str(), &composed.plan);
+        map.insert("seal".into(), Value::String(seal));
     }
     to_json(&doc)
 }
@@ -572,41 +589,48 @@ pub fn decide(pod: &[u8], fixup_needed: i32) -> Outcome {
     to_json(&answer)
 }
 
-/// The plan of a report, read back: it must carry this planner's seal (so
-/// it is a plan the planner made, policies checked), and it is checked
-/// again under the planner's limits.
-fn sealed_plan(built: &Built, plan_json: &str) -> Result<Plan, Failure> {
+/// The plan of a report, read back with the VM it was made for: it must
+/// carry this planner's seal over both (so it is a plan the planner made,
+/// policies checked, for that VM), and it is checked again under the
+/// planner's limits.
+fn sealed_plan(built: &Built, plan_json: &str) -> Result<(VmId, Plan), Failure> {
     let mut doc: Value = parse("plan", plan_json)?;
-    let seal = doc
-        .as_object_mut()
-        .and_then(|map| map.remove("seal"))
-        .and_then(|seal| seal.as_str().map(str::to_owned))
-        .ok_or_else(|| {
-            Failure::invalid("plan: no seal; hand back {dialect, steps, seal} of a report")
-        })?;
+    let mut take = |key: &str| {
+        doc.as_object_mut()
+            .and_then(|map| map.remove(key))
+            .and_then(|value| value.as_str().map(str::to_owned))
+            .ok_or_else(|| {
+                Failure::invalid(format!(
+                    "plan: no {key}; hand back {{dialect, steps, vm_id, seal}} of a report"
+                ))
+            })
+    };
+    let seal = take("seal")?;
+    let vm_id = take("vm_id")?;
+    let vm_id = VmId::parse(&vm_id).map_err(|e| Failure::invalid(format!("plan: vm_id: {e}")))?;
     let plan: Plan =
         serde_json::from_value(doc).map_err(|e| Failure::invalid(format!("plan: {e}")))?;
-    if !built.seal_key.verify(&plan, &seal) {
+    if !built.seal_key.verify(vm_id.as_str(), &plan, &seal) {
         return Err(Failure::invalid(
-            "plan: the seal does not match: it is not a plan this planner made (or it was changed)",
+            "plan: the seal does not match: it is not a plan this planner made for this VM (or it was changed)",
         ));
     }
     plan.check(&built.planner.plugins().limits().plan)
         .and_then(|()| plan.check_reviewable())
         .map_err(|e| Failure::invalid(format!("plan: {e}")))?;
-    Ok(plan)
+    Ok((vm_id, plan))
 }
 
-/// A fresh attempt of a plan: the exec argv (after `cocoon vm exec <id>
-/// --`) under a new nonce.
+/// A fresh attempt of a plan: the VM to run it in and the exec argv (after
+/// `cocoon vm exec <vm_id> --`) under a new nonce.
 pub fn attempt(built: &Built, plan_json: &str) -> Outcome {
-    let plan = sealed_plan(built, plan_json)?;
+    let (vm_id, plan) = sealed_plan(built, plan_json)?;
     let exec = plan::render_exec(&plan);
     // The hint was checked when the plan was made; the exec is what runs.
     plan::check_rendered(&plan, &exec, "").map_err(|e| Failure::invalid(format!("plan: {e}")))?;
     let nonce = Nonce::generate().map_err(|e| Failure::new(CfStatus::CfNode, e.to_string()))?;
     let argv = plan::exec_argv(&plan, &exec, &nonce);
-    to_json(&json!({"nonce": nonce.as_str(), "argv": argv}))
+    to_json(&json!({"vm_id": vm_id.as_str(), "nonce": nonce.as_str(), "argv": argv}))
 }
 
 /// What an exec of an attempt left behind.
@@ -662,6 +686,7 @@ pub fn verdict(plan_json: &str, nonce: &str, status: ExecStatus, stderr: &[u8]) 
     let mut doc: Value = parse("plan", plan_json)?;
     if let Some(map) = doc.as_object_mut() {
         map.remove("seal");
+        map.remove("vm_id");
     }
     let plan: Plan =
         serde_json::from_value(doc).map_err(|e| Failure::invalid(format!("plan: {e}")))?;

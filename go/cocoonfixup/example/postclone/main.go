@@ -98,27 +98,24 @@ func (f *flow) current() (pod []byte, annotations map[string]string, ok bool, er
 	return pod, meta.Metadata.Annotations, true, nil
 }
 
-// write reads the pod again and writes the patch and the event while it is
-// still ours; false when the pod has gone.
-func (f *flow) write(patch cocoonfixup.Patch, event *cocoonfixup.Event) (bool, error) {
-	if _, _, ok, err := f.current(); err != nil || !ok {
-		return false, err
-	}
+// write patches the pod (under its uid) and records the event, as the
+// daemon does: the event is told even when the patch cannot be written.
+func (f *flow) write(patch cocoonfixup.Patch, event *cocoonfixup.Event) error {
+	var err error
 	if patch != nil {
-		if err := f.pods.Patch(f.name, f.uid, patch); err != nil {
-			return false, err
-		}
+		err = f.pods.Patch(f.name, f.uid, patch)
 	}
 	if event != nil {
 		f.pods.Event(f.name, *event)
 	}
-	return true, nil
+	return err
 }
 
 // PostClone is the flow for one pod whose VM record (as `cocoon vm inspect
 // --json` printed it) is vm, in the daemon's order: the cheap gate, the
 // binding, the decision, the plan, the loop. The IP wait that follows is
-// the embedder's own.
+// the embedder's own. A daemon that picks up work after a restart also
+// records cocoonfixup.Resumed(decision.Op) for RunLoop and IPWaitOnly.
 func PostClone(ctx context.Context, p *cocoonfixup.Planner, pods Pods, name string, vm []byte, exec Exec, b Budget) (Outcome, error) {
 	f := &flow{p: p, pods: pods, exec: exec, budget: b, name: name, out: Outcome{Pod: name}}
 	pod, err := pods.Get(name)
@@ -130,6 +127,8 @@ func PostClone(ctx context.Context, p *cocoonfixup.Planner, pods Pods, name stri
 		return f.out, err
 	}
 	f.uid = meta.Metadata.UID
+	// The VM the work is for: the record's id, else the pod's annotation
+	// (the report says the same once there is one).
 	var record struct {
 		ID string `json:"id"`
 	}
@@ -137,6 +136,9 @@ func PostClone(ctx context.Context, p *cocoonfixup.Planner, pods Pods, name stri
 		return f.out, err
 	}
 	f.vmID = record.ID
+	if f.vmID == "" {
+		f.vmID = meta.Metadata.Annotations["vm.cocoonstack.io/id"]
+	}
 	// The part of spec section 8 that needs only the pod: no cocoon call
 	// for a pod the host must leave alone.
 	gate, err := cocoonfixup.Gate(pod)
@@ -149,7 +151,7 @@ func PostClone(ctx context.Context, p *cocoonfixup.Planner, pods Pods, name stri
 	}
 	// The fixup is over: only the IP wait is left, and nothing is planned.
 	if gate.Marker == "done" {
-		if ev, err := cocoonfixup.VMMismatch(pod, vm, false); err != nil || ev != nil {
+		if ev, err := p.VMMismatch(pod, vm); err != nil || ev != nil {
 			return f.mismatch(ev, err)
 		}
 		f.out.Action = string(cocoonfixup.IPWaitOnly)
@@ -160,7 +162,10 @@ func PostClone(ctx context.Context, p *cocoonfixup.Planner, pods Pods, name stri
 	if errors.As(err, &cfErr) {
 		switch {
 		case cfErr.Code == cocoonfixup.CodeVMMismatch:
-			ev, err := cocoonfixup.VMMismatch(pod, vm, false)
+			ev, err := p.VMMismatch(pod, vm)
+			if err == nil && ev == nil {
+				err = fmt.Errorf("the planner refused the VM but its binding holds: %w", cfErr)
+			}
 			return f.mismatch(ev, err)
 		case cfErr.PlanFailed():
 			return f.planFailed(err)
@@ -169,6 +174,8 @@ func PostClone(ctx context.Context, p *cocoonfixup.Planner, pods Pods, name stri
 	if err != nil {
 		return f.out, err // the node is at fault, or a bug: retried later, the pod is left as it is
 	}
+	// The VM the plan was made for: the record's id, else the pod's.
+	f.vmID = report.VM.ID
 	decision, err := cocoonfixup.Decide(pod, report.NeedsFixup)
 	if err != nil {
 		return f.out, err
@@ -201,11 +208,7 @@ func (f *flow) planFailed(planErr error) (Outcome, error) {
 		return f.out, err
 	}
 	f.out.Errors = []string{rec.Line}
-	if ok, err := f.write(rec.Patch, rec.Event); err != nil || !ok {
-		f.out.Fixup = "gone"
-		return f.out, err
-	}
-	return f.out, nil
+	return f.out, f.write(rec.Patch, rec.Event)
 }
 
 func (f *flow) runLoop(ctx context.Context, report *cocoonfixup.Report) (Outcome, error) {
@@ -214,15 +217,21 @@ func (f *flow) runLoop(ctx context.Context, report *cocoonfixup.Report) (Outcome
 	if err != nil {
 		return f.out, err
 	}
-	if ok, err := f.write(running, nil); err != nil || !ok {
+	// Not on a pod handed over while cocoon was asked about its VM.
+	if _, _, ok, err := f.current(); err != nil || !ok {
+		return f.out, err
+	}
+	if err := f.write(running, nil); err != nil {
 		return f.out, err
 	}
 	deadline := time.Now().Add(f.budget.Total)
 	for {
 		// Before each attempt: a pod hibernated, deleted or recreated
-		// meanwhile gets no more execs.
-		if _, _, ok, err := f.current(); err != nil || !ok {
-			return f.out, err
+		// meanwhile gets no more execs. A failed read counts as still ours:
+		// a flaky API server must not stop a fixup (the uid precondition
+		// still guards the writes).
+		if _, _, ok, err := f.current(); err == nil && !ok {
+			return f.out, nil
 		}
 		f.out.Attempts++
 		attempt, err := f.p.NewAttempt(report)
@@ -236,7 +245,7 @@ func (f *flow) runLoop(ctx context.Context, report *cocoonfixup.Report) (Outcome
 		if timeout < time.Millisecond {
 			timeout = time.Millisecond
 		}
-		res, execErr := f.exec(ctx, report.VM.ID, attempt.Argv, timeout)
+		res, execErr := f.exec(ctx, attempt.VMID, attempt.Argv, timeout)
 		var line string
 		if execErr != nil {
 			if line, err = cocoonfixup.OneLine(execErr.Error()); err != nil {
@@ -252,7 +261,9 @@ func (f *flow) runLoop(ctx context.Context, report *cocoonfixup.Report) (Outcome
 				if err != nil {
 					return f.out, err
 				}
-				if ok, err := f.write(rec.Patch, rec.Event); err != nil || !ok {
+				// Written without reading the pod again, as the daemon
+				// does: the patch's uid precondition guards it.
+				if err := f.write(rec.Patch, rec.Event); err != nil {
 					return f.out, err
 				}
 				f.out.Fixup = "done"
@@ -284,11 +295,8 @@ func (f *flow) runLoop(ctx context.Context, report *cocoonfixup.Report) (Outcome
 	if err != nil {
 		return f.out, err
 	}
-	if ok, err := f.write(rec.Patch, rec.Event); err != nil || !ok {
-		return f.out, err
-	}
 	f.out.Fixup, f.out.Errors = "exhausted", rec.Errors
-	return f.out, nil
+	return f.out, f.write(rec.Patch, rec.Event)
 }
 
 // Guest is a stand-in for a VM behind `cocoon vm exec`: it answers an
