@@ -87,3 +87,46 @@ fn the_go_package_passes_its_tests_under_the_race_detector() {
         );
     }
 }
+
+/// The shared library through the package's `cocoonfixup_dynamic` tag: the
+/// example built against `libcocoon_fixup.so` with a run path, and run.
+#[test]
+fn the_example_links_the_shared_library_too() {
+    let profile = profile_dir();
+    let dir = tempfile::tempdir().unwrap();
+    let program = dir.path().join("postclone");
+    let built = Command::new("go")
+        .args(["build", "-tags", "cocoonfixup_dynamic", "-o"])
+        .arg(&program)
+        .arg("./example/postclone")
+        .current_dir(repo().join("go/cocoonfixup"))
+        .env("CGO_ENABLED", "1")
+        .env(
+            "CGO_LDFLAGS",
+            format!("-L{0} -Wl,-rpath,{0}", profile.display()),
+        )
+        .env("GOPROXY", "off")
+        .output()
+        .expect("running go build (Go 1.19 or later is needed)");
+    assert!(
+        built.status.success(),
+        "go build -tags cocoonfixup_dynamic failed:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let run = Command::new(&program)
+        .arg("-examples")
+        .arg(repo().join("examples"))
+        .args(["-interval", "10ms", "-no-cache"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(
+        stdout.contains(r#""reason":"PostCloneSucceeded""#) && stdout.contains(r#""fixup":"done""#),
+        "{stdout}"
+    );
+}

@@ -334,7 +334,7 @@ func (g *Guest) Exec(_ context.Context, _ string, argv []string, _ time.Duration
 	for i := 1; i <= total; i++ {
 		fmt.Fprintf(&stderr, "\ncocoon-fixup: %s step %d/%d start\n", nonce, i, total)
 		if fail && i == 2 {
-			stderr.WriteString("stand-in: Failed to restart the service: unit is masked\n")
+			stderr.WriteString("stand-in: No space left on device\n")
 			fmt.Fprintf(&stderr, "\ncocoon-fixup: %s step %d/%d failed exit 5\n", nonce, i, total)
 			return cocoonfixup.ExecResult{ExitCode: 5, Stderr: []byte(stderr.String())}, nil
 		}

@@ -41,7 +41,7 @@ func TestExampleLoop(t *testing.T) {
 	got := byPod(outcomes)
 	web := got["apps/web-0"]
 	if web.Action != "run-loop" || web.Fixup != "done" || web.Attempts != 2 || len(web.Errors) != 1 ||
-		!strings.HasPrefix(web.Errors[0], "attempt 1: step 2/") || !strings.Contains(web.Errors[0], "unit is masked") {
+		!strings.HasPrefix(web.Errors[0], "attempt 1: step 2/") || !strings.Contains(web.Errors[0], "No space left on device") {
 		t.Fatalf("oci-static: %+v", web)
 	}
 	for _, o := range outcomes {
