@@ -7,7 +7,7 @@ mod support;
 use std::path::Path;
 use std::process::Command;
 
-use support::{crate_dir, profile_dir};
+use support::{built, crate_dir};
 
 #[test]
 fn a_c_program_plans_through_the_header_and_the_archive() {
@@ -18,7 +18,7 @@ fn a_c_program_plans_through_the_header_and_the_archive() {
         .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-I"])
         .arg(crate_dir().join("include"))
         .arg(crate_dir().join("c/plan.c"))
-        .arg(format!("-L{}", profile_dir().display()))
+        .arg(format!("-L{}", built().display()))
         .args(["-l:libcocoon_fixup.a", "-ldl", "-lm", "-lpthread", "-o"])
         .arg(&program)
         .output()

@@ -1,45 +1,17 @@
 //! The Go package (`go/cocoonfixup`) against this library: `go test -race`
-//! with the static archive `cargo test` just built, the `cocoon-fixup`
+//! with the static archive built for this checkout, the `cocoon-fixup`
 //! binary to compare reports with, and the hostile test plugin. Needs Go
 //! 1.19 or later (`apt-get install golang-go`); `.ci/run` installs it.
 
 mod support;
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use support::{crate_dir, profile_dir};
-
-fn repo() -> PathBuf {
-    crate_dir().join("../..")
-}
-
-/// The `cocoon-fixup` binary of this build, built when a narrower `cargo
-/// test -p fixup-capi` did not.
-fn cli(profile: &Path) -> PathBuf {
-    let bin = profile.join("cocoon-fixup");
-    if !bin.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut build = Command::new(cargo);
-        build.args(["build", "-p", "fixup-host", "--bin", "cocoon-fixup"]);
-        if profile.ends_with("release") {
-            build.arg("--release");
-        }
-        let status = build.current_dir(repo()).status().expect("running cargo");
-        assert!(status.success(), "building cocoon-fixup failed");
-    }
-    bin
-}
+use support::{built, repo};
 
 #[test]
 fn the_go_package_passes_its_tests_under_the_race_detector() {
-    let profile = profile_dir();
-    let archive = profile.join("libcocoon_fixup.a");
-    assert!(
-        archive.exists(),
-        "{} is missing: cargo builds it with this crate",
-        archive.display()
-    );
+    let profile = built();
     let version = Command::new("go").arg("version").output();
     let Ok(version) = version else {
         panic!(
@@ -54,7 +26,7 @@ fn the_go_package_passes_its_tests_under_the_race_detector() {
         .current_dir(repo().join("go/cocoonfixup"))
         .env("CGO_ENABLED", "1")
         .env("CGO_LDFLAGS", format!("-L{}", profile.display()))
-        .env("COCOON_FIXUP_BIN", cli(&profile))
+        .env("COCOON_FIXUP_BIN", profile.join("cocoon-fixup"))
         .env(
             "COCOONFIXUP_HOSTILE_PLUGIN",
             fixup_tests::plugin_files::HOSTILE,
@@ -92,7 +64,7 @@ fn the_go_package_passes_its_tests_under_the_race_detector() {
 /// example built against `libcocoon_fixup.so` with a run path, and run.
 #[test]
 fn the_example_links_the_shared_library_too() {
-    let profile = profile_dir();
+    let profile = built();
     let dir = tempfile::tempdir().unwrap();
     let program = dir.path().join("postclone");
     let built = Command::new("go")
