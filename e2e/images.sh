@@ -4,6 +4,7 @@
 #
 #   bash e2e/images.sh            build what is missing or out of date
 #   bash e2e/images.sh --force    rebuild everything
+#   bash e2e/images.sh --smoke    only `bookworm`, the image of CI's smoke run
 #
 # Needs root, debootstrap, e2fsprogs and network access to the Debian
 # archive (bash e2e/host-packages.sh installs the host side). Images go to
@@ -45,10 +46,12 @@ readonly SIZE=2G
 readonly BASE_PACKAGES=systemd,systemd-sysv,udev,dbus,iproute2,iputils-ping,e2fsprogs,qemu-guest-agent,linux-image-cloud-amd64
 
 force=0
+smoke=0
 case "${1:-}" in
     --force) force=1 ;;
+    --smoke) smoke=1 ;;
     "") ;;
-    *) echo "usage: $0 [--force]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--force | --smoke]" >&2; exit 2 ;;
 esac
 
 die() { echo "images.sh: $*" >&2; exit 1; }
@@ -79,16 +82,32 @@ cleanup_mounts() {
 }
 trap cleanup_mounts EXIT
 
+# Downloads fail now and then: three tries, 10 s and 30 s apart. What was
+# downloaded stays in the package cache, so a retry fetches only the rest.
+retry() {
+    local try
+    for try in 1 2 3; do
+        "$@" && return 0
+        [ "$try" -eq 3 ] && return 1
+        local pause=$((try == 1 ? 10 : 30))
+        echo "   try $try failed; again in ${pause}s" >&2
+        sleep "$pause"
+    done
+}
+
 # debootstrap a minbase tree of release $1 into $2.
 bootstrap() {
     local release=$1 tree=$2 t
     t=$(now)
-    rm -rf "$tree"
     echo "== debootstrap $release (minbase)"
-    debootstrap --variant=minbase --cache-dir="$CACHE/debs" \
-        --include="$BASE_PACKAGES" "$release" "$tree" "$MIRROR" \
-        >"$tree.debootstrap.log" 2>&1 ||
-        { tail -30 "$tree.debootstrap.log" >&2; die "debootstrap $release failed (log: $tree.debootstrap.log)"; }
+    bootstrap_once() {
+        rm -rf "$tree"
+        debootstrap --variant=minbase --cache-dir="$CACHE/debs" \
+            --include="$BASE_PACKAGES" "$release" "$tree" "$MIRROR" \
+            >"$tree.debootstrap.log" 2>&1
+    }
+    retry bootstrap_once ||
+        { tail -30 "$tree.debootstrap.log" >&2; die "debootstrap $release failed 3 times (log: $tree.debootstrap.log)"; }
     echo "   debootstrap $release: $(elapsed "$t")"
 }
 
@@ -114,7 +133,7 @@ configure_common() {
     # systemd-networkd is in the systemd package on Debian 12 and a package
     # of its own on Debian 13.
     if [ ! -e "$tree/usr/lib/systemd/systemd-networkd" ] && [ ! -e "$tree/lib/systemd/systemd-networkd" ]; then
-        chroot_apt "$tree" install -y --no-install-recommends systemd-networkd
+        retry chroot_apt "$tree" install -y --no-install-recommends systemd-networkd
     fi
     chroot "$tree" systemctl enable systemd-networkd.service >/dev/null 2>&1
     # Nothing waits for the network, and no timer wakes up mid-test.
@@ -197,12 +216,12 @@ EOF
         finish_image bookworm "$tree" bookworm ""
         rm -rf "$tree"
     fi
-    if ! up_to_date bookworm-cloud; then
+    if [ "$smoke" -eq 0 ] && ! up_to_date bookworm-cloud; then
         local tree="$CACHE/build/bookworm.cloud"
         rm -rf "$tree"
         cp -a "$base" "$tree"
-        chroot_apt "$tree" update
-        chroot_apt "$tree" install -y --no-install-recommends cloud-init
+        retry chroot_apt "$tree" update
+        retry chroot_apt "$tree" install -y --no-install-recommends cloud-init
         cloud_init_config "$tree"
         local v
         v=$(cloud_init_version "$tree")
@@ -218,8 +237,8 @@ build_trixie_cloud() {
     bootstrap trixie "$tree"
     # cloud-init cannot go into debootstrap's --include (it depends on a
     # virtual package there): install it with apt afterwards.
-    chroot_apt "$tree" update
-    chroot_apt "$tree" install -y --no-install-recommends cloud-init
+    retry chroot_apt "$tree" update
+    retry chroot_apt "$tree" install -y --no-install-recommends cloud-init
     cloud_init_config "$tree"
     local v
     v=$(cloud_init_version "$tree")
@@ -229,12 +248,14 @@ build_trixie_cloud() {
 }
 
 start=$(now)
-if up_to_date bookworm && up_to_date bookworm-cloud; then
-    echo "== bookworm, bookworm-cloud: cached"
+if up_to_date bookworm && { [ "$smoke" -eq 1 ] || up_to_date bookworm-cloud; }; then
+    echo "== bookworm$([ "$smoke" -eq 1 ] || echo ', bookworm-cloud'): cached"
 else
     build_bookworm_pair
 fi
-if up_to_date trixie-cloud; then
+if [ "$smoke" -eq 1 ]; then
+    : # the smoke run needs bookworm only
+elif up_to_date trixie-cloud; then
     echo "== trixie-cloud: cached"
 else
     build_trixie_cloud

@@ -37,6 +37,23 @@ pub struct Spec<'a> {
     pub tap: &'static str,
     /// A NoCloud seed ISO on a SCSI CD (`cd0`), if any.
     pub seed: Option<PathBuf>,
+    /// A snapshot restore: the overlay is made on the parent's frozen
+    /// overlay (not on the image), and QEMU loads the parent's saved state
+    /// from this file (`-incoming`) instead of booting. The command line
+    /// is the parent's but for the disk and the NIC's MAC.
+    pub restore: Option<&'a Snapshot>,
+    /// The NIC (`nic0` on netdev `net0`) sits behind a PCIe root port
+    /// (`rp1`, with `rp2` free), so it can be hot-swapped: on q35 the root
+    /// bus cannot unplug. A parent and its clones must agree.
+    pub hotplug: bool,
+}
+
+/// A parent saved for restores: its overlay, frozen, and its state
+/// (memory and devices, migrated to a file while it was paused).
+#[derive(Debug)]
+pub struct Snapshot {
+    pub overlay: PathBuf,
+    pub state: PathBuf,
 }
 
 /// A running guest; killed on drop if still running.
@@ -74,9 +91,13 @@ impl Guest {
         }
         // A second boot (the clone after its parent) reuses the disk.
         if !disk.exists() {
+            let (backing, format) = match spec.restore {
+                Some(snapshot) => (snapshot.overlay.clone(), "qcow2"),
+                None => (spec.image.rootfs(), "raw"),
+            };
             run(Command::new("qemu-img")
-                .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
-                .arg(spec.image.rootfs())
+                .args(["create", "-q", "-f", "qcow2", "-F", format, "-b"])
+                .arg(backing)
                 .arg(&disk))?;
         }
         let accel = std::env::var("COCOON_FIXUP_E2E_ACCEL").unwrap_or_default();
@@ -115,26 +136,44 @@ impl Guest {
         .arg(format!(
             "tap,id=net0,ifname={},script=no,downscript=no",
             spec.tap
-        ))
-        .arg("-device")
-        .arg(format!("virtio-net-pci,netdev=net0,mac={}", spec.mac))
-        .args(["-device", "virtio-serial-pci,id=vser0"])
-        .arg("-chardev")
-        .arg(format!(
-            "socket,id=qga0,path={},server=on,wait=off",
-            sock.display()
-        ))
-        .args([
-            "-device",
-            "virtserialport,bus=vser0.0,chardev=qga0,name=org.qemu.guest_agent.0",
-        ])
-        .arg("-qmp")
-        .arg(format!(
-            "unix:{},server=on,wait=off",
-            spec.dir.join(QMP_SOCKET).display()
-        ))
-        .arg("-serial")
-        .arg(format!("file:{}", spec.dir.join(SERIAL_LOG).display()));
+        ));
+        if spec.hotplug {
+            cmd.args([
+                "-device",
+                "pcie-root-port,id=rp1,chassis=1,slot=1,bus=pcie.0,addr=0x10",
+                "-device",
+                "pcie-root-port,id=rp2,chassis=2,slot=2,bus=pcie.0,addr=0x11",
+            ])
+            .arg("-device")
+            .arg(format!(
+                "virtio-net-pci,netdev=net0,mac={},id=nic0,bus=rp1",
+                spec.mac
+            ));
+        } else {
+            cmd.arg("-device")
+                .arg(format!("virtio-net-pci,netdev=net0,mac={}", spec.mac));
+        }
+        cmd.args(["-device", "virtio-serial-pci,id=vser0"])
+            .arg("-chardev")
+            .arg(format!(
+                "socket,id=qga0,path={},server=on,wait=off",
+                sock.display()
+            ))
+            .args([
+                "-device",
+                "virtserialport,bus=vser0.0,chardev=qga0,name=org.qemu.guest_agent.0",
+            ])
+            .arg("-qmp")
+            .arg(format!(
+                "unix:{},server=on,wait=off",
+                spec.dir.join(QMP_SOCKET).display()
+            ))
+            .arg("-serial")
+            .arg(format!("file:{}", spec.dir.join(SERIAL_LOG).display()));
+        if let Some(snapshot) = spec.restore {
+            cmd.arg("-incoming")
+                .arg(format!("file:{}", snapshot.state.display()));
+        }
         if let Some(seed) = &spec.seed {
             cmd.args(["-device", "virtio-scsi-pci,id=scsi0"])
                 .arg("-drive")
@@ -238,6 +277,91 @@ impl Guest {
         Qmp::connect(&self.dir.join(QMP_SOCKET))
     }
 
+    /// Save the running guest for restores: pause it, migrate its state to
+    /// `state`, and stop QEMU (the disk is flushed and inactive once the
+    /// migration completes). Its overlay and the state file are then made
+    /// read-only: every clone restores from them.
+    pub fn save(mut self, overlay: &Path, state: &Path, within: Duration) -> Result<Snapshot> {
+        let mut qmp = self.qmp()?;
+        qmp.execute("stop", json!({}))?;
+        qmp.execute(
+            "migrate",
+            json!({"uri": format!("file:{}", state.display())}),
+        )?;
+        let started = Instant::now();
+        loop {
+            let status = qmp.execute("query-migrate", json!({}))?;
+            match status["status"].as_str().unwrap_or_default() {
+                "completed" => break,
+                "failed" | "cancelled" => bail!("saving the parent failed: {status}"),
+                _ if started.elapsed() > within => {
+                    bail!("saving the parent took over {within:?}: {status}")
+                }
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+        let _ = qmp.execute("quit", json!({}));
+        let quit = Instant::now();
+        while self.child.try_wait()?.is_none() {
+            if quit.elapsed() > within {
+                bail!("QEMU did not quit after the save");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for file in [overlay, state] {
+            let mut perms = std::fs::metadata(file)?.permissions();
+            perms.set_readonly(true);
+            std::fs::set_permissions(file, perms)?;
+        }
+        Ok(Snapshot {
+            overlay: overlay.to_owned(),
+            state: state.to_owned(),
+        })
+    }
+
+    /// Wait until a restore has loaded the saved state, then let the guest
+    /// run (the parent was saved paused, so the clone comes up paused).
+    /// `before_run` sees the loaded, still paused guest: the place for a
+    /// hot-swap. How long the load took.
+    pub fn wait_restored(
+        &mut self,
+        within: Duration,
+        before_run: impl FnOnce(&mut Qmp) -> Result<()>,
+    ) -> Result<Duration> {
+        let started = Instant::now();
+        let sock = self.dir.join(QMP_SOCKET);
+        let mut qmp = loop {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("QEMU exited during the restore ({status}): {}", self.logs());
+            }
+            match Qmp::connect(&sock) {
+                Ok(qmp) => break qmp,
+                Err(_) if started.elapsed() < within => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => return Err(e.context(self.logs())),
+            }
+        };
+        loop {
+            let status = qmp.execute("query-status", json!({}))?;
+            match status["status"].as_str().unwrap_or_default() {
+                "inmigrate" | "postmigrate" if started.elapsed() < within => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                "paused" | "prelaunch" => break,
+                "running" => break,
+                other => bail!(
+                    "the restore did not load within {within:?} (status {other}): {}",
+                    self.logs()
+                ),
+            }
+        }
+        let loaded = started.elapsed();
+        before_run(&mut qmp)?;
+        qmp.execute("cont", json!({}))?;
+        Ok(loaded)
+    }
+
     /// Power the guest off through the agent and wait for QEMU to exit;
     /// kill it after `within`.
     pub fn shutdown(mut self, within: Duration) -> Result<Duration> {
@@ -328,6 +452,44 @@ impl Qmp {
                 return Ok(value.clone());
             }
         }
+    }
+
+    /// Wait for the event `name` (skipping others) for at most `within`.
+    pub fn wait_event(&mut self, name: &str, within: Duration) -> Result<Value> {
+        let started = Instant::now();
+        loop {
+            match self.read() {
+                Ok(event) if event["event"] == name => return Ok(event),
+                Ok(_) => {}
+                Err(e) if started.elapsed() >= within => {
+                    return Err(e.context(format!("no {name} event within {within:?}")));
+                }
+                Err(_) => {}
+            }
+            if started.elapsed() >= within {
+                bail!("no {name} event within {within:?}");
+            }
+        }
+    }
+
+    /// Cloud Hypervisor's NIC swap on a restored clone: the parent's NIC
+    /// (`nic0`) goes, a new one with `mac` comes on the same tap, behind
+    /// the free root port. The unplug finishes before the plug, so the new
+    /// NIC is eth0 again (queued together while paused, it comes up as
+    /// eth1 before the old one is gone).
+    pub fn swap_nic(&mut self, tap: &str, mac: &str) -> Result<()> {
+        self.execute("device_del", json!({"id": "nic0"}))?;
+        self.wait_event("DEVICE_DELETED", Duration::from_secs(60))?;
+        self.execute("netdev_del", json!({"id": "net0"}))?;
+        self.execute(
+            "netdev_add",
+            json!({"type": "tap", "id": "net1", "ifname": tap, "script": "no", "downscript": "no"}),
+        )?;
+        self.execute(
+            "device_add",
+            json!({"driver": "virtio-net-pci", "id": "nic1", "netdev": "net1", "mac": mac, "bus": "rp2"}),
+        )?;
+        Ok(())
     }
 
     /// Swap the medium of CD `device` (its qdev id) for `file`, forcing

@@ -39,7 +39,7 @@ use fixup_host::ready::{DEFAULT_LEASE_POLL, LeaseWatcher};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use guest::{Guest, Spec};
+use guest::{Guest, Snapshot, Spec};
 use images::Image;
 use net::Netns;
 
@@ -77,6 +77,35 @@ pub enum NicNet {
     },
     Dhcp,
 }
+
+/// Wait until a booting guest's agent answers and systemd has finished
+/// starting (the agent starts early; the checks need networkd and, on
+/// cloud images, cloud-init's first run to have finished): how long the
+/// agent took.
+fn wait_booted(scenario: &str, guest: &mut Guest) -> Result<Duration> {
+    let agent = guest.wait_agent(BOOT_LIMIT)?;
+    let state = guest.run(&["systemctl", "is-system-running", "--wait"])?;
+    let state = state.stdout_text();
+    let state = state.trim();
+    if state != "running" {
+        let failed = guest.run(&["systemctl", "--failed", "--no-legend", "--plain"])?;
+        eprintln!(
+            "e2e {scenario}: guest is {state}; failed units: {}",
+            failed.stdout_text().trim()
+        );
+    }
+    anyhow::ensure!(
+        matches!(state, "running" | "degraded"),
+        "the guest did not finish booting: {state}{}",
+        guest.logs()
+    );
+    Ok(agent)
+}
+
+/// What the parent snapshots are made with: bump it when the QEMU command
+/// line of `guest::Guest::boot` changes, since a clone must be started with
+/// its parent's devices.
+pub const SNAPSHOT_RECIPE: &str = "q35, virtio-net behind pcie-root-port rp1, rp2 free; v1";
 
 /// One scenario's world: image, namespace, stand-in cocoon root, timings.
 #[derive(Debug)]
@@ -152,6 +181,21 @@ impl Lab {
         self.timings.push((phase.to_owned(), took));
     }
 
+    /// A cold boot of the image into `dir` on `disk`, NIC on `mac` and the
+    /// tap.
+    fn spec(&self, dir: PathBuf, disk: &'static str, mac: &str) -> Spec<'_> {
+        Spec {
+            image: &self.image,
+            dir,
+            disk,
+            mac: mac.to_owned(),
+            tap: TAP,
+            seed: None,
+            restore: None,
+            hotplug: false,
+        }
+    }
+
     /// Boot the guest with its NIC on `mac` and wait until it has booted;
     /// `phase` names the timing ("boot", "parent boot").
     pub fn boot(
@@ -162,36 +206,108 @@ impl Lab {
         seed: Option<PathBuf>,
     ) -> Result<Guest> {
         let spec = Spec {
-            image: &self.image,
-            dir: self.vm_dir(),
-            disk,
-            mac: mac.to_owned(),
-            tap: TAP,
             seed,
+            ..self.spec(self.vm_dir(), disk, mac)
         };
         let started = Instant::now();
         let mut guest = Guest::boot(&self.ns, &spec)?;
-        let agent = guest.wait_agent(BOOT_LIMIT)?;
-        // The agent starts early; the checks need networkd (and, on cloud
-        // images, cloud-init's first run) to have finished.
-        let state = guest.run(&["systemctl", "is-system-running", "--wait"])?;
-        let state = state.stdout_text();
-        let state = state.trim();
-        if state != "running" {
-            let failed = guest.run(&["systemctl", "--failed", "--no-legend", "--plain"])?;
-            eprintln!(
-                "e2e {}: guest is {state}; failed units: {}",
-                self.scenario,
-                failed.stdout_text().trim()
-            );
-        }
-        anyhow::ensure!(
-            matches!(state, "running" | "degraded"),
-            "the guest did not finish booting: {state}{}",
-            guest.logs()
-        );
+        let agent = wait_booted(self.scenario, &mut guest)?;
         self.timings.push((format!("{phase} (agent up)"), agent));
         self.timings.push((phase.to_owned(), started.elapsed()));
+        Ok(guest)
+    }
+
+    /// Boot the parent on the image's MAC A with its address X, let it
+    /// settle, and save it for restores (spec section 1: a clone resumes
+    /// from its parent's memory, not from a cold boot).
+    ///
+    /// The snapshot is cached per image (`<cache>/snapshots/<image>/`) and
+    /// shared by every scenario that restores it; it is made again when
+    /// the image or [`SNAPSHOT_RECIPE`] changes.
+    pub fn snapshot_parent(&mut self) -> Result<Snapshot> {
+        let dir = images::cache_dir().join("snapshots").join(&self.image.name);
+        let stamp = dir.join("ready");
+        let image_ready = std::fs::read_to_string(self.image.dir.join("ready"))
+            .with_context(|| format!("image {} has no ready stamp", self.image.name))?;
+        let want = format!("{}\n{SNAPSHOT_RECIPE}\n", image_ready.trim_end());
+        let cached = Snapshot {
+            overlay: dir.join("parent.qcow2"),
+            state: dir.join("state.mig"),
+        };
+        if std::fs::read_to_string(&stamp).is_ok_and(|s| s == want)
+            && cached.overlay.exists()
+            && cached.state.exists()
+        {
+            eprintln!(
+                "e2e {}: restoring the cached parent snapshot in {}",
+                self.scenario,
+                dir.display()
+            );
+            return Ok(cached);
+        }
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)
+                .with_context(|| format!("cannot clear {}", dir.display()))?;
+        }
+        let golden = self.image.golden.clone();
+        let spec = Spec {
+            hotplug: true,
+            ..self.spec(dir.clone(), "parent.qcow2", &golden.mac)
+        };
+        let started = Instant::now();
+        let mut guest = Guest::boot(&self.ns, &spec)?;
+        wait_booted(self.scenario, &mut guest)?;
+        let settle = Instant::now();
+        loop {
+            let link = guest.link("eth0")?;
+            if link.mac == golden.mac && link.has(&golden.ip, golden.prefix) {
+                break;
+            }
+            anyhow::ensure!(
+                settle.elapsed() < LINK_LIMIT,
+                "the parent's eth0 is {link:?}, not MAC A with X"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        self.timings
+            .push(("parent boot".to_owned(), started.elapsed()));
+        let saving = Instant::now();
+        let snapshot = guest.save(
+            &dir.join("parent.qcow2"),
+            &dir.join("state.mig"),
+            SHUTDOWN_LIMIT,
+        )?;
+        self.timings.push(("save".to_owned(), saving.elapsed()));
+        std::fs::write(&stamp, want)?;
+        Ok(snapshot)
+    }
+
+    /// Restore a clone of `snapshot` with its NIC presented as `mac` (on
+    /// Firecracker the saved device state keeps the parent's MAC whatever
+    /// is given), run `before_run` on the loaded, paused clone, let it run,
+    /// and wait for its guest agent, as cocoon's flow does right after a
+    /// restore.
+    pub fn restore(
+        &mut self,
+        snapshot: &Snapshot,
+        mac: &str,
+        disk: &'static str,
+        before_run: impl FnOnce(&mut guest::Qmp) -> Result<()>,
+    ) -> Result<Guest> {
+        let spec = Spec {
+            restore: Some(snapshot),
+            hotplug: true,
+            ..self.spec(self.vm_dir(), disk, mac)
+        };
+        let started = Instant::now();
+        let mut guest = Guest::boot(&self.ns, &spec)?;
+        let loaded = guest.wait_restored(BOOT_LIMIT, before_run)?;
+        let agent = guest.wait_agent(BOOT_LIMIT)?;
+        self.timings
+            .push(("restore (state loaded)".to_owned(), loaded));
+        self.timings
+            .push(("restore (agent up)".to_owned(), started.elapsed()));
+        let _ = agent;
         Ok(guest)
     }
 
