@@ -101,7 +101,8 @@ bootstrap() {
     t=$(now)
     echo "== debootstrap $release (minbase)"
     bootstrap_once() {
-        rm -rf "$tree"
+        cleanup_mounts
+        rm -rf --one-file-system "$tree"
         debootstrap --variant=minbase --cache-dir="$CACHE/debs" \
             --include="$BASE_PACKAGES" "$release" "$tree" "$MIRROR" \
             >"$tree.debootstrap.log" 2>&1
@@ -122,7 +123,7 @@ chroot_apt() {
     chroot "$tree" env DEBIAN_FRONTEND=noninteractive LC_ALL=C apt-get "$@" >"$tree.apt.log" 2>&1 || rc=$?
     umount "$tree/proc"
     rm -f "$tree/usr/sbin/policy-rc.d" "$tree/etc/resolv.conf"
-    [ "$rc" -eq 0 ] || { tail -30 "$tree.apt.log" >&2; die "apt-get $* in $tree failed (log: $tree.apt.log)"; }
+    [ "$rc" -eq 0 ] || { tail -30 "$tree.apt.log" >&2; echo "apt-get $* in $tree failed (log: $tree.apt.log)" >&2; return 1; }
 }
 
 # Settings every image shares.
@@ -133,7 +134,7 @@ configure_common() {
     # systemd-networkd is in the systemd package on Debian 12 and a package
     # of its own on Debian 13.
     if [ ! -e "$tree/usr/lib/systemd/systemd-networkd" ] && [ ! -e "$tree/lib/systemd/systemd-networkd" ]; then
-        retry chroot_apt "$tree" install -y --no-install-recommends systemd-networkd
+        retry chroot_apt "$tree" install -y --no-install-recommends systemd-networkd || die "apt-get in $tree failed 3 times"
     fi
     chroot "$tree" systemctl enable systemd-networkd.service >/dev/null 2>&1
     # Nothing waits for the network, and no timer wakes up mid-test.
@@ -167,6 +168,8 @@ EOF
 finish_image() {
     local name=$1 tree=$2 release=$3 cloud_init=$4 t
     t=$(now)
+    # A parent snapshot of the old image would sit on blocks that changed.
+    rm -rf "$CACHE/snapshots/$name"
     local out="$CACHE/build/$name.out"
     rm -rf "$out"
     mkdir -p "$out"
@@ -220,8 +223,8 @@ EOF
         local tree="$CACHE/build/bookworm.cloud"
         rm -rf "$tree"
         cp -a "$base" "$tree"
-        retry chroot_apt "$tree" update
-        retry chroot_apt "$tree" install -y --no-install-recommends cloud-init
+        retry chroot_apt "$tree" update || die "apt-get in $tree failed 3 times"
+        retry chroot_apt "$tree" install -y --no-install-recommends cloud-init || die "apt-get in $tree failed 3 times"
         cloud_init_config "$tree"
         local v
         v=$(cloud_init_version "$tree")
@@ -237,8 +240,8 @@ build_trixie_cloud() {
     bootstrap trixie "$tree"
     # cloud-init cannot go into debootstrap's --include (it depends on a
     # virtual package there): install it with apt afterwards.
-    retry chroot_apt "$tree" update
-    retry chroot_apt "$tree" install -y --no-install-recommends cloud-init
+    retry chroot_apt "$tree" update || die "apt-get in $tree failed 3 times"
+    retry chroot_apt "$tree" install -y --no-install-recommends cloud-init || die "apt-get in $tree failed 3 times"
     cloud_init_config "$tree"
     local v
     v=$(cloud_init_version "$tree")

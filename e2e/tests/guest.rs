@@ -101,6 +101,15 @@ fn oci_networkd_static() -> Result<()> {
     let guest = lab.restore(&parent, &golden.mac, "rootfs.qcow2", |_| Ok(()))?;
     let swapped = std::time::Instant::now();
     guest.qmp()?.swap_nic(TAP, MAC_B)?;
+    // The guest probes the new NIC a moment after QEMU accepted it.
+    let probing = std::time::Instant::now();
+    while !guest.run(&["ip", "link", "show", "dev", "eth0"])?.success() {
+        ensure!(
+            probing.elapsed() < LINK_LIMIT,
+            "no eth0 {LINK_LIMIT:?} after the NIC swap"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     wait_link(&guest, "the new NIC with MAC B", |link| link.mac == MAC_B)?;
     lab.record("hot-swap", swapped.elapsed());
 

@@ -172,7 +172,7 @@ impl Guest {
             .arg(format!("file:{}", spec.dir.join(SERIAL_LOG).display()));
         if let Some(snapshot) = spec.restore {
             cmd.arg("-incoming")
-                .arg(format!("file:{}", snapshot.state.display()));
+                .arg(format!("exec:cat {}", snapshot.state.display()));
         }
         if let Some(seed) = &spec.seed {
             cmd.args(["-device", "virtio-scsi-pci,id=scsi0"])
@@ -284,9 +284,10 @@ impl Guest {
     pub fn save(mut self, overlay: &Path, state: &Path, within: Duration) -> Result<Snapshot> {
         let mut qmp = self.qmp()?;
         qmp.execute("stop", json!({}))?;
+        // `exec:` works on every QEMU the suite meets (`file:` needs 8.2).
         qmp.execute(
             "migrate",
-            json!({"uri": format!("file:{}", state.display())}),
+            json!({"uri": format!("exec:cat > {}", state.display())}),
         )?;
         let started = Instant::now();
         loop {
@@ -412,6 +413,8 @@ fn tail(path: &Path, lines: usize) -> String {
 pub struct Qmp {
     out: UnixStream,
     reader: BufReader<UnixStream>,
+    /// Events that arrived while a command waited for its reply.
+    events: Vec<Value>,
 }
 
 impl Qmp {
@@ -422,6 +425,7 @@ impl Qmp {
         let mut qmp = Qmp {
             reader: BufReader::new(out.try_clone()?),
             out,
+            events: Vec::new(),
         };
         let greeting = qmp.read()?;
         if greeting.get("QMP").is_none() {
@@ -439,7 +443,8 @@ impl Qmp {
         Ok(serde_json::from_str(&line)?)
     }
 
-    /// Run a command; events that arrive meanwhile are skipped.
+    /// Run a command; events that arrive meanwhile are kept for
+    /// [`Qmp::wait_event`].
     pub fn execute(&mut self, command: &str, arguments: Value) -> Result<Value> {
         let request = json!({"execute": command, "arguments": arguments});
         writeln!(self.out, "{request}")?;
@@ -451,20 +456,42 @@ impl Qmp {
             if let Some(value) = reply.get("return") {
                 return Ok(value.clone());
             }
+            if reply.get("event").is_some() {
+                self.events.push(reply);
+            }
         }
     }
 
-    /// Wait for the event `name` (skipping others) for at most `within`.
-    pub fn wait_event(&mut self, name: &str, within: Duration) -> Result<Value> {
+    /// Wait for the first event `name` that `matches` (skipping others),
+    /// for at most `within`; events kept by [`Qmp::execute`] come first.
+    pub fn wait_event(
+        &mut self,
+        name: &str,
+        matches: impl Fn(&Value) -> bool,
+        within: Duration,
+    ) -> Result<Value> {
+        let wanted = |event: &Value| event["event"] == name && matches(event);
+        if let Some(i) = self.events.iter().position(wanted) {
+            return Ok(self.events.remove(i));
+        }
         let started = Instant::now();
         loop {
-            match self.read() {
-                Ok(event) if event["event"] == name => return Ok(event),
-                Ok(_) => {}
-                Err(e) if started.elapsed() >= within => {
-                    return Err(e.context(format!("no {name} event within {within:?}")));
+            let mut line = String::new();
+            match self.reader.read_line(&mut line) {
+                Ok(0) => bail!("QMP closed the connection while waiting for {name}"),
+                Ok(_) => {
+                    let event: Value = serde_json::from_str(&line)?;
+                    if wanted(&event) {
+                        return Ok(event);
+                    }
                 }
-                Err(_) => {}
+                // The read timeout: look at the clock and read again.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(e) => return Err(e.into()),
             }
             if started.elapsed() >= within {
                 bail!("no {name} event within {within:?}");
@@ -479,7 +506,13 @@ impl Qmp {
     /// eth1 before the old one is gone).
     pub fn swap_nic(&mut self, tap: &str, mac: &str) -> Result<()> {
         self.execute("device_del", json!({"id": "nic0"}))?;
-        self.wait_event("DEVICE_DELETED", Duration::from_secs(60))?;
+        // The NIC's own event (its backend child's comes first, without a
+        // device id).
+        self.wait_event(
+            "DEVICE_DELETED",
+            |event| event["data"]["device"] == "nic0",
+            Duration::from_secs(60),
+        )?;
         self.execute("netdev_del", json!({"id": "net0"}))?;
         self.execute(
             "netdev_add",

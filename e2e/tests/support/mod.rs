@@ -78,6 +78,36 @@ pub enum NicNet {
     Dhcp,
 }
 
+/// What a parent snapshot was made from: the image's files (by inode,
+/// size and modification time, so a rebuilt image never meets an old
+/// snapshot), the accelerator, the QEMU version and [`SNAPSHOT_RECIPE`].
+fn snapshot_stamp(image: &Image) -> Result<String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut stamp = String::new();
+    for file in [image.rootfs(), image.kernel(), image.initrd()] {
+        let meta =
+            std::fs::metadata(&file).with_context(|| format!("image file {}", file.display()))?;
+        stamp += &format!(
+            "{} {} {} {}\n",
+            file.display(),
+            meta.ino(),
+            meta.size(),
+            meta.mtime()
+        );
+    }
+    let qemu = std::process::Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .context("qemu-system-x86_64 --version")?;
+    let version = String::from_utf8_lossy(&qemu.stdout);
+    stamp += &format!(
+        "accel {}\n{}\n{SNAPSHOT_RECIPE}\n",
+        std::env::var("COCOON_FIXUP_E2E_ACCEL").unwrap_or_default(),
+        version.lines().next().unwrap_or_default()
+    );
+    Ok(stamp)
+}
+
 /// Wait until a booting guest's agent answers and systemd has finished
 /// starting (the agent starts early; the checks need networkd and, on
 /// cloud images, cloud-init's first run to have finished): how long the
@@ -223,13 +253,19 @@ impl Lab {
     ///
     /// The snapshot is cached per image (`<cache>/snapshots/<image>/`) and
     /// shared by every scenario that restores it; it is made again when
-    /// the image or [`SNAPSHOT_RECIPE`] changes.
+    /// the image's files, the accelerator, QEMU or [`SNAPSHOT_RECIPE`] change.
     pub fn snapshot_parent(&mut self) -> Result<Snapshot> {
         let dir = images::cache_dir().join("snapshots").join(&self.image.name);
         let stamp = dir.join("ready");
-        let image_ready = std::fs::read_to_string(self.image.dir.join("ready"))
-            .with_context(|| format!("image {} has no ready stamp", self.image.name))?;
-        let want = format!("{}\n{SNAPSHOT_RECIPE}\n", image_ready.trim_end());
+        std::fs::create_dir_all(images::cache_dir().join("snapshots"))?;
+        // One run at a time makes or uses a snapshot.
+        let lock = std::fs::File::create(
+            images::cache_dir()
+                .join("snapshots")
+                .join(format!("{}.lock", self.image.name)),
+        )?;
+        lock.lock()?;
+        let want = snapshot_stamp(&self.image)?;
         let cached = Snapshot {
             overlay: dir.join("parent.qcow2"),
             state: dir.join("state.mig"),
