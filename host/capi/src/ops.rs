@@ -338,20 +338,10 @@ pub fn planner_new(options: &str) -> Result<(Built, String), Failure> {
     let planner_options = options.planner_options()?;
     let (planner, failures) = Planner::new(planner_options)
         .map_err(|e| Failure::new(CfStatus::CfLoad, format!("starting the plugin host: {e}")))?;
-    let failures: Vec<Value> = failures
-        .iter()
-        .map(|f| json!({"path": f.path.display().to_string(), "error": f.error.to_string()}))
-        .collect();
     if options.strict && !failures.is_empty() {
         let lines: Vec<String> = failures
             .iter()
-            .map(|f| {
-                format!(
-                    "{}: {}",
-                    f["path"].as_str().unwrap_or(""),
-                    f["error"].as_str().unwrap_or("")
-                )
-            })
+            .map(|f| format!("{}: {}", f.path.display(), f.error))
             .collect();
         return Err(Failure::new(
             CfStatus::CfLoad,
@@ -369,6 +359,10 @@ pub fn planner_new(options: &str) -> Result<(Built, String), Failure> {
         .map(|name| format!("plugin_policy.{name} narrows a plugin that is not loaded: check the name against `cocoon-fixup plugin inspect`"))
         .collect();
     let slots = planner.plugins().slots();
+    let failures: Vec<Value> = failures
+        .iter()
+        .map(|f| json!({"path": f.path.display().to_string(), "error": f.error.to_string()}))
+        .collect();
     let answer =
         to_json(&json!({"load_failures": failures, "warnings": warnings, "slots": slots}))?;
     let permits = Permits::new(slots);
@@ -589,27 +583,47 @@ pub fn decide(pod: &[u8], fixup_needed: i32) -> Outcome {
     to_json(&answer)
 }
 
+/// A plan as a caller hands it back, `{dialect, steps, vm_id, seal}`: the
+/// envelope's two strings (when they are strings), and the rest, which
+/// [`HandedBack::plan`] reads as a plan (its own fields only).
+struct HandedBack {
+    rest: Value,
+    vm_id: Option<String>,
+    seal: Option<String>,
+}
+
+impl HandedBack {
+    fn read(plan_json: &str) -> Result<Self, Failure> {
+        let mut rest: Value = parse("plan", plan_json)?;
+        let mut take = |key: &str| {
+            rest.as_object_mut()
+                .and_then(|map| map.remove(key))
+                .and_then(|value| value.as_str().map(str::to_owned))
+        };
+        let (vm_id, seal) = (take("vm_id"), take("seal"));
+        Ok(HandedBack { rest, vm_id, seal })
+    }
+
+    fn plan(self) -> Result<Plan, Failure> {
+        serde_json::from_value(self.rest).map_err(|e| Failure::invalid(format!("plan: {e}")))
+    }
+}
+
 /// The plan of a report, read back with the VM it was made for: it must
 /// carry this planner's seal over both (so it is a plan the planner made,
 /// policies checked, for that VM), and it is checked again under the
 /// planner's limits.
 fn sealed_plan(built: &Built, plan_json: &str) -> Result<(VmId, Plan), Failure> {
-    let mut doc: Value = parse("plan", plan_json)?;
-    let mut take = |key: &str| {
-        doc.as_object_mut()
-            .and_then(|map| map.remove(key))
-            .and_then(|value| value.as_str().map(str::to_owned))
-            .ok_or_else(|| {
-                Failure::invalid(format!(
-                    "plan: no {key}; hand back {{dialect, steps, vm_id, seal}} of a report"
-                ))
-            })
+    let mut back = HandedBack::read(plan_json)?;
+    let missing = |key: &str| {
+        Failure::invalid(format!(
+            "plan: no {key}; hand back {{dialect, steps, vm_id, seal}} of a report"
+        ))
     };
-    let seal = take("seal")?;
-    let vm_id = take("vm_id")?;
+    let seal = back.seal.take().ok_or_else(|| missing("seal"))?;
+    let vm_id = back.vm_id.take().ok_or_else(|| missing("vm_id"))?;
     let vm_id = VmId::parse(&vm_id).map_err(|e| Failure::invalid(format!("plan: vm_id: {e}")))?;
-    let plan: Plan =
-        serde_json::from_value(doc).map_err(|e| Failure::invalid(format!("plan: {e}")))?;
+    let plan = back.plan()?;
     if !built.seal_key.verify(vm_id.as_str(), &plan, &seal) {
         return Err(Failure::invalid(
             "plan: the seal does not match: it is not a plan this planner made for this VM (or it was changed)",
@@ -683,13 +697,8 @@ fn failure_json(failure: &StepFailure) -> Value {
 /// The verdict on one exec of an attempt: ran to completion, or the
 /// attempt's error line with the step it failed in.
 pub fn verdict(plan_json: &str, nonce: &str, status: ExecStatus, stderr: &[u8]) -> Outcome {
-    let mut doc: Value = parse("plan", plan_json)?;
-    if let Some(map) = doc.as_object_mut() {
-        map.remove("seal");
-        map.remove("vm_id");
-    }
-    let plan: Plan =
-        serde_json::from_value(doc).map_err(|e| Failure::invalid(format!("plan: {e}")))?;
+    // The verdict only reads the markers back: no seal is needed.
+    let plan = HandedBack::read(plan_json)?.plan()?;
     let nonce = Nonce::parse(nonce)
         .ok_or_else(|| Failure::invalid("nonce: not the 32 hex digits an attempt returned"))?;
     let out = ExecOutput {
