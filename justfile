@@ -51,9 +51,10 @@ fuzz seconds="60":
 
 # End-to-end guest suite (root, QEMU, minutes; docs/e2e.md): installs the
 # host packages it lacks, builds the guest images once (cached outside the
-# repository, /var/tmp/cocoon-fixup-e2e), then boots a guest per scenario
-# and runs the real apply flow into it. `just e2e cloudimg` runs only the
-# scenarios whose name contains `cloudimg`.
+# repository, /var/tmp/cocoon-fixup-e2e), saves a parent per image and
+# kind, then restores clones from it and runs the real apply flow into
+# each, and upstream's commands into a second clone, side by side.
+# `just e2e cloudimg` runs only the scenarios whose name contains `cloudimg`.
 e2e *FILTER:
     bash e2e/host-packages.sh
     bash e2e/images.sh

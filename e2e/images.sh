@@ -24,6 +24,9 @@
 #   bookworm-cloud    Debian 12 with cloud-init 22.4.x (NoCloud, networkd
 #                     renderer); `cloud-init clean` has no --configs
 #   trixie-cloud      Debian 13 with cloud-init 25.x (has --configs)
+#   bookworm-nm       Debian 12 whose network NetworkManager owns (networkd
+#                     installed, as Debian ships it, but not enabled), with
+#                     a keyfile for the parent's MAC A and address X
 #
 # Every image: minbase + systemd, udev, iproute2, iputils-ping, e2fsprogs,
 # qemu-guest-agent, linux-image-cloud-amd64, dbus; an empty machine-id
@@ -164,6 +167,43 @@ locale: false
 EOF
 }
 
+# NetworkManager owns the network: networkd stays installed but disabled
+# (Debian's default), NetworkManager configures only what a keyfile names
+# (no automatic "Wired connection" on a NIC nothing matches), and the
+# parent's keyfile is the one the nm-keyfile plugin writes for MAC A.
+configure_network_manager() {
+    local tree=$1
+    chroot "$tree" systemctl disable systemd-networkd.service systemd-networkd.socket >/dev/null 2>&1 || true
+    chroot "$tree" systemctl enable NetworkManager.service >/dev/null 2>&1
+    chroot "$tree" systemctl mask NetworkManager-wait-online.service >/dev/null 2>&1 || true
+    mkdir -p "$tree/etc/NetworkManager/conf.d" "$tree/etc/NetworkManager/system-connections"
+    cat >"$tree/etc/NetworkManager/conf.d/90-cocoon-fixup-e2e.conf" <<'EOF'
+[main]
+plugins=keyfile
+no-auto-default=*
+EOF
+    local file="$tree/etc/NetworkManager/system-connections/cocoon-${MAC_A//:/}.nmconnection"
+    cat >"$file" <<EOF
+[connection]
+id=cocoon-${MAC_A//:/}
+uuid=8f3c1a52-0e2e-4c1e-9f00-00000000000a
+type=ethernet
+autoconnect=true
+autoconnect-priority=100
+
+[ethernet]
+mac-address=$MAC_A
+
+[ipv4]
+method=manual
+address1=$IP_X/$PREFIX,$GATEWAY
+
+[ipv6]
+method=ignore
+EOF
+    chmod 600 "$file"
+}
+
 # Turn tree $2 into image $1, with image.json fields from the rest.
 finish_image() {
     local name=$1 tree=$2 release=$3 cloud_init=$4 t
@@ -219,6 +259,17 @@ EOF
         finish_image bookworm "$tree" bookworm ""
         rm -rf "$tree"
     fi
+    if [ "$smoke" -eq 0 ] && ! up_to_date bookworm-nm; then
+        local tree="$CACHE/build/bookworm.nm"
+        rm -rf "$tree"
+        cp -a "$base" "$tree"
+        retry chroot_apt "$tree" update || die "apt-get in $tree failed 3 times"
+        retry chroot_apt "$tree" install -y --no-install-recommends network-manager || die "apt-get in $tree failed 3 times"
+        configure_common "$tree"
+        configure_network_manager "$tree"
+        finish_image bookworm-nm "$tree" bookworm ""
+        rm -rf "$tree"
+    fi
     if [ "$smoke" -eq 0 ] && ! up_to_date bookworm-cloud; then
         local tree="$CACHE/build/bookworm.cloud"
         rm -rf "$tree"
@@ -251,8 +302,8 @@ build_trixie_cloud() {
 }
 
 start=$(now)
-if up_to_date bookworm && { [ "$smoke" -eq 1 ] || up_to_date bookworm-cloud; }; then
-    echo "== bookworm$([ "$smoke" -eq 1 ] || echo ', bookworm-cloud'): cached"
+if up_to_date bookworm && { [ "$smoke" -eq 1 ] || { up_to_date bookworm-cloud && up_to_date bookworm-nm; }; }; then
+    echo "== bookworm$([ "$smoke" -eq 1 ] || echo ', bookworm-cloud, bookworm-nm'): cached"
 else
     build_bookworm_pair
 fi

@@ -200,6 +200,22 @@ impl Agent {
         }
     }
 
+    /// Set the guest's wall clock to the host's (`guest-set-time`, which
+    /// also writes the hardware clock). A restored clone's clock resumes at
+    /// the moment its parent was saved.
+    pub fn set_time(&mut self, timeout: Duration) -> Result<(), AgentError> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let nanos = i64::try_from(now.as_nanos()).unwrap_or(i64::MAX);
+        self.command(
+            "guest-set-time",
+            json!({"time": nanos}),
+            Instant::now() + timeout,
+        )?;
+        Ok(())
+    }
+
     /// Ask the guest to power off. The agent sends no reply; the caller
     /// waits for QEMU to exit.
     pub fn shutdown(&mut self) -> Result<(), AgentError> {

@@ -15,7 +15,8 @@
 //! - Anything else, or a failure to reach the guest, exits 1 with a message
 //!   on stderr, as cocoon does.
 //!
-//! Every call appends one line to `<root>/shim.log`.
+//! Every call appends one line to `<root>/shim.log`: what was called, its
+//! exit code, how long it took and when it ended.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -99,7 +100,15 @@ fn log(root: &Path, what: &str, status: &Result<i32, String>, took: Duration) {
         Ok(code) => format!("exit {code}"),
         Err(e) => format!("error: {e}"),
     };
-    let line = format!("{what} -> {outcome} in {took:.2?}\n");
+    // When it ended (Unix milliseconds) and how long it took (seconds):
+    // the harness reads both to tell the guest's time from the host's.
+    let ended = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let line = format!(
+        "{what} -> {outcome} in {:.3}s at {ended}\n",
+        took.as_secs_f64()
+    );
     if let Ok(mut f) = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

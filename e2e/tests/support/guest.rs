@@ -50,10 +50,15 @@ pub struct Spec<'a> {
 
 /// A parent saved for restores: its overlay, frozen, and its state
 /// (memory and devices, migrated to a file while it was paused).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Snapshot {
     pub overlay: PathBuf,
     pub state: PathBuf,
+    /// The NoCloud seed the parent booted with: a clone starts with the
+    /// parent's devices, so with this medium in its CD drive.
+    pub seed: Option<PathBuf>,
+    /// The parent's address on its NIC when it was saved (X, or its lease).
+    pub ip: String,
 }
 
 /// A running guest; killed on drop if still running.
@@ -63,9 +68,10 @@ pub struct Guest {
     dir: PathBuf,
 }
 
-/// A NIC as `ip -j addr show dev ...` reports it.
+/// A NIC as `ip -j addr show` reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Link {
+    pub name: String,
     pub mac: String,
     pub ipv4: Vec<(Ipv4Addr, u8)>,
 }
@@ -218,6 +224,31 @@ impl Guest {
         }
     }
 
+    /// The guest's wall clock set to the host's, how far off it was: the
+    /// agent's `guest-set-time`, or `date -s` where the agent cannot (it
+    /// also writes the hardware clock, with `hwclock`, which Debian 13's
+    /// minimal system lacks).
+    pub fn set_clock(&self) -> Result<Duration> {
+        let before = self.check(&["date", "+%s"])?;
+        if self.agent()?.set_time(Duration::from_secs(30)).is_err() {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            self.check(&[
+                "date",
+                "-u",
+                "-s",
+                &format!("@{}.{:03}", now.as_secs(), now.subsec_millis()),
+            ])?;
+        }
+        let was: u64 = before.trim().parse().context("guest `date +%s`")?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        Ok(Duration::from_secs(now.saturating_sub(was)))
+    }
+
     fn agent(&self) -> Result<Agent> {
         Agent::connect(&self.dir.join(QGA_SOCKET), Duration::from_secs(30))
             .map_err(|e| anyhow!("{e}: {}", self.logs()))
@@ -251,26 +282,43 @@ impl Guest {
         self.check(&["cat", path])
     }
 
-    /// `ip -j addr show dev <dev>`, read from inside the guest.
-    pub fn link(&self, dev: &str) -> Result<Link> {
-        let json = self.check(&["ip", "-j", "addr", "show", "dev", dev])?;
+    /// Every NIC of the guest but loopback (`ip -j addr show`), read from
+    /// inside the guest.
+    pub fn nics(&self) -> Result<Vec<Link>> {
+        let json = self.check(&["ip", "-j", "addr", "show"])?;
         let parsed: Value = serde_json::from_str(&json).context("ip -j addr output")?;
-        let entry = parsed
-            .get(0)
-            .ok_or_else(|| anyhow!("no {dev} in the guest: {json}"))?;
-        let mac = entry["address"].as_str().unwrap_or_default().to_owned();
-        let ipv4 = entry["addr_info"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|a| a["family"] == "inet")
-            .filter_map(|a| {
-                let ip = a["local"].as_str()?.parse().ok()?;
-                let prefix = u8::try_from(a["prefixlen"].as_u64()?).ok()?;
-                Some((ip, prefix))
+        let links = parsed.as_array().into_iter().flatten();
+        Ok(links
+            .filter(|entry| entry["link_type"] != "loopback")
+            .map(|entry| {
+                let ipv4 = entry["addr_info"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|a| a["family"] == "inet")
+                    .filter_map(|a| {
+                        let ip = a["local"].as_str()?.parse().ok()?;
+                        let prefix = u8::try_from(a["prefixlen"].as_u64()?).ok()?;
+                        Some((ip, prefix))
+                    })
+                    .collect();
+                Link {
+                    name: entry["ifname"].as_str().unwrap_or_default().to_owned(),
+                    mac: entry["address"].as_str().unwrap_or_default().to_owned(),
+                    ipv4,
+                }
             })
-            .collect();
-        Ok(Link { mac, ipv4 })
+            .collect())
+    }
+
+    /// The guest's one NIC, whatever its name (after Cloud Hypervisor's
+    /// swap the new NIC may be `eth1`).
+    pub fn nic(&self) -> Result<Link> {
+        let mut nics = self.nics()?;
+        match nics.len() {
+            1 => Ok(nics.remove(0)),
+            _ => bail!("expected one NIC in the guest, found {nics:?}"),
+        }
     }
 
     pub fn qmp(&self) -> Result<Qmp> {
@@ -317,18 +365,21 @@ impl Guest {
         Ok(Snapshot {
             overlay: overlay.to_owned(),
             state: state.to_owned(),
+            seed: None,
+            ip: String::new(),
         })
     }
 
     /// Wait until a restore has loaded the saved state, then let the guest
     /// run (the parent was saved paused, so the clone comes up paused).
     /// `before_run` sees the loaded, still paused guest: the place for a
-    /// hot-swap. How long the load took.
+    /// hot-swap. How long the load took, and the QMP connection (events
+    /// after the resume arrive on it).
     pub fn wait_restored(
         &mut self,
         within: Duration,
         before_run: impl FnOnce(&mut Qmp) -> Result<()>,
-    ) -> Result<Duration> {
+    ) -> Result<(Duration, Qmp)> {
         let started = Instant::now();
         let sock = self.dir.join(QMP_SOCKET);
         let mut qmp = loop {
@@ -360,7 +411,7 @@ impl Guest {
         let loaded = started.elapsed();
         before_run(&mut qmp)?;
         qmp.execute("cont", json!({}))?;
-        Ok(loaded)
+        Ok((loaded, qmp))
     }
 
     /// Power the guest off through the agent and wait for QEMU to exit;
@@ -499,21 +550,14 @@ impl Qmp {
         }
     }
 
-    /// Cloud Hypervisor's NIC swap on a restored clone: the parent's NIC
-    /// (`nic0`) goes, a new one with `mac` comes on the same tap, behind
-    /// the free root port. The unplug finishes before the plug, so the new
-    /// NIC is eth0 again (queued together while paused, it comes up as
-    /// eth1 before the old one is gone).
-    pub fn swap_nic(&mut self, tap: &str, mac: &str) -> Result<()> {
+    /// Cloud Hypervisor's NIC swap on a restored clone that is still
+    /// paused, as cocoon does it: the parent's NIC (`nic0`) is unplugged
+    /// and a new one with `mac` on `tap` is plugged behind the free root
+    /// port, both queued before the guest runs again. The guest sees the
+    /// new NIC before the old one is gone, so it is named `eth1`.
+    /// [`Qmp::finish_swap`] completes it once the guest runs.
+    pub fn swap_nic_paused(&mut self, tap: &str, mac: &str) -> Result<()> {
         self.execute("device_del", json!({"id": "nic0"}))?;
-        // The NIC's own event (its backend child's comes first, without a
-        // device id).
-        self.wait_event(
-            "DEVICE_DELETED",
-            |event| event["data"]["device"] == "nic0",
-            Duration::from_secs(60),
-        )?;
-        self.execute("netdev_del", json!({"id": "net0"}))?;
         self.execute(
             "netdev_add",
             json!({"type": "tap", "id": "net1", "ifname": tap, "script": "no", "downscript": "no"}),
@@ -522,6 +566,20 @@ impl Qmp {
             "device_add",
             json!({"driver": "virtio-net-pci", "id": "nic1", "netdev": "net1", "mac": mac, "bus": "rp2"}),
         )?;
+        Ok(())
+    }
+
+    /// The end of [`Qmp::swap_nic_paused`]: the unplug completes once the
+    /// guest runs and acknowledges it; then the old backend goes.
+    pub fn finish_swap(&mut self) -> Result<()> {
+        // The NIC's own event (its backend child's comes first, without a
+        // device id).
+        self.wait_event(
+            "DEVICE_DELETED",
+            |event| event["data"]["device"] == "nic0",
+            Duration::from_secs(60),
+        )?;
+        self.execute("netdev_del", json!({"id": "net0"}))?;
         Ok(())
     }
 

@@ -19,6 +19,7 @@ pub mod guest;
 pub mod images;
 pub mod net;
 pub mod seed;
+pub mod upstream;
 
 use std::io::Write as _;
 use std::os::unix::fs::PermissionsExt as _;
@@ -43,8 +44,13 @@ use guest::{Guest, Snapshot, Spec};
 use images::Image;
 use net::Netns;
 
-/// The tap every guest's NIC is on, inside its scenario's namespace.
+/// The bridge in each scenario's namespace: it holds the gateway address,
+/// the guests' taps are its ports, dnsmasq serves on it.
+pub const BRIDGE: &str = "br0";
+/// The tap a guest's NIC starts on, inside its scenario's namespace.
 pub const TAP: &str = "tap0";
+/// The tap Cloud Hypervisor's NIC swap plugs the clone's new NIC into.
+pub const TAP_NEW: &str = "tap1";
 /// The clone's MAC ("MAC B"): what cocoon gave the clone's NIC.
 pub const MAC_B: &str = "52:54:00:e2:e0:0b";
 /// The clone's static address ("IP Y"); the parent's ("IP X") and the
@@ -81,7 +87,7 @@ pub enum NicNet {
 /// What a parent snapshot was made from: the image's files (by inode,
 /// size and modification time, so a rebuilt image never meets an old
 /// snapshot), the accelerator, the QEMU version and [`SNAPSHOT_RECIPE`].
-fn snapshot_stamp(image: &Image) -> Result<String> {
+fn snapshot_stamp(image: &Image, parent: ParentNet) -> Result<String> {
     use std::os::unix::fs::MetadataExt as _;
     let mut stamp = String::new();
     for file in [image.rootfs(), image.kernel(), image.initrd()] {
@@ -101,7 +107,7 @@ fn snapshot_stamp(image: &Image) -> Result<String> {
         .context("qemu-system-x86_64 --version")?;
     let version = String::from_utf8_lossy(&qemu.stdout);
     stamp += &format!(
-        "accel {}\n{}\n{SNAPSHOT_RECIPE}\n",
+        "parent {parent:?}\naccel {}\n{}\n{SNAPSHOT_RECIPE}\n",
         std::env::var("COCOON_FIXUP_E2E_ACCEL").unwrap_or_default(),
         version.lines().next().unwrap_or_default()
     );
@@ -135,12 +141,40 @@ fn wait_booted(scenario: &str, guest: &mut Guest) -> Result<Duration> {
 /// What the parent snapshots are made with: bump it when the QEMU command
 /// line of `guest::Guest::boot` changes, since a clone must be started with
 /// its parent's devices.
-pub const SNAPSHOT_RECIPE: &str = "q35, virtio-net behind pcie-root-port rp1, rp2 free; v1";
+pub const SNAPSHOT_RECIPE: &str =
+    "q35, virtio-net behind pcie-root-port rp1, rp2 free, tap0 on bridge br0; v2";
+
+/// How the parent of a snapshot had its network configured when it was
+/// saved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParentNet {
+    /// The image's own networkd file: MAC A with the static address X.
+    Static,
+    /// A networkd file for MAC A on DHCP (`ClientIdentifier=mac`), holding
+    /// a lease from the parent's own dnsmasq.
+    Dhcp,
+    /// A cloud image: its NoCloud seed (`iid-parent`, MAC A, X) on a CD,
+    /// and cloud-init's first boot done.
+    Cloud,
+    /// A NetworkManager image: its keyfile for MAC A with X.
+    NetworkManager,
+}
+
+impl ParentNet {
+    fn dir_name(self) -> &'static str {
+        match self {
+            ParentNet::Static => "static",
+            ParentNet::Dhcp => "dhcp",
+            ParentNet::Cloud => "cloud",
+            ParentNet::NetworkManager => "nm",
+        }
+    }
+}
 
 /// One scenario's world: image, namespace, stand-in cocoon root, timings.
 #[derive(Debug)]
 pub struct Lab {
-    pub scenario: &'static str,
+    pub scenario: String,
     pub image: Image,
     pub root: PathBuf,
     pub ns: Netns,
@@ -149,14 +183,20 @@ pub struct Lab {
     /// The pod's name; the VM's name is derived from it, as the stack does.
     pub pod_name: String,
     pub vm_name: String,
+    /// Vendor plugins the host loads (`--plugin-dir`), if any.
+    pub plugin_dir: Option<PathBuf>,
+    /// The pod's `vm.cocoonstack.io/guest-flavor`, if any.
+    pub flavor: Option<&'static str>,
     started: Instant,
+    /// When the clone's QEMU was started: "restore to ready" runs from here.
+    restored: Option<Instant>,
     timings: Vec<(String, Duration)>,
 }
 
 impl Lab {
     /// Check prerequisites, reset `<cache>/runs/<scenario>`, create the
     /// namespace with its tap.
-    pub fn new(scenario: &'static str, image: &str, backend: Backend) -> Result<Lab> {
+    pub fn new(scenario: &str, image: &str, backend: Backend) -> Result<Lab> {
         let image = images::require(image)?;
         let root = images::cache_dir().join("runs").join(scenario);
         if root.exists() {
@@ -166,7 +206,7 @@ impl Lab {
         std::fs::create_dir_all(root.join("bin"))?;
         let ns = Netns::create(&format!("cfe2e-{scenario}"))?;
         let gateway = format!("{}/{}", image.golden.gateway, image.golden.prefix);
-        ns.add_tap(TAP, &gateway)?;
+        ns.add_switch(BRIDGE, &gateway, &[TAP, TAP_NEW])?;
         eprintln!(
             "e2e {scenario}: image {} (Debian {}{}), state in {}",
             image.name,
@@ -179,7 +219,7 @@ impl Lab {
             root.display()
         );
         Ok(Lab {
-            scenario,
+            scenario: scenario.to_owned(),
             image,
             root,
             ns,
@@ -190,7 +230,10 @@ impl Lab {
                 POD_NAMESPACE,
                 &format!("e2e-{scenario}"),
             ),
+            plugin_dir: None,
+            flavor: None,
             started: Instant::now(),
+            restored: None,
             timings: Vec::new(),
         })
     }
@@ -241,110 +284,192 @@ impl Lab {
         };
         let started = Instant::now();
         let mut guest = Guest::boot(&self.ns, &spec)?;
-        let agent = wait_booted(self.scenario, &mut guest)?;
+        let agent = wait_booted(&self.scenario, &mut guest)?;
         self.timings.push((format!("{phase} (agent up)"), agent));
         self.timings.push((phase.to_owned(), started.elapsed()));
         Ok(guest)
     }
 
-    /// Boot the parent on the image's MAC A with its address X, let it
-    /// settle, and save it for restores (spec section 1: a clone resumes
-    /// from its parent's memory, not from a cold boot).
+    /// Boot the parent on the image's MAC A, configure its network as
+    /// `net` says, let it settle, and save it for restores (spec section
+    /// 1: a clone resumes from its parent's memory, not from a cold boot).
     ///
-    /// The snapshot is cached per image (`<cache>/snapshots/<image>/`) and
-    /// shared by every scenario that restores it; it is made again when
-    /// the image's files, the accelerator, QEMU or [`SNAPSHOT_RECIPE`] change.
-    pub fn snapshot_parent(&mut self) -> Result<Snapshot> {
-        let dir = images::cache_dir().join("snapshots").join(&self.image.name);
+    /// The snapshot is cached per image and kind of parent
+    /// (`<cache>/snapshots/<image>/<kind>/`) and shared by every scenario
+    /// that restores it; it is made again when the image's files, the
+    /// accelerator, QEMU or [`SNAPSHOT_RECIPE`] change. The parent runs in
+    /// a namespace of its own (`cfe2e-parent`, with its own dnsmasq for a
+    /// DHCP parent), so no scenario's network remembers it.
+    pub fn snapshot_parent(&mut self, net: ParentNet) -> Result<Snapshot> {
+        let snapshots = images::cache_dir().join("snapshots");
+        let dir = snapshots.join(&self.image.name).join(net.dir_name());
         let stamp = dir.join("ready");
-        std::fs::create_dir_all(images::cache_dir().join("snapshots"))?;
+        std::fs::create_dir_all(&snapshots)?;
         // One run at a time makes or uses a snapshot.
-        let lock = std::fs::File::create(
-            images::cache_dir()
-                .join("snapshots")
-                .join(format!("{}.lock", self.image.name)),
-        )?;
+        let lock = std::fs::File::create(snapshots.join(format!(
+            "{}-{}.lock",
+            self.image.name,
+            net.dir_name()
+        )))?;
         lock.lock()?;
-        let want = snapshot_stamp(&self.image)?;
-        let cached = Snapshot {
+        let want = snapshot_stamp(&self.image, net)?;
+        let seed_file = dir.join("seed-parent.iso");
+        let mut snapshot = Snapshot {
             overlay: dir.join("parent.qcow2"),
             state: dir.join("state.mig"),
+            seed: (net == ParentNet::Cloud).then(|| seed_file.clone()),
+            ip: String::new(),
         };
         if std::fs::read_to_string(&stamp).is_ok_and(|s| s == want)
-            && cached.overlay.exists()
-            && cached.state.exists()
+            && snapshot.overlay.exists()
+            && snapshot.state.exists()
         {
+            snapshot.ip = std::fs::read_to_string(dir.join("parent-ip"))?;
             eprintln!(
                 "e2e {}: restoring the cached parent snapshot in {}",
                 self.scenario,
                 dir.display()
             );
-            return Ok(cached);
+            return Ok(snapshot);
         }
         if dir.exists() {
             std::fs::remove_dir_all(&dir)
                 .with_context(|| format!("cannot clear {}", dir.display()))?;
         }
+        std::fs::create_dir_all(&dir)?;
         let golden = self.image.golden.clone();
+        let ns = Netns::create("cfe2e-parent")?;
+        ns.add_switch(
+            BRIDGE,
+            &format!("{}/{}", golden.gateway, golden.prefix),
+            &[TAP, TAP_NEW],
+        )?;
+        let dnsmasq = match net {
+            ParentNet::Dhcp => Some(net::Dnsmasq::start(&ns, BRIDGE, DHCP_RANGE, &dir)?),
+            _ => None,
+        };
+        if net == ParentNet::Cloud {
+            seed::write(
+                &dir,
+                "seed-parent",
+                &seed::Identity {
+                    instance_id: "iid-parent",
+                    hostname: "e2e-parent",
+                    mac: &golden.mac,
+                    ip: &golden.ip,
+                    prefix: golden.prefix,
+                    gateway: &golden.gateway,
+                },
+            )?;
+        }
         let spec = Spec {
             hotplug: true,
+            seed: snapshot.seed.clone(),
             ..self.spec(dir.clone(), "parent.qcow2", &golden.mac)
         };
         let started = Instant::now();
-        let mut guest = Guest::boot(&self.ns, &spec)?;
-        wait_booted(self.scenario, &mut guest)?;
-        let settle = Instant::now();
-        loop {
-            let link = guest.link("eth0")?;
-            if link.mac == golden.mac && link.has(&golden.ip, golden.prefix) {
-                break;
-            }
-            anyhow::ensure!(
-                settle.elapsed() < LINK_LIMIT,
-                "the parent's eth0 is {link:?}, not MAC A with X"
-            );
-            std::thread::sleep(Duration::from_millis(250));
+        let mut guest = Guest::boot(&ns, &spec)?;
+        wait_booted(&self.scenario, &mut guest)?;
+        if net == ParentNet::Cloud {
+            cloud_init_done(&guest)?;
         }
+        let mut ip = golden.ip.clone();
+        if net == ParentNet::Dhcp {
+            // What the fixup writes for a DHCP NIC, for the parent's MAC.
+            guest.sh(&format!(
+                "printf '[Match]\\nMACAddress={mac}\\n\\n[Network]\\nDHCP=ipv4\\n\\n[DHCPv4]\\nClientIdentifier=mac\\n' > {file} && systemctl restart systemd-networkd",
+                mac = golden.mac,
+                file = networkd_file(&golden.mac),
+            ))?;
+            let lease = wait_for(LINK_LIMIT, "the parent's DHCP lease", || {
+                let link = guest.nic()?;
+                let leased = link.ipv4.iter().find(|(a, _)| a.octets()[3] >= 100);
+                Ok(leased
+                    .filter(|_| !link.has(&golden.ip, golden.prefix))
+                    .map(|(a, _)| a.to_string()))
+            })?;
+            ip = lease;
+        }
+        wait_for(LINK_LIMIT, "the parent's MAC A with its address", || {
+            let link = guest.nic()?;
+            Ok((link.mac == golden.mac && link.has(&ip, golden.prefix)).then_some(()))
+        })?;
         self.timings
             .push(("parent boot".to_owned(), started.elapsed()));
         let saving = Instant::now();
-        let snapshot = guest.save(
-            &dir.join("parent.qcow2"),
-            &dir.join("state.mig"),
-            SHUTDOWN_LIMIT,
-        )?;
+        let saved = guest.save(&snapshot.overlay, &snapshot.state, SHUTDOWN_LIMIT)?;
         self.timings.push(("save".to_owned(), saving.elapsed()));
+        drop(dnsmasq);
+        std::fs::write(dir.join("parent-ip"), &ip)?;
         std::fs::write(&stamp, want)?;
-        Ok(snapshot)
+        Ok(Snapshot {
+            ip,
+            seed: snapshot.seed,
+            ..saved
+        })
     }
 
-    /// Restore a clone of `snapshot` with its NIC presented as `mac` (on
-    /// Firecracker the saved device state keeps the parent's MAC whatever
-    /// is given), run `before_run` on the loaded, paused clone, let it run,
-    /// and wait for its guest agent, as cocoon's flow does right after a
-    /// restore.
-    pub fn restore(
-        &mut self,
-        snapshot: &Snapshot,
-        mac: &str,
-        disk: &'static str,
-        before_run: impl FnOnce(&mut guest::Qmp) -> Result<()>,
-    ) -> Result<Guest> {
+    /// Restore a clone of `snapshot` as cocoon does right after a clone,
+    /// and wait for its guest agent:
+    ///
+    /// - Firecracker: the NIC is presented with MAC B, which the saved
+    ///   device state overrides (the guest keeps MAC A).
+    /// - Cloud Hypervisor: while the restored clone is still paused, its
+    ///   NIC is unplugged and a new one with MAC B is plugged on its own
+    ///   tap; then it runs. The new NIC comes up as `eth1`.
+    pub fn restore(&mut self, snapshot: &Snapshot, disk: &'static str) -> Result<Guest> {
+        let golden_mac = self.image.golden.mac.clone();
+        let firecracker = self.backend == Backend::Firecracker;
+        let started = Instant::now();
+        self.restored = Some(started);
         let spec = Spec {
             restore: Some(snapshot),
             hotplug: true,
-            ..self.spec(self.vm_dir(), disk, mac)
+            seed: snapshot.seed.clone(),
+            ..self.spec(
+                self.vm_dir(),
+                disk,
+                if firecracker { MAC_B } else { &golden_mac },
+            )
         };
-        let started = Instant::now();
         let mut guest = Guest::boot(&self.ns, &spec)?;
-        let loaded = guest.wait_restored(BOOT_LIMIT, before_run)?;
-        let agent = guest.wait_agent(BOOT_LIMIT)?;
+        let (loaded, mut qmp) = guest.wait_restored(BOOT_LIMIT, |qmp| {
+            if firecracker {
+                Ok(())
+            } else {
+                qmp.swap_nic_paused(TAP_NEW, MAC_B)
+            }
+        })?;
+        let running = Instant::now();
+        guest.wait_agent(BOOT_LIMIT)?;
         self.timings
             .push(("restore (state loaded)".to_owned(), loaded));
         self.timings
             .push(("restore (agent up)".to_owned(), started.elapsed()));
-        let _ = agent;
+        // The clock resumes at the parent's save; set it, as a platform
+        // does after a restore, so that logs and lease times are today's.
+        let behind = guest.set_clock()?;
+        eprintln!(
+            "e2e {}: the clone's clock was {behind:.0?} behind; set",
+            self.scenario
+        );
+        if !firecracker {
+            qmp.finish_swap()?;
+            drop(qmp);
+            wait_for(LINK_LIMIT, "the new NIC with MAC B alone", || {
+                let nics = guest.nics()?;
+                Ok((nics.len() == 1 && nics[0].mac == MAC_B).then_some(()))
+            })?;
+            self.timings
+                .push(("hot-swap".to_owned(), running.elapsed()));
+        }
         Ok(guest)
+    }
+
+    /// From the clone's restore to now: "restore to ready" when the host
+    /// has just reported the IP.
+    pub fn since_restore(&self) -> Option<Duration> {
+        self.restored.map(|t| t.elapsed())
     }
 
     /// What `cocoon vm inspect --json` prints for the clone.
@@ -385,20 +510,28 @@ impl Lab {
         }
     }
 
+    /// `<root>/bin/cocoon`: the stand-in `cocoon` CLI (a wrapper that runs
+    /// `cocoon-shim --root <root>`).
+    pub fn cocoon(&self) -> Result<PathBuf> {
+        let shim = self.root.join("bin").join("cocoon");
+        if !shim.exists() {
+            let mut script = std::fs::File::create(&shim)?;
+            write!(
+                script,
+                "#!/bin/sh\nexec '{}' --root '{}' \"$@\"\n",
+                env!("CARGO_BIN_EXE_cocoon-shim"),
+                self.root.display()
+            )?;
+            drop(script);
+            std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755))?;
+        }
+        Ok(shim)
+    }
+
     /// The host as the node daemon builds it, over this lab.
     pub fn host(&self, config: HostConfig) -> Result<Rig> {
-        let shim = self.root.join("bin").join("cocoon");
-        let mut script = std::fs::File::create(&shim)?;
-        write!(
-            script,
-            "#!/bin/sh\nexec '{}' --root '{}' \"$@\"\n",
-            env!("CARGO_BIN_EXE_cocoon-shim"),
-            self.root.display()
-        )?;
-        drop(script);
-        std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755))?;
-
-        let pod = json!({
+        let shim = self.cocoon()?;
+        let mut pod = json!({
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
@@ -417,6 +550,9 @@ impl Lab {
             },
             "spec": {"nodeName": "e2e-node"},
         });
+        if let Some(flavor) = self.flavor {
+            pod["metadata"]["annotations"]["vm.cocoonstack.io/guest-flavor"] = json!(flavor);
+        }
         let pod = PodInput::from_json(&pod.to_string(), "e2e pod")?;
         let pods = MemoryPods::new();
         pods.insert(pod);
@@ -432,7 +568,7 @@ impl Lab {
                 cache_key: Some(images::cache_dir().join("plugin-cache.key")),
                 ..EngineOptions::default()
             },
-            plugin_dir: None,
+            plugin_dir: self.plugin_dir.clone(),
         };
         let (planner, failures) = Planner::new(options)?;
         anyhow::ensure!(failures.is_empty(), "plugins failed to load: {failures:?}");
@@ -453,8 +589,9 @@ impl Lab {
         })
     }
 
-    /// Print the timings (and append them to `<cache>/timings.log`).
-    pub fn finish(mut self) {
+    /// Print the timings (and append them to `<cache>/timings.log`); they
+    /// are also returned, for the side-by-side report.
+    pub fn finish(mut self) -> Vec<(String, Duration)> {
         self.timings
             .push(("total".to_owned(), self.started.elapsed()));
         let accel = std::env::var("COCOON_FIXUP_E2E_ACCEL").unwrap_or_else(|_| "tcg".into());
@@ -477,6 +614,7 @@ impl Lab {
             let now = jiff::Timestamp::now();
             let _ = writeln!(log, "{now} {line}");
         }
+        self.timings
     }
 }
 
@@ -530,4 +668,67 @@ pub fn shim_calls(root: &Path) -> Vec<String> {
         .lines()
         .map(str::to_owned)
         .collect()
+}
+
+/// Poll `probe` (every 250 ms, at most `within`) until it returns a value.
+pub fn wait_for<T>(
+    within: Duration,
+    what: &str,
+    mut probe: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    let started = Instant::now();
+    loop {
+        if let Some(value) = probe()? {
+            return Ok(value);
+        }
+        anyhow::ensure!(started.elapsed() < within, "no {what} within {within:?}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// cloud-init's boot stages finished without errors (`status --wait`:
+/// 0 done, 2 done with warnings).
+pub fn cloud_init_done(guest: &Guest) -> Result<()> {
+    let status = guest.run(&["cloud-init", "status", "--wait", "--long"])?;
+    anyhow::ensure!(
+        matches!(status.code, Some(0 | 2)),
+        "cloud-init failed in the guest (exit {:?}): {}",
+        status.code,
+        status.stdout_text()
+    );
+    Ok(())
+}
+
+/// One `vm exec` the host (or upstream's flow) made, from the shim's log.
+#[derive(Debug, Clone)]
+pub struct ShimExec {
+    pub exit: String,
+    pub took: Duration,
+    /// When it ended, Unix milliseconds.
+    pub ended_ms: u128,
+}
+
+/// The `vm exec` calls in the shim's log, in order.
+pub fn shim_execs(root: &Path) -> Vec<ShimExec> {
+    shim_calls(root)
+        .iter()
+        .filter(|l| l.starts_with("exec "))
+        .filter_map(|line| {
+            let (_, tail) = line.rsplit_once(" -> ")?;
+            let (exit, rest) = tail.rsplit_once(" in ")?;
+            let (took, at) = rest.split_once("s at ")?;
+            Some(ShimExec {
+                exit: exit.to_owned(),
+                took: Duration::from_secs_f64(took.parse().ok()?),
+                ended_ms: at.trim().parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+/// Now, in Unix milliseconds.
+pub fn unix_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
 }

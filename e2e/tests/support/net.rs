@@ -1,6 +1,6 @@
-//! The network a guest sees: a namespace the test creates, a tap inside it
-//! (the namespace side holds the gateway address), optionally dnsmasq on
-//! that tap, and a bridge from dnsmasq's lease file to the cocoon-net
+//! The network a guest sees: a namespace the test creates, a bridge inside
+//! it holding the gateway address with the guest's taps on it, optionally
+//! dnsmasq on the bridge, and a bridge from dnsmasq's lease file to the cocoon-net
 //! lease file the host watches. No traffic leaves the namespace.
 
 use std::net::Ipv4Addr;
@@ -54,12 +54,20 @@ impl Netns {
         &self.name
     }
 
-    /// A tap for QEMU, up, with `host_cidr` on the namespace side.
-    pub fn add_tap(&self, tap: &str, host_cidr: &str) -> Result<()> {
+    /// A bridge `bridge` holding `host_cidr` (the guest network's
+    /// gateway), with a tap for QEMU on it per name in `taps`. A clone
+    /// starts on the first; Cloud Hypervisor's NIC swap plugs the new NIC
+    /// into another while the old one still holds the first, as cocoon
+    /// gives the new NIC a tap of its own.
+    pub fn add_switch(&self, bridge: &str, host_cidr: &str, taps: &[&str]) -> Result<()> {
         let n = self.name.as_str();
-        run(Command::new("ip").args(["-n", n, "tuntap", "add", "dev", tap, "mode", "tap"]))?;
-        run(Command::new("ip").args(["-n", n, "addr", "add", host_cidr, "dev", tap]))?;
-        run(Command::new("ip").args(["-n", n, "link", "set", tap, "up"]))?;
+        run(Command::new("ip").args(["-n", n, "link", "add", bridge, "type", "bridge"]))?;
+        run(Command::new("ip").args(["-n", n, "addr", "add", host_cidr, "dev", bridge]))?;
+        run(Command::new("ip").args(["-n", n, "link", "set", bridge, "up"]))?;
+        for tap in taps {
+            run(Command::new("ip").args(["-n", n, "tuntap", "add", "dev", tap, "mode", "tap"]))?;
+            run(Command::new("ip").args(["-n", n, "link", "set", tap, "master", bridge, "up"]))?;
+        }
         Ok(())
     }
 
@@ -74,9 +82,9 @@ impl Netns {
     /// has passed. The neighbour table is flushed first: an entry left from
     /// before the fixup (another MAC, or a failed resolution) would make
     /// the first pings fail for reasons that are not the guest's.
-    pub fn ping(&self, tap: &str, ip: Ipv4Addr, within: Duration) -> Result<Duration> {
+    pub fn ping(&self, dev: &str, ip: Ipv4Addr, within: Duration) -> Result<Duration> {
         let started = Instant::now();
-        run(Command::new("ip").args(["-n", &self.name, "neigh", "flush", "dev", tap]))?;
+        run(Command::new("ip").args(["-n", &self.name, "neigh", "flush", "dev", dev]))?;
         let mut last = String::new();
         while started.elapsed() < within {
             let out = self
@@ -124,8 +132,8 @@ pub struct Dnsmasq {
 }
 
 impl Dnsmasq {
-    /// Serve `range` ("first,last,netmask") on `tap`; files go to `dir`.
-    pub fn start(ns: &Netns, tap: &str, range: &str, dir: &Path) -> Result<Dnsmasq> {
+    /// Serve `range` ("first,last,netmask") on `dev`; files go to `dir`.
+    pub fn start(ns: &Netns, dev: &str, range: &str, dir: &Path) -> Result<Dnsmasq> {
         let lease_file = dir.join("dnsmasq.leases");
         let log_file = dir.join("dnsmasq.log");
         std::fs::write(&lease_file, "")?;
@@ -143,7 +151,7 @@ impl Dnsmasq {
                 "--dhcp-authoritative",
                 "--log-dhcp",
             ])
-            .arg(format!("--interface={tap}"))
+            .arg(format!("--interface={dev}"))
             .arg(format!("--dhcp-range={range},1h"))
             .arg(format!("--dhcp-leasefile={}", lease_file.display()))
             .arg(format!("--log-facility={}", log_file.display()))

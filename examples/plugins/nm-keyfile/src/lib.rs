@@ -33,8 +33,17 @@ pub const NAME: &str = "nm-keyfile";
 
 /// The `vm.cocoonstack.io/guest-flavor` values this plugin serves: the
 /// RHEL family, which configures its network with NetworkManager keyfiles
-/// (the default since RHEL 9 and Fedora 33).
-pub const FLAVORS: &[&str] = &["rhel", "centos", "rocky", "almalinux", "fedora"];
+/// (the default since RHEL 9 and Fedora 33), and `networkmanager` for any
+/// other Linux guest whose network NetworkManager owns (a Debian or Ubuntu
+/// image built that way).
+pub const FLAVORS: &[&str] = &[
+    "rhel",
+    "centos",
+    "rocky",
+    "almalinux",
+    "fedora",
+    "networkmanager",
+];
 
 /// Writes MAC-matched NetworkManager keyfiles for every NIC.
 #[derive(Debug)]
@@ -221,7 +230,14 @@ mod tests {
         );
         assert_eq!(
             info.flavors,
-            ["rhel", "centos", "rocky", "almalinux", "fedora"]
+            [
+                "rhel",
+                "centos",
+                "rocky",
+                "almalinux",
+                "fedora",
+                "networkmanager"
+            ]
         );
     }
 
