@@ -30,7 +30,8 @@
 #
 # Every image: minbase + systemd, udev, iproute2, iputils-ping, e2fsprogs,
 # qemu-guest-agent, linux-image-cloud-amd64, dbus; an empty machine-id
-# (every clone gets a fresh one); no timers that would wake up during a test.
+# (the parent's first boot makes one, which its snapshot clones share); no
+# timers that would wake up during a test.
 set -euo pipefail
 
 # The parent VM's identity, written into image.json for the tests. Addresses
@@ -145,7 +146,8 @@ configure_common() {
         apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer \
         man-db.timer dpkg-db-backup.timer >/dev/null 2>&1 || true
     rm -f "$tree"/etc/systemd/network/*
-    # Every clone gets a fresh machine-id (and so a fresh DHCP DUID).
+    # The parent's first boot makes a machine-id (and so its DHCP DUID);
+    # its snapshot clones share it, and lease by MAC (ClientIdentifier=mac).
     : >"$tree/etc/machine-id"
     rm -f "$tree/var/lib/dbus/machine-id"
     chroot "$tree" apt-get clean
@@ -170,7 +172,7 @@ EOF
 # NetworkManager owns the network: networkd stays installed but disabled
 # (Debian's default), NetworkManager configures only what a keyfile names
 # (no automatic "Wired connection" on a NIC nothing matches), and the
-# parent's keyfile is the one the nm-keyfile plugin writes for MAC A.
+# parent's keyfile has the form the nm-keyfile plugin writes, for MAC A.
 configure_network_manager() {
     local tree=$1
     chroot "$tree" systemctl disable systemd-networkd.service systemd-networkd.socket >/dev/null 2>&1 || true

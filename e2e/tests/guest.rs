@@ -56,22 +56,24 @@ impl Who {
         }
     }
 
-    /// How long the checks wait for the guest to settle: the host's result
-    /// must hold within [`LINK_LIMIT`]; upstream's gets a shorter look,
-    /// since a broken guest would only wait it out.
-    fn settle(self) -> Duration {
+    /// The host's rig, built before the restore (as the node daemon runs
+    /// before a clone appears), or none for upstream's flow.
+    fn rig(self, lab: &Lab, config: HostConfig) -> Result<Option<Rig>> {
         match self {
-            Who::Ours => LINK_LIMIT,
-            Who::Upstream => Duration::from_secs(10),
+            Who::Ours => lab.host(config).map(Some),
+            Who::Upstream => Ok(None),
         }
     }
 
     /// The checks' verdict: for the host a failed check fails the test;
-    /// for upstream it is the finding (not repaired, and why).
+    /// for upstream it is the finding (not repaired, and why). A failure
+    /// of the harness itself (the guest agent, I/O, QMP) is never a
+    /// finding: it fails the test on either side.
     fn judge(self, scenario: &str, checks: Result<()>) -> Result<Result<(), String>> {
         match (self, checks) {
             (_, Ok(())) => Ok(Ok(())),
             (Who::Ours, Err(e)) => Err(e),
+            (Who::Upstream, Err(e)) if harness_failure(&e) => Err(e),
             (Who::Upstream, Err(e)) => {
                 eprintln!("e2e {scenario}: upstream left the guest broken: {e:#}");
                 Ok(Err(format!("{e:#}")))
@@ -95,6 +97,16 @@ struct Side {
     /// From the restore to the ready intent (`None`: never ready).
     ready_after: Option<Duration>,
     timings: Vec<(String, Duration)>,
+}
+
+/// An error of the harness rather than a check that failed: the guest
+/// agent could not be reached or timed out, or I/O failed.
+fn harness_failure(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause.is::<fixup_e2e::qga::AgentError>()
+            || cause.is::<std::io::Error>()
+            || cause.is::<serde_json::Error>()
+    })
 }
 
 /// What each flow is expected to do in a scenario.
@@ -123,18 +135,23 @@ impl Expect {
 struct Flow {
     exec: String,
     verdict: String,
+    /// The IP it published.
+    ip: Option<String>,
     ready_after: Option<Duration>,
 }
 
 /// Run the host over the lab's clone: the summary and the rig (its pod,
 /// events and annotations) for the scenario's own assertions.
-fn run_ours(lab: &mut Lab, config: HostConfig) -> Result<(Flow, Summary, Rig)> {
-    let rig = lab.host(config)?;
+fn run_ours(lab: &mut Lab, rig: Option<Rig>) -> Result<(Flow, Summary, Rig)> {
+    let rig = rig.context("the host's rig is built before the restore")?;
     let started = Instant::now();
     let summary = rig.handle()?;
     let took = started.elapsed();
     let ended = support::unix_ms();
-    let ready_after = summary.is_ready().then(|| lab.since_restore()).flatten();
+    let ready_after = summary
+        .is_ready()
+        .then(|| lab.restore_to_ready(took))
+        .flatten();
     let execs = support::shim_execs(&lab.root);
     record_flow(lab, took, &execs, ended, summary.fixup.is_some());
     let exec = match execs.as_slice() {
@@ -155,6 +172,7 @@ fn run_ours(lab: &mut Lab, config: HostConfig) -> Result<(Flow, Summary, Rig)> {
         Flow {
             exec,
             verdict,
+            ip: summary.ip.clone(),
             ready_after,
         },
         summary,
@@ -168,12 +186,13 @@ fn run_upstream(lab: &mut Lab, script: Option<&str>, first_nic: (&str, &NicNet))
     let run = upstream::run(lab, script, first_nic)?;
     let took = started.elapsed();
     let ended = support::unix_ms();
-    let ready_after = run.ready().then(|| lab.since_restore()).flatten();
+    let ready_after = run.ready().then(|| lab.restore_to_ready(took)).flatten();
     let execs = support::shim_execs(&lab.root);
     record_flow(lab, took, &execs, ended, script.is_some());
     Ok(Flow {
         exec: run.exec_line(),
         verdict: run.verdict,
+        ip: run.ip,
         ready_after,
     })
 }
@@ -199,6 +218,17 @@ fn record_flow(
     let in_guest: Duration = execs.iter().map(|e| e.took).sum();
     lab.record("plan in the guest", in_guest);
     lab.record("ip wait", waited);
+}
+
+/// A flow that published an IP published `ip` (the lease's, for DHCP).
+fn published_is(flow: &Flow, ip: &str) -> Result<()> {
+    if let Some(published) = &flow.ip {
+        ensure!(
+            published == ip,
+            "the flow published {published}, the guest's address is {ip}"
+        );
+    }
+    Ok(())
 }
 
 /// Finish one side: its timings and what it did.
@@ -317,17 +347,10 @@ fn wait_nic(
 /// systemd-networkd` has returned, and for a static NIC it reports the IP
 /// at once (spec section 6), while networkd applies the address a moment
 /// later.
-fn assert_reachable(
-    lab: &Lab,
-    who: Who,
-    guest: &Guest,
-    mac: &str,
-    ip: &str,
-    gone: &[&str],
-) -> Result<()> {
+fn assert_reachable(lab: &Lab, guest: &Guest, mac: &str, ip: &str, gone: &[&str]) -> Result<()> {
     let prefix = lab.image.golden.prefix;
     let what = format!("MAC {mac} with {ip}/{prefix} and none of {gone:?}");
-    let settled = wait_nic(guest, who.settle(), &what, |link| {
+    let settled = wait_nic(guest, LINK_LIMIT, &what, |link| {
         link.mac == mac
             && link.has(ip, prefix)
             && !link
@@ -335,12 +358,7 @@ fn assert_reachable(
                 .iter()
                 .any(|(a, _)| gone.contains(&a.to_string().as_str()))
     })?;
-    let limit = if who == Who::Ours {
-        PING_LIMIT
-    } else {
-        who.settle()
-    };
-    let took = lab.ns.ping(BRIDGE, ip.parse()?, limit)?;
+    let took = lab.ns.ping(BRIDGE, ip.parse()?, PING_LIMIT)?;
     eprintln!(
         "e2e {}: {} on {mac} with {ip}/{prefix} {settled:.1?} after the flow finished; ping answered in {took:.1?}",
         lab.scenario,
@@ -360,16 +378,60 @@ fn static_file(mac: &str, ip: &str, prefix: u8, gateway: &str) -> String {
     format!("[Match]\nMACAddress={mac}\n\n[Network]\nAddress={ip}/{prefix}\nGateway={gateway}\n")
 }
 
+/// What owns a guest's network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Manager {
+    Networkd,
+    NetworkManager,
+}
+
 /// A Cloud Hypervisor clone's state right after the NIC swap, as spec
-/// section 1 says: the new NIC has MAC B and no address (X went with the
-/// old NIC), and the parent's configuration, still there, matches nothing.
-fn assert_swapped_and_broken(guest: &Guest) -> Result<()> {
+/// section 1 says: the new NIC has MAC B and a new name (`eth1`: probed
+/// while the old one was still there), the parent's configuration matches
+/// nothing (networkd: `unmanaged`; NetworkManager: no connection), and it
+/// has no address (X went with the old NIC).
+fn assert_swapped_and_broken(guest: &Guest, manager: Manager) -> Result<()> {
     let nic = guest.nic()?;
     ensure!(
-        nic.mac == MAC_B && nic.ipv4.is_empty(),
-        "the clone's new NIC must come up without an address: {nic:?}"
+        nic.mac == MAC_B && nic.name == "eth1",
+        "the swapped NIC must be a new eth1 on MAC B: {nic:?}"
     );
-    eprintln!("the new NIC is {} (MAC B, no address)", nic.name);
+    // Wait until the network manager has looked at the new NIC, then
+    // require that nothing matched it.
+    let state = support::wait_for(LINK_LIMIT, "a settled link state", || {
+        let state = match manager {
+            Manager::Networkd => {
+                let out =
+                    guest.check(&["networkctl", "list", "--no-legend", "--no-pager", &nic.name])?;
+                out.split_whitespace().nth(4).unwrap_or_default().to_owned()
+            }
+            Manager::NetworkManager => guest
+                .check(&["nmcli", "-g", "GENERAL.STATE", "device", "show", &nic.name])?
+                .trim()
+                .to_owned(),
+        };
+        let settling = matches!(
+            state.as_str(),
+            "" | "pending" | "initialized" | "configuring"
+        ) || state.contains("connecting")
+            || state.contains("unavailable");
+        Ok((!settling).then_some(state))
+    })?;
+    let unmatched = match manager {
+        Manager::Networkd => state == "unmanaged",
+        Manager::NetworkManager => state.contains("disconnected"),
+    };
+    ensure!(
+        unmatched,
+        "the parent's configuration must match nothing on the new NIC: {} is {state}",
+        nic.name
+    );
+    let nic = guest.nic()?;
+    ensure!(
+        nic.ipv4.is_empty(),
+        "the clone's new NIC must have no address: {nic:?}"
+    );
+    eprintln!("the new NIC is {} (MAC B, {state}, no address)", nic.name);
     Ok(())
 }
 
@@ -380,15 +442,16 @@ fn oci_networkd_static_side(who: Who) -> Result<Side> {
     let mut lab = Lab::new(&who.lab("oci-static"), "bookworm", Backend::CloudHypervisor)?;
     let golden = lab.image.golden.clone();
     let parent = lab.snapshot_parent(ParentNet::Static)?;
+    let rig = who.rig(&lab, HostConfig::default())?;
     let guest = lab.restore(&parent, "rootfs.qcow2")?;
-    assert_swapped_and_broken(&guest)?;
+    assert_swapped_and_broken(&guest, Manager::Networkd)?;
     guest.read_file(&support::networkd_file(&golden.mac))?;
 
     let nic = lab.static_y();
     lab.write_inspect(&[(MAC_B, nic.clone())])?;
     let flow = match who {
         Who::Ours => {
-            let (flow, summary, rig) = run_ours(&mut lab, HostConfig::default())?;
+            let (flow, summary, rig) = run_ours(&mut lab, rig)?;
             ensure!(
                 summary.fixup == Some("done")
                     && summary.scenario == "oci-networkd"
@@ -419,7 +482,7 @@ fn oci_networkd_static_side(who: Who) -> Result<Side> {
         }
     };
     let checks = lab.timed("checks", |lab| -> Result<()> {
-        assert_reachable(lab, who, &guest, MAC_B, IP_Y, &[&parent.ip])?;
+        assert_reachable(lab, &guest, MAC_B, IP_Y, &[&parent.ip])?;
         let file = guest.read_file(&support::networkd_file(MAC_B))?;
         ensure!(
             file == static_file(MAC_B, IP_Y, golden.prefix, &golden.gateway),
@@ -499,8 +562,11 @@ fn oci_networkd_dhcp_side(who: Who) -> Result<Side> {
     let golden = lab.image.golden.clone();
     let parent = lab.snapshot_parent(ParentNet::Dhcp)?;
     let dhcp = DhcpLab::start(&lab)?;
+    let rig = who.rig(&lab, HostConfig::default())?;
     let guest = lab.restore(&parent, "rootfs.qcow2")?;
-    assert_swapped_and_broken(&guest)?;
+    assert_swapped_and_broken(&guest, Manager::Networkd)?;
+    // The parent's DHCP file is still there, for MAC A.
+    guest.read_file(&support::networkd_file(&golden.mac))?;
     ensure!(
         dhcp.dnsmasq.leases().is_empty(),
         "{:?}",
@@ -510,12 +576,17 @@ fn oci_networkd_dhcp_side(who: Who) -> Result<Side> {
     lab.write_inspect(&[(MAC_B, NicNet::Dhcp)])?;
     let flow = match who {
         Who::Ours => {
-            let (flow, summary, rig) = run_ours(&mut lab, HostConfig::default())?;
+            let (flow, summary, rig) = run_ours(&mut lab, rig)?;
             ensure!(
                 summary.action == "ip-wait" && summary.rule == 7 && summary.fixup.is_none(),
                 "{summary:?}"
             );
             ensure!(summary.is_ready(), "{summary:?}");
+            ensure!(
+                rig.annotation(keys::IP) == summary.ip,
+                "{:?}",
+                rig.annotation(keys::IP)
+            );
             ensure!(
                 rig.events(reasons::DHCP_RECOVERY).len() == 1,
                 "{:?}",
@@ -528,7 +599,8 @@ fn oci_networkd_dhcp_side(who: Who) -> Result<Side> {
     };
     let checks = lab.timed("checks", |lab| -> Result<()> {
         let ip = dhcp.lease_for_b(&golden.mac)?;
-        assert_reachable(lab, who, &guest, MAC_B, &ip, &[&parent.ip])
+        published_is(&flow, &ip)?;
+        assert_reachable(lab, &guest, MAC_B, &ip, &[&parent.ip])
     });
     let checks = who.judge(&lab.scenario, checks)?;
     shutdown(&mut lab, guest)?;
@@ -561,6 +633,7 @@ fn fc_mac_side(who: Who, scenario: &str, dhcp: bool) -> Result<Side> {
         ParentNet::Static
     })?;
     let leases = dhcp.then(|| DhcpLab::start(&lab)).transpose()?;
+    let rig = who.rig(&lab, HostConfig::default())?;
     let guest = lab.restore(&parent, "rootfs.qcow2")?;
     let before = guest.nic()?;
     ensure!(
@@ -573,7 +646,12 @@ fn fc_mac_side(who: Who, scenario: &str, dhcp: bool) -> Result<Side> {
     lab.write_inspect(&[(MAC_B, nic.clone())])?;
     let flow = match who {
         Who::Ours => {
-            let (flow, summary, _rig) = run_ours(&mut lab, HostConfig::default())?;
+            let (flow, summary, rig) = run_ours(&mut lab, rig)?;
+            ensure!(
+                rig.annotation(keys::IP) == summary.ip,
+                "{:?}",
+                rig.annotation(keys::IP)
+            );
             ensure!(
                 summary.fixup == Some("done")
                     && summary.rule == 5
@@ -599,8 +677,9 @@ fn fc_mac_side(who: Who, scenario: &str, dhcp: bool) -> Result<Side> {
             Some(leases) => leases.lease_for_b(&golden.mac)?,
             None => IP_Y.to_owned(),
         };
+        published_is(&flow, &ip)?;
         // The parent's address must go: the clone held it until now.
-        assert_reachable(lab, who, &guest, MAC_B, &ip, &[&parent.ip])?;
+        assert_reachable(lab, &guest, MAC_B, &ip, &[&parent.ip])?;
         let file = guest.read_file(&support::networkd_file(MAC_B))?;
         if !dhcp {
             ensure!(
@@ -649,6 +728,7 @@ fn cloudimg_side(who: Who, scenario: &str, image: &str, has_configs: bool) -> Re
     let parent = lab.snapshot_parent(ParentNet::Cloud)?;
     // `overlay.qcow2` in the VM's directory: the host's disk probe makes
     // this a cloud image.
+    let rig = who.rig(&lab, HostConfig::default())?;
     let guest = lab.restore(&parent, "overlay.qcow2")?;
     let help = guest.check(&["cloud-init", "clean", "--help"])?;
     ensure!(
@@ -657,7 +737,7 @@ fn cloudimg_side(who: Who, scenario: &str, image: &str, has_configs: bool) -> Re
     );
     let iid = guest.read_file("/var/lib/cloud/data/instance-id")?;
     ensure!(iid.trim() == "iid-parent", "{iid}");
-    assert_swapped_and_broken(&guest)?;
+    assert_swapped_and_broken(&guest, Manager::Networkd)?;
 
     let clone_iid = format!("iid-{}", lab.vm_name);
     let clone_seed = clone_seed(&lab, &clone_iid)?;
@@ -668,7 +748,7 @@ fn cloudimg_side(who: Who, scenario: &str, image: &str, has_configs: bool) -> Re
     lab.write_inspect(&[(MAC_B, nic.clone())])?;
     let flow = match who {
         Who::Ours => {
-            let (flow, summary, _rig) = run_ours(&mut lab, HostConfig::default())?;
+            let (flow, summary, _rig) = run_ours(&mut lab, rig)?;
             ensure!(
                 summary.fixup == Some("done")
                     && summary.scenario == "cloudimg"
@@ -707,7 +787,7 @@ fn cloudimg_side(who: Who, scenario: &str, image: &str, has_configs: bool) -> Re
                 && rendered.contains(&format!("Address={IP_Y}/{}", golden.prefix)),
             "{rendered}"
         );
-        assert_reachable(lab, who, &guest, MAC_B, IP_Y, &[&parent.ip])
+        assert_reachable(lab, &guest, MAC_B, IP_Y, &[&parent.ip])
     });
     let checks = who.judge(&lab.scenario, checks)?;
     shutdown(&mut lab, guest)?;
@@ -772,23 +852,24 @@ fn exhausted_side(who: Who) -> Result<Side> {
     let mut lab = Lab::new(&who.lab("exhausted"), "bookworm", Backend::CloudHypervisor)?;
     let golden = lab.image.golden.clone();
     let parent = lab.snapshot_parent(ParentNet::Static)?;
+    let config = HostConfig {
+        retry: RetryConfig {
+            interval: Duration::from_secs(1),
+            budget: Duration::from_secs(10),
+            exec_timeout: Duration::from_secs(60),
+        },
+        ..HostConfig::default()
+    };
+    let rig = who.rig(&lab, config)?;
     let guest = lab.restore(&parent, "rootfs.qcow2")?;
-    assert_swapped_and_broken(&guest)?;
+    assert_swapped_and_broken(&guest, Manager::Networkd)?;
     guest.check(&["chattr", "+i", "/etc/systemd/network"])?;
 
     let nic = lab.static_y();
     lab.write_inspect(&[(MAC_B, nic.clone())])?;
     let flow = match who {
         Who::Ours => {
-            let config = HostConfig {
-                retry: RetryConfig {
-                    interval: Duration::from_secs(1),
-                    budget: Duration::from_secs(10),
-                    exec_timeout: Duration::from_secs(60),
-                },
-                ..HostConfig::default()
-            };
-            let (mut flow, summary, rig) = run_ours(&mut lab, config)?;
+            let (mut flow, summary, rig) = run_ours(&mut lab, rig)?;
             exhausted_as_specified(&lab, &guest, &summary, &rig)?;
             let hint = rig
                 .annotation(keys::POST_CLONE_HINT)
@@ -822,7 +903,7 @@ fn exhausted_side(who: Who) -> Result<Side> {
         }
     };
     let checks = lab.timed("checks", |lab| -> Result<()> {
-        assert_reachable(lab, who, &guest, MAC_B, IP_Y, &[&parent.ip])?;
+        assert_reachable(lab, &guest, MAC_B, IP_Y, &[&parent.ip])?;
         let file = guest.read_file(&support::networkd_file(MAC_B))?;
         ensure!(
             file == static_file(MAC_B, IP_Y, golden.prefix, &golden.gateway),
@@ -914,8 +995,23 @@ fn nm_keyfile_side(who: Who) -> Result<Side> {
     )?;
     let golden = lab.image.golden.clone();
     let parent = lab.snapshot_parent(ParentNet::NetworkManager)?;
+    // The vendor plugin, from a plugin directory, for the pod's flavour.
+    let plugins = lab.root.join("plugins");
+    std::fs::create_dir_all(&plugins)?;
+    std::fs::copy(env!("PLUGIN_NM_KEYFILE"), plugins.join("nm-keyfile.wasm")).with_context(
+        || {
+            format!(
+                "copying {} into {}",
+                env!("PLUGIN_NM_KEYFILE"),
+                plugins.display()
+            )
+        },
+    )?;
+    lab.plugin_dir = Some(plugins);
+    lab.flavor = Some("networkmanager");
+    let rig = who.rig(&lab, HostConfig::default())?;
     let guest = lab.restore(&parent, "rootfs.qcow2")?;
-    assert_swapped_and_broken(&guest)?;
+    assert_swapped_and_broken(&guest, Manager::NetworkManager)?;
     let parent_keyfile = keyfile_path(&golden.mac);
     guest.check(&["test", "-f", &parent_keyfile])?;
     ensure!(
@@ -929,12 +1025,7 @@ fn nm_keyfile_side(who: Who) -> Result<Side> {
     lab.write_inspect(&[(MAC_B, nic.clone())])?;
     let flow = match who {
         Who::Ours => {
-            let plugins = lab.root.join("plugins");
-            std::fs::create_dir_all(&plugins)?;
-            std::fs::copy(env!("PLUGIN_NM_KEYFILE"), plugins.join("nm-keyfile.wasm"))?;
-            lab.plugin_dir = Some(plugins);
-            lab.flavor = Some("networkmanager");
-            let (flow, summary, rig) = run_ours(&mut lab, HostConfig::default())?;
+            let (flow, summary, rig) = run_ours(&mut lab, rig)?;
             ensure!(
                 summary.fixup == Some("done")
                     && summary.scenario == "oci-networkd"
@@ -969,8 +1060,32 @@ fn nm_keyfile_side(who: Who) -> Result<Side> {
             run_upstream(&mut lab, Some(&script), (MAC_B, &nic))?
         }
     };
+    // Both flows are judged on the guest's network: reachable on MAC B
+    // with Y, and owned by NetworkManager (a connection on the NIC, and no
+    // second network manager started beside it). The files are checked
+    // for the host's flow only: they are its plugin's.
     let checks = lab.timed("checks", |lab| -> Result<()> {
-        assert_reachable(lab, who, &guest, MAC_B, IP_Y, &[&parent.ip])?;
+        assert_reachable(lab, &guest, MAC_B, IP_Y, &[&parent.ip])?;
+        let nic = guest.nic()?.name;
+        let connection =
+            guest.check(&["nmcli", "-g", "GENERAL.CONNECTION", "device", "show", &nic])?;
+        ensure!(
+            !connection.trim().is_empty(),
+            "NetworkManager has no connection on {nic}"
+        );
+        ensure!(
+            !guest
+                .run(&["systemctl", "is-active", "--quiet", "systemd-networkd"])?
+                .success(),
+            "a second network manager runs"
+        );
+        if who == Who::Upstream {
+            return Ok(());
+        }
+        ensure!(
+            connection.trim() == format!("cocoon-{}", MAC_B.replace(':', "")),
+            "{connection}"
+        );
         let keyfile = guest.read_file(&keyfile_path(MAC_B))?;
         ensure!(
             keyfile.contains(&format!("mac-address={MAC_B}"))
@@ -983,18 +1098,6 @@ fn nm_keyfile_side(who: Who) -> Result<Side> {
         ensure!(
             !guest.run(&["test", "-e", &parent_keyfile])?.success(),
             "the parent's keyfile must be gone"
-        );
-        let active = guest.check(&[
-            "nmcli",
-            "-g",
-            "NAME,DEVICE",
-            "connection",
-            "show",
-            "--active",
-        ])?;
-        ensure!(
-            active.contains(&format!("cocoon-{}", MAC_B.replace(':', ""))),
-            "NetworkManager must own the NIC: {active}"
         );
         Ok(())
     });
@@ -1017,7 +1120,7 @@ fn nm_finding(guest: &Guest, parent_keyfile: &str, why: String) -> Result<String
     let (active, enabled) = (systemctl("is-active")?, systemctl("is-enabled")?);
     let parent = guest.run(&["test", "-e", parent_keyfile])?.success();
     Ok(format!(
-        "{why}; systemd-networkd is {active} ({enabled}) beside NetworkManager; the parent's keyfile is {}",
+        "{why}: systemd-networkd is {active} ({enabled}) beside NetworkManager; the parent's keyfile is {}",
         if parent { "still there" } else { "gone" }
     ))
 }

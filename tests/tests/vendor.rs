@@ -230,6 +230,7 @@ fn a_rhel_firecracker_clone_composes_fc_mac_with_nm_keyfile() {
 
 #[rstest]
 #[case::almalinux(Some("almalinux"), "nm-keyfile")]
+#[case::networkmanager(Some("networkmanager"), "nm-keyfile")]
 #[case::ubuntu(Some("ubuntu"), "oci-networkd")]
 #[case::no_flavour(None, "oci-networkd")]
 fn dhcp_recovery_follows_the_flavour_too(#[case] flavor: Option<&str>, #[case] plugin: &str) {

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, bail};
 use fixup_e2e::qga::{Agent, GuestExit};
 use fixup_e2e::state::{QEMU_LOG, QGA_SOCKET, QMP_SOCKET, SERIAL_LOG};
 use serde_json::{Value, json};
@@ -42,10 +42,6 @@ pub struct Spec<'a> {
     /// from this file (`-incoming`) instead of booting. The command line
     /// is the parent's but for the disk and the NIC's MAC.
     pub restore: Option<&'a Snapshot>,
-    /// The NIC (`nic0` on netdev `net0`) sits behind a PCIe root port
-    /// (`rp1`, with `rp2` free), so it can be hot-swapped: on q35 the root
-    /// bus cannot unplug. A parent and its clones must agree.
-    pub hotplug: bool,
 }
 
 /// A parent saved for restores: its overlay, frozen, and its state
@@ -143,7 +139,10 @@ impl Guest {
             "tap,id=net0,ifname={},script=no,downscript=no",
             spec.tap
         ));
-        if spec.hotplug {
+        // The NIC (`nic0` on netdev `net0`) sits behind a PCIe root port
+        // (`rp1`, with `rp2` free), so it can be hot-swapped: on q35 the
+        // root bus cannot unplug. A parent and its clones must agree.
+        {
             cmd.args([
                 "-device",
                 "pcie-root-port,id=rp1,chassis=1,slot=1,bus=pcie.0,addr=0x10",
@@ -155,9 +154,6 @@ impl Guest {
                 "virtio-net-pci,netdev=net0,mac={},id=nic0,bus=rp1",
                 spec.mac
             ));
-        } else {
-            cmd.arg("-device")
-                .arg(format!("virtio-net-pci,netdev=net0,mac={}", spec.mac));
         }
         cmd.args(["-device", "virtio-serial-pci,id=vser0"])
             .arg("-chardev")
@@ -224,11 +220,11 @@ impl Guest {
         }
     }
 
-    /// The guest's wall clock set to the host's, how far off it was: the
-    /// agent's `guest-set-time`, or `date -s` where the agent cannot (it
-    /// also writes the hardware clock, with `hwclock`, which Debian 13's
-    /// minimal system lacks).
-    pub fn set_clock(&self) -> Result<Duration> {
+    /// The guest's wall clock set to the host's; how many seconds it was
+    /// behind (negative: ahead). The agent's `guest-set-time`, or `date -s`
+    /// where the agent cannot: it also writes the hardware clock with
+    /// `hwclock`, which a minimal Debian 13 system lacks.
+    pub fn set_clock(&self) -> Result<i64> {
         let before = self.check(&["date", "+%s"])?;
         if self.agent()?.set_time(Duration::from_secs(30)).is_err() {
             let now = std::time::SystemTime::now()
@@ -241,17 +237,20 @@ impl Guest {
                 &format!("@{}.{:03}", now.as_secs(), now.subsec_millis()),
             ])?;
         }
-        let was: u64 = before.trim().parse().context("guest `date +%s`")?;
+        let was: i64 = before.trim().parse().context("guest `date +%s`")?;
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()
             .as_secs();
-        Ok(Duration::from_secs(now.saturating_sub(was)))
+        Ok(i64::try_from(now).unwrap_or(i64::MAX) - was)
     }
 
+    /// A connection to the guest agent; its failure keeps the
+    /// `AgentError` (the checks tell a harness failure from a finding by
+    /// it).
     fn agent(&self) -> Result<Agent> {
         Agent::connect(&self.dir.join(QGA_SOCKET), Duration::from_secs(30))
-            .map_err(|e| anyhow!("{e}: {}", self.logs()))
+            .map_err(|e| anyhow::Error::new(e).context(self.logs()))
     }
 
     /// Run argv in the guest through the agent (the harness's own checks).
@@ -358,7 +357,9 @@ impl Guest {
             std::thread::sleep(Duration::from_millis(50));
         }
         for file in [overlay, state] {
-            let mut perms = std::fs::metadata(file)?.permissions();
+            let mut perms = std::fs::metadata(file)
+                .with_context(|| format!("saved parent file {}", file.display()))?
+                .permissions();
             perms.set_readonly(true);
             std::fs::set_permissions(file, perms)?;
         }

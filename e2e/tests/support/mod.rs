@@ -5,8 +5,12 @@
 //!   in `run/<backend>/<vm id>/` below it (disk overlay, agent and QMP
 //!   sockets, serial log, `inspect.json`), and is left there after the run
 //!   for a post-mortem.
-//! - The network is a namespace of the scenario's own with `tap0`; its
-//!   namespace side is the guest network's gateway.
+//! - The network is a namespace of the scenario's own with a bridge `br0`
+//!   (the guest network's gateway) and two taps on it: `tap0`, where a
+//!   clone's NIC starts, and `tap1`, where Cloud Hypervisor's NIC swap
+//!   plugs the new one.
+//! - The clone is restored from a parent snapshot made once per image and
+//!   kind of parent ([`Lab::snapshot_parent`], [`Lab::restore`]).
 //! - The host is `fixup_host::host::Host` with the real `Planner` and
 //!   built-in plugins, the real `CocoonCli` pointed at
 //!   `<root>/bin/cocoon` (a wrapper that runs `cocoon-shim --root <root>`),
@@ -58,6 +62,9 @@ pub const MAC_B: &str = "52:54:00:e2:e0:0b";
 pub const IP_Y: &str = "10.213.7.20";
 /// dnsmasq's pool in the DHCP scenarios.
 pub const DHCP_RANGE: &str = "10.213.7.100,10.213.7.199,255.255.255.0";
+/// The pool of a DHCP parent's own dnsmasq: apart from the clones' pool,
+/// so the parent's lease can never be the clone's by chance.
+pub const PARENT_DHCP_RANGE: &str = "10.213.7.200,10.213.7.249,255.255.255.0";
 /// The pod's namespace in `MemoryPods`.
 pub const POD_NAMESPACE: &str = "e2e";
 pub const POD_UID: &str = "5d0c7a10-e2e0-4c1e-9f00-000000000001";
@@ -107,7 +114,8 @@ fn snapshot_stamp(image: &Image, parent: ParentNet) -> Result<String> {
         .context("qemu-system-x86_64 --version")?;
     let version = String::from_utf8_lossy(&qemu.stdout);
     stamp += &format!(
-        "parent {parent:?}\naccel {}\n{}\n{SNAPSHOT_RECIPE}\n",
+        "parent {parent:?}\n{}\naccel {}\n{}\n{SNAPSHOT_RECIPE}\n",
+        parent.setup(&image.golden),
         std::env::var("COCOON_FIXUP_E2E_ACCEL").unwrap_or_default(),
         version.lines().next().unwrap_or_default()
     );
@@ -161,6 +169,16 @@ pub enum ParentNet {
 }
 
 impl ParentNet {
+    /// What the parent is configured with beyond the image, for the
+    /// snapshot's stamp: a change makes a new parent.
+    fn setup(self, golden: &images::Golden) -> String {
+        match self {
+            ParentNet::Dhcp => format!("{PARENT_DHCP_RANGE}\n{}", dhcp_file(&golden.mac)),
+            ParentNet::Cloud => format!("{:?}", parent_identity(golden)),
+            ParentNet::Static | ParentNet::NetworkManager => String::new(),
+        }
+    }
+
     fn dir_name(self) -> &'static str {
         match self {
             ParentNet::Static => "static",
@@ -175,6 +193,10 @@ impl ParentNet {
 #[derive(Debug)]
 pub struct Lab {
     pub scenario: String,
+    /// One suite run at a time (scenarios share namespaces and run
+    /// directories), and no image rebuilt under it (`images.sh` holds the
+    /// build lock exclusively).
+    _locks: [std::fs::File; 2],
     pub image: Image,
     pub root: PathBuf,
     pub ns: Netns,
@@ -188,8 +210,9 @@ pub struct Lab {
     /// The pod's `vm.cocoonstack.io/guest-flavor`, if any.
     pub flavor: Option<&'static str>,
     started: Instant,
-    /// When the clone's QEMU was started: "restore to ready" runs from here.
-    restored: Option<Instant>,
+    /// How long the clone's restore took, from starting QEMU to a clone
+    /// the host can work on (agent up, NIC swapped).
+    restored_in: Option<Duration>,
     timings: Vec<(String, Duration)>,
 }
 
@@ -198,6 +221,7 @@ impl Lab {
     /// namespace with its tap.
     pub fn new(scenario: &str, image: &str, backend: Backend) -> Result<Lab> {
         let image = images::require(image)?;
+        let locks = suite_locks(scenario)?;
         let root = images::cache_dir().join("runs").join(scenario);
         if root.exists() {
             std::fs::remove_dir_all(&root)
@@ -220,6 +244,7 @@ impl Lab {
         );
         Ok(Lab {
             scenario: scenario.to_owned(),
+            _locks: locks,
             image,
             root,
             ns,
@@ -233,7 +258,7 @@ impl Lab {
             plugin_dir: None,
             flavor: None,
             started: Instant::now(),
-            restored: None,
+            restored_in: None,
             timings: Vec::new(),
         })
     }
@@ -265,29 +290,7 @@ impl Lab {
             tap: TAP,
             seed: None,
             restore: None,
-            hotplug: false,
         }
-    }
-
-    /// Boot the guest with its NIC on `mac` and wait until it has booted;
-    /// `phase` names the timing ("boot", "parent boot").
-    pub fn boot(
-        &mut self,
-        phase: &str,
-        mac: &str,
-        disk: &'static str,
-        seed: Option<PathBuf>,
-    ) -> Result<Guest> {
-        let spec = Spec {
-            seed,
-            ..self.spec(self.vm_dir(), disk, mac)
-        };
-        let started = Instant::now();
-        let mut guest = Guest::boot(&self.ns, &spec)?;
-        let agent = wait_booted(&self.scenario, &mut guest)?;
-        self.timings.push((format!("{phase} (agent up)"), agent));
-        self.timings.push((phase.to_owned(), started.elapsed()));
-        Ok(guest)
     }
 
     /// Boot the parent on the image's MAC A, configure its network as
@@ -297,20 +300,19 @@ impl Lab {
     /// The snapshot is cached per image and kind of parent
     /// (`<cache>/snapshots/<image>/<kind>/`) and shared by every scenario
     /// that restores it; it is made again when the image's files, the
-    /// accelerator, QEMU or [`SNAPSHOT_RECIPE`] change. The parent runs in
-    /// a namespace of its own (`cfe2e-parent`, with its own dnsmasq for a
-    /// DHCP parent), so no scenario's network remembers it.
+    /// accelerator, QEMU, the parent's setup or [`SNAPSHOT_RECIPE`]
+    /// change. The parent runs in a namespace of its own
+    /// (`cfe2e-p-<image>-<kind>`, with its own dnsmasq for a DHCP parent),
+    /// so no scenario's network remembers it.
     pub fn snapshot_parent(&mut self, net: ParentNet) -> Result<Snapshot> {
         let snapshots = images::cache_dir().join("snapshots");
         let dir = snapshots.join(&self.image.name).join(net.dir_name());
         let stamp = dir.join("ready");
         std::fs::create_dir_all(&snapshots)?;
         // One run at a time makes or uses a snapshot.
-        let lock = std::fs::File::create(snapshots.join(format!(
-            "{}-{}.lock",
-            self.image.name,
-            net.dir_name()
-        )))?;
+        let lock_file = snapshots.join(format!("{}-{}.lock", self.image.name, net.dir_name()));
+        let lock = std::fs::File::create(&lock_file)
+            .with_context(|| format!("cannot create {}", lock_file.display()))?;
         lock.lock()?;
         let want = snapshot_stamp(&self.image, net)?;
         let seed_file = dir.join("seed-parent.iso");
@@ -324,7 +326,15 @@ impl Lab {
             && snapshot.overlay.exists()
             && snapshot.state.exists()
         {
-            snapshot.ip = std::fs::read_to_string(dir.join("parent-ip"))?;
+            snapshot.ip = std::fs::read_to_string(dir.join("parent-ip"))
+                .with_context(|| format!("the cached parent in {}", dir.display()))?;
+            if let Some(seed) = &snapshot.seed {
+                anyhow::ensure!(
+                    seed.is_file(),
+                    "the cached parent's seed {} is missing",
+                    seed.display()
+                );
+            }
             eprintln!(
                 "e2e {}: restoring the cached parent snapshot in {}",
                 self.scenario,
@@ -338,32 +348,20 @@ impl Lab {
         }
         std::fs::create_dir_all(&dir)?;
         let golden = self.image.golden.clone();
-        let ns = Netns::create("cfe2e-parent")?;
+        let ns = Netns::create(&format!("cfe2e-p-{}-{}", self.image.name, net.dir_name()))?;
         ns.add_switch(
             BRIDGE,
             &format!("{}/{}", golden.gateway, golden.prefix),
             &[TAP, TAP_NEW],
         )?;
         let dnsmasq = match net {
-            ParentNet::Dhcp => Some(net::Dnsmasq::start(&ns, BRIDGE, DHCP_RANGE, &dir)?),
+            ParentNet::Dhcp => Some(net::Dnsmasq::start(&ns, BRIDGE, PARENT_DHCP_RANGE, &dir)?),
             _ => None,
         };
         if net == ParentNet::Cloud {
-            seed::write(
-                &dir,
-                "seed-parent",
-                &seed::Identity {
-                    instance_id: "iid-parent",
-                    hostname: "e2e-parent",
-                    mac: &golden.mac,
-                    ip: &golden.ip,
-                    prefix: golden.prefix,
-                    gateway: &golden.gateway,
-                },
-            )?;
+            seed::write(&dir, "seed-parent", &parent_identity(&golden))?;
         }
         let spec = Spec {
-            hotplug: true,
             seed: snapshot.seed.clone(),
             ..self.spec(dir.clone(), "parent.qcow2", &golden.mac)
         };
@@ -376,14 +374,19 @@ impl Lab {
         let mut ip = golden.ip.clone();
         if net == ParentNet::Dhcp {
             // What the fixup writes for a DHCP NIC, for the parent's MAC.
-            guest.sh(&format!(
-                "printf '[Match]\\nMACAddress={mac}\\n\\n[Network]\\nDHCP=ipv4\\n\\n[DHCPv4]\\nClientIdentifier=mac\\n' > {file} && systemctl restart systemd-networkd",
-                mac = golden.mac,
-                file = networkd_file(&golden.mac),
+            let wrote = guest.sh(&format!(
+                "printf '%s' '{}' > {} && systemctl restart systemd-networkd",
+                dhcp_file(&golden.mac),
+                networkd_file(&golden.mac),
             ))?;
+            anyhow::ensure!(
+                wrote.success(),
+                "the DHCP parent's file: {}",
+                wrote.stderr_text()
+            );
             let lease = wait_for(LINK_LIMIT, "the parent's DHCP lease", || {
                 let link = guest.nic()?;
-                let leased = link.ipv4.iter().find(|(a, _)| a.octets()[3] >= 100);
+                let leased = link.ipv4.iter().find(|(a, _)| a.octets()[3] >= 200);
                 Ok(leased
                     .filter(|_| !link.has(&golden.ip, golden.prefix))
                     .map(|(a, _)| a.to_string()))
@@ -421,10 +424,8 @@ impl Lab {
         let golden_mac = self.image.golden.mac.clone();
         let firecracker = self.backend == Backend::Firecracker;
         let started = Instant::now();
-        self.restored = Some(started);
         let spec = Spec {
             restore: Some(snapshot),
-            hotplug: true,
             seed: snapshot.seed.clone(),
             ..self.spec(
                 self.vm_dir(),
@@ -446,13 +447,6 @@ impl Lab {
             .push(("restore (state loaded)".to_owned(), loaded));
         self.timings
             .push(("restore (agent up)".to_owned(), started.elapsed()));
-        // The clock resumes at the parent's save; set it, as a platform
-        // does after a restore, so that logs and lease times are today's.
-        let behind = guest.set_clock()?;
-        eprintln!(
-            "e2e {}: the clone's clock was {behind:.0?} behind; set",
-            self.scenario
-        );
         if !firecracker {
             qmp.finish_swap()?;
             drop(qmp);
@@ -463,13 +457,22 @@ impl Lab {
             self.timings
                 .push(("hot-swap".to_owned(), running.elapsed()));
         }
+        self.restored_in = Some(started.elapsed());
+        // The clock resumes at the parent's save; set it, as a platform
+        // does after a restore, so that logs and lease times are today's.
+        let behind = guest.set_clock()?;
+        eprintln!(
+            "e2e {}: the clone's clock was {behind} s behind; set",
+            self.scenario
+        );
         Ok(guest)
     }
 
-    /// From the clone's restore to now: "restore to ready" when the host
-    /// has just reported the IP.
-    pub fn since_restore(&self) -> Option<Duration> {
-        self.restored.map(|t| t.elapsed())
+    /// "Restore to ready": the restore (QEMU start to a clone the host
+    /// can work on) plus the flow's own time until it reported the IP.
+    /// The harness's checks in between are not counted.
+    pub fn restore_to_ready(&self, flow: Duration) -> Option<Duration> {
+        self.restored_in.map(|r| r + flow)
     }
 
     /// What `cocoon vm inspect --json` prints for the clone.
@@ -731,4 +734,47 @@ pub fn unix_ms() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis())
+}
+
+/// The cloud parent's NoCloud identity: instance `iid-parent`, MAC A, X.
+fn parent_identity(golden: &images::Golden) -> seed::Identity<'_> {
+    seed::Identity {
+        instance_id: "iid-parent",
+        hostname: "e2e-parent",
+        mac: &golden.mac,
+        ip: &golden.ip,
+        prefix: golden.prefix,
+        gateway: &golden.gateway,
+    }
+}
+
+/// The networkd file of a DHCP parent: what the fixup writes for a DHCP
+/// NIC, for MAC A.
+fn dhcp_file(mac: &str) -> String {
+    format!("[Match]\nMACAddress={mac}\n\n[Network]\nDHCP=ipv4\n\n[DHCPv4]\nClientIdentifier=mac\n")
+}
+
+/// The suite's locks, held by each [`Lab`]: `<cache>/.suite.lock`
+/// exclusively (another run of the suite waits) and `<cache>/.build.lock`
+/// shared (`images.sh` takes it exclusively while it builds).
+fn suite_locks(scenario: &str) -> Result<[std::fs::File; 2]> {
+    let cache = images::cache_dir();
+    let open = |name: &str| -> Result<std::fs::File> {
+        let path = cache.join(name);
+        std::fs::File::create(&path).with_context(|| format!("cannot create {}", path.display()))
+    };
+    let suite = open(".suite.lock")?;
+    if suite.try_lock().is_err() {
+        eprintln!(
+            "e2e {scenario}: another run of the suite holds {}; waiting",
+            cache.join(".suite.lock").display()
+        );
+        suite.lock()?;
+    }
+    let build = open(".build.lock")?;
+    if build.try_lock_shared().is_err() {
+        eprintln!("e2e {scenario}: images.sh is building images; waiting");
+        build.lock_shared()?;
+    }
+    Ok([suite, build])
 }

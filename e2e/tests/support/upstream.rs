@@ -81,8 +81,9 @@ pub fn script(
 /// What upstream's flow did and concluded.
 #[derive(Debug, Clone)]
 pub struct Run {
-    /// Exit codes of the attempts (empty: no fixup ran).
-    pub exits: Vec<i32>,
+    /// Exit codes of the attempts (empty: no fixup ran; `None`: the exec
+    /// outlived the budget and was killed).
+    pub exits: Vec<Option<i32>>,
     /// `ready <ip>`, `exhausted`, or `ip wait timed out`.
     pub verdict: String,
     pub ip: Option<String>,
@@ -99,17 +100,14 @@ impl Run {
 
     /// What the exec reported, as the side-by-side table shows it.
     pub fn exec_line(&self) -> String {
+        let code = |c: &Option<i32>| c.map_or_else(|| "timeout".to_owned(), |c| c.to_string());
         match self.exits.as_slice() {
             [] => "no exec (no fixup needed)".to_owned(),
-            [code] => format!("1 exec, exit {code}"),
+            [one] => format!("1 exec, exit {}", code(one)),
             exits => format!(
                 "{} execs, exits {}",
                 exits.len(),
-                exits
-                    .iter()
-                    .map(i32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",")
+                exits.iter().map(code).collect::<Vec<_>>().join(",")
             ),
         }
     }
@@ -123,16 +121,14 @@ pub fn run(lab: &Lab, fixup: Option<&str>, first_nic: (&str, &NicNet)) -> Result
     let started = Instant::now();
     if let Some(script) = fixup {
         loop {
-            let status = Command::new(&cocoon)
-                .args(["vm", "exec", &lab.vm_id, "--", "sh", "-c", script])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .with_context(|| format!("cannot run {}", cocoon.display()))?;
-            let code = status.code().unwrap_or(1);
+            let code = exec(
+                &cocoon,
+                &lab.vm_id,
+                script,
+                BUDGET.saturating_sub(started.elapsed()),
+            )?;
             exits.push(code);
-            if code == 0 {
+            if code == Some(0) {
                 break;
             }
             if started.elapsed() + INTERVAL >= BUDGET {
@@ -171,6 +167,31 @@ pub fn run(lab: &Lab, fixup: Option<&str>, first_nic: (&str, &NicNet)) -> Result
         fixup: fixup_took,
         ip_wait: waiting.elapsed(),
     })
+}
+
+/// One `cocoon vm exec <id> -- sh -c <script>`, its output thrown away,
+/// killed when it outlives `within` (the budget left): its exit code, or
+/// `None` when it was killed.
+fn exec(cocoon: &Path, vm_id: &str, script: &str, within: Duration) -> Result<Option<i32>> {
+    let mut child = Command::new(cocoon)
+        .args(["vm", "exec", vm_id, "--", "sh", "-c", script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("cannot run {}", cocoon.display()))?;
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status.code().unwrap_or(1)));
+        }
+        if started.elapsed() >= within {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// The unexpired lease of `mac` (case-insensitive) in a cocoon-net lease
@@ -221,6 +242,58 @@ mod tests {
              rm -f /etc/systemd/network/10-*.network\n\
              printf '[Match]\\nMACAddress=52:54:00:e2:e0:0b\\n\\n[Network]\\nAddress=10.213.7.20/24\\nGateway=10.213.7.1\\n' > /etc/systemd/network/10-525400e2e00b.network\n\
              systemctl restart systemd-networkd"
+        );
+    }
+
+    #[test]
+    fn renders_appendix_a_for_dhcp_and_two_nics_on_cloud_hypervisor() {
+        let nics = [
+            ("52:54:00:AA:00:01", NicNet::Dhcp),
+            (
+                "52:54:00:aa:00:02",
+                NicNet::Static {
+                    ip: "10.0.0.5".into(),
+                    prefix: 16,
+                    gateway: "10.0.0.1".into(),
+                },
+            ),
+        ];
+        assert_eq!(
+            script(
+                "vk-a-b-123456",
+                Backend::CloudHypervisor,
+                &nics,
+                Flavour::Networkd
+            ),
+            "echo 3 > /proc/sys/vm/drop_caches\n\
+             echo vk-a-b-123456 > /etc/hostname\n\
+             rm -f /etc/systemd/network/10-*.network\n\
+             printf '[Match]\\nMACAddress=52:54:00:AA:00:01\\n\\n[Network]\\nDHCP=ipv4\\n\\n[DHCPv4]\\nClientIdentifier=mac\\n' > /etc/systemd/network/10-525400AA0001.network\n\
+             printf '[Match]\\nMACAddress=52:54:00:aa:00:02\\n\\n[Network]\\nAddress=10.0.0.5/16\\nGateway=10.0.0.1\\n' > /etc/systemd/network/10-525400aa0002.network\n\
+             systemctl restart systemd-networkd"
+        );
+    }
+
+    #[test]
+    fn renders_appendix_a_for_a_cloud_image_on_firecracker() {
+        let nics = [
+            ("52:54:00:aa:00:01", NicNet::Dhcp),
+            ("52:54:00:aa:00:02", NicNet::Dhcp),
+        ];
+        assert_eq!(
+            script(
+                "vk-a-b-123456",
+                Backend::Firecracker,
+                &nics,
+                Flavour::Cloudimg
+            ),
+            "echo 3 > /proc/sys/vm/drop_caches\n\
+             echo vk-a-b-123456 > /etc/hostname\n\
+             ip link set dev eth0 down && ip link set dev eth0 address 52:54:00:aa:00:01 && ip link set dev eth0 up\n\
+             ip link set dev eth1 down && ip link set dev eth1 address 52:54:00:aa:00:02 && ip link set dev eth1 up\n\
+             rm -f /etc/systemd/network/10-*.network\n\
+             cloud-init clean --logs --seed --configs network && cloud-init init --local && cloud-init init\n\
+             cloud-init modules --mode=config && systemctl restart systemd-networkd"
         );
     }
 }

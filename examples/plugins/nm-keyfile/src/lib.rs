@@ -1,4 +1,5 @@
-//! `nm-keyfile`: NetworkManager keyfiles for RHEL-family guests.
+//! `nm-keyfile`: NetworkManager keyfiles for RHEL-family guests and any
+//! other guest whose network NetworkManager owns.
 //!
 //! An example of a vendor plugin, made from the cocoon-fixup plugin template
 //! and shipped as a file for the plugin directory, not built into the host.
