@@ -67,7 +67,7 @@ impl Who {
 
     /// The checks' verdict: for the host a failed check fails the test;
     /// for upstream it is the finding (not repaired, and why). A failure
-    /// of the harness itself (the guest agent, I/O, QMP) is never a
+    /// of the harness itself (the guest agent, I/O, bad JSON) is never a
     /// finding: it fails the test on either side.
     fn judge(self, scenario: &str, checks: Result<()>) -> Result<Result<(), String>> {
         match (self, checks) {
@@ -398,17 +398,25 @@ fn assert_swapped_and_broken(guest: &Guest, manager: Manager) -> Result<()> {
     );
     // Wait until the network manager has looked at the new NIC, then
     // require that nothing matched it.
-    let state = support::wait_for(LINK_LIMIT, "a settled link state", || {
+    let state = support::wait_for(LINK_LIMIT, "settled link state", || {
         let state = match manager {
             Manager::Networkd => {
                 let out =
                     guest.check(&["networkctl", "list", "--no-legend", "--no-pager", &nic.name])?;
                 out.split_whitespace().nth(4).unwrap_or_default().to_owned()
             }
-            Manager::NetworkManager => guest
-                .check(&["nmcli", "-g", "GENERAL.STATE", "device", "show", &nic.name])?
-                .trim()
-                .to_owned(),
+            // Not known to NetworkManager yet (a non-zero exit), or known
+            // but not taken over from udev yet (`unmanaged`): settling.
+            Manager::NetworkManager => {
+                let out =
+                    guest.run(&["nmcli", "-g", "GENERAL.STATE", "device", "show", &nic.name])?;
+                let state = out.stdout_text().trim().to_owned();
+                if !out.success() || state.contains("unmanaged") {
+                    String::new()
+                } else {
+                    state
+                }
+            }
         };
         let settling = matches!(
             state.as_str(),

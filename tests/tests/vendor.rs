@@ -177,6 +177,11 @@ fn the_example_rhel_pod_gets_nm_keyfile_from_the_plugin_directory() {
 #[case::rhel(Some("rhel"), "nm-keyfile", "declares flavour `rhel`")]
 #[case::rocky(Some("rocky"), "nm-keyfile", "declares flavour `rocky`")]
 #[case::fedora(Some("fedora"), "nm-keyfile", "declares flavour `fedora`")]
+#[case::networkmanager(
+    Some("networkmanager"),
+    "nm-keyfile",
+    "declares flavour `networkmanager`"
+)]
 #[case::ubuntu(Some("ubuntu"), "oci-networkd", "no plugin declares flavour `ubuntu`")]
 #[case::no_flavour(None, "oci-networkd", "serves oci-networkd for any flavour")]
 fn only_the_declared_flavours_leave_the_builtin(

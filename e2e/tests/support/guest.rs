@@ -91,7 +91,6 @@ impl Guest {
                 sock.display()
             );
         }
-        // A second boot (the clone after its parent) reuses the disk.
         if !disk.exists() {
             let (backing, format) = match spec.restore {
                 Some(snapshot) => (snapshot.overlay.clone(), "qcow2"),
@@ -142,19 +141,17 @@ impl Guest {
         // The NIC (`nic0` on netdev `net0`) sits behind a PCIe root port
         // (`rp1`, with `rp2` free), so it can be hot-swapped: on q35 the
         // root bus cannot unplug. A parent and its clones must agree.
-        {
-            cmd.args([
-                "-device",
-                "pcie-root-port,id=rp1,chassis=1,slot=1,bus=pcie.0,addr=0x10",
-                "-device",
-                "pcie-root-port,id=rp2,chassis=2,slot=2,bus=pcie.0,addr=0x11",
-            ])
-            .arg("-device")
-            .arg(format!(
-                "virtio-net-pci,netdev=net0,mac={},id=nic0,bus=rp1",
-                spec.mac
-            ));
-        }
+        cmd.args([
+            "-device",
+            "pcie-root-port,id=rp1,chassis=1,slot=1,bus=pcie.0,addr=0x10",
+            "-device",
+            "pcie-root-port,id=rp2,chassis=2,slot=2,bus=pcie.0,addr=0x11",
+        ])
+        .arg("-device")
+        .arg(format!(
+            "virtio-net-pci,netdev=net0,mac={},id=nic0,bus=rp1",
+            spec.mac
+        ));
         cmd.args(["-device", "virtio-serial-pci,id=vser0"])
             .arg("-chardev")
             .arg(format!(

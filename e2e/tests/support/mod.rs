@@ -193,10 +193,6 @@ impl ParentNet {
 #[derive(Debug)]
 pub struct Lab {
     pub scenario: String,
-    /// One suite run at a time (scenarios share namespaces and run
-    /// directories), and no image rebuilt under it (`images.sh` holds the
-    /// build lock exclusively).
-    _locks: [std::fs::File; 2],
     pub image: Image,
     pub root: PathBuf,
     pub ns: Netns,
@@ -217,11 +213,12 @@ pub struct Lab {
 }
 
 impl Lab {
-    /// Check prerequisites, reset `<cache>/runs/<scenario>`, create the
-    /// namespace with its tap.
+    /// Take the suite's locks, check prerequisites, reset
+    /// `<cache>/runs/<scenario>`, create the namespace with its bridge and
+    /// taps.
     pub fn new(scenario: &str, image: &str, backend: Backend) -> Result<Lab> {
+        suite_locks(scenario)?;
         let image = images::require(image)?;
-        let locks = suite_locks(scenario)?;
         let root = images::cache_dir().join("runs").join(scenario);
         if root.exists() {
             std::fs::remove_dir_all(&root)
@@ -244,7 +241,6 @@ impl Lab {
         );
         Ok(Lab {
             scenario: scenario.to_owned(),
-            _locks: locks,
             image,
             root,
             ns,
@@ -279,8 +275,8 @@ impl Lab {
         self.timings.push((phase.to_owned(), took));
     }
 
-    /// A cold boot of the image into `dir` on `disk`, NIC on `mac` and the
-    /// tap.
+    /// A guest of the image in `dir` on `disk` (an overlay), NIC on `mac`
+    /// and `tap0`: a parent's boot, or with `restore` set, a clone's.
     fn spec(&self, dir: PathBuf, disk: &'static str, mac: &str) -> Spec<'_> {
         Spec {
             image: &self.image,
@@ -754,10 +750,24 @@ fn dhcp_file(mac: &str) -> String {
     format!("[Match]\nMACAddress={mac}\n\n[Network]\nDHCP=ipv4\n\n[DHCPv4]\nClientIdentifier=mac\n")
 }
 
-/// The suite's locks, held by each [`Lab`]: `<cache>/.suite.lock`
-/// exclusively (another run of the suite waits) and `<cache>/.build.lock`
-/// shared (`images.sh` takes it exclusively while it builds).
-fn suite_locks(scenario: &str) -> Result<[std::fs::File; 2]> {
+/// The suite's locks, taken by the first [`Lab`] and held until the test
+/// process exits: `<cache>/.suite.lock` exclusively (another run of the
+/// suite waits: scenarios share namespaces, run directories and parent
+/// snapshots) and `<cache>/.build.lock` shared (`images.sh` takes it
+/// exclusively while it builds, so no image or snapshot changes under a
+/// run).
+fn suite_locks(scenario: &str) -> Result<()> {
+    static HELD: std::sync::Mutex<Option<[std::fs::File; 2]>> = std::sync::Mutex::new(None);
+    let mut held = HELD
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if held.is_none() {
+        *held = Some(take_suite_locks(scenario)?);
+    }
+    Ok(())
+}
+
+fn take_suite_locks(scenario: &str) -> Result<[std::fs::File; 2]> {
     let cache = images::cache_dir();
     let open = |name: &str| -> Result<std::fs::File> {
         let path = cache.join(name);
