@@ -197,6 +197,13 @@ fn run_upstream(lab: &mut Lab, script: Option<&str>, first_nic: (&str, &NicNet))
     })
 }
 
+/// Upstream's fixup of the clone's one NIC (MAC B, `nic`) with its
+/// script for `flavour`, then its IP wait.
+fn fix_upstream(lab: &mut Lab, nic: &NicNet, flavour: Flavour) -> Result<Flow> {
+    let script = upstream::script(&lab.vm_name, lab.backend, &[(MAC_B, nic.clone())], flavour);
+    run_upstream(lab, Some(&script), (MAC_B, nic))
+}
+
 /// The flow's timings: the fixup (from the start to the end of the last
 /// `vm exec`), the plan's own time in the guest (the shim's `vm exec`
 /// calls), and the IP wait after the fixup. Without a fixup (rule 7) it
@@ -479,15 +486,7 @@ fn oci_networkd_static_side(who: Who) -> Result<Side> {
             );
             flow
         }
-        Who::Upstream => {
-            let script = upstream::script(
-                &lab.vm_name,
-                lab.backend,
-                &[(MAC_B, nic.clone())],
-                Flavour::Networkd,
-            );
-            run_upstream(&mut lab, Some(&script), (MAC_B, &nic))?
-        }
+        Who::Upstream => fix_upstream(&mut lab, &nic, Flavour::Networkd)?,
     };
     let checks = lab.timed("checks", |lab| -> Result<()> {
         assert_reachable(lab, &guest, MAC_B, IP_Y, &[&parent.ip])?;
@@ -670,15 +669,7 @@ fn fc_mac_side(who: Who, scenario: &str, dhcp: bool) -> Result<Side> {
             ensure!(dhcp || summary.ip.as_deref() == Some(IP_Y), "{summary:?}");
             flow
         }
-        Who::Upstream => {
-            let script = upstream::script(
-                &lab.vm_name,
-                lab.backend,
-                &[(MAC_B, nic.clone())],
-                Flavour::Networkd,
-            );
-            run_upstream(&mut lab, Some(&script), (MAC_B, &nic))?
-        }
+        Who::Upstream => fix_upstream(&mut lab, &nic, Flavour::Networkd)?,
     };
     let checks = lab.timed("checks", |lab| -> Result<()> {
         let ip = match &leases {
@@ -769,15 +760,7 @@ fn cloudimg_side(who: Who, scenario: &str, image: &str, has_configs: bool) -> Re
             );
             flow
         }
-        Who::Upstream => {
-            let script = upstream::script(
-                &lab.vm_name,
-                lab.backend,
-                &[(MAC_B, nic.clone())],
-                Flavour::Cloudimg,
-            );
-            run_upstream(&mut lab, Some(&script), (MAC_B, &nic))?
-        }
+        Who::Upstream => fix_upstream(&mut lab, &nic, Flavour::Cloudimg)?,
     };
     let checks = lab.timed("checks", |lab| -> Result<()> {
         let iid = guest.read_file("/var/lib/cloud/data/instance-id")?;
@@ -900,15 +883,7 @@ fn exhausted_side(who: Who) -> Result<Side> {
             flow.ready_after = None;
             flow
         }
-        Who::Upstream => {
-            let script = upstream::script(
-                &lab.vm_name,
-                lab.backend,
-                &[(MAC_B, nic.clone())],
-                Flavour::Networkd,
-            );
-            run_upstream(&mut lab, Some(&script), (MAC_B, &nic))?
-        }
+        Who::Upstream => fix_upstream(&mut lab, &nic, Flavour::Networkd)?,
     };
     let checks = lab.timed("checks", |lab| -> Result<()> {
         assert_reachable(lab, &guest, MAC_B, IP_Y, &[&parent.ip])?;
@@ -1058,15 +1033,7 @@ fn nm_keyfile_side(who: Who) -> Result<Side> {
             );
             flow
         }
-        Who::Upstream => {
-            let script = upstream::script(
-                &lab.vm_name,
-                lab.backend,
-                &[(MAC_B, nic.clone())],
-                Flavour::Networkd,
-            );
-            run_upstream(&mut lab, Some(&script), (MAC_B, &nic))?
-        }
+        Who::Upstream => fix_upstream(&mut lab, &nic, Flavour::Networkd)?,
     };
     // Both flows are judged on the guest's network: reachable on MAC B
     // with Y, and owned by NetworkManager (a connection on the NIC, and no
