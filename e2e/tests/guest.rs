@@ -197,6 +197,23 @@ fn run_upstream(lab: &mut Lab, script: Option<&str>, first_nic: (&str, &NicNet))
     })
 }
 
+/// The host's flow ended as a repair does: the fixup `done` for
+/// `scenario` by classification rule `rule`, the pod ready, and, for a
+/// static NIC, on `ip`.
+fn repaired_by(summary: &Summary, scenario: &str, rule: u8, ip: Option<&str>) -> Result<()> {
+    ensure!(
+        summary.fixup == Some("done")
+            && summary.scenario == scenario
+            && summary.rule == rule
+            && summary.is_ready(),
+        "{summary:?}"
+    );
+    if let Some(ip) = ip {
+        ensure!(summary.ip.as_deref() == Some(ip), "{summary:?}");
+    }
+    Ok(())
+}
+
 /// Upstream's fixup of the clone's one NIC (MAC B, `nic`) with its
 /// script for `flavour`, then its IP wait.
 fn fix_upstream(lab: &mut Lab, nic: &NicNet, flavour: Flavour) -> Result<Flow> {
@@ -467,17 +484,8 @@ fn oci_networkd_static_side(who: Who) -> Result<Side> {
     let flow = match who {
         Who::Ours => {
             let (flow, summary, rig) = run_ours(&mut lab, rig)?;
-            ensure!(
-                summary.fixup == Some("done")
-                    && summary.scenario == "oci-networkd"
-                    && summary.rule == 6,
-                "{summary:?}"
-            );
+            repaired_by(&summary, "oci-networkd", 6, Some(IP_Y))?;
             ensure!(summary.attempts == 1, "{summary:?}");
-            ensure!(
-                summary.is_ready() && summary.ip.as_deref() == Some(IP_Y),
-                "{summary:?}"
-            );
             ensure!(rig.annotation(keys::POST_CLONE_STATE).as_deref() == Some("done"));
             ensure!(rig.annotation(keys::IP).as_deref() == Some(IP_Y));
             ensure!(
@@ -659,14 +667,7 @@ fn fc_mac_side(who: Who, scenario: &str, dhcp: bool) -> Result<Side> {
                 "{:?}",
                 rig.annotation(keys::IP)
             );
-            ensure!(
-                summary.fixup == Some("done")
-                    && summary.rule == 5
-                    && summary.scenario == "fc-mac"
-                    && summary.is_ready(),
-                "{summary:?}"
-            );
-            ensure!(dhcp || summary.ip.as_deref() == Some(IP_Y), "{summary:?}");
+            repaired_by(&summary, "fc-mac", 5, (!dhcp).then_some(IP_Y))?;
             flow
         }
         Who::Upstream => fix_upstream(&mut lab, &nic, Flavour::Networkd)?,
@@ -748,16 +749,7 @@ fn cloudimg_side(who: Who, scenario: &str, image: &str, has_configs: bool) -> Re
     let flow = match who {
         Who::Ours => {
             let (flow, summary, _rig) = run_ours(&mut lab, rig)?;
-            ensure!(
-                summary.fixup == Some("done")
-                    && summary.scenario == "cloudimg"
-                    && summary.rule == 6,
-                "{summary:?}"
-            );
-            ensure!(
-                summary.is_ready() && summary.ip.as_deref() == Some(IP_Y),
-                "{summary:?}"
-            );
+            repaired_by(&summary, "cloudimg", 6, Some(IP_Y))?;
             flow
         }
         Who::Upstream => fix_upstream(&mut lab, &nic, Flavour::Cloudimg)?,
@@ -1009,13 +1001,7 @@ fn nm_keyfile_side(who: Who) -> Result<Side> {
     let flow = match who {
         Who::Ours => {
             let (flow, summary, rig) = run_ours(&mut lab, rig)?;
-            ensure!(
-                summary.fixup == Some("done")
-                    && summary.scenario == "oci-networkd"
-                    && summary.rule == 6
-                    && summary.is_ready(),
-                "{summary:?}"
-            );
+            repaired_by(&summary, "oci-networkd", 6, Some(IP_Y))?;
             ensure!(
                 rig.events(reasons::SUCCEEDED).len() == 1,
                 "{:?}",
