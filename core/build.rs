@@ -1,5 +1,5 @@
 //! Builds the four built-in plugins for wasm32-wasip2 so the library can
-//! embed them (see `src/plugin/builtin.rs`).
+//! embed them, with their sha256 (see `src/plugin/builtin.rs`).
 
 use fixup_plugin_build::{PluginCrate, build_plugins, workspace_root};
 
@@ -23,5 +23,14 @@ fn main() {
     if let Err(e) = build_plugins(&root, &plugins, &out_dir) {
         eprintln!("error: {e}");
         std::process::exit(1);
+    }
+    // Each plugin's sha256 beside it, so a start does not hash the bytes
+    // the binary carries.
+    for name in BUILTINS {
+        let wasm = out_dir.join(format!("{name}.wasm"));
+        let bytes = std::fs::read(&wasm).expect("the plugin just built");
+        let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+        std::fs::write(out_dir.join(format!("{name}.sha256")), digest)
+            .expect("OUT_DIR is writable");
     }
 }

@@ -210,7 +210,10 @@ fn planner(settings: &Settings) -> Result<Planner> {
 /// The planner for `run` and `serve`: a plugin file that does not load is
 /// reported (log, metric) and the others serve; only pods whose scenario
 /// and flavour then have no plugin fail, with a message naming the files.
-fn node_planner(settings: &Settings, metrics: &Metrics) -> Result<Planner> {
+/// A daemon (`serve`) links every plugin at start (`warm`), so a plugin
+/// whose code the cache cannot give back is reported now and its first
+/// clone pays nothing extra; `run` loads only what its pod needs.
+fn node_planner(settings: &Settings, metrics: &Metrics, warm: bool) -> Result<Planner> {
     let (planner, failures) =
         Planner::new(settings.planner.clone()).context("starting the plugin host")?;
     for f in &failures {
@@ -221,7 +224,12 @@ fn node_planner(settings: &Settings, metrics: &Metrics) -> Result<Planner> {
             f.path.display()
         );
     }
-    metrics.plugin_load_failures(failures.len());
+    let mut failed = failures.len();
+    if warm && let Err(e) = planner.plugins().warm() {
+        tracing::error!("plugin not linked: {e}; it fails the pods that need it");
+        failed += 1;
+    }
+    metrics.plugin_load_failures(failed);
     if settings.host.binding.accept_legacy_names {
         tracing::warn!(
             "--accept-legacy-vm-names is on: a VM named vk-<namespace>-<pod> binds to that pod, and the form is ambiguous across namespaces with dashes in their names (vk-a-b-c is a/b-c and a-b/c); turn it off once the legacy VMs are gone"
@@ -236,7 +244,7 @@ async fn build_host(
     node: Option<String>,
 ) -> Result<(Host<CocoonCli, KubeApi>, kube::Client)> {
     let metrics = Arc::new(Metrics::new());
-    let planner = Arc::new(node_planner(settings, &metrics)?);
+    let planner = Arc::new(node_planner(settings, &metrics, node.is_some())?);
     let client = kube::Client::try_default()
         .await
         .context("connecting to Kubernetes (in-cluster config or KUBECONFIG)")?;

@@ -152,6 +152,137 @@ fn the_host_loads_builtins_through_the_cache() {
     assert_eq!(again.registry().plugins().len(), 4);
 }
 
+/// The info, policy and imports each registered plugin shows.
+fn described(host: &PluginHost) -> Vec<String> {
+    host.registry()
+        .plugins()
+        .iter()
+        .map(|p| {
+            format!(
+                "{:?} {:?} {:?} {} {:?}",
+                p.info,
+                p.policy,
+                p.imports,
+                p.contract(),
+                p.policy_source
+            )
+        })
+        .collect()
+}
+
+/// A start from the cache registers every plugin from its describe record,
+/// as the first start described it, and loads the code of a plugin only
+/// when it is called; `warm` links the rest.
+#[test]
+fn a_cached_start_links_only_the_plugins_it_calls() {
+    let place = place();
+    let mut first = PluginHost::new(place.options()).expect("engine");
+    first.load_builtins().expect("built-ins compile");
+    let cache = place.open(&first).expect("cache");
+    for plugin in first.registry().plugins() {
+        assert!(plugin.is_linked(), "described by a call: {}", plugin.info.name);
+        assert!(cache.record_path(&plugin.sha256).is_file(), "{}", plugin.info.name);
+    }
+
+    let mut second = PluginHost::new(place.options()).expect("engine");
+    second.load_builtins().expect("built-ins from the cache");
+    assert_eq!(described(&second), described(&first));
+    let linked = |host: &PluginHost| -> Vec<String> {
+        host.registry()
+            .plugins()
+            .iter()
+            .filter(|p| p.is_linked())
+            .map(|p| p.info.name.clone())
+            .collect()
+    };
+    assert!(linked(&second).is_empty(), "nothing linked before a call");
+    let selection = second
+        .registry()
+        .select(Scenario::OciNetworkd, None)
+        .expect("oci-networkd is served");
+    let nic = [("52:54:00:aa:bb:01", Some("10.0.0.5/24"))];
+    let facts = facts("web-0", None, &nic);
+    let (from_record, _) = second
+        .plan(&selection.plugin, Scenario::OciNetworkd, &facts)
+        .expect("plans");
+    assert_eq!(linked(&second), ["oci-networkd"]);
+    let eager = first
+        .registry()
+        .select(Scenario::OciNetworkd, None)
+        .expect("served");
+    let (described_now, _) = first
+        .plan(&eager.plugin, Scenario::OciNetworkd, &facts)
+        .expect("plans");
+    assert_eq!(from_record, described_now, "the same plan either way");
+    second.warm().expect("every plugin links");
+    assert_eq!(linked(&second).len(), 4);
+}
+
+/// A describe record changed on disk, copied from another plugin or made
+/// under another key fails authentication: the plugin is described again
+/// (by a call) and the record rewritten; what it says never reaches the
+/// registry.
+#[test]
+fn a_forged_describe_record_is_not_believed() {
+    let place = place();
+    let mut first = PluginHost::new(place.options()).expect("engine");
+    first.load_builtins().expect("built-ins");
+    first
+        .load_file(Path::new(env!("PLUGIN_HOSTILE")))
+        .expect("hostile");
+    let cache = place.open(&first).expect("cache");
+    let (_, networkd) = BUILTINS
+        .iter()
+        .find(|(name, _)| *name == "oci-networkd")
+        .expect("a networkd built-in");
+    let networkd_record = cache.record_path(&sha(networkd));
+    let (_, cloudimg) = BUILTINS
+        .iter()
+        .find(|(name, _)| *name == "cloudimg")
+        .expect("a cloudimg built-in");
+    let cloudimg_record = cache.record_path(&sha(cloudimg));
+    let genuine = std::fs::read(&networkd_record).expect("record");
+
+    // Another plugin's record, and one edited in place to claim a flavour.
+    std::fs::copy(cache.record_path(&sha(&hostile())), &networkd_record).expect("swap");
+    let edited = String::from_utf8_lossy(&std::fs::read(&cloudimg_record).expect("record"))
+        .replace("\"flavors\":[]", "\"flavors\":[\"alpine\"]")
+        .into_bytes();
+    assert_ne!(edited, std::fs::read(&cloudimg_record).expect("record"));
+    std::fs::write(&cloudimg_record, &edited).expect("edit");
+
+    let mut second = PluginHost::new(place.options()).expect("engine");
+    second.load_builtins().expect("built-ins");
+    let mut expected = described(&first);
+    expected.truncate(4);
+    assert_eq!(described(&second), expected, "as the plugins describe themselves");
+    for name in ["oci-networkd", "cloudimg"] {
+        let plugin = second
+            .registry()
+            .plugins()
+            .iter()
+            .find(|p| p.info.name == name)
+            .expect("registered")
+            .clone();
+        assert!(plugin.is_linked(), "{name} was described by a call");
+    }
+    assert_eq!(
+        std::fs::read(&networkd_record).expect("rewritten"),
+        genuine,
+        "the record is written again"
+    );
+
+    // Under another key every record fails: every plugin is described.
+    let other = EngineOptions {
+        cache_key: Some(place.root.path().join("other-keys").join("cache.key")),
+        ..place.options()
+    };
+    let mut third = PluginHost::new(other).expect("engine");
+    third.load_builtins().expect("built-ins");
+    assert!(third.registry().plugins().iter().all(|p| p.is_linked()));
+    assert_eq!(described(&third), expected);
+}
+
 /// Another plugin's entry copied over a built-in's (what once made the
 /// hostile plugin run as `built-in:oci-networkd`): its MAC names the other
 /// plugin, so the entry is compiled again from the built-in's own bytes,

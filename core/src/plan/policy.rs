@@ -277,7 +277,7 @@ pub struct GuestPolicy {
 
 /// A policy as declared, before it is checked: from a plugin or the
 /// configuration file.
-#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawPolicy {
     #[serde(default)]

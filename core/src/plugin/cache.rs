@@ -18,7 +18,11 @@
 //!   artifact can swap its checksum too.
 //!
 //! An entry is named `<plugin sha256>-<engine key>.cwasm` and holds
-//! [`MAGIC`], the 32-byte MAC, then the artifact. Writes go to a new
+//! [`MAGIC`], the 32-byte MAC, then the artifact. Beside it,
+//! `<plugin sha256>-<engine key>.describe` holds [`RECORD_MAGIC`], its MAC
+//! and what the plugin's `describe` returned (JSON), so a start from the
+//! cache registers every plugin without deserializing or instantiating it,
+//! and loads the artifact of only the plugins it calls. Writes go to a new
 //! temporary file that is renamed into place.
 //!
 //! The cache is an optimisation: a directory or key that is refused, or a
@@ -45,6 +49,12 @@ pub const DEFAULT_KEY_FILE: &str = "/var/lib/cocoon-fixup/cache.key";
 
 /// The first bytes of every entry: the format's name and version.
 pub const MAGIC: &[u8; 8] = b"cfxc\0v1\0";
+
+/// The first bytes of a describe record (`<plugin sha256>-<engine
+/// key>.describe`): what the plugin's `describe` (and `policy`) returned
+/// when it was first loaded, so a later start can register the plugin and
+/// select it without instantiating it. Authenticated like an artifact.
+pub const RECORD_MAGIC: &[u8; 8] = b"cfxd\0v1\0";
 
 /// Length of the key, and of the MAC.
 const KEY_BYTES: usize = 32;
@@ -300,12 +310,26 @@ impl ArtifactCache {
         self.dir.path().join(self.entry_name(plugin_sha256))
     }
 
+    /// The file name of a plugin's describe record.
+    fn record_name(&self, plugin_sha256: &str) -> String {
+        format!("{plugin_sha256}-{}.describe", self.engine_key)
+    }
+
+    /// The describe record path for a plugin digest.
+    pub fn record_path(&self, plugin_sha256: &str) -> PathBuf {
+        self.dir.path().join(self.record_name(plugin_sha256))
+    }
+
     /// The MAC over what an entry stands for and holds.
     fn mac(&self, plugin_sha256: &str, artifact: &[u8]) -> Hmac<Sha256> {
+        self.mac_of(MAGIC, plugin_sha256, artifact)
+    }
+
+    fn mac_of(&self, magic: &[u8; 8], plugin_sha256: &str, body: &[u8]) -> Hmac<Sha256> {
         let mut mac =
             Hmac::<Sha256>::new_from_slice(&self.key.bytes).expect("HMAC takes keys of any length");
         for part in [
-            MAGIC.as_slice(),
+            magic.as_slice(),
             plugin_sha256.as_bytes(),
             b"\0",
             self.engine_key.as_bytes(),
@@ -313,8 +337,54 @@ impl ArtifactCache {
         ] {
             mac.update(part);
         }
-        mac.update(artifact);
+        mac.update(body);
         mac
+    }
+
+    /// The describe record of a plugin, when an authenticated one exists.
+    /// A record that fails authentication or cannot be read is logged and
+    /// ignored: the caller describes the plugin again and stores a new one.
+    pub fn record(&self, plugin_sha256: &str) -> Option<Vec<u8>> {
+        let name = self.record_name(plugin_sha256);
+        let entry = match self.dir.read_file(&name) {
+            Ok(entry) => entry?,
+            Err(e) => {
+                tracing::warn!("plugin describe record not used: {e}; describing it again");
+                return None;
+            }
+        };
+        let verified = entry
+            .strip_prefix(RECORD_MAGIC.as_slice())
+            .and_then(|rest| rest.split_at_checked(KEY_BYTES))
+            .filter(|(tag, body)| {
+                self.mac_of(RECORD_MAGIC, plugin_sha256, body)
+                    .verify_slice(tag)
+                    .is_ok()
+            })
+            .map(|(_, body)| body.to_vec());
+        if verified.is_none() {
+            tracing::warn!(path = %self.dir.path().join(&name).display(), "plugin describe record failed authentication; describing it again");
+        }
+        verified
+    }
+
+    /// Store a plugin's describe record. Best effort, like every write to
+    /// the cache: a failure is a warning.
+    pub fn store_record(&self, plugin_sha256: &str, body: &[u8]) {
+        let tag = self
+            .mac_of(RECORD_MAGIC, plugin_sha256, body)
+            .finalize()
+            .into_bytes();
+        let mut entry = Vec::with_capacity(RECORD_MAGIC.len() + tag.len() + body.len());
+        entry.extend_from_slice(RECORD_MAGIC);
+        entry.extend_from_slice(&tag);
+        entry.extend_from_slice(body);
+        if let Err(e) = self
+            .dir
+            .write_file(&self.record_name(plugin_sha256), &entry, 0o600)
+        {
+            tracing::warn!(dir = %self.dir.path().display(), "cannot write a plugin describe record ({e}); the plugin is described at every start");
+        }
     }
 
     /// The compiled component for `wasm`, from the cache when an

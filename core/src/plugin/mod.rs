@@ -8,6 +8,11 @@
 //! host's `log` and nothing else (see [`sandbox`]), and kept as an
 //! `InstancePre`. Every call gets a fresh Store with its own limits.
 //! [`registry`] decides which plugin serves a scenario and flavour.
+//!
+//! With the cache, a plugin seen before is registered from its describe
+//! record ([`cache`]) and its `InstancePre` is made at its first call, so
+//! a one-shot `plan` loads the code of only the plugins it calls;
+//! [`PluginHost::warm`] links every plugin up front, as the daemon does.
 
 pub mod builtin;
 pub mod cache;
@@ -18,7 +23,7 @@ pub mod trusted;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
@@ -139,7 +144,37 @@ pub struct LoadedPlugin {
     /// The operator's narrowing from the configuration file, checked as
     /// well as [`LoadedPlugin::policy`].
     pub narrowing: Option<GuestPolicy>,
-    pre: Pre,
+    contract: Contract,
+    /// Linked at load, or at the first call when the plugin was registered
+    /// from its describe record ([`Lazy`]).
+    pre: OnceLock<Pre>,
+    lazy: Option<Lazy>,
+}
+
+/// What a plugin registered from its describe record needs to be linked
+/// at its first call.
+struct Lazy {
+    engine: Engine,
+    cache: Arc<ArtifactCache>,
+    wasm: Wasm,
+    /// Held while linking, so two first calls link once.
+    linking: Mutex<()>,
+}
+
+/// A plugin's component bytes: the binary's own, or a copy of a file's.
+#[derive(Clone)]
+enum Wasm {
+    Static(&'static [u8]),
+    Shared(Arc<[u8]>),
+}
+
+impl Wasm {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Wasm::Static(b) => b,
+            Wasm::Shared(b) => b,
+        }
+    }
 }
 
 impl fmt::Debug for LoadedPlugin {
@@ -322,7 +357,7 @@ pub struct PluginHost {
     in_flight: std::sync::atomic::AtomicUsize,
     allowed_sha256: Option<std::collections::BTreeSet<String>>,
     narrowing: std::collections::BTreeMap<String, GuestPolicy>,
-    cache: Option<ArtifactCache>,
+    cache: Option<Arc<ArtifactCache>>,
     registry: Registry,
 }
 
@@ -370,6 +405,7 @@ impl PluginHost {
             ArtifactCache::open(dir, options.cache_key.as_deref(), &engine)
                 .inspect_err(|e| tracing::warn!("{e}; plugins are compiled at every start instead"))
                 .ok()
+                .map(Arc::new)
         });
         let ticker = EpochTicker::start(&engine)?;
         Ok(PluginHost {
@@ -429,14 +465,26 @@ impl PluginHost {
     /// The precompiled cache in use: `None` without `cache_dir`, or when it
     /// was refused (a warning said why).
     pub fn cache(&self) -> Option<&ArtifactCache> {
-        self.cache.as_ref()
+        self.cache.as_deref()
+    }
+
+    /// Link every registered plugin that was registered from its describe
+    /// record and not called yet: a daemon does this at start, so its first
+    /// plans pay nothing extra and a plugin whose code cannot be loaded is
+    /// found before any VM needs it. Returns the first failure.
+    pub fn warm(&self) -> Result<(), PluginError> {
+        for plugin in self.registry.plugins() {
+            plugin.pre()?;
+        }
+        Ok(())
     }
 
     /// Load the four built-in plugins. They are compiled into the binary,
     /// so a failure here is a build defect.
     pub fn load_builtins(&mut self) -> Result<(), LoadError> {
-        for (name, bytes) in builtin::BUILTINS {
-            let plugin = self.prepare(Origin::BuiltIn((*name).to_owned()), bytes)?;
+        for ((name, bytes), sha256) in builtin::BUILTINS.iter().zip(builtin::BUILTIN_SHA256) {
+            let origin = Origin::BuiltIn((*name).to_owned());
+            let plugin = self.prepare_wasm(origin, Wasm::Static(bytes), Some(sha256))?;
             self.registry.add(plugin)?;
         }
         Ok(())
@@ -514,8 +562,22 @@ impl PluginHost {
         self.prepare(Origin::File(path.to_owned()), &bytes)
     }
 
-    /// Compile (or load from cache), check the contract, link and describe.
+    /// Compile (or load from cache), check the contract, link and describe;
+    /// or, when the cache holds the plugin's describe record, register it
+    /// from that and leave loading its code to its first call.
     pub fn prepare(&self, origin: Origin, bytes: &[u8]) -> Result<LoadedPlugin, PluginError> {
+        self.prepare_wasm(origin, Wasm::Shared(Arc::from(bytes)), None)
+    }
+
+    /// [`prepare`](Self::prepare); `sha256` is the bytes' digest when it is
+    /// known already (the built-ins').
+    fn prepare_wasm(
+        &self,
+        origin: Origin,
+        wasm: Wasm,
+        sha256: Option<&str>,
+    ) -> Result<LoadedPlugin, PluginError> {
+        let bytes = wasm.bytes();
         if !is_component(bytes) {
             let detail = if bytes.starts_with(CORE_MODULE_HEADER) {
                 " (it is a core module)"
@@ -524,11 +586,40 @@ impl PluginHost {
             };
             return Err(PluginError::NotAComponent { origin, detail });
         }
-        let sha256 = hex::encode(Sha256::digest(bytes));
+        let sha256 = match sha256 {
+            Some(known) => known.to_owned(),
+            None => hex::encode(Sha256::digest(bytes)),
+        };
         if let (Origin::File(_), Some(allowed)) = (&origin, &self.allowed_sha256)
             && !allowed.contains(&sha256)
         {
             return Err(PluginError::NotAllowed { origin, sha256 });
+        }
+        if let Some(cache) = &self.cache
+            && let Some(record) = cache.record(&sha256)
+        {
+            match Self::from_record(&record) {
+                Ok((contract, imports, described)) => {
+                    let lazy = Lazy {
+                        engine: self.engine.clone(),
+                        cache: cache.clone(),
+                        wasm,
+                        linking: Mutex::new(()),
+                    };
+                    return self.loaded(
+                        origin,
+                        sha256,
+                        contract,
+                        imports,
+                        described,
+                        None,
+                        Some(lazy),
+                    );
+                }
+                // Authentic but not what this host accepts (written by
+                // another version of it): describe again, as on a miss.
+                Err(e) => tracing::debug!(plugin = %origin, "describe record not used: {e}"),
+            }
         }
         let component = match &self.cache {
             Some(cache) => cache.load_or_compile(&self.engine, bytes, &sha256),
@@ -558,6 +649,57 @@ impl PluginHost {
                 pre.describe(store)
             })?
         };
+        let record = record_of(version, &imports, &described);
+        let loaded = self.loaded(origin, sha256, version, imports, described, Some(pre), None)?;
+        if let Some(cache) = &self.cache {
+            cache.store_record(&loaded.sha256, &record);
+        }
+        Ok(loaded)
+    }
+
+    /// Parse a describe record: the contract version, the imports and what
+    /// `describe` returned, validated again by [`loaded`](Self::loaded).
+    fn from_record(record: &[u8]) -> Result<(Contract, Vec<String>, contract::Described), String> {
+        let record: DescribeRecord = serde_json::from_slice(record).map_err(|e| e.to_string())?;
+        let version = Contract::parse(&record.contract)
+            .ok_or_else(|| format!("contract {} is not served", record.contract))?;
+        let mut scenarios = Vec::new();
+        for s in &record.scenarios {
+            let scenario = Scenario::ALL
+                .into_iter()
+                .find(|known| known.as_str() == s)
+                .ok_or_else(|| format!("unknown scenario {s:?}"))?;
+            scenarios.push(contract::scenario_to_wit(scenario));
+        }
+        Ok((
+            version,
+            record.imports,
+            contract::Described {
+                info: contract::WitPluginInfo {
+                    name: record.name,
+                    version: record.version,
+                    contract: record.info_contract,
+                    summary: record.summary,
+                    scenarios,
+                    flavors: record.flavors,
+                },
+                policy: record.policy,
+            },
+        ))
+    }
+
+    /// Validate what a plugin described and make it a [`LoadedPlugin`].
+    #[allow(clippy::too_many_arguments)]
+    fn loaded(
+        &self,
+        origin: Origin,
+        sha256: String,
+        version: Contract,
+        imports: Vec<String>,
+        described: contract::Described,
+        pre: Option<Pre>,
+        lazy: Option<Lazy>,
+    ) -> Result<LoadedPlugin, PluginError> {
         let info = describe(described.info, &origin, version)?;
         let (policy, policy_source) = match described.policy {
             Some(raw) => (
@@ -581,7 +723,9 @@ impl PluginHost {
             policy,
             policy_source,
             narrowing,
-            pre,
+            contract: version,
+            pre: pre.map(OnceLock::from).unwrap_or_default(),
+            lazy,
         })
     }
 
@@ -598,8 +742,9 @@ impl PluginHost {
         let wit_scenario = contract::scenario_to_wit(scenario);
         let (result, stats) = {
             let _in_flight = InFlight::enter(&self.in_flight);
+            let pre = plugin.pre()?;
             call(&self.engine, &self.limits, name, |store| {
-                plugin.pre.plan(store, wit_scenario, &wit_facts)
+                pre.plan(store, wit_scenario, &wit_facts)
             })?
         };
         let plan = match result {
@@ -633,12 +778,62 @@ impl PluginHost {
 impl LoadedPlugin {
     /// The contract version the plugin was built against.
     pub fn contract(&self) -> &'static str {
-        self.pre.contract().version()
+        self.contract.version()
     }
 
     /// The imports its contract grants (for `plugin inspect`).
     pub fn granted_imports(&self) -> Vec<String> {
-        self.pre.contract().granted_imports()
+        self.contract.granted_imports()
+    }
+
+    /// Whether its code is loaded and linked (at load, or by a first call).
+    pub fn is_linked(&self) -> bool {
+        self.pre.get().is_some()
+    }
+
+    /// The linked plugin: linked now, from the cache, if it was registered
+    /// from its describe record and this is its first call.
+    fn pre(&self) -> Result<&Pre, PluginError> {
+        if let Some(pre) = self.pre.get() {
+            return Ok(pre);
+        }
+        let Some(lazy) = &self.lazy else {
+            return Err(PluginError::Link {
+                origin: self.origin.clone(),
+                reason: "neither linked nor loadable".to_owned(),
+            });
+        };
+        let _linking = lazy.linking.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(pre) = self.pre.get() {
+            return Ok(pre);
+        }
+        let component = lazy
+            .cache
+            .load_or_compile(&lazy.engine, lazy.wasm.bytes(), &self.sha256)
+            .map_err(|e| PluginError::Compile {
+                origin: self.origin.clone(),
+                reason: format!("{e:#}"),
+            })?;
+        // The record is the host's own (authenticated), so this holds
+        // unless the cache was written by a host that read contracts
+        // differently; then the plugin is not called.
+        let version = check_contract(&lazy.engine, &component, &self.origin)?;
+        if version != self.contract {
+            return Err(PluginError::Link {
+                origin: self.origin.clone(),
+                reason: format!(
+                    "its describe record says contract {} but it exports {version}: remove {}",
+                    self.contract,
+                    lazy.cache.record_path(&self.sha256).display()
+                ),
+            });
+        }
+        let pre =
+            contract::link(&lazy.engine, &component, version).map_err(|e| PluginError::Link {
+                origin: self.origin.clone(),
+                reason: format!("{e:#}"),
+            })?;
+        Ok(self.pre.get_or_init(|| pre))
     }
 
     /// Check a plan against the plugin's policy and the operator's
@@ -811,6 +1006,43 @@ fn describe(
         scenarios,
         flavors,
     })
+}
+
+/// What a describe record holds (JSON, authenticated by the cache).
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DescribeRecord {
+    /// The contract version of the generator export.
+    contract: String,
+    imports: Vec<String>,
+    name: String,
+    version: String,
+    /// The contract the plugin's `describe` named.
+    info_contract: String,
+    summary: String,
+    scenarios: Vec<String>,
+    flavors: Vec<String>,
+    policy: Option<crate::plan::policy::RawPolicy>,
+}
+
+fn record_of(version: Contract, imports: &[String], described: &contract::Described) -> Vec<u8> {
+    let info = &described.info;
+    let record = DescribeRecord {
+        contract: version.version().to_owned(),
+        imports: imports.to_vec(),
+        name: info.name.clone(),
+        version: info.version.clone(),
+        info_contract: info.contract.clone(),
+        summary: info.summary.clone(),
+        scenarios: info
+            .scenarios
+            .iter()
+            .map(|s| contract::scenario_from_wit(*s).as_str().to_owned())
+            .collect(),
+        flavors: info.flavors.clone(),
+        policy: described.policy.clone(),
+    };
+    serde_json::to_vec(&record).expect("a describe record serializes")
 }
 
 /// Most bytes of a plugin's own reason or field name that messages keep.

@@ -338,6 +338,13 @@ pub fn planner_new(options: &str) -> Result<(Built, String), Failure> {
     let planner_options = options.planner_options()?;
     let (planner, failures) = Planner::new(planner_options)
         .map_err(|e| Failure::new(CfStatus::CfLoad, format!("starting the plugin host: {e}")))?;
+    // An embedding daemon plans many VMs: link every plugin now (see
+    // `PluginHost::warm`), so a plugin whose code cannot be loaded is an
+    // error here and not at some VM's first plan.
+    planner
+        .plugins()
+        .warm()
+        .map_err(|e| Failure::new(CfStatus::CfLoad, format!("starting the plugin host: {e}")))?;
     if options.strict && !failures.is_empty() {
         let lines: Vec<String> = failures
             .iter()
