@@ -85,8 +85,13 @@ impl Default for ReadyConfig {
 /// How a fixup loop ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FixupOutcome {
-    /// An attempt succeeded; `post-clone-state` is `done`.
-    Done { attempts: u32 },
+    /// An attempt succeeded; `post-clone-state` is `done`. `fresh` is the
+    /// pod as that write left it, when the API server answered with it
+    /// (for [`wait_ready`], when it does not wait).
+    Done {
+        attempts: u32,
+        fresh: Option<PodInput>,
+    },
     /// The budget ran out; the pod is marked failed with hint and errors.
     Exhausted { attempts: u32, errors: Vec<String> },
     /// The host is shutting down; `post-clone-state` stays `running`.
@@ -106,8 +111,8 @@ pub struct FixupJob<'a> {
     /// The argv after `cocoon vm exec <id> --` without a nonce: each
     /// attempt adds a fresh one ([`exec_argv`]).
     pub exec: &'a [String],
-    /// The base64 hint for the failed case.
-    pub hint: &'a str,
+    /// The hint script; written base64 as the hint for the failed case.
+    pub script: &'a str,
 }
 
 /// Run one exec of the plan; `Ok` on success, else the attempt's error as
@@ -183,6 +188,39 @@ async fn still_there<P: PodApi>(pods: &P, pod: &PodRef, vm: &VmId) -> bool {
     }
 }
 
+/// A write that landed, and the pod as it left it when the API server said
+/// (see [`PodApi::patch_and_read`]).
+type Landed = Option<PodInput>;
+
+/// Write a patch; `Ok(None)` when the pod is gone (deleted or replaced),
+/// after which nothing more is written for it; else the pod as the write
+/// left it, if the API server answered with it.
+async fn write_and_read<P: PodApi>(
+    pods: &P,
+    pod: &PodRef,
+    patch: &AnnotationPatch,
+) -> Result<Option<Landed>, PodError> {
+    match pods.patch_and_read(pod, patch).await {
+        Ok(current) => Ok(Some(current)),
+        Err(PodError::Gone { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether the pod is still ours: from `fresh` (what a write just
+/// answered, nothing having waited since) when there is one, else read.
+async fn still_ours_now<P: PodApi>(
+    pods: &P,
+    pod: &PodRef,
+    vm: &VmId,
+    fresh: Option<PodInput>,
+) -> bool {
+    match fresh {
+        Some(current) => still_ours(&current, pod, vm),
+        None => still_there(pods, pod, vm).await,
+    }
+}
+
 /// Write a patch; `Ok(false)` when the pod is gone (deleted or replaced),
 /// after which nothing more is written for it.
 pub async fn write<P: PodApi>(
@@ -214,9 +252,12 @@ pub async fn run_fixup<C: Cocoon, P: PodApi>(
     if !still_there(pods, pod, job.vm).await {
         return Ok(FixupOutcome::Gone { attempts: 0 });
     }
-    if !write(pods, pod, &state_patch(PostCloneState::Running)).await? {
+    // The answer to the `running` write is a fresh read: the first attempt
+    // needs no other.
+    let Some(mut fresh) = write_and_read(pods, pod, &state_patch(PostCloneState::Running)).await?
+    else {
         return Ok(FixupOutcome::Gone { attempts: 0 });
-    }
+    };
     let start = Instant::now();
     let deadline = start + retry.budget;
     let mut errors = Vec::new();
@@ -225,7 +266,7 @@ pub async fn run_fixup<C: Cocoon, P: PodApi>(
         if shutdown.is_cancelled() {
             return Ok(FixupOutcome::Shutdown { attempts });
         }
-        if !still_there(pods, pod, job.vm).await {
+        if !still_ours_now(pods, pod, job.vm, fresh.take()).await {
             return Ok(FixupOutcome::Gone { attempts });
         }
         attempts += 1;
@@ -239,9 +280,11 @@ pub async fn run_fixup<C: Cocoon, P: PodApi>(
         };
         match result {
             Ok(()) => {
-                if !write(pods, pod, &state_patch(PostCloneState::Done)).await? {
+                let Some(fresh) =
+                    write_and_read(pods, pod, &state_patch(PostCloneState::Done)).await?
+                else {
                     return Ok(FixupOutcome::Gone { attempts });
-                }
+                };
                 emit(
                     pods,
                     pod,
@@ -251,7 +294,7 @@ pub async fn run_fixup<C: Cocoon, P: PodApi>(
                     ),
                 )
                 .await;
-                return Ok(FixupOutcome::Done { attempts });
+                return Ok(FixupOutcome::Done { attempts, fresh });
             }
             Err(error) => {
                 let line = messages::attempt_line(attempts, &error);
@@ -290,7 +333,8 @@ async fn exhausted<P: PodApi>(
     };
     // Annotations may have grown since the plan was made: without room
     // for the hint, the record goes without it and says so.
-    let record = exhausted_record(&current, job.hint, job.scenario.as_str(), errors, &summary);
+    let hint = crate::plan::hint_base64(job.script);
+    let record = exhausted_record(&current, &hint, job.scenario.as_str(), errors, &summary);
     if let Some(e) = &record.hint_left_out {
         tracing::warn!(pod = %pod, error = %e, "the failure record is written without the hint");
     }
@@ -353,9 +397,13 @@ pub async fn wait_ready<C: Cocoon, P: PodApi>(
     recovery: Option<&DhcpRecovery>,
     config: &ReadyConfig,
     shutdown: &CancellationToken,
+    fresh: Option<PodInput>,
 ) -> Result<ReadyOutcome, PodError> {
     let start = Instant::now();
     let deadline = start + config.budget;
+    // A static first NIC is ready at once: the pod as the `done` write left
+    // it is then as fresh as a read would be.
+    let mut fresh = fresh.filter(|_| matches!(facts.first, Some(WaitNic::Static(_))));
     let ip = match facts.first {
         Some(WaitNic::Static(address)) => Some(address),
         Some(WaitNic::Lease(mac)) => {
@@ -371,7 +419,11 @@ pub async fn wait_ready<C: Cocoon, P: PodApi>(
             }
         }
     };
-    let Some(current) = reread(pods, pod, &facts.id).await? else {
+    let current = match fresh.take() {
+        Some(current) => still_ours(&current, pod, &facts.id).then_some(current.annotations),
+        None => reread(pods, pod, &facts.id).await?,
+    };
+    let Some(current) = current else {
         return Ok(ReadyOutcome::Gone);
     };
     let outcome = match ip {

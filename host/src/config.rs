@@ -316,6 +316,9 @@ impl ConfigArgs {
                 binding: BindingPolicy {
                     accept_legacy_names: a.accept_legacy_vm_names,
                 },
+                // The daemon's dispatcher already works on at most
+                // `concurrency` pods; an embedder's calls get the default.
+                fixups_in_flight: host_default.fixups_in_flight.max(concurrency),
             },
             concurrency,
             metrics_addr: a.metrics_addr.unwrap_or_else(|| {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use fixup_core::annotations::{messages, plan_failed_record};
 use serde::Serialize;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio_util::sync::CancellationToken;
 
 use crate::apply::{
@@ -28,7 +28,7 @@ use crate::facts::{
 };
 use crate::lifecycle::{self, Action, HandsOff, PostCloneState};
 use crate::metrics::Metrics;
-use crate::planner::{Planner, PlannerError};
+use crate::planner::{ComposedPlan, Planner, PlannerError};
 use crate::plugin::registry::NoPlugin;
 use crate::pods::{Event, PodApi, PodError, PodRef, reasons};
 use crate::probe::ProbeError;
@@ -44,7 +44,19 @@ pub struct HostConfig {
     pub inspect_timeout: Duration,
     /// Which VM names bind a VM to its pod (spec section 2).
     pub binding: BindingPolicy,
+    /// Pods worked on at once between their first read and the end of
+    /// their fixup loop (IP waits do not count): more calls wait their turn
+    /// before reading the pod, holding almost nothing. Default
+    /// [`DEFAULT_FIXUPS_IN_FLIGHT`].
+    pub fixups_in_flight: usize,
 }
+
+/// Pods past their first read and not yet through their fixup loop, at
+/// once, by default. A storm of clones is read, planned and written a few
+/// hundred at a time, so the host does not hold every plan at once while
+/// they all wait for the API server; the rest wait at the door. Measured in
+/// BENCHMARKS.md (clone storm).
+pub const DEFAULT_FIXUPS_IN_FLIGHT: usize = 256;
 
 impl Default for HostConfig {
     fn default() -> Self {
@@ -53,6 +65,7 @@ impl Default for HostConfig {
             ready: ReadyConfig::default(),
             inspect_timeout: Duration::from_secs(10),
             binding: BindingPolicy::default(),
+            fixups_in_flight: DEFAULT_FIXUPS_IN_FLIGHT,
         }
     }
 }
@@ -234,6 +247,8 @@ pub struct Host<C, P> {
     planner: Arc<Planner>,
     /// Permits for planning on the blocking pool, one per engine slot.
     planning: Arc<Semaphore>,
+    /// Permits for pods being worked on ([`HostConfig::fixups_in_flight`]).
+    admission: Arc<Semaphore>,
     cocoon: C,
     pods: P,
     leases: Arc<LeaseWatcher>,
@@ -253,6 +268,9 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         let slots = usize::try_from(planner.plugins().slots()).unwrap_or(usize::MAX);
         Host {
             planning: Arc::new(Semaphore::new(slots.clamp(1, Semaphore::MAX_PERMITS))),
+            admission: Arc::new(Semaphore::new(
+                config.fixups_in_flight.clamp(1, Semaphore::MAX_PERMITS),
+            )),
             planner,
             cocoon,
             pods,
@@ -283,8 +301,19 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         trigger: Trigger,
         shutdown: &CancellationToken,
     ) -> Result<Summary, HostError> {
+        let turn = self.admit(shutdown).await;
         let pod = self.read(namespace, name).await?;
-        self.handle_pod(&pod, trigger, shutdown).await
+        // On the heap: a call waiting at the door holds only the read.
+        Box::pin(self.handle_admitted(&pod, trigger, shutdown, turn)).await
+    }
+
+    /// Wait for a turn among [`HostConfig::fixups_in_flight`]; none when
+    /// the host is shutting down (the work then stops at its first check).
+    async fn admit(&self, shutdown: &CancellationToken) -> Option<SemaphorePermit<'_>> {
+        tokio::select! {
+            turn = self.admission.acquire() => turn.ok(),
+            () = shutdown.cancelled() => None,
+        }
     }
 
     /// As [`handle`](Self::handle), for one incarnation of the pod: when
@@ -300,13 +329,14 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         trigger: Trigger,
         shutdown: &CancellationToken,
     ) -> Result<Summary, HostError> {
+        let turn = self.admit(shutdown).await;
         let pod = self.read(namespace, name).await?;
         if pod.uid.as_deref() != Some(uid) {
             let mut summary = Summary::new(pod.display_name(), uid.to_owned());
             summary.action = "gone";
             return Ok(summary);
         }
-        self.handle_pod(&pod, trigger, shutdown).await
+        Box::pin(self.handle_admitted(&pod, trigger, shutdown, turn)).await
     }
 
     /// The pod as it is now.
@@ -332,11 +362,25 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
     /// 3. classification and the rest of the table ([`lifecycle::decide`]).
     /// 4. the fixup loop, then the IP wait; each final write reads the pod
     ///    again and is skipped when the table says the host is done.
+    ///
+    /// At most [`HostConfig::fixups_in_flight`] calls are between steps 1
+    /// and 4's fixup loop at once; the others wait before step 1.
     pub async fn handle_pod(
         &self,
         pod: &PodInput,
         trigger: Trigger,
         shutdown: &CancellationToken,
+    ) -> Result<Summary, HostError> {
+        let turn = self.admit(shutdown).await;
+        Box::pin(self.handle_admitted(pod, trigger, shutdown, turn)).await
+    }
+
+    async fn handle_admitted(
+        &self,
+        pod: &PodInput,
+        trigger: Trigger,
+        shutdown: &CancellationToken,
+        turn: Option<SemaphorePermit<'_>>,
     ) -> Result<Summary, HostError> {
         let label = pod.display_name();
         let uid = pod
@@ -391,6 +435,9 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             )
             .await;
         }
+        // The pod as the `done` write left it, for an IP wait that does not
+        // wait (see `apply::wait_ready`).
+        let mut fresh = None;
         let wait_facts = match action {
             Action::Nothing(_) | Action::Parked => return Ok(summary.stop(action)),
             Action::RunLoop => {
@@ -399,7 +446,10 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
                     .fixup(&pod_ref, &vm, &obs, trigger, &mut summary, shutdown)
                     .await?
                 {
-                    Some(facts) => WaitFacts::from_facts(&facts),
+                    Some((facts, landed)) => {
+                        fresh = landed;
+                        WaitFacts::from_facts(&facts)
+                    }
                     None => return Ok(summary),
                 }
             }
@@ -414,6 +464,8 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
                 }
             }
         };
+        // An IP wait may take minutes: it does not hold a turn.
+        drop(turn);
         // The DHCP safety net: a Linux clone that needed no fixup.
         let recovery = if action == Action::IpWaitOnly
             && decision.rule == Rule::AllDhcp
@@ -432,6 +484,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             recovery.as_ref(),
             &self.config.ready,
             shutdown,
+            fresh,
         )
         .await?;
         let (readiness, ip) = match ready {
@@ -457,7 +510,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         trigger: Trigger,
         summary: &mut Summary,
         shutdown: &CancellationToken,
-    ) -> Result<Option<VmFacts>, HostError> {
+    ) -> Result<Option<(VmFacts, Option<PodInput>)>, HostError> {
         let outcome = match self
             .plan_off_workers({
                 let obs = obs.clone();
@@ -499,18 +552,33 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         {
             tracing::warn!(pod = %pod, error = %e, "the hint may not be stored");
         }
+        // Keep what the loop uses, for as long as it runs: the hint is made
+        // again from the script if the budget runs out, and the plugins'
+        // call records are done with.
+        let ComposedPlan {
+            facts,
+            plan,
+            exec,
+            script,
+            ..
+        } = composed;
         let job = FixupJob {
             pod,
-            vm: &composed.facts.id,
+            vm: &facts.id,
             scenario,
-            plan: &composed.plan,
-            exec: &composed.exec,
-            hint: &composed.hint,
+            plan: &plan,
+            exec: &exec,
+            script: &script,
         };
         let result =
             apply::run_fixup(&self.cocoon, &self.pods, job, &self.config.retry, shutdown).await?;
         let (label, attempts) = match result {
-            FixupOutcome::Done { attempts } => ("done", attempts),
+            FixupOutcome::Done { attempts, fresh } => {
+                summary.fixup = Some("done");
+                summary.attempts = attempts;
+                self.metrics.fixup(scenario, "done", attempts);
+                return Ok(Some((facts, fresh)));
+            }
             FixupOutcome::Exhausted { attempts, errors } => {
                 summary.errors = errors;
                 ("exhausted", attempts)
@@ -520,10 +588,10 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         };
         summary.fixup = Some(label);
         summary.attempts = attempts;
-        if matches!(label, "done" | "exhausted") {
+        if label == "exhausted" {
             self.metrics.fixup(scenario, label, attempts);
         }
-        Ok((label == "done").then_some(composed.facts))
+        Ok(None)
     }
 
     /// The DHCP recovery plan for an all-DHCP Linux clone, when one can be

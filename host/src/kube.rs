@@ -25,6 +25,7 @@ use ::kube::Client;
 use ::kube::api::{Api, ListParams, Patch, PatchParams};
 use ::kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Map, Value};
 
 use crate::facts::PodInput;
@@ -36,6 +37,13 @@ pub const REPORTER: &str = "cocoon-fixup";
 
 /// Names the API server in errors about a pod object that does not parse.
 const SOURCE: &str = "kubernetes API";
+
+/// Requests one [`KubeApi`] has in flight at once, by default. A storm of
+/// clones must not open a connection per pod: the API server's priority and
+/// fairness would answer the excess with 429s, and each connection costs
+/// the host memory. The rest wait their turn. Set with
+/// [`KubeApi::with_max_requests`].
+pub const MAX_REQUESTS_IN_FLIGHT: usize = 32;
 
 /// Pods per page when listing a node's pods. A node runs 110 pods by
 /// default, so one page is the common case; `continue` covers the rest.
@@ -113,6 +121,8 @@ pub struct KubeApi {
     client: Client,
     reporter: Reporter,
     retry: RetryPolicy,
+    /// One permit per request in flight ([`MAX_REQUESTS_IN_FLIGHT`]).
+    requests: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 impl fmt::Debug for KubeApi {
@@ -137,7 +147,18 @@ impl KubeApi {
                 instance,
             },
             retry: RetryPolicy::default(),
+            requests: std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS_IN_FLIGHT)),
         }
+    }
+
+    /// Allow at most `max` requests in flight at once (at least 1; default
+    /// [`MAX_REQUESTS_IN_FLIGHT`]). The wait for a turn is not part of a
+    /// request's timeout.
+    pub fn with_max_requests(mut self, max: usize) -> Self {
+        self.requests = std::sync::Arc::new(tokio::sync::Semaphore::new(
+            max.clamp(1, tokio::sync::Semaphore::MAX_PERMITS),
+        ));
+        self
     }
 
     /// A client from the environment: the kubeconfig (`KUBECONFIG` or
@@ -191,11 +212,15 @@ impl KubeApi {
                 .retrying(&label, "listing pods", || {
                     let api = &api;
                     let params = &params;
-                    async move { self.call(api.list(params)).await.map_err(TryError::from) }
+                    async move {
+                        self.call(|| api.list_metadata(params))
+                            .await
+                            .map_err(TryError::from)
+                    }
                 })
                 .await?;
             for pod in &page.items {
-                match to_input(pod) {
+                match pod_input(&pod.metadata) {
                     Ok(input) => pods.push(input),
                     Err(err) => {
                         tracing::warn!(node, error = %err, "skipping a pod that cannot be read")
@@ -209,12 +234,16 @@ impl KubeApi {
         }
     }
 
-    /// One request, bounded by the request timeout.
-    async fn call<T>(
-        &self,
-        request: impl Future<Output = Result<T, ::kube::Error>>,
-    ) -> Result<T, Failure> {
-        match tokio::time::timeout(self.retry.request_timeout, request).await {
+    /// One request, bounded by the request timeout, once it has its turn
+    /// ([`MAX_REQUESTS_IN_FLIGHT`]). The request is made only then, on the
+    /// heap: a flow waiting for its turn holds none of it.
+    async fn call<T, Fut>(&self, request: impl FnOnce() -> Fut) -> Result<T, Failure>
+    where
+        Fut: Future<Output = Result<T, ::kube::Error>>,
+    {
+        // The semaphore is never closed.
+        let _turn = self.requests.acquire().await;
+        match tokio::time::timeout(self.retry.request_timeout, Box::pin(request())).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(err)) => Err(Failure::from_kube(&err)),
             Err(_) => Err(Failure {
@@ -280,17 +309,26 @@ impl KubeApi {
         }
     }
 
-    /// One try of the uid-guarded merge patch.
-    async fn patch_once(&self, api: &Api<Pod>, pod: &PodRef, body: &Value) -> Result<(), TryError> {
+    /// One try of the uid-guarded merge patch; the pod's metadata as the
+    /// API server answered.
+    async fn patch_once(
+        &self,
+        api: &Api<Pod>,
+        pod: &PodRef,
+        body: &Value,
+    ) -> Result<ObjectMeta, TryError> {
         let params = PatchParams {
             field_manager: Some(self.reporter.controller.clone()),
             ..PatchParams::default()
         };
         let failure = match self
-            .call(api.patch(&pod.name, &params, &Patch::Merge(body)))
+            .call(|| async move {
+                api.patch_metadata(&pod.name, &params, &Patch::Merge(body))
+                    .await
+            })
             .await
         {
-            Ok(_) => return Ok(()),
+            Ok(answer) => return Ok(answer.metadata),
             Err(failure) => failure,
         };
         match failure.kind {
@@ -298,7 +336,7 @@ impl KubeApi {
             FailureKind::Conflict => {
                 // Either the uid precondition failed (the pod was replaced)
                 // or the write raced another one. Only the live uid tells.
-                match self.call(api.get(&pod.name)).await {
+                match self.call(|| api.get_metadata(&pod.name)).await {
                     Ok(live) if live.metadata.uid.as_deref() == Some(pod.uid.as_str()) => {
                         Err(TryError::Transient {
                             detail: format!(
@@ -340,7 +378,7 @@ impl PodApi for KubeApi {
             .retrying(&label, "reading the pod", || {
                 let api = &api;
                 async move {
-                    match self.call(api.get(name)).await {
+                    match self.call(|| api.get_metadata(name)).await {
                         Ok(pod) => Ok(Some(pod)),
                         Err(failure) if failure.kind == FailureKind::NotFound => Ok(None),
                         Err(failure) => Err(TryError::from(failure)),
@@ -348,7 +386,7 @@ impl PodApi for KubeApi {
                 }
             })
             .await?;
-        pod.as_ref().map(to_input).transpose()
+        pod.as_ref().map(|pod| pod_input(&pod.metadata)).transpose()
     }
 
     async fn patch_annotations(
@@ -356,6 +394,14 @@ impl PodApi for KubeApi {
         pod: &PodRef,
         patch: &AnnotationPatch,
     ) -> Result<(), PodError> {
+        self.patch_and_read(pod, patch).await.map(|_| ())
+    }
+
+    async fn patch_and_read(
+        &self,
+        pod: &PodRef,
+        patch: &AnnotationPatch,
+    ) -> Result<Option<PodInput>, PodError> {
         if pod.uid.is_empty() {
             return Err(PodError::Api {
                 pod: pod.to_string(),
@@ -364,10 +410,16 @@ impl PodApi for KubeApi {
         }
         let body = merge_patch(pod, patch);
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
-        self.retrying(&pod.to_string(), "patching annotations", || {
-            self.patch_once(&api, pod, &body)
-        })
-        .await
+        let meta = self
+            .retrying(&pod.to_string(), "patching annotations", || {
+                self.patch_once(&api, pod, &body)
+            })
+            .await?;
+        // An answer without a usable pod (a proxy that strips the body)
+        // is no read: the caller reads the pod itself.
+        Ok(pod_input(&meta)
+            .ok()
+            .filter(|answer| answer.uid.as_deref() == Some(pod.uid.as_str())))
     }
 
     async fn event(&self, pod: &PodRef, event: &Event) -> Result<(), PodError> {
@@ -396,7 +448,7 @@ impl PodApi for KubeApi {
             action: action_for(event.reason).to_owned(),
             secondary: None,
         };
-        self.call(recorder.publish(&kube_event, &reference))
+        self.call(|| recorder.publish(&kube_event, &reference))
             .await
             .map_err(|failure| PodError::Api {
                 pod: pod.to_string(),
@@ -447,22 +499,26 @@ fn action_for(reason: &'static str) -> &'static str {
     }
 }
 
-fn to_input(pod: &Pod) -> Result<PodInput, PodError> {
-    let label = || {
-        let meta = &pod.metadata;
-        format!(
-            "{}/{}",
-            meta.namespace.as_deref().unwrap_or(""),
-            meta.name.as_deref().unwrap_or("")
-        )
+/// What the host reads of a pod: its metadata only (requests ask the API
+/// server for `PartialObjectMetadata`, so the spec and status are neither
+/// sent nor parsed). The same rules as [`PodInput::from_value`]: a name is
+/// required, an empty uid is none, a deletion timestamp means deleting.
+pub fn pod_input(meta: &ObjectMeta) -> Result<PodInput, PodError> {
+    let name = match meta.name.as_deref() {
+        Some(name) if !name.is_empty() => name.to_owned(),
+        _ => {
+            return Err(PodError::Api {
+                pod: meta.namespace.clone().unwrap_or_default(),
+                reason: format!("{SOURCE}: metadata.name: expected a non-empty string"),
+            });
+        }
     };
-    let value = serde_json::to_value(pod).map_err(|err| PodError::Api {
-        pod: label(),
-        reason: format!("the pod object does not serialise: {err}; report a bug"),
-    })?;
-    PodInput::from_value(&value, SOURCE).map_err(|err| PodError::Api {
-        pod: label(),
-        reason: err.to_string(),
+    Ok(PodInput {
+        name,
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        uid: meta.uid.clone().filter(|uid| !uid.is_empty()),
+        annotations: meta.annotations.clone().unwrap_or_default(),
+        deleting: meta.deletion_timestamp.is_some(),
     })
 }
 

@@ -70,6 +70,19 @@ pub trait PodApi: Send + Sync + 'static {
         patch: &AnnotationPatch,
     ) -> impl Future<Output = Result<(), PodError>> + Send;
 
+    /// [`patch_annotations`](Self::patch_annotations), and the pod as the
+    /// write left it when the API server answered with it: a read as fresh
+    /// as a GET, without one. `Ok(None)` when the answer carried no pod
+    /// (the default, for implementations that do not read it); the caller
+    /// then reads the pod itself when it needs to.
+    fn patch_and_read(
+        &self,
+        pod: &PodRef,
+        patch: &AnnotationPatch,
+    ) -> impl Future<Output = Result<Option<PodInput>, PodError>> + Send {
+        async move { self.patch_annotations(pod, patch).await.map(|()| None) }
+    }
+
     /// Record an event about the pod. Best effort: callers log failures.
     fn event(
         &self,

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
 use tokio::sync::Semaphore;
@@ -342,9 +343,8 @@ impl<C: Cocoon, P: PodApi> Task<C, P> {
     }
 }
 
-fn to_input(pod: &Pod) -> Option<PodInput> {
-    let value = serde_json::to_value(pod).ok()?;
-    match PodInput::from_value(&value, "kubernetes watch") {
+fn to_input(pod: &PartialObjectMeta<Pod>) -> Option<PodInput> {
+    match crate::kube::pod_input(&pod.metadata) {
         Ok(p) => Some(p),
         Err(e) => {
             tracing::warn!("skipping a pod the watch returned: {e}");
@@ -361,8 +361,10 @@ pub async fn run<C: Cocoon, P: PodApi>(
     concurrency: usize,
     shutdown: CancellationToken,
 ) {
-    let api: kube::Api<Pod> = kube::Api::all(client);
+    let api: kube::Api<PartialObjectMeta<Pod>> = kube::Api::all(client);
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    // Metadata only: annotations, uid and deletion are all the host reads,
+    // so the API server sends neither spec nor status.
     let mut stream = watcher(api, config).default_backoff().boxed();
     let mut dispatcher = Dispatcher::new(host, concurrency, shutdown.clone());
     // The first listing after start is startup reconciliation; relists

@@ -8,7 +8,11 @@
 //! and every event POST with its reason, type and note. A request the
 //! scenario does not list fails the test, and so does a listed request that
 //! never came. GETs are answered with the pod as the earlier PATCHes (and
-//! any other writer the scenario names) left it.
+//! any other writer the scenario names) left it, and so are PATCHes. The
+//! host takes the answer to its `running` write as the read before attempt
+//! 1, and the answer to its `done` write as the read before the ready write
+//! of a static first NIC; it GETs the pod instead when an answer carries
+//! no usable pod (`patch_answering`).
 //!
 //! The cocoon side is the in-process `ScriptedCocoon`, so the retry budget
 //! runs under paused tokio time; only the IP-wait timeout runs in real
@@ -119,8 +123,22 @@ impl Conversation {
     }
 
     /// The host merge-patches exactly these annotations (`null` removes a
-    /// key) under the uid precondition of the pod it was given.
-    fn patch(mut self, annotations: Value) -> Self {
+    /// key) under the uid precondition of the pod it was given. The answer
+    /// is the pod as the write left it, which the host may take as a read.
+    fn patch(self, annotations: Value) -> Self {
+        self.patch_then(annotations, None)
+    }
+
+    /// As [`patch`](Self::patch), and the write lands the same, but the
+    /// `200` answer is `answer` (say `{}`, or the metadata of another
+    /// incarnation): no usable pod, so the host must not take it as a read.
+    fn patch_answering(self, annotations: Value, answer: Value) -> Self {
+        self.patch_then(annotations, Some(answer))
+    }
+
+    /// A PATCH of `annotations` answered `200` with `answer`, or with the
+    /// pod as the write left it when `None`.
+    fn patch_then(mut self, annotations: Value, answer: Option<Value>) -> Self {
         let Value::Object(expected) = annotations else {
             panic!("annotations must be a JSON object");
         };
@@ -131,7 +149,7 @@ impl Conversation {
                 other => panic!("annotation {k} must be a string or null, not {other}"),
             };
         }
-        let answer = self.pod_json();
+        let answer = answer.unwrap_or_else(|| self.pod_json());
         self.step(
             Exchange::patch(POD_PATH)
                 .body(move |_, body| assert_eq!(body, &patch_body(expected)))
@@ -346,13 +364,13 @@ async fn success_marks_running_then_done_then_ready() {
         .get()
         // Still this pod's, with work, before `running` is written.
         .get()
+        // Its answer is the read before attempt 1: still this
+        // incarnation, no GET.
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
-        // Still this incarnation before attempt 1.
-        .get()
+        // Its answer is the lifecycle as it is before the ready write: the
+        // static first NIC is ready at once, so no GET.
         .patch(json!({ keys::POST_CLONE_STATE: "done" }))
         .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
-        // The lifecycle as it is before the ready write.
-        .get()
         .patch(ready_patch());
     let (summary, calls) = rig.play(conversation, Trigger::Event).await;
     assert_eq!(summary.action, "fixup");
@@ -391,12 +409,15 @@ async fn exhaustion_chains_every_attempt_then_fails_the_pod() {
         .get()
         // Still this pod's, with work, before `running` is written.
         .get()
+        // Its answer is the read before attempt 1.
         .patch(json!({ keys::POST_CLONE_STATE: "running" }));
     for n in 1..=3 {
-        // Still this incarnation before each attempt; each failure is told.
-        conversation = conversation
-            .get()
-            .event("Warning", reasons::EXEC_ATTEMPT_FAILED, &line(n));
+        // Still this incarnation before each later attempt (a GET after
+        // the retry interval); each failure is told.
+        if n > 1 {
+            conversation = conversation.get();
+        }
+        conversation = conversation.event("Warning", reasons::EXEC_ATTEMPT_FAILED, &line(n));
     }
     let message = summary_line.clone();
     let conversation = conversation
@@ -493,8 +514,9 @@ async fn no_lease_in_time_runs_dhcp_recovery_then_fails_the_pod() {
 }
 
 /// Another writer failed the pod while the host worked: the stack owns it
-/// now (spec section 8), so the read before the ready write ends the work
-/// and nothing is written, not even the IP.
+/// now (spec section 8), so the read before the ready write (for a static
+/// first NIC: the answer to the `done` write) ends the work and nothing is
+/// written, not even the IP.
 #[tokio::test(start_paused = true)]
 async fn a_pod_failed_elsewhere_gets_no_ready_write() {
     let rig = rig(vec![Reply::Done], &STATIC, HostConfig::default());
@@ -502,16 +524,21 @@ async fn a_pod_failed_elsewhere_gets_no_ready_write() {
         .get()
         // Still this pod's, with work, before `running` is written.
         .get()
+        // Its answer is the read before attempt 1.
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
-        .get()
-        .patch(json!({ keys::POST_CLONE_STATE: "done" }))
-        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
+        // The other writer fails the pod during attempt 1, before the
+        // `done` write: no GET follows that write any more (the static
+        // first NIC is ready at once), so its answer is the read that
+        // shows the failed lifecycle.
         .meanwhile(&[
             (keys::LIFECYCLE_STATE, "failed"),
             (keys::LIFECYCLE_MESSAGE, "marked failed elsewhere"),
             (keys::LIFECYCLE_OBSERVED_GENERATION, "3"),
         ])
-        .get();
+        .patch(json!({ keys::POST_CLONE_STATE: "done" }))
+        // The success event is the last request: no ready write follows
+        // (the mock fails on any request the conversation does not list).
+        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1");
     let (summary, calls) = rig.play(conversation, Trigger::Event).await;
     assert_eq!(summary.fixup, Some("done"));
     assert_eq!(summary.readiness, Some("gone"));
@@ -529,11 +556,11 @@ async fn startup_resumes_a_running_fixup() {
         .event("Normal", reasons::RESUMED_AFTER_RESTART, "op=post_clone")
         // Still this pod's, with work, before `running` is written.
         .get()
+        // Its answer is the read before attempt 1.
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
-        .get()
+        // Its answer is the read before the ready write (static first NIC).
         .patch(json!({ keys::POST_CLONE_STATE: "done" }))
         .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
-        .get()
         .patch(ready_patch());
     let (summary, calls) = rig.play(conversation, Trigger::Startup).await;
     assert_eq!(summary.action, "fixup");
@@ -605,11 +632,13 @@ async fn a_pod_deleted_between_attempts_stops_the_loop() {
         .get()
         // Still this pod's, with work, before `running` is written.
         .get()
+        // Its answer is the read before attempt 1.
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
-        .get()
         .event_with("Warning", reasons::EXEC_ATTEMPT_FAILED, |note| {
             assert!(note.starts_with("attempt 1: step 4/5"), "{note}");
         })
+        // The read before attempt 2 (after the retry interval) finds the
+        // pod deleted.
         .get_not_found();
     let (summary, calls) = rig.play(conversation, Trigger::Event).await;
     assert_eq!(summary.fixup, Some("gone"));
@@ -624,8 +653,9 @@ async fn a_lost_event_does_not_stop_the_fixup() {
         .get()
         // Still this pod's, with work, before `running` is written.
         .get()
+        // Its answer is the read before attempt 1.
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
-        .get()
+        // Its answer is the read before the ready write (static first NIC).
         .patch(json!({ keys::POST_CLONE_STATE: "done" }))
         .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
         // Events are best effort: not retried, and the work goes on.
@@ -633,7 +663,6 @@ async fn a_lost_event_does_not_stop_the_fixup() {
             500,
             status(500, "InternalError", "etcdserver: request timed out"),
         )
-        .get()
         .patch(ready_patch());
     let (summary, _) = rig.play(conversation, Trigger::Event).await;
     assert_eq!(summary.readiness, Some("ready"));
@@ -643,7 +672,9 @@ async fn a_lost_event_does_not_stop_the_fixup() {
 /// retries), the host cannot tell whether the pod is still its own: it
 /// writes nothing (no IP next to a lifecycle left `creating`) and
 /// returns an error the daemon retries; the retry finds `done` and only
-/// waits for the IP again.
+/// waits for the IP again. The answer to the `done` write carries no pod
+/// here (a body stripped on the way), so the host falls back to a GET even
+/// for the static first NIC, and that GET is the read that fails.
 #[tokio::test(start_paused = true)]
 async fn a_failed_read_before_the_ready_write_writes_nothing_and_is_retried() {
     let rig = rig(vec![Reply::Done], &STATIC, HostConfig::default());
@@ -652,11 +683,13 @@ async fn a_failed_read_before_the_ready_write_writes_nothing_and_is_retried() {
         .get()
         // Still this pod's, with work, before `running` is written.
         .get()
+        // Its answer is the read before attempt 1.
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
-        .get()
-        .patch(json!({ keys::POST_CLONE_STATE: "done" }))
+        // Lands, but its answer is no read.
+        .patch_answering(json!({ keys::POST_CLONE_STATE: "done" }), json!({}))
         .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
-        // Both tries of the fast retry policy fail; nothing follows.
+        // So the host reads the pod: both tries of the fast retry policy
+        // fail; nothing follows.
         .get()
         .refused(500, unavailable())
         .get()
@@ -665,5 +698,44 @@ async fn a_failed_read_before_the_ready_write_writes_nothing_and_is_retried() {
     let error = result.expect_err("no summary without the final read");
     assert!(error.is_retryable(), "{error}");
     assert_eq!(error.kind(), "api");
+    assert_eq!(calls.len(), 1);
+}
+
+/// The answer to the `running` write carries no usable pod (here the
+/// metadata of another incarnation, which the host must not trust; `{}`
+/// is covered by the `done` write above): the host falls back to the GET
+/// before attempt 1, as before it read the answers, and the flow goes on
+/// to `done` and the ready write.
+#[tokio::test(start_paused = true)]
+async fn a_running_answer_without_the_pod_falls_back_to_a_read_before_attempt_1() {
+    let rig = rig(vec![Reply::Done], &STATIC, HostConfig::default());
+    let stranger = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": NAME,
+            "namespace": NAMESPACE,
+            "uid": "uid-2",
+            "annotations": { keys::POST_CLONE_STATE: "running" },
+        },
+    });
+    let conversation = Conversation::new("the running answer is no read", &pod(&[]))
+        .get()
+        // Still this pod's, with work, before `running` is written.
+        .get()
+        // Lands, but its answer is not this pod's.
+        .patch_answering(json!({ keys::POST_CLONE_STATE: "running" }), stranger)
+        // So the host reads the pod: still this incarnation before attempt 1.
+        .get()
+        // Its answer is the read before the ready write (static first NIC).
+        .patch(json!({ keys::POST_CLONE_STATE: "done" }))
+        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
+        .patch(ready_patch());
+    let (summary, calls) = rig.play(conversation, Trigger::Event).await;
+    assert_eq!(summary.action, "fixup");
+    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(summary.attempts, 1);
+    assert_eq!(summary.readiness, Some("ready"));
+    assert_eq!(summary.ip.as_deref(), Some("10.0.0.5"));
     assert_eq!(calls.len(), 1);
 }

@@ -223,7 +223,7 @@ async fn guest_stderr_cannot_put_control_characters_into_events() {
         scenario: Scenario::OciNetworkd,
         plan: &plan,
         exec: &exec,
-        hint: "",
+        script: "",
     };
     let retry = retry();
     apply::run_fixup(
@@ -253,7 +253,7 @@ async fn a_broken_cocoon_is_an_attempt_error_and_the_loop_goes_on(#[case] fault:
     pods.insert(pod(&[("vm.cocoonstack.io/id", VM)]));
     let plan = two_step_plan();
     let exec = plan::render_exec(&plan);
-    let hint = plan::hint_base64("#!/bin/sh\n");
+    let script = "#!/bin/sh\n";
     let vm = VmId::parse(VM).unwrap();
     let pod_ref = pod_ref();
     let job = FixupJob {
@@ -262,7 +262,7 @@ async fn a_broken_cocoon_is_an_attempt_error_and_the_loop_goes_on(#[case] fault:
         scenario: Scenario::OciNetworkd,
         plan: &plan,
         exec: &exec,
-        hint: &hint,
+        script,
     };
     let cocoon = CocoonCli::new(&rig.program);
     let shutdown = CancellationToken::new();
@@ -282,7 +282,7 @@ async fn a_broken_cocoon_is_an_attempt_error_and_the_loop_goes_on(#[case] fault:
     );
     let outcome = outcome.expect("the pod API works");
     let events = attempt_events(&pods);
-    let FixupOutcome::Done { attempts } = outcome else {
+    let FixupOutcome::Done { attempts, .. } = outcome else {
         panic!("expected a later attempt to succeed, got {outcome:?}; events {events:#?}");
     };
     assert_eq!(
@@ -344,7 +344,7 @@ async fn a_cocoon_that_never_answers_exhausts_the_budget_with_every_attempt_chai
         scenario: Scenario::OciNetworkd,
         plan: &plan,
         exec: &exec,
-        hint: &hint,
+        script: &script,
     };
     let config = RetryConfig {
         interval: Duration::from_millis(50),
@@ -426,7 +426,9 @@ impl Server {
     }
 
     /// A PATCH that must carry exactly `annotations` under our uid,
-    /// answered `status` (the pod changes only on 200).
+    /// answered `code` with `answer` (the pod changes only on 200, and a
+    /// 200 is answered with the pod as the write left it, which the host
+    /// may take as a read).
     fn patch(mut self, annotations: &Value, code: u16, answer: Value) -> Self {
         let expected = json!({"metadata": {"uid": UID, "annotations": annotations}});
         if code == 200 {
@@ -632,12 +634,15 @@ async fn the_exhaustion_write_survives_api_trouble_with_chain_and_hint_intact(
     } else {
         201
     };
-    // The second read: still this pod's, with work, before `running`.
+    // The second read: still this pod's, with work, before `running`. The
+    // answer to `running` is the read before attempt 1; attempts 2 and 3
+    // read the pod first.
     let mut server = Server::new().get().get().patch(&running, 200, Value::Null);
     for n in 1..=3 {
-        server = server
-            .get()
-            .event(reasons::EXEC_ATTEMPT_FAILED, line(n), event_code);
+        if n > 1 {
+            server = server.get();
+        }
+        server = server.event(reasons::EXEC_ATTEMPT_FAILED, line(n), event_code);
     }
     server = server.get();
     server = match trouble {
@@ -684,17 +689,18 @@ async fn a_conflict_on_the_running_write_is_retried_and_the_fixup_runs() {
         // Still this pod's, with work, before `running` is written.
         .get()
         .patch(&running, 409, conflict())
+        // The live uid is ours: a race, so the write is retried.
         .get()
         .patch(&running, 500, unavailable())
+        // The answer to the write that lands is the read before attempt 1.
         .patch(&running, 200, Value::Null)
-        .get()
+        // Its answer is the read before the ready write (static first NIC).
         .patch(&done, 200, Value::Null)
         .event(
             reasons::SUCCEEDED,
             "kind=oci-networkd attempts=1".into(),
             201,
         )
-        .get()
         .patch(&ready, 200, Value::Null);
     let (summary, cocoon) = play(server, vec![Reply::Done], HostConfig::default()).await;
     assert_eq!(summary.fixup, Some("done"));
@@ -702,9 +708,10 @@ async fn a_conflict_on_the_running_write_is_retried_and_the_fixup_runs() {
     assert_eq!(cocoon.calls().len(), 1);
 }
 
-/// The pod is deleted between the read before an attempt and the write
-/// after it: the host stops; nothing more is sent (the mock fails on any
-/// request it does not list).
+/// The pod is deleted between the read before an attempt (for attempt 1:
+/// the answer to the `running` write) and the write after it: the host
+/// stops; nothing more is sent (the mock fails on any request it does not
+/// list).
 #[tokio::test(start_paused = true)]
 async fn a_pod_deleted_between_read_and_patch_stops_everything() {
     let running = json!({ keys::POST_CLONE_STATE: "running" });
@@ -713,8 +720,8 @@ async fn a_pod_deleted_between_read_and_patch_stops_everything() {
         .get()
         // Still this pod's, with work, before `running` is written.
         .get()
+        // Its answer is the read before attempt 1.
         .patch(&running, 200, Value::Null)
-        .get()
         .patch(&done, 404, gone());
     let (summary, cocoon) = play(server, vec![Reply::Done], HostConfig::default()).await;
     assert_eq!(summary.fixup, Some("gone"));
@@ -729,12 +736,15 @@ async fn a_pod_deleted_between_read_and_patch_stops_everything() {
 async fn a_pod_recreated_before_the_exhaustion_write_gets_nothing() {
     let hint = expected_hint();
     let running = json!({ keys::POST_CLONE_STATE: "running" });
-    // The second read: still this pod's, with work, before `running`.
+    // The second read: still this pod's, with work, before `running`. The
+    // answer to `running` is the read before attempt 1; attempts 2 and 3
+    // read the pod first.
     let mut server = Server::new().get().get().patch(&running, 200, Value::Null);
     for n in 1..=3 {
-        server = server
-            .get()
-            .event(reasons::EXEC_ATTEMPT_FAILED, line(n), 201);
+        if n > 1 {
+            server = server.get();
+        }
+        server = server.event(reasons::EXEC_ATTEMPT_FAILED, line(n), 201);
     }
     let server = server
         .get()
