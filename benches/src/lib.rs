@@ -22,7 +22,10 @@
 //!   host's own bindings and sandbox.
 //! - [`cocoon`]: an in-process `Cocoon` that answers after a delay and fails
 //!   chosen first attempts.
+//! - [`standins`]: the fake API server and the runner in a process of their
+//!   own, and the host's client of that runner.
 //! - [`storm`]: the clone storm through `Host::handle`.
+//! - [`serve`]: `serve` with many pods on the node, most needing nothing.
 //! - [`ready`]: from a lease written by rename to the published IP.
 //! - [`process`]: CPU time and memory of this process, machine facts.
 //! - [`report`]: criterion's results, percentiles, the markdown summary.
@@ -34,4 +37,6 @@ pub mod native;
 pub mod process;
 pub mod ready;
 pub mod report;
+pub mod serve;
+pub mod standins;
 pub mod storm;

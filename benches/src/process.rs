@@ -23,6 +23,12 @@ pub fn status_kib(field: &str) -> Option<u64> {
     status_field(&status, field)
 }
 
+/// A `kB` field of another process's `/proc/PID/status`, in KiB.
+pub fn status_kib_of(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status_field(&status, field)
+}
+
 fn status_field(status: &str, field: &str) -> Option<u64> {
     status.lines().find_map(|line| {
         let rest = line.strip_prefix(field)?.strip_prefix(':')?;

@@ -1,12 +1,19 @@
 //! The clone storm: many fixup flows at once through the real loop.
 //!
-//! Every flow is `Host::handle` on its own pod: read the pod from
-//! `MemoryPods`, inspect the VM, classify, plan (a fresh sandbox per plugin
-//! call), write `post-clone-state=running`, exec through [`BenchCocoon`]
-//! (which answers after a delay and fails the first attempt of every fifth
-//! VM), wait the retry interval, try again, write `done`, record the event,
-//! and publish the IP (static first NICs, so readiness is immediate). The
-//! pods cycle through the four [`Case`]s.
+//! Every flow is `Host::handle` on its own pod: read the pod, inspect the
+//! VM, classify, plan (a fresh sandbox per plugin call), write
+//! `post-clone-state=running`, exec, wait the retry interval where the first
+//! attempt failed, try again, write `done`, record the event, and publish
+//! the IP (static first NICs, so readiness is immediate). The pods cycle
+//! through the four [`Case`]s.
+//!
+//! The host talks to [`crate::standins`] as a daemon talks to the real
+//! ones: the real `kube` client ([`KubeApi`]) over loopback to the fake API
+//! server, and a request per exec or inspect to the runner, which answers
+//! after a delay and fails the first attempt of every fifth VM. The
+//! stand-ins run in a child process, so the pods, their events and the
+//! runner's records are not in the measured process; their memory is
+//! reported apart.
 //!
 //! Run it in a process of its own ([`crate::report`] does) so CPU time and
 //! peak memory are the storm's and not a benchmark harness's.
@@ -17,15 +24,16 @@ use std::time::{Duration, Instant};
 
 use fixup_host::apply::{ReadyConfig, RetryConfig};
 use fixup_host::host::{Host, HostConfig, Trigger};
+use fixup_host::kube::{KubeApi, REPORTER};
 use fixup_host::metrics::Metrics;
-use fixup_host::pods::{MemoryPods, keys};
+use fixup_host::pods::keys;
 use fixup_host::ready::{DEFAULT_LEASE_POLL, LeaseWatcher};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::cases::{self, Case, NAMESPACE};
-use crate::cocoon::BenchCocoonBuilder;
 use crate::process;
+use crate::standins::{Place, RemoteCocoon, Standins, StandinsConfig};
 
 /// How the storm is set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +53,11 @@ pub struct StormConfig {
     pub cache_dir: Option<PathBuf>,
     /// Tokio worker threads (`None`: one per core, the default).
     pub workers: Option<usize>,
+    /// Where the stand-ins run: a child process to measure, a thread in
+    /// tests.
+    pub place: Place,
+    /// [`HostConfig::fixups_in_flight`] (the host's default).
+    pub fixups_in_flight: usize,
 }
 
 impl Default for StormConfig {
@@ -56,6 +69,8 @@ impl Default for StormConfig {
             retry_interval: Duration::from_millis(100),
             cache_dir: None,
             workers: None,
+            place: Place::Process,
+            fixups_in_flight: fixup_host::host::DEFAULT_FIXUPS_IN_FLIGHT,
         }
     }
 }
@@ -75,7 +90,7 @@ pub struct StormResult {
     /// Process CPU time (user + system, every thread) during the storm.
     pub cpu_ms: f64,
     pub cpu_per_fixup_us: f64,
-    /// Resident memory with the planner, runtime and pods set up, before
+    /// Resident memory with the planner, runtime and client set up, before
     /// the storm.
     pub rss_before_kib: u64,
     /// Resident memory after the storm.
@@ -86,6 +101,18 @@ pub struct StormResult {
     /// Time to build the planner (the four built-ins) in this process.
     pub planner_ms: f64,
     pub cache: bool,
+    /// The peak above the idle process, per flow: what a flow in flight
+    /// costs the host.
+    pub bytes_per_flow: f64,
+    /// Requests the fake API server answered, and of those, patches and
+    /// events.
+    pub api_requests: u64,
+    pub api_patches: u64,
+    pub api_events: u64,
+    /// The stand-ins' own resident memory after the storm (not the host's).
+    pub standins_rss_kib: u64,
+    /// The most execs the runner saw running at once.
+    pub most_execs_at_once: u64,
 }
 
 /// Run the storm on a runtime of its own. Fails if any flow does not end
@@ -104,20 +131,31 @@ async fn storm(config: &StormConfig) -> anyhow::Result<StormResult> {
     let cocoon_root = scratch.path().join("cocoon-root");
     std::fs::create_dir(&cocoon_root)?;
     let started = Instant::now();
-    let planner = Arc::new(cases::planner(&cocoon_root, config.cache_dir.clone())?);
+    let planner = cases::planner(&cocoon_root, config.cache_dir.clone())?;
+    // As the daemon does: every plugin linked before the first pod.
+    planner.plugins().warm()?;
+    let planner = Arc::new(planner);
     let planner_ms = ms(started.elapsed());
 
-    let pods = MemoryPods::new();
-    let mut runner = BenchCocoonBuilder::default();
-    let mut failed_first = 0;
-    for i in 0..config.fixups {
-        let case = Case::cycle(i);
-        pods.insert(case.pod(i));
-        let fail_first = config.fail_first_every > 0 && i % config.fail_first_every == 0;
-        failed_first += usize::from(fail_first);
-        runner.vm(case.vm_id(i), case.inspect_json(i), fail_first);
-    }
-    let cocoon = runner.build(config.exec_delay);
+    let standins = Standins::start(
+        &StandinsConfig {
+            fixups: config.fixups,
+            idle: 0,
+            exec_delay_ms: u64::try_from(config.exec_delay.as_millis()).unwrap_or(u64::MAX),
+            fail_first_every: config.fail_first_every,
+        },
+        config.place,
+    )?;
+    let failed_first = (0..config.fixups)
+        .filter(|i| config.fail_first_every > 0 && i % config.fail_first_every == 0)
+        .count();
+    let client = standins.client()?;
+    let pods = KubeApi::new(
+        client.clone(),
+        REPORTER,
+        Some(crate::standins::NODE.to_owned()),
+    );
+    let cocoon = RemoteCocoon::new(&standins.ready.socket);
     let leases = Arc::new(LeaseWatcher::new(
         scratch.path().join("leases.json"),
         DEFAULT_LEASE_POLL,
@@ -128,12 +166,13 @@ async fn storm(config: &StormConfig) -> anyhow::Result<StormResult> {
             ..RetryConfig::default()
         },
         ready: ReadyConfig::default(),
+        fixups_in_flight: config.fixups_in_flight,
         ..HostConfig::default()
     };
     let host = Arc::new(Host::new(
         planner,
-        cocoon.clone(),
-        pods.clone(),
+        cocoon,
+        pods,
         leases,
         host_config,
         Arc::new(Metrics::new()),
@@ -161,6 +200,13 @@ async fn storm(config: &StormConfig) -> anyhow::Result<StormResult> {
     let wall = started.elapsed();
     let cpu = process::cpu_time().saturating_sub(cpu_before);
     let rss_after_kib = process::rss_kib();
+    let peak_rss_kib = process::peak_rss_kib();
+    let observed = standins.observed(&client, true).await?;
+    anyhow::ensure!(
+        observed.unexpected.is_empty(),
+        "the host asked the fake API server for what it does not serve: {:?}",
+        observed.unexpected
+    );
 
     for (i, summary) in summaries.iter().enumerate() {
         let case = Case::cycle(i);
@@ -178,8 +224,9 @@ async fn storm(config: &StormConfig) -> anyhow::Result<StormResult> {
             "storm pod {i} took {} attempts, expected {expected_attempts}",
             summary.attempts
         );
-        let ip = pods
-            .annotations(NAMESPACE, &case.pod_name(i))
+        let ip = observed
+            .annotations
+            .get(&case.pod_name(i))
             .and_then(|a| a.get(keys::IP).cloned());
         anyhow::ensure!(
             ip == Some(case.address(i).to_string()),
@@ -191,15 +238,78 @@ async fn storm(config: &StormConfig) -> anyhow::Result<StormResult> {
         exec_delay_ms: ms(config.exec_delay),
         retry_interval_ms: ms(config.retry_interval),
         failed_first,
-        attempts: cocoon.attempts(),
+        attempts: observed.execs,
         wall_ms: ms(wall),
         cpu_ms: ms(cpu),
         cpu_per_fixup_us: cpu.as_secs_f64() * 1e6 / config.fixups.max(1) as f64,
         rss_before_kib,
         rss_after_kib,
-        peak_rss_kib: process::peak_rss_kib(),
+        peak_rss_kib,
         planner_ms,
         cache: config.cache_dir.is_some(),
+        bytes_per_flow: peak_rss_kib.saturating_sub(rss_before_kib) as f64 * 1024.0
+            / config.fixups.max(1) as f64,
+        api_requests: observed.requests,
+        api_patches: observed.patches,
+        api_events: observed.events,
+        standins_rss_kib: standins.rss_kib(),
+        most_execs_at_once: observed.most_execs_at_once,
+    })
+}
+
+/// The size of what a flow in flight holds, bytes: the whole `Host::handle`
+/// future (what each spawned task keeps until it ends) and the pieces it
+/// awaits. Futures are built, measured and dropped, never polled.
+pub fn future_sizes() -> anyhow::Result<std::collections::BTreeMap<&'static str, usize>> {
+    use fixup_host::pods::{AnnotationPatch, PodApi, PodRef};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let scratch = tempfile::tempdir()?;
+        let planner = Arc::new(cases::planner(scratch.path(), None)?);
+        let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse()?))?;
+        let pods = KubeApi::new(client, REPORTER, None);
+        let cocoon = RemoteCocoon::new(&scratch.path().join("sock"));
+        let leases = Arc::new(LeaseWatcher::new(
+            scratch.path().join("leases.json"),
+            DEFAULT_LEASE_POLL,
+        )?);
+        let host = Host::new(
+            planner,
+            cocoon.clone(),
+            pods.clone(),
+            leases,
+            HostConfig::default(),
+            Arc::new(Metrics::new()),
+        );
+        let shutdown = CancellationToken::new();
+        let pod = PodRef {
+            namespace: NAMESPACE.into(),
+            name: "p".into(),
+            uid: "u".into(),
+        };
+        let patch = AnnotationPatch::default();
+        let vm = fixup_host::facts::VmId::parse("vm-1")?;
+        let mut sizes = std::collections::BTreeMap::new();
+        sizes.insert(
+            "Host::handle",
+            std::mem::size_of_val(&host.handle(NAMESPACE, "p", Trigger::Event, &shutdown)),
+        );
+        sizes.insert(
+            "KubeApi::get",
+            std::mem::size_of_val(&pods.get(NAMESPACE, "p")),
+        );
+        sizes.insert(
+            "KubeApi::patch_annotations",
+            std::mem::size_of_val(&pods.patch_annotations(&pod, &patch)),
+        );
+        use fixup_host::cocoon::Cocoon;
+        sizes.insert(
+            "Cocoon::exec (stand-in)",
+            std::mem::size_of_val(&cocoon.exec(&vm, &[], Duration::from_secs(1))),
+        );
+        Ok(sizes)
     })
 }
 
@@ -219,10 +329,29 @@ mod tests {
             fixups: 20,
             exec_delay: Duration::from_millis(1),
             retry_interval: Duration::from_millis(5),
+            place: Place::Thread,
             ..StormConfig::default()
         })
         .unwrap();
         assert_eq!(result.failed_first, 4);
         assert_eq!(result.attempts, 24);
+        assert!(result.most_execs_at_once > 1, "the flows ran at once");
+    }
+
+    /// With room for three pods at once, no more than three execs ever run
+    /// at once, and every flow still ends done and ready.
+    #[test]
+    fn the_host_works_on_at_most_fixups_in_flight_pods_at_once() {
+        let result = run(&StormConfig {
+            fixups: 20,
+            exec_delay: Duration::from_millis(20),
+            retry_interval: Duration::from_millis(5),
+            place: Place::Thread,
+            fixups_in_flight: 3,
+            ..StormConfig::default()
+        })
+        .unwrap();
+        assert_eq!(result.attempts, 24);
+        assert_eq!(result.most_execs_at_once, 3, "{result:?}");
     }
 }

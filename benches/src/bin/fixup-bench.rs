@@ -29,6 +29,7 @@ use fixup_bench::report::{
     self, BenchResult, Table, criterion_dir, human_ns, interleaved, median, ratio, read_criterion,
     verdict,
 };
+use fixup_bench::serve::ServeResult;
 use fixup_bench::storm::{StormConfig, StormResult};
 use fixup_host::classify::Scenario;
 use fixup_host::facts::{ImageKind, Observation, VmFacts};
@@ -53,6 +54,20 @@ enum Cmd {
         cold_runs: usize,
         #[arg(long, default_value_t = 1000)]
         fixups: usize,
+        /// The large storm (the 10 000-flow goal).
+        #[arg(long, default_value_t = 10_000)]
+        big_fixups: usize,
+        /// Pods on the node for the `serve` run (and watch events).
+        #[arg(long, default_value_t = 10_000)]
+        serve_pods: usize,
+        /// Whole `cocoon-fixup` processes per command for the plan-process
+        /// figure, in turns.
+        #[arg(long, default_value_t = 40)]
+        process_runs: usize,
+        /// The `cocoon-fixup` binary (default: beside this one; build it
+        /// with `cargo build --release -p fixup-host --bin cocoon-fixup`).
+        #[arg(long)]
+        cocoon_fixup: Option<PathBuf>,
         #[arg(long, default_value_t = 200)]
         ready_runs: usize,
         /// Also write the table to this file.
@@ -75,6 +90,29 @@ enum Cmd {
         fail_first_every: usize,
         #[arg(long, default_value_t = 100)]
         retry_interval_ms: u64,
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
+    },
+    /// The fake API server and the runner, for a storm or a serve run in
+    /// another process (started by them; serves until stdin closes).
+    Standins {
+        #[arg(long, default_value_t = 1000)]
+        fixups: usize,
+        #[arg(long, default_value_t = 0)]
+        idle: usize,
+        #[arg(long, default_value_t = 3)]
+        exec_delay_ms: u64,
+        #[arg(long, default_value_t = 5)]
+        fail_first_every: usize,
+    },
+    /// The size of the futures a flow holds while it is in flight, bytes.
+    Sizes,
+    /// `serve` with many pods on the node (most needing nothing), as JSON.
+    Serve {
+        #[arg(long, default_value_t = 10_000)]
+        pods: usize,
+        #[arg(long, default_value_t = 10_000)]
+        events: usize,
         #[arg(long)]
         cache_dir: Option<PathBuf>,
     },
@@ -117,6 +155,12 @@ struct ColdStart {
     peak_rss_kib: u64,
 }
 
+/// With `--features dhat-heap`, every allocation is recorded; the storm
+/// writes the profile (dhat-heap.json) when it ends.
+#[cfg(feature = "dhat-heap")]
+#[global_allocator]
+static ALLOC: dhat::Alloc = dhat::Alloc;
+
 fn main() -> anyhow::Result<()> {
     let entered = Instant::now();
     match Cli::parse().command {
@@ -137,14 +181,43 @@ fn main() -> anyhow::Result<()> {
             fail_first_every,
             retry_interval_ms,
             cache_dir,
-        } => print_json(&fixup_bench::storm::run(&StormConfig {
-            fixups,
-            exec_delay: Duration::from_millis(exec_delay_ms),
-            fail_first_every,
-            retry_interval: Duration::from_millis(retry_interval_ms),
+        } => print_json(&{
+            #[cfg(feature = "dhat-heap")]
+            let _profiler = dhat::Profiler::new_heap();
+            fixup_bench::storm::run(&StormConfig {
+                fixups,
+                exec_delay: Duration::from_millis(exec_delay_ms),
+                fail_first_every,
+                retry_interval: Duration::from_millis(retry_interval_ms),
+                cache_dir,
+                workers: None,
+                place: fixup_bench::standins::Place::Process,
+            })?
+        }),
+        Cmd::Sizes => print_json(&fixup_bench::storm::future_sizes()?),
+        Cmd::Serve {
+            pods,
+            events,
             cache_dir,
-            workers: None,
-        })?),
+        } => print_json(&fixup_bench::serve::run(
+            &fixup_bench::serve::ServeConfig {
+                pods,
+                events,
+                cache_dir,
+                place: fixup_bench::standins::Place::Process,
+            },
+        )?),
+        Cmd::Standins {
+            fixups,
+            idle,
+            exec_delay_ms,
+            fail_first_every,
+        } => fixup_bench::standins::run(fixup_bench::standins::StandinsConfig {
+            fixups,
+            idle,
+            exec_delay_ms,
+            fail_first_every,
+        }),
         Cmd::Loop {
             workload,
             iterations,
@@ -158,11 +231,33 @@ fn main() -> anyhow::Result<()> {
             criterion_dir: dir,
             cold_runs,
             fixups,
+            big_fixups,
+            serve_pods,
+            process_runs,
+            cocoon_fixup,
             ready_runs,
             output,
         } => {
             let dir = dir.unwrap_or_else(|| criterion_dir(&workspace_root()));
-            let table = report(&dir, cold_runs, fixups, ready_runs)?;
+            let binary = match cocoon_fixup {
+                Some(path) => path,
+                None => std::env::current_exe()?.with_file_name("cocoon-fixup"),
+            };
+            anyhow::ensure!(
+                binary.is_file(),
+                "{} is missing: build it first (`cargo build --release -p fixup-host --bin cocoon-fixup`) or pass --cocoon-fixup",
+                binary.display()
+            );
+            let table = report(&ReportConfig {
+                criterion: dir,
+                cold_runs,
+                fixups,
+                big_fixups,
+                serve_pods,
+                process_runs,
+                binary,
+                ready_runs,
+            })?;
             print!("{table}");
             if let Some(path) = output {
                 std::fs::write(&path, &table)
@@ -359,14 +454,108 @@ fn in_turns(cache: &Path) -> anyhow::Result<BTreeMap<String, f64>> {
 const TURN_ROUNDS: usize = 200;
 const TURN_BATCH: usize = 10;
 
-fn report(
-    criterion: &Path,
+/// What `report` runs.
+struct ReportConfig {
+    criterion: PathBuf,
     cold_runs: usize,
     fixups: usize,
+    big_fixups: usize,
+    serve_pods: usize,
+    process_runs: usize,
+    binary: PathBuf,
     ready_runs: usize,
-) -> anyhow::Result<String> {
+}
+
+/// The bundled examples the plan-process figure plans: one plugin, two
+/// plugins, no fixup.
+const PROCESS_EXAMPLES: [(&str, &str); 3] = [
+    ("oci-static", "one plugin (oci-networkd)"),
+    ("fc-dhcp", "two plugins (fc-mac + oci-networkd)"),
+    ("no-fixup", "no fixup: no plugin called"),
+];
+
+/// Whole `cocoon-fixup` processes, spawn to exit: `--version` and `plan` of
+/// each of [`PROCESS_EXAMPLES`], in turns, with the report's warm cache.
+/// Medians, by command (`--version` first).
+fn plan_processes(
+    binary: &Path,
+    cache: &Path,
+    runs: usize,
+) -> anyhow::Result<Vec<(String, Duration)>> {
+    let examples = workspace_root().join("examples");
+    let key = cases::cache_key(cache);
+    let mut commands: Vec<(String, Vec<String>)> =
+        vec![("--version".into(), vec!["--version".into()])];
+    for (example, _) in PROCESS_EXAMPLES {
+        let dir = examples.join(example);
+        let arg = |p: PathBuf| p.display().to_string();
+        commands.push((
+            example.to_owned(),
+            vec![
+                "plan".into(),
+                "--pod".into(),
+                arg(dir.join("pod.json")),
+                "--vm".into(),
+                arg(dir.join("vm.json")),
+                "--cocoon-root".into(),
+                arg(examples.join("cocoon-root")),
+                "--cache-dir".into(),
+                arg(cache.to_owned()),
+                "--cache-key".into(),
+                arg(key.clone()),
+            ],
+        ));
+    }
+    let run = |args: &[String]| -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        let status = Command::new(binary)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .with_context(|| format!("running {}", binary.display()))?;
+        let elapsed = started.elapsed();
+        anyhow::ensure!(
+            status.success(),
+            "`{} {}` failed: {status}",
+            binary.display(),
+            args.join(" ")
+        );
+        Ok(elapsed)
+    };
+    // Once each first: the binary's own cache entries and describe records.
+    for (_, args) in &commands {
+        run(args)?;
+    }
+    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); commands.len()];
+    for _ in 0..runs.max(1) {
+        for (i, (_, args)) in commands.iter().enumerate() {
+            times[i].push(run(args)?);
+        }
+    }
+    Ok(commands
+        .into_iter()
+        .zip(times)
+        .map(|((label, _), t)| (label, median(&t)))
+        .collect())
+}
+
+fn report(config: &ReportConfig) -> anyhow::Result<String> {
+    let ReportConfig {
+        criterion,
+        cold_runs,
+        fixups,
+        big_fixups,
+        serve_pods,
+        process_runs,
+        binary,
+        ready_runs,
+    } = config;
+    let (cold_runs, fixups, ready_runs) = (*cold_runs, *fixups, *ready_runs);
     let machine = Machine::current();
     let benches = read_criterion(criterion)?;
+    let criterion = criterion.as_path();
     let crit = |id: &str| {
         benches
             .get(id)
@@ -396,6 +585,26 @@ fn report(
     let fixups_arg = fixups.to_string();
     let (storm, _): (StormResult, _) =
         child(&["storm", "--fixups", &fixups_arg, "--cache-dir", &cache_arg])?;
+    eprintln!("fixup-bench: clone storm ({big_fixups} flows)");
+    let big_arg = big_fixups.to_string();
+    let (big, _): (StormResult, _) =
+        child(&["storm", "--fixups", &big_arg, "--cache-dir", &cache_arg])?;
+    eprintln!("fixup-bench: serve with {serve_pods} pods on the node");
+    let pods_arg = serve_pods.to_string();
+    let (served, _): (ServeResult, _) = child(&[
+        "serve",
+        "--pods",
+        &pods_arg,
+        "--events",
+        &pods_arg,
+        "--cache-dir",
+        &cache_arg,
+    ])?;
+    eprintln!(
+        "fixup-bench: whole cocoon-fixup processes ({process_runs} per command, {})",
+        binary.display()
+    );
+    let processes = plan_processes(binary, &cache, *process_runs)?;
     eprintln!("fixup-bench: readiness reaction ({ready_runs} runs)");
     let runs_arg = ready_runs.to_string();
     let (ready, _): (ReadyResult, _) =
@@ -483,6 +692,42 @@ fn report(
         format!("its plan alone (mean of the 4): {}", human_ns(mean_plan_ns)),
         ratio(storm.cpu_per_fixup_us * 1e3, mean_plan_ns),
         verdict(storm.cpu_per_fixup_us, 1000.0).into(),
+    ]);
+    let big_growth_kib = big.peak_rss_kib.saturating_sub(big.rss_before_kib);
+    goals.row(vec![
+        format!(
+            "storm of {}: host memory <= 64 MiB above the idle process",
+            big.fixups
+        ),
+        format!(
+            "{} ({:.1} KiB per flow)",
+            mib(big_growth_kib),
+            big.bytes_per_flow / 1024.0
+        ),
+        format!("idle, before the storm: {}", mib(big.rss_before_kib)),
+        ratio(big.peak_rss_kib as f64, big.rss_before_kib as f64),
+        verdict(big_growth_kib as f64, 64.0 * 1024.0).into(),
+    ]);
+    goals.row(vec![
+        format!("storm of {}: CPU < 0.2 ms per fixup", big.fixups),
+        human_ns(big.cpu_per_fixup_us * 1e3),
+        format!("its plan alone (mean of the 4): {}", human_ns(mean_plan_ns)),
+        ratio(big.cpu_per_fixup_us * 1e3, mean_plan_ns),
+        verdict(big.cpu_per_fixup_us, 200.0).into(),
+    ]);
+    let version = processes[0].1;
+    let (worst_label, worst_plan) = processes[1..]
+        .iter()
+        .filter(|(label, _)| label != "no-fixup")
+        .max_by_key(|(_, d)| *d)
+        .cloned()
+        .unwrap_or_default();
+    goals.row(vec![
+        "`plan` process <= 1.5x `--version` (cache warm)".into(),
+        format!("worst: {worst_label} {}", human_ns(dns(worst_plan))),
+        format!("`--version`: {}", human_ns(dns(version))),
+        ratio(dns(worst_plan), dns(version)),
+        verdict(dns(worst_plan) / dns(version), 1.5).into(),
     ]);
     goals.row(vec![
         "lease to ready p99 <= 20 ms".into(),
@@ -612,33 +857,143 @@ fn report(
     out.push_str(&cold.render());
 
     out.push_str(&format!(
-        "\n### Clone storm\n\n{} flows at once through `Host::handle` (`MemoryPods`, static first NICs, the four scenarios in turn), an in-process runner answering each exec after {:.0} ms and failing the first attempt of every fifth VM ({} flows), retry interval {:.0} ms (the default is 3 s), plugins from the precompiled cache, tokio's default runtime (one worker per core). A process of its own.\n\n",
-        storm.fixups, storm.exec_delay_ms, storm.failed_first, storm.retry_interval_ms
+        "\n### Clone storm\n\nFlows started at once through `Host::handle`, static first NICs, the four scenarios in turn, plugins from the precompiled cache, tokio's default runtime (one worker per core). The pods, their events and the runner live in a second process (`fixup-bench standins`): the host reads and writes pods through the real `kube` client over loopback HTTP to a fake API server, and asks the runner over a Unix socket, one connection per exec or inspect; the runner answers each exec after {:.0} ms and fails the first attempt of every fifth VM. Retry interval {:.0} ms (the default is 3 s). The figures are the host process's alone; the stand-ins' memory is shown apart.\n\n",
+        storm.exec_delay_ms, storm.retry_interval_ms
     ));
-    let mut st = Table::new(&["figure", "value"]);
-    st.row(vec!["wall time".into(), human_ns(storm.wall_ms * 1e6)]);
-    st.row(vec!["execs".into(), storm.attempts.to_string()]);
-    st.row(vec![
-        "CPU time (user + system, all threads)".into(),
-        human_ns(storm.cpu_ms * 1e6),
+    let mut st = Table::new(&[
+        "figure",
+        &format!("{} flows", storm.fixups),
+        &format!("{} flows", big.fixups),
     ]);
-    st.row(vec![
-        "CPU time per fixup".into(),
-        human_ns(storm.cpu_per_fixup_us * 1e3),
-    ]);
-    st.row(vec![
-        "resident before the storm (planner, runtime, pods set up)".into(),
-        mib(storm.rss_before_kib),
-    ]);
-    st.row(vec![
-        "resident after the storm".into(),
-        mib(storm.rss_after_kib),
-    ]);
-    st.row(vec![
-        "peak resident, whole process (VmHWM = ru_maxrss)".into(),
-        mib(storm.peak_rss_kib),
-    ]);
+    let mut both = |label: &str, f: &dyn Fn(&StormResult) -> String| {
+        st.row(vec![label.into(), f(&storm), f(&big)]);
+    };
+    both("flows whose first attempt failed", &|r| {
+        r.failed_first.to_string()
+    });
+    both("execs", &|r| r.attempts.to_string());
+    both("wall time", &|r| human_ns(r.wall_ms * 1e6));
+    both("CPU time (user + system, all threads)", &|r| {
+        human_ns(r.cpu_ms * 1e6)
+    });
+    both("CPU time per fixup", &|r| {
+        human_ns(r.cpu_per_fixup_us * 1e3)
+    });
+    both("API requests per fixup (patches, events)", &|r| {
+        let n = r.fixups.max(1) as f64;
+        format!(
+            "{:.1} ({:.1}, {:.1})",
+            r.api_requests as f64 / n,
+            r.api_patches as f64 / n,
+            r.api_events as f64 / n
+        )
+    });
+    both(
+        "resident before the storm (planner, runtime, client)",
+        &|r| mib(r.rss_before_kib),
+    );
+    both("resident after the storm", &|r| mib(r.rss_after_kib));
+    both(
+        "peak resident (VmHWM = ru_maxrss)",
+        &|r| mib(r.peak_rss_kib),
+    );
+    both("peak above the idle process, per flow", &|r| {
+        format!("{:.1} KiB", r.bytes_per_flow / 1024.0)
+    });
+    both("the stand-ins' own resident memory (not counted)", &|r| {
+        mib(r.standins_rss_kib)
+    });
     out.push_str(&st.render());
+
+    out.push_str(&format!(
+        "\n### `serve` with {} pods on the node\n\nThe daemon's watch (metadata only), dispatcher and metrics against the fake API server, {} pods on the node that need nothing and one marker clone (see `fixup_bench::serve`). The listing: `serve::run` starting to the marker's fixup written, the marker being the last pod listed. The events: {} pods changed (one `MODIFIED` watch event each), then the marker again; CPU time over that phase per event.\n\n",
+        served.pods, served.pods, served.events
+    ));
+    let mut sv = Table::new(&["figure", "value"]);
+    sv.row(vec![
+        "resident, idle daemon (before the watch)".into(),
+        mib(served.rss_idle_kib),
+    ]);
+    sv.row(vec![
+        "resident after the listing".into(),
+        mib(served.rss_listed_kib),
+    ]);
+    sv.row(vec![
+        "resident after the watch events".into(),
+        mib(served.rss_after_events_kib),
+    ]);
+    sv.row(vec!["peak resident".into(), mib(served.peak_rss_kib)]);
+    sv.row(vec![
+        "above the idle daemon, per pod on the node".into(),
+        format!(
+            "{:.0} bytes",
+            served.peak_rss_kib.saturating_sub(served.rss_idle_kib) as f64 * 1024.0
+                / served.pods.max(1) as f64
+        ),
+    ]);
+    sv.row(vec![
+        "the listing: wall, CPU".into(),
+        format!(
+            "{}, {}",
+            human_ns(served.list_ms * 1e6),
+            human_ns(served.list_cpu_ms * 1e6)
+        ),
+    ]);
+    sv.row(vec![
+        "the watch events: wall, CPU".into(),
+        format!(
+            "{}, {}",
+            human_ns(served.events_ms * 1e6),
+            human_ns(served.events_cpu_ms * 1e6)
+        ),
+    ]);
+    sv.row(vec![
+        "CPU per watch event (a pod that needs nothing)".into(),
+        human_ns(served.cpu_per_event_us * 1e3),
+    ]);
+    sv.row(vec![
+        "API requests in all".into(),
+        served.api_requests.to_string(),
+    ]);
+    sv.row(vec![
+        "the stand-ins' own resident memory (not counted)".into(),
+        mib(served.standins_rss_kib),
+    ]);
+    out.push_str(&sv.render());
+
+    out.push_str(&format!(
+        "\n### The `plan` process\n\nWhole `cocoon-fixup` processes from spawn to exit (`{}`), cache warm (the report's): `--version` and `plan` of three bundled examples, {} of each in turns, medians. A cached `plan` registers every plugin from its describe record and loads the code of only the plugins it calls.\n\n",
+        binary.display(),
+        process_runs
+    ));
+    let mut pp = Table::new(&[
+        "command",
+        "what it loads",
+        "whole process",
+        "vs `--version`",
+    ]);
+    for (label, time) in &processes {
+        let what = if label == "--version" {
+            "no engine"
+        } else {
+            PROCESS_EXAMPLES
+                .iter()
+                .find(|(e, _)| e == label)
+                .map_or("", |(_, w)| *w)
+        };
+        let command = if label == "--version" {
+            "`cocoon-fixup --version`".to_owned()
+        } else {
+            format!("`cocoon-fixup plan` examples/{label}")
+        };
+        pp.row(vec![
+            command,
+            what.into(),
+            human_ns(dns(*time)),
+            ratio(dns(*time), dns(version)),
+        ]);
+    }
+    out.push_str(&pp.render());
 
     out.push_str(&format!(
         "\n### Readiness reaction\n\nFrom the rename that puts a lease into the lease file to the `vm.cocoonstack.io/ip` patch reaching the pod store, {} runs, one shared `LeaseWatcher` (file events {}; safety-net poll {:.0} ms).\n\n",
