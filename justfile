@@ -36,11 +36,13 @@ demo:
 
 # Benchmarks (benches/, see BENCHMARKS.md): the criterion benches (plan
 # latency against the native baseline, engine settings, cold start), then
-# the whole-process figures (cold start, clone storm, readiness reaction)
+# the whole-process figures (cold start, clone storms of 1,000 and 10,000,
+# serve with 10,000 pods, the plan process, readiness reaction)
 # and the summary table, also written to target/bench-summary.md. Run it on
 # a quiet machine: `uptime` should show a load well under 1.
 bench:
     cargo bench -p fixup-bench
+    cargo build --release -p fixup-host --bin cocoon-fixup
     cargo run --release -p fixup-bench --bin fixup-bench -- report --output target/bench-summary.md
 
 # Run each fuzz target for SECONDS (default 60) on stable Rust: needs

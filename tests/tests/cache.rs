@@ -180,8 +180,16 @@ fn a_cached_start_links_only_the_plugins_it_calls() {
     first.load_builtins().expect("built-ins compile");
     let cache = place.open(&first).expect("cache");
     for plugin in first.registry().plugins() {
-        assert!(plugin.is_linked(), "described by a call: {}", plugin.info.name);
-        assert!(cache.record_path(&plugin.sha256).is_file(), "{}", plugin.info.name);
+        assert!(
+            plugin.is_linked(),
+            "described by a call: {}",
+            plugin.info.name
+        );
+        assert!(
+            cache.record_path(&plugin.sha256).is_file(),
+            "{}",
+            plugin.info.name
+        );
     }
 
     let mut second = PluginHost::new(place.options()).expect("engine");
@@ -255,7 +263,11 @@ fn a_forged_describe_record_is_not_believed() {
     second.load_builtins().expect("built-ins");
     let mut expected = described(&first);
     expected.truncate(4);
-    assert_eq!(described(&second), expected, "as the plugins describe themselves");
+    assert_eq!(
+        described(&second),
+        expected,
+        "as the plugins describe themselves"
+    );
     for name in ["oci-networkd", "cloudimg"] {
         let plugin = second
             .registry()

@@ -192,6 +192,7 @@ fn main() -> anyhow::Result<()> {
                 cache_dir,
                 workers: None,
                 place: fixup_bench::standins::Place::Process,
+                fixups_in_flight: fixup_host::host::DEFAULT_FIXUPS_IN_FLIGHT,
             })?
         }),
         Cmd::Sizes => print_json(&fixup_bench::storm::future_sizes()?),
