@@ -217,7 +217,8 @@ pub fn planner(cocoon_root: &Path, cache_dir: Option<PathBuf>) -> anyhow::Result
     // Every plugin linked now, as the daemon does at start (`serve`): the
     // benchmarks measure a daemon's planner. A one-shot `plan` links only
     // what it calls (the plan-process figure, measured on the binary).
-    planner.plugins().warm()?;
+    let unlinked = planner.plugins().warm();
+    anyhow::ensure!(unlinked.is_empty(), "plugins not linked: {unlinked:?}");
     Ok(planner)
 }
 

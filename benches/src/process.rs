@@ -41,6 +41,13 @@ pub fn peak_rss_kib() -> u64 {
     status_kib("VmHWM").unwrap_or(0)
 }
 
+/// Reset this process's peak resident memory (`VmHWM`) to what is
+/// resident now (`/proc/self/clear_refs`, value 5). Best effort: a kernel
+/// that refuses leaves the whole-life peak.
+pub fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
 /// Resident memory of this process now, in KiB.
 pub fn rss_kib() -> u64 {
     status_kib("VmRSS").unwrap_or(0)

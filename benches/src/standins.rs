@@ -344,6 +344,14 @@ async fn handle(
     };
     let mut api = shared.api.lock().expect("stand-in state");
     api.observed.requests += 1;
+    // The host reads and writes pods' metadata only: a request for a whole
+    // pod (or a list of them) is one it should not make.
+    let pod_request = path == "/api/v1/pods" || api.pods.contains_key(path);
+    if pod_request && !meta_only {
+        api.observed
+            .unexpected
+            .push(format!("{method} {uri} without metadata-only Accept"));
+    }
     match (&method, path) {
         (&Method::GET, p) if api.pods.contains_key(p) => {
             json_response(StatusCode::OK, shape(&api.pods[p]))

@@ -1432,7 +1432,11 @@ impl Inspector {
         out.size_bytes = Some(bytes.len() as u64);
         out.sha256 = Some(hex::encode(Sha256::digest(&bytes)));
         out.format = Format::of(&bytes);
-        let plugin = match self.host.prepare(Origin::File(path.to_owned()), &bytes) {
+        let prepared = self
+            .host
+            .prepare(Origin::File(path.to_owned()), &bytes)
+            .and_then(|plugin| plugin.link().map(|()| plugin));
+        let plugin = match prepared {
             Ok(plugin) => plugin,
             Err(e) => {
                 out.verdict = format!("refused: {}", refusal(&e));

@@ -85,13 +85,8 @@ impl Default for ReadyConfig {
 /// How a fixup loop ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FixupOutcome {
-    /// An attempt succeeded; `post-clone-state` is `done`. `fresh` is the
-    /// pod as that write left it, when the API server answered with it
-    /// (for [`wait_ready`], when it does not wait).
-    Done {
-        attempts: u32,
-        fresh: Option<PodInput>,
-    },
+    /// An attempt succeeded; `post-clone-state` is `done`.
+    Done { attempts: u32 },
     /// The budget ran out; the pod is marked failed with hint and errors.
     Exhausted { attempts: u32, errors: Vec<String> },
     /// The host is shutting down; `post-clone-state` stays `running`.
@@ -280,11 +275,9 @@ pub async fn run_fixup<C: Cocoon, P: PodApi>(
         };
         match result {
             Ok(()) => {
-                let Some(fresh) =
-                    write_and_read(pods, pod, &state_patch(PostCloneState::Done)).await?
-                else {
+                if !write(pods, pod, &state_patch(PostCloneState::Done)).await? {
                     return Ok(FixupOutcome::Gone { attempts });
-                };
+                }
                 emit(
                     pods,
                     pod,
@@ -294,7 +287,7 @@ pub async fn run_fixup<C: Cocoon, P: PodApi>(
                     ),
                 )
                 .await;
-                return Ok(FixupOutcome::Done { attempts, fresh });
+                return Ok(FixupOutcome::Done { attempts });
             }
             Err(error) => {
                 let line = messages::attempt_line(attempts, &error);
@@ -397,13 +390,9 @@ pub async fn wait_ready<C: Cocoon, P: PodApi>(
     recovery: Option<&DhcpRecovery>,
     config: &ReadyConfig,
     shutdown: &CancellationToken,
-    fresh: Option<PodInput>,
 ) -> Result<ReadyOutcome, PodError> {
     let start = Instant::now();
     let deadline = start + config.budget;
-    // A static first NIC is ready at once: the pod as the `done` write left
-    // it is then as fresh as a read would be.
-    let mut fresh = fresh.filter(|_| matches!(facts.first, Some(WaitNic::Static(_))));
     let ip = match facts.first {
         Some(WaitNic::Static(address)) => Some(address),
         Some(WaitNic::Lease(mac)) => {
@@ -419,11 +408,7 @@ pub async fn wait_ready<C: Cocoon, P: PodApi>(
             }
         }
     };
-    let current = match fresh.take() {
-        Some(current) => still_ours(&current, pod, &facts.id).then_some(current.annotations),
-        None => reread(pods, pod, &facts.id).await?,
-    };
-    let Some(current) = current else {
+    let Some(current) = reread(pods, pod, &facts.id).await? else {
         return Ok(ReadyOutcome::Gone);
     };
     let outcome = match ip {

@@ -54,8 +54,8 @@ pub struct HostConfig {
 /// Pods past their first read and not yet through their fixup loop, at
 /// once, by default. A storm of clones is read, planned and written a few
 /// hundred at a time, so the host does not hold every plan at once while
-/// they all wait for the API server; the rest wait at the door. Measured in
-/// BENCHMARKS.md (clone storm).
+/// they all wait for the API server; the rest wait at the door. See
+/// BENCHMARKS.md (Findings, the clone storm of 10,000).
 pub const DEFAULT_FIXUPS_IN_FLIGHT: usize = 256;
 
 impl Default for HostConfig {
@@ -123,6 +123,15 @@ pub enum HostError {
         #[source]
         source: NoPlugin,
     },
+    /// A plugin registered from the cache whose code could not be loaded
+    /// ([`PluginError::NotLoaded`]): the node's cache is at fault.
+    /// Reported and retried, never a pod failure.
+    #[error("pod {pod}: node configuration: {source}")]
+    PluginCode {
+        pod: String,
+        #[source]
+        source: crate::plugin::PluginError,
+    },
     #[error(transparent)]
     Pods(#[from] PodError),
 }
@@ -133,7 +142,10 @@ impl HostError {
     /// whose annotations do not parse cannot.
     pub fn is_retryable(&self) -> bool {
         match self {
-            HostError::Cocoon { .. } | HostError::Probe { .. } | HostError::Plugins { .. } => true,
+            HostError::Cocoon { .. }
+            | HostError::Probe { .. }
+            | HostError::Plugins { .. }
+            | HostError::PluginCode { .. } => true,
             HostError::Pods(PodError::Api { .. }) => true,
             HostError::NotFound { .. }
             | HostError::NoUid { .. }
@@ -152,7 +164,7 @@ impl HostError {
             HostError::Facts(_) => "facts",
             HostError::Cocoon { .. } => "cocoon",
             HostError::Probe { .. } => "probe",
-            HostError::Plugins { .. } => "plugins",
+            HostError::Plugins { .. } | HostError::PluginCode { .. } => "plugins",
             HostError::Pods(PodError::Api { .. }) => "api",
             HostError::Pods(PodError::Refused { .. }) => "api-refused",
             HostError::Pods(PodError::Gone { .. }) => "gone",
@@ -165,8 +177,9 @@ impl HostError {
 pub struct Summary {
     pub pod: String,
     pub uid: String,
-    /// `nothing`, `parked`, `vm-mismatch`, `fixup`, `ip-wait`, or `gone`
-    /// (the pod was recreated under its name before the work started).
+    /// `nothing`, `parked`, `vm-mismatch`, `fixup`, `ip-wait`, `gone` (the
+    /// pod was recreated under its name before the work started), or
+    /// `shutdown` (the host shut down while the call waited for its turn).
     pub action: &'static str,
     /// Why nothing was done (`action` = `nothing`): `stack-owns`,
     /// `hibernate-requested`, `deleting`, `not-managed`, `not-cloned`.
@@ -301,14 +314,12 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         trigger: Trigger,
         shutdown: &CancellationToken,
     ) -> Result<Summary, HostError> {
-        let turn = self.admit(shutdown).await;
         let pod = self.read(namespace, name).await?;
-        // On the heap: a call waiting at the door holds only the read.
-        Box::pin(self.handle_admitted(&pod, trigger, shutdown, turn)).await
+        self.handle_pod(&pod, trigger, shutdown).await
     }
 
     /// Wait for a turn among [`HostConfig::fixups_in_flight`]; none when
-    /// the host is shutting down (the work then stops at its first check).
+    /// the host shuts down meanwhile.
     async fn admit(&self, shutdown: &CancellationToken) -> Option<SemaphorePermit<'_>> {
         tokio::select! {
             turn = self.admission.acquire() => turn.ok(),
@@ -329,14 +340,13 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         trigger: Trigger,
         shutdown: &CancellationToken,
     ) -> Result<Summary, HostError> {
-        let turn = self.admit(shutdown).await;
         let pod = self.read(namespace, name).await?;
         if pod.uid.as_deref() != Some(uid) {
             let mut summary = Summary::new(pod.display_name(), uid.to_owned());
             summary.action = "gone";
             return Ok(summary);
         }
-        Box::pin(self.handle_admitted(&pod, trigger, shutdown, turn)).await
+        self.handle_pod(&pod, trigger, shutdown).await
     }
 
     /// The pod as it is now.
@@ -363,24 +373,16 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
     /// 4. the fixup loop, then the IP wait; each final write reads the pod
     ///    again and is skipped when the table says the host is done.
     ///
-    /// At most [`HostConfig::fixups_in_flight`] calls are between steps 1
-    /// and 4's fixup loop at once; the others wait before step 1.
+    /// At most [`HostConfig::fixups_in_flight`] calls are past step 1 and
+    /// not yet through step 4's fixup loop at once; the others wait after
+    /// step 1 (a pod step 1 turns away never waits), and a call still
+    /// waiting when `shutdown` is cancelled ends with action `shutdown`,
+    /// having done nothing.
     pub async fn handle_pod(
         &self,
         pod: &PodInput,
         trigger: Trigger,
         shutdown: &CancellationToken,
-    ) -> Result<Summary, HostError> {
-        let turn = self.admit(shutdown).await;
-        Box::pin(self.handle_admitted(pod, trigger, shutdown, turn)).await
-    }
-
-    async fn handle_admitted(
-        &self,
-        pod: &PodInput,
-        trigger: Trigger,
-        shutdown: &CancellationToken,
-        turn: Option<SemaphorePermit<'_>>,
     ) -> Result<Summary, HostError> {
         let label = pod.display_name();
         let uid = pod
@@ -388,16 +390,33 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             .clone()
             .filter(|u| !u.is_empty())
             .ok_or_else(|| HostError::NoUid { pod: label.clone() })?;
-        let pod_ref = PodRef {
-            namespace: pod.namespace.clone(),
-            name: pod.name.clone(),
-            uid: uid.clone(),
-        };
-        let mut summary = Summary::new(label.clone(), uid);
-
+        let mut summary = Summary::new(label, uid);
         let marker = match lifecycle::gate(pod) {
             Ok(marker) => marker,
             Err(action) => return Ok(summary.stop(action)),
+        };
+        let Some(turn) = self.admit(shutdown).await else {
+            summary.action = "shutdown";
+            return Ok(summary);
+        };
+        // On the heap: a call waiting for its turn holds almost nothing.
+        Box::pin(self.handle_admitted(pod, trigger, shutdown, marker, summary, turn)).await
+    }
+
+    async fn handle_admitted(
+        &self,
+        pod: &PodInput,
+        trigger: Trigger,
+        shutdown: &CancellationToken,
+        marker: Option<PostCloneState>,
+        mut summary: Summary,
+        turn: SemaphorePermit<'_>,
+    ) -> Result<Summary, HostError> {
+        let label = summary.pod.clone();
+        let pod_ref = PodRef {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: summary.uid.clone(),
         };
         let record = match self.inspect(pod, &label).await? {
             Ok(record) => record,
@@ -435,9 +454,6 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             )
             .await;
         }
-        // The pod as the `done` write left it, for an IP wait that does not
-        // wait (see `apply::wait_ready`).
-        let mut fresh = None;
         let wait_facts = match action {
             Action::Nothing(_) | Action::Parked => return Ok(summary.stop(action)),
             Action::RunLoop => {
@@ -446,10 +462,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
                     .fixup(&pod_ref, &vm, &obs, trigger, &mut summary, shutdown)
                     .await?
                 {
-                    Some((facts, landed)) => {
-                        fresh = landed;
-                        WaitFacts::from_facts(&facts)
-                    }
+                    Some(facts) => WaitFacts::from_facts(&facts),
                     None => return Ok(summary),
                 }
             }
@@ -484,7 +497,6 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             recovery.as_ref(),
             &self.config.ready,
             shutdown,
-            fresh,
         )
         .await?;
         let (readiness, ip) = match ready {
@@ -510,7 +522,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         trigger: Trigger,
         summary: &mut Summary,
         shutdown: &CancellationToken,
-    ) -> Result<Option<(VmFacts, Option<PodInput>)>, HostError> {
+    ) -> Result<Option<VmFacts>, HostError> {
         let outcome = match self
             .plan_off_workers({
                 let obs = obs.clone();
@@ -528,6 +540,13 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             }
             Err(PlannerError::NoPlugin(source)) if source.is_node_config() => {
                 let error = HostError::Plugins {
+                    pod: pod.to_string(),
+                    source,
+                };
+                return Err(self.node_error(pod, trigger, error).await);
+            }
+            Err(PlannerError::Plugin(source)) if source.is_node_config() => {
+                let error = HostError::PluginCode {
                     pod: pod.to_string(),
                     source,
                 };
@@ -573,11 +592,11 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         let result =
             apply::run_fixup(&self.cocoon, &self.pods, job, &self.config.retry, shutdown).await?;
         let (label, attempts) = match result {
-            FixupOutcome::Done { attempts, fresh } => {
+            FixupOutcome::Done { attempts } => {
                 summary.fixup = Some("done");
                 summary.attempts = attempts;
                 self.metrics.fixup(scenario, "done", attempts);
-                return Ok(Some((facts, fresh)));
+                return Ok(Some(facts));
             }
             FixupOutcome::Exhausted { attempts, errors } => {
                 summary.errors = errors;
@@ -715,6 +734,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             HostError::Plugins { .. } => {
                 "the fixup waits: fix the node's plugin directory, then restart cocoon-fixup"
             }
+            HostError::PluginCode { .. } => "the fixup waits until the node's cache is fixed",
             _ => "the fixup waits, and is tried again, until the node is fixed",
         };
         let message = format!("{error}; {fix}");

@@ -508,7 +508,7 @@ pub fn pod_input(meta: &ObjectMeta) -> Result<PodInput, PodError> {
         Some(name) if !name.is_empty() => name.to_owned(),
         _ => {
             return Err(PodError::Api {
-                pod: meta.namespace.clone().unwrap_or_default(),
+                pod: format!("{}/(no name)", meta.namespace.as_deref().unwrap_or("")),
                 reason: format!("{SOURCE}: metadata.name: expected a non-empty string"),
             });
         }

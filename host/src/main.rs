@@ -225,9 +225,11 @@ fn node_planner(settings: &Settings, metrics: &Metrics, warm: bool) -> Result<Pl
         );
     }
     let mut failed = failures.len();
-    if warm && let Err(e) = planner.plugins().warm() {
-        tracing::error!("plugin not linked: {e}; it fails the pods that need it");
-        failed += 1;
+    if warm {
+        for e in planner.plugins().warm() {
+            tracing::error!("{e}; the pods that need this plugin wait with a node error");
+            failed += 1;
+        }
     }
     metrics.plugin_load_failures(failed);
     if settings.host.binding.accept_legacy_names {

@@ -10,9 +10,8 @@
 //! never came. GETs are answered with the pod as the earlier PATCHes (and
 //! any other writer the scenario names) left it, and so are PATCHes. The
 //! host takes the answer to its `running` write as the read before attempt
-//! 1, and the answer to its `done` write as the read before the ready write
-//! of a static first NIC; it GETs the pod instead when an answer carries
-//! no usable pod (`patch_answering`).
+//! 1; it GETs the pod instead when that answer carries no usable pod
+//! (`patch_answering`).
 //!
 //! The cocoon side is the in-process `ScriptedCocoon`, so the retry budget
 //! runs under paused tokio time; only the IP-wait timeout runs in real
@@ -367,10 +366,10 @@ async fn success_marks_running_then_done_then_ready() {
         // Its answer is the read before attempt 1: still this
         // incarnation, no GET.
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
-        // Its answer is the lifecycle as it is before the ready write: the
-        // static first NIC is ready at once, so no GET.
         .patch(json!({ keys::POST_CLONE_STATE: "done" }))
         .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
+        // The lifecycle as it is before the ready write.
+        .get()
         .patch(ready_patch());
     let (summary, calls) = rig.play(conversation, Trigger::Event).await;
     assert_eq!(summary.action, "fixup");
@@ -514,9 +513,8 @@ async fn no_lease_in_time_runs_dhcp_recovery_then_fails_the_pod() {
 }
 
 /// Another writer failed the pod while the host worked: the stack owns it
-/// now (spec section 8), so the read before the ready write (for a static
-/// first NIC: the answer to the `done` write) ends the work and nothing is
-/// written, not even the IP.
+/// now (spec section 8), so the read before the ready write ends the work
+/// and nothing is written, not even the IP.
 #[tokio::test(start_paused = true)]
 async fn a_pod_failed_elsewhere_gets_no_ready_write() {
     let rig = rig(vec![Reply::Done], &STATIC, HostConfig::default());
@@ -526,19 +524,14 @@ async fn a_pod_failed_elsewhere_gets_no_ready_write() {
         .get()
         // Its answer is the read before attempt 1.
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
-        // The other writer fails the pod during attempt 1, before the
-        // `done` write: no GET follows that write any more (the static
-        // first NIC is ready at once), so its answer is the read that
-        // shows the failed lifecycle.
+        .patch(json!({ keys::POST_CLONE_STATE: "done" }))
+        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
         .meanwhile(&[
             (keys::LIFECYCLE_STATE, "failed"),
             (keys::LIFECYCLE_MESSAGE, "marked failed elsewhere"),
             (keys::LIFECYCLE_OBSERVED_GENERATION, "3"),
         ])
-        .patch(json!({ keys::POST_CLONE_STATE: "done" }))
-        // The success event is the last request: no ready write follows
-        // (the mock fails on any request the conversation does not list).
-        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1");
+        .get();
     let (summary, calls) = rig.play(conversation, Trigger::Event).await;
     assert_eq!(summary.fixup, Some("done"));
     assert_eq!(summary.readiness, Some("gone"));
@@ -558,9 +551,9 @@ async fn startup_resumes_a_running_fixup() {
         .get()
         // Its answer is the read before attempt 1.
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
-        // Its answer is the read before the ready write (static first NIC).
         .patch(json!({ keys::POST_CLONE_STATE: "done" }))
         .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
+        .get()
         .patch(ready_patch());
     let (summary, calls) = rig.play(conversation, Trigger::Startup).await;
     assert_eq!(summary.action, "fixup");
@@ -655,7 +648,6 @@ async fn a_lost_event_does_not_stop_the_fixup() {
         .get()
         // Its answer is the read before attempt 1.
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
-        // Its answer is the read before the ready write (static first NIC).
         .patch(json!({ keys::POST_CLONE_STATE: "done" }))
         .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
         // Events are best effort: not retried, and the work goes on.
@@ -663,6 +655,7 @@ async fn a_lost_event_does_not_stop_the_fixup() {
             500,
             status(500, "InternalError", "etcdserver: request timed out"),
         )
+        .get()
         .patch(ready_patch());
     let (summary, _) = rig.play(conversation, Trigger::Event).await;
     assert_eq!(summary.readiness, Some("ready"));
@@ -672,9 +665,7 @@ async fn a_lost_event_does_not_stop_the_fixup() {
 /// retries), the host cannot tell whether the pod is still its own: it
 /// writes nothing (no IP next to a lifecycle left `creating`) and
 /// returns an error the daemon retries; the retry finds `done` and only
-/// waits for the IP again. The answer to the `done` write carries no pod
-/// here (a body stripped on the way), so the host falls back to a GET even
-/// for the static first NIC, and that GET is the read that fails.
+/// waits for the IP again.
 #[tokio::test(start_paused = true)]
 async fn a_failed_read_before_the_ready_write_writes_nothing_and_is_retried() {
     let rig = rig(vec![Reply::Done], &STATIC, HostConfig::default());
@@ -685,11 +676,9 @@ async fn a_failed_read_before_the_ready_write_writes_nothing_and_is_retried() {
         .get()
         // Its answer is the read before attempt 1.
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
-        // Lands, but its answer is no read.
-        .patch_answering(json!({ keys::POST_CLONE_STATE: "done" }), json!({}))
+        .patch(json!({ keys::POST_CLONE_STATE: "done" }))
         .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
-        // So the host reads the pod: both tries of the fast retry policy
-        // fail; nothing follows.
+        // Both tries of the fast retry policy fail; nothing follows.
         .get()
         .refused(500, unavailable())
         .get()
@@ -702,10 +691,9 @@ async fn a_failed_read_before_the_ready_write_writes_nothing_and_is_retried() {
 }
 
 /// The answer to the `running` write carries no usable pod (here the
-/// metadata of another incarnation, which the host must not trust; `{}`
-/// is covered by the `done` write above): the host falls back to the GET
-/// before attempt 1, as before it read the answers, and the flow goes on
-/// to `done` and the ready write.
+/// metadata of another incarnation, which the host must not trust): the
+/// host falls back to the GET before attempt 1, as before it read the
+/// answer, and the flow goes on to `done` and the ready write.
 #[tokio::test(start_paused = true)]
 async fn a_running_answer_without_the_pod_falls_back_to_a_read_before_attempt_1() {
     let rig = rig(vec![Reply::Done], &STATIC, HostConfig::default());
@@ -727,9 +715,10 @@ async fn a_running_answer_without_the_pod_falls_back_to_a_read_before_attempt_1(
         .patch_answering(json!({ keys::POST_CLONE_STATE: "running" }), stranger)
         // So the host reads the pod: still this incarnation before attempt 1.
         .get()
-        // Its answer is the read before the ready write (static first NIC).
         .patch(json!({ keys::POST_CLONE_STATE: "done" }))
         .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
+        // The lifecycle as it is before the ready write.
+        .get()
         .patch(ready_patch());
     let (summary, calls) = rig.play(conversation, Trigger::Event).await;
     assert_eq!(summary.action, "fixup");

@@ -282,7 +282,7 @@ async fn a_broken_cocoon_is_an_attempt_error_and_the_loop_goes_on(#[case] fault:
     );
     let outcome = outcome.expect("the pod API works");
     let events = attempt_events(&pods);
-    let FixupOutcome::Done { attempts, .. } = outcome else {
+    let FixupOutcome::Done { attempts } = outcome else {
         panic!("expected a later attempt to succeed, got {outcome:?}; events {events:#?}");
     };
     assert_eq!(
@@ -694,13 +694,13 @@ async fn a_conflict_on_the_running_write_is_retried_and_the_fixup_runs() {
         .patch(&running, 500, unavailable())
         // The answer to the write that lands is the read before attempt 1.
         .patch(&running, 200, Value::Null)
-        // Its answer is the read before the ready write (static first NIC).
         .patch(&done, 200, Value::Null)
         .event(
             reasons::SUCCEEDED,
             "kind=oci-networkd attempts=1".into(),
             201,
         )
+        .get()
         .patch(&ready, 200, Value::Null);
     let (summary, cocoon) = play(server, vec![Reply::Done], HostConfig::default()).await;
     assert_eq!(summary.fixup, Some("done"));

@@ -222,7 +222,7 @@ fn a_cached_start_links_only_the_plugins_it_calls() {
         .plan(&eager.plugin, Scenario::OciNetworkd, &facts)
         .expect("plans");
     assert_eq!(from_record, described_now, "the same plan either way");
-    second.warm().expect("every plugin links");
+    assert!(second.warm().is_empty(), "every plugin links");
     assert_eq!(linked(&second).len(), 4);
 }
 

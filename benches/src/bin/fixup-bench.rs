@@ -674,7 +674,7 @@ fn report(config: &ReportConfig) -> anyhow::Result<String> {
         verdict(worst, 25.0).into(),
     ]);
     goals.row(vec![
-        "cold start from cache <= 5 ms (4 plugins, `Planner::new`)".into(),
+        "cold start from cache <= 5 ms (4 plugins linked: `Planner::new` + `warm`)".into(),
         human_ns(cache_ns),
         format!("compiling: {}", human_ns(compile_ns)),
         ratio(cache_ns, compile_ns),
@@ -814,12 +814,12 @@ fn report(config: &ReportConfig) -> anyhow::Result<String> {
     out.push_str(&firsts.render());
 
     out.push_str(&format!(
-        "\n### Cold start\n\nA planner with the four built-ins. In-process: criterion's median of `Planner::new`. Fresh process: median of {cold_runs} processes, `Planner::new` timed inside, and the whole process from spawn to exit (exec, loading, `Planner::new`, teardown).\n\n"
+        "\n### Cold start\n\nA planner with the four built-ins linked, as the daemon starts: `Planner::new`, then `PluginHost::warm` (from the cache, `Planner::new` registers each plugin from its describe record and `warm` loads and links its code). In-process: criterion's median. Fresh process: median of {cold_runs} processes, the two timed inside, and the whole process from spawn to exit (exec, loading, teardown). The rows rebuilt outside the host load the four eagerly and call each one's `describe`, as the host did before describe records.\n\n"
     ));
     let mut cold = Table::new(&[
         "plugins from",
-        "`Planner::new` (criterion)",
-        "`Planner::new` (fresh process)",
+        "`Planner::new` + `warm` (criterion)",
+        "`Planner::new` + `warm` (fresh process)",
         "main to ready",
         "whole process",
         "peak memory",
@@ -895,7 +895,7 @@ fn report(config: &ReportConfig) -> anyhow::Result<String> {
     );
     both("resident after the storm", &|r| mib(r.rss_after_kib));
     both(
-        "peak resident (VmHWM = ru_maxrss)",
+        "peak resident during the storm (VmHWM, reset at its start)",
         &|r| mib(r.peak_rss_kib),
     );
     both("peak above the idle process, per flow", &|r| {
@@ -907,7 +907,7 @@ fn report(config: &ReportConfig) -> anyhow::Result<String> {
     out.push_str(&st.render());
 
     out.push_str(&format!(
-        "\n### `serve` with {} pods on the node\n\nThe daemon's watch (metadata only), dispatcher and metrics against the fake API server, {} pods on the node that need nothing and one marker clone (see `fixup_bench::serve`). The listing: `serve::run` starting to the marker's fixup written, the marker being the last pod listed. The events: {} pods changed (one `MODIFIED` watch event each), then the marker again; CPU time over that phase per event.\n\n",
+        "\n### `serve` with {} pods on the node\n\nThe daemon's watch (metadata only), dispatcher and metrics against the fake API server, {} pods on the node that need nothing and one marker clone (see `fixup_bench::serve`). The listing: `serve::run` starting to the marker's fixup written, the marker made a clone that needs a fixup once the host's watch is open (so after the listing). The events: {} pods changed (one `MODIFIED` watch event each), then the marker again; CPU time over that phase per event.\n\n",
         served.pods, served.pods, served.events
     ));
     let mut sv = Table::new(&["figure", "value"]);

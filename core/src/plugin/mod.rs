@@ -232,6 +232,19 @@ pub enum PluginError {
     NotAPlugin { origin: Origin },
     #[error("{origin} cannot be linked: {reason}")]
     Link { origin: Origin, reason: String },
+    /// A plugin registered from its describe record whose code could not
+    /// be loaded at its first call: the node's cache or plugin file is at
+    /// fault, not the VM, so its pods wait (a node error) instead of
+    /// failing.
+    #[error(
+        "{origin} was registered from the plugin cache but its code could not be loaded: {reason}; remove its cache files ({}), or the whole cache directory, then restart cocoon-fixup",
+        cache_files.display()
+    )]
+    NotLoaded {
+        origin: Origin,
+        reason: String,
+        cache_files: PathBuf,
+    },
     #[error("plugin {plugin} describes itself wrongly: {reason}")]
     BadDescription { plugin: String, reason: String },
     #[error("plugin {plugin} declares a guest policy that is not well formed: {source}")]
@@ -312,6 +325,14 @@ pub enum PluginError {
     NotAllowed { origin: Origin, sha256: String },
     #[error("cannot set up the plugin engine: {reason}")]
     Engine { reason: String },
+}
+
+impl PluginError {
+    /// Whether the node is at fault (a plugin registered from the cache
+    /// whose code could not be loaded), not the VM: its pods wait.
+    pub fn is_node_config(&self) -> bool {
+        matches!(self, PluginError::NotLoaded { .. })
+    }
 }
 
 /// How the engine is set up.
@@ -471,12 +492,15 @@ impl PluginHost {
     /// Link every registered plugin that was registered from its describe
     /// record and not called yet: a daemon does this at start, so its first
     /// plans pay nothing extra and a plugin whose code cannot be loaded is
-    /// found before any VM needs it. Returns the first failure.
-    pub fn warm(&self) -> Result<(), PluginError> {
-        for plugin in self.registry.plugins() {
-            plugin.pre()?;
-        }
-        Ok(())
+    /// found before any VM needs it. Returns every failure (empty: all
+    /// linked); a plugin that failed stays registered and its pods wait
+    /// with a node error naming it.
+    pub fn warm(&self) -> Vec<PluginError> {
+        self.registry
+            .plugins()
+            .iter()
+            .filter_map(|plugin| plugin.pre().err())
+            .collect()
     }
 
     /// Load the four built-in plugins. They are compiled into the binary,
@@ -548,7 +572,8 @@ impl PluginHost {
     }
 
     /// Read, compile, check and describe a plugin file without registering
-    /// it (for `plugin inspect` and `plugin test`). The file and the
+    /// it (for `plugin inspect` and `plugin test`), its code loaded and
+    /// linked even when its describe record is cached. The file and the
     /// directories above it must pass the rules of [`trusted`], as in
     /// [`load_dir`](Self::load_dir).
     pub fn inspect_file(&self, path: &Path) -> Result<LoadedPlugin, PluginError> {
@@ -559,7 +584,9 @@ impl PluginHost {
             },
             e => PluginError::Untrusted(e),
         })?;
-        self.prepare(Origin::File(path.to_owned()), &bytes)
+        let plugin = self.prepare(Origin::File(path.to_owned()), &bytes)?;
+        plugin.link()?;
+        Ok(plugin)
     }
 
     /// Compile (or load from cache), check the contract, link and describe;
@@ -618,7 +645,10 @@ impl PluginHost {
                 }
                 // Authentic but not what this host accepts (written by
                 // another version of it): describe again, as on a miss.
-                Err(e) => tracing::debug!(plugin = %origin, "describe record not used: {e}"),
+                Err(e) => tracing::info!(
+                    plugin = %origin,
+                    "describe record not used ({e}); describing the plugin again"
+                ),
             }
         }
         let component = match &self.cache {
@@ -661,6 +691,12 @@ impl PluginHost {
     /// `describe` returned, validated again by [`loaded`](Self::loaded).
     fn from_record(record: &[u8]) -> Result<(Contract, Vec<String>, contract::Described), String> {
         let record: DescribeRecord = serde_json::from_slice(record).map_err(|e| e.to_string())?;
+        if record.host != HOST_VERSION {
+            return Err(format!(
+                "written by cocoon-fixup {}, this is {HOST_VERSION}",
+                record.host
+            ));
+        }
         let version = Contract::parse(&record.contract)
             .ok_or_else(|| format!("contract {} is not served", record.contract))?;
         let mut scenarios = Vec::new();
@@ -786,6 +822,13 @@ impl LoadedPlugin {
         self.contract.granted_imports()
     }
 
+    /// Load and link its code now if it was registered from its describe
+    /// record (`plugin inspect` does, so a file whose code cannot be
+    /// loaded is not reported as fine).
+    pub fn link(&self) -> Result<(), PluginError> {
+        self.pre().map(|_| ())
+    }
+
     /// Whether its code is loaded and linked (at load, or by a first call).
     pub fn is_linked(&self) -> bool {
         self.pre.get().is_some()
@@ -807,32 +850,28 @@ impl LoadedPlugin {
         if let Some(pre) = self.pre.get() {
             return Ok(pre);
         }
+        let not_loaded = |reason: String| PluginError::NotLoaded {
+            origin: self.origin.clone(),
+            reason,
+            cache_files: lazy.cache.dir().join(format!("{}-*", self.sha256)),
+        };
         let component = lazy
             .cache
             .load_or_compile(&lazy.engine, lazy.wasm.bytes(), &self.sha256)
-            .map_err(|e| PluginError::Compile {
-                origin: self.origin.clone(),
-                reason: format!("{e:#}"),
-            })?;
-        // The record is the host's own (authenticated), so this holds
-        // unless the cache was written by a host that read contracts
-        // differently; then the plugin is not called.
-        let version = check_contract(&lazy.engine, &component, &self.origin)?;
+            .map_err(|e| not_loaded(format!("{e:#}")))?;
+        // The record is the host's own (authenticated, and of this host
+        // version), so this holds unless someone holding the key wrote the
+        // cache; then the plugin is not called.
+        let version = check_contract(&lazy.engine, &component, &self.origin)
+            .map_err(|e| not_loaded(e.to_string()))?;
         if version != self.contract {
-            return Err(PluginError::Link {
-                origin: self.origin.clone(),
-                reason: format!(
-                    "its describe record says contract {} but it exports {version}: remove {}",
-                    self.contract,
-                    lazy.cache.record_path(&self.sha256).display()
-                ),
-            });
+            return Err(not_loaded(format!(
+                "its describe record says contract {} but it exports {version}",
+                self.contract
+            )));
         }
-        let pre =
-            contract::link(&lazy.engine, &component, version).map_err(|e| PluginError::Link {
-                origin: self.origin.clone(),
-                reason: format!("{e:#}"),
-            })?;
+        let pre = contract::link(&lazy.engine, &component, version)
+            .map_err(|e| not_loaded(format!("{e:#}")))?;
         Ok(self.pre.get_or_init(|| pre))
     }
 
@@ -1008,10 +1047,17 @@ fn describe(
     })
 }
 
+/// The version of this host, in describe records.
+const HOST_VERSION: &str = env!("CARGO_PKG_VERSION");
+
 /// What a describe record holds (JSON, authenticated by the cache).
 #[derive(serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DescribeRecord {
+    /// The host version that wrote it: another version describes the
+    /// plugin again (it may read contracts, policies or flavours
+    /// differently).
+    host: String,
     /// The contract version of the generator export.
     contract: String,
     imports: Vec<String>,
@@ -1028,6 +1074,7 @@ struct DescribeRecord {
 fn record_of(version: Contract, imports: &[String], described: &contract::Described) -> Vec<u8> {
     let info = &described.info;
     let record = DescribeRecord {
+        host: HOST_VERSION.to_owned(),
         contract: version.version().to_owned(),
         imports: imports.to_vec(),
         name: info.name.clone(),

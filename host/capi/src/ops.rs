@@ -339,12 +339,17 @@ pub fn planner_new(options: &str) -> Result<(Built, String), Failure> {
     let (planner, failures) = Planner::new(planner_options)
         .map_err(|e| Failure::new(CfStatus::CfLoad, format!("starting the plugin host: {e}")))?;
     // An embedding daemon plans many VMs: link every plugin now (see
-    // `PluginHost::warm`), so a plugin whose code cannot be loaded is an
-    // error here and not at some VM's first plan.
-    planner
-        .plugins()
-        .warm()
-        .map_err(|e| Failure::new(CfStatus::CfLoad, format!("starting the plugin host: {e}")))?;
+    // `PluginHost::warm`), so a plugin whose code cannot be loaded is found
+    // here, not at some VM's first plan. Like a plugin file that does not
+    // load: an error in strict mode, else listed with the failures.
+    let unlinked = planner.plugins().warm();
+    if options.strict && !unlinked.is_empty() {
+        let lines: Vec<String> = unlinked.iter().map(ToString::to_string).collect();
+        return Err(Failure::new(
+            CfStatus::CfLoad,
+            format!("starting the plugin host: {}", lines.join("; ")),
+        ));
+    }
     if options.strict && !failures.is_empty() {
         let lines: Vec<String> = failures
             .iter()
@@ -364,6 +369,7 @@ pub fn planner_new(options: &str) -> Result<(Built, String), Failure> {
         .unused_narrowings()
         .into_iter()
         .map(|name| format!("plugin_policy.{name} narrows a plugin that is not loaded: check the name against `cocoon-fixup plugin inspect`"))
+        .chain(unlinked.iter().map(ToString::to_string))
         .collect();
     let slots = planner.plugins().slots();
     let failures: Vec<Value> = failures
@@ -430,6 +436,8 @@ fn plugin_status(e: &PluginError) -> CfStatus {
         | PluginError::LogFlood { .. }
         | PluginError::TooMuchData { .. } => CfStatus::CfPluginLimit,
         PluginError::Policy { .. } => CfStatus::CfPluginPolicy,
+        // The node's cache, not the VM: retry once it is fixed.
+        PluginError::NotLoaded { .. } => CfStatus::CfNode,
         PluginError::Unsupported { .. } | PluginError::InvalidFact { .. } => {
             CfStatus::CfPluginDeclined
         }
