@@ -718,3 +718,47 @@ async fn an_exhausted_fixup_on_a_full_pod_keeps_the_newest_errors() {
     );
     assert_eq!(rig.events(reasons::EXEC_EXHAUSTED).len(), 1);
 }
+
+/// With room for one pod at a time, a second call waits for its turn after
+/// the lifecycle gate; shut down while it waits, it ends with action
+/// `shutdown` having done nothing (no inspect, no exec, no write), and the
+/// first call goes on with its turn until its own shutdown.
+#[tokio::test(start_paused = true)]
+async fn a_call_waiting_for_its_turn_does_nothing_when_shut_down() {
+    let config = HostConfig {
+        fixups_in_flight: 1,
+        ..HostConfig::default()
+    };
+    let rig = rig(vec![Reply::Hang], &STATIC, &[], config);
+    let (first_token, second_token) = (CancellationToken::new(), CancellationToken::new());
+    let first = rig.handle(Trigger::Event, &first_token);
+    let second = async {
+        // The first call has its turn and hangs in its exec by now.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let patches_before = rig.pods.patches().len();
+        let waiting = rig
+            .host
+            .handle("default", "web-0", Trigger::Event, &second_token);
+        let shut_down = async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            second_token.cancel();
+        };
+        let (summary, ()) = tokio::join!(waiting, shut_down);
+        let patches_after = rig.pods.patches().len();
+        first_token.cancel();
+        (summary.unwrap(), patches_before, patches_after)
+    };
+    let (first, (second, patches_before, patches_after)) = tokio::join!(first, second);
+    assert_eq!(second.action, "shutdown", "{second:?}");
+    assert_eq!(second.fixup, None);
+    assert_eq!(
+        patches_after, patches_before,
+        "the waiting call wrote nothing"
+    );
+    assert_eq!(
+        rig.cocoon.calls().len(),
+        1,
+        "only the first call ran its exec"
+    );
+    assert_eq!(first.fixup, Some("shutdown"));
+}

@@ -295,6 +295,122 @@ fn a_forged_describe_record_is_not_believed() {
     assert_eq!(described(&third), expected);
 }
 
+/// A describe record as the host writes it, under the key at `key`:
+/// `body` (JSON) for the plugin with digest `sha256`, beside `record`.
+fn write_record(record: &Path, key: &Path, sha256: &str, body: &serde_json::Value) {
+    use hmac::{Hmac, Mac};
+    let name = record.file_name().unwrap().to_str().unwrap();
+    let engine_key = name
+        .strip_prefix(&format!("{sha256}-"))
+        .and_then(|rest| rest.strip_suffix(".describe"))
+        .expect("<sha256>-<engine key>.describe");
+    let body = serde_json::to_vec(body).unwrap();
+    let magic = b"cfxd\0v1\0";
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(&std::fs::read(key).unwrap()).unwrap();
+    for part in [
+        magic.as_slice(),
+        sha256.as_bytes(),
+        b"\0",
+        engine_key.as_bytes(),
+        b"\0",
+        &body,
+    ] {
+        mac.update(part);
+    }
+    let mut entry = magic.to_vec();
+    entry.extend_from_slice(&mac.finalize().into_bytes());
+    entry.extend_from_slice(&body);
+    std::fs::write(record, entry).unwrap();
+}
+
+/// The JSON body of a record.
+fn record_body(record: &Path) -> serde_json::Value {
+    let entry = std::fs::read(record).unwrap();
+    serde_json::from_slice(&entry[8 + 32..]).unwrap()
+}
+
+/// An authentic record the code does not match (written, say, by a host
+/// that read contracts differently): the plugin is registered from it, its
+/// code fails to load at its first call, and that is a node error naming
+/// the cache files, not a plan failure; `warm` reports it.
+#[test]
+fn code_that_does_not_match_its_record_is_a_node_error() {
+    let place = place();
+    let mut first = PluginHost::new(place.options()).expect("engine");
+    first.load_builtins().expect("built-ins");
+    let cache = place.open(&first).expect("cache");
+    let (_, networkd) = BUILTINS
+        .iter()
+        .find(|(name, _)| *name == "oci-networkd")
+        .expect("a networkd built-in");
+    let record = cache.record_path(&sha(networkd));
+    let mut body = record_body(&record);
+    assert_eq!(body["contract"], "0.2.0");
+    body["contract"] = "0.1.0".into();
+    body["info_contract"] = "0.1.0".into();
+    body["policy"] = serde_json::Value::Null;
+    write_record(&record, &place.key, &sha(networkd), &body);
+
+    let mut second = PluginHost::new(place.options()).expect("engine");
+    second.load_builtins().expect("built-ins");
+    let selection = second
+        .registry()
+        .select(Scenario::OciNetworkd, None)
+        .expect("registered from the record");
+    assert!(!selection.plugin.is_linked());
+    let nic = [("52:54:00:aa:bb:01", Some("10.0.0.5/24"))];
+    let err = second
+        .plan(
+            &selection.plugin,
+            Scenario::OciNetworkd,
+            &facts("web-0", None, &nic),
+        )
+        .expect_err("the code exports another contract");
+    assert!(err.is_node_config(), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("record says contract 0.1.0"), "{text}");
+    assert!(
+        text.contains(&sha(networkd)),
+        "names the cache files: {text}"
+    );
+    let unlinked = second.warm();
+    assert_eq!(unlinked.len(), 1, "{unlinked:?}");
+    assert!(unlinked[0].is_node_config());
+}
+
+/// A record another host version wrote is not used: the plugin is
+/// described again and the record rewritten for this version.
+#[test]
+fn a_record_from_another_host_version_is_described_again() {
+    let place = place();
+    let mut first = PluginHost::new(place.options()).expect("engine");
+    first.load_builtins().expect("built-ins");
+    let cache = place.open(&first).expect("cache");
+    let (_, cloudimg) = BUILTINS
+        .iter()
+        .find(|(name, _)| *name == "cloudimg")
+        .expect("a cloudimg built-in");
+    let record = cache.record_path(&sha(cloudimg));
+    let genuine = record_body(&record);
+    let mut older = genuine.clone();
+    older["host"] = "0.0.1".into();
+    older["summary"] = "from an older host".into();
+    write_record(&record, &place.key, &sha(cloudimg), &older);
+
+    let mut second = PluginHost::new(place.options()).expect("engine");
+    second.load_builtins().expect("built-ins");
+    let plugin = second
+        .registry()
+        .plugins()
+        .iter()
+        .find(|p| p.info.name == "cloudimg")
+        .expect("registered")
+        .clone();
+    assert!(plugin.is_linked(), "described by a call");
+    assert_ne!(plugin.info.summary, "from an older host");
+    assert_eq!(record_body(&record), genuine, "rewritten by this version");
+}
+
 /// Another plugin's entry copied over a built-in's (what once made the
 /// hostile plugin run as `built-in:oci-networkd`): its MAC names the other
 /// plugin, so the entry is compiled again from the built-in's own bytes,
