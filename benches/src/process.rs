@@ -17,6 +17,22 @@ pub fn cpu_time() -> Duration {
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
+/// System (kernel) CPU time this process has used so far, all threads:
+/// `stime` of `/proc/self/stat`, in clock ticks (10 ms on most kernels, so
+/// meaningful over runs of seconds). Zero if it cannot be read.
+pub fn system_cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name (which is in parentheses and may
+    // hold spaces): state is field 3, stime field 15.
+    let ticks = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(12))
+        .and_then(|t| t.parse::<u64>().ok())
+        .unwrap_or(0);
+    let per_second = rustix::param::clock_ticks_per_second().max(1);
+    Duration::from_secs_f64(ticks as f64 / per_second as f64)
+}
+
 /// A `kB` field of `/proc/self/status` (`VmHWM`, `VmRSS`, ...), in KiB.
 pub fn status_kib(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;

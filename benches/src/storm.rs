@@ -90,6 +90,10 @@ pub struct StormResult {
     /// Process CPU time (user + system, every thread) during the storm.
     pub cpu_ms: f64,
     pub cpu_per_fixup_us: f64,
+    /// Of `cpu_ms`, the kernel's (system time): mostly the TCP of the API
+    /// requests and the runner's socket.
+    #[serde(default)]
+    pub system_cpu_ms: f64,
     /// Resident memory with the planner, runtime and client set up, before
     /// the storm.
     pub rss_before_kib: u64,
@@ -182,6 +186,7 @@ async fn storm(config: &StormConfig) -> anyhow::Result<StormResult> {
     process::reset_peak_rss();
     let rss_before_kib = process::rss_kib();
     let cpu_before = process::cpu_time();
+    let system_before = process::system_cpu_time();
     let started = Instant::now();
     let tasks: Vec<_> = (0..config.fixups)
         .map(|i| {
@@ -200,6 +205,7 @@ async fn storm(config: &StormConfig) -> anyhow::Result<StormResult> {
     }
     let wall = started.elapsed();
     let cpu = process::cpu_time().saturating_sub(cpu_before);
+    let system = process::system_cpu_time().saturating_sub(system_before);
     let rss_after_kib = process::rss_kib();
     let peak_rss_kib = process::peak_rss_kib();
     let observed = standins.observed(&client, true).await?;
@@ -242,6 +248,7 @@ async fn storm(config: &StormConfig) -> anyhow::Result<StormResult> {
         attempts: observed.execs,
         wall_ms: ms(wall),
         cpu_ms: ms(cpu),
+        system_cpu_ms: ms(system),
         cpu_per_fixup_us: cpu.as_secs_f64() * 1e6 / config.fixups.max(1) as f64,
         rss_before_kib,
         rss_after_kib,

@@ -690,23 +690,27 @@ async fn a_failed_read_before_the_ready_write_writes_nothing_and_is_retried() {
     assert_eq!(calls.len(), 1);
 }
 
-/// The answer to the `running` write carries no usable pod (here the
-/// metadata of another incarnation, which the host must not trust): the
-/// host falls back to the GET before attempt 1, as before it read the
-/// answer, and the flow goes on to `done` and the ready write.
+/// The answer to the `running` write carries no usable pod (the metadata
+/// of another incarnation, which the host must not trust, or no pod at
+/// all): the host falls back to the GET before attempt 1, as before it read
+/// the answer, and the flow goes on to `done` and the ready write.
+#[rstest::rstest]
+#[case::another_incarnation(json!({
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {
+        "name": NAME,
+        "namespace": NAMESPACE,
+        "uid": "uid-2",
+        "annotations": { keys::POST_CLONE_STATE: "running" },
+    },
+}))]
+#[case::no_pod(json!({}))]
 #[tokio::test(start_paused = true)]
-async fn a_running_answer_without_the_pod_falls_back_to_a_read_before_attempt_1() {
+async fn a_running_answer_without_the_pod_falls_back_to_a_read_before_attempt_1(
+    #[case] stranger: Value,
+) {
     let rig = rig(vec![Reply::Done], &STATIC, HostConfig::default());
-    let stranger = json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": NAME,
-            "namespace": NAMESPACE,
-            "uid": "uid-2",
-            "annotations": { keys::POST_CLONE_STATE: "running" },
-        },
-    });
     let conversation = Conversation::new("the running answer is no read", &pod(&[]))
         .get()
         // Still this pod's, with work, before `running` is written.

@@ -880,6 +880,13 @@ fn report(config: &ReportConfig) -> anyhow::Result<String> {
     both("CPU time per fixup", &|r| {
         human_ns(r.cpu_per_fixup_us * 1e3)
     });
+    both("of which in the kernel (system time)", &|r| {
+        format!(
+            "{} ({:.0} %)",
+            human_ns(r.system_cpu_ms * 1e6),
+            100.0 * r.system_cpu_ms / r.cpu_ms.max(1e-9)
+        )
+    });
     both("API requests per fixup (patches, events)", &|r| {
         let n = r.fixups.max(1) as f64;
         format!(
