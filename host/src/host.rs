@@ -44,14 +44,14 @@ pub struct HostConfig {
     pub inspect_timeout: Duration,
     /// Which VM names bind a VM to its pod (spec section 2).
     pub binding: BindingPolicy,
-    /// Pods worked on at once between their first read and the end of
+    /// Pods worked on at once between the lifecycle gate and the end of
     /// their fixup loop (IP waits do not count): more calls wait their turn
-    /// before reading the pod, holding almost nothing. Default
-    /// [`DEFAULT_FIXUPS_IN_FLIGHT`].
+    /// after the gate, holding their read and little else; a pod the gate
+    /// turns away never waits. Default [`DEFAULT_FIXUPS_IN_FLIGHT`].
     pub fixups_in_flight: usize,
 }
 
-/// Pods past their first read and not yet through their fixup loop, at
+/// Pods past the lifecycle gate and not yet through their fixup loop, at
 /// once, by default. A storm of clones is read, planned and written a few
 /// hundred at a time, so the host does not hold every plan at once while
 /// they all wait for the API server; the rest wait at the door. See
