@@ -598,6 +598,21 @@ impl RemoteCocoon {
         }
     }
 
+    /// `request`, answered within `timeout`.
+    async fn ask_within(
+        &self,
+        request: &RunnerRequest,
+        what: &str,
+        timeout: Duration,
+    ) -> Result<RunnerAnswer, CocoonError> {
+        tokio::time::timeout(timeout, self.ask(request, what))
+            .await
+            .map_err(|_| CocoonError::Timeout {
+                what: what.to_owned(),
+                after: timeout,
+            })?
+    }
+
     async fn ask(&self, request: &RunnerRequest, what: &str) -> Result<RunnerAnswer, CocoonError> {
         let spawn = |e: std::io::Error| CocoonError::Spawn {
             program: self.socket.to_path_buf(),
@@ -634,12 +649,7 @@ impl Cocoon for RemoteCocoon {
             vm: vm.as_str().to_owned(),
             argv: argv.to_vec(),
         };
-        let answer = tokio::time::timeout(timeout, self.ask(&request, &what))
-            .await
-            .map_err(|_| CocoonError::Timeout {
-                what: what.clone(),
-                after: timeout,
-            })??;
+        let answer = self.ask_within(&request, &what, timeout).await?;
         Ok(ExecOutput {
             status: ExitStatusKind::Code(answer.code.unwrap_or(1)),
             stdout: Vec::new(),
@@ -653,12 +663,7 @@ impl Cocoon for RemoteCocoon {
         let request = RunnerRequest::Inspect {
             vm: vm.as_str().to_owned(),
         };
-        let answer = tokio::time::timeout(timeout, self.ask(&request, &what))
-            .await
-            .map_err(|_| CocoonError::Timeout {
-                what: what.clone(),
-                after: timeout,
-            })??;
+        let answer = self.ask_within(&request, &what, timeout).await?;
         if answer.code != Some(0) {
             return Err(CocoonError::Failed {
                 what,

@@ -23,6 +23,15 @@ fn hostile() -> Vec<u8> {
     std::fs::read(env!("PLUGIN_HOSTILE")).expect("built")
 }
 
+/// The bytes of the built-in plugin `name`.
+fn builtin(name: &str) -> &'static [u8] {
+    BUILTINS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, bytes)| *bytes)
+        .expect("a built-in of that name")
+}
+
 fn sha(bytes: &[u8]) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(bytes))
@@ -239,15 +248,9 @@ fn a_forged_describe_record_is_not_believed() {
         .load_file(Path::new(env!("PLUGIN_HOSTILE")))
         .expect("hostile");
     let cache = place.open(&first).expect("cache");
-    let (_, networkd) = BUILTINS
-        .iter()
-        .find(|(name, _)| *name == "oci-networkd")
-        .expect("a networkd built-in");
+    let networkd = builtin("oci-networkd");
     let networkd_record = cache.record_path(&sha(networkd));
-    let (_, cloudimg) = BUILTINS
-        .iter()
-        .find(|(name, _)| *name == "cloudimg")
-        .expect("a cloudimg built-in");
+    let cloudimg = builtin("cloudimg");
     let cloudimg_record = cache.record_path(&sha(cloudimg));
     let genuine = std::fs::read(&networkd_record).expect("record");
 
@@ -339,10 +342,7 @@ fn code_that_does_not_match_its_record_is_a_node_error() {
     let mut first = PluginHost::new(place.options()).expect("engine");
     first.load_builtins().expect("built-ins");
     let cache = place.open(&first).expect("cache");
-    let (_, networkd) = BUILTINS
-        .iter()
-        .find(|(name, _)| *name == "oci-networkd")
-        .expect("a networkd built-in");
+    let networkd = builtin("oci-networkd");
     let record = cache.record_path(&sha(networkd));
     let mut body = record_body(&record);
     assert_eq!(body["contract"], "0.2.0");
@@ -386,10 +386,7 @@ fn a_record_from_another_host_version_is_described_again() {
     let mut first = PluginHost::new(place.options()).expect("engine");
     first.load_builtins().expect("built-ins");
     let cache = place.open(&first).expect("cache");
-    let (_, cloudimg) = BUILTINS
-        .iter()
-        .find(|(name, _)| *name == "cloudimg")
-        .expect("a cloudimg built-in");
+    let cloudimg = builtin("cloudimg");
     let record = cache.record_path(&sha(cloudimg));
     let genuine = record_body(&record);
     let mut older = genuine.clone();
@@ -424,10 +421,7 @@ fn an_entry_swapped_in_from_another_plugin_is_rebuilt_and_the_builtin_plans_its_
         .load_file(Path::new(env!("PLUGIN_HOSTILE")))
         .expect("hostile");
     let cache = place.open(&first).expect("cache");
-    let (_, networkd) = BUILTINS
-        .iter()
-        .find(|(name, _)| *name == "oci-networkd")
-        .expect("a networkd built-in");
+    let networkd = builtin("oci-networkd");
     let builtin_entry = cache.entry_path(&sha(networkd));
     let hostile_entry = cache.entry_path(&sha(&hostile()));
     std::fs::copy(&hostile_entry, &builtin_entry).expect("swap the entry");

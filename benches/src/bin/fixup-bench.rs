@@ -939,22 +939,19 @@ fn report(config: &ReportConfig) -> anyhow::Result<String> {
                 / served.pods.max(1) as f64
         ),
     ]);
-    sv.row(vec![
-        "the listing: wall, CPU".into(),
-        format!(
-            "{}, {}",
-            human_ns(served.list_ms * 1e6),
-            human_ns(served.list_cpu_ms * 1e6)
+    for (label, wall_ms, cpu_ms) in [
+        ("the listing: wall, CPU", served.list_ms, served.list_cpu_ms),
+        (
+            "the watch events: wall, CPU",
+            served.events_ms,
+            served.events_cpu_ms,
         ),
-    ]);
-    sv.row(vec![
-        "the watch events: wall, CPU".into(),
-        format!(
-            "{}, {}",
-            human_ns(served.events_ms * 1e6),
-            human_ns(served.events_cpu_ms * 1e6)
-        ),
-    ]);
+    ] {
+        sv.row(vec![
+            label.into(),
+            format!("{}, {}", human_ns(wall_ms * 1e6), human_ns(cpu_ms * 1e6)),
+        ]);
+    }
     sv.row(vec![
         "CPU per watch event (a pod that needs nothing)".into(),
         human_ns(served.cpu_per_event_us * 1e3),
