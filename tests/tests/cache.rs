@@ -73,6 +73,20 @@ impl Place {
         }
     }
 
+    /// A first start: the built-ins (and, if asked, the hostile plugin)
+    /// compiled and described into the cache; the host and the cache.
+    fn first_start(&self, hostile: bool) -> (PluginHost, ArtifactCache) {
+        let mut first = PluginHost::new(self.options()).expect("engine");
+        first.load_builtins().expect("built-ins compile");
+        if hostile {
+            first
+                .load_file(Path::new(env!("PLUGIN_HOSTILE")))
+                .expect("hostile");
+        }
+        let cache = self.open(&first).expect("cache");
+        (first, cache)
+    }
+
     fn entries(&self) -> usize {
         std::fs::read_dir(&self.cache)
             .map(|dir| {
@@ -185,9 +199,7 @@ fn described(host: &PluginHost) -> Vec<String> {
 #[test]
 fn a_cached_start_links_only_the_plugins_it_calls() {
     let place = place();
-    let mut first = PluginHost::new(place.options()).expect("engine");
-    first.load_builtins().expect("built-ins compile");
-    let cache = place.open(&first).expect("cache");
+    let (first, cache) = place.first_start(false);
     for plugin in first.registry().plugins() {
         assert!(
             plugin.is_linked(),
@@ -242,12 +254,7 @@ fn a_cached_start_links_only_the_plugins_it_calls() {
 #[test]
 fn a_forged_describe_record_is_not_believed() {
     let place = place();
-    let mut first = PluginHost::new(place.options()).expect("engine");
-    first.load_builtins().expect("built-ins");
-    first
-        .load_file(Path::new(env!("PLUGIN_HOSTILE")))
-        .expect("hostile");
-    let cache = place.open(&first).expect("cache");
+    let (first, cache) = place.first_start(true);
     let networkd = builtin("oci-networkd");
     let networkd_record = cache.record_path(&sha(networkd));
     let cloudimg = builtin("cloudimg");
@@ -339,9 +346,7 @@ fn record_body(record: &Path) -> serde_json::Value {
 #[test]
 fn code_that_does_not_match_its_record_is_a_node_error() {
     let place = place();
-    let mut first = PluginHost::new(place.options()).expect("engine");
-    first.load_builtins().expect("built-ins");
-    let cache = place.open(&first).expect("cache");
+    let (_, cache) = place.first_start(false);
     let networkd = builtin("oci-networkd");
     let record = cache.record_path(&sha(networkd));
     let mut body = record_body(&record);
@@ -383,9 +388,7 @@ fn code_that_does_not_match_its_record_is_a_node_error() {
 #[test]
 fn a_record_from_another_host_version_is_described_again() {
     let place = place();
-    let mut first = PluginHost::new(place.options()).expect("engine");
-    first.load_builtins().expect("built-ins");
-    let cache = place.open(&first).expect("cache");
+    let (_, cache) = place.first_start(false);
     let cloudimg = builtin("cloudimg");
     let record = cache.record_path(&sha(cloudimg));
     let genuine = record_body(&record);
@@ -415,12 +418,7 @@ fn a_record_from_another_host_version_is_described_again() {
 #[test]
 fn an_entry_swapped_in_from_another_plugin_is_rebuilt_and_the_builtin_plans_its_own_plan() {
     let place = place();
-    let mut first = PluginHost::new(place.options()).expect("engine");
-    first.load_builtins().expect("built-ins");
-    first
-        .load_file(Path::new(env!("PLUGIN_HOSTILE")))
-        .expect("hostile");
-    let cache = place.open(&first).expect("cache");
+    let (first, cache) = place.first_start(true);
     let networkd = builtin("oci-networkd");
     let builtin_entry = cache.entry_path(&sha(networkd));
     let hostile_entry = cache.entry_path(&sha(&hostile()));
