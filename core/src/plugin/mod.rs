@@ -508,7 +508,7 @@ impl PluginHost {
     pub fn load_builtins(&mut self) -> Result<(), LoadError> {
         for ((name, bytes), sha256) in builtin::BUILTINS.iter().zip(builtin::BUILTIN_SHA256) {
             let origin = Origin::BuiltIn((*name).to_owned());
-            let plugin = self.prepare_wasm(origin, Wasm::Static(bytes), Some(sha256))?;
+            let plugin = self.prepare_wasm(origin, bytes, || Wasm::Static(bytes), Some(sha256))?;
             self.registry.add(plugin)?;
         }
         Ok(())
@@ -593,18 +593,20 @@ impl PluginHost {
     /// or, when the cache holds the plugin's describe record, register it
     /// from that and leave loading its code to its first call.
     pub fn prepare(&self, origin: Origin, bytes: &[u8]) -> Result<LoadedPlugin, PluginError> {
-        self.prepare_wasm(origin, Wasm::Shared(Arc::from(bytes)), None)
+        self.prepare_wasm(origin, bytes, || Wasm::Shared(Arc::from(bytes)), None)
     }
 
-    /// [`prepare`](Self::prepare); `sha256` is the bytes' digest when it is
-    /// known already (the built-ins').
+    /// [`prepare`](Self::prepare); `keep` gives bytes the plugin can keep
+    /// for its first call (made only when it is registered from its
+    /// describe record); `sha256` is the bytes' digest when it is known
+    /// already (the built-ins').
     fn prepare_wasm(
         &self,
         origin: Origin,
-        wasm: Wasm,
+        bytes: &[u8],
+        keep: impl FnOnce() -> Wasm,
         sha256: Option<&str>,
     ) -> Result<LoadedPlugin, PluginError> {
-        let bytes = wasm.bytes();
         if !is_component(bytes) {
             let detail = if bytes.starts_with(CORE_MODULE_HEADER) {
                 " (it is a core module)"
@@ -630,7 +632,7 @@ impl PluginHost {
                     let lazy = Lazy {
                         engine: self.engine.clone(),
                         cache: cache.clone(),
-                        wasm,
+                        wasm: keep(),
                         linking: Mutex::new(()),
                     };
                     return self.loaded(
