@@ -211,6 +211,7 @@ pub fn planner(cocoon_root: &Path, cache_dir: Option<PathBuf>) -> anyhow::Result
         },
         cocoon_root: cocoon_root.to_owned(),
         plugin_dir: None,
+        ..PlannerOptions::default()
     };
     let (planner, failures) = Planner::new(options)?;
     anyhow::ensure!(failures.is_empty(), "plugin load failures: {failures:?}");

@@ -83,6 +83,7 @@ pub fn plan_scenarios(
             steps: plan.steps.len(),
             selection,
             stats: CallStats::default(),
+            fallback: None,
         });
         plans.push(plan);
     }

@@ -43,6 +43,10 @@ pub mod reasons {
     /// Not in spec section 9: the node cannot be probed (the cocoon root is
     /// not readable). The work is retried, the pod is not failed.
     pub const NODE_ERROR: &str = "PostCloneNodeError";
+    /// Not in spec section 9: a plugin file failed for the pod and its
+    /// failure policy put the built-in in its place (the message names
+    /// both, with versions and the failure).
+    pub const PLUGIN_FALLBACK: &str = "PostClonePluginFallback";
 }
 
 /// Event messages are capped at this many bytes (spec section 9).

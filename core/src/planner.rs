@@ -4,7 +4,9 @@
 //!
 //! [`Planner`] is built once (it owns the plugin engine) and called per VM.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -14,7 +16,8 @@ use crate::facts::{FactError, ImageKind, Observation, VmFacts, VmId};
 use crate::plan::{self, Plan, PlanError, ScriptHeader};
 use crate::plugin::registry::NoPlugin;
 use crate::plugin::{
-    CallStats, EngineOptions, LoadError, LoadFailure, PluginError, PluginHost, Selection,
+    CallStats, EngineOptions, LoadError, LoadFailure, LoadedPlugin, Origin, PluginError,
+    PluginHost, Selection,
 };
 use crate::probe::{OverlayProbe, ProbeError};
 
@@ -26,6 +29,38 @@ pub struct PlannerOptions {
     pub cocoon_root: PathBuf,
     /// Vendor plugins to load after the built-ins, if any.
     pub plugin_dir: Option<PathBuf>,
+    /// What happens when a plugin misbehaves for a VM it claimed, by plugin
+    /// name; a plugin not named here fails the pod
+    /// ([`FailurePolicy::Fail`]).
+    pub failure: BTreeMap<String, FailurePolicy>,
+}
+
+/// What the host does when a plugin traps, breaches a limit or its policy,
+/// or declines (`unsupported`) a VM it claimed
+/// ([`PluginError::is_misbehaviour`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailurePolicy {
+    /// No plan: the pod fails with the plugin's error (the default).
+    #[default]
+    Fail,
+    /// Plan with the built-in that serves the scenario for any flavour,
+    /// and say so (a Warning event naming both plugins). A plugin that
+    /// rejects the facts (`invalid-facts`) still fails the pod: the facts
+    /// are wrong, not the plugin.
+    Fallback,
+}
+
+impl FailurePolicy {
+    pub const NAMES: [&'static str; 2] = ["fail", "fallback"];
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "fail" => Some(FailurePolicy::Fail),
+            "fallback" => Some(FailurePolicy::Fallback),
+            _ => None,
+        }
+    }
 }
 
 impl Default for PlannerOptions {
@@ -34,6 +69,7 @@ impl Default for PlannerOptions {
             engine: EngineOptions::default(),
             cocoon_root: PathBuf::from(crate::probe::DEFAULT_COCOON_ROOT),
             plugin_dir: None,
+            failure: BTreeMap::new(),
         }
     }
 }
@@ -65,6 +101,41 @@ pub struct PlanPart {
     pub selection: Selection,
     pub stats: CallStats,
     pub steps: usize,
+    /// Set when the selected plugin failed and its failure policy put the
+    /// built-in in its place: `selection` is then the built-in's.
+    pub fallback: Option<Fallback>,
+}
+
+/// A plugin that failed for a VM it claimed, replaced by a built-in
+/// ([`FailurePolicy::Fallback`]).
+#[derive(Debug, Clone)]
+pub struct Fallback {
+    /// The plugin that failed.
+    pub failed: Arc<LoadedPlugin>,
+    /// Why it failed.
+    pub error: String,
+    /// The kind of failure ([`PluginError::misbehaviour`]).
+    pub kind: &'static str,
+}
+
+impl Fallback {
+    /// One line for the Warning event and the log: both plugins, their
+    /// versions and digests, and the failure.
+    pub fn message(&self, scenario: Scenario, used: &LoadedPlugin) -> String {
+        format!(
+            "plugin {} {} (sha256:{}) failed for {scenario}: {}; planned with the built-in {} {} instead (failure policy `fallback`)",
+            self.failed.info.name,
+            self.failed.info.version,
+            short_digest(&self.failed.sha256),
+            self.error,
+            used.info.name,
+            used.info.version,
+        )
+    }
+}
+
+fn short_digest(sha256: &str) -> &str {
+    sha256.get(..12).unwrap_or(sha256)
 }
 
 /// A plan composed from one or more plugins, rendered.
@@ -109,7 +180,7 @@ impl ComposedPlan {
                     "{} {} sha256:{}",
                     plugin.info.name,
                     plugin.info.version,
-                    &plugin.sha256[..12]
+                    short_digest(&plugin.sha256)
                 )
             })
             .collect();
@@ -154,6 +225,7 @@ pub struct PlanOutcome {
 pub struct Planner {
     plugins: PluginHost,
     cocoon_root: PathBuf,
+    failure: BTreeMap<String, FailurePolicy>,
 }
 
 impl Planner {
@@ -174,10 +246,25 @@ impl Planner {
                 crate::facts::escape_controls(&name)
             );
         }
+        for name in options.failure.keys() {
+            let loaded = plugins
+                .registry()
+                .plugins()
+                .iter()
+                .any(|p| p.info.name == *name && !matches!(p.origin, Origin::BuiltIn(_)));
+            if !loaded {
+                tracing::warn!(
+                    plugin = %crate::facts::escape_controls(name),
+                    "the configuration file sets plugin_failure.{} but no plugin file has that name (a built-in always fails the pod): check the name against `cocoon-fixup plugin inspect`",
+                    crate::facts::escape_controls(name)
+                );
+            }
+        }
         Ok((
             Planner {
                 plugins,
                 cocoon_root: options.cocoon_root,
+                failure: options.failure,
             },
             failures,
         ))
@@ -230,11 +317,27 @@ impl Planner {
         let mut plans = Vec::new();
         for &scenario in scenarios {
             let selection = registry.select(scenario, facts.flavor.as_ref())?;
-            let (plan, stats) = self.plugins.plan(&selection.plugin, scenario, facts)?;
+            let (selection, (plan, stats), fallback) =
+                match self.plugins.plan(&selection.plugin, scenario, facts) {
+                    Ok(planned) => (selection, planned, None),
+                    Err(error) => {
+                        let Some((builtin, kind)) = self.fallback_for(&selection, &error) else {
+                            return Err(error.into());
+                        };
+                        let planned = self.plugins.plan(&builtin.plugin, scenario, facts)?;
+                        let fallback = Fallback {
+                            failed: selection.plugin,
+                            error: error.to_string(),
+                            kind,
+                        };
+                        (builtin, planned, Some(fallback))
+                    }
+                };
             parts.push(PlanPart {
                 steps: plan.steps.len(),
                 selection,
                 stats,
+                fallback,
             });
             plans.push(plan);
         }
@@ -259,6 +362,39 @@ impl Planner {
         plan::check_rendered(&composed.plan, &composed.exec, &composed.hint)
             .map_err(|source| PlannerError::Compose { plugins, source })?;
         Ok(composed)
+    }
+
+    /// The built-in that takes over from a plugin file that failed with
+    /// `error`, when the plugin's failure policy says so and a built-in
+    /// serves the scenario for any flavour; with the kind of failure.
+    fn fallback_for(
+        &self,
+        selection: &Selection,
+        error: &PluginError,
+    ) -> Option<(Selection, &'static str)> {
+        let failed = &selection.plugin;
+        let kind = error.misbehaviour()?;
+        if matches!(failed.origin, Origin::BuiltIn(_))
+            || self.failure.get(&failed.info.name) != Some(&FailurePolicy::Fallback)
+        {
+            return None;
+        }
+        let generic = self
+            .plugins
+            .registry()
+            .select(selection.scenario, None)
+            .ok()?;
+        if !matches!(generic.plugin.origin, Origin::BuiltIn(_)) {
+            return None;
+        }
+        let selection = Selection {
+            reason: format!(
+                "{} failed and its failure policy is `fallback`: {}",
+                failed.info.name, generic.reason
+            ),
+            ..generic
+        };
+        Some((selection, kind))
     }
 
     /// Cloudimg when the source image is an http(s) URL, else when the
@@ -312,6 +448,10 @@ pub struct PluginReport<'a> {
     pub why: &'a str,
     pub fuel_used: u64,
     pub peak_memory_bytes: usize,
+    /// The plugin that was selected first and failed, when this built-in
+    /// took its place ([`Fallback::message`]); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
 }
 
 impl PlanOutcome {
@@ -345,6 +485,10 @@ impl PlanOutcome {
                     why: &p.selection.reason,
                     fuel_used: p.stats.fuel_used,
                     peak_memory_bytes: p.stats.peak_memory_bytes,
+                    fallback: p
+                        .fallback
+                        .as_ref()
+                        .map(|f| f.message(p.selection.scenario, &p.selection.plugin)),
                 })
                 .collect(),
             dialect: composed.map(|c| c.plan.dialect),

@@ -22,7 +22,7 @@ use crate::cocoon::DEFAULT_COCOON_BIN;
 use crate::host::HostConfig;
 use crate::plan::PlanLimits;
 use crate::plan::policy::{GuestPolicy, RawPolicy};
-use crate::planner::PlannerOptions;
+use crate::planner::{FailurePolicy, PlannerOptions};
 use crate::plugin::cache::default_cache_dir;
 use crate::plugin::sandbox::{DEFAULT_DEADLINE, DEFAULT_FUEL, DEFAULT_MEMORY_BYTES};
 use crate::plugin::{DEFAULT_SLOTS, EngineOptions, Limits};
@@ -175,6 +175,13 @@ pub struct ConfigArgs {
     #[arg(skip)]
     #[serde(default)]
     pub plugin_policy: BTreeMap<String, RawPolicy>,
+    /// What happens when a plugin file traps, breaches a limit or its
+    /// policy, or declines (`unsupported`) a VM it claimed, by plugin
+    /// name: configuration file only (`[plugin_failure]`, `NAME = "fail"`,
+    /// the default, or `"fallback"` to the built-in for the scenario).
+    #[arg(skip)]
+    #[serde(default)]
+    pub plugin_failure: BTreeMap<String, String>,
 }
 
 mod opt_duration {
@@ -249,6 +256,15 @@ impl ConfigArgs {
             })?;
             narrowing.insert(name.clone(), policy);
         }
+        let mut failure = BTreeMap::new();
+        for (name, value) in &a.plugin_failure {
+            let policy = FailurePolicy::parse(value).ok_or_else(|| ConfigError::Invalid {
+                what: "plugin_failure",
+                rule: "`fail` or `fallback` for each plugin name",
+                value: format!("{name} = {value:?}"),
+            })?;
+            failure.insert(name.clone(), policy);
+        }
         let concurrency = a.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
         if concurrency == 0 {
             return Err(ConfigError::Invalid {
@@ -296,6 +312,7 @@ impl ConfigArgs {
                     .cocoon_root
                     .unwrap_or_else(|| PathBuf::from(DEFAULT_COCOON_ROOT)),
                 plugin_dir,
+                failure,
             },
             host: HostConfig {
                 retry: RetryConfig {
@@ -373,8 +390,9 @@ impl ConfigArgs {
             accept_legacy_vm_names: self.accept_legacy_vm_names || file.accept_legacy_vm_names,
             concurrency: self.concurrency.or(file.concurrency),
             metrics_addr: self.metrics_addr.or(file.metrics_addr),
-            // The file is its only source.
+            // The file is their only source.
             plugin_policy: file.plugin_policy,
+            plugin_failure: file.plugin_failure,
         }
     }
 }
@@ -447,6 +465,21 @@ runs = [["systemctl", "restart", "systemd-networkd"]]
         std::fs::write(&file, "[plugin_policy.x]\nwrite = []\n").unwrap();
         let err = ConfigArgs::default().resolve(Some(&file)).unwrap_err();
         assert!(err.to_string().contains("write"), "{err}");
+    }
+
+    #[test]
+    fn the_file_sets_failure_policies_by_plugin_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.toml");
+        std::fs::write(&file, "[plugin_failure]\nacme-net = \"fallback\"\n").unwrap();
+        let s = ConfigArgs::default().resolve(Some(&file)).unwrap();
+        assert_eq!(s.planner.failure["acme-net"], FailurePolicy::Fallback);
+        assert_eq!(s.planner.failure.len(), 1);
+
+        std::fs::write(&file, "[plugin_failure]\nacme-net = \"ignore\"\n").unwrap();
+        let err = ConfigArgs::default().resolve(Some(&file)).unwrap_err();
+        assert!(err.to_string().contains("plugin_failure"), "{err}");
+        assert!(err.to_string().contains("acme-net"), "{err}");
     }
 
     #[test]

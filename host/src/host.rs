@@ -28,7 +28,7 @@ use crate::facts::{
 };
 use crate::lifecycle::{self, Action, HandsOff, PostCloneState};
 use crate::metrics::Metrics;
-use crate::planner::{ComposedPlan, Planner, PlannerError};
+use crate::planner::{ComposedPlan, PlanPart, Planner, PlannerError};
 use crate::plugin::registry::NoPlugin;
 use crate::pods::{Event, PodApi, PodError, PodRef, reasons};
 use crate::probe::ProbeError;
@@ -564,6 +564,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         let composed = outcome
             .composed
             .expect("a decision that needs a fixup has a plan");
+        self.fallbacks(pod, &composed.parts).await;
         // The hint is written only after the budget is spent, and only if
         // it fits then; say now that it would not.
         if let Err(e) =
@@ -626,15 +627,34 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             })
             .await;
         match planned {
-            Ok(c) => Some(DhcpRecovery {
-                nics: c.facts.nics.len(),
-                plan: c.plan,
-                exec: c.exec,
+            Ok(c) => Some({
+                self.fallbacks(pod, &c.parts).await;
+                DhcpRecovery {
+                    nics: c.facts.nics.len(),
+                    plan: c.plan,
+                    exec: c.exec,
+                }
             }),
             Err(e) => {
                 tracing::warn!(pod = %pod, "no DHCP recovery plan: {e}");
                 None
             }
+        }
+    }
+
+    /// Tell of every plugin in `parts` that failed and was replaced by the
+    /// built-in (failure policy `fallback`): a log line, the metric, and a
+    /// Warning event on the pod naming both plugins.
+    async fn fallbacks(&self, pod: &PodRef, parts: &[PlanPart]) {
+        for part in parts {
+            let Some(fallback) = &part.fallback else {
+                continue;
+            };
+            let message = fallback.message(part.selection.scenario, &part.selection.plugin);
+            tracing::warn!(pod = %pod, "{}", escape_controls(&message));
+            self.metrics.plugin_fallback(fallback);
+            self.emit(pod, Event::warning(reasons::PLUGIN_FALLBACK, message))
+                .await;
         }
     }
 

@@ -417,6 +417,9 @@ fn plan_text(
             p.peak_memory_bytes >> 10
         )?;
         writeln!(out, "  why: {}", p.why)?;
+        if let Some(fallback) = &p.fallback {
+            writeln!(out, "  fallback: {fallback}")?;
+        }
     }
     let total = composed.plan.steps.len();
     writeln!(out)?;

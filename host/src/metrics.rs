@@ -9,7 +9,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::classify::Scenario;
-use crate::planner::{PlanOutcome, PlannerError};
+use crate::planner::{Fallback, PlanOutcome, PlannerError};
 use crate::plugin::PluginError;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -52,6 +52,7 @@ pub struct Metrics {
     plugin_seconds: HistogramFamily<PluginLabels>,
     plugin_fuel: HistogramFamily<PluginLabels>,
     plugin_traps: Family<TrapLabels, Counter>,
+    plugin_fallbacks: Family<TrapLabels, Counter>,
     vm_mismatches: Counter,
     node_errors: Family<KindLabels, Counter>,
     retries: Family<KindLabels, Counter>,
@@ -122,6 +123,12 @@ impl Metrics {
             "Plugin calls that trapped or broke a limit, by kind",
             plugin_traps.clone(),
         );
+        let plugin_fallbacks = Family::<TrapLabels, Counter>::default();
+        registry.register(
+            "plugin_fallbacks",
+            "Plugin calls that failed and were replaced by the built-in (failure policy `fallback`), by the failed plugin and kind",
+            plugin_fallbacks.clone(),
+        );
         let vm_mismatches = Counter::default();
         registry.register(
             "vm_mismatches",
@@ -159,6 +166,7 @@ impl Metrics {
             plugin_seconds,
             plugin_fuel,
             plugin_traps,
+            plugin_fallbacks,
         }
     }
 
@@ -233,6 +241,16 @@ impl Metrics {
                 .get_or_create(&labels)
                 .observe(part.stats.fuel_used as f64);
         }
+    }
+
+    /// Count a plugin that failed and was replaced by the built-in.
+    pub fn plugin_fallback(&self, fallback: &Fallback) {
+        self.plugin_fallbacks
+            .get_or_create(&TrapLabels {
+                plugin: fallback.failed.info.name.clone(),
+                kind: fallback.kind.to_owned(),
+            })
+            .inc();
     }
 
     /// Count a plugin trap or limit breach behind a planning error.

@@ -112,6 +112,42 @@ pub fn observation(
     Observation::new(&pod, &vm, &Overrides::default()).expect("test observation")
 }
 
+/// A managed Linux clone in `default` named `name` that asks for the
+/// hostile test plugin (flavour `hostile`), pointing at its VM by name only
+/// (the name the stack gives the pod's VM).
+pub fn hostile_clone(name: &str) -> PodInput {
+    let vm_name = fixup_host::binding::vm_name_for_pod("default", name);
+    let annotations = [
+        ("vm.cocoonstack.io/name", vm_name.as_str()),
+        ("cocoonset.cocoonstack.io/managed", "true"),
+        ("cocoonset.cocoonstack.io/os", "linux"),
+        ("vm.cocoonstack.io/backend", "cloud-hypervisor"),
+        ("vm.cocoonstack.io/guest-flavor", "hostile"),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    PodInput {
+        name: name.into(),
+        namespace: "default".into(),
+        uid: Some(format!("uid-{name}")),
+        annotations,
+        deleting: false,
+    }
+}
+
+/// The inspect record of VM `name` with id `id` (which selects the hostile
+/// plugin's behaviour, `hostile-<behaviour>`): one static NIC.
+pub fn hostile_vm_record(name: &str, id: &str) -> VmInspect {
+    let record = serde_json::json!({
+        "id": id,
+        "config": {"name": name},
+        "network_configs": [{"mac": "52:54:00:aa:bb:01", "tap": "tap0",
+            "network": {"ip": "10.0.0.5", "prefix": 24, "gateway": "10.0.0.1"}}],
+    });
+    VmInspect::from_json(&record.to_string(), "test inspect").expect("inspect JSON")
+}
+
 /// Validated facts for a Linux OCI clone.
 pub fn facts(vm_name: &str, flavor: Option<&str>, nics: &[(&str, Option<&str>)]) -> VmFacts {
     VmFacts::validate(&observation(vm_name, flavor, nics), ImageKind::Oci)

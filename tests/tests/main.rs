@@ -2,6 +2,7 @@
 
 mod cache;
 mod examples;
+mod failure;
 mod held;
 mod kit;
 mod policy;

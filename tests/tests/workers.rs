@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fixup_host::cocoon::{Cocoon, CocoonError, ExecOutput};
-use fixup_host::facts::{PodInput, VmId, VmInspect};
+use fixup_host::facts::{VmId, VmInspect};
 use fixup_host::host::{Host, HostConfig, Summary, Trigger};
 use fixup_host::metrics::Metrics;
 use fixup_host::planner::{Planner, PlannerOptions};
@@ -50,36 +50,7 @@ impl Cocoon for SpinningVms {
     }
 
     async fn inspect(&self, vm: &VmId, _timeout: Duration) -> Result<VmInspect, CocoonError> {
-        let record = serde_json::json!({
-            "id": SPINNING_VM_ID,
-            "config": {"name": vm.as_str()},
-            "network_configs": [{"mac": "52:54:00:aa:bb:01", "tap": "tap0",
-                "network": {"ip": "10.0.0.5", "prefix": 24, "gateway": "10.0.0.1"}}],
-        });
-        Ok(VmInspect::from_json(&record.to_string(), "test inspect").expect("inspect JSON"))
-    }
-}
-
-/// A managed Linux clone that asks for the hostile plugin, pointing at its
-/// VM by name only.
-fn pod(name: &str) -> PodInput {
-    let vm_name = fixup_host::binding::vm_name_for_pod("default", name);
-    let annotations = [
-        ("vm.cocoonstack.io/name", vm_name.as_str()),
-        ("cocoonset.cocoonstack.io/managed", "true"),
-        ("cocoonset.cocoonstack.io/os", "linux"),
-        ("vm.cocoonstack.io/backend", "cloud-hypervisor"),
-        ("vm.cocoonstack.io/guest-flavor", "hostile"),
-    ]
-    .iter()
-    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-    .collect();
-    PodInput {
-        name: name.into(),
-        namespace: "default".into(),
-        uid: Some(format!("uid-{name}")),
-        annotations,
-        deleting: false,
+        Ok(fixup_tests::hostile_vm_record(vm.as_str(), SPINNING_VM_ID))
     }
 }
 
@@ -111,13 +82,14 @@ fn rig(slots: u32, pods: &[&str]) -> Rig {
         },
         cocoon_root: root,
         plugin_dir: Some(plugins),
+        ..PlannerOptions::default()
     })
     .expect("planner");
     assert!(failures.is_empty(), "{failures:?}");
     let planner = Arc::new(planner);
     let memory = MemoryPods::new();
     for name in pods {
-        memory.insert(pod(name));
+        memory.insert(fixup_tests::hostile_clone(name));
     }
     let cocoon = SpinningVms::default();
     let leases = LeaseWatcher::new(dir.path().join("leases.json"), Duration::from_millis(20))

@@ -333,6 +333,36 @@ impl PluginError {
     pub fn is_node_config(&self) -> bool {
         matches!(self, PluginError::NotLoaded { .. })
     }
+
+    /// The plugin misbehaved in a call: it trapped or panicked, breached a
+    /// limit or its guest policy, returned an unusable plan, or declined
+    /// (`unsupported`) a VM it claimed. A failure policy of `fallback`
+    /// applies to these; not to a plugin that rejects the facts, nor to
+    /// errors of the node or of loading.
+    pub fn is_misbehaviour(&self) -> bool {
+        self.misbehaviour().is_some()
+    }
+
+    /// The kind of [`is_misbehaviour`](Self::is_misbehaviour), as a metric
+    /// label: `policy`, `denied-import`, `fuel`, `deadline`, `memory`,
+    /// `log-flood`, `too-much-data`, `panic`, `trap`, `bad-plan` or
+    /// `unsupported`.
+    pub fn misbehaviour(&self) -> Option<&'static str> {
+        Some(match self {
+            PluginError::Policy { .. } => "policy",
+            PluginError::Denied { .. } => "denied-import",
+            PluginError::Fuel { .. } => "fuel",
+            PluginError::Deadline { .. } => "deadline",
+            PluginError::Memory { .. } => "memory",
+            PluginError::LogFlood { .. } => "log-flood",
+            PluginError::TooMuchData { .. } => "too-much-data",
+            PluginError::Panicked { .. } => "panic",
+            PluginError::Trapped { .. } => "trap",
+            PluginError::BadPlan { .. } => "bad-plan",
+            PluginError::Unsupported { .. } => "unsupported",
+            _ => return None,
+        })
+    }
 }
 
 /// How the engine is set up.

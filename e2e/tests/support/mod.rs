@@ -568,6 +568,7 @@ impl Lab {
                 ..EngineOptions::default()
             },
             plugin_dir: self.plugin_dir.clone(),
+            ..PlannerOptions::default()
         };
         let (planner, failures) = Planner::new(options)?;
         anyhow::ensure!(failures.is_empty(), "plugins failed to load: {failures:?}");

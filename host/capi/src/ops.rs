@@ -19,7 +19,7 @@ use fixup_core::facts::{BootKind, FactError, Observation, Overrides, PodInput, V
 use fixup_core::lifecycle::{self, Action, Lifecycle, PostCloneState};
 use fixup_core::plan::policy::{GuestPolicy, RawPolicy};
 use fixup_core::plan::{self, Nonce, Plan, PlanLimits, StepFailure};
-use fixup_core::planner::{Planner, PlannerError, PlannerOptions};
+use fixup_core::planner::{FailurePolicy, Planner, PlannerError, PlannerOptions};
 use fixup_core::plugin::cache::default_cache_dir;
 use fixup_core::plugin::sandbox::{DEFAULT_DEADLINE, DEFAULT_FUEL, DEFAULT_MEMORY_BYTES};
 use fixup_core::plugin::{
@@ -151,6 +151,11 @@ pub struct Options {
     /// The operator's narrowing of plugins' guest policies, by plugin name.
     #[serde(default)]
     pub plugin_policy: BTreeMap<String, RawPolicy>,
+    /// What a plugin's misbehaviour does, by plugin name: `fail` (the
+    /// default) or `fallback` (the built-in plans instead; the report's
+    /// plugin entry carries `fallback`).
+    #[serde(default)]
+    pub plugin_failure: BTreeMap<String, String>,
     #[serde(default)]
     pub accept_legacy_vm_names: bool,
     /// A plugin file that does not load fails the planner (as `plan`
@@ -280,6 +285,15 @@ impl Options {
                 .map_err(|e| Failure::invalid(format!("plugin_policy.{name}: {e}")))?;
             narrowing.insert(name.clone(), policy);
         }
+        let mut failure = BTreeMap::new();
+        for (name, value) in &self.plugin_failure {
+            let policy = FailurePolicy::parse(value).ok_or_else(|| {
+                Failure::invalid(format!(
+                    "plugin_failure.{name}: {value:?} is not `fail` or `fallback`"
+                ))
+            })?;
+            failure.insert(name.clone(), policy);
+        }
         let plugin_dir = match &self.plugin_dir {
             Some(dir) if dir.as_os_str().is_empty() => None,
             Some(dir) if dir.is_dir() => Some(dir.clone()),
@@ -323,6 +337,7 @@ impl Options {
                 .clone()
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_COCOON_ROOT)),
             plugin_dir,
+            failure,
         })
     }
 }
@@ -931,4 +946,37 @@ pub fn values(request: &str) -> Outcome {
         }
     };
     to_json(&answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(json: &str) -> Options {
+        serde_json::from_str(json).expect("options JSON")
+    }
+
+    #[test]
+    fn a_failure_policy_is_read_by_plugin_name() {
+        let planner = options(r#"{"plugin_failure": {"acme-net": "fallback", "other": "fail"}}"#)
+            .planner_options()
+            .expect("valid options");
+        assert_eq!(planner.failure["acme-net"], FailurePolicy::Fallback);
+        assert_eq!(planner.failure["other"], FailurePolicy::Fail);
+    }
+
+    #[test]
+    fn a_failure_policy_that_is_neither_fail_nor_fallback_is_refused() {
+        let Err(failure) =
+            options(r#"{"plugin_failure": {"acme-net": "retry"}}"#).planner_options()
+        else {
+            panic!("`retry` is no failure policy");
+        };
+        assert_eq!(failure.status, CfStatus::CfInvalidArgument);
+        assert!(
+            failure.message.contains("plugin_failure.acme-net"),
+            "{}",
+            failure.message
+        );
+    }
 }

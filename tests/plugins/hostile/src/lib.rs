@@ -105,11 +105,15 @@ impl Plugin for Hostile {
             .special_modes()
     }
 
-    fn plan(_scenario: Scenario, facts: &VmFacts) -> Result<Plan, PlanError> {
+    fn plan(scenario: Scenario, facts: &VmFacts) -> Result<Plan, PlanError> {
         let behaviour = facts.id.strip_prefix("hostile-").unwrap_or(&facts.name);
         match behaviour {
             "spin" => spin(),
             "balloon" => balloon(),
+            // Declines a VM it claimed, and rejects the facts: the two
+            // refusals a failure policy treats differently.
+            "decline" => Err(PlanError::unsupported(NAME, scenario)),
+            "reject" => Err(PlanError::invalid_fact("name", "no VM is called reject")),
             "flood" => Ok(flood()),
             "wide" => Ok(numbered("wide", WIDE_STEPS)),
             "heavy" => Ok(heavy()),
