@@ -4,6 +4,7 @@ mod cache;
 mod examples;
 mod held;
 mod kit;
+mod oci;
 mod policy;
 mod sandbox;
 mod selection;
