@@ -250,6 +250,20 @@ async fn pinned_files(settings: &Settings) -> Result<Vec<PathBuf>> {
         .context("getting the plugins pinned in the configuration")
 }
 
+/// A plugin file that failed to load, for messages: its path, and for a
+/// store file the reference the configuration pins it by (whose entry in
+/// `plugins` is what to fix or remove).
+fn failed_file(path: &Path, settings: &Settings, pinned: &[PathBuf]) -> String {
+    match pinned.iter().position(|p| p == path) {
+        Some(i) => format!(
+            "{} (pinned as {} in `plugins`)",
+            path.display(),
+            settings.pinned.references[i]
+        ),
+        None => path.display().to_string(),
+    }
+}
+
 /// The planner for `plan`: a plugin file that does not load is an error,
 /// so a vendor sees it before a node does.
 fn planner(settings: &Settings) -> Result<Planner> {
@@ -264,7 +278,11 @@ fn planner(settings: &Settings) -> Result<Planner> {
         for f in &failures {
             eprintln!(
                 "{}",
-                display::terminal_text(&format!("error: {}: {}", f.path.display(), f.error))
+                display::terminal_text(&format!(
+                    "error: {}: {}",
+                    failed_file(&f.path, settings, &pinned),
+                    f.error
+                ))
             );
         }
         bail!(
@@ -291,7 +309,7 @@ fn node_planner(
         .context("starting the plugin host")?;
     for f in &failures {
         tracing::error!(
-            plugin = %f.path.display(),
+            plugin = %failed_file(&f.path, settings, pinned),
             "plugin not loaded: {}; the other plugins serve, see `cocoon-fixup plugin inspect {}`",
             f.error,
             f.path.display()

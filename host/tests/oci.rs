@@ -223,6 +223,74 @@ fn pull_into_the_store_then_a_restart_with_the_registry_down_still_finds_it() {
     assert_eq!(again, files);
 }
 
+/// `plan` with a configuration that pins the pushed built-in: the
+/// reference is pulled and then meets the loader like a plugin file. Off
+/// the allow-list it is refused with its digest; on it, it gets as far as
+/// registration, where the built-in it copies keeps its claim. Either way
+/// `plan` refuses to run while a plugin failed to load. With the registry
+/// gone and an empty store, `plan` names the reference and the cause.
+#[test]
+fn plan_pulls_the_configured_reference_and_applies_the_allow_list() {
+    let Some(registry) = LocalRegistry::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (pinned_plugins, state) = pushed(&runtime, &registry);
+    let reference = pinned_plugins.references[0].to_string();
+    let host = registry.host().to_owned();
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let plan = |store: &str, allowed: &str| {
+        std::fs::write(
+            state.path().join("config.toml"),
+            format!(
+                "plugins = [\"{reference}\"]\noci_plain_http = [\"{}\"]\noci_store = \"{}\"\nallowed_plugins = [\"{allowed}\"]\nno_cache = true\n",
+                host,
+                state.path().join(store).display(),
+            ),
+        )
+        .unwrap();
+        cli(
+            state.path(),
+            &[
+                "plan",
+                "--pod",
+                examples.join("oci-static/pod.json").to_str().unwrap(),
+                "--vm",
+                examples.join("oci-static/vm.json").to_str().unwrap(),
+                "--cocoon-root",
+                examples.join("cocoon-root").to_str().unwrap(),
+            ],
+        )
+    };
+    let sha256 = sha256_hex(wasm());
+
+    let out = plan("oci", &"0".repeat(64));
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("not on the plugin allow-list"), "{stderr}");
+    assert!(stderr.contains(&sha256), "{stderr}");
+    assert!(
+        stderr.contains(&format!("(pinned as {reference} in `plugins`)")),
+        "the store's file, named by its reference: {stderr}"
+    );
+
+    let out = plan("oci", &sha256);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(!stderr.contains("allow-list"), "{stderr}");
+    assert!(
+        stderr.contains("both serve"),
+        "loaded, then refused: {stderr}"
+    );
+
+    registry.stop();
+    let out = plan("empty-store", &sha256);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains(&reference), "{stderr}");
+    assert!(stderr.contains("cannot talk to the registry"), "{stderr}");
+}
+
 /// A store file that another user owns, or that others may write, is not
 /// believed: it is pulled again and replaced (and without a registry, the
 /// start fails rather than load it).
