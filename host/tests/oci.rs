@@ -165,6 +165,38 @@ fn push_then_pull_by_digest_gives_the_same_bytes_and_a_tag_needs_allow_tag() {
         &dir.path().join("https.wasm"),
         "cannot talk to the registry",
     );
+
+    // Without --output: into the store, where a start finds it.
+    let store = dir.path().join("store");
+    let out = cli(
+        dir.path(),
+        &[
+            "plugin",
+            "pull",
+            &pinned,
+            "--plain-http",
+            "--oci-store",
+            store.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stored = store.join(format!("sha256-{}.wasm", sha256_hex(wasm())));
+    assert!(
+        text(&out.stdout).contains(&stored.display().to_string()),
+        "{}",
+        text(&out.stdout)
+    );
+    registry.stop();
+    let seeded = PinnedPlugins {
+        references: vec![pinned.parse().unwrap()],
+        store: Some(store),
+        registry: RegistryOptions::default(),
+    };
+    let files = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(seeded.files())
+        .expect("seeded: no registry needed");
+    assert_eq!(files, [stored]);
 }
 
 /// `oci://HOST/plugins/net:v1` on `registry`.
@@ -358,6 +390,12 @@ impl Answer {
 /// `answers` gets its answer, anything else 404. One request per
 /// connection. Runs until the test ends.
 fn stand_in(answers: HashMap<String, Answer>) -> String {
+    stand_in_with_login(answers, None)
+}
+
+/// [`stand_in`]; with `login`, every request without exactly that
+/// `Authorization` header gets 401 and a basic-auth challenge.
+fn stand_in_with_login(answers: HashMap<String, Answer>, login: Option<String>) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let host = listener.local_addr().unwrap().to_string();
     std::thread::spawn(move || {
@@ -370,7 +408,15 @@ fn stand_in(answers: HashMap<String, Answer>) -> String {
             }
             let head = String::from_utf8_lossy(&head);
             let path = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
+            let authorization = head.lines().find_map(|line| {
+                let (name, value) = line.split_once(':')?;
+                name.eq_ignore_ascii_case("authorization")
+                    .then(|| value.trim().to_owned())
+            });
             let answer = match answers.get(&path) {
+                _ if login.is_some() && authorization != login => {
+                    Answer::new(401, "").header("WWW-Authenticate", r#"Basic realm="stand-in""#)
+                }
                 Some(answer) => answer.clone(),
                 None if path == "/v2/" => Answer::new(200, "{}"),
                 None => Answer::new(404, ""),
@@ -516,6 +562,59 @@ fn faults_are_named_and_nothing_is_stored() {
     let err = pull_error(&host, &image_hex);
     assert!(matches!(err, OciError::NotAPlugin { .. }), "{err}");
     assert!(err.to_string().contains(WASM_CONFIG_MEDIA_TYPE), "{err}");
+}
+
+/// Credentials from the environment reach a registry that wants a login;
+/// without them the pull is a 401 that names the variables.
+#[test]
+fn credentials_come_from_the_environment() {
+    use base64::Engine;
+    let layer = wasm();
+    let layer_digest = format!("sha256:{}", sha256_hex(layer));
+    let good = manifest(WASM_CONFIG_MEDIA_TYPE, &layer_digest, layer.len());
+    let hex = sha256_hex(&good);
+    let login = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode("vendor:s3cret")
+    );
+    let host = stand_in_with_login(
+        HashMap::from([
+            (
+                format!("/v2/acme/net/manifests/sha256:{hex}"),
+                manifest_answer(&good),
+            ),
+            (
+                format!("/v2/acme/net/blobs/{layer_digest}"),
+                Answer::new(200, layer),
+            ),
+        ]),
+        Some(login),
+    );
+    let reference = format!("oci://{host}/acme/net@sha256:{hex}");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.toml"), "").unwrap();
+
+    let out = pull(dir.path(), &reference, "anonymous.wasm", &["--plain-http"]);
+    assert_refused(
+        &out,
+        &dir.path().join("anonymous.wasm"),
+        "COCOON_FIXUP_OCI_USERNAME",
+    );
+
+    let output = dir.path().join("logged-in.wasm");
+    let out = Command::new(env!("CARGO_BIN_EXE_cocoon-fixup"))
+        .env_clear()
+        .env("HOME", dir.path())
+        .env("COCOON_FIXUP_OCI_USERNAME", "vendor")
+        .env("COCOON_FIXUP_OCI_PASSWORD", "s3cret")
+        .arg("--config")
+        .arg(dir.path().join("config.toml"))
+        .args(["plugin", "pull", &reference, "--plain-http", "--output"])
+        .arg(&output)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read(&output).unwrap(), layer);
 }
 
 /// The real registry's own 404, for a digest it never had; and a push of
