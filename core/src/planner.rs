@@ -233,12 +233,23 @@ impl Planner {
     /// directory. Plugin-directory failures are returned beside the planner
     /// so the caller decides whether they are fatal.
     pub fn new(options: PlannerOptions) -> Result<(Self, Vec<LoadFailure>), PlannerError> {
+        Self::with_files(options, &[])
+    }
+
+    /// [`new`](Self::new), then also the plugin files at `files` (the
+    /// store's copies of pinned OCI references, for the host), each
+    /// loaded as a file of the plugin directory is.
+    pub fn with_files(
+        options: PlannerOptions,
+        files: &[PathBuf],
+    ) -> Result<(Self, Vec<LoadFailure>), PlannerError> {
         let mut plugins = PluginHost::new(options.engine)?;
         plugins.load_builtins()?;
-        let failures = match &options.plugin_dir {
+        let mut failures = match &options.plugin_dir {
             Some(dir) => plugins.load_dir(dir)?,
             None => Vec::new(),
         };
+        failures.extend(plugins.load_files(files));
         for name in plugins.unused_narrowings() {
             tracing::warn!(
                 plugin = %crate::facts::escape_controls(&name),

@@ -20,6 +20,7 @@ use crate::apply::{ReadyConfig, RetryConfig};
 use crate::binding::BindingPolicy;
 use crate::cocoon::DEFAULT_COCOON_BIN;
 use crate::host::HostConfig;
+use crate::oci::{OciError, PinnedPlugins, PluginRef, RegistryOptions};
 use crate::plan::PlanLimits;
 use crate::plan::policy::{GuestPolicy, RawPolicy};
 use crate::planner::{FailurePolicy, PlannerOptions};
@@ -48,6 +49,8 @@ pub enum ConfigError {
     PluginDir { path: PathBuf },
     #[error("plugin_policy.{plugin} in the config file: {reason}")]
     Policy { plugin: String, reason: String },
+    #[error("plugins in the configuration: {0}")]
+    Plugins(OciError),
     #[error("{what} must be {rule}, got {value}")]
     Invalid {
         what: &'static str,
@@ -151,6 +154,35 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_DHCP_RECOVERY_AFTER", value_parser = duration)]
     #[serde(default, with = "opt_duration")]
     pub dhcp_recovery_after: Option<Duration>,
+    /// Plugins to pull from an OCI registry and load like plugin files,
+    /// each pinned by digest: `oci://HOST/REPO@sha256:DIGEST` (repeat for
+    /// several; a tag is refused). Kept in --oci-store, and pulled only when
+    /// not there yet
+    #[arg(
+        long = "plugin-ref",
+        value_name = "oci://HOST/REPO@sha256:DIGEST",
+        env = "COCOON_FIXUP_PLUGINS",
+        value_delimiter = ','
+    )]
+    #[serde(default)]
+    pub plugins: Vec<String>,
+    /// Where pulled plugins are kept, created 0700, under the plugin
+    /// directory's trust rules [default: /var/lib/cocoon-fixup/oci as root;
+    /// $XDG_STATE_HOME/cocoon-fixup/oci, else
+    /// ~/.local/state/cocoon-fixup/oci, for other users]
+    #[arg(long, value_name = "DIR", env = "COCOON_FIXUP_OCI_STORE")]
+    pub oci_store: Option<PathBuf>,
+    /// Registries (`HOST` or `HOST:PORT`, as written in references) spoken
+    /// to over plain HTTP instead of HTTPS, such as a registry on loopback
+    /// (repeat for several)
+    #[arg(
+        long = "oci-plain-http",
+        value_name = "HOST[:PORT]",
+        env = "COCOON_FIXUP_OCI_PLAIN_HTTP",
+        value_delimiter = ','
+    )]
+    #[serde(default)]
+    pub oci_plain_http: Vec<String>,
     /// Only load plugin files with this sha256 (repeat for several); without
     /// it every plugin file is loaded. Built-ins are always trusted.
     #[arg(long = "allow-plugin", value_name = "SHA256", env = "COCOON_FIXUP_ALLOW_PLUGINS", value_delimiter = ',', value_parser = crate::plugin::parse_sha256)]
@@ -205,6 +237,9 @@ pub struct Settings {
     pub host: HostConfig,
     pub concurrency: usize,
     pub metrics_addr: SocketAddr,
+    /// Plugins pinned by OCI reference (`plugins`), the store and how the
+    /// registries are reached.
+    pub pinned: PinnedPlugins,
     /// The file that was read, if any.
     pub file: Option<PathBuf>,
 }
@@ -265,6 +300,15 @@ impl ConfigArgs {
             })?;
             failure.insert(name.clone(), policy);
         }
+        let references = a
+            .plugins
+            .iter()
+            .map(|text| {
+                text.parse::<PluginRef>()
+                    .and_then(PluginRef::require_digest)
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(ConfigError::Plugins)?;
         let concurrency = a.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
         if concurrency == 0 {
             return Err(ConfigError::Invalid {
@@ -343,6 +387,11 @@ impl ConfigArgs {
                     .parse()
                     .expect("the default address parses")
             }),
+            pinned: PinnedPlugins {
+                references,
+                store: a.oci_store.or_else(crate::oci::default_store_dir),
+                registry: RegistryOptions::from_env(a.oci_plain_http),
+            },
             file: path,
         })
     }
@@ -382,12 +431,11 @@ impl ConfigArgs {
             renew_after: self.renew_after.or(file.renew_after),
             renew_timeout: self.renew_timeout.or(file.renew_timeout),
             dhcp_recovery_after: self.dhcp_recovery_after.or(file.dhcp_recovery_after),
-            allowed_plugins: if self.allowed_plugins.is_empty() {
-                file.allowed_plugins
-            } else {
-                self.allowed_plugins
-            },
+            allowed_plugins: list_or(self.allowed_plugins, file.allowed_plugins),
             accept_legacy_vm_names: self.accept_legacy_vm_names || file.accept_legacy_vm_names,
+            plugins: list_or(self.plugins, file.plugins),
+            oci_store: self.oci_store.or(file.oci_store),
+            oci_plain_http: list_or(self.oci_plain_http, file.oci_plain_http),
             concurrency: self.concurrency.or(file.concurrency),
             metrics_addr: self.metrics_addr.or(file.metrics_addr),
             // The file is their only source.
@@ -395,6 +443,12 @@ impl ConfigArgs {
             plugin_failure: file.plugin_failure,
         }
     }
+}
+
+/// A list option: the flag's or environment's list when given, else the
+/// file's (lists are replaced, not merged).
+fn list_or(mine: Vec<String>, file: Vec<String>) -> Vec<String> {
+    if mine.is_empty() { file } else { mine }
 }
 
 #[cfg(test)]
@@ -508,6 +562,32 @@ runs = [["systemctl", "restart", "systemd-networkd"]]
         );
         let s = Cli::parse_from(["x"]).config.resolve(None).unwrap();
         assert_eq!(s.planner.engine.cache_key, None, "the engine's default");
+    }
+
+    #[test]
+    fn plugin_references_must_pin_a_digest() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.toml");
+        let digest = "ab".repeat(32);
+        std::fs::write(
+            &file,
+            format!(
+                "plugins = [\"oci://127.0.0.1:5000/acme/net@sha256:{digest}\"]\noci_plain_http = [\"127.0.0.1:5000\"]\n"
+            ),
+        )
+        .unwrap();
+        let s = ConfigArgs::default().resolve(Some(&file)).unwrap();
+        assert_eq!(s.pinned.references.len(), 1);
+        assert_eq!(s.pinned.references[0].digest(), Some(digest.as_str()));
+        assert_eq!(s.pinned.registry.plain_http, ["127.0.0.1:5000"]);
+
+        std::fs::write(&file, "plugins = [\"oci://127.0.0.1:5000/acme/net:v1\"]\n").unwrap();
+        let err = ConfigArgs::default().resolve(Some(&file)).unwrap_err();
+        assert!(matches!(err, ConfigError::Plugins(_)), "{err:?}");
+        assert!(err.to_string().contains("pin the digest"), "{err}");
+        std::fs::write(&file, "plugins = [\"/etc/plugins/a.wasm\"]\n").unwrap();
+        let err = ConfigArgs::default().resolve(Some(&file)).unwrap_err();
+        assert!(err.to_string().contains("oci://"), "{err}");
     }
 
     #[test]

@@ -23,6 +23,8 @@
 //! - [`serve`]: the node daemon's watch, dispatcher and metrics endpoint.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`config`]: flags > environment > file > defaults, resolved once.
+//! - [`oci`]: plugins as OCI artifacts: push, pull by digest, the store of
+//!   pinned plugins.
 //!
 //! The binary (`src/main.rs`) only parses, calls these, prints the error once
 //! and picks the exit code.
@@ -38,6 +40,7 @@ pub mod config;
 pub mod host;
 pub mod kube;
 pub mod metrics;
+pub mod oci;
 pub mod pods;
 pub mod ready;
 pub mod serve;

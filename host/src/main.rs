@@ -15,6 +15,7 @@ use fixup_host::facts::{BootKind, Observation, Overrides, PodInput, VmInspect};
 use fixup_host::host::{Host, Summary, Trigger};
 use fixup_host::kube::KubeApi;
 use fixup_host::metrics::Metrics;
+use fixup_host::oci::{self, PluginRef, RegistryOptions, Tags};
 use fixup_host::plan::{self, Action};
 use fixup_host::planner::{PlanOutcome, Planner};
 use fixup_host::ready::LeaseWatcher;
@@ -85,6 +86,58 @@ enum PluginCommand {
     /// Example:
     ///   cocoon-fixup plugin new acme-net --dir ~/src
     New(PluginNewArgs),
+    /// Publish a plugin file to an OCI registry; prints the reference
+    /// pinned to the manifest digest, for `plugins = [...]`.
+    ///
+    /// The artifact is one `application/wasm` layer with config
+    /// `application/vnd.wasm.config.v0+json`. Credentials, when the registry
+    /// wants them: COCOON_FIXUP_OCI_USERNAME and COCOON_FIXUP_OCI_PASSWORD.
+    ///
+    /// Example:
+    ///   cocoon-fixup plugin push acme_net.wasm oci://registry.example/acme/net:1.0
+    Push(PluginPushArgs),
+    /// Pull a plugin by digest from an OCI registry and verify it, into a
+    /// file (--output) or the plugin store.
+    ///
+    /// A tag is refused unless --allow-tag: it is then resolved to its
+    /// digest, which is printed so you can pin it.
+    ///
+    /// Example:
+    ///   cocoon-fixup plugin pull oci://registry.example/acme/net@sha256:... --output acme_net.wasm
+    Pull(PluginPullArgs),
+}
+
+#[derive(Debug, Args)]
+struct PluginPushArgs {
+    /// The plugin component (`.wasm`).
+    #[arg(value_name = "PLUGIN.wasm")]
+    plugin: PathBuf,
+    /// Where to publish it: oci://HOST/REPO:TAG.
+    #[arg(value_name = "REFERENCE")]
+    reference: String,
+    /// Speak plain HTTP to this reference's registry instead of HTTPS (a
+    /// registry on loopback).
+    #[arg(long)]
+    plain_http: bool,
+}
+
+#[derive(Debug, Args)]
+struct PluginPullArgs {
+    /// oci://HOST/REPO@sha256:DIGEST (or :TAG with --allow-tag).
+    #[arg(value_name = "REFERENCE")]
+    reference: String,
+    /// Resolve a tag to the digest it names now, and print that digest.
+    #[arg(long)]
+    allow_tag: bool,
+    /// Write the plugin to this file instead of the plugin store.
+    #[arg(long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Speak plain HTTP to this reference's registry instead of HTTPS (a
+    /// registry on loopback).
+    #[arg(long)]
+    plain_http: bool,
+    #[command(flatten)]
+    config: ConfigArgs,
 }
 
 #[derive(Debug, Args)]
@@ -187,16 +240,49 @@ struct ServeArgs {
     config: ConfigArgs,
 }
 
+/// The store's files of the configured plugin references, pulled first
+/// where missing (an error names the reference).
+async fn pinned_files(settings: &Settings) -> Result<Vec<PathBuf>> {
+    settings
+        .pinned
+        .files()
+        .await
+        .context("getting the plugins pinned in the configuration")
+}
+
+/// A plugin file that failed to load, for messages: its path, and for a
+/// store file the reference the configuration pins it by (whose entry in
+/// `plugins` is what to fix or remove).
+fn failed_file(path: &Path, settings: &Settings, pinned: &[PathBuf]) -> String {
+    match pinned.iter().position(|p| p == path) {
+        Some(i) => format!(
+            "{} (pinned as {} in `plugins`)",
+            path.display(),
+            settings.pinned.references[i]
+        ),
+        None => path.display().to_string(),
+    }
+}
+
 /// The planner for `plan`: a plugin file that does not load is an error,
 /// so a vendor sees it before a node does.
 fn planner(settings: &Settings) -> Result<Planner> {
-    let (planner, failures) =
-        Planner::new(settings.planner.clone()).context("starting the plugin host")?;
+    let pinned = if settings.pinned.references.is_empty() {
+        Vec::new()
+    } else {
+        runtime()?.block_on(pinned_files(settings))?
+    };
+    let (planner, failures) = Planner::with_files(settings.planner.clone(), &pinned)
+        .context("starting the plugin host")?;
     if !failures.is_empty() {
         for f in &failures {
             eprintln!(
                 "{}",
-                display::terminal_text(&format!("error: {}: {}", f.path.display(), f.error))
+                display::terminal_text(&format!(
+                    "error: {}: {}",
+                    failed_file(&f.path, settings, &pinned),
+                    f.error
+                ))
             );
         }
         bail!(
@@ -213,12 +299,17 @@ fn planner(settings: &Settings) -> Result<Planner> {
 /// A daemon (`serve`) links every plugin at start (`warm`), so a plugin
 /// whose code the cache cannot give back is reported now and its first
 /// clone pays nothing extra; `run` loads only what its pod needs.
-fn node_planner(settings: &Settings, metrics: &Metrics, warm: bool) -> Result<Planner> {
-    let (planner, failures) =
-        Planner::new(settings.planner.clone()).context("starting the plugin host")?;
+fn node_planner(
+    settings: &Settings,
+    pinned: &[PathBuf],
+    metrics: &Metrics,
+    warm: bool,
+) -> Result<Planner> {
+    let (planner, failures) = Planner::with_files(settings.planner.clone(), pinned)
+        .context("starting the plugin host")?;
     for f in &failures {
         tracing::error!(
-            plugin = %f.path.display(),
+            plugin = %failed_file(&f.path, settings, pinned),
             "plugin not loaded: {}; the other plugins serve, see `cocoon-fixup plugin inspect {}`",
             f.error,
             f.path.display()
@@ -246,7 +337,8 @@ async fn build_host(
     node: Option<String>,
 ) -> Result<(Host<CocoonCli, KubeApi>, kube::Client)> {
     let metrics = Arc::new(Metrics::new());
-    let planner = Arc::new(node_planner(settings, &metrics, node.is_some())?);
+    let pinned = pinned_files(settings).await?;
+    let planner = Arc::new(node_planner(settings, &pinned, &metrics, node.is_some())?);
     let client = kube::Client::try_default()
         .await
         .context("connecting to Kubernetes (in-cluster config or KUBECONFIG)")?;
@@ -506,6 +598,70 @@ fn run_plugin_new(args: &PluginNewArgs) -> Result<u8> {
     Ok(0)
 }
 
+/// Registry options for a push or pull of `reference`: plain HTTP to its
+/// registry when asked, besides the configured ones.
+fn registry_options(
+    reference: &PluginRef,
+    plain_http: bool,
+    configured: &RegistryOptions,
+) -> RegistryOptions {
+    let mut options = RegistryOptions::from_env(configured.plain_http.clone());
+    if plain_http {
+        options.plain_http.push(reference.registry.clone());
+    }
+    options
+}
+
+async fn run_plugin_push(args: &PluginPushArgs) -> Result<u8> {
+    let reference: PluginRef = args.reference.parse()?;
+    let wasm = read_bytes(&args.plugin)?;
+    let options = registry_options(&reference, args.plain_http, &RegistryOptions::default());
+    let pinned = oci::Registry::new(&options).push(&reference, &wasm).await?;
+    println!("pushed {}: pin {pinned}", args.plugin.display());
+    Ok(0)
+}
+
+async fn run_plugin_pull(args: &PluginPullArgs, config: Option<&Path>) -> Result<u8> {
+    let reference: PluginRef = args.reference.parse()?;
+    let tags = if args.allow_tag {
+        Tags::Resolve
+    } else {
+        Tags::Refuse
+    };
+    let settings = args.config.resolve(config)?;
+    let options = registry_options(&reference, args.plain_http, &settings.pinned.registry);
+    let artifact = oci::Registry::new(&options).pull(&reference, tags).await?;
+    if reference.digest().is_none() {
+        println!("{reference} is {}: pin this", artifact.reference);
+    }
+    let path = match &args.output {
+        Some(path) => {
+            std::fs::write(path, &artifact.wasm)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            path.clone()
+        }
+        None => {
+            let store = settings
+                .pinned
+                .store
+                .as_deref()
+                .ok_or(oci::OciError::NoStore)?;
+            oci::Store::open(store)?.put(&artifact)?
+        }
+    };
+    println!(
+        "pulled {} (plugin sha256 {}) to {}",
+        artifact.reference,
+        artifact.wasm_sha256,
+        path.display()
+    );
+    Ok(0)
+}
+
+fn read_bytes(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -523,6 +679,12 @@ fn main() -> ExitCode {
         Command::Plugin(PluginCommand::Test(args)) => run_plugin_test(args, config),
         Command::Plugin(PluginCommand::Inspect(args)) => run_plugin_inspect(args, config),
         Command::Plugin(PluginCommand::New(args)) => run_plugin_new(args),
+        Command::Plugin(PluginCommand::Push(args)) => {
+            runtime().and_then(|rt| rt.block_on(run_plugin_push(args)))
+        }
+        Command::Plugin(PluginCommand::Pull(args)) => {
+            runtime().and_then(|rt| rt.block_on(run_plugin_pull(args, config)))
+        }
     };
     match result {
         Ok(code) => ExitCode::from(code),

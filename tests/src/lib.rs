@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 
+pub mod registry;
+
 /// The workspace root.
 pub fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

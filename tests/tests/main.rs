@@ -5,6 +5,7 @@ mod examples;
 mod failure;
 mod held;
 mod kit;
+mod oci;
 mod policy;
 mod sandbox;
 mod selection;

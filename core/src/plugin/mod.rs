@@ -587,12 +587,39 @@ impl PluginHost {
                 }
             }
         }
+        self.note_failures(&failures);
+        Ok(failures)
+    }
+
+    /// Load the plugin files at `paths`, in that order, each as a file of
+    /// the plugin directory is: the same trust rules, allow-list and
+    /// guest policy. One bad file never stops the others: each failure is
+    /// returned, the rest are loaded.
+    pub fn load_files(&mut self, paths: &[PathBuf]) -> Vec<LoadFailure> {
+        let mut failures = Vec::new();
+        for path in paths {
+            let loaded = read_trusted(path)
+                .and_then(|bytes| self.prepare(Origin::File(path.clone()), &bytes))
+                .map_err(LoadError::from)
+                .and_then(|plugin| Ok(self.registry.add(plugin)?));
+            if let Err(error) = loaded {
+                failures.push(LoadFailure {
+                    path: path.clone(),
+                    error,
+                });
+            }
+        }
+        self.note_failures(&failures);
+        failures
+    }
+
+    /// Remember failed files for the registry's messages.
+    fn note_failures(&mut self, failures: &[LoadFailure]) {
         self.registry.note_failures(
             failures.iter().map(|f| {
                 crate::facts::escape_controls(&format!("{}: {}", f.path.display(), f.error))
             }),
         );
-        Ok(failures)
     }
 
     /// Load one plugin file and register it.
@@ -607,13 +634,7 @@ impl PluginHost {
     /// directories above it must pass the rules of [`trusted`], as in
     /// [`load_dir`](Self::load_dir).
     pub fn inspect_file(&self, path: &Path) -> Result<LoadedPlugin, PluginError> {
-        let bytes = trusted::read_file(path).map_err(|e| match e {
-            Untrusted::Io { source, .. } => PluginError::Read {
-                path: path.to_owned(),
-                source,
-            },
-            e => PluginError::Untrusted(e),
-        })?;
+        let bytes = read_trusted(path)?;
         let plugin = self.prepare(Origin::File(path.to_owned()), &bytes)?;
         plugin.link()?;
         Ok(plugin)
@@ -947,6 +968,18 @@ impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
+}
+
+/// The bytes of the plugin file at `path`, read under the rules of
+/// [`trusted`].
+fn read_trusted(path: &Path) -> Result<Vec<u8>, PluginError> {
+    trusted::read_file(path).map_err(|e| match e {
+        Untrusted::Io { source, .. } => PluginError::Read {
+            path: path.to_owned(),
+            source,
+        },
+        e => PluginError::Untrusted(e),
+    })
 }
 
 /// A plugin file that could not be loaded.

@@ -1,0 +1,906 @@
+//! Plugins as OCI artifacts: publish one to a registry, pull one pinned by
+//! digest, and keep pulled plugins in a store the host trusts.
+//!
+//! A plugin artifact has the layout the Wasm community uses: an image
+//! manifest whose config has the media type [`WASM_CONFIG_MEDIA_TYPE`] and
+//! whose one layer, of media type [`WASM_LAYER_MEDIA_TYPE`], is the
+//! component. The registry protocol is `oci-client`'s; this module only
+//! decides what is asked and what is believed.
+//!
+//! What is believed: nothing a registry says until it matches a digest the
+//! operator pinned. A pull by digest checks the manifest's bytes against the
+//! pinned digest, the layout and media types, and the layer's bytes against
+//! the layer digest the manifest names; only then is anything written into
+//! the store. A tag is resolved to a digest only when the caller allows it
+//! ([`Tags::Resolve`], `plugin pull --allow-tag`), and configured references
+//! must name a digest ([`PluginRef::require_digest`]).
+//!
+//! The store ([`Store`]) is a directory under the trust rules of
+//! [`crate::plugin::trusted`] (created 0700; every directory on its path
+//! root's or the host user's and not writable by others; each file a
+//! regular file of theirs, not writable by others, never a link). It holds
+//! each manifest under its digest and each plugin layer under its sha256,
+//! and both are checked against their names whenever they are used, so a
+//! plugin already pulled needs no registry at the next start. The files are
+//! then loaded like any plugin file: the allow-list (`allowed_plugins`, the
+//! sha256 of the wasm) and the guest policy apply unchanged.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use futures::StreamExt;
+use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::errors::{OciDistributionError, OciErrorCode};
+use oci_client::manifest::{OciDescriptor, OciImageManifest};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+use sha2::{Digest, Sha256};
+
+use crate::plugin::trusted::{TrustedDir, Untrusted};
+
+/// The media type of the layer that holds the component.
+pub const WASM_LAYER_MEDIA_TYPE: &str = "application/wasm";
+/// The media type of a Wasm artifact's config.
+pub const WASM_CONFIG_MEDIA_TYPE: &str = "application/vnd.wasm.config.v0+json";
+/// The manifest media type pushed and accepted.
+pub const MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
+/// Largest plugin layer pulled, 64 MiB: a plan plugin is well under 1 MiB;
+/// the limit keeps a hostile registry from filling memory.
+pub const MAX_LAYER_BYTES: u64 = 64 << 20;
+/// Largest manifest believed, 64 KiB (one config and one layer need < 1 KiB).
+pub const MAX_MANIFEST_BYTES: usize = 64 << 10;
+/// Connect and read timeout of each registry request: 30 s.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Basic-auth user name for registry requests, from the environment.
+pub const USERNAME_ENV: &str = "COCOON_FIXUP_OCI_USERNAME";
+/// Basic-auth password for registry requests, from the environment.
+pub const PASSWORD_ENV: &str = "COCOON_FIXUP_OCI_PASSWORD";
+
+/// What a reference pins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pin {
+    /// `@sha256:HEX`: the manifest digest, 64 lowercase hex digits.
+    Digest(String),
+    /// `:TAG`: whatever the registry says the tag is now.
+    Tag(String),
+}
+
+/// `oci://HOST[:PORT]/REPO@sha256:DIGEST` or `oci://HOST[:PORT]/REPO:TAG`.
+/// The host is always written: nothing is pulled from a registry the
+/// operator did not name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginRef {
+    pub registry: String,
+    pub repository: String,
+    pub pin: Pin,
+}
+
+impl fmt::Display for PluginRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "oci://{}/{}", self.registry, self.repository)?;
+        match &self.pin {
+            Pin::Digest(hex) => write!(f, "@sha256:{hex}"),
+            Pin::Tag(tag) => write!(f, ":{tag}"),
+        }
+    }
+}
+
+impl FromStr for PluginRef {
+    type Err = OciError;
+
+    fn from_str(text: &str) -> Result<Self, OciError> {
+        let bad = |reason: &'static str| OciError::BadReference {
+            text: crate::facts::escape_controls(text),
+            reason,
+        };
+        let rest = text
+            .strip_prefix("oci://")
+            .ok_or_else(|| bad("it does not start with oci://"))?;
+        let (registry, path) = rest
+            .split_once('/')
+            .ok_or_else(|| bad("it has no repository after the host"))?;
+        let registry_ok = !registry.is_empty()
+            && registry
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b));
+        if !registry_ok {
+            return Err(bad(
+                "the host is empty or has characters a host cannot have",
+            ));
+        }
+        let (repository, pin) = if let Some((repository, digest)) = path.split_once('@') {
+            let hex = digest
+                .strip_prefix("sha256:")
+                .ok_or_else(|| bad("the digest is not sha256:<64 hex digits>"))?;
+            if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+                return Err(bad("the digest is not sha256:<64 lowercase hex digits>"));
+            }
+            (repository, Pin::Digest(hex.to_owned()))
+        } else {
+            let (repository, tag) = match path.rsplit_once(':') {
+                Some((repository, tag)) if !tag.contains('/') => (repository, tag),
+                _ => {
+                    return Err(bad(
+                        "it names neither a digest (@sha256:...) nor a tag (:TAG)",
+                    ));
+                }
+            };
+            let tag_ok = !tag.is_empty()
+                && tag.len() <= 128
+                && !tag.starts_with(['.', '-'])
+                && tag
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+            if !tag_ok {
+                return Err(bad("the tag is empty or has characters a tag cannot have"));
+            }
+            (repository, Pin::Tag(tag.to_owned()))
+        };
+        let repository_ok = !repository.is_empty()
+            && !repository.starts_with('/')
+            && !repository.ends_with('/')
+            && repository
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-/".contains(&b));
+        if !repository_ok {
+            return Err(bad(
+                "the repository is empty or not lowercase letters, digits, `.`, `_`, `-` and `/`",
+            ));
+        }
+        Ok(PluginRef {
+            registry: registry.to_owned(),
+            repository: repository.to_owned(),
+            pin,
+        })
+    }
+}
+
+impl PluginRef {
+    /// The manifest digest (hex) when the reference pins one.
+    pub fn digest(&self) -> Option<&str> {
+        match &self.pin {
+            Pin::Digest(hex) => Some(hex),
+            Pin::Tag(_) => None,
+        }
+    }
+
+    /// This reference, pinned to the manifest digest `hex`.
+    pub fn pinned(&self, hex: &str) -> PluginRef {
+        PluginRef {
+            pin: Pin::Digest(hex.to_owned()),
+            ..self.clone()
+        }
+    }
+
+    /// Refuse a tag: a plugin the host loads at start is named by digest,
+    /// so what runs is what the operator reviewed.
+    pub fn require_digest(self) -> Result<PluginRef, OciError> {
+        match self.pin {
+            Pin::Digest(_) => Ok(self),
+            Pin::Tag(_) => Err(OciError::NotPinned {
+                reference: self.to_string(),
+            }),
+        }
+    }
+
+    fn client_reference(&self) -> Reference {
+        match &self.pin {
+            Pin::Digest(hex) => Reference::with_digest(
+                self.registry.clone(),
+                self.repository.clone(),
+                format!("sha256:{hex}"),
+            ),
+            Pin::Tag(tag) => {
+                Reference::with_tag(self.registry.clone(), self.repository.clone(), tag.clone())
+            }
+        }
+    }
+}
+
+/// Why a push, a pull or the store failed. Each message names the
+/// reference and ends with what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum OciError {
+    #[error(
+        "`{text}` is not a plugin reference: {reason}; write oci://HOST/REPO@sha256:DIGEST (or oci://HOST/REPO:TAG to push)"
+    )]
+    BadReference { text: String, reason: &'static str },
+    #[error(
+        "{reference} names a tag, and a tag can be moved to other content: pin the digest instead (`cocoon-fixup plugin pull --allow-tag {reference}` prints it) and write oci://HOST/REPO@sha256:DIGEST"
+    )]
+    NotPinned { reference: String },
+    #[error(
+        "{reference} names a tag: pass --allow-tag to resolve it to its digest (printed, so you can pin it), or give the digest"
+    )]
+    TagNotAllowed { reference: String },
+    #[error("{reference}: pushing needs a tag (oci://HOST/REPO:TAG); the digest is printed after")]
+    PushNeedsTag { reference: String },
+    #[error(
+        "{reference}: the registry needs authentication (401): set {USERNAME_ENV} and {PASSWORD_ENV}, or ask for anonymous pull access"
+    )]
+    Unauthorized { reference: String },
+    #[error(
+        "{reference}: no such reference in the registry (404): check the host, the repository and the digest or tag"
+    )]
+    NotFound { reference: String },
+    #[error(
+        "{reference}: the registry answered with an error ({status}): {detail}; try again later, or ask the registry's operator"
+    )]
+    Registry {
+        reference: String,
+        status: String,
+        detail: String,
+    },
+    #[error(
+        "{reference}: cannot talk to the registry: {reason}; check the host and port (a registry without TLS needs `--plain-http` for push and pull, `oci_plain_http` in the configuration)"
+    )]
+    Unreachable { reference: String, reason: String },
+    #[error(
+        "{reference}: the {what} does not match its digest (expected sha256:{expected}, got sha256:{actual}): refused, nothing was stored; the registry serves other content than what was pinned"
+    )]
+    DigestMismatch {
+        reference: String,
+        what: &'static str,
+        expected: String,
+        actual: String,
+    },
+    #[error(
+        "{reference} is not a Wasm plugin: {reason}; a plugin artifact has one `{WASM_LAYER_MEDIA_TYPE}` layer and config `{WASM_CONFIG_MEDIA_TYPE}` (`cocoon-fixup plugin push` makes one)"
+    )]
+    NotAPlugin { reference: String, reason: String },
+    #[error("the plugin store: {0}")]
+    Store(Untrusted),
+    #[error("cannot write {} in the plugin store: {reason}", path.display())]
+    StoreWrite { path: PathBuf, reason: String },
+    #[error("no place for the plugin store: set --oci-store (HOME and XDG_STATE_HOME are unset)")]
+    NoStore,
+}
+
+impl OciError {
+    /// What `oci-client` reported, as one of ours.
+    fn from_client(reference: &PluginRef, e: OciDistributionError) -> OciError {
+        use OciDistributionError as E;
+        let reference = reference.to_string();
+        let code_is = |e: &E, wanted: &[OciErrorCode]| match e {
+            E::RegistryError { envelope, .. } => {
+                envelope.errors.iter().any(|e| wanted.contains(&e.code))
+            }
+            _ => false,
+        };
+        match e {
+            E::UnauthorizedError { .. } | E::AuthenticationFailure(_) => {
+                OciError::Unauthorized { reference }
+            }
+            E::ServerError { code: 401, .. } => OciError::Unauthorized { reference },
+            ref e if code_is(e, &[OciErrorCode::Unauthorized, OciErrorCode::Denied]) => {
+                OciError::Unauthorized { reference }
+            }
+            E::ServerError { code: 404, .. } | E::ImageManifestNotFoundError(_) => {
+                OciError::NotFound { reference }
+            }
+            ref e
+                if code_is(
+                    e,
+                    &[
+                        OciErrorCode::ManifestUnknown,
+                        OciErrorCode::BlobUnknown,
+                        OciErrorCode::NameUnknown,
+                        OciErrorCode::NotFound,
+                    ],
+                ) =>
+            {
+                OciError::NotFound { reference }
+            }
+            E::ServerError { code, message, .. } => OciError::Registry {
+                reference,
+                status: format!("HTTP {code}"),
+                detail: bounded(&message),
+            },
+            E::RegistryError { envelope, .. } => OciError::Registry {
+                reference,
+                status: "an error envelope".to_owned(),
+                detail: bounded(&envelope.to_string()),
+            },
+            E::DigestError(oci_client::errors::DigestError::VerificationError {
+                expected,
+                actual,
+            }) => OciError::DigestMismatch {
+                reference,
+                what: "content",
+                expected: strip_algorithm(&expected),
+                actual: strip_algorithm(&actual),
+            },
+            E::UnsupportedMediaTypeError(media_type) => OciError::NotAPlugin {
+                reason: format!("its manifest has the media type {}", bounded(&media_type)),
+                reference,
+            },
+            E::RequestError(e) => OciError::Unreachable {
+                reason: bounded(&error_chain(&e)),
+                reference,
+            },
+            e => OciError::Registry {
+                reference,
+                status: "an answer outside the distribution spec".to_owned(),
+                detail: bounded(&e.to_string()),
+            },
+        }
+    }
+}
+
+/// `e` and its causes, joined by `: `.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Registry-supplied text for a message: control characters escaped, at
+/// most 400 characters (a transport error's chain, URL included, fits).
+fn bounded(text: &str) -> String {
+    const MAX: usize = 400;
+    let text = crate::facts::escape_controls(text.trim());
+    match text.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None => text,
+    }
+}
+
+fn strip_algorithm(digest: &str) -> String {
+    bounded(digest.strip_prefix("sha256:").unwrap_or(digest))
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// How the registry is reached.
+#[derive(Debug, Clone, Default)]
+pub struct RegistryOptions {
+    /// Registries (`HOST` or `HOST:PORT`, as written in references) spoken
+    /// to over plain HTTP; every other one over HTTPS. Content is verified
+    /// by digest either way; plain HTTP only gives up privacy and, for a
+    /// tag, the registry's word on which digest it names.
+    pub plain_http: Vec<String>,
+    /// Basic-auth credentials; `None` is anonymous.
+    pub credentials: Option<(String, String)>,
+}
+
+impl RegistryOptions {
+    /// Plain HTTP for `plain_http`; credentials from [`USERNAME_ENV`] and
+    /// [`PASSWORD_ENV`] when both are set, else anonymous.
+    pub fn from_env(plain_http: Vec<String>) -> Self {
+        let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
+        RegistryOptions {
+            plain_http,
+            credentials: var(USERNAME_ENV).zip(var(PASSWORD_ENV)),
+        }
+    }
+}
+
+/// Whether a pull may follow a tag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tags {
+    /// Only digests: a tag is refused ([`OciError::TagNotAllowed`]).
+    Refuse,
+    /// A tag is resolved to the digest of the manifest it names now.
+    Resolve,
+}
+
+/// A plugin pulled and verified.
+#[derive(Debug, Clone)]
+pub struct Artifact {
+    /// The reference, pinned to the manifest's digest.
+    pub reference: PluginRef,
+    /// The manifest's bytes, as their digest covers them.
+    pub manifest: Vec<u8>,
+    /// The component.
+    pub wasm: Vec<u8>,
+    /// The component's sha256 (hex): what `allowed_plugins` lists.
+    pub wasm_sha256: String,
+}
+
+/// A registry client for plugin artifacts.
+pub struct Registry {
+    client: Client,
+    auth: RegistryAuth,
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registry").finish_non_exhaustive()
+    }
+}
+
+impl Registry {
+    pub fn new(options: &RegistryOptions) -> Self {
+        // TLS is rustls with the ring provider kube already uses; a second
+        // install (another client in this process) is a no-op.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let protocol = if options.plain_http.is_empty() {
+            ClientProtocol::Https
+        } else {
+            ClientProtocol::HttpsExcept(options.plain_http.clone())
+        };
+        let client = Client::new(ClientConfig {
+            protocol,
+            use_monolithic_push: true,
+            connect_timeout: Some(REQUEST_TIMEOUT),
+            read_timeout: Some(REQUEST_TIMEOUT),
+            ..ClientConfig::default()
+        });
+        let auth = match &options.credentials {
+            Some((user, password)) => RegistryAuth::Basic(user.clone(), password.clone()),
+            None => RegistryAuth::Anonymous,
+        };
+        Registry { client, auth }
+    }
+
+    /// Push `wasm` as a plugin artifact to `reference` (a tag); the
+    /// reference pinned to the manifest's digest, to put in a
+    /// configuration. The manifest has no timestamp: the same file pushed
+    /// twice has the same digest.
+    pub async fn push(&self, reference: &PluginRef, wasm: &[u8]) -> Result<PluginRef, OciError> {
+        if !matches!(reference.pin, Pin::Tag(_)) {
+            return Err(OciError::PushNeedsTag {
+                reference: reference.to_string(),
+            });
+        }
+        if !wasm.starts_with(b"\0asm") {
+            return Err(OciError::NotAPlugin {
+                reference: reference.to_string(),
+                reason: "the file is not WebAssembly (no `\\0asm` header)".to_owned(),
+            });
+        }
+        let wasm_digest = format!("sha256:{}", sha256_hex(wasm));
+        let config = serde_json::to_vec(&serde_json::json!({
+            "architecture": "wasm",
+            "os": "wasip2",
+            "layerDigests": [wasm_digest],
+        }))
+        .expect("a JSON value serializes");
+        let config_digest = format!("sha256:{}", sha256_hex(&config));
+        let descriptor = |media_type: &str, digest: &str, size: usize| OciDescriptor {
+            media_type: media_type.to_owned(),
+            digest: digest.to_owned(),
+            size: size as i64,
+            ..OciDescriptor::default()
+        };
+        let manifest = OciImageManifest {
+            schema_version: 2,
+            media_type: Some(MANIFEST_MEDIA_TYPE.to_owned()),
+            config: descriptor(WASM_CONFIG_MEDIA_TYPE, &config_digest, config.len()),
+            layers: vec![descriptor(WASM_LAYER_MEDIA_TYPE, &wasm_digest, wasm.len())],
+            ..OciImageManifest::default()
+        };
+        let manifest = serde_json::to_vec(&manifest).expect("a manifest serializes");
+        let target = reference.client_reference();
+        let client_error = |e| OciError::from_client(reference, e);
+        self.client
+            .store_auth_if_needed(target.resolve_registry(), &self.auth)
+            .await;
+        self.client
+            .push_blob(&target, wasm.to_vec(), &wasm_digest)
+            .await
+            .map_err(client_error)?;
+        self.client
+            .push_blob(&target, config, &config_digest)
+            .await
+            .map_err(client_error)?;
+        self.client
+            .push_manifest_raw(
+                &target,
+                manifest.clone(),
+                http::HeaderValue::from_static(MANIFEST_MEDIA_TYPE),
+            )
+            .await
+            .map_err(client_error)?;
+        Ok(reference.pinned(&sha256_hex(&manifest)))
+    }
+
+    /// Pull the plugin at `reference` and verify it: the manifest against
+    /// the pinned digest (or, for a tag that `tags` allows, take its
+    /// digest), its layout and media types, the layer against the digest
+    /// the manifest names.
+    pub async fn pull(&self, reference: &PluginRef, tags: Tags) -> Result<Artifact, OciError> {
+        if matches!(reference.pin, Pin::Tag(_)) && tags == Tags::Refuse {
+            return Err(OciError::TagNotAllowed {
+                reference: reference.to_string(),
+            });
+        }
+        let target = reference.client_reference();
+        let (manifest, _) = self
+            .client
+            .pull_manifest_raw(&target, &self.auth, &[MANIFEST_MEDIA_TYPE])
+            .await
+            .map_err(|e| OciError::from_client(reference, e))?;
+        let manifest = manifest.to_vec();
+        let digest = sha256_hex(&manifest);
+        if let Some(expected) = reference.digest()
+            && expected != digest
+        {
+            return Err(OciError::DigestMismatch {
+                reference: reference.to_string(),
+                what: "manifest",
+                expected: expected.to_owned(),
+                actual: digest,
+            });
+        }
+        let pinned = reference.pinned(&digest);
+        let layer = plugin_layer(&manifest).map_err(|reason| OciError::NotAPlugin {
+            reference: pinned.to_string(),
+            reason,
+        })?;
+        let wasm = self.pull_layer(&pinned, &layer).await?;
+        Ok(Artifact {
+            wasm_sha256: sha256_hex(&wasm),
+            reference: pinned,
+            manifest,
+            wasm,
+        })
+    }
+
+    /// The layer's bytes, at most its declared size, verified against its
+    /// digest.
+    async fn pull_layer(
+        &self,
+        reference: &PluginRef,
+        layer: &OciDescriptor,
+    ) -> Result<Vec<u8>, OciError> {
+        let expected = layer.digest.strip_prefix("sha256:").unwrap_or_default();
+        let mismatch = |actual: String| OciError::DigestMismatch {
+            reference: reference.to_string(),
+            what: "plugin layer",
+            expected: expected.to_owned(),
+            actual,
+        };
+        let mut stream = self
+            .client
+            .pull_blob_stream(&reference.client_reference(), layer)
+            .await
+            .map_err(|e| OciError::from_client(reference, e))?;
+        let size = layer.size as u64;
+        let mut wasm = Vec::with_capacity(size.min(MAX_LAYER_BYTES) as usize);
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| {
+                // The client checks the digest at the end of the stream.
+                match e
+                    .get_ref()
+                    .and_then(|inner| inner.downcast_ref::<oci_client::errors::DigestError>())
+                {
+                    Some(oci_client::errors::DigestError::VerificationError { actual, .. }) => {
+                        mismatch(strip_algorithm(actual))
+                    }
+                    _ => OciError::Unreachable {
+                        reference: reference.to_string(),
+                        reason: bounded(&error_chain(&e)),
+                    },
+                }
+            })?;
+            if wasm.len() as u64 + chunk.len() as u64 > size {
+                return Err(mismatch(format!(
+                    "<more than the {size} bytes the manifest declares>"
+                )));
+            }
+            wasm.extend_from_slice(&chunk);
+        }
+        let actual = sha256_hex(&wasm);
+        if actual != expected {
+            return Err(mismatch(actual));
+        }
+        Ok(wasm)
+    }
+}
+
+/// The one plugin layer of a manifest, checked: schema 2, the Wasm config
+/// media type, exactly one `application/wasm` layer with a sha256 digest
+/// and a size within [`MAX_LAYER_BYTES`]. `Err` says what is wrong.
+fn plugin_layer(manifest: &[u8]) -> Result<OciDescriptor, String> {
+    if manifest.len() > MAX_MANIFEST_BYTES {
+        return Err(format!(
+            "its manifest is {} bytes, more than {MAX_MANIFEST_BYTES}",
+            manifest.len()
+        ));
+    }
+    let manifest: OciImageManifest = serde_json::from_slice(manifest).map_err(|e| {
+        format!(
+            "its manifest is not an image manifest ({})",
+            bounded(&e.to_string())
+        )
+    })?;
+    if manifest.schema_version != 2 {
+        return Err(format!(
+            "its manifest has schema version {}, not 2",
+            manifest.schema_version
+        ));
+    }
+    if let Some(media_type) = &manifest.media_type
+        && media_type != MANIFEST_MEDIA_TYPE
+    {
+        return Err(format!(
+            "its manifest has the media type {}",
+            bounded(media_type)
+        ));
+    }
+    if manifest.config.media_type != WASM_CONFIG_MEDIA_TYPE {
+        return Err(format!(
+            "its config has the media type {}",
+            bounded(&manifest.config.media_type)
+        ));
+    }
+    let [layer] = <[OciDescriptor; 1]>::try_from(manifest.layers)
+        .map_err(|layers| format!("it has {} layers, not one", layers.len()))?;
+    if layer.media_type != WASM_LAYER_MEDIA_TYPE {
+        return Err(format!(
+            "its layer has the media type {}",
+            bounded(&layer.media_type)
+        ));
+    }
+    let hex_ok = layer.digest.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    });
+    if !hex_ok {
+        return Err(format!(
+            "its layer digest {} is not sha256:<64 lowercase hex digits>",
+            bounded(&layer.digest)
+        ));
+    }
+    if layer.size < 0 || layer.size as u64 > MAX_LAYER_BYTES {
+        return Err(format!(
+            "its layer declares {} bytes, outside 0..={MAX_LAYER_BYTES}",
+            layer.size
+        ));
+    }
+    Ok(layer)
+}
+
+/// Pulled plugins on disk, under the trust rules of
+/// [`crate::plugin::trusted`] (module docs).
+#[derive(Debug)]
+pub struct Store {
+    dir: TrustedDir,
+}
+
+/// The default store for the user the host runs as: beside the cache key,
+/// `/var/lib/cocoon-fixup/oci` for root; `$XDG_STATE_HOME/cocoon-fixup/oci`,
+/// else `~/.local/state/cocoon-fixup/oci`, for anyone else.
+pub fn default_store_dir() -> Option<PathBuf> {
+    crate::plugin::cache::default_key_path().and_then(|key| key.parent().map(|dir| dir.join("oci")))
+}
+
+fn manifest_name(hex: &str) -> String {
+    format!("sha256-{hex}.manifest.json")
+}
+
+fn layer_name(hex: &str) -> String {
+    format!("sha256-{hex}.wasm")
+}
+
+impl Store {
+    /// Open the store at `path`, creating it (0700) if missing; it and the
+    /// directories above it must pass the trust rules.
+    pub fn open(path: &Path) -> Result<Self, OciError> {
+        Ok(Store {
+            dir: TrustedDir::create(path).map_err(OciError::Store)?,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The plugin file of the manifest `hex` when the store holds the
+    /// manifest and its layer, both trusted files matching their digests;
+    /// `Ok(None)` when either is absent; `Err` says why what is there is
+    /// not believed.
+    pub fn verified(&self, hex: &str) -> Result<Option<PathBuf>, String> {
+        let read = |name: &str| {
+            self.dir
+                .read_file(name)
+                .map_err(|e| format!("{e}; it is not believed"))
+        };
+        let Some(manifest) = read(&manifest_name(hex))? else {
+            return Ok(None);
+        };
+        let actual = sha256_hex(&manifest);
+        if actual != hex {
+            return Err(format!(
+                "{} holds content of digest sha256:{actual}; it is not believed",
+                self.path().join(manifest_name(hex)).display()
+            ));
+        }
+        let layer = plugin_layer(&manifest)?;
+        let layer_hex = &layer.digest["sha256:".len()..];
+        let Some(wasm) = read(&layer_name(layer_hex))? else {
+            return Ok(None);
+        };
+        if sha256_hex(&wasm) != layer_hex {
+            return Err(format!(
+                "{} does not match its digest; it is not believed",
+                self.path().join(layer_name(layer_hex)).display()
+            ));
+        }
+        Ok(Some(self.path().join(layer_name(layer_hex))))
+    }
+
+    /// Keep a verified artifact: the layer first, then the manifest that
+    /// names it, each written whole (a temporary file renamed into place,
+    /// replacing whatever was there, a link included). The plugin file's
+    /// path.
+    pub fn put(&self, artifact: &Artifact) -> Result<PathBuf, OciError> {
+        let hex = artifact
+            .reference
+            .digest()
+            .expect("an artifact's reference is pinned");
+        for (name, bytes) in [
+            (layer_name(&artifact.wasm_sha256), &artifact.wasm),
+            (manifest_name(hex), &artifact.manifest),
+        ] {
+            self.dir
+                .write_file(&name, bytes, 0o600)
+                .map_err(|e| OciError::StoreWrite {
+                    path: self.path().join(&name),
+                    reason: e.to_string(),
+                })?;
+        }
+        Ok(self.path().join(layer_name(&artifact.wasm_sha256)))
+    }
+}
+
+/// The pinned references a host loads, and where and how it gets them.
+#[derive(Debug, Clone, Default)]
+pub struct PinnedPlugins {
+    /// Every one pins a digest ([`PluginRef::require_digest`]).
+    pub references: Vec<PluginRef>,
+    /// The store; `None` when the default has no place (no HOME).
+    pub store: Option<PathBuf>,
+    pub registry: RegistryOptions,
+}
+
+impl PinnedPlugins {
+    /// The plugin file of each reference, in order: from the store when it
+    /// holds the reference verified, else pulled, verified and stored
+    /// first. A reference that can be neither is an error, and nothing is
+    /// returned: a pinned plugin the operator asked for is not skipped.
+    pub async fn files(&self) -> Result<Vec<PathBuf>, OciError> {
+        if self.references.is_empty() {
+            return Ok(Vec::new());
+        }
+        let store = Store::open(self.store.as_deref().ok_or(OciError::NoStore)?)?;
+        let mut registry = None;
+        let mut files = Vec::with_capacity(self.references.len());
+        for reference in &self.references {
+            let hex = reference.digest().ok_or_else(|| OciError::NotPinned {
+                reference: reference.to_string(),
+            })?;
+            match store.verified(hex) {
+                Ok(Some(path)) => {
+                    files.push(path);
+                    continue;
+                }
+                Ok(None) => {}
+                Err(why) => tracing::warn!(%reference, "{why}; pulling it again"),
+            }
+            let registry = registry.get_or_insert_with(|| Registry::new(&self.registry));
+            let artifact = registry.pull(reference, Tags::Refuse).await?;
+            tracing::info!(%reference, sha256 = %artifact.wasm_sha256, "plugin pulled and verified");
+            files.push(store.put(&artifact)?);
+        }
+        Ok(files)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEX: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn references_parse_and_print_back() {
+        for text in [
+            format!("oci://127.0.0.1:5000/acme/net@sha256:{HEX}"),
+            "oci://registry.example/acme/net:v1.2".to_owned(),
+            "oci://localhost:5000/net:latest".to_owned(),
+        ] {
+            let reference: PluginRef = text.parse().unwrap();
+            assert_eq!(reference.to_string(), text);
+        }
+        let pinned: PluginRef = format!("oci://h/r@sha256:{HEX}").parse().unwrap();
+        assert_eq!(pinned.digest(), Some(HEX));
+        assert_eq!(pinned.repository, "r");
+    }
+
+    #[test]
+    fn bad_references_say_what_is_wrong() {
+        for (text, says) in [
+            ("registry.example/acme:v1", "oci://"),
+            ("oci://registry.example", "no repository"),
+            ("oci://registry.example/acme", "neither a digest"),
+            ("oci://registry.example/acme@sha256:abc", "64 lowercase"),
+            ("oci://registry.example/acme@md5:abc", "sha256"),
+            ("oci://registry.example/Acme:v1", "repository"),
+            ("oci://registry.example/acme:-v1", "tag"),
+            ("oci:///acme:v1", "host"),
+        ] {
+            let err = text.parse::<PluginRef>().unwrap_err();
+            assert!(err.to_string().contains(says), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_tag_is_refused_where_a_digest_is_required() {
+        let tagged: PluginRef = "oci://h/acme:v1".parse().unwrap();
+        let err = tagged.require_digest().unwrap_err();
+        assert!(matches!(err, OciError::NotPinned { .. }));
+        assert!(err.to_string().contains("--allow-tag"), "{err}");
+    }
+
+    fn manifest(config: &str, layers: &[(&str, &str, i64)]) -> Vec<u8> {
+        let layers: Vec<_> = layers
+            .iter()
+            .map(|(media_type, digest, size)| {
+                serde_json::json!({"mediaType": media_type, "digest": digest, "size": size})
+            })
+            .collect();
+        serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": MANIFEST_MEDIA_TYPE,
+            "config": {"mediaType": config, "digest": format!("sha256:{HEX}"), "size": 2},
+            "layers": layers,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_the_wasm_layout_is_a_plugin() {
+        let digest = format!("sha256:{HEX}");
+        let layer = plugin_layer(&manifest(
+            WASM_CONFIG_MEDIA_TYPE,
+            &[(WASM_LAYER_MEDIA_TYPE, &digest, 10)],
+        ))
+        .unwrap();
+        assert_eq!(layer.digest, digest);
+        for (bytes, says) in [
+            (
+                manifest(
+                    "application/vnd.oci.image.config.v1+json",
+                    &[(WASM_LAYER_MEDIA_TYPE, &digest, 10)],
+                ),
+                "config has the media type",
+            ),
+            (
+                manifest(
+                    WASM_CONFIG_MEDIA_TYPE,
+                    &[("application/vnd.oci.image.layer.v1.tar+gzip", &digest, 10)],
+                ),
+                "layer has the media type",
+            ),
+            (manifest(WASM_CONFIG_MEDIA_TYPE, &[]), "0 layers"),
+            (
+                manifest(
+                    WASM_CONFIG_MEDIA_TYPE,
+                    &[(WASM_LAYER_MEDIA_TYPE, "sha512:00", 10)],
+                ),
+                "layer digest",
+            ),
+            (
+                manifest(
+                    WASM_CONFIG_MEDIA_TYPE,
+                    &[(WASM_LAYER_MEDIA_TYPE, &digest, 1 << 40)],
+                ),
+                "declares",
+            ),
+            (b"{}".to_vec(), "not an image manifest"),
+        ] {
+            let err = plugin_layer(&bytes).unwrap_err();
+            assert!(err.contains(says), "{says}: {err}");
+        }
+    }
+}
