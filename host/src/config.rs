@@ -29,6 +29,10 @@ use crate::plugin::sandbox::{DEFAULT_DEADLINE, DEFAULT_FUEL, DEFAULT_MEMORY_BYTE
 use crate::plugin::{DEFAULT_SLOTS, EngineOptions, Limits};
 use crate::probe::DEFAULT_COCOON_ROOT;
 use crate::ready::DEFAULT_LEASE_FILE;
+use crate::reload::{
+    DEFAULT_INTERVAL as DEFAULT_RELOAD_INTERVAL, DEFAULT_MAX_FAILURE_RATIO, DEFAULT_WATCH_FIXUPS,
+    ReloadConfig,
+};
 
 /// The configuration file read when `--config` is not given and it exists.
 pub const DEFAULT_CONFIG_FILE: &str = "/etc/cocoon-fixup/config.toml";
@@ -200,6 +204,24 @@ pub struct ConfigArgs {
     /// `serve`: address of /metrics and /healthz [default: 0.0.0.0:9464]
     #[arg(long, value_name = "ADDR", env = "COCOON_FIXUP_METRICS_ADDR")]
     pub metrics_addr: Option<SocketAddr>,
+    /// `serve`: look for changed plugin files and configuration this often
+    /// and reload them without a restart; 0s turns it off [default: 2s]
+    #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_PLUGIN_RELOAD_INTERVAL", value_parser = duration)]
+    #[serde(default, with = "opt_duration")]
+    pub plugin_reload_interval: Option<Duration>,
+    /// `serve`: fixups watched after a reload puts a new plugin version in
+    /// service; 0 watches none (no rollback) [default: 10]
+    #[arg(long, value_name = "N", env = "COCOON_FIXUP_PLUGIN_ROLLBACK_AFTER")]
+    pub plugin_rollback_after: Option<u32>,
+    /// `serve`: roll a new plugin version back when more than this share of
+    /// its watched fixups fail where the version it replaced succeeded
+    /// [default: 0.5]
+    #[arg(
+        long,
+        value_name = "RATIO",
+        env = "COCOON_FIXUP_PLUGIN_ROLLBACK_FAILURE_RATIO"
+    )]
+    pub plugin_rollback_failure_ratio: Option<f64>,
     /// The operator's narrowing of plugins' guest policies, by plugin name:
     /// configuration file only (`[plugin_policy.NAME]`, keys `writes`,
     /// `removes`, `runs`, `special_modes`, as in the contract). A plan must
@@ -242,6 +264,8 @@ pub struct Settings {
     pub pinned: PinnedPlugins,
     /// The file that was read, if any.
     pub file: Option<PathBuf>,
+    /// `serve`'s plugin reload and rollback.
+    pub reload: ReloadConfig,
 }
 
 impl ConfigArgs {
@@ -309,6 +333,16 @@ impl ConfigArgs {
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(ConfigError::Plugins)?;
+        let ratio = a
+            .plugin_rollback_failure_ratio
+            .unwrap_or(DEFAULT_MAX_FAILURE_RATIO);
+        if !(0.0..=1.0).contains(&ratio) {
+            return Err(ConfigError::Invalid {
+                what: "plugin_rollback_failure_ratio",
+                rule: "a number from 0 to 1",
+                value: ratio.to_string(),
+            });
+        }
         let concurrency = a.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
         if concurrency == 0 {
             return Err(ConfigError::Invalid {
@@ -393,6 +427,11 @@ impl ConfigArgs {
                 registry: RegistryOptions::from_env(a.oci_plain_http),
             },
             file: path,
+            reload: ReloadConfig {
+                interval: a.plugin_reload_interval.unwrap_or(DEFAULT_RELOAD_INTERVAL),
+                watch_fixups: a.plugin_rollback_after.unwrap_or(DEFAULT_WATCH_FIXUPS),
+                max_failure_ratio: ratio,
+            },
         })
     }
 
@@ -438,6 +477,11 @@ impl ConfigArgs {
             oci_plain_http: list_or(self.oci_plain_http, file.oci_plain_http),
             concurrency: self.concurrency.or(file.concurrency),
             metrics_addr: self.metrics_addr.or(file.metrics_addr),
+            plugin_reload_interval: self.plugin_reload_interval.or(file.plugin_reload_interval),
+            plugin_rollback_after: self.plugin_rollback_after.or(file.plugin_rollback_after),
+            plugin_rollback_failure_ratio: self
+                .plugin_rollback_failure_ratio
+                .or(file.plugin_rollback_failure_ratio),
             // The file is their only source.
             plugin_policy: file.plugin_policy,
             plugin_failure: file.plugin_failure,

@@ -245,6 +245,95 @@ impl Summary {
     }
 }
 
+/// One plugin's part in a fixup, for [`FixupRecord`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginUse {
+    pub name: String,
+    pub sha256: String,
+    /// `None` when a plan failed before the scenario was known to the
+    /// plugin's error.
+    pub scenario: Option<Scenario>,
+    /// Whether this plugin did its part: false for a plugin that failed
+    /// (a plan error, or replaced by the built-in under its failure
+    /// policy), else the fixup's own result.
+    pub succeeded: bool,
+}
+
+impl PluginUse {
+    /// The plugins of a plan, before its fixup ran: a plugin the built-in
+    /// replaced is a failure already; the others are marked succeeded
+    /// until the fixup says otherwise ([`FixupRecord::of_fixup`]).
+    fn of_parts(parts: &[PlanPart]) -> Vec<PluginUse> {
+        let mut uses = Vec::new();
+        for part in parts {
+            let scenario = Some(part.selection.scenario);
+            if let Some(fallback) = &part.fallback {
+                uses.push(PluginUse {
+                    name: fallback.failed.info.name.clone(),
+                    sha256: fallback.failed.sha256.clone(),
+                    scenario,
+                    succeeded: false,
+                });
+            }
+            let plugin = &part.selection.plugin;
+            uses.push(PluginUse {
+                name: plugin.info.name.clone(),
+                sha256: plugin.sha256.clone(),
+                scenario,
+                succeeded: true,
+            });
+        }
+        uses
+    }
+}
+
+/// What one fixup came to, by plugin: reported to whoever watches
+/// ([`Host::report_outcomes_to`]; a reload watches a new plugin version's
+/// first fixups and rolls back a version that fails where its predecessor
+/// succeeded). Only fixups that ended (done, exhausted, or no plan because
+/// a plugin misbehaved) are reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FixupRecord {
+    pub plugins: Vec<PluginUse>,
+}
+
+impl FixupRecord {
+    fn of_fixup(mut plugins: Vec<PluginUse>, succeeded: bool) -> Self {
+        for plugin in &mut plugins {
+            plugin.succeeded &= succeeded;
+        }
+        FixupRecord { plugins }
+    }
+
+    /// A plan that failed because a plugin file misbehaved (trap, limit,
+    /// policy, `unsupported`): that plugin failed. Other plan errors (bad
+    /// facts, no plugin) are no plugin's failure and are not reported.
+    fn plan_failed(planner: &Planner, error: &PlannerError) -> Option<Self> {
+        let PlannerError::Plugin(e) = error else {
+            return None;
+        };
+        let name = e.misbehaving_plugin()?;
+        let plugin = planner
+            .plugins()
+            .registry()
+            .plugins()
+            .iter()
+            .find(|p| p.info.name == name)?;
+        let scenario = match e {
+            crate::plugin::PluginError::Unsupported { scenario, .. } => Some(*scenario),
+            _ => None,
+        };
+        Some(FixupRecord {
+            plugins: vec![PluginUse {
+                name: name.to_owned(),
+                sha256: plugin.sha256.clone(),
+                scenario,
+                succeeded: false,
+            }],
+        })
+    }
+}
+
 /// The host: planner, cocoon runner, Kubernetes side, lease watcher.
 ///
 /// Planning is synchronous (the plugin engine, the disk probe) and a plugin
@@ -257,7 +346,12 @@ impl Summary {
 /// [`PluginHost::slots`]: crate::plugin::PluginHost::slots
 #[derive(Debug)]
 pub struct Host<C, P> {
-    planner: Arc<Planner>,
+    /// The planner in service; a reload swaps it ([`Host::swap_planner`]).
+    /// Each call plans with the planner in service when it plans.
+    planner: std::sync::RwLock<Arc<Planner>>,
+    /// Where each fixup's outcome is reported, when someone watches
+    /// ([`Host::report_outcomes_to`]).
+    outcomes: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<FixupRecord>>,
     /// Permits for planning on the blocking pool, one per engine slot.
     planning: Arc<Semaphore>,
     /// Permits for pods being worked on ([`HostConfig::fixups_in_flight`]).
@@ -284,7 +378,8 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             admission: Arc::new(Semaphore::new(
                 config.fixups_in_flight.clamp(1, Semaphore::MAX_PERMITS),
             )),
-            planner,
+            planner: std::sync::RwLock::new(planner),
+            outcomes: std::sync::OnceLock::new(),
             cocoon,
             pods,
             leases,
@@ -295,6 +390,39 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
 
     pub fn pods(&self) -> &P {
         &self.pods
+    }
+
+    /// The planner in service now.
+    pub fn planner(&self) -> Arc<Planner> {
+        self.planner
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Put `planner` in service and return the one it replaces. Calls that
+    /// already planned keep their plan; the next plan is `planner`'s.
+    pub fn swap_planner(&self, planner: Arc<Planner>) -> Arc<Planner> {
+        let mut serving = self
+            .planner
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        std::mem::replace(&mut *serving, planner)
+    }
+
+    /// Report every fixup's outcome ([`FixupRecord`]) to `sender` from now
+    /// on; the first caller wins. A closed receiver is ignored.
+    pub fn report_outcomes_to(
+        &self,
+        sender: tokio::sync::mpsc::UnboundedSender<FixupRecord>,
+    ) -> bool {
+        self.outcomes.set(sender).is_ok()
+    }
+
+    fn record(&self, record: FixupRecord) {
+        if let Some(sender) = self.outcomes.get() {
+            let _ = sender.send(record);
+        }
     }
 
     pub fn metrics(&self) -> &Metrics {
@@ -523,8 +651,9 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         summary: &mut Summary,
         shutdown: &CancellationToken,
     ) -> Result<Option<VmFacts>, HostError> {
+        let planner = self.planner();
         let outcome = match self
-            .plan_off_workers({
+            .plan_off_workers(planner.clone(), {
                 let obs = obs.clone();
                 move |planner| planner.plan(&obs)
             })
@@ -554,6 +683,9 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             }
             Err(e) => {
                 self.metrics.plan_error(&e);
+                if let Some(record) = FixupRecord::plan_failed(&planner, &e) {
+                    self.record(record);
+                }
                 *summary = self.plan_failed(pod, vm, summary.clone(), &e).await?;
                 return Ok(None);
             }
@@ -565,6 +697,11 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             .composed
             .expect("a decision that needs a fixup has a plan");
         self.fallbacks(pod, &composed.parts).await;
+        // Kept only while someone watches outcomes (a reload's rollback).
+        let used = self
+            .outcomes
+            .get()
+            .map(|_| PluginUse::of_parts(&composed.parts));
         // The hint is written only after the budget is spent, and only if
         // it fits then; say now that it would not.
         if let Err(e) =
@@ -592,6 +729,14 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         };
         let result =
             apply::run_fixup(&self.cocoon, &self.pods, job, &self.config.retry, shutdown).await?;
+        let succeeded = match &result {
+            FixupOutcome::Done { .. } => Some(true),
+            FixupOutcome::Exhausted { .. } => Some(false),
+            FixupOutcome::Shutdown { .. } | FixupOutcome::Gone { .. } => None,
+        };
+        if let (Some(plugins), Some(succeeded)) = (used, succeeded) {
+            self.record(FixupRecord::of_fixup(plugins, succeeded));
+        }
         let (label, attempts) = match result {
             FixupOutcome::Done { attempts } => {
                 summary.fixup = Some("done");
@@ -620,7 +765,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
     async fn recovery_plan(&self, pod: &PodRef, obs: &Observation) -> Option<DhcpRecovery> {
         let obs = obs.clone();
         let planned = self
-            .plan_off_workers(move |planner| {
+            .plan_off_workers(self.planner(), move |planner| {
                 VmFacts::validate(&obs, ImageKind::Unknown)
                     .map_err(PlannerError::from)
                     .and_then(|facts| planner.plan_scenarios(&facts, &[Scenario::DhcpRecovery]))
@@ -663,6 +808,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
     /// async worker.
     async fn plan_off_workers<T: Send + 'static>(
         &self,
+        planner: Arc<Planner>,
         plan: impl FnOnce(&Planner) -> T + Send + 'static,
     ) -> T {
         let permit = self
@@ -671,7 +817,6 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             .acquire_owned()
             .await
             .expect("the planning semaphore is never closed");
-        let planner = self.planner.clone();
         let task = tokio::task::spawn_blocking(move || {
             let _permit = permit;
             plan(&planner)

@@ -43,4 +43,5 @@ pub mod metrics;
 pub mod oci;
 pub mod pods;
 pub mod ready;
+pub mod reload;
 pub mod serve;

@@ -19,6 +19,7 @@ use fixup_host::oci::{self, PluginRef, RegistryOptions, Tags};
 use fixup_host::plan::{self, Action};
 use fixup_host::planner::{PlanOutcome, Planner};
 use fixup_host::ready::LeaseWatcher;
+use fixup_host::reload::{self, Reloader};
 use fixup_host::serve;
 use fixup_host::{display, kit, template};
 
@@ -358,6 +359,33 @@ async fn build_host(
     Ok((host, client))
 }
 
+/// How `serve` builds a plugin set at a reload: the configuration as it is
+/// on disk now (flags and environment as at start), the pinned references
+/// pulled, every plugin loaded; a plugin that does not load refuses the
+/// reload. Only the planner's settings are taken (plugins, allow-list,
+/// policies, limits, failure policies); the others need a restart.
+fn reload_build(args: ConfigArgs, config: Option<PathBuf>) -> reload::Build {
+    Arc::new(move || {
+        let settings = args.resolve(config.as_deref()).map_err(|e| e.to_string())?;
+        let pinned = tokio::runtime::Handle::current()
+            .block_on(pinned_files(&settings))
+            .map_err(|e| format!("{e:#}"))?;
+        let (planner, failures) =
+            Planner::with_files(settings.planner.clone(), &pinned).map_err(|e| e.to_string())?;
+        if !failures.is_empty() {
+            let failed: Vec<String> = failures
+                .iter()
+                .map(|f| format!("{}: {}", failed_file(&f.path, &settings, &pinned), f.error))
+                .collect();
+            return Err(failed.join("; "));
+        }
+        Ok(reload::Candidate {
+            planner,
+            engine: settings.planner.engine.clone(),
+        })
+    })
+}
+
 /// `run`'s exit code for a summary (documented in `run --help`).
 fn run_exit_code(summary: &Summary) -> u8 {
     match (summary.fixup, summary.readiness, summary.action) {
@@ -392,6 +420,28 @@ async fn run_serve(args: &ServeArgs, config: Option<&Path>) -> Result<u8> {
         serve::ListenerLimits::default(),
         shutdown.clone(),
     ));
+    if !settings.reload.interval.is_zero() {
+        let (sender, outcomes) = tokio::sync::mpsc::unbounded_channel();
+        host.report_outcomes_to(sender);
+        let watched = vec![
+            settings
+                .planner
+                .plugin_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(fixup_host::config::DEFAULT_PLUGIN_DIR)),
+            settings
+                .file
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(fixup_host::config::DEFAULT_CONFIG_FILE)),
+        ];
+        let reloader = Reloader::new(
+            host.clone(),
+            reload_build(args.config.clone(), config.map(Path::to_owned)),
+            watched,
+            settings.reload.clone(),
+        );
+        tokio::spawn(reloader.run(outcomes, shutdown.clone()));
+    }
     tracing::info!(node = %args.node, metrics = %settings.metrics_addr, concurrency = settings.concurrency, "serving");
     serve::run(
         client,

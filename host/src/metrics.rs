@@ -53,6 +53,11 @@ pub struct Metrics {
     plugin_fuel: HistogramFamily<PluginLabels>,
     plugin_traps: Family<TrapLabels, Counter>,
     plugin_fallbacks: Family<TrapLabels, Counter>,
+    plugin_reloads: Family<ResultLabels, Counter>,
+    plugin_rollbacks: Family<PluginLabels, Counter>,
+    /// What `/healthz` says beyond `ok`: the last plugin reload refused,
+    /// or a rollback, until a reload succeeds.
+    health: std::sync::Mutex<Option<String>>,
     vm_mismatches: Counter,
     node_errors: Family<KindLabels, Counter>,
     retries: Family<KindLabels, Counter>,
@@ -129,6 +134,18 @@ impl Metrics {
             "Plugin calls that failed and were replaced by the built-in (failure policy `fallback`), by the failed plugin and kind",
             plugin_fallbacks.clone(),
         );
+        let plugin_reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "plugin_reloads",
+            "Plugin set reloads by `serve`, by result (swapped, rejected)",
+            plugin_reloads.clone(),
+        );
+        let plugin_rollbacks = Family::<PluginLabels, Counter>::default();
+        registry.register(
+            "plugin_rollbacks",
+            "New plugin versions rolled back after failing where the version they replaced succeeded",
+            plugin_rollbacks.clone(),
+        );
         let vm_mismatches = Counter::default();
         registry.register(
             "vm_mismatches",
@@ -167,6 +184,48 @@ impl Metrics {
             plugin_fuel,
             plugin_traps,
             plugin_fallbacks,
+            plugin_reloads,
+            plugin_rollbacks,
+            health: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Count a plugin reload: `swapped` or `rejected`.
+    pub fn plugin_reload(&self, result: &str) {
+        self.plugin_reloads
+            .get_or_create(&ResultLabels {
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Count a rollback of plugin `name`.
+    pub fn plugin_rollback(&self, name: &str) {
+        self.plugin_rollbacks
+            .get_or_create(&PluginLabels {
+                plugin: name.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Set (or, with `None`, clear) what `/healthz` says beyond `ok`.
+    pub fn set_health_detail(&self, detail: Option<String>) {
+        *self
+            .health
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = detail;
+    }
+
+    /// `/healthz`'s answer: `ok`, then the detail line if there is one.
+    pub fn health(&self) -> String {
+        let detail = self
+            .health
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        match detail {
+            Some(detail) => format!("ok\n{}\n", crate::display::terminal_text(&detail)),
+            None => "ok\n".to_owned(),
         }
     }
 

@@ -459,9 +459,11 @@ impl Default for ListenerLimits {
     }
 }
 
-/// `/metrics` (OpenMetrics text) and `/healthz` (`ok`).
+/// `/metrics` (OpenMetrics text) and `/healthz` (`ok`, then a line of
+/// detail after a plugin reload was refused or rolled back).
 pub fn metrics_router(metrics: Arc<crate::metrics::Metrics>) -> axum::Router {
     use axum::routing::get;
+    let health = metrics.clone();
     axum::Router::new()
         .route(
             "/metrics",
@@ -478,7 +480,13 @@ pub fn metrics_router(metrics: Arc<crate::metrics::Metrics>) -> axum::Router {
                 }
             }),
         )
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/healthz",
+            get(move || {
+                let health = health.clone();
+                async move { health.health() }
+            }),
+        )
 }
 
 /// Serve `/metrics` and `/healthz` on `addr` within `limits` until

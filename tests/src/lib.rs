@@ -162,3 +162,72 @@ pub mod plugin_files {
     /// `tests/plugins/hostile`: misbehaves on request.
     pub const HOSTILE: &str = env!("PLUGIN_HOSTILE");
 }
+
+/// A `cocoon` stand-in for the hostile plugin's clones: every VM is
+/// `hostile_vm_record(name, id)`, and every exec is recorded and succeeds
+/// (the guest ran the whole plan) unless [`Guest::fail_execs`] is set,
+/// when it exits 1.
+#[derive(Debug, Clone)]
+pub struct Guest {
+    id: String,
+    fail: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    execs: std::sync::Arc<std::sync::Mutex<Vec<Vec<String>>>>,
+}
+
+impl Guest {
+    /// Every VM's id is `id` (`hostile-<behaviour>` picks the behaviour).
+    pub fn new(id: &str) -> Self {
+        Guest {
+            id: id.to_owned(),
+            fail: Default::default(),
+            execs: Default::default(),
+        }
+    }
+
+    pub fn fail_execs(&self, fail: bool) {
+        self.fail.store(fail, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The argv of every exec so far.
+    pub fn execs(&self) -> Vec<Vec<String>> {
+        self.execs.lock().unwrap().clone()
+    }
+}
+
+impl fixup_host::cocoon::Cocoon for Guest {
+    async fn exec(
+        &self,
+        _vm: &fixup_host::facts::VmId,
+        argv: &[String],
+        _timeout: std::time::Duration,
+    ) -> Result<fixup_host::cocoon::ExecOutput, fixup_host::cocoon::CocoonError> {
+        use fixup_host::cocoon::{ExecOutput, ExitStatusKind};
+        self.execs.lock().unwrap().push(argv.to_vec());
+        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(ExecOutput {
+                status: ExitStatusKind::Code(1),
+                stdout: Vec::new(),
+                stderr: b"the guest refused".to_vec(),
+                stderr_cut: false,
+            });
+        }
+        let done = match fixup_host::plan::exec_nonce(argv) {
+            Some(nonce) => format!("\n{}\n", fixup_host::plan::done_marker(&nonce)),
+            None => String::new(),
+        };
+        Ok(ExecOutput {
+            status: ExitStatusKind::Code(0),
+            stdout: Vec::new(),
+            stderr: done.into_bytes(),
+            stderr_cut: false,
+        })
+    }
+
+    async fn inspect(
+        &self,
+        vm: &fixup_host::facts::VmId,
+        _timeout: std::time::Duration,
+    ) -> Result<VmInspect, fixup_host::cocoon::CocoonError> {
+        Ok(hostile_vm_record(vm.as_str(), &self.id))
+    }
+}

@@ -4,12 +4,10 @@
 //! so in a Warning event naming both plugins and in a metric.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use fixup_host::classify::Scenario;
-use fixup_host::cocoon::{Cocoon, CocoonError, ExecOutput, ExitStatusKind};
-use fixup_host::facts::{VmId, VmInspect};
 use fixup_host::host::{Host, HostConfig, Trigger};
 use fixup_host::metrics::Metrics;
 use fixup_host::planner::{FailurePolicy, Planner, PlannerError, PlannerOptions};
@@ -143,48 +141,12 @@ fn a_plugin_that_works_is_used_under_the_fallback_policy() {
     assert!(part.fallback.is_none());
 }
 
-/// The VM id selects the hostile plugin's behaviour (`hostile-decline`).
-const DECLINED_VM_ID: &str = "hostile-decline";
-
-/// A `cocoon` whose one VM is the declined one, named as the stack names
-/// the VM of the pod; every exec succeeds (the guest ran the whole plan)
-/// and is recorded.
-#[derive(Debug, Clone, Default)]
-struct GoodGuest {
-    execs: Arc<Mutex<Vec<Vec<String>>>>,
-}
-
-impl Cocoon for GoodGuest {
-    async fn exec(
-        &self,
-        _vm: &VmId,
-        argv: &[String],
-        _timeout: Duration,
-    ) -> Result<ExecOutput, CocoonError> {
-        self.execs.lock().unwrap().push(argv.to_vec());
-        let done = match fixup_host::plan::exec_nonce(argv) {
-            Some(nonce) => format!("\n{}\n", fixup_host::plan::done_marker(&nonce)),
-            None => String::new(),
-        };
-        Ok(ExecOutput {
-            status: ExitStatusKind::Code(0),
-            stdout: Vec::new(),
-            stderr: done.into_bytes(),
-            stderr_cut: false,
-        })
-    }
-
-    async fn inspect(&self, vm: &VmId, _timeout: Duration) -> Result<VmInspect, CocoonError> {
-        Ok(fixup_tests::hostile_vm_record(vm.as_str(), DECLINED_VM_ID))
-    }
-}
-
 #[tokio::test]
 async fn the_daemon_tells_of_a_fallback_in_a_warning_event_and_a_metric() {
     let (planner, dir) = planner(Some(FailurePolicy::Fallback));
     let pods = MemoryPods::new();
     pods.insert(fixup_tests::hostile_clone("web-0"));
-    let guest = GoodGuest::default();
+    let guest = fixup_tests::Guest::new("hostile-decline");
     let leases = LeaseWatcher::new(dir.path().join("leases.json"), Duration::from_millis(20))
         .expect("lease watcher");
     let metrics = Arc::new(Metrics::new());
@@ -207,7 +169,7 @@ async fn the_daemon_tells_of_a_fallback_in_a_warning_event_and_a_metric() {
         .expect("handled");
     assert_eq!(summary.fixup, Some("done"), "{summary:?}");
     assert_eq!(summary.readiness, Some("ready"), "{summary:?}");
-    assert_eq!(guest.execs.lock().unwrap().len(), 1);
+    assert_eq!(guest.execs().len(), 1);
 
     let events = host.pods().events();
     let fallback: Vec<_> = events

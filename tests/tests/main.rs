@@ -7,6 +7,7 @@ mod held;
 mod kit;
 mod oci;
 mod policy;
+mod reload;
 mod sandbox;
 mod selection;
 mod vendor;

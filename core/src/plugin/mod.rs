@@ -343,6 +343,26 @@ impl PluginError {
         self.misbehaviour().is_some()
     }
 
+    /// The plugin that misbehaved ([`is_misbehaviour`](Self::is_misbehaviour)),
+    /// by name.
+    pub fn misbehaving_plugin(&self) -> Option<&str> {
+        self.misbehaviour()?;
+        match self {
+            PluginError::Policy { plugin, .. }
+            | PluginError::Denied { plugin, .. }
+            | PluginError::Fuel { plugin, .. }
+            | PluginError::Deadline { plugin, .. }
+            | PluginError::Memory { plugin, .. }
+            | PluginError::LogFlood { plugin, .. }
+            | PluginError::TooMuchData { plugin, .. }
+            | PluginError::Panicked { plugin, .. }
+            | PluginError::Trapped { plugin, .. }
+            | PluginError::BadPlan { plugin, .. }
+            | PluginError::Unsupported { plugin, .. } => Some(plugin),
+            _ => None,
+        }
+    }
+
     /// The kind of [`is_misbehaviour`](Self::is_misbehaviour), as a metric
     /// label: `policy`, `denied-import`, `fuel`, `deadline`, `memory`,
     /// `log-flood`, `too-much-data`, `panic`, `trap`, `bad-plan` or

@@ -1,0 +1,321 @@
+//! `serve`'s plugin reload: a changed plugin file goes into service only
+//! through the gate (it loads, links, and passes its own case files), a
+//! call that planned keeps its plan, and a new version that fails where the
+//! one it replaced succeeded is rolled back and quarantined.
+//!
+//! The reloader is driven by hand here (`reload`, `observe`) against a
+//! real host, planner and plugin files; `serve`'s own loop only adds the
+//! timer and the outcome channel around the same two calls (the CLI test
+//! in `host/tests/cli.rs` runs that loop).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fixup_host::apply::RetryConfig;
+use fixup_host::host::{FixupRecord, Host, HostConfig, Summary, Trigger};
+use fixup_host::metrics::Metrics;
+use fixup_host::planner::{Planner, PlannerOptions};
+use fixup_host::pods::MemoryPods;
+use fixup_host::ready::LeaseWatcher;
+use fixup_host::reload::{Build, Candidate, ReloadConfig, Reloader, cases_dir};
+use fixup_tests::{Guest, hostile_clone};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio_util::sync::CancellationToken;
+
+/// The hostile plugin's bytes with a custom section appended: the same
+/// code, another file (another sha256), as a rebuilt version would be.
+fn version(tag: &str) -> Vec<u8> {
+    let mut bytes = std::fs::read(env!("PLUGIN_HOSTILE")).expect("hostile plugin");
+    let name = b"cocoon-fixup-test-version";
+    let mut section = vec![name.len() as u8];
+    section.extend_from_slice(name);
+    section.extend_from_slice(tag.as_bytes());
+    assert!(section.len() < 128, "one LEB128 byte");
+    bytes.push(0);
+    bytes.push(section.len() as u8);
+    bytes.extend_from_slice(&section);
+    bytes
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+struct Rig {
+    host: Arc<Host<Guest, MemoryPods>>,
+    reloader: Reloader<Guest, MemoryPods>,
+    outcomes: UnboundedReceiver<FixupRecord>,
+    guest: Guest,
+    metrics: Arc<Metrics>,
+    plugin: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// A planner's options over `plugins`, compiled without a cache, probing
+/// the empty cocoon root beside it.
+fn options(plugins: &Path) -> PlannerOptions {
+    let root = plugins.with_file_name("cocoon-root");
+    std::fs::create_dir_all(&root).expect("cocoon root");
+    let mut options = PlannerOptions {
+        plugin_dir: Some(plugins.to_owned()),
+        cocoon_root: root,
+        ..PlannerOptions::default()
+    };
+    options.engine.cache_dir = None;
+    options
+}
+
+/// A host serving the hostile plugin at version `v1` from a plugin
+/// directory, its fixups reported, and a reloader over that directory
+/// watching `watch_fixups` fixups after a reload.
+fn rig(watch_fixups: u32) -> Rig {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugin dir");
+    let plugin = plugins.join("hostile.wasm");
+    std::fs::write(&plugin, version("v1")).expect("v1");
+    let (planner, failures) = Planner::new(options(&plugins)).expect("planner");
+    assert!(failures.is_empty(), "{failures:?}");
+    let guest = Guest::new("hostile-benign");
+    let leases = LeaseWatcher::new(dir.path().join("leases.json"), Duration::from_millis(20))
+        .expect("lease watcher");
+    let metrics = Arc::new(Metrics::new());
+    let config = HostConfig {
+        retry: RetryConfig {
+            interval: Duration::from_millis(5),
+            budget: Duration::from_millis(30),
+            exec_timeout: Duration::from_secs(5),
+        },
+        ..HostConfig::default()
+    };
+    let host = Arc::new(Host::new(
+        Arc::new(planner),
+        guest.clone(),
+        MemoryPods::new(),
+        Arc::new(leases),
+        config,
+        metrics.clone(),
+    ));
+    let (sender, outcomes) = tokio::sync::mpsc::unbounded_channel();
+    assert!(host.report_outcomes_to(sender));
+    let build: Build = {
+        let plugins = plugins.clone();
+        Arc::new(move || {
+            let engine = options(&plugins).engine;
+            let (planner, failures) = Planner::new(options(&plugins)).map_err(|e| e.to_string())?;
+            match failures.first() {
+                Some(f) => Err(format!("{}: {}", f.path.display(), f.error)),
+                None => Ok(Candidate { planner, engine }),
+            }
+        })
+    };
+    let reloader = Reloader::new(
+        host.clone(),
+        build,
+        vec![plugins],
+        ReloadConfig {
+            interval: Duration::from_millis(20),
+            watch_fixups,
+            max_failure_ratio: 0.5,
+        },
+    );
+    Rig {
+        host,
+        reloader,
+        outcomes,
+        guest,
+        metrics,
+        plugin,
+        _dir: dir,
+    }
+}
+
+impl Rig {
+    /// The digest of the hostile plugin in service.
+    fn serving(&self) -> String {
+        let planner = self.host.planner();
+        let plugins = planner.plugins().registry().plugins();
+        let hostile = plugins
+            .iter()
+            .find(|p| p.info.name == "hostile")
+            .expect("hostile serves");
+        hostile.sha256.clone()
+    }
+
+    /// Handle a new clone named `name` to its end, and hand its outcome to
+    /// the reloader; the digest of the hostile plugin that planned it.
+    async fn clone_pod(&mut self, name: &str) -> (Summary, String) {
+        self.host.pods().insert(hostile_clone(name));
+        let summary = self
+            .host
+            .handle("default", name, Trigger::Event, &CancellationToken::new())
+            .await
+            .expect("handled");
+        let record = self.outcomes.try_recv().expect("the fixup is reported");
+        let used = record
+            .plugins
+            .iter()
+            .find(|p| p.name == "hostile")
+            .expect("planned by hostile")
+            .sha256
+            .clone();
+        self.reloader.observe(record);
+        (summary, used)
+    }
+
+    fn exposition(&self) -> String {
+        self.metrics.encode()
+    }
+}
+
+#[tokio::test]
+async fn a_changed_plugin_serves_the_next_pod_and_a_call_that_planned_keeps_its_plan() {
+    let mut rig = rig(10);
+    let v1 = sha256(&version("v1"));
+    let (before, used) = rig.clone_pod("before").await;
+    assert_eq!(before.fixup, Some("done"), "{before:?}");
+    assert_eq!(used, v1);
+
+    let planned_with = rig.host.planner();
+    std::fs::write(&rig.plugin, version("v2")).expect("v2");
+    rig.reloader.reload().await;
+    let v2 = sha256(&version("v2"));
+    assert_eq!(rig.serving(), v2);
+    assert!(
+        rig.exposition()
+            .contains(r#"plugin_reloads_total{result="swapped"} 1"#),
+        "{}",
+        rig.exposition()
+    );
+    // The planner a call already holds is the old one, whole.
+    let kept = planned_with.plugins().registry().plugins();
+    assert!(kept.iter().any(|p| p.sha256 == v1));
+
+    let (after, used) = rig.clone_pod("after").await;
+    assert_eq!(after.fixup, Some("done"), "{after:?}");
+    assert_eq!(used, v2);
+    assert_eq!(rig.metrics.health(), "ok\n");
+}
+
+#[tokio::test]
+async fn a_plugin_that_fails_the_gate_never_replaces_the_one_in_service() {
+    let mut rig = rig(10);
+    let v1 = sha256(&version("v1"));
+
+    // Not a component at all.
+    std::fs::write(&rig.plugin, b"not a plugin").expect("garbage");
+    rig.reloader.reload().await;
+    assert_eq!(rig.serving(), v1);
+    assert!(rig.metrics.health().contains("plugin reload refused"));
+
+    // A new version whose own case files fail.
+    let cases = cases_dir(&rig.plugin);
+    std::fs::create_dir_all(&cases).expect("cases dir");
+    let case = |expect: &str| {
+        format!(
+            r#"{{"scenario": "oci-networkd",
+                "facts": {{"name": "decline", "id": "vm-0123abcd", "backend": "cloud-hypervisor",
+                          "os": "linux", "image": "oci", "boot": "clone",
+                          "nics": [{{"mac": "52:54:00:aa:bb:01", "static_ipv4": null}}],
+                          "flavor": "hostile"}},
+                "expect": {expect}}}"#
+        )
+    };
+    std::fs::write(
+        cases.join("declines.json"),
+        case(r#"{"plan": {"dialect": "posix-sh", "steps": []}}"#),
+    )
+    .expect("case");
+    std::fs::write(&rig.plugin, version("v2")).expect("v2");
+    rig.reloader.reload().await;
+    assert_eq!(rig.serving(), v1, "a version whose cases fail is refused");
+    let health = rig.metrics.health();
+    assert!(
+        health.contains("declines") && health.contains("case files"),
+        "{health}"
+    );
+    assert!(
+        rig.exposition()
+            .contains(r#"plugin_reloads_total{result="rejected"} 2"#),
+        "{}",
+        rig.exposition()
+    );
+    let (summary, used) = rig.clone_pod("still-v1").await;
+    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(used, v1);
+
+    // The case fixed: the same version passes the gate.
+    std::fs::write(
+        cases.join("declines.json"),
+        case(r#"{"error": {"kind": "unsupported"}}"#),
+    )
+    .expect("case");
+    rig.reloader.reload().await;
+    assert_eq!(rig.serving(), sha256(&version("v2")));
+    assert_eq!(rig.metrics.health(), "ok\n");
+}
+
+#[tokio::test]
+async fn a_version_that_fails_where_its_predecessor_succeeded_is_rolled_back_and_quarantined() {
+    let mut rig = rig(4);
+    let v1 = sha256(&version("v1"));
+    let (summary, _) = rig.clone_pod("good-0").await;
+    assert_eq!(summary.fixup, Some("done"));
+
+    std::fs::write(&rig.plugin, version("v2")).expect("v2");
+    rig.reloader.reload().await;
+    let v2 = sha256(&version("v2"));
+    assert_eq!(rig.serving(), v2);
+
+    // The new version's plans fail in the guest: at most 2 of 4 may.
+    rig.guest.fail_execs(true);
+    for (i, expected_version) in [&v2, &v2, &v2].into_iter().enumerate() {
+        let (summary, used) = rig.clone_pod(&format!("bad-{i}")).await;
+        assert_eq!(summary.fixup, Some("exhausted"), "{summary:?}");
+        assert_eq!(&used, expected_version);
+    }
+    assert_eq!(rig.serving(), v1, "the third failure of four rolls back");
+    let exposition = rig.exposition();
+    assert!(
+        exposition.contains(r#"plugin_rollbacks_total{plugin="hostile"} 1"#),
+        "{exposition}"
+    );
+    let health = rig.metrics.health();
+    assert!(
+        health.contains("rolled back") && health.contains(&v2[..12]),
+        "{health}"
+    );
+
+    // The next pod is planned by the version that came back.
+    rig.guest.fail_execs(false);
+    let (summary, used) = rig.clone_pod("good-1").await;
+    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(used, v1);
+
+    // The same file is not loaded again...
+    rig.reloader.reload().await;
+    assert_eq!(rig.serving(), v1);
+    assert!(rig.metrics.health().contains("quarantined"));
+    // ...until it changes.
+    std::fs::write(&rig.plugin, version("v3")).expect("v3");
+    rig.reloader.reload().await;
+    assert_eq!(rig.serving(), sha256(&version("v3")));
+}
+
+#[tokio::test]
+async fn a_version_whose_predecessor_never_succeeded_here_is_kept() {
+    let mut rig = rig(2);
+    std::fs::write(&rig.plugin, version("v2")).expect("v2");
+    rig.reloader.reload().await;
+    let v2 = sha256(&version("v2"));
+    assert_eq!(rig.serving(), v2);
+    rig.guest.fail_execs(true);
+    for i in 0..3 {
+        let (summary, _) = rig.clone_pod(&format!("bad-{i}")).await;
+        assert_eq!(summary.fixup, Some("exhausted"));
+    }
+    assert_eq!(rig.serving(), v2, "nothing to compare with: no rollback");
+    assert!(!rig.exposition().contains("plugin_rollbacks_total{"));
+}
