@@ -363,10 +363,13 @@ async fn build_host(
 /// on disk now (flags and environment as at start), the pinned references
 /// pulled, every plugin loaded; a plugin that does not load refuses the
 /// reload. Only the planner's settings are taken (plugins, allow-list,
-/// policies, limits, failure policies); the others need a restart.
-fn reload_build(args: ConfigArgs, config: Option<PathBuf>) -> reload::Build {
+/// policies, limits, failure policies); the others need a restart. The
+/// engine keeps `slots` instance slots, the number the host's planning
+/// permits were sized for at start.
+fn reload_build(args: ConfigArgs, config: Option<PathBuf>, slots: u32) -> reload::Build {
     Arc::new(move || {
-        let settings = args.resolve(config.as_deref()).map_err(|e| e.to_string())?;
+        let mut settings = args.resolve(config.as_deref()).map_err(|e| e.to_string())?;
+        settings.planner.engine.slots = slots;
         let pinned = tokio::runtime::Handle::current()
             .block_on(pinned_files(&settings))
             .map_err(|e| format!("{e:#}"))?;
@@ -436,7 +439,11 @@ async fn run_serve(args: &ServeArgs, config: Option<&Path>) -> Result<u8> {
         ];
         let reloader = Reloader::new(
             host.clone(),
-            reload_build(args.config.clone(), config.map(Path::to_owned)),
+            reload_build(
+                args.config.clone(),
+                config.map(Path::to_owned),
+                host.planner().plugins().slots(),
+            ),
             watched,
             settings.reload.clone(),
         );
