@@ -122,14 +122,17 @@ impl Fallback {
     /// One line for the Warning event and the log: both plugins, their
     /// versions and digests, and the failure.
     pub fn message(&self, scenario: Scenario, used: &LoadedPlugin) -> String {
+        // The plugins first: the event's cap may cut the error, never who
+        // planned in whose place.
+        let error = crate::annotations::cap_utf8(self.error.clone(), 200, "… [truncated]");
         format!(
-            "plugin {} {} (sha256:{}) failed for {scenario}: {}; planned with the built-in {} {} instead (failure policy `fallback`)",
+            "planned {scenario} with the built-in {} {} (sha256:{}) in place of plugin {} {} (sha256:{}), failure policy `fallback`: {error}",
+            used.info.name,
+            used.info.version,
+            short_digest(&used.sha256),
             self.failed.info.name,
             self.failed.info.version,
             short_digest(&self.failed.sha256),
-            self.error,
-            used.info.name,
-            used.info.version,
         )
     }
 }

@@ -209,12 +209,13 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_PLUGIN_RELOAD_INTERVAL", value_parser = duration)]
     #[serde(default, with = "opt_duration")]
     pub plugin_reload_interval: Option<Duration>,
-    /// `serve`: fixups watched after a reload puts a new plugin version in
+    /// `serve`: pods watched after a reload puts a new plugin version in
     /// service; 0 watches none (no rollback) [default: 10]
     #[arg(long, value_name = "N", env = "COCOON_FIXUP_PLUGIN_ROLLBACK_AFTER")]
     pub plugin_rollback_after: Option<u32>,
-    /// `serve`: roll a new plugin version back when more than this share of
-    /// its watched fixups fail where the version it replaced succeeded
+    /// `serve`: roll a new plugin version back when it misbehaves for more
+    /// than this share of its watched pods where the version it replaced
+    /// planned
     /// [default: 0.5]
     #[arg(
         long,
@@ -333,6 +334,16 @@ impl ConfigArgs {
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(ConfigError::Plugins)?;
+        if let Some(interval) = a.plugin_reload_interval
+            && !interval.is_zero()
+            && interval < Duration::from_millis(100)
+        {
+            return Err(ConfigError::Invalid {
+                what: "plugin_reload_interval",
+                rule: "0s (off) or at least 100ms",
+                value: format!("{interval:?}"),
+            });
+        }
         let ratio = a
             .plugin_rollback_failure_ratio
             .unwrap_or(DEFAULT_MAX_FAILURE_RATIO);

@@ -245,24 +245,23 @@ impl Summary {
     }
 }
 
-/// One plugin's part in a fixup, for [`FixupRecord`].
+/// One plugin's part in planning a fixup, for [`FixupRecord`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PluginUse {
     pub name: String,
     pub sha256: String,
-    /// `None` when a plan failed before the scenario was known to the
-    /// plugin's error.
+    /// `None` when a plan failed and the plugin's error does not name the
+    /// scenario.
     pub scenario: Option<Scenario>,
-    /// Whether this plugin did its part: false for a plugin that failed
-    /// (a plan error, or replaced by the built-in under its failure
-    /// policy), else the fixup's own result.
+    /// Whether the plugin made its plan: false for a plugin that
+    /// misbehaved (a trap, a breach, `unsupported`), whether the pod then
+    /// failed or the built-in took its place.
     pub succeeded: bool,
 }
 
 impl PluginUse {
-    /// The plugins of a plan, before its fixup ran: a plugin the built-in
-    /// replaced is a failure already; the others are marked succeeded
-    /// until the fixup says otherwise ([`FixupRecord::of_fixup`]).
+    /// The plugins of a plan: a plugin the built-in replaced failed, the
+    /// others made their plans.
     fn of_parts(parts: &[PlanPart]) -> Vec<PluginUse> {
         let mut uses = Vec::new();
         for part in parts {
@@ -287,28 +286,24 @@ impl PluginUse {
     }
 }
 
-/// What one fixup came to, by plugin: reported to whoever watches
-/// ([`Host::report_outcomes_to`]; a reload watches a new plugin version's
-/// first fixups and rolls back a version that fails where its predecessor
-/// succeeded). Only fixups that ended (done, exhausted, or no plan because
-/// a plugin misbehaved) are reported.
+/// How the plugins did in planning one pod's fixup: reported to whoever
+/// watches ([`Host::report_outcomes_to`]; a reload watches a new plugin
+/// version's first pods and rolls back a version that fails where its
+/// predecessor succeeded). A plugin's failure is its own misbehaviour only:
+/// what the guest then does with the plan (an exhausted fixup) is not
+/// counted against the plugin, since a pod's owner controls the guest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FixupRecord {
+    /// The pod's uid.
+    pub pod: String,
     pub plugins: Vec<PluginUse>,
 }
 
 impl FixupRecord {
-    fn of_fixup(mut plugins: Vec<PluginUse>, succeeded: bool) -> Self {
-        for plugin in &mut plugins {
-            plugin.succeeded &= succeeded;
-        }
-        FixupRecord { plugins }
-    }
-
     /// A plan that failed because a plugin file misbehaved (trap, limit,
     /// policy, `unsupported`): that plugin failed. Other plan errors (bad
     /// facts, no plugin) are no plugin's failure and are not reported.
-    fn plan_failed(planner: &Planner, error: &PlannerError) -> Option<Self> {
+    fn plan_failed(pod: &str, planner: &Planner, error: &PlannerError) -> Option<Self> {
         let PlannerError::Plugin(e) = error else {
             return None;
         };
@@ -324,6 +319,7 @@ impl FixupRecord {
             _ => None,
         };
         Some(FixupRecord {
+            pod: pod.to_owned(),
             plugins: vec![PluginUse {
                 name: name.to_owned(),
                 sha256: plugin.sha256.clone(),
@@ -683,7 +679,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             }
             Err(e) => {
                 self.metrics.plan_error(&e);
-                if let Some(record) = FixupRecord::plan_failed(&planner, &e) {
+                if let Some(record) = FixupRecord::plan_failed(&pod.uid, &planner, &e) {
                     self.record(record);
                 }
                 *summary = self.plan_failed(pod, vm, summary.clone(), &e).await?;
@@ -697,11 +693,12 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             .composed
             .expect("a decision that needs a fixup has a plan");
         self.fallbacks(pod, &composed.parts).await;
-        // Kept only while someone watches outcomes (a reload's rollback).
-        let used = self
-            .outcomes
-            .get()
-            .map(|_| PluginUse::of_parts(&composed.parts));
+        if self.outcomes.get().is_some() {
+            self.record(FixupRecord {
+                pod: pod.uid.clone(),
+                plugins: PluginUse::of_parts(&composed.parts),
+            });
+        }
         // The hint is written only after the budget is spent, and only if
         // it fits then; say now that it would not.
         if let Err(e) =
@@ -729,14 +726,6 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         };
         let result =
             apply::run_fixup(&self.cocoon, &self.pods, job, &self.config.retry, shutdown).await?;
-        let succeeded = match &result {
-            FixupOutcome::Done { .. } => Some(true),
-            FixupOutcome::Exhausted { .. } => Some(false),
-            FixupOutcome::Shutdown { .. } | FixupOutcome::Gone { .. } => None,
-        };
-        if let (Some(plugins), Some(succeeded)) = (used, succeeded) {
-            self.record(FixupRecord::of_fixup(plugins, succeeded));
-        }
         let (label, attempts) = match result {
             FixupOutcome::Done { attempts } => {
                 summary.fixup = Some("done");

@@ -359,19 +359,52 @@ async fn build_host(
     Ok((host, client))
 }
 
+/// The longest a reload waits for the pinned plugins to be pulled.
+const RELOAD_PULL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// How `serve` builds a plugin set at a reload: the configuration as it is
 /// on disk now (flags and environment as at start), the pinned references
 /// pulled, every plugin loaded; a plugin that does not load refuses the
 /// reload. Only the planner's settings are taken (plugins, allow-list,
 /// policies, limits, failure policies); the others need a restart. The
 /// engine keeps `slots` instance slots, the number the host's planning
-/// permits were sized for at start.
+/// permits were sized for at start. `config` is the file read at start:
+/// it must still be there and not empty (a file being rewritten in place
+/// must not reload as all defaults).
 fn reload_build(args: ConfigArgs, config: Option<PathBuf>, slots: u32) -> reload::Build {
     Arc::new(move || {
+        if let Some(file) = &config {
+            match std::fs::metadata(file) {
+                Ok(meta) if meta.len() > 0 => {}
+                Ok(_) => {
+                    return Err(format!(
+                        "the configuration file {} is empty; write it to a temporary name and rename it into place",
+                        file.display()
+                    ));
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "the configuration file {} read at start: {e}",
+                        file.display()
+                    ));
+                }
+            }
+        }
         let mut settings = args.resolve(config.as_deref()).map_err(|e| e.to_string())?;
+        if settings.planner.engine.slots != slots {
+            tracing::warn!(
+                "the configuration asks for {} plugin instance slots (from `concurrency`), {slots} serve until a restart",
+                settings.planner.engine.slots
+            );
+        }
         settings.planner.engine.slots = slots;
         let pinned = tokio::runtime::Handle::current()
-            .block_on(pinned_files(&settings))
+            .block_on(async {
+                tokio::time::timeout(RELOAD_PULL_TIMEOUT, pinned_files(&settings)).await
+            })
+            .map_err(|_| {
+                format!("pulling the pinned plugins took longer than {RELOAD_PULL_TIMEOUT:?}")
+            })?
             .map_err(|e| format!("{e:#}"))?;
         let (planner, failures) =
             Planner::with_files(settings.planner.clone(), &pinned).map_err(|e| e.to_string())?;
@@ -441,7 +474,7 @@ async fn run_serve(args: &ServeArgs, config: Option<&Path>) -> Result<u8> {
             host.clone(),
             reload_build(
                 args.config.clone(),
-                config.map(Path::to_owned),
+                settings.file.clone(),
                 host.planner().plugins().slots(),
             ),
             watched,

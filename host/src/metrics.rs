@@ -136,7 +136,7 @@ impl Metrics {
         );
         let plugin_reloads = Family::<ResultLabels, Counter>::default();
         registry.register(
-            "plugin_reloads",
+            "plugin_reload",
             "Plugin set reloads by `serve`, by result (swapped, rejected)",
             plugin_reloads.clone(),
         );
@@ -224,7 +224,7 @@ impl Metrics {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
         match detail {
-            Some(detail) => format!("ok\n{}\n", crate::display::terminal_text(&detail)),
+            Some(detail) => format!("ok\n{}\n", crate::facts::escape_controls(&detail)),
             None => "ok\n".to_owned(),
         }
     }

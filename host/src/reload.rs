@@ -4,32 +4,40 @@
 //! its predecessor succeeded is rolled back.
 //!
 //! - **Watch.** The plugin directory and the configuration file are looked
-//!   at every [`ReloadConfig::interval`] (names, sizes, modification times;
-//!   `NAME.cases/` folders included). When anything changed, a new planner
+//!   at every [`ReloadConfig::interval`] (names, sizes, modification and
+//!   change times, inodes; `NAME.cases/` folders included). When anything
+//!   changed and then stayed as it is for one more interval, a new planner
 //!   is built from the configuration as it is now ([`Build`]), beside the
-//!   one in service.
+//!   one in service; if the files change again while it is built, it is
+//!   dropped and built again once they settle.
 //! - **Gate.** The new set is refused, and the one in service keeps
 //!   serving, when a plugin file does not load (contract, allow-list,
-//!   guest policy, conflicts), when a plugin's code does not link, when a
-//!   new or changed plugin file has case files beside it
-//!   (`acme.wasm` and `acme.cases/`) and one of them fails, or when a file
-//!   is the very version a rollback quarantined. A refusal is logged,
-//!   counted (`plugin_reloads_total{result="rejected"}`) and shown in
-//!   `/healthz`'s detail until a reload succeeds.
+//!   guest policy, conflicts), when a plugin's code does not link, when it
+//!   would drop the allow-list in force (that takes a restart), when a
+//!   plugin file has case files beside it (`acme.wasm` and `acme.cases/`,
+//!   under the trust rules of plugin files, at most [`MAX_CASES`] files of
+//!   at most [`MAX_CASE_BYTES`] each) and one of them fails, or when a
+//!   changed file is the very version a rollback quarantined. A refusal is
+//!   logged, counted (`plugin_reload_total{result="rejected"}`) and shown
+//!   in `/healthz`'s detail until a reload succeeds.
 //! - **Swap.** The gate passed, the new planner replaces the old one at
 //!   once ([`Host::swap_planner`]). A call that already planned keeps its
 //!   plan; the next plan is the new planner's.
 //! - **Rollback.** For each new or changed plugin the first
-//!   [`ReloadConfig::watch_fixups`] fixups that use it are watched. When
-//!   more than [`ReloadConfig::max_failure_ratio`] of them fail (an
-//!   exhausted fixup, a plan the plugin could not make, the built-in
-//!   taking its place) while the version it replaced had succeeded on the
-//!   same scenario since this daemon started, the planner the reload
-//!   replaced comes back, with a log line, `plugin_rollbacks_total` and
+//!   [`ReloadConfig::watch_fixups`] pods it plans for are watched (each pod
+//!   once). A pod counts as a failure when the plugin misbehaved for it (a
+//!   trap, a breach of a limit or its policy, `unsupported`; under the
+//!   failure policy `fallback` as much as without it); what the guest then
+//!   does with a plan is not counted, since a pod's owner controls the
+//!   guest. When more than [`ReloadConfig::max_failure_ratio`] of them
+//!   fail while the version it replaced had planned the same scenario
+//!   since this daemon started, the planner in service before the watch
+//!   began comes back, with a log line, `plugin_rollbacks_total` and
 //!   `/healthz`'s detail, and the new file's digest is quarantined: the
 //!   directory is not loaded again while that file is in it unchanged.
-//!   The whole reload is undone; the other files it changed are loaded
-//!   again at the next change.
+//!   Every reload since the watch began is undone, settings included; the
+//!   other files come back with the next reload. Quarantine and watch live
+//!   in memory: a restart loads what is on disk.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -45,6 +53,7 @@ use crate::host::{FixupRecord, Host};
 use crate::kit::{TestOptions, test_plugin};
 use crate::metrics::Metrics;
 use crate::planner::Planner;
+use crate::plugin::trusted::TrustedDir;
 use crate::plugin::{EngineOptions, LoadedPlugin, Origin};
 use crate::pods::PodApi;
 
@@ -52,7 +61,7 @@ use crate::pods::PodApi;
 /// at; `--plugin-reload-interval`, 0 turns reloading off.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(2);
 
-/// Fixups watched after a new plugin version goes into service;
+/// Pods watched after a new plugin version goes into service;
 /// `--plugin-rollback-after`.
 pub const DEFAULT_WATCH_FIXUPS: u32 = 10;
 
@@ -79,6 +88,15 @@ impl Default for ReloadConfig {
     }
 }
 
+/// The most case files a plugin's `NAME.cases/` may hold for the gate.
+pub const MAX_CASES: usize = 256;
+
+/// The largest case file the gate reads.
+pub const MAX_CASE_BYTES: u64 = 1 << 20;
+
+/// The longest reason `/healthz` and the log repeat from a refused reload.
+const DETAIL_MAX: usize = 2048;
+
 /// A planner built from the configuration on disk now, and the engine
 /// options its plugins' case files are run with.
 #[derive(Debug)]
@@ -92,9 +110,10 @@ pub struct Candidate {
 /// reload is refused), with the reasons. Runs on a blocking thread.
 pub type Build = Arc<dyn Fn() -> Result<Candidate, String> + Send + Sync>;
 
-/// What a path looked like: per file under it, its size and modification
-/// time.
-type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>)>;
+/// What a path looked like: per file under it, its size, modification
+/// time, inode and change time (a copy that keeps the size and the
+/// modification time still gets a new change time).
+type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>, u64, i64, i64)>;
 
 fn fingerprint(paths: &[PathBuf]) -> Fingerprint {
     let mut seen = Vec::new();
@@ -107,11 +126,19 @@ fn fingerprint(paths: &[PathBuf]) -> Fingerprint {
 
 /// The plugin directory, its `*.cases/` folders, and the files in them.
 fn walk(path: &Path, depth: u8, seen: &mut Fingerprint) {
+    use std::os::unix::fs::MetadataExt;
     let Ok(meta) = std::fs::metadata(path) else {
-        seen.push((path.to_owned(), 0, None));
+        seen.push((path.to_owned(), 0, None, 0, 0, 0));
         return;
     };
-    seen.push((path.to_owned(), meta.len(), meta.modified().ok()));
+    seen.push((
+        path.to_owned(),
+        meta.len(),
+        meta.modified().ok(),
+        meta.ino(),
+        meta.ctime(),
+        meta.ctime_nsec(),
+    ));
     if meta.is_dir()
         && depth < 2
         && let Ok(entries) = std::fs::read_dir(path)
@@ -159,7 +186,8 @@ struct Watched {
     /// The digest of the version it replaced; `None` for a new plugin,
     /// which has nothing to roll back to.
     replaced: Option<String>,
-    seen: u32,
+    /// The pods counted (each once).
+    pods: BTreeSet<String>,
     failed: u32,
     /// The scenarios of its failures (`None`: not known).
     failed_on: BTreeSet<Option<Scenario>>,
@@ -229,6 +257,7 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
             return;
         }
         let mut seen = fingerprint(&self.watched);
+        let mut settled = true;
         let mut tick = tokio::time::interval(self.config.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -238,8 +267,21 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
                 _ = tick.tick() => {
                     let now = fingerprint(&self.watched);
                     if now != seen {
+                        // Changed: wait until it stays as it is.
                         seen = now;
-                        self.reload().await;
+                        settled = false;
+                    } else if !settled {
+                        settled = true;
+                        let reloaded = tokio::select! {
+                            () = shutdown.cancelled() => break,
+                            r = self.reload_unless_changed(&seen) => r,
+                        };
+                        if !reloaded {
+                            // Changed while being built: build it again
+                            // once it settles.
+                            seen = fingerprint(&self.watched);
+                            settled = false;
+                        }
                     }
                 }
             }
@@ -248,9 +290,29 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
 
     /// Build, gate and swap in the plugin set on disk now.
     pub async fn reload(&mut self) {
-        match self.candidate().await {
+        let now = fingerprint(&self.watched);
+        self.reload_unless_changed(&now).await;
+    }
+
+    /// As [`reload`](Self::reload), but a set whose files no longer look
+    /// like `expected` once it is built is dropped (`false`): it may have
+    /// been read half-written.
+    async fn reload_unless_changed(&mut self, expected: &Fingerprint) -> bool {
+        let candidate = self.candidate().await;
+        if fingerprint(&self.watched) != *expected {
+            tracing::info!(
+                "plugin files changed while being loaded; loading them again once they settle"
+            );
+            return false;
+        }
+        match candidate {
             Ok((planner, changed)) => self.swap(planner, changed),
             Err(reason) => {
+                let reason = crate::annotations::cap_utf8(
+                    crate::facts::escape_controls(&reason),
+                    DETAIL_MAX,
+                    "… [truncated]",
+                );
                 tracing::error!(
                     "plugin reload refused, the plugins in service keep serving: {reason}"
                 );
@@ -259,11 +321,12 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
                     .set_health_detail(Some(format!("plugin reload refused: {reason}")));
             }
         }
+        true
     }
 
-    /// The gate: a planner whose every file loaded and linked, no
-    /// quarantined file among its changes, and every changed file's case
-    /// files passed.
+    /// The gate: a planner whose every file loaded and linked, that keeps
+    /// the allow-list in force, no quarantined file among its changes, and
+    /// every plugin file's case files passed.
     async fn candidate(
         &self,
     ) -> Result<(Planner, Vec<(Arc<LoadedPlugin>, Option<String>)>), String> {
@@ -287,7 +350,11 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
         })
         .await
         .map_err(|e| format!("linking the plugin set: {e}"))??;
-        let changed = changed_files(&self.host.planner(), &planner);
+        let serving = self.host.planner();
+        if serving.plugins().allow_list().is_some() && planner.plugins().allow_list().is_none() {
+            return Err("the configuration no longer has `allowed_plugins`: a reload does not drop the allow-list in force (restart the daemon to do that); if the file was being written, write it to a temporary name and rename it into place".to_owned());
+        }
+        let changed = changed_files(&serving, &planner);
         for (plugin, _) in &changed {
             if self.quarantine.contains(&plugin.sha256) {
                 return Err(format!(
@@ -296,43 +363,16 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
                 ));
             }
         }
-        for (plugin, _) in &changed {
-            let Origin::File(path) = &plugin.origin else {
-                continue;
-            };
-            let cases = cases_dir(path);
-            if !cases.is_dir() {
-                continue;
-            }
-            let (engine, file, folder) = (engine.clone(), path.clone(), cases.clone());
-            let report = tokio::task::spawn_blocking(move || {
-                test_plugin(engine, &file, &folder, TestOptions::default())
-            })
-            .await
-            .map_err(|e| format!("running the case files of {}: {e}", plugin.info.name))?
-            .map_err(|e| format!("the case files of {}: {e}", plugin.info.name))?;
-            if !report.success() {
-                let first = report
-                    .cases
-                    .iter()
-                    .find(|c| c.status != crate::kit::Status::Pass)
-                    .map(|c| {
-                        format!(
-                            "{}: {}",
-                            c.name,
-                            c.message.as_deref().unwrap_or("does not match")
-                        )
-                    })
-                    .unwrap_or_default();
-                return Err(format!(
-                    "{} {}: {} of {} case files in {} failed (first: {first})",
-                    plugin.info.name,
-                    plugin.info.version,
-                    report.failed,
-                    report.cases.len(),
-                    cases.display()
-                ));
-            }
+        let files: Vec<Arc<LoadedPlugin>> = planner
+            .plugins()
+            .registry()
+            .plugins()
+            .iter()
+            .filter(|p| matches!(p.origin, Origin::File(_)))
+            .cloned()
+            .collect();
+        for plugin in files {
+            run_cases(&plugin, &engine).await?;
         }
         Ok((planner, changed))
     }
@@ -353,23 +393,34 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
         tracing::info!(changed = %names.join(", "), "plugin set reloaded");
         self.metrics.plugin_reload("swapped");
         self.metrics.set_health_detail(None);
-        let plugins: Vec<Watched> = changed
-            .into_iter()
-            .filter(|_| self.config.watch_fixups > 0)
-            .map(|(p, replaced)| Watched {
+        if self.config.watch_fixups == 0 || changed.is_empty() {
+            return;
+        }
+        // A watch already running goes on: its rollback target stays the
+        // set in service before it began, and a plugin that changed again
+        // is watched afresh against the version that set had.
+        let watch = self.watch.get_or_insert_with(|| Watch {
+            previous,
+            plugins: Vec::new(),
+        });
+        for (p, replaced) in changed {
+            let replaced = match watch.plugins.iter().position(|w| w.name == p.info.name) {
+                Some(i) => watch.plugins.remove(i).replaced,
+                None => replaced,
+            };
+            watch.plugins.push(Watched {
                 name: p.info.name.clone(),
                 version: p.info.version.clone(),
                 sha256: p.sha256.clone(),
                 replaced,
-                seen: 0,
+                pods: BTreeSet::new(),
                 failed: 0,
                 failed_on: BTreeSet::new(),
-            })
-            .collect();
-        self.watch = (!plugins.is_empty()).then_some(Watch { previous, plugins });
+            });
+        }
     }
 
-    /// Count one fixup's outcome, and roll back a watched version that
+    /// Count one pod's planning, and roll back a watched version that
     /// failed too often.
     pub fn observe(&mut self, record: FixupRecord) {
         for used in &record.plugins {
@@ -392,7 +443,9 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
             else {
                 continue;
             };
-            w.seen += 1;
+            if !w.pods.insert(record.pod.clone()) {
+                continue;
+            }
             if !used.succeeded {
                 w.failed += 1;
                 w.failed_on.insert(used.scenario);
@@ -401,7 +454,7 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
                 bad = Some(w.name.clone());
             }
         }
-        let watch_fixups = self.config.watch_fixups;
+        let watch_fixups = self.config.watch_fixups as usize;
         if let Some(name) = bad {
             let w = watch
                 .plugins
@@ -414,17 +467,17 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
             }
             tracing::warn!(
                 plugin = %w.name,
-                "plugin {} {} failed {} of its first {} fixups, but the version it replaced never succeeded on those scenarios here: kept",
-                w.name, w.version, w.failed, w.seen
+                "plugin {} {} failed for {} of its first {} pods, but the version it replaced never planned those scenarios here: kept",
+                w.name, w.version, w.failed, w.pods.len()
             );
             let watch = self.watch.as_mut().expect("watching");
             watch.plugins.retain(|w| w.name != name);
         }
         let watch = self.watch.as_mut().expect("watching");
         watch.plugins.retain(|w| {
-            let done = w.seen >= watch_fixups;
+            let done = w.pods.len() >= watch_fixups;
             if done {
-                tracing::info!(plugin = %w.name, "plugin {} {} passed its first {} fixups ({} failed)", w.name, w.version, w.seen, w.failed);
+                tracing::info!(plugin = %w.name, "plugin {} {} passed its first {} pods ({} failed)", w.name, w.version, w.pods.len(), w.failed);
             }
             !done
         });
@@ -445,18 +498,93 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
         self.host.swap_planner(watch.previous.clone());
         self.quarantine.insert(w.sha256.clone());
         let message = format!(
-            "plugin {} {} (sha256 {}) failed {} of its first {} fixups where the version it replaced (sha256 {}) had succeeded: rolled back to the previous plugin set; the file is quarantined until it changes",
+            "plugin {} {} (sha256 {}) failed for {} of its first {} pods where the version it replaced (sha256 {}) had planned: rolled back to the plugin set in service before; the file is quarantined until it changes",
             w.name,
             w.version,
             short(&w.sha256),
             w.failed,
-            w.seen,
+            w.pods.len(),
             w.replaced.as_deref().map_or("?", short),
         );
         tracing::error!(plugin = %w.name, "{message}");
         self.metrics.plugin_rollback(&w.name);
         self.metrics.set_health_detail(Some(message));
     }
+}
+
+/// Run a plugin file's case files (`NAME.cases/` beside it), if it has
+/// any, against the file: refused when the folder or a case file breaks the
+/// trust rules of plugin files, there are more than [`MAX_CASES`], one is
+/// larger than [`MAX_CASE_BYTES`], the file tested is not the one loaded,
+/// or a case fails.
+async fn run_cases(plugin: &LoadedPlugin, engine: &EngineOptions) -> Result<(), String> {
+    let Origin::File(path) = &plugin.origin else {
+        return Ok(());
+    };
+    let cases = cases_dir(path);
+    if !cases.is_dir() {
+        return Ok(());
+    }
+    let name = &plugin.info.name;
+    let dir = TrustedDir::open(&cases).map_err(|e| format!("the case files of {name}: {e}"))?;
+    let entries = dir
+        .entries(".json")
+        .map_err(|e| format!("the case files of {name}: {e}"))?;
+    if entries.len() > MAX_CASES {
+        return Err(format!(
+            "{}: {} case files, more than the {MAX_CASES} a reload runs",
+            cases.display(),
+            entries.len()
+        ));
+    }
+    for (file, _) in &entries {
+        let (_, stat) = dir
+            .open_file(file)
+            .map_err(|e| format!("the case files of {name}: {e}"))?
+            .ok_or_else(|| format!("{}: vanished", cases.join(file).display()))?;
+        if u64::try_from(stat.st_size).unwrap_or(u64::MAX) > MAX_CASE_BYTES {
+            return Err(format!(
+                "{}: larger than the {MAX_CASE_BYTES} bytes a case file may have",
+                cases.join(file).display()
+            ));
+        }
+    }
+    let (engine, file, folder) = (engine.clone(), path.clone(), cases.clone());
+    let report = tokio::task::spawn_blocking(move || {
+        test_plugin(engine, &file, &folder, TestOptions::default())
+    })
+    .await
+    .map_err(|e| format!("running the case files of {name}: {e}"))?
+    .map_err(|e| format!("the case files of {name}: {e}"))?;
+    if report.plugin.sha256 != plugin.sha256 {
+        return Err(format!(
+            "{} changed while its case files ran",
+            path.display()
+        ));
+    }
+    if !report.success() {
+        let first = report
+            .cases
+            .iter()
+            .find(|c| c.status != crate::kit::Status::Pass)
+            .map(|c| {
+                format!(
+                    "{}: {}",
+                    c.name,
+                    c.message.as_deref().unwrap_or("does not match")
+                )
+            })
+            .unwrap_or_default();
+        return Err(format!(
+            "{} {}: {} of {} case files in {} failed (first: {first})",
+            plugin.info.name,
+            plugin.info.version,
+            report.failed,
+            report.cases.len(),
+            cases.display()
+        ));
+    }
+    Ok(())
 }
 
 /// Whether the version `w` replaced succeeded here on a scenario `w`

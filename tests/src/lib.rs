@@ -167,21 +167,45 @@ pub mod plugin_files {
 /// `hostile_vm_record(name, id)`, and every exec is recorded and succeeds
 /// (the guest ran the whole plan) unless [`Guest::fail_execs`] is set,
 /// when it exits 1.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Guest {
-    id: String,
+    id: std::sync::Arc<std::sync::Mutex<String>>,
     fail: std::sync::Arc<std::sync::atomic::AtomicBool>,
     execs: std::sync::Arc<std::sync::Mutex<Vec<Vec<String>>>>,
+    /// Run at the next exec, before it answers.
+    at_exec: std::sync::Arc<std::sync::Mutex<Option<ExecHook>>>,
+}
+
+/// Run by [`Guest`] at an exec.
+type ExecHook = Box<dyn FnOnce() + Send>;
+
+impl std::fmt::Debug for Guest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guest")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Guest {
     /// Every VM's id is `id` (`hostile-<behaviour>` picks the behaviour).
     pub fn new(id: &str) -> Self {
         Guest {
-            id: id.to_owned(),
+            id: std::sync::Arc::new(std::sync::Mutex::new(id.to_owned())),
             fail: Default::default(),
             execs: Default::default(),
+            at_exec: Default::default(),
         }
+    }
+
+    /// Every VM's id from now on.
+    pub fn set_id(&self, id: &str) {
+        *self.id.lock().unwrap() = id.to_owned();
+    }
+
+    /// Run `hook` at the next exec, before it answers.
+    pub fn at_next_exec(&self, hook: impl FnOnce() + Send + 'static) {
+        *self.at_exec.lock().unwrap() = Some(Box::new(hook));
     }
 
     pub fn fail_execs(&self, fail: bool) {
@@ -203,6 +227,10 @@ impl fixup_host::cocoon::Cocoon for Guest {
     ) -> Result<fixup_host::cocoon::ExecOutput, fixup_host::cocoon::CocoonError> {
         use fixup_host::cocoon::{ExecOutput, ExitStatusKind};
         self.execs.lock().unwrap().push(argv.to_vec());
+        let hook = self.at_exec.lock().unwrap().take();
+        if let Some(hook) = hook {
+            hook();
+        }
         if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
             return Ok(ExecOutput {
                 status: ExitStatusKind::Code(1),
@@ -228,6 +256,7 @@ impl fixup_host::cocoon::Cocoon for Guest {
         vm: &fixup_host::facts::VmId,
         _timeout: std::time::Duration,
     ) -> Result<VmInspect, fixup_host::cocoon::CocoonError> {
-        Ok(hostile_vm_record(vm.as_str(), &self.id))
+        let id = self.id.lock().unwrap().clone();
+        Ok(hostile_vm_record(vm.as_str(), &id))
     }
 }

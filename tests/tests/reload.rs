@@ -4,9 +4,9 @@
 //! one it replaced succeeded is rolled back and quarantined.
 //!
 //! The reloader is driven by hand here (`reload`, `observe`) against a
-//! real host, planner and plugin files; `serve`'s own loop only adds the
-//! timer and the outcome channel around the same two calls (the CLI test
-//! in `host/tests/cli.rs` runs that loop).
+//! real host, planner and plugin files; `serve`'s own loop adds the timer,
+//! the settling of changed files and the outcome channel around the same
+//! calls (`serve_reload.rs` runs it in the real binary).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -171,32 +171,56 @@ impl Rig {
 }
 
 #[tokio::test]
-async fn a_changed_plugin_serves_the_next_pod_and_a_call_that_planned_keeps_its_plan() {
+async fn a_changed_plugin_serves_the_next_pod() {
     let mut rig = rig(10);
     let v1 = sha256(&version("v1"));
     let (before, used) = rig.clone_pod("before").await;
     assert_eq!(before.fixup, Some("done"), "{before:?}");
     assert_eq!(used, v1);
 
-    let planned_with = rig.host.planner();
     std::fs::write(&rig.plugin, version("v2")).expect("v2");
     rig.reloader.reload().await;
     let v2 = sha256(&version("v2"));
     assert_eq!(rig.serving(), v2);
     assert!(
         rig.exposition()
-            .contains(r#"plugin_reloads_total{result="swapped"} 1"#),
+            .contains(r#"plugin_reload_total{result="swapped"} 1"#),
         "{}",
         rig.exposition()
     );
-    // The planner a call already holds is the old one, whole.
-    let kept = planned_with.plugins().registry().plugins();
-    assert!(kept.iter().any(|p| p.sha256 == v1));
 
     let (after, used) = rig.clone_pod("after").await;
     assert_eq!(after.fixup, Some("done"), "{after:?}");
     assert_eq!(used, v2);
     assert_eq!(rig.metrics.health(), "ok\n");
+}
+
+#[tokio::test]
+async fn a_call_that_planned_keeps_its_plan_across_a_swap() {
+    let mut rig = rig(10);
+    let v1 = sha256(&version("v1"));
+    // A second planner, with v2, ready to be swapped in.
+    let plugins = rig.plugin.parent().expect("plugin dir").to_owned();
+    std::fs::write(&rig.plugin, version("v2")).expect("v2");
+    let (v2_planner, _) = Planner::new(options(&plugins)).expect("v2 planner");
+    // The first attempt fails, and the swap happens while it runs: the
+    // retry comes after the swap.
+    rig.guest.fail_execs(true);
+    let (host, guest) = (rig.host.clone(), rig.guest.clone());
+    rig.guest.at_next_exec(move || {
+        host.swap_planner(Arc::new(v2_planner));
+        let again = guest.clone();
+        guest.at_next_exec(move || again.fail_execs(false));
+    });
+    let (summary, used) = rig.clone_pod("across").await;
+    assert_eq!(summary.fixup, Some("done"), "{summary:?}");
+    assert_eq!(summary.attempts, 2, "{summary:?}");
+    assert_eq!(used, v1, "planned once, before the swap");
+    assert!(
+        rig.outcomes.try_recv().is_err(),
+        "no second plan after the swap"
+    );
+    assert_eq!(rig.serving(), sha256(&version("v2")));
 }
 
 #[tokio::test]
@@ -238,7 +262,7 @@ async fn a_plugin_that_fails_the_gate_never_replaces_the_one_in_service() {
     );
     assert!(
         rig.exposition()
-            .contains(r#"plugin_reloads_total{result="rejected"} 2"#),
+            .contains(r#"plugin_reload_total{result="rejected"} 2"#),
         "{}",
         rig.exposition()
     );
@@ -269,14 +293,33 @@ async fn a_version_that_fails_where_its_predecessor_succeeded_is_rolled_back_and
     let v2 = sha256(&version("v2"));
     assert_eq!(rig.serving(), v2);
 
-    // The new version's plans fail in the guest: at most 2 of 4 may.
+    // What the guest does is not the plugin's failure: exhausted fixups
+    // do not count.
     rig.guest.fail_execs(true);
-    for (i, expected_version) in [&v2, &v2, &v2].into_iter().enumerate() {
-        let (summary, used) = rig.clone_pod(&format!("bad-{i}")).await;
+    for i in 0..3 {
+        let (summary, used) = rig.clone_pod(&format!("guest-down-{i}")).await;
         assert_eq!(summary.fixup, Some("exhausted"), "{summary:?}");
-        assert_eq!(&used, expected_version);
+        assert_eq!(used, v2);
     }
-    assert_eq!(rig.serving(), v1, "the third failure of four rolls back");
+    assert_eq!(rig.serving(), v2, "the guests failed, not the plugin");
+    rig.guest.fail_execs(false);
+
+    // A fresh watch: v3 declines the VMs it claimed (at most 2 of 4 may).
+    std::fs::write(&rig.plugin, version("v3")).expect("v3");
+    rig.reloader.reload().await;
+    let v3 = sha256(&version("v3"));
+    assert_eq!(rig.serving(), v3);
+    rig.guest.set_id("hostile-decline");
+    for i in 0..3 {
+        let (summary, used) = rig.clone_pod(&format!("bad-{i}")).await;
+        assert_eq!(summary.fixup, Some("plan-failed"), "{summary:?}");
+        assert_eq!(used, v3);
+    }
+    assert_eq!(
+        rig.serving(),
+        v1,
+        "the third failure of four rolls back to the set before the watch began"
+    );
     let exposition = rig.exposition();
     assert!(
         exposition.contains(r#"plugin_rollbacks_total{plugin="hostile"} 1"#),
@@ -284,12 +327,12 @@ async fn a_version_that_fails_where_its_predecessor_succeeded_is_rolled_back_and
     );
     let health = rig.metrics.health();
     assert!(
-        health.contains("rolled back") && health.contains(&v2[..12]),
+        health.contains("rolled back") && health.contains(&v3[..12]),
         "{health}"
     );
 
     // The next pod is planned by the version that came back.
-    rig.guest.fail_execs(false);
+    rig.guest.set_id("hostile-benign");
     let (summary, used) = rig.clone_pod("good-1").await;
     assert_eq!(summary.fixup, Some("done"));
     assert_eq!(used, v1);
@@ -299,23 +342,61 @@ async fn a_version_that_fails_where_its_predecessor_succeeded_is_rolled_back_and
     assert_eq!(rig.serving(), v1);
     assert!(rig.metrics.health().contains("quarantined"));
     // ...until it changes.
-    std::fs::write(&rig.plugin, version("v3")).expect("v3");
+    std::fs::write(&rig.plugin, version("v4")).expect("v4");
     rig.reloader.reload().await;
-    assert_eq!(rig.serving(), sha256(&version("v3")));
+    assert_eq!(rig.serving(), sha256(&version("v4")));
 }
 
 #[tokio::test]
-async fn a_version_whose_predecessor_never_succeeded_here_is_kept() {
+async fn a_version_whose_predecessor_never_planned_here_is_kept() {
     let mut rig = rig(2);
     std::fs::write(&rig.plugin, version("v2")).expect("v2");
     rig.reloader.reload().await;
     let v2 = sha256(&version("v2"));
     assert_eq!(rig.serving(), v2);
-    rig.guest.fail_execs(true);
+    rig.guest.set_id("hostile-decline");
     for i in 0..3 {
         let (summary, _) = rig.clone_pod(&format!("bad-{i}")).await;
-        assert_eq!(summary.fixup, Some("exhausted"));
+        assert_eq!(summary.fixup, Some("plan-failed"));
     }
     assert_eq!(rig.serving(), v2, "nothing to compare with: no rollback");
     assert!(!rig.exposition().contains("plugin_rollbacks_total{"));
+}
+
+#[tokio::test]
+async fn a_reload_does_not_drop_the_allow_list_in_force() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugin dir");
+    std::fs::write(plugins.join("hostile.wasm"), version("v1")).expect("v1");
+    let allowed = move |on: bool| {
+        let mut options = options(&plugins);
+        if on {
+            options.engine.allowed_sha256 = Some([sha256(&version("v1"))].into());
+        }
+        options
+    };
+    let (planner, _) = Planner::new(allowed(true)).expect("planner");
+    let allowed = Arc::new(allowed);
+    let leases = LeaseWatcher::new(dir.path().join("leases.json"), Duration::from_millis(20))
+        .expect("lease watcher");
+    let host = Arc::new(Host::new(
+        Arc::new(planner),
+        Guest::new("hostile-benign"),
+        MemoryPods::new(),
+        Arc::new(leases),
+        HostConfig::default(),
+        Arc::new(Metrics::new()),
+    ));
+    let build: Build = Arc::new(move || {
+        let options = allowed(false);
+        let engine = options.engine.clone();
+        let (planner, _) = Planner::new(options).map_err(|e| e.to_string())?;
+        Ok(Candidate { planner, engine })
+    });
+    let mut reloader = Reloader::new(host.clone(), build, vec![], ReloadConfig::default());
+    reloader.reload().await;
+    assert!(host.planner().plugins().allow_list().is_some());
+    let health = host.metrics().health();
+    assert!(health.contains("allowed_plugins"), "{health}");
 }

@@ -517,6 +517,12 @@ impl PluginHost {
         &self.registry
     }
 
+    /// The plugin allow-list in force (sha256 digests); `None`: every
+    /// plugin file loads.
+    pub fn allow_list(&self) -> Option<&std::collections::BTreeSet<String>> {
+        self.allowed_sha256.as_ref()
+    }
+
     /// Names in the operator's narrowing that no loaded plugin has: a typo
     /// or a renamed plugin, so the narrowing is not in force.
     pub fn unused_narrowings(&self) -> Vec<String> {
