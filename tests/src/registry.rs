@@ -29,9 +29,14 @@ pub struct LocalRegistry {
 
 impl LocalRegistry {
     /// Start one, or `None` (with the reason printed) when the binary is
-    /// not installed.
+    /// not installed; with `COCOON_FIXUP_REQUIRE_REGISTRY=1` (set by
+    /// `.ci/run`) its absence fails the test instead.
     pub fn start() -> Option<Self> {
         if !Path::new(BINARY).is_file() {
+            assert!(
+                std::env::var_os("COCOON_FIXUP_REQUIRE_REGISTRY").is_none_or(|v| v != "1"),
+                "{BINARY} is not installed and COCOON_FIXUP_REQUIRE_REGISTRY=1"
+            );
             println!(
                 "skipped: {BINARY} is not installed (`apt-get install -y --no-install-recommends docker-registry`; .ci/run does)"
             );
