@@ -31,7 +31,7 @@ use crate::probe::DEFAULT_COCOON_ROOT;
 use crate::ready::DEFAULT_LEASE_FILE;
 use crate::reload::{
     DEFAULT_INTERVAL as DEFAULT_RELOAD_INTERVAL, DEFAULT_MAX_FAILURE_RATIO, DEFAULT_WATCH_FIXUPS,
-    ReloadConfig,
+    QuarantineFile, ReloadConfig,
 };
 
 /// The configuration file read when `--config` is not given and it exists.
@@ -390,12 +390,15 @@ impl ConfigArgs {
                     } else {
                         a.cache_dir.or_else(default_cache_dir)
                     },
-                    cache_key: a.cache_key,
+                    cache_key: a.cache_key.clone(),
                     // One instance per pod in flight, plus room for the
                     // recovery plans and `plan` calls beside them.
                     slots: (concurrency as u32).saturating_mul(2).max(DEFAULT_SLOTS),
                     allowed_sha256: (!allowed.is_empty()).then_some(allowed),
                     narrowing,
+                    quarantined: QuarantineFile::beside_key(a.cache_key.as_deref())
+                        .map(|q| q.read())
+                        .unwrap_or_default(),
                 },
                 cocoon_root: a
                     .cocoon_root

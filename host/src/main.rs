@@ -19,7 +19,7 @@ use fixup_host::oci::{self, PluginRef, RegistryOptions, Tags};
 use fixup_host::plan::{self, Action};
 use fixup_host::planner::{PlanOutcome, Planner};
 use fixup_host::ready::LeaseWatcher;
-use fixup_host::reload::{self, Reloader};
+use fixup_host::reload::{self, QuarantineFile, Reloader};
 use fixup_host::serve;
 use fixup_host::{display, kit, template};
 
@@ -470,7 +470,7 @@ async fn run_serve(args: &ServeArgs, config: Option<&Path>) -> Result<u8> {
                 .clone()
                 .unwrap_or_else(|| PathBuf::from(fixup_host::config::DEFAULT_CONFIG_FILE)),
         ];
-        let reloader = Reloader::new(
+        let mut reloader = Reloader::new(
             host.clone(),
             reload_build(
                 args.config.clone(),
@@ -480,6 +480,10 @@ async fn run_serve(args: &ServeArgs, config: Option<&Path>) -> Result<u8> {
             watched,
             settings.reload.clone(),
         );
+        if let Some(file) = QuarantineFile::beside_key(settings.planner.engine.cache_key.as_deref())
+        {
+            reloader = reloader.with_quarantine_file(file);
+        }
         tokio::spawn(reloader.run(outcomes, shutdown.clone()));
     }
     tracing::info!(node = %args.node, metrics = %settings.metrics_addr, concurrency = settings.concurrency, "serving");

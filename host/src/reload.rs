@@ -88,6 +88,83 @@ impl Default for ReloadConfig {
     }
 }
 
+/// The file that keeps the digests a rollback quarantined, one sha256 per
+/// line (`#` starts a comment), beside the cache key
+/// (`/var/lib/cocoon-fixup/quarantine` for root): a quarantined file stays
+/// out of service across restarts, for `plan`, `run` and `serve` alike,
+/// until it is replaced or its line removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuarantineFile {
+    dir: PathBuf,
+}
+
+/// The quarantine file's name in its directory.
+pub const QUARANTINE_FILE: &str = "quarantine";
+
+impl QuarantineFile {
+    /// The quarantine file beside `key` (`--cache-key`), else beside the
+    /// default cache key; `None` when there is no such place.
+    pub fn beside_key(key: Option<&Path>) -> Option<Self> {
+        let key = key
+            .map(Path::to_owned)
+            .or_else(crate::plugin::cache::default_key_path)?;
+        Some(QuarantineFile {
+            dir: key.parent()?.to_owned(),
+        })
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(QUARANTINE_FILE)
+    }
+
+    /// The digests listed. A missing file lists none; a file (or a
+    /// directory above it) that breaks the trust rules, and a line that is
+    /// no digest, are logged and ignored.
+    pub fn read(&self) -> BTreeSet<String> {
+        let bytes = match TrustedDir::open(&self.dir).and_then(|d| d.read_file(QUARANTINE_FILE)) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return BTreeSet::new(),
+            Err(e) if e.is_io() => return BTreeSet::new(),
+            Err(e) => {
+                tracing::warn!("quarantine file not used: {e}");
+                return BTreeSet::new();
+            }
+        };
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .map(|line| line.split('#').next().unwrap_or("").trim())
+            .filter(|line| !line.is_empty())
+            .filter_map(|line| match crate::plugin::parse_sha256(line) {
+                Ok(digest) => Some(digest),
+                Err(e) => {
+                    tracing::warn!(
+                        file = %self.path().display(),
+                        "quarantine line ignored: {}",
+                        crate::facts::escape_controls(&e)
+                    );
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// Add `sha256` (with a comment saying which plugin and when).
+    pub fn add(&self, sha256: &str, comment: &str) -> std::io::Result<()> {
+        let dir = TrustedDir::create(&self.dir).map_err(std::io::Error::other)?;
+        let mut text = match dir.read_file(QUARANTINE_FILE) {
+            Ok(Some(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
+            Ok(None) => String::new(),
+            Err(e) => return Err(std::io::Error::other(e)),
+        };
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        let comment = crate::facts::escape_controls(comment);
+        text.push_str(&format!("{sha256}  # {comment}\n"));
+        dir.write_file(QUARANTINE_FILE, text.as_bytes(), 0o600)
+    }
+}
+
 /// The most case files a plugin's `NAME.cases/` may hold for the gate.
 pub const MAX_CASES: usize = 256;
 
@@ -221,6 +298,8 @@ pub struct Reloader<C, P> {
     watch: Option<Watch>,
     /// Plugin digests a rollback took out of service.
     quarantine: BTreeSet<String>,
+    /// Where they are kept across restarts.
+    quarantine_file: Option<QuarantineFile>,
     /// `(plugin, digest, scenario)` of every plugin part that succeeded.
     succeeded: BTreeSet<(String, String, Option<Scenario>)>,
 }
@@ -242,8 +321,17 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
             config,
             watch: None,
             quarantine: BTreeSet::new(),
+            quarantine_file: None,
             succeeded: BTreeSet::new(),
         }
+    }
+
+    /// Keep quarantined digests in `file` too, and start from what it
+    /// lists.
+    pub fn with_quarantine_file(mut self, file: QuarantineFile) -> Self {
+        self.quarantine = file.read();
+        self.quarantine_file = Some(file);
+        self
     }
 
     /// Watch until `shutdown`. Fixup outcomes come from `outcomes` (the
@@ -497,6 +585,14 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
             .expect("the bad version is watched");
         self.host.swap_planner(watch.previous.clone());
         self.quarantine.insert(w.sha256.clone());
+        if let Some(file) = &self.quarantine_file
+            && let Err(e) = file.add(&w.sha256, &format!("{} {} rolled back", w.name, w.version))
+        {
+            tracing::error!(
+                file = %file.path().display(),
+                "cannot record the quarantine ({e}): after a restart the rolled-back file is loaded again unless it is replaced"
+            );
+        }
         let message = format!(
             "plugin {} {} (sha256 {}) failed for {} of its first {} pods where the version it replaced (sha256 {}) had planned: rolled back to the plugin set in service before; the file is quarantined until it changes",
             w.name,

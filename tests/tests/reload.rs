@@ -18,7 +18,7 @@ use fixup_host::metrics::Metrics;
 use fixup_host::planner::{Planner, PlannerOptions};
 use fixup_host::pods::MemoryPods;
 use fixup_host::ready::LeaseWatcher;
-use fixup_host::reload::{Build, Candidate, ReloadConfig, Reloader, cases_dir};
+use fixup_host::reload::{Build, Candidate, QuarantineFile, ReloadConfig, Reloader, cases_dir};
 use fixup_tests::{Guest, hostile_clone};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
@@ -41,6 +41,11 @@ fn version(tag: &str) -> Vec<u8> {
 fn sha256(bytes: &[u8]) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// The quarantine file of a rig in `dir` (beside a cache key there).
+fn quarantine_file(dir: &Path) -> QuarantineFile {
+    QuarantineFile::beside_key(Some(&dir.join("state").join("cache.key"))).expect("a place")
 }
 
 struct Rig {
@@ -120,7 +125,8 @@ fn rig(watch_fixups: u32) -> Rig {
             watch_fixups,
             max_failure_ratio: 0.5,
         },
-    );
+    )
+    .with_quarantine_file(quarantine_file(dir.path()));
     Rig {
         host,
         reloader,
@@ -337,10 +343,19 @@ async fn a_version_that_fails_where_its_predecessor_succeeded_is_rolled_back_and
     assert_eq!(summary.fixup, Some("done"));
     assert_eq!(used, v1);
 
-    // The same file is not loaded again...
+    // The same file is not loaded again, nor after a restart...
     rig.reloader.reload().await;
     assert_eq!(rig.serving(), v1);
     assert!(rig.metrics.health().contains("quarantined"));
+    let file = quarantine_file(rig._dir.path());
+    assert!(file.read().contains(&v3), "{}", file.path().display());
+    let mut restarted = options(rig.plugin.parent().expect("plugin dir"));
+    restarted.engine.quarantined = file.read();
+    let (_, failures) = Planner::new(restarted).expect("planner");
+    assert!(
+        failures.len() == 1 && failures[0].error.to_string().contains("quarantined"),
+        "{failures:?}"
+    );
     // ...until it changes.
     std::fs::write(&rig.plugin, version("v4")).expect("v4");
     rig.reloader.reload().await;

@@ -323,6 +323,10 @@ pub enum PluginError {
         "{origin} (sha256 {sha256}) is not on the plugin allow-list: review it, then add its digest with --allow-plugin {sha256}, or remove the file"
     )]
     NotAllowed { origin: Origin, sha256: String },
+    #[error(
+        "{origin} (sha256 {sha256}) was rolled back by `serve` and is quarantined: replace the file with another version or restore the previous one (the quarantine file beside the cache key lists the digest; remove its line to load this version again)"
+    )]
+    Quarantined { origin: Origin, sha256: String },
     #[error("cannot set up the plugin engine: {reason}")]
     Engine { reason: String },
 }
@@ -404,6 +408,9 @@ pub struct EngineOptions {
     /// (`[plugin_policy.NAME]` in the configuration file). A plan must fit
     /// both the plugin's policy and this.
     pub narrowing: std::collections::BTreeMap<String, GuestPolicy>,
+    /// Plugin file digests a rollback took out of service (`serve`'s
+    /// quarantine file): such a file is refused before it is compiled.
+    pub quarantined: std::collections::BTreeSet<String>,
 }
 
 impl Default for EngineOptions {
@@ -415,6 +422,7 @@ impl Default for EngineOptions {
             slots: DEFAULT_SLOTS,
             allowed_sha256: None,
             narrowing: std::collections::BTreeMap::new(),
+            quarantined: std::collections::BTreeSet::new(),
         }
     }
 }
@@ -428,6 +436,7 @@ pub struct PluginHost {
     in_flight: std::sync::atomic::AtomicUsize,
     allowed_sha256: Option<std::collections::BTreeSet<String>>,
     narrowing: std::collections::BTreeMap<String, GuestPolicy>,
+    quarantined: std::collections::BTreeSet<String>,
     cache: Option<Arc<ArtifactCache>>,
     registry: Registry,
 }
@@ -487,6 +496,7 @@ impl PluginHost {
             in_flight: std::sync::atomic::AtomicUsize::new(0),
             allowed_sha256: options.allowed_sha256,
             narrowing: options.narrowing,
+            quarantined: options.quarantined,
             cache,
             registry: Registry::default(),
         })
@@ -700,6 +710,9 @@ impl PluginHost {
             && !allowed.contains(&sha256)
         {
             return Err(PluginError::NotAllowed { origin, sha256 });
+        }
+        if matches!(origin, Origin::File(_)) && self.quarantined.contains(&sha256) {
+            return Err(PluginError::Quarantined { origin, sha256 });
         }
         if let Some(cache) = &self.cache
             && let Some(record) = cache.record(&sha256)

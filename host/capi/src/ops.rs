@@ -331,6 +331,7 @@ impl Options {
                 slots: self.slots.unwrap_or(DEFAULT_SLOTS).max(1),
                 allowed_sha256: (!allowed.is_empty()).then_some(allowed),
                 narrowing,
+                quarantined: BTreeSet::new(),
             },
             cocoon_root: self
                 .cocoon_root
@@ -464,7 +465,8 @@ fn plugin_status(e: &PluginError) -> CfStatus {
         | PluginError::NotAPlugin { .. }
         | PluginError::Link { .. }
         | PluginError::BadPolicy { .. }
-        | PluginError::NotAllowed { .. } => CfStatus::CfLoad,
+        | PluginError::NotAllowed { .. }
+        | PluginError::Quarantined { .. } => CfStatus::CfLoad,
         PluginError::BadDescription { .. }
         | PluginError::Denied { .. }
         | PluginError::Panicked { .. }
