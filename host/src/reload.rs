@@ -36,8 +36,9 @@
 //!   `/healthz`'s detail, and the new file's digest is quarantined: the
 //!   directory is not loaded again while that file is in it unchanged.
 //!   Every reload since the watch began is undone, settings included; the
-//!   other files come back with the next reload. Quarantine and watch live
-//!   in memory: a restart loads what is on disk.
+//!   other files come back with the next reload. The quarantine is kept in
+//!   a file ([`QuarantineFile`]) and holds across restarts; a watch lives
+//!   in memory.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
