@@ -244,10 +244,13 @@ struct ServeArgs {
 /// The store's files of the configured plugin references, pulled first
 /// where missing (an error names the reference).
 async fn pinned_files(settings: &Settings) -> Result<Vec<PathBuf>> {
-    settings
-        .pinned
-        .files()
+    tokio::time::timeout(PULL_TIMEOUT, settings.pinned.files())
         .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "pulling the plugins pinned in the configuration took longer than {PULL_TIMEOUT:?}: check the registry, or seed the store with `plugin pull`"
+            )
+        })?
         .context("getting the plugins pinned in the configuration")
 }
 
@@ -359,8 +362,9 @@ async fn build_host(
     Ok((host, client))
 }
 
-/// The longest a reload waits for the pinned plugins to be pulled.
-const RELOAD_PULL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+/// The longest a start or a reload waits for the pinned plugins to be
+/// pulled, all of them together (each request has its own timeouts too).
+const PULL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// How `serve` builds a plugin set at a reload: the configuration as it is
 /// on disk now (flags and environment as at start), the pinned references
@@ -399,12 +403,7 @@ fn reload_build(args: ConfigArgs, config: Option<PathBuf>, slots: u32) -> reload
         }
         settings.planner.engine.slots = slots;
         let pinned = tokio::runtime::Handle::current()
-            .block_on(async {
-                tokio::time::timeout(RELOAD_PULL_TIMEOUT, pinned_files(&settings)).await
-            })
-            .map_err(|_| {
-                format!("pulling the pinned plugins took longer than {RELOAD_PULL_TIMEOUT:?}")
-            })?
+            .block_on(pinned_files(&settings))
             .map_err(|e| format!("{e:#}"))?;
         let (planner, failures) =
             Planner::with_files(settings.planner.clone(), &pinned).map_err(|e| e.to_string())?;
