@@ -10,5 +10,6 @@ mod policy;
 mod reload;
 mod sandbox;
 mod selection;
+mod serve_reload;
 mod vendor;
 mod workers;

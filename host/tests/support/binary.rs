@@ -1,8 +1,12 @@
 //! The real `cocoon-fixup` binary as a child process, for tests that run it
 //! against the fake API server (`fake_api.rs`) and `fake-cocoon`.
+//!
+//! Shared with the tests crate (`tests/tests/serve_reload.rs` includes
+//! this file and `fake.rs` by `#[path]`, as sibling modules).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::OnceLock;
 
 use tokio::process::Command;
 
@@ -13,7 +17,7 @@ use tokio::process::Command;
 /// when dropped. `args` is the subcommand and its own flags; more can be
 /// added to the command.
 pub fn cocoon_fixup(dir: &Path, kubeconfig: &Path, args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_cocoon-fixup"));
+    let mut command = Command::new(program());
     command
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
@@ -38,4 +42,15 @@ pub fn cocoon_fixup(dir: &Path, kubeconfig: &Path, args: &[&str]) -> Command {
         .stdin(Stdio::null())
         .kill_on_drop(true);
     command
+}
+
+/// The `cocoon-fixup` executable: cargo's own for the host's tests (the
+/// binary's package); for another package's tests, built on first use
+/// (`super::fake::workspace_binary`), or the one `COCOON_FIXUP_BIN` names.
+pub fn program() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| match option_env!("CARGO_BIN_EXE_cocoon-fixup") {
+        Some(bin) => bin.into(),
+        None => super::fake::workspace_binary("fixup-host", "cocoon-fixup", "COCOON_FIXUP_BIN"),
+    })
 }

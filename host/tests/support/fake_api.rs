@@ -14,6 +14,9 @@
 //!   watch event that arrives after the daemon finished the work re-runs
 //!   it (see `faults.rs`, `a_stale_watch_event_does_not_rerun_finished_work`),
 //!   which a test of something else must not trip over.
+//! - [`FakeApi::replace_pod`]: another pod in place of the one kept, told
+//!   to open watches as the deletion of the one and the creation of the
+//!   other, so a daemon that runs meets a second pod.
 //!
 //! Anything else is answered 404 and recorded, so a test can assert that
 //! nothing unexpected was asked. [`FakeApi::kubeconfig`] writes a
@@ -69,6 +72,7 @@ struct Shared {
 pub struct FakeApi {
     pub addr: SocketAddr,
     state: Arc<Mutex<ApiState>>,
+    changes: broadcast::Sender<Value>,
     server: tokio::task::JoinHandle<()>,
 }
 
@@ -92,7 +96,7 @@ impl FakeApi {
         let (changes, _) = broadcast::channel(64);
         let shared = Shared {
             state: state.clone(),
-            changes,
+            changes: changes.clone(),
             stream_changes,
         };
         let app = Router::new().fallback(handle).with_state(shared);
@@ -104,6 +108,7 @@ impl FakeApi {
         FakeApi {
             addr,
             state,
+            changes,
             server,
         }
     }
@@ -122,6 +127,36 @@ impl FakeApi {
     /// Read the state.
     pub fn with<T>(&self, f: impl FnOnce(&ApiState) -> T) -> T {
         f(&self.state.lock().unwrap())
+    }
+
+    /// Keep `pod` (a Pod object, another name or uid) instead of the pod
+    /// kept now, as if that one were deleted and `pod` created: each gets
+    /// its own new `resourceVersion`, and open watches are sent `DELETED`
+    /// of the one, then `ADDED` of the other, whether or not the server
+    /// streams its changes ([`FakeApi::start`]). A watch opened later
+    /// lists `pod` only. Wait for [`FakeApi::watches`] first when the
+    /// daemon must hear of it before it relists.
+    pub fn replace_pod(&self, pod: Value) {
+        let mut state = self.state.lock().unwrap();
+        let mut gone = std::mem::replace(&mut state.pod, pod);
+        state.resource_version += 1;
+        gone["metadata"]["resourceVersion"] = json!(state.resource_version.to_string());
+        state.resource_version += 1;
+        state.stamp();
+        // Sent while the state is locked: a watch opening now subscribes
+        // either before both or after the list that holds `pod`.
+        let _ = self
+            .changes
+            .send(json!({"type": "DELETED", "object": gone}));
+        let _ = self
+            .changes
+            .send(json!({"type": "ADDED", "object": state.pod.clone()}));
+    }
+
+    /// How many watches are open now (kept open until the client goes
+    /// away; one that went away may count until its stream is dropped).
+    pub fn watches(&self) -> usize {
+        self.changes.receiver_count()
     }
 
     /// One annotation of the pod now.
