@@ -373,11 +373,17 @@ const PULL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 /// policies, limits, failure policies); the others need a restart. The
 /// engine keeps `slots` instance slots, the number the host's planning
 /// permits were sized for at start. `config` is the file read at start:
-/// it must still be there and not empty (a file being rewritten in place
-/// must not reload as all defaults).
+/// it must still be there, and not empty if it was not empty then (a file
+/// being rewritten in place must not reload as all defaults).
 fn reload_build(args: ConfigArgs, config: Option<PathBuf>, slots: u32) -> reload::Build {
+    // A file that had content at start must keep some: one emptied while
+    // being rewritten must not reload as all defaults.
+    let had_content = config
+        .as_deref()
+        .and_then(|file| std::fs::metadata(file).ok())
+        .is_some_and(|meta| meta.len() > 0);
     Arc::new(move || {
-        if let Some(file) = &config {
+        if let Some(file) = config.as_ref().filter(|_| had_content) {
             match std::fs::metadata(file) {
                 Ok(meta) if meta.len() > 0 => {}
                 Ok(_) => {
