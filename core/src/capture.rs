@@ -1,0 +1,749 @@
+//! `cocoon-fixup capture`: a field pod made into `plugin test` cases, so a
+//! vendor can reproduce what a node saw without the cluster.
+//!
+//! What a capture reads (the caller gets it: from the cluster and `cocoon`,
+//! or from files): the pod, the VM record, and the pod's `PostClone*` and
+//! `ResumedAfterRestart` events. What it trusts is what `plan` trusts: the
+//! annotations say where to look and what kind of clone it is, and the VM
+//! record must be the pod's own (spec section 2, [`bound_record`]) or
+//! nothing is captured. It writes nothing to the cluster.
+//!
+//! # One case per plugin call
+//!
+//! A case file holds one scenario and runs against one plugin, and a plan
+//! can be made by several calls (`fc-mac` then `oci-networkd` on
+//! Firecracker): [`capture`] makes one [`CapturedCase`] per call, in plan
+//! order. Each case's `expect` is that plugin's own result for the facts
+//! (the plugin called alone, as `plugin test` calls it), so `plugin test
+//! THAT_PLUGIN.wasm CASE` passes while nothing has changed:
+//!
+//! - a plan: `{"plan": ...}`;
+//! - a refusal (`unsupported`, `invalid-facts`): `{"error": ...}`;
+//! - a trap or a breached limit: no `expect` (`plugin test` then shows the
+//!   breach), and the error in the context's `call_error`.
+//!
+//! An all-DHCP Linux clone needs no fixup plan; its one plugin call is the
+//! DHCP recovery plan the daemon makes for it when no lease comes
+//! (`dhcp-recovery`). A pod that needs no plugin call at all is refused.
+//!
+//! # The context
+//!
+//! Each case carries a `context` object (never compared by `plugin test`):
+//!
+//! - `summary`: one line, which `plugin test` prints;
+//! - `captured`: `by` (cocoon-fixup and its version), `at` (RFC 3339),
+//!   `from` (`cluster`, or the files read);
+//! - `pod` (`namespace`, `name`, `uid`), `vm` (`name`, `id`);
+//! - `rule` (`number`, `reason`), `image`, `scenarios` (every call of the
+//!   pod's plan, in order), `plugin` (the one this case is for: `name`,
+//!   `version`, `sha256`, `source`, `why`), `plugins` (every call's plugin);
+//! - `call_error`, when the call trapped or breached a limit;
+//! - `field`: what the pod recorded, when it recorded anything:
+//!   `post_clone_state`, `errors` (the lines of
+//!   `vm.cocoonstack.io/post-clone-errors`), `lifecycle_state`,
+//!   `lifecycle_message`, `hint` (the header of the hint script: its
+//!   `title` lines and the `plugins` it names), `events` (`type`, `reason`,
+//!   `message`, `time`, `count`) and `plugins_named`: every plugin the hint
+//!   and the events name with a version (`name`, `version`, `sha256` when
+//!   given, possibly short, and `from`).
+//!
+//! All of it is the pod's own text and may carry anything; the JSON file is
+//! data, and whoever prints it passes it through [`crate::display`].
+
+use std::path::{Path, PathBuf};
+
+use base64::Engine as _;
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+
+use crate::annotations::{keys, reasons};
+use crate::binding::{self, BindingPolicy, Mismatch, Verdict};
+use crate::classify::{self, Rule, Scenario};
+use crate::facts::{
+    FactError, GuestOs, ImageKind, Observation, Overrides, PodInput, VmFacts, VmId, VmInspect,
+    annotations,
+};
+use crate::kit;
+use crate::planner::Planner;
+use crate::plugin::registry::NoPlugin;
+use crate::probe::{OverlayProbe, ProbeError};
+
+/// Why no case could be captured.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    #[error(
+        "pod {pod} names no VM (no {} or {} annotation): there is nothing to capture until cocoon has created its VM",
+        annotations::VM_ID,
+        annotations::VM_NAME
+    )]
+    NoVm { pod: String },
+    /// The VM is not the pod's (spec section 2): the daemon would run
+    /// nothing in it, so there is no plan to capture.
+    #[error("pod {pod}: not this pod's VM, so the daemon runs nothing in it: {mismatch}")]
+    NotThePodsVm { pod: String, mismatch: Mismatch },
+    #[error("pod {pod} needs no plugin call (rule {rule}: {reason}): there is no plan to capture")]
+    NothingToPlan {
+        pod: String,
+        rule: u8,
+        reason: &'static str,
+    },
+    #[error(transparent)]
+    Facts(#[from] FactError),
+    #[error(
+        "{0}; capture probes the cocoon root as the daemon does: run it on the pod's node, or pass --cocoon-root (or --source-image)"
+    )]
+    Probe(#[from] ProbeError),
+    #[error(transparent)]
+    NoPlugin(#[from] NoPlugin),
+    #[error("{input}: {reason}; pass `kubectl get events -o json` output")]
+    Events { input: String, reason: String },
+    #[error("cannot write the case: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("{0}")]
+    Output(String),
+    #[error("cannot write {path}: {source}; check the path and its permissions")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The VM the annotations point at (the id annotation, else the name
+/// annotation), as the daemon looks it up: only where to look, never proof
+/// ([`bound_record`] decides).
+pub fn vm_reference(pod: &PodInput) -> Result<VmId, CaptureError> {
+    let reference = match pod.annotation(annotations::VM_ID) {
+        "" => pod.annotation(annotations::VM_NAME),
+        id => id,
+    };
+    if reference.is_empty() {
+        return Err(CaptureError::NoVm {
+            pod: pod.display_name(),
+        });
+    }
+    VmId::parse(reference).map_err(|_| CaptureError::NotThePodsVm {
+        pod: pod.display_name(),
+        mismatch: Mismatch::BadReference {
+            reference: reference.to_owned(),
+        },
+    })
+}
+
+/// Check that `record` is the pod's own VM, as the daemon checks it before
+/// it runs anything: the record's id agrees with the id annotation, and
+/// [`binding::bind`] says bound.
+pub fn bound_record(
+    pod: &PodInput,
+    record: &VmInspect,
+    policy: BindingPolicy,
+) -> Result<(), CaptureError> {
+    let refused = |mismatch| CaptureError::NotThePodsVm {
+        pod: pod.display_name(),
+        mismatch,
+    };
+    let annotated_id = pod.annotation(annotations::VM_ID);
+    if !record.id.is_empty() && !annotated_id.is_empty() && record.id != annotated_id {
+        return Err(refused(Mismatch::IdDisagrees {
+            annotation: annotated_id.to_owned(),
+            record: record.id.clone(),
+        }));
+    }
+    match binding::bind(pod, &record.name, policy) {
+        Verdict::Bound { .. } => Ok(()),
+        Verdict::Mismatch(mismatch) => Err(refused(mismatch)),
+    }
+}
+
+/// One event of the pod, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PodEvent {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub reason: String,
+    pub message: String,
+    /// When it happened (RFC 3339), when the event says.
+    pub time: Option<String>,
+    /// How often it happened, when the event counts.
+    pub count: Option<i64>,
+}
+
+/// Whether an event's reason is one the host writes: `PostClone*` or
+/// `ResumedAfterRestart`. Capture keeps only these.
+pub fn is_host_reason(reason: &str) -> bool {
+    reason.starts_with("PostClone") || reason == reasons::RESUMED_AFTER_RESTART
+}
+
+/// The pod's events from `kubectl get events -o json` output (a list with
+/// `items`, or an array), core/v1 or events.k8s.io/v1 alike: only events
+/// about this pod (by uid, else by namespace and name) with a host reason
+/// ([`is_host_reason`]), oldest first.
+pub fn events_from_json(
+    text: &str,
+    input: &str,
+    pod: &PodInput,
+) -> Result<Vec<PodEvent>, CaptureError> {
+    let bad = |reason: String| CaptureError::Events {
+        input: input.to_owned(),
+        reason,
+    };
+    let value: Value = serde_json::from_str(text).map_err(|e| bad(format!("not JSON ({e})")))?;
+    let items = match &value {
+        Value::Array(items) => items,
+        Value::Object(list) => match list.get("items") {
+            Some(Value::Array(items)) => items,
+            _ => return Err(bad("an object without an `items` array".into())),
+        },
+        _ => return Err(bad("neither a list nor an array of events".into())),
+    };
+    Ok(events_of(items, pod))
+}
+
+/// The events among `items` (Event objects as JSON, core/v1 or
+/// events.k8s.io/v1) that are about `pod` (by uid, else by namespace and
+/// name) and have a host reason ([`is_host_reason`]), oldest first.
+pub fn events_of(items: &[Value], pod: &PodInput) -> Vec<PodEvent> {
+    let text_of =
+        |v: &Value, key: &str| v.get(key).and_then(Value::as_str).unwrap_or("").to_owned();
+    let mut events = Vec::new();
+    for item in items {
+        let object = item
+            .get("regarding")
+            .or_else(|| item.get("involvedObject"))
+            .unwrap_or(&Value::Null);
+        let about_pod = match (object.get("uid").and_then(Value::as_str), &pod.uid) {
+            (Some(uid), Some(pod_uid)) if !uid.is_empty() => uid == pod_uid,
+            _ => {
+                text_of(object, "name") == pod.name && text_of(object, "namespace") == pod.namespace
+            }
+        };
+        let reason = text_of(item, "reason");
+        if !about_pod || !is_host_reason(&reason) {
+            continue;
+        }
+        let message = match text_of(item, "note") {
+            note if !note.is_empty() => note,
+            _ => text_of(item, "message"),
+        };
+        let time = [
+            "eventTime",
+            "lastTimestamp",
+            "deprecatedLastTimestamp",
+            "firstTimestamp",
+        ]
+        .iter()
+        .map(|k| text_of(item, k))
+        .find(|t| !t.is_empty());
+        let count = ["count", "deprecatedCount"]
+            .iter()
+            .find_map(|k| item.get(*k).and_then(Value::as_i64))
+            .or_else(|| item.pointer("/series/count").and_then(Value::as_i64));
+        events.push(PodEvent {
+            kind: text_of(item, "type"),
+            reason,
+            message,
+            time,
+            count,
+        });
+    }
+    events.sort_by(|a, b| a.time.cmp(&b.time));
+    events
+}
+
+/// A plugin named with its version in a hint header or an event: `NAME
+/// VERSION sha256:DIGEST`, `NAME VERSION (sha256:DIGEST)`, or `built-in
+/// NAME VERSION`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PluginMention {
+    pub name: String,
+    pub version: String,
+    /// As given; the hint header gives the first 12 hex digits.
+    pub sha256: Option<String>,
+    /// Where it was named: `hint`, or the event's reason.
+    pub from: String,
+}
+
+fn is_plugin_name(word: &str) -> bool {
+    !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// Every plugin `text` names with a version (see [`PluginMention`]).
+pub fn plugin_mentions(text: &str, from: &str) -> Vec<PluginMention> {
+    let trim = |w: &str| {
+        w.trim_matches(|c: char| matches!(c, '(' | ')' | ',' | ';' | ':'))
+            .to_owned()
+    };
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let mut found = Vec::new();
+    for (i, window) in words.windows(2).enumerate() {
+        let (name, version) = (trim(window[0]), trim(window[1]));
+        if !is_plugin_name(&name) || !version.starts_with(|c: char| c.is_ascii_digit()) {
+            continue;
+        }
+        let digest = words
+            .get(i + 2)
+            .map(|w| trim(w))
+            .and_then(|w| w.strip_prefix("sha256:").map(str::to_owned))
+            .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_hexdigit()));
+        let after_builtin = i > 0 && words[i - 1] == "built-in";
+        if digest.is_some() || after_builtin {
+            found.push(PluginMention {
+                name,
+                version,
+                sha256: digest,
+                from: from.to_owned(),
+            });
+        }
+    }
+    found
+}
+
+/// The header of a hint script (the base64 `post-clone-hint`): its leading
+/// comment lines without `# ` (the shebang left out), and the plugins they
+/// name. `None` when the annotation is not base64 of UTF-8 text.
+fn hint_header(hint: &str) -> Option<(Vec<String>, Vec<PluginMention>)> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(hint.trim())
+        .ok()?;
+    let script = String::from_utf8(bytes).ok()?;
+    let title: Vec<String> = script
+        .lines()
+        .filter(|l| !l.starts_with("#!"))
+        .map_while(|l| l.strip_prefix('#'))
+        .map(|l| l.trim().to_owned())
+        .filter(|l| !l.is_empty())
+        .collect();
+    let plugins = title
+        .iter()
+        .filter_map(|l| l.strip_prefix("plugins:"))
+        .flat_map(|l| plugin_mentions(l, "hint"))
+        .collect();
+    Some((title, plugins))
+}
+
+/// What the pod recorded of earlier work: the failure record, the hint's
+/// header, the events, and the plugins they name. `None` when it recorded
+/// nothing.
+fn field_record(pod: &PodInput, events: &[PodEvent]) -> Option<Value> {
+    let annotation = |key: &str| Some(pod.annotation(key)).filter(|v| !v.is_empty());
+    let state = annotation(keys::POST_CLONE_STATE);
+    let errors: Vec<&str> = annotation(keys::POST_CLONE_ERRORS)
+        .map(|e| e.lines().filter(|l| !l.is_empty()).collect())
+        .unwrap_or_default();
+    let hint = annotation(keys::POST_CLONE_HINT);
+    if state.is_none() && errors.is_empty() && hint.is_none() && events.is_empty() {
+        return None;
+    }
+    let mut named = Vec::new();
+    let hint = hint.map(|hint| match hint_header(hint) {
+        Some((title, plugins)) => {
+            named.extend(plugins.iter().cloned());
+            json!({"title": title, "plugins": plugins})
+        }
+        None => json!({"unreadable": "the annotation is not base64 of a script"}),
+    });
+    for event in events {
+        named.extend(plugin_mentions(&event.message, &event.reason));
+    }
+    named.dedup();
+    Some(json!({
+        "post_clone_state": state,
+        "errors": errors,
+        "lifecycle_state": annotation(keys::LIFECYCLE_STATE),
+        "lifecycle_message": annotation(keys::LIFECYCLE_MESSAGE),
+        "hint": hint,
+        "events": events,
+        "plugins_named": named,
+    }))
+}
+
+/// Where the pod and its VM were read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// From the API server and `cocoon vm inspect`.
+    Cluster,
+    /// From files.
+    Files {
+        pod: PathBuf,
+        vm: PathBuf,
+        events: Option<PathBuf>,
+    },
+}
+
+impl Source {
+    fn json(&self) -> Value {
+        match self {
+            Source::Cluster => json!("cluster"),
+            Source::Files { pod, vm, events } => json!({
+                "pod": pod.display().to_string(),
+                "vm": vm.display().to_string(),
+                "events": events.as_ref().map(|e| e.display().to_string()),
+            }),
+        }
+    }
+}
+
+/// What a capture is made from.
+#[derive(Debug, Clone)]
+pub struct CaptureInput<'a> {
+    pub pod: &'a PodInput,
+    /// The VM record, already checked with [`bound_record`].
+    pub vm: &'a VmInspect,
+    pub overrides: &'a Overrides,
+    /// The pod's host events ([`is_host_reason`]).
+    pub events: &'a [PodEvent],
+    pub source: Source,
+    /// The capture time, RFC 3339.
+    pub at: String,
+    /// `cocoon-fixup <version>`.
+    pub by: String,
+    /// The cocoon root the overlay probe reads (the planner's).
+    pub cocoon_root: &'a Path,
+}
+
+/// One plugin call of the pod's plan, as a case.
+#[derive(Debug, Clone)]
+pub struct CapturedCase {
+    pub plugin: String,
+    pub scenario: Scenario,
+    /// `plan`, `error` (the plugin declined) or `none` (it breached).
+    pub expect: &'static str,
+    /// The case file's text.
+    pub text: String,
+}
+
+impl CapturedCase {
+    /// `<plugin>-<scenario>.json`.
+    pub fn file_name(&self) -> String {
+        format!("{}-{}.json", self.plugin, self.scenario)
+    }
+}
+
+/// The image kind as the planner finds it: from the source image, else
+/// from the overlay probe under `cocoon_root`.
+fn image_kind(obs: &Observation, cocoon_root: &Path) -> Result<ImageKind, CaptureError> {
+    let source = obs.source_image.as_deref();
+    if classify::source_is_cloudimg(source) {
+        return Ok(ImageKind::Cloudimg);
+    }
+    let id = VmId::parse(&obs.vm_id)?;
+    let exists = OverlayProbe::open(cocoon_root)?.overlay_exists(&id)?;
+    Ok(classify::image_kind(source, exists))
+}
+
+/// The pod's plugin calls, as cases (see the module documentation).
+pub fn capture(
+    planner: &Planner,
+    input: &CaptureInput<'_>,
+) -> Result<Vec<CapturedCase>, CaptureError> {
+    let pod = input.pod;
+    let obs = Observation::new(pod, input.vm, input.overrides)?;
+    let decision = classify::classify(&obs);
+    let (image, scenarios) = match decision.fixup {
+        Some(_) => {
+            let image = if decision.needs_image_kind() {
+                image_kind(&obs, input.cocoon_root)?
+            } else {
+                ImageKind::Unknown
+            };
+            (image, decision.scenarios(image))
+        }
+        None if decision.rule == Rule::AllDhcp && obs.os == GuestOs::Linux => {
+            (ImageKind::Unknown, vec![Scenario::DhcpRecovery])
+        }
+        None => {
+            return Err(CaptureError::NothingToPlan {
+                pod: pod.display_name(),
+                rule: decision.rule.number(),
+                reason: decision.rule.reason(),
+            });
+        }
+    };
+    let facts = VmFacts::validate(&obs, image)?;
+    let registry = planner.plugins().registry();
+    let selections = scenarios
+        .iter()
+        .map(|&s| registry.select(s, facts.flavor.as_ref()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let plugins: Vec<Value> = selections
+        .iter()
+        .map(|s| {
+            json!({
+                "name": s.plugin.info.name,
+                "version": s.plugin.info.version,
+                "sha256": s.plugin.sha256,
+                "source": s.plugin.origin.to_string(),
+                "scenario": s.scenario.as_str(),
+                "why": s.reason,
+            })
+        })
+        .collect();
+    let field = field_record(pod, input.events);
+    let failed = pod.annotation(keys::POST_CLONE_STATE) == "failed";
+    let mut cases = Vec::new();
+    for (selection, plugin) in selections.iter().zip(&plugins) {
+        let scenario = selection.scenario;
+        let result = planner
+            .plugins()
+            .plan(&selection.plugin, scenario, &facts)
+            .map(|(plan, _)| plan);
+        let breach = result
+            .as_ref()
+            .err()
+            .filter(|e| !kit::is_refusal(e))
+            .map(ToString::to_string);
+        let name = &selection.plugin.info.name;
+        let mut summary = format!(
+            "captured from pod {} (uid {}), VM {} (id {}), at {} by {}: {scenario} by {name} {}",
+            pod.display_name(),
+            pod.uid.as_deref().unwrap_or("none"),
+            facts.name,
+            facts.id,
+            input.at,
+            input.by,
+            selection.plugin.info.version,
+        );
+        if failed {
+            let last = pod
+                .annotation(keys::POST_CLONE_ERRORS)
+                .lines()
+                .rfind(|l| !l.is_empty())
+                .unwrap_or("no error recorded");
+            summary.push_str(&format!("; the pod failed: {last}"));
+        }
+        let mut context = Map::new();
+        context.insert("summary".into(), json!(summary));
+        context.insert(
+            "captured".into(),
+            json!({"by": input.by, "at": input.at, "from": input.source.json()}),
+        );
+        context.insert(
+            "pod".into(),
+            json!({"namespace": pod.namespace, "name": pod.name, "uid": pod.uid}),
+        );
+        context.insert(
+            "vm".into(),
+            json!({"name": facts.name.as_str(), "id": facts.id.as_str()}),
+        );
+        context.insert(
+            "rule".into(),
+            json!({"number": decision.rule.number(), "reason": decision.rule.reason()}),
+        );
+        context.insert("image".into(), json!(image.as_str()));
+        context.insert(
+            "scenarios".into(),
+            json!(scenarios.iter().map(|s| s.as_str()).collect::<Vec<_>>()),
+        );
+        context.insert("plugin".into(), plugin.clone());
+        context.insert("plugins".into(), json!(plugins));
+        if let Some(breach) = &breach {
+            context.insert("call_error".into(), json!(breach));
+        }
+        if let Some(field) = &field {
+            context.insert("field".into(), field.clone());
+        }
+        let description = format!(
+            "{scenario} for pod {} ({})",
+            pod.display_name(),
+            if failed {
+                "failed in the field"
+            } else {
+                "captured"
+            }
+        );
+        let text = kit::case_text(
+            Some(&description),
+            scenario,
+            &facts,
+            &result,
+            Some(&context),
+        )?;
+        cases.push(CapturedCase {
+            plugin: name.clone(),
+            scenario,
+            expect: match (&result, &breach) {
+                (Ok(_), _) => "plan",
+                (Err(_), None) => "error",
+                (Err(_), Some(_)) => "none",
+            },
+            text,
+        });
+    }
+    Ok(cases)
+}
+
+/// Where each case goes: `None` for standard output.
+pub type Placement = (CapturedCase, Option<PathBuf>);
+
+/// Pick the cases to write and where (see `capture --help`):
+///
+/// - `plugin`: only that plugin's case (an error names the plugins there
+///   are);
+/// - one case: `output` is its file, or a folder to write
+///   `<plugin>-<scenario>.json` into; without `output`, standard output;
+/// - several: `output` must be a folder (created when missing), one
+///   `<plugin>-<scenario>.json` each; anything else is refused with the
+///   options that fix it.
+pub fn place(
+    cases: Vec<CapturedCase>,
+    output: Option<&Path>,
+    plugin: Option<&str>,
+) -> Result<Vec<Placement>, CaptureError> {
+    let names: Vec<String> = cases
+        .iter()
+        .map(|c| format!("{} ({})", c.plugin, c.scenario))
+        .collect();
+    let cases = match plugin {
+        None => cases,
+        Some(wanted) => {
+            let picked: Vec<CapturedCase> =
+                cases.into_iter().filter(|c| c.plugin == wanted).collect();
+            if picked.is_empty() {
+                return Err(CaptureError::Output(format!(
+                    "no plugin {wanted:?} plans for this pod; its plan is made by {}: pass one of those names to --plugin",
+                    names.join(", ")
+                )));
+            }
+            picked
+        }
+    };
+    let is_dir = output.is_some_and(Path::is_dir);
+    match (cases.len(), output) {
+        (1, None) => Ok(cases.into_iter().map(|c| (c, None)).collect()),
+        (1, Some(path)) if !is_dir => Ok(cases
+            .into_iter()
+            .map(|c| (c, Some(path.to_owned())))
+            .collect()),
+        (_, Some(dir)) if is_dir || !dir.exists() => {
+            std::fs::create_dir_all(dir).map_err(|source| CaptureError::Write {
+                path: dir.to_owned(),
+                source,
+            })?;
+            Ok(cases
+                .into_iter()
+                .map(|c| {
+                    let file = dir.join(c.file_name());
+                    (c, Some(file))
+                })
+                .collect())
+        }
+        (n, Some(file)) => Err(CaptureError::Output(format!(
+            "this pod's plan is made by {n} plugin calls ({}) and a case file holds one, but {} is a file: pass --output DIR (a folder) for one case file each, or --plugin NAME for one",
+            names.join(", "),
+            file.display()
+        ))),
+        (n, None) => Err(CaptureError::Output(format!(
+            "this pod's plan is made by {n} plugin calls ({}) and a case file holds one: pass --output DIR for one case file each, or --plugin NAME for one",
+            names.join(", ")
+        ))),
+    }
+}
+
+/// Write each placed case to its file; the cases for standard output are
+/// returned, in order.
+pub fn write(placed: &[Placement]) -> Result<Vec<&CapturedCase>, CaptureError> {
+    let mut stdout = Vec::new();
+    for (case, path) in placed {
+        match path {
+            None => stdout.push(case),
+            Some(path) => {
+                std::fs::write(path, &case.text).map_err(|source| CaptureError::Write {
+                    path: path.clone(),
+                    source,
+                })?
+            }
+        }
+    }
+    Ok(stdout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[rstest::rstest]
+    #[case::hint_header(
+        " fc-mac 0.1.0 sha256:0123456789ab, oci-networkd 0.2.0 sha256:ba9876543210",
+        &[("fc-mac", "0.1.0", Some("0123456789ab")), ("oci-networkd", "0.2.0", Some("ba9876543210"))]
+    )]
+    #[case::fallback_event(
+        "plugin acme 1.2.0 (sha256:abc123) failed for oci-networkd: plugin acme trapped: x; planned with the built-in oci-networkd 0.1.0 instead",
+        &[("acme", "1.2.0", Some("abc123")), ("oci-networkd", "0.1.0", None)]
+    )]
+    #[case::no_versions("attempt 2: step 4/5 failed exit 1: plugin acme 3 times", &[])]
+    #[case::not_a_digest("acme 1.0 sha256:not-hex", &[])]
+    fn plugins_named_with_a_version(
+        #[case] text: &str,
+        #[case] expected: &[(&str, &str, Option<&str>)],
+    ) {
+        let found: Vec<(String, String, Option<String>)> = plugin_mentions(text, "x")
+            .into_iter()
+            .map(|m| (m.name, m.version, m.sha256))
+            .collect();
+        let expected: Vec<(String, String, Option<String>)> = expected
+            .iter()
+            .map(|(n, v, d)| ((*n).into(), (*v).into(), d.map(str::to_owned)))
+            .collect();
+        assert_eq!(found, expected);
+    }
+
+    fn case(plugin: &str, scenario: Scenario) -> CapturedCase {
+        CapturedCase {
+            plugin: plugin.into(),
+            scenario,
+            expect: "plan",
+            text: "{}\n".into(),
+        }
+    }
+
+    fn two() -> Vec<CapturedCase> {
+        vec![
+            case("fc-mac", Scenario::FcMac),
+            case("oci-networkd", Scenario::OciNetworkd),
+        ]
+    }
+
+    #[test]
+    fn one_case_goes_to_stdout_or_the_file_several_need_a_folder_or_a_plugin() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("case.json");
+        let one = || vec![case("oci-networkd", Scenario::OciNetworkd)];
+        assert_eq!(place(one(), None, None).unwrap()[0].1, None);
+        assert_eq!(
+            place(one(), Some(&file), None).unwrap()[0].1,
+            Some(file.clone())
+        );
+        let into_dir = place(one(), Some(dir.path()), None).unwrap();
+        assert_eq!(
+            into_dir[0].1,
+            Some(dir.path().join("oci-networkd-oci-networkd.json"))
+        );
+
+        let err = place(two(), None, None).unwrap_err().to_string();
+        assert!(
+            err.contains("--output DIR") && err.contains("--plugin NAME"),
+            "{err}"
+        );
+        std::fs::write(&file, "x").unwrap();
+        let err = place(two(), Some(&file), None).unwrap_err().to_string();
+        assert!(err.contains("is a file"), "{err}");
+        let picked = place(two(), None, Some("fc-mac")).unwrap();
+        assert_eq!(picked.len(), 1);
+        assert_eq!(picked[0].0.scenario, Scenario::FcMac);
+        let folder = dir.path().join("new");
+        let each = place(two(), Some(&folder), None).unwrap();
+        assert!(folder.is_dir(), "created");
+        assert_eq!(
+            each[1].1,
+            Some(folder.join("oci-networkd-oci-networkd.json"))
+        );
+        let err = place(two(), None, Some("acme")).unwrap_err().to_string();
+        assert!(
+            err.contains("fc-mac (fc-mac), oci-networkd (oci-networkd)"),
+            "{err}"
+        );
+    }
+}
