@@ -22,7 +22,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use ::kube::Client;
-use ::kube::api::{Api, ListParams, Patch, PatchParams};
+use ::kube::api::{Api, ListParams, ObjectList, Patch, PatchParams};
 use ::kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -199,39 +199,94 @@ impl KubeApi {
         }
         let api: Api<Pod> = Api::all(self.client.clone());
         let selector = format!("spec.nodeName={node}");
+        let items = self
+            .list_paged(&label, "listing pods", &selector, |params| {
+                let api = api.clone();
+                async move { api.list_metadata(&params).await }
+            })
+            .await?;
         let mut pods = Vec::new();
+        for pod in &items {
+            match pod_input(&pod.metadata) {
+                Ok(input) => pods.push(input),
+                Err(err) => {
+                    tracing::warn!(node, error = %err, "skipping a pod that cannot be read")
+                }
+            }
+        }
+        Ok(pods)
+    }
+
+    /// Every item of a list request with the field selector `selector`, in
+    /// pages of [`LIST_PAGE_SIZE`] (`continue` for the rest), each page
+    /// retried like any request. `label` and `what` name the work in errors.
+    async fn list_paged<T, F, Fut>(
+        &self,
+        label: &str,
+        what: &str,
+        selector: &str,
+        list: F,
+    ) -> Result<Vec<T>, PodError>
+    where
+        T: Clone,
+        F: Fn(ListParams) -> Fut,
+        Fut: Future<Output = Result<ObjectList<T>, ::kube::Error>>,
+    {
+        let mut items = Vec::new();
         let mut token: Option<String> = None;
         loop {
-            let mut params = ListParams::default()
-                .fields(&selector)
-                .limit(LIST_PAGE_SIZE);
+            let mut params = ListParams::default().fields(selector).limit(LIST_PAGE_SIZE);
             if let Some(token) = &token {
                 params = params.continue_token(token);
             }
             let page = self
-                .retrying(&label, "listing pods", || {
-                    let api = &api;
-                    let params = &params;
-                    async move {
-                        self.call(|| api.list_metadata(params))
-                            .await
-                            .map_err(TryError::from)
-                    }
+                .retrying(label, what, || {
+                    let params = params.clone();
+                    let list = &list;
+                    async move { self.call(|| list(params)).await.map_err(TryError::from) }
                 })
                 .await?;
-            for pod in &page.items {
-                match pod_input(&pod.metadata) {
-                    Ok(input) => pods.push(input),
-                    Err(err) => {
-                        tracing::warn!(node, error = %err, "skipping a pod that cannot be read")
-                    }
-                }
-            }
+            items.extend(page.items);
             match page.metadata.continue_ {
                 Some(next) if !next.is_empty() => token = Some(next),
-                _ => return Ok(pods),
+                _ => return Ok(items),
             }
         }
+    }
+
+    /// The host's events about `pod` (`PostClone*`, `ResumedAfterRestart`),
+    /// oldest first, for `capture`: the events.k8s.io/v1 events of its
+    /// namespace whose `regarding.uid` is the pod's (a field selector), in
+    /// pages of [`LIST_PAGE_SIZE`], each retried like any request. Only
+    /// reads.
+    pub async fn list_pod_events(
+        &self,
+        pod: &PodRef,
+    ) -> Result<Vec<crate::capture::PodEvent>, PodError> {
+        use k8s_openapi::api::events::v1::Event as EventObject;
+        let label = pod.to_string();
+        let api: Api<EventObject> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let selector = format!("regarding.uid={}", pod.uid);
+        let events = self
+            .list_paged(&label, "listing the pod's events", &selector, |params| {
+                let api = api.clone();
+                async move { api.list(&params).await }
+            })
+            .await?;
+        let mut items = Vec::new();
+        for event in &events {
+            match serde_json::to_value(event) {
+                Ok(value) => items.push(value),
+                Err(e) => tracing::warn!(pod = %pod, "skipping an event that cannot be read: {e}"),
+            }
+        }
+        let input = crate::facts::PodInput {
+            name: pod.name.clone(),
+            namespace: pod.namespace.clone(),
+            uid: Some(pod.uid.clone()),
+            ..crate::facts::PodInput::default()
+        };
+        Ok(crate::capture::events_of(&items, &input))
     }
 
     /// One request, bounded by the request timeout, once it has its turn

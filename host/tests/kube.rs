@@ -440,6 +440,59 @@ async fn list_node_pods_selects_by_node_and_follows_pages() {
     assert_eq!(pods[1].annotation("k"), "v");
 }
 
+/// `capture` reads the pod's events: events.k8s.io/v1 in the pod's
+/// namespace, selected by the pod's uid, every page; only the host's
+/// reasons are kept, oldest first.
+#[tokio::test(start_paused = true)]
+async fn list_pod_events_selects_by_uid_and_keeps_the_hosts_reasons() {
+    let event = |name: &str, reason: &str, time: &str| {
+        json!({
+            "apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"name": name, "namespace": "ns"},
+            "eventTime": time, "reason": reason, "type": "Warning", "note": format!("{reason} note"),
+            "regarding": {"kind": "Pod", "namespace": "ns", "name": "name", "uid": "uid-1"},
+        })
+    };
+    let path = "/apis/events.k8s.io/v1/namespaces/ns/events";
+    let selector = "regarding.uid=uid-1";
+    let pod = pod_ref();
+    let events = Scenario::new(
+        "list the pod's events, two pages",
+        vec![
+            Exchange::get(path)
+                .query(&[("fieldSelector", selector), ("limit", "500")])
+                .respond(
+                    200,
+                    json!({"apiVersion": "events.k8s.io/v1", "kind": "EventList",
+                        "metadata": {"continue": "page-2"},
+                        "items": [event("e2", "PostCloneExecExhausted", "2026-12-01T10:00:02.000000Z"),
+                                  event("e0", "Pulled", "2026-12-01T09:00:00.000000Z")]}),
+                ),
+            Exchange::get(path)
+                .query(&[
+                    ("fieldSelector", selector),
+                    ("limit", "500"),
+                    ("continue", "page-2"),
+                ])
+                .respond(
+                    200,
+                    json!({"apiVersion": "events.k8s.io/v1", "kind": "EventList", "metadata": {},
+                        "items": [event("e1", "PostCloneExecAttemptFailed", "2026-12-01T10:00:01.000000Z")]}),
+                ),
+        ],
+    )
+    .run(|api| async move { api.list_pod_events(&pod).await })
+    .await
+    .unwrap();
+    let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
+    assert_eq!(
+        reasons,
+        ["PostCloneExecAttemptFailed", "PostCloneExecExhausted"]
+    );
+    assert_eq!(events[1].message, "PostCloneExecExhausted note");
+    assert_eq!(events[1].kind, "Warning");
+}
+
 #[test]
 fn retry_policy_numbers_are_the_documented_ones() {
     let policy = RetryPolicy::default();
