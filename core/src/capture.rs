@@ -22,6 +22,11 @@
 //! - a trap or a breached limit: no `expect` (`plugin test` then shows the
 //!   breach), and the error in the context's `call_error`.
 //!
+//! The facts are the daemon's: a pod whose `post-clone-state` is `running`
+//! (work that a restart interrupted) is planned as resumed work (boot kind
+//! `resumed`, the source image unknown), as the daemon plans it, unless the
+//! caller overrides the boot kind.
+//!
 //! An all-DHCP Linux clone needs no fixup plan; its one plugin call is the
 //! DHCP recovery plan the daemon makes for it when no lease comes
 //! (`dhcp-recovery`). A pod that needs no plugin call at all is refused.
@@ -60,10 +65,11 @@ use crate::annotations::{keys, reasons};
 use crate::binding::{self, BindingPolicy, Mismatch, Verdict};
 use crate::classify::{self, Rule, Scenario};
 use crate::facts::{
-    FactError, GuestOs, ImageKind, Observation, Overrides, PodInput, VmFacts, VmId, VmInspect,
-    annotations,
+    BootKind, FactError, GuestOs, ImageKind, Observation, Overrides, PodInput, VmFacts, VmId,
+    VmInspect, annotations,
 };
 use crate::kit;
+use crate::lifecycle::PostCloneState;
 use crate::planner::Planner;
 use crate::plugin::registry::NoPlugin;
 use crate::probe::{OverlayProbe, ProbeError};
@@ -440,7 +446,16 @@ pub fn capture(
     input: &CaptureInput<'_>,
 ) -> Result<Vec<CapturedCase>, CaptureError> {
     let pod = input.pod;
-    let obs = Observation::new(pod, input.vm, input.overrides)?;
+    let resumed = PostCloneState::parse(pod.annotation(keys::POST_CLONE_STATE))
+        == Some(PostCloneState::Running);
+    let overrides = Overrides {
+        boot: input
+            .overrides
+            .boot
+            .or(resumed.then_some(BootKind::Resumed)),
+        source_image: input.overrides.source_image.clone(),
+    };
+    let obs = Observation::new(pod, input.vm, &overrides)?;
     let decision = classify::classify(&obs);
     let (image, scenarios) = match decision.fixup {
         Some(_) => {

@@ -519,3 +519,24 @@ fn help_and_bad_input() {
         assert!(stderr.contains(needle), "{name}: {stderr}");
     }
 }
+
+/// Work a restart interrupted (`post-clone-state: running`) is planned as
+/// resumed work, as the daemon plans it; `--boot` overrides it.
+#[test]
+fn a_running_pod_is_captured_as_resumed_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut pod = read_json(&example("oci-static", "pod.json"));
+    pod["metadata"]["annotations"]["vm.cocoonstack.io/post-clone-state"] = json!("running");
+    let file = dir.path().join("pod.json");
+    std::fs::write(&file, pod.to_string()).unwrap();
+    let vm = example("oci-static", "vm.json");
+    let files = ["--pod", path_str(&file), "--vm", path_str(&vm)];
+    let out = capture(&files);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    assert_eq!(json_of(&out.stdout)["facts"]["boot"], "resumed");
+    let mut args = files.to_vec();
+    args.extend(["--boot", "clone"]);
+    let out = capture(&args);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    assert_eq!(json_of(&out.stdout)["facts"]["boot"], "clone");
+}
