@@ -73,10 +73,15 @@ enum Command {
     /// Firecracker) needs --output DIR (one `<plugin>-<scenario>.json`
     /// each) or --plugin NAME.
     ///
-    /// Examples:
+    /// Capture on the pod's node, then test the vendor's plugin against it:
+    ///
     ///   cocoon-fixup capture -n apps --pod web-0 --output web-0.json
-    ///   cocoon-fixup capture --pod pod.json --vm vm.json --events events.json --output cases/
+    ///
     ///   cocoon-fixup plugin test acme_net.wasm web-0.json
+    ///
+    /// From files, one case per plugin call into a folder:
+    ///
+    ///   cocoon-fixup capture --pod pod.json --vm vm.json --events events.json --output cases/
     Capture(CaptureArgs),
 }
 
