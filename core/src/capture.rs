@@ -593,19 +593,31 @@ pub fn capture(
 /// Where each case goes: `None` for standard output.
 pub type Placement = (CapturedCase, Option<PathBuf>);
 
-/// Pick the cases to write and where (see `capture --help`):
+/// Whether `path` names a folder: it ends with `/` (created when missing) or
+/// is one already.
+fn names_a_folder(path: &Path) -> bool {
+    path.as_os_str().as_encoded_bytes().ends_with(b"/") || path.is_dir()
+}
+
+/// Pick the cases to write and where (see `capture --help`), checking every
+/// target before any is written:
 ///
-/// - `plugin`: only that plugin's case (an error names the plugins there
+/// - `plugin`: only that plugin's cases (an error names the plugins there
 ///   are);
-/// - one case: `output` is its file, or a folder to write
-///   `<plugin>-<scenario>.json` into; without `output`, standard output;
-/// - several: `output` must be a folder (created when missing), one
-///   `<plugin>-<scenario>.json` each; anything else is refused with the
-///   options that fix it.
+/// - `output` ending with `/`, or an existing folder: one
+///   `<plugin>-<scenario>.json` per case in it (created when missing);
+/// - one case: otherwise `output` is its file; without `output`, standard
+///   output;
+/// - several: anything but a folder is refused with the options that fix
+///   it.
+///
+/// A target that exists already (a symbolic link included) is refused
+/// unless `force`; a folder never is replaced.
 pub fn place(
     cases: Vec<CapturedCase>,
     output: Option<&Path>,
     plugin: Option<&str>,
+    force: bool,
 ) -> Result<Vec<Placement>, CaptureError> {
     let names: Vec<String> = cases
         .iter()
@@ -625,51 +637,100 @@ pub fn place(
             picked
         }
     };
-    let is_dir = output.is_some_and(Path::is_dir);
-    match (cases.len(), output) {
-        (1, None) => Ok(cases.into_iter().map(|c| (c, None)).collect()),
-        (1, Some(path)) if !is_dir => Ok(cases
+    // Several cases left after --plugin are all that plugin's: only a
+    // folder holds them.
+    let fix = if plugin.is_some() {
+        "pass --output DIR/ (a folder) for one case file each"
+    } else {
+        "pass --output DIR/ (a folder) for one case file each, or --plugin NAME for one"
+    };
+    let placed: Vec<Placement> = match (cases.len(), output) {
+        (1, None) => cases.into_iter().map(|c| (c, None)).collect(),
+        (_, Some(dir)) if names_a_folder(dir) => cases
+            .into_iter()
+            .map(|c| {
+                let file = dir.join(c.file_name());
+                (c, Some(file))
+            })
+            .collect(),
+        (1, Some(path)) => cases
             .into_iter()
             .map(|c| (c, Some(path.to_owned())))
-            .collect()),
-        (_, Some(dir)) if is_dir || !dir.exists() => {
-            std::fs::create_dir_all(dir).map_err(|source| CaptureError::Write {
-                path: dir.to_owned(),
-                source,
-            })?;
-            Ok(cases
-                .into_iter()
-                .map(|c| {
-                    let file = dir.join(c.file_name());
-                    (c, Some(file))
-                })
-                .collect())
+            .collect(),
+        (n, Some(path)) => {
+            let what = if path.symlink_metadata().is_ok() {
+                "is a file"
+            } else {
+                "does not exist and does not end with / (a new folder must)"
+            };
+            return Err(CaptureError::Output(format!(
+                "this pod's plan is made by {n} plugin calls ({}) and a case file holds one, but {} {what}: {fix}",
+                names.join(", "),
+                path.display()
+            )));
         }
-        (n, Some(file)) => Err(CaptureError::Output(format!(
-            "this pod's plan is made by {n} plugin calls ({}) and a case file holds one, but {} is a file: pass --output DIR (a folder) for one case file each, or --plugin NAME for one",
-            names.join(", "),
-            file.display()
-        ))),
-        (n, None) => Err(CaptureError::Output(format!(
-            "this pod's plan is made by {n} plugin calls ({}) and a case file holds one: pass --output DIR for one case file each, or --plugin NAME for one",
-            names.join(", ")
-        ))),
+        (n, None) => {
+            return Err(CaptureError::Output(format!(
+                "this pod's plan is made by {n} plugin calls ({}) and a case file holds one: {fix}",
+                names.join(", ")
+            )));
+        }
+    };
+    for path in placed.iter().filter_map(|(_, p)| p.as_deref()) {
+        match path.symlink_metadata() {
+            Ok(meta) if meta.is_dir() => {
+                return Err(CaptureError::Output(format!(
+                    "{} is a folder: a case is written to a file",
+                    path.display()
+                )));
+            }
+            Ok(_) if !force => {
+                return Err(CaptureError::Output(format!(
+                    "{} exists already: pass --force to replace it (nothing was written)",
+                    path.display()
+                )));
+            }
+            _ => {}
+        }
     }
+    if let Some(dir) = output.filter(|o| names_a_folder(o)) {
+        std::fs::create_dir_all(dir).map_err(|source| CaptureError::Write {
+            path: dir.to_owned(),
+            source,
+        })?;
+    }
+    Ok(placed)
 }
 
-/// Write each placed case to its file; the cases for standard output are
-/// returned, in order.
-pub fn write(placed: &[Placement]) -> Result<Vec<&CapturedCase>, CaptureError> {
+/// Write each placed case to its file: to a new temporary file in the same
+/// folder, then renamed into place, so a symbolic link there is replaced,
+/// never followed; without `force` the rename refuses a file that appeared
+/// since [`place`] checked. The cases for standard output are returned, in
+/// order.
+pub fn write(placed: &[Placement], force: bool) -> Result<Vec<&CapturedCase>, CaptureError> {
     let mut stdout = Vec::new();
     for (case, path) in placed {
-        match path {
-            None => stdout.push(case),
-            Some(path) => {
-                std::fs::write(path, &case.text).map_err(|source| CaptureError::Write {
-                    path: path.clone(),
-                    source,
-                })?
-            }
+        let Some(path) = path else {
+            stdout.push(case);
+            continue;
+        };
+        let failed = |source: std::io::Error| CaptureError::Write {
+            path: path.clone(),
+            source,
+        };
+        let folder = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let mut temp = tempfile::Builder::new()
+            .prefix(".capture-")
+            .tempfile_in(folder)
+            .map_err(failed)?;
+        std::io::Write::write_all(&mut temp, case.text.as_bytes()).map_err(failed)?;
+        if force {
+            temp.persist(path).map_err(|e| failed(e.error))?;
+        } else {
+            temp.persist_noclobber(path).map_err(|e| failed(e.error))?;
         }
     }
     Ok(stdout)
@@ -726,39 +787,125 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("case.json");
         let one = || vec![case("oci-networkd", Scenario::OciNetworkd)];
-        assert_eq!(place(one(), None, None).unwrap()[0].1, None);
+        assert_eq!(place(one(), None, None, false).unwrap()[0].1, None);
         assert_eq!(
-            place(one(), Some(&file), None).unwrap()[0].1,
+            place(one(), Some(&file), None, false).unwrap()[0].1,
             Some(file.clone())
         );
-        let into_dir = place(one(), Some(dir.path()), None).unwrap();
+        let into_dir = place(one(), Some(dir.path()), None, false).unwrap();
         assert_eq!(
             into_dir[0].1,
             Some(dir.path().join("oci-networkd-oci-networkd.json"))
         );
 
-        let err = place(two(), None, None).unwrap_err().to_string();
+        let err = place(two(), None, None, false).unwrap_err().to_string();
         assert!(
             err.contains("--output DIR") && err.contains("--plugin NAME"),
             "{err}"
         );
         std::fs::write(&file, "x").unwrap();
-        let err = place(two(), Some(&file), None).unwrap_err().to_string();
+        let err = place(two(), Some(&file), None, false)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("is a file"), "{err}");
-        let picked = place(two(), None, Some("fc-mac")).unwrap();
+        let picked = place(two(), None, Some("fc-mac"), false).unwrap();
         assert_eq!(picked.len(), 1);
         assert_eq!(picked[0].0.scenario, Scenario::FcMac);
-        let folder = dir.path().join("new");
-        let each = place(two(), Some(&folder), None).unwrap();
-        assert!(folder.is_dir(), "created");
-        assert_eq!(
-            each[1].1,
-            Some(folder.join("oci-networkd-oci-networkd.json"))
-        );
-        let err = place(two(), None, Some("acme")).unwrap_err().to_string();
+        let err = place(two(), None, Some("acme"), false)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("fc-mac (fc-mac), oci-networkd (oci-networkd)"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_trailing_slash_makes_a_folder_and_a_new_name_without_one_is_refused_for_several() {
+        let dir = tempfile::tempdir().unwrap();
+        // One case into a folder that does not exist yet.
+        let cases = dir.path().join("cases/");
+        let one = vec![case("oci-networkd", Scenario::OciNetworkd)];
+        let placed = place(one, Some(&cases), None, false).unwrap();
+        assert!(cases.is_dir(), "created");
+        assert_eq!(
+            placed[0].1.as_deref(),
+            Some(cases.join("oci-networkd-oci-networkd.json").as_path())
+        );
+        // Several into a new name without the slash: refused, nothing made.
+        let web = dir.path().join("web.json");
+        let err = place(two(), Some(&web), None, false)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("does not end with /"), "{err}");
+        assert!(!web.exists(), "no folder made");
+        let each = place(two(), Some(&dir.path().join("new/")), None, false).unwrap();
+        assert_eq!(
+            each[1].1.as_deref(),
+            Some(
+                dir.path()
+                    .join("new/oci-networkd-oci-networkd.json")
+                    .as_path()
+            )
+        );
+    }
+
+    #[test]
+    fn several_cases_of_one_plugin_suggest_only_a_folder() {
+        let same = vec![
+            case("oci-networkd", Scenario::OciNetworkd),
+            case("oci-networkd", Scenario::FcMac),
+        ];
+        let err = place(same, None, Some("oci-networkd"), false)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--output DIR/"), "{err}");
+        assert!(!err.contains("--plugin NAME"), "{err}");
+    }
+
+    #[test]
+    fn an_existing_target_is_refused_without_force_and_a_link_is_replaced_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::write(&elsewhere, "keep").unwrap();
+        let link = dir.path().join("case.json");
+        std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+        let one = || vec![case("oci-networkd", Scenario::OciNetworkd)];
+
+        let err = place(one(), Some(&link), None, false)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--force"), "{err}");
+        // A file that appears after the check is not replaced either.
+        let placed = vec![(
+            case("oci-networkd", Scenario::OciNetworkd),
+            Some(link.clone()),
+        )];
+        assert!(write(&placed, false).is_err());
+        assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), "keep");
+
+        let placed = place(one(), Some(&link), None, true).unwrap();
+        write(&placed, true).unwrap();
+        assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), "keep");
+        assert!(!link.symlink_metadata().unwrap().is_symlink(), "replaced");
+        assert_eq!(std::fs::read_to_string(&link).unwrap(), "{}\n");
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(left.len(), 2, "no temporary file left");
+    }
+
+    #[test]
+    fn with_several_cases_every_target_is_checked_before_any_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let second = dir.path().join("oci-networkd-oci-networkd.json");
+        std::fs::write(&second, "old").unwrap();
+        let err = place(two(), Some(dir.path()), None, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("oci-networkd-oci-networkd.json exists"),
+            "{err}"
+        );
+        assert!(!dir.path().join("fc-mac-fc-mac.json").exists());
+        assert_eq!(std::fs::read_to_string(&second).unwrap(), "old");
     }
 }

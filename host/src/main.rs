@@ -70,8 +70,9 @@ enum Command {
     /// the plugins used now and, for a failed pod, its error chain and the
     /// plugin versions its hint and events name. Writes nothing to the
     /// cluster. A plan of several calls (fc-mac + oci-networkd on
-    /// Firecracker) needs --output DIR (one `<plugin>-<scenario>.json`
-    /// each) or --plugin NAME.
+    /// Firecracker) needs --output DIR/ (one `<plugin>-<scenario>.json`
+    /// each; the trailing `/` makes a new folder) or --plugin NAME. An
+    /// existing file is replaced only with --force.
     ///
     /// Capture on the pod's node, then test the vendor's plugin against it:
     ///
@@ -117,9 +118,12 @@ struct CaptureArgs {
     /// Only the case of this plugin's call.
     #[arg(long, value_name = "NAME")]
     plugin: Option<String>,
-    /// The case file; a folder for one `<plugin>-<scenario>.json` per call [default: standard output, for one call]
+    /// The case file; a folder (ending with `/`, created when missing) for one `<plugin>-<scenario>.json` per call [default: standard output, for one call]
     #[arg(long, value_name = "PATH")]
     output: Option<PathBuf>,
+    /// Replace case files that exist already (never through a symbolic link).
+    #[arg(long)]
+    force: bool,
     #[command(flatten)]
     config: ConfigArgs,
 }
@@ -589,8 +593,13 @@ fn run_capture(args: &CaptureArgs, config: Option<&Path>) -> Result<u8> {
         cocoon_root: &settings.planner.cocoon_root,
     };
     let cases = capture::capture(&planner, &input)?;
-    let placed = capture::place(cases, args.output.as_deref(), args.plugin.as_deref())?;
-    for case in capture::write(&placed)? {
+    let placed = capture::place(
+        cases,
+        args.output.as_deref(),
+        args.plugin.as_deref(),
+        args.force,
+    )?;
+    for case in capture::write(&placed, args.force)? {
         print!("{}", display::terminal_json(&case.text));
     }
     for (case, path) in &placed {

@@ -168,11 +168,34 @@ fn a_firecracker_clone_is_two_cases_one_per_plugin_call() {
         assert!(stderr.contains(needle), "{needle}: {stderr}");
     }
 
-    let cases = dir.path().join("cases");
+    // A new name without the trailing slash is refused, and not made a folder.
+    let web = dir.path().join("web.json");
+    let mut args = files.to_vec();
+    args.extend(["--output", path_str(&web)]);
+    let out = capture(&args);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("does not end with /"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!web.exists());
+
+    let cases = dir.path().join("cases/");
     let mut args = files.to_vec();
     args.extend(["--output", path_str(&cases)]);
     let out = capture(&args);
     assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    // Again: the files exist, so it is refused without --force.
+    let again = capture(&args);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(
+        text(&again.stderr).contains("--force"),
+        "{}",
+        text(&again.stderr)
+    );
+    args.push("--force");
+    assert!(capture(&args).status.success());
     let mut written: Vec<String> = std::fs::read_dir(&cases)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -494,7 +517,11 @@ fn help_and_bad_input() {
         "--events",
         "--plugin",
         "--output",
+        "--force",
         "plugin test",
+        // The folder example ends with the slash that makes it a folder.
+        "--output cases/",
+        "--output DIR/",
     ] {
         assert!(help.contains(flag), "--help lists {flag}: {help}");
     }
