@@ -107,7 +107,7 @@ pub enum CaptureError {
     Json(#[from] serde_json::Error),
     #[error("{0}")]
     Output(String),
-    #[error("cannot write {path}: {source}; check the path and its permissions")]
+    #[error("cannot write {path}; check the path and its permissions")]
     Write {
         path: PathBuf,
         #[source]
@@ -907,5 +907,22 @@ mod tests {
         );
         assert!(!dir.path().join("fc-mac-fc-mac.json").exists());
         assert_eq!(std::fs::read_to_string(&second).unwrap(), "old");
+    }
+
+    #[test]
+    fn a_write_error_names_its_cause_once() {
+        let err = CaptureError::Write {
+            path: "/x/case.json".into(),
+            source: std::io::Error::other("disk on fire"),
+        };
+        // As `{:#}` shows an error: each link of the chain, joined.
+        let mut shown = err.to_string();
+        let mut cause = std::error::Error::source(&err);
+        while let Some(c) = cause {
+            shown = format!("{shown}: {c}");
+            cause = c.source();
+        }
+        assert_eq!(shown.matches("disk on fire").count(), 1, "{shown}");
+        assert!(shown.starts_with("cannot write /x/case.json"), "{shown}");
     }
 }
