@@ -69,7 +69,7 @@ use crate::facts::{
     VmInspect, annotations,
 };
 use crate::kit;
-use crate::lifecycle::PostCloneState;
+use crate::lifecycle::{self, Action, HandsOff, PostCloneState};
 use crate::planner::Planner;
 use crate::plugin::registry::NoPlugin;
 use crate::probe::{OverlayProbe, ProbeError};
@@ -93,6 +93,11 @@ pub enum CaptureError {
         rule: u8,
         reason: &'static str,
     },
+    /// The daemon would leave the pod alone (spec section 8).
+    #[error(
+        "pod {pod}: the daemon leaves it alone ({reason}), so there is no plan of its to capture; pass --anyway to capture it regardless"
+    )]
+    HandsOff { pod: String, reason: HandsOff },
     #[error(transparent)]
     Facts(#[from] FactError),
     #[error(
@@ -340,7 +345,14 @@ fn field_record(pod: &PodInput, events: &[PodEvent]) -> Option<Value> {
         .map(|e| e.lines().filter(|l| !l.is_empty()).collect())
         .unwrap_or_default();
     let hint = annotation(keys::POST_CLONE_HINT);
-    if state.is_none() && errors.is_empty() && hint.is_none() && events.is_empty() {
+    let lifecycle_state = annotation(keys::LIFECYCLE_STATE);
+    if state.is_none()
+        && errors.is_empty()
+        && hint.is_none()
+        && events.is_empty()
+        && lifecycle_state.is_none()
+        && !pod.deleting
+    {
         return None;
     }
     let mut named = Vec::new();
@@ -358,7 +370,8 @@ fn field_record(pod: &PodInput, events: &[PodEvent]) -> Option<Value> {
     Some(json!({
         "post_clone_state": state,
         "errors": errors,
-        "lifecycle_state": annotation(keys::LIFECYCLE_STATE),
+        "lifecycle_state": lifecycle_state,
+        "deleting": pod.deleting,
         "lifecycle_message": annotation(keys::LIFECYCLE_MESSAGE),
         "hint": hint,
         "events": events,
@@ -408,6 +421,9 @@ pub struct CaptureInput<'a> {
     pub by: String,
     /// The cocoon root the overlay probe reads (the planner's).
     pub cocoon_root: &'a Path,
+    /// Capture a pod the daemon would leave alone (recorded in
+    /// `context.daemon`).
+    pub anyway: bool,
 }
 
 /// One plugin call of the pod's plan, as a case.
@@ -446,6 +462,31 @@ pub fn capture(
     input: &CaptureInput<'_>,
 ) -> Result<Vec<CapturedCase>, CaptureError> {
     let pod = input.pod;
+    // What the daemon would do with the pod, from its annotations alone. A
+    // fixup that failed marks the lifecycle `failed` too; the pod is parked,
+    // which capture is for, so that mark alone does not make it the stack's.
+    let parked = pod.annotation(keys::POST_CLONE_STATE) == "failed"
+        && pod
+            .annotation(keys::LIFECYCLE_STATE)
+            .eq_ignore_ascii_case("failed");
+    let gated = if parked {
+        let mut unmarked = pod.clone();
+        unmarked.annotations.remove(keys::LIFECYCLE_STATE);
+        lifecycle::gate(&unmarked)
+    } else {
+        lifecycle::gate(pod)
+    };
+    let daemon = match gated {
+        Err(Action::Nothing(reason)) if !input.anyway => {
+            return Err(CaptureError::HandsOff {
+                pod: pod.display_name(),
+                reason,
+            });
+        }
+        Err(Action::Nothing(reason)) => format!("nothing: {reason}"),
+        Err(_) => "parked: the fixup failed earlier".to_owned(),
+        Ok(_) => "its work".to_owned(),
+    };
     let resumed = PostCloneState::parse(pod.annotation(keys::POST_CLONE_STATE))
         == Some(PostCloneState::Running);
     let overrides = Overrides {
@@ -547,6 +588,7 @@ pub fn capture(
             "rule".into(),
             json!({"number": decision.rule.number(), "reason": decision.rule.reason()}),
         );
+        context.insert("daemon".into(), json!(daemon));
         context.insert("image".into(), json!(image.as_str()));
         context.insert(
             "scenarios".into(),

@@ -121,6 +121,10 @@ struct CaptureArgs {
     /// The case file; a folder (ending with `/`, created when missing) for one `<plugin>-<scenario>.json` per call [default: standard output, for one call]
     #[arg(long, value_name = "PATH")]
     output: Option<PathBuf>,
+    /// Capture a pod the daemon would leave alone (deleting, hibernating,
+    /// the stack's, not managed, not a clone); `context.daemon` says so.
+    #[arg(long)]
+    anyway: bool,
     /// Replace case files that exist already (never through a symbolic link).
     #[arg(long)]
     force: bool,
@@ -591,6 +595,7 @@ fn run_capture(args: &CaptureArgs, config: Option<&Path>) -> Result<u8> {
         at,
         by: format!("cocoon-fixup {}", env!("CARGO_PKG_VERSION")),
         cocoon_root: &settings.planner.cocoon_root,
+        anyway: args.anyway,
     };
     let cases = capture::capture(&planner, &input)?;
     let placed = capture::place(

@@ -314,6 +314,7 @@ fn a_failed_pod_carries_its_error_chain_and_the_plugins_it_names() {
         ])
     );
     assert_eq!(field["lifecycle_state"], "Failed");
+    assert_eq!(context["daemon"], "parked: the fixup failed earlier");
     assert_eq!(
         field["hint"]["plugins"],
         json!([{"name": "oci-networkd", "version": "0.0.9", "sha256": "0123456789ab", "from": "hint"}])
@@ -530,7 +531,7 @@ fn help_and_bad_input() {
     // (example, --events file, what the error says)
     let refused = [
         ("oci-static", Some("vm.json"), "`items`"),
-        ("unmanaged", None, "needs no plugin call"),
+        ("unmanaged", None, "leaves it alone (not-managed)"),
     ];
     for (name, events, needle) in refused {
         let (pod, vm) = (example(name, "pod.json"), example(name, "vm.json"));
@@ -566,4 +567,40 @@ fn a_running_pod_is_captured_as_resumed_work() {
     let out = capture(&args);
     assert!(out.status.success(), "stderr: {}", text(&out.stderr));
     assert_eq!(json_of(&out.stdout)["facts"]["boot"], "clone");
+}
+
+#[test]
+fn a_pod_the_daemon_leaves_alone_is_refused_unless_anyway() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut pod = read_json(&example("oci-static", "pod.json"));
+    pod["metadata"]["deletionTimestamp"] = json!("2026-12-01T10:00:00Z");
+    let file = dir.path().join("pod.json");
+    std::fs::write(&file, pod.to_string()).unwrap();
+    let vm = example("oci-static", "vm.json");
+    let files = ["--pod", path_str(&file), "--vm", path_str(&vm)];
+    let out = capture(&files);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("leaves it alone (deleting)") && stderr.contains("--anyway"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty());
+
+    let mut args = files.to_vec();
+    args.push("--anyway");
+    let out = capture(&args);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let case = json_of(&out.stdout);
+    assert_eq!(case["context"]["daemon"], "nothing: deleting");
+    assert_eq!(case["context"]["field"]["deleting"], true);
+
+    // A parked (failed) pod is still captured without --anyway.
+    let mut pod = read_json(&example("oci-static", "pod.json"));
+    pod["metadata"]["annotations"]["vm.cocoonstack.io/post-clone-state"] = json!("failed");
+    std::fs::write(&file, pod.to_string()).unwrap();
+    let out = capture(&files);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let daemon = json_of(&out.stdout)["context"]["daemon"].clone();
+    assert!(daemon.as_str().unwrap().starts_with("parked"), "{daemon}");
 }

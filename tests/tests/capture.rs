@@ -42,6 +42,7 @@ fn captured(dir: &Path, behaviour: &str) -> (capture::CapturedCase, std::path::P
         at: "2026-12-01T10:00:00Z".into(),
         by: "cocoon-fixup test".into(),
         cocoon_root: dir,
+        anyway: false,
     };
     let mut cases = capture::capture(&planner, &input).expect("captured");
     assert_eq!(cases.len(), 1);
