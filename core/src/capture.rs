@@ -456,6 +456,23 @@ fn image_kind(obs: &Observation, cocoon_root: &Path) -> Result<ImageKind, Captur
     Ok(classify::image_kind(source, exists))
 }
 
+/// The boot kind capture plans with when it is not the annotations' own,
+/// and why: `--boot`, or a `post-clone-state` of `running`, which a daemon
+/// that restarts mid-fixup resumes (it plans such work as `resumed`).
+pub fn assumed_boot(pod: &PodInput, overrides: &Overrides) -> Option<(BootKind, String)> {
+    if let Some(boot) = overrides.boot {
+        return Some((boot, format!("{boot}: given with --boot")));
+    }
+    (PostCloneState::parse(pod.annotation(keys::POST_CLONE_STATE))
+        == Some(PostCloneState::Running))
+    .then(|| {
+        (
+            BootKind::Resumed,
+            "resumed: post-clone-state is running, and a daemon that restarts mid-fixup resumes that work as resumed (pass --boot to plan another kind)".to_owned(),
+        )
+    })
+}
+
 /// The pod's plugin calls, as cases (see the module documentation).
 pub fn capture(
     planner: &Planner,
@@ -487,13 +504,9 @@ pub fn capture(
         Err(_) => "parked: the fixup failed earlier".to_owned(),
         Ok(_) => "its work".to_owned(),
     };
-    let resumed = PostCloneState::parse(pod.annotation(keys::POST_CLONE_STATE))
-        == Some(PostCloneState::Running);
+    let assumed = assumed_boot(pod, input.overrides);
     let overrides = Overrides {
-        boot: input
-            .overrides
-            .boot
-            .or(resumed.then_some(BootKind::Resumed)),
+        boot: assumed.as_ref().map(|(boot, _)| *boot),
         source_image: input.overrides.source_image.clone(),
     };
     let obs = Observation::new(pod, input.vm, &overrides)?;
@@ -589,6 +602,9 @@ pub fn capture(
             json!({"number": decision.rule.number(), "reason": decision.rule.reason()}),
         );
         context.insert("daemon".into(), json!(daemon));
+        if let Some((_, why)) = &assumed {
+            context.insert("boot_assumed".into(), json!(why));
+        }
         context.insert("image".into(), json!(image.as_str()));
         context.insert(
             "scenarios".into(),

@@ -112,8 +112,8 @@ struct CaptureArgs {
     /// The snapshot's source image, with --vm [default: the record's `config.image` on a normal clone]
     #[arg(long, value_name = "URL", requires = "vm")]
     source_image: Option<String>,
-    /// Override the boot kind read from the pod annotations (with --vm).
-    #[arg(long, value_enum, requires = "vm")]
+    /// Override the boot kind read from the pod annotations [default: resumed for a pod whose post-clone-state is running]
+    #[arg(long, value_enum)]
     boot: Option<Boot>,
     /// Only the case of this plugin's call.
     #[arg(long, value_name = "NAME")]
@@ -586,6 +586,10 @@ fn run_capture(args: &CaptureArgs, config: Option<&Path>) -> Result<u8> {
         .duration_since(std::time::UNIX_EPOCH)
         .context("the system clock is before 1970")?;
     let at = jiff::Timestamp::from_second(i64::try_from(now.as_secs())?)?.to_string();
+    if let Some((_, why)) = capture::assumed_boot(&pod, &overrides).filter(|_| args.boot.is_none())
+    {
+        eprintln!("{}", display::terminal_text(&format!("note: boot {why}")));
+    }
     let input = capture::CaptureInput {
         pod: &pod,
         vm: &record,

@@ -367,6 +367,7 @@ async fn capture_online(
     pod: Value,
     record: Value,
     events: &[Value],
+    extra: &[&str],
 ) -> (Output, FakeApi, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -384,7 +385,11 @@ async fn capture_online(
     let out = cocoon_fixup(
         d,
         &api.kubeconfig(d),
-        &["capture", "--namespace", &namespace, "--pod", &name],
+        &[
+            &["capture", "--namespace", &namespace, "--pod", &name],
+            extra,
+        ]
+        .concat(),
     )
     .output()
     .await
@@ -418,7 +423,7 @@ async fn from_the_cluster_the_same_case_as_from_files() {
             "another pod's",
         ),
     ];
-    let (out, api, dir) = capture_online(pod.clone(), record, &events).await;
+    let (out, api, dir) = capture_online(pod.clone(), record, &events, &[]).await;
     assert!(out.status.success(), "stderr: {}", text(&out.stderr));
     let online = json_of(&out.stdout);
     assert_eq!(online["context"]["captured"]["from"], "cluster");
@@ -491,7 +496,7 @@ async fn a_vm_that_is_not_the_pods_is_refused() {
     let mut record = read_json(&example("oci-static", "vm.json"));
     let other = fixup_host::binding::vm_name_for_pod("tenant-b", "db-0");
     record["config"]["name"] = json!(other);
-    let (out, api, _dir) = capture_online(pod, record, &[]).await;
+    let (out, api, _dir) = capture_online(pod, record, &[], &[]).await;
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stdout.is_empty(), "no case: {}", text(&out.stdout));
     let stderr = text(&out.stderr);
@@ -561,10 +566,35 @@ fn a_running_pod_is_captured_as_resumed_work() {
     let files = ["--pod", path_str(&file), "--vm", path_str(&vm)];
     let out = capture(&files);
     assert!(out.status.success(), "stderr: {}", text(&out.stderr));
-    assert_eq!(json_of(&out.stdout)["facts"]["boot"], "resumed");
+    let case = json_of(&out.stdout);
+    assert_eq!(case["facts"]["boot"], "resumed");
+    let why = case["context"]["boot_assumed"].as_str().unwrap();
+    assert!(
+        why.starts_with("resumed: post-clone-state is running"),
+        "{why}"
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(stderr.matches("note: boot resumed").count(), 1, "{stderr}");
     let mut args = files.to_vec();
     args.extend(["--boot", "clone"]);
     let out = capture(&args);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let case = json_of(&out.stdout);
+    assert_eq!(case["facts"]["boot"], "clone");
+    assert_eq!(case["context"]["boot_assumed"], "clone: given with --boot");
+    assert!(!text(&out.stderr).contains("note: boot"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boot_is_given_in_the_cluster_form_too() {
+    let mut pod = read_json(&example("oci-static", "pod.json"));
+    pod["metadata"]["annotations"]["vm.cocoonstack.io/post-clone-state"] = json!("running");
+    let record = read_json(&example("oci-static", "vm.json"));
+    let (out, _api, _dir) = capture_online(pod.clone(), record.clone(), &[], &[]).await;
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    assert_eq!(json_of(&out.stdout)["facts"]["boot"], "resumed");
+    assert!(text(&out.stderr).contains("note: boot resumed"));
+    let (out, _api, _dir) = capture_online(pod, record, &[], &["--boot", "clone"]).await;
     assert!(out.status.success(), "stderr: {}", text(&out.stderr));
     assert_eq!(json_of(&out.stdout)["facts"]["boot"], "clone");
 }
