@@ -550,6 +550,33 @@ pub fn capture(
             })
         })
         .collect();
+    // The plan as the daemon composes it: every call, the failure policy's
+    // fallbacks, composition and the plan limits.
+    let composed = match planner.plan_scenarios(&facts, &scenarios) {
+        Ok(composed) => {
+            let fallbacks: Vec<Value> = composed
+                .parts
+                .iter()
+                .filter_map(|part| {
+                    let fallback = part.fallback.as_ref()?;
+                    let scenario = part.selection.scenario;
+                    Some(json!({
+                        "scenario": scenario.as_str(),
+                        "kind": fallback.kind,
+                        "message": fallback.message(scenario, &part.selection.plugin),
+                    }))
+                })
+                .collect();
+            json!({"result": "ok", "fallbacks": fallbacks})
+        }
+        Err(error) => json!({"result": error.to_string(), "fallbacks": []}),
+    };
+    let engine = planner.plugins().limits();
+    let mut limits = serde_json::to_value(kit::LimitsReport::from(engine))?;
+    if let Value::Object(limits) = &mut limits {
+        let deadline = u64::try_from(engine.deadline.as_millis()).unwrap_or(u64::MAX);
+        limits.insert("deadline_ms".into(), json!(deadline));
+    }
     let field = field_record(pod, input.events);
     let failed = pod.annotation(keys::POST_CLONE_STATE) == "failed";
     let mut cases = Vec::new();
@@ -612,6 +639,8 @@ pub fn capture(
         );
         context.insert("plugin".into(), plugin.clone());
         context.insert("plugins".into(), json!(plugins));
+        context.insert("composed".into(), composed.clone());
+        context.insert("limits".into(), limits.clone());
         if let Some(breach) = &breach {
             context.insert("call_error".into(), json!(breach));
         }

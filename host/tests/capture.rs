@@ -315,6 +315,9 @@ fn a_failed_pod_carries_its_error_chain_and_the_plugins_it_names() {
     );
     assert_eq!(field["lifecycle_state"], "Failed");
     assert_eq!(context["daemon"], "parked: the fixup failed earlier");
+    assert_eq!(context["composed"]["result"], "ok");
+    assert_eq!(context["composed"]["fallbacks"], json!([]));
+    assert!(context["limits"]["plan_max_steps"].as_u64().unwrap() > 0);
     assert_eq!(
         field["hint"]["plugins"],
         json!([{"name": "oci-networkd", "version": "0.0.9", "sha256": "0123456789ab", "from": "hint"}])

@@ -68,7 +68,13 @@ fn a_refusal_is_the_expected_error_and_plugin_test_passes_it(
         Some(Expect::Error(e)) => assert_eq!(e.kind, kind),
         other => panic!("expected an error: {other:?}"),
     }
-    assert!(loaded.context.as_ref().unwrap().get("call_error").is_none());
+    let context = loaded.context.as_ref().unwrap();
+    assert!(context.get("call_error").is_none());
+    // The daemon's composed plan fails the same way, and says so.
+    let composed = context["composed"]["result"].as_str().unwrap();
+    assert_ne!(composed, "ok");
+    assert!(composed.contains("hostile"), "{composed}");
+    assert!(context["limits"]["fuel"].as_u64().unwrap() > 0);
     let report = kit::test_plugin(
         kit::engine_options(&EngineOptions::default()),
         Path::new(env!("PLUGIN_HOSTILE")),
