@@ -179,6 +179,10 @@ pub struct PodEvent {
     pub count: Option<i64>,
 }
 
+/// The `reportingController` of the events the host writes (its field
+/// manager too).
+pub const REPORTER: &str = "cocoon-fixup";
+
 /// Whether an event's reason is one the host writes: `PostClone*` or
 /// `ResumedAfterRestart`. Capture keeps only these.
 pub fn is_host_reason(reason: &str) -> bool {
@@ -212,7 +216,9 @@ pub fn events_from_json(
 
 /// The events among `items` (Event objects as JSON, core/v1 or
 /// events.k8s.io/v1) that are about `pod` (by uid, else by namespace and
-/// name) and have a host reason ([`is_host_reason`]), oldest first.
+/// name), have a host reason ([`is_host_reason`]) and name the host as
+/// their reporting controller ([`REPORTER`]), oldest first. Anyone who may
+/// create events can still forge one: they are the pod's record, not proof.
 pub fn events_of(items: &[Value], pod: &PodInput) -> Vec<PodEvent> {
     let text_of =
         |v: &Value, key: &str| v.get(key).and_then(Value::as_str).unwrap_or("").to_owned();
@@ -229,7 +235,11 @@ pub fn events_of(items: &[Value], pod: &PodInput) -> Vec<PodEvent> {
             }
         };
         let reason = text_of(item, "reason");
-        if !about_pod || !is_host_reason(&reason) {
+        // events.k8s.io/v1 `reportingController`; core/v1 `reportingComponent`.
+        let by_host = ["reportingController", "reportingComponent"]
+            .iter()
+            .any(|k| text_of(item, k) == REPORTER);
+        if !about_pod || !is_host_reason(&reason) || !by_host {
             continue;
         }
         let message = match text_of(item, "note") {
@@ -368,6 +378,7 @@ fn field_record(pod: &PodInput, events: &[PodEvent]) -> Option<Value> {
     }
     named.dedup();
     Some(json!({
+        "unverified": "the pod's annotations and events as read: written by the pod's owner or anyone who may create events, not checked",
         "post_clone_state": state,
         "errors": errors,
         "lifecycle_state": lifecycle_state,
@@ -608,7 +619,7 @@ pub fn capture(
                 .lines()
                 .rfind(|l| !l.is_empty())
                 .unwrap_or("no error recorded");
-            summary.push_str(&format!("; the pod failed: {last}"));
+            summary.push_str(&format!("; the pod records: failed, {last}"));
         }
         let mut context = Map::new();
         context.insert("summary".into(), json!(summary));

@@ -33,7 +33,7 @@ use crate::pods::{AnnotationPatch, Event, EventType, PodApi, PodError, PodRef, r
 
 /// The controller name in events (`reportingController`) and the field
 /// manager of annotation patches.
-pub const REPORTER: &str = "cocoon-fixup";
+pub const REPORTER: &str = crate::capture::REPORTER;
 
 /// Names the API server in errors about a pod object that does not parse.
 const SOURCE: &str = "kubernetes API";

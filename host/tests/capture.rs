@@ -269,6 +269,12 @@ fn event(uid: &str, name: &str, reason: &str, note: &str) -> Value {
     })
 }
 
+/// `event` as someone other than the host reports it.
+fn forged(mut event: Value) -> Value {
+    event["reportingController"] = json!("someone-else");
+    event
+}
+
 const UID: &str = "5b7e0c2a-6f1d-4e8b-9c3a-1f2d4e6a8b01";
 const FALLBACK: &str = "plugin acme-net 2.0.1 (sha256:abcdef012345) failed for oci-networkd: plugin acme-net trapped: unreachable; planned with the built-in oci-networkd 0.1.0 instead (failure policy `fallback`)";
 
@@ -283,6 +289,7 @@ fn a_failed_pod_carries_its_error_chain_and_the_plugins_it_names() {
         event(UID, "web-0", "PostCloneExecAttemptFailed", "attempt 1: step 4/5 failed exit 1"),
         event(UID, "web-0", "Scheduled", "not the host's"),
         event("another-uid", "web-1", "PostCloneExecExhausted", "another pod's"),
+        forged(event(UID, "web-0", "PostCloneExecExhausted", "forged")),
     ]});
     std::fs::write(&events, list.to_string()).unwrap();
     let case = dir.path().join("case.json");
@@ -306,6 +313,12 @@ fn a_failed_pod_carries_its_error_chain_and_the_plugins_it_names() {
     let context = Value::Object(loaded.context.expect("context"));
     let field = &context["field"];
     assert_eq!(field["post_clone_state"], "failed");
+    assert!(
+        field["unverified"]
+            .as_str()
+            .is_some_and(|s| s.contains("anyone who may create events")),
+        "{field}"
+    );
     assert_eq!(
         field["errors"],
         json!([
@@ -356,7 +369,7 @@ fn a_failed_pod_carries_its_error_chain_and_the_plugins_it_names() {
     assert!(
         context["summary"]
             .as_str()
-            .is_some_and(|s| s.contains("the pod failed: attempt 2:")),
+            .is_some_and(|s| s.contains("the pod records: failed, attempt 2:")),
         "{context}"
     );
     let tested = plugin_test(&builtin_file(dir.path(), "oci-networkd"), &case);
@@ -425,6 +438,7 @@ async fn from_the_cluster_the_same_case_as_from_files() {
             "PostCloneExecExhausted",
             "another pod's",
         ),
+        forged(event(UID, "web-0", "PostCloneExecExhausted", "forged")),
     ];
     let (out, api, dir) = capture_online(pod.clone(), record, &events, &[]).await;
     assert!(out.status.success(), "stderr: {}", text(&out.stderr));
