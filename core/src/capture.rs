@@ -179,6 +179,18 @@ pub struct PodEvent {
     pub count: Option<i64>,
 }
 
+/// The most host events a capture keeps (the newest).
+pub const MAX_EVENTS: usize = 200;
+
+/// Sort `events` oldest first and keep the newest [`MAX_EVENTS`]: `true`
+/// when some were dropped.
+pub fn keep_newest(events: &mut Vec<PodEvent>) -> bool {
+    events.sort_by(|a, b| a.time.cmp(&b.time));
+    let over = events.len().saturating_sub(MAX_EVENTS);
+    events.drain(..over);
+    over > 0
+}
+
 /// The `reportingController` of the events the host writes (its field
 /// manager too).
 pub const REPORTER: &str = "cocoon-fixup";
@@ -274,7 +286,7 @@ pub fn events_of(items: &[Value], pod: &PodInput) -> Vec<PodEvent> {
 /// A plugin named with its version in a hint header or an event: `NAME
 /// VERSION sha256:DIGEST`, `NAME VERSION (sha256:DIGEST)`, or `built-in
 /// NAME VERSION`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub struct PluginMention {
     pub name: String,
     pub version: String,
@@ -348,7 +360,7 @@ fn hint_header(hint: &str) -> Option<(Vec<String>, Vec<PluginMention>)> {
 /// What the pod recorded of earlier work: the failure record, the hint's
 /// header, the events, and the plugins they name. `None` when it recorded
 /// nothing.
-fn field_record(pod: &PodInput, events: &[PodEvent]) -> Option<Value> {
+fn field_record(pod: &PodInput, events: &[PodEvent], events_truncated: bool) -> Option<Value> {
     let annotation = |key: &str| Some(pod.annotation(key)).filter(|v| !v.is_empty());
     let state = annotation(keys::POST_CLONE_STATE);
     let errors: Vec<&str> = annotation(keys::POST_CLONE_ERRORS)
@@ -376,7 +388,8 @@ fn field_record(pod: &PodInput, events: &[PodEvent]) -> Option<Value> {
     for event in events {
         named.extend(plugin_mentions(&event.message, &event.reason));
     }
-    named.dedup();
+    let mut seen = std::collections::HashSet::new();
+    named.retain(|m| seen.insert(m.clone()));
     Some(json!({
         "unverified": "the pod's annotations and events as read: written by the pod's owner or anyone who may create events, not checked",
         "post_clone_state": state,
@@ -386,6 +399,7 @@ fn field_record(pod: &PodInput, events: &[PodEvent]) -> Option<Value> {
         "lifecycle_message": annotation(keys::LIFECYCLE_MESSAGE),
         "hint": hint,
         "events": events,
+        "events_truncated": events_truncated,
         "plugins_named": named,
     }))
 }
@@ -425,6 +439,8 @@ pub struct CaptureInput<'a> {
     pub overrides: &'a Overrides,
     /// The pod's host events ([`is_host_reason`]).
     pub events: &'a [PodEvent],
+    /// Whether events were left out ([`MAX_EVENTS`], a page limit).
+    pub events_truncated: bool,
     pub source: Source,
     /// The capture time, RFC 3339.
     pub at: String,
@@ -588,7 +604,7 @@ pub fn capture(
         let deadline = u64::try_from(engine.deadline.as_millis()).unwrap_or(u64::MAX);
         limits.insert("deadline_ms".into(), json!(deadline));
     }
-    let field = field_record(pod, input.events);
+    let field = field_record(pod, input.events, input.events_truncated);
     let failed = pod.annotation(keys::POST_CLONE_STATE) == "failed";
     let mut cases = Vec::new();
     for (selection, plugin) in selections.iter().zip(&plugins) {
@@ -1022,5 +1038,58 @@ mod tests {
         }
         assert_eq!(shown.matches("disk on fire").count(), 1, "{shown}");
         assert!(shown.starts_with("cannot write /x/case.json"), "{shown}");
+    }
+
+    fn event_at(time: &str, reason: &str, message: &str) -> PodEvent {
+        PodEvent {
+            kind: "Warning".into(),
+            reason: reason.into(),
+            message: message.into(),
+            time: Some(time.into()),
+            count: None,
+        }
+    }
+
+    #[test]
+    fn the_newest_events_are_kept() {
+        let mut events: Vec<PodEvent> = (0..MAX_EVENTS + 5)
+            .rev()
+            .map(|i| {
+                event_at(
+                    &format!("2026-12-01T10:{:02}:{:02}Z", i / 60, i % 60),
+                    "PostCloneX",
+                    "m",
+                )
+            })
+            .collect();
+        assert!(keep_newest(&mut events));
+        assert_eq!(events.len(), MAX_EVENTS);
+        assert_eq!(events[0].time.as_deref(), Some("2026-12-01T10:00:05Z"));
+        let mut few = vec![
+            event_at("b", "PostCloneX", "m"),
+            event_at("a", "PostCloneX", "m"),
+        ];
+        assert!(!keep_newest(&mut few));
+        assert_eq!(few[0].time.as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn plugins_named_are_listed_once_even_when_not_adjacent() {
+        let fallback = "plugin acme 1.2.0 (sha256:abc123) failed for oci-networkd: x; planned with the built-in oci-networkd 0.1.0 instead";
+        let other = "plugin other 2.0.0 (sha256:def456) failed";
+        let events = [
+            event_at("1", "PostClonePluginFallback", fallback),
+            event_at("2", "PostClonePluginFallback", other),
+            event_at("3", "PostClonePluginFallback", fallback),
+        ];
+        let field = field_record(&PodInput::default(), &events, true).expect("recorded");
+        let named: Vec<&str> = field["plugins_named"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(named, ["acme", "oci-networkd", "other"]);
+        assert_eq!(field["events_truncated"], true);
     }
 }

@@ -514,7 +514,7 @@ fn observe(args: &PlanArgs, policy: BindingPolicy) -> Result<(Observation, Verdi
 async fn capture_online(
     args: &CaptureArgs,
     settings: &Settings,
-) -> Result<(PodInput, VmInspect, Vec<capture::PodEvent>)> {
+) -> Result<(PodInput, VmInspect, (Vec<capture::PodEvent>, bool))> {
     use fixup_host::cocoon::Cocoon as _;
     use fixup_host::pods::{PodApi as _, PodRef};
     let pods = KubeApi::try_default("cocoon-fixup", None).await?;
@@ -547,10 +547,10 @@ async fn capture_online(
                         "warning: {e}; the case has no events in its context"
                     ))
                 );
-                Vec::new()
+                (Vec::new(), false)
             })
         }
-        None => Vec::new(),
+        None => (Vec::new(), false),
     };
     Ok((pod, record, events))
 }
@@ -562,12 +562,14 @@ fn run_capture(args: &CaptureArgs, config: Option<&Path>) -> Result<u8> {
             let pod_file = PathBuf::from(&args.pod);
             let (pod, record) = read_pod_and_vm(&pod_file, vm)?;
             capture::bound_record(&pod, &record, settings.host.binding)?;
-            let events = match &args.events {
+            let mut events = match &args.events {
                 Some(file) => {
                     capture::events_from_json(&read(file)?, &file.display().to_string(), &pod)?
                 }
                 None => Vec::new(),
             };
+            let truncated = capture::keep_newest(&mut events);
+            let events = (events, truncated);
             let source = capture::Source::Files {
                 pod: pod_file,
                 vm: vm.clone(),
@@ -594,7 +596,8 @@ fn run_capture(args: &CaptureArgs, config: Option<&Path>) -> Result<u8> {
         pod: &pod,
         vm: &record,
         overrides: &overrides,
-        events: &events,
+        events: &events.0,
+        events_truncated: events.1,
         source,
         at,
         by: format!("cocoon-fixup {}", env!("CARGO_PKG_VERSION")),

@@ -651,3 +651,22 @@ fn a_pod_the_daemon_leaves_alone_is_refused_unless_anyway() {
     let daemon = json_of(&out.stdout)["context"]["daemon"].clone();
     assert!(daemon.as_str().unwrap().starts_with("parked"), "{daemon}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_the_cluster_at_most_the_newest_200_events_are_kept() {
+    let events: Vec<Value> = (0..205)
+        .map(|i| {
+            let mut e = event(UID, "web-0", "PostCloneExecAttemptFailed", &format!("n{i}"));
+            e["eventTime"] = json!(format!("2026-11-30T09:{:02}:{:02}.000000Z", i / 60, i % 60));
+            e
+        })
+        .collect();
+    let record = read_json(&example("oci-static", "vm.json"));
+    let (out, _api, _dir) = capture_online(failed_pod(), record, &events, &[]).await;
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let field = json_of(&out.stdout)["context"]["field"].clone();
+    let kept = field["events"].as_array().unwrap();
+    assert_eq!(kept.len(), 200);
+    assert_eq!(kept[0]["message"], "n5", "the oldest are dropped");
+    assert_eq!(field["events_truncated"], true);
+}

@@ -38,6 +38,7 @@ fn captured(dir: &Path, behaviour: &str) -> (capture::CapturedCase, std::path::P
         vm: &record,
         overrides: &Overrides::default(),
         events: &[],
+        events_truncated: false,
         source: Source::Cluster,
         at: "2026-12-01T10:00:00Z".into(),
         by: "cocoon-fixup test".into(),
