@@ -1052,6 +1052,17 @@ impl From<&Limits> for LimitsReport {
     }
 }
 
+/// A case file's text for one line of the report: every control character
+/// (line breaks included) and invisible formatting character escaped, and
+/// the Unicode line and paragraph separators (U+2028, U+2029) too, so a
+/// `description` or `context.summary` cannot start a line of its own that
+/// looks like the report's.
+fn one_line(text: &str) -> String {
+    crate::facts::escape_controls(text)
+        .replace('\u{2028}', "\\u{2028}")
+        .replace('\u{2029}', "\\u{2029}")
+}
+
 /// The result of `plugin test`: every case, and the counts.
 #[derive(Debug, Clone, Serialize)]
 pub struct TestReport {
@@ -1350,12 +1361,12 @@ impl fmt::Display for TestReport {
         for case in &self.cases {
             write!(f, "{:<7} {}", case.status.label(), case.name)?;
             match (case.scenario, &case.description) {
-                (Some(s), Some(d)) => writeln!(f, "  {s}: {d}")?,
+                (Some(s), Some(d)) => writeln!(f, "  {s}: {}", one_line(d))?,
                 (Some(s), None) => writeln!(f, "  {s}")?,
                 _ => writeln!(f)?,
             }
             if let Some(context) = &case.context {
-                writeln!(f, "{INDENT}context: {context}")?;
+                writeln!(f, "{INDENT}context: {}", one_line(context))?;
             }
             if let Some(usage) = &case.usage {
                 writeln!(f, "{INDENT}{}", usage.line(&self.limits))?;
@@ -1812,18 +1823,24 @@ mod tests {
         );
     }
 
+    /// The built-in oci-networkd written to `dir` as a plugin file.
+    fn builtin_networkd(dir: &Path) -> PathBuf {
+        let (_, bytes) = crate::plugin::builtin::BUILTINS
+            .iter()
+            .find(|(n, _)| *n == "oci-networkd")
+            .unwrap();
+        let plugin = dir.join("oci-networkd.wasm");
+        std::fs::write(&plugin, bytes).unwrap();
+        plugin
+    }
+
     #[test]
     fn bless_keeps_the_context_and_the_report_shows_its_summary() {
         let dir = tempfile::tempdir().unwrap();
         let stale = serde_json::json!({"plan": {"dialect": "posix-sh", "steps": []}});
         let path = case_with_context(dir.path(), stale);
         let before = load_case(&path).unwrap().context;
-        let (_, bytes) = crate::plugin::builtin::BUILTINS
-            .iter()
-            .find(|(n, _)| *n == "oci-networkd")
-            .unwrap();
-        let plugin = dir.path().join("oci-networkd.wasm");
-        std::fs::write(&plugin, bytes).unwrap();
+        let plugin = builtin_networkd(dir.path());
         let engine = engine_options(&EngineOptions::default());
         let report = test_plugin(engine.clone(), &plugin, &path, TestOptions { bless: true })
             .expect("the kit runs");
@@ -1844,5 +1861,33 @@ mod tests {
                 .contains("context: captured from pod apps/web-0"),
             "{rerun}"
         );
+    }
+
+    #[test]
+    fn a_description_and_summary_print_on_one_line() {
+        assert_eq!(
+            one_line("a\nPASS b\r\u{2028}c\u{2029}d\u{202e}"),
+            "a\\nPASS b\\r\\u{2028}c\\u{2029}d\\u{202e}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = case_with_context(
+            dir.path(),
+            serde_json::json!({"plan": {"dialect": "posix-sh", "steps": []}}),
+        );
+        let mut case: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        case["description"] = "x\nPASS    forged.json".into();
+        case["context"]["summary"] = "y\u{2028}PASS    forged2.json".into();
+        std::fs::write(&path, case.to_string()).unwrap();
+        let plugin = builtin_networkd(dir.path());
+        let engine = engine_options(&EngineOptions::default());
+        let report = test_plugin(engine, &plugin, &path, TestOptions::default()).unwrap();
+        let shown = report.to_string();
+        assert!(
+            !shown.lines().any(|l| l.starts_with("PASS    forged")),
+            "{shown}"
+        );
+        assert!(!shown.contains('\u{2028}'), "{shown}");
+        assert!(shown.contains("x\\nPASS    forged.json"), "{shown}");
     }
 }
