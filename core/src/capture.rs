@@ -683,13 +683,16 @@ pub fn capture(
                 "captured"
             }
         );
-        let text = kit::case_text(
+        // Escaped as for a terminal, so the file shows what it holds when
+        // it is read with `cat` too.
+        let text = crate::display::terminal_json(&kit::case_text(
             Some(&description),
             scenario,
             &facts,
             &result,
             Some(&context),
-        )?;
+        )?)
+        .into_owned();
         cases.push(CapturedCase {
             plugin: name.clone(),
             scenario,

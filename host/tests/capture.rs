@@ -617,6 +617,33 @@ async fn boot_is_given_in_the_cluster_form_too() {
 }
 
 #[test]
+fn a_case_file_escapes_control_and_bidi_characters() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut pod = failed_pod();
+    let errors = "attempt 1: \u{1b}[31mred\u{202e}txt.exe\u{9b}";
+    pod["metadata"]["annotations"]["vm.cocoonstack.io/post-clone-errors"] = json!(errors);
+    let file = dir.path().join("pod.json");
+    std::fs::write(&file, pod.to_string()).unwrap();
+    let case = dir.path().join("case.json");
+    let vm = example("oci-static", "vm.json");
+    let out = capture(&[
+        "--pod",
+        path_str(&file),
+        "--vm",
+        path_str(&vm),
+        "--output",
+        path_str(&case),
+    ]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let written = std::fs::read_to_string(&case).unwrap();
+    for c in ['\u{1b}', '\u{202e}', '\u{9b}'] {
+        assert!(!written.contains(c), "{c:?} escaped in {written}");
+    }
+    let loaded = kit::load_case(&case).expect("valid case");
+    assert_eq!(loaded.context.unwrap()["field"]["errors"], json!([errors]));
+}
+
+#[test]
 fn a_pod_the_daemon_leaves_alone_is_refused_unless_anyway() {
     let dir = tempfile::tempdir().unwrap();
     let mut pod = read_json(&example("oci-static", "pod.json"));
