@@ -561,6 +561,8 @@ fn run_capture(args: &CaptureArgs, config: Option<&Path>) -> Result<u8> {
         Some(vm) => {
             let pod_file = PathBuf::from(&args.pod);
             let (pod, record) = read_pod_and_vm(&pod_file, vm)?;
+            // As the daemon: a pod whose annotations name no VM is not looked at.
+            capture::vm_reference(&pod)?;
             capture::bound_record(&pod, &record, settings.host.binding)?;
             let mut events = match &args.events {
                 Some(file) => {

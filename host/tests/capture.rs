@@ -697,3 +697,20 @@ async fn from_the_cluster_at_most_the_newest_200_events_are_kept() {
     assert_eq!(kept[0]["message"], "n5", "the oldest are dropped");
     assert_eq!(field["events_truncated"], true);
 }
+
+#[test]
+fn from_files_a_pod_that_names_no_vm_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut pod = read_json(&example("oci-static", "pod.json"));
+    let annotations = pod["metadata"]["annotations"].as_object_mut().unwrap();
+    annotations.remove("vm.cocoonstack.io/id");
+    annotations.remove("vm.cocoonstack.io/name");
+    let file = dir.path().join("pod.json");
+    std::fs::write(&file, pod.to_string()).unwrap();
+    let vm = example("oci-static", "vm.json");
+    let out = capture(&["--pod", path_str(&file), "--vm", path_str(&vm)]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("names no VM"), "{stderr}");
+    assert!(out.stdout.is_empty());
+}
