@@ -68,6 +68,10 @@
 //!     and the reason must contain the text.
 //!
 //!   A case without `expect` fails until `--bless` records one.
+//! - `context` (optional): an object for people, not compared: where the
+//!   case came from. `cocoon-fixup capture` writes one (the pod, the VM,
+//!   the plugins, and a failed pod's error chain); `plugin test` prints its
+//!   `summary` and `--bless` keeps it as it is.
 //!
 //! A sandbox breach (fuel, memory, a denied import, a panic, a plan over the
 //! plan limits) is always a failure: it cannot be expected or blessed.
@@ -210,6 +214,8 @@ pub struct Case {
     pub scenario: Scenario,
     pub facts: VmFacts,
     pub expect: Option<Expect>,
+    /// The case's `context` object as written, kept whole (never compared).
+    pub context: Option<Map<String, Value>>,
     /// The facts as written (values unnormalised), for `--bless`.
     raw_facts: RawFacts,
 }
@@ -225,6 +231,34 @@ struct RawFacts {
     boot: &'static str,
     nics: Vec<RawNic>,
     flavor: Option<String>,
+}
+
+impl RawFacts {
+    /// Validated facts in case-file form: what `load_case` reads back as
+    /// the same facts.
+    fn of(facts: &VmFacts) -> Self {
+        RawFacts {
+            name: facts.name.as_str().to_owned(),
+            id: facts.id.as_str().to_owned(),
+            backend: facts.backend.as_str(),
+            os: facts.os.as_str(),
+            image: facts.image.as_str(),
+            boot: facts.boot.as_str(),
+            nics: facts
+                .nics
+                .iter()
+                .map(|nic| RawNic {
+                    mac: nic.mac.to_string(),
+                    static_ipv4: nic.static_ipv4.map(|s| RawStatic {
+                        address: s.address.to_string(),
+                        prefix: s.prefix,
+                        gateway: s.gateway.map(|g| g.to_string()),
+                    }),
+                })
+                .collect(),
+            flavor: facts.flavor.as_ref().map(|f| f.as_str().to_owned()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -288,7 +322,11 @@ pub fn load_case(file: &Path) -> Result<Case, CaseError> {
     })?;
     let r = Reader { file };
     let root = r.object(&value, "top level")?;
-    r.only(root, "", &["description", "scenario", "facts", "expect"])?;
+    r.only(
+        root,
+        "",
+        &["description", "scenario", "facts", "expect", "context"],
+    )?;
     let description = r.opt_string(root, "", "description")?;
     let scenario = r.choice(
         root,
@@ -307,6 +345,9 @@ pub fn load_case(file: &Path) -> Result<Case, CaseError> {
         None => None,
         Some(v) => Some(r.expect(v)?),
     };
+    let context = present(root.get("context"))
+        .map(|v| r.object(v, "context").cloned())
+        .transpose()?;
     Ok(Case {
         name: case_name(file),
         file: file.to_owned(),
@@ -314,6 +355,7 @@ pub fn load_case(file: &Path) -> Result<Case, CaseError> {
         scenario,
         facts,
         expect,
+        context,
         raw_facts,
     })
 }
@@ -684,6 +726,24 @@ enum Returned {
 }
 
 impl Returned {
+    /// A plugin that declines (`unsupported`, `invalid-facts`); `None` for
+    /// any other error, which is a breach of the sandbox or the host's.
+    fn declined(error: &PluginError) -> Option<Self> {
+        match error {
+            PluginError::Unsupported { reason, .. } => Some(Returned::Declined {
+                kind: ErrorKind::Unsupported,
+                field: None,
+                reason: reason.clone(),
+            }),
+            PluginError::InvalidFact { field, reason, .. } => Some(Returned::Declined {
+                kind: ErrorKind::InvalidFacts,
+                field: Some(field.clone()),
+                reason: reason.clone(),
+            }),
+            _ => None,
+        }
+    }
+
     fn matches(&self, expect: &Expect) -> bool {
         match (expect, self) {
             (Expect::Plan(expected), Returned::Plan(plan)) => {
@@ -739,7 +799,52 @@ struct CaseFileOut<'a> {
     description: Option<&'a str>,
     scenario: &'a str,
     facts: &'a RawFacts,
-    expect: &'a ExpectOut<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expect: Option<&'a ExpectOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    context: Option<&'a Map<String, Value>>,
+}
+
+impl CaseFileOut<'_> {
+    /// The file's text: pretty JSON, two-space indent, a final newline.
+    fn text(&self) -> Result<String, serde_json::Error> {
+        let mut text = serde_json::to_string_pretty(self)?;
+        text.push('\n');
+        Ok(text)
+    }
+}
+
+/// Whether `error` is the plugin declining (`unsupported`,
+/// `invalid-facts`), which a case can expect, rather than a breach.
+pub fn is_refusal(error: &PluginError) -> bool {
+    Returned::declined(error).is_some()
+}
+
+/// The text of a new case file, in the form `--bless` writes: `facts`
+/// (validated, so `load_case` reads them back as the same facts), and the
+/// plugin's result as `expect`, or no `expect` for a call that breached
+/// the sandbox (`plugin test` then shows the breach). `context` is kept
+/// as given.
+pub fn case_text(
+    description: Option<&str>,
+    scenario: Scenario,
+    facts: &VmFacts,
+    result: &Result<Plan, PluginError>,
+    context: Option<&Map<String, Value>>,
+) -> Result<String, serde_json::Error> {
+    let returned = match result {
+        Ok(plan) => Some(Returned::Plan(plan.clone())),
+        Err(error) => Returned::declined(error),
+    };
+    let expect = returned.as_ref().map(Returned::expectation);
+    CaseFileOut {
+        description,
+        scenario: scenario.as_str(),
+        facts: &RawFacts::of(facts),
+        expect: expect.as_ref(),
+        context,
+    }
+    .text()
 }
 
 /// Keys in the order the contract lists them (and `--bless` writes them);
@@ -826,14 +931,15 @@ fn unified_diff(expected: &str, actual: &str) -> String {
 /// Write the case file back with a new `expect`, through a temporary file
 /// renamed into place so an interrupted bless leaves the old file whole.
 fn bless(case: &Case, expect: &ExpectOut<'_>) -> std::io::Result<()> {
-    let out = CaseFileOut {
+    let text = CaseFileOut {
         description: case.description.as_deref(),
         scenario: case.scenario.as_str(),
         facts: &case.raw_facts,
-        expect,
-    };
-    let mut text = serde_json::to_string_pretty(&out).map_err(std::io::Error::other)?;
-    text.push('\n');
+        expect: Some(expect),
+        context: case.context.as_ref(),
+    }
+    .text()
+    .map_err(std::io::Error::other)?;
     let dir = case
         .file
         .parent()
@@ -911,6 +1017,10 @@ pub struct CaseReport {
     pub diff: Option<String>,
     pub usage: Option<Usage>,
     pub logs: Vec<LogReport>,
+    /// The `summary` of the case's `context`, when it has one: where the
+    /// case came from (`cocoon-fixup capture` writes it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
 }
 
 /// The plugin a report is about.
@@ -940,6 +1050,17 @@ impl From<&Limits> for LimitsReport {
             plan_max_bytes: l.plan.max_bytes,
         }
     }
+}
+
+/// A case file's text for one line of the report: every control character
+/// (line breaks included) and invisible formatting character escaped, and
+/// the Unicode line and paragraph separators (U+2028, U+2029) too, so a
+/// `description` or `context.summary` cannot start a line of its own that
+/// looks like the report's.
+fn one_line(text: &str) -> String {
+    crate::facts::escape_controls(text)
+        .replace('\u{2028}', "\\u{2028}")
+        .replace('\u{2029}', "\\u{2029}")
 }
 
 /// The result of `plugin test`: every case, and the counts.
@@ -1037,6 +1158,7 @@ fn run_case(
                 diff: None,
                 usage: None,
                 logs: Vec::new(),
+                context: None,
             };
         }
     };
@@ -1050,6 +1172,12 @@ fn run_case(
         diff: None,
         usage: None,
         logs: Vec::new(),
+        context: case
+            .context
+            .as_ref()
+            .and_then(|c| c.get("summary"))
+            .and_then(Value::as_str)
+            .map(str::to_owned),
     };
     let started = Instant::now();
     let result = host.plan(plugin, case.scenario, &case.facts);
@@ -1077,29 +1205,23 @@ fn run_case(
                 .collect();
             Returned::Plan(plan)
         }
-        Err(PluginError::Unsupported { reason, .. }) => Returned::Declined {
-            kind: ErrorKind::Unsupported,
-            field: None,
-            reason,
-        },
-        Err(PluginError::InvalidFact { field, reason, .. }) => Returned::Declined {
-            kind: ErrorKind::InvalidFacts,
-            field: Some(field),
-            reason,
-        },
-        Err(breach) => {
-            if let PluginError::Fuel { limit, .. } = &breach {
-                usage.fuel = Some(*limit);
+        Err(error) => match Returned::declined(&error) {
+            Some(declined) => declined,
+            None => {
+                let breach = error;
+                if let PluginError::Fuel { limit, .. } = &breach {
+                    usage.fuel = Some(*limit);
+                }
+                report.usage = Some(usage);
+                report.message = Some(match &breach {
+                    PluginError::Policy { .. } => format!(
+                        "{breach}; if the plan needs it, declare it in the plugin's `policy` (operators will see it in `plugin inspect`), otherwise drop the step"
+                    ),
+                    _ => breach.to_string(),
+                });
+                return report;
             }
-            report.usage = Some(usage);
-            report.message = Some(match &breach {
-                PluginError::Policy { .. } => format!(
-                    "{breach}; if the plan needs it, declare it in the plugin's `policy` (operators will see it in `plugin inspect`), otherwise drop the step"
-                ),
-                _ => breach.to_string(),
-            });
-            return report;
-        }
+        },
     };
     report.usage = Some(usage);
     if let Some(expect) = &case.expect
@@ -1239,9 +1361,12 @@ impl fmt::Display for TestReport {
         for case in &self.cases {
             write!(f, "{:<7} {}", case.status.label(), case.name)?;
             match (case.scenario, &case.description) {
-                (Some(s), Some(d)) => writeln!(f, "  {s}: {d}")?,
+                (Some(s), Some(d)) => writeln!(f, "  {s}: {}", one_line(d))?,
                 (Some(s), None) => writeln!(f, "  {s}")?,
                 _ => writeln!(f)?,
+            }
+            if let Some(context) = &case.context {
+                writeln!(f, "{INDENT}context: {}", one_line(context))?;
             }
             if let Some(usage) = &case.usage {
                 writeln!(f, "{INDENT}{}", usage.line(&self.limits))?;
@@ -1642,5 +1767,127 @@ impl fmt::Display for Inspection {
             }
         }
         row(f, "verdict", &self.verdict)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A case for the built-in oci-networkd with a `context`, whose
+    /// `expect` is `expect`.
+    fn case_with_context(dir: &Path, expect: Value) -> PathBuf {
+        let case = serde_json::json!({
+            "description": "captured",
+            "scenario": "oci-networkd",
+            "facts": {
+                "name": "web-0", "id": "vm-1", "backend": "cloud-hypervisor",
+                "os": "linux", "image": "oci", "boot": "clone",
+                "nics": [{"mac": "52:54:00:12:34:56",
+                          "static_ipv4": {"address": "10.0.0.5", "prefix": 24, "gateway": "10.0.0.1"}}],
+                "flavor": null
+            },
+            "expect": expect,
+            "context": {
+                "summary": "captured from pod apps/web-0",
+                "field": {"errors": ["attempt 1: x", "attempt 2: \u{1b}[31my"]},
+                "plugins_named": [{"name": "oci-networkd", "version": "0.0.9"}]
+            }
+        });
+        let path = dir.join("captured.json");
+        std::fs::write(&path, serde_json::to_string_pretty(&case).unwrap()).unwrap();
+        path
+    }
+
+    #[test]
+    fn load_case_keeps_the_context_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = case_with_context(
+            dir.path(),
+            serde_json::json!({"plan": {"dialect": "posix-sh", "steps": []}}),
+        );
+        let case = load_case(&path).expect("valid case");
+        let context = case.context.expect("context kept");
+        assert_eq!(context["summary"], "captured from pod apps/web-0");
+        assert_eq!(context["field"]["errors"][1], "attempt 2: \u{1b}[31my");
+        assert_eq!(context.len(), 3);
+
+        let mut value: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        value["context"] = serde_json::json!(["not", "an", "object"]);
+        std::fs::write(&path, value.to_string()).unwrap();
+        let err = load_case(&path).expect_err("a context that is not an object");
+        assert!(
+            err.to_string().contains("context: expected an object"),
+            "{err}"
+        );
+    }
+
+    /// The built-in oci-networkd written to `dir` as a plugin file.
+    fn builtin_networkd(dir: &Path) -> PathBuf {
+        let (_, bytes) = crate::plugin::builtin::BUILTINS
+            .iter()
+            .find(|(n, _)| *n == "oci-networkd")
+            .unwrap();
+        let plugin = dir.join("oci-networkd.wasm");
+        std::fs::write(&plugin, bytes).unwrap();
+        plugin
+    }
+
+    #[test]
+    fn bless_keeps_the_context_and_the_report_shows_its_summary() {
+        let dir = tempfile::tempdir().unwrap();
+        let stale = serde_json::json!({"plan": {"dialect": "posix-sh", "steps": []}});
+        let path = case_with_context(dir.path(), stale);
+        let before = load_case(&path).unwrap().context;
+        let plugin = builtin_networkd(dir.path());
+        let engine = engine_options(&EngineOptions::default());
+        let report = test_plugin(engine.clone(), &plugin, &path, TestOptions { bless: true })
+            .expect("the kit runs");
+        assert_eq!(report.cases[0].status, Status::Blessed, "{report}");
+        let after = load_case(&path).expect("blessed case loads");
+        assert_eq!(after.context, before, "bless keeps the context");
+        assert!(matches!(after.expect, Some(Expect::Plan(_))));
+
+        let rerun = test_plugin(engine, &plugin, &path, TestOptions::default()).unwrap();
+        assert!(rerun.success(), "{rerun}");
+        assert_eq!(
+            rerun.cases[0].context.as_deref(),
+            Some("captured from pod apps/web-0")
+        );
+        assert!(
+            rerun
+                .to_string()
+                .contains("context: captured from pod apps/web-0"),
+            "{rerun}"
+        );
+    }
+
+    #[test]
+    fn a_description_and_summary_print_on_one_line() {
+        assert_eq!(
+            one_line("a\nPASS b\r\u{2028}c\u{2029}d\u{202e}"),
+            "a\\nPASS b\\r\\u{2028}c\\u{2029}d\\u{202e}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = case_with_context(
+            dir.path(),
+            serde_json::json!({"plan": {"dialect": "posix-sh", "steps": []}}),
+        );
+        let mut case: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        case["description"] = "x\nPASS    forged.json".into();
+        case["context"]["summary"] = "y\u{2028}PASS    forged2.json".into();
+        std::fs::write(&path, case.to_string()).unwrap();
+        let plugin = builtin_networkd(dir.path());
+        let engine = engine_options(&EngineOptions::default());
+        let report = test_plugin(engine, &plugin, &path, TestOptions::default()).unwrap();
+        let shown = report.to_string();
+        assert!(
+            !shown.lines().any(|l| l.starts_with("PASS    forged")),
+            "{shown}"
+        );
+        assert!(!shown.contains('\u{2028}'), "{shown}");
+        assert!(shown.contains("x\\nPASS    forged.json"), "{shown}");
     }
 }

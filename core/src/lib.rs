@@ -35,9 +35,11 @@
 //! - [`template`]: `plugin new`, a plugin crate from `plugins/template/`.
 //! - [`kit`]: `plugin test` (case files in, diffs and usage out) and
 //!   `plugin inspect` (what a plugin file is, and whether the host takes it).
+//! - [`capture`]: `capture`, a field pod made into `plugin test` cases.
 
 pub mod annotations;
 pub mod binding;
+pub mod capture;
 pub mod classify;
 pub mod display;
 pub mod exec;

@@ -22,7 +22,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use ::kube::Client;
-use ::kube::api::{Api, ListParams, Patch, PatchParams};
+use ::kube::api::{Api, ListParams, ObjectList, Patch, PatchParams};
 use ::kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -33,7 +33,7 @@ use crate::pods::{AnnotationPatch, Event, EventType, PodApi, PodError, PodRef, r
 
 /// The controller name in events (`reportingController`) and the field
 /// manager of annotation patches.
-pub const REPORTER: &str = "cocoon-fixup";
+pub const REPORTER: &str = crate::capture::REPORTER;
 
 /// Names the API server in errors about a pod object that does not parse.
 const SOURCE: &str = "kubernetes API";
@@ -48,6 +48,9 @@ pub const MAX_REQUESTS_IN_FLIGHT: usize = 32;
 /// Pods per page when listing a node's pods. A node runs 110 pods by
 /// default, so one page is the common case; `continue` covers the rest.
 pub const LIST_PAGE_SIZE: u32 = 500;
+
+/// The most pages of events [`KubeApi::list_pod_events`] reads.
+pub const EVENT_PAGES: usize = 10;
 
 /// How requests to the API server are retried.
 ///
@@ -199,39 +202,136 @@ impl KubeApi {
         }
         let api: Api<Pod> = Api::all(self.client.clone());
         let selector = format!("spec.nodeName={node}");
+        let items = self
+            .list_paged(&label, "listing pods", &selector, |params| {
+                let api = api.clone();
+                async move { api.list_metadata(&params).await }
+            })
+            .await?;
         let mut pods = Vec::new();
+        for pod in &items {
+            match pod_input(&pod.metadata) {
+                Ok(input) => pods.push(input),
+                Err(err) => {
+                    tracing::warn!(node, error = %err, "skipping a pod that cannot be read")
+                }
+            }
+        }
+        Ok(pods)
+    }
+
+    /// Every item of a list request with the field selector `selector`, in
+    /// pages of [`LIST_PAGE_SIZE`] (`continue` for the rest), each page
+    /// retried like any request. `label` and `what` name the work in errors.
+    async fn list_paged<T, F, Fut>(
+        &self,
+        label: &str,
+        what: &str,
+        selector: &str,
+        list: F,
+    ) -> Result<Vec<T>, PodError>
+    where
+        T: Clone,
+        F: Fn(ListParams) -> Fut,
+        Fut: Future<Output = Result<ObjectList<T>, ::kube::Error>>,
+    {
+        let mut items = Vec::new();
+        self.each_page(label, what, selector, usize::MAX, list, |page| {
+            items.extend(page)
+        })
+        .await?;
+        Ok(items)
+    }
+
+    /// [`list_paged`](Self::list_paged), each page handed to `page` as it
+    /// arrives, at most `max_pages` of them: `true` when pages were left.
+    async fn each_page<T, F, Fut>(
+        &self,
+        label: &str,
+        what: &str,
+        selector: &str,
+        max_pages: usize,
+        list: F,
+        mut page: impl FnMut(Vec<T>),
+    ) -> Result<bool, PodError>
+    where
+        T: Clone,
+        F: Fn(ListParams) -> Fut,
+        Fut: Future<Output = Result<ObjectList<T>, ::kube::Error>>,
+    {
         let mut token: Option<String> = None;
-        loop {
-            let mut params = ListParams::default()
-                .fields(&selector)
-                .limit(LIST_PAGE_SIZE);
+        for _ in 0..max_pages {
+            let mut params = ListParams::default().fields(selector).limit(LIST_PAGE_SIZE);
             if let Some(token) = &token {
                 params = params.continue_token(token);
             }
-            let page = self
-                .retrying(&label, "listing pods", || {
-                    let api = &api;
-                    let params = &params;
-                    async move {
-                        self.call(|| api.list_metadata(params))
-                            .await
-                            .map_err(TryError::from)
-                    }
+            let listed = self
+                .retrying(label, what, || {
+                    let params = params.clone();
+                    let list = &list;
+                    async move { self.call(|| list(params)).await.map_err(TryError::from) }
                 })
                 .await?;
-            for pod in &page.items {
-                match pod_input(&pod.metadata) {
-                    Ok(input) => pods.push(input),
-                    Err(err) => {
-                        tracing::warn!(node, error = %err, "skipping a pod that cannot be read")
-                    }
-                }
-            }
-            match page.metadata.continue_ {
+            page(listed.items);
+            match listed.metadata.continue_ {
                 Some(next) if !next.is_empty() => token = Some(next),
-                _ => return Ok(pods),
+                _ => return Ok(false),
             }
         }
+        Ok(true)
+    }
+
+    /// The host's events about `pod` (`PostClone*`, `ResumedAfterRestart`,
+    /// reported by [`REPORTER`]), oldest first, for `capture`: the
+    /// events.k8s.io/v1 events of its namespace whose `regarding.uid` is
+    /// the pod's (a field selector), in pages of [`LIST_PAGE_SIZE`], each
+    /// retried like any request and filtered as it arrives; at most
+    /// [`EVENT_PAGES`] pages and the newest
+    /// [`MAX_EVENTS`](crate::capture::MAX_EVENTS) events are kept. The
+    /// flag is `true` when some were left out. Only reads.
+    pub async fn list_pod_events(
+        &self,
+        pod: &PodRef,
+    ) -> Result<(Vec<crate::capture::PodEvent>, bool), PodError> {
+        use k8s_openapi::api::events::v1::Event as EventObject;
+        let label = pod.to_string();
+        let api: Api<EventObject> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let selector = format!("regarding.uid={}", pod.uid);
+        let input = crate::facts::PodInput {
+            name: pod.name.clone(),
+            namespace: pod.namespace.clone(),
+            uid: Some(pod.uid.clone()),
+            ..crate::facts::PodInput::default()
+        };
+        let mut kept = Vec::new();
+        let mut truncated = false;
+        let left = self
+            .each_page(
+                &label,
+                "listing the pod's events",
+                &selector,
+                EVENT_PAGES,
+                |params| {
+                    let api = api.clone();
+                    async move { api.list(&params).await }
+                },
+                |page| {
+                    let mut items = Vec::new();
+                    for event in &page {
+                        match serde_json::to_value(event) {
+                            Ok(value) => items.push(value),
+                            Err(e) => tracing::warn!(
+                                pod = %pod,
+                                "skipping an event that cannot be read: {e}"
+                            ),
+                        }
+                    }
+                    kept.extend(crate::capture::events_of(&items, &input));
+                    truncated |= crate::capture::keep_newest(&mut kept);
+                },
+            )
+            .await?;
+        Ok((kept, truncated || left))
     }
 
     /// One request, bounded by the request timeout, once it has its turn

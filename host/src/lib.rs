@@ -6,7 +6,7 @@
 //! The plan path lives in `fixup-core` (`core/`), with no async runtime
 //! and no Kubernetes client, so that an embedder can use it without the
 //! daemon. Its modules are re-exported here under their own names
-//! ([`facts`], [`binding`], [`classify`], [`probe`], [`plugin`], [`plan`],
+//! ([`facts`], [`binding`], [`capture`], [`classify`], [`probe`], [`plugin`], [`plan`],
 //! [`planner`], [`display`], [`lifecycle`], [`annotations`], [`exec`],
 //! [`template`], [`kit`]), so `fixup_host::facts` and `fixup_core::facts`
 //! are the same module.
@@ -30,8 +30,8 @@
 //! and picks the exit code.
 
 pub use fixup_core::{
-    annotations, binding, classify, display, exec, facts, kit, lifecycle, plan, planner, plugin,
-    probe, template,
+    annotations, binding, capture, classify, display, exec, facts, kit, lifecycle, plan, planner,
+    plugin, probe, template,
 };
 
 pub mod apply;

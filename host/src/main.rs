@@ -21,7 +21,7 @@ use fixup_host::planner::{PlanOutcome, Planner};
 use fixup_host::ready::LeaseWatcher;
 use fixup_host::reload::{self, QuarantineFile, Reloader};
 use fixup_host::serve;
-use fixup_host::{display, kit, template};
+use fixup_host::{capture, display, kit, template};
 
 /// Post-clone guest network fixup for cocoon microVMs.
 ///
@@ -60,6 +60,77 @@ enum Command {
     /// Write, test and inspect plan plugins.
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// Make a pod's plugin calls into `plugin test` cases, to reproduce a
+    /// field failure without the cluster.
+    ///
+    /// Reads the pod (from the API server, like `run`, or from --pod
+    /// POD.json with --vm VM.json, like `plan`) and its VM (`cocoon vm
+    /// inspect`), refuses a VM that is not the pod's own, and writes one
+    /// case per plugin call: the facts, the scenario, that plugin's plan
+    /// (or refusal) as `expect`, and a `context` with where it came from,
+    /// the plugins used now and, for a failed pod, its error chain and the
+    /// plugin versions its hint and events name. Writes nothing to the
+    /// cluster. A plan of several calls (fc-mac + oci-networkd on
+    /// Firecracker) needs --output DIR/ (one `<plugin>-<scenario>.json`
+    /// each; the trailing `/` makes a new folder) or --plugin NAME. An
+    /// existing file is replaced only with --force.
+    ///
+    /// Capture on the pod's node, then test the vendor's plugin against it:
+    ///
+    ///   cocoon-fixup capture -n apps --pod web-0 --output web-0.json
+    ///
+    ///   cocoon-fixup plugin test acme_net.wasm web-0.json
+    ///
+    /// From files, one case per plugin call into a folder:
+    ///
+    ///   cocoon-fixup capture --pod pod.json --vm vm.json --events events.json --output cases/
+    Capture(CaptureArgs),
+}
+
+#[derive(Debug, Args)]
+struct CaptureArgs {
+    /// The pod's namespace (read from the cluster).
+    #[arg(
+        long,
+        short = 'n',
+        value_name = "NS",
+        default_value = "default",
+        conflicts_with = "vm"
+    )]
+    namespace: String,
+    /// The pod's name; with --vm, a file as `kubectl get pod NAME -o json`
+    /// prints it.
+    #[arg(long, value_name = "NAME|POD.json")]
+    pod: String,
+    /// The VM as `cocoon vm inspect --json ID` prints it: read the pod and
+    /// the VM from files instead of the cluster.
+    #[arg(long, value_name = "VM.json")]
+    vm: Option<PathBuf>,
+    /// The pod's events as `kubectl get events -o json` prints them (with
+    /// --vm; only the host's events about this pod are kept).
+    #[arg(long, value_name = "EVENTS.json", requires = "vm")]
+    events: Option<PathBuf>,
+    /// The snapshot's source image, with --vm [default: the record's `config.image` on a normal clone]
+    #[arg(long, value_name = "URL", requires = "vm")]
+    source_image: Option<String>,
+    /// Override the boot kind read from the pod annotations [default: resumed for a pod whose post-clone-state is running]
+    #[arg(long, value_enum)]
+    boot: Option<Boot>,
+    /// Only the case of this plugin's call.
+    #[arg(long, value_name = "NAME")]
+    plugin: Option<String>,
+    /// The case file; a folder (ending with `/`, created when missing) for one `<plugin>-<scenario>.json` per call [default: standard output, for one call]
+    #[arg(long, value_name = "PATH")]
+    output: Option<PathBuf>,
+    /// Capture a pod the daemon would leave alone (deleting, hibernating,
+    /// the stack's, not managed, not a clone); `context.daemon` says so.
+    #[arg(long)]
+    anyway: bool,
+    /// Replace case files that exist already (never through a symbolic link).
+    #[arg(long)]
+    force: bool,
+    #[command(flatten)]
+    config: ConfigArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -509,20 +580,162 @@ fn read(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
 }
 
-fn observe(args: &PlanArgs, policy: BindingPolicy) -> Result<(Observation, Verdict)> {
-    let pod = PodInput::from_json(&read(&args.pod)?, &args.pod.display().to_string())?;
-    let vm = VmInspect::from_json(&read(&args.vm)?, &args.vm.display().to_string())?;
-    let verdict = binding::bind(&pod, &vm.name, policy);
-    let overrides = Overrides {
-        boot: args.boot.map(|b| match b {
+/// The pod and VM files of `plan` and offline `capture`.
+fn read_pod_and_vm(pod: &Path, vm: &Path) -> Result<(PodInput, VmInspect)> {
+    let pod_input = PodInput::from_json(&read(pod)?, &pod.display().to_string())?;
+    let record = VmInspect::from_json(&read(vm)?, &vm.display().to_string())?;
+    Ok((pod_input, record))
+}
+
+fn overrides(boot: Option<Boot>, source_image: Option<&String>) -> Overrides {
+    Overrides {
+        boot: boot.map(|b| match b {
             Boot::Clone => BootKind::Clone,
             Boot::Fork => BootKind::Fork,
             Boot::Wake => BootKind::Wake,
             Boot::Resumed => BootKind::Resumed,
         }),
-        source_image: args.source_image.clone(),
-    };
+        source_image: source_image.cloned(),
+    }
+}
+
+fn observe(args: &PlanArgs, policy: BindingPolicy) -> Result<(Observation, Verdict)> {
+    let (pod, vm) = read_pod_and_vm(&args.pod, &args.vm)?;
+    let verdict = binding::bind(&pod, &vm.name, policy);
+    let overrides = overrides(args.boot, args.source_image.as_ref());
     Ok((Observation::new(&pod, &vm, &overrides)?, verdict))
+}
+
+/// The pod, its VM record and its host events, read from the cluster as
+/// the daemon reads them (the pod's metadata, one `cocoon vm inspect` of
+/// the VM the annotations point at). Events that cannot be listed are a
+/// warning: the case is still worth having.
+async fn capture_online(
+    args: &CaptureArgs,
+    settings: &Settings,
+) -> Result<(PodInput, VmInspect, (Vec<capture::PodEvent>, bool))> {
+    use fixup_host::cocoon::Cocoon as _;
+    use fixup_host::pods::{PodApi as _, PodRef};
+    let pods = KubeApi::try_default("cocoon-fixup", None).await?;
+    let pod = pods
+        .get(&args.namespace, &args.pod)
+        .await?
+        .with_context(|| {
+            format!(
+                "pod {}/{} not found: check the namespace and name",
+                args.namespace, args.pod
+            )
+        })?;
+    let reference = capture::vm_reference(&pod)?;
+    let record = CocoonCli::new(settings.cocoon_bin.clone())
+        .inspect(&reference, settings.host.inspect_timeout)
+        .await
+        .with_context(|| format!("pod {}", pod.display_name()))?;
+    capture::bound_record(&pod, &record, settings.host.binding)?;
+    let events = match &pod.uid {
+        Some(uid) => {
+            let pod_ref = PodRef {
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                uid: uid.clone(),
+            };
+            pods.list_pod_events(&pod_ref).await.unwrap_or_else(|e| {
+                eprintln!(
+                    "{}",
+                    display::terminal_text(&format!(
+                        "warning: {e}; the case has no events in its context"
+                    ))
+                );
+                (Vec::new(), false)
+            })
+        }
+        None => (Vec::new(), false),
+    };
+    Ok((pod, record, events))
+}
+
+fn run_capture(args: &CaptureArgs, config: Option<&Path>) -> Result<u8> {
+    let settings = args.config.resolve(config)?;
+    let (pod, record, events, source) = match &args.vm {
+        Some(vm) => {
+            let pod_file = PathBuf::from(&args.pod);
+            let (pod, record) = read_pod_and_vm(&pod_file, vm)?;
+            // As the daemon: a pod whose annotations name no VM is not looked at.
+            capture::vm_reference(&pod)?;
+            capture::bound_record(&pod, &record, settings.host.binding)?;
+            let mut events = match &args.events {
+                Some(file) => {
+                    capture::events_from_json(&read(file)?, &file.display().to_string(), &pod)?
+                }
+                None => Vec::new(),
+            };
+            let truncated = capture::keep_newest(&mut events);
+            let events = (events, truncated);
+            let source = capture::Source::Files {
+                pod: pod_file,
+                vm: vm.clone(),
+                events: args.events.clone(),
+            };
+            (pod, record, events, source)
+        }
+        None => {
+            let (pod, record, events) = runtime()?.block_on(capture_online(args, &settings))?;
+            (pod, record, events, capture::Source::Cluster)
+        }
+    };
+    let planner = planner(&settings)?;
+    let overrides = overrides(args.boot, args.source_image.as_ref());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .context("the system clock is before 1970")?;
+    let at = jiff::Timestamp::from_second(i64::try_from(now.as_secs())?)?.to_string();
+    if let Some((_, why)) = capture::assumed_boot(&pod, &overrides).filter(|_| args.boot.is_none())
+    {
+        eprintln!("{}", display::terminal_text(&format!("note: boot {why}")));
+    }
+    let input = capture::CaptureInput {
+        pod: &pod,
+        vm: &record,
+        overrides: &overrides,
+        events: &events.0,
+        events_truncated: events.1,
+        source,
+        at,
+        by: format!("cocoon-fixup {}", env!("CARGO_PKG_VERSION")),
+        cocoon_root: &settings.planner.cocoon_root,
+        anyway: args.anyway,
+    };
+    let cases = capture::capture(&planner, &input)?;
+    let placed = capture::place(
+        cases,
+        args.output.as_deref(),
+        args.plugin.as_deref(),
+        args.force,
+    )?;
+    for case in capture::write(&placed, args.force)? {
+        print!("{}", display::terminal_json(&case.text));
+    }
+    for (case, path) in &placed {
+        if let Some(path) = path {
+            let expect = match case.expect {
+                "plan" => "expects its plan",
+                "error" => "expects its refusal",
+                _ => "has no expect: the call breached the sandbox (see context.call_error)",
+            };
+            eprintln!(
+                "{}",
+                display::terminal_text(&format!(
+                    "wrote {}: {} for {}, {expect}; run `cocoon-fixup plugin test <{}.wasm> {}`",
+                    path.display(),
+                    case.scenario,
+                    case.plugin,
+                    case.plugin,
+                    path.display()
+                ))
+            );
+        }
+    }
+    Ok(0)
 }
 
 fn run_plan(args: &PlanArgs, config: Option<&Path>) -> Result<u8> {
@@ -775,6 +988,7 @@ fn main() -> ExitCode {
         Command::Plan(args) => run_plan(args, config),
         Command::Run(args) => runtime().and_then(|rt| rt.block_on(run_run(args, config))),
         Command::Serve(args) => runtime().and_then(|rt| rt.block_on(run_serve(args, config))),
+        Command::Capture(args) => run_capture(args, config),
         Command::Plugin(PluginCommand::Test(args)) => run_plugin_test(args, config),
         Command::Plugin(PluginCommand::Inspect(args)) => run_plugin_inspect(args, config),
         Command::Plugin(PluginCommand::New(args)) => run_plugin_new(args),

@@ -13,7 +13,7 @@ mod support;
 use std::collections::BTreeMap;
 
 use fixup_host::facts::PodInput;
-use fixup_host::kube::{REPORTER, RetryPolicy};
+use fixup_host::kube::{EVENT_PAGES, REPORTER, RetryPolicy};
 use fixup_host::pods::{AnnotationPatch, Event, PodApi, PodError, PodRef, reasons};
 use http::Method;
 use serde_json::{Value, json};
@@ -438,6 +438,95 @@ async fn list_node_pods_selects_by_node_and_follows_pages() {
         .collect();
     assert_eq!(names, [("a", Some("uid-a")), ("b", Some("uid-b"))]);
     assert_eq!(pods[1].annotation("k"), "v");
+}
+
+/// `capture` reads the pod's events: events.k8s.io/v1 in the pod's
+/// namespace, selected by the pod's uid, every page; only the host's
+/// reasons are kept, oldest first.
+#[tokio::test(start_paused = true)]
+async fn list_pod_events_selects_by_uid_and_keeps_the_hosts_reasons() {
+    let event = |name: &str, reason: &str, time: &str| {
+        json!({
+            "apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"name": name, "namespace": "ns"},
+            "eventTime": time, "reason": reason, "type": "Warning", "note": format!("{reason} note"),
+            "reportingController": "cocoon-fixup",
+            "regarding": {"kind": "Pod", "namespace": "ns", "name": "name", "uid": "uid-1"},
+        })
+    };
+    let mut forged = event(
+        "e3",
+        "PostCloneExecExhausted",
+        "2026-12-01T10:00:03.000000Z",
+    );
+    forged["reportingController"] = json!("someone-else");
+    let path = "/apis/events.k8s.io/v1/namespaces/ns/events";
+    let selector = "regarding.uid=uid-1";
+    let pod = pod_ref();
+    let (events, truncated) = Scenario::new(
+        "list the pod's events, two pages",
+        vec![
+            Exchange::get(path)
+                .query(&[("fieldSelector", selector), ("limit", "500")])
+                .respond(
+                    200,
+                    json!({"apiVersion": "events.k8s.io/v1", "kind": "EventList",
+                        "metadata": {"continue": "page-2"},
+                        "items": [event("e2", "PostCloneExecExhausted", "2026-12-01T10:00:02.000000Z"),
+                                  event("e0", "Pulled", "2026-12-01T09:00:00.000000Z")]}),
+                ),
+            Exchange::get(path)
+                .query(&[
+                    ("fieldSelector", selector),
+                    ("limit", "500"),
+                    ("continue", "page-2"),
+                ])
+                .respond(
+                    200,
+                    json!({"apiVersion": "events.k8s.io/v1", "kind": "EventList", "metadata": {},
+                        "items": [event("e1", "PostCloneExecAttemptFailed", "2026-12-01T10:00:01.000000Z"), forged]}),
+                ),
+        ],
+    )
+    .run(|api| async move { api.list_pod_events(&pod).await })
+    .await
+    .unwrap();
+    let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
+    assert_eq!(
+        reasons,
+        ["PostCloneExecAttemptFailed", "PostCloneExecExhausted"]
+    );
+    assert_eq!(events[1].message, "PostCloneExecExhausted note");
+    assert_eq!(events[1].kind, "Warning");
+    assert!(!truncated);
+}
+
+/// The event list stops after `EVENT_PAGES` pages and says so.
+#[tokio::test(start_paused = true)]
+async fn list_pod_events_stops_after_the_page_cap() {
+    let path = "/apis/events.k8s.io/v1/namespaces/ns/events";
+    let selector = "regarding.uid=uid-1";
+    let exchanges = (0..EVENT_PAGES)
+        .map(|page| {
+            let mut query = vec![("fieldSelector", selector), ("limit", "500")];
+            let token = format!("page-{page}");
+            if page > 0 {
+                query.push(("continue", token.as_str()));
+            }
+            Exchange::get(path).query(&query).respond(
+                200,
+                json!({"apiVersion": "events.k8s.io/v1", "kind": "EventList",
+                    "metadata": {"continue": format!("page-{}", page + 1)}, "items": []}),
+            )
+        })
+        .collect();
+    let pod = pod_ref();
+    let (events, truncated) = Scenario::new("an endless event list", exchanges)
+        .run(|api| async move { api.list_pod_events(&pod).await })
+        .await
+        .unwrap();
+    assert!(events.is_empty());
+    assert!(truncated, "pages were left");
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! The real plugin components through the real host: one test binary.
 
 mod cache;
+mod capture;
 mod examples;
 mod failure;
 mod held;

@@ -8,6 +8,10 @@
 //!   with the `metadata.uid` precondition (409 Conflict when it is not the
 //!   pod's uid, as the real API server answers);
 //! - `POST /apis/events.k8s.io/v1/namespaces/<ns>/events`: recorded;
+//! - `GET` of the same path: the recorded events of that namespace (and
+//!   those a test added, [`FakeApi::add_event`]) as an `EventList`, only
+//!   those matching a `fieldSelector` of `regarding.uid=` and
+//!   `regarding.name=` terms when one is given;
 //! - `GET /api/v1/pods` (kube-runtime's watcher): the list, and with
 //!   `watch=true` a newline-delimited JSON watch stream, kept open. The
 //!   pod's changes are streamed only when asked ([`FakeApi::start`]): a
@@ -168,6 +172,11 @@ impl FakeApi {
         })
     }
 
+    /// Add an event, as if some reporter had created it.
+    pub fn add_event(&self, event: Value) {
+        self.state.lock().unwrap().events.push(event);
+    }
+
     /// `(reason, note)` of every event so far.
     pub fn events(&self) -> Vec<(String, String)> {
         self.with(|s| {
@@ -273,6 +282,38 @@ async fn handle(State(shared): State<Shared>, method: Method, uri: Uri, body: By
             state.events.push(event.clone());
             json_response(StatusCode::CREATED, &event)
         }
+        (&Method::GET, p) if p.starts_with("/apis/events.k8s.io/v1/namespaces/") => {
+            let namespace = p
+                .trim_start_matches("/apis/events.k8s.io/v1/namespaces/")
+                .trim_end_matches("/events");
+            let selector = query
+                .split('&')
+                .find_map(|p| p.strip_prefix("fieldSelector="))
+                .map(percent_decoded)
+                .unwrap_or_default();
+            let items: Vec<Value> = state
+                .events
+                .iter()
+                .filter(|e| e["regarding"]["namespace"] == namespace)
+                .filter(|e| {
+                    selector.split(',').filter(|t| !t.is_empty()).all(|term| {
+                        match term.split_once('=') {
+                            Some(("regarding.uid", uid)) => e["regarding"]["uid"] == uid,
+                            Some(("regarding.name", name)) => e["regarding"]["name"] == name,
+                            _ => false,
+                        }
+                    })
+                })
+                .cloned()
+                .collect();
+            let list = json!({
+                "apiVersion": "events.k8s.io/v1",
+                "kind": "EventList",
+                "metadata": {"resourceVersion": state.resource_version.to_string()},
+                "items": items,
+            });
+            json_response(StatusCode::OK, &list)
+        }
         (&Method::GET, "/api/v1/pods") if watch => {
             let rx = shared.changes.subscribe();
             drop(state);
@@ -314,4 +355,30 @@ async fn handle(State(shared): State<Shared>, method: Method, uri: Uri, body: By
             )
         }
     }
+}
+
+/// A query value with its `%XX` escapes (and `+`) decoded.
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
