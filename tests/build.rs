@@ -10,11 +10,12 @@ use std::path::Path;
 use fixup_plugin_build::{PluginCrate, build_external_plugin, build_plugins, workspace_root};
 
 /// Test-only plugins: `hostile` misbehaves on request; `alias` returns a
-/// plan whose strings share guest memory; `legacy` is built against the
-/// frozen contract 0.1.0 and `overreach` plans past its declared guest
-/// policy; the others are refused by the host in one specific way each
-/// (see their crate docs).
-const TEST_PLUGINS: [&str; 7] = [
+/// plan whose strings share guest memory; `legacy` and `contract-0-2` are
+/// built against the frozen contracts 0.1.0 and 0.2.0; `overreach` plans
+/// past its declared guest policy; `ifupdown` names NICs (`name-link`) and
+/// writes with `parents`; the others are refused by the host in one
+/// specific way each (see their crate docs).
+const TEST_PLUGINS: [&str; 9] = [
     "hostile",
     "alias",
     "describe-trap",
@@ -22,6 +23,8 @@ const TEST_PLUGINS: [&str; 7] = [
     "extra-import",
     "legacy",
     "overreach",
+    "contract-0-2",
+    "ifupdown",
 ];
 
 /// Example vendor plugins: `(package, folder under the workspace)`.
@@ -47,7 +50,7 @@ fn main() {
             )
         })
         .collect();
-    // Two of them carry their own WIT (another contract version; an extra
+    // Some of them carry their own WIT (another contract version; an extra
     // import): rebuild when it changes.
     for name in TEST_PLUGINS {
         let wit = root.join("tests/plugins").join(name).join("wit");

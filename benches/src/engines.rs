@@ -18,7 +18,7 @@ use fixup_host::classify::Scenario;
 use fixup_host::facts::VmFacts;
 use fixup_host::plan::Plan;
 use fixup_host::plugin::builtin::BUILTINS;
-use fixup_host::plugin::contract::v0_2::{HOST_IMPORT, Plugin, PluginPre};
+use fixup_host::plugin::contract::v0_3::{HOST_IMPORT, Plugin, PluginPre};
 use fixup_host::plugin::contract::{self as bindings};
 use fixup_host::plugin::sandbox::{self, CallState, Limits};
 use fixup_host::plugin::{DEFAULT_SLOTS, EngineOptions};

@@ -219,8 +219,16 @@ pub fn plan_from_sdk(p: sdk::Plan) -> Plan {
                         path: w.path,
                         content: w.content,
                         mode: w.mode,
+                        parents: w.parents,
                     }),
                     sdk::Action::RemoveFiles(paths) => plan::Action::RemoveFiles(paths),
+                    sdk::Action::NameLink(l) => {
+                        let o = l.mac.octets;
+                        plan::Action::NameLink(plan::NameLink {
+                            mac: facts::MacAddr([o.0, o.1, o.2, o.3, o.4, o.5]),
+                            name: l.name,
+                        })
+                    }
                 },
             })
             .collect(),

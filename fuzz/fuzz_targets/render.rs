@@ -70,6 +70,7 @@ fn plan(input: &Input) -> Plan {
                         path: path.clone(),
                         content: content.clone(),
                         mode: *mode,
+                        parents: false,
                     }),
                     FuzzAction::Remove(patterns) => Action::RemoveFiles(patterns.clone()),
                 },

@@ -225,8 +225,9 @@ pub struct ConfigArgs {
     pub plugin_rollback_failure_ratio: Option<f64>,
     /// The operator's narrowing of plugins' guest policies, by plugin name:
     /// configuration file only (`[plugin_policy.NAME]`, keys `writes`,
-    /// `removes`, `runs`, `special_modes`, as in the contract). A plan must
-    /// fit both the plugin's own policy and this.
+    /// `removes`, `runs`, `special_modes`, `links`, as in the contract). A
+    /// plan must fit both the plugin's own policy and this; a key left out
+    /// allows nothing of its kind.
     #[arg(skip)]
     #[serde(default)]
     pub plugin_policy: BTreeMap<String, RawPolicy>,
@@ -557,6 +558,7 @@ mod tests {
 [plugin_policy.oci-networkd]
 writes = ["/etc/systemd/network/10-*.network"]
 runs = [["systemctl", "restart", "systemd-networkd"]]
+links = ["eth0"]
 "#,
         )
         .unwrap();
@@ -568,7 +570,13 @@ runs = [["systemctl", "restart", "systemd-networkd"]]
             narrowing.runs[0].argv(),
             ["systemctl", "restart", "systemd-networkd"]
         );
+        assert_eq!(narrowing.links.len(), 1);
+        assert!(narrowing.links[0].matches("eth0") && !narrowing.links[0].matches("eth1"));
 
+        std::fs::write(&file, "[plugin_policy.x]\nlinks = [\"eth/0\"]\n").unwrap();
+        let err = ConfigArgs::default().resolve(Some(&file)).unwrap_err();
+        assert!(err.to_string().contains("plugin_policy.x"), "{err}");
+        assert!(err.to_string().contains("links[0]"), "{err}");
         std::fs::write(&file, "[plugin_policy.x]\nwrites = [\"/etc/../shadow\"]\n").unwrap();
         let err = ConfigArgs::default().resolve(Some(&file)).unwrap_err();
         assert!(matches!(err, ConfigError::Policy { .. }), "{err:?}");

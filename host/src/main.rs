@@ -838,14 +838,16 @@ fn plan_text(
             Action::Run(argv) => writeln!(out, "        run   {}", plan::sh_words(argv))?,
             Action::WriteFile(w) => writeln!(
                 out,
-                "        write {} ({} bytes{})",
+                "        write {} ({} bytes{}{})",
                 w.path,
                 w.content.len(),
                 w.mode
                     .map(|m| format!(", mode {m:04o}"))
-                    .unwrap_or_default()
+                    .unwrap_or_default(),
+                if w.parents { ", parents" } else { "" }
             )?,
             Action::RemoveFiles(paths) => writeln!(out, "        rm    {}", paths.join(" "))?,
+            Action::NameLink(l) => writeln!(out, "        link  {} as {}", l.mac, l.name)?,
         }
     }
     writeln!(out)?;

@@ -436,6 +436,7 @@ fn string_plan(guest: &Guest, s: &str) -> Plan {
                 path: guest.path_in_root("content"),
                 content: s.to_owned(),
                 mode: Some(0o640),
+                parents: false,
             }),
         ),
     ];
@@ -446,6 +447,7 @@ fn string_plan(guest: &Guest, s: &str) -> Plan {
                 path: guest.path_in_root(&format!("f-{name}")),
                 content: format!("{s}\n"),
                 mode: None,
+                parents: false,
             }),
         ));
         // What the pattern must remove, and decoys it must not: a `?`,
@@ -548,6 +550,7 @@ fn nul_and_control_characters_are_refused_naming_the_field() {
             path: path.to_owned(),
             content: content.to_owned(),
             mode: None,
+            parents: false,
         })
     };
     let cases: Vec<(Action, &str)> = vec![

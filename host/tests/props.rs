@@ -241,6 +241,7 @@ fn check_step(step: &Step, commands: &[&SimpleCommand]) -> Result<(), String> {
             path,
             content,
             mode,
+            parents: _,
         }) => {
             let expected = if mode.is_some() { 2 } else { 1 };
             if invs.len() != expected {
@@ -276,6 +277,9 @@ fn check_step(step: &Step, commands: &[&SimpleCommand]) -> Result<(), String> {
                 return Err(format!("remove {got:?}, plan {want:?}"));
             }
         }
+        // A fixed script with two quoted values: the shell tests in core
+        // run it; these properties do not generate it.
+        Action::NameLink(_) => return Err("name_link steps are not generated here".to_owned()),
     }
     Ok(())
 }
@@ -443,6 +447,7 @@ fn action() -> impl Strategy<Value = Action> {
                 path,
                 content,
                 mode,
+                parents: false,
             })
         }),
         prop::collection::vec(pattern(), 1..4).prop_map(Action::RemoveFiles),
@@ -596,6 +601,7 @@ fn runnable_plan() -> impl Strategy<Value = Plan> {
                 path: format!("{ROOT}/file-{i}"),
                 content,
                 mode,
+                parents: false,
             })
         });
     prop::collection::vec(step_strategy(prop_oneof![run, write]), 1..6).prop_map(|steps| Plan {

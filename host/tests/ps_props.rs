@@ -232,6 +232,7 @@ impl Found {
             Action::Run(argv) => Found::Run(argv.iter().map(e).collect()),
             Action::WriteFile(w) => Found::Write(e(&w.path), e(&w.content)),
             Action::RemoveFiles(p) => Found::Remove(p.iter().map(e).collect()),
+            Action::NameLink(_) => unreachable!("a PowerShell plan cannot name a link"),
         }
     }
 }
@@ -670,6 +671,7 @@ fn action() -> impl Strategy<Value = Action> {
             path,
             content,
             mode: None,
+            parents: false,
         })),
         prop::collection::vec(pattern(), 1..4).prop_map(Action::RemoveFiles),
     ]
@@ -746,6 +748,7 @@ fn every_hostile_value_renders_as_one_literal(#[values(false, true)] best_effort
                 path: format!("/dir/{i} {name}"),
                 content: value.to_string(),
                 mode: None,
+                parents: false,
             }),
         ));
         steps.push(step(

@@ -1,7 +1,8 @@
-//! Guest-side policies through the real host: contract 0.2.0 plugins are
-//! held to what they declare, contract 0.1.0 plugins to the documented
-//! default, both served by one host at once, and the operator's narrowing
-//! applies on top.
+//! Guest-side policies through the real host: plugins of contract 0.2.0
+//! and later are held to what they declare, contract 0.1.0 plugins to the
+//! documented default, every version served by one host at once, and the
+//! operator's narrowing applies on top. Contract 0.3.0's `name-link` and
+//! `parents` are planned and rendered from a real component.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -10,6 +11,7 @@ use fixup_host::classify::Scenario;
 use fixup_host::facts::Flavor;
 use fixup_host::kit::Inspector;
 use fixup_host::plan::policy::{Breach, GuestPolicy, PolicySource, RawPolicy, Rule};
+use fixup_host::plan::{Action, Field, Phase, Plan, PlanError, Problem, ScriptHeader};
 use fixup_host::plugin::{EngineOptions, PluginError, PluginHost};
 use fixup_tests::facts;
 use rstest::rstest;
@@ -23,12 +25,25 @@ fn host(options: EngineOptions) -> PluginHost {
         .expect("a contract 0.1.0 plugin loads");
     host.load_file(Path::new(env!("PLUGIN_OVERREACH")))
         .expect("a plugin that overreaches only when called loads");
+    host.load_file(Path::new(env!("PLUGIN_CONTRACT_0_2")))
+        .expect("a contract 0.2.0 plugin loads");
+    host.load_file(Path::new(env!("PLUGIN_IFUPDOWN")))
+        .expect("a plugin that names links loads");
     host
 }
 
 /// Plan `scenario` for a VM named `name` of `flavor` with whichever plugin
 /// the registry picks.
 fn plan(host: &PluginHost, flavor: Option<&str>, name: &str) -> Result<usize, PluginError> {
+    plan_with(host, flavor, name, &NIC).map(|plan| plan.steps.len())
+}
+
+fn plan_with(
+    host: &PluginHost,
+    flavor: Option<&str>,
+    name: &str,
+    nics: &[(&str, Option<&str>)],
+) -> Result<Plan, PluginError> {
     let selection = host
         .registry()
         .select(
@@ -39,9 +54,9 @@ fn plan(host: &PluginHost, flavor: Option<&str>, name: &str) -> Result<usize, Pl
     host.plan(
         &selection.plugin,
         Scenario::OciNetworkd,
-        &facts(name, flavor, &NIC),
+        &facts(name, flavor, nics),
     )
-    .map(|(plan, _)| plan.steps.len())
+    .map(|(plan, _)| plan)
 }
 
 fn strings(list: &[&str]) -> Vec<String> {
@@ -49,7 +64,7 @@ fn strings(list: &[&str]) -> Vec<String> {
 }
 
 #[test]
-fn two_contract_versions_are_served_at_once() {
+fn every_contract_version_is_served_at_once() {
     let host = host(EngineOptions::default());
     let contracts: BTreeMap<&str, (&str, PolicySource)> = host
         .registry()
@@ -61,11 +76,24 @@ fn two_contract_versions_are_served_at_once() {
         contracts["legacy"],
         ("0.1.0", PolicySource::ContractDefault)
     );
-    assert_eq!(contracts["oci-networkd"], ("0.2.0", PolicySource::Declared));
+    assert_eq!(contracts["contract-0-2"], ("0.2.0", PolicySource::Declared));
+    assert_eq!(contracts["oci-networkd"], ("0.3.0", PolicySource::Declared));
     // Each plans, inside its policy, from the same host.
     assert_eq!(
         plan(&host, Some("legacy"), "web-0").expect("legacy plans"),
         2
+    );
+    // The 0.2.0 plugin's plan arrives as it was made: no parents, its facts
+    // intact (the MAC of the VM's NIC in its file).
+    let old = plan_with(&host, Some("contract-0-2"), "web-0", &NIC).expect("0.2.0 plans");
+    assert_eq!(old.steps.len(), 2);
+    let Action::WriteFile(w) = &old.steps[0].action else {
+        panic!("{old:?}")
+    };
+    assert!(!w.parents);
+    assert!(
+        w.content.contains("MACAddress=52:54:00:aa:bb:01\n"),
+        "{w:?}"
     );
     assert!(plan(&host, None, "web-0").expect("built-in plans") >= 4);
     assert!(plan(&host, Some("overreach"), "web-0").expect("inside its policy") >= 4);
@@ -129,6 +157,7 @@ fn the_operator_narrows_a_built_in() {
         removes: strings(&["/etc/systemd/network/10-*.network"]),
         runs: vec![strings(&["systemctl", "restart", "systemd-networkd"])],
         special_modes: false,
+        links: Vec::new(),
     }));
     match plan(&host, None, "web-0") {
         Err(PluginError::Policy { plugin, by, breach }) => {
@@ -152,6 +181,7 @@ fn a_narrowing_never_widens() {
             removes: strings(&["/**"]),
             runs: vec![strings(&["*"])],
             special_modes: true,
+            links: Vec::new(),
         })
         .expect("well formed"),
     )]);
@@ -182,6 +212,7 @@ fn a_narrowing_that_covers_the_plan_changes_nothing() {
         removes: strings(&["/etc/systemd/network/**"]),
         runs: vec![strings(&["systemctl", "*"])],
         special_modes: false,
+        links: Vec::new(),
     }));
     assert!(plan(&host, None, "web-0").expect("inside both") >= 4);
 }
@@ -203,7 +234,7 @@ fn inspect_shows_the_default_policy_of_a_contract_0_1_plugin() {
     let text = found.to_string();
     assert!(text.contains("the default for its contract"), "{text}");
     assert!(
-        text.contains("rebuild against cocoon:fixup@0.2.0"),
+        text.contains("rebuild against cocoon:fixup@0.3.0"),
         "{text}"
     );
     assert!(
@@ -246,4 +277,155 @@ fn inspect_shows_a_declared_policy_and_warns_about_unbounded_runs() {
         json["policy"]["runs"][0],
         serde_json::json!(["systemctl", "restart", "systemd-networkd"])
     );
+}
+
+const TWO_NICS: [(&str, Option<&str>); 2] = [
+    ("52:54:00:aa:bb:01", Some("10.0.0.5/24")),
+    ("52:54:00:aa:bb:02", None),
+];
+
+#[test]
+fn an_ifupdown_plugin_names_its_nics_and_writes_with_parents() {
+    let host = host(EngineOptions::default());
+    let plan = plan_with(&host, Some("ifupdown"), "web-0", &TWO_NICS).expect("inside its policy");
+    let links: Vec<(String, &str, Phase)> = plan
+        .steps
+        .iter()
+        .filter_map(|s| match &s.action {
+            Action::NameLink(l) => Some((l.mac.to_string(), l.name.as_str(), s.phase)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        links,
+        [
+            ("52:54:00:aa:bb:01".to_owned(), "eth0", Phase::Link),
+            ("52:54:00:aa:bb:02".to_owned(), "eth1", Phase::Link),
+        ]
+    );
+    let Action::WriteFile(w) = &plan.steps[2].action else {
+        panic!("{plan:?}")
+    };
+    assert_eq!(w.path, "/etc/network/interfaces");
+    assert!(w.parents);
+    assert!(
+        w.content.contains("auto eth1\niface eth1 inet dhcp\n"),
+        "{w:?}"
+    );
+    // Rendered by the host: each link found by its MAC under
+    // /sys/class/net, the parent directory made before the write.
+    let script = fixup_host::plan::render_script(&plan, &ScriptHeader::default());
+    assert_eq!(script.matches("for d in /sys/class/net/*; do").count(), 2);
+    assert!(
+        script.contains("(mac=52:54:00:aa:bb:02 name=eth1 cur=\n"),
+        "{script}"
+    );
+    assert!(
+        script.contains("mkdir -p -- /etc/network) && printf '%s' 'auto lo"),
+        "{script}"
+    );
+    let exec = fixup_host::plan::render_exec(&plan);
+    assert!(exec[2].contains("ip link set dev \"$cur\" name \"$name\""));
+}
+
+#[test]
+fn name_link_of_a_foreign_mac_is_refused() {
+    let host = host(EngineOptions::default());
+    match plan_with(&host, Some("ifupdown"), "foreign", &TWO_NICS) {
+        Err(err @ PluginError::BadPlan { .. }) => {
+            let PluginError::BadPlan { plugin, source } = &err else {
+                unreachable!()
+            };
+            assert_eq!(plugin, "ifupdown");
+            assert!(matches!(
+                source,
+                PlanError::Invalid {
+                    step: 1,
+                    field: Field::LinkMac,
+                    problem: Problem::ForeignMac(_)
+                }
+            ));
+            assert!(
+                err.to_string()
+                    .contains("02:00:00:00:00:99 is not one of the VM's NICs"),
+                "{err}"
+            );
+        }
+        other => panic!("unexpected: {other:?}"),
+    }
+}
+
+#[test]
+fn name_link_outside_links_is_refused() {
+    let host = host(EngineOptions::default());
+    match plan_with(&host, Some("ifupdown"), "wlan", &TWO_NICS) {
+        Err(PluginError::Policy { plugin, by, breach }) => {
+            assert_eq!(plugin, "ifupdown");
+            assert_eq!(by, "its declared policy");
+            assert_eq!(
+                breach,
+                Breach {
+                    step: 1,
+                    rule: Rule::Link {
+                        mac: "52:54:00:aa:bb:01".into(),
+                        name: "wlan0".into()
+                    }
+                }
+            );
+        }
+        other => panic!("unexpected: {other:?}"),
+    }
+}
+
+#[test]
+fn the_operator_narrows_links() {
+    let raw = |links: &[&str]| RawPolicy {
+        writes: strings(&["/etc/network/interfaces"]),
+        runs: vec![strings(&["rc-service", "networking", "restart"])],
+        links: strings(links),
+        ..RawPolicy::default()
+    };
+    let narrowed = |links: &[&str]| {
+        let mut options = EngineOptions::default();
+        options.narrowing.insert(
+            "ifupdown".to_owned(),
+            GuestPolicy::parse(&raw(links)).expect("well formed"),
+        );
+        host(options)
+    };
+    // Only eth0: the second NIC's name is refused by the operator.
+    match plan_with(&narrowed(&["eth0"]), Some("ifupdown"), "web-0", &TWO_NICS) {
+        Err(PluginError::Policy { by, breach, .. }) => {
+            assert!(by.contains("plugin_policy.ifupdown"), "{by}");
+            assert_eq!(breach.step, 2);
+            assert!(matches!(breach.rule, Rule::Link { ref name, .. } if name == "eth1"));
+        }
+        other => panic!("unexpected: {other:?}"),
+    }
+    // No links key: no link may be named.
+    assert!(matches!(
+        plan_with(&narrowed(&[]), Some("ifupdown"), "web-0", &TWO_NICS),
+        Err(PluginError::Policy { .. })
+    ));
+    // A wider narrowing never widens: wlan0 stays outside the plugin's own.
+    match plan_with(&narrowed(&["*"]), Some("ifupdown"), "wlan", &TWO_NICS) {
+        Err(PluginError::Policy { by, .. }) => assert_eq!(by, "its declared policy"),
+        other => panic!("unexpected: {other:?}"),
+    }
+    plan_with(&narrowed(&["eth*"]), Some("ifupdown"), "web-0", &TWO_NICS).expect("inside both");
+}
+
+#[test]
+fn inspect_shows_links() {
+    let found = inspect(env!("PLUGIN_IFUPDOWN"));
+    assert!(found.accepted, "{found}");
+    assert_eq!(found.contract.as_deref(), Some("cocoon:fixup@0.3.0"));
+    let text = found.to_string();
+    assert!(text.contains("  links    eth*\n"), "{text}");
+    let json = serde_json::to_value(&found).expect("json");
+    assert_eq!(json["policy"]["links"], serde_json::json!(["eth*"]));
+    let old = inspect(env!("PLUGIN_CONTRACT_0_2"));
+    assert!(old.accepted, "{old}");
+    assert_eq!(old.contract.as_deref(), Some("cocoon:fixup@0.2.0"));
+    assert!(old.to_string().contains("  links    (none)\n"), "{old}");
 }

@@ -9,9 +9,9 @@
 
 use std::fmt;
 
-use crate::facts::is_invisible_format;
+use crate::facts::{MacAddr, VmFacts, is_invisible_format};
 
-use super::{Action, Dialect, Nonce, Plan, Step, WriteFile};
+use super::{Action, Dialect, NameLink, Nonce, Plan, Step, WriteFile};
 
 /// Most bytes a step description may have: it is one line of a comment in
 /// the hint and of the error a failed step produces.
@@ -233,6 +233,10 @@ pub enum Field {
     RemoveFiles,
     /// One pattern of a `remove_files` step, counted from 0.
     Pattern(usize),
+    /// The whole of a `name_link` step.
+    NameLink,
+    LinkMac,
+    LinkName,
 }
 
 impl fmt::Display for Field {
@@ -246,6 +250,9 @@ impl fmt::Display for Field {
             Field::Mode => f.write_str("write_file.mode"),
             Field::RemoveFiles => f.write_str("remove_files"),
             Field::Pattern(i) => write!(f, "remove_files[{i}]"),
+            Field::NameLink => f.write_str("name_link"),
+            Field::LinkMac => f.write_str("name_link.mac"),
+            Field::LinkName => f.write_str("name_link.name"),
         }
     }
 }
@@ -307,6 +314,22 @@ pub enum Problem {
     DeepWildcardNotLast,
     #[error("has `**` inside a component: `**` must be a whole, last component")]
     DeepWildcardNotAlone,
+    #[error(
+        "is not a Linux interface name: {0}; use 1 to 15 bytes of ASCII letters, digits, `-`, `_` and `.`, not starting with `-` (for example `eth0`)"
+    )]
+    InterfaceName(&'static str),
+    #[error(
+        "is only rendered for POSIX sh plans: a PowerShell plan cannot name a link; rename a Windows adapter with a run step (`Rename-NetAdapter`) the policy allows"
+    )]
+    NameLinkPowerShell,
+    #[error(
+        "{0} is not one of the VM's NICs: a plan may only name the VM's own NICs (vm-facts.nics)"
+    )]
+    ForeignMac(MacAddr),
+    #[error(
+        "is not an interface name pattern: {0}; use letters, digits, `-`, `_`, `.` and `*`, at most 15 besides `*` (for example `eth*`)"
+    )]
+    LinkPattern(&'static str),
 }
 
 impl Plan {
@@ -324,9 +347,12 @@ impl Plan {
     ///   accepted yet: no plugin writes files on Windows);
     /// - a remove pattern also has at least two components and `*` only in
     ///   its last one, and a remove step lists at least one pattern;
-    /// - a mode is at most `0o7777`.
+    /// - a mode is at most `0o7777`;
+    /// - a `name_link` step is in a POSIX sh plan and its name is a valid
+    ///   Linux interface name ([`check_interface_name`]).
     ///
-    /// An empty plan passes: it has nothing to do.
+    /// An empty plan passes: it has nothing to do. Whether a `name_link`
+    /// step's MAC is the VM's is [`Plan::check_nics`]'s question.
     pub fn check(&self, limits: &PlanLimits) -> Result<(), PlanError> {
         if self.steps.len() > limits.max_steps {
             return Err(PlanError::TooManySteps {
@@ -347,6 +373,23 @@ impl Plan {
                 field,
                 problem,
             })?;
+        }
+        Ok(())
+    }
+
+    /// Whether every `name_link` step names one of the VM's own NICs: a
+    /// plugin's plan may rename nothing else in the guest.
+    pub fn check_nics(&self, facts: &VmFacts) -> Result<(), PlanError> {
+        for (i, step) in self.steps.iter().enumerate() {
+            if let Action::NameLink(NameLink { mac, .. }) = &step.action
+                && !facts.nics.iter().any(|n| n.mac == *mac)
+            {
+                return Err(PlanError::Invalid {
+                    step: i + 1,
+                    field: Field::LinkMac,
+                    problem: Problem::ForeignMac(*mac),
+                });
+            }
         }
         Ok(())
     }
@@ -387,6 +430,7 @@ fn check_reviewable_step(step: &Step) -> Result<(), Broken> {
                 visible_line(pattern).map_err(|p| (Field::Pattern(i), p))?;
             }
         }
+        Action::NameLink(l) => visible_line(&l.name).map_err(|p| (Field::LinkName, p))?,
     }
     Ok(())
 }
@@ -423,7 +467,43 @@ fn check_step(dialect: Dialect, step: &Step) -> Result<(), Broken> {
         Action::Run(argv) => check_argv(dialect, argv),
         Action::WriteFile(w) => check_write(dialect, w),
         Action::RemoveFiles(patterns) => check_patterns(dialect, patterns),
+        Action::NameLink(l) => {
+            if dialect != Dialect::PosixSh {
+                return Err((Field::NameLink, Problem::NameLinkPowerShell));
+            }
+            check_interface_name(&l.name).map_err(|p| (Field::LinkName, p))
+        }
     }
+}
+
+/// The longest Linux interface name, in bytes (`IFNAMSIZ` less its NUL).
+pub const IFNAME_MAX: usize = 15;
+
+/// A name Linux takes for an interface and every tool reads back as one:
+/// 1 to [`IFNAME_MAX`] bytes of ASCII letters, digits, `-`, `_` and `.`,
+/// not starting with `-` (a tool would read an option) and neither `.` nor
+/// `..` (they are directories under /sys/class/net). The kernel also
+/// allows other bytes but `/`, `:` and white space; they are refused here
+/// so the name reads the same in every shell and configuration file.
+pub fn check_interface_name(name: &str) -> Result<(), Problem> {
+    no_nul(name)?;
+    let reason = if name.is_empty() {
+        "it is empty"
+    } else if name.len() > IFNAME_MAX {
+        "it is longer than 15 bytes"
+    } else if name == "." || name == ".." {
+        "`.` and `..` are not names"
+    } else if name.starts_with('-') {
+        "it starts with `-`"
+    } else if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    {
+        "it has a character other than a letter, a digit, `-`, `_` or `.`"
+    } else {
+        return Ok(());
+    };
+    Err(Problem::InterfaceName(reason))
 }
 
 fn check_description(d: &str) -> Result<(), Problem> {
@@ -569,8 +649,18 @@ mod tests {
             path: path.into(),
             content: content.into(),
             mode,
+            parents: false,
         })
     }
+
+    fn name_link(mac: [u8; 6], name: &str) -> Action {
+        Action::NameLink(NameLink {
+            mac: MacAddr(mac),
+            name: name.into(),
+        })
+    }
+
+    const MAC: [u8; 6] = [0x52, 0x54, 0, 0xaa, 0xbb, 0x01];
 
     fn remove(patterns: &[&str]) -> Action {
         Action::RemoveFiles(patterns.iter().map(|s| s.to_string()).collect())
@@ -797,6 +887,10 @@ mod tests {
     #[case::remove_glob(remove(&["/etc/systemd/network/10-*.network"]))]
     #[case::remove_star(remove(&["/tmp/*"]))]
     #[case::remove_literal(remove(&["/etc/a b/it's", "/etc/c"]))]
+    #[case::name_link(name_link(MAC, "eth0"))]
+    #[case::name_link_longest(name_link(MAC, "abcdefghij-_.15"))]
+    #[case::name_link_dots(name_link(MAC, "..."))]
+    #[case::name_link_vlan(name_link(MAC, "eth0.100"))]
     fn valid_steps_pass(#[case] action: Action) {
         assert_eq!(
             plan(vec![step(action)]).check(&PlanLimits::default()),
@@ -835,6 +929,38 @@ mod tests {
     #[case::rm_glob_dir2(remove(&["/e*/x/y"]), Field::Pattern(0), Problem::WildcardNotLast)]
     #[case::rm_dotdot(remove(&["/etc/../*"]), Field::Pattern(0), Problem::ParentComponent)]
     #[case::rm_relative(remove(&["etc/*"]), Field::Pattern(0), Problem::NotAbsolute)]
+    #[case::link_empty(
+        name_link(MAC, ""),
+        Field::LinkName,
+        Problem::InterfaceName("it is empty")
+    )]
+    #[case::link_16_bytes(
+        name_link(MAC, "abcdefghijklmnop"),
+        Field::LinkName,
+        Problem::InterfaceName("it is longer than 15 bytes")
+    )]
+    #[case::link_dot(
+        name_link(MAC, "."),
+        Field::LinkName,
+        Problem::InterfaceName("`.` and `..` are not names")
+    )]
+    #[case::link_dotdot(
+        name_link(MAC, ".."),
+        Field::LinkName,
+        Problem::InterfaceName("`.` and `..` are not names")
+    )]
+    #[case::link_dash(
+        name_link(MAC, "-eth0"),
+        Field::LinkName,
+        Problem::InterfaceName("it starts with `-`")
+    )]
+    #[case::link_slash(name_link(MAC, "eth/0"), Field::LinkName, BAD_CHAR)]
+    #[case::link_space(name_link(MAC, "eth 0"), Field::LinkName, BAD_CHAR)]
+    #[case::link_colon(name_link(MAC, "eth0:1"), Field::LinkName, BAD_CHAR)]
+    #[case::link_quote(name_link(MAC, "e'th"), Field::LinkName, BAD_CHAR)]
+    #[case::link_newline(name_link(MAC, "eth0\n"), Field::LinkName, BAD_CHAR)]
+    #[case::link_unicode(name_link(MAC, "ethü"), Field::LinkName, BAD_CHAR)]
+    #[case::link_nul(name_link(MAC, "eth\0"), Field::LinkName, Problem::Nul)]
     fn broken_steps_name_field_and_problem(
         #[case] action: Action,
         #[case] field: Field,
@@ -858,6 +984,64 @@ mod tests {
         assert_eq!(
             plan(vec![s]).check(&PlanLimits::default()),
             invalid(1, Field::Description, problem)
+        );
+    }
+
+    const BAD_CHAR: Problem =
+        Problem::InterfaceName("it has a character other than a letter, a digit, `-`, `_` or `.`");
+
+    #[test]
+    fn powershell_plans_cannot_name_links() {
+        let ps = Plan {
+            dialect: Dialect::PowerShell,
+            steps: vec![step(name_link(MAC, "eth0"))],
+        };
+        assert_eq!(
+            ps.check(&PlanLimits::default()),
+            invalid(1, Field::NameLink, Problem::NameLinkPowerShell)
+        );
+        let message = ps.check(&PlanLimits::default()).unwrap_err().to_string();
+        assert!(message.contains("Rename-NetAdapter"), "{message}");
+    }
+
+    #[test]
+    fn a_plan_may_name_only_the_vms_own_nics() {
+        use crate::facts::{Backend, BootKind, GuestOs, ImageKind, Nic, VmId, VmName};
+        let facts = VmFacts {
+            name: VmName::parse("web-0").unwrap(),
+            id: VmId::parse("vm-0123").unwrap(),
+            backend: Backend::CloudHypervisor,
+            os: GuestOs::Linux,
+            image: ImageKind::Oci,
+            boot: BootKind::Clone,
+            nics: [MAC, [2, 0, 0, 0, 0, 2]]
+                .map(|m| Nic {
+                    mac: MacAddr(m),
+                    static_ipv4: None,
+                })
+                .to_vec(),
+            flavor: None,
+        };
+        let own = plan(vec![
+            step(name_link(MAC, "eth0")),
+            step(name_link([2, 0, 0, 0, 0, 2], "eth1")),
+        ]);
+        assert_eq!(own.check_nics(&facts), Ok(()));
+        let foreign = plan(vec![
+            step(name_link(MAC, "eth0")),
+            step(name_link([2, 0, 0, 0, 0, 9], "eth1")),
+        ]);
+        assert_eq!(
+            foreign.check_nics(&facts),
+            invalid(
+                2,
+                Field::LinkMac,
+                Problem::ForeignMac(MacAddr([2, 0, 0, 0, 0, 9]))
+            )
+        );
+        assert_eq!(
+            foreign.check_nics(&facts).unwrap_err().to_string(),
+            "step 2 name_link.mac: 02:00:00:00:00:09 is not one of the VM's NICs: a plan may only name the VM's own NICs (vm-facts.nics)"
         );
     }
 

@@ -28,14 +28,18 @@
 //!   {"description": "Restart networkd", "phase": "configure", "best_effort": false,
 //!    "run": ["systemctl", "restart", "systemd-networkd"]},
 //!   {"description": "Remove stale files", "phase": "configure", "best_effort": false,
-//!    "remove_files": ["/etc/systemd/network/10-*.network"]}
+//!    "remove_files": ["/etc/systemd/network/10-*.network"]},
+//!   {"description": "Name the primary NIC", "phase": "link", "best_effort": false,
+//!    "name_link": {"mac": "52:54:00:12:34:56", "name": "eth0"}}
 //! ]}
 //! ```
 //!
 //! `dialect` is `posix-sh` or `powershell`; `phase` is `prepare`, `link` or
-//! `configure`; a step carries exactly one of `run`, `write_file` and
-//! `remove_files`; `mode` is an octal string of at least four digits
-//! (`"0644"`), or `null` when the step leaves the mode alone.
+//! `configure`; a step carries exactly one of `run`, `write_file`,
+//! `remove_files` and `name_link`; `mode` is an octal string of at least
+//! four digits (`"0644"`), or `null` when the step leaves the mode alone; a
+//! write that creates missing parent directories carries `"parents": true`
+//! (absent means false); a MAC is lowercase and colon-separated.
 //!
 //! The same JSON reads back ([`Plan`] is `Deserialize`, unknown fields
 //! refused), so an embedder can hand a reported plan back for an attempt;
@@ -86,12 +90,15 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::facts::MacAddr;
+
 pub use attribute::{
     STDERR_TAIL_MAX, StderrTail, StepFailure, attribute_failure, ran_to_completion,
 };
 pub use check::{
-    DESCRIPTION_MAX, Field, MAX_EXEC_ARG, MAX_HINT, MAX_WINDOWS_COMMAND_LINE, PlanError,
-    PlanLimits, Problem, SH_SPECIAL_BUILTINS, check_rendered, windows_command_line_len,
+    DESCRIPTION_MAX, Field, IFNAME_MAX, MAX_EXEC_ARG, MAX_HINT, MAX_WINDOWS_COMMAND_LINE,
+    PlanError, PlanLimits, Problem, SH_SPECIAL_BUILTINS, check_interface_name, check_rendered,
+    windows_command_line_len,
 };
 pub use nonce::{NONCE_HEX_LEN, Nonce, NonceError};
 pub use render::{
@@ -165,6 +172,22 @@ pub struct WriteFile {
         deserialize_with = "deserialize_mode"
     )]
     pub mode: Option<u32>,
+    /// Create missing parent directories first (`mkdir -p`); without it a
+    /// missing parent fails the step. Serialised only when true.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub parents: bool,
+}
+
+/// Give the NIC whose MAC is `mac` the interface name `name` and bring it
+/// up (contract 0.3.0 `name-link`). [`Plan::check`] requires a valid Linux
+/// interface name and a POSIX sh plan; [`Plan::check_nics`] requires one of
+/// the VM's own MACs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NameLink {
+    #[serde(serialize_with = "serialize_mac", deserialize_with = "deserialize_mac")]
+    pub mac: MacAddr,
+    pub name: String,
 }
 
 /// What a step does.
@@ -176,6 +199,7 @@ pub enum Action {
     WriteFile(WriteFile),
     /// Remove files if they exist; `*` in the last component is a wildcard.
     RemoveFiles(Vec<String>),
+    NameLink(NameLink),
 }
 
 /// One step.
@@ -184,8 +208,8 @@ pub struct Step {
     pub description: String,
     pub phase: Phase,
     pub best_effort: bool,
-    /// Serialised flat: the step object carries one of `run`, `write_file`
-    /// and `remove_files`.
+    /// Serialised flat: the step object carries one of `run`, `write_file`,
+    /// `remove_files` and `name_link`.
     #[serde(flatten)]
     pub action: Action,
 }
@@ -200,7 +224,8 @@ pub struct Plan {
 
 impl Plan {
     /// The total length in bytes of every string in the plan: descriptions,
-    /// argv, paths, file contents and remove patterns. This is what
+    /// argv, paths, file contents, remove patterns and interface names
+    /// (with 17 for each MAC, as written). This is what
     /// [`PlanLimits::max_bytes`] bounds.
     pub fn text_bytes(&self) -> usize {
         self.steps.iter().map(Step::text_bytes).sum()
@@ -215,6 +240,7 @@ impl Step {
             Action::Run(argv) => argv.iter().map(String::len).sum(),
             Action::WriteFile(w) => w.path.len() + w.content.len(),
             Action::RemoveFiles(paths) => paths.iter().map(String::len).sum(),
+            Action::NameLink(l) => MAC_TEXT_LEN + l.name.len(),
         };
         self.description.len() + action
     }
@@ -246,6 +272,18 @@ pub fn compose(parts: Vec<Plan>) -> Result<Plan, PlanError> {
     // `sort_by_key` is stable.
     steps.sort_by_key(|s| s.phase);
     Ok(Plan { dialect, steps })
+}
+
+/// Bytes of a MAC as text: `52:54:00:12:34:56`.
+const MAC_TEXT_LEN: usize = 17;
+
+fn serialize_mac<S: Serializer>(mac: &MacAddr, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(mac)
+}
+
+fn deserialize_mac<'de, D: Deserializer<'de>>(d: D) -> Result<MacAddr, D::Error> {
+    let text = String::deserialize(d)?;
+    MacAddr::parse(&text).map_err(serde::de::Error::custom)
 }
 
 /// A mode as the octal string `chmod` takes: at least four digits.
@@ -292,6 +330,7 @@ mod tests {
                         path: "/proc/sys/vm/drop_caches".into(),
                         content: "3\n".into(),
                         mode: None,
+                        parents: false,
                     }),
                 },
                 Step {
@@ -302,6 +341,7 @@ mod tests {
                         path: "/etc/hostname".into(),
                         content: "vm-1\n".into(),
                         mode: Some(0o644),
+                        parents: false,
                     }),
                 },
                 Step {
@@ -338,6 +378,52 @@ mod tests {
         // It reads back to the same plan.
         let back: Plan = serde_json::from_str(&json).unwrap();
         assert_eq!(back, plan);
+    }
+
+    #[test]
+    fn name_link_and_parents_serialise_and_read_back() {
+        let plan = Plan {
+            dialect: Dialect::PosixSh,
+            steps: vec![
+                Step {
+                    description: "Name the NIC".into(),
+                    phase: Phase::Link,
+                    best_effort: false,
+                    action: Action::NameLink(NameLink {
+                        mac: MacAddr([0x52, 0x54, 0, 0x12, 0x34, 0x56]),
+                        name: "eth0".into(),
+                    }),
+                },
+                Step {
+                    description: "Write interfaces".into(),
+                    phase: Phase::Configure,
+                    best_effort: false,
+                    action: Action::WriteFile(WriteFile {
+                        path: "/etc/network/interfaces".into(),
+                        content: "auto lo\n".into(),
+                        mode: Some(0o644),
+                        parents: true,
+                    }),
+                },
+            ],
+        };
+        let json = serde_json::to_string(&plan).unwrap();
+        assert_eq!(
+            json,
+            concat!(
+                r#"{"dialect":"posix-sh","steps":["#,
+                r#"{"description":"Name the NIC","phase":"link","best_effort":false,"#,
+                r#""name_link":{"mac":"52:54:00:12:34:56","name":"eth0"}},"#,
+                r#"{"description":"Write interfaces","phase":"configure","best_effort":false,"#,
+                r#""write_file":{"path":"/etc/network/interfaces","content":"auto lo\n","mode":"0644","parents":true}}]}"#,
+            )
+        );
+        let back: Plan = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, plan);
+        assert_eq!(plan.text_bytes(), 12 + 17 + 4 + 16 + 23 + 8);
+        // A MAC no NIC can have is refused on the way back in.
+        let multicast = json.replace("52:54:00:12:34:56", "01:00:5e:00:00:01");
+        assert!(serde_json::from_str::<Plan>(&multicast).is_err());
     }
 
     /// A plan read back refuses what it cannot mean: bad modes, unknown
@@ -498,6 +584,7 @@ mod tests {
                         path: "/x".into(),
                         content: "yyy".into(),
                         mode: Some(0o600),
+                        parents: false,
                     }),
                 },
                 Step {

@@ -1,6 +1,6 @@
 //! Guest-side policy: what a plugin's plans may do inside the guest.
 //!
-//! A plugin of contract 0.2.0 declares a [`GuestPolicy`] (the `policy`
+//! A plugin of contract 0.2.0 or later declares a [`GuestPolicy`] (the `policy`
 //! export); a plugin of contract 0.1.0, which cannot, gets
 //! [`GuestPolicy::contract_0_1_default`]. The operator may narrow either per
 //! plugin in the configuration file. Every plan a plugin returns is checked
@@ -28,12 +28,21 @@
 //! except that a last element `*` matches any further arguments (none
 //! included). `["systemctl", "restart", "systemd-networkd"]` allows that one
 //! command; `["cloud-init", "*"]` allows cloud-init with any arguments.
+//!
+//! # Links
+//!
+//! A link pattern is an interface name in which `*` matches any run of
+//! characters: `eth*` allows a `name-link` step to name a NIC `eth0` or
+//! `eth10`. The MAC of such a step is not the policy's business: it must be
+//! one of the VM's own NICs whatever the policy ([`Plan::check_nics`]).
+//!
+//! [`Plan::check_nics`]: super::Plan::check_nics
 
 use std::fmt;
 
 use serde::Serialize;
 
-use super::check::{check_path, visible_line};
+use super::check::{IFNAME_MAX, check_path, visible_line};
 use super::{Action, Plan, Problem};
 
 /// Entries a policy may list, per kind. A real policy needs a handful.
@@ -120,6 +129,46 @@ fn component_matches(pattern: &str, text: &str) -> bool {
         }
     }
     rest.len() >= last.len() && rest.ends_with(last)
+}
+
+/// An interface name pattern (see the module docs), checked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct LinkPattern(String);
+
+impl LinkPattern {
+    pub fn parse(text: &str) -> Result<Self, Problem> {
+        let fixed = text.bytes().filter(|b| *b != b'*').count();
+        let reason = if text.is_empty() {
+            "it is empty"
+        } else if !text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'*'))
+        {
+            "it has a character other than a letter, a digit, `-`, `_`, `.` or `*`"
+        } else if text.starts_with('-') {
+            "it starts with `-`, and no interface name does"
+        } else if fixed > IFNAME_MAX {
+            "it has more than 15 characters besides `*`, so no interface name matches it"
+        } else {
+            return Ok(LinkPattern(text.to_owned()));
+        };
+        Err(Problem::LinkPattern(reason))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn matches(&self, name: &str) -> bool {
+        component_matches(&self.0, name)
+    }
+}
+
+impl fmt::Display for LinkPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 /// One run rule (see the module docs), checked.
@@ -273,6 +322,8 @@ pub struct GuestPolicy {
     pub removes: Vec<PathPattern>,
     pub runs: Vec<RunRule>,
     pub special_modes: bool,
+    /// Interface names `name-link` steps may give (contract 0.3.0).
+    pub links: Vec<LinkPattern>,
 }
 
 /// A policy as declared, before it is checked: from a plugin or the
@@ -288,6 +339,8 @@ pub struct RawPolicy {
     pub runs: Vec<Vec<String>>,
     #[serde(default)]
     pub special_modes: bool,
+    #[serde(default)]
+    pub links: Vec<String>,
 }
 
 /// A policy entry that is not well formed.
@@ -338,11 +391,24 @@ impl GuestPolicy {
                 })
             })
             .collect::<Result<_, _>>()?;
+        too_many("links", raw.links.len())?;
+        let links = raw
+            .links
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                LinkPattern::parse(p).map_err(|problem| PolicyError {
+                    field: format!("links[{i}]"),
+                    problem,
+                })
+            })
+            .collect::<Result<_, _>>()?;
         Ok(GuestPolicy {
             writes: patterns("writes", &raw.writes)?,
             removes: patterns("removes", &raw.removes)?,
             runs,
             special_modes: raw.special_modes,
+            links,
         })
     }
 
@@ -389,6 +455,7 @@ impl GuestPolicy {
             removes: strings(&[CONFIG, REMOVES_ALSO].concat()),
             runs: RUNS.iter().map(|argv| strings(argv)).collect(),
             special_modes: false,
+            links: Vec::new(),
         };
         GuestPolicy::parse(&raw).expect("the built-in default policy is well formed")
     }
@@ -403,6 +470,7 @@ impl GuestPolicy {
                         return Err(breach(Rule::Run(argv.clone())));
                     }
                 }
+                // `parents` creates only ancestors of the allowed path.
                 Action::WriteFile(w) => {
                     if !self.writes.iter().any(|p| p.matches(&w.path)) {
                         return Err(breach(Rule::Write(w.path.clone())));
@@ -422,6 +490,14 @@ impl GuestPolicy {
                         if !self.removes.iter().any(|p| p.matches(entry)) {
                             return Err(breach(Rule::Remove(entry.clone())));
                         }
+                    }
+                }
+                Action::NameLink(l) => {
+                    if !self.links.iter().any(|p| p.matches(&l.name)) {
+                        return Err(breach(Rule::Link {
+                            mac: l.mac.to_string(),
+                            name: l.name.clone(),
+                        }));
                     }
                 }
             }
@@ -495,6 +571,7 @@ pub enum Rule {
     Write(String),
     Remove(String),
     Mode { path: String, mode: u32 },
+    Link { mac: String, name: String },
 }
 
 impl fmt::Display for Rule {
@@ -519,6 +596,11 @@ impl fmt::Display for Rule {
                 "sets mode {mode:04o} on {}, beyond 0755, without special-modes",
                 shown(path)
             ),
+            Rule::Link { mac, name } => write!(
+                f,
+                "names the NIC {mac} {}, which no links pattern allows",
+                shown(name)
+            ),
         }
     }
 }
@@ -542,6 +624,7 @@ impl fmt::Display for GuestPolicy {
         list(f, "writes", &self.writes)?;
         list(f, "removes", &self.removes)?;
         list(f, "runs", &self.runs)?;
+        list(f, "links", &self.links)?;
         let modes = if self.special_modes {
             "any (special-modes)"
         } else {
@@ -727,6 +810,23 @@ mod tests {
             path: path.into(),
             content: "x".into(),
             mode,
+            parents: false,
+        })
+    }
+
+    fn with_parents(action: Action) -> Action {
+        match action {
+            Action::WriteFile(w) => Action::WriteFile(WriteFile { parents: true, ..w }),
+            other => other,
+        }
+    }
+
+    const MAC: crate::facts::MacAddr = crate::facts::MacAddr([0x52, 0x54, 0, 0xaa, 0xbb, 0x01]);
+
+    fn name_link(name: &str) -> Action {
+        Action::NameLink(crate::plan::NameLink {
+            mac: MAC,
+            name: name.into(),
         })
     }
 
@@ -736,6 +836,7 @@ mod tests {
             removes: argv(&["/etc/systemd/network/10-*.network"]),
             runs: vec![argv(&["systemctl", "restart", "systemd-networkd"])],
             special_modes: false,
+            links: argv(&["eth*", "lan"]),
         })
         .unwrap()
     }
@@ -749,6 +850,11 @@ mod tests {
     #[case(Action::RemoveFiles(argv(&["/etc/systemd/network/10-*.network", "/etc/systemd/network/*"])), Rule::Remove("/etc/systemd/network/*".into()))]
     #[case(Action::Run(argv(&["curl", "http://x"])), Rule::Run(argv(&["curl", "http://x"])))]
     #[case(Action::Run(argv(&["systemctl", "restart", "sshd"])), Rule::Run(argv(&["systemctl", "restart", "sshd"])))]
+    #[case(with_parents(write("/etc/shadow", Some(0o644))), Rule::Write("/etc/shadow".into()))]
+    #[case(with_parents(write("/etc/systemd/network/x/10-a.network", None)), Rule::Write("/etc/systemd/network/x/10-a.network".into()))]
+    #[case(name_link("wlan0"), Rule::Link { mac: MAC.to_string(), name: "wlan0".into() })]
+    #[case(name_link("lan0"), Rule::Link { mac: MAC.to_string(), name: "lan0".into() })]
+    #[case(name_link("xeth0"), Rule::Link { mac: MAC.to_string(), name: "xeth0".into() })]
     fn breaches_name_step_and_rule(#[case] bad: Action, #[case] rule: Rule) {
         let ok = write("/etc/hostname", Some(0o644));
         let err = networkd_policy().check(&plan(vec![ok, bad])).unwrap_err();
@@ -762,8 +868,78 @@ mod tests {
     #[case(write("/etc/hostname", None))]
     #[case(Action::RemoveFiles(argv(&["/etc/systemd/network/10-*.network"])))]
     #[case(Action::Run(argv(&["systemctl", "restart", "systemd-networkd"])))]
+    #[case(with_parents(write("/etc/systemd/network/10-a.network", Some(0o644))))]
+    #[case(name_link("eth0"))]
+    #[case(name_link("eth"))]
+    #[case(name_link("lan"))]
     fn allowed_steps_pass(#[case] action: Action) {
         networkd_policy().check(&plan(vec![action])).unwrap();
+    }
+
+    #[test]
+    fn without_links_no_link_may_be_named() {
+        let mut policy = networkd_policy();
+        policy.links.clear();
+        let err = policy.check(&plan(vec![name_link("eth0")])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "step 1 names the NIC 52:54:00:aa:bb:01 eth0, which no links pattern allows"
+        );
+        assert!(
+            GuestPolicy::contract_0_1_default()
+                .check(&plan(vec![name_link("eth0")]))
+                .is_err()
+        );
+    }
+
+    #[rstest]
+    #[case("eth*", Ok(()))]
+    #[case("*", Ok(()))]
+    #[case("en*s*", Ok(()))]
+    #[case("abcdefghijklmno*", Ok(()))]
+    #[case("", Err("it is empty"))]
+    #[case(
+        "eth/*",
+        Err("it has a character other than a letter, a digit, `-`, `_`, `.` or `*`")
+    )]
+    #[case(
+        "eth 0",
+        Err("it has a character other than a letter, a digit, `-`, `_`, `.` or `*`")
+    )]
+    #[case("-*", Err("it starts with `-`, and no interface name does"))]
+    #[case(
+        "abcdefghijklmnop",
+        Err("it has more than 15 characters besides `*`, so no interface name matches it")
+    )]
+    fn link_patterns_are_checked(#[case] text: &str, #[case] expected: Result<(), &'static str>) {
+        assert_eq!(
+            LinkPattern::parse(text).map(|_| ()),
+            expected.map_err(Problem::LinkPattern)
+        );
+        let raw = RawPolicy {
+            links: argv(&["eth*", text]),
+            ..RawPolicy::default()
+        };
+        match GuestPolicy::parse(&raw) {
+            Ok(policy) => assert_eq!(policy.links[1].as_str(), text),
+            Err(e) => assert!(
+                e.to_string()
+                    .starts_with("links[1]: is not an interface name pattern"),
+                "{e}"
+            ),
+        }
+    }
+
+    #[test]
+    fn links_are_listed_for_inspect() {
+        let text = networkd_policy().to_string();
+        assert!(text.contains("  links    eth*\n           lan\n"), "{text}");
+        let json = serde_json::to_value(networkd_policy()).unwrap();
+        assert_eq!(json["links"], serde_json::json!(["eth*", "lan"]));
+        // A policy without links, from a configuration file or a record
+        // written before the field, reads back with none.
+        let raw: RawPolicy = serde_json::from_str(r#"{"writes":["/etc/hostname"]}"#).unwrap();
+        assert!(raw.links.is_empty());
     }
 
     #[test]
@@ -845,6 +1021,7 @@ mod tests {
             removes: argv(&["/root/**"]),
             runs: vec![argv(&["dhclient", "*"]), argv(&["ip", "link", "set", "*"])],
             special_modes: false,
+            links: Vec::new(),
         })
         .unwrap();
         let warnings = policy.warnings();
@@ -872,7 +1049,7 @@ mod tests {
         let shown = networkd_policy().to_string();
         assert_eq!(
             shown,
-            "  writes   /etc/systemd/network/10-*.network\n           /etc/hostname\n  removes  /etc/systemd/network/10-*.network\n  runs     systemctl restart systemd-networkd\n  modes    within 0755\n"
+            "  writes   /etc/systemd/network/10-*.network\n           /etc/hostname\n  removes  /etc/systemd/network/10-*.network\n  runs     systemctl restart systemd-networkd\n  links    eth*\n           lan\n  modes    within 0755\n"
         );
         assert!(
             GuestPolicy::default()

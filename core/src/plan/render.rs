@@ -11,6 +11,20 @@
 //! A remove pattern quotes its literal parts and leaves each `*` bare, so
 //! `*` is the only wildcard (with sh rules: it does not match a leading
 //! `.`); a pattern that matches nothing stays literal and `rm -f` ignores it.
+//! A write with `parents` runs `mkdir -p -- <parent>` first, in a subshell
+//! whose umask also clears group and other write: the directories it
+//! creates get 0755 less the umask.
+//!
+//! A `name_link` step is a fixed subshell with two values, the MAC and the
+//! name, set as quoted variables: it looks for the interface under
+//! `/sys/class/net` whose `address` is the MAC (an entry with a `device`
+//! link first, so a bond, bridge or VLAN that shares the MAC is not taken
+//! for the NIC), fails with a message on stderr if there is none, fails
+//! naming both if another interface has the name already, and otherwise
+//! renames it with `ip link set dev CUR down`, `ip link set dev CUR name
+//! NAME` (skipped when it has the name) and brings it up with `ip link set
+//! dev NAME up`.
+//!
 //! The output is POSIX sh; the tests run it under dash and bash.
 //!
 //! # PowerShell
@@ -19,7 +33,11 @@
 //! (PowerShell also takes the typographic quotes U+2018..U+201B as single
 //! quotes). `Remove-Item -Path` treats `[`, `]` and `?` as wildcards too, so
 //! the literal parts of a pattern escape them with a backtick. Windows has
-//! no mode bits: a write step's mode is ignored. Windows PowerShell 5.1
+//! no mode bits: a write step's mode is ignored; `parents` is `New-Item
+//! -ItemType Directory -Force` on the parent first. A `name_link` step is
+//! refused in a PowerShell plan by [`Plan::check`], so it is never rendered
+//! here (a plan that skipped the check gets a step that throws). Windows
+//! PowerShell 5.1
 //! passes arguments to native programs through its own command-line
 //! quoting, which mangles arguments with embedded `"` and drops empty ones;
 //! the Windows plan today is one direct `powershell -nop -c` run, which
@@ -34,7 +52,7 @@ use std::fmt::Write as _;
 
 use base64::Engine as _;
 
-use super::{Action, Dialect, Nonce, Plan, Step, WriteFile, format_mode, marker};
+use super::{Action, Dialect, NameLink, Nonce, Plan, Step, WriteFile, format_mode, marker};
 
 /// The lines that open a hint script, one comment line each (for example
 /// the pod, the VM and the scenario). Line breaks and other control
@@ -259,6 +277,39 @@ fn sh_pattern(pattern: &str) -> String {
     out
 }
 
+/// The directory of a checked absolute path: `None` for a file at the root.
+fn parent_dir(path: &str) -> Option<&str> {
+    path.rfind('/').filter(|at| *at > 0).map(|at| &path[..at])
+}
+
+/// Where Linux lists the network interfaces, one entry per name with its
+/// `address` file: the directory a `name_link` step searches.
+pub(super) const SYS_CLASS_NET: &str = "/sys/class/net";
+
+/// A `name_link` step as one subshell (see the module docs).
+fn sh_name_link(link: &NameLink) -> String {
+    let mac = link.mac.to_string();
+    format!(
+        r#"(mac={mac} name={name} cur=
+for d in {net}/*; do
+  [ "$(cat "$d/address" 2>/dev/null)" = "$mac" ] || continue
+  if [ -e "$d/device" ]; then cur=${{d##*/}}; break; fi
+  [ -n "$cur" ] || cur=${{d##*/}}
+done
+if [ -z "$cur" ]; then printf 'no network interface has MAC %s
+' "$mac" >&2; exit 1; fi
+if [ "$cur" != "$name" ]; then
+  if [ -e {net}/"$name" ]; then printf 'cannot name %s (MAC %s) %s: interface %s (MAC %s) already has that name
+' "$cur" "$mac" "$name" "$name" "$(cat {net}/"$name"/address 2>/dev/null)" >&2; exit 1; fi
+  ip link set dev "$cur" down && ip link set dev "$cur" name "$name" || exit
+fi
+ip link set dev "$name" up)"#,
+        mac = sh_quote(&mac),
+        name = sh_quote(&link.name),
+        net = SYS_CLASS_NET,
+    )
+}
+
 /// One step's command, without any failure handling.
 fn sh_command(action: &Action) -> String {
     match action {
@@ -267,9 +318,19 @@ fn sh_command(action: &Action) -> String {
             path,
             content,
             mode,
+            parents,
         }) => {
+            let mkdir = match parent_dir(path) {
+                // Under the umask with group and other write added: 0755
+                // less the umask, even where the umask is looser.
+                Some(dir) if *parents => format!(
+                    r#"(umask "$(printf %o "$((0$(umask) | 022))")" && mkdir -p -- {}) && "#,
+                    sh_quote(dir)
+                ),
+                _ => String::new(),
+            };
             let path = sh_quote(path);
-            let mut out = format!("printf '%s' {} > {path}", sh_quote(content));
+            let mut out = format!("{mkdir}printf '%s' {} > {path}", sh_quote(content));
             if let Some(mode) = mode {
                 let _ = write!(out, " && chmod {} {path}", format_mode(*mode));
             }
@@ -283,6 +344,7 @@ fn sh_command(action: &Action) -> String {
             }
             out
         }
+        Action::NameLink(link) => sh_name_link(link),
     }
 }
 
@@ -389,11 +451,26 @@ fn ps_command(action: &Action) -> String {
             }
             out
         }
-        Action::WriteFile(WriteFile { path, content, .. }) => format!(
-            "[IO.File]::WriteAllText({}, {})",
-            ps_quote(path),
-            ps_quote(content)
-        ),
+        Action::WriteFile(WriteFile {
+            path,
+            content,
+            parents,
+            ..
+        }) => {
+            let mkdir = match parent_dir(path) {
+                Some(dir) if *parents => format!(
+                    "$null = New-Item -ItemType Directory -Force -Path {}; ",
+                    ps_quote(dir)
+                ),
+                _ => String::new(),
+            };
+            format!(
+                "{mkdir}[IO.File]::WriteAllText({}, {})",
+                ps_quote(path),
+                ps_quote(content)
+            )
+        }
+        Action::NameLink(_) => "throw 'name_link is not rendered for PowerShell plans'".to_owned(),
         Action::RemoveFiles(patterns) => {
             let paths: Vec<String> = patterns.iter().map(|p| ps_pattern(p)).collect();
             format!(
@@ -566,6 +643,7 @@ mod tests {
                         path: "/proc/sys/vm/drop_caches".into(),
                         content: "3\n".into(),
                         mode: None,
+                        parents: false,
                     }),
                 ),
                 step(
@@ -575,6 +653,7 @@ mod tests {
                         path: "/etc/hostname".into(),
                         content: "vm-1\n".into(),
                         mode: Some(0o644),
+                        parents: false,
                     }),
                 ),
                 step(
@@ -682,23 +761,70 @@ mod tests {
         r"echo 'it'\''s' '' '$(x)'"
     )]
     #[case::write_mode(
-        Action::WriteFile(WriteFile { path: "/etc/hostname".into(), content: "vm-1\n".into(), mode: Some(0o644) }),
+        Action::WriteFile(WriteFile { path: "/etc/hostname".into(), content: "vm-1\n".into(), mode: Some(0o644), parents: false }),
         "printf '%s' 'vm-1\n' > /etc/hostname && chmod 0644 /etc/hostname"
     )]
     #[case::write_no_mode(
-        Action::WriteFile(WriteFile { path: "/proc/sys/vm/drop_caches".into(), content: "3".into(), mode: None }),
+        Action::WriteFile(WriteFile { path: "/proc/sys/vm/drop_caches".into(), content: "3".into(), mode: None, parents: false }),
         "printf '%s' 3 > /proc/sys/vm/drop_caches"
     )]
     #[case::write_nasty(
-        Action::WriteFile(WriteFile { path: "/etc/a b".into(), content: "%d 'x'".into(), mode: Some(0o600) }),
+        Action::WriteFile(WriteFile { path: "/etc/a b".into(), content: "%d 'x'".into(), mode: Some(0o600), parents: false }),
         r"printf '%s' '%d '\''x'\' > '/etc/a b' && chmod 0600 '/etc/a b'"
     )]
     #[case::remove(
         Action::RemoveFiles(strings(&["/etc/systemd/network/10-*.network", "/etc/x y"])),
         "rm -f -- /etc/systemd/network/10-*.network '/etc/x y'"
     )]
+    #[case::write_parents(
+        Action::WriteFile(WriteFile { path: "/etc/network/it's/interfaces".into(), content: "x".into(), mode: Some(0o644), parents: true }),
+        r#"(umask "$(printf %o "$((0$(umask) | 022))")" && mkdir -p -- '/etc/network/it'\''s') && printf '%s' x > '/etc/network/it'\''s/interfaces' && chmod 0644 '/etc/network/it'\''s/interfaces'"#
+    )]
+    #[case::write_parents_at_the_root(
+        Action::WriteFile(WriteFile { path: "/x".into(), content: "".into(), mode: None, parents: true }),
+        "printf '%s' '' > /x"
+    )]
     fn sh_commands(#[case] action: Action, #[case] rendered: &str) {
         assert_eq!(sh_command(&action), rendered);
+    }
+
+    #[test]
+    fn sh_name_link_sets_the_two_values_and_nothing_else_varies() {
+        let link = |name: &str| NameLink {
+            mac: crate::facts::MacAddr([0x52, 0x54, 0, 0xaa, 0xbb, 0x01]),
+            name: name.into(),
+        };
+        let eth0 = sh_command(&Action::NameLink(link("eth0")));
+        let expected = r#"(mac=52:54:00:aa:bb:01 name=eth0 cur=
+for d in /sys/class/net/*; do
+  [ "$(cat "$d/address" 2>/dev/null)" = "$mac" ] || continue
+  if [ -e "$d/device" ]; then cur=${d##*/}; break; fi
+  [ -n "$cur" ] || cur=${d##*/}
+done
+if [ -z "$cur" ]; then printf 'no network interface has MAC %s\n' "$mac" >&2; exit 1; fi
+if [ "$cur" != "$name" ]; then
+  if [ -e /sys/class/net/"$name" ]; then printf 'cannot name %s (MAC %s) %s: interface %s (MAC %s) already has that name\n' "$cur" "$mac" "$name" "$name" "$(cat /sys/class/net/"$name"/address 2>/dev/null)" >&2; exit 1; fi
+  ip link set dev "$cur" down && ip link set dev "$cur" name "$name" || exit
+fi
+ip link set dev "$name" up)"#;
+        assert_eq!(eth0, expected);
+        // Another name changes only the first line.
+        let other = sh_command(&Action::NameLink(link("lan_1.2")));
+        assert_eq!(other.replacen("name=lan_1.2 ", "name=eth0 ", 1), expected);
+    }
+
+    #[test]
+    fn ps_parents_creates_the_directory_first() {
+        let write = Action::WriteFile(WriteFile {
+            path: "/ProgramData/acme/it's.txt".into(),
+            content: "x".into(),
+            mode: None,
+            parents: true,
+        });
+        assert_eq!(
+            ps_command(&write),
+            "$null = New-Item -ItemType Directory -Force -Path '/ProgramData/acme'; [IO.File]::WriteAllText('/ProgramData/acme/it''s.txt', 'x')"
+        );
     }
 
     #[test]
@@ -827,6 +953,7 @@ printf '\ncocoon-fixup: %s done\n' "$1" >&2
                     path: "/x".into(),
                     content: String::new(),
                     mode: None,
+                    parents: false,
                 }),
             )],
         };
@@ -868,6 +995,7 @@ Write-Host 'cocoon-fixup: all 1 steps done'
                         path: "/ProgramData/x/it's.txt".into(),
                         content: "a 'b'\r\n".into(),
                         mode: Some(0o644),
+                        parents: false,
                     }),
                 ),
                 step(

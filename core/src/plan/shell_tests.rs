@@ -98,7 +98,7 @@ fn guest() -> Guest {
     );
     stub(&bin, "forge", &format!("{forged}\nexit 0"));
     stub(&bin, "forge5", &format!("{forged}\nexit 5"));
-    for tool in ["chmod", "rm"] {
+    for tool in ["chmod", "rm", "mkdir", "cat"] {
         symlink(Path::new("/bin").join(tool), bin.join(tool)).unwrap();
     }
     Guest {
@@ -231,6 +231,7 @@ fn write_step(path: String, content: &str, mode: Option<u32>) -> Step {
             path,
             content: content.into(),
             mode,
+            parents: false,
         }),
     }
 }
@@ -669,4 +670,199 @@ fn forged_failure_markers_do_not_move_the_blame(#[values("/bin/sh", "/bin/bash")
             .contains(&format!("cocoon-fixup: {WRONG} step 4/4 failed exit 9")),
         "{failure}"
     );
+}
+
+#[rstest]
+fn parents_creates_the_missing_directories(
+    #[values("/bin/sh", "/bin/bash")] shell: &str,
+    #[values(Form::Exec, Form::Script)] form: Form,
+) {
+    if !have(shell) {
+        return;
+    }
+    let g = guest();
+    let path = g.path("new 'dir' $x/-sub/interfaces");
+    let mut step = write_step(path.clone(), "auto lo\n", Some(0o644));
+    // Without it the missing directory fails the step.
+    let out = g.run(shell, form, &sh_plan(vec![step.clone()]));
+    assert_ne!(code(&out), Some(0), "stderr: {}", stderr(&out));
+    assert!(!Path::new(&path).exists());
+    let Action::WriteFile(w) = &mut step.action else {
+        unreachable!()
+    };
+    w.parents = true;
+    let out = g.run(shell, form, &sh_plan(vec![step.clone(), step]));
+    assert_eq!(code(&out), Some(0), "stderr: {}", stderr(&out));
+    assert_eq!(fs::read(&path).unwrap(), b"auto lo\n");
+    let dir = Path::new(&path).parent().unwrap();
+    assert_eq!(
+        fs::metadata(dir).unwrap().permissions().mode() & 0o777,
+        0o755 & !umask()
+    );
+}
+
+/// The process's umask (read by setting and restoring it).
+fn umask() -> u32 {
+    let out = Command::new("/bin/sh")
+        .args(["-c", "umask"])
+        .output()
+        .unwrap();
+    u32::from_str_radix(String::from_utf8_lossy(&out.stdout).trim(), 8).unwrap()
+}
+
+const MAC_A: [u8; 6] = [0x52, 0x54, 0, 0xaa, 0xbb, 0x01];
+const MAC_B: [u8; 6] = [0x52, 0x54, 0, 0xaa, 0xbb, 0x02];
+
+/// A fake `/sys/class/net`: one entry per `(name, mac, has a device)`.
+fn fake_net(g: &Guest, entries: &[(&str, [u8; 6], bool)]) -> PathBuf {
+    let net = g.root.path().join("sys-class-net");
+    fs::create_dir(&net).unwrap();
+    for (name, mac, device) in entries {
+        let dir = net.join(name);
+        fs::create_dir(&dir).unwrap();
+        fs::write(dir.join("address"), format!("{}\n", MacAddr(*mac))).unwrap();
+        if *device {
+            fs::create_dir(dir.join("device")).unwrap();
+        }
+    }
+    // `ip` records its argv and renames the entry on `link set dev A name B`.
+    stub(
+        &g.bin,
+        "ip",
+        &format!(
+            "if [ \"$5\" = name ]; then /bin/mv \"{net}/$4\" \"{net}/$6\"; fi\nexit 0",
+            net = net.display()
+        ),
+    );
+    net
+}
+
+fn name_link_step(mac: [u8; 6], name: &str) -> Step {
+    Step {
+        description: format!("name {name}"),
+        phase: Phase::Link,
+        best_effort: false,
+        action: Action::NameLink(NameLink {
+            mac: MacAddr(mac),
+            name: name.into(),
+        }),
+    }
+}
+
+impl Guest {
+    /// Run `plan`, its sysfs directory replaced by `net`: the rendered
+    /// text is the production text but for that one path.
+    fn run_with_net(&self, shell: &str, form: Form, plan: &Plan, net: &Path) -> Output {
+        plan.check(&PlanLimits::default())
+            .expect("test plans are valid");
+        let net = net.to_str().unwrap();
+        assert!(is_bare_path(net), "{net} must need no quoting");
+        let swap = |text: &str| {
+            assert!(text.contains(render::SYS_CLASS_NET), "{text}");
+            text.replace(render::SYS_CLASS_NET, net)
+        };
+        match form {
+            Form::Exec => {
+                let argv = exec_argv(plan, &render_exec(plan), &self.nonce);
+                let script = swap(&argv[2]);
+                self.shell(shell, &["-c", &script, "sh", self.nonce.as_str()], None)
+            }
+            Form::Script => {
+                let script = swap(&render_script(plan, &ScriptHeader::default()));
+                self.shell(shell, &["-c", &script], None)
+            }
+        }
+    }
+}
+
+fn is_bare_path(path: &str) -> bool {
+    path.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"/._-".contains(&b))
+}
+
+fn ip_calls(g: &Guest) -> Vec<String> {
+    g.calls().iter().map(|c| c[1..].join(" ")).collect()
+}
+
+#[rstest]
+fn name_link_renames_the_nic_with_the_mac(
+    #[values("/bin/sh", "/bin/bash")] shell: &str,
+    #[values(Form::Exec, Form::Script)] form: Form,
+) {
+    if !have(shell) {
+        return;
+    }
+    let g = guest();
+    // A bond that shares the MAC sorts first; the NIC has a device.
+    let net = fake_net(
+        &g,
+        &[
+            ("bond0", MAC_A, false),
+            ("ens3", MAC_A, true),
+            ("ens4", MAC_B, true),
+        ],
+    );
+    let plan = sh_plan(vec![name_link_step(MAC_A, "eth0")]);
+    let out = g.run_with_net(shell, form, &plan, &net);
+    assert_eq!(code(&out), Some(0), "stderr: {}", stderr(&out));
+    assert_eq!(
+        ip_calls(&g),
+        [
+            "link set dev ens3 down",
+            "link set dev ens3 name eth0",
+            "link set dev eth0 up"
+        ]
+    );
+    assert!(net.join("eth0").is_dir() && !net.join("ens3").exists());
+    assert!(net.join("bond0").is_dir(), "the bond is left alone");
+}
+
+#[rstest]
+fn name_link_brings_up_a_nic_that_has_the_name(
+    #[values("/bin/sh", "/bin/bash")] shell: &str,
+    #[values(Form::Exec, Form::Script)] form: Form,
+) {
+    if !have(shell) {
+        return;
+    }
+    let g = guest();
+    let net = fake_net(&g, &[("eth0", MAC_A, true), ("eth1", MAC_B, true)]);
+    let plan = sh_plan(vec![
+        name_link_step(MAC_A, "eth0"),
+        name_link_step(MAC_B, "eth1"),
+    ]);
+    let out = g.run_with_net(shell, form, &plan, &net);
+    assert_eq!(code(&out), Some(0), "stderr: {}", stderr(&out));
+    assert_eq!(
+        ip_calls(&g),
+        ["link set dev eth0 up", "link set dev eth1 up"]
+    );
+}
+
+#[rstest]
+#[case::name_taken(
+    &[("ens3", MAC_A, true), ("eth0", MAC_B, true)],
+    "cannot name ens3 (MAC 52:54:00:aa:bb:01) eth0: interface eth0 (MAC 52:54:00:aa:bb:02) already has that name"
+)]
+#[case::mac_absent(&[("ens4", MAC_B, true)], "no network interface has MAC 52:54:00:aa:bb:01")]
+#[case::no_interfaces(&[], "no network interface has MAC 52:54:00:aa:bb:01")]
+fn name_link_fails_saying_why(
+    #[values("/bin/sh", "/bin/bash")] shell: &str,
+    #[values(Form::Exec, Form::Script)] form: Form,
+    #[case] entries: &[(&str, [u8; 6], bool)],
+    #[case] message: &str,
+) {
+    if !have(shell) {
+        return;
+    }
+    let g = guest();
+    let net = fake_net(&g, entries);
+    let plan = sh_plan(vec![
+        name_link_step(MAC_A, "eth0"),
+        run_step(strings(&["rec"])),
+    ]);
+    let out = g.run_with_net(shell, form, &plan, &net);
+    assert_eq!(code(&out), Some(1), "stderr: {}", stderr(&out));
+    assert!(stderr(&out).contains(message), "stderr: {}", stderr(&out));
+    assert!(g.calls().is_empty(), "nothing ran: {:?}", g.calls());
 }

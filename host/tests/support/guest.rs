@@ -344,7 +344,7 @@ impl Guest {
         let mut tree = self.seed.clone();
         for step in &plan.steps {
             match &step.action {
-                Action::Run(_) => {}
+                Action::Run(_) | Action::NameLink(_) => {}
                 Action::WriteFile(w) => {
                     let old_mode = tree.get(&w.path).and_then(|f| f.mode);
                     tree.insert(

@@ -177,6 +177,7 @@ mod tests {
                         path: "/proc/sys/vm/drop_caches".into(),
                         content: "3\n".into(),
                         mode: None,
+                        parents: false,
                     }),
                 ),
                 step(
@@ -187,6 +188,7 @@ mod tests {
                         path: "/etc/hostname".into(),
                         content: "ci-0\n".into(),
                         mode: Some(0o644),
+                        parents: false,
                     }),
                 ),
                 step(

@@ -75,6 +75,7 @@ mod tests {
                         path: "/proc/sys/vm/drop_caches".into(),
                         content: "3\n".into(),
                         mode: None,
+                        parents: false,
                     }),
                 },
                 Step {
@@ -85,6 +86,7 @@ mod tests {
                         path: "/etc/hostname".into(),
                         content: "web-0\n".into(),
                         mode: Some(0o644),
+                        parents: false,
                     }),
                 },
             ]

@@ -126,6 +126,7 @@ mod tests {
                 path: "/etc/systemd/network/10-525400abcdef.network".into(),
                 content: content.into(),
                 mode: Some(0o644),
+                parents: false,
             }),
         }
     }

@@ -9,7 +9,7 @@
 //! Patterns are absolute paths; `*` matches within one component and a
 //! last component `**` matches everything below a directory. A run rule is
 //! an argv matched exactly, except that a last element `*` allows any
-//! further arguments. The contract (`wit/0.2.0/fixup.wit`, interface
+//! further arguments. The contract (`wit/0.3.0/fixup.wit`, interface
 //! `policy`) has the full rules.
 
 use crate::GuestPolicy;
@@ -22,6 +22,7 @@ impl GuestPolicy {
             removes: Vec::new(),
             runs: Vec::new(),
             special_modes: false,
+            links: Vec::new(),
         }
     }
 
@@ -63,6 +64,14 @@ impl GuestPolicy {
         self
     }
 
+    /// Also allow `name-link` steps to give these interface names: a name
+    /// where `*` matches any run of characters (`"eth*"`).
+    #[must_use]
+    pub fn links<S: Into<String>>(mut self, patterns: impl IntoIterator<Item = S>) -> Self {
+        self.links.extend(patterns.into_iter().map(Into::into));
+        self
+    }
+
     /// Everything `self` or `other` allows, without repeats.
     #[must_use]
     pub fn with(mut self, other: GuestPolicy) -> Self {
@@ -76,6 +85,7 @@ impl GuestPolicy {
         join(&mut self.writes, other.writes);
         join(&mut self.removes, other.removes);
         join(&mut self.runs, other.runs);
+        join(&mut self.links, other.links);
         self.special_modes |= other.special_modes;
         self
     }
@@ -101,6 +111,7 @@ mod tests {
         let b = GuestPolicy::new()
             .writes(["/etc/hostname", "/etc/x"])
             .removes(["/etc/y-*"])
+            .links(["eth*"])
             .special_modes();
         let joined = a.with(b);
         assert_eq!(joined.writes, ["/etc/hostname", "/etc/x"]);
@@ -112,6 +123,14 @@ mod tests {
                 "restart".into(),
                 "systemd-networkd".into()
             ]]
+        );
+        assert_eq!(joined.links, ["eth*"]);
+        assert_eq!(
+            joined
+                .clone()
+                .with(GuestPolicy::new().links(["eth*"]))
+                .links,
+            ["eth*"]
         );
         assert!(joined.special_modes);
         assert_eq!(GuestPolicy::default(), GuestPolicy::new());

@@ -6,8 +6,8 @@
 //! a plan uses it.
 
 use crate::{
-    Action, CONTRACT_VERSION, Dialect, InvalidFact, Phase, Plan, PlanError, PluginInfo, Scenario,
-    Step, WriteFile,
+    Action, CONTRACT_VERSION, Dialect, InvalidFact, LinkName, MacAddress, Phase, Plan, PlanError,
+    PluginInfo, Scenario, Step, WriteFile,
 };
 
 impl Step {
@@ -27,7 +27,8 @@ impl Step {
 
     /// Writes `content` byte for byte to the absolute `path`, replacing the
     /// file, then sets `mode` (octal permission bits) when given. Files under
-    /// `/proc` and `/sys` need `None`.
+    /// `/proc` and `/sys` need `None`. A missing parent directory fails the
+    /// step: [`Step::with_parents`] creates them first.
     pub fn write_file(
         description: impl Into<String>,
         phase: Phase,
@@ -42,8 +43,35 @@ impl Step {
                 path: path.into(),
                 content: content.into(),
                 mode,
+                parents: false,
             }),
         )
+    }
+
+    /// Makes the NIC whose MAC is `mac` carry the interface name `name` and
+    /// brings it up (phase `link`). The host renders it: it finds the NIC
+    /// by its MAC, renames it if it has another name and sets it up, and
+    /// fails the step if no interface has the MAC or another one has the
+    /// name. `mac` must be one of the VM's NICs, and the policy's
+    /// [`links`](crate::GuestPolicy::links) must allow `name`.
+    pub fn name_link(mac: MacAddress, name: impl Into<String>) -> Self {
+        let name = name.into();
+        Self::required(
+            format!("name the NIC {mac} {name} and bring it up"),
+            Phase::Link,
+            Action::NameLink(LinkName { mac, name }),
+        )
+    }
+
+    /// Makes a `write_file` step create the file's missing parent
+    /// directories first (mode 0755 before umask). Any other step is
+    /// returned unchanged.
+    #[must_use]
+    pub fn with_parents(mut self) -> Self {
+        if let Action::WriteFile(w) = &mut self.action {
+            w.parents = true;
+        }
+        self
     }
 
     /// Removes files if they exist. Each entry is an absolute path whose last
@@ -180,6 +208,38 @@ mod tests {
                     path: "/etc/x".into(),
                     content: "a'b%c\n".into(),
                     mode: Some(0o600),
+                    parents: false,
+                }),
+            }
+        );
+    }
+
+    #[test]
+    fn with_parents_sets_the_flag_of_a_write_only() {
+        let write = Step::write_file("w", Phase::Configure, "/etc/network/interfaces", "", None);
+        let Action::WriteFile(w) = write.with_parents().action else {
+            panic!("a write stays a write")
+        };
+        assert!(w.parents);
+        let run = Step::run("r", Phase::Configure, ["true"]);
+        assert_eq!(run.clone().with_parents(), run);
+    }
+
+    #[test]
+    fn name_link_is_a_required_link_step() {
+        let mac = MacAddress {
+            octets: (0x52, 0x54, 0, 0xaa, 0xbb, 0x01),
+        };
+        let step = Step::name_link(mac, "eth0");
+        assert_eq!(
+            step,
+            Step {
+                description: "name the NIC 52:54:00:aa:bb:01 eth0 and bring it up".into(),
+                phase: Phase::Link,
+                best_effort: false,
+                action: Action::NameLink(LinkName {
+                    mac,
+                    name: "eth0".into()
                 }),
             }
         );

@@ -158,6 +158,7 @@ mod tests {
                 path: "/etc/systemd/network/10-525400123456.network".into(),
                 content: "[Match]\nMACAddress=52:54:00:12:34:56\n\n[Network]\nAddress=10.0.0.7/24\nGateway=10.0.0.1\n".into(),
                 mode: Some(0o644),
+                parents: false,
             })
         );
         assert!(plan.steps[5].best_effort);

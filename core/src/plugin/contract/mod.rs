@@ -3,19 +3,25 @@
 //! types.
 //!
 //! Each version is a module with its own `bindgen!` over its frozen WIT
-//! (`wit/<version>/`): [`v0_1`] and [`v0_2`]. The `types` interface is the
-//! same in both, so 0.1.0 reuses the types generated for 0.2.0 and the
-//! conversions below serve every version. [`Pre`] is a linked plugin of any
-//! version, dispatching each export to its version's bindings.
+//! (`wit/<version>/`): [`v0_1`], [`v0_2`] and [`v0_3`]. The rest of the
+//! host sees only the current version's `types` ([`wit`]), and the
+//! conversions below turn them into domain types. 0.1.0 and 0.2.0 share one
+//! `types` interface (0.1.0 reuses the types generated for 0.2.0), which
+//! [`v0_2`] converts to and from the current one. [`Pre`] is a linked
+//! plugin of any version, dispatching each export to its version's
+//! bindings.
 //!
-//! Serving a third version takes: its WIT under `wit/<version>/`, a module
-//! like [`v0_2`] (a `bindgen!`, its host import's name), a variant of
+//! Serving another version takes: its WIT under `wit/<version>/`, a module
+//! like [`v0_3`] (a `bindgen!`, its host import's name), a variant of
 //! [`Contract`] and of [`Pre`]; every match over them is exhaustive, so the
-//! compiler lists each place that needs an arm. If its `types` change, the
-//! conversions move into that module.
+//! compiler lists each place that needs an arm. If its `types` change, it
+//! becomes the current version: [`wit`] points at its types, the
+//! conversions below follow them, and the version it replaces converts its
+//! own types to the new ones in its module (as [`v0_2`] does).
 
 pub mod v0_1;
 pub mod v0_2;
+pub mod v0_3;
 
 use wasmtime::Store;
 use wasmtime::component::{Component, Linker};
@@ -27,8 +33,8 @@ use crate::plan::{self, Plan};
 
 use super::sandbox::{self, CallState};
 
-pub use v0_2::cocoon::fixup::types as wit;
-pub use v0_2::exports::cocoon::fixup::generator::PluginInfo as WitPluginInfo;
+pub use v0_3::cocoon::fixup::types as wit;
+pub use v0_3::exports::cocoon::fixup::generator::PluginInfo as WitPluginInfo;
 
 /// The export every plugin must provide, without its version.
 pub const GENERATOR_EXPORT: &str = "cocoon:fixup/generator";
@@ -39,19 +45,21 @@ pub const GENERATOR_EXPORT: &str = "cocoon:fixup/generator";
 pub enum Contract {
     V0_1,
     V0_2,
+    V0_3,
 }
 
 impl Contract {
     /// Every served version, newest first.
-    pub const ALL: [Contract; 2] = [Contract::V0_2, Contract::V0_1];
+    pub const ALL: [Contract; 3] = [Contract::V0_3, Contract::V0_2, Contract::V0_1];
 
     /// The version new plugins are built against (the SDK's).
-    pub const CURRENT: Contract = Contract::V0_2;
+    pub const CURRENT: Contract = Contract::V0_3;
 
     pub fn version(self) -> &'static str {
         match self {
             Contract::V0_1 => v0_1::VERSION,
             Contract::V0_2 => v0_2::VERSION,
+            Contract::V0_3 => v0_3::VERSION,
         }
     }
 
@@ -59,10 +67,13 @@ impl Contract {
         Contract::ALL.into_iter().find(|c| c.version() == version)
     }
 
-    /// The served versions for messages: `0.2.0 and 0.1.0`.
+    /// The served versions for messages: `0.3.0, 0.2.0 and 0.1.0`.
     pub fn served() -> String {
         let versions: Vec<&str> = Contract::ALL.iter().map(|c| c.version()).collect();
-        versions.join(" and ")
+        match versions.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+            _ => versions.concat(),
+        }
     }
 
     /// The one import with functions a plugin of this version is granted.
@@ -70,6 +81,7 @@ impl Contract {
         match self {
             Contract::V0_1 => v0_1::HOST_IMPORT,
             Contract::V0_2 => v0_2::HOST_IMPORT,
+            Contract::V0_3 => v0_3::HOST_IMPORT,
         }
     }
 
@@ -78,7 +90,7 @@ impl Contract {
     pub fn granted_imports(self) -> Vec<String> {
         let interfaces: &[&str] = match self {
             Contract::V0_1 => &["host", "types"],
-            Contract::V0_2 => &["host", "types", "policy"],
+            Contract::V0_2 | Contract::V0_3 => &["host", "types", "policy"],
         };
         interfaces
             .iter()
@@ -97,6 +109,7 @@ impl std::fmt::Display for Contract {
 pub enum Pre {
     V0_1(v0_1::PluginPre<CallState>),
     V0_2(v0_2::PluginPre<CallState>),
+    V0_3(v0_3::PluginPre<CallState>),
 }
 
 /// What a plugin says about itself at load.
@@ -124,6 +137,7 @@ pub fn link(
     Ok(match contract {
         Contract::V0_1 => Pre::V0_1(v0_1::PluginPre::new(pre)?),
         Contract::V0_2 => Pre::V0_2(v0_2::PluginPre::new(pre)?),
+        Contract::V0_3 => Pre::V0_3(v0_3::PluginPre::new(pre)?),
     })
 }
 
@@ -138,6 +152,7 @@ impl Pre {
         match self {
             Pre::V0_1(_) => Contract::V0_1,
             Pre::V0_2(_) => Contract::V0_2,
+            Pre::V0_3(_) => Contract::V0_3,
         }
     }
 
@@ -148,7 +163,10 @@ impl Pre {
             Pre::V0_1(pre) => {
                 let plugin = pre.instantiate(&mut *store)?;
                 let info = plugin.cocoon_fixup_generator().call_describe(&mut *store)?;
-                Ok(Described { info, policy: None })
+                Ok(Described {
+                    info: v0_2::info_to_current(info),
+                    policy: None,
+                })
             }
             Pre::V0_2(pre) => {
                 let plugin = pre.instantiate(&mut *store)?;
@@ -160,6 +178,24 @@ impl Pre {
                     removes: p.removes,
                     runs: p.runs,
                     special_modes: p.special_modes,
+                    links: Vec::new(),
+                };
+                Ok(Described {
+                    info: v0_2::info_to_current(info),
+                    policy: Some(policy),
+                })
+            }
+            Pre::V0_3(pre) => {
+                let plugin = pre.instantiate(&mut *store)?;
+                let generator = plugin.cocoon_fixup_generator();
+                let info = generator.call_describe(&mut *store)?;
+                let p = generator.call_policy(&mut *store)?;
+                let policy = RawPolicy {
+                    writes: p.writes,
+                    removes: p.removes,
+                    runs: p.runs,
+                    special_modes: p.special_modes,
+                    links: p.links,
                 };
                 Ok(Described {
                     info,
@@ -176,12 +212,19 @@ impl Pre {
         scenario: wit::Scenario,
         facts: &wit::VmFacts,
     ) -> wasmtime::Result<Result<wit::Plan, wit::PlanError>> {
+        let old_scenario = v0_2::scenario_from_current(scenario);
         match self {
-            Pre::V0_1(pre) => pre
-                .instantiate(&mut *store)?
-                .cocoon_fixup_generator()
-                .call_plan(&mut *store, scenario, facts),
-            Pre::V0_2(pre) => pre
+            Pre::V0_1(pre) => Ok(v0_2::plan_to_current(
+                pre.instantiate(&mut *store)?
+                    .cocoon_fixup_generator()
+                    .call_plan(&mut *store, old_scenario, &v0_2::facts_from_current(facts))?,
+            )),
+            Pre::V0_2(pre) => Ok(v0_2::plan_to_current(
+                pre.instantiate(&mut *store)?
+                    .cocoon_fixup_generator()
+                    .call_plan(&mut *store, old_scenario, &v0_2::facts_from_current(facts))?,
+            )),
+            Pre::V0_3(pre) => pre
                 .instantiate(&mut *store)?
                 .cocoon_fixup_generator()
                 .call_plan(&mut *store, scenario, facts),
@@ -285,8 +328,16 @@ pub fn plan_from_wit(p: wit::Plan) -> Plan {
                         path: w.path,
                         content: w.content,
                         mode: w.mode,
+                        parents: w.parents,
                     }),
                     wit::Action::RemoveFiles(paths) => plan::Action::RemoveFiles(paths),
+                    wit::Action::NameLink(l) => {
+                        let o = l.mac.octets;
+                        plan::Action::NameLink(plan::NameLink {
+                            mac: facts::MacAddr([o.0, o.1, o.2, o.3, o.4, o.5]),
+                            name: l.name,
+                        })
+                    }
                 },
             })
             .collect(),

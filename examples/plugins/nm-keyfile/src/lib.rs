@@ -170,6 +170,7 @@ mod tests {
                 path: path.into(),
                 content: content.into(),
                 mode: Some(0o600),
+                parents: false,
             }),
         }
     }
