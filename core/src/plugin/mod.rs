@@ -894,6 +894,7 @@ impl PluginHost {
         };
         plan.check(&self.limits.plan)
             .and_then(|()| plan.check_reviewable())
+            .and_then(|()| plan.check_nics(facts))
             .map_err(|source| PluginError::BadPlan {
                 plugin: name.to_owned(),
                 source,
