@@ -975,13 +975,7 @@ fn read_bytes(path: &Path) -> Result<Vec<u8>> {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("COCOON_FIXUP_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    fixup_host::logging::init();
     let cli = Cli::parse();
     let config = cli.config.as_deref();
     let result = match &cli.command {

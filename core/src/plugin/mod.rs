@@ -843,6 +843,15 @@ impl PluginHost {
             ),
         };
         let narrowing = self.narrowing.get(&info.name).cloned();
+        tracing::debug!(
+            from = %origin,
+            sha256 = %sha256,
+            code = if lazy.is_some() { "at its first call" } else { "linked" },
+            "plugin {} {} registered (contract {})",
+            info.name,
+            info.version,
+            info.contract
+        );
         Ok(LoadedPlugin {
             info,
             origin,
@@ -866,6 +875,11 @@ impl PluginHost {
         facts: &VmFacts,
     ) -> Result<(Plan, CallStats), PluginError> {
         let name = plugin.info.name.as_str();
+        tracing::debug!(
+            plugin = name,
+            scenario = scenario.as_str(),
+            "asking for a plan"
+        );
         let wit_facts = contract::facts_to_wit(facts);
         let wit_scenario = contract::scenario_to_wit(scenario);
         let (result, stats) = {
