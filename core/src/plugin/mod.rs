@@ -483,7 +483,11 @@ impl PluginHost {
         // and every plugin is compiled instead.
         let cache = options.cache_dir.as_deref().and_then(|dir| {
             ArtifactCache::open(dir, options.cache_key.as_deref(), &engine)
-                .inspect_err(|e| tracing::warn!("{e}; plugins are compiled at every start instead"))
+                .inspect_err(|e| {
+                    cache::warn_once(format_args!(
+                        "{e}; plugins are compiled at every start instead"
+                    ))
+                })
                 .ok()
                 .map(Arc::new)
         });
