@@ -24,8 +24,9 @@ use crate::oci::{OciError, PinnedPlugins, PluginRef, RegistryOptions};
 use crate::plan::PlanLimits;
 use crate::plan::policy::{GuestPolicy, RawPolicy};
 use crate::planner::{FailurePolicy, PlannerOptions};
-use crate::plugin::cache::default_cache_dir;
+use crate::plugin::cache::{CacheOwner, CachePaths, default_paths};
 use crate::plugin::sandbox::{DEFAULT_DEADLINE, DEFAULT_FUEL, DEFAULT_MEMORY_BYTES};
+use crate::plugin::trusted::euid;
 use crate::plugin::{DEFAULT_SLOTS, EngineOptions, Limits};
 use crate::probe::DEFAULT_COCOON_ROOT;
 use crate::ready::DEFAULT_LEASE_FILE;
@@ -67,20 +68,13 @@ fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 200ms, 3s, 2m)"))
 }
 
-/// Options every command that plans or applies shares. All are optional
-/// here so that the file and the defaults can fill them in.
+/// The options that say which plugins load and how they are cached and
+/// bounded: all that `plugin test` and `plugin inspect` take besides
+/// `--config`, and part of every command that plans ([`ConfigArgs`]).
+/// All are optional here so that the file and the defaults can fill them
+/// in; in the file they are top-level keys like the others.
 #[derive(Debug, Clone, Default, Args, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ConfigArgs {
-    /// The cocoon CLI [default: /usr/local/bin/cocoon]
-    #[arg(long, value_name = "PATH", env = "COCOON_FIXUP_COCOON_BIN")]
-    pub cocoon_bin: Option<PathBuf>,
-    /// The cocoon root, for the overlay probe [default: /var/lib/cocoon]
-    #[arg(long, value_name = "DIR", env = "COCOON_ROOT")]
-    pub cocoon_root: Option<PathBuf>,
-    /// The cocoon-net lease file [default: /var/lib/cocoon/net/leases.json]
-    #[arg(long, value_name = "FILE", env = "COCOON_FIXUP_LEASE_FILE")]
-    pub lease_file: Option<PathBuf>,
+pub struct PluginConfigArgs {
     /// Directory of vendor plugins (`*.wasm`). It and the directories above
     /// it must be root's or the user's and not writable by others, and each
     /// plugin a regular file (not a link) of theirs, not writable by others
@@ -90,16 +84,18 @@ pub struct ConfigArgs {
     /// Directory for precompiled plugins, created 0700. It and the
     /// directories above it must be root's or the user's and not writable by
     /// others (a root-owned sticky directory like /tmp may be above it),
-    /// or it is not used: a warning, and plugins are compiled at every start.
-    /// No link may be on its path
-    /// [default: /var/cache/cocoon-fixup as root, else ~/.cache/cocoon-fixup]
+    /// or it is not used: one warning, and plugins are compiled at every
+    /// start. No link may be on its path [default: the user's own,
+    /// $XDG_CACHE_HOME/cocoon-fixup, else ~/.cache/cocoon-fixup, even as
+    /// root; for `run` and `serve` as root, /var/cache/cocoon-fixup]
     #[arg(long, value_name = "DIR", env = "COCOON_FIXUP_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
     /// Key that authenticates precompiled plugins: 32 random bytes, made
     /// on first use, mode 0600, owned by the user cocoon-fixup runs as,
-    /// outside the cache directory [default: /var/lib/cocoon-fixup/cache.key
-    /// for root; $XDG_STATE_HOME/cocoon-fixup/cache.key, else
-    /// ~/.local/state/cocoon-fixup/cache.key, for other users]
+    /// outside the cache directory [default: the user's own,
+    /// $XDG_STATE_HOME/cocoon-fixup/cache.key, else
+    /// ~/.local/state/cocoon-fixup/cache.key, even as root; for `run` and
+    /// `serve` as root, /var/lib/cocoon-fixup/cache.key]
     #[arg(long, value_name = "FILE", env = "COCOON_FIXUP_CACHE_KEY")]
     pub cache_key: Option<PathBuf>,
     /// Compile plugins at every start instead of using the cache
@@ -122,6 +118,30 @@ pub struct ConfigArgs {
     /// Most bytes of text in a plan [default: 65536]
     #[arg(long, value_name = "BYTES", env = "COCOON_FIXUP_PLAN_MAX_BYTES")]
     pub plan_max_bytes: Option<usize>,
+    /// Only load plugin files with this sha256 (repeat for several); without
+    /// it every plugin file is loaded. Built-ins are always trusted.
+    #[arg(long = "allow-plugin", value_name = "SHA256", env = "COCOON_FIXUP_ALLOW_PLUGINS", value_delimiter = ',', value_parser = crate::plugin::parse_sha256)]
+    #[serde(default, rename = "allowed_plugins")]
+    pub allowed_plugins: Vec<String>,
+}
+
+/// Options every command that plans or applies shares: the plugin options
+/// and the node's (cocoon, leases, retries, the daemon). All are optional
+/// here so that the file and the defaults can fill them in.
+#[derive(Debug, Clone, Default, Args, Deserialize)]
+pub struct ConfigArgs {
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub plugin: PluginConfigArgs,
+    /// The cocoon CLI [default: /usr/local/bin/cocoon]
+    #[arg(long, value_name = "PATH", env = "COCOON_FIXUP_COCOON_BIN")]
+    pub cocoon_bin: Option<PathBuf>,
+    /// The cocoon root, for the overlay probe [default: /var/lib/cocoon]
+    #[arg(long, value_name = "DIR", env = "COCOON_ROOT")]
+    pub cocoon_root: Option<PathBuf>,
+    /// The cocoon-net lease file [default: /var/lib/cocoon/net/leases.json]
+    #[arg(long, value_name = "FILE", env = "COCOON_FIXUP_LEASE_FILE")]
+    pub lease_file: Option<PathBuf>,
     /// Wait between fixup attempts [default: 3s]
     #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_RETRY_INTERVAL", value_parser = duration)]
     #[serde(default, with = "opt_duration")]
@@ -187,11 +207,6 @@ pub struct ConfigArgs {
     )]
     #[serde(default)]
     pub oci_plain_http: Vec<String>,
-    /// Only load plugin files with this sha256 (repeat for several); without
-    /// it every plugin file is loaded. Built-ins are always trusted.
-    #[arg(long = "allow-plugin", value_name = "SHA256", env = "COCOON_FIXUP_ALLOW_PLUGINS", value_delimiter = ',', value_parser = crate::plugin::parse_sha256)]
-    #[serde(default, rename = "allowed_plugins")]
-    pub allowed_plugins: Vec<String>,
     /// Also accept VMs named in the legacy unhashed form `vk-<namespace>-<pod>`
     /// (ambiguous across namespaces with dashes: only for VMs created before
     /// the stack hashed names)
@@ -238,6 +253,11 @@ pub struct ConfigArgs {
     #[arg(skip)]
     #[serde(default)]
     pub plugin_failure: BTreeMap<String, String>,
+    /// The file's keys that no option has: refused by name when the file
+    /// is read (the flattened plugin options rule out serde's own check).
+    #[arg(skip)]
+    #[serde(flatten)]
+    unknown: BTreeMap<String, serde::de::IgnoredAny>,
 }
 
 mod opt_duration {
@@ -272,9 +292,33 @@ pub struct Settings {
 
 impl ConfigArgs {
     /// Merge: `self` (flags and environment, from clap) over the file over
-    /// the defaults. `config` is `--config`; without it the default file is
+    /// the defaults, with the node's cache ([`CacheOwner::Node`]: `run`,
+    /// `serve`). `config` is `--config`; without it the default file is
     /// read when it exists.
     pub fn resolve(&self, config: Option<&Path>) -> Result<Settings, ConfigError> {
+        self.resolve_for(config, CacheOwner::Node)
+    }
+
+    /// As [`resolve`](Self::resolve), with the cache of `owner` when none
+    /// is configured: [`CacheOwner::User`] for the commands a person runs
+    /// (`plan`, `capture`, `plugin test`, `plugin inspect`).
+    pub fn resolve_for(
+        &self,
+        config: Option<&Path>,
+        owner: CacheOwner,
+    ) -> Result<Settings, ConfigError> {
+        let defaults = default_paths(owner, euid(), |v| std::env::var_os(v));
+        self.resolve_with(config, owner, defaults)
+    }
+
+    /// [`resolve_for`](Self::resolve_for) with the default cache paths
+    /// given, so that tests need not change the environment.
+    fn resolve_with(
+        &self,
+        config: Option<&Path>,
+        owner: CacheOwner,
+        defaults: CachePaths,
+    ) -> Result<Settings, ConfigError> {
         let (file, path) = match config {
             Some(p) => (Self::read(p)?, Some(p.to_owned())),
             None if Path::new(DEFAULT_CONFIG_FILE).is_file() => (
@@ -284,12 +328,14 @@ impl ConfigArgs {
             None => (ConfigArgs::default(), None),
         };
         let a = self.clone().over(file);
-        let plugin_dir = match a.plugin_dir {
+        let (cache_dir, cache_key) = cache_paths(&a.plugin, owner, defaults);
+        let plugin_dir = match a.plugin.plugin_dir {
             Some(dir) if dir.is_dir() => Some(dir),
             Some(dir) => return Err(ConfigError::PluginDir { path: dir }),
             None => Some(PathBuf::from(DEFAULT_PLUGIN_DIR)).filter(|d| d.is_dir()),
         };
         let memory_mib = a
+            .plugin
             .plugin_memory_mib
             .unwrap_or((DEFAULT_MEMORY_BYTES >> 20) as u32);
         if !crate::plugin::MEMORY_MIB_RANGE.contains(&memory_mib) {
@@ -300,7 +346,7 @@ impl ConfigArgs {
             });
         }
         let mut allowed = std::collections::BTreeSet::new();
-        for digest in &a.allowed_plugins {
+        for digest in &a.plugin.allowed_plugins {
             allowed.insert(crate::plugin::parse_sha256(digest).map_err(|rule| {
                 ConfigError::Invalid {
                     what: "allowed_plugins",
@@ -378,26 +424,22 @@ impl ConfigArgs {
             planner: PlannerOptions {
                 engine: EngineOptions {
                     limits: Limits {
-                        fuel: a.plugin_fuel.unwrap_or(DEFAULT_FUEL),
+                        fuel: a.plugin.plugin_fuel.unwrap_or(DEFAULT_FUEL),
                         memory_bytes: (memory_mib as usize) << 20,
-                        deadline: a.plugin_deadline.unwrap_or(DEFAULT_DEADLINE),
+                        deadline: a.plugin.plugin_deadline.unwrap_or(DEFAULT_DEADLINE),
                         plan: PlanLimits {
-                            max_steps: a.plan_max_steps.unwrap_or(plan_default.max_steps),
-                            max_bytes: a.plan_max_bytes.unwrap_or(plan_default.max_bytes),
+                            max_steps: a.plugin.plan_max_steps.unwrap_or(plan_default.max_steps),
+                            max_bytes: a.plugin.plan_max_bytes.unwrap_or(plan_default.max_bytes),
                         },
                     },
-                    cache_dir: if a.no_cache {
-                        None
-                    } else {
-                        a.cache_dir.or_else(default_cache_dir)
-                    },
-                    cache_key: a.cache_key.clone(),
+                    cache_dir,
+                    cache_key,
                     // One instance per pod in flight, plus room for the
                     // recovery plans and `plan` calls beside them.
                     slots: (concurrency as u32).saturating_mul(2).max(DEFAULT_SLOTS),
                     allowed_sha256: (!allowed.is_empty()).then_some(allowed),
                     narrowing,
-                    quarantined: QuarantineFile::beside_key(a.cache_key.as_deref())
+                    quarantined: QuarantineFile::beside_key(a.plugin.cache_key.as_deref())
                         .map(|q| q.read())
                         .unwrap_or_default(),
                 },
@@ -455,27 +497,26 @@ impl ConfigArgs {
             path: path.to_owned(),
             reason: e.to_string(),
         })?;
-        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        let file: ConfigArgs = toml::from_str(&text).map_err(|e| ConfigError::Parse {
             path: path.to_owned(),
             reason: e.message().to_owned(),
-        })
+        })?;
+        match file.unknown.keys().next() {
+            Some(key) => Err(ConfigError::Parse {
+                path: path.to_owned(),
+                reason: format!("unknown key `{key}`"),
+            }),
+            None => Ok(file),
+        }
     }
 
     /// Field by field: `self` where set, else `file`.
     fn over(self, file: ConfigArgs) -> ConfigArgs {
         ConfigArgs {
+            plugin: self.plugin.over(file.plugin),
             cocoon_bin: self.cocoon_bin.or(file.cocoon_bin),
             cocoon_root: self.cocoon_root.or(file.cocoon_root),
             lease_file: self.lease_file.or(file.lease_file),
-            plugin_dir: self.plugin_dir.or(file.plugin_dir),
-            cache_dir: self.cache_dir.or(file.cache_dir),
-            cache_key: self.cache_key.or(file.cache_key),
-            no_cache: self.no_cache || file.no_cache,
-            plugin_fuel: self.plugin_fuel.or(file.plugin_fuel),
-            plugin_memory_mib: self.plugin_memory_mib.or(file.plugin_memory_mib),
-            plugin_deadline: self.plugin_deadline.or(file.plugin_deadline),
-            plan_max_steps: self.plan_max_steps.or(file.plan_max_steps),
-            plan_max_bytes: self.plan_max_bytes.or(file.plan_max_bytes),
             retry_interval: self.retry_interval.or(file.retry_interval),
             retry_budget: self.retry_budget.or(file.retry_budget),
             exec_timeout: self.exec_timeout.or(file.exec_timeout),
@@ -485,7 +526,6 @@ impl ConfigArgs {
             renew_after: self.renew_after.or(file.renew_after),
             renew_timeout: self.renew_timeout.or(file.renew_timeout),
             dhcp_recovery_after: self.dhcp_recovery_after.or(file.dhcp_recovery_after),
-            allowed_plugins: list_or(self.allowed_plugins, file.allowed_plugins),
             accept_legacy_vm_names: self.accept_legacy_vm_names || file.accept_legacy_vm_names,
             plugins: list_or(self.plugins, file.plugins),
             oci_store: self.oci_store.or(file.oci_store),
@@ -500,8 +540,66 @@ impl ConfigArgs {
             // The file is their only source.
             plugin_policy: file.plugin_policy,
             plugin_failure: file.plugin_failure,
+            unknown: BTreeMap::new(),
         }
     }
+}
+
+impl PluginConfigArgs {
+    /// [`ConfigArgs::resolve_for`] with these options and the person's
+    /// own cache ([`CacheOwner::User`]): the other options come from the
+    /// file and the defaults.
+    pub fn resolve(&self, config: Option<&Path>) -> Result<Settings, ConfigError> {
+        ConfigArgs {
+            plugin: self.clone(),
+            ..ConfigArgs::default()
+        }
+        .resolve_for(config, CacheOwner::User)
+    }
+
+    /// Field by field: `self` where set, else `file`.
+    fn over(self, file: PluginConfigArgs) -> PluginConfigArgs {
+        PluginConfigArgs {
+            plugin_dir: self.plugin_dir.or(file.plugin_dir),
+            cache_dir: self.cache_dir.or(file.cache_dir),
+            cache_key: self.cache_key.or(file.cache_key),
+            no_cache: self.no_cache || file.no_cache,
+            plugin_fuel: self.plugin_fuel.or(file.plugin_fuel),
+            plugin_memory_mib: self.plugin_memory_mib.or(file.plugin_memory_mib),
+            plugin_deadline: self.plugin_deadline.or(file.plugin_deadline),
+            plan_max_steps: self.plan_max_steps.or(file.plan_max_steps),
+            plan_max_bytes: self.plan_max_bytes.or(file.plan_max_bytes),
+            allowed_plugins: list_or(self.allowed_plugins, file.allowed_plugins),
+        }
+    }
+}
+
+/// The cache directory and key in force. `--no-cache` turns the cache
+/// off; a configured directory or key is used as given; else `defaults`.
+/// The node may leave the key to the engine (its default is the same
+/// place). A person's key may not be left so, or a root shell would key
+/// its own cache with the node's key: where there is no place for it (or
+/// for the directory), there is no cache, and one warning says so.
+fn cache_paths(
+    p: &PluginConfigArgs,
+    owner: CacheOwner,
+    defaults: CachePaths,
+) -> (Option<PathBuf>, Option<PathBuf>) {
+    if p.no_cache {
+        return (None, p.cache_key.clone());
+    }
+    let dir = p.cache_dir.clone().or(defaults.dir);
+    if owner == CacheOwner::Node {
+        return (dir, p.cache_key.clone());
+    }
+    let key = p.cache_key.clone().or(defaults.key);
+    if dir.is_none() || key.is_none() {
+        tracing::warn!(
+            "no place for a plugin cache of this user (HOME, XDG_CACHE_HOME and XDG_STATE_HOME are unset): plugins are compiled at every run; set --cache-dir and --cache-key to keep them"
+        );
+        return (None, key);
+    }
+    (dir, key)
 }
 
 /// A list option: the flag's or environment's list when given, else the
@@ -519,6 +617,12 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         config: ConfigArgs,
+    }
+
+    #[derive(Debug, Parser)]
+    struct PluginCli {
+        #[command(flatten)]
+        config: PluginConfigArgs,
     }
 
     #[test]
@@ -654,6 +758,99 @@ links = ["eth0"]
         std::fs::write(&file, "plugins = [\"/etc/plugins/a.wasm\"]\n").unwrap();
         let err = ConfigArgs::default().resolve(Some(&file)).unwrap_err();
         assert!(err.to_string().contains("oci://"), "{err}");
+    }
+
+    #[test]
+    fn plugin_options_and_node_options_share_one_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.toml");
+        std::fs::write(
+            &file,
+            "plugin_fuel = 1000\nplan_max_steps = 9\nno_cache = true\nretry_budget = \"60s\"\n\
+             [plugin_failure]\nacme-net = \"fallback\"\n",
+        )
+        .unwrap();
+        let s = ConfigArgs::default().resolve(Some(&file)).unwrap();
+        assert_eq!(s.planner.engine.limits.fuel, 1000);
+        assert_eq!(s.planner.engine.limits.plan.max_steps, 9);
+        assert_eq!(s.planner.engine.cache_dir, None);
+        assert_eq!(s.host.retry.budget, Duration::from_secs(60));
+        let cli = PluginCli::parse_from(["x", "--plugin-fuel", "2000"]);
+        let s = cli.config.resolve(Some(&file)).unwrap();
+        assert_eq!(s.planner.engine.limits.fuel, 2000, "the flag wins");
+        assert_eq!(s.planner.engine.limits.plan.max_steps, 9, "from the file");
+        assert_eq!(s.planner.failure["acme-net"], FailurePolicy::Fallback);
+        assert_eq!(s.host.retry.budget, Duration::from_secs(60), "the file's");
+
+        std::fs::write(&file, "plugin_fuel = 1000\nplugin_fuell = 5\n").unwrap();
+        let err = PluginConfigArgs::default()
+            .resolve(Some(&file))
+            .unwrap_err();
+        assert!(matches!(err, ConfigError::Parse { .. }), "{err:?}");
+        assert!(err.to_string().contains("`plugin_fuell`"), "{err}");
+        std::fs::write(&file, "plugin_fuel = \"lots\"\n").unwrap();
+        let err = ConfigArgs::default().resolve(Some(&file)).unwrap_err();
+        assert!(err.to_string().contains("config.toml"), "{err}");
+    }
+
+    fn paths(dir: &str, key: &str) -> CachePaths {
+        CachePaths {
+            dir: Some(PathBuf::from(dir)),
+            key: Some(PathBuf::from(key)),
+        }
+    }
+
+    /// The cache directory and key a command ends up with.
+    fn cache_of(args: &ConfigArgs, owner: CacheOwner, defaults: CachePaths) -> CachePaths {
+        let s = args.resolve_with(None, owner, defaults).unwrap();
+        CachePaths {
+            dir: s.planner.engine.cache_dir,
+            key: s.planner.engine.cache_key,
+        }
+    }
+
+    #[test]
+    fn each_command_gets_its_cache() {
+        let node = paths("/var/cache/cocoon-fixup", "/var/lib/cocoon-fixup/cache.key");
+        let own = paths("/root/.cache/cocoon-fixup", "/root/.local/state/k");
+        let none = ConfigArgs::default();
+        // The node leaves its key to the engine, whose default is the same.
+        assert_eq!(
+            cache_of(&none, CacheOwner::Node, node.clone()),
+            CachePaths {
+                dir: node.dir.clone(),
+                key: None
+            }
+        );
+        assert_eq!(cache_of(&none, CacheOwner::User, own.clone()), own);
+        // No place for the key: no cache, rather than the node's key.
+        let no_key = CachePaths {
+            dir: own.dir.clone(),
+            key: None,
+        };
+        assert_eq!(
+            cache_of(&none, CacheOwner::User, no_key),
+            CachePaths::default()
+        );
+        let set = Cli::parse_from(["x", "--cache-dir", "/srv/c", "--cache-key", "/srv/k"]);
+        for owner in [CacheOwner::Node, CacheOwner::User] {
+            assert_eq!(
+                cache_of(&set.config, owner, own.clone()),
+                paths("/srv/c", "/srv/k"),
+                "{owner:?}: as configured"
+            );
+        }
+        let dir_only = Cli::parse_from(["x", "--cache-dir", "/srv/c"]);
+        assert_eq!(
+            cache_of(&dir_only.config, CacheOwner::User, own.clone()),
+            paths("/srv/c", "/root/.local/state/k")
+        );
+        let off = Cli::parse_from(["x", "--no-cache"]);
+        assert_eq!(
+            cache_of(&off.config, CacheOwner::User, own).dir,
+            None,
+            "--no-cache"
+        );
     }
 
     #[test]

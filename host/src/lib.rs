@@ -23,6 +23,7 @@
 //! - [`serve`]: the node daemon's watch, dispatcher and metrics endpoint.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`config`]: flags > environment > file > defaults, resolved once.
+//! - [`logging`]: the binary's log filter (`COCOON_FIXUP_LOG`) and colour.
 //! - [`oci`]: plugins as OCI artifacts: push, pull by digest, the store of
 //!   pinned plugins.
 //!
@@ -39,6 +40,7 @@ pub mod cocoon;
 pub mod config;
 pub mod host;
 pub mod kube;
+pub mod logging;
 pub mod metrics;
 pub mod oci;
 pub mod pods;

@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use fixup_host::binding::{self, BindingPolicy, Verdict};
 use fixup_host::cocoon::CocoonCli;
-use fixup_host::config::{ConfigArgs, Settings};
+use fixup_host::config::{ConfigArgs, PluginConfigArgs, Settings};
 use fixup_host::facts::{BootKind, Observation, Overrides, PodInput, VmInspect};
 use fixup_host::host::{Host, Summary, Trigger};
 use fixup_host::kube::KubeApi;
@@ -18,6 +18,7 @@ use fixup_host::metrics::Metrics;
 use fixup_host::oci::{self, PluginRef, RegistryOptions, Tags};
 use fixup_host::plan::{self, Action};
 use fixup_host::planner::{PlanOutcome, Planner};
+use fixup_host::plugin::cache::CacheOwner;
 use fixup_host::ready::LeaseWatcher;
 use fixup_host::reload::{self, QuarantineFile, Reloader};
 use fixup_host::serve;
@@ -227,7 +228,7 @@ struct PluginTestArgs {
     #[arg(long, value_enum, default_value_t = Output::Text)]
     output: Output,
     #[command(flatten)]
-    config: ConfigArgs,
+    config: PluginConfigArgs,
 }
 
 #[derive(Debug, Args)]
@@ -239,7 +240,7 @@ struct PluginInspectArgs {
     #[arg(long, value_enum, default_value_t = Output::Text)]
     output: Output,
     #[command(flatten)]
-    config: ConfigArgs,
+    config: PluginConfigArgs,
 }
 
 #[derive(Debug, Args)]
@@ -655,7 +656,7 @@ async fn capture_online(
 }
 
 fn run_capture(args: &CaptureArgs, config: Option<&Path>) -> Result<u8> {
-    let settings = args.config.resolve(config)?;
+    let settings = args.config.resolve_for(config, CacheOwner::User)?;
     let (pod, record, events, source) = match &args.vm {
         Some(vm) => {
             let pod_file = PathBuf::from(&args.pod);
@@ -739,7 +740,7 @@ fn run_capture(args: &CaptureArgs, config: Option<&Path>) -> Result<u8> {
 }
 
 fn run_plan(args: &PlanArgs, config: Option<&Path>) -> Result<u8> {
-    let settings = args.config.resolve(config)?;
+    let settings = args.config.resolve_for(config, CacheOwner::User)?;
     let (obs, verdict) = observe(args, settings.host.binding)?;
     if !verdict.is_bound() {
         eprintln!(
@@ -977,13 +978,7 @@ fn read_bytes(path: &Path) -> Result<Vec<u8>> {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("COCOON_FIXUP_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    fixup_host::logging::init();
     let cli = Cli::parse();
     let config = cli.config.as_deref();
     let result = match &cli.command {

@@ -174,7 +174,9 @@ fn windows_quoted_len(word: &str) -> usize {
 /// be composed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
-    #[error("plan has {steps} steps, over the limit of {max} (PlanLimits::max_steps)")]
+    #[error(
+        "plan has {steps} steps, over the limit of {max}: plan fewer steps, or raise the limit with --plan-max-steps (`plan_max_steps` in the configuration file)"
+    )]
     TooManySteps { steps: usize, max: usize },
     #[error("plan has {bytes} bytes of text, over the limit of {max} (PlanLimits::max_bytes)")]
     TooLarge { bytes: usize, max: usize },
@@ -1123,7 +1125,7 @@ mod tests {
         assert_eq!(err, PlanError::TooManySteps { steps: 4, max: 3 });
         assert_eq!(
             err.to_string(),
-            "plan has 4 steps, over the limit of 3 (PlanLimits::max_steps)"
+            "plan has 4 steps, over the limit of 3: plan fewer steps, or raise the limit with --plan-max-steps (`plan_max_steps` in the configuration file)"
         );
     }
 

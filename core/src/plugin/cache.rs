@@ -26,8 +26,9 @@
 //! temporary file that is renamed into place.
 //!
 //! The cache is an optimisation: a directory or key that is refused, or a
-//! cache that cannot be written, is a warning and the host compiles
-//! instead ([`PluginHost::new`](super::PluginHost::new)).
+//! cache that cannot be read or written, is a warning (one a process,
+//! [`warn_once`]) and the host compiles instead
+//! ([`PluginHost::new`](super::PluginHost::new)).
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -116,42 +117,85 @@ pub enum CacheError {
     },
 }
 
-/// The default key file for the user the host runs as: [`DEFAULT_KEY_FILE`]
-/// for root; `$XDG_STATE_HOME/cocoon-fixup/cache.key`, else
-/// `~/.local/state/cocoon-fixup/cache.key`, for anyone else.
-pub fn default_key_path() -> Option<PathBuf> {
-    if euid() == 0 {
-        return Some(PathBuf::from(DEFAULT_KEY_FILE));
+/// Whether this process has warned about the cache yet ([`warn_once`]).
+static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Report that the cache cannot be used, or not for one entry: the first
+/// such report in the process is a warning, the others are logged at
+/// `debug`. A cache that fails for every plugin (a directory that cannot
+/// be read or written) is then one line, not one a plugin, and a daemon
+/// that rebuilds its plugin host at each reload does not repeat it.
+/// (An entry that fails authentication is not this: it is a warning each
+/// time, naming the file.)
+pub fn warn_once(problem: std::fmt::Arguments<'_>) {
+    if WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::debug!("{problem}");
+    } else {
+        tracing::warn!(
+            "{problem} (further plugin cache problems of this process are logged at debug level)"
+        );
     }
-    let state = std::env::var_os("XDG_STATE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|home| PathBuf::from(home).join(".local/state"))
-        })?;
-    Some(state.join("cocoon-fixup").join("cache.key"))
 }
 
-/// The default cache directory for the user the host runs as:
-/// [`DEFAULT_CACHE_DIR`] for root; `$XDG_CACHE_HOME/cocoon-fixup`, else
-/// `~/.cache/cocoon-fixup`, for anyone else (a developer running `plan` or
-/// `plugin inspect` has no business in the node's cache). `None` when
-/// neither variable is set: no cache then.
-pub fn default_cache_dir() -> Option<PathBuf> {
-    if euid() == 0 {
-        return Some(PathBuf::from(DEFAULT_CACHE_DIR));
+/// Whose cache a command uses when `--cache-dir` and `--cache-key` are
+/// not given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheOwner {
+    /// The node's (`run`, `serve`, an embedder): [`DEFAULT_CACHE_DIR`] and
+    /// [`DEFAULT_KEY_FILE`] as root, the user's own for anyone else.
+    Node,
+    /// The person at the terminal (`plan`, `capture`, `plugin test`,
+    /// `plugin inspect`): always the user's own, root included, so that
+    /// what a development build compiles never lands in the node's cache.
+    User,
+}
+
+/// A cache directory and its key; either is `None` when there is no
+/// place for it (HOME and the XDG variable unset).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CachePaths {
+    pub dir: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+}
+
+/// The default cache directory and key of `owner` when the effective user
+/// is `euid` and `var` reads the environment: the system paths for the
+/// node as root; else `$XDG_CACHE_HOME/cocoon-fixup` (or
+/// `~/.cache/cocoon-fixup`) and `$XDG_STATE_HOME/cocoon-fixup/cache.key`
+/// (or `~/.local/state/cocoon-fixup/cache.key`). An empty variable counts
+/// as unset.
+pub fn default_paths(
+    owner: CacheOwner,
+    euid: u32,
+    var: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> CachePaths {
+    if owner == CacheOwner::Node && euid == 0 {
+        return CachePaths {
+            dir: Some(PathBuf::from(DEFAULT_CACHE_DIR)),
+            key: Some(PathBuf::from(DEFAULT_KEY_FILE)),
+        };
     }
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|home| PathBuf::from(home).join(".cache"))
-        })?;
-    Some(cache.join("cocoon-fixup"))
+    let set = |name: &str| var(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let under =
+        |xdg: &str, in_home: &str| set(xdg).or_else(|| set("HOME").map(|home| home.join(in_home)));
+    CachePaths {
+        dir: under("XDG_CACHE_HOME", ".cache").map(|d| d.join("cocoon-fixup")),
+        key: under("XDG_STATE_HOME", ".local/state")
+            .map(|d| d.join("cocoon-fixup").join("cache.key")),
+    }
+}
+
+/// The node's default key file for the user the host runs as
+/// ([`default_paths`] of [`CacheOwner::Node`]).
+pub fn default_key_path() -> Option<PathBuf> {
+    default_paths(CacheOwner::Node, euid(), |v| std::env::var_os(v)).key
+}
+
+/// The node's default cache directory for the user the host runs as
+/// ([`default_paths`] of [`CacheOwner::Node`]); `None` (no cache) when
+/// neither HOME nor XDG_CACHE_HOME is set.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    default_paths(CacheOwner::Node, euid(), |v| std::env::var_os(v)).dir
 }
 
 /// The secret that authenticates cache entries: 32 random bytes in a file
@@ -349,7 +393,9 @@ impl ArtifactCache {
         let entry = match self.dir.read_file(&name) {
             Ok(entry) => entry?,
             Err(e) => {
-                tracing::warn!("plugin describe record not used: {e}; describing it again");
+                warn_once(format_args!(
+                    "plugin describe record not used: {e}; describing it again"
+                ));
                 return None;
             }
         };
@@ -383,7 +429,10 @@ impl ArtifactCache {
             .dir
             .write_file(&self.record_name(plugin_sha256), &entry, 0o600)
         {
-            tracing::warn!(dir = %self.dir.path().display(), "cannot write a plugin describe record ({e}); the plugin is described at every start");
+            warn_once(format_args!(
+                "cannot write a plugin describe record in {} ({e}); plugins are described at every start",
+                self.dir.path().display()
+            ));
         }
     }
 
@@ -416,13 +465,18 @@ impl ArtifactCache {
                 }
             },
             Err(e) => {
-                tracing::warn!("precompiled plugin not used: {e}; compiling it again");
+                warn_once(format_args!(
+                    "precompiled plugin not used: {e}; compiling it again"
+                ));
                 CacheOutcome::Rebuilt
             }
         };
         let artifact = engine.precompile_component(wasm)?;
         if let Err(e) = self.store(&name, plugin_sha256, &artifact) {
-            tracing::warn!(dir = %self.dir.path().display(), "cannot write the plugin cache ({e}); plugins will be compiled at every start");
+            warn_once(format_args!(
+                "cannot write the plugin cache {} ({e}); plugins will be compiled at every start",
+                self.dir.path().display()
+            ));
         }
         #[allow(unsafe_code)]
         // SAFETY: `artifact` was produced just now by this engine's
@@ -454,5 +508,87 @@ impl ArtifactCache {
         // The checksum file of the format before entries were
         // authenticated, if one is left.
         self.dir.remove(&format!("{name}.sha256"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsString;
+
+    /// An environment of these variables only.
+    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
+        let vars: Vec<(String, OsString)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), OsString::from(v)))
+            .collect();
+        move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+    }
+
+    fn paths(dir: &str, key: &str) -> CachePaths {
+        CachePaths {
+            dir: Some(PathBuf::from(dir)),
+            key: Some(PathBuf::from(key)),
+        }
+    }
+
+    #[test]
+    fn the_node_as_root_uses_the_system_paths() {
+        let home = env(&[("HOME", "/root")]);
+        assert_eq!(
+            default_paths(CacheOwner::Node, 0, &home),
+            paths(DEFAULT_CACHE_DIR, DEFAULT_KEY_FILE)
+        );
+    }
+
+    #[test]
+    fn a_person_uses_their_own_even_as_root() {
+        let home = env(&[("HOME", "/root")]);
+        let own = paths(
+            "/root/.cache/cocoon-fixup",
+            "/root/.local/state/cocoon-fixup/cache.key",
+        );
+        assert_eq!(default_paths(CacheOwner::User, 0, &home), own);
+        let home = env(&[("HOME", "/home/ada")]);
+        for owner in [CacheOwner::User, CacheOwner::Node] {
+            assert_eq!(
+                default_paths(owner, 1000, &home),
+                paths(
+                    "/home/ada/.cache/cocoon-fixup",
+                    "/home/ada/.local/state/cocoon-fixup/cache.key"
+                ),
+                "{owner:?} as another user"
+            );
+        }
+    }
+
+    #[test]
+    fn xdg_variables_win_and_empty_ones_count_as_unset() {
+        let vars = env(&[
+            ("HOME", "/home/ada"),
+            ("XDG_CACHE_HOME", "/fast/cache"),
+            ("XDG_STATE_HOME", ""),
+        ]);
+        assert_eq!(
+            default_paths(CacheOwner::User, 0, &vars),
+            paths(
+                "/fast/cache/cocoon-fixup",
+                "/home/ada/.local/state/cocoon-fixup/cache.key"
+            )
+        );
+    }
+
+    #[test]
+    fn no_home_is_no_place() {
+        assert_eq!(
+            default_paths(CacheOwner::User, 0, env(&[("HOME", "")])),
+            CachePaths::default()
+        );
+        let only_cache = default_paths(CacheOwner::User, 1000, env(&[("XDG_CACHE_HOME", "/c")]));
+        assert_eq!(
+            only_cache.dir.as_deref(),
+            Some(Path::new("/c/cocoon-fixup"))
+        );
+        assert_eq!(only_cache.key, None);
     }
 }

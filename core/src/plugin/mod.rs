@@ -483,7 +483,11 @@ impl PluginHost {
         // and every plugin is compiled instead.
         let cache = options.cache_dir.as_deref().and_then(|dir| {
             ArtifactCache::open(dir, options.cache_key.as_deref(), &engine)
-                .inspect_err(|e| tracing::warn!("{e}; plugins are compiled at every start instead"))
+                .inspect_err(|e| {
+                    cache::warn_once(format_args!(
+                        "{e}; plugins are compiled at every start instead"
+                    ))
+                })
                 .ok()
                 .map(Arc::new)
         });
@@ -843,6 +847,15 @@ impl PluginHost {
             ),
         };
         let narrowing = self.narrowing.get(&info.name).cloned();
+        tracing::debug!(
+            from = %origin,
+            sha256 = %sha256,
+            code = if lazy.is_some() { "at its first call" } else { "linked" },
+            "plugin {} {} registered (contract {})",
+            info.name,
+            info.version,
+            info.contract
+        );
         Ok(LoadedPlugin {
             info,
             origin,
@@ -866,6 +879,11 @@ impl PluginHost {
         facts: &VmFacts,
     ) -> Result<(Plan, CallStats), PluginError> {
         let name = plugin.info.name.as_str();
+        tracing::debug!(
+            plugin = name,
+            scenario = scenario.as_str(),
+            "asking for a plan"
+        );
         let wit_facts = contract::facts_to_wit(facts);
         let wit_scenario = contract::scenario_to_wit(scenario);
         let (result, stats) = {
