@@ -261,10 +261,10 @@ fn plan_says_when_no_plugin_serves_the_annotated_flavour() {
     );
 }
 
-/// `plugin test --render` prints each case's hint script; a case whose
-/// flavour the plugin does not serve is warned about on standard error.
+/// `plugin test --render` prints each case's hint script, or why there is
+/// none, in text and JSON.
 #[test]
-fn plugin_test_renders_and_warns_on_the_terminal() {
+fn plugin_test_renders_each_cases_hint_script() {
     let dir = tempfile::tempdir().expect("tempdir");
     let plugin = dir.path().join("oci-networkd.wasm");
     let (_, bytes) = fixup_host::plugin::builtin::BUILTINS
