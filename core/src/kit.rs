@@ -76,11 +76,11 @@
 //! A sandbox breach (fuel, memory, a denied import, a panic, a plan over the
 //! plan limits) is always a failure: it cannot be expected or blessed.
 
-use std::collections::BTreeSet;
 use std::fmt;
 use std::io::Write as _;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -94,10 +94,12 @@ use crate::facts::{
 };
 use crate::plan::Plan;
 use crate::plan::policy::{GuestPolicy, PolicySource};
+use crate::planner::hint_script;
 use crate::plugin::contract;
 use crate::plugin::registry::ConflictError;
 use crate::plugin::{
-    EngineOptions, Limits, LoadError, LoadedPlugin, Origin, PluginError, PluginHost,
+    EngineOptions, Limits, LoadError, LoadedPlugin, Origin, PluginDir, PluginError, PluginHost,
+    read_plugin_dir,
 };
 
 /// Instances the kit's engine reserves. The kit makes one call at a time;
@@ -913,19 +915,77 @@ fn pretty(value: &Value, depth: usize, out: &mut String) {
     }
 }
 
-fn expect_json(expect: &Expect) -> String {
+fn expect_value(expect: &Expect) -> Value {
     match expect {
-        Expect::Plan(plan) => normalised(&serde_json::json!({ "plan": plan })),
-        Expect::Error(e) => normalised(&serde_json::json!({ "error": e })),
+        Expect::Plan(plan) => serde_json::json!({ "plan": plan }),
+        Expect::Error(e) => serde_json::json!({ "error": e }),
     }
 }
 
-fn unified_diff(expected: &str, actual: &str) -> String {
+fn unified_diff(expected: &str, actual: &str, (old, new): (&str, &str)) -> String {
     similar::TextDiff::from_lines(expected, actual)
         .unified_diff()
         .context_radius(3)
-        .header("expected", "actual")
+        .header(old, new)
         .to_string()
+}
+
+/// The diff of `expect` against the actual result: the normalised JSON,
+/// except that a string field that differs and holds several lines (a
+/// file's `content`) is diffed by line under its path, after the JSON,
+/// rather than shown as two long escaped strings.
+fn result_diff(expect: Option<&Expect>, actual: &ExpectOut<'_>) -> String {
+    let mut actual = serde_json::to_value(actual).unwrap_or(Value::Null);
+    let Some(expect) = expect else {
+        return unified_diff("", &normalised(&actual), ("expected", "actual"));
+    };
+    let mut expected = expect_value(expect);
+    let mut texts = Vec::new();
+    take_multiline_texts(&mut expected, &mut actual, String::new(), &mut texts);
+    let mut diff = unified_diff(
+        &normalised(&expected),
+        &normalised(&actual),
+        ("expected", "actual"),
+    );
+    for (path, old, new) in texts {
+        let (old_name, new_name) = (format!("expected {path}"), format!("actual {path}"));
+        diff.push_str(&unified_diff(&old, &new, (&old_name, &new_name)));
+    }
+    diff
+}
+
+/// Walk `expected` and `actual` side by side; where both hold a string at
+/// the same path, the strings differ and either has a line break, replace
+/// both with one marker and push `(path, expected, actual)`.
+fn take_multiline_texts(
+    expected: &mut Value,
+    actual: &mut Value,
+    path: String,
+    out: &mut Vec<(String, String, String)>,
+) {
+    match (expected, actual) {
+        (Value::Object(e), Value::Object(a)) => {
+            for (key, e) in e.iter_mut() {
+                if let Some(a) = a.get_mut(key) {
+                    take_multiline_texts(e, a, join(&path, key), out);
+                }
+            }
+        }
+        (Value::Array(e), Value::Array(a)) => {
+            for (i, (e, a)) in e.iter_mut().zip(a.iter_mut()).enumerate() {
+                take_multiline_texts(e, a, format!("{path}[{i}]"), out);
+            }
+        }
+        (Value::String(e), Value::String(a))
+            if e != a && (e.contains('\n') || a.contains('\n')) =>
+        {
+            let marker = format!("<text of several lines: see the line diff of {path} below>");
+            let old = std::mem::replace(e, marker.clone());
+            let new = std::mem::replace(a, marker);
+            out.push((path, old, new));
+        }
+        _ => {}
+    }
 }
 
 /// Write the case file back with a new `expect`, through a temporary file
@@ -956,6 +1016,9 @@ fn bless(case: &Case, expect: &ExpectOut<'_>) -> std::io::Result<()> {
 pub struct TestOptions {
     /// Rewrite `expect` in each case whose result differs (or that has none).
     pub bless: bool,
+    /// Render each plan the plugin returns as the hint script `plan`
+    /// prints ([`CaseReport::script`]).
+    pub render: bool,
 }
 
 /// How a case ended.
@@ -1021,6 +1084,17 @@ pub struct CaseReport {
     /// case came from (`cocoon-fixup capture` writes it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub context: Option<String>,
+    /// What the case asks that the host would never ask of this plugin
+    /// (a flavour it does not serve); `plugin test` prints these on
+    /// standard error.
+    pub warnings: Vec<String>,
+    /// With `--render`: the hint script of the returned plan, as `plan`
+    /// prints it, in the plan's dialect.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub script: Option<String>,
+    /// With `--render`, when there is no script: why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub no_script: Option<String>,
 }
 
 /// The plugin a report is about.
@@ -1159,6 +1233,11 @@ fn run_case(
                 usage: None,
                 logs: Vec::new(),
                 context: None,
+                warnings: Vec::new(),
+                script: None,
+                no_script: options
+                    .render
+                    .then(|| "the case file is not valid".to_owned()),
             };
         }
     };
@@ -1178,6 +1257,9 @@ fn run_case(
             .and_then(|c| c.get("summary"))
             .and_then(Value::as_str)
             .map(str::to_owned),
+        warnings: flavor_warning(plugin, &case).into_iter().collect(),
+        script: None,
+        no_script: None,
     };
     let started = Instant::now();
     let result = host.plan(plugin, case.scenario, &case.facts);
@@ -1213,6 +1295,9 @@ fn run_case(
                     usage.fuel = Some(*limit);
                 }
                 report.usage = Some(usage);
+                if options.render {
+                    report.no_script = Some("the call failed (see above)".to_owned());
+                }
                 report.message = Some(match &breach {
                     PluginError::Policy { .. } => format!(
                         "{breach}; if the plan needs it, declare it in the plugin's `policy` (operators will see it in `plugin inspect`), otherwise drop the step"
@@ -1224,16 +1309,27 @@ fn run_case(
         },
     };
     report.usage = Some(usage);
+    if options.render {
+        match &returned {
+            Returned::Plan(plan) => {
+                report.script = Some(hint_script(&case.facts, &[case.scenario], &[plugin], plan));
+            }
+            Returned::Declined { kind, reason, .. } => {
+                report.no_script = Some(format!(
+                    "the plugin declined ({}: {reason}), so the host has nothing to run",
+                    kind.as_str()
+                ));
+            }
+        }
+    }
     if let Some(expect) = &case.expect
         && returned.matches(expect)
     {
         report.status = Status::Pass;
         return report;
     }
-    let expected = case.expect.as_ref().map(expect_json).unwrap_or_default();
     let actual_expect = returned.expectation();
-    let actual = normalised(&actual_expect);
-    report.diff = Some(unified_diff(&expected, &actual));
+    report.diff = Some(result_diff(case.expect.as_ref(), &actual_expect));
     if options.bless {
         match bless(&case, &actual_expect) {
             Ok(()) => {
@@ -1259,6 +1355,36 @@ fn run_case(
         );
     }
     report
+}
+
+/// A warning when the case's VM names a flavour this plugin does not
+/// declare (or none, for a plugin that declares some): the host would
+/// select another plugin for such a VM, so the case tests a call that
+/// never happens on a node.
+fn flavor_warning(plugin: &LoadedPlugin, case: &Case) -> Option<String> {
+    let served = &plugin.info.flavors;
+    if served.is_empty()
+        || case
+            .facts
+            .flavor
+            .as_ref()
+            .is_some_and(|f| served.contains(f))
+    {
+        return None;
+    }
+    let served = served
+        .iter()
+        .map(|f| format!("`{f}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let asked = match &case.facts.flavor {
+        Some(f) => format!("flavour `{f}`"),
+        None => "no flavour (`facts.flavor` is null)".to_owned(),
+    };
+    Some(format!(
+        "case {}: its VM has {asked}, but plugin {} serves only {served}: a node would never call it for this VM (the generic plugin plans it); set `facts.flavor` to one of those, or declare the flavour in the plugin's `describe`",
+        case.name, plugin.info.name
+    ))
 }
 
 fn duration_ms(d: Duration) -> f64 {
@@ -1384,6 +1510,15 @@ impl fmt::Display for TestReport {
                     writeln!(f, "{INDENT}{line}")?;
                 }
             }
+            if let Some(script) = &case.script {
+                writeln!(f, "{INDENT}hint script:")?;
+                for line in script.lines() {
+                    writeln!(f, "{INDENT}  {line}")?;
+                }
+            }
+            if let Some(why) = &case.no_script {
+                writeln!(f, "{INDENT}no script: {why}")?;
+            }
         }
         write!(f, "{} passed, {} failed", self.passed, self.failed)?;
         if self.blessed > 0 {
@@ -1459,9 +1594,49 @@ pub struct Inspection {
     pub imports: Vec<ImportReport>,
     /// What the plugin's plans may do in the guest (when it loaded).
     pub policy: Option<PolicyReport>,
+    /// Whether the node would load this file and serve everything it
+    /// claims.
     pub accepted: bool,
-    /// `accepted`, or `refused: <one sentence with the fix>`.
+    /// `accepted`, `accepted by itself, but ...` when other files of the
+    /// plugin directory fail, or `refused: <one sentence with the fix>`.
     pub verdict: String,
+    /// The plugin directory loaded with this file in it, when there is one.
+    pub directory: Option<DirectoryReport>,
+}
+
+impl Inspection {
+    /// Whether the node would load the file and the plugin directory
+    /// as a whole: the exit code is 0.
+    pub fn success(&self) -> bool {
+        self.accepted && self.directory.as_ref().is_none_or(|d| d.loads)
+    }
+}
+
+/// The plugin directory as the node would load it with the inspected file
+/// in it.
+#[derive(Debug, Clone, Serialize)]
+pub struct DirectoryReport {
+    pub path: String,
+    /// The inspected file's path in the directory: where it lies, or
+    /// where a copy of it would go (its file name in the directory).
+    pub file_as: String,
+    /// Whether the inspected file lies elsewhere and is judged as a copy.
+    pub copy: bool,
+    /// Whether that copy would replace a file of the same name.
+    pub replaces: bool,
+    /// Whether every file would load. `plan` refuses to start otherwise;
+    /// `run` and `serve` skip the files that fail and serve with the rest.
+    pub loads: bool,
+    /// The other files that would not load (and the directory itself,
+    /// when it is refused whole), each with the node's error.
+    pub problems: Vec<DirectoryProblem>,
+}
+
+/// A file of the plugin directory that would not load.
+#[derive(Debug, Clone, Serialize)]
+pub struct DirectoryProblem {
+    pub file: String,
+    pub error: String,
 }
 
 /// A plugin's guest-side policy, as `plugin inspect` shows it.
@@ -1492,31 +1667,54 @@ impl PolicyReport {
 }
 
 /// Inspects plugin files against a host set up like production: the
-/// built-ins and the plugin directory loaded, so a plugin that would clash
-/// with one of them is refused as the host would refuse it.
+/// built-ins and every file of the plugin directory, loaded in the node's
+/// order with the node's rules, so a plugin that would clash with any of
+/// them is refused as the node would refuse it.
 pub struct Inspector {
+    /// The engine, with the built-ins registered.
     host: PluginHost,
+    plugin_dir: Option<PathBuf>,
 }
 
 impl fmt::Debug for Inspector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Inspector")
             .field("host", &self.host)
+            .field("plugin_dir", &self.plugin_dir)
             .finish()
     }
 }
 
+/// A file of the plugin directory, as the inspector loads it.
+enum DirEntry {
+    /// The file being inspected (where it lies, or where a copy would).
+    Inspected,
+    /// Another file, as read under the node's rules.
+    Other(Result<Vec<u8>, PluginError>),
+}
+
+/// What loading the plugin directory with the inspected file in it gave.
+struct DirLoad {
+    report: Option<DirectoryReport>,
+    /// Why the node would not load the inspected file, or leave one of its
+    /// claims unserved.
+    refusal: Option<String>,
+}
+
 impl Inspector {
-    /// An engine with the built-ins and, when given, the plugins of
-    /// `plugin_dir` (files that fail to load there are skipped: they are
-    /// not the file being inspected).
+    /// An engine with the built-ins; `plugin_dir`, when given, is read
+    /// again for each file inspected. A plugin directory that cannot be
+    /// read at all is an error here, as it is for the node.
     pub fn new(engine: EngineOptions, plugin_dir: Option<&Path>) -> Result<Self, KitError> {
         let mut host = PluginHost::new(engine)?;
         host.load_builtins().map_err(KitError::BuiltIns)?;
         if let Some(dir) = plugin_dir {
-            host.load_dir(dir)?;
+            read_plugin_dir(dir)?;
         }
-        Ok(Inspector { host })
+        Ok(Inspector {
+            host,
+            plugin_dir: plugin_dir.map(Path::to_owned),
+        })
     }
 
     /// Inspect one file. Never fails: what cannot be learned stays empty
@@ -1537,6 +1735,7 @@ impl Inspector {
             policy: None,
             accepted: false,
             verdict: String::new(),
+            directory: None,
         };
         let bytes = match std::fs::read(path) {
             Ok(bytes) => bytes,
@@ -1560,11 +1759,13 @@ impl Inspector {
         let prepared = self
             .host
             .prepare(Origin::File(path.to_owned()), &bytes)
-            .and_then(|plugin| plugin.link().map(|()| plugin));
+            .and_then(|plugin| plugin.link().map(|()| Arc::new(plugin)));
         let plugin = match prepared {
             Ok(plugin) => plugin,
             Err(e) => {
-                out.verdict = format!("refused: {}", refusal(&e));
+                let refusal = refusal(&e);
+                out.directory = self.load_dir(path, None).report;
+                out.verdict = format!("refused: {refusal}");
                 return out;
             }
         };
@@ -1588,63 +1789,228 @@ impl Inspector {
             })
             .collect();
         out.policy = Some(PolicyReport::of(&plugin));
-        match (untrusted, self.conflict(&plugin)) {
+        let loaded = self.load_dir(path, Some(&plugin));
+        out.directory = loaded.report;
+        match (untrusted, loaded.refusal) {
             (Some(e), _) => out.verdict = format!("refused: {e}"),
-            (None, Some(conflict)) => {
-                out.verdict = format!("refused: {}", conflict_sentence(&conflict))
-            }
+            (None, Some(refusal)) => out.verdict = format!("refused: {refusal}"),
             (None, None) => {
                 out.accepted = true;
-                out.verdict = "accepted".to_owned();
+                out.verdict = match &out.directory {
+                    Some(dir) if !dir.loads => format!(
+                        "accepted by itself, but the plugin directory {} does not load as a whole ({} other file(s) fail, listed under `directory`): `plan` refuses to start until they are fixed or removed; `run` and `serve` skip them and load this file",
+                        dir.path,
+                        dir.problems.len()
+                    ),
+                    _ => "accepted".to_owned(),
+                };
             }
         }
         out
     }
 
-    /// A claim of `plugin` that a loaded plugin already makes. A loaded
-    /// plugin with the same digest is the same plugin (a copy of a
-    /// built-in, or the file itself in the plugin directory) and is skipped.
-    fn conflict(&self, plugin: &LoadedPlugin) -> Option<ConflictError> {
-        let claims = claims(plugin);
-        self.host
+    /// Load the built-ins and the plugin directory into a registry of
+    /// their own, in the node's order, with the inspected file in place:
+    /// the file itself when it lies in the directory, else a copy of it
+    /// under its file name (replacing a file of that name). `plugin` is
+    /// the inspected plugin, or why it does not load. Without a plugin
+    /// directory, the plugin is judged against the built-ins alone.
+    fn load_dir(&self, path: &Path, plugin: Option<&Arc<LoadedPlugin>>) -> DirLoad {
+        let mut registry = self.host.registry().clone();
+        let Some(dir) = &self.plugin_dir else {
+            let refusal = match plugin {
+                Some(plugin) => registry
+                    .add(plugin.clone())
+                    .err()
+                    .map(|c| self.conflict_sentence(&c, plugin)),
+                None => None,
+            };
+            return DirLoad {
+                report: None,
+                refusal,
+            };
+        };
+        let name = path.file_name().unwrap_or(path.as_os_str());
+        let here = dir.join(name);
+        let inside = lies_in(path, dir);
+        let mut report = DirectoryReport {
+            path: dir.display().to_string(),
+            file_as: here.display().to_string(),
+            copy: !inside,
+            replaces: false,
+            loads: true,
+            problems: Vec::new(),
+        };
+        let files = match read_plugin_dir(dir) {
+            Ok(PluginDir::Files(files)) => files,
+            Ok(PluginDir::Refused(e)) => {
+                report.loads = false;
+                let problem = PluginError::Untrusted(e).to_string();
+                report.problems.push(DirectoryProblem {
+                    file: report.path.clone(),
+                    error: problem.clone(),
+                });
+                return DirLoad {
+                    refusal: Some(format!(
+                        "the plugin directory {} is refused whole, so the node reads none of its files: {problem}",
+                        report.path
+                    )),
+                    report: Some(report),
+                };
+            }
+            Err(e) => {
+                report.loads = false;
+                report.problems.push(DirectoryProblem {
+                    file: report.path.clone(),
+                    error: e.to_string(),
+                });
+                return DirLoad {
+                    refusal: Some(format!("{e}; the node cannot start with it")),
+                    report: Some(report),
+                };
+            }
+        };
+        let mut entries: Vec<(PathBuf, DirEntry)> = files
+            .into_iter()
+            .map(|(file, bytes)| (file, DirEntry::Other(bytes)))
+            .collect();
+        match entries.iter().position(|(file, _)| *file == here) {
+            // The file itself: judged as the node reads it there (a file
+            // the node may not read stays that file's failure).
+            Some(i) if inside => {
+                if matches!(entries[i].1, DirEntry::Other(Ok(_))) {
+                    entries[i].1 = DirEntry::Inspected;
+                }
+            }
+            Some(i) => {
+                report.replaces = true;
+                entries[i].1 = DirEntry::Inspected;
+            }
+            None => {
+                let at = entries.partition_point(|(file, _)| *file < here);
+                entries.insert(at, (here.clone(), DirEntry::Inspected));
+            }
+        }
+        let mut own = None;
+        let mut inspected_fails = false;
+        let mut others: Vec<(Origin, Scenario, Option<Flavor>)> = Vec::new();
+        for (file, entry) in entries {
+            let loaded = match (entry, plugin) {
+                (DirEntry::Inspected, Some(plugin)) => {
+                    let added = registry.add(plugin.clone());
+                    if let Err(conflict) = &added {
+                        own = Some(conflict.clone());
+                    }
+                    added.map_err(LoadError::from)
+                }
+                (DirEntry::Inspected, None) => {
+                    inspected_fails = true;
+                    continue;
+                }
+                (DirEntry::Other(bytes), _) => bytes
+                    .and_then(|bytes| self.host.prepare(Origin::File(file.clone()), &bytes))
+                    .map_err(LoadError::from)
+                    .and_then(|other| Ok(registry.add(other)?)),
+            };
+            let Err(error) = loaded else { continue };
+            if let (LoadError::Conflict(c), Some(plugin)) = (&error, plugin)
+                && c.existing == plugin.origin
+            {
+                others.push((c.new.clone(), c.scenario, c.flavor.clone()));
+            }
+            // The inspected file's own failure is its verdict.
+            if file == here {
+                inspected_fails = true;
+                continue;
+            }
+            report.problems.push(DirectoryProblem {
+                file: file.display().to_string(),
+                error: crate::facts::escape_controls(&error.to_string()),
+            });
+        }
+        report.loads = report.problems.is_empty() && !inspected_fails;
+        let Some(plugin) = plugin else {
+            return DirLoad {
+                report: Some(report),
+                refusal: None,
+            };
+        };
+        others.extend(
+            registry
+                .contested_with(&plugin.origin)
+                .into_iter()
+                .map(|(scenario, flavor, other)| (other, scenario, flavor)),
+        );
+        let refusal = match own {
+            Some(c) if matches!(c.existing, Origin::BuiltIn(_)) => {
+                Some(self.conflict_sentence(&c, plugin))
+            }
+            Some(c) => {
+                others.push((c.existing, c.scenario, c.flavor));
+                None
+            }
+            None => None,
+        };
+        others.sort();
+        others.dedup();
+        let refusal = refusal.or_else(|| (!others.is_empty()).then(|| shared_claims(&others)));
+        DirLoad {
+            report: Some(report),
+            refusal,
+        }
+    }
+}
+
+impl Inspector {
+    /// Why `plugin` is refused for a claim a built-in makes: a copy of
+    /// the built-in itself is named as such.
+    fn conflict_sentence(&self, c: &ConflictError, plugin: &LoadedPlugin) -> String {
+        let same = self
+            .host
             .registry()
             .plugins()
             .iter()
-            .filter(|other| other.sha256 != plugin.sha256)
-            .find_map(|other| {
-                let theirs = claims_set(other);
-                claims
-                    .iter()
-                    .find(|c| theirs.contains(c))
-                    .map(|(scenario, flavor)| ConflictError {
-                        scenario: *scenario,
-                        flavor: flavor.clone(),
-                        existing: other.origin.clone(),
-                        new: plugin.origin.clone(),
-                    })
-            })
+            .find(|b| b.sha256 == plugin.sha256);
+        match same {
+            Some(builtin) => format!(
+                "it is {} itself (the same sha256), which this binary serves already: a copy in the plugin directory is refused as a second claim of {}; leave it out",
+                builtin.origin, c.scenario
+            ),
+            None => conflict_sentence(c),
+        }
     }
 }
 
-type Claim = (Scenario, Option<Flavor>);
-
-/// The `(scenario, flavour)` pairs a plugin claims, as the registry counts
-/// them: one per declared flavour, or `(scenario, any)` without flavours.
-fn claims(plugin: &LoadedPlugin) -> Vec<Claim> {
-    let mut claims = Vec::new();
-    for &scenario in &plugin.info.scenarios {
-        if plugin.info.flavors.is_empty() {
-            claims.push((scenario, None));
-        }
-        for f in &plugin.info.flavors {
-            claims.push((scenario, Some(f.clone())));
-        }
+/// Whether `path` is a file directly in `dir` (compared as real paths).
+fn lies_in(path: &Path, dir: &Path) -> bool {
+    let parent = match path.parent() {
+        Some(p) if p.as_os_str().is_empty() => Path::new("."),
+        Some(p) => p,
+        None => return false,
+    };
+    match (parent.canonicalize(), dir.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
     }
-    claims
 }
 
-fn claims_set(plugin: &LoadedPlugin) -> BTreeSet<Claim> {
-    claims(plugin).into_iter().collect()
+/// The refusal for claims the inspected plugin shares with other files:
+/// each names the file and what both claim, then the fix.
+fn shared_claims(others: &[(Origin, Scenario, Option<Flavor>)]) -> String {
+    let each: Vec<String> = others
+        .iter()
+        .map(|(other, scenario, flavor)| {
+            let flavor = match flavor {
+                Some(f) => format!("flavour `{f}`"),
+                None => "any flavour".to_owned(),
+            };
+            format!("{other} also serves {scenario} for {flavor}")
+        })
+        .collect();
+    format!(
+        "{}: in this plugin directory neither file serves what both claim (`plan` refuses to start; `run` and `serve` leave those VMs without a plugin); remove the old file, or make one of them serve a narrower flavour",
+        each.join("; ")
+    )
 }
 
 fn conflict_sentence(c: &ConflictError) -> String {
@@ -1766,6 +2132,30 @@ impl fmt::Display for Inspection {
                 None => row(f, "operator", "no narrowing in the configuration file")?,
             }
         }
+        if let Some(dir) = &self.directory {
+            let loads = if dir.loads {
+                "every file loads"
+            } else {
+                "does not load as a whole"
+            };
+            row(f, "directory", &format!("{}: {loads}", dir.path))?;
+            let place = match (dir.copy, dir.replaces) {
+                (false, _) => format!("this file is {}", dir.file_as),
+                (true, false) => format!("judged as a copy at {}", dir.file_as),
+                (true, true) => format!(
+                    "judged as a copy at {}, replacing the file there",
+                    dir.file_as
+                ),
+            };
+            row(f, "", &place)?;
+            for problem in &dir.problems {
+                row(
+                    f,
+                    "",
+                    &format!("fails: {}: {}", problem.file, problem.error),
+                )?;
+            }
+        }
         row(f, "verdict", &self.verdict)
     }
 }
@@ -1842,8 +2232,16 @@ mod tests {
         let before = load_case(&path).unwrap().context;
         let plugin = builtin_networkd(dir.path());
         let engine = engine_options(&EngineOptions::default());
-        let report = test_plugin(engine.clone(), &plugin, &path, TestOptions { bless: true })
-            .expect("the kit runs");
+        let report = test_plugin(
+            engine.clone(),
+            &plugin,
+            &path,
+            TestOptions {
+                bless: true,
+                ..TestOptions::default()
+            },
+        )
+        .expect("the kit runs");
         assert_eq!(report.cases[0].status, Status::Blessed, "{report}");
         let after = load_case(&path).expect("blessed case loads");
         assert_eq!(after.context, before, "bless keeps the context");

@@ -106,6 +106,25 @@ pub struct PlanPart {
     pub fallback: Option<Fallback>,
 }
 
+impl PlanPart {
+    /// When the VM's guest-flavour annotation names a flavour that no
+    /// plugin declares for this part's scenario: one line saying so and
+    /// naming the plugin that planned it instead (the generic one).
+    pub fn unmatched_flavor(&self) -> Option<String> {
+        let flavor = self.selection.unmatched_flavor.as_ref()?;
+        let plugin = &self.selection.plugin;
+        Some(format!(
+            "annotation {} names flavour `{flavor}`, but no plugin serves `{flavor}` for {}: {} {} ({}), which serves any flavour, planned it instead; if a plugin of yours should serve it, check that it declares `{flavor}` for {} (`cocoon-fixup plugin inspect` lists its scenarios and flavours) and that it loaded",
+            crate::facts::annotations::GUEST_FLAVOR,
+            self.selection.scenario,
+            plugin.info.name,
+            plugin.info.version,
+            plugin.origin,
+            self.selection.scenario,
+        ))
+    }
+}
+
 /// A plugin that failed for a VM it claimed, replaced by a built-in
 /// ([`FailurePolicy::Fallback`]).
 #[derive(Debug, Clone)]
@@ -174,31 +193,8 @@ impl ComposedPlan {
         parts: Vec<PlanPart>,
         plan: Plan,
     ) -> Self {
-        let scenario_names: Vec<&str> = scenarios.iter().map(|s| s.as_str()).collect();
-        let plugins: Vec<String> = parts
-            .iter()
-            .map(|p| {
-                let plugin = &p.selection.plugin;
-                format!(
-                    "{} {} sha256:{}",
-                    plugin.info.name,
-                    plugin.info.version,
-                    short_digest(&plugin.sha256)
-                )
-            })
-            .collect();
-        let header = ScriptHeader {
-            title: vec![
-                format!(
-                    "cocoon-fixup {} plan for VM {} (id {})",
-                    scenario_names.join(" + "),
-                    facts.name,
-                    facts.id
-                ),
-                format!("plugins: {}", plugins.join(", ")),
-            ],
-        };
-        let script = plan::render_script(&plan, &header);
+        let plugins: Vec<&LoadedPlugin> = parts.iter().map(|p| &*p.selection.plugin).collect();
+        let script = hint_script(facts, scenarios, &plugins, &plan);
         let hint = plan::hint_base64(&script);
         let exec = plan::render_exec(&plan);
         ComposedPlan {
@@ -210,6 +206,41 @@ impl ComposedPlan {
             hint,
         }
     }
+}
+
+/// The hint script of `plan`, made by `plugins` for `scenarios` of the VM
+/// of `facts`: the plan's steps in its dialect, under a header naming the
+/// scenarios, the VM and each plugin's digest.
+pub fn hint_script(
+    facts: &VmFacts,
+    scenarios: &[Scenario],
+    plugins: &[&LoadedPlugin],
+    plan: &Plan,
+) -> String {
+    let scenario_names: Vec<&str> = scenarios.iter().map(|s| s.as_str()).collect();
+    let plugins: Vec<String> = plugins
+        .iter()
+        .map(|plugin| {
+            format!(
+                "{} {} sha256:{}",
+                plugin.info.name,
+                plugin.info.version,
+                short_digest(&plugin.sha256)
+            )
+        })
+        .collect();
+    let header = ScriptHeader {
+        title: vec![
+            format!(
+                "cocoon-fixup {} plan for VM {} (id {})",
+                scenario_names.join(" + "),
+                facts.name,
+                facts.id
+            ),
+            format!("plugins: {}", plugins.join(", ")),
+        ],
+    };
+    plan::render_script(plan, &header)
 }
 
 /// The answer for one VM.
@@ -435,6 +466,12 @@ pub struct PlanReport<'a> {
     pub reason: String,
     pub image: &'static str,
     pub plugins: Vec<PluginReport<'a>>,
+    /// The VM's guest flavour (annotation `vm.cocoonstack.io/guest-flavor`),
+    /// `null` when it names none or no fixup is needed.
+    pub flavor: Option<&'a str>,
+    /// One entry per scenario for which no plugin declares that flavour,
+    /// so the generic plugin planned it.
+    pub flavor_unmatched: Vec<FlavorUnmatched<'a>>,
     pub dialect: Option<plan::Dialect>,
     pub steps: &'a [plan::Step],
     pub exec: &'a [String],
@@ -444,6 +481,20 @@ pub struct PlanReport<'a> {
     /// that have the pod, absent from the JSON otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub binding: Option<Verdict>,
+}
+
+/// A scenario planned by the generic plugin although the VM names a guest
+/// flavour ([`PlanPart::unmatched_flavor`]).
+#[derive(Debug, Serialize)]
+pub struct FlavorUnmatched<'a> {
+    pub flavor: &'a str,
+    pub scenario: &'static str,
+    /// The plugin that planned it instead, by name.
+    pub planned_by: &'a str,
+    /// Its source: `built-in:<name>` or the file path.
+    pub source: String,
+    /// The same in one sentence, with what to check.
+    pub message: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -503,6 +554,21 @@ impl PlanOutcome {
                         .fallback
                         .as_ref()
                         .map(|f| f.message(p.selection.scenario, &p.selection.plugin)),
+                })
+                .collect(),
+            flavor: composed.and_then(|c| c.facts.flavor.as_ref().map(|f| f.as_str())),
+            flavor_unmatched: composed
+                .map_or(&[][..], |c| c.parts.as_slice())
+                .iter()
+                .filter_map(|p| {
+                    let flavor = p.selection.unmatched_flavor.as_ref()?;
+                    Some(FlavorUnmatched {
+                        flavor: flavor.as_str(),
+                        scenario: p.selection.scenario.as_str(),
+                        planned_by: &p.selection.plugin.info.name,
+                        source: p.selection.plugin.origin.to_string(),
+                        message: p.unmatched_flavor()?,
+                    })
                 })
                 .collect(),
             dialect: composed.map(|c| c.plan.dialect),

@@ -693,6 +693,10 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             .composed
             .expect("a decision that needs a fixup has a plan");
         self.fallbacks(pod, &composed.parts).await;
+        // Once per plan, not per attempt: the retry loop below reuses it.
+        for note in composed.parts.iter().filter_map(PlanPart::unmatched_flavor) {
+            tracing::info!(pod = %pod, "{}", escape_controls(&note));
+        }
         if self.outcomes.get().is_some() {
             self.record(FixupRecord {
                 pod: pod.uid.clone(),

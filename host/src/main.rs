@@ -224,6 +224,10 @@ struct PluginTestArgs {
     /// Write each case's actual result into its `expect` (review the diff).
     #[arg(long)]
     bless: bool,
+    /// After each case's result, print the hint script the host would
+    /// render from the plan (as `plan` prints it), or why there is none.
+    #[arg(long)]
+    render: bool,
     /// How to print the result.
     #[arg(long, value_enum, default_value_t = Output::Text)]
     output: Output,
@@ -826,6 +830,9 @@ fn plan_text(
             writeln!(out, "  fallback: {fallback}")?;
         }
     }
+    for unmatched in &report.flavor_unmatched {
+        writeln!(out, "note: {}", unmatched.message)?;
+    }
     let total = composed.plan.steps.len();
     writeln!(out)?;
     for (i, step) in composed.plan.steps.iter().enumerate() {
@@ -883,8 +890,16 @@ fn run_plugin_test(args: &PluginTestArgs, config: Option<&Path>) -> Result<u8> {
         kit::engine_options(&settings.planner.engine),
         &args.plugin,
         &args.cases,
-        kit::TestOptions { bless: args.bless },
+        kit::TestOptions {
+            bless: args.bless,
+            render: args.render,
+        },
     )?;
+    if let Output::Text = args.output {
+        for warning in report.cases.iter().flat_map(|c| &c.warnings) {
+            eprintln!("{}", display::terminal_text(&format!("warning: {warning}")));
+        }
+    }
     match args.output {
         Output::Json => print_json(&report)?,
         Output::Text => print_terminal(&report.to_string()),
@@ -903,7 +918,7 @@ fn run_plugin_inspect(args: &PluginInspectArgs, config: Option<&Path>) -> Result
         Output::Json => print_json(&inspection)?,
         Output::Text => print_terminal(&inspection.to_string()),
     }
-    Ok(if inspection.accepted { 0 } else { 1 })
+    Ok(if inspection.success() { 0 } else { 1 })
 }
 
 fn run_plugin_new(args: &PluginNewArgs) -> Result<u8> {

@@ -223,3 +223,88 @@ fn plan_shows_the_binding_verdict() {
     assert_eq!(json["binding"]["reason"], "other-vm");
     assert_eq!(json["binding"]["record"], other.as_str());
 }
+
+/// A guest-flavour annotation no plugin serves: `plan` says so in text and
+/// JSON, naming the flavour, the scenario and the plugin that planned it
+/// instead.
+#[test]
+fn plan_says_when_no_plugin_serves_the_annotated_flavour() {
+    let args = example_args("oci-static");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = plan(&args);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    for needle in [
+        "\nnote: annotation vm.cocoonstack.io/guest-flavor names flavour `ubuntu`, but no plugin serves `ubuntu` for oci-networkd: oci-networkd ",
+        " (built-in:oci-networkd), which serves any flavour, planned it instead",
+    ] {
+        assert!(stdout.contains(needle), "{needle}: {stdout}");
+    }
+
+    let mut json_args = args.clone();
+    json_args.extend(["--output", "json"]);
+    let out = plan(&json_args);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    assert_eq!(json["flavor"], "ubuntu");
+    let unmatched = &json["flavor_unmatched"];
+    assert_eq!(unmatched.as_array().map(Vec::len), Some(1), "{json}");
+    assert_eq!(unmatched[0]["flavor"], "ubuntu");
+    assert_eq!(unmatched[0]["scenario"], "oci-networkd");
+    assert_eq!(unmatched[0]["planned_by"], "oci-networkd");
+    assert_eq!(unmatched[0]["source"], "built-in:oci-networkd");
+    assert!(
+        unmatched[0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no plugin serves `ubuntu`")),
+        "{json}"
+    );
+}
+
+/// `plugin test --render` prints each case's hint script, or why there is
+/// none, in text and JSON.
+#[test]
+fn plugin_test_renders_each_cases_hint_script() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugin = dir.path().join("oci-networkd.wasm");
+    let (_, bytes) = fixup_host::plugin::builtin::BUILTINS
+        .iter()
+        .find(|(n, _)| *n == "oci-networkd")
+        .expect("built-in");
+    std::fs::write(&plugin, bytes).expect("write");
+    let cases = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/oci-networkd/cases");
+    let run = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_cocoon-fixup"))
+            .args(["plugin", "test"])
+            .arg(&plugin)
+            .arg(&cases)
+            .args(["--no-cache"])
+            .args(extra)
+            .output()
+            .expect("binary runs")
+    };
+    let out = run(&["--render"]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("        hint script:\n"), "{stdout}");
+    assert!(
+        stdout.contains("dhcp-recovery plan for VM web-3 (id vm-web-3)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("no script: the plugin declined"),
+        "{stdout}"
+    );
+    let out = run(&["--render", "--output", "json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    assert!(
+        json["cases"]
+            .as_array()
+            .expect("cases")
+            .iter()
+            .any(|c| c["script"]
+                .as_str()
+                .is_some_and(|s| s.contains("dhcp-recovery plan"))),
+        "{json}"
+    );
+}

@@ -101,7 +101,10 @@ fn a_breach_leaves_no_expect_and_plugin_test_shows_it() {
         kit::engine_options(&EngineOptions::default()),
         Path::new(env!("PLUGIN_HOSTILE")),
         &file,
-        TestOptions { bless: true },
+        TestOptions {
+            bless: true,
+            ..TestOptions::default()
+        },
     )
     .expect("the kit runs");
     assert!(!report.success(), "{report}");

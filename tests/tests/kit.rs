@@ -34,7 +34,16 @@ fn cases_of(plugin: &str) -> PathBuf {
 }
 
 fn test(plugin: &Path, cases: &Path, bless: bool) -> TestReport {
-    kit::test_plugin(engine(), plugin, cases, TestOptions { bless }).expect("the kit runs")
+    kit::test_plugin(
+        engine(),
+        plugin,
+        cases,
+        TestOptions {
+            bless,
+            ..TestOptions::default()
+        },
+    )
+    .expect("the kit runs")
 }
 
 #[rstest]
@@ -102,10 +111,22 @@ fn a_wrong_expectation_fails_with_a_diff_and_bless_fixes_it() {
     let diff = result.diff.as_deref().expect("a diff");
     let removed: Vec<&str> = diff.lines().filter(|l| l.starts_with('-')).collect();
     let added: Vec<&str> = diff.lines().filter(|l| l.starts_with('+')).collect();
+    // The file content differs by one line: a line diff of the content
+    // under its path, not two escaped JSON strings.
     assert_eq!(removed.len(), 2, "--- header and one line: {diff}");
     assert_eq!(added.len(), 2, "+++ header and one line: {diff}");
-    assert!(removed[1].contains(r"Gateway=10.0.0.254\n"), "{diff}");
-    assert!(added[1].contains(r"Gateway=10.0.0.1\n"), "{diff}");
+    assert!(
+        removed[0].starts_with("--- expected plan.steps[")
+            && removed[0].ends_with("].write_file.content"),
+        "{diff}"
+    );
+    assert_eq!(removed[1], "-Gateway=10.0.0.254", "{diff}");
+    assert_eq!(added[1], "+Gateway=10.0.0.1", "{diff}");
+    assert!(
+        diff.contains("\n Address=10.0.0.5/24\n"),
+        "context lines: {diff}"
+    );
+    assert!(!diff.contains(r"\n"), "no escaped string: {diff}");
     let text = report.to_string();
     assert!(text.contains("FAIL    static-gateway"), "{text}");
     assert!(
@@ -395,15 +416,23 @@ fn inspector() -> Inspector {
     Inspector::new(engine(), None).expect("inspector starts")
 }
 
+/// Each built-in, written to a file, is described in full; the node
+/// refuses such a copy (it claims what the built-in claims), and the
+/// verdict says it is the built-in itself.
 #[test]
-fn inspect_accepts_each_builtin() {
+fn inspect_describes_each_builtin_and_refuses_a_copy() {
     let dir = tempfile::tempdir().expect("tempdir");
     let inspector = inspector();
     for (name, bytes) in BUILTINS {
         let path = builtin_file(dir.path(), name);
         let found = inspector.inspect(&path);
-        assert!(found.accepted, "{found}");
-        assert_eq!(found.verdict, "accepted");
+        assert!(!found.accepted, "{found}");
+        assert!(
+            found
+                .verdict
+                .starts_with(&format!("refused: it is built-in:{name} itself")),
+            "{found}"
+        );
         assert_eq!(found.name.as_deref(), Some(name));
         assert_eq!(found.contract.as_deref(), Some("cocoon:fixup@0.3.0"));
         assert_eq!(found.size_bytes, Some(bytes.len() as u64));
@@ -434,7 +463,10 @@ fn inspect_accepts_each_builtin() {
         );
         assert!(text.contains("  granted\n"), "{text}");
         assert!(text.contains("  denied (traps)\n"), "{text}");
-        assert!(text.ends_with("verdict    accepted\n"), "{text}");
+        assert!(
+            text.contains("\nverdict    refused: it is built-in:"),
+            "{text}"
+        );
     }
 }
 
@@ -484,16 +516,12 @@ fn inspect_refuses_a_file_the_host_would_not_trust() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().expect("tempdir");
     let inspector = inspector();
-    let path = builtin_file(dir.path(), "oci-networkd");
+    let path = hostile_in(dir.path(), "hostile.wasm");
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
     let found = inspector.inspect(&path);
     assert!(!found.accepted, "{found}");
     assert!(found.verdict.contains("chmod go-w"), "{found}");
-    assert_eq!(
-        found.name.as_deref(),
-        Some("oci-networkd"),
-        "still described"
-    );
+    assert_eq!(found.name.as_deref(), Some("hostile"), "still described");
 
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     let link = dir.path().join("link.wasm");
@@ -502,4 +530,269 @@ fn inspect_refuses_a_file_the_host_would_not_trust() {
     assert!(!found.accepted, "{found}");
     assert!(found.verdict.contains("symbolic link"), "{found}");
     assert!(inspector.inspect(&path).accepted);
+}
+
+/// The hostile test plugin (flavour `hostile`) copied into `dir` as `name`.
+fn hostile_in(dir: &Path, name: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::copy(env!("PLUGIN_HOSTILE"), &path).expect("copy plugin");
+    path
+}
+
+/// A plugin directory with two files claiming the same flavour (an
+/// upgrade that left the old file behind): `plan` refuses to start with
+/// it, so inspecting either file refuses it and names the other, in both
+/// name orders, and says the directory does not load.
+#[rstest]
+#[case::old_first("a-hostile-old.wasm", "b-hostile-new.wasm")]
+#[case::old_last("z-hostile-old.wasm", "b-hostile-new.wasm")]
+fn inspect_refuses_a_file_whose_flavour_another_file_claims(#[case] old: &str, #[case] new: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let old = hostile_in(dir.path(), old);
+    let new = hostile_in(dir.path(), new);
+    let inspector = Inspector::new(engine(), Some(dir.path())).expect("inspector starts");
+    for (inspected, other) in [(&old, &new), (&new, &old)] {
+        let found = inspector.inspect(inspected);
+        assert!(!found.accepted, "{found}");
+        assert!(!found.success(), "{found}");
+        assert!(found.verdict.starts_with("refused: "), "{found}");
+        assert!(
+            found.verdict.contains(&format!(
+                "{} also serves oci-networkd for flavour `hostile`",
+                other.display()
+            )),
+            "names the other file and the claim: {found}"
+        );
+        assert!(found.verdict.contains("remove the old file"), "{found}");
+        let directory = found.directory.as_ref().expect("a directory report");
+        assert!(!directory.loads, "{found}");
+        assert!(!directory.copy);
+        assert_eq!(directory.file_as, inspected.display().to_string());
+        let text = found.to_string();
+        assert!(text.contains("does not load as a whole"), "{text}");
+    }
+}
+
+/// A file outside the plugin directory is judged as the copy a vendor
+/// would put there: beside an old file claiming its flavour it is refused
+/// naming that file; under the old file's name it replaces it and is
+/// accepted.
+#[test]
+fn inspect_judges_a_file_outside_the_directory_as_its_copy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let build = tempfile::tempdir().expect("tempdir");
+    let old = hostile_in(dir.path(), "hostile-0.1.wasm");
+    let candidate = hostile_in(build.path(), "hostile-0.2.wasm");
+    let inspector = Inspector::new(engine(), Some(dir.path())).expect("inspector starts");
+    let found = inspector.inspect(&candidate);
+    assert!(!found.accepted, "{found}");
+    assert!(
+        found.verdict.contains(&old.display().to_string()),
+        "{found}"
+    );
+    let directory = found.directory.as_ref().expect("a directory report");
+    assert!(directory.copy && !directory.replaces, "{found}");
+    assert_eq!(
+        directory.file_as,
+        dir.path().join("hostile-0.2.wasm").display().to_string()
+    );
+
+    let same_name = hostile_in(build.path(), "hostile-0.1.wasm");
+    let found = inspector.inspect(&same_name);
+    assert!(found.success(), "{found}");
+    assert_eq!(found.verdict, "accepted");
+    let directory = found.directory.as_ref().expect("a directory report");
+    assert!(directory.copy && directory.replaces && directory.loads);
+    assert!(
+        found.to_string().contains("replacing the file there"),
+        "{found}"
+    );
+}
+
+/// Another file that does not load leaves the inspected file accepted by
+/// itself, but the directory does not load as a whole: `plan` refuses to
+/// start, `run` and `serve` skip that file. The exit code is 1 and the
+/// other file is named with its error, in text and JSON.
+#[test]
+fn inspect_says_when_another_file_breaks_the_directory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugin = hostile_in(dir.path(), "hostile.wasm");
+    let junk = dir.path().join("junk.wasm");
+    std::fs::write(&junk, b"not a component").expect("write");
+    let found = Inspector::new(engine(), Some(dir.path()))
+        .expect("inspector starts")
+        .inspect(&plugin);
+    assert!(found.accepted, "{found}");
+    assert!(!found.success(), "{found}");
+    for needle in [
+        "accepted by itself",
+        "does not load as a whole",
+        "`plan` refuses to start",
+        "`run` and `serve` skip them",
+    ] {
+        assert!(found.verdict.contains(needle), "{needle}: {found}");
+    }
+    let directory = found.directory.as_ref().expect("a directory report");
+    assert!(!directory.loads);
+    assert_eq!(directory.problems.len(), 1, "{found}");
+    assert_eq!(directory.problems[0].file, junk.display().to_string());
+    assert!(
+        directory.problems[0]
+            .error
+            .contains("not a WebAssembly component"),
+        "{found}"
+    );
+    let text = found.to_string();
+    assert!(
+        text.contains(&format!("fails: {}: ", junk.display())),
+        "{text}"
+    );
+    let json = serde_json::to_value(&found).expect("serialises");
+    assert_eq!(json["directory"]["loads"], false);
+    assert_eq!(
+        json["directory"]["problems"][0]["file"],
+        junk.display().to_string()
+    );
+}
+
+/// A clean directory: every file loads, each inspected file is accepted.
+#[test]
+fn inspect_accepts_a_file_of_a_clean_directory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hostile = hostile_in(dir.path(), "hostile.wasm");
+    let keyfile = dir.path().join("nm-keyfile.wasm");
+    std::fs::copy(env!("PLUGIN_NM_KEYFILE"), &keyfile).expect("copy");
+    let inspector = Inspector::new(engine(), Some(dir.path())).expect("inspector starts");
+    for path in [&hostile, &keyfile] {
+        let found = inspector.inspect(path);
+        assert!(found.success(), "{found}");
+        assert_eq!(found.verdict, "accepted");
+        let directory = found.directory.as_ref().expect("a directory report");
+        assert!(directory.loads && directory.problems.is_empty(), "{found}");
+        assert!(found.to_string().contains("every file loads"), "{found}");
+    }
+}
+
+/// `--render` prints after each case the hint script `plan` would print
+/// for the plan (the same renderer, header and dialect), or why there is
+/// none; `--output json` carries it as `script`.
+#[test]
+fn render_shows_the_hint_script_of_each_case_or_why_none() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugin = builtin_file(dir.path(), "oci-networkd");
+    let cases = cases_of("oci-networkd");
+    let options = TestOptions {
+        render: true,
+        ..TestOptions::default()
+    };
+    let report = kit::test_plugin(engine(), &plugin, &cases, options).expect("the kit runs");
+    assert!(report.success(), "{report}");
+
+    let recovery = report
+        .cases
+        .iter()
+        .find(|c| c.name == "dhcp-recovery-two-nics")
+        .expect("the dhcp-recovery case");
+    let script = recovery.script.as_deref().expect("a script");
+    let case = kit::load_case(&cases.join("dhcp-recovery-two-nics.json")).expect("case");
+    let (planner, failures) =
+        fixup_host::planner::Planner::new(fixup_host::planner::PlannerOptions {
+            engine: engine(),
+            ..Default::default()
+        })
+        .expect("planner");
+    assert!(failures.is_empty());
+    let planned = planner
+        .plan_scenarios(&case.facts, &[fixup_host::classify::Scenario::DhcpRecovery])
+        .expect("the host plans it");
+    assert_eq!(script, planned.script, "the script `plan` renders");
+    assert!(
+        script.contains("dhcp-recovery plan for VM web-3 (id vm-web-3)"),
+        "{script}"
+    );
+
+    let declined = report
+        .cases
+        .iter()
+        .find(|c| c.name == "unsupported-fc-mac")
+        .expect("the unsupported case");
+    assert!(declined.script.is_none());
+    let why = declined.no_script.as_deref().expect("why no script");
+    assert!(why.contains("declined (unsupported: "), "{why}");
+
+    let text = report.to_string();
+    assert!(text.contains("        hint script:\n"), "{text}");
+    assert!(text.contains("no script: the plugin declined"), "{text}");
+    let json = serde_json::to_value(&report).expect("serialises");
+    let rendered = json["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .find(|c| c["name"] == "dhcp-recovery-two-nics")
+        .expect("case");
+    assert_eq!(rendered["script"], planned.script);
+
+    let plain = test(&plugin, &cases, false);
+    let json = serde_json::to_value(&plain).expect("serialises");
+    assert!(json["cases"][0].get("script").is_none(), "{json}");
+    assert!(!plain.to_string().contains("hint script:"));
+}
+
+/// A case whose VM names a flavour the plugin does not serve tests a call
+/// no node makes: `plugin test` warns, naming the case, its flavour and
+/// the plugin's flavours. A served flavour, or a plugin serving any
+/// flavour, gets no warning.
+#[test]
+fn a_case_for_a_flavour_the_plugin_does_not_serve_is_warned_about() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let served = hostile_case(dir.path(), "benign");
+    let mut case: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&served).expect("case")).expect("json");
+    case["facts"]["flavor"] = "ubuntu".into();
+    let other = dir.path().join("ubuntu.json");
+    std::fs::write(&other, case.to_string()).expect("write");
+    let report = test(Path::new(env!("PLUGIN_HOSTILE")), dir.path(), false);
+    let by_name = |name: &str| {
+        report
+            .cases
+            .iter()
+            .find(|c| c.name == name)
+            .expect("the case")
+    };
+    assert!(by_name("benign").warnings.is_empty(), "{report}");
+    let warnings = &by_name("ubuntu").warnings;
+    assert_eq!(warnings.len(), 1, "{report}");
+    for needle in [
+        "case ubuntu:",
+        "flavour `ubuntu`",
+        "plugin hostile serves only `hostile`",
+    ] {
+        assert!(warnings[0].contains(needle), "{needle}: {}", warnings[0]);
+    }
+    let json = serde_json::to_value(&report).expect("serialises");
+    assert!(json["cases"][1]["warnings"][0].is_string(), "{json}");
+
+    let builtin = builtin_file(dir.path(), "oci-networkd");
+    let generic = test(&builtin, &cases_of("oci-networkd"), false);
+    assert!(generic.cases.iter().all(|c| c.warnings.is_empty()));
+}
+
+/// A plugin calling an import the host does not grant fails its case with
+/// the guide's fix: drop what pulls the import in.
+#[test]
+fn a_denied_import_fails_with_the_fix() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let case = hostile_case(dir.path(), "smuggle");
+    let mut value: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&case).expect("case")).expect("json");
+    value["facts"]["flavor"] = "smuggle".into();
+    std::fs::write(&case, value.to_string()).expect("write");
+    let report = test(Path::new(env!("PLUGIN_EXTRA_IMPORT")), &case, false);
+    let message = report.cases[0].message.as_deref().expect("a message");
+    assert!(message.contains("which the sandbox denies"), "{message}");
+    assert!(
+        message.contains("drop the code or dependency that calls it"),
+        "{message}"
+    );
+    assert!(message.contains("docs/plugins.md"), "{message}");
 }

@@ -30,7 +30,7 @@ use wasmtime::component::Component;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, Trap};
 
 use crate::classify::Scenario;
-use crate::facts::{Flavor, VmFacts};
+use crate::facts::{FactError, Flavor, VmFacts};
 use crate::plan::policy::{Breach, GuestPolicy, PolicyError, PolicySource};
 use crate::plan::{Plan, PlanError};
 
@@ -262,7 +262,8 @@ pub enum PluginError {
         breach: Breach,
     },
     #[error(
-        "plugin {plugin} called `{import}`, which the sandbox denies (plugins get no filesystem, environment, network, clock or randomness)"
+        "plugin {plugin} called `{import}`, which the sandbox denies (plugins get no filesystem, environment, network, clock or randomness): {}",
+        denied_import_fix(.import)
     )]
     Denied { plugin: String, import: String },
     #[error(
@@ -595,32 +596,17 @@ impl PluginHost {
     /// failure. A directory that cannot be read at all is an error.
     pub fn load_dir(&mut self, dir: &Path) -> Result<Vec<LoadFailure>, PluginError> {
         let mut failures = Vec::new();
-        match TrustedDir::open(dir).and_then(|d| d.entries(".wasm").map(|e| (d, e))) {
-            Err(Untrusted::Io { source, .. }) => {
-                return Err(PluginError::Read {
-                    path: dir.to_owned(),
-                    source,
-                });
-            }
-            Err(e) => failures.push(LoadFailure {
+        match read_plugin_dir(dir)? {
+            PluginDir::Refused(e) => failures.push(LoadFailure {
                 path: dir.to_owned(),
                 error: PluginError::Untrusted(e).into(),
             }),
-            Ok((trusted, entries)) => {
-                for (name, kind) in entries {
-                    if kind == rustix::fs::FileType::Directory {
-                        continue;
-                    }
-                    let path = dir.join(&name);
-                    let loaded = match trusted.read_file(&name) {
-                        Ok(Some(bytes)) => self
-                            .prepare(Origin::File(path.clone()), &bytes)
-                            .map_err(LoadError::from)
-                            .and_then(|plugin| Ok(self.registry.add(plugin)?)),
-                        // Gone since the listing: nothing to load.
-                        Ok(None) => continue,
-                        Err(e) => Err(PluginError::Untrusted(e).into()),
-                    };
+            PluginDir::Files(files) => {
+                for (path, bytes) in files {
+                    let loaded = bytes
+                        .and_then(|bytes| self.prepare(Origin::File(path.clone()), &bytes))
+                        .map_err(LoadError::from)
+                        .and_then(|plugin| Ok(self.registry.add(plugin)?));
                     if let Err(error) = loaded {
                         failures.push(LoadFailure { path, error });
                     }
@@ -1028,6 +1014,48 @@ impl Drop for InFlight<'_> {
     }
 }
 
+/// A plugin directory as the host reads it ([`read_plugin_dir`]).
+#[derive(Debug)]
+pub enum PluginDir {
+    /// The directory breaks the rules of [`trusted`]: none of its files is
+    /// read, and this is its one load failure.
+    Refused(Untrusted),
+    /// Its `*.wasm` files in name order (the order they load in), each with
+    /// its bytes or why they could not be read.
+    Files(Vec<(PathBuf, Result<Vec<u8>, PluginError>)>),
+}
+
+/// Read the `*.wasm` files of `dir` under the rules of [`trusted`], as
+/// [`PluginHost::load_dir`] does before it loads them. A directory that
+/// cannot be read at all is an error.
+pub fn read_plugin_dir(dir: &Path) -> Result<PluginDir, PluginError> {
+    let (trusted, entries) =
+        match TrustedDir::open(dir).and_then(|d| d.entries(".wasm").map(|e| (d, e))) {
+            Ok(found) => found,
+            Err(Untrusted::Io { source, .. }) => {
+                return Err(PluginError::Read {
+                    path: dir.to_owned(),
+                    source,
+                });
+            }
+            Err(e) => return Ok(PluginDir::Refused(e)),
+        };
+    let mut files = Vec::new();
+    for (name, kind) in entries {
+        if kind == rustix::fs::FileType::Directory {
+            continue;
+        }
+        let path = dir.join(&name);
+        match trusted.read_file(&name) {
+            Ok(Some(bytes)) => files.push((path, Ok(bytes))),
+            // Gone since the listing: nothing to load.
+            Ok(None) => {}
+            Err(e) => files.push((path, Err(PluginError::Untrusted(e)))),
+        }
+    }
+    Ok(PluginDir::Files(files))
+}
+
 /// The bytes of the plugin file at `path`, read under the rules of
 /// [`trusted`].
 fn read_trusted(path: &Path) -> Result<Vec<u8>, PluginError> {
@@ -1153,7 +1181,7 @@ fn describe(
     scenarios.dedup();
     let mut flavors = Vec::new();
     for f in &raw.flavors {
-        flavors.push(Flavor::parse(f).map_err(|e| bad(format!("flavour: {e}")))?);
+        flavors.push(Flavor::parse(f).map_err(|e| bad(declared_flavor_problem(f, &e)))?);
     }
     flavors.sort();
     flavors.dedup();
@@ -1168,6 +1196,50 @@ fn describe(
         scenarios,
         flavors,
     })
+}
+
+/// What to do about a call to a denied import, by the kind of import (the
+/// fixes of docs/plugins.md, section 4).
+fn denied_import_fix(import: &str) -> &'static str {
+    let interface = import.split(['#', '@']).next().unwrap_or(import);
+    match interface {
+        "wasi:random/random" | "wasi:random/insecure" | "wasi:random/insecure-seed" => {
+            "use `BTreeMap`/`BTreeSet` instead of `HashMap`/`HashSet` (whose default hasher asks for a random seed), and derive anything that must be unique from the facts"
+        }
+        "wasi:clocks/wall-clock" | "wasi:clocks/monotonic-clock" => {
+            "do not read a clock (`SystemTime::now`, `Instant::now`): a plan must depend on the facts alone"
+        }
+        "wasi:cli/stdout"
+        | "wasi:cli/stderr"
+        | "wasi:cli/stdin"
+        | "wasi:cli/terminal-stdout"
+        | "wasi:cli/terminal-stderr"
+        | "wasi:cli/terminal-stdin"
+        | "wasi:io/streams" => {
+            "log with `cocoon_fixup_sdk::log` instead of `println!`, `eprintln!` or `dbg!`"
+        }
+        "wasi:filesystem/preopens" | "wasi:filesystem/types" | "wasi:cli/environment" => {
+            "do not touch files or the environment (`std::fs`, `std::env`): take what differs per VM from the facts"
+        }
+        _ => {
+            "drop the code or dependency that calls it (`cargo tree` shows which crate pulls it in; the SDK's plugins need no WASI), and build with the SDK's settings, as `cocoon-fixup plugin new` sets them up: see docs/plugins.md, section 4"
+        }
+    }
+}
+
+/// Why a flavour a plugin's `describe` declares is refused, with advice
+/// for the plugin's author: the rule is the annotation's, the fix is in
+/// the plugin's code.
+fn declared_flavor_problem(flavor: &str, error: &FactError) -> String {
+    let rule = match error {
+        FactError::Invalid { rule, .. } => *rule,
+        _ => "is empty",
+    };
+    format!(
+        "flavour {:?} in its flavour list {rule}: a flavour is what pods name in annotation {}, 1..=63 of a-z, 0-9, '-', '.' and '_' (like `alpine` or `ubuntu-24.04`); fix the flavours `describe` returns (`FLAVORS` in a plugin made by `cocoon-fixup plugin new`, `PluginInfo::with_flavors` in the SDK), or return none to serve any flavour",
+        crate::facts::escape_controls(truncate_for_message(flavor)),
+        crate::facts::annotations::GUEST_FLAVOR,
+    )
 }
 
 /// The version of this host, in describe records.
@@ -1351,5 +1423,88 @@ fn trap_error(
             plugin,
             reason: format!("{e:#}"),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info_with_flavor(flavor: &str) -> contract::WitPluginInfo {
+        contract::WitPluginInfo {
+            name: "acme-net".into(),
+            version: "0.1.0".into(),
+            contract: Contract::CURRENT.version().into(),
+            summary: "a test".into(),
+            scenarios: vec![contract::wit::Scenario::OciNetworkd],
+            flavors: vec![flavor.into()],
+        }
+    }
+
+    /// A bad flavour in `describe` is the plugin author's to fix: the
+    /// advice is about the plugin's flavour list, not a pod annotation.
+    #[test]
+    fn a_bad_declared_flavour_gets_advice_for_the_plugin_author() {
+        let origin = Origin::File(PathBuf::from("acme.wasm"));
+        for (flavor, rule) in [
+            ("Alpine", "may only hold a-z, 0-9, '-', '.' and '_'"),
+            ("", "is empty"),
+        ] {
+            let err = describe(info_with_flavor(flavor), &origin, Contract::CURRENT)
+                .expect_err("refused");
+            let message = err.to_string();
+            assert!(
+                message.starts_with("plugin acme.wasm describes itself wrongly: flavour "),
+                "{message}"
+            );
+            assert!(message.contains(rule), "{message}");
+            assert!(
+                message.contains("fix the flavours `describe` returns"),
+                "{message}"
+            );
+            assert!(message.contains("`PluginInfo::with_flavors`"), "{message}");
+            assert!(
+                !message.contains("remove annotation"),
+                "no advice meant for a pod: {message}"
+            );
+        }
+        // The annotation's own error keeps the advice for annotations.
+        let annotation = Flavor::parse("Alpine").expect_err("refused").to_string();
+        assert!(
+            annotation.contains("remove annotation vm.cocoonstack.io/guest-flavor"),
+            "{annotation}"
+        );
+        assert!(describe(info_with_flavor("alpine"), &origin, Contract::CURRENT).is_ok());
+    }
+
+    /// A denied import's error says what to do, by the kind of import.
+    #[test]
+    fn a_denied_import_says_what_to_do() {
+        for (import, fix) in [
+            (
+                "wasi:random/insecure-seed@0.2.6#insecure-seed",
+                "instead of `HashMap`/`HashSet`",
+            ),
+            ("wasi:clocks/wall-clock@0.2.6#now", "do not read a clock"),
+            (
+                "wasi:cli/stdout@0.2.6#get-stdout",
+                "`cocoon_fixup_sdk::log`",
+            ),
+            (
+                "wasi:filesystem/preopens@0.2.6#get-directories",
+                "take what differs per VM from the facts",
+            ),
+            (
+                "wasi:http/outgoing-handler@0.2.6#handle",
+                "drop the code or dependency that calls it (`cargo tree`",
+            ),
+        ] {
+            let message = PluginError::Denied {
+                plugin: "acme-net".into(),
+                import: import.into(),
+            }
+            .to_string();
+            assert!(message.contains(fix), "{import}: {message}");
+        }
     }
 }

@@ -97,6 +97,10 @@ pub struct Selection {
     pub scenario: Scenario,
     /// One sentence for people and for `plan` output.
     pub reason: String,
+    /// The VM's guest flavour when no plugin declares it for the scenario
+    /// and the generic plugin serves instead (`plan` and the daemon say
+    /// so); `None` when the VM names no flavour or a plugin declares it.
+    pub unmatched_flavor: Option<Flavor>,
 }
 
 type Claim = (Scenario, Option<Flavor>);
@@ -106,7 +110,7 @@ type Claim = (Scenario, Option<Flavor>);
 /// A claim two plugins make is *contested*: neither serves it, and a VM
 /// that needs it fails with a message naming both, rather than being
 /// served by whichever file happened to load first.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Registry {
     plugins: Vec<Arc<LoadedPlugin>>,
     claims: BTreeMap<Claim, usize>,
@@ -136,7 +140,11 @@ impl Registry {
     /// withdrawn (see [`Registry`]); the first file keeps serving its other
     /// claims. A built-in keeps its claims: a file that claims the same is
     /// refused, and the built-in goes on serving.
-    pub fn add(&mut self, plugin: LoadedPlugin) -> Result<Arc<LoadedPlugin>, ConflictError> {
+    pub fn add(
+        &mut self,
+        plugin: impl Into<Arc<LoadedPlugin>>,
+    ) -> Result<Arc<LoadedPlugin>, ConflictError> {
+        let plugin = plugin.into();
         let claims = claims_of(&plugin);
         let mut conflict = None;
         for claim in &claims {
@@ -168,7 +176,6 @@ impl Registry {
             return Err(conflict);
         }
         let index = self.plugins.len();
-        let plugin = Arc::new(plugin);
         self.plugins.push(plugin.clone());
         for claim in claims {
             self.claims.insert(claim, index);
@@ -181,6 +188,24 @@ impl Registry {
     /// replaced.
     pub fn note_failures(&mut self, failures: impl IntoIterator<Item = String>) {
         self.failed.extend(failures);
+    }
+
+    /// The origins that share a contested claim with `origin`: the claim
+    /// both made, which now serves neither.
+    pub fn contested_with(&self, origin: &Origin) -> Vec<(Scenario, Option<Flavor>, Origin)> {
+        self.contested
+            .iter()
+            .filter_map(|((scenario, flavor), (a, b))| {
+                let other = if a == origin {
+                    b
+                } else if b == origin {
+                    a
+                } else {
+                    return None;
+                };
+                Some((*scenario, flavor.clone(), other.clone()))
+            })
+            .collect()
     }
 
     /// Every registered plugin, in load order.
@@ -220,6 +245,7 @@ impl Registry {
                 ),
                 plugin,
                 scenario,
+                unmatched_flavor: None,
             });
         }
         // A VM that asks for a flavour no loaded plugin declares, while a
@@ -242,6 +268,7 @@ impl Registry {
                     ),
                     plugin,
                     scenario,
+                    unmatched_flavor: flavor.cloned(),
                 })
             }
             None => Err(no_plugin(self.contested.get(&(scenario, None)))),
