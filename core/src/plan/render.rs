@@ -296,11 +296,9 @@ for d in {net}/*; do
   if [ -e "$d/device" ]; then cur=${{d##*/}}; break; fi
   [ -n "$cur" ] || cur=${{d##*/}}
 done
-if [ -z "$cur" ]; then printf 'no network interface has MAC %s
-' "$mac" >&2; exit 1; fi
+if [ -z "$cur" ]; then printf 'no network interface has MAC %s\n' "$mac" >&2; exit 1; fi
 if [ "$cur" != "$name" ]; then
-  if [ -e {net}/"$name" ]; then printf 'cannot name %s (MAC %s) %s: interface %s (MAC %s) already has that name
-' "$cur" "$mac" "$name" "$name" "$(cat {net}/"$name"/address 2>/dev/null)" >&2; exit 1; fi
+  if [ -e {net}/"$name" ]; then printf 'cannot name %s (MAC %s) %s: interface %s (MAC %s) already has that name\n' "$cur" "$mac" "$name" "$name" "$(cat {net}/"$name"/address 2>/dev/null)" >&2; exit 1; fi
   ip link set dev "$cur" down && ip link set dev "$cur" name "$name" || exit
 fi
 ip link set dev "$name" up)"#,

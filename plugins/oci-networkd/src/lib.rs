@@ -138,6 +138,7 @@ mod tests {
                 path: path.into(),
                 content: content.into(),
                 mode,
+                parents: false,
             }),
         }
     }
