@@ -109,13 +109,12 @@ const KIT_SLOTS: u32 = 4;
 /// Values shown in case-file errors are cut to this many characters.
 const SHOWN_CHARS: usize = 80;
 
-/// The engine options the kit runs plugins with: the resolved production
-/// options (limits and plugin allow-list as configured, so `--plugin-fuel`
-/// and friends apply), without the on-disk cache and with a small instance
-/// pool.
+/// The engine options the kit runs plugins with: the resolved options
+/// (limits, plugin allow-list and cache as configured, so `--plugin-fuel`,
+/// `--cache-dir` and friends apply; the command line resolves the cache
+/// to the person's own) with a small instance pool.
 pub fn engine_options(resolved: &EngineOptions) -> EngineOptions {
     EngineOptions {
-        cache_dir: None,
         slots: KIT_SLOTS,
         ..resolved.clone()
     }

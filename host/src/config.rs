@@ -24,7 +24,7 @@ use crate::oci::{OciError, PinnedPlugins, PluginRef, RegistryOptions};
 use crate::plan::PlanLimits;
 use crate::plan::policy::{GuestPolicy, RawPolicy};
 use crate::planner::{FailurePolicy, PlannerOptions};
-use crate::plugin::cache::{CacheOwner, CachePaths, default_paths};
+use crate::plugin::cache::{CacheOwner, CachePaths, default_cache_dir, default_paths};
 use crate::plugin::sandbox::{DEFAULT_DEADLINE, DEFAULT_FUEL, DEFAULT_MEMORY_BYTES};
 use crate::plugin::trusted::euid;
 use crate::plugin::{DEFAULT_SLOTS, EngineOptions, Limits};
@@ -575,11 +575,16 @@ impl PluginConfigArgs {
 }
 
 /// The cache directory and key in force. `--no-cache` turns the cache
-/// off; a configured directory or key is used as given; else `defaults`.
-/// The node may leave the key to the engine (its default is the same
-/// place). A person's key may not be left so, or a root shell would key
-/// its own cache with the node's key: where there is no place for it (or
-/// for the directory), there is no cache, and one warning says so.
+/// off. A configured directory or key is used as given, with the node's
+/// default for the other: a directory and key always come as a pair, so
+/// a person's `plan` pointed at the node's cache directory (in the
+/// configuration file, say) keys its entries with the node's key and
+/// never rewrites them under another. With neither configured, the node
+/// takes its defaults (the key left to the engine, whose default is the
+/// same place) and a person takes `defaults`, both of them: a person's
+/// key may not be left to the engine, or a root shell would key its own
+/// cache with the node's key. Where a person has no place for either,
+/// there is no cache, and one warning says which is missing.
 fn cache_paths(
     p: &PluginConfigArgs,
     owner: CacheOwner,
@@ -588,18 +593,27 @@ fn cache_paths(
     if p.no_cache {
         return (None, p.cache_key.clone());
     }
-    let dir = p.cache_dir.clone().or(defaults.dir);
     if owner == CacheOwner::Node {
+        return (p.cache_dir.clone().or(defaults.dir), p.cache_key.clone());
+    }
+    if p.cache_dir.is_some() || p.cache_key.is_some() {
+        let dir = p.cache_dir.clone().or_else(default_cache_dir);
         return (dir, p.cache_key.clone());
     }
-    let key = p.cache_key.clone().or(defaults.key);
-    if dir.is_none() || key.is_none() {
-        tracing::warn!(
-            "no place for a plugin cache of this user (HOME, XDG_CACHE_HOME and XDG_STATE_HOME are unset): plugins are compiled at every run; set --cache-dir and --cache-key to keep them"
-        );
-        return (None, key);
+    match (defaults.dir, defaults.key) {
+        (Some(dir), Some(key)) => (Some(dir), Some(key)),
+        (dir, _) => {
+            let missing = if dir.is_none() {
+                "a cache directory (set HOME or XDG_CACHE_HOME)"
+            } else {
+                "a cache key (set HOME or XDG_STATE_HOME)"
+            };
+            tracing::warn!(
+                "no place for this user's plugin cache: {missing}; plugins are compiled at every run; --cache-dir with --cache-key keeps them"
+            );
+            (None, None)
+        }
     }
-    (dir, key)
 }
 
 /// A list option: the flag's or environment's list when given, else the
@@ -843,7 +857,11 @@ links = ["eth0"]
         let dir_only = Cli::parse_from(["x", "--cache-dir", "/srv/c"]);
         assert_eq!(
             cache_of(&dir_only.config, CacheOwner::User, own.clone()),
-            paths("/srv/c", "/root/.local/state/k")
+            CachePaths {
+                dir: Some(PathBuf::from("/srv/c")),
+                key: None,
+            },
+            "a configured directory keeps the node's key (the engine's default), not the person's"
         );
         let off = Cli::parse_from(["x", "--no-cache"]);
         assert_eq!(

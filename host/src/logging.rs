@@ -43,7 +43,11 @@ pub struct LogFilterError {
 /// or the level itself, whichever is quieter; any other value is returned
 /// as written.
 pub fn directives(value: Option<&str>) -> String {
-    let value = value.map(str::trim).filter(|v| !v.is_empty());
+    // A trailing comma (`debug,`) is a typo for the bare level, not a
+    // filter that turns every library's lines on.
+    let value = value
+        .map(|v| v.trim().trim_end_matches(',').trim())
+        .filter(|v| !v.is_empty());
     let Some(value) = value else {
         return DEFAULT_LEVEL.to_owned();
     };
@@ -118,6 +122,11 @@ mod tests {
         assert_eq!(
             directives(Some(" TRACE ")),
             "warn,fixup_core=trace,fixup_host=trace,cocoon_fixup=trace"
+        );
+        assert_eq!(
+            directives(Some("debug,")),
+            "warn,fixup_core=debug,fixup_host=debug,cocoon_fixup=debug",
+            "a trailing comma is the bare level"
         );
         // Quieter than warn: everyone at that level.
         assert_eq!(

@@ -177,7 +177,7 @@ enum PluginCommand {
     ///
     /// Example:
     ///   cocoon-fixup plugin pull oci://registry.example/acme/net@sha256:... --output acme_net.wasm
-    Pull(PluginPullArgs),
+    Pull(Box<PluginPullArgs>),
 }
 
 #[derive(Debug, Args)]

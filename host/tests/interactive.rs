@@ -122,7 +122,7 @@ fn plan_keeps_its_cache_and_key_in_the_users_home() {
 }
 
 #[test]
-fn a_cache_that_fails_for_every_plugin_is_one_warning() {
+fn entries_that_cannot_be_replaced_are_one_warning() {
     let home = tempfile::tempdir().unwrap();
     plan(&[], &[("HOME", home.path())]);
     // Every entry the first run wrote becomes a directory: each plugin's
@@ -139,9 +139,48 @@ fn a_cache_that_fails_for_every_plugin_is_one_warning() {
     let out = plan(&[], &[("HOME", home.path())]);
     let stderr = text(&out.stderr);
     let warned = warnings(&stderr);
-    assert_eq!(warned.len(), 1, "{stderr}");
-    assert!(warned[0].contains("plugin"), "{stderr}");
-    assert!(warned[0].contains("debug level"), "{stderr}");
+    // Reading each is refused (not a regular file: a warning each, as
+    // anything that may be someone's doing); replacing each fails alike,
+    // and those failures are one warning.
+    let refused = warned.iter().filter(|w| w.contains("refused")).count();
+    assert_eq!(refused, entries, "{stderr}");
+    let unwritable: Vec<_> = warned.iter().filter(|w| !w.contains("refused")).collect();
+    assert_eq!(unwritable.len(), 1, "{stderr}");
+    assert!(unwritable[0].contains("cannot write"), "{stderr}");
+    assert!(unwritable[0].contains("debug level"), "{stderr}");
+}
+
+#[test]
+fn a_refused_cache_entry_is_a_warning_every_time() {
+    let home = tempfile::tempdir().unwrap();
+    plan(&[], &[("HOME", home.path())]);
+    // Every entry becomes a link to a copy of itself: the trust rules
+    // refuse each one, and a refusal may be someone's doing, so none of
+    // them is folded into the one warning of an unusable cache.
+    let cache = home.path().join(".cache/cocoon-fixup");
+    let aside = tempfile::tempdir().unwrap();
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&cache).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_owned();
+        let copy = aside.path().join(&name);
+        std::fs::rename(&path, &copy).unwrap();
+        std::os::unix::fs::symlink(&copy, &path).unwrap();
+        names.push(name.to_string_lossy().into_owned());
+    }
+    assert!(names.len() >= 4, "an artifact and a record a plugin");
+    let out = plan(&[], &[("HOME", home.path())]);
+    let stderr = text(&out.stderr);
+    let warned = warnings(&stderr);
+    for name in &names {
+        assert!(
+            warned
+                .iter()
+                .any(|w| w.contains(name.as_str()) && w.contains("refused")),
+            "{name} not warned about:\n{stderr}"
+        );
+    }
+    assert!(!stderr.contains("debug level"), "{stderr}");
 }
 
 #[test]

@@ -178,7 +178,9 @@ pub enum PlanError {
         "plan has {steps} steps, over the limit of {max}: plan fewer steps, or raise the limit with --plan-max-steps (`plan_max_steps` in the configuration file)"
     )]
     TooManySteps { steps: usize, max: usize },
-    #[error("plan has {bytes} bytes of text, over the limit of {max} (PlanLimits::max_bytes)")]
+    #[error(
+        "plan has {bytes} bytes of text, over the limit of {max}: plan less text, or raise the limit with --plan-max-bytes (`plan_max_bytes` in the configuration file)"
+    )]
     TooLarge { bytes: usize, max: usize },
     /// `step` counts from 1.
     #[error("step {step} {field}: {problem}")]
@@ -1160,7 +1162,7 @@ mod tests {
         );
         assert_eq!(
             err.to_string(),
-            "plan has 65537 bytes of text, over the limit of 65536 (PlanLimits::max_bytes)"
+            "plan has 65537 bytes of text, over the limit of 65536: plan less text, or raise the limit with --plan-max-bytes (`plan_max_bytes` in the configuration file)"
         );
     }
 

@@ -117,6 +117,34 @@ pub enum CacheError {
     },
 }
 
+impl CacheError {
+    /// Whether this refusal may mean someone changed what the host trusts
+    /// (a key or directory with the wrong owner, mode, size or a link on
+    /// its path): such a refusal is a warning every time. The others (no
+    /// place, an I/O error) are [`warn_once`].
+    pub fn is_refusal(&self) -> bool {
+        match self {
+            CacheError::Dir(u) | CacheError::Key(u) => !u.is_io(),
+            CacheError::KeyMode { .. }
+            | CacheError::KeyOwner { .. }
+            | CacheError::KeyLength { .. }
+            | CacheError::KeyInsideCache { .. } => true,
+            CacheError::NoKeyPath | CacheError::KeyWrite { .. } => false,
+        }
+    }
+}
+
+/// A cache entry that could not be read: a refused entry (a link, another
+/// owner, a mode others may write) is a warning every time, naming it; an
+/// I/O error is [`warn_once`].
+fn entry_not_used(dir: &Path, name: &str, e: &Untrusted, what: &str) {
+    if e.is_io() {
+        warn_once(format_args!("{what} not used: {e}"));
+    } else {
+        tracing::warn!(path = %dir.join(name).display(), "{what} refused: {e}");
+    }
+}
+
 /// Whether this process has warned about the cache yet ([`warn_once`]).
 static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -125,8 +153,10 @@ static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::ne
 /// `debug`. A cache that fails for every plugin (a directory that cannot
 /// be read or written) is then one line, not one a plugin, and a daemon
 /// that rebuilds its plugin host at each reload does not repeat it.
-/// (An entry that fails authentication is not this: it is a warning each
-/// time, naming the file.)
+/// (An entry that fails authentication or is refused, and a key or
+/// directory refused on its owner, mode or a link, are not this: they
+/// are a warning each time, naming the file; see
+/// [`CacheError::is_refusal`].)
 pub fn warn_once(problem: std::fmt::Arguments<'_>) {
     if WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
         tracing::debug!("{problem}");
@@ -393,9 +423,12 @@ impl ArtifactCache {
         let entry = match self.dir.read_file(&name) {
             Ok(entry) => entry?,
             Err(e) => {
-                warn_once(format_args!(
-                    "plugin describe record not used: {e}; describing it again"
-                ));
+                entry_not_used(
+                    self.dir.path(),
+                    &name,
+                    &e,
+                    "plugin describe record (describing it again)",
+                );
                 return None;
             }
         };
@@ -465,9 +498,12 @@ impl ArtifactCache {
                 }
             },
             Err(e) => {
-                warn_once(format_args!(
-                    "precompiled plugin not used: {e}; compiling it again"
-                ));
+                entry_not_used(
+                    self.dir.path(),
+                    &name,
+                    &e,
+                    "precompiled plugin (compiling it again)",
+                );
                 CacheOutcome::Rebuilt
             }
         };

@@ -485,9 +485,13 @@ impl PluginHost {
         let cache = options.cache_dir.as_deref().and_then(|dir| {
             ArtifactCache::open(dir, options.cache_key.as_deref(), &engine)
                 .inspect_err(|e| {
-                    cache::warn_once(format_args!(
-                        "{e}; plugins are compiled at every start instead"
-                    ))
+                    if e.is_refusal() {
+                        tracing::warn!("{e}; plugins are compiled at every start instead");
+                    } else {
+                        cache::warn_once(format_args!(
+                            "{e}; plugins are compiled at every start instead"
+                        ));
+                    }
                 })
                 .ok()
                 .map(Arc::new)
