@@ -601,7 +601,23 @@ fn cache_paths(
         return (dir, p.cache_key.clone());
     }
     match (defaults.dir, defaults.key) {
-        (Some(dir), Some(key)) => (Some(dir), Some(key)),
+        (Some(dir), Some(key)) => {
+            // `sudo` may keep the caller's HOME: root must not make its
+            // cache in another user's home (the trust rules would refuse
+            // it anyway, with advice to hand that home to root).
+            let theirs = [&dir, &key]
+                .into_iter()
+                .find_map(|path| other_owner(path).map(|uid| (path, uid)));
+            if let Some((path, uid)) = theirs {
+                tracing::warn!(
+                    "no plugin cache: {} is under a directory of uid {uid}, not of uid {} this runs as (HOME kept by sudo?); plugins are compiled at every run; run with `sudo -H`, or give --cache-dir and --cache-key",
+                    path.display(),
+                    euid()
+                );
+                return (None, None);
+            }
+            (Some(dir), Some(key))
+        }
         (dir, _) => {
             let missing = if dir.is_none() {
                 "a cache directory (set HOME or XDG_CACHE_HOME)"
@@ -614,6 +630,14 @@ fn cache_paths(
             (None, None)
         }
     }
+}
+
+/// The owner of the nearest existing directory at or above `path` when it
+/// is neither root nor the user this runs as.
+fn other_owner(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt as _;
+    let owner = path.ancestors().find_map(|p| std::fs::metadata(p).ok())?.uid();
+    (owner != 0 && owner != euid()).then_some(owner)
 }
 
 /// A list option: the flag's or environment's list when given, else the
@@ -868,6 +892,35 @@ links = ["eth0"]
             cache_of(&off.config, CacheOwner::User, own).dir,
             None,
             "--no-cache"
+        );
+    }
+
+    #[test]
+    fn a_person_never_caches_in_another_users_home() {
+        if euid() != 0 {
+            eprintln!("skipped: needs root to give a directory to another user");
+            return;
+        }
+        let home = tempfile::tempdir().unwrap();
+        std::os::unix::fs::chown(home.path(), Some(4242), Some(4242)).unwrap();
+        let theirs = CachePaths {
+            dir: Some(home.path().join(".cache/cocoon-fixup")),
+            key: Some(home.path().join(".local/state/cocoon-fixup/cache.key")),
+        };
+        assert_eq!(other_owner(theirs.dir.as_deref().unwrap()), Some(4242));
+        assert_eq!(
+            cache_of(&ConfigArgs::default(), CacheOwner::User, theirs),
+            CachePaths::default(),
+            "no cache rather than one in uid 4242's home"
+        );
+        let own = tempfile::tempdir().unwrap();
+        let mine = CachePaths {
+            dir: Some(own.path().join(".cache/cocoon-fixup")),
+            key: Some(own.path().join(".local/state/cocoon-fixup/cache.key")),
+        };
+        assert_eq!(
+            cache_of(&ConfigArgs::default(), CacheOwner::User, mine.clone()),
+            mine
         );
     }
 
