@@ -94,7 +94,7 @@ use crate::facts::{
 };
 use crate::plan::Plan;
 use crate::plan::policy::{GuestPolicy, PolicySource};
-use crate::planner::hint_script;
+use crate::planner::compose_and_render;
 use crate::plugin::contract;
 use crate::plugin::registry::ConflictError;
 use crate::plugin::{
@@ -1309,11 +1309,25 @@ fn run_case(
         },
     };
     report.usage = Some(usage);
+    // Why the node would refuse the plan once rendered: the case fails
+    // whatever `expect` says, as the VM would get no fixup.
+    let mut refused = None;
     if options.render {
         match &returned {
-            Returned::Plan(plan) => {
-                report.script = Some(hint_script(&case.facts, &[case.scenario], &[plugin], plan));
-            }
+            Returned::Plan(plan) => match compose_and_render(
+                &case.facts,
+                &[case.scenario],
+                &[plugin],
+                vec![plan.clone()],
+                &host.limits().plan,
+            ) {
+                Ok(rendered) => report.script = Some(rendered.script),
+                Err(e) => {
+                    let why = format!("the node would refuse it: {e}");
+                    report.no_script = Some(why.clone());
+                    refused = Some(why);
+                }
+            },
             Returned::Declined { kind, reason, .. } => {
                 report.no_script = Some(format!(
                     "the plugin declined ({}: {reason}), so the host has nothing to run",
@@ -1325,7 +1339,15 @@ fn run_case(
     if let Some(expect) = &case.expect
         && returned.matches(expect)
     {
-        report.status = Status::Pass;
+        report.status = match refused {
+            None => Status::Pass,
+            Some(why) => {
+                report.message = Some(format!(
+                    "the result is as expected, but {why}; fix the plugin's plan"
+                ));
+                Status::Fail
+            }
+        };
         return report;
     }
     let actual_expect = returned.expectation();
@@ -1353,6 +1375,11 @@ fn run_case(
             "the result differs from `expect`: fix the plugin, or run with --bless if the change is intended"
                 .to_owned(),
         );
+    }
+    if let Some(why) = refused {
+        report.status = Status::Fail;
+        let message = report.message.take().unwrap_or_default();
+        report.message = Some(format!("{message}; and {why}"));
     }
     report
 }
@@ -1602,6 +1629,9 @@ pub struct Inspection {
     pub verdict: String,
     /// The plugin directory loaded with this file in it, when there is one.
     pub directory: Option<DirectoryReport>,
+    /// Whether the node would load the file and the plugin directory as a
+    /// whole ([`Inspection::success`]): the exit code is 0 exactly then.
+    pub success: bool,
 }
 
 impl Inspection {
@@ -1625,7 +1655,8 @@ pub struct DirectoryReport {
     /// Whether that copy would replace a file of the same name.
     pub replaces: bool,
     /// Whether every file would load. `plan` refuses to start otherwise;
-    /// `run` and `serve` skip the files that fail and serve with the rest.
+    /// `run` and a starting `serve` skip the files that fail and serve
+    /// with the rest; a running `serve` refuses to reload such a set.
     pub loads: bool,
     /// The other files that would not load (and the directory itself,
     /// when it is refused whole), each with the node's error.
@@ -1720,6 +1751,12 @@ impl Inspector {
     /// Inspect one file. Never fails: what cannot be learned stays empty
     /// and the verdict says why.
     pub fn inspect(&self, path: &Path) -> Inspection {
+        let mut out = self.judge(path);
+        out.success = out.success();
+        out
+    }
+
+    fn judge(&self, path: &Path) -> Inspection {
         let mut out = Inspection {
             file: path.display().to_string(),
             size_bytes: None,
@@ -1736,6 +1773,7 @@ impl Inspector {
             accepted: false,
             verdict: String::new(),
             directory: None,
+            success: false,
         };
         let bytes = match std::fs::read(path) {
             Ok(bytes) => bytes,
@@ -1798,7 +1836,7 @@ impl Inspector {
                 out.accepted = true;
                 out.verdict = match &out.directory {
                     Some(dir) if !dir.loads => format!(
-                        "accepted by itself, but the plugin directory {} does not load as a whole ({} other file(s) fail, listed under `directory`): `plan` refuses to start until they are fixed or removed; `run` and `serve` skip them and load this file",
+                        "accepted by itself, but the plugin directory {} does not load as a whole ({} other file(s) fail, listed under `directory`): `plan` refuses to start until they are fixed or removed, `run` and a starting `serve` skip them and load this file, and a running `serve` refuses to reload until they are fixed (this check does not run the `NAME.cases/` gate of a reload)",
                         dir.path,
                         dir.problems.len()
                     ),
@@ -1893,7 +1931,9 @@ impl Inspector {
         }
         let mut own = None;
         let mut inspected_fails = false;
-        let mut others: Vec<(Origin, Scenario, Option<Flavor>)> = Vec::new();
+        // The files the inspected one shares a claim with: the other file,
+        // the claim, and whether the other file loads first.
+        let mut others: Vec<(Origin, Scenario, Option<Flavor>, bool)> = Vec::new();
         for (file, entry) in entries {
             let loaded = match (entry, plugin) {
                 (DirEntry::Inspected, Some(plugin)) => {
@@ -1916,7 +1956,7 @@ impl Inspector {
             if let (LoadError::Conflict(c), Some(plugin)) = (&error, plugin)
                 && c.existing == plugin.origin
             {
-                others.push((c.new.clone(), c.scenario, c.flavor.clone()));
+                others.push((c.new.clone(), c.scenario, c.flavor.clone(), false));
             }
             // The inspected file's own failure is its verdict.
             if file == here {
@@ -1939,14 +1979,14 @@ impl Inspector {
             registry
                 .contested_with(&plugin.origin)
                 .into_iter()
-                .map(|(scenario, flavor, other)| (other, scenario, flavor)),
+                .map(|(scenario, flavor, other, first)| (other, scenario, flavor, first)),
         );
         let refusal = match own {
             Some(c) if matches!(c.existing, Origin::BuiltIn(_)) => {
                 Some(self.conflict_sentence(&c, plugin))
             }
             Some(c) => {
-                others.push((c.existing, c.scenario, c.flavor));
+                others.push((c.existing, c.scenario, c.flavor, true));
                 None
             }
             None => None,
@@ -1995,20 +2035,29 @@ fn lies_in(path: &Path, dir: &Path) -> bool {
 }
 
 /// The refusal for claims the inspected plugin shares with other files:
-/// each names the file and what both claim, then the fix.
-fn shared_claims(others: &[(Origin, Scenario, Option<Flavor>)]) -> String {
+/// each names the other file, what both claim and which of the two keeps
+/// its other claims (the node loads files in name order: the earlier one
+/// loads, the later one is refused whole), then the fix.
+fn shared_claims(others: &[(Origin, Scenario, Option<Flavor>, bool)]) -> String {
     let each: Vec<String> = others
         .iter()
-        .map(|(other, scenario, flavor)| {
+        .map(|(other, scenario, flavor, first)| {
             let flavor = match flavor {
                 Some(f) => format!("flavour `{f}`"),
                 None => "any flavour".to_owned(),
             };
-            format!("{other} also serves {scenario} for {flavor}")
+            let (kept, lost) = if *first {
+                (other.to_string(), "this file".to_owned())
+            } else {
+                ("this file".to_owned(), other.to_string())
+            };
+            format!(
+                "{other} also serves {scenario} for {flavor}: {kept} loads first and keeps its other claims, {lost} does not load and serves none of its claims, and neither serves {scenario} for {flavor}"
+            )
         })
         .collect();
     format!(
-        "{}: in this plugin directory neither file serves what both claim (`plan` refuses to start; `run` and `serve` leave those VMs without a plugin); remove the old file, or make one of them serve a narrower flavour",
+        "{} (`plan` refuses to start with this directory); remove one of them, or make one of them serve a narrower flavour",
         each.join("; ")
     )
 }

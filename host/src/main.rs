@@ -151,7 +151,11 @@ enum PluginCommand {
     /// the guest policy (what its plans may write, remove and run in a
     /// guest, with a warning for rules that allow arbitrary code, and the
     /// configuration file's narrowing of it), then `accepted` or
-    /// `refused: <why and the fix>`. Exit code 1 when refused.
+    /// `refused: <why and the fix>`. The file is judged with every file of
+    /// the plugin directory loaded as the node loads them (a file elsewhere
+    /// as its copy there); the reload's `NAME.cases/` gate is not run.
+    /// Exit code 1 when refused or when the plugin directory would not load
+    /// as a whole (JSON: `success`).
     Inspect(PluginInspectArgs),
     /// Create a new plugin crate from the template.
     ///

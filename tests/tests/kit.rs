@@ -563,7 +563,21 @@ fn inspect_refuses_a_file_whose_flavour_another_file_claims(#[case] old: &str, #
             )),
             "names the other file and the claim: {found}"
         );
-        assert!(found.verdict.contains("remove the old file"), "{found}");
+        // The earlier file in name order keeps its other claims; the
+        // later one is refused whole.
+        let (kept, lost) = if other < inspected {
+            (other.display().to_string(), "this file".to_owned())
+        } else {
+            ("this file".to_owned(), other.display().to_string())
+        };
+        assert!(
+            found.verdict.contains(&format!(
+                "{kept} loads first and keeps its other claims, {lost} does not load and serves none of its claims"
+            )),
+            "{found}"
+        );
+        assert!(found.verdict.contains("remove one of them"), "{found}");
+        assert!(!found.verdict.contains("remove the old file"), "{found}");
         let directory = found.directory.as_ref().expect("a directory report");
         assert!(!directory.loads, "{found}");
         assert!(!directory.copy);
@@ -611,8 +625,10 @@ fn inspect_judges_a_file_outside_the_directory_as_its_copy() {
 
 /// Another file that does not load leaves the inspected file accepted by
 /// itself, but the directory does not load as a whole: `plan` refuses to
-/// start, `run` and `serve` skip that file. The exit code is 1 and the
-/// other file is named with its error, in text and JSON.
+/// start, `run` and a starting `serve` skip that file, a running `serve`
+/// refuses the reload. The exit code is 1 (`success` false beside
+/// `accepted` true) and the other file is named with its error, in text
+/// and JSON.
 #[test]
 fn inspect_says_when_another_file_breaks_the_directory() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -628,7 +644,9 @@ fn inspect_says_when_another_file_breaks_the_directory() {
         "accepted by itself",
         "does not load as a whole",
         "`plan` refuses to start",
-        "`run` and `serve` skip them",
+        "`run` and a starting `serve` skip them",
+        "a running `serve` refuses to reload until they are fixed",
+        "does not run the `NAME.cases/` gate",
     ] {
         assert!(found.verdict.contains(needle), "{needle}: {found}");
     }
@@ -648,6 +666,8 @@ fn inspect_says_when_another_file_breaks_the_directory() {
         "{text}"
     );
     let json = serde_json::to_value(&found).expect("serialises");
+    assert_eq!(json["accepted"], true);
+    assert_eq!(json["success"], false);
     assert_eq!(json["directory"]["loads"], false);
     assert_eq!(
         json["directory"]["problems"][0]["file"],
@@ -795,4 +815,50 @@ fn a_denied_import_fails_with_the_fix() {
         "{message}"
     );
     assert!(message.contains("docs/plugins.md"), "{message}");
+}
+
+/// `--render` goes through the node's own composition and checks: the
+/// steps come out in phase order whatever order the plugin returned them
+/// in, and a plan the node would refuse once rendered (an exec argument
+/// over the kernel's limit) has no script and fails the case.
+#[test]
+fn render_composes_and_checks_the_plan_as_the_node_does() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    hostile_case(dir.path(), "disorder");
+    hostile_case(dir.path(), "quotes");
+    let options = TestOptions {
+        render: true,
+        ..TestOptions::default()
+    };
+    let report = kit::test_plugin(
+        engine(),
+        Path::new(env!("PLUGIN_HOSTILE")),
+        dir.path(),
+        options,
+    )
+    .expect("the kit runs");
+    let by_name = |name: &str| {
+        report
+            .cases
+            .iter()
+            .find(|c| c.name == name)
+            .expect("the case")
+    };
+    let disorder = by_name("disorder");
+    let script = disorder.script.as_deref().expect("a script");
+    let prepare = script.find("prepare first").expect("the prepare step");
+    let configure = script.find("configure second").expect("the configure step");
+    assert!(prepare < configure, "phase order: {script}");
+
+    let quotes = by_name("quotes");
+    assert_eq!(quotes.status, kit::Status::Fail, "{report}");
+    assert!(quotes.script.is_none());
+    let why = quotes.no_script.as_deref().expect("why no script");
+    assert!(why.starts_with("the node would refuse it: "), "{why}");
+    assert!(
+        report
+            .to_string()
+            .contains("no script: the node would refuse it: "),
+        "{report}"
+    );
 }
