@@ -99,7 +99,7 @@ use crate::plugin::contract;
 use crate::plugin::registry::ConflictError;
 use crate::plugin::{
     EngineOptions, Limits, LoadError, LoadedPlugin, Origin, PluginDir, PluginError, PluginHost,
-    read_plugin_dir,
+    read_plugin_dir, read_trusted,
 };
 
 /// Instances the kit's engine reserves. The kit makes one call at a time;
@@ -1632,6 +1632,11 @@ pub struct Inspection {
     /// Whether the node would load the file and the plugin directory as a
     /// whole ([`Inspection::success`]): the exit code is 0 exactly then.
     pub success: bool,
+    /// The store's files of the pinned references (`plugins` in the
+    /// configuration file), loaded after the directory.
+    pub pinned: Vec<String>,
+    /// The pinned references the store does not hold: not checked.
+    pub pinned_unchecked: Vec<String>,
 }
 
 impl Inspection {
@@ -1705,6 +1710,11 @@ pub struct Inspector {
     /// The engine, with the built-ins registered.
     host: PluginHost,
     plugin_dir: Option<PathBuf>,
+    /// The store's files of the pinned references, loaded after the
+    /// directory ([`Inspector::with_pinned`]).
+    pinned: Vec<PathBuf>,
+    /// The pinned references whose files the store does not hold.
+    unchecked: Vec<String>,
 }
 
 impl fmt::Debug for Inspector {
@@ -1712,6 +1722,7 @@ impl fmt::Debug for Inspector {
         f.debug_struct("Inspector")
             .field("host", &self.host)
             .field("plugin_dir", &self.plugin_dir)
+            .field("pinned", &self.pinned)
             .finish()
     }
 }
@@ -1745,7 +1756,19 @@ impl Inspector {
         Ok(Inspector {
             host,
             plugin_dir: plugin_dir.map(Path::to_owned),
+            pinned: Vec::new(),
+            unchecked: Vec::new(),
         })
+    }
+
+    /// Also load `files`, the store's copies of the pinned references, after
+    /// the plugin directory, as the node does; `unchecked` names the pinned
+    /// references the store does not hold (the node would pull them; the
+    /// inspector does not), listed in each inspection.
+    pub fn with_pinned(mut self, files: Vec<PathBuf>, unchecked: Vec<String>) -> Self {
+        self.pinned = files;
+        self.unchecked = unchecked;
+        self
     }
 
     /// Inspect one file. Never fails: what cannot be learned stays empty
@@ -1753,6 +1776,12 @@ impl Inspector {
     pub fn inspect(&self, path: &Path) -> Inspection {
         let mut out = self.judge(path);
         out.success = out.success();
+        out.pinned = self
+            .pinned
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        out.pinned_unchecked.clone_from(&self.unchecked);
         out
     }
 
@@ -1774,6 +1803,8 @@ impl Inspector {
             verdict: String::new(),
             directory: None,
             success: false,
+            pinned: Vec::new(),
+            pinned_unchecked: Vec::new(),
         };
         let bytes = match std::fs::read(path) {
             Ok(bytes) => bytes,
@@ -1847,64 +1878,67 @@ impl Inspector {
         out
     }
 
-    /// Load the built-ins and the plugin directory into a registry of
-    /// their own, in the node's order, with the inspected file in place:
-    /// the file itself when it lies in the directory, else a copy of it
-    /// under its file name (replacing a file of that name). `plugin` is
-    /// the inspected plugin, or why it does not load. Without a plugin
-    /// directory, the plugin is judged against the built-ins alone.
+    /// Load the built-ins, the plugin directory and then the pinned
+    /// references' files into a registry of their own, in the node's
+    /// order, with the inspected file in place: the file itself when it
+    /// lies in the directory, else a copy of it under its file name
+    /// (replacing a file of that name). `plugin` is the inspected plugin,
+    /// or why it does not load. Without a plugin directory, the plugin is
+    /// judged against the built-ins and the pinned files alone.
     fn load_dir(&self, path: &Path, plugin: Option<&Arc<LoadedPlugin>>) -> DirLoad {
         let mut registry = self.host.registry().clone();
-        let Some(dir) = &self.plugin_dir else {
-            let refusal = match plugin {
-                Some(plugin) => registry
-                    .add(plugin.clone())
-                    .err()
-                    .map(|c| self.conflict_sentence(&c, plugin)),
-                None => None,
-            };
-            return DirLoad {
-                report: None,
-                refusal,
-            };
-        };
         let name = path.file_name().unwrap_or(path.as_os_str());
-        let here = dir.join(name);
-        let inside = lies_in(path, dir);
-        let mut report = DirectoryReport {
+        // The node reads only `*.wasm` files of its directory.
+        let wasm_name = name.as_encoded_bytes().ends_with(b".wasm");
+        let here = match &self.plugin_dir {
+            Some(dir) => dir.join(name),
+            None => path.to_owned(),
+        };
+        let inside = self
+            .plugin_dir
+            .as_deref()
+            .is_some_and(|dir| lies_in(path, dir));
+        let mut report = self.plugin_dir.as_ref().map(|dir| DirectoryReport {
             path: dir.display().to_string(),
             file_as: here.display().to_string(),
             copy: !inside,
             replaces: false,
             loads: true,
             problems: Vec::new(),
-        };
-        let files = match read_plugin_dir(dir) {
-            Ok(PluginDir::Files(files)) => files,
-            Ok(PluginDir::Refused(e)) => {
-                report.loads = false;
+        });
+        let files = match self.plugin_dir.as_deref().map(read_plugin_dir) {
+            None => Vec::new(),
+            Some(Ok(PluginDir::Files(files))) => files,
+            Some(Ok(PluginDir::Refused(e))) => {
+                let report = report.expect("a directory");
                 let problem = PluginError::Untrusted(e).to_string();
-                report.problems.push(DirectoryProblem {
-                    file: report.path.clone(),
-                    error: problem.clone(),
-                });
                 return DirLoad {
                     refusal: Some(format!(
                         "the plugin directory {} is refused whole, so the node reads none of its files: {problem}",
                         report.path
                     )),
-                    report: Some(report),
+                    report: Some(DirectoryReport {
+                        loads: false,
+                        problems: vec![DirectoryProblem {
+                            file: report.path.clone(),
+                            error: problem,
+                        }],
+                        ..report
+                    }),
                 };
             }
-            Err(e) => {
-                report.loads = false;
-                report.problems.push(DirectoryProblem {
-                    file: report.path.clone(),
-                    error: e.to_string(),
-                });
+            Some(Err(e)) => {
+                let report = report.expect("a directory");
                 return DirLoad {
                     refusal: Some(format!("{e}; the node cannot start with it")),
-                    report: Some(report),
+                    report: Some(DirectoryReport {
+                        loads: false,
+                        problems: vec![DirectoryProblem {
+                            file: report.path.clone(),
+                            error: e.to_string(),
+                        }],
+                        ..report
+                    }),
                 };
             }
         };
@@ -1912,23 +1946,33 @@ impl Inspector {
             .into_iter()
             .map(|(file, bytes)| (file, DirEntry::Other(bytes)))
             .collect();
+        // Why the node cannot read the inspected file where it lies.
+        let mut unreadable = None;
         match entries.iter().position(|(file, _)| *file == here) {
-            // The file itself: judged as the node reads it there (a file
-            // the node may not read stays that file's failure).
-            Some(i) if inside => {
-                if matches!(entries[i].1, DirEntry::Other(Ok(_))) {
-                    entries[i].1 = DirEntry::Inspected;
-                }
-            }
+            // The file itself: judged as the node reads it there.
+            Some(i) if inside => match &entries[i].1 {
+                DirEntry::Other(Err(e)) => unreadable = Some(e.to_string()),
+                _ => entries[i].1 = DirEntry::Inspected,
+            },
             Some(i) => {
-                report.replaces = true;
+                if let Some(report) = &mut report {
+                    report.replaces = true;
+                }
                 entries[i].1 = DirEntry::Inspected;
             }
+            // A file the node would not read stays out.
+            None if !wasm_name && self.plugin_dir.is_some() => {}
             None => {
                 let at = entries.partition_point(|(file, _)| *file < here);
                 entries.insert(at, (here.clone(), DirEntry::Inspected));
             }
         }
+        // The pinned references' files load after the directory.
+        entries.extend(
+            self.pinned
+                .iter()
+                .map(|file| (file.clone(), DirEntry::Other(read_trusted(file)))),
+        );
         let mut own = None;
         let mut inspected_fails = false;
         // The files the inspected one shares a claim with: the other file,
@@ -1959,19 +2003,39 @@ impl Inspector {
                 others.push((c.new.clone(), c.scenario, c.flavor.clone(), false));
             }
             // The inspected file's own failure is its verdict.
-            if file == here {
+            if file == here && (inside || wasm_name) {
                 inspected_fails = true;
                 continue;
             }
-            report.problems.push(DirectoryProblem {
-                file: file.display().to_string(),
-                error: crate::facts::escape_controls(&error.to_string()),
-            });
+            if let Some(report) = &mut report {
+                report.problems.push(DirectoryProblem {
+                    file: file.display().to_string(),
+                    error: crate::facts::escape_controls(&error.to_string()),
+                });
+            }
         }
-        report.loads = report.problems.is_empty() && !inspected_fails;
+        if let Some(report) = &mut report {
+            report.loads = report.problems.is_empty() && !inspected_fails;
+        }
+        let report = report.filter(|_| self.plugin_dir.is_some());
+        if let Some(e) = unreadable {
+            return DirLoad {
+                report,
+                refusal: Some(format!("the node cannot read it there: {e}")),
+            };
+        }
+        if !wasm_name && self.plugin_dir.is_some() {
+            return DirLoad {
+                report,
+                refusal: Some(format!(
+                    "the node does not load this file (its name does not end in `.wasm`), so the directory was judged without it; name it `{}.wasm` or similar to have it loaded",
+                    Path::new(name).display()
+                )),
+            };
+        }
         let Some(plugin) = plugin else {
             return DirLoad {
-                report: Some(report),
+                report,
                 refusal: None,
             };
         };
@@ -1994,10 +2058,7 @@ impl Inspector {
         others.sort();
         others.dedup();
         let refusal = refusal.or_else(|| (!others.is_empty()).then(|| shared_claims(&others)));
-        DirLoad {
-            report: Some(report),
-            refusal,
-        }
+        DirLoad { report, refusal }
     }
 }
 
@@ -2204,6 +2265,20 @@ impl fmt::Display for Inspection {
                     &format!("fails: {}: {}", problem.file, problem.error),
                 )?;
             }
+        }
+        for file in &self.pinned {
+            row(f, "pinned", &format!("{file} (loaded after the directory)"))?;
+        }
+        if !self.pinned_unchecked.is_empty() {
+            row(
+                f,
+                "pinned",
+                &format!(
+                    "pinned references not checked: {} (not in the store: {}; `plugin pull` them)",
+                    self.pinned_unchecked.len(),
+                    self.pinned_unchecked.join(", ")
+                ),
+            )?;
         }
         row(f, "verdict", &self.verdict)
     }

@@ -914,6 +914,8 @@ fn run_plugin_inspect(args: &PluginInspectArgs, config: Option<&Path>) -> Result
         kit::engine_options(&settings.planner.engine),
         settings.planner.plugin_dir.as_deref(),
     )?;
+    let (pinned, unchecked) = settings.pinned.stored_files();
+    let inspector = inspector.with_pinned(pinned, unchecked);
     let inspection = inspector.inspect(&args.plugin);
     match args.output {
         Output::Json => print_json(&inspection)?,

@@ -862,3 +862,64 @@ fn render_composes_and_checks_the_plan_as_the_node_does() {
         "{report}"
     );
 }
+
+/// The store's files of pinned references load after the directory, as
+/// the node loads them: a pinned file claiming the inspected file's
+/// flavour is named (it loads later, so it is the one refused whole),
+/// and references the store does not hold are listed as not checked.
+#[test]
+fn inspect_loads_the_pinned_files_after_the_directory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = tempfile::tempdir().expect("tempdir");
+    let plugin = hostile_in(dir.path(), "hostile.wasm");
+    let pinned = hostile_in(store.path(), "sha256-0123.wasm");
+    let unchecked = "oci://registry.example/acme/net@sha256:abc".to_owned();
+    let inspector = Inspector::new(engine(), Some(dir.path()))
+        .expect("inspector starts")
+        .with_pinned(vec![pinned.clone()], vec![unchecked.clone()]);
+    let found = inspector.inspect(&plugin);
+    assert!(!found.accepted, "{found}");
+    assert!(
+        found.verdict.contains(&format!(
+            "{} also serves oci-networkd for flavour `hostile`: this file loads first",
+            pinned.display()
+        )),
+        "{found}"
+    );
+    assert_eq!(found.pinned, vec![pinned.display().to_string()]);
+    assert_eq!(found.pinned_unchecked, vec![unchecked]);
+    let text = found.to_string();
+    assert!(text.contains("pinned references not checked: 1"), "{text}");
+
+    let alone = Inspector::new(engine(), Some(dir.path()))
+        .expect("inspector starts")
+        .inspect(&plugin);
+    assert!(alone.success(), "{alone}");
+}
+
+/// The node reads only `*.wasm` files: a file under another name (left
+/// behind as `.old`) is refused as not loaded, and the directory is
+/// judged without it, in the directory or as a copy from elsewhere.
+#[test]
+fn inspect_says_the_node_does_not_load_a_file_not_named_wasm() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let build = tempfile::tempdir().expect("tempdir");
+    hostile_in(dir.path(), "hostile.wasm");
+    let old = hostile_in(dir.path(), "hostile.wasm.old");
+    let outside = hostile_in(build.path(), "hostile.wasm.old");
+    let inspector = Inspector::new(engine(), Some(dir.path())).expect("inspector starts");
+    for path in [&old, &outside] {
+        let found = inspector.inspect(path);
+        assert!(!found.accepted && !found.success(), "{found}");
+        assert!(
+            found
+                .verdict
+                .contains("the node does not load this file (its name does not end in `.wasm`)"),
+            "{found}"
+        );
+        // Judged without it, the directory loads: no shared claim.
+        let directory = found.directory.as_ref().expect("a directory report");
+        assert!(directory.loads && directory.problems.is_empty(), "{found}");
+        assert!(!found.verdict.contains("also serves"), "{found}");
+    }
+}

@@ -1039,7 +1039,7 @@ pub fn read_plugin_dir(dir: &Path) -> Result<PluginDir, PluginError> {
 
 /// The bytes of the plugin file at `path`, read under the rules of
 /// [`trusted`].
-fn read_trusted(path: &Path) -> Result<Vec<u8>, PluginError> {
+pub fn read_trusted(path: &Path) -> Result<Vec<u8>, PluginError> {
     trusted::read_file(path).map_err(|e| match e {
         Untrusted::Io { source, .. } => PluginError::Read {
             path: path.to_owned(),
