@@ -954,9 +954,10 @@ fn result_diff(expect: Option<&Expect>, actual: &ExpectOut<'_>) -> String {
     diff
 }
 
-/// Walk `expected` and `actual` side by side; where both hold a string at
-/// the same path, the strings differ and either has a line break, replace
-/// both with one marker and push `(path, expected, actual)`.
+/// Walk `expected` and `actual` side by side (into arrays of the same
+/// length only); where both hold a string at the same path, the strings
+/// differ and either has a line break, replace both with one marker and
+/// push `(path, expected, actual)`.
 fn take_multiline_texts(
     expected: &mut Value,
     actual: &mut Value,
@@ -971,7 +972,10 @@ fn take_multiline_texts(
                 }
             }
         }
-        (Value::Array(e), Value::Array(a)) => {
+        // Elements correspond only when the arrays are as long: with a
+        // step added or dropped, pairing by index would diff unrelated
+        // steps, so the escaped JSON stays.
+        (Value::Array(e), Value::Array(a)) if e.len() == a.len() => {
             for (i, (e, a)) in e.iter_mut().zip(a.iter_mut()).enumerate() {
                 take_multiline_texts(e, a, format!("{path}[{i}]"), out);
             }
@@ -1410,8 +1414,19 @@ fn flavor_warning(plugin: &LoadedPlugin, case: &Case) -> Option<String> {
     };
     Some(format!(
         "case {}: its VM has {asked}, but plugin {} serves only {served}: a node would never call it for this VM (the generic plugin plans it); set `facts.flavor` to one of those, or declare the flavour in the plugin's `describe`",
-        case.name, plugin.info.name
+        crate::facts::escape_controls(&case.name),
+        plugin.info.name
     ))
+}
+
+/// The lines of `text` for a terminal, split on `\n` only, with each `\r`
+/// written as `\r`: a line ending in CRLF stays distinct from one ending
+/// in LF (`str::lines` would drop the `\r`).
+fn shown_lines(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.strip_suffix('\n')
+        .unwrap_or(text)
+        .split('\n')
+        .map(|line| line.replace('\r', "\\r"))
 }
 
 fn duration_ms(d: Duration) -> f64 {
@@ -1533,13 +1548,13 @@ impl fmt::Display for TestReport {
                 }
             }
             if let Some(diff) = &case.diff {
-                for line in diff.lines() {
+                for line in shown_lines(diff) {
                     writeln!(f, "{INDENT}{line}")?;
                 }
             }
             if let Some(script) = &case.script {
                 writeln!(f, "{INDENT}hint script:")?;
-                for line in script.lines() {
+                for line in shown_lines(script) {
                     writeln!(f, "{INDENT}  {line}")?;
                 }
             }
@@ -2287,6 +2302,36 @@ impl fmt::Display for Inspection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A CRLF line stays distinct from an LF line when shown.
+    #[test]
+    fn shown_lines_keep_a_carriage_return_visible() {
+        let lines: Vec<String> = shown_lines("a\r\nb\n").collect();
+        assert_eq!(lines, vec!["a\\r".to_owned(), "b".to_owned()]);
+        let diff = unified_diff("x\r\ny\n", "x\ny\n", ("expected", "actual"));
+        let shown: Vec<String> = shown_lines(&diff).collect();
+        assert!(shown.contains(&"-x\\r".to_owned()), "{shown:?}");
+        assert!(shown.contains(&"+x".to_owned()), "{shown:?}");
+    }
+
+    /// Strings are line-diffed only where array elements correspond: with
+    /// a step added, the escaped JSON stays.
+    #[test]
+    fn multiline_texts_are_taken_only_from_arrays_of_one_length() {
+        let step = |content: &str| serde_json::json!({"content": content});
+        let mut expected = serde_json::json!({"steps": [step("a\nb")]});
+        let mut actual = serde_json::json!({"steps": [step("a\nc")]});
+        let mut texts = Vec::new();
+        take_multiline_texts(&mut expected, &mut actual, String::new(), &mut texts);
+        assert_eq!(texts.len(), 1, "{texts:?}");
+
+        let mut expected = serde_json::json!({"steps": [step("a\nb")]});
+        let mut actual = serde_json::json!({"steps": [step("x\ny"), step("a\nc")]});
+        let mut texts = Vec::new();
+        take_multiline_texts(&mut expected, &mut actual, String::new(), &mut texts);
+        assert!(texts.is_empty(), "{texts:?}");
+        assert_eq!(expected["steps"][0]["content"], "a\nb");
+    }
 
     /// A case for the built-in oci-networkd with a `context`, whose
     /// `expect` is `expect`.

@@ -792,6 +792,13 @@ fn a_case_for_a_flavour_the_plugin_does_not_serve_is_warned_about() {
     let json = serde_json::to_value(&report).expect("serialises");
     assert!(json["cases"][1]["warnings"][0].is_string(), "{json}");
 
+    // A case name (its file name) with a line break is escaped.
+    let odd = tempfile::tempdir().expect("tempdir");
+    std::fs::write(odd.path().join("two\nlines.json"), case.to_string()).expect("write");
+    let report = test(Path::new(env!("PLUGIN_HOSTILE")), odd.path(), false);
+    let warning = &report.cases[0].warnings[0];
+    assert!(warning.starts_with("case two\\nlines: "), "{warning}");
+
     let builtin = builtin_file(dir.path(), "oci-networkd");
     let generic = test(&builtin, &cases_of("oci-networkd"), false);
     assert!(generic.cases.iter().all(|c| c.warnings.is_empty()));

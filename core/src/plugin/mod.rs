@@ -1217,7 +1217,7 @@ fn declared_flavor_problem(flavor: &str, error: &FactError) -> String {
         _ => "is empty",
     };
     format!(
-        "flavour {:?} in its flavour list {rule}: a flavour is what pods name in annotation {}, 1..=63 of a-z, 0-9, '-', '.' and '_' (like `alpine` or `ubuntu-24.04`); fix the flavours `describe` returns (`FLAVORS` in a plugin made by `cocoon-fixup plugin new`, `PluginInfo::with_flavors` in the SDK), or return none to serve any flavour",
+        "flavour `{}` in its flavour list {rule}: a flavour is what pods name in annotation {}, 1..=63 of a-z, 0-9, '-', '.' and '_' (like `alpine` or `ubuntu-24.04`); fix the flavours `describe` returns (`FLAVORS` in a plugin made by `cocoon-fixup plugin new`, `PluginInfo::with_flavors` in the SDK), or return none to serve any flavour",
         crate::facts::escape_controls(truncate_for_message(flavor)),
         crate::facts::annotations::GUEST_FLAVOR,
     )
@@ -1456,6 +1456,15 @@ mod tests {
             "{annotation}"
         );
         assert!(describe(info_with_flavor("alpine"), &origin, Contract::CURRENT).is_ok());
+        // A control character is escaped once, not twice.
+        let message = describe(info_with_flavor("a\nb"), &origin, Contract::CURRENT)
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            message.contains("flavour `a\\nb` in its flavour list"),
+            "{message}"
+        );
+        assert!(!message.contains("\\\\"), "{message}");
     }
 
     /// A denied import's error says what to do, by the kind of import.
