@@ -461,6 +461,16 @@ impl Planner {
         Ok(composed)
     }
 
+    /// Whether some loaded plugin declares flavours for `scenario`: only
+    /// then can a VM's flavour change which plugin plans it.
+    pub fn declares_flavors(&self, scenario: Scenario) -> bool {
+        self.plugins
+            .registry()
+            .plugins()
+            .iter()
+            .any(|p| !p.info.flavors.is_empty() && p.info.scenarios.contains(&scenario))
+    }
+
     /// The built-in that takes over from a plugin file that failed with
     /// `error`, when the plugin's failure policy says so and a built-in
     /// serves the scenario for any flavour; with the kind of failure.

@@ -930,3 +930,34 @@ fn inspect_says_the_node_does_not_load_a_file_not_named_wasm() {
         assert!(!found.verdict.contains("also serves"), "{found}");
     }
 }
+
+/// The daemon notes an unserved flavour only for a scenario some loaded
+/// plugin declares flavours for: `nm-keyfile` serves the network and DHCP
+/// recovery scenarios, so a Firecracker clone's `fc-mac` part is not one.
+#[test]
+fn flavours_are_declared_only_for_the_scenarios_a_flavoured_plugin_serves() {
+    use fixup_host::classify::Scenario;
+    use fixup_host::planner::{Planner, PlannerOptions};
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(
+        env!("PLUGIN_NM_KEYFILE"),
+        dir.path().join("nm-keyfile.wasm"),
+    )
+    .expect("copy");
+    let (planner, failures) = Planner::new(PlannerOptions {
+        engine: engine(),
+        plugin_dir: Some(dir.path().to_owned()),
+        ..Default::default()
+    })
+    .expect("planner");
+    assert!(failures.is_empty());
+    assert!(planner.declares_flavors(Scenario::OciNetworkd));
+    assert!(planner.declares_flavors(Scenario::DhcpRecovery));
+    assert!(!planner.declares_flavors(Scenario::FcMac));
+    let (plain, _) = Planner::new(PlannerOptions {
+        engine: engine(),
+        ..Default::default()
+    })
+    .expect("planner");
+    assert!(!plain.declares_flavors(Scenario::OciNetworkd));
+}
