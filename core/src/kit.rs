@@ -99,7 +99,7 @@ use crate::plugin::contract;
 use crate::plugin::registry::ConflictError;
 use crate::plugin::{
     EngineOptions, Limits, LoadError, LoadedPlugin, Origin, PluginDir, PluginError, PluginHost,
-    read_plugin_dir, read_trusted,
+    check_plugin_dir, read_plugin_dir, read_trusted,
 };
 
 /// Instances the kit's engine reserves. The kit makes one call at a time;
@@ -1766,7 +1766,7 @@ impl Inspector {
         let mut host = PluginHost::new(engine)?;
         host.load_builtins().map_err(KitError::BuiltIns)?;
         if let Some(dir) = plugin_dir {
-            read_plugin_dir(dir)?;
+            check_plugin_dir(dir)?;
         }
         Ok(Inspector {
             host,
