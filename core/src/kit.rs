@@ -2042,10 +2042,10 @@ impl Inspector {
         if !wasm_name && self.plugin_dir.is_some() {
             return DirLoad {
                 report,
-                refusal: Some(format!(
-                    "the node does not load this file (its name does not end in `.wasm`), so the directory was judged without it; name it `{}.wasm` or similar to have it loaded",
-                    Path::new(name).display()
-                )),
+                refusal: Some(
+                    "the node does not load this file (its name does not end in `.wasm`), so the directory was judged without it; give it a name ending in `.wasm` to have it loaded, or leave it out"
+                        .to_owned(),
+                ),
             };
         }
         let Some(plugin) = plugin else {
