@@ -228,7 +228,9 @@ struct PluginTestArgs {
     #[arg(long)]
     bless: bool,
     /// After each case's result, print the hint script the host would
-    /// render from the plan (as `plan` prints it), or why there is none.
+    /// render from the plan (as `plan` prints it: steps in phase order,
+    /// checked against the node's limits), or why there is none; a plan
+    /// the node would refuse fails the case.
     #[arg(long)]
     render: bool,
     /// How to print the result.
