@@ -94,12 +94,12 @@ use crate::facts::{
 };
 use crate::plan::Plan;
 use crate::plan::policy::{GuestPolicy, PolicySource};
-use crate::planner::hint_script;
+use crate::planner::compose_and_render;
 use crate::plugin::contract;
 use crate::plugin::registry::ConflictError;
 use crate::plugin::{
     EngineOptions, Limits, LoadError, LoadedPlugin, Origin, PluginDir, PluginError, PluginHost,
-    read_plugin_dir,
+    check_plugin_dir, read_plugin_dir, read_trusted,
 };
 
 /// Instances the kit's engine reserves. The kit makes one call at a time;
@@ -953,9 +953,10 @@ fn result_diff(expect: Option<&Expect>, actual: &ExpectOut<'_>) -> String {
     diff
 }
 
-/// Walk `expected` and `actual` side by side; where both hold a string at
-/// the same path, the strings differ and either has a line break, replace
-/// both with one marker and push `(path, expected, actual)`.
+/// Walk `expected` and `actual` side by side (into arrays of the same
+/// length only); where both hold a string at the same path, the strings
+/// differ and either has a line break, replace both with one marker and
+/// push `(path, expected, actual)`.
 fn take_multiline_texts(
     expected: &mut Value,
     actual: &mut Value,
@@ -970,7 +971,10 @@ fn take_multiline_texts(
                 }
             }
         }
-        (Value::Array(e), Value::Array(a)) => {
+        // Elements correspond only when the arrays are as long: with a
+        // step added or dropped, pairing by index would diff unrelated
+        // steps, so the escaped JSON stays.
+        (Value::Array(e), Value::Array(a)) if e.len() == a.len() => {
             for (i, (e, a)) in e.iter_mut().zip(a.iter_mut()).enumerate() {
                 take_multiline_texts(e, a, format!("{path}[{i}]"), out);
             }
@@ -1308,11 +1312,25 @@ fn run_case(
         },
     };
     report.usage = Some(usage);
+    // Why the node would refuse the plan once rendered: the case fails
+    // whatever `expect` says, as the VM would get no fixup.
+    let mut refused = None;
     if options.render {
         match &returned {
-            Returned::Plan(plan) => {
-                report.script = Some(hint_script(&case.facts, &[case.scenario], &[plugin], plan));
-            }
+            Returned::Plan(plan) => match compose_and_render(
+                &case.facts,
+                &[case.scenario],
+                &[plugin],
+                vec![plan.clone()],
+                &host.limits().plan,
+            ) {
+                Ok(rendered) => report.script = Some(rendered.script),
+                Err(e) => {
+                    let why = format!("the node would refuse it: {e}");
+                    report.no_script = Some(why.clone());
+                    refused = Some(why);
+                }
+            },
             Returned::Declined { kind, reason, .. } => {
                 report.no_script = Some(format!(
                     "the plugin declined ({}: {reason}), so the host has nothing to run",
@@ -1324,7 +1342,15 @@ fn run_case(
     if let Some(expect) = &case.expect
         && returned.matches(expect)
     {
-        report.status = Status::Pass;
+        report.status = match refused {
+            None => Status::Pass,
+            Some(why) => {
+                report.message = Some(format!(
+                    "the result is as expected, but {why}; fix the plugin's plan"
+                ));
+                Status::Fail
+            }
+        };
         return report;
     }
     let actual_expect = returned.expectation();
@@ -1352,6 +1378,11 @@ fn run_case(
             "the result differs from `expect`: fix the plugin, or run with --bless if the change is intended"
                 .to_owned(),
         );
+    }
+    if let Some(why) = refused {
+        report.status = Status::Fail;
+        let message = report.message.take().unwrap_or_default();
+        report.message = Some(format!("{message}; and {why}"));
     }
     report
 }
@@ -1382,8 +1413,19 @@ fn flavor_warning(plugin: &LoadedPlugin, case: &Case) -> Option<String> {
     };
     Some(format!(
         "case {}: its VM has {asked}, but plugin {} serves only {served}: a node would never call it for this VM (the generic plugin plans it); set `facts.flavor` to one of those, or declare the flavour in the plugin's `describe`",
-        case.name, plugin.info.name
+        crate::facts::escape_controls(&case.name),
+        plugin.info.name
     ))
+}
+
+/// The lines of `text` for a terminal, split on `\n` only, with each `\r`
+/// written as `\r`: a line ending in CRLF stays distinct from one ending
+/// in LF (`str::lines` would drop the `\r`).
+fn shown_lines(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.strip_suffix('\n')
+        .unwrap_or(text)
+        .split('\n')
+        .map(|line| line.replace('\r', "\\r"))
 }
 
 fn duration_ms(d: Duration) -> f64 {
@@ -1505,13 +1547,13 @@ impl fmt::Display for TestReport {
                 }
             }
             if let Some(diff) = &case.diff {
-                for line in diff.lines() {
+                for line in shown_lines(diff) {
                     writeln!(f, "{INDENT}{line}")?;
                 }
             }
             if let Some(script) = &case.script {
                 writeln!(f, "{INDENT}hint script:")?;
-                for line in script.lines() {
+                for line in shown_lines(script) {
                     writeln!(f, "{INDENT}  {line}")?;
                 }
             }
@@ -1601,6 +1643,14 @@ pub struct Inspection {
     pub verdict: String,
     /// The plugin directory loaded with this file in it, when there is one.
     pub directory: Option<DirectoryReport>,
+    /// Whether the node would load the file and the plugin directory as a
+    /// whole ([`Inspection::success`]): the exit code is 0 exactly then.
+    pub success: bool,
+    /// The store's files of the pinned references (`plugins` in the
+    /// configuration file), loaded after the directory.
+    pub pinned: Vec<String>,
+    /// The pinned references the store does not hold: not checked.
+    pub pinned_unchecked: Vec<String>,
 }
 
 impl Inspection {
@@ -1624,7 +1674,8 @@ pub struct DirectoryReport {
     /// Whether that copy would replace a file of the same name.
     pub replaces: bool,
     /// Whether every file would load. `plan` refuses to start otherwise;
-    /// `run` and `serve` skip the files that fail and serve with the rest.
+    /// `run` and a starting `serve` skip the files that fail and serve
+    /// with the rest; a running `serve` refuses to reload such a set.
     pub loads: bool,
     /// The other files that would not load (and the directory itself,
     /// when it is refused whole), each with the node's error.
@@ -1673,6 +1724,11 @@ pub struct Inspector {
     /// The engine, with the built-ins registered.
     host: PluginHost,
     plugin_dir: Option<PathBuf>,
+    /// The store's files of the pinned references, loaded after the
+    /// directory ([`Inspector::with_pinned`]).
+    pinned: Vec<PathBuf>,
+    /// The pinned references whose files the store does not hold.
+    unchecked: Vec<String>,
 }
 
 impl fmt::Debug for Inspector {
@@ -1680,6 +1736,7 @@ impl fmt::Debug for Inspector {
         f.debug_struct("Inspector")
             .field("host", &self.host)
             .field("plugin_dir", &self.plugin_dir)
+            .field("pinned", &self.pinned)
             .finish()
     }
 }
@@ -1708,17 +1765,41 @@ impl Inspector {
         let mut host = PluginHost::new(engine)?;
         host.load_builtins().map_err(KitError::BuiltIns)?;
         if let Some(dir) = plugin_dir {
-            read_plugin_dir(dir)?;
+            check_plugin_dir(dir)?;
         }
         Ok(Inspector {
             host,
             plugin_dir: plugin_dir.map(Path::to_owned),
+            pinned: Vec::new(),
+            unchecked: Vec::new(),
         })
+    }
+
+    /// Also load `files`, the store's copies of the pinned references, after
+    /// the plugin directory, as the node does; `unchecked` names the pinned
+    /// references the store does not hold (the node would pull them; the
+    /// inspector does not), listed in each inspection.
+    pub fn with_pinned(mut self, files: Vec<PathBuf>, unchecked: Vec<String>) -> Self {
+        self.pinned = files;
+        self.unchecked = unchecked;
+        self
     }
 
     /// Inspect one file. Never fails: what cannot be learned stays empty
     /// and the verdict says why.
     pub fn inspect(&self, path: &Path) -> Inspection {
+        let mut out = self.judge(path);
+        out.success = out.success();
+        out.pinned = self
+            .pinned
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        out.pinned_unchecked.clone_from(&self.unchecked);
+        out
+    }
+
+    fn judge(&self, path: &Path) -> Inspection {
         let mut out = Inspection {
             file: path.display().to_string(),
             size_bytes: None,
@@ -1735,6 +1816,9 @@ impl Inspector {
             accepted: false,
             verdict: String::new(),
             directory: None,
+            success: false,
+            pinned: Vec::new(),
+            pinned_unchecked: Vec::new(),
         };
         let bytes = match std::fs::read(path) {
             Ok(bytes) => bytes,
@@ -1797,7 +1881,7 @@ impl Inspector {
                 out.accepted = true;
                 out.verdict = match &out.directory {
                     Some(dir) if !dir.loads => format!(
-                        "accepted by itself, but the plugin directory {} does not load as a whole ({} other file(s) fail, listed under `directory`): `plan` refuses to start until they are fixed or removed; `run` and `serve` skip them and load this file",
+                        "accepted by itself, but the plugin directory {} does not load as a whole ({} other file(s) fail, listed under `directory`): `plan` refuses to start until they are fixed or removed, `run` and a starting `serve` skip them and load this file, and a running `serve` refuses to reload until they are fixed (this check does not run the `NAME.cases/` gate of a reload)",
                         dir.path,
                         dir.problems.len()
                     ),
@@ -1808,64 +1892,67 @@ impl Inspector {
         out
     }
 
-    /// Load the built-ins and the plugin directory into a registry of
-    /// their own, in the node's order, with the inspected file in place:
-    /// the file itself when it lies in the directory, else a copy of it
-    /// under its file name (replacing a file of that name). `plugin` is
-    /// the inspected plugin, or why it does not load. Without a plugin
-    /// directory, the plugin is judged against the built-ins alone.
+    /// Load the built-ins, the plugin directory and then the pinned
+    /// references' files into a registry of their own, in the node's
+    /// order, with the inspected file in place: the file itself when it
+    /// lies in the directory, else a copy of it under its file name
+    /// (replacing a file of that name). `plugin` is the inspected plugin,
+    /// or why it does not load. Without a plugin directory, the plugin is
+    /// judged against the built-ins and the pinned files alone.
     fn load_dir(&self, path: &Path, plugin: Option<&Arc<LoadedPlugin>>) -> DirLoad {
         let mut registry = self.host.registry().clone();
-        let Some(dir) = &self.plugin_dir else {
-            let refusal = match plugin {
-                Some(plugin) => registry
-                    .add(plugin.clone())
-                    .err()
-                    .map(|c| self.conflict_sentence(&c, plugin)),
-                None => None,
-            };
-            return DirLoad {
-                report: None,
-                refusal,
-            };
-        };
         let name = path.file_name().unwrap_or(path.as_os_str());
-        let here = dir.join(name);
-        let inside = lies_in(path, dir);
-        let mut report = DirectoryReport {
+        // The node reads only `*.wasm` files of its directory.
+        let wasm_name = name.as_encoded_bytes().ends_with(b".wasm");
+        let here = match &self.plugin_dir {
+            Some(dir) => dir.join(name),
+            None => path.to_owned(),
+        };
+        let inside = self
+            .plugin_dir
+            .as_deref()
+            .is_some_and(|dir| lies_in(path, dir));
+        let mut report = self.plugin_dir.as_ref().map(|dir| DirectoryReport {
             path: dir.display().to_string(),
             file_as: here.display().to_string(),
             copy: !inside,
             replaces: false,
             loads: true,
             problems: Vec::new(),
-        };
-        let files = match read_plugin_dir(dir) {
-            Ok(PluginDir::Files(files)) => files,
-            Ok(PluginDir::Refused(e)) => {
-                report.loads = false;
+        });
+        let files = match self.plugin_dir.as_deref().map(read_plugin_dir) {
+            None => Vec::new(),
+            Some(Ok(PluginDir::Files(files))) => files,
+            Some(Ok(PluginDir::Refused(e))) => {
+                let report = report.expect("a directory");
                 let problem = PluginError::Untrusted(e).to_string();
-                report.problems.push(DirectoryProblem {
-                    file: report.path.clone(),
-                    error: problem.clone(),
-                });
                 return DirLoad {
                     refusal: Some(format!(
                         "the plugin directory {} is refused whole, so the node reads none of its files: {problem}",
                         report.path
                     )),
-                    report: Some(report),
+                    report: Some(DirectoryReport {
+                        loads: false,
+                        problems: vec![DirectoryProblem {
+                            file: report.path.clone(),
+                            error: problem,
+                        }],
+                        ..report
+                    }),
                 };
             }
-            Err(e) => {
-                report.loads = false;
-                report.problems.push(DirectoryProblem {
-                    file: report.path.clone(),
-                    error: e.to_string(),
-                });
+            Some(Err(e)) => {
+                let report = report.expect("a directory");
                 return DirLoad {
                     refusal: Some(format!("{e}; the node cannot start with it")),
-                    report: Some(report),
+                    report: Some(DirectoryReport {
+                        loads: false,
+                        problems: vec![DirectoryProblem {
+                            file: report.path.clone(),
+                            error: e.to_string(),
+                        }],
+                        ..report
+                    }),
                 };
             }
         };
@@ -1873,26 +1960,38 @@ impl Inspector {
             .into_iter()
             .map(|(file, bytes)| (file, DirEntry::Other(bytes)))
             .collect();
+        // Why the node cannot read the inspected file where it lies.
+        let mut unreadable = None;
         match entries.iter().position(|(file, _)| *file == here) {
-            // The file itself: judged as the node reads it there (a file
-            // the node may not read stays that file's failure).
-            Some(i) if inside => {
-                if matches!(entries[i].1, DirEntry::Other(Ok(_))) {
-                    entries[i].1 = DirEntry::Inspected;
-                }
-            }
+            // The file itself: judged as the node reads it there.
+            Some(i) if inside => match &entries[i].1 {
+                DirEntry::Other(Err(e)) => unreadable = Some(e.to_string()),
+                _ => entries[i].1 = DirEntry::Inspected,
+            },
             Some(i) => {
-                report.replaces = true;
+                if let Some(report) = &mut report {
+                    report.replaces = true;
+                }
                 entries[i].1 = DirEntry::Inspected;
             }
+            // A file the node would not read stays out.
+            None if !wasm_name && self.plugin_dir.is_some() => {}
             None => {
                 let at = entries.partition_point(|(file, _)| *file < here);
                 entries.insert(at, (here.clone(), DirEntry::Inspected));
             }
         }
+        // The pinned references' files load after the directory.
+        entries.extend(
+            self.pinned
+                .iter()
+                .map(|file| (file.clone(), DirEntry::Other(read_trusted(file)))),
+        );
         let mut own = None;
         let mut inspected_fails = false;
-        let mut others: Vec<(Origin, Scenario, Option<Flavor>)> = Vec::new();
+        // The files the inspected one shares a claim with: the other file,
+        // the claim, and whether the other file loads first.
+        let mut others: Vec<(Origin, Scenario, Option<Flavor>, bool)> = Vec::new();
         for (file, entry) in entries {
             let loaded = match (entry, plugin) {
                 (DirEntry::Inspected, Some(plugin)) => {
@@ -1915,22 +2014,42 @@ impl Inspector {
             if let (LoadError::Conflict(c), Some(plugin)) = (&error, plugin)
                 && c.existing == plugin.origin
             {
-                others.push((c.new.clone(), c.scenario, c.flavor.clone()));
+                others.push((c.new.clone(), c.scenario, c.flavor.clone(), false));
             }
             // The inspected file's own failure is its verdict.
-            if file == here {
+            if file == here && (inside || wasm_name) {
                 inspected_fails = true;
                 continue;
             }
-            report.problems.push(DirectoryProblem {
-                file: file.display().to_string(),
-                error: crate::facts::escape_controls(&error.to_string()),
-            });
+            if let Some(report) = &mut report {
+                report.problems.push(DirectoryProblem {
+                    file: file.display().to_string(),
+                    error: crate::facts::escape_controls(&error.to_string()),
+                });
+            }
         }
-        report.loads = report.problems.is_empty() && !inspected_fails;
+        if let Some(report) = &mut report {
+            report.loads = report.problems.is_empty() && !inspected_fails;
+        }
+        let report = report.filter(|_| self.plugin_dir.is_some());
+        if let Some(e) = unreadable {
+            return DirLoad {
+                report,
+                refusal: Some(format!("the node cannot read it there: {e}")),
+            };
+        }
+        if !wasm_name && self.plugin_dir.is_some() {
+            return DirLoad {
+                report,
+                refusal: Some(
+                    "the node does not load this file (its name does not end in `.wasm`), so the directory was judged without it; give it a name ending in `.wasm` to have it loaded, or leave it out"
+                        .to_owned(),
+                ),
+            };
+        }
         let Some(plugin) = plugin else {
             return DirLoad {
-                report: Some(report),
+                report,
                 refusal: None,
             };
         };
@@ -1938,14 +2057,14 @@ impl Inspector {
             registry
                 .contested_with(&plugin.origin)
                 .into_iter()
-                .map(|(scenario, flavor, other)| (other, scenario, flavor)),
+                .map(|(scenario, flavor, other, first)| (other, scenario, flavor, first)),
         );
         let refusal = match own {
             Some(c) if matches!(c.existing, Origin::BuiltIn(_)) => {
                 Some(self.conflict_sentence(&c, plugin))
             }
             Some(c) => {
-                others.push((c.existing, c.scenario, c.flavor));
+                others.push((c.existing, c.scenario, c.flavor, true));
                 None
             }
             None => None,
@@ -1953,10 +2072,7 @@ impl Inspector {
         others.sort();
         others.dedup();
         let refusal = refusal.or_else(|| (!others.is_empty()).then(|| shared_claims(&others)));
-        DirLoad {
-            report: Some(report),
-            refusal,
-        }
+        DirLoad { report, refusal }
     }
 }
 
@@ -1994,20 +2110,29 @@ fn lies_in(path: &Path, dir: &Path) -> bool {
 }
 
 /// The refusal for claims the inspected plugin shares with other files:
-/// each names the file and what both claim, then the fix.
-fn shared_claims(others: &[(Origin, Scenario, Option<Flavor>)]) -> String {
+/// each names the other file, what both claim and which of the two keeps
+/// its other claims (the node loads files in name order: the earlier one
+/// loads, the later one is refused whole), then the fix.
+fn shared_claims(others: &[(Origin, Scenario, Option<Flavor>, bool)]) -> String {
     let each: Vec<String> = others
         .iter()
-        .map(|(other, scenario, flavor)| {
+        .map(|(other, scenario, flavor, first)| {
             let flavor = match flavor {
                 Some(f) => format!("flavour `{f}`"),
                 None => "any flavour".to_owned(),
             };
-            format!("{other} also serves {scenario} for {flavor}")
+            let (kept, lost) = if *first {
+                (other.to_string(), "this file".to_owned())
+            } else {
+                ("this file".to_owned(), other.to_string())
+            };
+            format!(
+                "{other} also serves {scenario} for {flavor}: {kept} loads first and keeps its other claims, {lost} does not load and serves none of its claims, and neither serves {scenario} for {flavor}"
+            )
         })
         .collect();
     format!(
-        "{}: in this plugin directory neither file serves what both claim (`plan` refuses to start; `run` and `serve` leave those VMs without a plugin); remove the old file, or make one of them serve a narrower flavour",
+        "{} (`plan` refuses to start with this directory); remove one of them, or make one of them serve a narrower flavour",
         each.join("; ")
     )
 }
@@ -2155,6 +2280,20 @@ impl fmt::Display for Inspection {
                 )?;
             }
         }
+        for file in &self.pinned {
+            row(f, "pinned", &format!("{file} (loaded after the directory)"))?;
+        }
+        if !self.pinned_unchecked.is_empty() {
+            row(
+                f,
+                "pinned",
+                &format!(
+                    "pinned references not checked: {} (not in the store: {}; `plugin pull` them)",
+                    self.pinned_unchecked.len(),
+                    self.pinned_unchecked.join(", ")
+                ),
+            )?;
+        }
         row(f, "verdict", &self.verdict)
     }
 }
@@ -2162,6 +2301,36 @@ impl fmt::Display for Inspection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A CRLF line stays distinct from an LF line when shown.
+    #[test]
+    fn shown_lines_keep_a_carriage_return_visible() {
+        let lines: Vec<String> = shown_lines("a\r\nb\n").collect();
+        assert_eq!(lines, vec!["a\\r".to_owned(), "b".to_owned()]);
+        let diff = unified_diff("x\r\ny\n", "x\ny\n", ("expected", "actual"));
+        let shown: Vec<String> = shown_lines(&diff).collect();
+        assert!(shown.contains(&"-x\\r".to_owned()), "{shown:?}");
+        assert!(shown.contains(&"+x".to_owned()), "{shown:?}");
+    }
+
+    /// Strings are line-diffed only where array elements correspond: with
+    /// a step added, the escaped JSON stays.
+    #[test]
+    fn multiline_texts_are_taken_only_from_arrays_of_one_length() {
+        let step = |content: &str| serde_json::json!({"content": content});
+        let mut expected = serde_json::json!({"steps": [step("a\nb")]});
+        let mut actual = serde_json::json!({"steps": [step("a\nc")]});
+        let mut texts = Vec::new();
+        take_multiline_texts(&mut expected, &mut actual, String::new(), &mut texts);
+        assert_eq!(texts.len(), 1, "{texts:?}");
+
+        let mut expected = serde_json::json!({"steps": [step("a\nb")]});
+        let mut actual = serde_json::json!({"steps": [step("x\ny"), step("a\nc")]});
+        let mut texts = Vec::new();
+        take_multiline_texts(&mut expected, &mut actual, String::new(), &mut texts);
+        assert!(texts.is_empty(), "{texts:?}");
+        assert_eq!(expected["steps"][0]["content"], "a\nb");
+    }
 
     /// A case for the built-in oci-networkd with a `context`, whose
     /// `expect` is `expect`.

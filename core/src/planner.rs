@@ -13,7 +13,7 @@ use serde::Serialize;
 use crate::binding::Verdict;
 use crate::classify::{self, Decision, Fixup, Scenario};
 use crate::facts::{FactError, ImageKind, Observation, VmFacts, VmId};
-use crate::plan::{self, Plan, PlanError, ScriptHeader};
+use crate::plan::{self, Plan, PlanError, PlanLimits, ScriptHeader};
 use crate::plugin::registry::NoPlugin;
 use crate::plugin::{
     CallStats, EngineOptions, LoadError, LoadFailure, LoadedPlugin, Origin, PluginError,
@@ -194,18 +194,73 @@ impl ComposedPlan {
         plan: Plan,
     ) -> Self {
         let plugins: Vec<&LoadedPlugin> = parts.iter().map(|p| &*p.selection.plugin).collect();
-        let script = hint_script(facts, scenarios, &plugins, &plan);
-        let hint = plan::hint_base64(&script);
-        let exec = plan::render_exec(&plan);
+        let rendered = RenderedPlan::render(facts, scenarios, &plugins, plan);
+        Self::of(facts, parts, rendered)
+    }
+
+    fn of(facts: &VmFacts, parts: Vec<PlanPart>, rendered: RenderedPlan) -> Self {
         ComposedPlan {
             facts: facts.clone(),
             parts,
+            plan: rendered.plan,
+            exec: rendered.exec,
+            script: rendered.script,
+            hint: rendered.hint,
+        }
+    }
+}
+
+/// A plan composed from the plans of its parts and rendered, as the node
+/// would run it ([`compose_and_render`]).
+#[derive(Debug, Clone)]
+pub struct RenderedPlan {
+    /// The steps of every part, in phase order.
+    pub plan: Plan,
+    /// The argv after `cocoon vm exec <id> --`.
+    pub exec: Vec<String>,
+    /// The hint script a person can paste.
+    pub script: String,
+    /// `script`, base64 (standard alphabet, padded).
+    pub hint: String,
+}
+
+impl RenderedPlan {
+    fn render(
+        facts: &VmFacts,
+        scenarios: &[Scenario],
+        plugins: &[&LoadedPlugin],
+        plan: Plan,
+    ) -> Self {
+        let script = hint_script(facts, scenarios, plugins, &plan);
+        let hint = plan::hint_base64(&script);
+        let exec = plan::render_exec(&plan);
+        RenderedPlan {
             plan,
             exec,
             script,
             hint,
         }
     }
+}
+
+/// What the node does with the plans `plugins` returned for `scenarios`
+/// (one each, in that order) before it runs anything: compose them in
+/// phase order, check the whole against `limits`, render it, and check
+/// the rendering (the hint's size, each exec argument and the command
+/// line). The planner and `plugin test --render` both go through here, so
+/// what the kit shows is what the node would run, or refuse.
+pub fn compose_and_render(
+    facts: &VmFacts,
+    scenarios: &[Scenario],
+    plugins: &[&LoadedPlugin],
+    plans: Vec<Plan>,
+    limits: &PlanLimits,
+) -> Result<RenderedPlan, PlanError> {
+    let plan = plan::compose(plans)?;
+    plan.check(limits)?;
+    let rendered = RenderedPlan::render(facts, scenarios, plugins, plan);
+    plan::check_rendered(&rendered.plan, &rendered.exec, &rendered.hint)?;
+    Ok(rendered)
 }
 
 /// The hint script of `plan`, made by `plugins` for `scenarios` of the VM
@@ -386,27 +441,34 @@ impl Planner {
             });
             plans.push(plan);
         }
-        let names = || {
-            parts
+        let plugins: Vec<&LoadedPlugin> = parts.iter().map(|p| &*p.selection.plugin).collect();
+        let rendered = compose_and_render(
+            facts,
+            scenarios,
+            &plugins,
+            plans,
+            &self.plugins.limits().plan,
+        )
+        .map_err(|source| PlannerError::Compose {
+            plugins: plugins
                 .iter()
-                .map(|p| p.selection.plugin.info.name.as_str())
+                .map(|p| p.info.name.as_str())
                 .collect::<Vec<_>>()
-                .join(" + ")
-        };
-        let plan = plan::compose(plans).map_err(|source| PlannerError::Compose {
-            plugins: names(),
+                .join(" + "),
             source,
         })?;
-        plan.check(&self.plugins.limits().plan)
-            .map_err(|source| PlannerError::Compose {
-                plugins: names(),
-                source,
-            })?;
-        let plugins = names();
-        let composed = ComposedPlan::render(facts, scenarios, parts, plan);
-        plan::check_rendered(&composed.plan, &composed.exec, &composed.hint)
-            .map_err(|source| PlannerError::Compose { plugins, source })?;
+        let composed = ComposedPlan::of(facts, parts, rendered);
         Ok(composed)
+    }
+
+    /// Whether some loaded plugin declares flavours for `scenario`: only
+    /// then can a VM's flavour change which plugin plans it.
+    pub fn declares_flavors(&self, scenario: Scenario) -> bool {
+        self.plugins
+            .registry()
+            .plugins()
+            .iter()
+            .any(|p| !p.info.flavors.is_empty() && p.info.scenarios.contains(&scenario))
     }
 
     /// The built-in that takes over from a plugin file that failed with

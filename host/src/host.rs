@@ -330,6 +330,23 @@ impl FixupRecord {
     }
 }
 
+/// Log, at debug level (the pod's owner chooses the annotation's text),
+/// each part of a plan that the generic plugin planned although the VM
+/// names a flavour, when some loaded plugin declares flavours for that
+/// part's scenario: only there could a misspelt or unserved flavour have
+/// changed the plan (the `fc-mac` part of a Firecracker clone whose
+/// flavour plugin serves only network scenarios is not noted).
+fn flavor_notes(pod: &PodRef, planner: &Planner, parts: &[PlanPart]) {
+    for part in parts {
+        if !planner.declares_flavors(part.selection.scenario) {
+            continue;
+        }
+        if let Some(note) = part.unmatched_flavor() {
+            tracing::debug!(pod = %pod, "{}", escape_controls(&note));
+        }
+    }
+}
+
 /// The host: planner, cocoon runner, Kubernetes side, lease watcher.
 ///
 /// Planning is synchronous (the plugin engine, the disk probe) and a plugin
@@ -694,9 +711,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             .expect("a decision that needs a fixup has a plan");
         self.fallbacks(pod, &composed.parts).await;
         // Once per plan, not per attempt: the retry loop below reuses it.
-        for note in composed.parts.iter().filter_map(PlanPart::unmatched_flavor) {
-            tracing::info!(pod = %pod, "{}", escape_controls(&note));
-        }
+        flavor_notes(pod, &planner, &composed.parts);
         if self.outcomes.get().is_some() {
             self.record(FixupRecord {
                 pod: pod.uid.clone(),
@@ -757,8 +772,9 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
     /// without it.
     async fn recovery_plan(&self, pod: &PodRef, obs: &Observation) -> Option<DhcpRecovery> {
         let obs = obs.clone();
+        let planner = self.planner();
         let planned = self
-            .plan_off_workers(self.planner(), move |planner| {
+            .plan_off_workers(planner.clone(), move |planner| {
                 VmFacts::validate(&obs, ImageKind::Unknown)
                     .map_err(PlannerError::from)
                     .and_then(|facts| planner.plan_scenarios(&facts, &[Scenario::DhcpRecovery]))
@@ -767,6 +783,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         match planned {
             Ok(c) => Some({
                 self.fallbacks(pod, &c.parts).await;
+                flavor_notes(pod, &planner, &c.parts);
                 DhcpRecovery {
                     nics: c.facts.nics.len(),
                     plan: c.plan,

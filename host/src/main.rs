@@ -152,7 +152,11 @@ enum PluginCommand {
     /// the guest policy (what its plans may write, remove and run in a
     /// guest, with a warning for rules that allow arbitrary code, and the
     /// configuration file's narrowing of it), then `accepted` or
-    /// `refused: <why and the fix>`. Exit code 1 when refused.
+    /// `refused: <why and the fix>`. The file is judged with every file of
+    /// the plugin directory loaded as the node loads them (a file elsewhere
+    /// as its copy there); the reload's `NAME.cases/` gate is not run.
+    /// Exit code 1 when refused or when the plugin directory would not load
+    /// as a whole (JSON: `success`).
     Inspect(PluginInspectArgs),
     /// Create a new plugin crate from the template.
     ///
@@ -225,7 +229,9 @@ struct PluginTestArgs {
     #[arg(long)]
     bless: bool,
     /// After each case's result, print the hint script the host would
-    /// render from the plan (as `plan` prints it), or why there is none.
+    /// render from the plan (as `plan` prints it: steps in phase order,
+    /// checked against the node's limits), or why there is none; a plan
+    /// the node would refuse fails the case.
     #[arg(long)]
     render: bool,
     /// How to print the result.
@@ -913,6 +919,8 @@ fn run_plugin_inspect(args: &PluginInspectArgs, config: Option<&Path>) -> Result
         kit::engine_options(&settings.planner.engine),
         settings.planner.plugin_dir.as_deref(),
     )?;
+    let (pinned, unchecked) = settings.pinned.stored_files();
+    let inspector = inspector.with_pinned(pinned, unchecked);
     let inspection = inspector.inspect(&args.plugin);
     match args.output {
         Output::Json => print_json(&inspection)?,

@@ -691,6 +691,14 @@ impl Store {
         })
     }
 
+    /// Open the store at `path` when it exists, creating nothing: for
+    /// readers that must leave the disk as it is.
+    pub fn open_existing(path: &Path) -> Result<Self, OciError> {
+        Ok(Store {
+            dir: TrustedDir::open(path).map_err(OciError::Store)?,
+        })
+    }
+
     pub fn path(&self) -> &Path {
         self.dir.path()
     }
@@ -764,6 +772,29 @@ pub struct PinnedPlugins {
 }
 
 impl PinnedPlugins {
+    /// The plugin file of each reference the store holds verified, in
+    /// order, and the references it does not hold (or does not believe):
+    /// read-only, with no pull, and a missing store is not created.
+    pub fn stored_files(&self) -> (Vec<PathBuf>, Vec<String>) {
+        let store = self
+            .store
+            .as_deref()
+            .and_then(|path| Store::open_existing(path).ok());
+        let mut files = Vec::new();
+        let mut missing = Vec::new();
+        for reference in &self.references {
+            let found = match (&store, reference.digest()) {
+                (Some(store), Some(hex)) => store.verified(hex).ok().flatten(),
+                _ => None,
+            };
+            match found {
+                Some(path) => files.push(path),
+                None => missing.push(reference.to_string()),
+            }
+        }
+        (files, missing)
+    }
+
     /// The plugin file of each reference, in order: from the store when it
     /// holds the reference verified, else pulled, verified and stored
     /// first. A reference that can be neither is an error, and nothing is
@@ -801,6 +832,24 @@ mod tests {
     use super::*;
 
     const HEX: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    /// `stored_files` only reads: a missing store is not created, and a
+    /// reference it does not hold is returned as unchecked.
+    #[test]
+    fn stored_files_reads_the_store_and_creates_nothing() {
+        let parent = tempfile::tempdir().unwrap();
+        let store = parent.path().join("oci");
+        let reference: PluginRef = format!("oci://h/r@sha256:{HEX}").parse().unwrap();
+        let pinned = PinnedPlugins {
+            references: vec![reference.clone()],
+            store: Some(store.clone()),
+            registry: RegistryOptions::default(),
+        };
+        let (files, missing) = pinned.stored_files();
+        assert!(files.is_empty());
+        assert_eq!(missing, vec![reference.to_string()]);
+        assert!(!store.exists(), "the store is not created");
+    }
 
     #[test]
     fn references_parse_and_print_back() {

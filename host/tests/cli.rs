@@ -308,3 +308,22 @@ fn plugin_test_renders_each_cases_hint_script() {
         "{json}"
     );
 }
+
+/// `plugin inspect --help` says when the exit code is 1: a refused file,
+/// or a plugin directory that would not load as a whole (`success`).
+#[test]
+fn plugin_inspect_help_says_when_it_exits_1() {
+    let out = Command::new(env!("CARGO_BIN_EXE_cocoon-fixup"))
+        .args(["plugin", "inspect", "--help"])
+        .output()
+        .expect("binary runs");
+    assert!(out.status.success());
+    let help = text(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        help.contains("Exit code 1 when refused or when the plugin directory would not load as a whole (JSON: `success`)"),
+        "{help}"
+    );
+}

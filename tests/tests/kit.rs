@@ -563,7 +563,21 @@ fn inspect_refuses_a_file_whose_flavour_another_file_claims(#[case] old: &str, #
             )),
             "names the other file and the claim: {found}"
         );
-        assert!(found.verdict.contains("remove the old file"), "{found}");
+        // The earlier file in name order keeps its other claims; the
+        // later one is refused whole.
+        let (kept, lost) = if other < inspected {
+            (other.display().to_string(), "this file".to_owned())
+        } else {
+            ("this file".to_owned(), other.display().to_string())
+        };
+        assert!(
+            found.verdict.contains(&format!(
+                "{kept} loads first and keeps its other claims, {lost} does not load and serves none of its claims"
+            )),
+            "{found}"
+        );
+        assert!(found.verdict.contains("remove one of them"), "{found}");
+        assert!(!found.verdict.contains("remove the old file"), "{found}");
         let directory = found.directory.as_ref().expect("a directory report");
         assert!(!directory.loads, "{found}");
         assert!(!directory.copy);
@@ -611,8 +625,10 @@ fn inspect_judges_a_file_outside_the_directory_as_its_copy() {
 
 /// Another file that does not load leaves the inspected file accepted by
 /// itself, but the directory does not load as a whole: `plan` refuses to
-/// start, `run` and `serve` skip that file. The exit code is 1 and the
-/// other file is named with its error, in text and JSON.
+/// start, `run` and a starting `serve` skip that file, a running `serve`
+/// refuses the reload. The exit code is 1 (`success` false beside
+/// `accepted` true) and the other file is named with its error, in text
+/// and JSON.
 #[test]
 fn inspect_says_when_another_file_breaks_the_directory() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -628,7 +644,9 @@ fn inspect_says_when_another_file_breaks_the_directory() {
         "accepted by itself",
         "does not load as a whole",
         "`plan` refuses to start",
-        "`run` and `serve` skip them",
+        "`run` and a starting `serve` skip them",
+        "a running `serve` refuses to reload until they are fixed",
+        "does not run the `NAME.cases/` gate",
     ] {
         assert!(found.verdict.contains(needle), "{needle}: {found}");
     }
@@ -648,6 +666,8 @@ fn inspect_says_when_another_file_breaks_the_directory() {
         "{text}"
     );
     let json = serde_json::to_value(&found).expect("serialises");
+    assert_eq!(json["accepted"], true);
+    assert_eq!(json["success"], false);
     assert_eq!(json["directory"]["loads"], false);
     assert_eq!(
         json["directory"]["problems"][0]["file"],
@@ -772,6 +792,13 @@ fn a_case_for_a_flavour_the_plugin_does_not_serve_is_warned_about() {
     let json = serde_json::to_value(&report).expect("serialises");
     assert!(json["cases"][1]["warnings"][0].is_string(), "{json}");
 
+    // A case name (its file name) with a line break is escaped.
+    let odd = tempfile::tempdir().expect("tempdir");
+    std::fs::write(odd.path().join("two\nlines.json"), case.to_string()).expect("write");
+    let report = test(Path::new(env!("PLUGIN_HOSTILE")), odd.path(), false);
+    let warning = &report.cases[0].warnings[0];
+    assert!(warning.starts_with("case two\\nlines: "), "{warning}");
+
     let builtin = builtin_file(dir.path(), "oci-networkd");
     let generic = test(&builtin, &cases_of("oci-networkd"), false);
     assert!(generic.cases.iter().all(|c| c.warnings.is_empty()));
@@ -795,4 +822,142 @@ fn a_denied_import_fails_with_the_fix() {
         "{message}"
     );
     assert!(message.contains("docs/plugins.md"), "{message}");
+}
+
+/// `--render` goes through the node's own composition and checks: the
+/// steps come out in phase order whatever order the plugin returned them
+/// in, and a plan the node would refuse once rendered (an exec argument
+/// over the kernel's limit) has no script and fails the case.
+#[test]
+fn render_composes_and_checks_the_plan_as_the_node_does() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    hostile_case(dir.path(), "disorder");
+    hostile_case(dir.path(), "quotes");
+    let options = TestOptions {
+        render: true,
+        ..TestOptions::default()
+    };
+    let report = kit::test_plugin(
+        engine(),
+        Path::new(env!("PLUGIN_HOSTILE")),
+        dir.path(),
+        options,
+    )
+    .expect("the kit runs");
+    let by_name = |name: &str| {
+        report
+            .cases
+            .iter()
+            .find(|c| c.name == name)
+            .expect("the case")
+    };
+    let disorder = by_name("disorder");
+    let script = disorder.script.as_deref().expect("a script");
+    let prepare = script.find("prepare first").expect("the prepare step");
+    let configure = script.find("configure second").expect("the configure step");
+    assert!(prepare < configure, "phase order: {script}");
+
+    let quotes = by_name("quotes");
+    assert_eq!(quotes.status, kit::Status::Fail, "{report}");
+    assert!(quotes.script.is_none());
+    let why = quotes.no_script.as_deref().expect("why no script");
+    assert!(why.starts_with("the node would refuse it: "), "{why}");
+    assert!(
+        report
+            .to_string()
+            .contains("no script: the node would refuse it: "),
+        "{report}"
+    );
+}
+
+/// The store's files of pinned references load after the directory, as
+/// the node loads them: a pinned file claiming the inspected file's
+/// flavour is named (it loads later, so it is the one refused whole),
+/// and references the store does not hold are listed as not checked.
+#[test]
+fn inspect_loads_the_pinned_files_after_the_directory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = tempfile::tempdir().expect("tempdir");
+    let plugin = hostile_in(dir.path(), "hostile.wasm");
+    let pinned = hostile_in(store.path(), "sha256-0123.wasm");
+    let unchecked = "oci://registry.example/acme/net@sha256:abc".to_owned();
+    let inspector = Inspector::new(engine(), Some(dir.path()))
+        .expect("inspector starts")
+        .with_pinned(vec![pinned.clone()], vec![unchecked.clone()]);
+    let found = inspector.inspect(&plugin);
+    assert!(!found.accepted, "{found}");
+    assert!(
+        found.verdict.contains(&format!(
+            "{} also serves oci-networkd for flavour `hostile`: this file loads first",
+            pinned.display()
+        )),
+        "{found}"
+    );
+    assert_eq!(found.pinned, vec![pinned.display().to_string()]);
+    assert_eq!(found.pinned_unchecked, vec![unchecked]);
+    let text = found.to_string();
+    assert!(text.contains("pinned references not checked: 1"), "{text}");
+
+    let alone = Inspector::new(engine(), Some(dir.path()))
+        .expect("inspector starts")
+        .inspect(&plugin);
+    assert!(alone.success(), "{alone}");
+}
+
+/// The node reads only `*.wasm` files: a file under another name (left
+/// behind as `.old`) is refused as not loaded, and the directory is
+/// judged without it, in the directory or as a copy from elsewhere.
+#[test]
+fn inspect_says_the_node_does_not_load_a_file_not_named_wasm() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let build = tempfile::tempdir().expect("tempdir");
+    hostile_in(dir.path(), "hostile.wasm");
+    let old = hostile_in(dir.path(), "hostile.wasm.old");
+    let outside = hostile_in(build.path(), "hostile.wasm.old");
+    let inspector = Inspector::new(engine(), Some(dir.path())).expect("inspector starts");
+    for path in [&old, &outside] {
+        let found = inspector.inspect(path);
+        assert!(!found.accepted && !found.success(), "{found}");
+        assert!(
+            found
+                .verdict
+                .contains("the node does not load this file (its name does not end in `.wasm`)"),
+            "{found}"
+        );
+        // Judged without it, the directory loads: no shared claim.
+        let directory = found.directory.as_ref().expect("a directory report");
+        assert!(directory.loads && directory.problems.is_empty(), "{found}");
+        assert!(!found.verdict.contains("also serves"), "{found}");
+    }
+}
+
+/// The daemon notes an unserved flavour only for a scenario some loaded
+/// plugin declares flavours for: `nm-keyfile` serves the network and DHCP
+/// recovery scenarios, so a Firecracker clone's `fc-mac` part is not one.
+#[test]
+fn flavours_are_declared_only_for_the_scenarios_a_flavoured_plugin_serves() {
+    use fixup_host::classify::Scenario;
+    use fixup_host::planner::{Planner, PlannerOptions};
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(
+        env!("PLUGIN_NM_KEYFILE"),
+        dir.path().join("nm-keyfile.wasm"),
+    )
+    .expect("copy");
+    let (planner, failures) = Planner::new(PlannerOptions {
+        engine: engine(),
+        plugin_dir: Some(dir.path().to_owned()),
+        ..Default::default()
+    })
+    .expect("planner");
+    assert!(failures.is_empty());
+    assert!(planner.declares_flavors(Scenario::OciNetworkd));
+    assert!(planner.declares_flavors(Scenario::DhcpRecovery));
+    assert!(!planner.declares_flavors(Scenario::FcMac));
+    let (plain, _) = Planner::new(PlannerOptions {
+        engine: engine(),
+        ..Default::default()
+    })
+    .expect("planner");
+    assert!(!plain.declares_flavors(Scenario::OciNetworkd));
 }

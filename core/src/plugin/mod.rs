@@ -600,22 +600,20 @@ impl PluginHost {
     /// failure. A directory that cannot be read at all is an error.
     pub fn load_dir(&mut self, dir: &Path) -> Result<Vec<LoadFailure>, PluginError> {
         let mut failures = Vec::new();
-        match read_plugin_dir(dir)? {
-            PluginDir::Refused(e) => failures.push(LoadFailure {
+        let refused = each_plugin_file(dir, |path, bytes| {
+            let loaded = bytes
+                .and_then(|bytes| self.prepare(Origin::File(path.clone()), &bytes))
+                .map_err(LoadError::from)
+                .and_then(|plugin| Ok(self.registry.add(plugin)?));
+            if let Err(error) = loaded {
+                failures.push(LoadFailure { path, error });
+            }
+        })?;
+        if let Some(e) = refused {
+            failures.push(LoadFailure {
                 path: dir.to_owned(),
                 error: PluginError::Untrusted(e).into(),
-            }),
-            PluginDir::Files(files) => {
-                for (path, bytes) in files {
-                    let loaded = bytes
-                        .and_then(|bytes| self.prepare(Origin::File(path.clone()), &bytes))
-                        .map_err(LoadError::from)
-                        .and_then(|plugin| Ok(self.registry.add(plugin)?));
-                    if let Err(error) = loaded {
-                        failures.push(LoadFailure { path, error });
-                    }
-                }
-            }
+            });
         }
         self.note_failures(&failures);
         Ok(failures)
@@ -1033,6 +1031,36 @@ pub enum PluginDir {
 /// [`PluginHost::load_dir`] does before it loads them. A directory that
 /// cannot be read at all is an error.
 pub fn read_plugin_dir(dir: &Path) -> Result<PluginDir, PluginError> {
+    let mut files = Vec::new();
+    Ok(
+        match each_plugin_file(dir, |path, bytes| files.push((path, bytes)))? {
+            Some(refused) => PluginDir::Refused(refused),
+            None => PluginDir::Files(files),
+        },
+    )
+}
+
+/// Whether the host can list the plugin directory `dir`: an error when it
+/// cannot be read at all; no file is read.
+pub fn check_plugin_dir(dir: &Path) -> Result<(), PluginError> {
+    match TrustedDir::open(dir).and_then(|d| d.entries(".wasm")) {
+        Err(Untrusted::Io { source, .. }) => Err(PluginError::Read {
+            path: dir.to_owned(),
+            source,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Read the `*.wasm` files of `dir` in name order under the rules of
+/// [`trusted`], handing each to `each` before the next is read (so only
+/// one file's bytes are held at a time). `Some` when the directory breaks
+/// the rules (no file is read); a directory that cannot be read at all is
+/// an error.
+fn each_plugin_file(
+    dir: &Path,
+    mut each: impl FnMut(PathBuf, Result<Vec<u8>, PluginError>),
+) -> Result<Option<Untrusted>, PluginError> {
     let (trusted, entries) =
         match TrustedDir::open(dir).and_then(|d| d.entries(".wasm").map(|e| (d, e))) {
             Ok(found) => found,
@@ -1042,27 +1070,26 @@ pub fn read_plugin_dir(dir: &Path) -> Result<PluginDir, PluginError> {
                     source,
                 });
             }
-            Err(e) => return Ok(PluginDir::Refused(e)),
+            Err(e) => return Ok(Some(e)),
         };
-    let mut files = Vec::new();
     for (name, kind) in entries {
         if kind == rustix::fs::FileType::Directory {
             continue;
         }
         let path = dir.join(&name);
         match trusted.read_file(&name) {
-            Ok(Some(bytes)) => files.push((path, Ok(bytes))),
+            Ok(Some(bytes)) => each(path, Ok(bytes)),
             // Gone since the listing: nothing to load.
             Ok(None) => {}
-            Err(e) => files.push((path, Err(PluginError::Untrusted(e)))),
+            Err(e) => each(path, Err(PluginError::Untrusted(e))),
         }
     }
-    Ok(PluginDir::Files(files))
+    Ok(None)
 }
 
 /// The bytes of the plugin file at `path`, read under the rules of
 /// [`trusted`].
-fn read_trusted(path: &Path) -> Result<Vec<u8>, PluginError> {
+pub fn read_trusted(path: &Path) -> Result<Vec<u8>, PluginError> {
     trusted::read_file(path).map_err(|e| match e {
         Untrusted::Io { source, .. } => PluginError::Read {
             path: path.to_owned(),
@@ -1240,7 +1267,7 @@ fn declared_flavor_problem(flavor: &str, error: &FactError) -> String {
         _ => "is empty",
     };
     format!(
-        "flavour {:?} in its flavour list {rule}: a flavour is what pods name in annotation {}, 1..=63 of a-z, 0-9, '-', '.' and '_' (like `alpine` or `ubuntu-24.04`); fix the flavours `describe` returns (`FLAVORS` in a plugin made by `cocoon-fixup plugin new`, `PluginInfo::with_flavors` in the SDK), or return none to serve any flavour",
+        "flavour `{}` in its flavour list {rule}: a flavour is what pods name in annotation {}, 1..=63 of a-z, 0-9, '-', '.' and '_' (like `alpine` or `ubuntu-24.04`); fix the flavours `describe` returns (`FLAVORS` in a plugin made by `cocoon-fixup plugin new`, `PluginInfo::with_flavors` in the SDK), or return none to serve any flavour",
         crate::facts::escape_controls(truncate_for_message(flavor)),
         crate::facts::annotations::GUEST_FLAVOR,
     )
@@ -1479,6 +1506,15 @@ mod tests {
             "{annotation}"
         );
         assert!(describe(info_with_flavor("alpine"), &origin, Contract::CURRENT).is_ok());
+        // A control character is escaped once, not twice.
+        let message = describe(info_with_flavor("a\nb"), &origin, Contract::CURRENT)
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            message.contains("flavour `a\\nb` in its flavour list"),
+            "{message}"
+        );
+        assert!(!message.contains("\\\\"), "{message}");
     }
 
     /// A denied import's error says what to do, by the kind of import.

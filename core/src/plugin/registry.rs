@@ -191,19 +191,20 @@ impl Registry {
     }
 
     /// The origins that share a contested claim with `origin`: the claim
-    /// both made, which now serves neither.
-    pub fn contested_with(&self, origin: &Origin) -> Vec<(Scenario, Option<Flavor>, Origin)> {
+    /// both made, which now serves neither; with whether the other origin
+    /// loaded first (and kept its other claims).
+    pub fn contested_with(&self, origin: &Origin) -> Vec<(Scenario, Option<Flavor>, Origin, bool)> {
         self.contested
             .iter()
             .filter_map(|((scenario, flavor), (a, b))| {
-                let other = if a == origin {
-                    b
+                let (other, first) = if a == origin {
+                    (b, false)
                 } else if b == origin {
-                    a
+                    (a, true)
                 } else {
                     return None;
                 };
-                Some((*scenario, flavor.clone(), other.clone()))
+                Some((*scenario, flavor.clone(), other.clone(), first))
             })
             .collect()
     }

@@ -118,6 +118,12 @@ impl Plugin for Hostile {
             "wide" => Ok(numbered("wide", WIDE_STEPS)),
             "heavy" => Ok(heavy()),
             "quotes" => Ok(quotes()),
+            // A configure step before a prepare step: the node composes
+            // plans in phase order, so the prepare step runs first.
+            "disorder" => Ok(Plan::posix_sh(vec![
+                Step::run("configure second", Phase::Configure, ["true"]),
+                Step::run("prepare first", Phase::Prepare, ["true"]),
+            ])),
             "windows-quotes" => Ok(windows_quotes()),
             "million" => Ok(Plan::posix_sh(
                 (0..MILLION_STEPS)
