@@ -168,6 +168,9 @@ type GuestPolicy struct {
 	Removes      []string   `json:"removes,omitempty"`
 	Runs         [][]string `json:"runs,omitempty"`
 	SpecialModes bool       `json:"special_modes,omitempty"`
+	// Links are patterns of the interface names name_link steps may give
+	// (contract 0.3.0 plugins); left empty, a narrowing allows none.
+	Links []string `json:"links,omitempty"`
 }
 
 // Options set up a Planner. The zero value is the daemon's defaults. The

@@ -320,6 +320,42 @@ func TestInputErrorsAreTyped(t *testing.T) {
 	check("bad digest", err, CodeInvalidArgument)
 	_, err = NewPlanner(Options{PluginPolicy: map[string]GuestPolicy{"x": {Writes: []string{"/etc/../shadow"}}}})
 	check("bad narrowing", err, CodeInvalidArgument)
+	_, err = NewPlanner(Options{PluginPolicy: map[string]GuestPolicy{"x": {Links: []string{".eth*"}}}})
+	check("bad links narrowing", err, CodeInvalidArgument)
+}
+
+// Contract 0.3.0's parts of a plan and a narrowing read and write under
+// the host's JSON names.
+func TestNameLinkParentsAndLinks(t *testing.T) {
+	text := `{"description":"name eth0","phase":"link","best_effort":false,` +
+		`"name_link":{"mac":"52:54:00:12:34:56","name":"eth0"}}`
+	dec := json.NewDecoder(strings.NewReader(text))
+	dec.DisallowUnknownFields()
+	var step Step
+	if err := dec.Decode(&step); err != nil {
+		t.Fatal(err)
+	}
+	if step.NameLink == nil || *step.NameLink != (NameLink{Mac: "52:54:00:12:34:56", Name: "eth0"}) {
+		t.Errorf("name_link: %+v", step.NameLink)
+	}
+	text = `{"description":"w","phase":"configure","best_effort":false,` +
+		`"write_file":{"path":"/etc/network/interfaces","content":"auto lo\n","mode":"0644","parents":true}}`
+	dec = json.NewDecoder(strings.NewReader(text))
+	dec.DisallowUnknownFields()
+	step = Step{}
+	if err := dec.Decode(&step); err != nil {
+		t.Fatal(err)
+	}
+	if step.WriteFile == nil || !step.WriteFile.Parents {
+		t.Errorf("write_file.parents: %+v", step.WriteFile)
+	}
+	out, err := json.Marshal(GuestPolicy{Links: []string{"eth*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(out) != `{"links":["eth*"]}` {
+		t.Errorf("links narrowing: %s", out)
+	}
 }
 
 // A VM that is not the pod's is refused before anything looks at it; its

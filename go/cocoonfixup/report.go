@@ -50,8 +50,8 @@ type PluginUse struct {
 	PeakMemoryBytes uint64 `json:"peak_memory_bytes"`
 }
 
-// Step is one step of a plan; exactly one of Run, WriteFile and
-// RemoveFiles is set.
+// Step is one step of a plan; exactly one of Run, WriteFile, RemoveFiles
+// and NameLink is set.
 type Step struct {
 	Description string     `json:"description"`
 	Phase       string     `json:"phase"` // prepare, link or configure
@@ -59,6 +59,7 @@ type Step struct {
 	Run         []string   `json:"run,omitempty"`
 	WriteFile   *WriteFile `json:"write_file,omitempty"`
 	RemoveFiles []string   `json:"remove_files,omitempty"`
+	NameLink    *NameLink  `json:"name_link,omitempty"`
 }
 
 // WriteFile writes a file byte for byte.
@@ -66,6 +67,15 @@ type WriteFile struct {
 	Path    string  `json:"path"`
 	Content string  `json:"content"`
 	Mode    *string `json:"mode"` // octal such as "0644", or nil to leave it
+	// Parents creates the missing parent directories first.
+	Parents bool `json:"parents,omitempty"`
+}
+
+// NameLink makes the NIC whose MAC is Mac carry the interface name Name
+// and brings it up (contract 0.3.0 plugins; phase link).
+type NameLink struct {
+	Mac  string `json:"mac"` // such as "52:54:00:12:34:56"
+	Name string `json:"name"`
 }
 
 // Binding is whether the VM is the pod's own (spec section 2).

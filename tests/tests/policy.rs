@@ -317,11 +317,13 @@ fn an_ifupdown_plugin_names_its_nics_and_writes_with_parents() {
     let script = fixup_host::plan::render_script(&plan, &ScriptHeader::default());
     assert_eq!(script.matches("for d in /sys/class/net/*; do").count(), 2);
     assert!(
-        script.contains("(mac=52:54:00:aa:bb:02 name=eth1 cur=\n"),
+        script.contains(
+            "(mac=52:54:00:aa:bb:02 name=eth1 links='52:54:00:aa:bb:01 52:54:00:aa:bb:02' cur=\n"
+        ),
         "{script}"
     );
     assert!(
-        script.contains("mkdir -p -- /etc/network) && printf '%s' 'auto lo"),
+        script.contains("(umask go-w && mkdir -p -- /etc/network) && printf '%s' 'auto lo"),
         "{script}"
     );
     let exec = fixup_host::plan::render_exec(&plan);

@@ -319,9 +319,13 @@ pub enum Problem {
     #[error("has `**` inside a component: `**` must be a whole, last component")]
     DeepWildcardNotAlone,
     #[error(
-        "is not a Linux interface name: {0}; use 1 to 15 bytes of ASCII letters, digits, `-`, `_` and `.`, not starting with `-` (for example `eth0`)"
+        "is not a Linux interface name: {0}; use 1 to 15 bytes of ASCII letters, digits, `-`, `_` and `.`, not starting with `-` or `.` (for example `eth0`)"
     )]
     InterfaceName(&'static str),
+    #[error(
+        "is in phase {0}: a name_link step must be in phase link, where it runs after fc-mac has restored the MACs"
+    )]
+    NameLinkPhase(super::Phase),
     #[error(
         "is only rendered for POSIX sh plans: a PowerShell plan cannot name a link; rename a Windows adapter with a run step (`Rename-NetAdapter`) the policy allows"
     )]
@@ -331,7 +335,7 @@ pub enum Problem {
     )]
     ForeignMac(MacAddr),
     #[error(
-        "is not an interface name pattern: {0}; use letters, digits, `-`, `_`, `.` and `*`, at most 15 besides `*` (for example `eth*`)"
+        "is not an interface name pattern: {0}; use letters, digits, `-`, `_`, `.` and `*`, not starting with `-` or `.`, at most 15 besides `*` (for example `eth*`)"
     )]
     LinkPattern(&'static str),
 }
@@ -352,8 +356,8 @@ impl Plan {
     /// - a remove pattern also has at least two components and `*` only in
     ///   its last one, and a remove step lists at least one pattern;
     /// - a mode is at most `0o7777`;
-    /// - a `name_link` step is in a POSIX sh plan and its name is a valid
-    ///   Linux interface name ([`check_interface_name`]).
+    /// - a `name_link` step is in a POSIX sh plan, in phase link, and its
+    ///   name is a valid Linux interface name ([`check_interface_name`]).
     ///
     /// An empty plan passes: it has nothing to do. Whether a `name_link`
     /// step's MAC is the VM's is [`Plan::check_nics`]'s question.
@@ -475,6 +479,9 @@ fn check_step(dialect: Dialect, step: &Step) -> Result<(), Broken> {
             if dialect != Dialect::PosixSh {
                 return Err((Field::NameLink, Problem::NameLinkPowerShell));
             }
+            if step.phase != super::Phase::Link {
+                return Err((Field::NameLink, Problem::NameLinkPhase(step.phase)));
+            }
             check_interface_name(&l.name).map_err(|p| (Field::LinkName, p))
         }
     }
@@ -485,8 +492,9 @@ pub const IFNAME_MAX: usize = 15;
 
 /// A name Linux takes for an interface and every tool reads back as one:
 /// 1 to [`IFNAME_MAX`] bytes of ASCII letters, digits, `-`, `_` and `.`,
-/// not starting with `-` (a tool would read an option) and neither `.` nor
-/// `..` (they are directories under /sys/class/net). The kernel also
+/// not starting with `-` (a tool would read an option) or `.` (the shell's
+/// `/sys/class/net/*` skips such names, and `.` and `..` are directories
+/// there). The kernel also
 /// allows other bytes but `/`, `:` and white space; they are refused here
 /// so the name reads the same in every shell and configuration file.
 pub fn check_interface_name(name: &str) -> Result<(), Problem> {
@@ -495,8 +503,8 @@ pub fn check_interface_name(name: &str) -> Result<(), Problem> {
         "it is empty"
     } else if name.len() > IFNAME_MAX {
         "it is longer than 15 bytes"
-    } else if name == "." || name == ".." {
-        "`.` and `..` are not names"
+    } else if name.starts_with('.') {
+        "it starts with `.`, and `/sys/class/net/*` does not list such a name"
     } else if name.starts_with('-') {
         "it starts with `-`"
     } else if !name
@@ -635,10 +643,16 @@ mod tests {
     use super::*;
     use crate::plan::Phase;
 
+    /// A step in phase configure, or link for a `name_link` step.
     fn step(action: Action) -> Step {
+        let phase = if matches!(action, Action::NameLink(_)) {
+            Phase::Link
+        } else {
+            Phase::Configure
+        };
         Step {
             description: "do it".into(),
-            phase: Phase::Configure,
+            phase,
             best_effort: false,
             action,
         }
@@ -893,7 +907,7 @@ mod tests {
     #[case::remove_literal(remove(&["/etc/a b/it's", "/etc/c"]))]
     #[case::name_link(name_link(MAC, "eth0"))]
     #[case::name_link_longest(name_link(MAC, "abcdefghij-_.15"))]
-    #[case::name_link_dots(name_link(MAC, "..."))]
+    #[case::name_link_dots(name_link(MAC, "a..."))]
     #[case::name_link_vlan(name_link(MAC, "eth0.100"))]
     fn valid_steps_pass(#[case] action: Action) {
         assert_eq!(
@@ -943,16 +957,9 @@ mod tests {
         Field::LinkName,
         Problem::InterfaceName("it is longer than 15 bytes")
     )]
-    #[case::link_dot(
-        name_link(MAC, "."),
-        Field::LinkName,
-        Problem::InterfaceName("`.` and `..` are not names")
-    )]
-    #[case::link_dotdot(
-        name_link(MAC, ".."),
-        Field::LinkName,
-        Problem::InterfaceName("`.` and `..` are not names")
-    )]
+    #[case::link_dot(name_link(MAC, "."), Field::LinkName, LEADING_DOT)]
+    #[case::link_dotdot(name_link(MAC, ".."), Field::LinkName, LEADING_DOT)]
+    #[case::link_leading_dot(name_link(MAC, ".eth0"), Field::LinkName, LEADING_DOT)]
     #[case::link_dash(
         name_link(MAC, "-eth0"),
         Field::LinkName,
@@ -988,6 +995,21 @@ mod tests {
         assert_eq!(
             plan(vec![s]).check(&PlanLimits::default()),
             invalid(1, Field::Description, problem)
+        );
+    }
+
+    const LEADING_DOT: Problem = Problem::InterfaceName(
+        "it starts with `.`, and `/sys/class/net/*` does not list such a name",
+    );
+
+    #[rstest]
+    fn name_link_steps_run_in_phase_link(#[values(Phase::Prepare, Phase::Configure)] phase: Phase) {
+        let mut s = step(name_link(MAC, "eth0"));
+        assert_eq!(plan(vec![s.clone()]).check(&PlanLimits::default()), Ok(()));
+        s.phase = phase;
+        assert_eq!(
+            plan(vec![s]).check(&PlanLimits::default()),
+            invalid(1, Field::NameLink, Problem::NameLinkPhase(phase))
         );
     }
 

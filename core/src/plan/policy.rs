@@ -148,6 +148,8 @@ impl LinkPattern {
             "it has a character other than a letter, a digit, `-`, `_`, `.` or `*`"
         } else if text.starts_with('-') {
             "it starts with `-`, and no interface name does"
+        } else if text.starts_with('.') {
+            "it starts with `.`, and no interface name does"
         } else if fixed > IFNAME_MAX {
             "it has more than 15 characters besides `*`, so no interface name matches it"
         } else {
@@ -512,8 +514,10 @@ impl GuestPolicy {
     }
 
     /// What a reviewer must look at twice, one sentence each: open run
-    /// rules of unbounded programs, and write or remove patterns that cover
-    /// a file through which a plugin could run code or log in.
+    /// rules of unbounded programs, write or remove patterns that cover a
+    /// file through which a plugin could run code or log in, and links
+    /// patterns that start with `*` (so they allow names of any prefix,
+    /// such as a name the guest's firewall trusts).
     pub fn warnings(&self) -> Vec<String> {
         let mut out: Vec<String> = self
             .unbounded_runs()
@@ -531,6 +535,11 @@ impl GuestPolicy {
                     ));
                 }
             }
+        }
+        for pattern in self.links.iter().filter(|p| p.as_str().starts_with('*')) {
+            out.push(format!(
+                "links pattern {pattern} matches any name ending in its fixed part: a plugin may give the VM's NIC a name the guest trusts by name (a firewall zone's interface, wg0, docker0), which changes how its traffic is treated"
+            ));
         }
         out
     }
@@ -907,6 +916,7 @@ mod tests {
         Err("it has a character other than a letter, a digit, `-`, `_`, `.` or `*`")
     )]
     #[case("-*", Err("it starts with `-`, and no interface name does"))]
+    #[case(".*", Err("it starts with `.`, and no interface name does"))]
     #[case(
         "abcdefghijklmnop",
         Err("it has more than 15 characters besides `*`, so no interface name matches it")
@@ -1032,6 +1042,20 @@ mod tests {
             warnings[2].starts_with("remove pattern /root/** covers /root/.ssh/authorized_keys")
         );
         assert!(networkd_policy().warnings().is_empty());
+    }
+
+    #[test]
+    fn warnings_name_catch_all_link_patterns() {
+        let policy = GuestPolicy::parse(&RawPolicy {
+            links: argv(&["eth*", "*", "*0", "lan", "en*s*"]),
+            ..RawPolicy::default()
+        })
+        .unwrap();
+        let warnings = policy.warnings();
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(warnings[0].starts_with("links pattern * matches any name"));
+        assert!(warnings[1].starts_with("links pattern *0 matches any name"));
+        assert!(warnings[0].contains("wg0"), "{}", warnings[0]);
     }
 
     #[test]

@@ -12,18 +12,23 @@
 //! `*` is the only wildcard (with sh rules: it does not match a leading
 //! `.`); a pattern that matches nothing stays literal and `rm -f` ignores it.
 //! A write with `parents` runs `mkdir -p -- <parent>` first, in a subshell
-//! whose umask also clears group and other write: the directories it
-//! creates get 0755 less the umask.
+//! whose umask also clears group and other write (`umask go-w`): the
+//! directories it creates get 0755 less the umask.
 //!
-//! A `name_link` step is a fixed subshell with two values, the MAC and the
-//! name, set as quoted variables: it looks for the interface under
-//! `/sys/class/net` whose `address` is the MAC (an entry with a `device`
-//! link first, so a bond, bridge or VLAN that shares the MAC is not taken
-//! for the NIC), fails with a message on stderr if there is none, fails
-//! naming both if another interface has the name already, and otherwise
-//! renames it with `ip link set dev CUR down`, `ip link set dev CUR name
-//! NAME` (skipped when it has the name) and brings it up with `ip link set
-//! dev NAME up`.
+//! A `name_link` step is a fixed subshell with three values, the MAC, the
+//! name and the MACs of all the plan's `name_link` steps, set as quoted
+//! variables: it looks for the interface under `/sys/class/net` whose
+//! `address` is the MAC (an entry with a `device` link first, so a bond,
+//! bridge or VLAN that shares the MAC is not taken for the NIC), fails with
+//! a message on stderr if there is none, and otherwise renames it with `ip
+//! link set dev CUR down`, `ip link set dev CUR name NAME` (skipped when it
+//! has the name) and brings it up with `ip link set dev NAME up`. If a
+//! failed rename leaves it down, it is brought back up before the step
+//! fails. If another interface has the name already, the step fails naming
+//! both, unless another `name_link` step of the plan names that
+//! interface's MAC: then it is moved aside first (down, renamed to
+//! `fx` and its MAC's twelve hex digits, 14 bytes), so two NICs whose names
+//! are swapped can be named, each by its own step.
 //!
 //! The output is POSIX sh; the tests run it under dash and bash.
 //!
@@ -51,6 +56,8 @@ use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use base64::Engine as _;
+
+use crate::facts::MacAddr;
 
 use super::{Action, Dialect, NameLink, Nonce, Plan, Step, WriteFile, format_mode, marker};
 
@@ -286,11 +293,30 @@ fn parent_dir(path: &str) -> Option<&str> {
 /// `address` file: the directory a `name_link` step searches.
 pub(super) const SYS_CLASS_NET: &str = "/sys/class/net";
 
-/// A `name_link` step as one subshell (see the module docs).
-fn sh_name_link(link: &NameLink) -> String {
+/// The MACs of the plan's `name_link` steps, in plan order, each once.
+fn name_link_macs(plan: &Plan) -> Vec<MacAddr> {
+    let mut macs = Vec::new();
+    for step in &plan.steps {
+        if let Action::NameLink(link) = &step.action
+            && !macs.contains(&link.mac)
+        {
+            macs.push(link.mac);
+        }
+    }
+    macs
+}
+
+/// A `name_link` step as one subshell (see the module docs); `links` are
+/// the MACs every `name_link` step of the plan names.
+fn sh_name_link(link: &NameLink, links: &[MacAddr]) -> String {
     let mac = link.mac.to_string();
+    let links = links
+        .iter()
+        .map(MacAddr::to_string)
+        .collect::<Vec<_>>()
+        .join(" ");
     format!(
-        r#"(mac={mac} name={name} cur=
+        r#"(mac={mac} name={name} links={links} cur=
 for d in {net}/*; do
   [ "$(cat "$d/address" 2>/dev/null)" = "$mac" ] || continue
   if [ -e "$d/device" ]; then cur=${{d##*/}}; break; fi
@@ -298,18 +324,26 @@ for d in {net}/*; do
 done
 if [ -z "$cur" ]; then printf 'no network interface has MAC %s\n' "$mac" >&2; exit 1; fi
 if [ "$cur" != "$name" ]; then
-  if [ -e {net}/"$name" ]; then printf 'cannot name %s (MAC %s) %s: interface %s (MAC %s) already has that name\n' "$cur" "$mac" "$name" "$name" "$(cat {net}/"$name"/address 2>/dev/null)" >&2; exit 1; fi
-  ip link set dev "$cur" down && ip link set dev "$cur" name "$name" || exit
+  if [ -e {net}/"$name" ]; then
+    held=$(cat {net}/"$name"/address 2>/dev/null)
+    case " $links " in *" $held "*) [ "$held" != "$mac" ] ;; *) false ;; esac || {{ printf 'cannot name %s (MAC %s) %s: interface %s (MAC %s) already has that name\n' "$cur" "$mac" "$name" "$name" "$held" >&2; exit 1; }}
+    aside=fx; IFS=:; for b in $held; do aside=$aside$b; done; unset IFS
+    if [ -e {net}/"$aside" ]; then printf 'cannot move %s (MAC %s) aside: interface %s exists\n' "$name" "$held" "$aside" >&2; exit 1; fi
+    ip link set dev "$name" down && ip link set dev "$name" name "$aside" || {{ rc=$?; ip link set dev "$name" up; exit "$rc"; }}
+  fi
+  ip link set dev "$cur" down && ip link set dev "$cur" name "$name" || {{ rc=$?; ip link set dev "$cur" up; exit "$rc"; }}
 fi
 ip link set dev "$name" up)"#,
         mac = sh_quote(&mac),
         name = sh_quote(&link.name),
+        links = sh_quote(&links),
         net = SYS_CLASS_NET,
     )
 }
 
-/// One step's command, without any failure handling.
-fn sh_command(action: &Action) -> String {
+/// One step's command, without any failure handling; `links` as for
+/// [`sh_name_link`].
+fn sh_command(action: &Action, links: &[MacAddr]) -> String {
     match action {
         Action::Run(argv) => sh_words(argv),
         Action::WriteFile(WriteFile {
@@ -321,10 +355,9 @@ fn sh_command(action: &Action) -> String {
             let mkdir = match parent_dir(path) {
                 // Under the umask with group and other write added: 0755
                 // less the umask, even where the umask is looser.
-                Some(dir) if *parents => format!(
-                    r#"(umask "$(printf %o "$((0$(umask) | 022))")" && mkdir -p -- {}) && "#,
-                    sh_quote(dir)
-                ),
+                Some(dir) if *parents => {
+                    format!("(umask go-w && mkdir -p -- {}) && ", sh_quote(dir))
+                }
                 _ => String::new(),
             };
             let path = sh_quote(path);
@@ -342,7 +375,7 @@ fn sh_command(action: &Action) -> String {
             }
             out
         }
-        Action::NameLink(link) => sh_name_link(link),
+        Action::NameLink(link) => sh_name_link(link, links),
     }
 }
 
@@ -372,10 +405,11 @@ fn printf_literal(text: &str) -> String {
 
 fn sh_exec_script(plan: &Plan) -> String {
     let total = plan.steps.len();
+    let links = name_link_macs(plan);
     let mut out = String::new();
     for (i, step) in plan.steps.iter().enumerate() {
         let n = i + 1;
-        let command = sh_command(&step.action);
+        let command = sh_command(&step.action, &links);
         out.push_str(&sh_marker(&marker::start(n, total), None));
         out.push('\n');
         if step.best_effort {
@@ -399,10 +433,11 @@ fn sh_script(plan: &Plan, header: &ScriptHeader) -> String {
     push_comments(&mut out, &header.title);
     out.push_str("# Paste into a root shell in the guest. Stops at the first failing step.\n");
     out.push_str("(\n");
+    let links = name_link_macs(plan);
     for (i, step) in plan.steps.iter().enumerate() {
         let n = i + 1;
         push_step_comment(&mut out, n, total, step);
-        let command = sh_command(&step.action);
+        let command = sh_command(&step.action, &links);
         if step.best_effort {
             let _ = writeln!(
                 out,
@@ -776,24 +811,26 @@ mod tests {
     )]
     #[case::write_parents(
         Action::WriteFile(WriteFile { path: "/etc/network/it's/interfaces".into(), content: "x".into(), mode: Some(0o644), parents: true }),
-        r#"(umask "$(printf %o "$((0$(umask) | 022))")" && mkdir -p -- '/etc/network/it'\''s') && printf '%s' x > '/etc/network/it'\''s/interfaces' && chmod 0644 '/etc/network/it'\''s/interfaces'"#
+        r#"(umask go-w && mkdir -p -- '/etc/network/it'\''s') && printf '%s' x > '/etc/network/it'\''s/interfaces' && chmod 0644 '/etc/network/it'\''s/interfaces'"#
     )]
     #[case::write_parents_at_the_root(
         Action::WriteFile(WriteFile { path: "/x".into(), content: "".into(), mode: None, parents: true }),
         "printf '%s' '' > /x"
     )]
     fn sh_commands(#[case] action: Action, #[case] rendered: &str) {
-        assert_eq!(sh_command(&action), rendered);
+        assert_eq!(sh_command(&action, &[]), rendered);
     }
 
     #[test]
-    fn sh_name_link_sets_the_two_values_and_nothing_else_varies() {
+    fn sh_name_link_sets_the_three_values_and_nothing_else_varies() {
+        let mac = crate::facts::MacAddr([0x52, 0x54, 0, 0xaa, 0xbb, 0x01]);
+        let other_mac = crate::facts::MacAddr([0x52, 0x54, 0, 0xaa, 0xbb, 0x02]);
         let link = |name: &str| NameLink {
-            mac: crate::facts::MacAddr([0x52, 0x54, 0, 0xaa, 0xbb, 0x01]),
+            mac,
             name: name.into(),
         };
-        let eth0 = sh_command(&Action::NameLink(link("eth0")));
-        let expected = r#"(mac=52:54:00:aa:bb:01 name=eth0 cur=
+        let eth0 = sh_command(&Action::NameLink(link("eth0")), &[mac, other_mac]);
+        let expected = r#"(mac=52:54:00:aa:bb:01 name=eth0 links='52:54:00:aa:bb:01 52:54:00:aa:bb:02' cur=
 for d in /sys/class/net/*; do
   [ "$(cat "$d/address" 2>/dev/null)" = "$mac" ] || continue
   if [ -e "$d/device" ]; then cur=${d##*/}; break; fi
@@ -801,14 +838,27 @@ for d in /sys/class/net/*; do
 done
 if [ -z "$cur" ]; then printf 'no network interface has MAC %s\n' "$mac" >&2; exit 1; fi
 if [ "$cur" != "$name" ]; then
-  if [ -e /sys/class/net/"$name" ]; then printf 'cannot name %s (MAC %s) %s: interface %s (MAC %s) already has that name\n' "$cur" "$mac" "$name" "$name" "$(cat /sys/class/net/"$name"/address 2>/dev/null)" >&2; exit 1; fi
-  ip link set dev "$cur" down && ip link set dev "$cur" name "$name" || exit
+  if [ -e /sys/class/net/"$name" ]; then
+    held=$(cat /sys/class/net/"$name"/address 2>/dev/null)
+    case " $links " in *" $held "*) [ "$held" != "$mac" ] ;; *) false ;; esac || { printf 'cannot name %s (MAC %s) %s: interface %s (MAC %s) already has that name\n' "$cur" "$mac" "$name" "$name" "$held" >&2; exit 1; }
+    aside=fx; IFS=:; for b in $held; do aside=$aside$b; done; unset IFS
+    if [ -e /sys/class/net/"$aside" ]; then printf 'cannot move %s (MAC %s) aside: interface %s exists\n' "$name" "$held" "$aside" >&2; exit 1; fi
+    ip link set dev "$name" down && ip link set dev "$name" name "$aside" || { rc=$?; ip link set dev "$name" up; exit "$rc"; }
+  fi
+  ip link set dev "$cur" down && ip link set dev "$cur" name "$name" || { rc=$?; ip link set dev "$cur" up; exit "$rc"; }
 fi
 ip link set dev "$name" up)"#;
         assert_eq!(eth0, expected);
-        // Another name changes only the first line.
-        let other = sh_command(&Action::NameLink(link("lan_1.2")));
-        assert_eq!(other.replacen("name=lan_1.2 ", "name=eth0 ", 1), expected);
+        // Another name or plan changes only the first line.
+        let other = sh_command(&Action::NameLink(link("lan_1.2")), &[mac]);
+        assert_eq!(
+            other.replacen(
+                "name=lan_1.2 links=52:54:00:aa:bb:01 ",
+                "name=eth0 links='52:54:00:aa:bb:01 52:54:00:aa:bb:02' ",
+                1
+            ),
+            expected
+        );
     }
 
     #[test]

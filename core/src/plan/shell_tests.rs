@@ -701,6 +701,44 @@ fn parents_creates_the_missing_directories(
     );
 }
 
+#[rstest]
+fn parents_makes_no_group_or_other_writable_directory(
+    #[values("/bin/sh", "/bin/bash")] shell: &str,
+    #[values(Form::Exec, Form::Script)] form: Form,
+    #[values(0o000, 0o077)] mask: u32,
+) {
+    if !have(shell) {
+        return;
+    }
+    let g = guest();
+    let path = g.path("top/sub/interfaces");
+    let mut step = write_step(path.clone(), "x", None);
+    let Action::WriteFile(w) = &mut step.action else {
+        unreachable!()
+    };
+    w.parents = true;
+    let plan = sh_plan(vec![step]);
+    plan.check(&PlanLimits::default())
+        .expect("test plans are valid");
+    let mut args: Vec<String> = match form {
+        Form::Exec => exec_argv(&plan, &render_exec(&plan), &g.nonce)[1..].to_vec(),
+        Form::Script => vec!["-c".into(), render_script(&plan, &ScriptHeader::default())],
+    };
+    args[1] = format!("umask {mask:03o}\n{}", args[1]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = g.shell(shell, &args, None);
+    assert_eq!(code(&out), Some(0), "stderr: {}", stderr(&out));
+    assert_eq!(fs::read(&path).unwrap(), b"x");
+    for dir in ["top", "top/sub"] {
+        let mode = fs::metadata(g.files.join(dir))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o777 & !(mask | 0o022), "{dir}: {mode:o}");
+    }
+}
+
 /// The process's umask (read by setting and restoring it).
 fn umask() -> u32 {
     let out = Command::new("/bin/sh")
@@ -836,6 +874,73 @@ fn name_link_brings_up_a_nic_that_has_the_name(
     assert_eq!(
         ip_calls(&g),
         ["link set dev eth0 up", "link set dev eth1 up"]
+    );
+}
+
+#[rstest]
+fn name_link_names_two_nics_whose_names_are_swapped(
+    #[values("/bin/sh", "/bin/bash")] shell: &str,
+    #[values(Form::Exec, Form::Script)] form: Form,
+) {
+    if !have(shell) {
+        return;
+    }
+    let g = guest();
+    let net = fake_net(&g, &[("eth1", MAC_A, true), ("eth0", MAC_B, true)]);
+    let plan = sh_plan(vec![
+        name_link_step(MAC_A, "eth0"),
+        name_link_step(MAC_B, "eth1"),
+    ]);
+    let out = g.run_with_net(shell, form, &plan, &net);
+    assert_eq!(code(&out), Some(0), "stderr: {}", stderr(&out));
+    assert_eq!(
+        ip_calls(&g),
+        [
+            "link set dev eth0 down",
+            "link set dev eth0 name fx525400aabb02",
+            "link set dev eth1 down",
+            "link set dev eth1 name eth0",
+            "link set dev eth0 up",
+            "link set dev fx525400aabb02 down",
+            "link set dev fx525400aabb02 name eth1",
+            "link set dev eth1 up",
+        ]
+    );
+    let address = |name: &str| fs::read_to_string(net.join(name).join("address")).unwrap();
+    assert_eq!(address("eth0"), format!("{}\n", MacAddr(MAC_A)));
+    assert_eq!(address("eth1"), format!("{}\n", MacAddr(MAC_B)));
+    assert!(!net.join("fx525400aabb02").exists());
+}
+
+#[rstest]
+fn name_link_brings_the_nic_back_up_when_the_rename_fails(
+    #[values("/bin/sh", "/bin/bash")] shell: &str,
+    #[values(Form::Exec, Form::Script)] form: Form,
+) {
+    if !have(shell) {
+        return;
+    }
+    let g = guest();
+    let net = fake_net(&g, &[("ens3", MAC_A, true)]);
+    // An `ip` that refuses every rename with status 2.
+    stub(
+        &g.bin,
+        "ip",
+        "if [ \"$5\" = name ]; then exit 2; fi\nexit 0",
+    );
+    let plan = sh_plan(vec![
+        name_link_step(MAC_A, "eth0"),
+        run_step(strings(&["rec"])),
+    ]);
+    let out = g.run_with_net(shell, form, &plan, &net);
+    assert_eq!(code(&out), Some(2), "stderr: {}", stderr(&out));
+    assert_eq!(
+        ip_calls(&g),
+        [
+            "link set dev ens3 down",
+            "link set dev ens3 name eth0",
+            "link set dev ens3 up"
+        ]
     );
 }
 

@@ -142,7 +142,8 @@ uint32_t cf_abi_version(void);
  * `plugin_fuel`, `plugin_deadline_ms`, `plugin_memory_mib`,
  * `plan_max_steps`, `plan_max_bytes`, `slots`, `allowed_plugins` (sha256
  * digests), `plugin_policy` (name to `{writes, removes, runs,
- * special_modes}`), `plugin_failure` (name to `"fail"` or `"fallback"`),
+ * special_modes, links}`), `plugin_failure` (name to `"fail"` or
+ * `"fallback"`),
  * `accept_legacy_vm_names`, and `strict` (a plugin file
  * that does not load fails the call, as `cocoon-fixup plan` does;
  * otherwise the others serve, as `serve` does). Unknown keys are refused.

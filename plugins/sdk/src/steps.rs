@@ -54,10 +54,20 @@ impl Step {
     /// fails the step if no interface has the MAC or another one has the
     /// name. `mac` must be one of the VM's NICs, and the policy's
     /// [`links`](crate::GuestPolicy::links) must allow `name`.
+    ///
+    /// The description names `name` only when it is a plain interface name
+    /// (1 to 15 ASCII letters, digits, `-`, `_` or `.`, not starting with
+    /// `-` or `.`), so the host's check of a bad name reports it as
+    /// `name_link.name`, not as a bad description.
     pub fn name_link(mac: MacAddress, name: impl Into<String>) -> Self {
         let name = name.into();
+        let description = if is_plain_interface_name(&name) {
+            format!("name the NIC {mac} {name} and bring it up")
+        } else {
+            format!("name the NIC {mac} and bring it up")
+        };
         Self::required(
-            format!("name the NIC {mac} {name} and bring it up"),
+            description,
             Phase::Link,
             Action::NameLink(LinkName { mac, name }),
         )
@@ -177,6 +187,16 @@ impl PluginInfo {
     }
 }
 
+/// A name the host's check takes as an interface name (see
+/// [`Step::name_link`]).
+fn is_plain_interface_name(name: &str) -> bool {
+    (1..=15).contains(&name.len())
+        && !name.starts_with(['-', '.'])
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,6 +263,27 @@ mod tests {
                 }),
             }
         );
+    }
+
+    #[test]
+    fn name_link_keeps_a_bad_name_out_of_the_description() {
+        let mac = MacAddress {
+            octets: (0x52, 0x54, 0, 0xaa, 0xbb, 0x01),
+        };
+        for bad in ["eth\n0", "", ".eth0", "-x", "abcdefghijklmnop", "eth 0"] {
+            let step = Step::name_link(mac, bad);
+            assert_eq!(
+                step.description, "name the NIC 52:54:00:aa:bb:01 and bring it up",
+                "{bad:?}"
+            );
+            assert_eq!(
+                step.action,
+                Action::NameLink(LinkName {
+                    mac,
+                    name: bad.into()
+                })
+            );
+        }
     }
 
     #[test]
