@@ -636,7 +636,10 @@ fn cache_paths(
 /// is neither root nor the user this runs as.
 fn other_owner(path: &Path) -> Option<u32> {
     use std::os::unix::fs::MetadataExt as _;
-    let owner = path.ancestors().find_map(|p| std::fs::metadata(p).ok())?.uid();
+    let owner = path
+        .ancestors()
+        .find_map(|p| std::fs::metadata(p).ok())?
+        .uid();
     (owner != 0 && owner != euid()).then_some(owner)
 }
 
