@@ -123,6 +123,7 @@ impl Case {
             uid: Some(uid(self, i)),
             annotations,
             deleting: false,
+            resource_version: None,
         }
     }
 

@@ -9,7 +9,8 @@
 //!
 //! The API server serves what the host uses, for many pods: `GET` and
 //! `PATCH` (merge patch of annotations under the `metadata.uid`
-//! precondition, 409 otherwise) of `/api/v1/namespaces/<ns>/pods/<name>`,
+//! precondition and, when the patch has one, the `metadata.resourceVersion`
+//! one; 409 otherwise) of `/api/v1/namespaces/<ns>/pods/<name>`,
 //! `POST` of `events.k8s.io/v1` events (counted, not kept), and the list
 //! and watch of `/api/v1/pods` (kube-runtime's watcher). Two routes are the
 //! bench's own: `GET /bench/state` (counts, and every pod's annotations) and
@@ -178,6 +179,7 @@ fn build(config: &StandinsConfig) -> (Api, Runner) {
             uid: Some(format!("00000000-0000-4000-9000-{i:012}")),
             annotations: Default::default(),
             deleting: false,
+            resource_version: None,
         };
         add(&mut api, &input);
     }
@@ -366,6 +368,13 @@ async fn handle(
                     patch["metadata"]["uid"]
                 );
                 return json_response(StatusCode::CONFLICT, status_body(409, "Conflict", &message));
+            }
+            // A resourceVersion in the patch is a precondition too.
+            let version = &patch["metadata"]["resourceVersion"];
+            if !version.is_null() && *version != api.pods[p]["metadata"]["resourceVersion"] {
+                api.observed.conflicts += 1;
+                let message = "Operation cannot be fulfilled on pods: the object has been modified; please apply your changes to the latest version and try again";
+                return json_response(StatusCode::CONFLICT, status_body(409, "Conflict", message));
             }
             api.observed.patches += 1;
             let changes = patch["metadata"]["annotations"]

@@ -237,6 +237,7 @@ mod tests {
                 .into_iter()
                 .collect(),
             deleting: false,
+            resource_version: None,
         }
     }
 

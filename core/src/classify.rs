@@ -260,6 +260,7 @@ mod tests {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
             deleting: false,
+            resource_version: None,
         };
         let vm = VmInspect {
             id: "vm-1".to_owned(),

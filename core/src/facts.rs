@@ -302,6 +302,11 @@ pub struct PodInput {
     /// `metadata.deletionTimestamp` is set: the pod is being deleted and
     /// nothing more is done for it (spec section 8).
     pub deleting: bool,
+    /// `metadata.resourceVersion`: which version of the pod this is. A
+    /// write decided from this read carries it as a precondition, so it
+    /// lands only while the pod is still as read. `None` when the input
+    /// has none (a pod file written by hand).
+    pub resource_version: Option<String>,
 }
 
 impl PodInput {
@@ -353,12 +358,16 @@ impl PodInput {
             }
         }
         let deleting = present(meta.get("deletionTimestamp")).is_some();
+        let resource_version = r
+            .opt_string(meta, "resourceVersion", "metadata.resourceVersion")?
+            .filter(|version| !version.is_empty());
         Ok(PodInput {
             name,
             namespace,
             uid,
             annotations,
             deleting,
+            resource_version,
         })
     }
 
@@ -1244,6 +1253,7 @@ mod tests {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
             deleting: false,
+            resource_version: None,
         }
     }
 

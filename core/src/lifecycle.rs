@@ -273,6 +273,7 @@ mod tests {
             uid: Some("u".into()),
             annotations: ann(pairs),
             deleting,
+            resource_version: None,
         }
     }
 

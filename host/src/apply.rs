@@ -7,9 +7,10 @@
 //! milliseconds under `tokio::time::pause()`. Shutdown is never exhaustion:
 //! nothing is marked failed and `post-clone-state` stays `running` for the
 //! next start. A deleted or replaced pod stops the loop, and every write
-//! carries the pod's uid precondition.
+//! carries the pod's uid precondition; a write decided from a read also
+//! carries the read's resource version ([`write_decided`]), so it never
+//! lands on a pod that changed after the decision.
 
-use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ use crate::cocoon::{Cocoon, CocoonError};
 use crate::facts::{GuestOs, MacAddr, PodInput, VmId, WaitFacts, WaitNic};
 use crate::lifecycle::{self, Lifecycle, PostCloneState};
 use crate::plan::{Nonce, Plan, exec_argv};
-use crate::pods::{AnnotationPatch, Event, PodApi, PodError, PodRef, keys, reasons};
+use crate::pods::{AnnotationPatch, Event, Guarded, PodApi, PodError, PodRef, keys, reasons};
 use crate::ready::LeaseWatcher;
 
 /// The annotation values the loop writes, and their limits: the plan
@@ -85,8 +86,15 @@ impl Default for ReadyConfig {
 /// How a fixup loop ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FixupOutcome {
-    /// An attempt succeeded; `post-clone-state` is `done`.
-    Done { attempts: u32 },
+    /// An attempt succeeded; `post-clone-state` is `done`. `ready` is how
+    /// the IP wait ended when it needed no waiting (a static first NIC,
+    /// [`FixupJob::ready_ip`]: the IP and `ready` went with `done` in one
+    /// write, or the pod was no longer the host's by then); `None` when
+    /// the IP wait follows.
+    Done {
+        attempts: u32,
+        ready: Option<ReadyOutcome>,
+    },
     /// The budget ran out; the pod is marked failed with hint and errors.
     Exhausted { attempts: u32, errors: Vec<String> },
     /// The host is shutting down; `post-clone-state` stays `running`.
@@ -100,6 +108,9 @@ pub enum FixupOutcome {
 #[derive(Debug, Clone, Copy)]
 pub struct FixupJob<'a> {
     pub pod: &'a PodRef,
+    /// The pod as read before the VM was inspected: the `running` write is
+    /// decided from it, and lands only while the pod is still so.
+    pub seen: &'a PodInput,
     pub vm: &'a VmId,
     pub scenario: Scenario,
     pub plan: &'a Plan,
@@ -108,6 +119,10 @@ pub struct FixupJob<'a> {
     pub exec: &'a [String],
     /// The hint script; written base64 as the hint for the failed case.
     pub script: &'a str,
+    /// The first NIC's static address, when it has one: the IP wait then
+    /// has nothing to wait for, so the IP and lifecycle `ready` are
+    /// written with `done` (spec section 6, "first NIC static").
+    pub ready_ip: Option<Ipv4Addr>,
 }
 
 /// Run one exec of the plan; `Ok` on success, else the attempt's error as
@@ -152,82 +167,114 @@ pub fn still_ours(current: &PodInput, pod: &PodRef, vm: &VmId) -> bool {
     lifecycle::still_ours(current, &pod.uid, vm.as_str())
 }
 
-/// Read the pod again before a final write: `Ok(Some)` with its
-/// annotations while it is still ours ([`still_ours`]), `Ok(None)` when the
-/// write must be skipped. A read that fails (after the API client's own
-/// retries) is an error: nothing is assumed, nothing is written, and the
-/// caller tries again later.
-pub async fn reread<P: PodApi>(
-    pods: &P,
-    pod: &PodRef,
-    vm: &VmId,
-) -> Result<Option<BTreeMap<String, String>>, PodError> {
-    Ok(pods
-        .get(&pod.namespace, &pod.name)
-        .await?
-        .filter(|current| still_ours(current, pod, vm))
-        .map(|current| current.annotations))
-}
-
 /// Is the pod still ours before an attempt? API errors count as yes: a
 /// flaky API server must not stop a fixup; the uid precondition still
-/// guards writes, and the final write reads again.
+/// guards writes, and the final write is decided from a read.
 async fn still_there<P: PodApi>(pods: &P, pod: &PodRef, vm: &VmId) -> bool {
-    match pods.get(&pod.namespace, &pod.name).await {
-        Ok(Some(current)) => still_ours(&current, pod, vm),
-        Ok(None) => false,
-        Err(e) => {
-            tracing::warn!(pod = %pod, "cannot check the pod before an attempt: {e}");
-            true
-        }
-    }
+    ours_now(pods, pod, vm, None).await.0
 }
 
-/// A write that landed, and the pod as it left it when the API server said
-/// (see [`PodApi::patch_and_read`]).
-type Landed = Option<PodInput>;
-
-/// Write a patch; `Ok(None)` when the pod is gone (deleted or replaced),
-/// after which nothing more is written for it; else the pod as the write
-/// left it, if the API server answered with it.
-async fn write_and_read<P: PodApi>(
-    pods: &P,
-    pod: &PodRef,
-    patch: &AnnotationPatch,
-) -> Result<Option<Landed>, PodError> {
-    match pods.patch_and_read(pod, patch).await {
-        Ok(current) => Ok(Some(current)),
-        Err(PodError::Gone { .. }) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-/// Whether the pod is still ours: from `fresh` (what a write just
-/// answered, nothing having waited since) when there is one, else read.
-async fn still_ours_now<P: PodApi>(
+/// Whether the pod is still ours, and the read that says so: `fresh` (what
+/// a write just answered, nothing having waited since) when there is one,
+/// else a read. An API error counts as yes, with no read (see
+/// [`still_there`]).
+async fn ours_now<P: PodApi>(
     pods: &P,
     pod: &PodRef,
     vm: &VmId,
     fresh: Option<PodInput>,
-) -> bool {
-    match fresh {
-        Some(current) => still_ours(&current, pod, vm),
-        None => still_there(pods, pod, vm).await,
-    }
+) -> (bool, Option<PodInput>) {
+    let current = match fresh {
+        Some(current) => current,
+        None => match pods.get(&pod.namespace, &pod.name).await {
+            Ok(Some(current)) => current,
+            Ok(None) => return (false, None),
+            Err(e) => {
+                tracing::warn!(pod = %pod, "cannot check the pod before an attempt: {e}");
+                return (true, None);
+            }
+        },
+    };
+    (still_ours(&current, pod, vm), Some(current))
 }
 
-/// Write a patch; `Ok(false)` when the pod is gone (deleted or replaced),
-/// after which nothing more is written for it.
-pub async fn write<P: PodApi>(
+/// The pod as it is now, to decide a write from; `Ok(None)` when it is
+/// gone (deleted, or another incarnation under the name). A read that
+/// fails (after the API client's own retries) is an error: nothing is
+/// assumed, nothing is written, and the caller tries again later.
+pub async fn read_now<P: PodApi>(pods: &P, pod: &PodRef) -> Result<Option<PodInput>, PodError> {
+    Ok(pods
+        .get(&pod.namespace, &pod.name)
+        .await?
+        .filter(|current| current.uid.as_deref() == Some(pod.uid.as_str())))
+}
+
+/// How a write decided from a read ended ([`write_decided`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decided {
+    /// Written. `from` is the pod the write was decided from, unchanged up
+    /// to the write; `answer` the pod as the write left it, when the API
+    /// server said.
+    Written {
+        from: PodInput,
+        answer: Option<PodInput>,
+    },
+    /// Nothing written: the decision for the pod as it is (`.0`) was no
+    /// write.
+    Skipped(PodInput),
+    /// The pod was deleted or replaced: nothing more is written for it.
+    Gone,
+}
+
+/// How many times in a row [`write_decided`] decides again for a pod that
+/// changed under its write before it gives up (the caller tries later).
+pub const DECIDE_ROUNDS: u32 = 5;
+
+/// Decide a write from `current` (a read of the pod: `decide` returns
+/// `None` for no write) and make it only while the pod is still as read
+/// ([`PodApi::patch_if_unchanged`]); when it changed meanwhile, decide
+/// again from the pod as it is now. This is how every final write of spec
+/// section 8 "reads the pod again": the API server checks that the
+/// decision's read is the pod's current state when the write lands.
+pub async fn write_decided<P: PodApi>(
     pods: &P,
     pod: &PodRef,
-    patch: &AnnotationPatch,
-) -> Result<bool, PodError> {
-    match pods.patch_annotations(pod, patch).await {
-        Ok(()) => Ok(true),
-        Err(PodError::Gone { .. }) => Ok(false),
-        Err(e) => Err(e),
+    mut current: PodInput,
+    mut decide: impl FnMut(&PodInput) -> Option<AnnotationPatch> + Send,
+) -> Result<Decided, PodError> {
+    for _ in 0..DECIDE_ROUNDS {
+        let Some(patch) = decide(&current) else {
+            return Ok(Decided::Skipped(current));
+        };
+        match pods.patch_if_unchanged(pod, &patch, &current).await {
+            Ok(Guarded::Written(answer)) => {
+                return Ok(Decided::Written {
+                    from: current,
+                    answer,
+                });
+            }
+            Ok(Guarded::Changed(now)) => current = now,
+            Err(PodError::Gone { .. }) => return Ok(Decided::Gone),
+            Err(e) => return Err(e),
+        }
     }
+    Err(PodError::Api {
+        pod: pod.to_string(),
+        reason: format!(
+            "the pod changed under each of {DECIDE_ROUNDS} writes in a row; the write is tried again later"
+        ),
+    })
+}
+
+/// The IP and lifecycle `ready`, for a pod that is still ours: its
+/// lifecycle is then empty or `creating`, so stickiness (spec section 7)
+/// cannot forbid `ready`.
+fn ready_patch(current: &PodInput, ip: Ipv4Addr) -> AnnotationPatch {
+    let mut patch = AnnotationPatch::from([(keys::IP.to_owned(), Some(ip.to_string()))]);
+    patch.extend(
+        lifecycle::transition(&current.annotations, Lifecycle::Ready, "").unwrap_or_default(),
+    );
+    patch
 }
 
 /// The fixup loop of spec section 5.
@@ -239,19 +286,20 @@ pub async fn run_fixup<C: Cocoon, P: PodApi>(
     shutdown: &CancellationToken,
 ) -> Result<FixupOutcome, PodError> {
     let pod = job.pod;
-    // The work may have been stopped, or the pod handed over, while cocoon
-    // was asked about the VM: then `running` must not land on it.
     if shutdown.is_cancelled() {
         return Ok(FixupOutcome::Shutdown { attempts: 0 });
     }
-    if !still_there(pods, pod, job.vm).await {
-        return Ok(FixupOutcome::Gone { attempts: 0 });
-    }
+    // The pod may have been handed over while cocoon was asked about the
+    // VM: `running` lands only on the pod as it was read, still ours.
+    let running = write_decided(pods, pod, job.seen.clone(), |current| {
+        still_ours(current, pod, job.vm).then(|| state_patch(PostCloneState::Running))
+    })
+    .await?;
     // The answer to the `running` write is a fresh read: the first attempt
     // needs no other.
-    let Some(mut fresh) = write_and_read(pods, pod, &state_patch(PostCloneState::Running)).await?
-    else {
-        return Ok(FixupOutcome::Gone { attempts: 0 });
+    let mut fresh = match running {
+        Decided::Written { answer, .. } => answer,
+        Decided::Skipped(_) | Decided::Gone => return Ok(FixupOutcome::Gone { attempts: 0 }),
     };
     let start = Instant::now();
     let deadline = start + retry.budget;
@@ -261,7 +309,8 @@ pub async fn run_fixup<C: Cocoon, P: PodApi>(
         if shutdown.is_cancelled() {
             return Ok(FixupOutcome::Shutdown { attempts });
         }
-        if !still_ours_now(pods, pod, job.vm, fresh.take()).await {
+        let (ours, seen) = ours_now(pods, pod, job.vm, fresh.take()).await;
+        if !ours {
             return Ok(FixupOutcome::Gone { attempts });
         }
         attempts += 1;
@@ -274,21 +323,7 @@ pub async fn run_fixup<C: Cocoon, P: PodApi>(
             () = shutdown.cancelled() => return Ok(FixupOutcome::Shutdown { attempts }),
         };
         match result {
-            Ok(()) => {
-                if !write(pods, pod, &state_patch(PostCloneState::Done)).await? {
-                    return Ok(FixupOutcome::Gone { attempts });
-                }
-                emit(
-                    pods,
-                    pod,
-                    Event::normal(
-                        reasons::SUCCEEDED,
-                        messages::succeeded(job.scenario.as_str(), attempts),
-                    ),
-                )
-                .await;
-                return Ok(FixupOutcome::Done { attempts });
-            }
+            Ok(()) => return succeeded(pods, &job, attempts, seen).await,
             Err(error) => {
                 let line = messages::attempt_line(attempts, &error);
                 tracing::warn!(pod = %pod, "{line}");
@@ -312,6 +347,55 @@ pub async fn run_fixup<C: Cocoon, P: PodApi>(
     exhausted(pods, &job, retry, attempts, errors).await
 }
 
+/// An attempt succeeded: `done`, and for a static first NIC the IP and
+/// `ready` in the same write while the pod is still ours, decided from
+/// `seen` (the read before the attempt) or, without one, a read now.
+async fn succeeded<P: PodApi>(
+    pods: &P,
+    job: &FixupJob<'_>,
+    attempts: u32,
+    seen: Option<PodInput>,
+) -> Result<FixupOutcome, PodError> {
+    let pod = job.pod;
+    let current = match seen {
+        Some(current) => current,
+        None => match read_now(pods, pod).await? {
+            Some(current) => current,
+            None => return Ok(FixupOutcome::Gone { attempts }),
+        },
+    };
+    let decided = write_decided(pods, pod, current, |current| {
+        let mut patch = state_patch(PostCloneState::Done);
+        if let Some(ip) = job.ready_ip
+            && still_ours(current, pod, job.vm)
+        {
+            patch.extend(ready_patch(current, ip));
+        }
+        Some(patch)
+    })
+    .await?;
+    let ready = match decided {
+        Decided::Written { from, .. } => job.ready_ip.map(|ip| {
+            if still_ours(&from, pod, job.vm) {
+                ReadyOutcome::Ready { ip }
+            } else {
+                ReadyOutcome::Gone
+            }
+        }),
+        Decided::Skipped(_) | Decided::Gone => return Ok(FixupOutcome::Gone { attempts }),
+    };
+    emit(
+        pods,
+        pod,
+        Event::normal(
+            reasons::SUCCEEDED,
+            messages::succeeded(job.scenario.as_str(), attempts),
+        ),
+    )
+    .await;
+    Ok(FixupOutcome::Done { attempts, ready })
+}
+
 async fn exhausted<P: PodApi>(
     pods: &P,
     job: &FixupJob<'_>,
@@ -321,29 +405,47 @@ async fn exhausted<P: PodApi>(
 ) -> Result<FixupOutcome, PodError> {
     let pod = job.pod;
     let summary = messages::exhausted(job.scenario.as_str(), attempts, retry.budget, &errors);
-    let Some(current) = reread(pods, pod, job.vm).await? else {
+    let Some(current) = read_now(pods, pod).await? else {
         return Ok(FixupOutcome::Gone { attempts });
     };
     // Annotations may have grown since the plan was made: without room
     // for the hint, the record goes without it and says so.
     let hint = crate::plan::hint_base64(job.script);
-    let record = exhausted_record(&current, &hint, job.scenario.as_str(), errors, &summary);
-    if let Some(e) = &record.hint_left_out {
-        tracing::warn!(pod = %pod, error = %e, "the failure record is written without the hint");
-    }
-    let (patch, errors) = (record.patch, record.errors);
-    let event = Event::warning(reasons::EXEC_EXHAUSTED, summary);
-    match write(pods, pod, &patch).await {
-        Ok(true) => {}
-        Ok(false) => return Ok(FixupOutcome::Gone { attempts }),
+    let mut record = None;
+    let decided = write_decided(pods, pod, current, |current| {
+        if !still_ours(current, pod, job.vm) {
+            return None;
+        }
+        let made = exhausted_record(
+            &current.annotations,
+            &hint,
+            job.scenario.as_str(),
+            errors.clone(),
+            &summary,
+        );
+        let patch = made.patch.clone();
+        record = Some(made);
+        Some(patch)
+    })
+    .await;
+    let event = Event::warning(reasons::EXEC_EXHAUSTED, summary.clone());
+    let record = match (decided, record) {
+        (Ok(Decided::Written { .. }), Some(record)) => record,
+        (Ok(_), _) => return Ok(FixupOutcome::Gone { attempts }),
         // Told even when the record cannot be written.
-        Err(e) => {
+        (Err(e), _) => {
             emit(pods, pod, event).await;
             return Err(e);
         }
+    };
+    if let Some(e) = &record.hint_left_out {
+        tracing::warn!(pod = %pod, error = %e, "the failure record was written without the hint");
     }
     emit(pods, pod, event).await;
-    Ok(FixupOutcome::Exhausted { attempts, errors })
+    Ok(FixupOutcome::Exhausted {
+        attempts,
+        errors: record.errors,
+    })
 }
 
 /// How an IP wait ended.
@@ -377,9 +479,10 @@ pub struct DhcpRecovery {
 /// - A Linux clone that needed no fixup: one DHCP recovery pass after
 ///   `dhcp_recovery_after`, inside the same budget.
 ///
-/// Before the final write the pod is read again: the write is skipped when
-/// the pod is no longer ours ([`still_ours`]), and a read that fails is an
-/// error (nothing written; the caller retries), never a guess.
+/// The final write is decided from a read of the pod after the wait and
+/// lands only while the pod is still as read ([`write_decided`]): it is
+/// skipped when the pod is no longer ours ([`still_ours`]), and a read that
+/// fails is an error (nothing written; the caller retries), never a guess.
 #[allow(clippy::too_many_arguments)]
 pub async fn wait_ready<C: Cocoon, P: PodApi>(
     cocoon: &C,
@@ -408,27 +511,29 @@ pub async fn wait_ready<C: Cocoon, P: PodApi>(
             }
         }
     };
-    let Some(current) = reread(pods, pod, &facts.id).await? else {
+    let Some(current) = read_now(pods, pod).await? else {
         return Ok(ReadyOutcome::Gone);
     };
-    let outcome = match ip {
-        Some(ip) => {
-            // The fresh read showed the lifecycle empty or `creating`, so
-            // stickiness (spec section 7) cannot forbid `ready` here.
-            let mut patch = AnnotationPatch::from([(keys::IP.to_owned(), Some(ip.to_string()))]);
-            patch.extend(lifecycle::transition(&current, Lifecycle::Ready, "").unwrap_or_default());
-            if !write(pods, pod, &patch).await? {
-                return Ok(ReadyOutcome::Gone);
-            }
-            ReadyOutcome::Ready { ip }
+    let message = messages::ip_wait_timeout(&facts.name, config.budget);
+    let decided = write_decided(pods, pod, current, |current| {
+        if !still_ours(current, pod, &facts.id) {
+            return None;
         }
+        match ip {
+            Some(ip) => Some(ready_patch(current, ip)),
+            // Nothing to write when failed is already recorded.
+            None => lifecycle::transition(&current.annotations, Lifecycle::Failed, &message),
+        }
+    })
+    .await?;
+    match decided {
+        Decided::Written { .. } => {}
+        Decided::Skipped(current) if still_ours(&current, pod, &facts.id) => {}
+        Decided::Skipped(_) | Decided::Gone => return Ok(ReadyOutcome::Gone),
+    }
+    let outcome = match ip {
+        Some(ip) => ReadyOutcome::Ready { ip },
         None => {
-            let message = messages::ip_wait_timeout(&facts.name, config.budget);
-            if let Some(patch) = lifecycle::transition(&current, Lifecycle::Failed, &message)
-                && !write(pods, pod, &patch).await?
-            {
-                return Ok(ReadyOutcome::Gone);
-            }
             emit(pods, pod, Event::warning(reasons::IP_WAIT_TIMEOUT, message)).await;
             ReadyOutcome::TimedOut
         }

@@ -17,14 +17,14 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio_util::sync::CancellationToken;
 
 use crate::apply::{
-    self, DhcpRecovery, FixupJob, FixupOutcome, ReadyConfig, ReadyOutcome, RetryConfig,
+    self, Decided, DhcpRecovery, FixupJob, FixupOutcome, ReadyConfig, ReadyOutcome, RetryConfig,
 };
 use crate::binding::{self, BindingPolicy, Verdict};
 use crate::classify::{self, Rule, Scenario};
 use crate::cocoon::{Cocoon, CocoonError};
 use crate::facts::{
     BootKind, FactError, GuestOs, ImageKind, Observation, Overrides, PodInput, VmFacts, VmId,
-    VmInspect, WaitFacts, annotations, escape_controls,
+    VmInspect, WaitFacts, WaitNic, annotations, escape_controls,
 };
 use crate::lifecycle::{self, Action, HandsOff, PostCloneState};
 use crate::metrics::Metrics;
@@ -330,6 +330,15 @@ impl FixupRecord {
     }
 }
 
+/// What follows a fixup that succeeded.
+enum AfterFixup {
+    /// The IP wait, on these facts.
+    Wait(VmFacts),
+    /// Nothing: the IP wait needed no waiting and its outcome was written
+    /// with `done`.
+    Published(ReadyOutcome),
+}
+
 /// Log, at debug level (the pod's owner chooses the annotation's text),
 /// each part of a plan that the generic plugin planned although the VM
 /// names a flavour, when some loaded plugin declares flavours for that
@@ -600,10 +609,11 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             Action::RunLoop => {
                 summary.action = "fixup";
                 match self
-                    .fixup(&pod_ref, &vm, &obs, trigger, &mut summary, shutdown)
+                    .fixup(pod, &pod_ref, &vm, &obs, trigger, &mut summary, shutdown)
                     .await?
                 {
-                    Some(facts) => WaitFacts::from_facts(&facts),
+                    Some(AfterFixup::Wait(facts)) => WaitFacts::from_facts(&facts),
+                    Some(AfterFixup::Published(ready)) => return Ok(self.readiness(summary, ready)),
                     None => return Ok(summary),
                 }
             }
@@ -640,6 +650,11 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             shutdown,
         )
         .await?;
+        Ok(self.readiness(summary, ready))
+    }
+
+    /// The summary with how the IP wait ended, counted.
+    fn readiness(&self, mut summary: Summary, ready: ReadyOutcome) -> Summary {
         let (readiness, ip) = match ready {
             ReadyOutcome::Ready { ip } => ("ready", Some(ip.to_string())),
             ReadyOutcome::TimedOut => ("timed-out", None),
@@ -649,21 +664,24 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         self.metrics.ip_wait(readiness);
         summary.readiness = Some(readiness);
         summary.ip = ip;
-        Ok(summary)
+        summary
     }
 
-    /// Plan and run the fixup loop. `Ok(Some(facts))` when it succeeded and
-    /// the IP wait follows; `Ok(None)` when the call ends here (the summary
-    /// says how).
+    /// Plan and run the fixup loop. `Ok(Some)` when it succeeded: the IP
+    /// wait follows, or (a static first NIC) its outcome was written with
+    /// `done`; `Ok(None)` when the call ends here (the summary says how).
+    /// `seen` is the pod as read before the VM was inspected.
+    #[allow(clippy::too_many_arguments)]
     async fn fixup(
         &self,
+        seen: &PodInput,
         pod: &PodRef,
         vm: &VmId,
         obs: &Observation,
         trigger: Trigger,
         summary: &mut Summary,
         shutdown: &CancellationToken,
-    ) -> Result<Option<VmFacts>, HostError> {
+    ) -> Result<Option<AfterFixup>, HostError> {
         let planner = self.planner();
         let outcome = match self
             .plan_off_workers(planner.clone(), {
@@ -735,8 +753,14 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             script,
             ..
         } = composed;
+        let ready_ip = match WaitFacts::from_facts(&facts).first {
+            Some(WaitNic::Static(ip)) => Some(ip),
+            _ => None,
+        };
         let job = FixupJob {
             pod,
+            seen,
+            ready_ip,
             vm: &facts.id,
             scenario,
             plan: &plan,
@@ -746,11 +770,14 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         let result =
             apply::run_fixup(&self.cocoon, &self.pods, job, &self.config.retry, shutdown).await?;
         let (label, attempts) = match result {
-            FixupOutcome::Done { attempts } => {
+            FixupOutcome::Done { attempts, ready } => {
                 summary.fixup = Some("done");
                 summary.attempts = attempts;
                 self.metrics.fixup(scenario, "done", attempts);
-                return Ok(Some(facts));
+                return Ok(Some(match ready {
+                    Some(ready) => AfterFixup::Published(ready),
+                    None => AfterFixup::Wait(facts),
+                }));
             }
             FixupOutcome::Exhausted { attempts, errors } => {
                 summary.errors = errors;
@@ -936,15 +963,19 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         summary.fixup = Some("plan-failed");
         let line = messages::plan_failed(&error.to_string());
         summary.errors = vec![line.clone()];
-        let Some(current) = apply::reread(&self.pods, pod, vm).await? else {
+        let Some(current) = apply::read_now(&self.pods, pod).await? else {
             summary.fixup = Some("gone");
             return Ok(summary);
         };
-        let patch = plan_failed_record(&current, &line);
+        let decided = apply::write_decided(&self.pods, pod, current, |current| {
+            apply::still_ours(current, pod, vm)
+                .then(|| plan_failed_record(&current.annotations, &line))
+        })
+        .await;
         let event = Event::warning(reasons::PLAN_FAILED, line);
-        match apply::write(&self.pods, pod, &patch).await {
-            Ok(true) => {}
-            Ok(false) => {
+        match decided {
+            Ok(Decided::Written { .. }) => {}
+            Ok(Decided::Skipped(_) | Decided::Gone) => {
                 summary.fixup = Some("gone");
                 return Ok(summary);
             }

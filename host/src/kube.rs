@@ -7,7 +7,13 @@
 //!   has another uid, and a 409 is only retried after a GET shows the pod
 //!   still has the uid we were given. A write never lands on another
 //!   incarnation of the pod (spec section 5).
-//! - Transient failures (409 with the same uid, 429, 5xx, transport errors,
+//! - A write decided from a read ([`PodApi::patch_if_unchanged`]) also
+//!   carries the read's `metadata.resourceVersion`: the API server refuses
+//!   it with 409 when the pod changed since, and the GET that follows is
+//!   the fresh read the caller decides again from. So no read is spent
+//!   before such a write, and nothing can change between the decision and
+//!   the write.
+//! - Transient failures (409 with the same uid and version, 429, 5xx, transport errors,
 //!   no answer within the request timeout) are retried with the backoff in
 //!   [`RetryPolicy`]; everything else fails at once, because another try
 //!   would get the same answer.
@@ -29,7 +35,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Map, Value};
 
 use crate::facts::PodInput;
-use crate::pods::{AnnotationPatch, Event, EventType, PodApi, PodError, PodRef, reasons};
+use crate::pods::{AnnotationPatch, Event, EventType, Guarded, PodApi, PodError, PodRef, reasons};
 
 /// The controller name in events (`reportingController`) and the field
 /// manager of annotation patches.
@@ -410,13 +416,16 @@ impl KubeApi {
     }
 
     /// One try of the uid-guarded merge patch; the pod's metadata as the
-    /// API server answered.
+    /// API server answered. With `version` (the patch then carries it as
+    /// `metadata.resourceVersion`), a pod at another version is
+    /// [`Answer::Changed`], with its metadata as read now.
     async fn patch_once(
         &self,
         api: &Api<Pod>,
         pod: &PodRef,
         body: &Value,
-    ) -> Result<ObjectMeta, TryError> {
+        version: Option<&str>,
+    ) -> Result<Answer, TryError> {
         let params = PatchParams {
             field_manager: Some(self.reporter.controller.clone()),
             ..PatchParams::default()
@@ -428,15 +437,24 @@ impl KubeApi {
             })
             .await
         {
-            Ok(answer) => return Ok(answer.metadata),
+            Ok(answer) => return Ok(Answer::Written(answer.metadata)),
             Err(failure) => failure,
         };
         match failure.kind {
             FailureKind::NotFound => Err(TryError::Gone),
             FailureKind::Conflict => {
-                // Either the uid precondition failed (the pod was replaced)
-                // or the write raced another one. Only the live uid tells.
+                // Either the uid precondition failed (the pod was replaced),
+                // the resource version one did (the pod changed), or the
+                // write raced another one. Only the live pod tells.
                 match self.call(|| api.get_metadata(&pod.name)).await {
+                    Ok(live)
+                        if live.metadata.uid.as_deref() == Some(pod.uid.as_str())
+                            && version.is_some_and(|version| {
+                                live.metadata.resource_version.as_deref() != Some(version)
+                            }) =>
+                    {
+                        Ok(Answer::Changed(live.metadata))
+                    }
                     Ok(live) if live.metadata.uid.as_deref() == Some(pod.uid.as_str()) => {
                         Err(TryError::Transient {
                             detail: format!(
@@ -466,6 +484,49 @@ impl KubeApi {
                 }
             }
             _ => Err(TryError::from(failure)),
+        }
+    }
+}
+
+/// What one try of a patch got.
+enum Answer {
+    /// Written: the pod's metadata as the API server answered.
+    Written(ObjectMeta),
+    /// Refused: the pod is at another resource version; its metadata now.
+    Changed(ObjectMeta),
+}
+
+impl KubeApi {
+    /// The uid-guarded merge patch, and with `version` the resource
+    /// version one too, retried as the policy says.
+    async fn guarded_patch(
+        &self,
+        pod: &PodRef,
+        patch: &AnnotationPatch,
+        version: Option<&str>,
+    ) -> Result<Guarded, PodError> {
+        if pod.uid.is_empty() {
+            return Err(PodError::Api {
+                pod: pod.to_string(),
+                reason: "refusing to patch without a uid precondition; read the pod first and pass its metadata.uid".into(),
+            });
+        }
+        let body = merge_patch(pod, patch, version);
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let answer = self
+            .retrying(&pod.to_string(), "patching annotations", || {
+                self.patch_once(&api, pod, &body, version)
+            })
+            .await?;
+        match answer {
+            // An answer without a usable pod (a proxy that strips the
+            // body) is no read: the caller reads the pod itself.
+            Answer::Written(meta) => {
+                Ok(Guarded::Written(pod_input(&meta).ok().filter(|answer| {
+                    answer.uid.as_deref() == Some(pod.uid.as_str())
+                })))
+            }
+            Answer::Changed(meta) => pod_input(&meta).map(Guarded::Changed),
         }
     }
 }
@@ -502,24 +563,26 @@ impl PodApi for KubeApi {
         pod: &PodRef,
         patch: &AnnotationPatch,
     ) -> Result<Option<PodInput>, PodError> {
-        if pod.uid.is_empty() {
-            return Err(PodError::Api {
-                pod: pod.to_string(),
-                reason: "refusing to patch without a uid precondition; read the pod first and pass its metadata.uid".into(),
-            });
+        match self.guarded_patch(pod, patch, None).await? {
+            Guarded::Written(answer) => Ok(answer),
+            Guarded::Changed(_) => {
+                unreachable!("a patch without a resource version is never refused as changed")
+            }
         }
-        let body = merge_patch(pod, patch);
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
-        let meta = self
-            .retrying(&pod.to_string(), "patching annotations", || {
-                self.patch_once(&api, pod, &body)
-            })
-            .await?;
-        // An answer without a usable pod (a proxy that strips the body)
-        // is no read: the caller reads the pod itself.
-        Ok(pod_input(&meta)
-            .ok()
-            .filter(|answer| answer.uid.as_deref() == Some(pod.uid.as_str())))
+    }
+
+    async fn patch_if_unchanged(
+        &self,
+        pod: &PodRef,
+        patch: &AnnotationPatch,
+        seen: &PodInput,
+    ) -> Result<Guarded, PodError> {
+        match seen.resource_version.as_deref() {
+            Some(version) => self.guarded_patch(pod, patch, Some(version)).await,
+            // A read without a version (not the API server's) cannot be
+            // a precondition.
+            None => crate::pods::read_then_patch(self, pod, patch, seen).await,
+        }
     }
 
     async fn event(&self, pod: &PodRef, event: &Event) -> Result<(), PodError> {
@@ -565,8 +628,9 @@ impl PodApi for KubeApi {
     }
 }
 
-/// `{"metadata": {"uid": <uid>, "annotations": {k: v | null}}}`.
-fn merge_patch(pod: &PodRef, patch: &AnnotationPatch) -> Value {
+/// `{"metadata": {"uid": <uid>, "annotations": {k: v | null}}}`, and
+/// `"resourceVersion": <version>` beside the uid when there is one.
+fn merge_patch(pod: &PodRef, patch: &AnnotationPatch, version: Option<&str>) -> Value {
     let annotations: Map<String, Value> = patch
         .iter()
         .map(|(key, value)| {
@@ -576,12 +640,13 @@ fn merge_patch(pod: &PodRef, patch: &AnnotationPatch) -> Value {
             (key.clone(), value)
         })
         .collect();
-    serde_json::json!({
-        "metadata": {
-            "uid": pod.uid,
-            "annotations": annotations,
-        }
-    })
+    let mut metadata = Map::new();
+    metadata.insert("uid".into(), Value::String(pod.uid.clone()));
+    if let Some(version) = version {
+        metadata.insert("resourceVersion".into(), Value::String(version.to_owned()));
+    }
+    metadata.insert("annotations".into(), Value::Object(annotations));
+    serde_json::json!({ "metadata": metadata })
 }
 
 /// The events.k8s.io `action` for a reason: what the host was doing.
@@ -619,6 +684,7 @@ pub fn pod_input(meta: &ObjectMeta) -> Result<PodInput, PodError> {
         uid: meta.uid.clone().filter(|uid| !uid.is_empty()),
         annotations: meta.annotations.clone().unwrap_or_default(),
         deleting: meta.deletion_timestamp.is_some(),
+        resource_version: meta.resource_version.clone().filter(|v| !v.is_empty()),
     })
 }
 

@@ -83,12 +83,76 @@ pub trait PodApi: Send + Sync + 'static {
         async move { self.patch_annotations(pod, patch).await.map(|()| None) }
     }
 
+    /// [`patch_and_read`](Self::patch_and_read), only while the pod is
+    /// still as `seen` (a read of it): the host decides what to write
+    /// from a read, and a pod that changed since (hibernation requested,
+    /// lifecycle moved on, deletion started) must not get a write decided
+    /// from the older state. [`Guarded::Changed`] with the pod as it is
+    /// now when it changed (nothing written); [`PodError::Gone`] when it
+    /// was deleted or replaced.
+    ///
+    /// [`crate::kube::KubeApi`] makes the API server check: the patch
+    /// carries `seen`'s `metadata.resourceVersion` as a precondition, so
+    /// nothing can change between the check and the write, and no read is
+    /// spent when nothing changed. The default, for implementations that
+    /// keep no versions, reads the pod and writes when it equals `seen`
+    /// ([`read_then_patch`]).
+    fn patch_if_unchanged(
+        &self,
+        pod: &PodRef,
+        patch: &AnnotationPatch,
+        seen: &PodInput,
+    ) -> impl Future<Output = Result<Guarded, PodError>> + Send {
+        read_then_patch(self, pod, patch, seen)
+    }
+
     /// Record an event about the pod. Best effort: callers log failures.
     fn event(
         &self,
         pod: &PodRef,
         event: &Event,
     ) -> impl Future<Output = Result<(), PodError>> + Send;
+}
+
+/// How [`PodApi::patch_if_unchanged`] ended, short of an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Guarded {
+    /// Written; the pod as the write left it when the API server said
+    /// (as [`PodApi::patch_and_read`]).
+    Written(Option<PodInput>),
+    /// Not written: the pod is no longer as it was read. This is the pod
+    /// now, to decide again from.
+    Changed(PodInput),
+}
+
+/// [`PodApi::patch_if_unchanged`] for an implementation that cannot make
+/// the write itself conditional: read the pod, and write when it is as
+/// `seen` (same resource version when both have one, else the same
+/// metadata). A change between this read and the write is not caught.
+pub async fn read_then_patch<P: PodApi + ?Sized>(
+    pods: &P,
+    pod: &PodRef,
+    patch: &AnnotationPatch,
+    seen: &PodInput,
+) -> Result<Guarded, PodError> {
+    let gone = || PodError::Gone {
+        pod: pod.to_string(),
+    };
+    let now = pods
+        .get(&pod.namespace, &pod.name)
+        .await?
+        .ok_or_else(gone)?;
+    if now.uid.as_deref() != Some(pod.uid.as_str()) {
+        return Err(gone());
+    }
+    let unchanged = match (&now.resource_version, &seen.resource_version) {
+        (Some(now), Some(seen)) => now == seen,
+        _ => now == *seen,
+    };
+    if !unchanged {
+        return Ok(Guarded::Changed(now));
+    }
+    pods.patch_and_read(pod, patch).await.map(Guarded::Written)
 }
 
 /// Pods kept in memory: for tests, benchmarks, the e2e harness, and

@@ -939,20 +939,22 @@ async fn the_source_image_is_the_records_and_inspect_runs_once(
     assert_eq!(rig.cocoon.inspected(), [VM_ID], "one inspect per pod");
 }
 
-// ---- 12. the read before the ready write fails ----
+// ---- 12. the read before the done write fails ----
 
-/// Nothing is written (no IP next to a lifecycle left `creating`): the
-/// error is retryable, and the retry, from `done`, only waits for the IP
-/// and publishes it.
+/// Nothing is written (no `done`, no IP next to a lifecycle left
+/// `creating`): the error is retryable, and the retry, finding `running`,
+/// runs the fixup again (nothing says it was done) and publishes the IP.
 #[tokio::test(start_paused = true)]
-async fn a_failed_read_before_the_ready_write_is_retried_not_guessed() {
+async fn a_failed_read_before_the_done_write_is_retried_not_guessed() {
     let dir = tempfile::tempdir().unwrap();
     let cocoon = ScriptedCocoon::new(
         vec![Reply::Done],
         record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
     );
-    // Reads: the handle's own, the checks before `running` and before
-    // attempt 1, then the read before the ready write fails.
+    // Reads: the handle's own, the one the `running` write is decided
+    // against (pods in memory keep no versions), the one before attempt 1
+    // (the write answered no pod), then the one the write of `done` and
+    // `ready` is decided against fails.
     let pods = Flaky::new(0, 3);
     pods.inner.insert(pod(&[]));
     let host = flaky_host(&cocoon, &pods, dir.path());
@@ -963,16 +965,19 @@ async fn a_failed_read_before_the_ready_write_is_retried_not_guessed() {
         .unwrap_err();
     assert!(error.is_retryable(), "{error}");
     let after = pods.inner.annotations("default", "web-0").unwrap();
-    assert_eq!(after[keys::POST_CLONE_STATE], "done");
+    assert_eq!(after[keys::POST_CLONE_STATE], "running");
     assert!(!after.contains_key(keys::IP), "{after:?}");
     assert!(!after.contains_key(keys::LIFECYCLE_STATE), "{after:?}");
     let summary = host
         .handle("default", "web-0", Trigger::Event, &token)
         .await
         .unwrap();
-    assert_eq!(summary.action, "ip-wait");
+    assert_eq!(summary.action, "fixup");
     assert_eq!(summary.readiness, Some("ready"));
-    assert_eq!(cocoon.calls().len(), 1, "the fixup is not run again");
+    assert_eq!(cocoon.calls().len(), 2, "the fixup ran again");
+    let after = pods.inner.annotations("default", "web-0").unwrap();
+    assert_eq!(after[keys::POST_CLONE_STATE], "done");
+    assert_eq!(after[keys::IP], "10.0.0.5");
 }
 
 // ---- 13. the DHCP safety net: Linux only, bounded by the exec timeout ----

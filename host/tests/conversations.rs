@@ -8,10 +8,14 @@
 //! and every event POST with its reason, type and note. A request the
 //! scenario does not list fails the test, and so does a listed request that
 //! never came. GETs are answered with the pod as the earlier PATCHes (and
-//! any other writer the scenario names) left it, and so are PATCHes. The
-//! host takes the answer to its `running` write as the read before attempt
-//! 1; it GETs the pod instead when that answer carries no usable pod
-//! (`patch_answering`).
+//! any other writer the scenario names) left it, and so are PATCHes, each
+//! with its `metadata.resourceVersion`. Every PATCH the host makes is
+//! decided from its latest read of the pod and carries that read's
+//! resource version as a precondition; when another writer changed the pod
+//! since (`meanwhile`), the PATCH is answered 409 and the host reads and
+//! decides again (`patch_stale`). The host takes the answer to its
+//! `running` write as the read before attempt 1; it GETs the pod instead
+//! when that answer carries no usable pod (`patch_answering`).
 //!
 //! The cocoon side is the in-process `ScriptedCocoon`, so the retry budget
 //! runs under paused tokio time; only the IP-wait timeout runs in real
@@ -56,7 +60,14 @@ struct Conversation {
     /// The pod as the server holds it now; GETs answer with it.
     uid: String,
     annotations: BTreeMap<String, String>,
+    /// Its resource version now.
+    version: u64,
+    /// The resource version of the host's latest read of the pod: its
+    /// next PATCH carries it.
+    seen: u64,
     exchanges: Vec<Exchange>,
+    /// The conversation before its last step, for [`refused`](Self::refused).
+    before_last: Option<Box<Conversation>>,
 }
 
 impl Conversation {
@@ -65,7 +76,10 @@ impl Conversation {
             name,
             uid: pod.uid.clone().expect("the test pod has a uid"),
             annotations: pod.annotations.clone(),
+            version: 7,
+            seen: 0,
             exchanges: Vec::new(),
+            before_last: None,
         }
     }
 
@@ -78,14 +92,36 @@ impl Conversation {
                 "namespace": NAMESPACE,
                 "uid": self.uid,
                 "annotations": self.annotations,
+                "resourceVersion": self.version.to_string(),
             },
             "spec": { "nodeName": NODE, "containers": [] },
         })
     }
 
-    fn step(mut self, exchange: Exchange) -> Self {
+    /// Add `exchange`; `before` is the conversation before this step
+    /// (its state changes already made by the caller).
+    fn step_from(mut self, before: Conversation, exchange: Exchange) -> Self {
         self.exchanges.push(exchange);
+        self.before_last = Some(Box::new(before));
         self
+    }
+
+    fn step(self, exchange: Exchange) -> Self {
+        let before = self.clone_state();
+        self.step_from(before, exchange)
+    }
+
+    /// The pod's state and the host's view, without the exchanges.
+    fn clone_state(&self) -> Conversation {
+        Conversation {
+            name: self.name,
+            uid: self.uid.clone(),
+            annotations: self.annotations.clone(),
+            version: self.version,
+            seen: self.seen,
+            exchanges: Vec::new(),
+            before_last: None,
+        }
     }
 
     /// Another writer changes the pod's annotations before the next step.
@@ -93,6 +129,7 @@ impl Conversation {
         for (k, v) in changes {
             self.annotations.insert((*k).to_owned(), (*v).to_owned());
         }
+        self.version += 1;
         self
     }
 
@@ -100,13 +137,17 @@ impl Conversation {
     fn recreated(mut self, uid: &str) -> Self {
         uid.clone_into(&mut self.uid);
         self.annotations = pod(&[]).annotations;
+        self.version += 1;
         self
     }
 
     /// The host reads the pod.
-    fn get(self) -> Self {
+    fn get(mut self) -> Self {
+        let before = self.clone_state();
         let answer = self.pod_json();
-        self.step(
+        self.seen = self.version;
+        self.step_from(
+            before,
             Exchange::get(POD_PATH)
                 .body(|_, body| assert_eq!(body, &Value::Null, "a GET has no body"))
                 .respond(200, answer),
@@ -122,8 +163,9 @@ impl Conversation {
     }
 
     /// The host merge-patches exactly these annotations (`null` removes a
-    /// key) under the uid precondition of the pod it was given. The answer
-    /// is the pod as the write left it, which the host may take as a read.
+    /// key) under the uid precondition of the pod it was given and the
+    /// resource version of its latest read. The answer is the pod as the
+    /// write left it, which the host may take as a read.
     fn patch(self, annotations: Value) -> Self {
         self.patch_then(annotations, None)
     }
@@ -135,12 +177,43 @@ impl Conversation {
         self.patch_then(annotations, Some(answer))
     }
 
+    /// The host merge-patches these annotations, decided from a read the
+    /// pod has changed since: the API server answers 409, and the host's
+    /// read that follows gets the pod as it is now.
+    fn patch_stale(self, annotations: Value) -> Self {
+        let Value::Object(expected) = annotations else {
+            panic!("annotations must be a JSON object");
+        };
+        assert_ne!(
+            self.seen, self.version,
+            "the pod did not change since the host read it"
+        );
+        let body = patch_body(expected, self.seen);
+        let modified = status(
+            409,
+            "Conflict",
+            "Operation cannot be fulfilled on pods \"web-0\": the object has been modified; please apply your changes to the latest version and try again",
+        );
+        self.step(
+            Exchange::patch(POD_PATH)
+                .body(move |_, found| assert_eq!(found, &body))
+                .respond(409, modified),
+        )
+        .get()
+    }
+
     /// A PATCH of `annotations` answered `200` with `answer`, or with the
     /// pod as the write left it when `None`.
     fn patch_then(mut self, annotations: Value, answer: Option<Value>) -> Self {
         let Value::Object(expected) = annotations else {
             panic!("annotations must be a JSON object");
         };
+        let before = self.clone_state();
+        assert_eq!(
+            self.seen, self.version,
+            "a write decided from a stale read: use patch_stale"
+        );
+        let body = patch_body(expected.clone(), self.seen);
         for (k, v) in &expected {
             match v {
                 Value::String(v) => self.annotations.insert(k.clone(), v.clone()),
@@ -148,26 +221,37 @@ impl Conversation {
                 other => panic!("annotation {k} must be a string or null, not {other}"),
             };
         }
+        self.version += 1;
+        // Only an answer that is the pod is a read.
+        if answer.is_none() {
+            self.seen = self.version;
+        }
         let answer = answer.unwrap_or_else(|| self.pod_json());
-        self.step(
+        self.step_from(
+            before,
             Exchange::patch(POD_PATH)
-                .body(move |_, body| assert_eq!(body, &patch_body(expected)))
+                .body(move |_, found| assert_eq!(found, &body))
                 .respond(200, answer),
         )
     }
 
     /// The host merge-patches exactly the annotation keys `keys` under the
-    /// uid precondition; `check` asserts their values. The answer (which
-    /// the host does not read) carries the pod as it was.
+    /// uid and resource version preconditions; `check` asserts their
+    /// values. The answer (which the host does not read) carries the pod as
+    /// it was, at a new version.
     fn patch_with(
-        self,
+        mut self,
         keys: &[&str],
         check: impl FnOnce(&Map<String, Value>) + Send + 'static,
     ) -> Self {
         let mut expected: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
         expected.sort();
+        let before = self.clone_state();
+        let seen = self.seen;
+        self.version += 1;
         let answer = self.pod_json();
-        self.step(
+        self.step_from(
+            before,
             Exchange::patch(POD_PATH)
                 .body(move |_, body| {
                     let annotations = &body["metadata"]["annotations"];
@@ -176,8 +260,8 @@ impl Conversation {
                     };
                     assert_eq!(
                         body,
-                        &patch_body(annotations.clone()),
-                        "only uid and annotations"
+                        &patch_body(annotations.clone(), seen),
+                        "only uid, resource version and annotations"
                     );
                     let mut found: Vec<String> = annotations.keys().cloned().collect();
                     found.sort();
@@ -188,11 +272,15 @@ impl Conversation {
         )
     }
 
-    /// The last request is answered with this error instead. (The pod
-    /// state a refused PATCH changed is not rolled back: no scenario reads
-    /// it after a refusal.)
+    /// The last request is answered with this error instead: what it
+    /// changed (the pod, the host's read) is undone.
     fn refused(mut self, code: u16, body: Value) -> Self {
         let last = self.exchanges.pop().expect("a step to refuse");
+        let before = *self.before_last.take().expect("a step to refuse");
+        self.uid = before.uid;
+        self.annotations = before.annotations;
+        self.version = before.version;
+        self.seen = before.seen;
         self.step(last.respond(code, body))
     }
 
@@ -250,9 +338,16 @@ impl Conversation {
 }
 
 /// A merge patch as the host must send it: the uid precondition of the
-/// pod it was given, and the annotations; nothing else.
-fn patch_body(annotations: Map<String, Value>) -> Value {
-    json!({ "metadata": { "uid": UID, "annotations": annotations } })
+/// pod it was given, the resource version of the read it decided from, and
+/// the annotations; nothing else.
+fn patch_body(annotations: Map<String, Value>, seen: u64) -> Value {
+    json!({
+        "metadata": {
+            "uid": UID,
+            "resourceVersion": seen.to_string(),
+            "annotations": annotations,
+        }
+    })
 }
 
 /// The events.k8s.io `action` each reason is recorded under.
@@ -275,6 +370,15 @@ fn ready_patch() -> Value {
         keys::LIFECYCLE_MESSAGE: null,
         keys::LIFECYCLE_OBSERVED_GENERATION: "3",
     })
+}
+
+/// After a successful attempt on a clone whose first NIC is static:
+/// `done`, the IP and the lifecycle in one write (there is nothing to
+/// wait for).
+fn done_and_ready_patch() -> Value {
+    let mut patch = ready_patch();
+    patch[keys::POST_CLONE_STATE] = json!("done");
+    patch
 }
 
 // ---- the host under test ----
@@ -357,20 +461,16 @@ impl Rig {
 // ---- the scenarios ----
 
 #[tokio::test(start_paused = true)]
-async fn success_marks_running_then_done_then_ready() {
+async fn success_marks_running_then_done_and_ready_in_one_write() {
     let rig = rig(vec![Reply::Done], &STATIC, HostConfig::default());
     let conversation = Conversation::new("fixup succeeds at once, static NIC", &pod(&[]))
         .get()
-        // Still this pod's, with work, before `running` is written.
-        .get()
-        // Its answer is the read before attempt 1: still this
-        // incarnation, no GET.
+        // Decided from that read: it lands only if the pod is unchanged.
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
-        .patch(json!({ keys::POST_CLONE_STATE: "done" }))
-        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
-        // The lifecycle as it is before the ready write.
-        .get()
-        .patch(ready_patch());
+        // Its answer is the read before attempt 1 and the one `done` and
+        // `ready` are decided from: no GET.
+        .patch(done_and_ready_patch())
+        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1");
     let (summary, calls) = rig.play(conversation, Trigger::Event).await;
     assert_eq!(summary.action, "fixup");
     assert_eq!(summary.fixup, Some("done"));
@@ -405,8 +505,6 @@ async fn exhaustion_chains_every_attempt_then_fails_the_pod() {
         line(3)
     );
     let mut conversation = Conversation::new("three failed attempts exhaust 7 s", &pod(&[]))
-        .get()
-        // Still this pod's, with work, before `running` is written.
         .get()
         // Its answer is the read before attempt 1.
         .patch(json!({ keys::POST_CLONE_STATE: "running" }));
@@ -512,26 +610,25 @@ async fn no_lease_in_time_runs_dhcp_recovery_then_fails_the_pod() {
     );
 }
 
-/// Another writer failed the pod while the host worked: the stack owns it
-/// now (spec section 8), so the read before the ready write ends the work
-/// and nothing is written, not even the IP.
+/// Another writer failed the pod while the attempt ran: the stack owns it
+/// now (spec section 8). The write of `done` and `ready`, decided from the
+/// read before the attempt, is refused as stale; decided again from the
+/// pod as it is now, it is `done` alone: no IP, no lifecycle.
 #[tokio::test(start_paused = true)]
 async fn a_pod_failed_elsewhere_gets_no_ready_write() {
     let rig = rig(vec![Reply::Done], &STATIC, HostConfig::default());
     let conversation = Conversation::new("another writer failed the pod meanwhile", &pod(&[]))
         .get()
-        // Still this pod's, with work, before `running` is written.
-        .get()
         // Its answer is the read before attempt 1.
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
-        .patch(json!({ keys::POST_CLONE_STATE: "done" }))
-        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
         .meanwhile(&[
             (keys::LIFECYCLE_STATE, "failed"),
             (keys::LIFECYCLE_MESSAGE, "marked failed elsewhere"),
             (keys::LIFECYCLE_OBSERVED_GENERATION, "3"),
         ])
-        .get();
+        .patch_stale(done_and_ready_patch())
+        .patch(json!({ keys::POST_CLONE_STATE: "done" }))
+        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1");
     let (summary, calls) = rig.play(conversation, Trigger::Event).await;
     assert_eq!(summary.fixup, Some("done"));
     assert_eq!(summary.readiness, Some("gone"));
@@ -547,14 +644,10 @@ async fn startup_resumes_a_running_fixup() {
     let conversation = Conversation::new("restart with post-clone-state=running", &running)
         .get()
         .event("Normal", reasons::RESUMED_AFTER_RESTART, "op=post_clone")
-        // Still this pod's, with work, before `running` is written.
-        .get()
         // Its answer is the read before attempt 1.
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
-        .patch(json!({ keys::POST_CLONE_STATE: "done" }))
-        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
-        .get()
-        .patch(ready_patch());
+        .patch(done_and_ready_patch())
+        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1");
     let (summary, calls) = rig.play(conversation, Trigger::Startup).await;
     assert_eq!(summary.action, "fixup");
     assert_eq!(summary.fixup, Some("done"));
@@ -600,8 +693,6 @@ async fn a_conflict_from_a_new_incarnation_stops_before_any_exec() {
     );
     let conversation = Conversation::new("409 on running, the pod was recreated", &pod(&[]))
         .get()
-        // Still this pod's, with work, before `running` is written.
-        .get()
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
         .refused(409, conflict)
         // The follow-up read that tells a race from a new incarnation.
@@ -623,8 +714,6 @@ async fn a_pod_deleted_between_attempts_stops_the_loop() {
     );
     let conversation = Conversation::new("pod deleted after attempt 1", &pod(&[]))
         .get()
-        // Still this pod's, with work, before `running` is written.
-        .get()
         // Its answer is the read before attempt 1.
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
         .event_with("Warning", reasons::EXEC_ATTEMPT_FAILED, |note| {
@@ -644,19 +733,15 @@ async fn a_lost_event_does_not_stop_the_fixup() {
     let rig = rig(vec![Reply::Done], &STATIC, HostConfig::default());
     let conversation = Conversation::new("the success event is refused", &pod(&[]))
         .get()
-        // Still this pod's, with work, before `running` is written.
-        .get()
         // Its answer is the read before attempt 1.
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
-        .patch(json!({ keys::POST_CLONE_STATE: "done" }))
+        .patch(done_and_ready_patch())
         .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
-        // Events are best effort: not retried, and the work goes on.
+        // Events are best effort: not retried, and nothing is undone.
         .refused(
             500,
             status(500, "InternalError", "etcdserver: request timed out"),
-        )
-        .get()
-        .patch(ready_patch());
+        );
     let (summary, _) = rig.play(conversation, Trigger::Event).await;
     assert_eq!(summary.readiness, Some("ready"));
 }
@@ -664,36 +749,73 @@ async fn a_lost_event_does_not_stop_the_fixup() {
 /// When the read before the ready write fails (after the client's
 /// retries), the host cannot tell whether the pod is still its own: it
 /// writes nothing (no IP next to a lifecycle left `creating`) and
-/// returns an error the daemon retries; the retry finds `done` and only
-/// waits for the IP again.
+/// returns an error the daemon retries.
 #[tokio::test(start_paused = true)]
 async fn a_failed_read_before_the_ready_write_writes_nothing_and_is_retried() {
     let rig = rig(vec![Reply::Done], &STATIC, HostConfig::default());
     let unavailable = || status(500, "InternalError", "etcdserver: request timed out");
-    let conversation = Conversation::new("the read before the ready write fails", &pod(&[]))
+    let done = pod(&[(keys::POST_CLONE_STATE, "done")]);
+    let conversation = Conversation::new("the read before the ready write fails", &done)
         .get()
-        // Still this pod's, with work, before `running` is written.
-        .get()
-        // Its answer is the read before attempt 1.
-        .patch(json!({ keys::POST_CLONE_STATE: "running" }))
-        .patch(json!({ keys::POST_CLONE_STATE: "done" }))
-        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
+        .event("Normal", reasons::RESUMED_AFTER_RESTART, "op=ready_wait")
         // Both tries of the fast retry policy fail; nothing follows.
         .get()
         .refused(500, unavailable())
         .get()
         .refused(500, unavailable());
-    let (result, calls) = rig.try_play(conversation, Trigger::Event).await;
+    let (result, calls) = rig.try_play(conversation, Trigger::Startup).await;
     let error = result.expect_err("no summary without the final read");
+    assert!(error.is_retryable(), "{error}");
+    assert_eq!(error.kind(), "api");
+    assert!(calls.is_empty());
+}
+
+/// When the write of `done` (with the IP and `ready`) fails after the
+/// client's retries, nothing is written and the error is one the daemon
+/// retries: `post-clone-state` is still `running`, so the retry runs the
+/// fixup again (plans are safe to run twice) rather than guessing.
+#[tokio::test(start_paused = true)]
+async fn a_failed_done_write_leaves_running_and_is_retried() {
+    let rig = rig(vec![Reply::Done], &STATIC, HostConfig::default());
+    let unavailable = || status(500, "InternalError", "etcdserver: request timed out");
+    let conversation = Conversation::new("the done write fails", &pod(&[]))
+        .get()
+        .patch(json!({ keys::POST_CLONE_STATE: "running" }))
+        .patch(done_and_ready_patch())
+        .refused(500, unavailable())
+        .patch(done_and_ready_patch())
+        .refused(500, unavailable());
+    let (result, calls) = rig.try_play(conversation, Trigger::Event).await;
+    let error = result.expect_err("no summary without the done write");
     assert!(error.is_retryable(), "{error}");
     assert_eq!(error.kind(), "api");
     assert_eq!(calls.len(), 1);
 }
 
+/// The pod was hibernated while cocoon was asked about its VM: the
+/// `running` write, decided from the read before, is refused as stale,
+/// and decided again from the pod as it is now it is no write at all.
+/// Nothing runs in the guest.
+#[tokio::test(start_paused = true)]
+async fn a_pod_hibernated_before_the_running_write_gets_nothing() {
+    let rig = rig(vec![Reply::Done], &STATIC, HostConfig::default());
+    let conversation = Conversation::new("hibernation requested during the inspect", &pod(&[]))
+        .get()
+        .meanwhile(&[("vm.cocoonstack.io/hibernate", "true")])
+        .patch_stale(json!({ keys::POST_CLONE_STATE: "running" }));
+    let (summary, calls) = rig.play(conversation, Trigger::Event).await;
+    assert_eq!(summary.fixup, Some("gone"));
+    assert_eq!(summary.attempts, 0);
+    assert!(
+        calls.is_empty(),
+        "nothing runs in a pod the stack took over"
+    );
+}
+
 /// The answer to the `running` write carries no usable pod (the metadata
 /// of another incarnation, which the host must not trust, or no pod at
 /// all): the host falls back to the GET before attempt 1, as before it read
-/// the answer, and the flow goes on to `done` and the ready write.
+/// the answer, and the flow goes on to the write of `done` and `ready`.
 #[rstest::rstest]
 #[case::another_incarnation(json!({
     "apiVersion": "v1",
@@ -713,17 +835,12 @@ async fn a_running_answer_without_the_pod_falls_back_to_a_read_before_attempt_1(
     let rig = rig(vec![Reply::Done], &STATIC, HostConfig::default());
     let conversation = Conversation::new("the running answer is no read", &pod(&[]))
         .get()
-        // Still this pod's, with work, before `running` is written.
-        .get()
         // Lands, but its answer is not this pod's.
         .patch_answering(json!({ keys::POST_CLONE_STATE: "running" }), stranger)
         // So the host reads the pod: still this incarnation before attempt 1.
         .get()
-        .patch(json!({ keys::POST_CLONE_STATE: "done" }))
-        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
-        // The lifecycle as it is before the ready write.
-        .get()
-        .patch(ready_patch());
+        .patch(done_and_ready_patch())
+        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1");
     let (summary, calls) = rig.play(conversation, Trigger::Event).await;
     assert_eq!(summary.action, "fixup");
     assert_eq!(summary.fixup, Some("done"));

@@ -212,13 +212,16 @@ fn expected_first_error(fault: Fault, program: &Path) -> Vec<String> {
 async fn guest_stderr_cannot_put_control_characters_into_events() {
     let rig = Rig::new(Fault::PrintsGarbage);
     let pods = MemoryPods::new();
-    pods.insert(pod(&[("vm.cocoonstack.io/id", VM)]));
+    let seen = pod(&[("vm.cocoonstack.io/id", VM)]);
+    pods.insert(seen.clone());
     let plan = two_step_plan();
     let exec = plan::render_exec(&plan);
     let vm = VmId::parse(VM).unwrap();
     let pod_ref = pod_ref();
     let job = FixupJob {
         pod: &pod_ref,
+        seen: &seen,
+        ready_ip: None,
         vm: &vm,
         scenario: Scenario::OciNetworkd,
         plan: &plan,
@@ -250,7 +253,8 @@ async fn guest_stderr_cannot_put_control_characters_into_events() {
 async fn a_broken_cocoon_is_an_attempt_error_and_the_loop_goes_on(#[case] fault: Fault) {
     let rig = Rig::new(fault);
     let pods = MemoryPods::new();
-    pods.insert(pod(&[("vm.cocoonstack.io/id", VM)]));
+    let seen = pod(&[("vm.cocoonstack.io/id", VM)]);
+    pods.insert(seen.clone());
     let plan = two_step_plan();
     let exec = plan::render_exec(&plan);
     let script = "#!/bin/sh\n";
@@ -258,6 +262,8 @@ async fn a_broken_cocoon_is_an_attempt_error_and_the_loop_goes_on(#[case] fault:
     let pod_ref = pod_ref();
     let job = FixupJob {
         pod: &pod_ref,
+        seen: &seen,
+        ready_ip: None,
         vm: &vm,
         scenario: Scenario::OciNetworkd,
         plan: &plan,
@@ -282,7 +288,11 @@ async fn a_broken_cocoon_is_an_attempt_error_and_the_loop_goes_on(#[case] fault:
     );
     let outcome = outcome.expect("the pod API works");
     let events = attempt_events(&pods);
-    let FixupOutcome::Done { attempts } = outcome else {
+    let FixupOutcome::Done {
+        attempts,
+        ready: None,
+    } = outcome
+    else {
         panic!("expected a later attempt to succeed, got {outcome:?}; events {events:#?}");
     };
     assert_eq!(
@@ -331,7 +341,8 @@ async fn a_cocoon_that_never_answers_exhausts_the_budget_with_every_attempt_chai
     )
     .unwrap();
     let pods = MemoryPods::new();
-    pods.insert(pod(&[("vm.cocoonstack.io/id", VM)]));
+    let seen = pod(&[("vm.cocoonstack.io/id", VM)]);
+    pods.insert(seen.clone());
     let plan = two_step_plan();
     let exec = plan::render_exec(&plan);
     let script = plan::render_script(&plan, &plan::ScriptHeader::default());
@@ -340,6 +351,8 @@ async fn a_cocoon_that_never_answers_exhausts_the_budget_with_every_attempt_chai
     let pod_ref = pod_ref();
     let job = FixupJob {
         pod: &pod_ref,
+        seen: &seen,
+        ready_ip: None,
         vm: &vm,
         scenario: Scenario::OciNetworkd,
         plan: &plan,
@@ -388,11 +401,17 @@ fn line(n: u32) -> String {
     )
 }
 
-fn pod_json(uid: &str, annotations: &serde_json::Map<String, Value>) -> Value {
+fn pod_json(uid: &str, annotations: &serde_json::Map<String, Value>, version: u64) -> Value {
     json!({
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "web-0", "namespace": "default", "uid": uid, "annotations": annotations},
+        "metadata": {
+            "name": "web-0",
+            "namespace": "default",
+            "uid": uid,
+            "annotations": annotations,
+            "resourceVersion": version.to_string(),
+        },
         "spec": {"nodeName": NODE, "containers": []},
     })
 }
@@ -401,6 +420,10 @@ fn pod_json(uid: &str, annotations: &serde_json::Map<String, Value>) -> Value {
 struct Server {
     uid: String,
     annotations: serde_json::Map<String, Value>,
+    /// The pod's resource version now, and that of the host's latest read
+    /// (its next PATCH carries it).
+    version: u64,
+    seen: u64,
     exchanges: Vec<Exchange>,
 }
 
@@ -414,23 +437,36 @@ impl Server {
         Server {
             uid: UID.into(),
             annotations,
+            version: 11,
+            seen: 0,
             exchanges: Vec::new(),
         }
     }
 
     fn get(mut self) -> Self {
-        let answer = pod_json(&self.uid, &self.annotations);
+        let answer = pod_json(&self.uid, &self.annotations, self.version);
+        self.seen = self.version;
         self.exchanges
             .push(Exchange::get(POD_PATH).respond(200, answer));
         self
     }
 
-    /// A PATCH that must carry exactly `annotations` under our uid,
-    /// answered `code` with `answer` (the pod changes only on 200, and a
-    /// 200 is answered with the pod as the write left it, which the host
-    /// may take as a read).
+    /// The body of a PATCH of `annotations`: our uid and the resource
+    /// version of the host's latest read as preconditions.
+    fn expected(&self, annotations: &Value) -> Value {
+        json!({"metadata": {
+            "uid": UID,
+            "resourceVersion": self.seen.to_string(),
+            "annotations": annotations,
+        }})
+    }
+
+    /// A PATCH that must carry exactly `annotations` under our uid and the
+    /// version read, answered `code` with `answer` (the pod changes only
+    /// on 200, and a 200 is answered with the pod as the write left it,
+    /// which the host may take as a read).
     fn patch(mut self, annotations: &Value, code: u16, answer: Value) -> Self {
-        let expected = json!({"metadata": {"uid": UID, "annotations": annotations}});
+        let expected = self.expected(annotations);
         if code == 200 {
             for (k, v) in annotations.as_object().unwrap() {
                 if v.is_null() {
@@ -439,9 +475,11 @@ impl Server {
                     self.annotations.insert(k.clone(), v.clone());
                 }
             }
+            self.version += 1;
+            self.seen = self.version;
         }
         let answer = if code == 200 {
-            pod_json(&self.uid, &self.annotations)
+            pod_json(&self.uid, &self.annotations, self.version)
         } else {
             answer
         };
@@ -455,7 +493,7 @@ impl Server {
 
     /// A PATCH that gets no answer: the client's request timeout fires.
     fn patch_unanswered(mut self, annotations: &Value) -> Self {
-        let expected = json!({"metadata": {"uid": UID, "annotations": annotations}});
+        let expected = self.expected(annotations);
         self.exchanges.push(
             Exchange::patch(POD_PATH)
                 .body(move |_, body| assert_eq!(body, &expected, "the patch body"))
@@ -492,6 +530,7 @@ impl Server {
     /// The pod is deleted and recreated under its name.
     fn recreated(mut self, uid: &str) -> Self {
         uid.clone_into(&mut self.uid);
+        self.version += 1;
         self
     }
 }
@@ -567,6 +606,18 @@ async fn play(
     (summary, cocoon)
 }
 
+/// After a successful attempt with a static first NIC: `done`, the IP and
+/// `ready` in one write.
+fn done_and_ready() -> Value {
+    json!({
+        keys::POST_CLONE_STATE: "done",
+        keys::IP: "10.0.0.5",
+        keys::LIFECYCLE_STATE: "ready",
+        keys::LIFECYCLE_MESSAGE: null,
+        keys::LIFECYCLE_OBSERVED_GENERATION: "3",
+    })
+}
+
 /// The exhaustion write as the host must send it, every time it is sent.
 fn failed_patch(hint: &str) -> Value {
     let errors = [line(1), line(2), line(3)].join("\n");
@@ -634,10 +685,9 @@ async fn the_exhaustion_write_survives_api_trouble_with_chain_and_hint_intact(
     } else {
         201
     };
-    // The second read: still this pod's, with work, before `running`. The
-    // answer to `running` is the read before attempt 1; attempts 2 and 3
-    // read the pod first.
-    let mut server = Server::new().get().get().patch(&running, 200, Value::Null);
+    // The answer to `running` is the read before attempt 1; attempts 2 and
+    // 3 read the pod first.
+    let mut server = Server::new().get().patch(&running, 200, Value::Null);
     for n in 1..=3 {
         if n > 1 {
             server = server.get();
@@ -677,31 +727,21 @@ async fn the_exhaustion_write_survives_api_trouble_with_chain_and_hint_intact(
 #[tokio::test(start_paused = true)]
 async fn a_conflict_on_the_running_write_is_retried_and_the_fixup_runs() {
     let running = json!({ keys::POST_CLONE_STATE: "running" });
-    let done = json!({ keys::POST_CLONE_STATE: "done" });
-    let ready = json!({
-        keys::IP: "10.0.0.5",
-        keys::LIFECYCLE_STATE: "ready",
-        keys::LIFECYCLE_MESSAGE: null,
-        keys::LIFECYCLE_OBSERVED_GENERATION: "3",
-    });
     let server = Server::new()
         .get()
-        // Still this pod's, with work, before `running` is written.
-        .get()
         .patch(&running, 409, conflict())
-        // The live uid is ours: a race, so the write is retried.
+        // The live uid is ours and the pod is at the version read: a race,
+        // so the write is retried.
         .get()
         .patch(&running, 500, unavailable())
         // The answer to the write that lands is the read before attempt 1.
         .patch(&running, 200, Value::Null)
-        .patch(&done, 200, Value::Null)
+        .patch(&done_and_ready(), 200, Value::Null)
         .event(
             reasons::SUCCEEDED,
             "kind=oci-networkd attempts=1".into(),
             201,
-        )
-        .get()
-        .patch(&ready, 200, Value::Null);
+        );
     let (summary, cocoon) = play(server, vec![Reply::Done], HostConfig::default()).await;
     assert_eq!(summary.fixup, Some("done"));
     assert_eq!(summary.readiness, Some("ready"));
@@ -715,14 +755,11 @@ async fn a_conflict_on_the_running_write_is_retried_and_the_fixup_runs() {
 #[tokio::test(start_paused = true)]
 async fn a_pod_deleted_between_read_and_patch_stops_everything() {
     let running = json!({ keys::POST_CLONE_STATE: "running" });
-    let done = json!({ keys::POST_CLONE_STATE: "done" });
     let server = Server::new()
-        .get()
-        // Still this pod's, with work, before `running` is written.
         .get()
         // Its answer is the read before attempt 1.
         .patch(&running, 200, Value::Null)
-        .patch(&done, 404, gone());
+        .patch(&done_and_ready(), 404, gone());
     let (summary, cocoon) = play(server, vec![Reply::Done], HostConfig::default()).await;
     assert_eq!(summary.fixup, Some("gone"));
     assert_eq!(summary.readiness, None);
@@ -736,10 +773,9 @@ async fn a_pod_deleted_between_read_and_patch_stops_everything() {
 async fn a_pod_recreated_before_the_exhaustion_write_gets_nothing() {
     let hint = expected_hint();
     let running = json!({ keys::POST_CLONE_STATE: "running" });
-    // The second read: still this pod's, with work, before `running`. The
-    // answer to `running` is the read before attempt 1; attempts 2 and 3
-    // read the pod first.
-    let mut server = Server::new().get().get().patch(&running, 200, Value::Null);
+    // The answer to `running` is the read before attempt 1; attempts 2 and
+    // 3 read the pod first.
+    let mut server = Server::new().get().patch(&running, 200, Value::Null);
     for n in 1..=3 {
         if n > 1 {
             server = server.get();

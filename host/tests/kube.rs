@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use fixup_host::facts::PodInput;
 use fixup_host::kube::{EVENT_PAGES, REPORTER, RetryPolicy};
-use fixup_host::pods::{AnnotationPatch, Event, PodApi, PodError, PodRef, reasons};
+use fixup_host::pods::{AnnotationPatch, Event, Guarded, PodApi, PodError, PodRef, reasons};
 use http::Method;
 use serde_json::{Value, json};
 use support::mock_api::{Exchange, NODE, Scenario, status};
@@ -94,6 +94,7 @@ async fn get_reads_an_existing_pod() {
             uid: Some("uid-1".into()),
             annotations: BTreeMap::from([("a".into(), "b".into())]),
             deleting: false,
+            resource_version: None,
         }))
     );
 }
@@ -152,6 +153,169 @@ async fn patch_sends_a_uid_guarded_merge_patch() {
     .run(|api| async move { api.patch_annotations(&pod_ref(), &patch()).await })
     .await;
     assert_eq!(result, Ok(()));
+}
+
+/// `pod_json` at a resource version.
+fn pod_at(uid: &str, version: &str, annotations: Value) -> Value {
+    let mut pod = pod_json("name", uid, annotations);
+    pod["metadata"]["resourceVersion"] = json!(version);
+    pod
+}
+
+/// The pod as the host read it, at resource version `version`.
+fn seen_at(version: Option<&str>) -> PodInput {
+    PodInput {
+        name: "name".into(),
+        namespace: "ns".into(),
+        uid: Some("uid-1".into()),
+        annotations: BTreeMap::new(),
+        deleting: false,
+        resource_version: version.map(str::to_owned),
+    }
+}
+
+fn modified() -> Value {
+    status(
+        409,
+        "Conflict",
+        "Operation cannot be fulfilled on pods \"name\": the object has been modified; please apply your changes to the latest version and try again",
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_decided_write_carries_the_reads_resource_version_and_no_read() {
+    let result = Scenario::new(
+        "guarded patch success",
+        vec![
+            patch_pod()
+                .body(|_, body| {
+                    assert_eq!(
+                        body["metadata"],
+                        json!({
+                            "uid": "uid-1",
+                            "resourceVersion": "41",
+                            "annotations": {
+                                "vm.cocoonstack.io/post-clone-state": "done",
+                                "vm.cocoonstack.io/post-clone-errors": null,
+                            },
+                        })
+                    );
+                })
+                .respond(
+                    200,
+                    pod_at(
+                        "uid-1",
+                        "42",
+                        json!({"vm.cocoonstack.io/post-clone-state": "done"}),
+                    ),
+                ),
+        ],
+    )
+    .run(|api| async move {
+        api.patch_if_unchanged(&pod_ref(), &patch(), &seen_at(Some("41")))
+            .await
+    })
+    .await;
+    let Ok(Guarded::Written(Some(answer))) = result else {
+        panic!("expected a write with the pod answered, got {result:?}");
+    };
+    assert_eq!(answer.resource_version.as_deref(), Some("42"));
+    assert_eq!(
+        answer.annotation("vm.cocoonstack.io/post-clone-state"),
+        "done"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_decided_write_on_a_changed_pod_is_refused_with_the_pod_now() {
+    let result = Scenario::new(
+        "guarded patch 409, the pod moved to another version",
+        vec![
+            patch_pod().respond(409, modified()),
+            Exchange::get(POD_PATH).respond(
+                200,
+                pod_at(
+                    "uid-1",
+                    "43",
+                    json!({"vm.cocoonstack.io/hibernate": "true"}),
+                ),
+            ),
+        ],
+    )
+    .run(|api| async move {
+        api.patch_if_unchanged(&pod_ref(), &patch(), &seen_at(Some("41")))
+            .await
+    })
+    .await;
+    let Ok(Guarded::Changed(now)) = result else {
+        panic!("expected the pod as it is now, got {result:?}");
+    };
+    assert_eq!(now.resource_version.as_deref(), Some("43"));
+    assert_eq!(now.annotation("vm.cocoonstack.io/hibernate"), "true");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_decided_write_conflicting_at_the_same_version_is_retried() {
+    let result = Scenario::new(
+        "guarded patch 409, the pod still at the version read, patch again",
+        vec![
+            patch_pod().respond(409, modified()),
+            Exchange::get(POD_PATH).respond(200, pod_at("uid-1", "41", json!({}))),
+            patch_pod()
+                .body(|_, body| assert_eq!(body["metadata"]["resourceVersion"], "41"))
+                .respond(200, pod_at("uid-1", "42", json!({}))),
+        ],
+    )
+    .run(|api| async move {
+        api.patch_if_unchanged(&pod_ref(), &patch(), &seen_at(Some("41")))
+            .await
+    })
+    .await;
+    assert!(
+        matches!(result, Ok(Guarded::Written(Some(_)))),
+        "{result:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_decided_write_on_a_replaced_pod_is_gone() {
+    let result = Scenario::new(
+        "guarded patch 409, the pod was recreated",
+        vec![
+            patch_pod().respond(409, conflict()),
+            Exchange::get(POD_PATH).respond(200, pod_at("uid-2", "1", json!({}))),
+        ],
+    )
+    .run(|api| async move {
+        api.patch_if_unchanged(&pod_ref(), &patch(), &seen_at(Some("41")))
+            .await
+    })
+    .await;
+    assert_eq!(
+        result,
+        Err(PodError::Gone {
+            pod: "ns/name".into()
+        })
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_decided_write_from_a_read_without_a_version_reads_first() {
+    let result = Scenario::new(
+        "no version to guard with: read, then the uid-guarded patch",
+        vec![
+            Exchange::get(POD_PATH).respond(200, pod_json("name", "uid-1", json!({}))),
+            patch_pod()
+                .body(|_, body| assert!(body["metadata"].get("resourceVersion").is_none()))
+                .respond(200, patched_pod()),
+        ],
+    )
+    .run(|api| async move {
+        api.patch_if_unchanged(&pod_ref(), &patch(), &seen_at(None))
+            .await
+    })
+    .await;
+    assert!(matches!(result, Ok(Guarded::Written(_))), "{result:?}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -135,6 +135,7 @@ pub fn hostile_clone(name: &str) -> PodInput {
         uid: Some(format!("uid-{name}")),
         annotations,
         deleting: false,
+        resource_version: None,
     }
 }
 

@@ -5,8 +5,9 @@
 //!
 //! - `GET /api/v1/namespaces/<ns>/pods/<name>`: the pod (404 for others);
 //! - `PATCH` of the same path: a JSON merge patch of `metadata.annotations`
-//!   with the `metadata.uid` precondition (409 Conflict when it is not the
-//!   pod's uid, as the real API server answers);
+//!   with the `metadata.uid` precondition, and the `metadata.resourceVersion`
+//!   one when the patch has it (409 Conflict when either is not the pod's,
+//!   as the real API server answers);
 //! - `POST /apis/events.k8s.io/v1/namespaces/<ns>/events`: recorded;
 //! - `GET` of the same path: the recorded events of that namespace (and
 //!   those a test added, [`FakeApi::add_event`]) as an `EventList`, only
@@ -244,6 +245,20 @@ async fn handle(State(shared): State<Shared>, method: Method, uri: Uri, body: By
                 let message = format!(
                     "Precondition failed: UID in precondition: {}, UID in object meta: {}",
                     patch["metadata"]["uid"], uid
+                );
+                return json_response(
+                    StatusCode::CONFLICT,
+                    &status_body(409, "Conflict", &message),
+                );
+            }
+            // A resourceVersion in the patch is a precondition too, as the
+            // API server applies it.
+            let version = &patch["metadata"]["resourceVersion"];
+            if !version.is_null() && *version != state.pod["metadata"]["resourceVersion"] {
+                state.patches.push((patch.clone(), 409));
+                let message = format!(
+                    "Operation cannot be fulfilled on pods {}: the object has been modified; please apply your changes to the latest version and try again",
+                    state.pod["metadata"]["name"]
                 );
                 return json_response(
                     StatusCode::CONFLICT,

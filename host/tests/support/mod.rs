@@ -186,6 +186,7 @@ pub fn pod(extra: &[(&str, &str)]) -> PodInput {
         uid: Some(UID.into()),
         annotations,
         deleting: false,
+        resource_version: None,
     }
 }
 
