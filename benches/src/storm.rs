@@ -26,7 +26,7 @@ use fixup_host::apply::{ReadyConfig, RetryConfig};
 use fixup_host::host::{Host, HostConfig, Trigger};
 use fixup_host::kube::{KubeApi, REPORTER};
 use fixup_host::metrics::Metrics;
-use fixup_host::pods::keys;
+use fixup_host::pods::{Event, PodApi, PodRef, keys, reasons};
 use fixup_host::ready::{DEFAULT_LEASE_POLL, LeaseWatcher};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
@@ -117,6 +117,12 @@ pub struct StormResult {
     pub standins_rss_kib: u64,
     /// The most execs the runner saw running at once.
     pub most_execs_at_once: u64,
+    /// After the storm, through the same client: one GET of each storm
+    /// pod, and one event about each, all started at once like the flows;
+    /// the host's CPU time per request. What the requests of a fixup cost
+    /// at the least.
+    pub cpu_per_get_us: f64,
+    pub cpu_per_event_us: f64,
 }
 
 /// Run the storm on a runtime of its own. Fails if any flow does not end
@@ -157,6 +163,7 @@ async fn storm(config: &StormConfig) -> anyhow::Result<StormResult> {
         REPORTER,
         Some(crate::standins::NODE.to_owned()),
     );
+    let requests = pods.clone();
     let cocoon = RemoteCocoon::new(&standins.ready.socket);
     let leases = Arc::new(LeaseWatcher::new(
         scratch.path().join("leases.json"),
@@ -240,6 +247,28 @@ async fn storm(config: &StormConfig) -> anyhow::Result<StormResult> {
             "storm pod {i} published {ip:?}"
         );
     }
+    let cpu_per_get_us = cpu_per_request(config.fixups, |i| {
+        let pods = requests.clone();
+        async move {
+            let name = Case::cycle(i).pod_name(i);
+            pods.get(NAMESPACE, &name).await.map(drop)
+        }
+    })
+    .await?;
+    let cpu_per_event_us = cpu_per_request(config.fixups, |i| {
+        let pods = requests.clone();
+        let summary = &summaries[i];
+        let pod = PodRef {
+            namespace: NAMESPACE.to_owned(),
+            name: Case::cycle(i).pod_name(i),
+            uid: summary.uid.clone(),
+        };
+        async move {
+            let event = Event::normal(reasons::SUCCEEDED, "kind=oci-networkd attempts=1");
+            pods.event(&pod, &event).await
+        }
+    })
+    .await?;
     Ok(StormResult {
         fixups: config.fixups,
         exec_delay_ms: ms(config.exec_delay),
@@ -262,14 +291,32 @@ async fn storm(config: &StormConfig) -> anyhow::Result<StormResult> {
         api_events: observed.events,
         standins_rss_kib: standins.rss_kib(),
         most_execs_at_once: observed.most_execs_at_once,
+        cpu_per_get_us,
+        cpu_per_event_us,
     })
+}
+
+/// `count` requests (`request(i)`), all started at once as tasks; the
+/// process's CPU time per request, microseconds.
+async fn cpu_per_request<F, Fut>(count: usize, request: F) -> anyhow::Result<f64>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<(), fixup_host::pods::PodError>> + Send + 'static,
+{
+    let cpu_before = process::cpu_time();
+    let tasks: Vec<_> = (0..count).map(|i| tokio::spawn(request(i))).collect();
+    for task in tasks {
+        task.await??;
+    }
+    let cpu = process::cpu_time().saturating_sub(cpu_before);
+    Ok(cpu.as_secs_f64() * 1e6 / count.max(1) as f64)
 }
 
 /// The size of what a flow in flight holds, bytes: the whole `Host::handle`
 /// future (what each spawned task keeps until it ends) and the pieces it
 /// awaits. Futures are built, measured and dropped, never polled.
 pub fn future_sizes() -> anyhow::Result<std::collections::BTreeMap<&'static str, usize>> {
-    use fixup_host::pods::{AnnotationPatch, PodApi, PodRef};
+    use fixup_host::pods::AnnotationPatch;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

@@ -92,6 +92,9 @@ enum Cmd {
         retry_interval_ms: u64,
         #[arg(long)]
         cache_dir: Option<PathBuf>,
+        /// tokio worker threads (default: one per core, as the daemon).
+        #[arg(long)]
+        workers: Option<usize>,
     },
     /// The fake API server and the runner, for a storm or a serve run in
     /// another process (started by them; serves until stdin closes).
@@ -181,6 +184,7 @@ fn main() -> anyhow::Result<()> {
             fail_first_every,
             retry_interval_ms,
             cache_dir,
+            workers,
         } => print_json(&{
             #[cfg(feature = "dhat-heap")]
             let _profiler = dhat::Profiler::new_heap();
@@ -190,7 +194,7 @@ fn main() -> anyhow::Result<()> {
                 fail_first_every,
                 retry_interval: Duration::from_millis(retry_interval_ms),
                 cache_dir,
-                workers: None,
+                workers,
                 place: fixup_bench::standins::Place::Process,
                 fixups_in_flight: fixup_host::host::DEFAULT_FIXUPS_IN_FLIGHT,
             })?
@@ -896,6 +900,30 @@ fn report(config: &ReportConfig) -> anyhow::Result<String> {
             r.api_events as f64 / n
         )
     });
+    both(
+        "one API request alone, CPU (a GET of a pod; an event)",
+        &|r| {
+            format!(
+                "{}; {}",
+                human_ns(r.cpu_per_get_us * 1e3),
+                human_ns(r.cpu_per_event_us * 1e3)
+            )
+        },
+    );
+    both(
+        "the fixup's API requests at that price (GETs for reads and patches)",
+        &|r| {
+            let n = r.fixups.max(1) as f64;
+            let others = (r.api_requests - r.api_events) as f64 / n;
+            let events = r.api_events as f64 / n;
+            let floor = others * r.cpu_per_get_us + events * r.cpu_per_event_us;
+            format!(
+                "{} ({:.0} % of the fixup)",
+                human_ns(floor * 1e3),
+                100.0 * floor / r.cpu_per_fixup_us.max(1e-9)
+            )
+        },
+    );
     both(
         "resident before the storm (planner, runtime, client)",
         &|r| mib(r.rss_before_kib),
