@@ -358,9 +358,13 @@ impl PodInput {
             }
         }
         let deleting = present(meta.get("deletionTimestamp")).is_some();
-        let resource_version = r
-            .opt_string(meta, "resourceVersion", "metadata.resourceVersion")?
-            .filter(|version| !version.is_empty());
+        // Only ever used as a write precondition: a pod file without a
+        // usable one simply has none.
+        let resource_version = meta
+            .get("resourceVersion")
+            .and_then(Value::as_str)
+            .filter(|version| !version.is_empty())
+            .map(str::to_owned);
         Ok(PodInput {
             name,
             namespace,

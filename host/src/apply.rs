@@ -224,11 +224,33 @@ pub enum Decided {
     Skipped(PodInput),
     /// The pod was deleted or replaced: nothing more is written for it.
     Gone,
+    /// Nothing written: the pod changed under each of [`DECIDE_ROUNDS`]
+    /// writes in a row; `.0` is it as last read.
+    Unsettled(PodInput),
 }
 
 /// How many times in a row [`write_decided`] decides again for a pod that
-/// changed under its write before it gives up (the caller tries later).
+/// changed under its write before it gives up.
 pub const DECIDE_ROUNDS: u32 = 5;
+
+/// The error for [`Decided::Unsettled`] where the caller has no other
+/// way: a transient API error, so the work is tried again later.
+pub fn unsettled(pod: &PodRef) -> PodError {
+    PodError::Api {
+        pod: pod.to_string(),
+        reason: format!(
+            "the pod changed under each of {DECIDE_ROUNDS} writes in a row; the write is tried again later"
+        ),
+    }
+}
+
+/// Whether `pod` already holds everything `patch` writes (a removal: the
+/// key is absent).
+fn holds(pod: &PodInput, patch: &AnnotationPatch) -> bool {
+    patch
+        .iter()
+        .all(|(key, value)| pod.annotations.get(key) == value.as_ref())
+}
 
 /// Decide a write from `current` (a read of the pod: `decide` returns
 /// `None` for no write) and make it only while the pod is still as read
@@ -253,17 +275,22 @@ pub async fn write_decided<P: PodApi>(
                     answer,
                 });
             }
+            // A write that landed while its answer was lost (a timeout,
+            // a server error after the commit) is refused when tried
+            // again, since it moved the version on: the pod then already
+            // holds it.
+            Ok(Guarded::Changed(now)) if holds(&now, &patch) => {
+                return Ok(Decided::Written {
+                    from: current,
+                    answer: Some(now),
+                });
+            }
             Ok(Guarded::Changed(now)) => current = now,
             Err(PodError::Gone { .. }) => return Ok(Decided::Gone),
             Err(e) => return Err(e),
         }
     }
-    Err(PodError::Api {
-        pod: pod.to_string(),
-        reason: format!(
-            "the pod changed under each of {DECIDE_ROUNDS} writes in a row; the write is tried again later"
-        ),
-    })
+    Ok(Decided::Unsettled(current))
 }
 
 /// The IP and lifecycle `ready`, for a pod that is still ours: its
@@ -300,6 +327,8 @@ pub async fn run_fixup<C: Cocoon, P: PodApi>(
     let mut fresh = match running {
         Decided::Written { answer, .. } => answer,
         Decided::Skipped(_) | Decided::Gone => return Ok(FixupOutcome::Gone { attempts: 0 }),
+        // Nothing ran yet: the whole work is tried again later.
+        Decided::Unsettled(_) => return Err(unsettled(pod)),
     };
     let start = Instant::now();
     let deadline = start + retry.budget;
@@ -349,7 +378,11 @@ pub async fn run_fixup<C: Cocoon, P: PodApi>(
 
 /// An attempt succeeded: `done`, and for a static first NIC the IP and
 /// `ready` in the same write while the pod is still ours, decided from
-/// `seen` (the read before the attempt) or, without one, a read now.
+/// `seen` (the read before the attempt). Without a read to decide from, or
+/// when the pod keeps changing under the write, `done` goes alone (any
+/// state of the pod takes it; the uid still guards it) and the IP wait
+/// that follows decides the ready write from its own read: a finished
+/// exec is never run again for want of a settled read.
 async fn succeeded<P: PodApi>(
     pods: &P,
     job: &FixupJob<'_>,
@@ -357,32 +390,40 @@ async fn succeeded<P: PodApi>(
     seen: Option<PodInput>,
 ) -> Result<FixupOutcome, PodError> {
     let pod = job.pod;
-    let current = match seen {
-        Some(current) => current,
-        None => match read_now(pods, pod).await? {
-            Some(current) => current,
-            None => return Ok(FixupOutcome::Gone { attempts }),
-        },
+    let decided = match seen {
+        Some(current) => Some(
+            write_decided(pods, pod, current, |current| {
+                let mut patch = state_patch(PostCloneState::Done);
+                if let Some(ip) = job.ready_ip
+                    && still_ours(current, pod, job.vm)
+                {
+                    patch.extend(ready_patch(current, ip));
+                }
+                Some(patch)
+            })
+            .await?,
+        ),
+        None => None,
     };
-    let decided = write_decided(pods, pod, current, |current| {
-        let mut patch = state_patch(PostCloneState::Done);
-        if let Some(ip) = job.ready_ip
-            && still_ours(current, pod, job.vm)
-        {
-            patch.extend(ready_patch(current, ip));
-        }
-        Some(patch)
-    })
-    .await?;
     let ready = match decided {
-        Decided::Written { from, .. } => job.ready_ip.map(|ip| {
+        Some(Decided::Written { from, .. }) => job.ready_ip.map(|ip| {
             if still_ours(&from, pod, job.vm) {
                 ReadyOutcome::Ready { ip }
             } else {
                 ReadyOutcome::Gone
             }
         }),
-        Decided::Skipped(_) | Decided::Gone => return Ok(FixupOutcome::Gone { attempts }),
+        Some(Decided::Skipped(_) | Decided::Gone) => return Ok(FixupOutcome::Gone { attempts }),
+        None | Some(Decided::Unsettled(_)) => {
+            match pods
+                .patch_annotations(pod, &state_patch(PostCloneState::Done))
+                .await
+            {
+                Ok(()) => None,
+                Err(PodError::Gone { .. }) => return Ok(FixupOutcome::Gone { attempts }),
+                Err(e) => return Err(e),
+            }
+        }
     };
     emit(
         pods,
@@ -431,12 +472,16 @@ async fn exhausted<P: PodApi>(
     let event = Event::warning(reasons::EXEC_EXHAUSTED, summary.clone());
     let record = match (decided, record) {
         (Ok(Decided::Written { .. }), Some(record)) => record,
-        (Ok(_), _) => return Ok(FixupOutcome::Gone { attempts }),
         // Told even when the record cannot be written.
+        (Ok(Decided::Unsettled(_)), _) => {
+            emit(pods, pod, event).await;
+            return Err(unsettled(pod));
+        }
         (Err(e), _) => {
             emit(pods, pod, event).await;
             return Err(e);
         }
+        (Ok(_), _) => return Ok(FixupOutcome::Gone { attempts }),
     };
     if let Some(e) = &record.hint_left_out {
         tracing::warn!(pod = %pod, error = %e, "the failure record was written without the hint");
@@ -530,6 +575,7 @@ pub async fn wait_ready<C: Cocoon, P: PodApi>(
         Decided::Written { .. } => {}
         Decided::Skipped(current) if still_ours(&current, pod, &facts.id) => {}
         Decided::Skipped(_) | Decided::Gone => return Ok(ReadyOutcome::Gone),
+        Decided::Unsettled(_) => return Err(unsettled(pod)),
     }
     let outcome = match ip {
         Some(ip) => ReadyOutcome::Ready { ip },

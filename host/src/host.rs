@@ -980,6 +980,10 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
                 return Ok(summary);
             }
             // Told even when the record cannot be written.
+            Ok(Decided::Unsettled(_)) => {
+                self.emit(pod, event).await;
+                return Err(apply::unsettled(pod).into());
+            }
             Err(e) => {
                 self.emit(pod, event).await;
                 return Err(e.into());

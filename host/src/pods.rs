@@ -147,7 +147,16 @@ pub async fn read_then_patch<P: PodApi + ?Sized>(
     }
     let unchanged = match (&now.resource_version, &seen.resource_version) {
         (Some(now), Some(seen)) => now == seen,
-        _ => now == *seen,
+        // Without both versions, the same metadata.
+        _ => {
+            PodInput {
+                resource_version: None,
+                ..now.clone()
+            } == PodInput {
+                resource_version: None,
+                ..seen.clone()
+            }
+        }
     };
     if !unchanged {
         return Ok(Guarded::Changed(now));

@@ -202,6 +202,32 @@ impl Conversation {
         .get()
     }
 
+    /// The host merge-patches these annotations under the uid
+    /// precondition alone (a write any state of the pod takes).
+    fn patch_unguarded(mut self, annotations: Value) -> Self {
+        let Value::Object(expected) = annotations else {
+            panic!("annotations must be a JSON object");
+        };
+        let before = self.clone_state();
+        let body = json!({ "metadata": { "uid": UID, "annotations": expected.clone() } });
+        for (k, v) in &expected {
+            match v {
+                Value::String(v) => self.annotations.insert(k.clone(), v.clone()),
+                Value::Null => self.annotations.remove(k),
+                other => panic!("annotation {k} must be a string or null, not {other}"),
+            };
+        }
+        self.version += 1;
+        self.seen = self.version;
+        let answer = self.pod_json();
+        self.step_from(
+            before,
+            Exchange::patch(POD_PATH)
+                .body(move |_, found| assert_eq!(found, &body))
+                .respond(200, answer),
+        )
+    }
+
     /// A PATCH of `annotations` answered `200` with `answer`, or with the
     /// pod as the write left it when `None`.
     fn patch_then(mut self, annotations: Value, answer: Option<Value>) -> Self {
@@ -790,6 +816,37 @@ async fn a_failed_done_write_leaves_running_and_is_retried() {
     assert!(error.is_retryable(), "{error}");
     assert_eq!(error.kind(), "api");
     assert_eq!(calls.len(), 1);
+}
+
+/// The pod changes under every write of `done` and `ready` (another
+/// writer touches it each time): after five rounds the host stops
+/// deciding, writes `done` alone under the uid precondition (any state of
+/// the pod takes it; the exec is never run again for want of a settled
+/// read), and the IP wait decides the ready write from its own read.
+#[tokio::test(start_paused = true)]
+async fn a_pod_that_keeps_changing_gets_done_alone_then_the_ready_write() {
+    let rig = rig(vec![Reply::Done], &STATIC, HostConfig::default());
+    let mut conversation =
+        Conversation::new("another writer touches the pod again and again", &pod(&[]))
+            .get()
+            .patch(json!({ keys::POST_CLONE_STATE: "running" }));
+    for round in 1..=5 {
+        let touched = round.to_string();
+        conversation = conversation
+            .meanwhile(&[("example.com/touched", touched.as_str())])
+            .patch_stale(done_and_ready_patch());
+    }
+    let conversation = conversation
+        .patch_unguarded(json!({ keys::POST_CLONE_STATE: "done" }))
+        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
+        // The IP wait's own read, then the ready write decided from it.
+        .get()
+        .patch(ready_patch());
+    let (summary, calls) = rig.play(conversation, Trigger::Event).await;
+    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(summary.readiness, Some("ready"));
+    assert_eq!(summary.ip.as_deref(), Some("10.0.0.5"));
+    assert_eq!(calls.len(), 1, "the exec ran once");
 }
 
 /// The pod was hibernated while cocoon was asked about its VM: the

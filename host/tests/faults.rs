@@ -491,6 +491,26 @@ impl Server {
         self
     }
 
+    /// A PATCH that lands (the pod changes, its version moves on) but whose
+    /// answer is lost: the server fails it with `500` after the commit.
+    fn patch_landed_unanswered(mut self, annotations: &Value) -> Self {
+        let expected = self.expected(annotations);
+        for (k, v) in annotations.as_object().unwrap() {
+            if v.is_null() {
+                self.annotations.remove(k);
+            } else {
+                self.annotations.insert(k.clone(), v.clone());
+            }
+        }
+        self.version += 1;
+        self.exchanges.push(
+            Exchange::patch(POD_PATH)
+                .body(move |_, body| assert_eq!(body, &expected, "the patch body"))
+                .respond(500, unavailable()),
+        );
+        self
+    }
+
     /// A PATCH that gets no answer: the client's request timeout fires.
     fn patch_unanswered(mut self, annotations: &Value) -> Self {
         let expected = self.expected(annotations);
@@ -666,6 +686,9 @@ enum Trouble {
     ConflictWithOurUid,
     NoAnswer,
     EventsLostToo,
+    /// The write lands but its answer is lost; tried again, it is refused
+    /// (the version moved on), and the pod read then holds the record.
+    LandedAnswerLost,
 }
 
 #[rstest]
@@ -673,6 +696,7 @@ enum Trouble {
 #[case::conflict_with_our_uid(Trouble::ConflictWithOurUid)]
 #[case::no_answer(Trouble::NoAnswer)]
 #[case::events_lost_too(Trouble::EventsLostToo)]
+#[case::landed_answer_lost(Trouble::LandedAnswerLost)]
 #[tokio::test(start_paused = true)]
 async fn the_exhaustion_write_survives_api_trouble_with_chain_and_hint_intact(
     #[case] trouble: Trouble,
@@ -706,16 +730,20 @@ async fn the_exhaustion_write_survives_api_trouble_with_chain_and_hint_intact(
         Trouble::ConflictWithOurUid => server.patch(&failed, 409, conflict()).get(),
         Trouble::NoAnswer => server.patch_unanswered(&failed),
         Trouble::EventsLostToo => server,
+        Trouble::LandedAnswerLost => server
+            .patch_landed_unanswered(&failed)
+            .patch(&failed, 409, conflict())
+            .get(),
     };
     let summary_line = format!(
         "post-clone fixup oci-networkd failed after 3 attempt(s) in 7s: {}",
         line(3)
     );
-    let server = server.patch(&failed, 200, Value::Null).event(
-        reasons::EXEC_EXHAUSTED,
-        summary_line,
-        event_code,
-    );
+    // The write that lands, unless it already did.
+    if !matches!(trouble, Trouble::LandedAnswerLost) {
+        server = server.patch(&failed, 200, Value::Null);
+    }
+    let server = server.event(reasons::EXEC_EXHAUSTED, summary_line, event_code);
     let (summary, cocoon) = play(server, vec![Reply::Exit(1, STEP4_FAILED)], exhausting()).await;
     assert_eq!(summary.fixup, Some("exhausted"));
     assert_eq!(summary.errors, [line(1), line(2), line(3)]);
