@@ -9,6 +9,8 @@
 //! - `fixup-bench ready [...]`: the readiness reaction, as JSON.
 //! - `fixup-bench loop WORKLOAD`: one workload in a loop, to run under a
 //!   profiler (`perf record -g fixup-bench loop cold-cache`).
+//! - `fixup-bench plan-process [--runs N] [--binary PATH] [--cache-dir DIR]`:
+//!   the plan-process figure alone (whole `cocoon-fixup` processes), as JSON.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -126,6 +128,21 @@ enum Cmd {
         #[arg(long, default_value_t = 1000)]
         iterations: usize,
     },
+    /// Whole `cocoon-fixup` processes (`--version`, `plan` of the bundled
+    /// examples), as in the report, printed alone as JSON: medians and the
+    /// ratios against `--version` measured in the same run.
+    PlanProcess {
+        /// Processes per command, in turns.
+        #[arg(long, default_value_t = 40)]
+        runs: usize,
+        /// The `cocoon-fixup` binary (default: beside this one).
+        #[arg(long)]
+        binary: Option<PathBuf>,
+        /// A cache directory to warm and use (kept); default: a temporary
+        /// one, warmed first and removed at the end.
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
+    },
     /// Lease written by rename to IP published.
     Ready {
         #[arg(long, default_value_t = 200)]
@@ -232,6 +249,30 @@ fn main() -> anyhow::Result<()> {
             cache_dir,
             ..ReadyRunConfig::default()
         })?),
+        Cmd::PlanProcess {
+            runs,
+            binary,
+            cache_dir,
+        } => {
+            let binary = cocoon_fixup_binary(binary)?;
+            let scratch = tempfile::tempdir()?;
+            let cache = cache_dir.unwrap_or_else(|| scratch.path().join("cache"));
+            cases::warm_cache(&cache)?;
+            let processes = plan_processes(&binary, &cache, runs)?;
+            let baseline = processes.first().map_or(Duration::ZERO, |(_, d)| *d);
+            print_json(&PlanProcessResult {
+                binary: binary.display().to_string(),
+                runs,
+                commands: processes
+                    .iter()
+                    .map(|(label, d)| PlanProcessRow {
+                        command: label.clone(),
+                        median_ms: ms(*d),
+                        vs_version: dns(*d) / dns(baseline),
+                    })
+                    .collect(),
+            })
+        }
         Cmd::Report {
             criterion_dir: dir,
             cold_runs,
@@ -244,15 +285,7 @@ fn main() -> anyhow::Result<()> {
             output,
         } => {
             let dir = dir.unwrap_or_else(|| criterion_dir(&workspace_root()));
-            let binary = match cocoon_fixup {
-                Some(path) => path,
-                None => std::env::current_exe()?.with_file_name("cocoon-fixup"),
-            };
-            anyhow::ensure!(
-                binary.is_file(),
-                "{} is missing: build it first (`cargo build --release -p fixup-host --bin cocoon-fixup`) or pass --cocoon-fixup",
-                binary.display()
-            );
+            let binary = cocoon_fixup_binary(cocoon_fixup)?;
             let table = report(&ReportConfig {
                 criterion: dir,
                 cold_runs,
@@ -271,6 +304,38 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// The `cocoon-fixup` binary to measure: the one given, else the one beside
+/// this binary.
+fn cocoon_fixup_binary(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let binary = match given {
+        Some(path) => path,
+        None => std::env::current_exe()?.with_file_name("cocoon-fixup"),
+    };
+    anyhow::ensure!(
+        binary.is_file(),
+        "{} is missing: build it first (`cargo build --release -p fixup-host --bin cocoon-fixup`) or pass its path",
+        binary.display()
+    );
+    Ok(binary)
+}
+
+/// What `plan-process` prints.
+#[derive(Debug, Serialize)]
+struct PlanProcessResult {
+    binary: String,
+    runs: usize,
+    /// `--version` first, then the examples.
+    commands: Vec<PlanProcessRow>,
+}
+
+#[derive(Debug, Serialize)]
+struct PlanProcessRow {
+    command: String,
+    median_ms: f64,
+    /// This median over `--version`'s, same run.
+    vs_version: f64,
 }
 
 fn run_loop(workload: Workload, iterations: usize) -> anyhow::Result<()> {
