@@ -16,8 +16,8 @@ use crate::facts::{FactError, ImageKind, Observation, VmFacts, VmId};
 use crate::plan::{self, Plan, PlanError, PlanLimits, ScriptHeader};
 use crate::plugin::registry::NoPlugin;
 use crate::plugin::{
-    CallStats, EngineOptions, LoadError, LoadFailure, LoadedPlugin, Origin, PluginError,
-    PluginHost, Selection,
+    Allocation, CallStats, EngineOptions, LoadError, LoadFailure, LoadedPlugin, Origin,
+    PluginError, PluginHost, Selection,
 };
 use crate::probe::{OverlayProbe, ProbeError};
 
@@ -332,7 +332,18 @@ impl Planner {
         options: PlannerOptions,
         files: &[PathBuf],
     ) -> Result<(Self, Vec<LoadFailure>), PlannerError> {
-        let mut plugins = PluginHost::new(options.engine)?;
+        Self::with_allocation(options, files, Allocation::Pooling)
+    }
+
+    /// [`with_files`](Self::with_files), the engine allocating plugin
+    /// instances as `allocation` says ([`Allocation::OnDemand`] for a
+    /// one-shot command that makes a few calls and exits).
+    pub fn with_allocation(
+        options: PlannerOptions,
+        files: &[PathBuf],
+        allocation: Allocation,
+    ) -> Result<(Self, Vec<LoadFailure>), PlannerError> {
+        let mut plugins = PluginHost::with_allocation(options.engine, allocation)?;
         plugins.load_builtins()?;
         let mut failures = match &options.plugin_dir {
             Some(dir) => plugins.load_dir(dir)?,

@@ -18,6 +18,7 @@ use fixup_host::metrics::Metrics;
 use fixup_host::oci::{self, PluginRef, RegistryOptions, Tags};
 use fixup_host::plan::{self, Action};
 use fixup_host::planner::{PlanOutcome, Planner};
+use fixup_host::plugin::Allocation;
 use fixup_host::plugin::cache::CacheOwner;
 use fixup_host::ready::LeaseWatcher;
 use fixup_host::reload::{self, QuarantineFile, Reloader};
@@ -350,16 +351,20 @@ fn failed_file(path: &Path, settings: &Settings, pinned: &[PathBuf]) -> String {
     }
 }
 
-/// The planner for `plan`: a plugin file that does not load is an error,
-/// so a vendor sees it before a node does.
+/// The planner for `plan` and `capture`: a plugin file that does not load
+/// is an error, so a vendor sees it before a node does. A one-shot
+/// process makes a few plugin calls and exits, so its engine sets up no
+/// instance pool ([`Allocation::OnDemand`]: the same limits, the same
+/// plans, the same cache entries).
 fn planner(settings: &Settings) -> Result<Planner> {
     let pinned = if settings.pinned.references.is_empty() {
         Vec::new()
     } else {
         runtime()?.block_on(pinned_files(settings))?
     };
-    let (planner, failures) = Planner::with_files(settings.planner.clone(), &pinned)
-        .context("starting the plugin host")?;
+    let (planner, failures) =
+        Planner::with_allocation(settings.planner.clone(), &pinned, Allocation::OnDemand)
+            .context("starting the plugin host")?;
     if !failures.is_empty() {
         for f in &failures {
             eprintln!(

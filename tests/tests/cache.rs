@@ -13,7 +13,7 @@ use fixup_host::classify::Scenario;
 use fixup_host::plugin::builtin::BUILTINS;
 use fixup_host::plugin::cache::{ArtifactCache, CacheError, CacheOutcome};
 use fixup_host::plugin::trusted::Untrusted;
-use fixup_host::plugin::{EngineOptions, PluginHost};
+use fixup_host::plugin::{Allocation, EngineOptions, PluginHost};
 use fixup_tests::facts;
 
 /// A uid no test machine gives to the user running the tests.
@@ -138,6 +138,44 @@ fn second_load_hits_and_corruption_is_rebuilt() {
         .lookup(host.engine(), &wasm, &digest)
         .expect("rebuilds");
     assert_eq!(fifth, CacheOutcome::Rebuilt);
+}
+
+/// A one-shot engine (no instance pool) has the same engine key as the
+/// daemon's: it hits the entries the daemon wrote and its plugins plan the
+/// same plans.
+#[test]
+fn an_on_demand_engine_shares_the_cache_and_plans_the_same() {
+    let place = place();
+    let nic = [("52:54:00:aa:bb:01", Some("10.0.0.5/24"))];
+    let plan_of = |host: &PluginHost, scenario: Scenario| {
+        let selection = host.registry().select(scenario, None).expect("a plugin");
+        host.plan(&selection.plugin, scenario, &facts("web-0", None, &nic))
+            .expect("plans")
+            .0
+    };
+    let (first, cache) = place.first_start(false);
+    let mut one_shot =
+        PluginHost::with_allocation(place.options(), Allocation::OnDemand).expect("engine");
+    let shared = place.open(&one_shot).expect("cache");
+    assert_eq!(
+        shared.entry_path("x"),
+        cache.entry_path("x"),
+        "the same engine key"
+    );
+    one_shot.load_builtins().expect("built-ins");
+    assert_eq!(
+        plan_of(&one_shot, Scenario::OciNetworkd),
+        plan_of(&first, Scenario::OciNetworkd)
+    );
+    let (_, outcome) = shared
+        .lookup(
+            one_shot.engine(),
+            builtin("cloudimg"),
+            &sha(builtin("cloudimg")),
+        )
+        .expect("loads");
+    assert_eq!(outcome, CacheOutcome::Hit);
+    assert_eq!(place.entries(), 4, "nothing compiled again");
 }
 
 #[test]

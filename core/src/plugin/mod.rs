@@ -68,7 +68,8 @@ pub const DEFAULT_PLUGIN_DIR: &str = "/etc/cocoon-fixup/plugins";
 
 /// How often the engine's epoch advances: the granularity of every plugin
 /// call's wall-clock deadline ([`Limits::deadline`]). A thread per
-/// [`PluginHost`] ticks it and stops when the host is dropped.
+/// [`PluginHost`] ticks it from the host's first plugin call and stops
+/// when the host is dropped.
 pub const EPOCH_TICK: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Advances an engine's epoch every [`EPOCH_TICK`] until dropped.
@@ -428,10 +429,27 @@ impl Default for EngineOptions {
     }
 }
 
+/// How the engine allocates plugin instances. Either way a call has the
+/// same limits (its Store's limiter and fuel) and makes the same plan;
+/// the setting is not part of the cache's engine key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Allocation {
+    /// Slots reserved up front ([`EngineOptions::slots`]) and reused: the
+    /// cheapest calls, for a process that makes many (the daemon, `run`,
+    /// an embedder).
+    #[default]
+    Pooling,
+    /// Memory mapped for each instance when it is made: no pool to set up,
+    /// for a process that makes a few calls and exits (`plan`).
+    OnDemand,
+}
+
 /// The engine and the plugins it has loaded.
 pub struct PluginHost {
     engine: Engine,
-    _ticker: EpochTicker,
+    /// Started at the first plugin call: a process that calls none (a
+    /// `plan` that needs no fixup) starts no thread.
+    ticker: OnceLock<EpochTicker>,
     limits: Limits,
     slots: u32,
     in_flight: std::sync::atomic::AtomicUsize,
@@ -459,18 +477,38 @@ fn engine_error(e: impl fmt::Display) -> PluginError {
 }
 
 impl PluginHost {
-    /// Build the engine. No plugin is loaded yet.
+    /// Build the engine, with the pooling allocator. No plugin is loaded
+    /// yet.
     pub fn new(options: EngineOptions) -> Result<Self, PluginError> {
+        Self::with_allocation(options, Allocation::Pooling)
+    }
+
+    /// [`new`](Self::new), allocating instances as `allocation` says.
+    pub fn with_allocation(
+        options: EngineOptions,
+        allocation: Allocation,
+    ) -> Result<Self, PluginError> {
         let mut config = Config::new();
         config.consume_fuel(true);
         config.epoch_interruption(true);
-        let mut pool = PoolingAllocationConfig::default();
         let slots = options.slots.max(1);
+        if allocation == Allocation::Pooling {
+            config.allocation_strategy(InstanceAllocationStrategy::Pooling(Self::pool(
+                slots,
+                &options.limits,
+            )));
+        }
+        Self::finish(&config, options, slots)
+    }
+
+    /// The pool of [`Allocation::Pooling`]: `slots` instances.
+    fn pool(slots: u32, limits: &Limits) -> PoolingAllocationConfig {
+        let mut pool = PoolingAllocationConfig::default();
         pool.total_component_instances(slots)
             .total_core_instances(slots.saturating_mul(8))
             .total_memories(slots.saturating_mul(2))
             .total_tables(slots.saturating_mul(8))
-            .max_memory_size(options.limits.memory_bytes)
+            .max_memory_size(limits.memory_bytes)
             // Measured (BENCHMARKS.md): keeping linear memory resident makes
             // every slot's first call fault in and zero 2 MiB (0.7 ms);
             // unmapping it and keeping the small tables resident instead
@@ -478,8 +516,12 @@ impl PluginHost {
             // the four built-ins about 3.6 ms instead of 7 ms.
             .linear_memory_keep_resident(0)
             .table_keep_resident(64 << 10);
-        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        let engine = Engine::new(&config).map_err(engine_error)?;
+        pool
+    }
+
+    /// The engine of `config` and its cache.
+    fn finish(config: &Config, options: EngineOptions, slots: u32) -> Result<Self, PluginError> {
+        let engine = Engine::new(config).map_err(engine_error)?;
         // The cache is an optimisation: one that is refused is a warning,
         // and every plugin is compiled instead.
         let cache = options.cache_dir.as_deref().and_then(|dir| {
@@ -496,10 +538,9 @@ impl PluginHost {
                 .ok()
                 .map(Arc::new)
         });
-        let ticker = EpochTicker::start(&engine)?;
         Ok(PluginHost {
             engine,
-            _ticker: ticker,
+            ticker: OnceLock::new(),
             limits: options.limits,
             slots,
             in_flight: std::sync::atomic::AtomicUsize::new(0),
@@ -509,6 +550,16 @@ impl PluginHost {
             cache,
             registry: Registry::default(),
         })
+    }
+
+    /// Start the epoch ticker unless it runs: every call's deadline
+    /// counts its ticks. (Two threads may both start one; the one not
+    /// kept is dropped, which stops it.)
+    fn ticking(&self) -> Result<(), PluginError> {
+        if self.ticker.get().is_none() {
+            let _ = self.ticker.set(EpochTicker::start(&self.engine)?);
+        }
+        Ok(())
     }
 
     /// The engine, for callers that manage their own cache.
@@ -759,6 +810,7 @@ impl PluginHost {
         let label = origin.to_string();
         let (described, _) = {
             let _in_flight = InFlight::enter(&self.in_flight);
+            self.ticking()?;
             call(&self.engine, &self.limits, &label, |store| {
                 pre.describe(store)
             })?
@@ -877,6 +929,7 @@ impl PluginHost {
         let (result, stats) = {
             let _in_flight = InFlight::enter(&self.in_flight);
             let pre = plugin.pre()?;
+            self.ticking()?;
             call(&self.engine, &self.limits, name, |store| {
                 pre.plan(store, wit_scenario, &wit_facts)
             })?
