@@ -198,9 +198,9 @@ async fn watch_open(standins: &Standins, client: &kube::Client) -> anyhow::Resul
     Ok(())
 }
 
-/// Wait until the marker's fixup has written its three patches
-/// (`running`, `done`, the IP) after `patches_before` patches in all: no
-/// other pod is ever patched.
+/// Wait until the marker's fixup has written its two patches (`running`,
+/// then `done` with the IP and `ready`: its first NIC is static) after
+/// `patches_before` patches in all: no other pod is ever patched.
 async fn marker_written(
     standins: &Standins,
     client: &kube::Client,
@@ -209,7 +209,7 @@ async fn marker_written(
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let observed = standins.observed(client, false).await?;
-        if observed.patches >= patches_before + 3 {
+        if observed.patches >= patches_before + 2 {
             return Ok(observed);
         }
         anyhow::ensure!(
@@ -239,8 +239,8 @@ mod tests {
             place: Place::Thread,
         })
         .unwrap();
-        // The marker's two fixups, three patches each: no idle pod was
+        // The marker's two fixups, two patches each: no idle pod was
         // written.
-        assert_eq!(result.api_patches, 6, "{result:?}");
+        assert_eq!(result.api_patches, 4, "{result:?}");
     }
 }
