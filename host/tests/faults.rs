@@ -794,6 +794,27 @@ async fn a_pod_deleted_between_read_and_patch_stops_everything() {
     assert_eq!(cocoon.calls().len(), 1);
 }
 
+/// The pod is deleted while the attempt runs: the write of `done` and
+/// `ready` is refused (409, the pod changed), and the read that follows
+/// finds no pod. Nothing more is sent.
+#[tokio::test(start_paused = true)]
+async fn a_pod_deleted_before_the_done_write_gets_nothing_more() {
+    let running = json!({ keys::POST_CLONE_STATE: "running" });
+    let server = Server::new().get().patch(&running, 200, Value::Null).patch(
+        &done_and_ready(),
+        409,
+        conflict(),
+    );
+    let mut server = server;
+    server
+        .exchanges
+        .push(Exchange::get(POD_PATH).respond(404, gone()));
+    let (summary, cocoon) = play(server, vec![Reply::Done], HostConfig::default()).await;
+    assert_eq!(summary.fixup, Some("gone"));
+    assert_eq!(summary.readiness, None);
+    assert_eq!(cocoon.calls().len(), 1);
+}
+
 /// The pod is recreated (another uid) between the read before the
 /// exhaustion write and the write: the 409 is checked against the live
 /// uid, which is not ours, so nothing is written to the new pod.
