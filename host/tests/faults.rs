@@ -800,12 +800,12 @@ async fn a_pod_deleted_between_read_and_patch_stops_everything() {
 #[tokio::test(start_paused = true)]
 async fn a_pod_deleted_before_the_done_write_gets_nothing_more() {
     let running = json!({ keys::POST_CLONE_STATE: "running" });
-    let server = Server::new().get().patch(&running, 200, Value::Null).patch(
+    let mut server = Server::new().get().patch(&running, 200, Value::Null).patch(
         &done_and_ready(),
         409,
         conflict(),
     );
-    let mut server = server;
+    // The read after the 409 finds no pod.
     server
         .exchanges
         .push(Exchange::get(POD_PATH).respond(404, gone()));
