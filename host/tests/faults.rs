@@ -777,38 +777,26 @@ async fn a_conflict_on_the_running_write_is_retried_and_the_fixup_runs() {
 }
 
 /// The pod is deleted between the read before an attempt (for attempt 1:
-/// the answer to the `running` write) and the write after it: the host
-/// stops; nothing more is sent (the mock fails on any request it does not
-/// list).
+/// the answer to the `running` write) and the write after it: the write
+/// of `done` and `ready` gets 404, or 409 (the pod changed) and then the
+/// read that follows finds no pod. The host stops; nothing more is sent
+/// (the mock fails on any request it does not list).
+#[rstest]
+#[case::not_found(false)]
+#[case::changed_then_not_found(true)]
 #[tokio::test(start_paused = true)]
-async fn a_pod_deleted_between_read_and_patch_stops_everything() {
+async fn a_pod_deleted_between_read_and_patch_stops_everything(#[case] changed_first: bool) {
     let running = json!({ keys::POST_CLONE_STATE: "running" });
-    let server = Server::new()
-        .get()
-        // Its answer is the read before attempt 1.
-        .patch(&running, 200, Value::Null)
-        .patch(&done_and_ready(), 404, gone());
-    let (summary, cocoon) = play(server, vec![Reply::Done], HostConfig::default()).await;
-    assert_eq!(summary.fixup, Some("gone"));
-    assert_eq!(summary.readiness, None);
-    assert_eq!(cocoon.calls().len(), 1);
-}
-
-/// The pod is deleted while the attempt runs: the write of `done` and
-/// `ready` is refused (409, the pod changed), and the read that follows
-/// finds no pod. Nothing more is sent.
-#[tokio::test(start_paused = true)]
-async fn a_pod_deleted_before_the_done_write_gets_nothing_more() {
-    let running = json!({ keys::POST_CLONE_STATE: "running" });
-    let mut server = Server::new().get().patch(&running, 200, Value::Null).patch(
-        &done_and_ready(),
-        409,
-        conflict(),
-    );
-    // The read after the 409 finds no pod.
-    server
-        .exchanges
-        .push(Exchange::get(POD_PATH).respond(404, gone()));
+    // Its answer is the read before attempt 1.
+    let mut server = Server::new().get().patch(&running, 200, Value::Null);
+    if changed_first {
+        server = server.patch(&done_and_ready(), 409, conflict());
+        server
+            .exchanges
+            .push(Exchange::get(POD_PATH).respond(404, gone()));
+    } else {
+        server = server.patch(&done_and_ready(), 404, gone());
+    }
     let (summary, cocoon) = play(server, vec![Reply::Done], HostConfig::default()).await;
     assert_eq!(summary.fixup, Some("gone"));
     assert_eq!(summary.readiness, None);

@@ -174,6 +174,21 @@ fn seen_at(version: Option<&str>) -> PodInput {
     }
 }
 
+/// `patch_if_unchanged` of [`patch`] on `ns/name`, read at `version`,
+/// against the conversation `exchanges`.
+async fn decided_write(
+    name: &'static str,
+    exchanges: Vec<Exchange>,
+    version: Option<&'static str>,
+) -> Result<Guarded, PodError> {
+    Scenario::new(name, exchanges)
+        .run(|api| async move {
+            api.patch_if_unchanged(&pod_ref(), &patch(), &seen_at(version))
+                .await
+        })
+        .await
+}
+
 fn modified() -> Value {
     status(
         409,
@@ -184,7 +199,7 @@ fn modified() -> Value {
 
 #[tokio::test(start_paused = true)]
 async fn a_decided_write_carries_the_reads_resource_version_and_no_read() {
-    let result = Scenario::new(
+    let result = decided_write(
         "guarded patch success",
         vec![
             patch_pod()
@@ -210,11 +225,8 @@ async fn a_decided_write_carries_the_reads_resource_version_and_no_read() {
                     ),
                 ),
         ],
+        Some("41"),
     )
-    .run(|api| async move {
-        api.patch_if_unchanged(&pod_ref(), &patch(), &seen_at(Some("41")))
-            .await
-    })
     .await;
     let Ok(Guarded::Written(Some(answer))) = result else {
         panic!("expected a write with the pod answered, got {result:?}");
@@ -228,7 +240,7 @@ async fn a_decided_write_carries_the_reads_resource_version_and_no_read() {
 
 #[tokio::test(start_paused = true)]
 async fn a_decided_write_on_a_changed_pod_is_refused_with_the_pod_now() {
-    let result = Scenario::new(
+    let result = decided_write(
         "guarded patch 409, the pod moved to another version",
         vec![
             patch_pod().respond(409, modified()),
@@ -241,11 +253,8 @@ async fn a_decided_write_on_a_changed_pod_is_refused_with_the_pod_now() {
                 ),
             ),
         ],
+        Some("41"),
     )
-    .run(|api| async move {
-        api.patch_if_unchanged(&pod_ref(), &patch(), &seen_at(Some("41")))
-            .await
-    })
     .await;
     let Ok(Guarded::Changed(now)) = result else {
         panic!("expected the pod as it is now, got {result:?}");
@@ -256,7 +265,7 @@ async fn a_decided_write_on_a_changed_pod_is_refused_with_the_pod_now() {
 
 #[tokio::test(start_paused = true)]
 async fn a_decided_write_conflicting_at_the_same_version_is_retried() {
-    let result = Scenario::new(
+    let result = decided_write(
         "guarded patch 409, the pod still at the version read, patch again",
         vec![
             patch_pod().respond(409, modified()),
@@ -265,11 +274,8 @@ async fn a_decided_write_conflicting_at_the_same_version_is_retried() {
                 .body(|_, body| assert_eq!(body["metadata"]["resourceVersion"], "41"))
                 .respond(200, pod_at("uid-1", "42", json!({}))),
         ],
+        Some("41"),
     )
-    .run(|api| async move {
-        api.patch_if_unchanged(&pod_ref(), &patch(), &seen_at(Some("41")))
-            .await
-    })
     .await;
     assert!(
         matches!(result, Ok(Guarded::Written(Some(_)))),
@@ -279,17 +285,14 @@ async fn a_decided_write_conflicting_at_the_same_version_is_retried() {
 
 #[tokio::test(start_paused = true)]
 async fn a_decided_write_on_a_replaced_pod_is_gone() {
-    let result = Scenario::new(
+    let result = decided_write(
         "guarded patch 409, the pod was recreated",
         vec![
             patch_pod().respond(409, conflict()),
             Exchange::get(POD_PATH).respond(200, pod_at("uid-2", "1", json!({}))),
         ],
+        Some("41"),
     )
-    .run(|api| async move {
-        api.patch_if_unchanged(&pod_ref(), &patch(), &seen_at(Some("41")))
-            .await
-    })
     .await;
     assert_eq!(
         result,
@@ -301,7 +304,7 @@ async fn a_decided_write_on_a_replaced_pod_is_gone() {
 
 #[tokio::test(start_paused = true)]
 async fn a_decided_write_from_a_read_without_a_version_reads_first() {
-    let result = Scenario::new(
+    let result = decided_write(
         "no version to guard with: read, then the uid-guarded patch",
         vec![
             Exchange::get(POD_PATH).respond(200, pod_json("name", "uid-1", json!({}))),
@@ -309,11 +312,8 @@ async fn a_decided_write_from_a_read_without_a_version_reads_first() {
                 .body(|_, body| assert!(body["metadata"].get("resourceVersion").is_none()))
                 .respond(200, patched_pod()),
         ],
+        None,
     )
-    .run(|api| async move {
-        api.patch_if_unchanged(&pod_ref(), &patch(), &seen_at(None))
-            .await
-    })
     .await;
     assert!(matches!(result, Ok(Guarded::Written(_))), "{result:?}");
 }
