@@ -309,6 +309,22 @@ pub struct PlanOutcome {
     pub composed: Option<ComposedPlan>,
 }
 
+impl PlanOutcome {
+    /// The outcome of a VM that needs no fixup (`decision.fixup` is
+    /// `None`): nothing to plan, so no plugin is asked. A caller that
+    /// classifies first ([`classify::classify`]) answers it without
+    /// building a planner.
+    pub fn nothing(decision: Decision) -> Self {
+        debug_assert!(decision.fixup.is_none(), "{decision:?} needs a fixup");
+        PlanOutcome {
+            decision,
+            scenario: None,
+            image: ImageKind::Unknown,
+            composed: None,
+        }
+    }
+}
+
 /// Turns observations into plans. Build once, call per VM.
 #[derive(Debug)]
 pub struct Planner {
@@ -389,12 +405,7 @@ impl Planner {
     pub fn plan(&self, obs: &Observation) -> Result<PlanOutcome, PlannerError> {
         let decision = classify::classify(obs);
         let Some(fixup) = decision.fixup else {
-            return Ok(PlanOutcome {
-                decision,
-                scenario: None,
-                image: ImageKind::Unknown,
-                composed: None,
-            });
+            return Ok(PlanOutcome::nothing(decision));
         };
         let image = if decision.needs_image_kind() {
             self.image_kind(obs)?

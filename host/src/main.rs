@@ -9,6 +9,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use fixup_host::binding::{self, BindingPolicy, Verdict};
+use fixup_host::classify;
 use fixup_host::cocoon::CocoonCli;
 use fixup_host::config::{ConfigArgs, PluginConfigArgs, Settings};
 use fixup_host::facts::{BootKind, Observation, Overrides, PodInput, VmInspect};
@@ -45,6 +46,10 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Classify a VM and print the fixup plan for it (nothing is run).
+    ///
+    /// Plugins are loaded only when the VM needs a fixup, and then only
+    /// those its scenario selects (check every plugin file with `plugin
+    /// inspect` or `plugin test`).
     ///
     /// Example:
     ///   cocoon-fixup plan --pod examples/oci-static/pod.json --vm examples/oci-static/vm.json
@@ -765,14 +770,20 @@ fn run_plan(args: &PlanArgs, config: Option<&Path>) -> Result<u8> {
             ))
         );
     }
-    let planner = planner(&settings)?;
-    let outcome = planner.plan(&obs).with_context(|| {
-        format!(
-            "planning from {} and {}",
-            args.pod.display(),
-            args.vm.display()
-        )
-    })?;
+    // Classified first: a VM that needs no fixup is answered without an
+    // engine or a plugin (the planner classifies the same way).
+    let decision = classify::classify(&obs);
+    let outcome = if decision.fixup.is_none() {
+        PlanOutcome::nothing(decision)
+    } else {
+        planner(&settings)?.plan(&obs).with_context(|| {
+            format!(
+                "planning from {} and {}",
+                args.pod.display(),
+                args.vm.display()
+            )
+        })?
+    };
     match args.output {
         Output::Json => {
             let mut report = outcome.report(&obs);

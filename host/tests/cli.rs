@@ -159,6 +159,41 @@ fn a_missing_plugin_dir_is_an_error_and_a_broken_plugin_stops_plan() {
     );
 }
 
+/// Classified first: a VM that needs no fixup (every NIC on DHCP) is
+/// answered without loading a plugin, so the broken file that stops
+/// `plan` for a VM that needs one (above) is not read, and no cache entry
+/// is written.
+#[test]
+fn a_vm_that_needs_no_fixup_loads_no_plugin() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir(&plugins).expect("mkdir");
+    std::fs::write(plugins.join("broken.wasm"), b"\0asm\x01\0\0\0").expect("write");
+    let cache = dir.path().join("cache");
+    let out = Command::new(env!("CARGO_BIN_EXE_cocoon-fixup"))
+        .arg("plan")
+        .args(example_args("no-fixup"))
+        .arg("--cocoon-root")
+        .arg(examples().join("cocoon-root"))
+        .arg("--plugin-dir")
+        .arg(&plugins)
+        .arg("--cache-dir")
+        .arg(&cache)
+        .env_remove("COCOON_FIXUP_PLUGIN_DIR")
+        .output()
+        .expect("binary runs");
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("no fixup needed"),
+        "{}",
+        text(&out.stdout)
+    );
+    let entries = std::fs::read_dir(&cache)
+        .map(|d| d.count())
+        .unwrap_or_default();
+    assert_eq!(entries, 0, "a plan with no fixup wrote cache entries");
+}
+
 #[test]
 fn help_explains_the_plan_command() {
     let out = Command::new(env!("CARGO_BIN_EXE_cocoon-fixup"))
