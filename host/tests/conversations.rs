@@ -210,14 +210,7 @@ impl Conversation {
         };
         let before = self.clone_state();
         let body = json!({ "metadata": { "uid": UID, "annotations": expected.clone() } });
-        for (k, v) in &expected {
-            match v {
-                Value::String(v) => self.annotations.insert(k.clone(), v.clone()),
-                Value::Null => self.annotations.remove(k),
-                other => panic!("annotation {k} must be a string or null, not {other}"),
-            };
-        }
-        self.version += 1;
+        self.apply(&expected);
         self.seen = self.version;
         let answer = self.pod_json();
         self.step_from(
@@ -226,6 +219,19 @@ impl Conversation {
                 .body(move |_, found| assert_eq!(found, &body))
                 .respond(200, answer),
         )
+    }
+
+    /// The write of `annotations` lands: a null removes one; the
+    /// version moves on.
+    fn apply(&mut self, annotations: &serde_json::Map<String, Value>) {
+        for (k, v) in annotations {
+            match v {
+                Value::String(v) => self.annotations.insert(k.clone(), v.clone()),
+                Value::Null => self.annotations.remove(k),
+                other => panic!("annotation {k} must be a string or null, not {other}"),
+            };
+        }
+        self.version += 1;
     }
 
     /// A PATCH of `annotations` answered `200` with `answer`, or with the
@@ -240,14 +246,7 @@ impl Conversation {
             "a write decided from a stale read: use patch_stale"
         );
         let body = patch_body(expected.clone(), self.seen);
-        for (k, v) in &expected {
-            match v {
-                Value::String(v) => self.annotations.insert(k.clone(), v.clone()),
-                Value::Null => self.annotations.remove(k),
-                other => panic!("annotation {k} must be a string or null, not {other}"),
-            };
-        }
-        self.version += 1;
+        self.apply(&expected);
         // Only an answer that is the pod is a read.
         if answer.is_none() {
             self.seen = self.version;

@@ -468,14 +468,7 @@ impl Server {
     fn patch(mut self, annotations: &Value, code: u16, answer: Value) -> Self {
         let expected = self.expected(annotations);
         if code == 200 {
-            for (k, v) in annotations.as_object().unwrap() {
-                if v.is_null() {
-                    self.annotations.remove(k);
-                } else {
-                    self.annotations.insert(k.clone(), v.clone());
-                }
-            }
-            self.version += 1;
+            self.apply(annotations);
             self.seen = self.version;
         }
         let answer = if code == 200 {
@@ -491,10 +484,9 @@ impl Server {
         self
     }
 
-    /// A PATCH that lands (the pod changes, its version moves on) but whose
-    /// answer is lost: the server fails it with `500` after the commit.
-    fn patch_landed_unanswered(mut self, annotations: &Value) -> Self {
-        let expected = self.expected(annotations);
+    /// The write of `annotations` lands: a null removes one; the
+    /// version moves on.
+    fn apply(&mut self, annotations: &Value) {
         for (k, v) in annotations.as_object().unwrap() {
             if v.is_null() {
                 self.annotations.remove(k);
@@ -503,6 +495,13 @@ impl Server {
             }
         }
         self.version += 1;
+    }
+
+    /// A PATCH that lands (the pod changes, its version moves on) but whose
+    /// answer is lost: the server fails it with `500` after the commit.
+    fn patch_landed_unanswered(mut self, annotations: &Value) -> Self {
+        let expected = self.expected(annotations);
+        self.apply(annotations);
         self.exchanges.push(
             Exchange::patch(POD_PATH)
                 .body(move |_, body| assert_eq!(body, &expected, "the patch body"))
