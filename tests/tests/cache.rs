@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use fixup_host::classify::Scenario;
 use fixup_host::plugin::builtin::BUILTINS;
-use fixup_host::plugin::cache::{ArtifactCache, CacheError, CacheOutcome};
+use fixup_host::plugin::cache::{ArtifactCache, CacheError, CacheOutcome, MAGIC};
 use fixup_host::plugin::trusted::Untrusted;
 use fixup_host::plugin::{Allocation, EngineOptions, PluginHost};
 use fixup_tests::facts;
@@ -176,6 +176,111 @@ fn an_on_demand_engine_shares_the_cache_and_plans_the_same() {
         .expect("loads");
     assert_eq!(outcome, CacheOutcome::Hit);
     assert_eq!(place.entries(), 4, "nothing compiled again");
+}
+
+/// An entry holds the artifact from its first byte (so it can be mapped
+/// and run in place), then the magic and the MAC: a change to the
+/// trailer's MAC, to the magic, or a byte appended after it, is refused
+/// and the entry compiled again.
+#[test]
+fn a_tampered_trailer_is_rebuilt() {
+    let place = place();
+    let host = engine();
+    let cache = place.open(&host).expect("cache");
+    let wasm = hostile();
+    let digest = sha(&wasm);
+    cache
+        .lookup(host.engine(), &wasm, &digest)
+        .expect("compiles");
+    let path = cache.entry_path(&digest);
+    let genuine = std::fs::read(&path).expect("entry");
+    assert!(
+        genuine.starts_with(b"\x7fELF"),
+        "the artifact comes first, as wasmtime maps it"
+    );
+    let magic_at = genuine.len() - 32 - MAGIC.len();
+    assert_eq!(&genuine[magic_at..magic_at + MAGIC.len()], MAGIC);
+
+    /// What to change in a genuine entry.
+    type Tamper = fn(&mut Vec<u8>, usize);
+    let tampered: [(&str, Tamper); 4] = [
+        ("the MAC's last byte", |e, _| *e.last_mut().unwrap() ^= 1),
+        ("the magic", |e, magic_at| e[magic_at] ^= 1),
+        ("a byte appended", |e, _| e.push(0)),
+        ("the ELF header", |e, _| e[20] ^= 0x40),
+    ];
+    for (what, tamper) in tampered {
+        let mut entry = genuine.clone();
+        tamper(&mut entry, magic_at);
+        std::fs::write(&path, &entry).expect("tamper");
+        let (_, outcome) = cache
+            .lookup(host.engine(), &wasm, &digest)
+            .expect("rebuilds");
+        assert_eq!(outcome, CacheOutcome::Rebuilt, "{what}");
+        let (_, outcome) = cache.lookup(host.engine(), &wasm, &digest).expect("loads");
+        assert_eq!(outcome, CacheOutcome::Hit, "{what}: rebuilt and good again");
+    }
+}
+
+/// An entry of the earlier format (magic and MAC before the artifact),
+/// even one authentic under the same key, is not loaded: it is compiled
+/// again in the current format.
+#[test]
+fn an_entry_of_the_earlier_format_is_rebuilt() {
+    let place = place();
+    let host = engine();
+    let cache = place.open(&host).expect("cache");
+    let wasm = hostile();
+    let digest = sha(&wasm);
+    cache
+        .lookup(host.engine(), &wasm, &digest)
+        .expect("compiles");
+    let path = cache.entry_path(&digest);
+    let current = std::fs::read(&path).expect("entry");
+    let (artifact, trailer) = current.split_at(current.len() - 32 - MAGIC.len());
+    let mut old = b"cfxc\0v1\0".to_vec();
+    old.extend_from_slice(&trailer[MAGIC.len()..]);
+    old.extend_from_slice(artifact);
+    std::fs::write(&path, &old).expect("old format");
+    let (_, outcome) = cache
+        .lookup(host.engine(), &wasm, &digest)
+        .expect("rebuilds");
+    assert_eq!(outcome, CacheOutcome::Rebuilt);
+    assert_eq!(std::fs::read(&path).expect("entry"), current, "rewritten");
+}
+
+/// A hit is mapped, not copied: the component loaded from the mapped
+/// entry plans what the compiled one plans.
+#[test]
+fn a_mapped_entry_plans_as_the_compiled_plugin() {
+    let place = place();
+    let nic = [("52:54:00:aa:bb:01", Some("10.0.0.5/24"))];
+    let plan_of = |host: &PluginHost| {
+        let selection = host
+            .registry()
+            .select(Scenario::OciNetworkd, None)
+            .expect("oci-networkd");
+        host.plan(
+            &selection.plugin,
+            Scenario::OciNetworkd,
+            &facts("web-0", None, &nic),
+        )
+        .expect("plans")
+        .0
+    };
+    let (first, cache) = place.first_start(false);
+    let compiled = plan_of(&first);
+    let mut second = PluginHost::new(place.options()).expect("engine");
+    second.load_builtins().expect("built-ins");
+    let (_, outcome) = cache
+        .lookup(
+            second.engine(),
+            builtin("oci-networkd"),
+            &sha(builtin("oci-networkd")),
+        )
+        .expect("loads");
+    assert_eq!(outcome, CacheOutcome::Hit);
+    assert_eq!(plan_of(&second), compiled);
 }
 
 #[test]

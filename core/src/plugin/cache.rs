@@ -9,16 +9,21 @@
 //!   writable by others (a root-owned sticky ancestor such as `/tmp`
 //!   excepted); the cache directory itself must be the effective user's.
 //!   It is created 0700. Entries are opened without following links.
-//! - **Every entry is authenticated** with HMAC-SHA256 under a key only
-//!   the host's user can read ([`CacheKey`]), over the plugin's sha256, the
+//! - **Every entry is authenticated** with a MAC under a key only the
+//!   host's user can read ([`CacheKey`]; keyed BLAKE3 for the artifacts,
+//!   HMAC-SHA256 for the describe records), over the plugin's sha256, the
 //!   engine's compatibility key and the artifact bytes. An entry copied
 //!   from another plugin, another engine or another key, or changed in any
 //!   byte, fails the check and is compiled again; a checksum beside the
 //!   artifact would only catch corruption, since whoever can swap the
 //!   artifact can swap its checksum too.
 //!
-//! An entry is named `<plugin sha256>-<engine key>.cwasm` and holds
-//! [`MAGIC`], the 32-byte MAC, then the artifact. Beside it,
+//! An entry is named `<plugin sha256>-<engine key>.cwasm` and holds the
+//! artifact, then [`MAGIC`] and the 32-byte MAC as a trailer: the artifact
+//! starts at the file's first byte, so wasmtime maps the file and runs its
+//! code in place instead of copying it ([`ArtifactCache::lookup`]). An entry
+//! of the earlier format (magic and MAC first) fails the check and is
+//! compiled again. Beside it,
 //! `<plugin sha256>-<engine key>.describe` holds [`RECORD_MAGIC`], its MAC
 //! and what the plugin's `describe` returned (JSON), so a start from the
 //! cache registers every plugin without deserializing or instantiating it,
@@ -48,8 +53,9 @@ pub const DEFAULT_CACHE_DIR: &str = "/var/cache/cocoon-fixup";
 /// `$XDG_STATE_HOME`, else under `~/.local/state` ([`default_key_path`]).
 pub const DEFAULT_KEY_FILE: &str = "/var/lib/cocoon-fixup/cache.key";
 
-/// The first bytes of every entry: the format's name and version.
-pub const MAGIC: &[u8; 8] = b"cfxc\0v1\0";
+/// The trailer of every entry, before its MAC: the format's name and
+/// version. (Version 1 put it and the MAC first.)
+pub const MAGIC: &[u8; 8] = b"cfxc\0v2\0";
 
 /// The first bytes of a describe record (`<plugin sha256>-<engine
 /// key>.describe`): what the plugin's `describe` (and `policy`) returned
@@ -59,6 +65,12 @@ pub const RECORD_MAGIC: &[u8; 8] = b"cfxd\0v1\0";
 
 /// Length of the key, and of the MAC.
 const KEY_BYTES: usize = 32;
+
+/// Why an entry of another format (an earlier version's) is not used.
+const OTHER_FORMAT: &str = "is not of this cache format";
+
+/// The BLAKE3 key-derivation context of the entries' MAC key.
+const ENTRY_KEY_CONTEXT: &str = "cocoon-fixup 2026 precompiled plugin cache entry v2";
 
 /// What happened on a lookup, for logs and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -333,11 +345,24 @@ impl CacheKey {
 }
 
 /// A directory of precompiled plugins for one engine configuration.
-#[derive(Debug)]
 pub struct ArtifactCache {
     dir: TrustedDir,
     key: CacheKey,
+    /// The entries' BLAKE3 key, derived from [`CacheKey`] (the describe
+    /// records use the key itself, with HMAC-SHA256).
+    entry_key: [u8; KEY_BYTES],
     engine_key: String,
+}
+
+impl std::fmt::Debug for ArtifactCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not the keys.
+        f.debug_struct("ArtifactCache")
+            .field("dir", &self.dir)
+            .field("key", &self.key)
+            .field("engine_key", &self.engine_key)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ArtifactCache {
@@ -364,6 +389,7 @@ impl ArtifactCache {
         engine.precompile_compatibility_hash().hash(&mut hasher);
         Ok(ArtifactCache {
             dir,
+            entry_key: blake3::derive_key(ENTRY_KEY_CONTEXT, &key.bytes),
             key,
             engine_key: format!("{:016x}", hasher.finish()),
         })
@@ -395,8 +421,21 @@ impl ArtifactCache {
     }
 
     /// The MAC over what an entry stands for and holds.
-    fn mac(&self, plugin_sha256: &str, artifact: &[u8]) -> Hmac<Sha256> {
-        self.mac_of(MAGIC, plugin_sha256, artifact)
+    /// Keyed BLAKE3 rather than HMAC-SHA256: the artifact is 300 KB and
+    /// checked on every load, and this is several times faster.
+    fn mac(&self, plugin_sha256: &str, artifact: &[u8]) -> blake3::Hash {
+        let mut mac = blake3::Hasher::new_keyed(&self.entry_key);
+        for part in [
+            MAGIC.as_slice(),
+            plugin_sha256.as_bytes(),
+            b"\0",
+            self.engine_key.as_bytes(),
+            b"\0",
+        ] {
+            mac.update(part);
+        }
+        mac.update(artifact);
+        mac.finalize()
     }
 
     fn mac_of(&self, magic: &[u8; 8], plugin_sha256: &str, body: &[u8]) -> Hmac<Sha256> {
@@ -481,6 +520,13 @@ impl ArtifactCache {
     }
 
     /// As [`load_or_compile`](Self::load_or_compile), saying what happened.
+    ///
+    /// A hit is checked and loaded without copying the artifact: the entry
+    /// is opened once (no link followed, a regular file of the host's user
+    /// or root that no one else may write, [`TrustedDir::open_file`]), that
+    /// open file is mapped read-only and its MAC checked over the mapping,
+    /// and wasmtime then maps the same open file (`/proc/self/fd`), not the
+    /// name again, so a file renamed into place meanwhile is not what runs.
     pub fn lookup(
         &self,
         engine: &Engine,
@@ -488,12 +534,18 @@ impl ArtifactCache {
         plugin_sha256: &str,
     ) -> wasmtime::Result<(Component, CacheOutcome)> {
         let name = self.entry_name(plugin_sha256);
-        let outcome = match self.dir.read_file(&name) {
+        let outcome = match self.dir.open_file(&name) {
             Ok(None) => CacheOutcome::Miss,
-            Ok(Some(entry)) => match self.verified(engine, plugin_sha256, &entry) {
-                Some(component) => return Ok((component, CacheOutcome::Hit)),
-                None => {
-                    tracing::warn!(path = %self.dir.path().join(&name).display(), "precompiled plugin failed authentication; compiling it again");
+            Ok(Some((file, stat))) => match self.verified(engine, plugin_sha256, &file, &stat) {
+                Ok(component) => return Ok((component, CacheOutcome::Hit)),
+                Err(why) => {
+                    let path = self.dir.path().join(&name);
+                    if why == OTHER_FORMAT {
+                        // Expected once after an upgrade.
+                        tracing::info!(path = %path.display(), "precompiled plugin {why}; compiling it again");
+                    } else {
+                        tracing::warn!(path = %path.display(), "precompiled plugin {why}; compiling it again");
+                    }
                     CacheOutcome::Rebuilt
                 }
             },
@@ -521,29 +573,115 @@ impl ArtifactCache {
         Ok((component, outcome))
     }
 
-    fn verified(&self, engine: &Engine, plugin_sha256: &str, entry: &[u8]) -> Option<Component> {
-        let rest = entry.strip_prefix(MAGIC.as_slice())?;
-        let (tag, artifact) = rest.split_at_checked(KEY_BYTES)?;
-        self.mac(plugin_sha256, artifact).verify_slice(tag).ok()?;
+    /// The component of an open entry, when its trailer and MAC hold; else
+    /// why not, for the warning.
+    fn verified(
+        &self,
+        engine: &Engine,
+        plugin_sha256: &str,
+        file: &std::fs::File,
+        stat: &rustix::fs::Stat,
+    ) -> Result<Component, &'static str> {
+        let len = usize::try_from(stat.st_size).map_err(|_| "is too large")?;
+        let trailer = MAGIC.len() + KEY_BYTES;
+        if len <= trailer {
+            return Err("is too short to be an entry");
+        }
+        let map = Mapping::of(file, len).map_err(|_| "could not be mapped")?;
+        let (artifact, rest) = map.bytes().split_at(len - trailer);
+        let (magic, tag) = rest.split_at(MAGIC.len());
+        if magic != MAGIC.as_slice() {
+            return Err(OTHER_FORMAT);
+        }
+        let tag: [u8; KEY_BYTES] = tag.try_into().map_err(|_| "is not an entry")?;
+        // `blake3::Hash` compares in constant time.
+        if self.mac(plugin_sha256, artifact) != blake3::Hash::from_bytes(tag) {
+            return Err("failed authentication");
+        }
+        // The same open file, by its descriptor: the bytes just checked
+        // (the entry is the host's user's or root's and no one else may
+        // write it, so they stay the bytes checked).
+        let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(file));
         #[allow(unsafe_code)]
         // SAFETY: the MAC under the host's key proves this host wrote these
         // bytes as the artifact of this plugin for an engine of the same
         // compatibility hash; wasmtime additionally checks the engine
-        // configuration recorded in the artifact.
-        let component = unsafe { Component::deserialize(engine, artifact) };
-        component.ok()
+        // configuration recorded in the artifact. The file holds the
+        // artifact and the trailer after it, which wasmtime's reader does
+        // not look at.
+        let mapped = unsafe { Component::deserialize_file(engine, &path) };
+        mapped
+            .or_else(|e| {
+                // No /proc: copy the checked bytes instead.
+                tracing::debug!("mapping the checked precompiled plugin: {e:#}");
+                #[allow(unsafe_code)]
+                // SAFETY: as above; these are the very bytes checked.
+                unsafe {
+                    Component::deserialize(engine, artifact)
+                }
+            })
+            .map_err(|e| {
+                tracing::debug!("loading the checked precompiled plugin: {e:#}");
+                "could not be loaded"
+            })
     }
 
     fn store(&self, name: &str, plugin_sha256: &str, artifact: &[u8]) -> std::io::Result<()> {
-        let tag = self.mac(plugin_sha256, artifact).finalize().into_bytes();
-        let mut entry = Vec::with_capacity(MAGIC.len() + tag.len() + artifact.len());
+        let tag = *self.mac(plugin_sha256, artifact).as_bytes();
+        let mut entry = Vec::with_capacity(artifact.len() + MAGIC.len() + tag.len());
+        entry.extend_from_slice(artifact);
         entry.extend_from_slice(MAGIC);
         entry.extend_from_slice(&tag);
-        entry.extend_from_slice(artifact);
         self.dir.write_file(name, &entry, 0o600)?;
         // The checksum file of the format before entries were
         // authenticated, if one is left.
         self.dir.remove(&format!("{name}.sha256"))
+    }
+}
+
+/// An open file mapped read-only and private, unmapped when dropped.
+struct Mapping {
+    ptr: std::ptr::NonNull<std::ffi::c_void>,
+    len: usize,
+}
+
+impl Mapping {
+    /// Map the first `len` bytes (non-zero) of `file`.
+    fn of(file: &std::fs::File, len: usize) -> std::io::Result<Self> {
+        #[allow(unsafe_code)]
+        // SAFETY: a new mapping at an address the kernel picks, read-only;
+        // nothing else refers to it.
+        let ptr = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                rustix::mm::ProtFlags::READ,
+                rustix::mm::MapFlags::PRIVATE,
+                file,
+                0,
+            )?
+        };
+        let ptr = std::ptr::NonNull::new(ptr).ok_or(std::io::ErrorKind::InvalidData)?;
+        Ok(Mapping { ptr, len })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        #[allow(unsafe_code)]
+        // SAFETY: `len` readable bytes are mapped at `ptr` until drop. (A
+        // file shortened meanwhile makes reading past its end fault: the
+        // entry's owner can do that, no one else may write it.)
+        unsafe {
+            std::slice::from_raw_parts(self.ptr.as_ptr().cast::<u8>(), self.len)
+        }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        #[allow(unsafe_code)]
+        // SAFETY: mapped by `of` with this length, and no slice of it
+        // outlives `self`.
+        let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr(), self.len) };
     }
 }
 
