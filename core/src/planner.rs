@@ -310,12 +310,16 @@ pub struct PlanOutcome {
 }
 
 impl PlanOutcome {
-    /// The outcome of a VM that needs no fixup (`decision.fixup` is
-    /// `None`): nothing to plan, so no plugin is asked. A caller that
-    /// classifies first ([`classify::classify`]) answers it without
-    /// building a planner.
-    pub fn nothing(decision: Decision) -> Self {
-        debug_assert!(decision.fixup.is_none(), "{decision:?} needs a fixup");
+    /// The outcome for `obs` when it needs no fixup (as
+    /// [`Planner::plan`] classifies it); `None` when it needs one. Asks no
+    /// plugin, so a caller answers such a VM without building a planner.
+    pub fn without_fixup(obs: &Observation) -> Option<Self> {
+        let decision = classify::classify(obs);
+        decision.fixup.is_none().then(|| Self::nothing(decision))
+    }
+
+    /// The outcome of a `decision` that needs no fixup.
+    fn nothing(decision: Decision) -> Self {
         PlanOutcome {
             decision,
             scenario: None,

@@ -9,7 +9,6 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use fixup_host::binding::{self, BindingPolicy, Verdict};
-use fixup_host::classify;
 use fixup_host::cocoon::CocoonCli;
 use fixup_host::config::{ConfigArgs, PluginConfigArgs, Settings};
 use fixup_host::facts::{BootKind, Observation, Overrides, PodInput, VmInspect};
@@ -47,9 +46,10 @@ struct Cli {
 enum Command {
     /// Classify a VM and print the fixup plan for it (nothing is run).
     ///
-    /// Plugins are loaded only when the VM needs a fixup, and then only
-    /// those its scenario selects (check every plugin file with `plugin
-    /// inspect` or `plugin test`).
+    /// Plugins are loaded only when the VM needs a fixup; then every
+    /// configured plugin must load (with a warm cache only the code of
+    /// those the scenario selects is read). `plugin inspect` checks plugin
+    /// files without a VM.
     ///
     /// Example:
     ///   cocoon-fixup plan --pod examples/oci-static/pod.json --vm examples/oci-static/vm.json
@@ -771,18 +771,23 @@ fn run_plan(args: &PlanArgs, config: Option<&Path>) -> Result<u8> {
         );
     }
     // Classified first: a VM that needs no fixup is answered without an
-    // engine or a plugin (the planner classifies the same way).
-    let decision = classify::classify(&obs);
-    let outcome = if decision.fixup.is_none() {
-        PlanOutcome::nothing(decision)
-    } else {
-        planner(&settings)?.plan(&obs).with_context(|| {
+    // engine or a plugin.
+    let outcome = match PlanOutcome::without_fixup(&obs) {
+        Some(outcome) => {
+            if settings.planner.plugin_dir.is_some() || !settings.pinned.references.is_empty() {
+                eprintln!(
+                    "note: no fixup needed, so no plugin was loaded; `cocoon-fixup plugin inspect` checks plugin files"
+                );
+            }
+            outcome
+        }
+        None => planner(&settings)?.plan(&obs).with_context(|| {
             format!(
                 "planning from {} and {}",
                 args.pod.display(),
                 args.vm.display()
             )
-        })?
+        })?,
     };
     match args.output {
         Output::Json => {

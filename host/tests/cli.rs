@@ -161,8 +161,8 @@ fn a_missing_plugin_dir_is_an_error_and_a_broken_plugin_stops_plan() {
 
 /// Classified first: a VM that needs no fixup (every NIC on DHCP) is
 /// answered without loading a plugin, so the broken file that stops
-/// `plan` for a VM that needs one (above) is not read, and no cache entry
-/// is written.
+/// `plan` for a VM that needs one (above) is not read (a note says so),
+/// and no cache entry is written.
 #[test]
 fn a_vm_that_needs_no_fixup_loads_no_plugin() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -179,6 +179,8 @@ fn a_vm_that_needs_no_fixup_loads_no_plugin() {
         .arg(&plugins)
         .arg("--cache-dir")
         .arg(&cache)
+        .arg("--cache-key")
+        .arg(dir.path().join("cache.key"))
         .env_remove("COCOON_FIXUP_PLUGIN_DIR")
         .output()
         .expect("binary runs");
@@ -187,6 +189,11 @@ fn a_vm_that_needs_no_fixup_loads_no_plugin() {
         text(&out.stdout).contains("no fixup needed"),
         "{}",
         text(&out.stdout)
+    );
+    assert!(
+        text(&out.stderr).contains("no plugin was loaded"),
+        "the note that the plugins were not checked: {}",
+        text(&out.stderr)
     );
     let entries = std::fs::read_dir(&cache)
         .map(|d| d.count())

@@ -222,11 +222,12 @@ fn a_tampered_trailer_is_rebuilt() {
     }
 }
 
-/// An entry of the earlier format (magic and MAC before the artifact),
-/// even one authentic under the same key, is not loaded: it is compiled
-/// again in the current format.
+/// An entry of the earlier format (magic and MAC before the artifact,
+/// named without `.v2`), even one authentic under the same key, is not
+/// read: the plugin is compiled into the current format and the earlier
+/// file removed. The same bytes under the current name are refused.
 #[test]
-fn an_entry_of_the_earlier_format_is_rebuilt() {
+fn an_entry_of_the_earlier_format_is_replaced() {
     let place = place();
     let host = engine();
     let cache = place.open(&host).expect("cache");
@@ -241,12 +242,30 @@ fn an_entry_of_the_earlier_format_is_rebuilt() {
     let mut old = b"cfxc\0v1\0".to_vec();
     old.extend_from_slice(&trailer[MAGIC.len()..]);
     old.extend_from_slice(artifact);
-    std::fs::write(&path, &old).expect("old format");
+    let name = path.file_name().unwrap().to_str().unwrap();
+    let earlier = path.with_file_name(name.replace(".v2.cwasm", ".cwasm"));
+    assert_ne!(earlier, path);
+
+    std::fs::write(&path, &old).expect("old format, current name");
     let (_, outcome) = cache
         .lookup(host.engine(), &wasm, &digest)
         .expect("rebuilds");
     assert_eq!(outcome, CacheOutcome::Rebuilt);
     assert_eq!(std::fs::read(&path).expect("entry"), current, "rewritten");
+
+    std::fs::remove_file(&path).expect("remove");
+    std::fs::write(&earlier, &old).expect("old format, old name");
+    std::fs::write(earlier.with_extension("cwasm.sha256"), b"0").expect("checksum");
+    let (_, outcome) = cache
+        .lookup(host.engine(), &wasm, &digest)
+        .expect("compiles");
+    assert_eq!(outcome, CacheOutcome::Miss, "the earlier name is not read");
+    assert_eq!(std::fs::read(&path).expect("entry"), current, "written");
+    assert!(!earlier.exists(), "the earlier entry is removed");
+    assert!(
+        !earlier.with_extension("cwasm.sha256").exists(),
+        "and its checksum file"
+    );
 }
 
 /// A hit is mapped, not copied: the component loaded from the mapped
@@ -272,15 +291,22 @@ fn a_mapped_entry_plans_as_the_compiled_plugin() {
     let compiled = plan_of(&first);
     let mut second = PluginHost::new(place.options()).expect("engine");
     second.load_builtins().expect("built-ins");
-    let (_, outcome) = cache
-        .lookup(
-            second.engine(),
-            builtin("oci-networkd"),
-            &sha(builtin("oci-networkd")),
-        )
+    let digest = sha(builtin("oci-networkd"));
+    let (component, outcome) = cache
+        .lookup(second.engine(), builtin("oci-networkd"), &digest)
         .expect("loads");
     assert_eq!(outcome, CacheOutcome::Hit);
     assert_eq!(plan_of(&second), compiled);
+    // Mapped from the entry itself, not copied into anonymous memory.
+    let entry = cache.entry_path(&digest);
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+    assert!(
+        maps.lines()
+            .any(|l| l.ends_with(&*entry.to_string_lossy()) && l.contains("r-x")),
+        "{} is not mapped executable:\n{maps}",
+        entry.display()
+    );
+    drop(component);
 }
 
 #[test]

@@ -18,12 +18,16 @@
 //!   artifact would only catch corruption, since whoever can swap the
 //!   artifact can swap its checksum too.
 //!
-//! An entry is named `<plugin sha256>-<engine key>.cwasm` and holds the
+//! An entry is named `<plugin sha256>-<engine key>.v2.cwasm` and holds the
 //! artifact, then [`MAGIC`] and the 32-byte MAC as a trailer: the artifact
 //! starts at the file's first byte, so wasmtime maps the file and runs its
-//! code in place instead of copying it ([`ArtifactCache::lookup`]). An entry
-//! of the earlier format (magic and MAC first) fails the check and is
-//! compiled again. Beside it,
+//! code in place instead of copying it ([`ArtifactCache::lookup`]). The
+//! MAC is checked once, when the entry is loaded: from then on the code
+//! and the initial memory of that plugin are read from the entry's pages,
+//! so an entry is never written in place (the host writes by rename; an
+//! operator deletes entries rather than copying over them). Entries of
+//! the earlier format had the name without `.v2` and are removed when
+//! the new entry is written. Beside it,
 //! `<plugin sha256>-<engine key>.describe` holds [`RECORD_MAGIC`], its MAC
 //! and what the plugin's `describe` returned (JSON), so a start from the
 //! cache registers every plugin without deserializing or instantiating it,
@@ -65,9 +69,6 @@ pub const RECORD_MAGIC: &[u8; 8] = b"cfxd\0v1\0";
 
 /// Length of the key, and of the MAC.
 const KEY_BYTES: usize = 32;
-
-/// Why an entry of another format (an earlier version's) is not used.
-const OTHER_FORMAT: &str = "is not of this cache format";
 
 /// The BLAKE3 key-derivation context of the entries' MAC key.
 const ENTRY_KEY_CONTEXT: &str = "cocoon-fixup 2026 precompiled plugin cache entry v2";
@@ -400,8 +401,16 @@ impl ArtifactCache {
         self.dir.path()
     }
 
-    /// The file name of a plugin's entry.
+    /// The file name of a plugin's entry. The format is in the name, so
+    /// an older binary sharing the cache (a rollback, an older `plan`)
+    /// neither reads nor overwrites it.
     fn entry_name(&self, plugin_sha256: &str) -> String {
+        format!("{plugin_sha256}-{}.v2.cwasm", self.engine_key)
+    }
+
+    /// The file name the earlier formats used (MAC first; before that, a
+    /// checksum file beside it): removed when the entry is written.
+    fn earlier_entry_name(&self, plugin_sha256: &str) -> String {
         format!("{plugin_sha256}-{}.cwasm", self.engine_key)
     }
 
@@ -539,13 +548,7 @@ impl ArtifactCache {
             Ok(Some((file, stat))) => match self.verified(engine, plugin_sha256, &file, &stat) {
                 Ok(component) => return Ok((component, CacheOutcome::Hit)),
                 Err(why) => {
-                    let path = self.dir.path().join(&name);
-                    if why == OTHER_FORMAT {
-                        // Expected once after an upgrade.
-                        tracing::info!(path = %path.display(), "precompiled plugin {why}; compiling it again");
-                    } else {
-                        tracing::warn!(path = %path.display(), "precompiled plugin {why}; compiling it again");
-                    }
+                    tracing::warn!(path = %self.dir.path().join(&name).display(), "precompiled plugin {why}; compiling it again");
                     CacheOutcome::Rebuilt
                 }
             },
@@ -582,48 +585,50 @@ impl ArtifactCache {
         file: &std::fs::File,
         stat: &rustix::fs::Stat,
     ) -> Result<Component, &'static str> {
-        let len = usize::try_from(stat.st_size).map_err(|_| "is too large")?;
+        let len = usize::try_from(stat.st_size)
+            .ok()
+            .filter(|&len| len <= MAX_ENTRY_BYTES)
+            .ok_or("is too large to be an entry")?;
         let trailer = MAGIC.len() + KEY_BYTES;
         if len <= trailer {
             return Err("is too short to be an entry");
         }
-        let map = Mapping::of(file, len).map_err(|_| "could not be mapped")?;
-        let (artifact, rest) = map.bytes().split_at(len - trailer);
+        let bytes = EntryBytes::of(file, len)?;
+        let (artifact, rest) = bytes.bytes().split_at(len - trailer);
         let (magic, tag) = rest.split_at(MAGIC.len());
-        if magic != MAGIC.as_slice() {
-            return Err(OTHER_FORMAT);
-        }
         let tag: [u8; KEY_BYTES] = tag.try_into().map_err(|_| "is not an entry")?;
         // `blake3::Hash` compares in constant time.
-        if self.mac(plugin_sha256, artifact) != blake3::Hash::from_bytes(tag) {
+        if magic != MAGIC.as_slice()
+            || self.mac(plugin_sha256, artifact) != blake3::Hash::from_bytes(tag)
+        {
             return Err("failed authentication");
         }
-        // The same open file, by its descriptor: the bytes just checked
-        // (the entry is the host's user's or root's and no one else may
-        // write it, so they stay the bytes checked).
-        let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(file));
-        #[allow(unsafe_code)]
-        // SAFETY: the MAC under the host's key proves this host wrote these
-        // bytes as the artifact of this plugin for an engine of the same
-        // compatibility hash; wasmtime additionally checks the engine
-        // configuration recorded in the artifact. The file holds the
-        // artifact and the trailer after it, which wasmtime's reader does
-        // not look at.
-        let mapped = unsafe { Component::deserialize_file(engine, &path) };
-        mapped
-            .or_else(|e| {
-                // No /proc: copy the checked bytes instead.
-                tracing::debug!("mapping the checked precompiled plugin: {e:#}");
+        match same_file_by_descriptor(file, stat) {
+            Ok(path) => {
                 #[allow(unsafe_code)]
-                // SAFETY: as above; these are the very bytes checked.
-                unsafe {
-                    Component::deserialize(engine, artifact)
+                // SAFETY: the MAC under the host's key proves this host
+                // wrote these bytes as the artifact of this plugin for an
+                // engine of the same compatibility hash; wasmtime
+                // additionally checks the engine configuration recorded in
+                // the artifact. `path` is the open file just checked (its
+                // device and inode), which only its owner (the host's user)
+                // or root may write. The file holds the artifact and the
+                // trailer after it, which wasmtime's reader does not look
+                // at.
+                let mapped = unsafe { Component::deserialize_file(engine, &path) };
+                match mapped {
+                    Ok(component) => return Ok(component),
+                    Err(e) => not_mapped(format_args!("{e:#}")),
                 }
-            })
-            .map_err(|e| {
-                tracing::debug!("loading the checked precompiled plugin: {e:#}");
-                "could not be loaded"
-            })
+            }
+            Err(why) => not_mapped(format_args!("{why}")),
+        }
+        #[allow(unsafe_code)]
+        // SAFETY: as above; these are the very bytes checked, copied.
+        unsafe { Component::deserialize(engine, artifact) }.map_err(|e| {
+            tracing::debug!("loading the checked precompiled plugin: {e:#}");
+            "could not be loaded"
+        })
     }
 
     fn store(&self, name: &str, plugin_sha256: &str, artifact: &[u8]) -> std::io::Result<()> {
@@ -633,9 +638,74 @@ impl ArtifactCache {
         entry.extend_from_slice(MAGIC);
         entry.extend_from_slice(&tag);
         self.dir.write_file(name, &entry, 0o600)?;
-        // The checksum file of the format before entries were
-        // authenticated, if one is left.
-        self.dir.remove(&format!("{name}.sha256"))
+        // What the earlier formats left under the earlier name: the entry
+        // with its MAC first, and before entries were authenticated, a
+        // checksum file beside it.
+        let earlier = self.earlier_entry_name(plugin_sha256);
+        self.dir.remove(&earlier)?;
+        self.dir.remove(&format!("{earlier}.sha256"))
+    }
+}
+
+/// The most an entry may hold (the built-ins' are about 300 KB): a larger
+/// file is refused before it is read.
+const MAX_ENTRY_BYTES: usize = 64 << 20;
+
+/// `/proc/self/fd/N` of `file`, when that path is `file` (its device and
+/// inode): wasmtime 48 maps a component by path only, and a `/proc` that
+/// is not the kernel's must not hand it another file.
+fn same_file_by_descriptor(
+    file: &std::fs::File,
+    opened: &rustix::fs::Stat,
+) -> Result<String, String> {
+    let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(file));
+    let found = rustix::fs::stat(path.as_str()).map_err(|e| format!("{path}: {e}"))?;
+    if (found.st_dev, found.st_ino) == (opened.st_dev, opened.st_ino) {
+        Ok(path)
+    } else {
+        Err(format!("{path} is not the entry opened"))
+    }
+}
+
+/// Say once, at info, why checked entries are copied rather than mapped
+/// (no `/proc`, a `noexec` cache mount): slower starts, nothing unsafe.
+fn not_mapped(why: std::fmt::Arguments<'_>) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::debug!("a checked precompiled plugin is copied, not mapped: {why}");
+    } else {
+        tracing::info!(
+            "checked precompiled plugins are copied, not mapped ({why}); starts are slower, nothing else changes"
+        );
+    }
+}
+
+/// The bytes of an open entry: mapped, or read where the file system
+/// cannot map it.
+enum EntryBytes {
+    Mapped(Mapping),
+    Read(Vec<u8>),
+}
+
+impl EntryBytes {
+    fn of(file: &std::fs::File, len: usize) -> Result<Self, &'static str> {
+        if let Ok(map) = Mapping::of(file, len) {
+            return Ok(EntryBytes::Mapped(map));
+        }
+        let mut bytes = Vec::with_capacity(len);
+        std::io::Read::read_to_end(&mut std::io::Read::take(file, len as u64), &mut bytes)
+            .map_err(|_| "could not be read")?;
+        if bytes.len() != len {
+            return Err("changed while it was read");
+        }
+        Ok(EntryBytes::Read(bytes))
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            EntryBytes::Mapped(map) => map.bytes(),
+            EntryBytes::Read(bytes) => bytes,
+        }
     }
 }
 
@@ -648,6 +718,7 @@ struct Mapping {
 impl Mapping {
     /// Map the first `len` bytes (non-zero) of `file`.
     fn of(file: &std::fs::File, len: usize) -> std::io::Result<Self> {
+        debug_assert!(len > 0, "an empty mapping");
         #[allow(unsafe_code)]
         // SAFETY: a new mapping at an address the kernel picks, read-only;
         // nothing else refers to it.
