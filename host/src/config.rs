@@ -125,6 +125,43 @@ pub struct PluginConfigArgs {
     pub allowed_plugins: Vec<String>,
 }
 
+/// Where pulled plugins are kept and which registries speak plain HTTP:
+/// the options of `plugin pull`, and part of every planning command's
+/// ([`ConfigArgs::oci`]).
+#[derive(Debug, Clone, Default, Args, Deserialize)]
+pub struct OciArgs {
+    /// Where pulled plugins are kept, created 0700, under the plugin
+    /// directory's trust rules [default: /var/lib/cocoon-fixup/oci as root;
+    /// $XDG_STATE_HOME/cocoon-fixup/oci, else
+    /// ~/.local/state/cocoon-fixup/oci, for other users]
+    #[arg(long, value_name = "DIR", env = "COCOON_FIXUP_OCI_STORE")]
+    pub oci_store: Option<PathBuf>,
+    /// Registries (`HOST` or `HOST:PORT`, as written in references) spoken
+    /// to over plain HTTP instead of HTTPS, such as a registry on loopback
+    /// (repeat for several)
+    #[arg(
+        long = "oci-plain-http",
+        value_name = "HOST[:PORT]",
+        env = "COCOON_FIXUP_OCI_PLAIN_HTTP",
+        value_delimiter = ','
+    )]
+    #[serde(default)]
+    pub oci_plain_http: Vec<String>,
+}
+
+impl OciArgs {
+    /// The settings of a command that takes only these options (`plugin
+    /// pull`): the configuration file fills in the rest, read and checked
+    /// as every command reads it.
+    pub fn resolve(&self, config: Option<&Path>) -> Result<Settings, ConfigError> {
+        ConfigArgs {
+            oci: self.clone(),
+            ..ConfigArgs::default()
+        }
+        .resolve(config)
+    }
+}
+
 /// Options every command that plans or applies shares: the plugin options
 /// and the node's (cocoon, leases, retries, the daemon). All are optional
 /// here so that the file and the defaults can fill them in.
@@ -190,23 +227,9 @@ pub struct ConfigArgs {
     )]
     #[serde(default)]
     pub plugins: Vec<String>,
-    /// Where pulled plugins are kept, created 0700, under the plugin
-    /// directory's trust rules [default: /var/lib/cocoon-fixup/oci as root;
-    /// $XDG_STATE_HOME/cocoon-fixup/oci, else
-    /// ~/.local/state/cocoon-fixup/oci, for other users]
-    #[arg(long, value_name = "DIR", env = "COCOON_FIXUP_OCI_STORE")]
-    pub oci_store: Option<PathBuf>,
-    /// Registries (`HOST` or `HOST:PORT`, as written in references) spoken
-    /// to over plain HTTP instead of HTTPS, such as a registry on loopback
-    /// (repeat for several)
-    #[arg(
-        long = "oci-plain-http",
-        value_name = "HOST[:PORT]",
-        env = "COCOON_FIXUP_OCI_PLAIN_HTTP",
-        value_delimiter = ','
-    )]
-    #[serde(default)]
-    pub oci_plain_http: Vec<String>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub oci: OciArgs,
     /// Also accept VMs named in the legacy unhashed form `vk-<namespace>-<pod>`
     /// (ambiguous across namespaces with dashes: only for VMs created before
     /// the stack hashed names)
@@ -480,8 +503,8 @@ impl ConfigArgs {
             }),
             pinned: PinnedPlugins {
                 references,
-                store: a.oci_store.or_else(crate::oci::default_store_dir),
-                registry: RegistryOptions::from_env(a.oci_plain_http),
+                store: a.oci.oci_store.or_else(crate::oci::default_store_dir),
+                registry: RegistryOptions::from_env(a.oci.oci_plain_http),
             },
             file: path,
             reload: ReloadConfig {
@@ -528,8 +551,10 @@ impl ConfigArgs {
             dhcp_recovery_after: self.dhcp_recovery_after.or(file.dhcp_recovery_after),
             accept_legacy_vm_names: self.accept_legacy_vm_names || file.accept_legacy_vm_names,
             plugins: list_or(self.plugins, file.plugins),
-            oci_store: self.oci_store.or(file.oci_store),
-            oci_plain_http: list_or(self.oci_plain_http, file.oci_plain_http),
+            oci: OciArgs {
+                oci_store: self.oci.oci_store.or(file.oci.oci_store),
+                oci_plain_http: list_or(self.oci.oci_plain_http, file.oci.oci_plain_http),
+            },
             concurrency: self.concurrency.or(file.concurrency),
             metrics_addr: self.metrics_addr.or(file.metrics_addr),
             plugin_reload_interval: self.plugin_reload_interval.or(file.plugin_reload_interval),

@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use fixup_host::binding::{self, BindingPolicy, Verdict};
 use fixup_host::cocoon::CocoonCli;
-use fixup_host::config::{ConfigArgs, PluginConfigArgs, Settings};
+use fixup_host::config::{ConfigArgs, OciArgs, PluginConfigArgs, Settings};
 use fixup_host::facts::{BootKind, Observation, Overrides, PodInput, VmInspect};
 use fixup_host::host::{Host, Summary, Trigger};
 use fixup_host::kube::KubeApi;
@@ -220,7 +220,7 @@ struct PluginPullArgs {
     #[arg(long)]
     plain_http: bool,
     #[command(flatten)]
-    config: ConfigArgs,
+    oci: OciArgs,
 }
 
 #[derive(Debug, Args)]
@@ -987,7 +987,7 @@ async fn run_plugin_pull(args: &PluginPullArgs, config: Option<&Path>) -> Result
     } else {
         Tags::Refuse
     };
-    let settings = args.config.resolve(config)?;
+    let settings = args.oci.resolve(config)?;
     let options = registry_options(&reference, args.plain_http, &settings.pinned.registry);
     let artifact = oci::Registry::new(&options).pull(&reference, tags).await?;
     if reference.digest().is_none() {

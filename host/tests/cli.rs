@@ -33,6 +33,17 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// `cocoon-fixup ARGS... --help`, which must succeed.
+fn help_of(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_cocoon-fixup"))
+        .args(args)
+        .arg("--help")
+        .output()
+        .expect("binary runs");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
+
 #[test]
 fn json_output_has_the_documented_keys() {
     let mut args = example_args("oci-static");
@@ -203,12 +214,7 @@ fn a_vm_that_needs_no_fixup_loads_no_plugin() {
 
 #[test]
 fn help_explains_the_plan_command() {
-    let out = Command::new(env!("CARGO_BIN_EXE_cocoon-fixup"))
-        .args(["plan", "--help"])
-        .output()
-        .expect("runs");
-    assert!(out.status.success());
-    let help = text(&out.stdout);
+    let help = help_of(&["plan"]);
     for flag in [
         "--pod",
         "--vm",
@@ -355,12 +361,7 @@ fn plugin_test_renders_each_cases_hint_script() {
 /// or a plugin directory that would not load as a whole (`success`).
 #[test]
 fn plugin_inspect_help_says_when_it_exits_1() {
-    let out = Command::new(env!("CARGO_BIN_EXE_cocoon-fixup"))
-        .args(["plugin", "inspect", "--help"])
-        .output()
-        .expect("binary runs");
-    assert!(out.status.success());
-    let help = text(&out.stdout)
+    let help = help_of(&["plugin", "inspect"])
         .split_whitespace()
         .collect::<Vec<_>>()
         .join(" ");
@@ -368,4 +369,31 @@ fn plugin_inspect_help_says_when_it_exits_1() {
         help.contains("Exit code 1 when refused or when the plugin directory would not load as a whole (JSON: `success`)"),
         "{help}"
     );
+}
+
+/// `plugin pull --help` lists what a pull uses (the store, the registries
+/// over plain HTTP), not the daemon's or the planner's options.
+#[test]
+fn plugin_pull_help_lists_only_what_a_pull_uses() {
+    let help = help_of(&["plugin", "pull"]);
+    for flag in [
+        "--output",
+        "--allow-tag",
+        "--plain-http",
+        "--oci-store",
+        "--oci-plain-http",
+        "--config",
+    ] {
+        assert!(help.contains(flag), "--help lists {flag}: {help}");
+    }
+    for flag in [
+        "--retry-budget",
+        "--concurrency",
+        "--plugin-dir",
+        "--cache-dir",
+        "--plugin-ref",
+        "--cocoon-bin",
+    ] {
+        assert!(!help.contains(flag), "--help lists {flag}: {help}");
+    }
 }
