@@ -32,7 +32,6 @@ use ::kube::api::{Api, ListParams, ObjectList, Patch, PatchParams};
 use ::kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde_json::{Map, Value};
 
 use crate::facts::PodInput;
 use crate::pods::{AnnotationPatch, Event, EventType, Guarded, PodApi, PodError, PodRef, reasons};
@@ -215,8 +214,8 @@ impl KubeApi {
             })
             .await?;
         let mut pods = Vec::new();
-        for pod in &items {
-            match pod_input(&pod.metadata) {
+        for pod in items {
+            match pod_input(pod.metadata) {
                 Ok(input) => pods.push(input),
                 Err(err) => {
                     tracing::warn!(node, error = %err, "skipping a pod that cannot be read")
@@ -423,7 +422,7 @@ impl KubeApi {
         &self,
         api: &Api<Pod>,
         pod: &PodRef,
-        body: &Value,
+        body: &MergePatch<'_>,
         version: Option<&str>,
     ) -> Result<Answer, TryError> {
         let params = PatchParams {
@@ -522,11 +521,11 @@ impl KubeApi {
             // An answer without a usable pod (a proxy that strips the
             // body) is no read: the caller reads the pod itself.
             Answer::Written(meta) => {
-                Ok(Guarded::Written(pod_input(&meta).ok().filter(|answer| {
+                Ok(Guarded::Written(pod_input(meta).ok().filter(|answer| {
                     answer.uid.as_deref() == Some(pod.uid.as_str())
                 })))
             }
-            Answer::Changed(meta) => pod_input(&meta).map(Guarded::Changed),
+            Answer::Changed(meta) => pod_input(meta).map(Guarded::Changed),
         }
     }
 }
@@ -547,7 +546,7 @@ impl PodApi for KubeApi {
                 }
             })
             .await?;
-        pod.as_ref().map(|pod| pod_input(&pod.metadata)).transpose()
+        pod.map(|pod| pod_input(pod.metadata)).transpose()
     }
 
     async fn patch_annotations(
@@ -630,23 +629,34 @@ impl PodApi for KubeApi {
 
 /// `{"metadata": {"uid": <uid>, "annotations": {k: v | null}}}`, and
 /// `"resourceVersion": <version>` beside the uid when there is one.
-fn merge_patch(pod: &PodRef, patch: &AnnotationPatch, version: Option<&str>) -> Value {
-    let annotations: Map<String, Value> = patch
-        .iter()
-        .map(|(key, value)| {
-            let value = value
-                .as_ref()
-                .map_or(Value::Null, |v| Value::String(v.clone()));
-            (key.clone(), value)
-        })
-        .collect();
-    let mut metadata = Map::new();
-    metadata.insert("uid".into(), Value::String(pod.uid.clone()));
-    if let Some(version) = version {
-        metadata.insert("resourceVersion".into(), Value::String(version.to_owned()));
+/// Serialized straight from the patch (a `None` value is JSON `null`,
+/// which removes the annotation), with nothing copied.
+#[derive(Debug, serde::Serialize)]
+struct MergePatch<'a> {
+    metadata: MergeMetadata<'a>,
+}
+
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct MergeMetadata<'a> {
+    uid: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resource_version: Option<&'a str>,
+    annotations: &'a AnnotationPatch,
+}
+
+fn merge_patch<'a>(
+    pod: &'a PodRef,
+    patch: &'a AnnotationPatch,
+    version: Option<&'a str>,
+) -> MergePatch<'a> {
+    MergePatch {
+        metadata: MergeMetadata {
+            uid: &pod.uid,
+            resource_version: version,
+            annotations: patch,
+        },
     }
-    metadata.insert("annotations".into(), Value::Object(annotations));
-    serde_json::json!({ "metadata": metadata })
 }
 
 /// The events.k8s.io `action` for a reason: what the host was doing.
@@ -668,9 +678,9 @@ fn action_for(reason: &'static str) -> &'static str {
 /// server for `PartialObjectMetadata`, so the spec and status are neither
 /// sent nor parsed). The same rules as [`PodInput::from_value`]: a name is
 /// required, an empty uid is none, a deletion timestamp means deleting.
-pub fn pod_input(meta: &ObjectMeta) -> Result<PodInput, PodError> {
-    let name = match meta.name.as_deref() {
-        Some(name) if !name.is_empty() => name.to_owned(),
+pub fn pod_input(meta: ObjectMeta) -> Result<PodInput, PodError> {
+    let name = match meta.name {
+        Some(name) if !name.is_empty() => name,
         _ => {
             return Err(PodError::Api {
                 pod: format!("{}/(no name)", meta.namespace.as_deref().unwrap_or("")),
@@ -680,11 +690,11 @@ pub fn pod_input(meta: &ObjectMeta) -> Result<PodInput, PodError> {
     };
     Ok(PodInput {
         name,
-        namespace: meta.namespace.clone().unwrap_or_default(),
-        uid: meta.uid.clone().filter(|uid| !uid.is_empty()),
-        annotations: meta.annotations.clone().unwrap_or_default(),
+        namespace: meta.namespace.unwrap_or_default(),
+        uid: meta.uid.filter(|uid| !uid.is_empty()),
+        annotations: meta.annotations.unwrap_or_default(),
         deleting: meta.deletion_timestamp.is_some(),
-        resource_version: meta.resource_version.clone().filter(|v| !v.is_empty()),
+        resource_version: meta.resource_version.filter(|v| !v.is_empty()),
     })
 }
 

@@ -343,8 +343,8 @@ impl<C: Cocoon, P: PodApi> Task<C, P> {
     }
 }
 
-fn to_input(pod: &PartialObjectMeta<Pod>) -> Option<PodInput> {
-    match crate::kube::pod_input(&pod.metadata) {
+fn to_input(pod: PartialObjectMeta<Pod>) -> Option<PodInput> {
+    match crate::kube::pod_input(pod.metadata) {
         Ok(p) => Some(p),
         Err(e) => {
             tracing::warn!("skipping a pod the watch returned: {e}");
@@ -382,12 +382,12 @@ pub async fn run<C: Cocoon, P: PodApi>(
                 } else {
                     Trigger::Startup
                 };
-                if let Some(pod) = to_input(&pod) {
+                if let Some(pod) = to_input(pod) {
                     dispatcher.offer(pod, trigger);
                 }
             }
             Some(Ok(watcher::Event::Apply(pod))) => {
-                if let Some(pod) = to_input(&pod) {
+                if let Some(pod) = to_input(pod) {
                     dispatcher.offer(pod, Trigger::Event);
                 }
             }

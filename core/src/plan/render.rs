@@ -379,28 +379,42 @@ fn sh_command(action: &Action, links: &[MacAddr]) -> String {
     }
 }
 
-/// `printf` that writes the marker of `event` to stderr as a line of its
-/// own (a line break before it): the prefix, the exec's nonce (`$1`, see
-/// [`exec_argv`]), the event and, with `code_var`, that variable (the exit
-/// code). The prefix and event are part of the format, escaped for it.
-fn sh_marker(event: &str, code_var: Option<&str>) -> String {
-    let mut format = format!(
-        "\\n{}%s {}",
-        printf_literal(marker::PREFIX),
-        printf_literal(event)
-    );
-    let mut args = String::from(r#" "$1""#);
-    if let Some(var) = code_var {
+/// Append the `printf` that writes the marker of `event` to stderr as a
+/// line of its own (a line break before it): the prefix, the exec's nonce
+/// (`$1`, see [`exec_argv`]), the event and, with `code_var`, that
+/// variable (the exit code). The prefix and event are part of the format,
+/// escaped for it. (Written in place: a plan renders two per step.)
+fn push_sh_marker(out: &mut String, event: &str, code_var: Option<&str>) {
+    let mut format = String::with_capacity(marker::PREFIX.len() + event.len() + 12);
+    format.push_str("\\n");
+    push_printf_literal(&mut format, marker::PREFIX);
+    format.push_str("%s ");
+    push_printf_literal(&mut format, event);
+    if code_var.is_some() {
         format.push_str("%s");
-        let _ = write!(args, r#" "{var}""#);
     }
     format.push_str("\\n");
-    format!("printf {}{args} >&2", sh_quote(&format))
+    out.push_str("printf ");
+    out.push_str(&sh_quote(&format));
+    out.push_str(r#" "$1""#);
+    if let Some(var) = code_var {
+        out.push_str(" \"");
+        out.push_str(var);
+        out.push('"');
+    }
+    out.push_str(" >&2");
 }
 
-/// `text` as literal text in a `printf` format: `\` and `%` escaped.
-fn printf_literal(text: &str) -> String {
-    text.replace('\\', r"\\").replace('%', "%%")
+/// Append `text` as literal text in a `printf` format: `\` and `%`
+/// escaped.
+fn push_printf_literal(out: &mut String, text: &str) {
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str(r"\\"),
+            '%' => out.push_str("%%"),
+            c => out.push(c),
+        }
+    }
 }
 
 fn sh_exec_script(plan: &Plan) -> String {
@@ -410,19 +424,22 @@ fn sh_exec_script(plan: &Plan) -> String {
     for (i, step) in plan.steps.iter().enumerate() {
         let n = i + 1;
         let command = sh_command(&step.action, &links);
-        out.push_str(&sh_marker(&marker::start(n, total), None));
+        push_sh_marker(&mut out, &marker::start(n, total), None);
         out.push('\n');
+        out.push_str(&command);
+        out.push_str(" || ");
         if step.best_effort {
             // `$?` is expanded before printf runs: the step's status.
-            let ignored = sh_marker(&marker::ignored_prefix(n, total), Some("$?"));
-            let _ = writeln!(out, "{command} || {ignored}");
+            push_sh_marker(&mut out, &marker::ignored_prefix(n, total), Some("$?"));
         } else {
             // After `||` the status is never 0, so the exit code is too.
-            let failed = sh_marker(&marker::failed_prefix(n, total), Some("$rc"));
-            let _ = writeln!(out, "{command} || {{ rc=$?; {failed}; exit \"$rc\"; }}");
+            out.push_str("{ rc=$?; ");
+            push_sh_marker(&mut out, &marker::failed_prefix(n, total), Some("$rc"));
+            out.push_str("; exit \"$rc\"; }");
         }
+        out.push('\n');
     }
-    out.push_str(&sh_marker(marker::DONE, None));
+    push_sh_marker(&mut out, marker::DONE, None);
     out.push('\n');
     out
 }
