@@ -278,6 +278,8 @@ pub struct ConfigArgs {
     pub plugin_failure: BTreeMap<String, String>,
     /// The file's keys that no option has: refused by name when the file
     /// is read (the flattened plugin options rule out serde's own check).
+    /// It must stay the last field: serde fills flattened fields in order,
+    /// each taking its keys, and this one takes what is left.
     #[arg(skip)]
     #[serde(flatten)]
     unknown: BTreeMap<String, serde::de::IgnoredAny>,
@@ -824,6 +826,34 @@ links = ["eth0"]
         std::fs::write(&file, "plugins = [\"/etc/plugins/a.wasm\"]\n").unwrap();
         let err = ConfigArgs::default().resolve(Some(&file)).unwrap_err();
         assert!(err.to_string().contains("oci://"), "{err}");
+    }
+
+    /// The OCI options (their own group, for `plugin pull`) are read from
+    /// the file like the others, a flag overrides the file, and a misspelt
+    /// one is still refused by name.
+    #[test]
+    fn oci_options_come_from_the_file_or_a_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.toml");
+        std::fs::write(
+            &file,
+            "oci_store = \"/srv/oci\"\noci_plain_http = [\"127.0.0.1:5000\"]\n",
+        )
+        .unwrap();
+        let s = OciArgs::default().resolve(Some(&file)).unwrap();
+        assert_eq!(s.pinned.store.as_deref(), Some(Path::new("/srv/oci")));
+        assert_eq!(s.pinned.registry.plain_http, ["127.0.0.1:5000"]);
+        let flag = OciArgs {
+            oci_store: Some("/srv/other".into()),
+            ..OciArgs::default()
+        };
+        let s = flag.resolve(Some(&file)).unwrap();
+        assert_eq!(s.pinned.store.as_deref(), Some(Path::new("/srv/other")));
+        assert_eq!(s.pinned.registry.plain_http, ["127.0.0.1:5000"]);
+
+        std::fs::write(&file, "oci_stor = \"/srv/oci\"\n").unwrap();
+        let err = OciArgs::default().resolve(Some(&file)).unwrap_err();
+        assert!(err.to_string().contains("oci_stor"), "{err}");
     }
 
     #[test]

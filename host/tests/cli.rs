@@ -376,6 +376,10 @@ fn plugin_inspect_help_says_when_it_exits_1() {
 #[test]
 fn plugin_pull_help_lists_only_what_a_pull_uses() {
     let help = help_of(&["plugin", "pull"]);
+    let flags: Vec<&str> = help
+        .split(|c: char| c.is_whitespace() || c == ',')
+        .filter(|w| w.starts_with("--"))
+        .collect();
     for flag in [
         "--output",
         "--allow-tag",
@@ -384,7 +388,7 @@ fn plugin_pull_help_lists_only_what_a_pull_uses() {
         "--oci-plain-http",
         "--config",
     ] {
-        assert!(help.contains(flag), "--help lists {flag}: {help}");
+        assert!(flags.contains(&flag), "--help lists {flag}: {help}");
     }
     for flag in [
         "--retry-budget",
@@ -394,6 +398,6 @@ fn plugin_pull_help_lists_only_what_a_pull_uses() {
         "--plugin-ref",
         "--cocoon-bin",
     ] {
-        assert!(!help.contains(flag), "--help lists {flag}: {help}");
+        assert!(!flags.contains(&flag), "--help lists {flag}: {help}");
     }
 }
