@@ -104,6 +104,34 @@ fn engine() -> PluginHost {
     PluginHost::new(EngineOptions::default()).expect("engine")
 }
 
+/// A cache at `place` holding the entry of [`hostile`], compiled.
+struct Compiled {
+    host: PluginHost,
+    cache: ArtifactCache,
+    wasm: Vec<u8>,
+    digest: String,
+    /// The entry's file.
+    path: PathBuf,
+}
+
+fn compiled(place: &Place) -> Compiled {
+    let host = engine();
+    let cache = place.open(&host).expect("cache");
+    let wasm = hostile();
+    let digest = sha(&wasm);
+    cache
+        .lookup(host.engine(), &wasm, &digest)
+        .expect("compiles");
+    let path = cache.entry_path(&digest);
+    Compiled {
+        host,
+        cache,
+        wasm,
+        digest,
+        path,
+    }
+}
+
 #[test]
 fn second_load_hits_and_corruption_is_rebuilt() {
     let place = place();
@@ -185,14 +213,13 @@ fn an_on_demand_engine_shares_the_cache_and_plans_the_same() {
 #[test]
 fn a_tampered_trailer_is_rebuilt() {
     let place = place();
-    let host = engine();
-    let cache = place.open(&host).expect("cache");
-    let wasm = hostile();
-    let digest = sha(&wasm);
-    cache
-        .lookup(host.engine(), &wasm, &digest)
-        .expect("compiles");
-    let path = cache.entry_path(&digest);
+    let Compiled {
+        host,
+        cache,
+        wasm,
+        digest,
+        path,
+    } = compiled(&place);
     let genuine = std::fs::read(&path).expect("entry");
     assert!(
         genuine.starts_with(b"\x7fELF"),
@@ -229,14 +256,13 @@ fn a_tampered_trailer_is_rebuilt() {
 #[test]
 fn an_entry_of_the_earlier_format_is_replaced() {
     let place = place();
-    let host = engine();
-    let cache = place.open(&host).expect("cache");
-    let wasm = hostile();
-    let digest = sha(&wasm);
-    cache
-        .lookup(host.engine(), &wasm, &digest)
-        .expect("compiles");
-    let path = cache.entry_path(&digest);
+    let Compiled {
+        host,
+        cache,
+        wasm,
+        digest,
+        path,
+    } = compiled(&place);
     let current = std::fs::read(&path).expect("entry");
     let (artifact, trailer) = current.split_at(current.len() - 32 - MAGIC.len());
     let mut old = b"cfxc\0v1\0".to_vec();
