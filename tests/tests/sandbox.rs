@@ -10,7 +10,9 @@ use fixup_host::planner::PlannerError;
 use fixup_host::plugin::sandbox::{
     LOG_BYTES_PER_CALL, LOG_FUEL_PER_BYTE, LOG_FUEL_PER_MESSAGE, LOG_MAX_BYTES, LOG_MAX_MESSAGES,
 };
-use fixup_host::plugin::{EngineOptions, Limits, LoadedPlugin, PluginError, PluginHost};
+use fixup_host::plugin::{
+    Allocation, EngineOptions, Limits, LoadedPlugin, PluginError, PluginHost,
+};
 use fixup_tests::facts;
 
 use crate::held;
@@ -18,10 +20,21 @@ use rstest::rstest;
 
 /// A host with the built-ins and the plugin file at `path`, under `limits`.
 fn host_loading(limits: Limits, path: &str) -> (PluginHost, Arc<LoadedPlugin>) {
-    let mut host = PluginHost::new(EngineOptions {
-        limits,
-        ..EngineOptions::default()
-    })
+    host_allocating(limits, path, Allocation::Pooling)
+}
+
+fn host_allocating(
+    limits: Limits,
+    path: &str,
+    allocation: Allocation,
+) -> (PluginHost, Arc<LoadedPlugin>) {
+    let mut host = PluginHost::with_allocation(
+        EngineOptions {
+            limits,
+            ..EngineOptions::default()
+        },
+        allocation,
+    )
     .expect("engine");
     host.load_builtins().expect("built-ins load");
     let plugin = host
@@ -184,15 +197,19 @@ fn a_log_message_the_fuel_cannot_pay_for_traps_as_out_of_fuel() {
 
 /// A plugin that loops with fuel to spare is stopped by the wall-clock
 /// deadline (epoch interruption), with an error naming the plugin and the
-/// limit; the host goes on serving.
-#[test]
-fn the_wall_clock_deadline_stops_a_call_fuel_does_not() {
+/// limit; the host goes on serving. A daemon's host keeps the deadline
+/// with its ticker thread; a one-shot host with the process's alarm timer
+/// (or, when another host of this test process holds that, the ticker).
+#[rstest]
+#[case::ticker(Allocation::Pooling)]
+#[case::alarm(Allocation::OnDemand)]
+fn the_wall_clock_deadline_stops_a_call_fuel_does_not(#[case] allocation: Allocation) {
     let limits = Limits {
         fuel: u64::MAX / 4,
         deadline: std::time::Duration::from_millis(50),
         ..Limits::default()
     };
-    let (host, hostile) = host_loading(limits, env!("PLUGIN_HOSTILE"));
+    let (host, hostile) = host_allocating(limits, env!("PLUGIN_HOSTILE"), allocation);
     let err = host
         .plan(
             &hostile,

@@ -14,6 +14,7 @@
 //! a one-shot `plan` loads the code of only the plugins it calls;
 //! [`PluginHost::warm`] links every plugin up front, as the daemon does.
 
+mod alarm;
 pub mod builtin;
 pub mod cache;
 pub mod contract;
@@ -69,7 +70,8 @@ pub const DEFAULT_PLUGIN_DIR: &str = "/etc/cocoon-fixup/plugins";
 /// How often the engine's epoch advances: the granularity of every plugin
 /// call's wall-clock deadline ([`Limits::deadline`]). A thread per
 /// [`PluginHost`] ticks it from the host's first plugin call and stops
-/// when the host is dropped.
+/// when the host is dropped; a one-shot host ([`Allocation::OnDemand`])
+/// arms a timer per call instead (`alarm`).
 pub const EPOCH_TICK: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Advances an engine's epoch every [`EPOCH_TICK`] until dropped.
@@ -440,7 +442,11 @@ pub enum Allocation {
     #[default]
     Pooling,
     /// Memory mapped for each instance when it is made: no pool to set up,
-    /// for a process that makes a few calls and exits (`plan`).
+    /// for a process that makes a few calls and exits (`plan`). Its calls'
+    /// deadlines are kept by the process's `SIGALRM` interval timer, armed
+    /// for each call, rather than a ticker thread (the first such host in
+    /// a process; later ones use the thread), and its calls are made one
+    /// at a time: the process must not use `SIGALRM` itself.
     OnDemand,
 }
 
@@ -450,6 +456,8 @@ pub struct PluginHost {
     /// Started at the first plugin call: a process that calls none (a
     /// `plan` that needs no fixup) starts no thread.
     ticker: OnceLock<EpochTicker>,
+    /// A one-shot host's per-call timer, when it owns the process's.
+    alarm: Option<alarm::Alarm>,
     limits: Limits,
     slots: u32,
     in_flight: std::sync::atomic::AtomicUsize,
@@ -491,6 +499,11 @@ impl PluginHost {
         let mut config = Config::new();
         config.consume_fuel(true);
         config.epoch_interruption(true);
+        // Native unwind tables (`.eh_frame`) serve only outside unwinders
+        // (a debugger, `perf`); wasmtime's own traps and backtraces do not
+        // use them, and registering them is a tenth of loading a cached
+        // plugin (BENCHMARKS.md).
+        config.native_unwind_info(false);
         let slots = options.slots.max(1);
         if allocation == Allocation::Pooling {
             config.allocation_strategy(InstanceAllocationStrategy::Pooling(Self::pool(
@@ -498,7 +511,7 @@ impl PluginHost {
                 &options.limits,
             )));
         }
-        Self::finish(&config, options, slots)
+        Self::finish(&config, options, slots, allocation)
     }
 
     /// The pool of [`Allocation::Pooling`]: `slots` instances.
@@ -520,8 +533,17 @@ impl PluginHost {
     }
 
     /// The engine of `config` and its cache.
-    fn finish(config: &Config, options: EngineOptions, slots: u32) -> Result<Self, PluginError> {
+    fn finish(
+        config: &Config,
+        options: EngineOptions,
+        slots: u32,
+        allocation: Allocation,
+    ) -> Result<Self, PluginError> {
         let engine = Engine::new(config).map_err(engine_error)?;
+        let alarm = match allocation {
+            Allocation::OnDemand => alarm::Alarm::claim(&engine),
+            Allocation::Pooling => None,
+        };
         // The cache is an optimisation: one that is refused is a warning,
         // and every plugin is compiled instead.
         let cache = options.cache_dir.as_deref().and_then(|dir| {
@@ -541,6 +563,7 @@ impl PluginHost {
         Ok(PluginHost {
             engine,
             ticker: OnceLock::new(),
+            alarm,
             limits: options.limits,
             slots,
             in_flight: std::sync::atomic::AtomicUsize::new(0),
@@ -552,14 +575,32 @@ impl PluginHost {
         })
     }
 
-    /// Start the epoch ticker unless it runs: every call's deadline
-    /// counts its ticks. (Two threads may both start one; the one not
-    /// kept is dropped, which stops it.)
-    fn ticking(&self) -> Result<(), PluginError> {
+    /// What keeps the next call's deadline: its own armed alarm (one
+    /// epoch away), or the ticker thread, started unless it runs (whole
+    /// ticks, rounded up, at least one: the call stops between one and
+    /// two ticks past its deadline). (Two threads may both start a
+    /// ticker; the one not kept is dropped, which stops it.)
+    fn deadline(&self) -> Result<Deadline<'_>, PluginError> {
+        if let Some(alarm) = &self.alarm {
+            let armed = alarm.arm(self.limits.deadline).map_err(engine_error)?;
+            return Ok(Deadline {
+                epochs: 1,
+                _alarm: Some(armed),
+            });
+        }
         if self.ticker.get().is_none() {
             let _ = self.ticker.set(EpochTicker::start(&self.engine)?);
         }
-        Ok(())
+        let ticks = self
+            .limits
+            .deadline
+            .as_nanos()
+            .div_ceil(EPOCH_TICK.as_nanos())
+            .max(1);
+        Ok(Deadline {
+            epochs: u64::try_from(ticks).unwrap_or(u64::MAX),
+            _alarm: None,
+        })
     }
 
     /// The engine, for callers that manage their own cache.
@@ -810,10 +851,14 @@ impl PluginHost {
         let label = origin.to_string();
         let (described, _) = {
             let _in_flight = InFlight::enter(&self.in_flight);
-            self.ticking()?;
-            call(&self.engine, &self.limits, &label, |store| {
-                pre.describe(store)
-            })?
+            let deadline = self.deadline()?;
+            call(
+                &self.engine,
+                &self.limits,
+                deadline.epochs,
+                &label,
+                |store| pre.describe(store),
+            )?
         };
         let record = record_of(version, &imports, &described);
         let loaded = self.loaded(origin, sha256, version, imports, described, Some(pre), None)?;
@@ -929,8 +974,8 @@ impl PluginHost {
         let (result, stats) = {
             let _in_flight = InFlight::enter(&self.in_flight);
             let pre = plugin.pre()?;
-            self.ticking()?;
-            call(&self.engine, &self.limits, name, |store| {
+            let deadline = self.deadline()?;
+            call(&self.engine, &self.limits, deadline.epochs, name, |store| {
                 pre.plan(store, wit_scenario, &wit_facts)
             })?
         };
@@ -1390,11 +1435,22 @@ fn truncate_for_message(s: &str) -> &str {
     &s[..s.floor_char_boundary(80)]
 }
 
+/// The epoch deadline of one call and what keeps it
+/// ([`PluginHost::deadline`]): while the alarm guard lives, the timer is
+/// armed.
+struct Deadline<'a> {
+    /// Epochs from now at which the call traps.
+    epochs: u64,
+    _alarm: Option<alarm::Armed<'a>>,
+}
+
 /// Run one export in a fresh Store with the call limits, and turn a trap
-/// into the typed error that says which limit or capability it hit.
+/// into the typed error that says which limit or capability it hit. The
+/// call traps `deadline_epochs` epochs from now ([`PluginHost::deadline`]).
 fn call<R>(
     engine: &Engine,
     limits: &Limits,
+    deadline_epochs: u64,
     plugin: &str,
     f: impl FnOnce(&mut Store<CallState>) -> wasmtime::Result<R>,
 ) -> Result<(R, CallStats), PluginError> {
@@ -1406,14 +1462,7 @@ fn call<R>(
     // one log message) stays within a few times the plan limits, however
     // many of the plan's strings point at the same guest bytes.
     store.set_hostcall_fuel(limits.hostcall_bytes());
-    // Whole ticks, rounded up, at least one: the call stops between one
-    // and two ticks past its deadline.
-    let ticks = limits
-        .deadline
-        .as_nanos()
-        .div_ceil(EPOCH_TICK.as_nanos())
-        .max(1);
-    store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX));
+    store.set_epoch_deadline(deadline_epochs);
     store.epoch_deadline_trap();
     let outcome = f(&mut store);
     let fuel_left = store.get_fuel().unwrap_or(0);
