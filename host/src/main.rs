@@ -781,13 +781,20 @@ fn run_plan(args: &PlanArgs, config: Option<&Path>) -> Result<u8> {
             }
             outcome
         }
-        None => planner(&settings)?.plan(&obs).with_context(|| {
-            format!(
-                "planning from {} and {}",
-                args.pod.display(),
-                args.vm.display()
-            )
-        })?,
+        None => {
+            let planner = planner(&settings)?;
+            let outcome = planner.plan(&obs).with_context(|| {
+                format!(
+                    "planning from {} and {}",
+                    args.pod.display(),
+                    args.vm.display()
+                )
+            })?;
+            // The process exits next: the kernel takes the engine and the
+            // mapped plugin code back at once, without unregistering each.
+            std::mem::forget(planner);
+            outcome
+        }
     };
     match args.output {
         Output::Json => {
