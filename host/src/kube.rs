@@ -17,8 +17,9 @@
 //!   no answer within the request timeout) are retried with the backoff in
 //!   [`RetryPolicy`]; everything else fails at once, because another try
 //!   would get the same answer.
-//! - Events go through kube-runtime's [`Recorder`] to the `events.k8s.io/v1`
-//!   API, regarding the pod with its uid.
+//! - Events are posted to the `events.k8s.io/v1` API, one new object each
+//!   (named and filled as kube-runtime's `Recorder` does a first
+//!   occurrence), regarding the pod with its uid.
 //!
 //! Tests: `host/tests/kube.rs` runs every conversation against a tower-test
 //! mock API server.
@@ -29,8 +30,10 @@ use std::time::Duration;
 
 use ::kube::Client;
 use ::kube::api::{Api, ListParams, ObjectList, Patch, PatchParams};
-use ::kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
+use ::kube::runtime::events::Reporter;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::events::v1::Event as EventObject;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::facts::PodInput;
@@ -156,6 +159,48 @@ impl KubeApi {
             },
             retry: RetryPolicy::default(),
             requests: std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS_IN_FLIGHT)),
+        }
+    }
+
+    /// The `events.k8s.io/v1` Event of `event` about `pod`, as kube-runtime
+    /// names and fills one (`<pod>.<nanoseconds, hex>`, the event time now,
+    /// the reporter as controller and instance).
+    fn event_object(&self, pod: &PodRef, event: &Event) -> EventObject {
+        let now = jiff::Timestamp::now();
+        let controller = &self.reporter.controller;
+        EventObject {
+            action: Some(action_for(event.reason).to_owned()),
+            reason: Some(event.reason.to_owned()),
+            event_time: Some(MicroTime(now)),
+            regarding: Some(ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                namespace: Some(pod.namespace.clone()),
+                name: Some(pod.name.clone()),
+                uid: Some(pod.uid.clone()),
+                ..ObjectReference::default()
+            }),
+            note: (!event.message.is_empty()).then(|| event.message.clone()),
+            metadata: ObjectMeta {
+                namespace: Some(pod.namespace.clone()),
+                name: Some(format!("{}.{:x}", pod.name, now.as_nanosecond())),
+                ..ObjectMeta::default()
+            },
+            reporting_controller: Some(controller.clone()),
+            reporting_instance: Some(
+                self.reporter
+                    .instance
+                    .clone()
+                    .unwrap_or_else(|| controller.clone()),
+            ),
+            type_: Some(
+                match event.kind {
+                    EventType::Normal => "Normal",
+                    EventType::Warning => "Warning",
+                }
+                .to_owned(),
+            ),
+            ..EventObject::default()
         }
     }
 
@@ -298,7 +343,6 @@ impl KubeApi {
         &self,
         pod: &PodRef,
     ) -> Result<(Vec<crate::capture::PodEvent>, bool), PodError> {
-        use k8s_openapi::api::events::v1::Event as EventObject;
         let label = pod.to_string();
         let api: Api<EventObject> = Api::namespaced(self.client.clone(), &pod.namespace);
         let selector = format!("regarding.uid={}", pod.uid);
@@ -585,45 +629,38 @@ impl PodApi for KubeApi {
     }
 
     async fn event(&self, pod: &PodRef, event: &Event) -> Result<(), PodError> {
-        // A fresh Recorder per event on purpose: kube-runtime 5's Recorder
-        // folds a repeat of (type, reason, action, regarding) within 6
-        // minutes into a PATCH of the first event that keeps the first
-        // note, so "attempt 2: ..." and later lines would never be seen.
-        // Every event here is a new object; no retry, because events are
-        // best effort and must not hold up the fixup loop.
-        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
-        let reference = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            namespace: Some(pod.namespace.clone()),
-            name: Some(pod.name.clone()),
-            uid: Some(pod.uid.clone()),
-            ..ObjectReference::default()
-        };
-        let kube_event = KubeEvent {
-            type_: match event.kind {
-                EventType::Normal => KubeEventType::Normal,
-                EventType::Warning => KubeEventType::Warning,
-            },
-            reason: event.reason.to_owned(),
-            note: (!event.message.is_empty()).then(|| event.message.clone()),
-            action: action_for(event.reason).to_owned(),
-            secondary: None,
-        };
-        self.call(|| recorder.publish(&kube_event, &reference))
-            .await
-            .map_err(|failure| PodError::Api {
+        // Every event is a new `events.k8s.io/v1` object, posted once:
+        // kube-runtime 5's Recorder would fold a repeat of (type, reason,
+        // action, regarding) within 6 minutes into a PATCH of the first
+        // event that keeps the first note, so "attempt 2: ..." and later
+        // lines would never be seen; and the created object the API server
+        // sends back is not parsed. No retry, because events are best
+        // effort and must not hold up the fixup loop.
+        let body =
+            serde_json::to_vec(&self.event_object(pod, event)).map_err(|e| PodError::Api {
                 pod: pod.to_string(),
-                reason: format!(
-                    "recording event {}: {}; {}",
-                    event.reason,
-                    failure.detail,
-                    match failure.kind {
-                        FailureKind::Permanent => permanent_hint(failure.code),
-                        _ => "the event is lost; check that the API server is reachable",
-                    }
-                ),
-            })
+                reason: format!("recording event {}: {e}", event.reason),
+            })?;
+        let path = format!("/apis/events.k8s.io/v1/namespaces/{}/events", pod.namespace);
+        self.call(|| async move {
+            let request = ::kube::core::Request::new(path)
+                .create(&::kube::api::PostParams::default(), body)
+                .map_err(::kube::Error::BuildRequest)?;
+            self.client.request_text(request).await.map(drop)
+        })
+        .await
+        .map_err(|failure| PodError::Api {
+            pod: pod.to_string(),
+            reason: format!(
+                "recording event {}: {}; {}",
+                event.reason,
+                failure.detail,
+                match failure.kind {
+                    FailureKind::Permanent => permanent_hint(failure.code),
+                    _ => "the event is lost; check that the API server is reachable",
+                }
+            ),
+        })
     }
 }
 
