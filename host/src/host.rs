@@ -124,7 +124,7 @@ pub enum HostError {
         source: NoPlugin,
     },
     /// A plugin registered from the cache whose code could not be loaded
-    /// ([`PluginError::NotLoaded`]): the node's cache is at fault.
+    /// ([`PluginError::NotLoaded`](crate::plugin::PluginError::NotLoaded)): the node's cache is at fault.
     /// Reported and retried, never a pod failure.
     #[error("pod {pod}: node configuration: {source}")]
     PluginCode {
