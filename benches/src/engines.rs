@@ -176,6 +176,8 @@ impl Variant {
         let mut config = Config::new();
         config.consume_fuel(self.interrupt == Interrupt::Fuel);
         config.epoch_interruption(self.interrupt == Interrupt::Epoch);
+        // As `PluginHost::new`: no native unwind tables.
+        config.native_unwind_info(false);
         match self.allocator {
             Allocator::Pooling {
                 keep_resident,

@@ -105,7 +105,7 @@ pub struct PluginConfigArgs {
     /// CPU fuel per plugin call [default: 250000000, about 10 ms]
     #[arg(long, value_name = "N", env = "COCOON_FIXUP_PLUGIN_FUEL")]
     pub plugin_fuel: Option<u64>,
-    /// Wall-clock time one plugin call may take [default: 1s]
+    /// Wall-clock time one plugin call may take, at least 1ms [default: 1s]
     #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_PLUGIN_DEADLINE", value_parser = duration)]
     #[serde(default, with = "opt_duration")]
     pub plugin_deadline: Option<Duration>,
@@ -426,6 +426,17 @@ impl ConfigArgs {
                 value: ratio.to_string(),
             });
         }
+        // Below a millisecond the deadline would stop every plugin's
+        // `describe` before it starts: a mistake, never a setting.
+        if let Some(deadline) = a.plugin.plugin_deadline
+            && deadline < Duration::from_millis(1)
+        {
+            return Err(ConfigError::Invalid {
+                what: "plugin_deadline",
+                rule: "at least 1ms",
+                value: format!("{deadline:?}"),
+            });
+        }
         let concurrency = a.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
         if concurrency == 0 {
             return Err(ConfigError::Invalid {
@@ -718,6 +729,24 @@ mod tests {
         );
         assert_eq!(s.host.ready.budget, Duration::from_secs(45));
         assert_eq!(s.file.as_deref(), Some(file.as_path()));
+    }
+
+    #[test]
+    fn a_plugin_deadline_under_a_millisecond_is_refused() {
+        for (deadline, refused) in [("0s", true), ("999us", true), ("1ms", false)] {
+            let cli = Cli::parse_from(["x", "--plugin-deadline", deadline]);
+            match cli.config.resolve(None) {
+                Err(e) => {
+                    assert!(refused, "{deadline}: {e}");
+                    assert!(e.to_string().contains("plugin_deadline"), "{e}");
+                    assert!(e.to_string().contains("at least 1ms"), "{e}");
+                }
+                Ok(s) => {
+                    assert!(!refused, "{deadline} is refused");
+                    assert_eq!(s.planner.engine.limits.deadline, Duration::from_millis(1));
+                }
+            }
+        }
     }
 
     #[test]

@@ -198,14 +198,18 @@ fn a_log_message_the_fuel_cannot_pay_for_traps_as_out_of_fuel() {
 /// A plugin that loops with fuel to spare is stopped by the wall-clock
 /// deadline (epoch interruption), with an error naming the plugin and the
 /// limit; the host goes on serving. A daemon's host keeps the deadline
-/// with its ticker thread; a one-shot host with the process's alarm timer
-/// (or, when another host of this test process holds that, the ticker).
+/// with its ticker thread; a one-shot host with the process's alarm timer,
+/// which in this test process another test's host may hold first (then
+/// the ticker): `the_plan_command_stops_a_call_at_its_deadline_with_its_alarm`
+/// runs the alarm in a process of its own.
 #[rstest]
-#[case::ticker(Allocation::Pooling)]
-#[case::alarm(Allocation::OnDemand)]
+#[case::pooling(Allocation::Pooling)]
+#[case::on_demand(Allocation::OnDemand)]
 fn the_wall_clock_deadline_stops_a_call_fuel_does_not(#[case] allocation: Allocation) {
     let limits = Limits {
-        fuel: u64::MAX / 4,
+        // Seconds of spinning: a deadline that does not hold ends the
+        // call on fuel, and the test fails rather than hangs.
+        fuel: 20_000_000_000,
         deadline: std::time::Duration::from_millis(50),
         ..Limits::default()
     };
@@ -223,6 +227,88 @@ fn the_wall_clock_deadline_stops_a_call_fuel_does_not(#[case] allocation: Alloca
     );
     assert!(err.to_string().contains("--plugin-deadline"), "{err}");
     assert_still_serving(&host);
+}
+
+/// The `plan` command, a process that makes a call or two and exits, keeps
+/// a plugin's deadline with its interval timer (no ticker thread): a
+/// spinning plugin with fuel for hours is stopped at its 50 ms deadline,
+/// and the command fails naming the plugin and the limit.
+#[test]
+fn the_plan_command_stops_a_call_at_its_deadline_with_its_alarm() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let example = |name: &str| {
+        std::fs::read_to_string(examples.join("oci-static").join(name))
+            .expect("example")
+            .replace("vm-7f3a9c21", "hostile-spin")
+    };
+    let pod = example("pod.json").replace(
+        r#""vm.cocoonstack.io/guest-flavor": "ubuntu""#,
+        r#""vm.cocoonstack.io/guest-flavor": "hostile""#,
+    );
+    assert!(
+        pod.contains(r#""hostile""#),
+        "the flavour annotation is set"
+    );
+    std::fs::write(dir.path().join("pod.json"), pod).expect("pod");
+    std::fs::write(dir.path().join("vm.json"), example("vm.json")).expect("vm");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir(&plugins).expect("plugins");
+    std::fs::copy(env!("PLUGIN_HOSTILE"), plugins.join("hostile.wasm")).expect("copy");
+
+    let mut child = std::process::Command::new(crate::serve_reload::binary::program())
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", dir.path())
+        .env("COCOON_FIXUP_LOG", "debug")
+        .arg("plan")
+        .args([
+            "--pod",
+            "pod.json",
+            "--vm",
+            "vm.json",
+            "--plugin-dir",
+            "plugins",
+        ])
+        .arg("--cache-dir")
+        .arg(dir.path().join("cache"))
+        .arg("--cache-key")
+        .arg(dir.path().join("key").join("cache.key"))
+        .arg("--cocoon-root")
+        .arg(examples.join("cocoon-root"))
+        .args([
+            "--plugin-deadline",
+            "50ms",
+            "--plugin-fuel",
+            "1000000000000000",
+        ])
+        .current_dir(dir.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("cocoon-fixup plan");
+    // Generous: compiling the plugins comes first. A deadline that does
+    // not hold leaves the plugin spinning on its fuel for hours.
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > patience {
+            let _ = child.kill();
+            panic!("`plan` was not stopped by the plugin's deadline");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().expect("output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("plugin hostile ran past its wall-clock deadline (50ms"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("plugin call deadlines are kept by an interval timer (SIGALRM)"),
+        "the alarm, not the ticker: {stderr}"
+    );
 }
 
 /// A planner with the built-ins and the hostile plugin from a plugin

@@ -42,10 +42,10 @@ use tokio::process::Child;
 
 #[allow(dead_code)]
 #[path = "../../host/tests/support/binary.rs"]
-mod binary;
+pub(crate) mod binary;
 #[allow(dead_code)]
 #[path = "../../host/tests/support/fake.rs"]
-mod fake;
+pub(crate) mod fake;
 #[allow(dead_code)]
 #[path = "../../host/tests/support/fake_api.rs"]
 mod fake_api;

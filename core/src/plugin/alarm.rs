@@ -7,27 +7,39 @@
 //! deadline. A daemon advances the epoch from a thread ([`super::EPOCH_TICK`]),
 //! which a one-shot command pays for in full (creating it, and tearing
 //! down a second thread at exit) for a call that lasts a fraction of a
-//! tick. Here the call's deadline is one epoch away, and `ITIMER_REAL` is
-//! armed for the deadline itself: when it expires, `SIGALRM`'s handler
-//! advances the epoch (one atomic add, safe in a signal handler) and the
-//! plugin traps at its next check, exactly as with the ticker. The timer
-//! is disarmed when the call returns, so a call that keeps its deadline
-//! never sees a signal.
+//! tick. Here the Store's deadline is one epoch away, and only then is
+//! `ITIMER_REAL` armed for the call's deadline: when it expires, the
+//! `SIGALRM` handler advances the epoch (one atomic add, safe in a signal
+//! handler) and the plugin traps at its next check, as with the ticker.
+//! The timer is disarmed when the call returns.
 //!
-//! One engine per process owns the alarm ([`Alarm::claim`]): the handler
-//! advances that engine's epoch, and its calls are made one at a time.
-//! Every other engine falls back to the ticker thread. The process must
-//! not use `SIGALRM` or `ITIMER_REAL` for anything else, which is why only
-//! the one-shot allocation ([`super::Allocation::OnDemand`]) asks for it.
+//! The handler advances the epoch only for the kernel's timer signal and
+//! only once the armed call's deadline has passed (its own clock reading),
+//! so a timer signal left over from an earlier call does nothing. A
+//! `SIGALRM` someone sends (`kill`, `timeout -s ALRM`) does what it did
+//! before the host took the signal: the default action, which ends the
+//! process.
+//!
+//! One engine per process owns the alarm ([`Alarm::claim`]), and only when
+//! `SIGALRM` still has its default action and no `ITIMER_REAL` is running
+//! (a wrapper's `alarm` keeps working); its calls are made one at a time.
+//! A call on a thread that blocks `SIGALRM` is kept by the ticker thread
+//! instead, and so is every call after it (a running ticker would advance
+//! an alarm call's one-epoch deadline). Every other engine uses the ticker.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use wasmtime::Engine;
 
-/// The engine whose epoch `SIGALRM` advances. Set once; never cleared,
+/// The engine whose epoch the timer advances. Set once; never cleared,
 /// because a handler may run at any moment and must find it.
 static ENGINE: OnceLock<Engine> = OnceLock::new();
+
+/// When the armed call's deadline passes (`CLOCK_MONOTONIC`, nanoseconds);
+/// zero when no call is armed.
+static DUE: AtomicU64 = AtomicU64::new(0);
 
 /// The process's alarm, owned by one engine.
 pub(super) struct Alarm {
@@ -35,65 +47,136 @@ pub(super) struct Alarm {
     calls: Mutex<()>,
 }
 
-/// A call's armed timer: disarmed when dropped.
-pub(super) struct Armed<'a> {
+/// One call's turn at the alarm: armed by [`Turn::arm`] once the Store's
+/// deadline is set, disarmed when dropped.
+pub(super) struct Turn<'a> {
+    armed: bool,
     _call: MutexGuard<'a, ()>,
 }
 
 impl Alarm {
-    /// The alarm for `engine`, if this process has not given it to another
-    /// engine and the handler could be installed; `None` means: use the
-    /// ticker thread.
+    /// The alarm for `engine`: `None` (use the ticker thread) when the
+    /// process gave it to another engine, `SIGALRM` has a handler or is
+    /// ignored, an interval timer is running, or the handler could not be
+    /// installed.
     pub(super) fn claim(engine: &Engine) -> Option<Alarm> {
+        if let Some(why) = taken() {
+            tracing::debug!("plugin call deadlines use the ticker thread: {why}");
+            return None;
+        }
         ENGINE.set(engine.clone()).ok()?;
         #[allow(unsafe_code)]
-        // SAFETY: `on_alarm` only reads a set `OnceLock` and makes one
-        // atomic add, both safe in a signal handler. `SA_RESTART` keeps
-        // interrupted system calls from failing with EINTR; `SA_ONSTACK`
-        // runs the handler on the thread's signal stack (wasmtime gives
-        // every thread that runs a plugin one), not on a plugin's stack.
+        // SAFETY: `on_alarm` reads a set `OnceLock`, an atomic and the
+        // monotonic clock and makes one atomic add, or restores the
+        // default action and re-raises: all safe in a signal handler.
+        // `SA_RESTART` restarts the system calls that can be restarted
+        // (signal(7) lists those that fail with EINTR regardless);
+        // `SA_ONSTACK` runs the handler on the signal stack of whichever
+        // thread receives it (wasmtime gives one to every thread that
+        // runs a plugin), not on a plugin's stack.
         let installed = unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_alarm as extern "C" fn(libc::c_int) as libc::sighandler_t;
-            action.sa_flags = libc::SA_RESTART | libc::SA_ONSTACK;
+            action.sa_sigaction = on_alarm
+                as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
+                as libc::sighandler_t;
+            action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
             libc::sigemptyset(&mut action.sa_mask);
             libc::sigaction(libc::SIGALRM, &action, std::ptr::null_mut()) == 0
         };
         if !installed {
             tracing::debug!(
-                "no SIGALRM handler ({}); plugin deadlines use the ticker thread",
+                "plugin call deadlines use the ticker thread: no SIGALRM handler ({})",
                 std::io::Error::last_os_error()
             );
             return None;
         }
+        tracing::debug!("plugin call deadlines are kept by an interval timer (SIGALRM)");
         Some(Alarm {
             calls: Mutex::new(()),
         })
     }
 
-    /// Arm the timer for one call whose deadline is `after` from now and
-    /// whose Store's epoch deadline is one epoch away.
-    pub(super) fn arm(&self, after: Duration) -> std::io::Result<Armed<'_>> {
-        let call = self.calls.lock().unwrap_or_else(|e| e.into_inner());
-        // A zero value would disarm the timer and leave the call unbounded.
-        set_timer(after.max(Duration::from_micros(1)))?;
-        Ok(Armed { _call: call })
+    /// Wait for the alarm to be free and take it for one call; not armed
+    /// yet.
+    pub(super) fn turn(&self) -> Turn<'_> {
+        Turn {
+            armed: false,
+            _call: self.calls.lock().unwrap_or_else(|e| e.into_inner()),
+        }
     }
 }
 
-impl Drop for Armed<'_> {
+impl Turn<'_> {
+    /// Arm the timer for a deadline `after` from now. Call it once the
+    /// Store's epoch deadline is set (one epoch away): a timer that
+    /// expired before would advance the epoch the deadline then counts
+    /// from, and the call would run unbounded.
+    pub(super) fn arm(&mut self, after: Duration) -> std::io::Result<()> {
+        // A zero value would disarm the timer and leave the call unbounded.
+        let after = after.max(Duration::from_micros(1));
+        let due =
+            monotonic_ns().saturating_add(u64::try_from(after.as_nanos()).unwrap_or(u64::MAX));
+        DUE.store(due, Ordering::SeqCst);
+        self.armed = true;
+        set_timer(after)
+    }
+}
+
+impl Drop for Turn<'_> {
     fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        DUE.store(0, Ordering::SeqCst);
         if let Err(e) = set_timer(Duration::ZERO) {
             tracing::warn!("disarming the plugin call's deadline timer: {e}");
         }
     }
 }
 
+/// Whether the calling thread can receive `SIGALRM` (an inherited signal
+/// mask may block it).
+pub(super) fn unblocked() -> bool {
+    #[allow(unsafe_code)]
+    // SAFETY: asks for the calling thread's mask only; `mask` is written.
+    unsafe {
+        let mut mask: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut mask) == 0
+            && libc::sigismember(&mask, libc::SIGALRM) == 0
+    }
+}
+
+/// Why the process's alarm is not free to take, if it is not.
+fn taken() -> Option<String> {
+    #[allow(unsafe_code)]
+    // SAFETY: both calls only read: the current action and timer are
+    // written into zeroed structures of the right types.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGALRM, std::ptr::null(), &mut action) != 0 {
+            return Some(format!("SIGALRM: {}", std::io::Error::last_os_error()));
+        }
+        if action.sa_sigaction != libc::SIG_DFL {
+            return Some("SIGALRM already has a handler or is ignored".to_owned());
+        }
+        let mut timer: libc::itimerval = std::mem::zeroed();
+        if libc::getitimer(libc::ITIMER_REAL, &mut timer) != 0 {
+            return Some(format!("ITIMER_REAL: {}", std::io::Error::last_os_error()));
+        }
+        if timer.it_value.tv_sec != 0 || timer.it_value.tv_usec != 0 {
+            return Some("an ITIMER_REAL timer is already running".to_owned());
+        }
+    }
+    None
+}
+
 /// `ITIMER_REAL` to expire once, `after` from now (zero: disarmed).
 fn set_timer(after: Duration) -> std::io::Result<()> {
+    #[allow(clippy::unnecessary_fallible_conversions)]
+    // `suseconds_t` is 32 bits on some targets.
     let value = libc::timeval {
         tv_sec: libc::time_t::try_from(after.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_usec: libc::suseconds_t::from(after.subsec_micros()),
+        tv_usec: libc::suseconds_t::try_from(after.subsec_micros()).unwrap_or(0),
     };
     let timer = libc::itimerval {
         it_interval: libc::timeval {
@@ -112,8 +195,43 @@ fn set_timer(after: Duration) -> std::io::Result<()> {
     }
 }
 
-extern "C" fn on_alarm(_: libc::c_int) {
-    if let Some(engine) = ENGINE.get() {
+/// `CLOCK_MONOTONIC` in nanoseconds (the clock `ITIMER_REAL` runs on).
+fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    #[allow(unsafe_code)]
+    // SAFETY: `now` is a valid timespec; clock_gettime is async-signal-safe.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now);
+    }
+    u64::try_from(now.tv_sec)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(now.tv_nsec).unwrap_or(0))
+}
+
+extern "C" fn on_alarm(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    #[allow(unsafe_code)]
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+    let code = unsafe { (*info).si_code };
+    if code != libc::SI_KERNEL {
+        // Sent by someone, not the timer: what SIGALRM did before.
+        #[allow(unsafe_code)]
+        // SAFETY: signal and raise are async-signal-safe; the raised
+        // signal is delivered when this handler returns.
+        unsafe {
+            libc::signal(libc::SIGALRM, libc::SIG_DFL);
+            libc::raise(libc::SIGALRM);
+        }
+        return;
+    }
+    let due = DUE.load(Ordering::SeqCst);
+    if due != 0
+        && monotonic_ns() >= due
+        && let Some(engine) = ENGINE.get()
+    {
         engine.increment_epoch();
     }
 }
@@ -136,43 +254,57 @@ mod tests {
     /// stopped by the alarm.
     const FUEL: u64 = 20_000_000_000;
 
-    /// The outcome of spinning with the deadline one epoch away.
-    fn spin(engine: &Engine, module: &Module, fuel: u64) -> Trap {
+    /// A Store with `fuel` and the epoch deadline one epoch away.
+    fn store(engine: &Engine, fuel: u64) -> Store<()> {
         let mut store = Store::new(engine, ());
         store.set_fuel(fuel).expect("fuel");
         store.set_epoch_deadline(1);
         store.epoch_deadline_trap();
-        let instance = Instance::new(&mut store, module, &[]).expect("instance");
+        store
+    }
+
+    /// How a spin in `store` ends.
+    fn spin(store: &mut Store<()>, module: &Module) -> Trap {
+        let instance = Instance::new(&mut *store, module, &[]).expect("instance");
         let spin = instance
-            .get_typed_func::<(), ()>(&mut store, "spin")
+            .get_typed_func::<(), ()>(&mut *store, "spin")
             .expect("spin");
-        let err = spin.call(&mut store, ()).expect_err("a spin never returns");
+        let err = spin
+            .call(&mut *store, ())
+            .expect_err("a spin never returns");
         *err.downcast_ref::<Trap>().expect("a trap")
     }
 
-    /// The one test that claims this test binary's alarm (a second claim
-    /// would find it taken): an armed alarm stops a call at its deadline,
-    /// and a disarmed one never advances the epoch.
+    /// The one test that claims this test binary's alarm (no other unit
+    /// test builds an on-demand host): an armed alarm stops a call at its
+    /// deadline, and a disarmed one never advances the epoch.
     #[test]
     fn an_armed_alarm_stops_a_call_and_a_disarmed_one_never_fires() {
         let mut config = Config::new();
         config.consume_fuel(true).epoch_interruption(true);
         let engine = Engine::new(&config).expect("engine");
         let module = Module::new(&engine, SPIN).expect("module");
+        assert!(unblocked(), "the test thread can receive SIGALRM");
         let alarm = Alarm::claim(&engine).expect("the alarm of this test binary");
         assert!(
             Alarm::claim(&engine).is_none(),
             "the process's alarm is given once"
         );
 
-        let armed = alarm.arm(Duration::from_millis(20)).expect("armed");
-        assert_eq!(spin(&engine, &module, FUEL), Trap::Interrupt);
-        drop(armed);
+        let mut stopped = store(&engine, FUEL);
+        let mut turn = alarm.turn();
+        turn.arm(Duration::from_millis(20)).expect("armed");
+        assert_eq!(spin(&mut stopped, &module), Trap::Interrupt);
+        drop(turn);
 
-        // Armed and disarmed well before it was due: the epoch stays, so a
-        // spin with nothing armed ends on fuel, not on an interrupt.
-        drop(alarm.arm(Duration::from_millis(20)).expect("armed"));
+        // The deadline is set before the alarm is armed and disarmed,
+        // then the alarm's time passes: an epoch advanced meanwhile would
+        // stop the spin at once; it ends on fuel instead.
+        let mut untouched = store(&engine, 1_000_000);
+        let mut turn = alarm.turn();
+        turn.arm(Duration::from_millis(20)).expect("armed");
+        drop(turn);
         std::thread::sleep(Duration::from_millis(60));
-        assert_eq!(spin(&engine, &module, 1_000_000), Trap::OutOfFuel);
+        assert_eq!(spin(&mut untouched, &module), Trap::OutOfFuel);
     }
 }

@@ -431,8 +431,8 @@ impl ArtifactCache {
 
     /// The MAC over what an entry stands for and holds.
     /// Keyed BLAKE3 rather than HMAC-SHA256: the artifact is 300 KB and
-    /// checked on every load, and this took half the time in a profile of
-    /// `plan` (BENCHMARKS.md).
+    /// checked on every load, and this took half the samples HMAC-SHA256
+    /// did in a profile of `plan` (BENCHMARKS.md).
     fn mac(&self, plugin_sha256: &str, artifact: &[u8]) -> blake3::Hash {
         let mut mac = blake3::Hasher::new_keyed(&self.entry_key);
         for part in [

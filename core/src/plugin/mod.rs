@@ -442,11 +442,14 @@ pub enum Allocation {
     #[default]
     Pooling,
     /// Memory mapped for each instance when it is made: no pool to set up,
-    /// for a process that makes a few calls and exits (`plan`). Its calls'
-    /// deadlines are kept by the process's `SIGALRM` interval timer, armed
-    /// for each call, rather than a ticker thread (the first such host in
-    /// a process; later ones use the thread), and its calls are made one
-    /// at a time: the process must not use `SIGALRM` itself.
+    /// for a process that makes a few calls and exits (`plan`, `capture`).
+    /// Its calls' deadlines are kept by the process's `ITIMER_REAL`
+    /// interval timer and `SIGALRM`, armed for each call, rather than a
+    /// ticker thread, and its calls are made one at a time. Only the first
+    /// such host in a process takes the alarm, and only while `SIGALRM`
+    /// has its default action and no interval timer runs; otherwise, and
+    /// for calls on a thread that blocks `SIGALRM`, the ticker thread
+    /// (`alarm` module).
     OnDemand,
 }
 
@@ -501,8 +504,9 @@ impl PluginHost {
         config.epoch_interruption(true);
         // Native unwind tables (`.eh_frame`) serve only outside unwinders
         // (a debugger, `perf`); wasmtime's own traps and backtraces do not
-        // use them, and registering them is a tenth of loading a cached
-        // plugin (BENCHMARKS.md).
+        // use them, and registering them cost a `plan` process about
+        // 0.1 ms (BENCHMARKS.md). Outside unwinders stop at the first
+        // plugin frame (`perf --call-graph fp` still walks through it).
         config.native_unwind_info(false);
         let slots = options.slots.max(1);
         if allocation == Allocation::Pooling {
@@ -575,22 +579,35 @@ impl PluginHost {
         })
     }
 
-    /// What keeps the next call's deadline: its own armed alarm (one
-    /// epoch away), or the ticker thread, started unless it runs (whole
-    /// ticks, rounded up, at least one: the call stops between one and
-    /// two ticks past its deadline). (Two threads may both start a
-    /// ticker; the one not kept is dropped, which stops it.)
+    /// What keeps the next call's deadline: a turn at the process's alarm
+    /// (the Store's deadline one epoch away, the timer armed for the
+    /// deadline itself), or the ticker thread, started unless it runs
+    /// (whole ticks, rounded up, at least one: the call stops between one
+    /// and two ticks past its deadline).
     fn deadline(&self) -> Result<Deadline<'_>, PluginError> {
-        if let Some(alarm) = &self.alarm {
-            let armed = alarm.arm(self.limits.deadline).map_err(engine_error)?;
-            return Ok(Deadline {
-                epochs: 1,
-                _alarm: Some(armed),
-            });
+        if let Some(alarm) = &self.alarm
+            && self.ticker.get().is_none()
+        {
+            let turn = alarm.turn();
+            // Again with the turn held: a call that found SIGALRM blocked
+            // may have started the ticker meanwhile.
+            if self.ticker.get().is_none() {
+                if alarm::unblocked() {
+                    return Ok(Deadline {
+                        epochs: 1,
+                        turn: Some(turn),
+                    });
+                }
+                // This thread cannot receive the timer's signal: the
+                // ticker from now on (started while no alarm call runs,
+                // which its ticks would stop at once).
+                tracing::debug!(
+                    "SIGALRM is blocked on this thread: plugin call deadlines use the ticker thread from now on"
+                );
+                self.start_ticker()?;
+            }
         }
-        if self.ticker.get().is_none() {
-            let _ = self.ticker.set(EpochTicker::start(&self.engine)?);
-        }
+        self.start_ticker()?;
         let ticks = self
             .limits
             .deadline
@@ -599,8 +616,17 @@ impl PluginHost {
             .max(1);
         Ok(Deadline {
             epochs: u64::try_from(ticks).unwrap_or(u64::MAX),
-            _alarm: None,
+            turn: None,
         })
+    }
+
+    /// Start the epoch ticker unless it runs. (Two threads may both start
+    /// one; the one not kept is dropped, which stops it.)
+    fn start_ticker(&self) -> Result<(), PluginError> {
+        if self.ticker.get().is_none() {
+            let _ = self.ticker.set(EpochTicker::start(&self.engine)?);
+        }
+        Ok(())
     }
 
     /// The engine, for callers that manage their own cache.
@@ -852,13 +878,9 @@ impl PluginHost {
         let (described, _) = {
             let _in_flight = InFlight::enter(&self.in_flight);
             let deadline = self.deadline()?;
-            call(
-                &self.engine,
-                &self.limits,
-                deadline.epochs,
-                &label,
-                |store| pre.describe(store),
-            )?
+            call(&self.engine, &self.limits, deadline, &label, |store| {
+                pre.describe(store)
+            })?
         };
         let record = record_of(version, &imports, &described);
         let loaded = self.loaded(origin, sha256, version, imports, described, Some(pre), None)?;
@@ -975,7 +997,7 @@ impl PluginHost {
             let _in_flight = InFlight::enter(&self.in_flight);
             let pre = plugin.pre()?;
             let deadline = self.deadline()?;
-            call(&self.engine, &self.limits, deadline.epochs, name, |store| {
+            call(&self.engine, &self.limits, deadline, name, |store| {
                 pre.plan(store, wit_scenario, &wit_facts)
             })?
         };
@@ -1436,21 +1458,22 @@ fn truncate_for_message(s: &str) -> &str {
 }
 
 /// The epoch deadline of one call and what keeps it
-/// ([`PluginHost::deadline`]): while the alarm guard lives, the timer is
-/// armed.
+/// ([`PluginHost::deadline`]): the ticker, or the call's turn at the
+/// alarm, armed by [`call`] once the Store's deadline is set and disarmed
+/// when dropped.
 struct Deadline<'a> {
     /// Epochs from now at which the call traps.
     epochs: u64,
-    _alarm: Option<alarm::Armed<'a>>,
+    turn: Option<alarm::Turn<'a>>,
 }
 
 /// Run one export in a fresh Store with the call limits, and turn a trap
 /// into the typed error that says which limit or capability it hit. The
-/// call traps `deadline_epochs` epochs from now ([`PluginHost::deadline`]).
+/// call traps at `deadline` ([`PluginHost::deadline`]).
 fn call<R>(
     engine: &Engine,
     limits: &Limits,
-    deadline_epochs: u64,
+    mut deadline: Deadline<'_>,
     plugin: &str,
     f: impl FnOnce(&mut Store<CallState>) -> wasmtime::Result<R>,
 ) -> Result<(R, CallStats), PluginError> {
@@ -1462,8 +1485,11 @@ fn call<R>(
     // one log message) stays within a few times the plan limits, however
     // many of the plan's strings point at the same guest bytes.
     store.set_hostcall_fuel(limits.hostcall_bytes());
-    store.set_epoch_deadline(deadline_epochs);
+    store.set_epoch_deadline(deadline.epochs);
     store.epoch_deadline_trap();
+    if let Some(turn) = &mut deadline.turn {
+        turn.arm(limits.deadline).map_err(engine_error)?;
+    }
     let outcome = f(&mut store);
     let fuel_left = store.get_fuel().unwrap_or(0);
     let state = store.into_data();
