@@ -229,13 +229,11 @@ fn the_wall_clock_deadline_stops_a_call_fuel_does_not(#[case] allocation: Alloca
     assert_still_serving(&host);
 }
 
-/// The `plan` command, a process that makes a call or two and exits, keeps
-/// a plugin's deadline with its interval timer (no ticker thread): a
-/// spinning plugin with fuel for hours is stopped at its 50 ms deadline,
-/// and the command fails naming the plugin and the limit.
-#[test]
-fn the_plan_command_stops_a_call_at_its_deadline_with_its_alarm() {
-    let dir = tempfile::tempdir().expect("tempdir");
+/// `cocoon-fixup plan` of the bundled oci-static example made a clone the
+/// hostile plugin plans as `spin`, with the plugin in `dir/plugins`, debug
+/// logs, and the deadline `deadline` over fuel for hours; stdout and
+/// stderr piped.
+fn spinning_plan(dir: &Path, deadline: &str) -> std::process::Child {
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
     let example = |name: &str| {
         std::fs::read_to_string(examples.join("oci-static").join(name))
@@ -250,16 +248,15 @@ fn the_plan_command_stops_a_call_at_its_deadline_with_its_alarm() {
         pod.contains(r#""hostile""#),
         "the flavour annotation is set"
     );
-    std::fs::write(dir.path().join("pod.json"), pod).expect("pod");
-    std::fs::write(dir.path().join("vm.json"), example("vm.json")).expect("vm");
-    let plugins = dir.path().join("plugins");
+    std::fs::write(dir.join("pod.json"), pod).expect("pod");
+    std::fs::write(dir.join("vm.json"), example("vm.json")).expect("vm");
+    let plugins = dir.join("plugins");
     std::fs::create_dir(&plugins).expect("plugins");
     std::fs::copy(env!("PLUGIN_HOSTILE"), plugins.join("hostile.wasm")).expect("copy");
-
-    let mut child = std::process::Command::new(crate::serve_reload::binary::program())
+    std::process::Command::new(crate::serve_reload::binary::program())
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
-        .env("HOME", dir.path())
+        .env("HOME", dir)
         .env("COCOON_FIXUP_LOG", "debug")
         .arg("plan")
         .args([
@@ -271,26 +268,40 @@ fn the_plan_command_stops_a_call_at_its_deadline_with_its_alarm() {
             "plugins",
         ])
         .arg("--cache-dir")
-        .arg(dir.path().join("cache"))
+        .arg(dir.join("cache"))
         .arg("--cache-key")
-        .arg(dir.path().join("key").join("cache.key"))
+        .arg(dir.join("key").join("cache.key"))
         .arg("--cocoon-root")
         .arg(examples.join("cocoon-root"))
         .args([
             "--plugin-deadline",
-            "50ms",
+            deadline,
             "--plugin-fuel",
             "1000000000000000",
         ])
-        .current_dir(dir.path())
+        .current_dir(dir)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .expect("cocoon-fixup plan");
-    // Generous: compiling the plugins comes first. A deadline that does
-    // not hold leaves the plugin spinning on its fuel for hours.
-    let patience = std::time::Instant::now() + std::time::Duration::from_secs(300);
+        .expect("cocoon-fixup plan")
+}
+
+/// Generous: compiling the plugins comes first. A deadline that does not
+/// hold leaves the plugin spinning on its fuel for hours.
+const PLAN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(300);
+
+const ALARM_TAKEN: &str = "plugin call deadlines are kept by an interval timer (SIGALRM)";
+
+/// The `plan` command, a process that makes a call or two and exits, keeps
+/// a plugin's deadline with its interval timer (no ticker thread): a
+/// spinning plugin with fuel for hours is stopped at its 50 ms deadline,
+/// and the command fails naming the plugin and the limit.
+#[test]
+fn the_plan_command_stops_a_call_at_its_deadline_with_its_alarm() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = spinning_plan(dir.path(), "50ms");
+    let patience = std::time::Instant::now() + PLAN_PATIENCE;
     while child.try_wait().expect("wait").is_none() {
         if std::time::Instant::now() > patience {
             let _ = child.kill();
@@ -306,8 +317,60 @@ fn the_plan_command_stops_a_call_at_its_deadline_with_its_alarm() {
         "{stderr}"
     );
     assert!(
-        stderr.contains("plugin call deadlines are kept by an interval timer (SIGALRM)"),
+        stderr.contains(ALARM_TAKEN),
         "the alarm, not the ticker: {stderr}"
+    );
+}
+
+/// A `SIGALRM` someone sends to `plan` ends it, as it did before `plan`
+/// kept deadlines with the signal: the handler takes only the timer's.
+#[test]
+fn a_sigalrm_sent_to_plan_ends_it() {
+    use std::io::BufRead as _;
+    use std::os::unix::process::ExitStatusExt as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = spinning_plan(dir.path(), "300s");
+    let stderr = child.stderr.take().expect("stderr");
+    let (lines, seen) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = lines.send(line);
+        }
+    });
+    // Once the log says the alarm is taken, the handler is installed.
+    let mut log = Vec::new();
+    while !log.iter().any(|l: &String| l.contains(ALARM_TAKEN)) {
+        match seen.recv_timeout(PLAN_PATIENCE) {
+            Ok(line) => log.push(line),
+            Err(e) => {
+                let _ = child.kill();
+                panic!("no word of the alarm ({e}): {log:#?}");
+            }
+        }
+    }
+    let sent = std::process::Command::new("kill")
+        .args(["-ALRM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    let patience = std::time::Instant::now() + PLAN_PATIENCE;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if std::time::Instant::now() > patience {
+            let _ = child.kill();
+            panic!("`plan` went on after SIGALRM: {log:#?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(
+        status.signal(),
+        Some(14),
+        "ended by SIGALRM: {status:?} {log:#?}"
     );
 }
 

@@ -15,19 +15,25 @@
 //!
 //! The handler advances the epoch only for the kernel's timer signal and
 //! only once the armed call's deadline has passed (its own clock reading),
-//! so a timer signal left over from an earlier call does nothing. A
-//! `SIGALRM` someone sends (`kill`, `timeout -s ALRM`) does what it did
-//! before the host took the signal: the default action, which ends the
-//! process.
+//! so a timer signal left over from an earlier call does nothing (a call's
+//! turn ends only when no handler is between that reading and its
+//! increment). A `SIGALRM` someone sends (`kill`, `timeout -s ALRM`) does
+//! what it did before the host took the signal: the default action, which
+//! ends the process. (A kernel that cannot allocate the timer signal's
+//! information sends it as `SI_USER`: the process then ends too, which
+//! fails closed.)
 //!
 //! One engine per process owns the alarm ([`Alarm::claim`]), and only when
 //! `SIGALRM` still has its default action and no `ITIMER_REAL` is running
 //! (a wrapper's `alarm` keeps working); its calls are made one at a time.
-//! A call on a thread that blocks `SIGALRM` is kept by the ticker thread
+//! A call on a thread that blocks `SIGALRM`, or after other code has
+//! installed its own `SIGALRM` action, is kept by the ticker thread
 //! instead, and so is every call after it (a running ticker would advance
 //! an alarm call's one-epoch deadline). Every other engine uses the ticker.
+//! The process must not otherwise use `SIGALRM` or `ITIMER_REAL`: a call
+//! arms and disarms the one interval timer.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -40,6 +46,11 @@ static ENGINE: OnceLock<Engine> = OnceLock::new();
 /// When the armed call's deadline passes (`CLOCK_MONOTONIC`, nanoseconds);
 /// zero when no call is armed.
 static DUE: AtomicU64 = AtomicU64::new(0);
+
+/// Handlers between reading [`DUE`] and advancing the epoch: a turn ends
+/// only when none is, so a late handler cannot advance the epoch under the
+/// next call's deadline.
+static IN_HANDLER: AtomicU32 = AtomicU32::new(0);
 
 /// The process's alarm, owned by one engine.
 pub(super) struct Alarm {
@@ -76,18 +87,22 @@ impl Alarm {
         // runs a plugin), not on a plugin's stack.
         let installed = unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_alarm
-                as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
-                as libc::sighandler_t;
+            let mut old: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = handler();
             action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
             libc::sigemptyset(&mut action.sa_mask);
-            libc::sigaction(libc::SIGALRM, &action, std::ptr::null_mut()) == 0
+            if libc::sigaction(libc::SIGALRM, &action, &mut old) != 0 {
+                Err(std::io::Error::last_os_error().to_string())
+            } else if old.sa_sigaction != libc::SIG_DFL {
+                // Another thread installed one since `taken` looked: its.
+                libc::sigaction(libc::SIGALRM, &old, std::ptr::null_mut());
+                Err("SIGALRM got another handler meanwhile".to_owned())
+            } else {
+                Ok(())
+            }
         };
-        if !installed {
-            tracing::debug!(
-                "plugin call deadlines use the ticker thread: no SIGALRM handler ({})",
-                std::io::Error::last_os_error()
-            );
+        if let Err(why) = installed {
+            tracing::debug!("plugin call deadlines use the ticker thread: {why}");
             return None;
         }
         tracing::debug!("plugin call deadlines are kept by an interval timer (SIGALRM)");
@@ -112,8 +127,13 @@ impl Turn<'_> {
     /// expired before would advance the epoch the deadline then counts
     /// from, and the call would run unbounded.
     pub(super) fn arm(&mut self, after: Duration) -> std::io::Result<()> {
-        // A zero value would disarm the timer and leave the call unbounded.
-        let after = after.max(Duration::from_micros(1));
+        // Whole microseconds, rounded up, as the timer takes them (so it
+        // never expires before `DUE`, and the handler never finds its one
+        // signal early), and at least one: zero would disarm it.
+        let micros = u64::try_from(after.as_nanos().div_ceil(1_000))
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let after = Duration::from_micros(micros);
         let due =
             monotonic_ns().saturating_add(u64::try_from(after.as_nanos()).unwrap_or(u64::MAX));
         DUE.store(due, Ordering::SeqCst);
@@ -131,12 +151,37 @@ impl Drop for Turn<'_> {
         if let Err(e) = set_timer(Duration::ZERO) {
             tracing::warn!("disarming the plugin call's deadline timer: {e}");
         }
+        // A handler that read this call's `DUE` finishes its increment
+        // before the next call can set its deadline. (A handler never
+        // waits, so one on this very thread has finished already.)
+        while IN_HANDLER.load(Ordering::SeqCst) != 0 {
+            std::hint::spin_loop();
+        }
     }
 }
 
-/// Whether the calling thread can receive `SIGALRM` (an inherited signal
-/// mask may block it).
-pub(super) fn unblocked() -> bool {
+/// Whether a call on this thread can use the alarm: the thread can receive
+/// `SIGALRM` (an inherited signal mask may block it) and the handler is
+/// still this module's (other code may have installed its own since).
+pub(super) fn usable() -> bool {
+    #[allow(unsafe_code)]
+    // SAFETY: only reads, into a zeroed structure of the right type.
+    let ours = unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGALRM, std::ptr::null(), &mut action) == 0
+            && action.sa_sigaction == handler()
+    };
+    ours && unblocked()
+}
+
+/// [`on_alarm`] as `sigaction` takes it.
+fn handler() -> libc::sighandler_t {
+    on_alarm as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
+        as libc::sighandler_t
+}
+
+/// Whether the calling thread can receive `SIGALRM`.
+fn unblocked() -> bool {
     #[allow(unsafe_code)]
     // SAFETY: asks for the calling thread's mask only; `mask` is written.
     unsafe {
@@ -227,6 +272,7 @@ extern "C" fn on_alarm(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc:
         }
         return;
     }
+    IN_HANDLER.fetch_add(1, Ordering::SeqCst);
     let due = DUE.load(Ordering::SeqCst);
     if due != 0
         && monotonic_ns() >= due
@@ -234,6 +280,7 @@ extern "C" fn on_alarm(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc:
     {
         engine.increment_epoch();
     }
+    IN_HANDLER.fetch_sub(1, Ordering::SeqCst);
 }
 
 #[cfg(test)]
@@ -277,7 +324,9 @@ mod tests {
 
     /// The one test that claims this test binary's alarm (no other unit
     /// test builds an on-demand host): an armed alarm stops a call at its
-    /// deadline, and a disarmed one never advances the epoch.
+    /// deadline and not before; the timer's signal before the armed
+    /// deadline, or with nothing armed, does nothing; a disarmed alarm
+    /// never advances the epoch.
     #[test]
     fn an_armed_alarm_stops_a_call_and_a_disarmed_one_never_fires() {
         let mut config = Config::new();
@@ -290,21 +339,39 @@ mod tests {
             Alarm::claim(&engine).is_none(),
             "the process's alarm is given once"
         );
+        assert!(usable(), "the handler is the alarm's");
 
         let mut stopped = store(&engine, FUEL);
+        let started = std::time::Instant::now();
         let mut turn = alarm.turn();
         turn.arm(Duration::from_millis(20)).expect("armed");
         assert_eq!(spin(&mut stopped, &module), Trap::Interrupt);
+        assert!(
+            started.elapsed() >= Duration::from_millis(20),
+            "stopped at its deadline, not before"
+        );
         drop(turn);
 
-        // The deadline is set before the alarm is armed and disarmed,
-        // then the alarm's time passes: an epoch advanced meanwhile would
-        // stop the spin at once; it ends on fuel instead.
+        // Each Store's deadline is set before the timer's signal comes: an
+        // epoch advanced by it would stop the spin at once; the spin ends
+        // on fuel instead.
+        let signal_in = |due: u64| {
+            let mut untouched = store(&engine, 1_000_000);
+            DUE.store(due, Ordering::SeqCst);
+            set_timer(Duration::from_millis(1)).expect("timer");
+            std::thread::sleep(Duration::from_millis(30));
+            DUE.store(0, Ordering::SeqCst);
+            spin(&mut untouched, &module)
+        };
+        let later = monotonic_ns() + 10_000_000_000;
+        assert_eq!(signal_in(later), Trap::OutOfFuel, "before the deadline");
+        assert_eq!(signal_in(0), Trap::OutOfFuel, "nothing armed");
+
         let mut untouched = store(&engine, 1_000_000);
         let mut turn = alarm.turn();
         turn.arm(Duration::from_millis(20)).expect("armed");
         drop(turn);
         std::thread::sleep(Duration::from_millis(60));
-        assert_eq!(spin(&mut untouched, &module), Trap::OutOfFuel);
+        assert_eq!(spin(&mut untouched, &module), Trap::OutOfFuel, "disarmed");
     }
 }

@@ -14,7 +14,30 @@
 //! a one-shot `plan` loads the code of only the plugins it calls;
 //! [`PluginHost::warm`] links every plugin up front, as the daemon does.
 
+#[cfg(any(target_os = "linux", target_os = "android"))]
 mod alarm;
+/// Elsewhere no alarm: every host keeps its deadlines with the ticker.
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+mod alarm {
+    pub(super) struct Alarm;
+    pub(super) struct Turn<'a>(std::marker::PhantomData<&'a ()>);
+    impl Alarm {
+        pub(super) fn claim(_: &wasmtime::Engine) -> Option<Alarm> {
+            None
+        }
+        pub(super) fn turn(&self) -> Turn<'_> {
+            Turn(std::marker::PhantomData)
+        }
+    }
+    impl Turn<'_> {
+        pub(super) fn arm(&mut self, _: std::time::Duration) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    pub(super) fn usable() -> bool {
+        false
+    }
+}
 pub mod builtin;
 pub mod cache;
 pub mod contract;
@@ -87,8 +110,13 @@ impl EpochTicker {
         std::thread::Builder::new()
             .name("cocoon-fixup-epoch".into())
             .spawn(move || {
-                while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                loop {
                     std::thread::sleep(EPOCH_TICK);
+                    // A ticker dropped while asleep (one of two started at
+                    // once) must not tick: it would cut a call's deadline.
+                    if stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
                     engine.increment_epoch();
                 }
             })
@@ -449,7 +477,8 @@ pub enum Allocation {
     /// such host in a process takes the alarm, and only while `SIGALRM`
     /// has its default action and no interval timer runs; otherwise, and
     /// for calls on a thread that blocks `SIGALRM`, the ticker thread
-    /// (`alarm` module).
+    /// (`alarm` module). The process must not use `SIGALRM` or
+    /// `ITIMER_REAL` for anything else once it has such a host.
     OnDemand,
 }
 
@@ -582,8 +611,9 @@ impl PluginHost {
     /// What keeps the next call's deadline: a turn at the process's alarm
     /// (the Store's deadline one epoch away, the timer armed for the
     /// deadline itself), or the ticker thread, started unless it runs
-    /// (whole ticks, rounded up, at least one: the call stops between one
-    /// and two ticks past its deadline).
+    /// (whole ticks, rounded up, and one more, since the first tick comes
+    /// anywhere within a tick of the Store's start: the call stops never
+    /// before its deadline and at most two ticks after it).
     fn deadline(&self) -> Result<Deadline<'_>, PluginError> {
         if let Some(alarm) = &self.alarm
             && self.ticker.get().is_none()
@@ -592,17 +622,17 @@ impl PluginHost {
             // Again with the turn held: a call that found SIGALRM blocked
             // may have started the ticker meanwhile.
             if self.ticker.get().is_none() {
-                if alarm::unblocked() {
+                if alarm::usable() {
                     return Ok(Deadline {
                         epochs: 1,
                         turn: Some(turn),
                     });
                 }
-                // This thread cannot receive the timer's signal: the
-                // ticker from now on (started while no alarm call runs,
-                // which its ticks would stop at once).
+                // This thread cannot receive the timer's signal, or other
+                // code took SIGALRM: the ticker from now on (started while
+                // no alarm call runs, which its ticks would stop at once).
                 tracing::debug!(
-                    "SIGALRM is blocked on this thread: plugin call deadlines use the ticker thread from now on"
+                    "SIGALRM is blocked on this thread or has another handler: plugin call deadlines use the ticker thread from now on"
                 );
                 self.start_ticker()?;
             }
@@ -613,7 +643,7 @@ impl PluginHost {
             .deadline
             .as_nanos()
             .div_ceil(EPOCH_TICK.as_nanos())
-            .max(1);
+            .saturating_add(1);
         Ok(Deadline {
             epochs: u64::try_from(ticks).unwrap_or(u64::MAX),
             turn: None,
