@@ -68,10 +68,16 @@ pub(super) struct Turn<'a> {
 impl Alarm {
     /// The alarm for `engine`: `None` (use the ticker thread) when the
     /// process gave it to another engine, `SIGALRM` has a handler or is
-    /// ignored, an interval timer is running, or the handler could not be
-    /// installed.
+    /// ignored, an interval timer is running or cannot be set, or the
+    /// handler could not be installed.
     pub(super) fn claim(engine: &Engine) -> Option<Alarm> {
-        if let Some(why) = taken() {
+        // Disarming an idle timer changes nothing, and shows that the
+        // timer may be set here (a seccomp filter may refuse setitimer).
+        if let Some(why) = taken().or_else(|| {
+            set_timer(Duration::ZERO)
+                .err()
+                .map(|e| format!("ITIMER_REAL cannot be set: {e}"))
+        }) {
             tracing::debug!("plugin call deadlines use the ticker thread: {why}");
             return None;
         }
