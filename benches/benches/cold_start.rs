@@ -16,7 +16,7 @@ use std::time::Duration;
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use fixup_bench::cases;
 use fixup_bench::engines::{START_VARIANTS, start_from_cache};
-use fixup_host::plugin::{EngineOptions, PluginHost};
+use fixup_core::plugin::{EngineOptions, PluginHost};
 
 fn cold_start(c: &mut Criterion) {
     let root = Path::new("/nonexistent");

@@ -15,8 +15,8 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use fixup_bench::cases::{self, Case};
 use fixup_bench::engines::{Variant, VariantEngine};
 use fixup_bench::native;
-use fixup_host::classify::Scenario;
-use fixup_host::facts::{ImageKind, VmFacts};
+use fixup_core::classify::Scenario;
+use fixup_core::facts::{ImageKind, VmFacts};
 
 fn plan(c: &mut Criterion) {
     let root = tempfile::tempdir().expect("temp dir");

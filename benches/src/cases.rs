@@ -10,10 +10,10 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
-use fixup_host::facts::{Observation, Overrides, PodInput, RawNic, VmInspect};
-use fixup_host::planner::{Planner, PlannerOptions};
-use fixup_host::plugin::EngineOptions;
-use fixup_host::plugin::cache::ArtifactCache;
+use fixup_core::facts::{Observation, Overrides, PodInput, RawNic, VmInspect};
+use fixup_core::planner::{Planner, PlannerOptions};
+use fixup_core::plugin::EngineOptions;
+use fixup_core::plugin::cache::ArtifactCache;
 
 /// The namespace every benchmark pod lives in.
 pub const NAMESPACE: &str = "bench";
@@ -93,7 +93,7 @@ impl Case {
 
     /// The VM name the stack derives for instance `i`'s pod.
     pub fn vm_name(self, i: usize) -> String {
-        fixup_host::binding::vm_name_for_pod(NAMESPACE, &self.pod_name(i))
+        fixup_core::binding::vm_name_for_pod(NAMESPACE, &self.pod_name(i))
     }
 
     /// The pod of instance `i`, as the API server would return it.

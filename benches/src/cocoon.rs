@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use fixup_host::cocoon::{Cocoon, CocoonError, ExecOutput, ExitStatusKind};
-use fixup_host::facts::{VmId, VmInspect};
+use fixup_core::facts::{VmId, VmInspect};
 
 /// One VM the runner knows.
 #[derive(Debug)]
@@ -81,7 +81,7 @@ impl BenchCocoon {
             .ok_or_else(|| CocoonError::Failed {
                 what: format!("cocoon vm inspect {id}"),
                 status: ExitStatusKind::Code(1),
-                stderr_tail: fixup_host::plan::StderrTail::new(b"no such VM"),
+                stderr_tail: fixup_core::plan::StderrTail::new(b"no such VM"),
             })
     }
 }
@@ -109,8 +109,8 @@ impl Cocoon for BenchCocoon {
             // A guest that ran the whole script ends with the done marker,
             // under the nonce of this exec's argv (a plan run directly has
             // none and needs no marker).
-            let done = match fixup_host::plan::exec_nonce(argv) {
-                Some(nonce) => format!("\n{}\n", fixup_host::plan::done_marker(&nonce)),
+            let done = match fixup_core::plan::exec_nonce(argv) {
+                Some(nonce) => format!("\n{}\n", fixup_core::plan::done_marker(&nonce)),
                 None => String::new(),
             };
             (ExitStatusKind::Code(0), done.into_bytes())

@@ -14,14 +14,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use fixup_host::classify::Scenario;
-use fixup_host::facts::VmFacts;
-use fixup_host::plan::Plan;
-use fixup_host::plugin::builtin::BUILTINS;
-use fixup_host::plugin::contract::v0_3::{HOST_IMPORT, Plugin, PluginPre};
-use fixup_host::plugin::contract::{self as bindings};
-use fixup_host::plugin::sandbox::{self, CallState, Limits};
-use fixup_host::plugin::{DEFAULT_SLOTS, EngineOptions};
+use fixup_core::classify::Scenario;
+use fixup_core::facts::VmFacts;
+use fixup_core::plan::Plan;
+use fixup_core::plugin::builtin::BUILTINS;
+use fixup_core::plugin::contract::v0_3::{HOST_IMPORT, Plugin, PluginPre};
+use fixup_core::plugin::contract::{self as bindings};
+use fixup_core::plugin::sandbox::{self, CallState, Limits};
+use fixup_core::plugin::{DEFAULT_SLOTS, EngineOptions};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store};
 
@@ -339,7 +339,7 @@ pub const START_VARIANTS: [Variant; 3] = [Variant::SHIPPED, Variant::ALL[3], Var
 /// one `describe` call in a fresh Store. Returns the engine, so dropping it
 /// is not timed with the start.
 pub fn start_from_cache(variant: Variant, cache_dir: &std::path::Path) -> anyhow::Result<Engine> {
-    use fixup_host::plugin::cache::ArtifactCache;
+    use fixup_core::plugin::cache::ArtifactCache;
     use sha2::{Digest, Sha256};
 
     let limits = EngineOptions::default().limits;
@@ -390,7 +390,7 @@ pub fn first_and_second_call(
     variant: Variant,
     runs: usize,
 ) -> anyhow::Result<(std::time::Duration, std::time::Duration)> {
-    use fixup_host::facts::ImageKind;
+    use fixup_core::facts::ImageKind;
 
     let obs = crate::cases::Case::OciNetworkd.observation(0);
     let facts = VmFacts::validate(&obs, ImageKind::Oci)?;
@@ -413,7 +413,7 @@ pub fn first_and_second_call(
 mod tests {
     use super::*;
     use crate::cases::Case;
-    use fixup_host::facts::ImageKind;
+    use fixup_core::facts::ImageKind;
 
     #[test]
     fn every_variant_makes_the_native_plan() {

@@ -16,12 +16,12 @@ use std::path::Path;
 
 use cocoon_fixup_sdk as sdk;
 use cocoon_fixup_sdk::Plugin as _;
-use fixup_host::classify::{self, Scenario};
-use fixup_host::facts::{self, ImageKind, Observation, VmFacts, VmId};
-use fixup_host::plan::{self, Plan};
-use fixup_host::planner::{ComposedPlan, PlanOutcome, PlanPart, Planner};
-use fixup_host::plugin::CallStats;
-use fixup_host::probe::OverlayProbe;
+use fixup_core::classify::{self, Scenario};
+use fixup_core::facts::{self, ImageKind, Observation, VmFacts, VmId};
+use fixup_core::plan::{self, Plan};
+use fixup_core::planner::{ComposedPlan, PlanOutcome, PlanPart, Planner};
+use fixup_core::plugin::CallStats;
+use fixup_core::probe::OverlayProbe;
 
 /// `Planner::plan`, with the plugins called natively.
 pub fn plan(

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fixup_host::apply::ReadyConfig as HostReadyConfig;
-use fixup_host::facts::PodInput;
+use fixup_core::facts::PodInput;
 use fixup_host::host::{Host, HostConfig, Trigger};
 use fixup_host::metrics::Metrics;
 use fixup_host::pods::{AnnotationPatch, Event, MemoryPods, PodApi, PodError, PodRef, keys};
@@ -114,7 +114,7 @@ pub fn run(config: &ReadyRunConfig) -> anyhow::Result<ReadyResult> {
 fn pod(i: usize) -> (PodInput, String, String) {
     let mut pod = Case::OciNetworkd.pod(i);
     pod.name = format!("ready-{i}");
-    let vm_name = fixup_host::binding::vm_name_for_pod(&pod.namespace, &pod.name);
+    let vm_name = fixup_core::binding::vm_name_for_pod(&pod.namespace, &pod.name);
     pod.annotations
         .insert("vm.cocoonstack.io/name".to_owned(), vm_name.clone());
     let id = format!("vm-ready{i:06}");

@@ -34,7 +34,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use fixup_host::cocoon::{Cocoon, CocoonError, ExecOutput, ExitStatusKind};
-use fixup_host::facts::{PodInput, VmId, VmInspect};
+use fixup_core::facts::{PodInput, VmId, VmInspect};
 use http::{Method, StatusCode, Uri};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
@@ -576,8 +576,8 @@ async fn answer(stream: tokio::net::UnixStream, runner: Arc<Runner>) {
                 // marker under this exec's nonce.
                 Some(_) => RunnerAnswer {
                     code: Some(0),
-                    output: match fixup_host::plan::exec_nonce(&argv) {
-                        Some(nonce) => format!("\n{}\n", fixup_host::plan::done_marker(&nonce)),
+                    output: match fixup_core::plan::exec_nonce(&argv) {
+                        Some(nonce) => format!("\n{}\n", fixup_core::plan::done_marker(&nonce)),
                         None => String::new(),
                     },
                 },
@@ -677,7 +677,7 @@ impl Cocoon for RemoteCocoon {
             return Err(CocoonError::Failed {
                 what,
                 status: ExitStatusKind::Code(1),
-                stderr_tail: fixup_host::plan::StderrTail::new(answer.output.as_bytes()),
+                stderr_tail: fixup_core::plan::StderrTail::new(answer.output.as_bytes()),
             });
         }
         VmInspect::from_json(&answer.output, "cocoon vm inspect").map_err(|e| {

@@ -345,7 +345,7 @@ pub fn future_sizes() -> anyhow::Result<std::collections::BTreeMap<&'static str,
             uid: "u".into(),
         };
         let patch = AnnotationPatch::default();
-        let vm = fixup_host::facts::VmId::parse("vm-1")?;
+        let vm = fixup_core::facts::VmId::parse("vm-1")?;
         let mut sizes = std::collections::BTreeMap::new();
         sizes.insert(
             "Host::handle",

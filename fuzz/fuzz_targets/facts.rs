@@ -8,8 +8,8 @@
 
 #![no_main]
 
-use fixup_host::classify::{self, Fixup};
-use fixup_host::facts::{
+use fixup_core::classify::{self, Fixup};
+use fixup_core::facts::{
     BootKind, FactError, ImageKind, Observation, Overrides, PodInput, VmFacts, VmId, VmInspect,
 };
 use libfuzzer_sys::fuzz_target;
@@ -87,7 +87,7 @@ fuzz_target!(|data: &[u8]| {
                         name.bytes()
                             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
                     );
-                    assert!(facts.nics.len() <= fixup_host::facts::MAX_NICS);
+                    assert!(facts.nics.len() <= fixup_core::facts::MAX_NICS);
                     for nic in &facts.nics {
                         assert_eq!(nic.mac.0[0] & 1, 0, "multicast MAC passed");
                         if let Some(s) = nic.static_ipv4 {

@@ -8,7 +8,7 @@
 
 use arbitrary::Arbitrary;
 use base64::Engine as _;
-use fixup_host::plan::{
+use fixup_core::plan::{
     self, Action, Dialect, Phase, Plan, PlanLimits, ScriptHeader, Step, WriteFile,
 };
 use libfuzzer_sys::fuzz_target;

@@ -20,11 +20,11 @@ use tokio_util::sync::CancellationToken;
 use fixup_core::annotations::{exhausted_record, messages, state_patch};
 use fixup_core::exec;
 
-use crate::classify::Scenario;
+use fixup_core::classify::Scenario;
 use crate::cocoon::{Cocoon, CocoonError};
-use crate::facts::{GuestOs, MacAddr, PodInput, VmId, WaitFacts, WaitNic};
-use crate::lifecycle::{self, Lifecycle, PostCloneState};
-use crate::plan::{Nonce, Plan, exec_argv};
+use fixup_core::facts::{GuestOs, MacAddr, PodInput, VmId, WaitFacts, WaitNic};
+use fixup_core::lifecycle::{self, Lifecycle, PostCloneState};
+use fixup_core::plan::{Nonce, Plan, exec_argv};
 use crate::pods::{AnnotationPatch, Event, Guarded, PodApi, PodError, PodRef, keys, reasons};
 use crate::ready::LeaseWatcher;
 
@@ -135,7 +135,7 @@ async fn attempt<C: Cocoon>(
     run_plan(cocoon, job.vm, job.plan, job.exec, timeout).await
 }
 
-/// One exec of `plan` (`exec` is its [`render_exec`](crate::plan::render_exec)
+/// One exec of `plan` (`exec` is its [`render_exec`](fixup_core::plan::render_exec)
 /// argv) under a fresh [`Nonce`], judged by [`exec::verdict`]: `Ok` when it
 /// ran to completion, else the error as one line, naming the failed step.
 async fn run_plan<C: Cocoon>(
@@ -451,7 +451,7 @@ async fn exhausted<P: PodApi>(
     };
     // Annotations may have grown since the plan was made: without room
     // for the hint, the record goes without it and says so.
-    let hint = crate::plan::hint_base64(job.script);
+    let hint = fixup_core::plan::hint_base64(job.script);
     let mut record = None;
     let decided = write_decided(pods, pod, current, |current| {
         if !still_ours(current, pod, job.vm) {

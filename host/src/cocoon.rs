@@ -32,8 +32,8 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 
-use crate::facts::{FactError, VmId, VmInspect};
-use crate::plan::StderrTail;
+use fixup_core::facts::{FactError, VmId, VmInspect};
+use fixup_core::plan::StderrTail;
 
 /// Where the `cocoon` CLI is installed on a cocoon node (spec section 5);
 /// the caller's configuration (`--cocoon-bin`) overrides it.
@@ -47,7 +47,7 @@ pub const DEFAULT_COCOON_BIN: &str = "/usr/local/bin/cocoon";
 pub const DEFAULT_INSPECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Most bytes of stdout kept, 64 KiB: the first ones. Inspect output for
-/// the largest VM the host handles ([`crate::facts::MAX_NICS`] NICs) is a
+/// the largest VM the host handles ([`fixup_core::facts::MAX_NICS`] NICs) is a
 /// fraction of it; a guest command's stdout is not used for decisions.
 pub const STDOUT_MAX: usize = 64 * 1024;
 

@@ -17,18 +17,18 @@ use clap::Args;
 use serde::Deserialize;
 
 use crate::apply::{ReadyConfig, RetryConfig};
-use crate::binding::BindingPolicy;
+use fixup_core::binding::BindingPolicy;
 use crate::cocoon::DEFAULT_COCOON_BIN;
 use crate::host::HostConfig;
 use crate::oci::{OciError, PinnedPlugins, PluginRef, RegistryOptions};
-use crate::plan::PlanLimits;
-use crate::plan::policy::{GuestPolicy, RawPolicy};
-use crate::planner::{FailurePolicy, PlannerOptions};
-use crate::plugin::cache::{CacheOwner, CachePaths, default_cache_dir, default_paths};
-use crate::plugin::sandbox::{DEFAULT_DEADLINE, DEFAULT_FUEL, DEFAULT_MEMORY_BYTES};
-use crate::plugin::trusted::euid;
-use crate::plugin::{DEFAULT_SLOTS, EngineOptions, Limits};
-use crate::probe::DEFAULT_COCOON_ROOT;
+use fixup_core::plan::PlanLimits;
+use fixup_core::plan::policy::{GuestPolicy, RawPolicy};
+use fixup_core::planner::{FailurePolicy, PlannerOptions};
+use fixup_core::plugin::cache::{CacheOwner, CachePaths, default_cache_dir, default_paths};
+use fixup_core::plugin::sandbox::{DEFAULT_DEADLINE, DEFAULT_FUEL, DEFAULT_MEMORY_BYTES};
+use fixup_core::plugin::trusted::euid;
+use fixup_core::plugin::{DEFAULT_SLOTS, EngineOptions, Limits};
+use fixup_core::probe::DEFAULT_COCOON_ROOT;
 use crate::ready::DEFAULT_LEASE_FILE;
 use crate::reload::{
     DEFAULT_INTERVAL as DEFAULT_RELOAD_INTERVAL, DEFAULT_MAX_FAILURE_RATIO, DEFAULT_WATCH_FIXUPS,
@@ -37,7 +37,7 @@ use crate::reload::{
 
 /// The configuration file read when `--config` is not given and it exists.
 pub const DEFAULT_CONFIG_FILE: &str = "/etc/cocoon-fixup/config.toml";
-pub use crate::plugin::DEFAULT_PLUGIN_DIR;
+pub use fixup_core::plugin::DEFAULT_PLUGIN_DIR;
 /// Where `serve` answers `/metrics` and `/healthz`.
 pub const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:9464";
 /// Pods `serve` works on at once.
@@ -120,7 +120,7 @@ pub struct PluginConfigArgs {
     pub plan_max_bytes: Option<usize>,
     /// Only load plugin files with this sha256 (repeat for several); without
     /// it every plugin file is loaded. Built-ins are always trusted.
-    #[arg(long = "allow-plugin", value_name = "SHA256", env = "COCOON_FIXUP_ALLOW_PLUGINS", value_delimiter = ',', value_parser = crate::plugin::parse_sha256)]
+    #[arg(long = "allow-plugin", value_name = "SHA256", env = "COCOON_FIXUP_ALLOW_PLUGINS", value_delimiter = ',', value_parser = fixup_core::plugin::parse_sha256)]
     #[serde(default, rename = "allowed_plugins")]
     pub allowed_plugins: Vec<String>,
 }
@@ -363,7 +363,7 @@ impl ConfigArgs {
             .plugin
             .plugin_memory_mib
             .unwrap_or((DEFAULT_MEMORY_BYTES >> 20) as u32);
-        if !crate::plugin::MEMORY_MIB_RANGE.contains(&memory_mib) {
+        if !fixup_core::plugin::MEMORY_MIB_RANGE.contains(&memory_mib) {
             return Err(ConfigError::Invalid {
                 what: "plugin_memory_mib",
                 rule: "1..=4096",
@@ -372,7 +372,7 @@ impl ConfigArgs {
         }
         let mut allowed = std::collections::BTreeSet::new();
         for digest in &a.plugin.allowed_plugins {
-            allowed.insert(crate::plugin::parse_sha256(digest).map_err(|rule| {
+            allowed.insert(fixup_core::plugin::parse_sha256(digest).map_err(|rule| {
                 ConfigError::Invalid {
                     what: "allowed_plugins",
                     rule: "64 hex digits per entry",

@@ -19,19 +19,19 @@ use tokio_util::sync::CancellationToken;
 use crate::apply::{
     self, Decided, DhcpRecovery, FixupJob, FixupOutcome, ReadyConfig, ReadyOutcome, RetryConfig,
 };
-use crate::binding::{self, BindingPolicy, Verdict};
-use crate::classify::{self, Rule, Scenario};
+use fixup_core::binding::{self, BindingPolicy, Verdict};
+use fixup_core::classify::{self, Rule, Scenario};
 use crate::cocoon::{Cocoon, CocoonError};
-use crate::facts::{
+use fixup_core::facts::{
     BootKind, FactError, GuestOs, ImageKind, Observation, Overrides, PodInput, VmFacts, VmId,
     VmInspect, WaitFacts, WaitNic, annotations, escape_controls,
 };
-use crate::lifecycle::{self, Action, HandsOff, PostCloneState};
+use fixup_core::lifecycle::{self, Action, HandsOff, PostCloneState};
 use crate::metrics::Metrics;
-use crate::planner::{ComposedPlan, PlanPart, Planner, PlannerError};
-use crate::plugin::registry::NoPlugin;
+use fixup_core::planner::{ComposedPlan, PlanPart, Planner, PlannerError};
+use fixup_core::plugin::registry::NoPlugin;
 use crate::pods::{Event, PodApi, PodError, PodRef, reasons};
-use crate::probe::ProbeError;
+use fixup_core::probe::ProbeError;
 use crate::ready::LeaseWatcher;
 
 /// Timeouts, budgets and policies of the apply path, resolved once from
@@ -124,13 +124,13 @@ pub enum HostError {
         source: NoPlugin,
     },
     /// A plugin registered from the cache whose code could not be loaded
-    /// ([`PluginError::NotLoaded`](crate::plugin::PluginError::NotLoaded)): the node's cache is at fault.
+    /// ([`PluginError::NotLoaded`](fixup_core::plugin::PluginError::NotLoaded)): the node's cache is at fault.
     /// Reported and retried, never a pod failure.
     #[error("pod {pod}: node configuration: {source}")]
     PluginCode {
         pod: String,
         #[source]
-        source: crate::plugin::PluginError,
+        source: fixup_core::plugin::PluginError,
     },
     #[error(transparent)]
     Pods(#[from] PodError),
@@ -315,7 +315,7 @@ impl FixupRecord {
             .iter()
             .find(|p| p.info.name == name)?;
         let scenario = match e {
-            crate::plugin::PluginError::Unsupported { scenario, .. } => Some(*scenario),
+            fixup_core::plugin::PluginError::Unsupported { scenario, .. } => Some(*scenario),
             _ => None,
         };
         Some(FixupRecord {
@@ -365,7 +365,7 @@ fn flavor_notes(pod: &PodRef, planner: &Planner, parts: &[PlanPart]) {
 /// engine's instance slots), and the watch, the metrics listener and the
 /// other pods' loops go on meanwhile.
 ///
-/// [`PluginHost::slots`]: crate::plugin::PluginHost::slots
+/// [`PluginHost::slots`]: fixup_core::plugin::PluginHost::slots
 #[derive(Debug)]
 pub struct Host<C, P> {
     /// The planner in service; a reload swaps it ([`Host::swap_planner`]).

@@ -36,12 +36,12 @@ use k8s_openapi::api::events::v1::Event as EventObject;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::facts::PodInput;
+use fixup_core::facts::PodInput;
 use crate::pods::{AnnotationPatch, Event, EventType, Guarded, PodApi, PodError, PodRef, reasons};
 
 /// The controller name in events (`reportingController`) and the field
 /// manager of annotation patches.
-pub const REPORTER: &str = crate::capture::REPORTER;
+pub const REPORTER: &str = fixup_core::capture::REPORTER;
 
 /// Names the API server in errors about a pod object that does not parse.
 const SOURCE: &str = "kubernetes API";
@@ -337,20 +337,20 @@ impl KubeApi {
     /// the pod's (a field selector), in pages of [`LIST_PAGE_SIZE`], each
     /// retried like any request and filtered as it arrives; at most
     /// [`EVENT_PAGES`] pages and the newest
-    /// [`MAX_EVENTS`](crate::capture::MAX_EVENTS) events are kept. The
+    /// [`MAX_EVENTS`](fixup_core::capture::MAX_EVENTS) events are kept. The
     /// flag is `true` when some were left out. Only reads.
     pub async fn list_pod_events(
         &self,
         pod: &PodRef,
-    ) -> Result<(Vec<crate::capture::PodEvent>, bool), PodError> {
+    ) -> Result<(Vec<fixup_core::capture::PodEvent>, bool), PodError> {
         let label = pod.to_string();
         let api: Api<EventObject> = Api::namespaced(self.client.clone(), &pod.namespace);
         let selector = format!("regarding.uid={}", pod.uid);
-        let input = crate::facts::PodInput {
+        let input = fixup_core::facts::PodInput {
             name: pod.name.clone(),
             namespace: pod.namespace.clone(),
             uid: Some(pod.uid.clone()),
-            ..crate::facts::PodInput::default()
+            ..fixup_core::facts::PodInput::default()
         };
         let mut kept = Vec::new();
         let mut truncated = false;
@@ -375,8 +375,8 @@ impl KubeApi {
                             ),
                         }
                     }
-                    kept.extend(crate::capture::events_of(&items, &input));
-                    truncated |= crate::capture::keep_newest(&mut kept);
+                    kept.extend(fixup_core::capture::events_of(&items, &input));
+                    truncated |= fixup_core::capture::keep_newest(&mut kept);
                 },
             )
             .await?;

@@ -5,11 +5,9 @@
 //!
 //! The plan path lives in `fixup-core` (`core/`), with no async runtime
 //! and no Kubernetes client, so that an embedder can use it without the
-//! daemon. Its modules are re-exported here under their own names
-//! ([`facts`], [`binding`], [`capture`], [`classify`], [`probe`], [`plugin`], [`plan`],
-//! [`planner`], [`display`], [`lifecycle`], [`annotations`], [`exec`],
-//! [`template`], [`kit`]), so `fixup_host::facts` and `fixup_core::facts`
-//! are the same module.
+//! daemon. This crate does not re-export it: code here names
+//! `fixup_core::facts`, `fixup_core::planner` and so on where it means them,
+//! so every path in `host/src` leads to this crate or says which it leaves for.
 //!
 //! The apply path:
 //!
@@ -29,11 +27,6 @@
 //!
 //! The binary (`src/main.rs`) only parses, calls these, prints the error once
 //! and picks the exit code.
-
-pub use fixup_core::{
-    annotations, binding, capture, classify, display, exec, facts, kit, lifecycle, plan, planner,
-    plugin, probe, template,
-};
 
 pub mod apply;
 pub mod cocoon;

@@ -8,22 +8,22 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use fixup_host::binding::{self, BindingPolicy, Verdict};
+use fixup_core::binding::{self, BindingPolicy, Verdict};
 use fixup_host::cocoon::CocoonCli;
 use fixup_host::config::{ConfigArgs, OciArgs, PluginConfigArgs, Settings};
-use fixup_host::facts::{BootKind, Observation, Overrides, PodInput, VmInspect};
+use fixup_core::facts::{BootKind, Observation, Overrides, PodInput, VmInspect};
 use fixup_host::host::{Host, Summary, Trigger};
 use fixup_host::kube::KubeApi;
 use fixup_host::metrics::Metrics;
 use fixup_host::oci::{self, PluginRef, RegistryOptions, Tags};
-use fixup_host::plan::{self, Action};
-use fixup_host::planner::{PlanOutcome, Planner};
-use fixup_host::plugin::Allocation;
-use fixup_host::plugin::cache::CacheOwner;
+use fixup_core::plan::{self, Action};
+use fixup_core::planner::{PlanOutcome, Planner};
+use fixup_core::plugin::Allocation;
+use fixup_core::plugin::cache::CacheOwner;
 use fixup_host::ready::LeaseWatcher;
 use fixup_host::reload::{self, QuarantineFile, Reloader};
 use fixup_host::serve;
-use fixup_host::{capture, display, kit, template};
+use fixup_core::{capture, display, kit, template};
 
 /// Post-clone guest network fixup for cocoon microVMs.
 ///

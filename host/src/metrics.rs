@@ -8,9 +8,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::classify::Scenario;
-use crate::planner::{Fallback, PlanOutcome, PlannerError};
-use crate::plugin::PluginError;
+use fixup_core::classify::Scenario;
+use fixup_core::planner::{Fallback, PlanOutcome, PlannerError};
+use fixup_core::plugin::PluginError;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FixupLabels {
@@ -224,7 +224,7 @@ impl Metrics {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
         match detail {
-            Some(detail) => format!("ok\n{}\n", crate::facts::escape_controls(&detail)),
+            Some(detail) => format!("ok\n{}\n", fixup_core::facts::escape_controls(&detail)),
             None => "ok\n".to_owned(),
         }
     }

@@ -16,7 +16,7 @@
 //! must name a digest ([`PluginRef::require_digest`]).
 //!
 //! The store ([`Store`]) is a directory under the trust rules of
-//! [`crate::plugin::trusted`] (created 0700; every directory on its path
+//! [`fixup_core::plugin::trusted`] (created 0700; every directory on its path
 //! root's or the host user's and not writable by others; each file a
 //! regular file of theirs, not writable by others, never a link). It holds
 //! each manifest under its digest and each plugin layer under its sha256,
@@ -38,7 +38,7 @@ use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 use sha2::{Digest, Sha256};
 
-use crate::plugin::trusted::{TrustedDir, Untrusted};
+use fixup_core::plugin::trusted::{TrustedDir, Untrusted};
 
 /// The media type of the layer that holds the component.
 pub const WASM_LAYER_MEDIA_TYPE: &str = "application/wasm";
@@ -92,7 +92,7 @@ impl FromStr for PluginRef {
 
     fn from_str(text: &str) -> Result<Self, OciError> {
         let bad = |reason: &'static str| OciError::BadReference {
-            text: crate::facts::escape_controls(text),
+            text: fixup_core::facts::escape_controls(text),
             reason,
         };
         let rest = text
@@ -345,7 +345,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 /// most 400 characters (a transport error's chain, URL included, fits).
 fn bounded(text: &str) -> String {
     const MAX: usize = 400;
-    let text = crate::facts::escape_controls(text.trim());
+    let text = fixup_core::facts::escape_controls(text.trim());
     match text.char_indices().nth(MAX) {
         Some((cut, _)) => format!("{}...", &text[..cut]),
         None => text,
@@ -661,7 +661,7 @@ fn plugin_layer(manifest: &[u8]) -> Result<OciDescriptor, String> {
 }
 
 /// Pulled plugins on disk, under the trust rules of
-/// [`crate::plugin::trusted`] (module docs).
+/// [`fixup_core::plugin::trusted`] (module docs).
 #[derive(Debug)]
 pub struct Store {
     dir: TrustedDir,
@@ -671,7 +671,7 @@ pub struct Store {
 /// `/var/lib/cocoon-fixup/oci` for root; `$XDG_STATE_HOME/cocoon-fixup/oci`,
 /// else `~/.local/state/cocoon-fixup/oci`, for anyone else.
 pub fn default_store_dir() -> Option<PathBuf> {
-    crate::plugin::cache::default_key_path().and_then(|key| key.parent().map(|dir| dir.join("oci")))
+    fixup_core::plugin::cache::default_key_path().and_then(|key| key.parent().map(|dir| dir.join("oci")))
 }
 
 fn manifest_name(hex: &str) -> String {

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use fixup_core::annotations::ANNOTATIONS_MAX;
 
-use crate::facts::PodInput;
+use fixup_core::facts::PodInput;
 
 pub use fixup_core::annotations::{
     AnnotationPatch, EVENT_MESSAGE_MAX, Event, EventType, cap_utf8, keys, reasons,

@@ -32,7 +32,7 @@ use tokio::net::{TcpStream, UdpSocket};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::facts::MacAddr;
+use fixup_core::facts::MacAddr;
 
 /// Where cocoon-net keeps its DHCP leases unless configured otherwise.
 pub const DEFAULT_LEASE_FILE: &str = "/var/lib/cocoon/net/leases.json";

@@ -48,14 +48,14 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 
-use crate::classify::Scenario;
+use fixup_core::classify::Scenario;
 use crate::cocoon::Cocoon;
 use crate::host::{FixupRecord, Host};
-use crate::kit::{TestOptions, test_plugin};
+use fixup_core::kit::{TestOptions, test_plugin};
 use crate::metrics::Metrics;
-use crate::planner::Planner;
-use crate::plugin::trusted::TrustedDir;
-use crate::plugin::{EngineOptions, LoadedPlugin, Origin};
+use fixup_core::planner::Planner;
+use fixup_core::plugin::trusted::TrustedDir;
+use fixup_core::plugin::{EngineOptions, LoadedPlugin, Origin};
 use crate::pods::PodApi;
 
 /// How often the plugin directory and the configuration file are looked
@@ -108,7 +108,7 @@ impl QuarantineFile {
     pub fn beside_key(key: Option<&Path>) -> Option<Self> {
         let key = key
             .map(Path::to_owned)
-            .or_else(crate::plugin::cache::default_key_path)?;
+            .or_else(fixup_core::plugin::cache::default_key_path)?;
         Some(QuarantineFile {
             dir: key.parent()?.to_owned(),
         })
@@ -135,13 +135,13 @@ impl QuarantineFile {
             .lines()
             .map(|line| line.split('#').next().unwrap_or("").trim())
             .filter(|line| !line.is_empty())
-            .filter_map(|line| match crate::plugin::parse_sha256(line) {
+            .filter_map(|line| match fixup_core::plugin::parse_sha256(line) {
                 Ok(digest) => Some(digest),
                 Err(e) => {
                     tracing::warn!(
                         file = %self.path().display(),
                         "quarantine line ignored: {}",
-                        crate::facts::escape_controls(&e)
+                        fixup_core::facts::escape_controls(&e)
                     );
                     None
                 }
@@ -160,7 +160,7 @@ impl QuarantineFile {
         if !text.is_empty() && !text.ends_with('\n') {
             text.push('\n');
         }
-        let comment = crate::facts::escape_controls(comment);
+        let comment = fixup_core::facts::escape_controls(comment);
         text.push_str(&format!("{sha256}  # {comment}\n"));
         dir.write_file(QUARANTINE_FILE, text.as_bytes(), 0o600)
     }
@@ -397,8 +397,8 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
         match candidate {
             Ok((planner, changed)) => self.swap(planner, changed),
             Err(reason) => {
-                let reason = crate::annotations::cap_utf8(
-                    crate::facts::escape_controls(&reason),
+                let reason = fixup_core::annotations::cap_utf8(
+                    fixup_core::facts::escape_controls(&reason),
                     DETAIL_MAX,
                     "… [truncated]",
                 );
@@ -663,7 +663,7 @@ async fn run_cases(plugin: &LoadedPlugin, engine: &EngineOptions) -> Result<(), 
         let first = report
             .cases
             .iter()
-            .find(|c| c.status != crate::kit::Status::Pass)
+            .find(|c| c.status != fixup_core::kit::Status::Pass)
             .map(|c| {
                 format!(
                     "{}: {}",

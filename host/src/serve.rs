@@ -27,9 +27,9 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::cocoon::Cocoon;
-use crate::facts::{PodInput, annotations};
+use fixup_core::facts::{PodInput, annotations};
 use crate::host::{Host, HostError, Summary, Trigger};
-use crate::lifecycle;
+use fixup_core::lifecycle;
 use crate::pods::PodApi;
 
 /// How long in-flight work may take to stop after SIGTERM before the

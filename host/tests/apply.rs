@@ -12,7 +12,7 @@ use base64::Engine as _;
 use fixup_host::apply::{ReadyConfig, RetryConfig};
 use fixup_host::host::{Host, HostConfig, Summary, Trigger};
 use fixup_host::metrics::Metrics;
-use fixup_host::planner::{Planner, PlannerOptions};
+use fixup_core::planner::{Planner, PlannerOptions};
 use fixup_host::pods::{EventType, MemoryPods, keys, reasons};
 use fixup_host::ready::LeaseWatcher;
 use support::{Reply, ScriptedCocoon, UID, inspect, pod, vm_name};
@@ -618,7 +618,7 @@ async fn forged_markers_without_the_execs_nonce_do_not_count() {
     assert_eq!(calls.len(), 3);
     let nonces: Vec<_> = calls
         .iter()
-        .map(|c| fixup_host::plan::exec_nonce(&c.argv).expect("a nonce in every exec"))
+        .map(|c| fixup_core::plan::exec_nonce(&c.argv).expect("a nonce in every exec"))
         .collect();
     assert!(nonces[0] != nonces[1] && nonces[1] != nonces[2] && nonces[0] != nonces[2]);
     for call in &calls {

@@ -16,11 +16,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use fixup_host::binding::{BindingPolicy, legacy_vm_name_for_pod, vm_name_for_pod};
-use fixup_host::facts::PodInput;
+use fixup_core::binding::{BindingPolicy, legacy_vm_name_for_pod, vm_name_for_pod};
+use fixup_core::facts::PodInput;
 use fixup_host::host::{Host, HostConfig, HostError, Summary, Trigger};
 use fixup_host::metrics::Metrics;
-use fixup_host::planner::{Planner, PlannerOptions};
+use fixup_core::planner::{Planner, PlannerOptions};
 use fixup_host::pods::{
     AnnotationPatch, Event, EventType, MemoryPods, PodApi, PodError, PodRef, keys, reasons,
 };
@@ -1024,7 +1024,7 @@ async fn dhcp_recovery_is_for_linux_and_bounded_by_the_exec_timeout(
 #[tokio::test(start_paused = true)]
 async fn a_plugin_file_that_does_not_load_fails_only_its_pods() {
     let plugins = tempfile::tempdir().unwrap();
-    let (_, networkd) = fixup_host::plugin::builtin::BUILTINS
+    let (_, networkd) = fixup_core::plugin::builtin::BUILTINS
         .iter()
         .find(|(name, _)| *name == "oci-networkd")
         .unwrap();

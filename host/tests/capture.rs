@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use base64::Engine as _;
-use fixup_host::kit;
-use fixup_host::plugin::builtin::BUILTINS;
+use fixup_core::kit;
+use fixup_core::plugin::builtin::BUILTINS;
 use serde_json::{Value, json};
 use support::binary::cocoon_fixup;
 use support::fake::fake_cocoon;
@@ -511,7 +511,7 @@ async fn from_the_cluster_the_same_case_as_from_files() {
 async fn a_vm_that_is_not_the_pods_is_refused() {
     let pod = read_json(&example("oci-static", "pod.json"));
     let mut record = read_json(&example("oci-static", "vm.json"));
-    let other = fixup_host::binding::vm_name_for_pod("tenant-b", "db-0");
+    let other = fixup_core::binding::vm_name_for_pod("tenant-b", "db-0");
     record["config"]["name"] = json!(other);
     let (out, api, _dir) = capture_online(pod, record, &[], &[]).await;
     assert_eq!(out.status.code(), Some(1));

@@ -246,7 +246,7 @@ fn plan_shows_the_binding_verdict() {
 
     let dir = tempfile::tempdir().expect("tempdir");
     let vm = std::fs::read_to_string(examples().join("oci-static/vm.json")).expect("vm");
-    let other = fixup_host::binding::vm_name_for_pod("tenant-b", "db-0");
+    let other = fixup_core::binding::vm_name_for_pod("tenant-b", "db-0");
     let record: serde_json::Value = serde_json::from_str(&vm).expect("vm json");
     let own = record["config"]["name"].as_str().expect("name").to_owned();
     let foreign = dir.path().join("vm.json");
@@ -315,7 +315,7 @@ fn plan_says_when_no_plugin_serves_the_annotated_flavour() {
 fn plugin_test_renders_each_cases_hint_script() {
     let dir = tempfile::tempdir().expect("tempdir");
     let plugin = dir.path().join("oci-networkd.wasm");
-    let (_, bytes) = fixup_host::plugin::builtin::BUILTINS
+    let (_, bytes) = fixup_core::plugin::builtin::BUILTINS
         .iter()
         .find(|(n, _)| *n == "oci-networkd")
         .expect("built-in");

@@ -29,11 +29,11 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use fixup_host::apply::{ReadyConfig, RetryConfig};
-use fixup_host::facts::PodInput;
+use fixup_core::facts::PodInput;
 use fixup_host::host::{Host, HostConfig, HostError, Summary, Trigger};
 use fixup_host::kube::{REPORTER, RetryPolicy};
 use fixup_host::metrics::Metrics;
-use fixup_host::planner::{Planner, PlannerOptions};
+use fixup_core::planner::{Planner, PlannerOptions};
 use fixup_host::pods::{keys, reasons};
 use fixup_host::ready::LeaseWatcher;
 use serde_json::{Map, Value, json};

@@ -30,13 +30,13 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use base64::Engine as _;
-use fixup_host::classify::Scenario;
+use fixup_core::classify::Scenario;
 use fixup_host::cocoon::{Cocoon, ExitStatusKind};
-use fixup_host::facts::{Observation, Overrides, PodInput, VmId, VmInspect};
-use fixup_host::plan::{
+use fixup_core::facts::{Observation, Overrides, PodInput, VmId, VmInspect};
+use fixup_core::plan::{
     self, Action, Dialect, Phase, Plan, PlanError, PlanLimits, ScriptHeader, Step, WriteFile,
 };
-use fixup_host::planner::{ComposedPlan, Planner, PlannerOptions};
+use fixup_core::planner::{ComposedPlan, Planner, PlannerOptions};
 use serde_json::{Value, json};
 use support::guest::{Guest, Shell, assert_tree, expected_calls};
 

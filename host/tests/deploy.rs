@@ -38,7 +38,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use cel::{Context, Env, Program};
-use fixup_host::facts::annotations;
+use fixup_core::facts::annotations;
 use fixup_host::pods::{keys, reasons};
 use rstest::rstest;
 use rustix::process::{Pid, Signal, kill_process};
@@ -994,7 +994,7 @@ const POD_NAME: &str = "web-0";
 
 /// The VM's name for the pod, as the stack names it (spec section 2).
 fn vm_name() -> String {
-    fixup_host::binding::vm_name_for_pod(NAMESPACE, POD_NAME)
+    fixup_core::binding::vm_name_for_pod(NAMESPACE, POD_NAME)
 }
 
 /// A managed Linux clone on Cloud Hypervisor: a fixup is needed.

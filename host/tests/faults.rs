@@ -27,14 +27,14 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use fixup_host::apply::{self, FixupJob, FixupOutcome, RetryConfig};
-use fixup_host::classify::Scenario;
+use fixup_core::classify::Scenario;
 use fixup_host::cocoon::CocoonCli;
-use fixup_host::facts::VmId;
+use fixup_core::facts::VmId;
 use fixup_host::host::{Host, HostConfig, Summary, Trigger};
 use fixup_host::kube::REPORTER;
 use fixup_host::metrics::Metrics;
-use fixup_host::plan::{self, Action, Dialect, Phase, Plan, Step};
-use fixup_host::planner::{Planner, PlannerOptions};
+use fixup_core::plan::{self, Action, Dialect, Phase, Plan, Step};
+use fixup_core::planner::{Planner, PlannerOptions};
 use fixup_host::pods::{EventType, MemoryPods, PodRef, keys, reasons};
 use fixup_host::ready::LeaseWatcher;
 use fixup_host::serve::Dispatcher;
@@ -664,8 +664,8 @@ fn expected_hint() -> String {
     })
     .unwrap();
     let pod = pod(&[]);
-    let vm = fixup_host::facts::VmInspect::from_json(&inspect(&STATIC), "inspect").unwrap();
-    let obs = fixup_host::facts::Observation::new(&pod, &vm, &Default::default()).unwrap();
+    let vm = fixup_core::facts::VmInspect::from_json(&inspect(&STATIC), "inspect").unwrap();
+    let obs = fixup_core::facts::Observation::new(&pod, &vm, &Default::default()).unwrap();
     let hint = planner.plan(&obs).unwrap().composed.unwrap().hint;
     let script = base64::engine::general_purpose::STANDARD
         .decode(&hint)

@@ -12,7 +12,7 @@ mod support;
 
 use std::collections::BTreeMap;
 
-use fixup_host::facts::PodInput;
+use fixup_core::facts::PodInput;
 use fixup_host::kube::{EVENT_PAGES, REPORTER, RetryPolicy};
 use fixup_host::pods::{AnnotationPatch, Event, Guarded, PodApi, PodError, PodRef, reasons};
 use http::Method;

@@ -42,15 +42,15 @@ use brush_parser::ast::{
 };
 use brush_parser::word::WordPiece;
 use brush_parser::{Parser, ParserOptions};
-use fixup_host::classify::Scenario;
-use fixup_host::facts::{
+use fixup_core::classify::Scenario;
+use fixup_core::facts::{
     Backend, BootKind, Flavor, GuestOs, ImageKind, MacAddr, Nic, StaticIpv4, VmFacts, VmId, VmName,
 };
-use fixup_host::plan::{
+use fixup_core::plan::{
     self, Action, Dialect, Phase, Plan, PlanLimits, SH_SPECIAL_BUILTINS, ScriptHeader, Step,
     WriteFile,
 };
-use fixup_host::planner::{Planner, PlannerOptions};
+use fixup_core::planner::{Planner, PlannerOptions};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use support::guest::{Guest, Shell, assert_tree, expected_calls};

@@ -34,7 +34,7 @@
 
 mod support;
 
-use fixup_host::plan::{
+use fixup_core::plan::{
     self, Action, Dialect, Nonce, Phase, Plan, PlanLimits, ScriptHeader, Step, WriteFile,
 };
 use proptest::prelude::*;

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use fixup_host::facts::MacAddr;
+use fixup_core::facts::MacAddr;
 use fixup_host::ready::{DEFAULT_LEASE_POLL, LeaseWatcher, ProbeOutcome, WallClock, probe};
 use rstest::rstest;
 use tokio::time::Instant;

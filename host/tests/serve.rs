@@ -7,10 +7,10 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fixup_host::facts::PodInput;
+use fixup_core::facts::PodInput;
 use fixup_host::host::{Host, HostConfig, Trigger};
 use fixup_host::metrics::Metrics;
-use fixup_host::planner::{Planner, PlannerOptions};
+use fixup_core::planner::{Planner, PlannerOptions};
 use fixup_host::pods::{MemoryPods, keys};
 use fixup_host::ready::LeaseWatcher;
 use fixup_host::serve::{Dispatcher, has_work};
@@ -142,7 +142,7 @@ async fn metrics_and_health_are_served() {
         .port();
     let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
     let metrics = Arc::new(Metrics::new());
-    metrics.fixup(fixup_host::classify::Scenario::Cloudimg, "done", 2);
+    metrics.fixup(fixup_core::classify::Scenario::Cloudimg, "done", 2);
     let shutdown = CancellationToken::new();
     let server = tokio::spawn(fixup_host::serve::metrics_server(
         addr,

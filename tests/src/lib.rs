@@ -53,7 +53,7 @@ pub fn assert_golden(path: &std::path::Path, actual: &str) {
     }
 }
 
-use fixup_host::facts::{ImageKind, Observation, Overrides, PodInput, VmFacts, VmInspect};
+use fixup_core::facts::{ImageKind, Observation, Overrides, PodInput, VmFacts, VmInspect};
 
 /// A pod JSON document with the given annotations.
 pub fn pod_json(annotations: &[(&str, &str)]) -> String {
@@ -118,7 +118,7 @@ pub fn observation(
 /// hostile test plugin (flavour `hostile`), pointing at its VM by name only
 /// (the name the stack gives the pod's VM).
 pub fn hostile_clone(name: &str) -> PodInput {
-    let vm_name = fixup_host::binding::vm_name_for_pod("default", name);
+    let vm_name = fixup_core::binding::vm_name_for_pod("default", name);
     let annotations = [
         ("vm.cocoonstack.io/name", vm_name.as_str()),
         ("cocoonset.cocoonstack.io/managed", "true"),
@@ -222,7 +222,7 @@ impl Guest {
 impl fixup_host::cocoon::Cocoon for Guest {
     async fn exec(
         &self,
-        _vm: &fixup_host::facts::VmId,
+        _vm: &fixup_core::facts::VmId,
         argv: &[String],
         _timeout: std::time::Duration,
     ) -> Result<fixup_host::cocoon::ExecOutput, fixup_host::cocoon::CocoonError> {
@@ -240,8 +240,8 @@ impl fixup_host::cocoon::Cocoon for Guest {
                 stderr_cut: false,
             });
         }
-        let done = match fixup_host::plan::exec_nonce(argv) {
-            Some(nonce) => format!("\n{}\n", fixup_host::plan::done_marker(&nonce)),
+        let done = match fixup_core::plan::exec_nonce(argv) {
+            Some(nonce) => format!("\n{}\n", fixup_core::plan::done_marker(&nonce)),
             None => String::new(),
         };
         Ok(ExecOutput {
@@ -254,7 +254,7 @@ impl fixup_host::cocoon::Cocoon for Guest {
 
     async fn inspect(
         &self,
-        vm: &fixup_host::facts::VmId,
+        vm: &fixup_core::facts::VmId,
         _timeout: std::time::Duration,
     ) -> Result<VmInspect, fixup_host::cocoon::CocoonError> {
         let id = self.id.lock().unwrap().clone();

@@ -9,11 +9,11 @@
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use fixup_host::classify::Scenario;
-use fixup_host::plugin::builtin::BUILTINS;
-use fixup_host::plugin::cache::{ArtifactCache, CacheError, CacheOutcome, MAGIC};
-use fixup_host::plugin::trusted::Untrusted;
-use fixup_host::plugin::{Allocation, EngineOptions, PluginHost};
+use fixup_core::classify::Scenario;
+use fixup_core::plugin::builtin::BUILTINS;
+use fixup_core::plugin::cache::{ArtifactCache, CacheError, CacheOutcome, MAGIC};
+use fixup_core::plugin::trusted::Untrusted;
+use fixup_core::plugin::{Allocation, EngineOptions, PluginHost};
 use fixup_tests::facts;
 
 /// A uid no test machine gives to the user running the tests.
@@ -42,7 +42,7 @@ fn chmod(path: &Path, mode: u32) {
 }
 
 fn is_root() -> bool {
-    fixup_host::plugin::trusted::euid() == 0
+    fixup_core::plugin::trusted::euid() == 0
 }
 
 /// A cache directory and a key file apart from it, in a private temporary
@@ -780,7 +780,7 @@ fn the_key_is_made_0600_on_first_use_and_kept() {
     let meta = std::fs::metadata(&place.key).expect("key made");
     assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
     assert_eq!(meta.len(), 32);
-    assert_eq!(meta.uid(), fixup_host::plugin::trusted::euid());
+    assert_eq!(meta.uid(), fixup_core::plugin::trusted::euid());
     let key_dir = place.key.parent().expect("dir");
     assert_eq!(
         std::fs::metadata(key_dir)

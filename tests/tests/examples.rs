@@ -4,8 +4,8 @@
 use std::path::Path;
 
 use base64::Engine as _;
-use fixup_host::facts::{BootKind, Observation, Overrides, PodInput, VmInspect};
-use fixup_host::planner::{Planner, PlannerOptions};
+use fixup_core::facts::{BootKind, Observation, Overrides, PodInput, VmInspect};
+use fixup_core::planner::{Planner, PlannerOptions};
 use fixup_tests::{assert_golden, fixture, workspace};
 use rstest::rstest;
 

@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fixup_host::classify::Scenario;
+use fixup_core::classify::Scenario;
 use fixup_host::host::{Host, HostConfig, Trigger};
 use fixup_host::metrics::Metrics;
-use fixup_host::planner::{FailurePolicy, Planner, PlannerError, PlannerOptions};
-use fixup_host::plugin::{EngineOptions, Limits, Origin, PluginError};
+use fixup_core::planner::{FailurePolicy, Planner, PlannerError, PlannerOptions};
+use fixup_core::plugin::{EngineOptions, Limits, Origin, PluginError};
 use fixup_host::pods::{MemoryPods, reasons};
 use fixup_host::ready::LeaseWatcher;
 use fixup_tests::facts;

@@ -4,11 +4,11 @@
 
 use std::path::{Path, PathBuf};
 
-use fixup_host::kit::{self, Access, Format, Inspector, KitError, Status, TestOptions, TestReport};
-use fixup_host::plan::policy::PolicySource;
-use fixup_host::plugin::builtin::BUILTINS;
-use fixup_host::plugin::sandbox::DEFAULT_FUEL;
-use fixup_host::plugin::{EngineOptions, PluginError};
+use fixup_core::kit::{self, Access, Format, Inspector, KitError, Status, TestOptions, TestReport};
+use fixup_core::plan::policy::PolicySource;
+use fixup_core::plugin::builtin::BUILTINS;
+use fixup_core::plugin::sandbox::DEFAULT_FUEL;
+use fixup_core::plugin::{EngineOptions, PluginError};
 use fixup_tests::workspace;
 use rstest::rstest;
 
@@ -716,14 +716,14 @@ fn render_shows_the_hint_script_of_each_case_or_why_none() {
     let script = recovery.script.as_deref().expect("a script");
     let case = kit::load_case(&cases.join("dhcp-recovery-two-nics.json")).expect("case");
     let (planner, failures) =
-        fixup_host::planner::Planner::new(fixup_host::planner::PlannerOptions {
+        fixup_core::planner::Planner::new(fixup_core::planner::PlannerOptions {
             engine: engine(),
             ..Default::default()
         })
         .expect("planner");
     assert!(failures.is_empty());
     let planned = planner
-        .plan_scenarios(&case.facts, &[fixup_host::classify::Scenario::DhcpRecovery])
+        .plan_scenarios(&case.facts, &[fixup_core::classify::Scenario::DhcpRecovery])
         .expect("the host plans it");
     assert_eq!(script, planned.script, "the script `plan` renders");
     assert!(
@@ -936,8 +936,8 @@ fn inspect_says_the_node_does_not_load_a_file_not_named_wasm() {
 /// recovery scenarios, so a Firecracker clone's `fc-mac` part is not one.
 #[test]
 fn flavours_are_declared_only_for_the_scenarios_a_flavoured_plugin_serves() {
-    use fixup_host::classify::Scenario;
-    use fixup_host::planner::{Planner, PlannerOptions};
+    use fixup_core::classify::Scenario;
+    use fixup_core::planner::{Planner, PlannerOptions};
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::copy(
         env!("PLUGIN_NM_KEYFILE"),

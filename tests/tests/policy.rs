@@ -7,12 +7,12 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use fixup_host::classify::Scenario;
-use fixup_host::facts::Flavor;
-use fixup_host::kit::Inspector;
-use fixup_host::plan::policy::{Breach, GuestPolicy, PolicySource, RawPolicy, Rule};
-use fixup_host::plan::{Action, Field, Phase, Plan, PlanError, Problem, ScriptHeader};
-use fixup_host::plugin::{EngineOptions, PluginError, PluginHost};
+use fixup_core::classify::Scenario;
+use fixup_core::facts::Flavor;
+use fixup_core::kit::Inspector;
+use fixup_core::plan::policy::{Breach, GuestPolicy, PolicySource, RawPolicy, Rule};
+use fixup_core::plan::{Action, Field, Phase, Plan, PlanError, Problem, ScriptHeader};
+use fixup_core::plugin::{EngineOptions, PluginError, PluginHost};
 use fixup_tests::facts;
 use rstest::rstest;
 
@@ -217,7 +217,7 @@ fn a_narrowing_that_covers_the_plan_changes_nothing() {
     assert!(plan(&host, None, "web-0").expect("inside both") >= 4);
 }
 
-fn inspect(file: &str) -> fixup_host::kit::Inspection {
+fn inspect(file: &str) -> fixup_core::kit::Inspection {
     Inspector::new(EngineOptions::default(), None)
         .expect("inspector")
         .inspect(Path::new(file))
@@ -314,7 +314,7 @@ fn an_ifupdown_plugin_names_its_nics_and_writes_with_parents() {
     );
     // Rendered by the host: each link found by its MAC under
     // /sys/class/net, the parent directory made before the write.
-    let script = fixup_host::plan::render_script(&plan, &ScriptHeader::default());
+    let script = fixup_core::plan::render_script(&plan, &ScriptHeader::default());
     assert_eq!(script.matches("for d in /sys/class/net/*; do").count(), 2);
     assert!(
         script.contains(
@@ -326,7 +326,7 @@ fn an_ifupdown_plugin_names_its_nics_and_writes_with_parents() {
         script.contains("(umask go-w && mkdir -p -- /etc/network) && printf '%s' 'auto lo"),
         "{script}"
     );
-    let exec = fixup_host::plan::render_exec(&plan);
+    let exec = fixup_core::plan::render_exec(&plan);
     assert!(exec[2].contains("ip link set dev \"$cur\" name \"$name\""));
 }
 

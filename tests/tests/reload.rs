@@ -15,7 +15,7 @@ use std::time::Duration;
 use fixup_host::apply::RetryConfig;
 use fixup_host::host::{FixupRecord, Host, HostConfig, Summary, Trigger};
 use fixup_host::metrics::Metrics;
-use fixup_host::planner::{Planner, PlannerOptions};
+use fixup_core::planner::{Planner, PlannerOptions};
 use fixup_host::pods::MemoryPods;
 use fixup_host::ready::LeaseWatcher;
 use fixup_host::reload::{Build, Candidate, QuarantineFile, ReloadConfig, Reloader, cases_dir};

@@ -4,13 +4,13 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use fixup_host::classify::Scenario;
-use fixup_host::plan::PlanError;
-use fixup_host::planner::PlannerError;
-use fixup_host::plugin::sandbox::{
+use fixup_core::classify::Scenario;
+use fixup_core::plan::PlanError;
+use fixup_core::planner::PlannerError;
+use fixup_core::plugin::sandbox::{
     LOG_BYTES_PER_CALL, LOG_FUEL_PER_BYTE, LOG_FUEL_PER_MESSAGE, LOG_MAX_BYTES, LOG_MAX_MESSAGES,
 };
-use fixup_host::plugin::{
+use fixup_core::plugin::{
     Allocation, EngineOptions, Limits, LoadedPlugin, PluginError, PluginHost,
 };
 use fixup_tests::facts;
@@ -376,11 +376,11 @@ fn a_sigalrm_sent_to_plan_ends_it() {
 
 /// A planner with the built-ins and the hostile plugin from a plugin
 /// directory (kept alive by the returned guard).
-fn planner_with_hostile() -> (fixup_host::planner::Planner, tempfile::TempDir) {
+fn planner_with_hostile() -> (fixup_core::planner::Planner, tempfile::TempDir) {
     let plugins = tempfile::tempdir().expect("tempdir");
     std::fs::copy(env!("PLUGIN_HOSTILE"), plugins.path().join("hostile.wasm")).expect("copy");
     let (planner, failures) =
-        fixup_host::planner::Planner::new(fixup_host::planner::PlannerOptions {
+        fixup_core::planner::Planner::new(fixup_core::planner::PlannerOptions {
             plugin_dir: Some(plugins.path().to_owned()),
             ..Default::default()
         })
@@ -395,7 +395,7 @@ fn over_the_kernels_argument_limit(e: &PlanError) -> bool {
 
 fn over_the_windows_command_line(e: &PlanError) -> bool {
     matches!(e, PlanError::CommandLineTooLong { units, max }
-        if units > max && *max == fixup_host::plan::MAX_WINDOWS_COMMAND_LINE)
+        if units > max && *max == fixup_core::plan::MAX_WINDOWS_COMMAND_LINE)
 }
 
 /// A plan within every plan limit whose rendering could never run: a plan
@@ -629,7 +629,7 @@ fn chmod(path: &Path, mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
 }
 
-fn load_dir(dir: &Path) -> (PluginHost, Vec<fixup_host::plugin::LoadFailure>) {
+fn load_dir(dir: &Path) -> (PluginHost, Vec<fixup_core::plugin::LoadFailure>) {
     let mut host = PluginHost::new(EngineOptions::default()).expect("engine");
     host.load_builtins().expect("built-ins");
     let failures = host.load_dir(dir).expect("the directory exists");
@@ -653,7 +653,7 @@ fn a_plugin_directory_others_can_write_is_refused_whole() {
         "{message}"
     );
     assert_eq!(host.registry().plugins().len(), 4, "only the built-ins");
-    let flavour = fixup_host::facts::Flavor::parse("hostile").expect("flavour");
+    let flavour = fixup_core::facts::Flavor::parse("hostile").expect("flavour");
     let waits = host
         .registry()
         .select(Scenario::OciNetworkd, Some(&flavour))
@@ -677,7 +677,7 @@ fn a_linked_or_writable_or_foreign_plugin_file_is_refused_naming_it() {
     copy("a-hostile.wasm");
     std::os::unix::fs::symlink(env!("PLUGIN_ALIAS"), dir.path().join("b-link.wasm")).expect("link");
     chmod(&copy("c-open.wasm"), 0o666);
-    let root = fixup_host::plugin::trusted::euid() == 0;
+    let root = fixup_core::plugin::trusted::euid() == 0;
     if root {
         std::os::unix::fs::chown(copy("d-foreign.wasm"), Some(4242), None).expect("chown");
     }
@@ -718,7 +718,7 @@ fn a_linked_or_writable_or_foreign_plugin_file_is_refused_naming_it() {
     assert!(
         matches!(
             err,
-            PluginError::Untrusted(fixup_host::plugin::trusted::Untrusted::Symlink { .. })
+            PluginError::Untrusted(fixup_core::plugin::trusted::Untrusted::Symlink { .. })
         ),
         "{err}"
     );
@@ -784,11 +784,11 @@ fn a_plan_whose_strings_share_guest_memory_lifts_as_written() {
             &facts("small", Some("alias"), &NIC),
         )
         .expect("a small aliased plan is a plan");
-    let step = fixup_host::plan::Step {
+    let step = fixup_core::plan::Step {
         description: "sync".into(),
-        phase: fixup_host::plan::Phase::Configure,
+        phase: fixup_core::plan::Phase::Configure,
         best_effort: false,
-        action: fixup_host::plan::Action::Run(vec!["sync".into()]),
+        action: fixup_core::plan::Action::Run(vec!["sync".into()]),
     };
     assert_eq!(plan.steps, vec![step.clone(), step]);
 }

@@ -2,9 +2,9 @@
 
 use std::path::Path;
 
-use fixup_host::classify::Scenario;
-use fixup_host::facts::Flavor;
-use fixup_host::plugin::{EngineOptions, LoadError, Origin, PluginHost};
+use fixup_core::classify::Scenario;
+use fixup_core::facts::Flavor;
+use fixup_core::plugin::{EngineOptions, LoadError, Origin, PluginHost};
 
 fn flavor(s: &str) -> Flavor {
     Flavor::parse(s).expect("valid flavour")
@@ -138,7 +138,7 @@ fn an_allow_list_refuses_every_other_plugin_file() {
     assert!(
         matches!(
             err,
-            LoadError::Plugin(fixup_host::plugin::PluginError::NotAllowed { .. })
+            LoadError::Plugin(fixup_core::plugin::PluginError::NotAllowed { .. })
         ),
         "{err:?}"
     );

@@ -34,7 +34,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use fixup_host::binding::vm_name_for_pod;
+use fixup_core::binding::vm_name_for_pod;
 use fixup_host::pods::{keys, reasons};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

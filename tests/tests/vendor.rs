@@ -5,11 +5,11 @@
 
 use std::path::Path;
 
-use fixup_host::classify::Scenario;
-use fixup_host::facts::{ImageKind, Observation, Overrides, PodInput, VmFacts, VmInspect};
-use fixup_host::kit::{self, TestOptions};
-use fixup_host::planner::{PlanOutcome, Planner, PlannerOptions};
-use fixup_host::plugin::EngineOptions;
+use fixup_core::classify::Scenario;
+use fixup_core::facts::{ImageKind, Observation, Overrides, PodInput, VmFacts, VmInspect};
+use fixup_core::kit::{self, TestOptions};
+use fixup_core::planner::{PlanOutcome, Planner, PlannerOptions};
+use fixup_core::plugin::EngineOptions;
 use fixup_tests::{observation, pod_json, vm_json, workspace};
 use rstest::rstest;
 use serde_json::Value;
@@ -277,8 +277,8 @@ fn nm_keyfile_passes_its_case_files() {
 #[test]
 fn a_plugin_from_the_template_builds_tests_and_is_picked() {
     let dir = TempDir::new().expect("tempdir");
-    let sdk = fixup_host::template::default_sdk_dir();
-    let crate_dir = fixup_host::template::new_plugin("acme-net", dir.path(), &sdk)
+    let sdk = fixup_core::template::default_sdk_dir();
+    let crate_dir = fixup_core::template::new_plugin("acme-net", dir.path(), &sdk)
         .expect("the template writes a crate");
     // A target dir kept between runs, so a rerun costs seconds.
     let target = workspace().join("target").join("template-check");

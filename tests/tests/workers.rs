@@ -13,11 +13,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fixup_host::cocoon::{Cocoon, CocoonError, ExecOutput};
-use fixup_host::facts::{VmId, VmInspect};
+use fixup_core::facts::{VmId, VmInspect};
 use fixup_host::host::{Host, HostConfig, Summary, Trigger};
 use fixup_host::metrics::Metrics;
-use fixup_host::planner::{Planner, PlannerOptions};
-use fixup_host::plugin::{EngineOptions, Limits};
+use fixup_core::planner::{Planner, PlannerOptions};
+use fixup_core::plugin::{EngineOptions, Limits};
 use fixup_host::pods::MemoryPods;
 use fixup_host::ready::LeaseWatcher;
 use tokio_util::sync::CancellationToken;

@@ -33,8 +33,8 @@ use fixup_bench::report::{
 };
 use fixup_bench::serve::ServeResult;
 use fixup_bench::storm::{StormConfig, StormResult};
-use fixup_host::classify::Scenario;
-use fixup_host::facts::{ImageKind, Observation, VmFacts};
+use fixup_core::classify::Scenario;
+use fixup_core::facts::{ImageKind, Observation, VmFacts};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Parser)]

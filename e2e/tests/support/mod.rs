@@ -34,11 +34,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use fixup_e2e::state::{self, Backend, INSPECT_FILE};
 use fixup_host::cocoon::CocoonCli;
-use fixup_host::facts::PodInput;
+use fixup_core::facts::PodInput;
 use fixup_host::host::{Host, HostConfig, Summary, Trigger};
 use fixup_host::metrics::Metrics;
-use fixup_host::planner::{Planner, PlannerOptions};
-use fixup_host::plugin::EngineOptions;
+use fixup_core::planner::{Planner, PlannerOptions};
+use fixup_core::plugin::EngineOptions;
 use fixup_host::pods::MemoryPods;
 use fixup_host::ready::{DEFAULT_LEASE_POLL, LeaseWatcher};
 use serde_json::json;
@@ -247,7 +247,7 @@ impl Lab {
             backend,
             vm_id: format!("vm-{scenario}"),
             pod_name: format!("e2e-{scenario}"),
-            vm_name: fixup_host::binding::vm_name_for_pod(
+            vm_name: fixup_core::binding::vm_name_for_pod(
                 POD_NAMESPACE,
                 &format!("e2e-{scenario}"),
             ),

@@ -47,7 +47,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
 use fixup_host::cocoon::CocoonCli;
-use fixup_host::plan::{Action, Plan};
+use fixup_core::plan::{Action, Plan};
 use serde_json::json;
 use tempfile::TempDir;
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fixup_host::cocoon::{Cocoon, CocoonError, ExecOutput, ExitStatusKind};
-use fixup_host::facts::{PodInput, VmId, VmInspect};
+use fixup_core::facts::{PodInput, VmId, VmInspect};
 
 pub mod binary;
 pub mod fake;
@@ -114,7 +114,7 @@ impl Cocoon for ScriptedCocoon {
             stderr_cut: false,
         };
         // A plan run directly has no nonce; its markers would not count.
-        let nonce = fixup_host::plan::exec_nonce(argv)
+        let nonce = fixup_core::plan::exec_nonce(argv)
             .map_or_else(|| "(no nonce in argv)".to_owned(), |n| n.to_string());
         match reply {
             Reply::Done => Ok(output(
@@ -160,7 +160,7 @@ pub const UID: &str = "0b7c2f3e-9a51-4c1e-8f1a-2d9e6c1b7a40";
 
 /// The name the stack gives the test pod's VM (`default/web-0`).
 pub fn vm_name() -> String {
-    fixup_host::binding::vm_name_for_pod("default", "web-0")
+    fixup_core::binding::vm_name_for_pod("default", "web-0")
 }
 
 /// A managed Linux clone pod on Cloud Hypervisor with extra annotations.
