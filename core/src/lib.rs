@@ -23,6 +23,9 @@
 //!
 //! What the fixup decides and writes, as pure functions:
 //!
+//! - [`decision`]: the one decision for one pod, as a state machine every
+//!   host carries out (the daemon, `plan`, `capture`, the C library): what
+//!   to do next, from what was observed; the apply path's settings.
 //! - [`lifecycle`]: lifecycle stickiness and the decision table of spec
 //!   section 8 (what to do with a pod, from its annotations).
 //! - [`annotations`]: annotation keys, event reasons and messages, the error
@@ -41,6 +44,7 @@ pub mod annotations;
 pub mod binding;
 pub mod capture;
 pub mod classify;
+pub mod decision;
 pub mod display;
 pub mod exec;
 pub mod facts;

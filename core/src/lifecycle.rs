@@ -123,7 +123,8 @@ impl PostCloneState {
 }
 
 /// Why the host leaves a pod alone (the "nothing" rows of spec section 8).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum HandsOff {
     /// The lifecycle is set and is not `creating`: the stack owns the pod
     /// now (`ready`, `failed`, `hibernating`, `hibernated`, or a value this

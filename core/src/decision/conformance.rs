@@ -1,0 +1,867 @@
+//! The conformance suite's format and its world: behaviour as data.
+//!
+//! A scenario file (`tests/conformance/*.json`, described in
+//! `docs/conformance.md`) holds a pod, its VM record, what the world does
+//! (exec outcomes in order, leases and when they appear, changes to the
+//! pod over time, API faults, a shutdown) and what must happen: the
+//! writes, events, execs and inspects, with their times, and how the work
+//! ended. Every host that carries out [`PodTask`](super::PodTask) replays
+//! every file: [`replay`] here (the decision alone, the built-in
+//! plugins), the daemon through its real executor against a mock API
+//! server, the C library's op and the Go package through theirs. A change
+//! in behaviour is a change in these files.
+//!
+//! [`World`] is the one simulation of cocoon, the API server and the
+//! lease file that the replays share: each executor puts its own seam in
+//! front of it (a mock API server, a fake `cocoon`, a lease watcher), so
+//! they all meet the same world.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{
+    Action, ExecPurpose, Guarded, PodError, PodTask, Report, SettingsBuilder, Stop, Summary,
+    Trigger,
+};
+use crate::annotations::{AnnotationPatch, Event, EventType};
+use crate::exec::{ExecOutput, ExitStatusKind};
+use crate::facts::{MacAddr, PodInput, VmId, VmInspect};
+use crate::plan::{Nonce, done_marker, exec_nonce};
+use crate::planner::Planner;
+
+/// A scenario file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// What the scenario is about, in one sentence.
+    pub about: String,
+    /// Why the host handles the pod: `event` (default), `startup`, `retry`.
+    #[serde(default)]
+    pub trigger: TriggerName,
+    /// Settings that differ from the defaults.
+    #[serde(default)]
+    pub settings: ScenarioSettings,
+    /// The pod as the API server holds it when the task starts.
+    pub pod: Value,
+    /// `cocoon vm inspect --json` output for the VM the pod names.
+    #[serde(default)]
+    pub vm: Option<Value>,
+    /// `cocoon vm inspect` fails with this message instead.
+    #[serde(default)]
+    pub inspect_error: Option<String>,
+    /// The cloudimg overlay exists in the cocoon root.
+    #[serde(default)]
+    pub overlay: bool,
+    /// The outcome of each exec, in order (fixup attempts, the recovery
+    /// pass and the renew nudge alike); past the list, every exec
+    /// succeeds.
+    #[serde(default)]
+    pub execs: Vec<ExecScript>,
+    /// Leases, and when they appear in the lease file.
+    #[serde(default)]
+    pub leases: Vec<LeaseScript>,
+    /// Changes to the pod over time, made by others.
+    #[serde(default)]
+    pub changes: Vec<Change>,
+    /// API requests that fail.
+    #[serde(default)]
+    pub faults: Vec<Fault>,
+    /// The host shuts down at this time (ms).
+    #[serde(default)]
+    pub shutdown_at_ms: Option<u64>,
+    pub expect: Expect,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum TriggerName {
+    #[default]
+    Event,
+    Startup,
+    Retry,
+}
+
+impl From<TriggerName> for Trigger {
+    fn from(name: TriggerName) -> Self {
+        match name {
+            TriggerName::Event => Trigger::Event,
+            TriggerName::Startup => Trigger::Startup,
+            TriggerName::Retry => Trigger::Retry,
+        }
+    }
+}
+
+/// Settings in milliseconds; absent is the default.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioSettings {
+    pub retry_interval_ms: Option<u64>,
+    pub retry_budget_ms: Option<u64>,
+    pub exec_timeout_ms: Option<u64>,
+    pub inspect_timeout_ms: Option<u64>,
+    pub ip_wait_ms: Option<u64>,
+    pub renew_after_ms: Option<u64>,
+    pub renew_timeout_ms: Option<u64>,
+    pub dhcp_recovery_after_ms: Option<u64>,
+    #[serde(default)]
+    pub accept_legacy_vm_names: bool,
+}
+
+impl ScenarioSettings {
+    /// The settings builder these values fill.
+    pub fn builder(&self) -> SettingsBuilder {
+        let ms = |v: Option<u64>| v.map(Duration::from_millis);
+        SettingsBuilder {
+            retry_interval: ms(self.retry_interval_ms),
+            retry_budget: ms(self.retry_budget_ms),
+            exec_timeout: ms(self.exec_timeout_ms),
+            inspect_timeout: ms(self.inspect_timeout_ms),
+            ip_wait: ms(self.ip_wait_ms),
+            renew_after: ms(self.renew_after_ms),
+            renew_timeout: ms(self.renew_timeout_ms),
+            dhcp_recovery_after: ms(self.dhcp_recovery_after_ms),
+            accept_legacy_vm_names: self.accept_legacy_vm_names,
+        }
+    }
+}
+
+/// One exec's outcome.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecScript {
+    /// The guest's exit code (default 0: the script ran to completion and
+    /// wrote its done marker).
+    #[serde(default)]
+    pub exit: i32,
+    /// What the exec wrote on stderr (besides the done marker of a
+    /// successful one).
+    #[serde(default)]
+    pub stderr: String,
+    /// `cocoon vm exec` itself fails with this message.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// How long the exec takes (ms); past its timeout it is stopped.
+    #[serde(default)]
+    pub takes_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseScript {
+    pub mac: String,
+    pub ip: Ipv4Addr,
+    #[serde(default)]
+    pub at_ms: u64,
+}
+
+/// A change to the pod by someone else, at a time.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Change {
+    pub at_ms: u64,
+    /// Annotations set (a string) or removed (null).
+    #[serde(default)]
+    pub annotations: BTreeMap<String, Option<String>>,
+    /// The pod's deletion starts.
+    #[serde(default)]
+    pub deleting: bool,
+    /// The pod is deleted.
+    #[serde(default)]
+    pub deleted: bool,
+    /// The pod is deleted and created again under its name (a new uid).
+    #[serde(default)]
+    pub recreated: bool,
+}
+
+/// API requests that fail: the `nth` (1-based) request of its kind, and
+/// the `count - 1` after it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fault {
+    pub request: RequestKind,
+    pub nth: u32,
+    #[serde(default = "one")]
+    pub count: u32,
+    pub answer: FaultAnswer,
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum RequestKind {
+    Read,
+    Patch,
+    Event,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultAnswer {
+    /// The API server cannot be reached (after the client's retries).
+    Unavailable,
+    /// Refused for good (403).
+    Refused,
+}
+
+/// What must happen.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Expect {
+    /// How the work ended: a subset of the summary's JSON (`action`,
+    /// `fixup`, `attempts`, `readiness`, `ip`, `rule`, `scenario`,
+    /// `hands_off`, `errors`), or `{"stop": kind, "retryable": bool}`.
+    pub result: Value,
+    /// What the host did that others see, in order.
+    pub trace: Vec<Expected>,
+}
+
+/// One expected entry: exactly one of `inspect`, `write`, `exec`, `event`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Expected {
+    #[serde(default)]
+    pub at_ms: Option<u64>,
+    #[serde(default)]
+    pub inspect: Option<String>,
+    /// The annotations the write must carry (null: removed); other keys
+    /// the write carries are not compared.
+    #[serde(default)]
+    pub write: Option<BTreeMap<String, Option<String>>>,
+    #[serde(default)]
+    pub exec: Option<ExecPurpose>,
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub event: Option<String>,
+    /// The event's message, exactly.
+    #[serde(default)]
+    pub message: Option<String>,
+    /// Text the event's message contains.
+    #[serde(default)]
+    pub message_has: Option<String>,
+}
+
+/// What the host did, as the world saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seen {
+    Inspect {
+        at_ms: u64,
+        vm: String,
+    },
+    /// A write that landed.
+    Write {
+        at_ms: u64,
+        patch: AnnotationPatch,
+    },
+    Exec {
+        at_ms: u64,
+        purpose: ExecPurpose,
+        timeout_ms: u64,
+    },
+    Event {
+        at_ms: u64,
+        reason: String,
+        message: String,
+    },
+}
+
+impl std::fmt::Display for Seen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Seen::Inspect { at_ms, vm } => write!(f, "{at_ms:>7} ms  inspect {vm}"),
+            Seen::Write { at_ms, patch } => {
+                write!(f, "{at_ms:>7} ms  write")?;
+                for (k, v) in patch {
+                    match v {
+                        Some(v) if v.len() > 60 => write!(f, " {k}=<{} bytes>", v.len())?,
+                        Some(v) => write!(f, " {k}={v:?}")?,
+                        None => write!(f, " {k}=null")?,
+                    }
+                }
+                Ok(())
+            }
+            Seen::Exec {
+                at_ms,
+                purpose,
+                timeout_ms,
+            } => write!(f, "{at_ms:>7} ms  exec {purpose:?} timeout {timeout_ms} ms"),
+            Seen::Event {
+                at_ms,
+                reason,
+                message,
+            } => write!(f, "{at_ms:>7} ms  event {reason}: {message}"),
+        }
+    }
+}
+
+impl Expected {
+    fn matches(&self, seen: &Seen) -> bool {
+        let at = match seen {
+            Seen::Inspect { at_ms, .. }
+            | Seen::Write { at_ms, .. }
+            | Seen::Exec { at_ms, .. }
+            | Seen::Event { at_ms, .. } => *at_ms,
+        };
+        if self.at_ms.is_some_and(|t| t != at) {
+            return false;
+        }
+        match seen {
+            Seen::Inspect { vm, .. } => self.inspect.as_deref() == Some(vm.as_str()),
+            Seen::Write { patch, .. } => self
+                .write
+                .as_ref()
+                .is_some_and(|want| want.iter().all(|(k, v)| patch.get(k) == Some(v))),
+            Seen::Exec {
+                purpose,
+                timeout_ms,
+                ..
+            } => self.exec == Some(*purpose) && self.timeout_ms.is_none_or(|t| t == *timeout_ms),
+            Seen::Event {
+                reason, message, ..
+            } => {
+                self.event.as_deref() == Some(reason.as_str())
+                    && self.message.as_ref().is_none_or(|m| m == message)
+                    && self
+                        .message_has
+                        .as_ref()
+                        .is_none_or(|m| message.contains(m.as_str()))
+            }
+        }
+    }
+}
+
+/// How a replay ended: the summary's JSON, or the stop's kind.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ended {
+    Summary(Value),
+    Stop { kind: &'static str, retryable: bool },
+}
+
+impl Ended {
+    /// From the task's last action.
+    pub fn of(result: &Result<Summary, Stop>) -> Ended {
+        match result {
+            Ok(summary) => {
+                Ended::Summary(serde_json::to_value(summary).expect("a summary is JSON"))
+            }
+            Err(stop) => Ended::Stop {
+                kind: match stop {
+                    Stop::NoUid { .. } => "no-uid",
+                    Stop::NoVm { .. } => "no-vm",
+                    Stop::Facts(_) => "facts",
+                    Stop::Inspect { .. } => "inspect",
+                    Stop::Node(e) => e.kind(),
+                    Stop::Api(PodError::Gone { .. }) => "gone",
+                    Stop::Api(PodError::Refused { .. }) => "refused",
+                    Stop::Api(PodError::Api { .. }) => "api",
+                },
+                retryable: stop.is_retryable(),
+            },
+        }
+    }
+}
+
+impl Scenario {
+    /// Read a scenario file.
+    pub fn read(path: &Path) -> Result<Scenario, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Every scenario file in `dir`, sorted by name.
+    pub fn all(dir: &Path) -> Result<Vec<(PathBuf, Scenario)>, String> {
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        paths.sort();
+        paths
+            .into_iter()
+            .map(|p| Scenario::read(&p).map(|s| (p, s)))
+            .collect()
+    }
+
+    /// The pod as the task starts with it.
+    pub fn pod_input(&self) -> PodInput {
+        PodInput::from_value(&self.pod, "pod").expect("a scenario's pod is a pod")
+    }
+
+    /// Check what a replay saw and how it ended against `expect`: `Err`
+    /// with a readable account of the difference.
+    pub fn check(&self, seen: &[Seen], ended: &Ended) -> Result<(), String> {
+        let mut problems = Vec::new();
+        match (&self.expect.result.get("stop"), ended) {
+            (
+                Some(kind),
+                Ended::Stop {
+                    kind: got,
+                    retryable,
+                },
+            ) => {
+                if kind.as_str() != Some(got) {
+                    problems.push(format!("stopped as {got}, expected {kind}"));
+                }
+                if let Some(r) = self.expect.result.get("retryable")
+                    && r.as_bool() != Some(*retryable)
+                {
+                    problems.push(format!("retryable is {retryable}, expected {r}"));
+                }
+            }
+            (None, Ended::Summary(summary)) => {
+                for (key, want) in self.expect.result.as_object().into_iter().flatten() {
+                    let got = summary.get(key).unwrap_or(&Value::Null);
+                    if got != want {
+                        problems.push(format!("result {key} is {got}, expected {want}"));
+                    }
+                }
+            }
+            (_, ended) => problems.push(format!(
+                "ended as {ended:?}, expected {}",
+                self.expect.result
+            )),
+        }
+        let same = seen.len() == self.expect.trace.len()
+            && seen
+                .iter()
+                .zip(&self.expect.trace)
+                .all(|(s, e)| e.matches(s));
+        if !same {
+            let mut text = String::from("the trace differs; seen:\n");
+            for (i, s) in seen.iter().enumerate() {
+                let mark = match self.expect.trace.get(i) {
+                    Some(e) if e.matches(s) => "   ",
+                    _ => "!! ",
+                };
+                text.push_str(&format!("{mark}{s}\n"));
+            }
+            text.push_str("expected:\n");
+            for e in &self.expect.trace {
+                text.push_str(&format!("    {e:?}\n"));
+            }
+            problems.push(text);
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("\n"))
+        }
+    }
+}
+
+/// The simulated cocoon, API server and lease file of a scenario.
+#[derive(Debug)]
+pub struct World {
+    scenario: Scenario,
+    /// The pod as the API server holds it now; `None` when deleted.
+    pod: Option<PodInput>,
+    version: u64,
+    /// Changes not made yet, soonest first.
+    changes: Vec<Change>,
+    execs_done: usize,
+    requests: BTreeMap<&'static str, u32>,
+    /// What the host did that others see.
+    pub seen: Vec<Seen>,
+    /// What the host told its operator (for a failing scenario's report).
+    pub notes: Vec<String>,
+}
+
+/// Milliseconds of a duration, for traces.
+pub fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl World {
+    pub fn new(scenario: &Scenario) -> World {
+        let mut pod = scenario.pod_input();
+        pod.resource_version = Some("1".to_owned());
+        let mut changes = scenario.changes.clone();
+        changes.sort_by_key(|c| c.at_ms);
+        World {
+            scenario: scenario.clone(),
+            pod: Some(pod),
+            version: 1,
+            changes,
+            execs_done: 0,
+            requests: BTreeMap::new(),
+            seen: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    /// The pod as the host first read it (not counted as a request: an
+    /// embedder may hand the task a pod it already holds).
+    pub fn first_read(&self) -> PodInput {
+        self.pod.clone().expect("the pod exists at the start")
+    }
+
+    /// Make every change due at `now`.
+    pub fn advance(&mut self, now: Duration) {
+        let now = ms(now);
+        while self.changes.first().is_some_and(|c| c.at_ms <= now) {
+            let change = self.changes.remove(0);
+            let Some(pod) = self.pod.as_mut() else {
+                continue;
+            };
+            for (k, v) in &change.annotations {
+                match v {
+                    Some(v) => pod.annotations.insert(k.clone(), v.clone()),
+                    None => pod.annotations.remove(k),
+                };
+            }
+            if change.deleting {
+                pod.deleting = true;
+            }
+            if change.recreated {
+                let uid = pod.uid.clone().unwrap_or_default();
+                pod.uid = Some(format!("{uid}-again"));
+                pod.annotations = self.scenario.pod_input().annotations;
+                pod.deleting = false;
+            }
+            self.version += 1;
+            pod.resource_version = Some(self.version.to_string());
+            if change.deleted {
+                self.pod = None;
+            }
+        }
+    }
+
+    fn fault(&mut self, kind: RequestKind) -> Option<PodError> {
+        let key = match kind {
+            RequestKind::Read => "read",
+            RequestKind::Patch => "patch",
+            RequestKind::Event => "event",
+        };
+        let n = self.requests.entry(key).or_default();
+        *n += 1;
+        let n = *n;
+        let pod = self.label();
+        self.scenario
+            .faults
+            .iter()
+            .find(|f| f.request == kind && n >= f.nth && n < f.nth + f.count)
+            .map(|f| match f.answer {
+                FaultAnswer::Unavailable => PodError::Api {
+                    pod,
+                    reason: "the API server is unavailable".to_owned(),
+                },
+                FaultAnswer::Refused => PodError::Refused {
+                    pod,
+                    reason: "403 Forbidden".to_owned(),
+                },
+            })
+    }
+
+    fn label(&self) -> String {
+        let pod = self.scenario.pod_input();
+        format!("{}/{}", pod.namespace, pod.name)
+    }
+
+    /// The pod by name, now.
+    pub fn read(&mut self, now: Duration) -> Result<Option<PodInput>, PodError> {
+        self.advance(now);
+        if let Some(e) = self.fault(RequestKind::Read) {
+            return Err(e);
+        }
+        Ok(self.pod.clone())
+    }
+
+    /// A merge patch of annotations under the uid precondition of `uid`,
+    /// and the resource version of `unless_changed_from` when given.
+    pub fn patch(
+        &mut self,
+        now: Duration,
+        uid: &str,
+        patch: &AnnotationPatch,
+        unless_changed_from: Option<&PodInput>,
+    ) -> Result<Guarded, PodError> {
+        self.advance(now);
+        if let Some(e) = self.fault(RequestKind::Patch) {
+            return Err(e);
+        }
+        let gone = PodError::Gone { pod: self.label() };
+        let Some(pod) = self.pod.as_mut() else {
+            return Err(gone);
+        };
+        if pod.uid.as_deref() != Some(uid) {
+            return Err(gone);
+        }
+        if let Some(from) = unless_changed_from
+            && from.resource_version != pod.resource_version
+        {
+            return Ok(Guarded::Changed(pod.clone()));
+        }
+        for (k, v) in patch {
+            match v {
+                Some(v) => pod.annotations.insert(k.clone(), v.clone()),
+                None => pod.annotations.remove(k),
+            };
+        }
+        self.version += 1;
+        pod.resource_version = Some(self.version.to_string());
+        self.seen.push(Seen::Write {
+            at_ms: ms(now),
+            patch: patch.clone(),
+        });
+        Ok(Guarded::Written(Some(pod.clone())))
+    }
+
+    /// An event about the pod; a failure is the host's to log.
+    pub fn event(&mut self, now: Duration, event: &Event) -> Result<(), PodError> {
+        self.advance(now);
+        if let Some(e) = self.fault(RequestKind::Event) {
+            return Err(e);
+        }
+        let _ = event.kind == EventType::Normal;
+        self.seen.push(Seen::Event {
+            at_ms: ms(now),
+            reason: event.reason.to_owned(),
+            message: event.message.clone(),
+        });
+        Ok(())
+    }
+
+    /// `cocoon vm inspect`.
+    pub fn inspect(&mut self, now: Duration, vm: &VmId) -> Result<VmInspect, String> {
+        self.seen.push(Seen::Inspect {
+            at_ms: ms(now),
+            vm: vm.as_str().to_owned(),
+        });
+        if let Some(e) = &self.scenario.inspect_error {
+            return Err(e.clone());
+        }
+        let record = self
+            .scenario
+            .vm
+            .as_ref()
+            .ok_or_else(|| format!("no VM {vm}"))?;
+        VmInspect::from_value(record, "vm").map_err(|e| e.to_string())
+    }
+
+    /// `cocoon vm exec`: how long it takes (never past `timeout`) and its
+    /// output. A successful exec of a script writes the done marker of
+    /// the nonce its argv carries.
+    pub fn exec(
+        &mut self,
+        now: Duration,
+        purpose: ExecPurpose,
+        argv: &[String],
+        timeout: Duration,
+    ) -> (Duration, Result<ExecOutput, String>) {
+        self.seen.push(Seen::Exec {
+            at_ms: ms(now),
+            purpose,
+            timeout_ms: ms(timeout),
+        });
+        let script = self
+            .scenario
+            .execs
+            .get(self.execs_done)
+            .cloned()
+            .unwrap_or_default();
+        self.execs_done += 1;
+        let takes = Duration::from_millis(script.takes_ms);
+        if takes > timeout {
+            return (
+                timeout,
+                Err(format!("cocoon vm exec timed out after {}ms", ms(timeout))),
+            );
+        }
+        if let Some(e) = script.error {
+            return (takes, Err(e));
+        }
+        let mut stderr = script.stderr.into_bytes();
+        if script.exit == 0
+            && let Some(nonce) = exec_nonce(argv)
+        {
+            stderr.extend(format!("\n{}\n", done_marker(&nonce)).bytes());
+        }
+        (
+            takes,
+            Ok(ExecOutput {
+                status: ExitStatusKind::Code(script.exit),
+                stdout: Vec::new(),
+                stderr,
+                stderr_cut: false,
+            }),
+        )
+    }
+
+    /// When `mac` has a lease at or after `now`, no later than `until`,
+    /// and its address.
+    pub fn lease(
+        &self,
+        mac: &MacAddr,
+        now: Duration,
+        until: Duration,
+    ) -> Option<(Duration, Ipv4Addr)> {
+        self.scenario
+            .leases
+            .iter()
+            .filter(|l| MacAddr::parse(&l.mac).is_ok_and(|m| m == *mac))
+            .map(|l| (Duration::from_millis(l.at_ms).max(now), l.ip))
+            .filter(|(at, _)| *at <= until)
+            .min_by_key(|(at, _)| *at)
+    }
+
+    /// When the host shuts down.
+    pub fn shutdown_at(&self) -> Option<Duration> {
+        self.scenario.shutdown_at_ms.map(Duration::from_millis)
+    }
+}
+
+/// Deterministic nonces for a replay: 1, 2, 3, ...
+pub fn counting_nonces() -> super::NonceSource {
+    let mut n = 0u8;
+    Box::new(move || {
+        n = n.wrapping_add(1);
+        let mut bytes = [0u8; 16];
+        bytes[15] = n;
+        Ok(Nonce::from_bytes(bytes))
+    })
+}
+
+/// Replay `scenario` through the decision alone, with `planner` (whose
+/// cocoon root holds the scenario's overlay, if any): what the world saw,
+/// and how the task ended.
+pub fn replay(scenario: &Scenario, planner: &Planner) -> (World, Ended) {
+    let mut world = World::new(scenario);
+    let settings = scenario.settings.builder().build();
+    let (mut task, mut action) = PodTask::start(
+        world.first_read(),
+        scenario.trigger.into(),
+        settings,
+        counting_nonces(),
+    );
+    let mut now = Duration::ZERO;
+    let shutdown = world.shutdown_at();
+    let uid = task.pod().uid.clone();
+    loop {
+        let down = |at: Duration| shutdown.is_some_and(|s| s <= at);
+        let report = match action {
+            Action::Finish(result) => return (world, Ended::of(&result)),
+            a if a.interruptible() && down(now) => Report::Cancelled,
+            Action::Note(note) => {
+                world.notes.push(format!("{note:?}"));
+                Report::Go
+            }
+            Action::Admit | Action::Release | Action::Checkpoint => Report::Go,
+            Action::Tell(event) => {
+                let _ = world.event(now, &event);
+                Report::Go
+            }
+            Action::Inspect { vm, .. } => Report::Inspected(world.inspect(now, &vm)),
+            Action::Plan(request) => Report::Planned(request.run(planner)),
+            Action::Read => Report::Read(world.read(now)),
+            Action::Patch {
+                patch,
+                unless_changed_from,
+            } => Report::Patched(world.patch(now, &uid, &patch, unless_changed_from.as_deref())),
+            Action::Exec {
+                argv,
+                timeout,
+                purpose,
+                ..
+            } => {
+                let (takes, result) = world.exec(now, purpose, &argv, timeout);
+                match shutdown.filter(|s| *s < now + takes) {
+                    Some(s) => {
+                        now = s;
+                        Report::Cancelled
+                    }
+                    None => {
+                        now += takes;
+                        Report::Ran(result)
+                    }
+                }
+            }
+            Action::Sleep { until } => match shutdown.filter(|s| *s < until) {
+                Some(s) => {
+                    now = now.max(s);
+                    Report::Cancelled
+                }
+                None => {
+                    now = now.max(until);
+                    Report::Go
+                }
+            },
+            Action::WaitLease { mac, until } => {
+                let found = world.lease(&mac, now, until);
+                let ends = found.map_or(until, |(at, _)| at);
+                match shutdown.filter(|s| *s < ends) {
+                    Some(s) => {
+                        now = now.max(s);
+                        Report::Cancelled
+                    }
+                    None => {
+                        now = now.max(ends);
+                        Report::Lease(found.map(|(_, ip)| ip))
+                    }
+                }
+            }
+        };
+        action = task.next(report, now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::planner::PlannerOptions;
+
+    /// Every scenario file, replayed through the decision alone with the
+    /// built-in plugins: the reference the other executors are held to.
+    #[test]
+    fn every_scenario_replays_through_the_decision() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/conformance");
+        let scenarios = Scenario::all(&dir).unwrap();
+        assert!(scenarios.len() >= 20, "{} scenarios", scenarios.len());
+        let root = tempfile::tempdir().unwrap();
+        let (planner, failures) = Planner::new(PlannerOptions {
+            cocoon_root: root.path().to_owned(),
+            ..PlannerOptions::default()
+        })
+        .unwrap();
+        assert!(failures.is_empty(), "{failures:?}");
+        let mut failed = Vec::new();
+        for (path, scenario) in &scenarios {
+            let overlay = overlay_path(root.path(), scenario);
+            if let Some(overlay) = &overlay {
+                std::fs::create_dir_all(overlay.parent().unwrap()).unwrap();
+                std::fs::write(overlay, b"").unwrap();
+            }
+            let (world, ended) = replay(scenario, &planner);
+            if let Err(e) = scenario.check(&world.seen, &ended) {
+                failed.push(format!(
+                    "{}: {}\n{e}\nnotes: {:#?}",
+                    path.display(),
+                    scenario.about,
+                    world.notes
+                ));
+            }
+            if let Some(overlay) = &overlay {
+                std::fs::remove_file(overlay).unwrap();
+            }
+        }
+        assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+    }
+
+    /// Where the scenario's overlay goes, when it has one.
+    fn overlay_path(root: &Path, scenario: &Scenario) -> Option<PathBuf> {
+        let id = scenario.vm.as_ref()?.get("id")?.as_str()?;
+        scenario.overlay.then(|| {
+            root.join("run/cloudhypervisor")
+                .join(id)
+                .join("overlay.qcow2")
+        })
+    }
+}

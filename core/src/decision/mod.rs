@@ -1,0 +1,462 @@
+//! The one decision for one pod: what a host does next, from what it has
+//! observed. Every host (the daemon's `run` and `serve`, `plan`,
+//! `capture`, the C library and the Go package over it) carries out the
+//! actions decided here and reports what happened; none decides.
+//!
+//! The shape is the controller runtime's: [`PodTask::start`] takes the pod
+//! as read and returns the first [`Action`]; the host carries it out and
+//! hands the result back as a [`Report`] to [`PodTask::next`], with the
+//! time on its clock, and gets the next action, until
+//! [`Action::Finish`]. Nothing here reads a clock, sleeps, draws random
+//! numbers (nonces come from the [`NonceSource`] the host gives), or talks
+//! to cocoon, Kubernetes or a plugin, so the whole loop is a table test:
+//! see `tests/conformance/` and `docs/conformance.md`.
+//!
+//! What is decided here, once:
+//!
+//! - the lifecycle gate and the table of spec section 8
+//!   ([`crate::lifecycle`]), binding the VM to the pod (spec section 2,
+//!   [`locate`]), resumed work planned from the disk probe, classification
+//!   (spec section 3);
+//! - node errors (retried, never a pod failure) against plan failures
+//!   (the pod is failed);
+//! - the fixup loop of spec section 5 (the `running` write, the retry
+//!   budget, each exec's timeout, the error chain, exhaustion, success)
+//!   and the IP wait of spec section 6 (the Windows renew nudge, the DHCP
+//!   recovery pass, the final write); their numbers are [`Settings`];
+//! - every write decided from a read of the pod, and the read again when
+//!   the pod changed under it;
+//! - what a shutdown means at each point (nothing is marked failed).
+
+pub mod conformance;
+mod locate;
+mod settings;
+mod task;
+
+pub use locate::{Lookup, bind_record, boot_override, lookup, observe, vm_id};
+pub use settings::{ReadyConfig, RetryConfig, Settings, SettingsBuilder};
+pub use task::{DECIDE_ROUNDS, NonceSource, PodTask, os_nonces};
+
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::annotations::{AnnotationPatch, Event};
+use crate::binding::Mismatch;
+use crate::classify::Scenario;
+use crate::exec::ExecOutput;
+use crate::facts::{FactError, MacAddr, Observation, PodInput, VmFacts, VmId, VmInspect};
+use crate::lifecycle::HandsOff;
+use crate::planner::{ComposedPlan, PlanOutcome, Planner, PlannerError};
+use crate::plugin::PluginError;
+use crate::plugin::registry::NoPlugin;
+use crate::probe::ProbeError;
+
+/// One incarnation of a pod: a write for `uid` never lands on a pod that
+/// was deleted and recreated under the same name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl fmt::Display for PodRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Why a pod could not be read or written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PodError {
+    /// The pod was deleted, or replaced by a new incarnation (another uid).
+    /// Nothing more must be written for it.
+    #[error("pod {pod} is gone (deleted, or recreated with another uid)")]
+    Gone { pod: String },
+    /// The API server could not be reached, or kept failing, after
+    /// retries: a later try may get through.
+    #[error("kubernetes API, pod {pod}: {reason}")]
+    Api { pod: String, reason: String },
+    /// The API server refused the request for good (401, 403, 422, ...):
+    /// another try gets the same answer until someone changes the cluster.
+    #[error("kubernetes API, pod {pod}: {reason}")]
+    Refused { pod: String, reason: String },
+}
+
+/// How a conditional write ended, short of an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Guarded {
+    /// Written; the pod as the write left it when the API server said.
+    Written(Option<PodInput>),
+    /// Not written: the pod is no longer as it was read. This is the pod
+    /// now, to decide again from.
+    Changed(PodInput),
+}
+
+/// Why the host was asked to handle the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// A pod event (or a one-shot `run`).
+    Event,
+    /// Startup reconciliation: resumed work is announced with
+    /// `ResumedAfterRestart`.
+    Startup,
+    /// The daemon tries again after a failure before the loop: the node
+    /// error that caused it is not announced again.
+    Retry,
+}
+
+/// What the host is asked to plan ([`PlanRequest::run`] does it).
+#[derive(Debug, Clone)]
+pub enum PlanRequest {
+    /// The fixup of the pod's VM: [`Planner::plan`].
+    Fixup(Observation),
+    /// The DHCP recovery pass for an all-DHCP Linux clone:
+    /// [`Planner::plan_scenarios`] for [`Scenario::DhcpRecovery`].
+    Recovery(VmFacts),
+}
+
+impl PlanRequest {
+    /// Plan it with `planner`, as every host does.
+    pub fn run(&self, planner: &Planner) -> Planned {
+        match self {
+            PlanRequest::Fixup(obs) => Planned::Fixup(planner.plan(obs)),
+            PlanRequest::Recovery(facts) => {
+                Planned::Recovery(planner.plan_scenarios(facts, &[Scenario::DhcpRecovery]))
+            }
+        }
+    }
+}
+
+/// A [`PlanRequest`]'s answer.
+#[derive(Debug)]
+pub enum Planned {
+    Fixup(Result<PlanOutcome, PlannerError>),
+    Recovery(Result<ComposedPlan, PlannerError>),
+}
+
+/// What an exec is for, so a host can log and count it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ExecPurpose {
+    /// One attempt of the fixup plan.
+    Fixup,
+    /// The DHCP recovery pass of the IP wait.
+    Recovery,
+    /// The Windows `ipconfig /renew` nudge of the IP wait.
+    Renew,
+}
+
+/// The next thing a host does for the pod.
+#[derive(Debug)]
+pub enum Action {
+    /// Wait for a turn among the pods worked on at once (the daemon's
+    /// `fixups_in_flight`; a host without such a bound answers at once).
+    /// Interruptible by shutdown. Report: [`Report::Go`].
+    Admit,
+    /// Give the turn back: the IP wait does not hold one. Report:
+    /// [`Report::Go`].
+    Release,
+    /// Report [`Report::Cancelled`] when the host is shutting down, else
+    /// [`Report::Go`]. Nothing is done.
+    Checkpoint,
+    /// `cocoon vm inspect <vm>`, bounded by `timeout`. Report:
+    /// [`Report::Inspected`].
+    Inspect { vm: VmId, timeout: Duration },
+    /// Plan ([`PlanRequest::run`]), off any async worker. Report:
+    /// [`Report::Planned`].
+    Plan(Box<PlanRequest>),
+    /// Read the pod by namespace and name. Report: [`Report::Read`].
+    Read,
+    /// Merge-patch the pod's annotations under the uid precondition and,
+    /// when `unless_changed_from` is given, only while the pod is still as
+    /// that read (its resource version). Report: [`Report::Patched`]
+    /// (an unconditional write that lands is `Guarded::Written`).
+    Patch {
+        patch: AnnotationPatch,
+        unless_changed_from: Option<Box<PodInput>>,
+    },
+    /// `cocoon vm exec <vm> -- <argv>`, bounded by `timeout`.
+    /// Interruptible by shutdown. Report: [`Report::Ran`].
+    Exec {
+        vm: VmId,
+        argv: Vec<String>,
+        timeout: Duration,
+        purpose: ExecPurpose,
+    },
+    /// Wait until `mac` has a lease or the clock reaches `until`.
+    /// Interruptible by shutdown. Report: [`Report::Lease`].
+    WaitLease { mac: MacAddr, until: Duration },
+    /// Wait until the clock reaches `until`. Interruptible by shutdown.
+    /// Report: [`Report::Go`].
+    Sleep { until: Duration },
+    /// Record this event on the pod (best effort: a failure is logged).
+    /// Report: [`Report::Go`].
+    Tell(Event),
+    /// Tell the host's operator (log, metrics). Report: [`Report::Go`].
+    Note(Note),
+    /// The task is over.
+    Finish(Result<Summary, Stop>),
+}
+
+impl Action {
+    /// Whether a host races this action against its shutdown and reports
+    /// [`Report::Cancelled`] when shutdown comes first (or had come).
+    pub fn interruptible(&self) -> bool {
+        matches!(
+            self,
+            Action::Admit
+                | Action::Checkpoint
+                | Action::Exec { .. }
+                | Action::WaitLease { .. }
+                | Action::Sleep { .. }
+        )
+    }
+}
+
+/// What the host saw when it carried out the last action.
+#[derive(Debug)]
+pub enum Report {
+    /// Done (fire-and-forget actions, a turn granted, a sleep over).
+    Go,
+    /// The host is shutting down (only for interruptible actions).
+    Cancelled,
+    /// `cocoon vm inspect`'s record, or its error as one line.
+    Inspected(Result<VmInspect, String>),
+    Planned(Planned),
+    Read(Result<Option<PodInput>, PodError>),
+    Patched(Result<Guarded, PodError>),
+    /// The exec's output, or why it could not run (as one line).
+    Ran(Result<ExecOutput, String>),
+    /// The lease's address, or `None` when the wait reached its end.
+    Lease(Option<Ipv4Addr>),
+}
+
+/// What a host tells its operator (a log line, a metric).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Note {
+    /// Work resumed after a restart, with its `op`.
+    Resumed(&'static str),
+    /// The VM is not this pod's: nothing run. `expected` is the name
+    /// derived from the pod.
+    VmMismatch { expected: String, mismatch: String },
+    /// The node is set up wrong; the pod waits (`kind` as
+    /// [`NodeError::kind`]).
+    NodeError { kind: &'static str, message: String },
+    /// No plan could be made for the pod (`kind` as the planner error's).
+    PlanFailed { line: String },
+    /// How the fixup loop ended (`Done` and `Exhausted` are counted).
+    Fixup {
+        scenario: Scenario,
+        end: FixupEnd,
+        attempts: u32,
+    },
+    /// How the IP wait ended.
+    IpWait(Readiness),
+    /// Something worth a warning in the log.
+    Warn(String),
+}
+
+/// The node is at fault, not the pod: reported and retried.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("pod {pod}: node configuration: {source}")]
+    Probe {
+        pod: String,
+        #[source]
+        source: ProbeError,
+    },
+    #[error("pod {pod}: node configuration: {source}")]
+    Plugins {
+        pod: String,
+        #[source]
+        source: NoPlugin,
+    },
+    #[error("pod {pod}: node configuration: {source}")]
+    PluginCode {
+        pod: String,
+        #[source]
+        source: PluginError,
+    },
+    /// cocoon printed a record whose id is no VM id.
+    #[error("pod {pod}: cocoon's VM record: {source}")]
+    BadRecord {
+        pod: String,
+        #[source]
+        source: FactError,
+    },
+}
+
+impl NodeError {
+    /// A short label for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            NodeError::Probe { .. } => "probe",
+            NodeError::Plugins { .. } | NodeError::PluginCode { .. } => "plugins",
+            NodeError::BadRecord { .. } => "cocoon",
+        }
+    }
+
+    /// What the operator does next, for the event.
+    fn fix(&self) -> &'static str {
+        match self {
+            NodeError::Plugins { .. } => {
+                "the fixup waits: fix the node's plugin directory, then restart cocoon-fixup"
+            }
+            NodeError::PluginCode { .. } => "the fixup waits until the node's cache is fixed",
+            _ => "the fixup waits, and is tried again, until the node is fixed",
+        }
+    }
+}
+
+/// Why a task ended without an outcome: tried again later, or not at all
+/// ([`Stop::is_retryable`]).
+#[derive(Debug, thiserror::Error)]
+pub enum Stop {
+    #[error(
+        "pod {pod} has no uid: it is not a live pod object (pass a pod read from the API server)"
+    )]
+    NoUid { pod: String },
+    #[error(
+        "pod {pod} names no VM yet (no {} or {} annotation): wait until cocoon has created it",
+        crate::facts::annotations::VM_ID,
+        crate::facts::annotations::VM_NAME
+    )]
+    NoVm { pod: String },
+    #[error(transparent)]
+    Facts(#[from] FactError),
+    /// `cocoon vm inspect` failed (the host keeps its error).
+    #[error("pod {pod}: {message}")]
+    Inspect { pod: String, message: String },
+    #[error(transparent)]
+    Node(#[from] NodeError),
+    #[error(transparent)]
+    Api(#[from] PodError),
+}
+
+impl Stop {
+    /// Whether trying the same pod again later can succeed: cocoon, the
+    /// API server and the node can recover; a pod whose annotations do
+    /// not parse, or that names no VM, cannot until it changes.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Stop::Inspect { .. } | Stop::Node(_) | Stop::Api(PodError::Api { .. }) => true,
+            Stop::NoUid { .. }
+            | Stop::NoVm { .. }
+            | Stop::Facts(_)
+            | Stop::Api(PodError::Refused { .. } | PodError::Gone { .. }) => false,
+        }
+    }
+}
+
+/// What the host did with the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Handled {
+    /// Nothing: the table leaves the pod alone ([`Summary::hands_off`]).
+    Nothing,
+    /// The fixup failed earlier: the work stays parked.
+    Parked,
+    /// The VM is not this pod's: nothing ran.
+    VmMismatch,
+    /// The fixup loop ran (and then the IP wait, when it succeeded).
+    Fixup,
+    /// Only the IP wait ran.
+    IpWait,
+    /// The pod was recreated under its name before the work started.
+    Gone,
+    /// The host shut down while the call waited for its turn.
+    Shutdown,
+}
+
+/// How the fixup loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FixupEnd {
+    Done,
+    Exhausted,
+    PlanFailed,
+    Shutdown,
+    /// Deleted, replaced, or taken over by the stack: nothing more written.
+    Gone,
+}
+
+/// How the IP wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Readiness {
+    Ready,
+    TimedOut,
+    Shutdown,
+    /// Deleted, replaced, or taken over by the stack.
+    Gone,
+}
+
+/// How one task ended, for logs, `run`'s JSON summary and metrics.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Summary {
+    pub pod: String,
+    pub uid: String,
+    pub action: Handled,
+    /// Why nothing was done (`action` = `nothing`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hands_off: Option<HandsOff>,
+    /// Why the VM is not this pod's (`action` = `vm-mismatch`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mismatch: Option<String>,
+    /// The classification rule (1..=7); 0 when the VM was not classified.
+    pub rule: u8,
+    /// The scenario, or `none`.
+    #[serde(serialize_with = "scenario_or_none")]
+    pub scenario: Option<Scenario>,
+    /// Absent when no fixup ran.
+    pub fixup: Option<FixupEnd>,
+    pub attempts: u32,
+    /// Absent when no IP wait ran.
+    pub readiness: Option<Readiness>,
+    pub ip: Option<String>,
+    /// The error chain of a failed fixup.
+    pub errors: Vec<String>,
+}
+
+fn scenario_or_none<S: serde::Serializer>(
+    scenario: &Option<Scenario>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(scenario.map_or("none", Scenario::as_str))
+}
+
+impl Summary {
+    pub fn new(pod: String, uid: String) -> Self {
+        Summary {
+            pod,
+            uid,
+            action: Handled::Nothing,
+            hands_off: None,
+            mismatch: None,
+            rule: 0,
+            scenario: None,
+            fixup: None,
+            attempts: 0,
+            readiness: None,
+            ip: None,
+            errors: Vec::new(),
+        }
+    }
+
+    /// Ready intent published.
+    pub fn is_ready(&self) -> bool {
+        self.readiness == Some(Readiness::Ready)
+    }
+}
+
+/// The mismatch as the event tells it (never naming the other VM).
+fn mismatch_event(mismatch: &Mismatch, pod: &PodRef) -> Event {
+    Event::warning(
+        crate::annotations::reasons::VM_MISMATCH,
+        crate::annotations::messages::vm_mismatch(mismatch, &pod.namespace, &pod.name),
+    )
+}

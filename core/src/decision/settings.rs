@@ -1,0 +1,127 @@
+//! The numbers of the apply path (spec sections 5 and 6) and the binding
+//! policy, resolved once: the config file, the CLI and the C library all
+//! build them here ([`SettingsBuilder`]), so no host keeps its own defaults
+//! or floors.
+
+use std::time::Duration;
+
+use crate::binding::BindingPolicy;
+
+/// The retry budget (spec section 5). Defaults: first attempt at once, 3 s
+/// between attempts, until 180 s after the first; each exec bounded by
+/// 90 s and by what is left of the budget. Configured with
+/// `--retry-interval`, `--retry-budget`, `--exec-timeout`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryConfig {
+    pub interval: Duration,
+    pub budget: Duration,
+    pub exec_timeout: Duration,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            interval: Duration::from_secs(3),
+            budget: Duration::from_secs(180),
+            exec_timeout: Duration::from_secs(90),
+        }
+    }
+}
+
+/// The IP wait (spec section 6). Defaults: 45 s budget, Windows renew
+/// nudge once after 30 s with a 20 s timeout, DHCP recovery for an
+/// all-DHCP Linux clone after 15 s. Configured with `--ip-wait`,
+/// `--renew-after`, `--renew-timeout`, `--dhcp-recovery-after`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadyConfig {
+    pub budget: Duration,
+    pub renew_after: Duration,
+    pub renew_timeout: Duration,
+    pub dhcp_recovery_after: Duration,
+    /// Timeout of the DHCP recovery exec, like every plan exec (90 s,
+    /// `--exec-timeout`), never past the IP budget.
+    pub recovery_timeout: Duration,
+}
+
+impl Default for ReadyConfig {
+    fn default() -> Self {
+        ReadyConfig {
+            budget: Duration::from_secs(45),
+            renew_after: Duration::from_secs(30),
+            renew_timeout: Duration::from_secs(20),
+            dhcp_recovery_after: Duration::from_secs(15),
+            recovery_timeout: RetryConfig::default().exec_timeout,
+        }
+    }
+}
+
+/// Everything the decision for one pod reads besides what it observes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub retry: RetryConfig,
+    pub ready: ReadyConfig,
+    /// Timeout for `cocoon vm inspect` (default 10 s, `--inspect-timeout`).
+    pub inspect_timeout: Duration,
+    /// Which VM names bind a VM to its pod (spec section 2).
+    pub binding: BindingPolicy,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            retry: RetryConfig::default(),
+            ready: ReadyConfig::default(),
+            inspect_timeout: Duration::from_secs(10),
+            binding: BindingPolicy::default(),
+        }
+    }
+}
+
+/// The one place where settings get their values: each option is `None`
+/// for its default. The config file and the CLI (through `fixup-host`'s
+/// config resolution) and the C library fill it from their own spellings
+/// and call [`SettingsBuilder::build`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SettingsBuilder {
+    pub retry_interval: Option<Duration>,
+    pub retry_budget: Option<Duration>,
+    pub exec_timeout: Option<Duration>,
+    pub inspect_timeout: Option<Duration>,
+    pub ip_wait: Option<Duration>,
+    pub renew_after: Option<Duration>,
+    pub renew_timeout: Option<Duration>,
+    pub dhcp_recovery_after: Option<Duration>,
+    pub accept_legacy_vm_names: bool,
+}
+
+impl SettingsBuilder {
+    /// The settings, defaults filled in. The DHCP recovery exec is bounded
+    /// like every plan exec (`exec_timeout`).
+    pub fn build(&self) -> Settings {
+        let retry_default = RetryConfig::default();
+        let ready_default = ReadyConfig::default();
+        let exec_timeout = self.exec_timeout.unwrap_or(retry_default.exec_timeout);
+        Settings {
+            retry: RetryConfig {
+                interval: self.retry_interval.unwrap_or(retry_default.interval),
+                budget: self.retry_budget.unwrap_or(retry_default.budget),
+                exec_timeout,
+            },
+            ready: ReadyConfig {
+                budget: self.ip_wait.unwrap_or(ready_default.budget),
+                renew_after: self.renew_after.unwrap_or(ready_default.renew_after),
+                renew_timeout: self.renew_timeout.unwrap_or(ready_default.renew_timeout),
+                dhcp_recovery_after: self
+                    .dhcp_recovery_after
+                    .unwrap_or(ready_default.dhcp_recovery_after),
+                recovery_timeout: exec_timeout,
+            },
+            inspect_timeout: self
+                .inspect_timeout
+                .unwrap_or(Settings::default().inspect_timeout),
+            binding: BindingPolicy {
+                accept_legacy_names: self.accept_legacy_vm_names,
+            },
+        }
+    }
+}

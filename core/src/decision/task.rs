@@ -1,0 +1,1187 @@
+//! [`PodTask`]: the decision for one pod as a state machine. Each
+//! `next` takes the report of the last action and the host's clock, and
+//! returns the next action; fire-and-forget actions (events, notes,
+//! giving the turn back) are queued and handed out first.
+
+use std::collections::VecDeque;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use super::{
+    Action, ExecPurpose, FixupEnd, Guarded, Handled, Lookup, NodeError, Note, PlanRequest, Planned,
+    PodError, PodRef, Readiness, Report, Settings, Stop, Summary, Trigger, lookup, mismatch_event,
+    observe,
+};
+use crate::annotations::{
+    AnnotationPatch, Event, check_hint_room, exhausted_record, keys, messages, one_line,
+    plan_failed_record, reasons, state_patch,
+};
+use crate::binding::{self, Verdict};
+use crate::classify::{self, Rule, Scenario};
+use crate::exec::{self, ExecOutput};
+use crate::facts::{
+    GuestOs, ImageKind, Observation, Overrides, PodInput, VmFacts, VmId, WaitFacts, WaitNic,
+    escape_controls,
+};
+use crate::lifecycle::{self, Action as Row, HandsOff, Lifecycle, PostCloneState};
+use crate::plan::{Nonce, Plan, exec_argv, hint_base64};
+use crate::planner::{ComposedPlan, PlannerError};
+
+/// How many times in a row a write decided from a read is decided again
+/// for a pod that changed under it before the task gives up (the work is
+/// then tried again later).
+pub const DECIDE_ROUNDS: u32 = 5;
+
+/// Where the nonce of each exec comes from: the operating system's
+/// randomness in a host ([`Nonce::generate`]), a fixed sequence in a test.
+pub type NonceSource = Box<dyn FnMut() -> Result<Nonce, String> + Send>;
+
+/// The operating system's randomness, as every host draws nonces.
+pub fn os_nonces() -> NonceSource {
+    Box::new(|| Nonce::generate().map_err(|e| e.to_string()))
+}
+
+/// The decision for one pod, from the pod as read to how the work ended.
+pub struct PodTask {
+    settings: Settings,
+    trigger: Trigger,
+    pod: PodRef,
+    /// The pod as first read: the `running` write is decided from it.
+    seen: PodInput,
+    summary: Summary,
+    stage: Stage,
+    queue: VecDeque<Action>,
+    nonces: NonceSource,
+    /// The host's clock at the last report.
+    now: Duration,
+}
+
+impl std::fmt::Debug for PodTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodTask")
+            .field("pod", &self.pod)
+            .field("stage", &self.stage.name())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The fixup loop's state (spec section 5).
+#[derive(Debug)]
+struct Fixup {
+    vm: VmId,
+    scenario: Scenario,
+    facts: VmFacts,
+    plan: Plan,
+    exec: Vec<String>,
+    script: String,
+    /// The first NIC's static address: the IP and `ready` go with `done`.
+    ready_ip: Option<Ipv4Addr>,
+    deadline: Duration,
+    attempts: u32,
+    errors: Vec<String>,
+    /// The read the next decision is made from: the `running` write's
+    /// answer for the first attempt, the read before each later one.
+    fresh: Option<PodInput>,
+    /// The read before the attempt under way (`None` when the read failed).
+    seen: Option<PodInput>,
+    nonce: Option<Nonce>,
+}
+
+/// The DHCP recovery pass the IP wait may run once.
+#[derive(Debug)]
+struct Recovery {
+    plan: Plan,
+    exec: Vec<String>,
+    nics: usize,
+}
+
+/// The IP wait's state (spec section 6).
+#[derive(Debug)]
+struct Wait {
+    facts: WaitFacts,
+    recovery: Option<Recovery>,
+    start: Duration,
+    deadline: Duration,
+    ip: Option<Ipv4Addr>,
+    nonce: Option<Nonce>,
+}
+
+/// What a write decided from a read is for.
+#[derive(Debug)]
+enum Write {
+    /// `running`, before the first attempt.
+    Running(Box<Fixup>),
+    /// `done` (and for a static first NIC the IP and `ready`).
+    Done(Box<Fixup>),
+    /// The failure record after the budget ran out.
+    Exhausted { fixup: Box<Fixup>, summary: String },
+    /// The failure record of a plan that could not be made.
+    PlanFailed { vm: VmId, line: String },
+    /// The IP and `ready`, or lifecycle `failed`, after the IP wait.
+    Final(Box<Wait>),
+}
+
+#[derive(Debug)]
+enum Stage {
+    Admitting,
+    Inspecting,
+    PlanningFixup {
+        obs: Box<Observation>,
+        vm: VmId,
+    },
+    PlanningRecovery(Box<Wait>),
+    /// A read to decide `Write` from.
+    ReadingFor(Write),
+    /// A write decided from `from`, the `round`th try.
+    Writing {
+        write: Write,
+        from: Box<PodInput>,
+        patch: AnnotationPatch,
+        round: u32,
+    },
+    /// `done` alone, without a read to decide from.
+    DoneAlone(Box<Fixup>),
+    /// Before the `running` write: shutdown?
+    BeforeRunning(Box<Fixup>),
+    /// Before an attempt: shutdown?
+    LoopCheckpoint(Box<Fixup>),
+    /// Before an attempt: is the pod still ours?
+    LoopRead(Box<Fixup>),
+    Attempting(Box<Fixup>),
+    Sleeping(Box<Fixup>),
+    /// The IP wait: the lease before the nudge.
+    WaitFirst(Box<Wait>),
+    /// The IP wait: is the pod still ours before the nudge?
+    WaitCheck(Box<Wait>),
+    WaitNudge(Box<Wait>),
+    /// The IP wait: the lease until the end (or the sleep without a NIC).
+    WaitLast(Box<Wait>),
+    Over,
+}
+
+impl Stage {
+    fn name(&self) -> &'static str {
+        match self {
+            Stage::Admitting => "admitting",
+            Stage::Inspecting => "inspecting",
+            Stage::PlanningFixup { .. } => "planning",
+            Stage::PlanningRecovery(_) => "planning-recovery",
+            Stage::ReadingFor(_) => "reading",
+            Stage::Writing { .. } => "writing",
+            Stage::DoneAlone(_) => "writing-done",
+            Stage::BeforeRunning(_) => "before-running",
+            Stage::LoopCheckpoint(_) | Stage::LoopRead(_) => "before-attempt",
+            Stage::Attempting(_) => "attempting",
+            Stage::Sleeping(_) => "sleeping",
+            Stage::WaitFirst(_)
+            | Stage::WaitCheck(_)
+            | Stage::WaitNudge(_)
+            | Stage::WaitLast(_) => "ip-wait",
+            Stage::Over => "over",
+        }
+    }
+}
+
+/// Whether `pod` already holds everything `patch` writes (a removal: the
+/// key is absent).
+fn holds(pod: &PodInput, patch: &AnnotationPatch) -> bool {
+    patch
+        .iter()
+        .all(|(key, value)| pod.annotations.get(key) == value.as_ref())
+}
+
+/// The IP and lifecycle `ready`, for a pod that is still ours: its
+/// lifecycle is then empty or `creating`, so stickiness (spec section 7)
+/// cannot forbid `ready`.
+fn ready_patch(current: &PodInput, ip: Ipv4Addr) -> AnnotationPatch {
+    let mut patch = AnnotationPatch::from([(keys::IP.to_owned(), Some(ip.to_string()))]);
+    patch.extend(
+        lifecycle::transition(&current.annotations, Lifecycle::Ready, "").unwrap_or_default(),
+    );
+    patch
+}
+
+/// The error for a write the pod kept changing under: a transient API
+/// error, so the work is tried again later.
+fn unsettled(pod: &PodRef) -> PodError {
+    PodError::Api {
+        pod: pod.to_string(),
+        reason: format!(
+            "the pod changed under each of {DECIDE_ROUNDS} writes in a row; the write is tried again later"
+        ),
+    }
+}
+
+impl PodTask {
+    /// The task for `pod` as read, and its first action.
+    pub fn start(
+        pod: PodInput,
+        trigger: Trigger,
+        settings: Settings,
+        nonces: NonceSource,
+    ) -> (PodTask, Action) {
+        let label = pod.display_name();
+        let uid = pod.uid.clone().filter(|u| !u.is_empty());
+        let mut task = PodTask {
+            settings,
+            trigger,
+            pod: PodRef {
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                uid: uid.clone().unwrap_or_default(),
+            },
+            summary: Summary::new(label.clone(), uid.clone().unwrap_or_default()),
+            seen: pod,
+            stage: Stage::Admitting,
+            queue: VecDeque::new(),
+            nonces,
+            now: Duration::ZERO,
+        };
+        let first = if uid.is_none() {
+            task.stop(Stop::NoUid { pod: label })
+        } else {
+            match lifecycle::gate(&task.seen) {
+                Err(row) => task.leave(row),
+                Ok(_) => Action::Admit,
+            }
+        };
+        (task, first)
+    }
+
+    /// The pod this task is for.
+    pub fn pod(&self) -> &PodRef {
+        &self.pod
+    }
+
+    /// The summary so far (final once [`Action::Finish`] was returned).
+    pub fn summary(&self) -> &Summary {
+        &self.summary
+    }
+
+    /// The next action, given the report of the last one and the host's
+    /// clock (any origin, the same for the whole task).
+    ///
+    /// # Panics
+    ///
+    /// When the report does not answer the last action (a host bug).
+    pub fn next(&mut self, report: Report, now: Duration) -> Action {
+        self.now = now;
+        if let Some(queued) = self.queue.pop_front() {
+            // A fire-and-forget action was carried out.
+            return queued;
+        }
+        let stage = std::mem::replace(&mut self.stage, Stage::Over);
+        let action = self.advance(stage, report);
+        if self.queue.is_empty() {
+            return action;
+        }
+        // Events and notes first, then the question.
+        self.queue.push_back(action);
+        self.queue.pop_front().expect("not empty")
+    }
+
+    fn tell(&mut self, event: Event) {
+        self.queue.push_back(Action::Tell(event));
+    }
+
+    fn note(&mut self, note: Note) {
+        self.queue.push_back(Action::Note(note));
+    }
+
+    fn finish(&mut self) -> Action {
+        self.stage = Stage::Over;
+        Action::Finish(Ok(self.summary.clone()))
+    }
+
+    fn stop(&mut self, stop: Stop) -> Action {
+        self.stage = Stage::Over;
+        Action::Finish(Err(stop))
+    }
+
+    /// A row of the table that leaves the pod alone (or parked).
+    fn leave(&mut self, row: Row) -> Action {
+        match row {
+            Row::Nothing(why) => {
+                self.summary.hands_off = Some(why);
+                self.summary.rule = match why {
+                    HandsOff::NotManaged => Rule::NotManaged.number(),
+                    HandsOff::NotCloned => Rule::NotCloned.number(),
+                    _ => 0,
+                };
+            }
+            Row::Parked => self.summary.action = Handled::Parked,
+            Row::RunLoop | Row::IpWaitOnly => {}
+        }
+        self.finish()
+    }
+
+    fn advance(&mut self, stage: Stage, report: Report) -> Action {
+        match (stage, report) {
+            (stage, Report::Cancelled) => self.cancelled(stage),
+            (Stage::Admitting, Report::Go) => self.admitted(),
+            (Stage::Inspecting, Report::Inspected(result)) => self.inspected(result),
+            (Stage::PlanningFixup { obs, vm }, Report::Planned(Planned::Fixup(result))) => {
+                self.planned(*obs, vm, result)
+            }
+            (Stage::PlanningRecovery(mut wait), Report::Planned(Planned::Recovery(result))) => {
+                match result {
+                    Ok(composed) => {
+                        self.fallback_events(&composed);
+                        wait.recovery = Some(Recovery {
+                            nics: composed.facts.nics.len(),
+                            plan: composed.plan,
+                            exec: composed.exec,
+                        });
+                    }
+                    Err(e) => self.note(Note::Warn(format!("no DHCP recovery plan: {e}"))),
+                }
+                self.wait(wait)
+            }
+            (Stage::ReadingFor(write), Report::Read(result)) => self.read_for(write, result),
+            (
+                Stage::Writing {
+                    write,
+                    from,
+                    patch,
+                    round,
+                },
+                Report::Patched(result),
+            ) => self.patched(write, *from, &patch, round, result),
+            (Stage::DoneAlone(fixup), Report::Patched(result)) => match result {
+                Ok(_) => self.succeeded(fixup, None),
+                Err(PodError::Gone { .. }) => self.fixup_over(&fixup, FixupEnd::Gone),
+                Err(e) => self.stop(Stop::Api(e)),
+            },
+            (Stage::BeforeRunning(fixup), Report::Go) => {
+                let seen = self.seen.clone();
+                self.write_from(Write::Running(fixup), seen, 1)
+            }
+            (Stage::LoopCheckpoint(mut fixup), Report::Go) => match fixup.fresh.take() {
+                Some(current) => {
+                    let ours = self.still_ours(&current, &fixup.vm);
+                    self.attempt(fixup, ours, Some(current))
+                }
+                None => {
+                    self.stage = Stage::LoopRead(fixup);
+                    Action::Read
+                }
+            },
+            (Stage::LoopRead(fixup), Report::Read(result)) => {
+                // API errors count as yes: a flaky API server must not
+                // stop a fixup; the uid precondition still guards writes,
+                // and the final write is decided from a read.
+                let (ours, seen) = match result {
+                    Ok(Some(current)) => (self.still_ours(&current, &fixup.vm), Some(current)),
+                    Ok(None) => (false, None),
+                    Err(e) => {
+                        self.note(Note::Warn(format!(
+                            "cannot check the pod before an attempt: {e}"
+                        )));
+                        (true, None)
+                    }
+                };
+                self.attempt(fixup, ours, seen)
+            }
+            (Stage::Attempting(fixup), Report::Ran(result)) => self.attempted(fixup, result),
+            (Stage::Sleeping(fixup), Report::Go) => self.loop_top(fixup),
+            (Stage::WaitFirst(wait), Report::Lease(found)) => match found {
+                Some(ip) => self.wait_over(wait, Some(ip)),
+                None => {
+                    self.stage = Stage::WaitCheck(wait);
+                    Action::Read
+                }
+            },
+            (Stage::WaitCheck(wait), Report::Read(result)) => {
+                let ours = match result {
+                    Ok(Some(current)) => self.still_ours(&current, &wait.facts.id),
+                    Ok(None) => false,
+                    Err(e) => {
+                        self.note(Note::Warn(format!(
+                            "cannot check the pod before an attempt: {e}"
+                        )));
+                        true
+                    }
+                };
+                if ours {
+                    self.nudge(wait)
+                } else {
+                    // Nothing runs in a guest the stack has taken over
+                    // meanwhile; the final read then skips the write.
+                    self.wait_over(wait, None)
+                }
+            }
+            (Stage::WaitNudge(mut wait), Report::Ran(result)) => {
+                let failed = match (&wait.recovery, wait.nonce.take()) {
+                    (Some(recovery), Some(nonce)) => match result {
+                        Ok(out) => exec::verdict(&recovery.plan, &nonce, &out).err(),
+                        Err(e) => Some(one_line(&e)),
+                    }
+                    .map(|e| format!("DHCP recovery pass failed: {e}")),
+                    _ => match result {
+                        Ok(out) if out.success() => None,
+                        Ok(out) => Some(format!(
+                            "{}: {}",
+                            out.status,
+                            one_line(&String::from_utf8_lossy(&out.stderr))
+                        )),
+                        Err(e) => Some(e),
+                    }
+                    .map(|e| format!("ipconfig /renew nudge failed: {e}")),
+                };
+                if let Some(line) = failed {
+                    self.note(Note::Warn(line));
+                }
+                self.wait_last(wait)
+            }
+            (Stage::WaitLast(wait), Report::Lease(found)) => self.wait_over(wait, found),
+            (Stage::WaitLast(wait), Report::Go) => self.wait_over(wait, None),
+            (stage, report) => panic!(
+                "a host answered {report:?} in stage {}: carry out the action the task returned",
+                stage.name()
+            ),
+        }
+    }
+
+    /// Shutdown interrupted the action of `stage`: nothing is marked
+    /// failed; `running` stays for the next start.
+    fn cancelled(&mut self, stage: Stage) -> Action {
+        match stage {
+            Stage::Admitting => {
+                self.summary.action = Handled::Shutdown;
+                self.finish()
+            }
+            Stage::BeforeRunning(fixup)
+            | Stage::LoopCheckpoint(fixup)
+            | Stage::Attempting(fixup)
+            | Stage::Sleeping(fixup) => self.fixup_over(&fixup, FixupEnd::Shutdown),
+            Stage::WaitFirst(_) | Stage::WaitNudge(_) | Stage::WaitLast(_) => {
+                self.readiness(Readiness::Shutdown, None)
+            }
+            stage => panic!(
+                "a host reported a shutdown in stage {}: only interruptible actions are cancelled",
+                stage.name()
+            ),
+        }
+    }
+
+    fn admitted(&mut self) -> Action {
+        match lookup(&self.seen) {
+            Lookup::NoVm => self.stop(Stop::NoVm {
+                pod: self.summary.pod.clone(),
+            }),
+            Lookup::Unusable(mismatch) => self.mismatch(mismatch),
+            Lookup::Inspect(vm) => {
+                self.stage = Stage::Inspecting;
+                Action::Inspect {
+                    vm,
+                    timeout: self.settings.inspect_timeout,
+                }
+            }
+        }
+    }
+
+    /// The VM is not this pod's: nothing runs, nothing is written; a
+    /// Warning event on the pod that asked, and a note with both names.
+    /// The event never names the other VM.
+    fn mismatch(&mut self, mismatch: binding::Mismatch) -> Action {
+        let expected = binding::vm_name_for_pod(&self.pod.namespace, &self.pod.name);
+        self.note(Note::VmMismatch {
+            expected: escape_controls(&expected),
+            mismatch: mismatch.to_string(),
+        });
+        let event = mismatch_event(&mismatch, &self.pod);
+        self.tell(event);
+        self.summary.action = Handled::VmMismatch;
+        self.summary.mismatch = Some(mismatch.to_string());
+        self.finish()
+    }
+
+    /// The node is set up wrong: reported (a Warning event, once per pod
+    /// and not on every retry; a note) and stopped for a retry. The pod
+    /// is not failed.
+    fn node_error(&mut self, error: NodeError) -> Action {
+        let message = format!("{error}; {}", error.fix());
+        self.note(Note::NodeError {
+            kind: error.kind(),
+            message: message.clone(),
+        });
+        if self.trigger != Trigger::Retry {
+            self.tell(Event::warning(reasons::NODE_ERROR, message));
+        }
+        self.stop(Stop::Node(error))
+    }
+
+    fn inspected(&mut self, result: Result<crate::facts::VmInspect, String>) -> Action {
+        let record = match result {
+            Ok(record) => record,
+            Err(message) => {
+                return self.stop(Stop::Inspect {
+                    pod: self.summary.pod.clone(),
+                    message,
+                });
+            }
+        };
+        if let Verdict::Mismatch(mismatch) =
+            super::bind_record(&self.seen, &record, self.settings.binding)
+        {
+            return self.mismatch(mismatch);
+        }
+        let obs = match observe(&self.seen, &record, &Overrides::default()) {
+            Ok(obs) => obs,
+            Err(e) => return self.stop(Stop::Facts(e)),
+        };
+        let vm = match super::vm_id(&obs) {
+            Ok(vm) => vm,
+            Err(source) => {
+                let pod = self.summary.pod.clone();
+                return self.node_error(NodeError::BadRecord { pod, source });
+            }
+        };
+        let decision = classify::classify(&obs);
+        self.summary.rule = decision.rule.number();
+        let row = lifecycle::decide(&self.seen, decision.needs_fixup());
+        if self.trigger == Trigger::Startup
+            && let Some(op) = row.op()
+        {
+            self.note(Note::Resumed(op));
+            self.tell(Event::normal(
+                reasons::RESUMED_AFTER_RESTART,
+                messages::resumed(op),
+            ));
+        }
+        match row {
+            Row::Nothing(_) | Row::Parked => self.leave(row),
+            Row::RunLoop => {
+                self.summary.action = Handled::Fixup;
+                self.stage = Stage::PlanningFixup {
+                    obs: Box::new(obs.clone()),
+                    vm,
+                };
+                Action::Plan(Box::new(PlanRequest::Fixup(obs)))
+            }
+            Row::IpWaitOnly => {
+                self.summary.action = Handled::IpWait;
+                let facts = match WaitFacts::validate(&obs) {
+                    Ok(facts) => facts,
+                    Err(e) => return self.plan_failed(vm, &PlannerError::Facts(e)),
+                };
+                // An IP wait may take minutes: it does not hold a turn.
+                self.queue.push_back(Action::Release);
+                let wait = Box::new(Wait {
+                    facts,
+                    recovery: None,
+                    start: Duration::ZERO,
+                    deadline: Duration::ZERO,
+                    ip: None,
+                    nonce: None,
+                });
+                // The DHCP safety net: a Linux clone that needed no fixup.
+                if decision.rule == Rule::AllDhcp && obs.os == GuestOs::Linux {
+                    match VmFacts::validate(&obs, ImageKind::Unknown) {
+                        Ok(facts) => {
+                            self.stage = Stage::PlanningRecovery(wait);
+                            return Action::Plan(Box::new(PlanRequest::Recovery(facts)));
+                        }
+                        // A clone whose facts do not validate for a plan
+                        // simply waits without it.
+                        Err(e) => self.note(Note::Warn(format!("no DHCP recovery plan: {e}"))),
+                    }
+                }
+                self.wait(wait)
+            }
+        }
+    }
+
+    /// The fixup's plan came back.
+    fn planned(
+        &mut self,
+        obs: Observation,
+        vm: VmId,
+        result: Result<crate::planner::PlanOutcome, PlannerError>,
+    ) -> Action {
+        let outcome = match result {
+            Ok(outcome) => outcome,
+            Err(e) => return self.plan_error(vm, e),
+        };
+        let scenario = outcome.scenario.unwrap_or(Scenario::OciNetworkd);
+        self.summary.scenario = Some(scenario);
+        let Some(composed) = outcome.composed else {
+            // The planner found no fixup where classification found one:
+            // a planner bug, never a pod's fault.
+            return self.plan_failed(vm, &NoPlanMade);
+        };
+        self.fallback_events(&composed);
+        // The hint is written only after the budget is spent, and only if
+        // it fits then; say now that it would not.
+        if let Err(e) = check_hint_room(&obs.annotations, &composed.hint, &composed.plugins()) {
+            self.note(Note::Warn(format!("the hint may not be stored: {e}")));
+        }
+        let ComposedPlan {
+            facts,
+            plan,
+            exec,
+            script,
+            ..
+        } = composed;
+        let ready_ip = match WaitFacts::from_facts(&facts).first {
+            Some(WaitNic::Static(ip)) => Some(ip),
+            _ => None,
+        };
+        let fixup = Box::new(Fixup {
+            vm,
+            scenario,
+            facts,
+            plan,
+            exec,
+            script,
+            ready_ip,
+            deadline: Duration::ZERO,
+            attempts: 0,
+            errors: Vec::new(),
+            fresh: None,
+            seen: None,
+            nonce: None,
+        });
+        self.stage = Stage::BeforeRunning(fixup);
+        Action::Checkpoint
+    }
+
+    /// Each plugin of the plan that failed and was replaced by the
+    /// built-in (failure policy `fallback`): a Warning event naming both.
+    fn fallback_events(&mut self, composed: &ComposedPlan) {
+        for part in &composed.parts {
+            if let Some(fallback) = &part.fallback {
+                let message = fallback.message(part.selection.scenario, &part.selection.plugin);
+                self.tell(Event::warning(reasons::PLUGIN_FALLBACK, message));
+            }
+        }
+    }
+
+    /// A plan could not be made: a node error (the pod waits) or a plan
+    /// failure (the pod is failed).
+    fn plan_error(&mut self, vm: VmId, error: PlannerError) -> Action {
+        let pod = self.summary.pod.clone();
+        match error {
+            PlannerError::Probe(source) => self.node_error(NodeError::Probe { pod, source }),
+            PlannerError::NoPlugin(source) if source.is_node_config() => {
+                self.node_error(NodeError::Plugins { pod, source })
+            }
+            PlannerError::Plugin(source) if source.is_node_config() => {
+                self.node_error(NodeError::PluginCode { pod, source })
+            }
+            e => self.plan_failed(vm, &e),
+        }
+    }
+
+    /// No plan could be made (bad facts, no plugin, a plugin failure): a
+    /// retry cannot help, so the pod is marked failed like an exhausted
+    /// fixup, without a hint, after reading it once more.
+    fn plan_failed(&mut self, vm: VmId, error: &dyn std::error::Error) -> Action {
+        self.summary.fixup = Some(FixupEnd::PlanFailed);
+        let line = messages::plan_failed(&error.to_string());
+        self.summary.errors = vec![line.clone()];
+        self.note(Note::PlanFailed { line: line.clone() });
+        self.stage = Stage::ReadingFor(Write::PlanFailed { vm, line });
+        Action::Read
+    }
+
+    fn still_ours(&self, current: &PodInput, vm: &VmId) -> bool {
+        lifecycle::still_ours(current, &self.pod.uid, vm.as_str())
+    }
+
+    /// The patch a write decides from `current`, or `None` for no write.
+    fn decide(&self, write: &Write, current: &PodInput) -> Option<AnnotationPatch> {
+        match write {
+            Write::Running(fixup) => self
+                .still_ours(current, &fixup.vm)
+                .then(|| state_patch(PostCloneState::Running)),
+            Write::Done(fixup) => {
+                let mut patch = state_patch(PostCloneState::Done);
+                if let Some(ip) = fixup.ready_ip
+                    && self.still_ours(current, &fixup.vm)
+                {
+                    patch.extend(ready_patch(current, ip));
+                }
+                Some(patch)
+            }
+            Write::Exhausted { fixup, summary } => self.still_ours(current, &fixup.vm).then(|| {
+                exhausted_record(
+                    &current.annotations,
+                    &hint_base64(&fixup.script),
+                    fixup.scenario.as_str(),
+                    fixup.errors.clone(),
+                    summary,
+                )
+                .patch
+            }),
+            Write::PlanFailed { vm, line } => self
+                .still_ours(current, vm)
+                .then(|| plan_failed_record(&current.annotations, line)),
+            Write::Final(wait) => {
+                if !self.still_ours(current, &wait.facts.id) {
+                    return None;
+                }
+                match wait.ip {
+                    Some(ip) => Some(ready_patch(current, ip)),
+                    // Nothing to write when failed is already recorded.
+                    None => lifecycle::transition(
+                        &current.annotations,
+                        Lifecycle::Failed,
+                        &messages::ip_wait_timeout(&wait.facts.name, self.settings.ready.budget),
+                    ),
+                }
+            }
+        }
+    }
+
+    /// Decide `write` from `current` (a read of the pod) and make it only
+    /// while the pod is still as read; when it changed meanwhile, decide
+    /// again from the pod as it is now (up to [`DECIDE_ROUNDS`] writes).
+    /// This is how every final write of spec section 8 "reads the pod
+    /// again".
+    fn write_from(&mut self, write: Write, current: PodInput, round: u32) -> Action {
+        match self.decide(&write, &current) {
+            None => self.decided(write, Decided::Skipped(current)),
+            Some(patch) => {
+                self.stage = Stage::Writing {
+                    write,
+                    from: Box::new(current.clone()),
+                    patch: patch.clone(),
+                    round,
+                };
+                Action::Patch {
+                    patch,
+                    unless_changed_from: Some(Box::new(current)),
+                }
+            }
+        }
+    }
+
+    /// The pod as it is now, to decide `write` from: gone when deleted or
+    /// another incarnation; a read that fails ends the task (nothing is
+    /// assumed, nothing written, the caller tries again later).
+    fn read_for(&mut self, write: Write, result: Result<Option<PodInput>, PodError>) -> Action {
+        let current = match result {
+            Ok(current) => current.filter(|c| c.uid.as_deref() == Some(self.pod.uid.as_str())),
+            Err(e) => return self.stop(Stop::Api(e)),
+        };
+        match current {
+            Some(current) => self.write_from(write, current, 1),
+            None => self.decided(write, Decided::Gone),
+        }
+    }
+
+    fn patched(
+        &mut self,
+        write: Write,
+        from: PodInput,
+        patch: &AnnotationPatch,
+        round: u32,
+        result: Result<Guarded, PodError>,
+    ) -> Action {
+        match result {
+            Ok(Guarded::Written(answer)) => self.decided(write, Decided::Written { from, answer }),
+            // A write that landed while its answer was lost (a timeout, a
+            // server error after the commit) is refused when tried again,
+            // since it moved the version on: the pod then already holds it.
+            Ok(Guarded::Changed(current)) if holds(&current, patch) => self.decided(
+                write,
+                Decided::Written {
+                    from,
+                    answer: Some(current),
+                },
+            ),
+            Ok(Guarded::Changed(_)) if round >= DECIDE_ROUNDS => {
+                self.decided(write, Decided::Unsettled)
+            }
+            Ok(Guarded::Changed(current)) => self.write_from(write, current, round + 1),
+            Err(PodError::Gone { .. }) => self.decided(write, Decided::Gone),
+            Err(e) => self.decided(write, Decided::Failed(e)),
+        }
+    }
+
+    /// How a decided write ended, for what it was for.
+    fn decided(&mut self, write: Write, decided: Decided) -> Action {
+        match write {
+            Write::Running(mut fixup) => match decided {
+                // The answer to the `running` write is a fresh read: the
+                // first attempt needs no other.
+                Decided::Written { answer, .. } => {
+                    fixup.fresh = answer;
+                    fixup.deadline = self.now + self.settings.retry.budget;
+                    self.loop_top(fixup)
+                }
+                Decided::Skipped(_) | Decided::Gone => self.fixup_over(&fixup, FixupEnd::Gone),
+                // Nothing ran yet: the whole work is tried again later.
+                Decided::Unsettled => self.stop(Stop::Api(unsettled(&self.pod))),
+                Decided::Failed(e) => self.stop(Stop::Api(e)),
+            },
+            Write::Done(fixup) => match decided {
+                Decided::Written { from, .. } => {
+                    let ready = fixup.ready_ip.map(|ip| {
+                        if self.still_ours(&from, &fixup.vm) {
+                            (Readiness::Ready, Some(ip))
+                        } else {
+                            (Readiness::Gone, None)
+                        }
+                    });
+                    self.succeeded(fixup, ready)
+                }
+                Decided::Skipped(_) | Decided::Gone => self.fixup_over(&fixup, FixupEnd::Gone),
+                // A finished exec is never run again for want of a settled
+                // read: `done` goes alone, and the IP wait decides the
+                // ready write from its own read.
+                Decided::Unsettled => self.done_alone(fixup),
+                Decided::Failed(e) => self.stop(Stop::Api(e)),
+            },
+            Write::Exhausted { fixup, summary } => {
+                let event = Event::warning(reasons::EXEC_EXHAUSTED, summary.clone());
+                match decided {
+                    Decided::Written { from, .. } => {
+                        let record = exhausted_record(
+                            &from.annotations,
+                            &hint_base64(&fixup.script),
+                            fixup.scenario.as_str(),
+                            fixup.errors.clone(),
+                            &summary,
+                        );
+                        if let Some(e) = &record.hint_left_out {
+                            self.note(Note::Warn(format!(
+                                "the failure record was written without the hint: {e}"
+                            )));
+                        }
+                        self.tell(event);
+                        self.summary.errors = record.errors;
+                        self.fixup_over(&fixup, FixupEnd::Exhausted)
+                    }
+                    Decided::Skipped(_) | Decided::Gone => self.fixup_over(&fixup, FixupEnd::Gone),
+                    // Told even when the record cannot be written.
+                    Decided::Unsettled => {
+                        self.tell(event);
+                        self.stop(Stop::Api(unsettled(&self.pod)))
+                    }
+                    Decided::Failed(e) => {
+                        self.tell(event);
+                        self.stop(Stop::Api(e))
+                    }
+                }
+            }
+            Write::PlanFailed { line, .. } => {
+                let event = Event::warning(reasons::PLAN_FAILED, line);
+                match decided {
+                    Decided::Written { .. } => {
+                        self.tell(event);
+                        self.finish()
+                    }
+                    Decided::Skipped(_) | Decided::Gone => {
+                        self.summary.fixup = Some(FixupEnd::Gone);
+                        self.finish()
+                    }
+                    // Told even when the record cannot be written.
+                    Decided::Unsettled => {
+                        self.tell(event);
+                        self.stop(Stop::Api(unsettled(&self.pod)))
+                    }
+                    Decided::Failed(e) => {
+                        self.tell(event);
+                        self.stop(Stop::Api(e))
+                    }
+                }
+            }
+            Write::Final(wait) => {
+                match decided {
+                    Decided::Written { .. } => {}
+                    Decided::Skipped(current) if self.still_ours(&current, &wait.facts.id) => {}
+                    Decided::Skipped(_) | Decided::Gone => {
+                        return self.readiness(Readiness::Gone, None);
+                    }
+                    Decided::Unsettled => return self.stop(Stop::Api(unsettled(&self.pod))),
+                    Decided::Failed(e) => return self.stop(Stop::Api(e)),
+                }
+                match wait.ip {
+                    Some(ip) => self.readiness(Readiness::Ready, Some(ip)),
+                    None => {
+                        let message =
+                            messages::ip_wait_timeout(&wait.facts.name, self.settings.ready.budget);
+                        self.tell(Event::warning(reasons::IP_WAIT_TIMEOUT, message));
+                        self.readiness(Readiness::TimedOut, None)
+                    }
+                }
+            }
+        }
+    }
+
+    fn readiness(&mut self, readiness: Readiness, ip: Option<Ipv4Addr>) -> Action {
+        self.note(Note::IpWait(readiness));
+        self.summary.readiness = Some(readiness);
+        self.summary.ip = ip.map(|ip| ip.to_string());
+        self.finish()
+    }
+
+    fn fixup_over(&mut self, fixup: &Fixup, end: FixupEnd) -> Action {
+        self.summary.fixup = Some(end);
+        self.summary.attempts = fixup.attempts;
+        if matches!(end, FixupEnd::Done | FixupEnd::Exhausted) {
+            self.note(Note::Fixup {
+                scenario: fixup.scenario,
+                end,
+                attempts: fixup.attempts,
+            });
+        }
+        self.finish()
+    }
+
+    /// The top of the loop: a shutdown check, then the check of the pod.
+    fn loop_top(&mut self, fixup: Box<Fixup>) -> Action {
+        self.stage = Stage::LoopCheckpoint(fixup);
+        Action::Checkpoint
+    }
+
+    /// One attempt, when the pod is still ours: one exec of the plan
+    /// under a fresh nonce, bounded by the exec timeout and what is left
+    /// of the budget.
+    fn attempt(&mut self, mut fixup: Box<Fixup>, ours: bool, seen: Option<PodInput>) -> Action {
+        if !ours {
+            return self.fixup_over(&fixup, FixupEnd::Gone);
+        }
+        fixup.seen = seen;
+        fixup.attempts += 1;
+        let nonce = match (self.nonces)() {
+            Ok(nonce) => nonce,
+            // No nonce, no exec: the attempt fails with the reason.
+            Err(e) => return self.attempt_failed(fixup, one_line(&e)),
+        };
+        let argv = exec_argv(&fixup.plan, &fixup.exec, &nonce);
+        fixup.nonce = Some(nonce);
+        let vm = fixup.vm.clone();
+        let timeout = self
+            .settings
+            .retry
+            .exec_timeout
+            .min(fixup.deadline.saturating_sub(self.now))
+            .max(Duration::from_millis(1));
+        self.stage = Stage::Attempting(fixup);
+        Action::Exec {
+            vm,
+            argv,
+            timeout,
+            purpose: ExecPurpose::Fixup,
+        }
+    }
+
+    fn attempted(&mut self, mut fixup: Box<Fixup>, result: Result<ExecOutput, String>) -> Action {
+        let nonce = fixup.nonce.take().expect("an attempt has its nonce");
+        let verdict = match result {
+            Ok(out) => exec::verdict(&fixup.plan, &nonce, &out),
+            Err(e) => Err(one_line(&e)),
+        };
+        match verdict {
+            Ok(()) => {
+                let seen = fixup.seen.take();
+                match seen {
+                    Some(current) => self.write_from(Write::Done(fixup), current, 1),
+                    None => self.done_alone(fixup),
+                }
+            }
+            Err(error) => self.attempt_failed(fixup, error),
+        }
+    }
+
+    /// An attempt failed: its line joins the error chain and is told; the
+    /// next attempt comes after the interval, unless that is past the
+    /// budget.
+    fn attempt_failed(&mut self, mut fixup: Box<Fixup>, error: String) -> Action {
+        let line = messages::attempt_line(fixup.attempts, &error);
+        self.note(Note::Warn(line.clone()));
+        self.tell(Event::warning(reasons::EXEC_ATTEMPT_FAILED, line.clone()));
+        fixup.errors.push(line);
+        let interval = self.settings.retry.interval;
+        if self.now + interval >= fixup.deadline {
+            let summary = messages::exhausted(
+                fixup.scenario.as_str(),
+                fixup.attempts,
+                self.settings.retry.budget,
+                &fixup.errors,
+            );
+            self.stage = Stage::ReadingFor(Write::Exhausted { fixup, summary });
+            return Action::Read;
+        }
+        let until = self.now + interval;
+        self.stage = Stage::Sleeping(fixup);
+        Action::Sleep { until }
+    }
+
+    /// `done` with nothing to decide it from: any state of the pod takes
+    /// it (the uid still guards it).
+    fn done_alone(&mut self, fixup: Box<Fixup>) -> Action {
+        self.stage = Stage::DoneAlone(fixup);
+        Action::Patch {
+            patch: state_patch(PostCloneState::Done),
+            unless_changed_from: None,
+        }
+    }
+
+    /// `done` is written: `PostCloneSucceeded`, then the IP wait, unless
+    /// `ready` says how it ended already (a static first NIC: the IP and
+    /// `ready` went with `done`).
+    fn succeeded(
+        &mut self,
+        fixup: Box<Fixup>,
+        ready: Option<(Readiness, Option<Ipv4Addr>)>,
+    ) -> Action {
+        self.tell(Event::normal(
+            reasons::SUCCEEDED,
+            messages::succeeded(fixup.scenario.as_str(), fixup.attempts),
+        ));
+        self.summary.fixup = Some(FixupEnd::Done);
+        self.summary.attempts = fixup.attempts;
+        self.note(Note::Fixup {
+            scenario: fixup.scenario,
+            end: FixupEnd::Done,
+            attempts: fixup.attempts,
+        });
+        if let Some((readiness, ip)) = ready {
+            return self.readiness(readiness, ip);
+        }
+        // An IP wait may take minutes: it does not hold a turn.
+        self.queue.push_back(Action::Release);
+        let wait = Box::new(Wait {
+            facts: WaitFacts::from_facts(&fixup.facts),
+            recovery: None,
+            start: Duration::ZERO,
+            deadline: Duration::ZERO,
+            ip: None,
+            nonce: None,
+        });
+        self.wait(wait)
+    }
+
+    /// Start the IP wait (spec section 6).
+    ///
+    /// - First NIC static: its configured IP, at once.
+    /// - Otherwise the primary MAC's lease.
+    /// - Windows: one `cmd /c ipconfig /renew` nudge after `renew_after`.
+    /// - A Linux clone that needed no fixup: one DHCP recovery pass after
+    ///   `dhcp_recovery_after`, inside the same budget.
+    fn wait(&mut self, mut wait: Box<Wait>) -> Action {
+        wait.start = self.now;
+        wait.deadline = self.now + self.settings.ready.budget;
+        match wait.facts.first {
+            Some(WaitNic::Static(address)) => self.wait_over(wait, Some(address)),
+            None => {
+                let until = wait.deadline;
+                self.stage = Stage::WaitLast(wait);
+                Action::Sleep { until }
+            }
+            Some(WaitNic::Lease(mac)) => {
+                let nudge_at = if wait.facts.os == GuestOs::Windows {
+                    Some(wait.start + self.settings.ready.renew_after)
+                } else if wait.recovery.is_some() {
+                    Some(wait.start + self.settings.ready.dhcp_recovery_after)
+                } else {
+                    None
+                };
+                match nudge_at.filter(|at| *at < wait.deadline) {
+                    Some(until) => {
+                        self.stage = Stage::WaitFirst(wait);
+                        Action::WaitLease { mac, until }
+                    }
+                    None => self.wait_last(wait),
+                }
+            }
+        }
+    }
+
+    /// The nudge: the Windows renew, or the DHCP recovery pass.
+    fn nudge(&mut self, mut wait: Box<Wait>) -> Action {
+        let left = wait.deadline.saturating_sub(self.now);
+        let vm = wait.facts.id.clone();
+        if wait.facts.os == GuestOs::Windows {
+            let argv = ["cmd", "/c", "ipconfig", "/renew"]
+                .map(str::to_owned)
+                .to_vec();
+            let timeout = self
+                .settings
+                .ready
+                .renew_timeout
+                .min(left)
+                .max(Duration::from_millis(1));
+            self.stage = Stage::WaitNudge(wait);
+            return Action::Exec {
+                vm,
+                argv,
+                timeout,
+                purpose: ExecPurpose::Renew,
+            };
+        }
+        let Some(recovery) = &wait.recovery else {
+            return self.wait_last(wait);
+        };
+        self.tell(Event::normal(
+            reasons::DHCP_RECOVERY,
+            messages::dhcp_recovery(self.settings.ready.dhcp_recovery_after, recovery.nics),
+        ));
+        let nonce = match (self.nonces)() {
+            Ok(nonce) => nonce,
+            Err(e) => {
+                self.note(Note::Warn(format!("DHCP recovery pass failed: {e}")));
+                return self.wait_last(wait);
+            }
+        };
+        let argv = exec_argv(&recovery.plan, &recovery.exec, &nonce);
+        wait.nonce = Some(nonce);
+        let timeout = self
+            .settings
+            .ready
+            .recovery_timeout
+            .min(left)
+            .max(Duration::from_millis(1));
+        self.stage = Stage::WaitNudge(wait);
+        Action::Exec {
+            vm,
+            argv,
+            timeout,
+            purpose: ExecPurpose::Recovery,
+        }
+    }
+
+    /// The lease until the end of the budget.
+    fn wait_last(&mut self, wait: Box<Wait>) -> Action {
+        let until = wait.deadline;
+        let Some(WaitNic::Lease(mac)) = wait.facts.first else {
+            unreachable!("only a lease is waited for");
+        };
+        self.stage = Stage::WaitLast(wait);
+        Action::WaitLease { mac, until }
+    }
+
+    /// The wait is over: the final write is decided from a read of the
+    /// pod and lands only while the pod is still as read.
+    fn wait_over(&mut self, mut wait: Box<Wait>, ip: Option<Ipv4Addr>) -> Action {
+        wait.ip = ip;
+        self.stage = Stage::ReadingFor(Write::Final(wait));
+        Action::Read
+    }
+}
+
+/// How a write decided from a read ended.
+#[derive(Debug)]
+enum Decided {
+    /// Written; `from` is the read it was decided from.
+    Written {
+        from: PodInput,
+        answer: Option<PodInput>,
+    },
+    /// No write: the decision for the pod as it is was none.
+    Skipped(PodInput),
+    /// Deleted or replaced.
+    Gone,
+    /// The pod changed under each of [`DECIDE_ROUNDS`] writes.
+    Unsettled,
+    Failed(PodError),
+}
+
+/// A planner that answered no fixup for a VM classification said needs one.
+#[derive(Debug, thiserror::Error)]
+#[error("the planner made no plan for a VM that needs a fixup")]
+struct NoPlanMade;
