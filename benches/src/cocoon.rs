@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use fixup_host::cocoon::{Cocoon, CocoonError, ExecOutput, ExitStatusKind};
 use fixup_core::facts::{VmId, VmInspect};
+use fixup_host::cocoon::{Cocoon, CocoonError, ExecOutput, ExitStatusKind};
 
 /// One VM the runner knows.
 #[derive(Debug)]

@@ -16,9 +16,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fixup_host::apply::ReadyConfig as HostReadyConfig;
+use fixup_core::decision::ReadyConfig as HostReadyConfig;
+use fixup_core::decision::Trigger;
 use fixup_core::facts::PodInput;
-use fixup_host::host::{Host, HostConfig, Trigger};
+use fixup_host::host::{Host, HostConfig};
 use fixup_host::metrics::Metrics;
 use fixup_host::pods::{AnnotationPatch, Event, MemoryPods, PodApi, PodError, PodRef, keys};
 use fixup_host::ready::{DEFAULT_LEASE_POLL, LeaseWatcher};

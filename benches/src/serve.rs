@@ -23,7 +23,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fixup_host::apply::{ReadyConfig, RetryConfig};
+use fixup_core::decision::{ReadyConfig, RetryConfig};
 use fixup_host::host::{Host, HostConfig};
 use fixup_host::kube::{KubeApi, REPORTER};
 use fixup_host::metrics::Metrics;

@@ -18,12 +18,14 @@
 //! Run it in a process of its own ([`crate::report`] does) so CPU time and
 //! peak memory are the storm's and not a benchmark harness's.
 
+use fixup_core::decision::FixupEnd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fixup_host::apply::{ReadyConfig, RetryConfig};
-use fixup_host::host::{Host, HostConfig, Trigger};
+use fixup_core::decision::Trigger;
+use fixup_core::decision::{ReadyConfig, RetryConfig};
+use fixup_host::host::{Host, HostConfig};
 use fixup_host::kube::{KubeApi, REPORTER};
 use fixup_host::metrics::Metrics;
 use fixup_host::pods::{Event, PodApi, PodRef, keys, reasons};
@@ -225,7 +227,7 @@ async fn storm(config: &StormConfig) -> anyhow::Result<StormResult> {
     for (i, summary) in summaries.iter().enumerate() {
         let case = Case::cycle(i);
         anyhow::ensure!(
-            summary.fixup == Some("done") && summary.is_ready(),
+            summary.fixup == Some(FixupEnd::Done) && summary.is_ready(),
             "storm pod {i} did not end done and ready: {summary:?}"
         );
         let expected_attempts = if i % config.fail_first_every.max(1) == 0 {

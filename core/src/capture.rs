@@ -62,14 +62,15 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::annotations::{keys, reasons};
-use crate::binding::{self, BindingPolicy, Mismatch, Verdict};
+use crate::binding::{BindingPolicy, Mismatch, Verdict};
 use crate::classify::{self, Rule, Scenario};
+use crate::decision::{self, Lookup};
 use crate::facts::{
     BootKind, FactError, GuestOs, ImageKind, Observation, Overrides, PodInput, VmFacts, VmId,
     VmInspect, annotations,
 };
 use crate::kit;
-use crate::lifecycle::{self, Action, HandsOff, PostCloneState};
+use crate::lifecycle::{self, Action, HandsOff};
 use crate::planner::Planner;
 use crate::plugin::registry::NoPlugin;
 use crate::probe::{OverlayProbe, ProbeError};
@@ -124,45 +125,31 @@ pub enum CaptureError {
 /// annotation), as the daemon looks it up: only where to look, never proof
 /// ([`bound_record`] decides).
 pub fn vm_reference(pod: &PodInput) -> Result<VmId, CaptureError> {
-    let reference = match pod.annotation(annotations::VM_ID) {
-        "" => pod.annotation(annotations::VM_NAME),
-        id => id,
-    };
-    if reference.is_empty() {
-        return Err(CaptureError::NoVm {
+    match decision::lookup(pod) {
+        Lookup::Inspect(vm) => Ok(vm),
+        Lookup::NoVm => Err(CaptureError::NoVm {
             pod: pod.display_name(),
-        });
+        }),
+        Lookup::Unusable(mismatch) => Err(CaptureError::NotThePodsVm {
+            pod: pod.display_name(),
+            mismatch,
+        }),
     }
-    VmId::parse(reference).map_err(|_| CaptureError::NotThePodsVm {
-        pod: pod.display_name(),
-        mismatch: Mismatch::BadReference {
-            reference: reference.to_owned(),
-        },
-    })
 }
 
 /// Check that `record` is the pod's own VM, as the daemon checks it before
-/// it runs anything: the record's id agrees with the id annotation, and
-/// [`binding::bind`] says bound.
+/// it runs anything ([`decision::bind_record`]).
 pub fn bound_record(
     pod: &PodInput,
     record: &VmInspect,
     policy: BindingPolicy,
 ) -> Result<(), CaptureError> {
-    let refused = |mismatch| CaptureError::NotThePodsVm {
-        pod: pod.display_name(),
-        mismatch,
-    };
-    let annotated_id = pod.annotation(annotations::VM_ID);
-    if !record.id.is_empty() && !annotated_id.is_empty() && record.id != annotated_id {
-        return Err(refused(Mismatch::IdDisagrees {
-            annotation: annotated_id.to_owned(),
-            record: record.id.clone(),
-        }));
-    }
-    match binding::bind(pod, &record.name, policy) {
+    match decision::bind_record(pod, record, policy) {
         Verdict::Bound { .. } => Ok(()),
-        Verdict::Mismatch(mismatch) => Err(refused(mismatch)),
+        Verdict::Mismatch(mismatch) => Err(CaptureError::NotThePodsVm {
+            pod: pod.display_name(),
+            mismatch,
+        }),
     }
 }
 
@@ -487,17 +474,12 @@ fn image_kind(obs: &Observation, cocoon_root: &Path) -> Result<ImageKind, Captur
 /// and why: `--boot`, or a `post-clone-state` of `running`, which a daemon
 /// that restarts mid-fixup resumes (it plans such work as `resumed`).
 pub fn assumed_boot(pod: &PodInput, overrides: &Overrides) -> Option<(BootKind, String)> {
-    if let Some(boot) = overrides.boot {
-        return Some((boot, format!("{boot}: given with --boot")));
-    }
-    (PostCloneState::parse(pod.annotation(keys::POST_CLONE_STATE))
-        == Some(PostCloneState::Running))
-    .then(|| {
-        (
-            BootKind::Resumed,
-            "resumed: post-clone-state is running, and a daemon that restarts mid-fixup resumes that work as resumed (pass --boot to plan another kind)".to_owned(),
-        )
-    })
+    let boot = decision::boot_override(pod, overrides.boot)?;
+    let why = match overrides.boot {
+        Some(_) => format!("{boot}: given with --boot"),
+        None => "resumed: post-clone-state is running, and a daemon that restarts mid-fixup resumes that work as resumed (pass --boot to plan another kind)".to_owned(),
+    };
+    Some((boot, why))
 }
 
 /// The pod's plugin calls, as cases (see the module documentation).

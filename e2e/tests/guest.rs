@@ -20,15 +20,19 @@
 
 mod support;
 
+use fixup_core::decision::FixupEnd;
+use fixup_core::decision::Handled;
+use fixup_core::decision::Readiness;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 use base64::Engine as _;
+use fixup_core::decision::RetryConfig;
+use fixup_core::decision::Summary;
 use fixup_e2e::state::Backend;
-use fixup_host::apply::RetryConfig;
-use fixup_host::host::{HostConfig, Summary};
+use fixup_host::host::HostConfig;
 use fixup_host::pods::{keys, reasons};
 use support::guest::{Guest, Link};
 use support::net::{Dnsmasq, LeaseBridge};
@@ -164,8 +168,8 @@ fn run_ours(lab: &mut Lab, rig: Option<Rig>) -> Result<(Flow, Summary, Rig)> {
         ),
     };
     let verdict = match (summary.fixup, summary.readiness, &summary.ip) {
-        (Some("exhausted"), ..) => format!("exhausted after {} attempts", summary.attempts),
-        (_, Some("ready"), Some(ip)) => format!("ready {ip}"),
+        (Some(FixupEnd::Exhausted), ..) => format!("exhausted after {} attempts", summary.attempts),
+        (_, Some(Readiness::Ready), Some(ip)) => format!("ready {ip}"),
         (fixup, readiness, _) => format!("{fixup:?} {readiness:?}"),
     };
     Ok((
@@ -202,8 +206,8 @@ fn run_upstream(lab: &mut Lab, script: Option<&str>, first_nic: (&str, &NicNet))
 /// static NIC, on `ip`.
 fn repaired_by(summary: &Summary, scenario: &str, rule: u8, ip: Option<&str>) -> Result<()> {
     ensure!(
-        summary.fixup == Some("done")
-            && summary.scenario == scenario
+        summary.fixup == Some(FixupEnd::Done)
+            && summary.scenario.map_or("none", |s| s.as_str()) == scenario
             && summary.rule == rule
             && summary.is_ready(),
         "{summary:?}"
@@ -593,7 +597,7 @@ fn oci_networkd_dhcp_side(who: Who) -> Result<Side> {
         Who::Ours => {
             let (flow, summary, rig) = run_ours(&mut lab, rig)?;
             ensure!(
-                summary.action == "ip-wait" && summary.rule == 7 && summary.fixup.is_none(),
+                summary.action == Handled::IpWait && summary.rule == 7 && summary.fixup.is_none(),
                 "{summary:?}"
             );
             ensure!(summary.is_ready(), "{summary:?}");
@@ -894,7 +898,7 @@ fn exhausted_side(who: Who) -> Result<Side> {
 /// The host's exhaustion, as spec section 5 says it must look.
 fn exhausted_as_specified(lab: &Lab, guest: &Guest, summary: &Summary, rig: &Rig) -> Result<()> {
     ensure!(
-        summary.fixup == Some("exhausted") && summary.readiness.is_none(),
+        summary.fixup == Some(FixupEnd::Exhausted) && summary.readiness.is_none(),
         "{summary:?}"
     );
     ensure!(summary.attempts >= 2, "{summary:?}");

@@ -16,11 +16,15 @@ use std::collections::BTreeMap;
 use clap::Args;
 use serde::Deserialize;
 
-use crate::apply::{ReadyConfig, RetryConfig};
-use fixup_core::binding::BindingPolicy;
 use crate::cocoon::DEFAULT_COCOON_BIN;
 use crate::host::HostConfig;
 use crate::oci::{OciError, PinnedPlugins, PluginRef, RegistryOptions};
+use crate::ready::DEFAULT_LEASE_FILE;
+use crate::reload::{
+    DEFAULT_INTERVAL as DEFAULT_RELOAD_INTERVAL, DEFAULT_MAX_FAILURE_RATIO, DEFAULT_WATCH_FIXUPS,
+    QuarantineFile, ReloadConfig,
+};
+use fixup_core::decision::SettingsBuilder;
 use fixup_core::plan::PlanLimits;
 use fixup_core::plan::policy::{GuestPolicy, RawPolicy};
 use fixup_core::planner::{FailurePolicy, PlannerOptions};
@@ -29,11 +33,6 @@ use fixup_core::plugin::sandbox::{DEFAULT_DEADLINE, DEFAULT_FUEL, DEFAULT_MEMORY
 use fixup_core::plugin::trusted::euid;
 use fixup_core::plugin::{DEFAULT_SLOTS, EngineOptions, Limits};
 use fixup_core::probe::DEFAULT_COCOON_ROOT;
-use crate::ready::DEFAULT_LEASE_FILE;
-use crate::reload::{
-    DEFAULT_INTERVAL as DEFAULT_RELOAD_INTERVAL, DEFAULT_MAX_FAILURE_RATIO, DEFAULT_WATCH_FIXUPS,
-    QuarantineFile, ReloadConfig,
-};
 
 /// The configuration file read when `--config` is not given and it exists.
 pub const DEFAULT_CONFIG_FILE: &str = "/etc/cocoon-fixup/config.toml";
@@ -445,8 +444,6 @@ impl ConfigArgs {
                 value: "0".into(),
             });
         }
-        let retry_default = RetryConfig::default();
-        let ready_default = ReadyConfig::default();
         let host_default = HostConfig::default();
         let plan_default = PlanLimits::default();
         Ok(Settings {
@@ -485,29 +482,23 @@ impl ConfigArgs {
                 plugin_dir,
                 failure,
             },
-            host: HostConfig {
-                retry: RetryConfig {
-                    interval: a.retry_interval.unwrap_or(retry_default.interval),
-                    budget: a.retry_budget.unwrap_or(retry_default.budget),
-                    exec_timeout: a.exec_timeout.unwrap_or(retry_default.exec_timeout),
-                },
-                ready: ReadyConfig {
-                    budget: a.ip_wait.unwrap_or(ready_default.budget),
-                    renew_after: a.renew_after.unwrap_or(ready_default.renew_after),
-                    renew_timeout: a.renew_timeout.unwrap_or(ready_default.renew_timeout),
-                    dhcp_recovery_after: a
-                        .dhcp_recovery_after
-                        .unwrap_or(ready_default.dhcp_recovery_after),
-                    recovery_timeout: a.exec_timeout.unwrap_or(retry_default.exec_timeout),
-                },
-                inspect_timeout: a.inspect_timeout.unwrap_or(host_default.inspect_timeout),
-                binding: BindingPolicy {
-                    accept_legacy_names: a.accept_legacy_vm_names,
-                },
+            host: HostConfig::from_settings(
+                SettingsBuilder {
+                    retry_interval: a.retry_interval,
+                    retry_budget: a.retry_budget,
+                    exec_timeout: a.exec_timeout,
+                    inspect_timeout: a.inspect_timeout,
+                    ip_wait: a.ip_wait,
+                    renew_after: a.renew_after,
+                    renew_timeout: a.renew_timeout,
+                    dhcp_recovery_after: a.dhcp_recovery_after,
+                    accept_legacy_vm_names: a.accept_legacy_vm_names,
+                }
+                .build(),
                 // The daemon's dispatcher already works on at most
                 // `concurrency` pods; an embedder's calls get the default.
-                fixups_in_flight: host_default.fixups_in_flight.max(concurrency),
-            },
+                host_default.fixups_in_flight.max(concurrency),
+            ),
             concurrency,
             metrics_addr: a.metrics_addr.unwrap_or_else(|| {
                 DEFAULT_METRICS_ADDR

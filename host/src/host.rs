@@ -11,27 +11,22 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fixup_core::annotations::{messages, plan_failed_record};
-use serde::Serialize;
-use tokio::sync::{Semaphore, SemaphorePermit};
+use fixup_core::binding::BindingPolicy;
+use fixup_core::classify::Scenario;
+use fixup_core::decision::{
+    Handled, PodTask, ReadyConfig, RetryConfig, Settings, Summary, Trigger, os_nonces,
+};
+use fixup_core::facts::{FactError, PodInput, annotations};
+use fixup_core::planner::{PlanPart, Planner, PlannerError};
+use fixup_core::plugin::registry::NoPlugin;
+use fixup_core::probe::ProbeError;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::apply::{
-    self, Decided, DhcpRecovery, FixupJob, FixupOutcome, ReadyConfig, ReadyOutcome, RetryConfig,
-};
-use fixup_core::binding::{self, BindingPolicy, Verdict};
-use fixup_core::classify::{self, Rule, Scenario};
+use crate::apply::{Executor, HostParts};
 use crate::cocoon::{Cocoon, CocoonError};
-use fixup_core::facts::{
-    BootKind, FactError, GuestOs, ImageKind, Observation, Overrides, PodInput, VmFacts, VmId,
-    VmInspect, WaitFacts, WaitNic, annotations, escape_controls,
-};
-use fixup_core::lifecycle::{self, Action, HandsOff, PostCloneState};
 use crate::metrics::Metrics;
-use fixup_core::planner::{ComposedPlan, PlanPart, Planner, PlannerError};
-use fixup_core::plugin::registry::NoPlugin;
-use crate::pods::{Event, PodApi, PodError, PodRef, reasons};
-use fixup_core::probe::ProbeError;
+use crate::pods::{PodApi, PodError};
 use crate::ready::LeaseWatcher;
 
 /// Timeouts, budgets and policies of the apply path, resolved once from
@@ -58,6 +53,31 @@ pub struct HostConfig {
 /// BENCHMARKS.md (Findings, the clone storm of 10,000).
 pub const DEFAULT_FIXUPS_IN_FLIGHT: usize = 256;
 
+impl HostConfig {
+    /// The settings of the decision ([`fixup_core::decision::SettingsBuilder`]
+    /// makes them, for the config file and the CLI as for the C library),
+    /// and how many pods are worked on at once.
+    pub fn from_settings(settings: Settings, fixups_in_flight: usize) -> Self {
+        HostConfig {
+            retry: settings.retry,
+            ready: settings.ready,
+            inspect_timeout: settings.inspect_timeout,
+            binding: settings.binding,
+            fixups_in_flight,
+        }
+    }
+
+    /// What the decision for each pod reads.
+    pub fn settings(&self) -> Settings {
+        Settings {
+            retry: self.retry.clone(),
+            ready: self.ready.clone(),
+            inspect_timeout: self.inspect_timeout,
+            binding: self.binding,
+        }
+    }
+}
+
 impl Default for HostConfig {
     fn default() -> Self {
         HostConfig {
@@ -68,19 +88,6 @@ impl Default for HostConfig {
             fixups_in_flight: DEFAULT_FIXUPS_IN_FLIGHT,
         }
     }
-}
-
-/// Why [`Host::handle`] was called.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Trigger {
-    /// A pod event (or a one-shot `run`).
-    Event,
-    /// Startup reconciliation: resumed work is announced with
-    /// `ResumedAfterRestart`.
-    Startup,
-    /// The daemon tries again after a failure before the loop: the node
-    /// error that caused it is not announced again.
-    Retry,
 }
 
 /// Why a pod could not be handled (yet).
@@ -132,6 +139,14 @@ pub enum HostError {
         #[source]
         source: fixup_core::plugin::PluginError,
     },
+    /// cocoon printed a VM record whose id is no VM id: cocoon is at
+    /// fault, not the pod. Reported and retried, never a pod failure.
+    #[error("pod {pod}: cocoon's VM record: {source}")]
+    BadRecord {
+        pod: String,
+        #[source]
+        source: FactError,
+    },
     #[error(transparent)]
     Pods(#[from] PodError),
 }
@@ -143,6 +158,7 @@ impl HostError {
     pub fn is_retryable(&self) -> bool {
         match self {
             HostError::Cocoon { .. }
+            | HostError::BadRecord { .. }
             | HostError::Probe { .. }
             | HostError::Plugins { .. }
             | HostError::PluginCode { .. } => true,
@@ -162,86 +178,13 @@ impl HostError {
             HostError::NoUid { .. } => "no-uid",
             HostError::NoVm { .. } => "no-vm",
             HostError::Facts(_) => "facts",
-            HostError::Cocoon { .. } => "cocoon",
+            HostError::Cocoon { .. } | HostError::BadRecord { .. } => "cocoon",
             HostError::Probe { .. } => "probe",
             HostError::Plugins { .. } | HostError::PluginCode { .. } => "plugins",
             HostError::Pods(PodError::Api { .. }) => "api",
             HostError::Pods(PodError::Refused { .. }) => "api-refused",
             HostError::Pods(PodError::Gone { .. }) => "gone",
         }
-    }
-}
-
-/// How one call ended, for logs, `run`'s JSON summary and metrics.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Summary {
-    pub pod: String,
-    pub uid: String,
-    /// `nothing`, `parked`, `vm-mismatch`, `fixup`, `ip-wait`, `gone` (the
-    /// pod was recreated under its name before the work started), or
-    /// `shutdown` (the host shut down while the call waited for its turn).
-    pub action: &'static str,
-    /// Why nothing was done (`action` = `nothing`): `stack-owns`,
-    /// `hibernate-requested`, `deleting`, `not-managed`, `not-cloned`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hands_off: Option<&'static str>,
-    /// Why the VM is not this pod's (`action` = `vm-mismatch`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mismatch: Option<String>,
-    /// The classification rule (1..=7); 0 when the VM was not classified.
-    pub rule: u8,
-    /// The scenario, or `none`.
-    pub scenario: &'static str,
-    /// `done`, `exhausted`, `plan-failed`, `shutdown` or `gone`; absent
-    /// when no fixup ran.
-    pub fixup: Option<&'static str>,
-    pub attempts: u32,
-    /// `ready`, `timed-out`, `shutdown` or `gone` (deleted, replaced, or
-    /// taken over by the stack); absent when no IP wait ran.
-    pub readiness: Option<&'static str>,
-    pub ip: Option<String>,
-    /// The error chain of a failed fixup.
-    pub errors: Vec<String>,
-}
-
-impl Summary {
-    fn new(pod: String, uid: String) -> Self {
-        Summary {
-            pod,
-            uid,
-            action: "nothing",
-            hands_off: None,
-            mismatch: None,
-            rule: 0,
-            scenario: "none",
-            fixup: None,
-            attempts: 0,
-            readiness: None,
-            ip: None,
-            errors: Vec::new(),
-        }
-    }
-
-    /// Ready intent published.
-    pub fn is_ready(&self) -> bool {
-        self.readiness == Some("ready")
-    }
-
-    /// Record an action that ends the call before any work.
-    fn stop(mut self, action: Action) -> Self {
-        match action {
-            Action::Nothing(why) => {
-                self.hands_off = Some(why.as_str());
-                self.rule = match why {
-                    HandsOff::NotManaged => Rule::NotManaged.number(),
-                    HandsOff::NotCloned => Rule::NotCloned.number(),
-                    _ => 0,
-                };
-            }
-            Action::Parked => self.action = "parked",
-            Action::RunLoop | Action::IpWaitOnly => {}
-        }
-        self
     }
 }
 
@@ -262,7 +205,7 @@ pub struct PluginUse {
 impl PluginUse {
     /// The plugins of a plan: a plugin the built-in replaced failed, the
     /// others made their plans.
-    fn of_parts(parts: &[PlanPart]) -> Vec<PluginUse> {
+    pub(crate) fn of_parts(parts: &[PlanPart]) -> Vec<PluginUse> {
         let mut uses = Vec::new();
         for part in parts {
             let scenario = Some(part.selection.scenario);
@@ -303,7 +246,7 @@ impl FixupRecord {
     /// A plan that failed because a plugin file misbehaved (trap, limit,
     /// policy, `unsupported`): that plugin failed. Other plan errors (bad
     /// facts, no plugin) are no plugin's failure and are not reported.
-    fn plan_failed(pod: &str, planner: &Planner, error: &PlannerError) -> Option<Self> {
+    pub(crate) fn plan_failed(pod: &str, planner: &Planner, error: &PlannerError) -> Option<Self> {
         let PlannerError::Plugin(e) = error else {
             return None;
         };
@@ -327,32 +270,6 @@ impl FixupRecord {
                 succeeded: false,
             }],
         })
-    }
-}
-
-/// What follows a fixup that succeeded.
-enum AfterFixup {
-    /// The IP wait, on these facts.
-    Wait(VmFacts),
-    /// Nothing: the IP wait needed no waiting and its outcome was written
-    /// with `done`.
-    Published(ReadyOutcome),
-}
-
-/// Log, at debug level (the pod's owner chooses the annotation's text),
-/// each part of a plan that the generic plugin planned although the VM
-/// names a flavour, when some loaded plugin declares flavours for that
-/// part's scenario: only there could a misspelt or unserved flavour have
-/// changed the plan (the `fc-mac` part of a Firecracker clone whose
-/// flavour plugin serves only network scenarios is not noted).
-fn flavor_notes(pod: &PodRef, planner: &Planner, parts: &[PlanPart]) {
-    for part in parts {
-        if !planner.declares_flavors(part.selection.scenario) {
-            continue;
-        }
-        if let Some(note) = part.unmatched_flavor() {
-            tracing::debug!(pod = %pod, "{}", escape_controls(&note));
-        }
     }
 }
 
@@ -441,12 +358,6 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         self.outcomes.set(sender).is_ok()
     }
 
-    fn record(&self, record: FixupRecord) {
-        if let Some(sender) = self.outcomes.get() {
-            let _ = sender.send(record);
-        }
-    }
-
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
     }
@@ -468,15 +379,6 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         self.handle_pod(&pod, trigger, shutdown).await
     }
 
-    /// Wait for a turn among [`HostConfig::fixups_in_flight`]; none when
-    /// the host shuts down meanwhile.
-    async fn admit(&self, shutdown: &CancellationToken) -> Option<SemaphorePermit<'_>> {
-        tokio::select! {
-            turn = self.admission.acquire() => turn.ok(),
-            () = shutdown.cancelled() => None,
-        }
-    }
-
     /// As [`handle`](Self::handle), for one incarnation of the pod: when
     /// the pod by that name now has another uid (it was deleted and
     /// recreated), nothing is done for it here and the summary's action is
@@ -493,7 +395,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         let pod = self.read(namespace, name).await?;
         if pod.uid.as_deref() != Some(uid) {
             let mut summary = Summary::new(pod.display_name(), uid.to_owned());
-            summary.action = "gone";
+            summary.action = Handled::Gone;
             return Ok(summary);
         }
         self.handle_pod(&pod, trigger, shutdown).await
@@ -509,23 +411,20 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             })
     }
 
-    /// As [`handle`](Self::handle), for a pod the caller already read.
+    /// As [`handle`](Self::handle), for a pod the caller already read:
+    /// the decision of [`fixup_core::decision::PodTask`] for it, carried
+    /// out ([`crate::apply`]).
     ///
-    /// The steps, each of which may end the call:
+    /// In short (the task's docs say it whole): the rows of spec section 8
+    /// that need only the pod, without asking cocoon anything; one `cocoon
+    /// vm inspect` and the binding of spec section 2 (a VM that is not
+    /// this pod's gets nothing but a `PostCloneVMMismatch` event);
+    /// classification and the rest of the table; the fixup loop, then the
+    /// IP wait, each final write decided from a read of the pod.
     ///
-    /// 1. the rows of spec section 8 that need only the pod
-    ///    ([`lifecycle::gate`]): hands-off, deleting, unmanaged, not
-    ///    cloned, parked. Nothing is asked of cocoon, nothing written.
-    /// 2. one `cocoon vm inspect` of the VM the annotations point at, and
-    ///    the binding of spec section 2 ([`binding::bind`]): a VM that is
-    ///    not this pod's gets nothing but a `PostCloneVMMismatch` event.
-    /// 3. classification and the rest of the table ([`lifecycle::decide`]).
-    /// 4. the fixup loop, then the IP wait; each final write reads the pod
-    ///    again and is skipped when the table says the host is done.
-    ///
-    /// At most [`HostConfig::fixups_in_flight`] calls are past step 1 and
-    /// not yet through step 4's fixup loop at once; the others wait after
-    /// step 1 (a pod step 1 turns away never waits), and a call still
+    /// At most [`HostConfig::fixups_in_flight`] calls are past the first
+    /// step and not yet through the fixup loop at once; the others wait
+    /// (a pod the first step turns away never waits), and a call still
     /// waiting when `shutdown` is cancelled ends with action `shutdown`,
     /// having done nothing.
     pub async fn handle_pod(
@@ -534,468 +433,22 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         trigger: Trigger,
         shutdown: &CancellationToken,
     ) -> Result<Summary, HostError> {
-        let label = pod.display_name();
-        let uid = pod
-            .uid
-            .clone()
-            .filter(|u| !u.is_empty())
-            .ok_or_else(|| HostError::NoUid { pod: label.clone() })?;
-        let mut summary = Summary::new(label, uid);
-        let marker = match lifecycle::gate(pod) {
-            Ok(marker) => marker,
-            Err(action) => return Ok(summary.stop(action)),
-        };
-        let Some(turn) = self.admit(shutdown).await else {
-            summary.action = "shutdown";
-            return Ok(summary);
+        let (task, first) =
+            PodTask::start(pod.clone(), trigger, self.config.settings(), os_nonces());
+        let executor = Executor {
+            cocoon: &self.cocoon,
+            pods: &self.pods,
+            host: Some(HostParts {
+                planner: &self.planner,
+                planning: &self.planning,
+                admission: &self.admission,
+                outcomes: &self.outcomes,
+                metrics: &self.metrics,
+                leases: &self.leases,
+            }),
+            shutdown,
         };
         // On the heap: a call waiting for its turn holds almost nothing.
-        Box::pin(self.handle_admitted(pod, trigger, shutdown, marker, summary, turn)).await
-    }
-
-    async fn handle_admitted(
-        &self,
-        pod: &PodInput,
-        trigger: Trigger,
-        shutdown: &CancellationToken,
-        marker: Option<PostCloneState>,
-        mut summary: Summary,
-        turn: SemaphorePermit<'_>,
-    ) -> Result<Summary, HostError> {
-        let label = summary.pod.clone();
-        let pod_ref = PodRef {
-            namespace: pod.namespace.clone(),
-            name: pod.name.clone(),
-            uid: summary.uid.clone(),
-        };
-        let record = match self.inspect(pod, &label).await? {
-            Ok(record) => record,
-            Err(mismatch) => return Ok(self.mismatch(&pod_ref, mismatch, summary).await),
-        };
-        let annotated_id = pod.annotation(annotations::VM_ID);
-        if !record.id.is_empty() && !annotated_id.is_empty() && record.id != annotated_id {
-            let mismatch = binding::Mismatch::IdDisagrees {
-                annotation: annotated_id.to_owned(),
-                record: record.id.clone(),
-            };
-            return Ok(self.mismatch(&pod_ref, mismatch, summary).await);
-        }
-        if let Verdict::Mismatch(mismatch) = binding::bind(pod, &record.name, self.config.binding) {
-            return Ok(self.mismatch(&pod_ref, mismatch, summary).await);
-        }
-        // Work resumed after a restart does not know its source image: the
-        // disk probe decides (spec section 8).
-        let overrides = Overrides {
-            boot: (marker == Some(PostCloneState::Running)).then_some(BootKind::Resumed),
-            source_image: None,
-        };
-        let obs = Observation::new(pod, &record, &overrides)?;
-        let vm = VmId::parse(&obs.vm_id)?;
-        let decision = classify::classify(&obs);
-        summary.rule = decision.rule.number();
-        let action = lifecycle::decide(pod, decision.needs_fixup());
-        if trigger == Trigger::Startup
-            && let Some(op) = action.op()
-        {
-            self.metrics.resumed(op);
-            self.emit(
-                &pod_ref,
-                Event::normal(reasons::RESUMED_AFTER_RESTART, messages::resumed(op)),
-            )
-            .await;
-        }
-        let wait_facts = match action {
-            Action::Nothing(_) | Action::Parked => return Ok(summary.stop(action)),
-            Action::RunLoop => {
-                summary.action = "fixup";
-                match self
-                    .fixup(pod, &pod_ref, &vm, &obs, trigger, &mut summary, shutdown)
-                    .await?
-                {
-                    Some(AfterFixup::Wait(facts)) => WaitFacts::from_facts(&facts),
-                    Some(AfterFixup::Published(ready)) => return Ok(self.readiness(summary, ready)),
-                    None => return Ok(summary),
-                }
-            }
-            Action::IpWaitOnly => {
-                summary.action = "ip-wait";
-                match WaitFacts::validate(&obs) {
-                    Ok(facts) => facts,
-                    Err(e) => {
-                        let e = PlannerError::Facts(e);
-                        return self.plan_failed(&pod_ref, &vm, summary, &e).await;
-                    }
-                }
-            }
-        };
-        // An IP wait may take minutes: it does not hold a turn.
-        drop(turn);
-        // The DHCP safety net: a Linux clone that needed no fixup.
-        let recovery = if action == Action::IpWaitOnly
-            && decision.rule == Rule::AllDhcp
-            && obs.os == GuestOs::Linux
-        {
-            self.recovery_plan(&pod_ref, &obs).await
-        } else {
-            None
-        };
-        let ready = apply::wait_ready(
-            &self.cocoon,
-            &self.pods,
-            &self.leases,
-            &pod_ref,
-            &wait_facts,
-            recovery.as_ref(),
-            &self.config.ready,
-            shutdown,
-        )
-        .await?;
-        Ok(self.readiness(summary, ready))
-    }
-
-    /// The summary with how the IP wait ended, counted.
-    fn readiness(&self, mut summary: Summary, ready: ReadyOutcome) -> Summary {
-        let (readiness, ip) = match ready {
-            ReadyOutcome::Ready { ip } => ("ready", Some(ip.to_string())),
-            ReadyOutcome::TimedOut => ("timed-out", None),
-            ReadyOutcome::Shutdown => ("shutdown", None),
-            ReadyOutcome::Gone => ("gone", None),
-        };
-        self.metrics.ip_wait(readiness);
-        summary.readiness = Some(readiness);
-        summary.ip = ip;
-        summary
-    }
-
-    /// Plan and run the fixup loop. `Ok(Some)` when it succeeded: the IP
-    /// wait follows, or (a static first NIC) its outcome was written with
-    /// `done`; `Ok(None)` when the call ends here (the summary says how).
-    /// `seen` is the pod as read before the VM was inspected.
-    #[allow(clippy::too_many_arguments)]
-    async fn fixup(
-        &self,
-        seen: &PodInput,
-        pod: &PodRef,
-        vm: &VmId,
-        obs: &Observation,
-        trigger: Trigger,
-        summary: &mut Summary,
-        shutdown: &CancellationToken,
-    ) -> Result<Option<AfterFixup>, HostError> {
-        let planner = self.planner();
-        let outcome = match self
-            .plan_off_workers(planner.clone(), {
-                let obs = obs.clone();
-                move |planner| planner.plan(&obs)
-            })
-            .await
-        {
-            Ok(o) => o,
-            Err(PlannerError::Probe(source)) => {
-                let error = HostError::Probe {
-                    pod: pod.to_string(),
-                    source,
-                };
-                return Err(self.node_error(pod, trigger, error).await);
-            }
-            Err(PlannerError::NoPlugin(source)) if source.is_node_config() => {
-                let error = HostError::Plugins {
-                    pod: pod.to_string(),
-                    source,
-                };
-                return Err(self.node_error(pod, trigger, error).await);
-            }
-            Err(PlannerError::Plugin(source)) if source.is_node_config() => {
-                let error = HostError::PluginCode {
-                    pod: pod.to_string(),
-                    source,
-                };
-                return Err(self.node_error(pod, trigger, error).await);
-            }
-            Err(e) => {
-                self.metrics.plan_error(&e);
-                if let Some(record) = FixupRecord::plan_failed(&pod.uid, &planner, &e) {
-                    self.record(record);
-                }
-                *summary = self.plan_failed(pod, vm, summary.clone(), &e).await?;
-                return Ok(None);
-            }
-        };
-        self.metrics.plugin_calls(&outcome);
-        let scenario = outcome.scenario.unwrap_or(Scenario::OciNetworkd);
-        summary.scenario = scenario.as_str();
-        let composed = outcome
-            .composed
-            .expect("a decision that needs a fixup has a plan");
-        self.fallbacks(pod, &composed.parts).await;
-        // Once per plan, not per attempt: the retry loop below reuses it.
-        flavor_notes(pod, &planner, &composed.parts);
-        if self.outcomes.get().is_some() {
-            self.record(FixupRecord {
-                pod: pod.uid.clone(),
-                plugins: PluginUse::of_parts(&composed.parts),
-            });
-        }
-        // The hint is written only after the budget is spent, and only if
-        // it fits then; say now that it would not.
-        if let Err(e) =
-            apply::check_hint_room(&obs.annotations, &composed.hint, &composed.plugins())
-        {
-            tracing::warn!(pod = %pod, error = %e, "the hint may not be stored");
-        }
-        // Keep what the loop uses, for as long as it runs: the hint is made
-        // again from the script if the budget runs out, and the plugins'
-        // call records are done with.
-        let ComposedPlan {
-            facts,
-            plan,
-            exec,
-            script,
-            ..
-        } = composed;
-        let ready_ip = match WaitFacts::from_facts(&facts).first {
-            Some(WaitNic::Static(ip)) => Some(ip),
-            _ => None,
-        };
-        let job = FixupJob {
-            pod,
-            seen,
-            ready_ip,
-            vm: &facts.id,
-            scenario,
-            plan: &plan,
-            exec: &exec,
-            script: &script,
-        };
-        let result =
-            apply::run_fixup(&self.cocoon, &self.pods, job, &self.config.retry, shutdown).await?;
-        let (label, attempts) = match result {
-            FixupOutcome::Done { attempts, ready } => {
-                summary.fixup = Some("done");
-                summary.attempts = attempts;
-                self.metrics.fixup(scenario, "done", attempts);
-                return Ok(Some(match ready {
-                    Some(ready) => AfterFixup::Published(ready),
-                    None => AfterFixup::Wait(facts),
-                }));
-            }
-            FixupOutcome::Exhausted { attempts, errors } => {
-                summary.errors = errors;
-                ("exhausted", attempts)
-            }
-            FixupOutcome::Shutdown { attempts } => ("shutdown", attempts),
-            FixupOutcome::Gone { attempts } => ("gone", attempts),
-        };
-        summary.fixup = Some(label);
-        summary.attempts = attempts;
-        if label == "exhausted" {
-            self.metrics.fixup(scenario, label, attempts);
-        }
-        Ok(None)
-    }
-
-    /// The DHCP recovery plan for an all-DHCP Linux clone, when one can be
-    /// made; a clone whose facts do not validate for a plan simply waits
-    /// without it.
-    async fn recovery_plan(&self, pod: &PodRef, obs: &Observation) -> Option<DhcpRecovery> {
-        let obs = obs.clone();
-        let planner = self.planner();
-        let planned = self
-            .plan_off_workers(planner.clone(), move |planner| {
-                VmFacts::validate(&obs, ImageKind::Unknown)
-                    .map_err(PlannerError::from)
-                    .and_then(|facts| planner.plan_scenarios(&facts, &[Scenario::DhcpRecovery]))
-            })
-            .await;
-        match planned {
-            Ok(c) => Some({
-                self.fallbacks(pod, &c.parts).await;
-                flavor_notes(pod, &planner, &c.parts);
-                DhcpRecovery {
-                    nics: c.facts.nics.len(),
-                    plan: c.plan,
-                    exec: c.exec,
-                }
-            }),
-            Err(e) => {
-                tracing::warn!(pod = %pod, "no DHCP recovery plan: {e}");
-                None
-            }
-        }
-    }
-
-    /// Tell of every plugin in `parts` that failed and was replaced by the
-    /// built-in (failure policy `fallback`): a log line, the metric, and a
-    /// Warning event on the pod naming both plugins.
-    async fn fallbacks(&self, pod: &PodRef, parts: &[PlanPart]) {
-        for part in parts {
-            let Some(fallback) = &part.fallback else {
-                continue;
-            };
-            let message = fallback.message(part.selection.scenario, &part.selection.plugin);
-            tracing::warn!(pod = %pod, "{}", escape_controls(&message));
-            self.metrics.plugin_fallback(fallback);
-            self.emit(pod, Event::warning(reasons::PLUGIN_FALLBACK, message))
-                .await;
-        }
-    }
-
-    /// Run `plan` on tokio's blocking pool once one of the engine's slots
-    /// is free (see [`Host`]): the caller's task waits without holding an
-    /// async worker.
-    async fn plan_off_workers<T: Send + 'static>(
-        &self,
-        planner: Arc<Planner>,
-        plan: impl FnOnce(&Planner) -> T + Send + 'static,
-    ) -> T {
-        let permit = self
-            .planning
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the planning semaphore is never closed");
-        let task = tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            plan(&planner)
-        });
-        match task.await {
-            Ok(value) => value,
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            // Only a runtime shutting down cancels a blocking task, and it
-            // drops this task with it.
-            Err(e) => panic!("planning was cancelled: {e}"),
-        }
-    }
-
-    /// Look up the VM the annotations point at. The id annotation (else the
-    /// name annotation) is only where to look: [`binding::bind`] decides
-    /// whether the record found is the pod's.
-    ///
-    /// An annotation that is no VM id or name is a mismatch (`Ok(Err)`):
-    /// nothing can be looked up, and the pod's owner is told so.
-    async fn inspect(
-        &self,
-        pod: &PodInput,
-        label: &str,
-    ) -> Result<Result<VmInspect, binding::Mismatch>, HostError> {
-        let reference = match pod.annotation(annotations::VM_ID) {
-            "" => pod.annotation(annotations::VM_NAME),
-            id => id,
-        };
-        if reference.is_empty() {
-            return Err(HostError::NoVm {
-                pod: label.to_owned(),
-            });
-        }
-        let Ok(vm) = VmId::parse(reference) else {
-            return Ok(Err(binding::Mismatch::BadReference {
-                reference: reference.to_owned(),
-            }));
-        };
-        self.cocoon
-            .inspect(&vm, self.config.inspect_timeout)
-            .await
-            .map(Ok)
-            .map_err(|source| HostError::Cocoon {
-                pod: label.to_owned(),
-                source,
-            })
-    }
-
-    /// The VM is not this pod's: nothing runs, nothing is written; a
-    /// Warning event on the pod that asked, and a log line with both names.
-    /// The event never names the other VM (its record's name or id): a
-    /// pod's events must not tell its owner which VMs exist on the node.
-    async fn mismatch(
-        &self,
-        pod: &PodRef,
-        mismatch: binding::Mismatch,
-        mut summary: Summary,
-    ) -> Summary {
-        let expected = binding::vm_name_for_pod(&pod.namespace, &pod.name);
-        tracing::warn!(
-            pod = %pod,
-            expected = %escape_controls(&expected),
-            "VM not used, nothing run: {mismatch}"
-        );
-        let told = messages::vm_mismatch(&mismatch, &pod.namespace, &pod.name);
-        self.metrics.vm_mismatch();
-        self.emit(pod, Event::warning(reasons::VM_MISMATCH, told))
-            .await;
-        summary.action = "vm-mismatch";
-        summary.mismatch = Some(mismatch.to_string());
-        summary
-    }
-
-    /// The node is set up wrong (the cocoon root cannot be probed, the
-    /// plugin directory leaves the pod without a plugin): reported (a
-    /// Warning event, once per pod and not on every retry; a metric; an
-    /// error log) and returned for a retry. The pod is not failed.
-    async fn node_error(&self, pod: &PodRef, trigger: Trigger, error: HostError) -> HostError {
-        let fix = match error {
-            HostError::Plugins { .. } => {
-                "the fixup waits: fix the node's plugin directory, then restart cocoon-fixup"
-            }
-            HostError::PluginCode { .. } => "the fixup waits until the node's cache is fixed",
-            _ => "the fixup waits, and is tried again, until the node is fixed",
-        };
-        let message = format!("{error}; {fix}");
-        tracing::error!(pod = %pod, "{message}");
-        self.metrics.node_error(error.kind());
-        if trigger != Trigger::Retry {
-            self.emit(pod, Event::warning(reasons::NODE_ERROR, message))
-                .await;
-        }
-        error
-    }
-
-    /// No plan could be made (bad facts, no plugin, a plugin failure, a
-    /// hint the pod's annotations could not hold): a retry cannot help, so
-    /// the pod is marked failed like an exhausted fixup, without a hint,
-    /// after reading it once more.
-    async fn plan_failed(
-        &self,
-        pod: &PodRef,
-        vm: &VmId,
-        mut summary: Summary,
-        error: &(dyn std::error::Error + Send + Sync),
-    ) -> Result<Summary, HostError> {
-        summary.fixup = Some("plan-failed");
-        let line = messages::plan_failed(&error.to_string());
-        summary.errors = vec![line.clone()];
-        let Some(current) = apply::read_now(&self.pods, pod).await? else {
-            summary.fixup = Some("gone");
-            return Ok(summary);
-        };
-        let decided = apply::write_decided(&self.pods, pod, current, |current| {
-            apply::still_ours(current, pod, vm)
-                .then(|| plan_failed_record(&current.annotations, &line))
-        })
-        .await;
-        let event = Event::warning(reasons::PLAN_FAILED, line);
-        match decided {
-            Ok(Decided::Written { .. }) => {}
-            Ok(Decided::Skipped(_) | Decided::Gone) => {
-                summary.fixup = Some("gone");
-                return Ok(summary);
-            }
-            // Told even when the record cannot be written.
-            Ok(Decided::Unsettled(_)) => {
-                self.emit(pod, event).await;
-                return Err(apply::unsettled(pod).into());
-            }
-            Err(e) => {
-                self.emit(pod, event).await;
-                return Err(e.into());
-            }
-        }
-        self.emit(pod, event).await;
-        Ok(summary)
-    }
-
-    async fn emit(&self, pod: &PodRef, event: Event) {
-        if let Err(e) = self.pods.event(pod, &event).await {
-            tracing::warn!(pod = %pod, reason = event.reason, "cannot record event: {e}");
-        }
+        Box::pin(executor.run(task, first)).await
     }
 }

@@ -36,8 +36,8 @@ use k8s_openapi::api::events::v1::Event as EventObject;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use fixup_core::facts::PodInput;
 use crate::pods::{AnnotationPatch, Event, EventType, Guarded, PodApi, PodError, PodRef, reasons};
+use fixup_core::facts::PodInput;
 
 /// The controller name in events (`reportingController`) and the field
 /// manager of annotation patches.

@@ -8,22 +8,23 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use fixup_core::binding::{self, BindingPolicy, Verdict};
-use fixup_host::cocoon::CocoonCli;
-use fixup_host::config::{ConfigArgs, OciArgs, PluginConfigArgs, Settings};
+use fixup_core::binding::{BindingPolicy, Verdict};
+use fixup_core::decision::{FixupEnd, Handled, Readiness, Summary, Trigger};
 use fixup_core::facts::{BootKind, Observation, Overrides, PodInput, VmInspect};
-use fixup_host::host::{Host, Summary, Trigger};
-use fixup_host::kube::KubeApi;
-use fixup_host::metrics::Metrics;
-use fixup_host::oci::{self, PluginRef, RegistryOptions, Tags};
 use fixup_core::plan::{self, Action};
 use fixup_core::planner::{PlanOutcome, Planner};
 use fixup_core::plugin::Allocation;
 use fixup_core::plugin::cache::CacheOwner;
+use fixup_core::{capture, display, kit, template};
+use fixup_host::cocoon::CocoonCli;
+use fixup_host::config::{ConfigArgs, OciArgs, PluginConfigArgs, Settings};
+use fixup_host::host::Host;
+use fixup_host::kube::KubeApi;
+use fixup_host::metrics::Metrics;
+use fixup_host::oci::{self, PluginRef, RegistryOptions, Tags};
 use fixup_host::ready::LeaseWatcher;
 use fixup_host::reload::{self, QuarantineFile, Reloader};
 use fixup_host::serve;
-use fixup_core::{capture, display, kit, template};
 
 /// Post-clone guest network fixup for cocoon microVMs.
 ///
@@ -298,7 +299,7 @@ struct PlanArgs {
     /// The snapshot's source image [default: the record's `config.image` on a normal clone]
     #[arg(long, value_name = "URL")]
     source_image: Option<String>,
-    /// Override the boot kind read from the pod annotations.
+    /// Override the boot kind read from the pod annotations [default: resumed for a pod whose post-clone-state is running, as the daemon resumes it]
     #[arg(long, value_enum)]
     boot: Option<Boot>,
     /// How to print the result.
@@ -522,10 +523,11 @@ fn reload_build(args: ConfigArgs, config: Option<PathBuf>, slots: u32) -> reload
 /// `run`'s exit code for a summary (documented in `run --help`).
 fn run_exit_code(summary: &Summary) -> u8 {
     match (summary.fixup, summary.readiness, summary.action) {
-        (_, _, "vm-mismatch") => 5,
-        (Some("exhausted" | "plan-failed"), _, _) | (_, _, "parked") => 2,
-        (_, Some("timed-out"), _) => 3,
-        (Some("shutdown" | "gone"), _, _) | (_, Some("shutdown" | "gone"), _) => 4,
+        (_, _, Handled::VmMismatch) => 5,
+        (Some(FixupEnd::Exhausted | FixupEnd::PlanFailed), _, _) | (_, _, Handled::Parked) => 2,
+        (_, Some(Readiness::TimedOut), _) => 3,
+        (Some(FixupEnd::Shutdown | FixupEnd::Gone), _, _)
+        | (_, Some(Readiness::Shutdown | Readiness::Gone), _) => 4,
         _ => 0,
     }
 }
@@ -622,9 +624,12 @@ fn overrides(boot: Option<Boot>, source_image: Option<&String>) -> Overrides {
 
 fn observe(args: &PlanArgs, policy: BindingPolicy) -> Result<(Observation, Verdict)> {
     let (pod, vm) = read_pod_and_vm(&args.pod, &args.vm)?;
-    let verdict = binding::bind(&pod, &vm.name, policy);
+    let verdict = fixup_core::decision::bind_record(&pod, &vm, policy);
     let overrides = overrides(args.boot, args.source_image.as_ref());
-    Ok((Observation::new(&pod, &vm, &overrides)?, verdict))
+    Ok((
+        fixup_core::decision::observe(&pod, &vm, &overrides)?,
+        verdict,
+    ))
 }
 
 /// The pod, its VM record and its host events, read from the cluster as

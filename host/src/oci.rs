@@ -671,7 +671,8 @@ pub struct Store {
 /// `/var/lib/cocoon-fixup/oci` for root; `$XDG_STATE_HOME/cocoon-fixup/oci`,
 /// else `~/.local/state/cocoon-fixup/oci`, for anyone else.
 pub fn default_store_dir() -> Option<PathBuf> {
-    fixup_core::plugin::cache::default_key_path().and_then(|key| key.parent().map(|dir| dir.join("oci")))
+    fixup_core::plugin::cache::default_key_path()
+        .and_then(|key| key.parent().map(|dir| dir.join("oci")))
 }
 
 fn manifest_name(hex: &str) -> String {

@@ -7,7 +7,6 @@
 //! reasons and events are `fixup_core::annotations`'s, re-exported here.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
@@ -19,37 +18,10 @@ pub use fixup_core::annotations::{
     AnnotationPatch, EVENT_MESSAGE_MAX, Event, EventType, cap_utf8, keys, reasons,
 };
 
-/// One incarnation of a pod: a write for `uid` never lands on a pod that
-/// was deleted and recreated under the same name.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PodRef {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-}
-
-impl fmt::Display for PodRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
-/// Why a pod could not be read or written.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PodError {
-    /// The pod was deleted, or replaced by a new incarnation (another uid).
-    /// Nothing more must be written for it.
-    #[error("pod {pod} is gone (deleted, or recreated with another uid)")]
-    Gone { pod: String },
-    /// The API server could not be reached, or kept failing, after
-    /// retries: a later try may get through.
-    #[error("kubernetes API, pod {pod}: {reason}")]
-    Api { pod: String, reason: String },
-    /// The API server refused the request for good (401, 403, 422, ...):
-    /// another try gets the same answer until someone changes the cluster.
-    #[error("kubernetes API, pod {pod}: {reason}")]
-    Refused { pod: String, reason: String },
-}
+/// One incarnation of a pod, why a pod could not be read or written, and
+/// how a conditional write ended: the decision's own types
+/// ([`fixup_core::decision`]), which this seam answers in.
+pub use fixup_core::decision::{Guarded, PodError, PodRef};
 
 /// What the host needs from Kubernetes.
 pub trait PodApi: Send + Sync + 'static {
@@ -112,17 +84,6 @@ pub trait PodApi: Send + Sync + 'static {
         pod: &PodRef,
         event: &Event,
     ) -> impl Future<Output = Result<(), PodError>> + Send;
-}
-
-/// How [`PodApi::patch_if_unchanged`] ended, short of an error.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Guarded {
-    /// Written; the pod as the write left it when the API server said
-    /// (as [`PodApi::patch_and_read`]).
-    Written(Option<PodInput>),
-    /// Not written: the pod is no longer as it was read. This is the pod
-    /// now, to decide again from.
-    Changed(PodInput),
 }
 
 /// [`PodApi::patch_if_unchanged`] for an implementation that cannot make

@@ -343,6 +343,13 @@ impl LeaseWatcher {
         }
     }
 
+    /// Tell the watcher that the lease file changed: every wait rereads
+    /// it at once. For a writer of the file that knows (a stand-in for
+    /// cocoon-net; the file watch tells the daemon by itself).
+    pub fn changed(&self) {
+        self.changes.send_modify(|generation| *generation += 1);
+    }
+
     /// Attaches the directory watch if it is not in place (the directory
     /// appeared, or was replaced).
     fn ensure_watching(&self) {

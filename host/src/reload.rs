@@ -48,15 +48,15 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 
-use fixup_core::classify::Scenario;
 use crate::cocoon::Cocoon;
 use crate::host::{FixupRecord, Host};
-use fixup_core::kit::{TestOptions, test_plugin};
 use crate::metrics::Metrics;
+use crate::pods::PodApi;
+use fixup_core::classify::Scenario;
+use fixup_core::kit::{TestOptions, test_plugin};
 use fixup_core::planner::Planner;
 use fixup_core::plugin::trusted::TrustedDir;
 use fixup_core::plugin::{EngineOptions, LoadedPlugin, Origin};
-use crate::pods::PodApi;
 
 /// How often the plugin directory and the configuration file are looked
 /// at; `--plugin-reload-interval`, 0 turns reloading off.

@@ -27,10 +27,13 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::cocoon::Cocoon;
-use fixup_core::facts::{PodInput, annotations};
-use crate::host::{Host, HostError, Summary, Trigger};
-use fixup_core::lifecycle;
+use fixup_core::decision::{FixupEnd, Handled, Readiness, Summary, Trigger};
+use fixup_core::lifecycle::HandsOff;
+
+use crate::host::{Host, HostError};
 use crate::pods::PodApi;
+use fixup_core::facts::{PodInput, annotations};
+use fixup_core::lifecycle;
 
 /// How long in-flight work may take to stop after SIGTERM before the
 /// daemon exits anyway: 10 s.
@@ -254,7 +257,7 @@ impl<C: Cocoon, P: PodApi> Task<C, P> {
             {
                 let mut mismatched = self.mismatched.lock().expect("mismatch lock");
                 match summary {
-                    Some(s) if s.action == "vm-mismatch" => {
+                    Some(s) if s.action == Handled::VmMismatch => {
                         mismatched.insert(self.uid.clone(), vm_pointer(&pod));
                     }
                     Some(_) => {
@@ -310,10 +313,10 @@ impl<C: Cocoon, P: PodApi> Task<C, P> {
                 Ok(summary) => {
                     tracing::info!(
                         pod = %label,
-                        action = summary.action,
-                        hands_off = summary.hands_off,
-                        fixup = summary.fixup,
-                        readiness = summary.readiness,
+                        action = summary.action.as_str(),
+                        hands_off = summary.hands_off.map(HandsOff::as_str),
+                        fixup = summary.fixup.map(FixupEnd::as_str),
+                        readiness = summary.readiness.map(Readiness::as_str),
                         attempts = summary.attempts,
                         "pod handled"
                     );

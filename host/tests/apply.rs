@@ -3,16 +3,20 @@
 //! 180 s of retries take milliseconds. Timings asserted here are virtual
 //! (the configured interval and budget), never machine speed.
 
-mod support;
+use crate::support;
 
+use fixup_core::decision::FixupEnd;
+use fixup_core::decision::Handled;
+use fixup_core::decision::Readiness;
 use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use fixup_host::apply::{ReadyConfig, RetryConfig};
-use fixup_host::host::{Host, HostConfig, Summary, Trigger};
-use fixup_host::metrics::Metrics;
+use fixup_core::decision::{ReadyConfig, RetryConfig};
+use fixup_core::decision::{Summary, Trigger};
 use fixup_core::planner::{Planner, PlannerOptions};
+use fixup_host::host::{Host, HostConfig};
+use fixup_host::metrics::Metrics;
 use fixup_host::pods::{EventType, MemoryPods, keys, reasons};
 use fixup_host::ready::LeaseWatcher;
 use support::{Reply, ScriptedCocoon, UID, inspect, pod, vm_name};
@@ -98,9 +102,9 @@ const STEP4_FAILED: &str = "\ncocoon-fixup: {nonce} step 1/5 start\n\ncocoon-fix
 async fn first_attempt_succeeds_then_ready() {
     let rig = rig(vec![Reply::Done], &STATIC, &[], HostConfig::default());
     let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
-    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Done));
     assert_eq!(summary.attempts, 1);
-    assert_eq!(summary.readiness, Some("ready"));
+    assert_eq!(summary.readiness, Some(Readiness::Ready));
     assert_eq!(summary.ip.as_deref(), Some("10.0.0.5"));
     assert_eq!(
         rig.annotation(keys::POST_CLONE_STATE).as_deref(),
@@ -143,7 +147,7 @@ async fn failed_attempts_are_chained_and_retried_every_interval() {
     ];
     let rig = rig(replies, &STATIC, &[], HostConfig::default());
     let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
-    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Done));
     assert_eq!(summary.attempts, 4);
     let failed = rig.events(reasons::EXEC_ATTEMPT_FAILED);
     assert_eq!(failed.len(), 3);
@@ -191,7 +195,7 @@ async fn budget_exhaustion_marks_failed_with_hint_and_errors() {
     );
     let started = tokio::time::Instant::now();
     let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
-    assert_eq!(summary.fixup, Some("exhausted"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Exhausted));
     // Attempts at 0, 3, ..., 177 s: the next would start at 180 s.
     assert_eq!(summary.attempts, 60);
     let calls = rig.cocoon.calls();
@@ -265,7 +269,7 @@ async fn shutdown_during_the_sleep_is_not_exhaustion() {
         cancel.cancel();
     });
     let summary = rig.handle(Trigger::Event, &shutdown).await;
-    assert_eq!(summary.fixup, Some("shutdown"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Shutdown));
     assert_eq!(summary.attempts, 2);
     assert_eq!(
         rig.annotation(keys::POST_CLONE_STATE).as_deref(),
@@ -294,7 +298,7 @@ async fn a_deleted_or_recreated_pod_stops_the_loop_and_is_never_written() {
         pods.insert(again);
     });
     let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
-    assert_eq!(summary.fixup, Some("gone"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Gone));
     assert_eq!(summary.attempts, 2);
     let annotations = rig.pods.annotations("default", "web-0").unwrap();
     assert!(
@@ -323,7 +327,7 @@ async fn a_hung_exec_is_bounded(#[case] exec_timeout: Duration, #[case] first_ti
     let failed = rig.events(reasons::EXEC_ATTEMPT_FAILED);
     assert!(failed[0].contains("timed out"), "{}", failed[0]);
     if first_timeout < Duration::from_secs(180) {
-        assert_eq!(summary.fixup, Some("done"));
+        assert_eq!(summary.fixup, Some(FixupEnd::Done));
         assert_eq!(summary.attempts, 2);
         assert_eq!(
             calls[1].at - calls[0].at,
@@ -331,7 +335,7 @@ async fn a_hung_exec_is_bounded(#[case] exec_timeout: Duration, #[case] first_ti
         );
     } else {
         // The hung exec ate the whole budget: exhausted after one attempt.
-        assert_eq!(summary.fixup, Some("exhausted"));
+        assert_eq!(summary.fixup, Some(FixupEnd::Exhausted));
         assert_eq!(summary.attempts, 1);
     }
 }
@@ -353,12 +357,12 @@ async fn startup_follows_the_persisted_state(
     let summary = rig
         .handle(Trigger::Startup, &CancellationToken::new())
         .await;
-    assert_eq!(summary.action, action);
+    assert_eq!(summary.action.as_str(), action);
     assert_eq!(rig.cocoon.calls().len(), execs);
     let events = rig.events(reasons::RESUMED_AFTER_RESTART);
     assert_eq!(events.first().map(String::as_str), resumed);
     if action == "fixup" || action == "ip-wait" {
-        assert_eq!(summary.readiness, Some("ready"));
+        assert_eq!(summary.readiness, Some(Readiness::Ready));
     }
 }
 
@@ -371,7 +375,7 @@ async fn unmanaged_pods_are_never_touched() {
         HostConfig::default(),
     );
     let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
-    assert_eq!(summary.action, "nothing");
+    assert_eq!(summary.action, Handled::Nothing);
     assert!(rig.cocoon.calls().is_empty());
     assert!(rig.pods.patches().is_empty());
     assert!(rig.pods.events().is_empty());
@@ -386,7 +390,7 @@ async fn bad_facts_fail_the_pod_once_without_exec() {
         HostConfig::default(),
     );
     let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
-    assert_eq!(summary.fixup, Some("plan-failed"));
+    assert_eq!(summary.fixup, Some(FixupEnd::PlanFailed));
     assert!(
         rig.cocoon.calls().is_empty(),
         "nothing runs for facts that fail validation"
@@ -453,8 +457,8 @@ async fn an_all_dhcp_clone_gets_one_recovery_pass_then_its_lease() {
         write_lease(&lease_file, "52:54:00:aa:bb:02", "10.0.0.77");
     });
     let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
-    assert_eq!(summary.action, "ip-wait");
-    assert_eq!(summary.readiness, Some("ready"));
+    assert_eq!(summary.action, Handled::IpWait);
+    assert_eq!(summary.readiness, Some(Readiness::Ready));
     assert_eq!(summary.ip.as_deref(), Some("10.0.0.77"));
     let calls = rig.cocoon.calls();
     assert_eq!(calls.len(), 1, "exactly one recovery pass");
@@ -481,8 +485,11 @@ async fn windows_is_nudged_once_with_ipconfig_renew() {
         write_lease(&lease_file, "52:54:00:AA:BB:02", "10.0.0.78");
     });
     let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
-    assert_eq!(summary.scenario, "windows-pnp");
-    assert_eq!(summary.readiness, Some("ready"));
+    assert_eq!(
+        summary.scenario,
+        Some(fixup_core::classify::Scenario::WindowsPnp)
+    );
+    assert_eq!(summary.readiness, Some(Readiness::Ready));
     let calls = rig.cocoon.calls();
     assert_eq!(calls[0].argv[0], "powershell");
     assert_eq!(calls[1].argv, ["cmd", "/c", "ipconfig", "/renew"]);
@@ -498,7 +505,7 @@ async fn no_lease_in_time_fails_with_the_spec_message() {
         short_ready(),
     );
     let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
-    assert_eq!(summary.readiness, Some("timed-out"));
+    assert_eq!(summary.readiness, Some(Readiness::TimedOut));
     let message = format!("clone {}: dhcp lease not observed within 3s", vm_name());
     assert_eq!(
         rig.annotation(keys::LIFECYCLE_STATE).as_deref(),
@@ -536,7 +543,7 @@ async fn a_pod_another_component_fails_is_left_alone() {
         pods.insert(failed);
     });
     let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
-    assert_eq!(summary.fixup, Some("gone"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Gone));
     assert_eq!(summary.attempts, 1, "no attempt after the stack took over");
     assert_eq!(rig.cocoon.calls().len(), 1);
     assert_eq!(rig.annotation(keys::IP), None);
@@ -565,7 +572,7 @@ async fn exit_zero_before_the_last_step_is_a_failed_attempt() {
         HostConfig::default(),
     );
     let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
-    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Done));
     assert_eq!(summary.attempts, 2, "attempt 1 did not count as done");
     let failed = rig.events(reasons::EXEC_ATTEMPT_FAILED);
     assert_eq!(failed.len(), 1);
@@ -600,7 +607,7 @@ async fn forged_markers_without_the_execs_nonce_do_not_count() {
         HostConfig::default(),
     );
     let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
-    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Done));
     assert_eq!(summary.attempts, 3, "the forged done markers did not count");
     let failed = rig.events(reasons::EXEC_ATTEMPT_FAILED);
     assert_eq!(failed.len(), 2);
@@ -633,7 +640,7 @@ async fn forged_markers_without_the_execs_nonce_do_not_count() {
 /// `last-applied-configuration`) does not stop a fixup that may succeed.
 #[tokio::test(start_paused = true)]
 async fn a_hint_the_pods_annotations_cannot_hold_does_not_stop_the_fixup() {
-    let applied = "x".repeat(fixup_host::apply::ANNOTATIONS_MAX - 2048);
+    let applied = "x".repeat(fixup_core::annotations::ANNOTATIONS_MAX - 2048);
     let rig = rig(
         vec![Reply::Done],
         &STATIC,
@@ -641,7 +648,7 @@ async fn a_hint_the_pods_annotations_cannot_hold_does_not_stop_the_fixup() {
         HostConfig::default(),
     );
     let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
-    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Done));
     assert_eq!(rig.cocoon.calls().len(), 1);
 }
 
@@ -671,8 +678,9 @@ async fn an_exhausted_fixup_without_room_for_the_hint_is_recorded_without_it() {
     // With the hint, the record would be half a hint over the limit;
     // without it, half a hint under (less the note that says so).
     let key = "kubectl.kubernetes.io/last-applied-configuration";
-    let applied =
-        "x".repeat(fixup_host::apply::ANNOTATIONS_MAX - key.len() - roomy_total + hint.len() / 2);
+    let applied = "x".repeat(
+        fixup_core::annotations::ANNOTATIONS_MAX - key.len() - roomy_total + hint.len() / 2,
+    );
     assert!(hint.len() > 1000, "the hint is large enough for this test");
     let rig = rig(
         vec![Reply::Exit(1, "boom")],
@@ -681,7 +689,7 @@ async fn an_exhausted_fixup_without_room_for_the_hint_is_recorded_without_it() {
         HostConfig::default(),
     );
     let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
-    assert_eq!(summary.fixup, Some("exhausted"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Exhausted));
     assert_eq!(
         rig.annotation(keys::POST_CLONE_STATE).as_deref(),
         Some("failed")
@@ -697,7 +705,7 @@ async fn an_exhausted_fixup_without_room_for_the_hint_is_recorded_without_it() {
 #[tokio::test(start_paused = true)]
 async fn an_exhausted_fixup_on_a_full_pod_keeps_the_newest_errors() {
     let key = "kubectl.kubernetes.io/last-applied-configuration";
-    let applied = "x".repeat(fixup_host::apply::ANNOTATIONS_MAX - key.len() - 2500);
+    let applied = "x".repeat(fixup_core::annotations::ANNOTATIONS_MAX - key.len() - 2500);
     let rig = rig(
         vec![Reply::Exit(1, "boom")],
         &STATIC,
@@ -705,7 +713,7 @@ async fn an_exhausted_fixup_on_a_full_pod_keeps_the_newest_errors() {
         HostConfig::default(),
     );
     let summary = rig.handle(Trigger::Event, &CancellationToken::new()).await;
-    assert_eq!(summary.fixup, Some("exhausted"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Exhausted));
     assert_eq!(
         rig.annotation(keys::POST_CLONE_STATE).as_deref(),
         Some("failed")
@@ -749,7 +757,7 @@ async fn a_call_waiting_for_its_turn_does_nothing_when_shut_down() {
         (summary.unwrap(), patches_before, patches_after)
     };
     let (first, (second, patches_before, patches_after)) = tokio::join!(first, second);
-    assert_eq!(second.action, "shutdown", "{second:?}");
+    assert_eq!(second.action, Handled::Shutdown, "{second:?}");
     assert_eq!(second.fixup, None);
     assert_eq!(
         patches_after, patches_before,
@@ -760,5 +768,5 @@ async fn a_call_waiting_for_its_turn_does_nothing_when_shut_down() {
         1,
         "only the first call ran its exec"
     );
-    assert_eq!(first.fixup, Some("shutdown"));
+    assert_eq!(first.fixup, Some(FixupEnd::Shutdown));
 }

@@ -8,8 +8,12 @@
 //! `cocoon-fixup run` binary against the fake API server and `fake-cocoon`
 //! (`real_binary_*` at the end).
 
-mod support;
+use crate::support;
 
+use fixup_core::decision::FixupEnd;
+use fixup_core::decision::Handled;
+use fixup_core::decision::Readiness;
+use fixup_core::lifecycle::HandsOff;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,10 +21,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use fixup_core::binding::{BindingPolicy, legacy_vm_name_for_pod, vm_name_for_pod};
+use fixup_core::decision::{Summary, Trigger};
 use fixup_core::facts::PodInput;
-use fixup_host::host::{Host, HostConfig, HostError, Summary, Trigger};
-use fixup_host::metrics::Metrics;
 use fixup_core::planner::{Planner, PlannerOptions};
+use fixup_host::host::{Host, HostConfig, HostError};
+use fixup_host::metrics::Metrics;
 use fixup_host::pods::{
     AnnotationPatch, Event, EventType, MemoryPods, PodApi, PodError, PodRef, keys, reasons,
 };
@@ -215,7 +220,7 @@ async fn another_tenants_vm_gets_nothing(#[case] with_id: bool, #[case] with_nam
     )
     .build();
     let summary = rig.handle("tenant-a", "evil").await.unwrap();
-    assert_eq!(summary.action, "vm-mismatch");
+    assert_eq!(summary.action, Handled::VmMismatch);
     assert_eq!(summary.readiness, None);
     assert_eq!(summary.ip, None);
     assert_untouched(&rig);
@@ -253,8 +258,8 @@ async fn the_pods_own_vm_is_bound_and_fixed() {
     )
     .build();
     let summary = rig.handle("tenant-a", "web-0").await.unwrap();
-    assert_eq!(summary.fixup, Some("done"));
-    assert_eq!(summary.readiness, Some("ready"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Done));
+    assert_eq!(summary.readiness, Some(Readiness::Ready));
     let calls = rig.cocoon.calls();
     assert_eq!(calls.len(), 1);
     assert!(
@@ -279,7 +284,7 @@ async fn a_legacy_name_binds_only_by_policy(#[case] accept: bool, #[case] action
     };
     let rig = setup.build();
     let summary = rig.handle("tenant-a", "web-0").await.unwrap();
-    assert_eq!(summary.action, action);
+    assert_eq!(summary.action.as_str(), action);
     assert_eq!(rig.cocoon.calls().len(), usize::from(accept));
 }
 
@@ -311,8 +316,8 @@ async fn pods_the_host_leaves_alone(
     )
     .build();
     let summary = rig.handle("default", "web-0").await.unwrap();
-    assert_eq!(summary.action, "nothing");
-    assert_eq!(summary.hands_off, Some(why));
+    assert_eq!(summary.action, Handled::Nothing);
+    assert_eq!(summary.hands_off.map(HandsOff::as_str), Some(why));
     assert!(rig.cocoon.inspected().is_empty(), "no inspect");
     assert_untouched(&rig);
     assert!(rig.events().is_empty());
@@ -352,7 +357,7 @@ async fn hibernation_during_the_ip_wait_is_never_overwritten(#[case] lease: bool
     };
     let summary = rig.handle("default", "web-0").await.unwrap();
     stack.await.unwrap();
-    assert_eq!(summary.readiness, Some("gone"));
+    assert_eq!(summary.readiness, Some(Readiness::Gone));
     assert_eq!(rig.annotation("default", "web-0", keys::IP), None);
     assert_eq!(
         rig.annotation("default", "web-0", keys::LIFECYCLE_STATE)
@@ -389,7 +394,7 @@ async fn deletion_mid_loop_stops_it() {
     };
     let summary = rig.handle("default", "web-0").await.unwrap();
     stack.await.unwrap();
-    assert_eq!(summary.fixup, Some("gone"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Gone));
     assert_eq!(
         rig.cocoon.calls().len(),
         1,
@@ -426,8 +431,8 @@ async fn facts_only_a_plan_uses_never_fail_a_pod_that_needs_none(
     let rig = setup.build();
     rig.write_lease(DHCP_MAC, "10.0.0.42");
     let summary = rig.handle("default", name).await.unwrap();
-    assert_eq!(summary.action, "ip-wait", "{summary:?}");
-    assert_eq!(summary.readiness, Some("ready"), "{summary:?}");
+    assert_eq!(summary.action, Handled::IpWait, "{summary:?}");
+    assert_eq!(summary.readiness, Some(Readiness::Ready), "{summary:?}");
     assert_eq!(summary.ip.as_deref(), Some("10.0.0.42"));
     assert!(
         rig.events()
@@ -782,7 +787,7 @@ async fn unusable_vm_pointers_are_mismatches(#[case] extra: &[(&str, &str)], #[c
     )
     .build();
     let summary = rig.handle("default", "web-0").await.unwrap();
-    assert_eq!(summary.action, "vm-mismatch");
+    assert_eq!(summary.action, Handled::VmMismatch);
     assert_untouched(&rig);
     let events = rig.events();
     assert_eq!(events.len(), 1);
@@ -836,12 +841,15 @@ async fn windows_wakes(#[case] extra: &[(&str, &str)], #[case] rule: u8) {
         .collect();
     if rule == 3 {
         assert!(ran.is_empty(), "{ran:?}");
-        assert_eq!(summary.action, "ip-wait");
+        assert_eq!(summary.action, Handled::IpWait);
     } else {
         assert_eq!(ran, ["powershell"]);
-        assert_eq!(summary.scenario, "windows-pnp");
+        assert_eq!(
+            summary.scenario,
+            Some(fixup_core::classify::Scenario::WindowsPnp)
+        );
     }
-    assert_eq!(summary.readiness, Some("ready"));
+    assert_eq!(summary.readiness, Some(Readiness::Ready));
 }
 
 // ---- 9. the probe cannot read the cocoon root ----
@@ -877,8 +885,8 @@ async fn an_unreadable_cocoon_root_is_a_node_error_not_a_pod_failure() {
     );
     std::fs::create_dir(&root).unwrap();
     let summary = rig.handle("default", "web-0").await.unwrap();
-    assert_eq!(summary.fixup, Some("done"));
-    assert_eq!(summary.readiness, Some("ready"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Done));
+    assert_eq!(summary.readiness, Some(Readiness::Ready));
 }
 
 // ---- 10. a plan failure is not an exhausted exec ----
@@ -895,7 +903,7 @@ async fn a_plan_failure_emits_plan_failed_and_runs_nothing() {
     )
     .build();
     let summary = rig.handle("default", "web-0").await.unwrap();
-    assert_eq!(summary.fixup, Some("plan-failed"));
+    assert_eq!(summary.fixup, Some(FixupEnd::PlanFailed));
     assert!(rig.cocoon.calls().is_empty());
     let reasons: Vec<&str> = rig.events().iter().map(|(_, e)| e.reason).collect();
     assert_eq!(reasons, [reasons::PLAN_FAILED]);
@@ -935,7 +943,7 @@ async fn the_source_image_is_the_records_and_inspect_runs_once(
     )
     .build();
     let summary = rig.handle("default", "web-0").await.unwrap();
-    assert_eq!(summary.scenario, scenario);
+    assert_eq!(summary.scenario.map_or("none", |s| s.as_str()), scenario);
     assert_eq!(rig.cocoon.inspected(), [VM_ID], "one inspect per pod");
 }
 
@@ -972,8 +980,8 @@ async fn a_failed_read_before_the_done_write_is_retried_not_guessed() {
         .handle("default", "web-0", Trigger::Event, &token)
         .await
         .unwrap();
-    assert_eq!(summary.action, "fixup");
-    assert_eq!(summary.readiness, Some("ready"));
+    assert_eq!(summary.action, Handled::Fixup);
+    assert_eq!(summary.readiness, Some(Readiness::Ready));
     assert_eq!(cocoon.calls().len(), 2, "the fixup ran again");
     let after = pods.inner.annotations("default", "web-0").unwrap();
     assert_eq!(after[keys::POST_CLONE_STATE], "done");
@@ -999,7 +1007,7 @@ async fn dhcp_recovery_is_for_linux_and_bounded_by_the_exec_timeout(
     setup.replies = vec![Reply::Hang];
     let rig = setup.build();
     let summary = rig.handle("default", "web-0").await.unwrap();
-    assert_eq!(summary.readiness, Some("timed-out"));
+    assert_eq!(summary.readiness, Some(Readiness::TimedOut));
     let calls = rig.cocoon.calls();
     assert_eq!(calls.len(), recoveries, "{calls:?}");
     for call in calls {
@@ -1043,7 +1051,7 @@ async fn a_plugin_file_that_does_not_load_fails_only_its_pods() {
     // did not switch it off).
     let served = rig(&[]);
     let summary = served.handle("default", "web-0").await.unwrap();
-    assert_eq!(summary.fixup, Some("done"), "{summary:?}");
+    assert_eq!(summary.fixup, Some(FixupEnd::Done), "{summary:?}");
 
     // Waits, clearly.
     let waits = rig(&[("vm.cocoonstack.io/guest-flavor", "rhel")]);

@@ -3,7 +3,7 @@
 //! passes with the built-in plugins, one case per plugin call, a failed
 //! pod's record in the context, and a VM that is not the pod's refused.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

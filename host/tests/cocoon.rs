@@ -24,11 +24,11 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use fixup_core::facts::{RawNic, VmId, VmInspect};
+use fixup_core::plan::{STDERR_TAIL_MAX, StderrTail};
 use fixup_host::cocoon::{
     Cocoon, CocoonCli, CocoonError, ExecOutput, ExitStatusKind, STDERR_MAX, STDOUT_MAX,
 };
-use fixup_core::facts::{RawNic, VmId, VmInspect};
-use fixup_core::plan::{STDERR_TAIL_MAX, StderrTail};
 use rstest::rstest;
 use serde_json::{Value, json};
 use tempfile::TempDir;

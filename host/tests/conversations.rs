@@ -21,19 +21,23 @@
 //! runs under paused tokio time; only the IP-wait timeout runs in real
 //! (short) time, because the lease watcher reads a real file.
 
-mod support;
+use crate::support;
 
+use fixup_core::decision::FixupEnd;
+use fixup_core::decision::Handled;
+use fixup_core::decision::Readiness;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use fixup_host::apply::{ReadyConfig, RetryConfig};
+use fixup_core::decision::{ReadyConfig, RetryConfig};
+use fixup_core::decision::{Summary, Trigger};
 use fixup_core::facts::PodInput;
-use fixup_host::host::{Host, HostConfig, HostError, Summary, Trigger};
+use fixup_core::planner::{Planner, PlannerOptions};
+use fixup_host::host::{Host, HostConfig, HostError};
 use fixup_host::kube::{REPORTER, RetryPolicy};
 use fixup_host::metrics::Metrics;
-use fixup_core::planner::{Planner, PlannerOptions};
 use fixup_host::pods::{keys, reasons};
 use fixup_host::ready::LeaseWatcher;
 use serde_json::{Map, Value, json};
@@ -497,10 +501,10 @@ async fn success_marks_running_then_done_and_ready_in_one_write() {
         .patch(done_and_ready_patch())
         .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1");
     let (summary, calls) = rig.play(conversation, Trigger::Event).await;
-    assert_eq!(summary.action, "fixup");
-    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(summary.action, Handled::Fixup);
+    assert_eq!(summary.fixup, Some(FixupEnd::Done));
     assert_eq!(summary.attempts, 1);
-    assert_eq!(summary.readiness, Some("ready"));
+    assert_eq!(summary.readiness, Some(Readiness::Ready));
     assert_eq!(summary.ip.as_deref(), Some("10.0.0.5"));
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].vm, "vm-0123abcd");
@@ -573,7 +577,7 @@ async fn exhaustion_chains_every_attempt_then_fails_the_pod() {
         .event("Warning", reasons::EXEC_EXHAUSTED, &summary_line);
     let started = tokio::time::Instant::now();
     let (summary, calls) = rig.play(conversation, Trigger::Event).await;
-    assert_eq!(summary.fixup, Some("exhausted"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Exhausted));
     assert_eq!(summary.attempts, 3);
     assert_eq!(summary.readiness, None, "no IP wait after a failed fixup");
     assert_eq!(summary.errors, [line(1), line(2), line(3)]);
@@ -622,10 +626,10 @@ async fn no_lease_in_time_runs_dhcp_recovery_then_fails_the_pod() {
         started.elapsed() >= Duration::from_secs(2),
         "the whole budget"
     );
-    assert_eq!(summary.action, "ip-wait");
+    assert_eq!(summary.action, Handled::IpWait);
     assert_eq!(summary.rule, 7);
     assert_eq!(summary.fixup, None);
-    assert_eq!(summary.readiness, Some("timed-out"));
+    assert_eq!(summary.readiness, Some(Readiness::TimedOut));
     assert_eq!(summary.ip, None);
     assert_eq!(calls.len(), 1, "exactly one recovery pass");
     let script = calls[0].argv.join(" ");
@@ -655,8 +659,8 @@ async fn a_pod_failed_elsewhere_gets_no_ready_write() {
         .patch(json!({ keys::POST_CLONE_STATE: "done" }))
         .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1");
     let (summary, calls) = rig.play(conversation, Trigger::Event).await;
-    assert_eq!(summary.fixup, Some("done"));
-    assert_eq!(summary.readiness, Some("gone"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Done));
+    assert_eq!(summary.readiness, Some(Readiness::Gone));
     assert_eq!(summary.ip, None);
     assert!(!summary.is_ready());
     assert_eq!(calls.len(), 1);
@@ -674,9 +678,9 @@ async fn startup_resumes_a_running_fixup() {
         .patch(done_and_ready_patch())
         .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1");
     let (summary, calls) = rig.play(conversation, Trigger::Startup).await;
-    assert_eq!(summary.action, "fixup");
-    assert_eq!(summary.fixup, Some("done"));
-    assert_eq!(summary.readiness, Some("ready"));
+    assert_eq!(summary.action, Handled::Fixup);
+    assert_eq!(summary.fixup, Some(FixupEnd::Done));
+    assert_eq!(summary.readiness, Some(Readiness::Ready));
     assert_eq!(calls.len(), 1);
 }
 
@@ -690,9 +694,9 @@ async fn startup_resumes_a_done_fixup_with_the_ip_wait_only() {
         .get()
         .patch(ready_patch());
     let (summary, calls) = rig.play(conversation, Trigger::Startup).await;
-    assert_eq!(summary.action, "ip-wait");
+    assert_eq!(summary.action, Handled::IpWait);
     assert_eq!(summary.fixup, None);
-    assert_eq!(summary.readiness, Some("ready"));
+    assert_eq!(summary.readiness, Some(Readiness::Ready));
     assert!(calls.is_empty(), "the fixup is not run again");
 }
 
@@ -702,7 +706,7 @@ async fn startup_leaves_a_failed_fixup_parked() {
     let failed = pod(&[(keys::POST_CLONE_STATE, "failed")]);
     let conversation = Conversation::new("restart with post-clone-state=failed", &failed).get();
     let (summary, calls) = rig.play(conversation, Trigger::Startup).await;
-    assert_eq!(summary.action, "parked");
+    assert_eq!(summary.action, Handled::Parked);
     assert_eq!(summary.fixup, None);
     assert_eq!(summary.readiness, None);
     assert!(calls.is_empty(), "nothing runs in the guest");
@@ -724,7 +728,7 @@ async fn a_conflict_from_a_new_incarnation_stops_before_any_exec() {
         .recreated("uid-2")
         .get();
     let (summary, calls) = rig.play(conversation, Trigger::Event).await;
-    assert_eq!(summary.fixup, Some("gone"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Gone));
     assert_eq!(summary.attempts, 0);
     assert_eq!(summary.readiness, None);
     assert!(calls.is_empty(), "no exec for a pod that is gone");
@@ -748,7 +752,7 @@ async fn a_pod_deleted_between_attempts_stops_the_loop() {
         // pod deleted.
         .get_not_found();
     let (summary, calls) = rig.play(conversation, Trigger::Event).await;
-    assert_eq!(summary.fixup, Some("gone"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Gone));
     assert_eq!(summary.attempts, 1);
     assert_eq!(calls.len(), 1, "no attempt after the pod was deleted");
 }
@@ -768,7 +772,7 @@ async fn a_lost_event_does_not_stop_the_fixup() {
             status(500, "InternalError", "etcdserver: request timed out"),
         );
     let (summary, _) = rig.play(conversation, Trigger::Event).await;
-    assert_eq!(summary.readiness, Some("ready"));
+    assert_eq!(summary.readiness, Some(Readiness::Ready));
 }
 
 /// When the read before the ready write fails (after the client's
@@ -842,8 +846,8 @@ async fn a_pod_that_keeps_changing_gets_done_alone_then_the_ready_write() {
         .get()
         .patch(ready_patch());
     let (summary, calls) = rig.play(conversation, Trigger::Event).await;
-    assert_eq!(summary.fixup, Some("done"));
-    assert_eq!(summary.readiness, Some("ready"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Done));
+    assert_eq!(summary.readiness, Some(Readiness::Ready));
     assert_eq!(summary.ip.as_deref(), Some("10.0.0.5"));
     assert_eq!(calls.len(), 1, "the exec ran once");
 }
@@ -860,7 +864,7 @@ async fn a_pod_hibernated_before_the_running_write_gets_nothing() {
         .meanwhile(&[("vm.cocoonstack.io/hibernate", "true")])
         .patch_stale(json!({ keys::POST_CLONE_STATE: "running" }));
     let (summary, calls) = rig.play(conversation, Trigger::Event).await;
-    assert_eq!(summary.fixup, Some("gone"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Gone));
     assert_eq!(summary.attempts, 0);
     assert!(
         calls.is_empty(),
@@ -898,10 +902,10 @@ async fn a_running_answer_without_the_pod_falls_back_to_a_read_before_attempt_1(
         .patch(done_and_ready_patch())
         .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1");
     let (summary, calls) = rig.play(conversation, Trigger::Event).await;
-    assert_eq!(summary.action, "fixup");
-    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(summary.action, Handled::Fixup);
+    assert_eq!(summary.fixup, Some(FixupEnd::Done));
     assert_eq!(summary.attempts, 1);
-    assert_eq!(summary.readiness, Some("ready"));
+    assert_eq!(summary.readiness, Some(Readiness::Ready));
     assert_eq!(summary.ip.as_deref(), Some("10.0.0.5"));
     assert_eq!(calls.len(), 1);
 }

@@ -21,7 +21,7 @@
 //!   the same runs and the same comparison. NUL is refused by
 //!   `Plan::check`, naming the field.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -31,12 +31,12 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use fixup_core::classify::Scenario;
-use fixup_host::cocoon::{Cocoon, ExitStatusKind};
 use fixup_core::facts::{Observation, Overrides, PodInput, VmId, VmInspect};
 use fixup_core::plan::{
     self, Action, Dialect, Phase, Plan, PlanError, PlanLimits, ScriptHeader, Step, WriteFile,
 };
 use fixup_core::planner::{ComposedPlan, Planner, PlannerOptions};
+use fixup_host::cocoon::{Cocoon, ExitStatusKind};
 use serde_json::{Value, json};
 use support::guest::{Guest, Shell, assert_tree, expected_calls};
 

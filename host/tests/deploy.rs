@@ -28,7 +28,7 @@
 //! `join`); the API server also type-checks the expressions against the Pod
 //! schema, which this test does not.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs;

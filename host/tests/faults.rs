@@ -17,8 +17,10 @@
 //!   answer for one request; here the same answers land in the middle of
 //!   the flow, where the chain and the hint must survive the retries.
 
-mod support;
+use crate::support;
 
+use fixup_core::decision::FixupEnd;
+use fixup_core::decision::Readiness;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -26,15 +28,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use fixup_host::apply::{self, FixupJob, FixupOutcome, RetryConfig};
 use fixup_core::classify::Scenario;
-use fixup_host::cocoon::CocoonCli;
+use fixup_core::decision::RetryConfig;
+use fixup_core::decision::{Summary, Trigger};
 use fixup_core::facts::VmId;
-use fixup_host::host::{Host, HostConfig, Summary, Trigger};
-use fixup_host::kube::REPORTER;
-use fixup_host::metrics::Metrics;
 use fixup_core::plan::{self, Action, Dialect, Phase, Plan, Step};
 use fixup_core::planner::{Planner, PlannerOptions};
+use fixup_host::apply::{self, FixupJob, FixupOutcome};
+use fixup_host::cocoon::CocoonCli;
+use fixup_host::host::{Host, HostConfig};
+use fixup_host::kube::REPORTER;
+use fixup_host::metrics::Metrics;
 use fixup_host::pods::{EventType, MemoryPods, PodRef, keys, reasons};
 use fixup_host::ready::LeaseWatcher;
 use fixup_host::serve::Dispatcher;
@@ -217,9 +221,7 @@ async fn guest_stderr_cannot_put_control_characters_into_events() {
     let plan = two_step_plan();
     let exec = plan::render_exec(&plan);
     let vm = VmId::parse(VM).unwrap();
-    let pod_ref = pod_ref();
     let job = FixupJob {
-        pod: &pod_ref,
         seen: &seen,
         ready_ip: None,
         vm: &vm,
@@ -259,9 +261,7 @@ async fn a_broken_cocoon_is_an_attempt_error_and_the_loop_goes_on(#[case] fault:
     let exec = plan::render_exec(&plan);
     let script = "#!/bin/sh\n";
     let vm = VmId::parse(VM).unwrap();
-    let pod_ref = pod_ref();
     let job = FixupJob {
-        pod: &pod_ref,
         seen: &seen,
         ready_ip: None,
         vm: &vm,
@@ -348,9 +348,7 @@ async fn a_cocoon_that_never_answers_exhausts_the_budget_with_every_attempt_chai
     let script = plan::render_script(&plan, &plan::ScriptHeader::default());
     let hint = plan::hint_base64(&script);
     let vm = VmId::parse(VM).unwrap();
-    let pod_ref = pod_ref();
     let job = FixupJob {
-        pod: &pod_ref,
         seen: &seen,
         ready_ip: None,
         vm: &vm,
@@ -744,7 +742,7 @@ async fn the_exhaustion_write_survives_api_trouble_with_chain_and_hint_intact(
     }
     let server = server.event(reasons::EXEC_EXHAUSTED, summary_line, event_code);
     let (summary, cocoon) = play(server, vec![Reply::Exit(1, STEP4_FAILED)], exhausting()).await;
-    assert_eq!(summary.fixup, Some("exhausted"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Exhausted));
     assert_eq!(summary.errors, [line(1), line(2), line(3)]);
     assert_eq!(cocoon.calls().len(), 3);
 }
@@ -770,8 +768,8 @@ async fn a_conflict_on_the_running_write_is_retried_and_the_fixup_runs() {
             201,
         );
     let (summary, cocoon) = play(server, vec![Reply::Done], HostConfig::default()).await;
-    assert_eq!(summary.fixup, Some("done"));
-    assert_eq!(summary.readiness, Some("ready"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Done));
+    assert_eq!(summary.readiness, Some(Readiness::Ready));
     assert_eq!(cocoon.calls().len(), 1);
 }
 
@@ -797,7 +795,7 @@ async fn a_pod_deleted_between_read_and_patch_stops_everything(#[case] changed_f
         server = server.patch(&done_and_ready(), 404, gone());
     }
     let (summary, cocoon) = play(server, vec![Reply::Done], HostConfig::default()).await;
-    assert_eq!(summary.fixup, Some("gone"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Gone));
     assert_eq!(summary.readiness, None);
     assert_eq!(cocoon.calls().len(), 1);
 }
@@ -824,7 +822,7 @@ async fn a_pod_recreated_before_the_exhaustion_write_gets_nothing() {
         .recreated("uid-2")
         .get();
     let (summary, cocoon) = play(server, vec![Reply::Exit(1, STEP4_FAILED)], exhausting()).await;
-    assert_eq!(summary.fixup, Some("gone"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Gone));
     assert_eq!(cocoon.calls().len(), 3);
 }
 

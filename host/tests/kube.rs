@@ -8,7 +8,7 @@
 //! paused (`start_paused`), so the retry backoff and request timeouts pass
 //! instantly; no assertion depends on how long anything took.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 

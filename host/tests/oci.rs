@@ -20,11 +20,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
+use fixup_core::plugin::builtin::BUILTINS;
 use fixup_host::oci::{
     MANIFEST_MEDIA_TYPE, OciError, PinnedPlugins, PluginRef, Registry, RegistryOptions, Tags,
     WASM_CONFIG_MEDIA_TYPE, WASM_LAYER_MEDIA_TYPE,
 };
-use fixup_core::plugin::builtin::BUILTINS;
 use registry::LocalRegistry;
 use sha2::{Digest, Sha256};
 

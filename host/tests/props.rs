@@ -30,7 +30,7 @@
 //! property runs 64 arbitrary plans under a real `sh` as a cross-check of
 //! the parser.
 
-mod support;
+use crate::support;
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;

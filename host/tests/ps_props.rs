@@ -32,7 +32,7 @@
 //! the frame's own, a `$(...)` never appears, and commands are the steps'
 //! or the frame's.
 
-mod support;
+use crate::support;
 
 use fixup_core::plan::{
     self, Action, Dialect, Nonce, Phase, Plan, PlanLimits, ScriptHeader, Step, WriteFile,

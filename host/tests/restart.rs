@@ -22,7 +22,7 @@
 //! Waits poll the fake server's state with a generous upper bound (a
 //! safety net, not a timing assertion).
 
-mod support;
+use crate::support;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;

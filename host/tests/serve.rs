@@ -2,15 +2,16 @@
 //! once, bounded concurrency, clean stop. (The kube-runtime watch feeding
 //! it needs an API server; the dispatcher is what decides.)
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use fixup_core::decision::Trigger;
 use fixup_core::facts::PodInput;
-use fixup_host::host::{Host, HostConfig, Trigger};
-use fixup_host::metrics::Metrics;
 use fixup_core::planner::{Planner, PlannerOptions};
+use fixup_host::host::{Host, HostConfig};
+use fixup_host::metrics::Metrics;
 use fixup_host::pods::{MemoryPods, keys};
 use fixup_host::ready::LeaseWatcher;
 use fixup_host::serve::{Dispatcher, has_work};

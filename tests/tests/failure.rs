@@ -3,15 +3,18 @@
 //! built-in that serves the scenario for any flavour, and the daemon says
 //! so in a Warning event naming both plugins and in a metric.
 
+use fixup_core::decision::FixupEnd;
+use fixup_core::decision::Readiness;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use fixup_core::classify::Scenario;
-use fixup_host::host::{Host, HostConfig, Trigger};
-use fixup_host::metrics::Metrics;
+use fixup_core::decision::Trigger;
 use fixup_core::planner::{FailurePolicy, Planner, PlannerError, PlannerOptions};
 use fixup_core::plugin::{EngineOptions, Limits, Origin, PluginError};
+use fixup_host::host::{Host, HostConfig};
+use fixup_host::metrics::Metrics;
 use fixup_host::pods::{MemoryPods, reasons};
 use fixup_host::ready::LeaseWatcher;
 use fixup_tests::facts;
@@ -167,8 +170,8 @@ async fn the_daemon_tells_of_a_fallback_in_a_warning_event_and_a_metric() {
         )
         .await
         .expect("handled");
-    assert_eq!(summary.fixup, Some("done"), "{summary:?}");
-    assert_eq!(summary.readiness, Some("ready"), "{summary:?}");
+    assert_eq!(summary.fixup, Some(FixupEnd::Done), "{summary:?}");
+    assert_eq!(summary.readiness, Some(Readiness::Ready), "{summary:?}");
     assert_eq!(guest.execs().len(), 1);
 
     let events = host.pods().events();

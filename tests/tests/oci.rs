@@ -7,10 +7,10 @@
 
 use std::path::Path;
 
-use fixup_host::config::{ConfigArgs, Settings};
-use fixup_host::oci::{PluginRef, Registry, RegistryOptions};
 use fixup_core::planner::Planner;
 use fixup_core::plugin::{LoadError, PluginError};
+use fixup_host::config::{ConfigArgs, Settings};
+use fixup_host::oci::{PluginRef, Registry, RegistryOptions};
 use fixup_tests::observation;
 use fixup_tests::registry::LocalRegistry;
 use sha2::{Digest, Sha256};

@@ -8,14 +8,16 @@
 //! the settling of changed files and the outcome channel around the same
 //! calls (`serve_reload.rs` runs it in the real binary).
 
+use fixup_core::decision::FixupEnd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fixup_host::apply::RetryConfig;
-use fixup_host::host::{FixupRecord, Host, HostConfig, Summary, Trigger};
-use fixup_host::metrics::Metrics;
+use fixup_core::decision::RetryConfig;
+use fixup_core::decision::{Summary, Trigger};
 use fixup_core::planner::{Planner, PlannerOptions};
+use fixup_host::host::{FixupRecord, Host, HostConfig};
+use fixup_host::metrics::Metrics;
 use fixup_host::pods::MemoryPods;
 use fixup_host::ready::LeaseWatcher;
 use fixup_host::reload::{Build, Candidate, QuarantineFile, ReloadConfig, Reloader, cases_dir};
@@ -181,7 +183,7 @@ async fn a_changed_plugin_serves_the_next_pod() {
     let mut rig = rig(10);
     let v1 = sha256(&version("v1"));
     let (before, used) = rig.clone_pod("before").await;
-    assert_eq!(before.fixup, Some("done"), "{before:?}");
+    assert_eq!(before.fixup, Some(FixupEnd::Done), "{before:?}");
     assert_eq!(used, v1);
 
     std::fs::write(&rig.plugin, version("v2")).expect("v2");
@@ -196,7 +198,7 @@ async fn a_changed_plugin_serves_the_next_pod() {
     );
 
     let (after, used) = rig.clone_pod("after").await;
-    assert_eq!(after.fixup, Some("done"), "{after:?}");
+    assert_eq!(after.fixup, Some(FixupEnd::Done), "{after:?}");
     assert_eq!(used, v2);
     assert_eq!(rig.metrics.health(), "ok\n");
 }
@@ -219,7 +221,7 @@ async fn a_call_that_planned_keeps_its_plan_across_a_swap() {
         guest.at_next_exec(move || again.fail_execs(false));
     });
     let (summary, used) = rig.clone_pod("across").await;
-    assert_eq!(summary.fixup, Some("done"), "{summary:?}");
+    assert_eq!(summary.fixup, Some(FixupEnd::Done), "{summary:?}");
     assert_eq!(summary.attempts, 2, "{summary:?}");
     assert_eq!(used, v1, "planned once, before the swap");
     assert!(
@@ -273,7 +275,7 @@ async fn a_plugin_that_fails_the_gate_never_replaces_the_one_in_service() {
         rig.exposition()
     );
     let (summary, used) = rig.clone_pod("still-v1").await;
-    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Done));
     assert_eq!(used, v1);
 
     // The case fixed: the same version passes the gate.
@@ -292,7 +294,7 @@ async fn a_version_that_fails_where_its_predecessor_succeeded_is_rolled_back_and
     let mut rig = rig(4);
     let v1 = sha256(&version("v1"));
     let (summary, _) = rig.clone_pod("good-0").await;
-    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Done));
 
     std::fs::write(&rig.plugin, version("v2")).expect("v2");
     rig.reloader.reload().await;
@@ -304,7 +306,7 @@ async fn a_version_that_fails_where_its_predecessor_succeeded_is_rolled_back_and
     rig.guest.fail_execs(true);
     for i in 0..3 {
         let (summary, used) = rig.clone_pod(&format!("guest-down-{i}")).await;
-        assert_eq!(summary.fixup, Some("exhausted"), "{summary:?}");
+        assert_eq!(summary.fixup, Some(FixupEnd::Exhausted), "{summary:?}");
         assert_eq!(used, v2);
     }
     assert_eq!(rig.serving(), v2, "the guests failed, not the plugin");
@@ -318,7 +320,7 @@ async fn a_version_that_fails_where_its_predecessor_succeeded_is_rolled_back_and
     rig.guest.set_id("hostile-decline");
     for i in 0..3 {
         let (summary, used) = rig.clone_pod(&format!("bad-{i}")).await;
-        assert_eq!(summary.fixup, Some("plan-failed"), "{summary:?}");
+        assert_eq!(summary.fixup, Some(FixupEnd::PlanFailed), "{summary:?}");
         assert_eq!(used, v3);
     }
     assert_eq!(
@@ -340,7 +342,7 @@ async fn a_version_that_fails_where_its_predecessor_succeeded_is_rolled_back_and
     // The next pod is planned by the version that came back.
     rig.guest.set_id("hostile-benign");
     let (summary, used) = rig.clone_pod("good-1").await;
-    assert_eq!(summary.fixup, Some("done"));
+    assert_eq!(summary.fixup, Some(FixupEnd::Done));
     assert_eq!(used, v1);
 
     // The same file is not loaded again, nor after a restart...
@@ -372,7 +374,7 @@ async fn a_version_whose_predecessor_never_planned_here_is_kept() {
     rig.guest.set_id("hostile-decline");
     for i in 0..3 {
         let (summary, _) = rig.clone_pod(&format!("bad-{i}")).await;
-        assert_eq!(summary.fixup, Some("plan-failed"));
+        assert_eq!(summary.fixup, Some(FixupEnd::PlanFailed));
     }
     assert_eq!(rig.serving(), v2, "nothing to compare with: no rollback");
     assert!(!rig.exposition().contains("plugin_rollbacks_total{"));

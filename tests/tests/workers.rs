@@ -8,16 +8,18 @@
 //! a plugin call is in flight (`PluginHost::calls_in_flight`). A call that
 //! ran on the runtime's thread would leave that count at exactly zero.
 
+use fixup_core::decision::FixupEnd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fixup_host::cocoon::{Cocoon, CocoonError, ExecOutput};
+use fixup_core::decision::{Summary, Trigger};
 use fixup_core::facts::{VmId, VmInspect};
-use fixup_host::host::{Host, HostConfig, Summary, Trigger};
-use fixup_host::metrics::Metrics;
 use fixup_core::planner::{Planner, PlannerOptions};
 use fixup_core::plugin::{EngineOptions, Limits};
+use fixup_host::cocoon::{Cocoon, CocoonError, ExecOutput};
+use fixup_host::host::{Host, HostConfig};
+use fixup_host::metrics::Metrics;
 use fixup_host::pods::MemoryPods;
 use fixup_host::ready::LeaseWatcher;
 use tokio_util::sync::CancellationToken;
@@ -172,7 +174,7 @@ fn handle_beside_a_timer(rig: &Rig, pods: &[&str]) -> (Vec<Summary>, Seen) {
 }
 
 fn assert_stopped_by_the_deadline(summary: &Summary) {
-    assert_eq!(summary.fixup, Some("plan-failed"), "{summary:?}");
+    assert_eq!(summary.fixup, Some(FixupEnd::PlanFailed), "{summary:?}");
     assert!(
         summary.errors[0].contains("wall-clock deadline") && summary.errors[0].contains("hostile"),
         "{:?}",

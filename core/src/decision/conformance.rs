@@ -28,7 +28,7 @@ use super::{
     Action, ExecPurpose, Guarded, PodError, PodTask, Report, SettingsBuilder, Stop, Summary,
     Trigger,
 };
-use crate::annotations::{AnnotationPatch, Event, EventType};
+use crate::annotations::AnnotationPatch;
 use crate::exec::{ExecOutput, ExitStatusKind};
 use crate::facts::{MacAddr, PodInput, VmId, VmInspect};
 use crate::plan::{Nonce, done_marker, exec_nonce};
@@ -353,16 +353,7 @@ impl Ended {
                 Ended::Summary(serde_json::to_value(summary).expect("a summary is JSON"))
             }
             Err(stop) => Ended::Stop {
-                kind: match stop {
-                    Stop::NoUid { .. } => "no-uid",
-                    Stop::NoVm { .. } => "no-vm",
-                    Stop::Facts(_) => "facts",
-                    Stop::Inspect { .. } => "inspect",
-                    Stop::Node(e) => e.kind(),
-                    Stop::Api(PodError::Gone { .. }) => "gone",
-                    Stop::Api(PodError::Refused { .. }) => "refused",
-                    Stop::Api(PodError::Api { .. }) => "api",
-                },
+                kind: stop.kind(),
                 retryable: stop.is_retryable(),
             },
         }
@@ -576,13 +567,13 @@ impl World {
     }
 
     /// A merge patch of annotations under the uid precondition of `uid`,
-    /// and the resource version of `unless_changed_from` when given.
+    /// and the `resource_version` one when given.
     pub fn patch(
         &mut self,
         now: Duration,
         uid: &str,
         patch: &AnnotationPatch,
-        unless_changed_from: Option<&PodInput>,
+        resource_version: Option<&str>,
     ) -> Result<Guarded, PodError> {
         self.advance(now);
         if let Some(e) = self.fault(RequestKind::Patch) {
@@ -595,8 +586,8 @@ impl World {
         if pod.uid.as_deref() != Some(uid) {
             return Err(gone);
         }
-        if let Some(from) = unless_changed_from
-            && from.resource_version != pod.resource_version
+        if let Some(version) = resource_version
+            && Some(version) != pod.resource_version.as_deref()
         {
             return Ok(Guarded::Changed(pod.clone()));
         }
@@ -616,18 +607,34 @@ impl World {
     }
 
     /// An event about the pod; a failure is the host's to log.
-    pub fn event(&mut self, now: Duration, event: &Event) -> Result<(), PodError> {
+    pub fn event(&mut self, now: Duration, reason: &str, message: &str) -> Result<(), PodError> {
         self.advance(now);
         if let Some(e) = self.fault(RequestKind::Event) {
             return Err(e);
         }
-        let _ = event.kind == EventType::Normal;
         self.seen.push(Seen::Event {
             at_ms: ms(now),
-            reason: event.reason.to_owned(),
-            message: event.message.clone(),
+            reason: reason.to_owned(),
+            message: message.to_owned(),
         });
         Ok(())
+    }
+
+    /// What an exec is for, as a stand-in for `cocoon` that sees only the
+    /// argv tells it: the renew nudge by its command, the recovery pass by
+    /// the event told just before it, else a fixup attempt.
+    pub fn purpose_of(&self, argv: &[String]) -> ExecPurpose {
+        if argv.first().is_some_and(|a| a == "cmd") && argv.iter().any(|a| a == "/renew") {
+            return ExecPurpose::Renew;
+        }
+        match self.seen.last() {
+            Some(Seen::Event { reason, .. })
+                if reason == crate::annotations::reasons::DHCP_RECOVERY =>
+            {
+                ExecPurpose::Recovery
+            }
+            _ => ExecPurpose::Fixup,
+        }
     }
 
     /// `cocoon vm inspect`.
@@ -719,6 +726,79 @@ impl World {
     }
 }
 
+/// How a wait in the world ended.
+#[derive(Debug)]
+pub enum Waited<T> {
+    Done(T),
+    /// The host shut down first.
+    Cancelled,
+}
+
+impl World {
+    /// Whether the host has shut down by `now`.
+    pub fn down(&self, now: Duration) -> bool {
+        self.shutdown_at().is_some_and(|s| s <= now)
+    }
+
+    /// An exec that starts at `*now`; the clock moves to its end, or to
+    /// the shutdown that stops it.
+    pub fn exec_until(
+        &mut self,
+        now: &mut Duration,
+        purpose: ExecPurpose,
+        argv: &[String],
+        timeout: Duration,
+    ) -> Waited<Result<ExecOutput, String>> {
+        let (takes, result) = self.exec(*now, purpose, argv, timeout);
+        self.until(now, *now + takes, result)
+    }
+
+    /// A sleep from `*now` until `until`.
+    pub fn sleep_until(&self, now: &mut Duration, until: Duration) -> Waited<()> {
+        self.until(now, until.max(*now), ())
+    }
+
+    /// A wait for `mac`'s lease from `*now` until `until`.
+    pub fn lease_until(
+        &self,
+        now: &mut Duration,
+        mac: &MacAddr,
+        until: Duration,
+    ) -> Waited<Option<Ipv4Addr>> {
+        let found = self.lease(mac, *now, until);
+        let ends = found.map_or(until, |(at, _)| at).max(*now);
+        self.until(now, ends, found.map(|(_, ip)| ip))
+    }
+
+    fn until<T>(&self, now: &mut Duration, ends: Duration, value: T) -> Waited<T> {
+        match self.shutdown_at().filter(|s| *s < ends) {
+            Some(s) => {
+                *now = (*now).max(s);
+                Waited::Cancelled
+            }
+            None => {
+                *now = ends;
+                Waited::Done(value)
+            }
+        }
+    }
+}
+
+/// The pod as the API server sends it.
+pub fn pod_json(pod: &PodInput) -> Value {
+    let mut metadata = serde_json::json!({
+        "name": pod.name,
+        "namespace": pod.namespace,
+        "uid": pod.uid,
+        "annotations": pod.annotations,
+        "resourceVersion": pod.resource_version,
+    });
+    if pod.deleting {
+        metadata["deletionTimestamp"] = Value::from("2026-12-01T10:00:00Z");
+    }
+    serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": {"containers": []}})
+}
+
 /// Deterministic nonces for a replay: 1, 2, 3, ...
 pub fn counting_nonces() -> super::NonceSource {
     let mut n = 0u8;
@@ -743,20 +823,18 @@ pub fn replay(scenario: &Scenario, planner: &Planner) -> (World, Ended) {
         counting_nonces(),
     );
     let mut now = Duration::ZERO;
-    let shutdown = world.shutdown_at();
     let uid = task.pod().uid.clone();
     loop {
-        let down = |at: Duration| shutdown.is_some_and(|s| s <= at);
         let report = match action {
             Action::Finish(result) => return (world, Ended::of(&result)),
-            a if a.interruptible() && down(now) => Report::Cancelled,
+            a if a.interruptible() && world.down(now) => Report::Cancelled,
             Action::Note(note) => {
                 world.notes.push(format!("{note:?}"));
                 Report::Go
             }
             Action::Admit | Action::Release | Action::Checkpoint => Report::Go,
             Action::Tell(event) => {
-                let _ = world.event(now, &event);
+                let _ = world.event(now, event.reason, &event.message);
                 Report::Go
             }
             Action::Inspect { vm, .. } => Report::Inspected(world.inspect(now, &vm)),
@@ -765,49 +843,33 @@ pub fn replay(scenario: &Scenario, planner: &Planner) -> (World, Ended) {
             Action::Patch {
                 patch,
                 unless_changed_from,
-            } => Report::Patched(world.patch(now, &uid, &patch, unless_changed_from.as_deref())),
+            } => Report::Patched(
+                world.patch(
+                    now,
+                    &uid,
+                    &patch,
+                    unless_changed_from
+                        .as_deref()
+                        .map(|from| from.resource_version.as_deref().unwrap_or("")),
+                ),
+            ),
             Action::Exec {
                 argv,
                 timeout,
                 purpose,
                 ..
-            } => {
-                let (takes, result) = world.exec(now, purpose, &argv, timeout);
-                match shutdown.filter(|s| *s < now + takes) {
-                    Some(s) => {
-                        now = s;
-                        Report::Cancelled
-                    }
-                    None => {
-                        now += takes;
-                        Report::Ran(result)
-                    }
-                }
-            }
-            Action::Sleep { until } => match shutdown.filter(|s| *s < until) {
-                Some(s) => {
-                    now = now.max(s);
-                    Report::Cancelled
-                }
-                None => {
-                    now = now.max(until);
-                    Report::Go
-                }
+            } => match world.exec_until(&mut now, purpose, &argv, timeout) {
+                Waited::Done(result) => Report::Ran(result),
+                Waited::Cancelled => Report::Cancelled,
             },
-            Action::WaitLease { mac, until } => {
-                let found = world.lease(&mac, now, until);
-                let ends = found.map_or(until, |(at, _)| at);
-                match shutdown.filter(|s| *s < ends) {
-                    Some(s) => {
-                        now = now.max(s);
-                        Report::Cancelled
-                    }
-                    None => {
-                        now = now.max(ends);
-                        Report::Lease(found.map(|(_, ip)| ip))
-                    }
-                }
-            }
+            Action::Sleep { until } => match world.sleep_until(&mut now, until) {
+                Waited::Done(()) => Report::Go,
+                Waited::Cancelled => Report::Cancelled,
+            },
+            Action::WaitLease { mac, until } => match world.lease_until(&mut now, &mac, until) {
+                Waited::Done(found) => Report::Lease(found),
+                Waited::Cancelled => Report::Cancelled,
+            },
         };
         action = task.next(report, now);
     }

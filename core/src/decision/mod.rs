@@ -338,6 +338,21 @@ pub enum Stop {
 }
 
 impl Stop {
+    /// A short label: `no-uid`, `no-vm`, `facts`, `inspect`, the node
+    /// error's kind ([`NodeError::kind`]), `api`, `refused` or `gone`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Stop::NoUid { .. } => "no-uid",
+            Stop::NoVm { .. } => "no-vm",
+            Stop::Facts(_) => "facts",
+            Stop::Inspect { .. } => "inspect",
+            Stop::Node(e) => e.kind(),
+            Stop::Api(PodError::Gone { .. }) => "gone",
+            Stop::Api(PodError::Refused { .. }) => "refused",
+            Stop::Api(PodError::Api { .. }) => "api",
+        }
+    }
+
     /// Whether trying the same pod again later can succeed: cocoon, the
     /// API server and the node can recover; a pod whose annotations do
     /// not parse, or that names no VM, cannot until it changes.
@@ -393,6 +408,61 @@ pub enum Readiness {
     Shutdown,
     /// Deleted, replaced, or taken over by the stack.
     Gone,
+}
+
+macro_rules! labels {
+    ($ty:ident { $($variant:ident => $label:literal),* $(,)? }) => {
+        impl $ty {
+            /// The label in `run`'s JSON summary, logs and metrics.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $label),*
+                }
+            }
+        }
+
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+labels!(Handled {
+    Nothing => "nothing",
+    Parked => "parked",
+    VmMismatch => "vm-mismatch",
+    Fixup => "fixup",
+    IpWait => "ip-wait",
+    Gone => "gone",
+    Shutdown => "shutdown",
+});
+labels!(FixupEnd {
+    Done => "done",
+    Exhausted => "exhausted",
+    PlanFailed => "plan-failed",
+    Shutdown => "shutdown",
+    Gone => "gone",
+});
+labels!(Readiness {
+    Ready => "ready",
+    TimedOut => "timed-out",
+    Shutdown => "shutdown",
+    Gone => "gone",
+});
+
+/// Whether a planner error is the node's fault (the cocoon root cannot be
+/// probed, the plugin directory leaves the scenario without a plugin, a
+/// cached plugin's code cannot be loaded): the pod waits and the work is
+/// tried again; any other planner error fails the pod.
+pub fn is_node_error(error: &PlannerError) -> bool {
+    match error {
+        PlannerError::Probe(_) => true,
+        PlannerError::NoPlugin(e) => e.is_node_config(),
+        PlannerError::Plugin(e) => e.is_node_config(),
+        _ => false,
+    }
 }
 
 /// How one task ended, for logs, `run`'s JSON summary and metrics.

@@ -54,6 +54,8 @@ pub struct PodTask {
     nonces: NonceSource,
     /// The host's clock at the last report.
     now: Duration,
+    /// The task ends when the fixup loop does ([`PodTask::for_plan`]).
+    fixup_only: bool,
 }
 
 impl std::fmt::Debug for PodTask {
@@ -70,7 +72,9 @@ impl std::fmt::Debug for PodTask {
 struct Fixup {
     vm: VmId,
     scenario: Scenario,
-    facts: VmFacts,
+    /// What the IP wait after success reads; `None` when the task ends
+    /// with the loop ([`PodTask::for_plan`]).
+    wait: Option<WaitFacts>,
     plan: Plan,
     exec: Vec<String>,
     script: String,
@@ -236,6 +240,7 @@ impl PodTask {
             queue: VecDeque::new(),
             nonces,
             now: Duration::ZERO,
+            fixup_only: false,
         };
         let first = if uid.is_none() {
             task.stop(Stop::NoUid { pod: label })
@@ -246,6 +251,48 @@ impl PodTask {
             }
         };
         (task, first)
+    }
+
+    /// The task for a plan already made (by an embedder that planned
+    /// itself, or a test): the fixup loop of spec section 5 from the
+    /// `running` write on, decided from `pod` as read, and nothing after
+    /// it: the caller waits for the IP itself. `vm` must be the VM the plan
+    /// was made for and bound to the pod.
+    #[allow(clippy::too_many_arguments)]
+    pub fn for_plan(
+        pod: PodInput,
+        vm: VmId,
+        scenario: Scenario,
+        ready_ip: Option<Ipv4Addr>,
+        plan: Plan,
+        exec: Vec<String>,
+        script: String,
+        settings: Settings,
+        nonces: NonceSource,
+    ) -> (PodTask, Action) {
+        let (mut task, first) = PodTask::start(pod, Trigger::Event, settings, nonces);
+        if !matches!(first, Action::Admit) {
+            return (task, first);
+        }
+        task.summary.action = Handled::Fixup;
+        task.summary.scenario = Some(scenario);
+        task.fixup_only = true;
+        task.stage = Stage::BeforeRunning(Box::new(Fixup {
+            vm,
+            scenario,
+            wait: None,
+            plan,
+            exec,
+            script,
+            ready_ip,
+            deadline: Duration::ZERO,
+            attempts: 0,
+            errors: Vec::new(),
+            fresh: None,
+            seen: None,
+            nonce: None,
+        }));
+        (task, Action::Checkpoint)
     }
 
     /// The pod this task is for.
@@ -623,14 +670,15 @@ impl PodTask {
             script,
             ..
         } = composed;
-        let ready_ip = match WaitFacts::from_facts(&facts).first {
+        let wait = WaitFacts::from_facts(&facts);
+        let ready_ip = match wait.first {
             Some(WaitNic::Static(ip)) => Some(ip),
             _ => None,
         };
         let fixup = Box::new(Fixup {
             vm,
             scenario,
-            facts,
+            wait: Some(wait),
             plan,
             exec,
             script,
@@ -660,17 +708,17 @@ impl PodTask {
     /// A plan could not be made: a node error (the pod waits) or a plan
     /// failure (the pod is failed).
     fn plan_error(&mut self, vm: VmId, error: PlannerError) -> Action {
-        let pod = self.summary.pod.clone();
-        match error {
-            PlannerError::Probe(source) => self.node_error(NodeError::Probe { pod, source }),
-            PlannerError::NoPlugin(source) if source.is_node_config() => {
-                self.node_error(NodeError::Plugins { pod, source })
-            }
-            PlannerError::Plugin(source) if source.is_node_config() => {
-                self.node_error(NodeError::PluginCode { pod, source })
-            }
-            e => self.plan_failed(vm, &e),
+        if !super::is_node_error(&error) {
+            return self.plan_failed(vm, &error);
         }
+        let pod = self.summary.pod.clone();
+        let error = match error {
+            PlannerError::Probe(source) => NodeError::Probe { pod, source },
+            PlannerError::NoPlugin(source) => NodeError::Plugins { pod, source },
+            PlannerError::Plugin(source) => NodeError::PluginCode { pod, source },
+            e => unreachable!("not a node error: {e}"),
+        };
+        self.node_error(error)
     }
 
     /// No plan could be made (bad facts, no plugin, a plugin failure): a
@@ -1043,10 +1091,13 @@ impl PodTask {
         if let Some((readiness, ip)) = ready {
             return self.readiness(readiness, ip);
         }
+        let Some(facts) = fixup.wait.filter(|_| !self.fixup_only) else {
+            return self.finish();
+        };
         // An IP wait may take minutes: it does not hold a turn.
         self.queue.push_back(Action::Release);
         let wait = Box::new(Wait {
-            facts: WaitFacts::from_facts(&fixup.facts),
+            facts,
             recovery: None,
             start: Duration::ZERO,
             deadline: Duration::ZERO,

@@ -32,13 +32,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use fixup_e2e::state::{self, Backend, INSPECT_FILE};
-use fixup_host::cocoon::CocoonCli;
+use fixup_core::decision::{Summary, Trigger};
 use fixup_core::facts::PodInput;
-use fixup_host::host::{Host, HostConfig, Summary, Trigger};
-use fixup_host::metrics::Metrics;
 use fixup_core::planner::{Planner, PlannerOptions};
 use fixup_core::plugin::EngineOptions;
+use fixup_e2e::state::{self, Backend, INSPECT_FILE};
+use fixup_host::cocoon::CocoonCli;
+use fixup_host::host::{Host, HostConfig};
+use fixup_host::metrics::Metrics;
 use fixup_host::pods::MemoryPods;
 use fixup_host::ready::{DEFAULT_LEASE_POLL, LeaseWatcher};
 use serde_json::json;

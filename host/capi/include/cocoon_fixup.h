@@ -123,6 +123,11 @@ typedef int32_t CfStatus;
  */
 typedef struct cf_planner cf_planner;
 
+/**
+ * The decision for one pod in flight ([`cf_task_start`]). Opaque to C.
+ */
+typedef struct CfTask CfTask;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -159,6 +164,64 @@ uint32_t cf_abi_version(void);
  * are valid for one write of a pointer.
  */
 CfStatus cf_planner_new(const char *options_json, struct cf_planner **planner, char **out);
+
+/**
+ * Start the decision for one pod: the library decides every step the
+ * daemon would take (which VM, whether it is the pod's, what to run,
+ * when to retry, what to write, the IP wait, what a shutdown means), and
+ * the caller carries out each action and reports back with
+ * [`cf_task_next`]. The actions and reports are JSON; `src/task.rs` (and
+ * the README's "Embedding" section) lists them.
+ *
+ * `pod` is the pod as read from the API server; `options_json` (may be
+ * null) is `{"trigger": "event"|"startup"|"retry", "retry_interval_ms",
+ * "retry_budget_ms", "exec_timeout_ms", "inspect_timeout_ms",
+ * "ip_wait_ms", "renew_after_ms", "renew_timeout_ms",
+ * "dhcp_recovery_after_ms"}` (each optional; the daemon's defaults).
+ *
+ * On `CF_OK`, `*task` is the task and `*out` its first action;
+ * otherwise `*task` is null and `*out` the message. The task plans with
+ * `planner`, which must outlive it; one thread at a time may use a task.
+ *
+ * # Safety
+ *
+ * `planner` is a live planner; `pod` is valid for reads of `pod_len`
+ * bytes (or null with length 0); `options_json` is null or a
+ * NUL-terminated string; `task` and `out` are valid for one write of a
+ * pointer.
+ */
+CfStatus cf_task_start(const struct cf_planner *planner,
+                       const uint8_t *pod,
+                       size_t pod_len,
+                       const char *options_json,
+                       struct CfTask **task,
+                       char **out);
+
+/**
+ * Report what the last action did (`report_json`: `{"now_ms": ms since
+ * the task started, <what happened>}`) and get the next action in
+ * `*out`. After an action `finish` the task is over: free it.
+ *
+ * # Safety
+ *
+ * `planner` is the live planner the task was started with; `task` a live
+ * task no other thread is using; `report_json` a NUL-terminated string;
+ * `out` valid for one write of a pointer.
+ */
+CfStatus cf_task_next(const struct cf_planner *planner,
+                      struct CfTask *task,
+                      const char *report_json,
+                      char **out);
+
+/**
+ * Free a task. Null is ignored.
+ *
+ * # Safety
+ *
+ * `task` is null or a pointer [`cf_task_start`] returned that has not
+ * been freed, and no other thread is using it.
+ */
+void cf_task_free(struct CfTask *task);
 
 /**
  * Free a planner. Null is ignored. No call may use the planner while or

@@ -52,6 +52,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod ops;
+mod task;
 
 use std::ffi::{CStr, CString, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -245,6 +246,125 @@ pub unsafe extern "C" fn cf_planner_new(
         unsafe { planner.write(Box::into_raw(boxed)) };
     }
     status
+}
+
+/// The decision for one pod in flight ([`cf_task_start`]). Opaque to C.
+#[derive(Debug)]
+pub struct CfTask {
+    task: task::Task,
+}
+
+/// Start the decision for one pod: the library decides every step the
+/// daemon would take (which VM, whether it is the pod's, what to run,
+/// when to retry, what to write, the IP wait, what a shutdown means), and
+/// the caller carries out each action and reports back with
+/// [`cf_task_next`]. The actions and reports are JSON; `src/task.rs` (and
+/// the README's "Embedding" section) lists them.
+///
+/// `pod` is the pod as read from the API server; `options_json` (may be
+/// null) is `{"trigger": "event"|"startup"|"retry", "retry_interval_ms",
+/// "retry_budget_ms", "exec_timeout_ms", "inspect_timeout_ms",
+/// "ip_wait_ms", "renew_after_ms", "renew_timeout_ms",
+/// "dhcp_recovery_after_ms"}` (each optional; the daemon's defaults).
+///
+/// On `CF_OK`, `*task` is the task and `*out` its first action;
+/// otherwise `*task` is null and `*out` the message. The task plans with
+/// `planner`, which must outlive it; one thread at a time may use a task.
+///
+/// # Safety
+///
+/// `planner` is a live planner; `pod` is valid for reads of `pod_len`
+/// bytes (or null with length 0); `options_json` is null or a
+/// NUL-terminated string; `task` and `out` are valid for one write of a
+/// pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cf_task_start(
+    planner: *const CfPlanner,
+    pod: *const u8,
+    pod_len: usize,
+    options_json: *const c_char,
+    task: *mut *mut CfTask,
+    out: *mut *mut c_char,
+) -> CfStatus {
+    if task.is_null() {
+        return CfStatus::CfInvalidArgument;
+    }
+    // SAFETY: `task` is not null and the caller promises it writable.
+    unsafe { task.write(std::ptr::null_mut()) };
+    let mut made = None;
+    let call = || {
+        // SAFETY: the caller promises a live planner, `pod_len` readable
+        // bytes and a NUL-terminated string or null, valid for the call.
+        let (built, pod, options) = unsafe {
+            (
+                planner_ref(planner)?,
+                c_bytes("pod", pod, pod_len)?,
+                c_text("options_json", options_json)?,
+            )
+        };
+        let (started, action) = task::start(built, pod, options)?;
+        made = Some(Box::new(CfTask { task: started }));
+        Ok(action)
+    };
+    // SAFETY: `out` is passed through from the caller's promise.
+    let status = unsafe { answer(out, call) };
+    if let (CfStatus::CfOk, Some(boxed)) = (status, made) {
+        // SAFETY: as above; the caller owns the task from here on.
+        unsafe { task.write(Box::into_raw(boxed)) };
+    }
+    status
+}
+
+/// Report what the last action did (`report_json`: `{"now_ms": ms since
+/// the task started, <what happened>}`) and get the next action in
+/// `*out`. After an action `finish` the task is over: free it.
+///
+/// # Safety
+///
+/// `planner` is the live planner the task was started with; `task` a live
+/// task no other thread is using; `report_json` a NUL-terminated string;
+/// `out` valid for one write of a pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cf_task_next(
+    planner: *const CfPlanner,
+    task: *mut CfTask,
+    report_json: *const c_char,
+    out: *mut *mut c_char,
+) -> CfStatus {
+    let call = || {
+        if task.is_null() {
+            return Err(ops::Failure::invalid("task is null"));
+        }
+        // SAFETY: the caller promises a live planner, a live task used by
+        // no other thread, and a NUL-terminated string.
+        let (built, task, report) = unsafe {
+            (
+                planner_ref(planner)?,
+                &mut (*task).task,
+                required_text("report_json", report_json)?,
+            )
+        };
+        task::next(built, task, report)
+    };
+    // SAFETY: `out` is passed through from the caller's promise.
+    unsafe { answer(out, call) }
+}
+
+/// Free a task. Null is ignored.
+///
+/// # Safety
+///
+/// `task` is null or a pointer [`cf_task_start`] returned that has not
+/// been freed, and no other thread is using it.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cf_task_free(task: *mut CfTask) {
+    if task.is_null() {
+        return;
+    }
+    // SAFETY: the caller promises a live task no one else uses; it came
+    // from `Box::into_raw` in `cf_task_start`.
+    let boxed = unsafe { Box::from_raw(task) };
+    let _ = catch_unwind(AssertUnwindSafe(move || drop(boxed)));
 }
 
 /// Free a planner. Null is ignored. No call may use the planner while or

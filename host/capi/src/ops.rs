@@ -13,9 +13,9 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 
 use fixup_core::annotations::{self, AnnotationPatch, Event, EventType, keys, messages, reasons};
-use fixup_core::binding::{self, BindingPolicy, Mismatch, Verdict};
+use fixup_core::binding::{BindingPolicy, Mismatch, Verdict};
 use fixup_core::exec::{ExecOutput, ExitStatusKind};
-use fixup_core::facts::{BootKind, FactError, Observation, Overrides, PodInput, VmId, VmInspect};
+use fixup_core::facts::{BootKind, FactError, Overrides, PodInput, VmId, VmInspect};
 use fixup_core::lifecycle::{self, Action, Lifecycle, PostCloneState};
 use fixup_core::plan::policy::{GuestPolicy, RawPolicy};
 use fixup_core::plan::{self, Nonce, Plan, PlanLimits, StepFailure};
@@ -174,6 +174,13 @@ pub struct Built {
     pub binding: BindingPolicy,
     permits: Permits,
     seal_key: SealKey,
+}
+
+impl Built {
+    /// A permit for one plugin call: waits while every engine slot is busy.
+    pub(crate) fn permit(&self) -> impl Drop + '_ {
+        self.permits.acquire()
+    }
 }
 
 /// One permit per engine slot: a caller with more threads than slots
@@ -494,35 +501,15 @@ fn bad_input(e: FactError) -> Failure {
 }
 
 /// Whether the VM record is the pod's own, as the daemon checks it before
-/// anything else: the record's id against the pod's id annotation, then
-/// the derived name (spec section 2).
+/// anything else ([`fixup_core::decision::bind_record`]).
 fn bind_record(pod: &PodInput, vm: &VmInspect, policy: BindingPolicy) -> Result<Verdict, Mismatch> {
-    use fixup_core::facts::annotations;
-    // The annotations only say where to look; one that is no VM id or name
-    // points nowhere (the daemon does not look it up at all).
-    let reference = match pod.annotation(annotations::VM_ID) {
-        "" => pod.annotation(annotations::VM_NAME),
-        id => id,
-    };
-    if !reference.is_empty() && VmId::parse(reference).is_err() {
-        return Err(Mismatch::BadReference {
-            reference: reference.to_owned(),
-        });
-    }
-    let annotated = pod.annotation(annotations::VM_ID);
-    if !vm.id.is_empty() && !annotated.is_empty() && vm.id != annotated {
-        return Err(Mismatch::IdDisagrees {
-            annotation: annotated.to_owned(),
-            record: vm.id.clone(),
-        });
-    }
-    match binding::bind(pod, &vm.name, policy) {
+    match fixup_core::decision::bind_record(pod, vm, policy) {
         Verdict::Mismatch(m) => Err(m),
         bound => Ok(bound),
     }
 }
 
-fn read_pod(pod: &[u8]) -> Result<PodInput, Failure> {
+pub(crate) fn read_pod(pod: &[u8]) -> Result<PodInput, Failure> {
     PodInput::from_json(input_text("pod", pod)?, "pod").map_err(bad_input)
 }
 
@@ -540,7 +527,7 @@ fn read_record(vm: &[u8]) -> Result<VmInspect, Failure> {
 /// is not known, the disk probe decides), unless `overrides` says
 /// otherwise.
 pub fn plan(built: &Built, pod: &[u8], vm: &[u8], overrides_json: Option<&str>) -> Outcome {
-    let mut overrides = overrides(overrides_json)?;
+    let overrides = overrides(overrides_json)?;
     let pod = read_pod(pod)?;
     let vm = read_record(vm)?;
     let verdict = bind_record(&pod, &vm, built.binding).map_err(|m| {
@@ -549,15 +536,9 @@ pub fn plan(built: &Built, pod: &[u8], vm: &[u8], overrides_json: Option<&str>) 
             format!("not this pod's VM, nothing may run in it: {m}"),
         )
     })?;
-    if overrides.boot.is_none()
-        && PostCloneState::parse(pod.annotation(keys::POST_CLONE_STATE))
-            == Some(PostCloneState::Running)
-    {
-        // The daemon does not know the source image of resumed work; a
-        // caller that does keeps it.
-        overrides.boot = Some(BootKind::Resumed);
-    }
-    let obs = Observation::new(&pod, &vm, &overrides)
+    // Work left `running` is planned as resumed work, as the daemon plans
+    // it; a caller that knows the source image keeps it.
+    let obs = fixup_core::decision::observe(&pod, &vm, &overrides)
         .map_err(|e| Failure::new(CfStatus::CfBadFacts, e.to_string()))?;
     let vm_id = VmId::parse(&obs.vm_id)
         .map_err(|e| Failure::new(CfStatus::CfBadRecord, format!("vm: {e}")))?;

@@ -46,8 +46,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
-use fixup_host::cocoon::CocoonCli;
 use fixup_core::plan::{Action, Plan};
+use fixup_host::cocoon::CocoonCli;
 use serde_json::json;
 use tempfile::TempDir;
 

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fixup_host::cocoon::{Cocoon, CocoonError, ExecOutput, ExitStatusKind};
 use fixup_core::facts::{PodInput, VmId, VmInspect};
+use fixup_host::cocoon::{Cocoon, CocoonError, ExecOutput, ExitStatusKind};
 
 pub mod binary;
 pub mod fake;

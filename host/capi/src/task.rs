@@ -1,0 +1,547 @@
+//! The task op: the decision for one pod ([`fixup_core::decision::PodTask`])
+//! across the C ABI, as JSON. The embedder carries out each action (reads,
+//! patches and events through its Kubernetes client, execs and inspects
+//! through its `cocoon`, leases, sleeps) and reports what happened; the
+//! library plans itself when the task asks for a plan, and decides
+//! everything else. The daemon carries out the same task
+//! (`fixup-host`'s executor), so an embedder gets the daemon's behaviour:
+//! the conformance suite (`tests/conformance/`) is replayed through this
+//! op too.
+//!
+//! # Actions (`{"action": ...}`)
+//!
+//! | action | fields | carry out, then report |
+//! |---|---|---|
+//! | `admit` | | wait for a turn if the embedder bounds pods worked on at once; `go` (or `cancelled`) |
+//! | `release` | | give the turn back; `go` |
+//! | `checkpoint` | | `cancelled` when shutting down, else `go` |
+//! | `inspect` | `vm`, `timeout_ms` | `cocoon vm inspect --json`; `inspected` (the record as printed) or `inspect_error` |
+//! | `read` | | read the pod by namespace and name; `read` (the pod, or null when not found) or `read_error` |
+//! | `patch` | `annotations` (value or null to remove), `uid`, `resource_version` (null: the uid precondition only) | merge-patch the annotations with `metadata.uid` (and `metadata.resourceVersion`) as preconditions; `patched` (the pod the API server answered with, or null), `changed` (the pod now, when the resource version no longer matched) or `patch_error` |
+//! | `exec` | `vm`, `argv`, `timeout_ms`, `purpose` | `cocoon vm exec <vm> -- <argv>`; `ran` or `exec_error` (or `cancelled`) |
+//! | `wait_lease` | `mac`, `until_ms` | wait until the MAC has a lease or the clock reaches `until_ms`; `lease` (the address or null) (or `cancelled`) |
+//! | `sleep` | `until_ms` | wait until the clock reaches `until_ms`; `go` (or `cancelled`) |
+//! | `tell` | `type`, `reason`, `message` | record the event on the pod (best effort); `go` |
+//! | `note` | `level`, `message` | log it; `go` |
+//! | `finish` | `summary`, or `stop` (`kind`, `retryable`, `message`) | the task is over |
+//!
+//! Every report is an object with `now_ms`, the embedder's clock in
+//! milliseconds since the task started, and one key: `go`, `cancelled`,
+//! `inspected`, `inspect_error`, `read`, `read_error`, `patched`,
+//! `changed`, `patch_error`, `ran` (`{exit | signal, stderr, stdout,
+//! stderr_cut}`), `exec_error`, or `lease`. A `read_error` or
+//! `patch_error` is `{kind: "api" | "refused" | "gone", message}`.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use fixup_core::annotations::EventType;
+use fixup_core::decision::{
+    Action, Guarded, Note, PodError, PodTask, Report, Settings, SettingsBuilder, Trigger, os_nonces,
+};
+use fixup_core::exec::{ExecOutput, ExitStatusKind};
+use fixup_core::facts::{PodInput, VmInspect};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::ops::{Built, CfStatus, Failure};
+
+/// The options of a task, `cf_task_start`'s `options_json`: why the host
+/// handles the pod, and the apply path's numbers where they are not the
+/// defaults (the daemon's configuration keys, in milliseconds).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskOptions {
+    /// `event` (default), `startup` (resumed work is announced with
+    /// `ResumedAfterRestart`) or `retry` (a node error is not told again).
+    #[serde(default)]
+    pub trigger: Option<String>,
+    pub retry_interval_ms: Option<u64>,
+    pub retry_budget_ms: Option<u64>,
+    pub exec_timeout_ms: Option<u64>,
+    pub inspect_timeout_ms: Option<u64>,
+    pub ip_wait_ms: Option<u64>,
+    pub renew_after_ms: Option<u64>,
+    pub renew_timeout_ms: Option<u64>,
+    pub dhcp_recovery_after_ms: Option<u64>,
+}
+
+impl TaskOptions {
+    fn read(text: Option<&str>) -> Result<TaskOptions, Failure> {
+        match text {
+            None | Some("") => Ok(TaskOptions::default()),
+            Some(text) => serde_json::from_str(text)
+                .map_err(|e| Failure::invalid(format!("options_json: {e}"))),
+        }
+    }
+
+    fn trigger(&self) -> Result<Trigger, Failure> {
+        Ok(match self.trigger.as_deref() {
+            None | Some("event") => Trigger::Event,
+            Some("startup") => Trigger::Startup,
+            Some("retry") => Trigger::Retry,
+            Some(other) => {
+                return Err(Failure::invalid(format!(
+                    "options_json: trigger {other:?}: use \"event\", \"startup\" or \"retry\""
+                )));
+            }
+        })
+    }
+
+    /// The settings, through the one builder every host uses; the binding
+    /// policy is the planner's.
+    fn settings(&self, built: &Built) -> Settings {
+        let ms = |v: Option<u64>| v.map(Duration::from_millis);
+        SettingsBuilder {
+            retry_interval: ms(self.retry_interval_ms),
+            retry_budget: ms(self.retry_budget_ms),
+            exec_timeout: ms(self.exec_timeout_ms),
+            inspect_timeout: ms(self.inspect_timeout_ms),
+            ip_wait: ms(self.ip_wait_ms),
+            renew_after: ms(self.renew_after_ms),
+            renew_timeout: ms(self.renew_timeout_ms),
+            dhcp_recovery_after: ms(self.dhcp_recovery_after_ms),
+            accept_legacy_vm_names: built.binding.accept_legacy_names,
+        }
+        .build()
+    }
+}
+
+/// A task in flight.
+#[derive(Debug)]
+pub struct Task {
+    task: PodTask,
+    /// The last action handed out was `finish`: nothing more to do.
+    over: bool,
+}
+
+/// Start the task for a pod as read: the task and its first action.
+pub fn start(built: &Built, pod: &[u8], options: Option<&str>) -> Result<(Task, String), Failure> {
+    let options = TaskOptions::read(options)?;
+    let pod = crate::ops::read_pod(pod)?;
+    let (task, first) = PodTask::start(
+        pod,
+        options.trigger()?,
+        options.settings(built),
+        os_nonces(),
+    );
+    let mut task = Task { task, over: false };
+    let action = task.hand_out(built, first, Duration::ZERO)?;
+    Ok((task, action))
+}
+
+/// The next action, given the report of the last one.
+pub fn next(built: &Built, task: &mut Task, report: &str) -> Result<String, Failure> {
+    if task.over {
+        return Err(Failure::invalid(
+            "the task is over (its last action was finish): free it",
+        ));
+    }
+    let (now, report) = read_report(report)?;
+    let action = task.task.next(report, now);
+    task.hand_out(built, action, now)
+}
+
+impl Task {
+    /// Plan where the task asks (the library holds the planner), and hand
+    /// out the first action for the embedder, as JSON.
+    fn hand_out(
+        &mut self,
+        built: &Built,
+        mut action: Action,
+        now: Duration,
+    ) -> Result<String, Failure> {
+        while let Action::Plan(request) = action {
+            let planned = {
+                let _permit = built.permit();
+                request.run(&built.planner)
+            };
+            action = self.task.next(Report::Planned(planned), now);
+        }
+        self.over = matches!(action, Action::Finish(_));
+        serde_json::to_string(&action_json(action, &self.task.pod().uid))
+            .map_err(|e| Failure::invalid(format!("cannot encode the action: {e}")))
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn action_json(action: Action, uid: &str) -> Value {
+    match action {
+        Action::Admit => json!({"action": "admit"}),
+        Action::Release => json!({"action": "release"}),
+        Action::Checkpoint => json!({"action": "checkpoint"}),
+        Action::Inspect { vm, timeout } => {
+            json!({"action": "inspect", "vm": vm.as_str(), "timeout_ms": ms(timeout)})
+        }
+        Action::Plan(_) => unreachable!("the library plans itself"),
+        Action::Read => json!({"action": "read"}),
+        Action::Patch {
+            patch,
+            unless_changed_from,
+        } => json!({
+            "action": "patch",
+            "annotations": patch,
+            "uid": uid,
+            "resource_version": unless_changed_from.and_then(|from| from.resource_version),
+        }),
+        Action::Exec {
+            vm,
+            argv,
+            timeout,
+            purpose,
+        } => json!({
+            "action": "exec",
+            "vm": vm.as_str(),
+            "argv": argv,
+            "timeout_ms": ms(timeout),
+            "purpose": purpose,
+        }),
+        Action::WaitLease { mac, until } => {
+            json!({"action": "wait_lease", "mac": mac.to_string(), "until_ms": ms(until)})
+        }
+        Action::Sleep { until } => json!({"action": "sleep", "until_ms": ms(until)}),
+        Action::Tell(event) => json!({
+            "action": "tell",
+            "type": match event.kind {
+                EventType::Normal => "Normal",
+                EventType::Warning => "Warning",
+            },
+            "reason": event.reason,
+            "message": event.message,
+        }),
+        Action::Note(note) => {
+            let (level, message) = note_text(note);
+            json!({"action": "note", "level": level, "message": message})
+        }
+        Action::Finish(Ok(summary)) => json!({"action": "finish", "summary": summary}),
+        Action::Finish(Err(stop)) => json!({
+            "action": "finish",
+            "stop": {
+                "kind": stop.kind(),
+                "retryable": stop.is_retryable(),
+                "message": stop.to_string(),
+            },
+        }),
+    }
+}
+
+fn note_text(note: Note) -> (&'static str, String) {
+    match note {
+        Note::Resumed(op) => ("info", format!("work resumed after a restart: op={op}")),
+        Note::VmMismatch { expected, mismatch } => (
+            "warn",
+            format!("VM not used, nothing run: {mismatch} (expected VM name {expected})"),
+        ),
+        Note::NodeError { message, .. } => ("error", message),
+        Note::PlanFailed { line } => ("warn", line),
+        Note::Fixup {
+            scenario,
+            end,
+            attempts,
+        } => (
+            "info",
+            format!("fixup {scenario} {end} after {attempts} attempt(s)"),
+        ),
+        Note::IpWait(readiness) => ("info", format!("IP wait {readiness}")),
+        Note::Warn(line) => ("warn", line),
+    }
+}
+
+fn bad_report(message: impl Into<String>) -> Failure {
+    Failure::new(
+        CfStatus::CfInvalidArgument,
+        format!("report_json: {}", message.into()),
+    )
+}
+
+fn pod_of(value: &Value) -> Result<PodInput, Failure> {
+    PodInput::from_value(value, "report pod").map_err(|e| bad_report(e.to_string()))
+}
+
+fn pod_error(value: &Value) -> Result<PodError, Failure> {
+    let message = value["message"].as_str().unwrap_or_default().to_owned();
+    Ok(match value["kind"].as_str() {
+        Some("api") => PodError::Api {
+            pod: String::new(),
+            reason: message,
+        },
+        Some("refused") => PodError::Refused {
+            pod: String::new(),
+            reason: message,
+        },
+        Some("gone") => PodError::Gone { pod: message },
+        _ => {
+            return Err(bad_report(
+                "an error's kind is \"api\", \"refused\" or \"gone\"",
+            ));
+        }
+    })
+}
+
+fn read_report(text: &str) -> Result<(Duration, Report), Failure> {
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| bad_report(format!("not JSON: {e}")))?;
+    let map = value
+        .as_object()
+        .ok_or_else(|| bad_report("not an object"))?;
+    let now = map
+        .get("now_ms")
+        .and_then(Value::as_u64)
+        .map(Duration::from_millis)
+        .ok_or_else(|| bad_report("no now_ms: the embedder's clock since the task started"))?;
+    let mut keys = map.keys().filter(|k| *k != "now_ms");
+    let (Some(key), None) = (keys.next(), keys.next()) else {
+        return Err(bad_report("one key besides now_ms: what happened"));
+    };
+    let v = &map[key.as_str()];
+    let report = match key.as_str() {
+        "go" => Report::Go,
+        "cancelled" => Report::Cancelled,
+        "inspected" => {
+            Report::Inspected(VmInspect::from_value(v, "inspected").map_err(|e| e.to_string()))
+        }
+        "inspect_error" => Report::Inspected(Err(v.as_str().unwrap_or_default().to_owned())),
+        "read" if v.is_null() => Report::Read(Ok(None)),
+        "read" => Report::Read(Ok(Some(pod_of(v)?))),
+        "read_error" => Report::Read(Err(pod_error(v)?)),
+        "patched" if v.is_null() => Report::Patched(Ok(Guarded::Written(None))),
+        "patched" => Report::Patched(Ok(Guarded::Written(Some(pod_of(v)?)))),
+        "changed" => Report::Patched(Ok(Guarded::Changed(pod_of(v)?))),
+        "patch_error" => Report::Patched(Err(pod_error(v)?)),
+        "ran" => {
+            let status = match (v["exit"].as_i64(), v["signal"].as_i64()) {
+                (Some(code), None) => ExitStatusKind::Code(
+                    i32::try_from(code).map_err(|_| bad_report("exit out of range"))?,
+                ),
+                (None, Some(signal)) => ExitStatusKind::Signal(
+                    i32::try_from(signal).map_err(|_| bad_report("signal out of range"))?,
+                ),
+                _ => return Err(bad_report("ran has exit or signal")),
+            };
+            let text = |key: &str| v[key].as_str().unwrap_or_default().as_bytes().to_vec();
+            Report::Ran(Ok(ExecOutput {
+                status,
+                stdout: text("stdout"),
+                stderr: text("stderr"),
+                stderr_cut: v["stderr_cut"].as_bool().unwrap_or(false),
+            }))
+        }
+        "exec_error" => Report::Ran(Err(v.as_str().unwrap_or_default().to_owned())),
+        "lease" if v.is_null() => Report::Lease(None),
+        "lease" => Report::Lease(Some(
+            v.as_str()
+                .and_then(|s| s.parse::<Ipv4Addr>().ok())
+                .ok_or_else(|| bad_report("lease is a dotted-quad IPv4 address or null"))?,
+        )),
+        other => return Err(bad_report(format!("unknown report {other:?}"))),
+    };
+    Ok((now, report))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use fixup_core::decision::conformance::{Ended, Scenario, Waited, World, pod_json};
+    use fixup_core::decision::{ExecPurpose, PodError};
+    use fixup_core::facts::{MacAddr, VmId};
+
+    use super::*;
+
+    fn error_json(e: &PodError) -> Value {
+        let (kind, message) = match e {
+            PodError::Api { reason, .. } => ("api", reason.clone()),
+            PodError::Refused { reason, .. } => ("refused", reason.clone()),
+            PodError::Gone { pod } => ("gone", pod.clone()),
+        };
+        json!({"kind": kind, "message": message})
+    }
+
+    fn ran_json(out: &ExecOutput) -> Value {
+        let mut ran = json!({
+            "stdout": String::from_utf8_lossy(&out.stdout),
+            "stderr": String::from_utf8_lossy(&out.stderr),
+            "stderr_cut": out.stderr_cut,
+        });
+        match out.status {
+            ExitStatusKind::Code(code) => ran["exit"] = json!(code),
+            ExitStatusKind::Signal(signal) => ran["signal"] = json!(signal),
+        }
+        ran
+    }
+
+    fn waited<T>(waited: Waited<T>, report: impl FnOnce(T) -> Value) -> Value {
+        match waited {
+            Waited::Done(value) => report(value),
+            Waited::Cancelled => json!({"cancelled": true}),
+        }
+    }
+
+    /// One scenario through the op, as an embedder drives it: JSON
+    /// actions carried out against the world, JSON reports back.
+    fn replay(built: &Built, scenario: &Scenario) -> (World, Ended) {
+        let mut world = World::new(scenario);
+        let pod = serde_json::to_vec(&pod_json(&world.first_read())).unwrap();
+        let s = &scenario.settings;
+        let options = json!({
+            "trigger": match scenario.trigger {
+                fixup_core::decision::conformance::TriggerName::Event => "event",
+                fixup_core::decision::conformance::TriggerName::Startup => "startup",
+                fixup_core::decision::conformance::TriggerName::Retry => "retry",
+            },
+            "retry_interval_ms": s.retry_interval_ms,
+            "retry_budget_ms": s.retry_budget_ms,
+            "exec_timeout_ms": s.exec_timeout_ms,
+            "inspect_timeout_ms": s.inspect_timeout_ms,
+            "ip_wait_ms": s.ip_wait_ms,
+            "renew_after_ms": s.renew_after_ms,
+            "renew_timeout_ms": s.renew_timeout_ms,
+            "dhcp_recovery_after_ms": s.dhcp_recovery_after_ms,
+        });
+        let (mut task, mut action) = start(built, &pod, Some(&options.to_string())).unwrap();
+        let mut now = Duration::ZERO;
+        loop {
+            let a: Value = serde_json::from_str(&action).unwrap();
+            let str_of = |key: &str| a[key].as_str().unwrap_or_default().to_owned();
+            let ms_of = |key: &str| Duration::from_millis(a[key].as_u64().unwrap());
+            let kind = str_of("action");
+            let interruptible = matches!(
+                kind.as_str(),
+                "admit" | "checkpoint" | "exec" | "wait_lease" | "sleep"
+            );
+            let report = if kind == "finish" {
+                let ended = match a.get("stop") {
+                    Some(stop) => Ended::Stop {
+                        kind: leak(stop["kind"].as_str().unwrap()),
+                        retryable: stop["retryable"].as_bool().unwrap(),
+                    },
+                    None => Ended::Summary(a["summary"].clone()),
+                };
+                return (world, ended);
+            } else if interruptible && world.down(now) {
+                json!({"cancelled": true})
+            } else {
+                match kind.as_str() {
+                    "admit" | "release" | "checkpoint" | "note" => json!({"go": true}),
+                    "tell" => {
+                        let _ = world.event(now, &str_of("reason"), &str_of("message"));
+                        json!({"go": true})
+                    }
+                    "inspect" => match world.inspect(now, &VmId::parse(&str_of("vm")).unwrap()) {
+                        Ok(_) => json!({"inspected": scenario.vm.clone().unwrap()}),
+                        Err(e) => json!({"inspect_error": e}),
+                    },
+                    "read" => match world.read(now) {
+                        Ok(pod) => json!({"read": pod.as_ref().map(pod_json)}),
+                        Err(e) => json!({"read_error": error_json(&e)}),
+                    },
+                    "patch" => {
+                        let patch = serde_json::from_value(a["annotations"].clone()).unwrap();
+                        let version = a["resource_version"].as_str();
+                        match world.patch(now, &str_of("uid"), &patch, version) {
+                            Ok(Guarded::Written(pod)) => {
+                                json!({"patched": pod.as_ref().map(pod_json)})
+                            }
+                            Ok(Guarded::Changed(pod)) => json!({"changed": pod_json(&pod)}),
+                            Err(e) => json!({"patch_error": error_json(&e)}),
+                        }
+                    }
+                    "exec" => {
+                        let argv: Vec<String> = serde_json::from_value(a["argv"].clone()).unwrap();
+                        let purpose: ExecPurpose =
+                            serde_json::from_value(a["purpose"].clone()).unwrap();
+                        let timeout = ms_of("timeout_ms");
+                        waited(
+                            world.exec_until(&mut now, purpose, &argv, timeout),
+                            |result| match result {
+                                Ok(out) => json!({"ran": ran_json(&out)}),
+                                Err(e) => json!({"exec_error": e}),
+                            },
+                        )
+                    }
+                    "sleep" => waited(
+                        world.sleep_until(&mut now, ms_of("until_ms")),
+                        |()| json!({"go": true}),
+                    ),
+                    "wait_lease" => {
+                        let mac = MacAddr::parse(&str_of("mac")).unwrap();
+                        waited(
+                            world.lease_until(&mut now, &mac, ms_of("until_ms")),
+                            |ip| json!({"lease": ip.map(|ip| ip.to_string())}),
+                        )
+                    }
+                    other => panic!("unknown action {other:?}"),
+                }
+            };
+            let mut report = report;
+            report["now_ms"] = json!(u64::try_from(now.as_millis()).unwrap());
+            action = next(built, &mut task, &report.to_string()).unwrap();
+        }
+    }
+
+    fn leak(text: &str) -> &'static str {
+        Box::leak(text.to_owned().into_boxed_str())
+    }
+
+    fn overlay_path(root: &Path, scenario: &Scenario) -> Option<PathBuf> {
+        let id = scenario.vm.as_ref()?.get("id")?.as_str()?;
+        scenario.overlay.then(|| {
+            root.join("run/cloudhypervisor")
+                .join(id)
+                .join("overlay.qcow2")
+        })
+    }
+
+    /// Every scenario file, replayed through the task op as an embedder
+    /// drives it.
+    #[test]
+    fn every_scenario_replays_through_the_task_op() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/conformance");
+        let scenarios = Scenario::all(&dir).unwrap();
+        assert!(scenarios.len() >= 20, "{} scenarios", scenarios.len());
+        let root = tempfile::tempdir().unwrap();
+        let options = json!({
+            "cocoon_root": root.path(),
+            "plugin_dir": "",
+            "no_cache": true,
+            "strict": true,
+        });
+        let (built, _) = crate::ops::planner_new(&options.to_string()).unwrap();
+        let mut failed = Vec::new();
+        for (path, scenario) in &scenarios {
+            let overlay = overlay_path(root.path(), scenario);
+            if let Some(overlay) = &overlay {
+                std::fs::create_dir_all(overlay.parent().unwrap()).unwrap();
+                std::fs::write(overlay, b"").unwrap();
+            }
+            let (world, ended) = replay(&built, scenario);
+            if let Err(e) = scenario.check(&world.seen, &ended) {
+                failed.push(format!("{}: {}\n{e}", path.display(), scenario.about));
+            }
+            if let Some(overlay) = &overlay {
+                std::fs::remove_file(overlay).unwrap();
+            }
+        }
+        assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+    }
+
+    #[test]
+    fn a_report_without_its_clock_or_with_two_answers_is_refused() {
+        for (text, says) in [
+            (r#"{"go": true}"#, "now_ms"),
+            (r#"{"now_ms": 1, "go": true, "cancelled": true}"#, "one key"),
+            (r#"{"now_ms": 1, "lease": "not an ip"}"#, "dotted-quad"),
+            (
+                r#"{"now_ms": 1, "read_error": {"kind": "other"}}"#,
+                "\"api\"",
+            ),
+            ("[]", "not an object"),
+        ] {
+            let e = read_report(text).unwrap_err();
+            assert!(e.message.contains(says), "{text}: {}", e.message);
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! The conformance suite (`tests/conformance/*.json`, docs/conformance.md)
+//! replayed through the daemon's real executor: `Host::handle_pod` with
+//! the real planner and built-in plugins, the real `kube` client
+//! (`KubeApi`) against a tower-test mock API server that answers from the
+//! scenario's world, a `cocoon` stand-in that answers from the same world,
+//! and the real lease watcher over a lease file the world writes when a
+//! lease appears. Time is tokio's, paused: a 180 s budget runs in
+//! milliseconds, and every write, exec and event is seen at the time the
+//! scenario expects.
+//!
+//! The same files are replayed through the decision alone
+//! (`fixup_core::decision::conformance`) and through the C library's op,
+//! so a behaviour the daemon gets differently from the others fails here.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fixup_core::decision::PodError;
+use fixup_core::decision::conformance::{Ended, Scenario, World, pod_json};
+use fixup_core::facts::{VmId, VmInspect};
+use fixup_core::planner::{Planner, PlannerOptions};
+use fixup_host::cocoon::{Cocoon, CocoonError, ExecOutput};
+use fixup_host::host::{Host, HostConfig, HostError};
+use fixup_host::kube::{KubeApi, REPORTER, RetryPolicy};
+use fixup_host::metrics::Metrics;
+use fixup_host::ready::{DEFAULT_LEASE_POLL, LeaseWatcher};
+use http::{Method, Request, Response, StatusCode};
+use kube::client::Body;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+type Shared = Arc<Mutex<World>>;
+
+/// The world's clock: tokio's (paused) time since the replay started.
+#[derive(Clone, Copy)]
+struct Clock(Instant);
+
+impl Clock {
+    fn now(self) -> Duration {
+        self.0.elapsed()
+    }
+}
+
+/// `cocoon` answering from the world.
+struct WorldCocoon {
+    world: Shared,
+    clock: Clock,
+}
+
+impl Cocoon for WorldCocoon {
+    async fn exec(
+        &self,
+        _vm: &VmId,
+        argv: &[String],
+        timeout: Duration,
+    ) -> Result<ExecOutput, CocoonError> {
+        let (takes, result) = {
+            let mut world = self.world.lock().unwrap();
+            let purpose = world.purpose_of(argv);
+            world.exec(self.clock.now(), purpose, argv, timeout)
+        };
+        tokio::time::sleep(takes).await;
+        result.map_err(|reason| CocoonError::BadOutput {
+            what: "cocoon vm exec".to_owned(),
+            reason,
+        })
+    }
+
+    async fn inspect(&self, vm: &VmId, _timeout: Duration) -> Result<VmInspect, CocoonError> {
+        let result = self.world.lock().unwrap().inspect(self.clock.now(), vm);
+        result.map_err(|reason| CocoonError::BadOutput {
+            what: "cocoon vm inspect".to_owned(),
+            reason,
+        })
+    }
+}
+
+fn status(code: u16, reason: &str) -> (StatusCode, Value) {
+    (
+        StatusCode::from_u16(code).unwrap(),
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "message": reason, "code": code}),
+    )
+}
+
+fn error_answer(e: &PodError) -> (StatusCode, Value) {
+    match e {
+        PodError::Gone { .. } => status(404, "NotFound"),
+        PodError::Refused { .. } => status(403, "Forbidden"),
+        PodError::Api { .. } => status(503, "ServiceUnavailable"),
+    }
+}
+
+/// The API server, answering from the world: the pod's GET and PATCH,
+/// and event POSTs.
+async fn serve_world(
+    world: Shared,
+    clock: Clock,
+    pod_path: String,
+    events_path: String,
+    mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
+) {
+    while let Some((request, respond)) = handle.next_request().await {
+        let (parts, body) = request.into_parts();
+        let bytes = body.collect_bytes().await.expect("request body");
+        let body: Value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).expect("a JSON body")
+        };
+        let now = clock.now();
+        let mut world = world.lock().unwrap();
+        let (code, answer) = match (&parts.method, parts.uri.path()) {
+            (&Method::GET, path) if path == pod_path => match world.read(now) {
+                Ok(Some(pod)) => (StatusCode::OK, pod_json(&pod)),
+                Ok(None) => status(404, "NotFound"),
+                Err(e) => error_answer(&e),
+            },
+            (&Method::PATCH, path) if path == pod_path => {
+                let metadata = &body["metadata"];
+                let uid = metadata["uid"].as_str().expect("every patch has a uid");
+                let version = metadata["resourceVersion"].as_str();
+                let patch = metadata["annotations"]
+                    .as_object()
+                    .map(|a| {
+                        a.iter()
+                            .map(|(k, v)| (k.clone(), v.as_str().map(str::to_owned)))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                match world.patch(now, uid, &patch, version) {
+                    Ok(fixup_core::decision::Guarded::Written(Some(pod))) => {
+                        (StatusCode::OK, pod_json(&pod))
+                    }
+                    Ok(fixup_core::decision::Guarded::Written(None)) => (StatusCode::OK, json!({})),
+                    Ok(fixup_core::decision::Guarded::Changed(_)) => status(409, "Conflict"),
+                    Err(e) => error_answer(&e),
+                }
+            }
+            (&Method::POST, path) if path == events_path => {
+                let reason = body["reason"].as_str().unwrap_or_default();
+                let note = body["note"].as_str().unwrap_or_default();
+                match world.event(now, reason, note) {
+                    Ok(()) => (StatusCode::CREATED, body.clone()),
+                    Err(e) => error_answer(&e),
+                }
+            }
+            (method, path) => panic!("the host asked {method} {path}, which nothing serves"),
+        };
+        drop(world);
+        respond.send_response(
+            Response::builder()
+                .status(code)
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+                .unwrap(),
+        );
+    }
+}
+
+/// How the daemon's call ended, as the suite names it.
+fn ended(result: &Result<fixup_core::decision::Summary, HostError>) -> Ended {
+    match result {
+        Ok(summary) => Ended::Summary(serde_json::to_value(summary).unwrap()),
+        Err(e) => Ended::Stop {
+            kind: match e {
+                HostError::NoUid { .. } => "no-uid",
+                HostError::NoVm { .. } => "no-vm",
+                HostError::Facts(_) => "facts",
+                HostError::Cocoon { .. } => "inspect",
+                HostError::Probe { .. } => "probe",
+                HostError::Plugins { .. } | HostError::PluginCode { .. } => "plugins",
+                HostError::BadRecord { .. } => "cocoon",
+                HostError::Pods(PodError::Gone { .. }) => "gone",
+                HostError::Pods(PodError::Refused { .. }) => "refused",
+                HostError::Pods(PodError::Api { .. }) => "api",
+                HostError::NotFound { .. } => "not-found",
+            },
+            retryable: e.is_retryable(),
+        },
+    }
+}
+
+/// Write the leases of `scenario` that have appeared by `at` into `file`,
+/// as cocoon-net does, and tell the watcher.
+fn write_leases(file: &Path, scenario: &Scenario, at: Duration) {
+    let rows: Vec<Value> = scenario
+        .leases
+        .iter()
+        .filter(|l| Duration::from_millis(l.at_ms) <= at)
+        .map(|l| json!({"mac": l.mac, "ip": l.ip.to_string(), "expiry": "2100-01-01T00:00:00Z"}))
+        .collect();
+    let tmp = file.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec(&rows).unwrap()).unwrap();
+    std::fs::rename(&tmp, file).unwrap();
+}
+
+async fn replay(scenario: &Scenario, planner: Arc<Planner>, lease_dir: &Path) -> (World, Ended) {
+    let clock = Clock(Instant::now());
+    let world: Shared = Arc::new(Mutex::new(World::new(scenario)));
+    let pod = world.lock().unwrap().first_read();
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let server = tokio::spawn(serve_world(
+        world.clone(),
+        clock,
+        format!("/api/v1/namespaces/{}/pods/{}", pod.namespace, pod.name),
+        format!("/apis/events.k8s.io/v1/namespaces/{}/events", pod.namespace),
+        handle,
+    ));
+    // One request per call: the world's faults are the calls'.
+    let api = KubeApi::new(kube::Client::new(service, "default"), REPORTER, None).with_retry(
+        RetryPolicy {
+            tries: 1,
+            ..RetryPolicy::default()
+        },
+    );
+    let lease_file = lease_dir.join("leases.json");
+    write_leases(&lease_file, scenario, Duration::ZERO);
+    let leases = Arc::new(LeaseWatcher::new(lease_file.clone(), DEFAULT_LEASE_POLL).unwrap());
+    let mut appearing: Vec<Duration> = scenario
+        .leases
+        .iter()
+        .map(|l| Duration::from_millis(l.at_ms))
+        .filter(|at| !at.is_zero())
+        .collect();
+    appearing.sort();
+    let writer = tokio::spawn({
+        let (leases, scenario, file) = (leases.clone(), scenario.clone(), lease_file.clone());
+        async move {
+            for at in appearing {
+                tokio::time::sleep_until(clock.0 + at).await;
+                write_leases(&file, &scenario, at);
+                leases.changed();
+            }
+        }
+    });
+    let shutdown = CancellationToken::new();
+    let stopper = scenario.shutdown_at_ms.map(|ms| {
+        let token = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(clock.0 + Duration::from_millis(ms)).await;
+            token.cancel();
+        })
+    });
+    let config = HostConfig::from_settings(
+        scenario.settings.builder().build(),
+        HostConfig::default().fixups_in_flight,
+    );
+    let host = Host::new(
+        planner,
+        WorldCocoon {
+            world: world.clone(),
+            clock,
+        },
+        api,
+        leases,
+        config,
+        Arc::new(Metrics::new()),
+    );
+    let result = host
+        .handle_pod(&pod, scenario.trigger.into(), &shutdown)
+        .await;
+    drop(host);
+    writer.abort();
+    if let Some(stopper) = stopper {
+        stopper.abort();
+    }
+    if let Err(e) = server.await {
+        std::panic::resume_unwind(e.into_panic());
+    }
+    let world = Arc::try_unwrap(world)
+        .expect("nothing holds the world after the replay")
+        .into_inner()
+        .unwrap();
+    (world, ended(&result))
+}
+
+fn overlay_path(root: &Path, scenario: &Scenario) -> Option<PathBuf> {
+    let id = scenario.vm.as_ref()?.get("id")?.as_str()?;
+    scenario.overlay.then(|| {
+        root.join("run/cloudhypervisor")
+            .join(id)
+            .join("overlay.qcow2")
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_scenario_replays_through_the_daemon() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/conformance");
+    let scenarios = Scenario::all(&dir).unwrap();
+    assert!(scenarios.len() >= 20, "{} scenarios", scenarios.len());
+    let root = tempfile::tempdir().unwrap();
+    let (planner, failures) = Planner::new(PlannerOptions {
+        cocoon_root: root.path().to_owned(),
+        ..PlannerOptions::default()
+    })
+    .unwrap();
+    assert!(failures.is_empty(), "{failures:?}");
+    let planner = Arc::new(planner);
+    let mut failed = Vec::new();
+    for (path, scenario) in &scenarios {
+        let overlay = overlay_path(root.path(), scenario);
+        if let Some(overlay) = &overlay {
+            std::fs::create_dir_all(overlay.parent().unwrap()).unwrap();
+            std::fs::write(overlay, b"").unwrap();
+        }
+        let leases = tempfile::tempdir().unwrap();
+        let (world, ended) = replay(scenario, planner.clone(), leases.path()).await;
+        if let Err(e) = scenario.check(&world.seen, &ended) {
+            failed.push(format!("{}: {}\n{e}", path.display(), scenario.about));
+        }
+        if let Some(overlay) = &overlay {
+            std::fs::remove_file(overlay).unwrap();
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+}
