@@ -12,12 +12,12 @@
 //! (`fixup_core::decision::conformance`) and through the C library's op,
 //! so a behaviour the daemon gets differently from the others fails here.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fixup_core::decision::PodError;
-use fixup_core::decision::conformance::{Ended, Scenario, World, pod_json};
+use fixup_core::decision::conformance::{Ended, Scenario, Suite, World, pod_json};
 use fixup_core::facts::{VmId, VmInspect};
 use fixup_core::planner::{Planner, PlannerOptions};
 use fixup_host::cocoon::{Cocoon, CocoonError, ExecOutput};
@@ -276,43 +276,22 @@ async fn replay(scenario: &Scenario, planner: Arc<Planner>, lease_dir: &Path) ->
     (world, ended(&result))
 }
 
-fn overlay_path(root: &Path, scenario: &Scenario) -> Option<PathBuf> {
-    let id = scenario.vm.as_ref()?.get("id")?.as_str()?;
-    scenario.overlay.then(|| {
-        root.join("run/cloudhypervisor")
-            .join(id)
-            .join("overlay.qcow2")
-    })
-}
-
 #[tokio::test(start_paused = true)]
 async fn every_scenario_replays_through_the_daemon() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/conformance");
-    let scenarios = Scenario::all(&dir).unwrap();
-    assert!(scenarios.len() >= 20, "{} scenarios", scenarios.len());
-    let root = tempfile::tempdir().unwrap();
+    let mut suite = Suite::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
     let (planner, failures) = Planner::new(PlannerOptions {
-        cocoon_root: root.path().to_owned(),
+        cocoon_root: suite.cocoon_root().to_owned(),
         ..PlannerOptions::default()
     })
     .unwrap();
     assert!(failures.is_empty(), "{failures:?}");
     let planner = Arc::new(planner);
-    let mut failed = Vec::new();
-    for (path, scenario) in &scenarios {
-        let overlay = overlay_path(root.path(), scenario);
-        if let Some(overlay) = &overlay {
-            std::fs::create_dir_all(overlay.parent().unwrap()).unwrap();
-            std::fs::write(overlay, b"").unwrap();
-        }
+    for i in 0..suite.scenarios.len() {
+        let scenario = suite.scenarios[i].1.clone();
+        suite.prepare(&scenario);
         let leases = tempfile::tempdir().unwrap();
-        let (world, ended) = replay(scenario, planner.clone(), leases.path()).await;
-        if let Err(e) = scenario.check(&world.seen, &ended) {
-            failed.push(format!("{}: {}\n{e}", path.display(), scenario.about));
-        }
-        if let Some(overlay) = &overlay {
-            std::fs::remove_file(overlay).unwrap();
-        }
+        let (world, ended) = replay(&scenario, planner.clone(), leases.path()).await;
+        suite.finish(i, &world.seen, &ended, &[]);
     }
-    assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+    suite.assert_passed();
 }

@@ -25,8 +25,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{
-    Action, ExecPurpose, Guarded, PodError, PodTask, Report, SettingsBuilder, Stop, Summary,
-    Trigger,
+    Action, ExecPurpose, Guarded, PodError, PodTask, Report, SettingsMs, Stop, Summary, Trigger,
 };
 use crate::annotations::AnnotationPatch;
 use crate::exec::{ExecOutput, ExitStatusKind};
@@ -45,7 +44,7 @@ pub struct Scenario {
     pub trigger: TriggerName,
     /// Settings that differ from the defaults.
     #[serde(default)]
-    pub settings: ScenarioSettings,
+    pub settings: SettingsMs,
     /// The pod as the API server holds it when the task starts.
     pub pod: Value,
     /// `cocoon vm inspect --json` output for the VM the pod names.
@@ -86,46 +85,22 @@ pub enum TriggerName {
     Retry,
 }
 
+impl TriggerName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TriggerName::Event => "event",
+            TriggerName::Startup => "startup",
+            TriggerName::Retry => "retry",
+        }
+    }
+}
+
 impl From<TriggerName> for Trigger {
     fn from(name: TriggerName) -> Self {
         match name {
             TriggerName::Event => Trigger::Event,
             TriggerName::Startup => Trigger::Startup,
             TriggerName::Retry => Trigger::Retry,
-        }
-    }
-}
-
-/// Settings in milliseconds; absent is the default.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ScenarioSettings {
-    pub retry_interval_ms: Option<u64>,
-    pub retry_budget_ms: Option<u64>,
-    pub exec_timeout_ms: Option<u64>,
-    pub inspect_timeout_ms: Option<u64>,
-    pub ip_wait_ms: Option<u64>,
-    pub renew_after_ms: Option<u64>,
-    pub renew_timeout_ms: Option<u64>,
-    pub dhcp_recovery_after_ms: Option<u64>,
-    #[serde(default)]
-    pub accept_legacy_vm_names: bool,
-}
-
-impl ScenarioSettings {
-    /// The settings builder these values fill.
-    pub fn builder(&self) -> SettingsBuilder {
-        let ms = |v: Option<u64>| v.map(Duration::from_millis);
-        SettingsBuilder {
-            retry_interval: ms(self.retry_interval_ms),
-            retry_budget: ms(self.retry_budget_ms),
-            exec_timeout: ms(self.exec_timeout_ms),
-            inspect_timeout: ms(self.inspect_timeout_ms),
-            ip_wait: ms(self.ip_wait_ms),
-            renew_after: ms(self.renew_after_ms),
-            renew_timeout: ms(self.renew_timeout_ms),
-            dhcp_recovery_after: ms(self.dhcp_recovery_after_ms),
-            accept_legacy_vm_names: self.accept_legacy_vm_names,
         }
     }
 }
@@ -799,6 +774,75 @@ pub fn pod_json(pod: &PodInput) -> Value {
     serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": {"containers": []}})
 }
 
+/// The suite as an executor's replay runs it: every scenario file, and a
+/// cocoon root where each scenario's overlay exists while it is replayed.
+#[derive(Debug)]
+pub struct Suite {
+    root: tempfile::TempDir,
+    pub scenarios: Vec<(PathBuf, Scenario)>,
+    failures: Vec<String>,
+}
+
+impl Suite {
+    /// The files of `tests/conformance/` under `workspace`.
+    pub fn load(workspace: &Path) -> Suite {
+        let scenarios =
+            Scenario::all(&workspace.join("tests/conformance")).unwrap_or_else(|e| panic!("{e}"));
+        assert!(scenarios.len() >= 20, "{} scenarios", scenarios.len());
+        Suite {
+            root: tempfile::tempdir().expect("a temporary cocoon root"),
+            scenarios,
+            failures: Vec::new(),
+        }
+    }
+
+    /// The cocoon root the planner must probe.
+    pub fn cocoon_root(&self) -> &Path {
+        self.root.path()
+    }
+
+    /// Make the scenario's overlay exist (when it has one) while `replay`
+    /// runs, then check what it saw.
+    pub fn overlay_path(&self, scenario: &Scenario) -> Option<PathBuf> {
+        let id = scenario.vm.as_ref()?.get("id")?.as_str()?;
+        scenario.overlay.then(|| {
+            self.root
+                .path()
+                .join("run/cloudhypervisor")
+                .join(id)
+                .join("overlay.qcow2")
+        })
+    }
+
+    /// Before a scenario's replay: its overlay, when it has one.
+    pub fn prepare(&self, scenario: &Scenario) {
+        if let Some(overlay) = self.overlay_path(scenario) {
+            std::fs::create_dir_all(overlay.parent().expect("a directory")).unwrap();
+            std::fs::write(overlay, b"").unwrap();
+        }
+    }
+
+    /// After a scenario's replay: check what it saw, remove its overlay.
+    pub fn finish(&mut self, index: usize, seen: &[Seen], ended: &Ended, notes: &[String]) {
+        let (path, scenario) = &self.scenarios[index];
+        if let Err(e) = scenario.check(seen, ended) {
+            self.failures.push(format!(
+                "{}: {}\n{e}\nnotes: {notes:#?}",
+                path.display(),
+                scenario.about
+            ));
+        }
+        if let Some(overlay) = self.overlay_path(scenario) {
+            std::fs::remove_file(overlay).unwrap();
+        }
+    }
+
+    /// Panic with every scenario that did not replay as expected.
+    pub fn assert_passed(&self) {
+        assert!(self.failures.is_empty(), "{}", self.failures.join("\n\n"));
+    }
+}
+
 /// Deterministic nonces for a replay: 1, 2, 3, ...
 pub fn counting_nonces() -> super::NonceSource {
     let mut n = 0u8;
@@ -884,46 +928,19 @@ mod tests {
     /// built-in plugins: the reference the other executors are held to.
     #[test]
     fn every_scenario_replays_through_the_decision() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/conformance");
-        let scenarios = Scenario::all(&dir).unwrap();
-        assert!(scenarios.len() >= 20, "{} scenarios", scenarios.len());
-        let root = tempfile::tempdir().unwrap();
+        let mut suite = Suite::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
         let (planner, failures) = Planner::new(PlannerOptions {
-            cocoon_root: root.path().to_owned(),
+            cocoon_root: suite.cocoon_root().to_owned(),
             ..PlannerOptions::default()
         })
         .unwrap();
         assert!(failures.is_empty(), "{failures:?}");
-        let mut failed = Vec::new();
-        for (path, scenario) in &scenarios {
-            let overlay = overlay_path(root.path(), scenario);
-            if let Some(overlay) = &overlay {
-                std::fs::create_dir_all(overlay.parent().unwrap()).unwrap();
-                std::fs::write(overlay, b"").unwrap();
-            }
-            let (world, ended) = replay(scenario, &planner);
-            if let Err(e) = scenario.check(&world.seen, &ended) {
-                failed.push(format!(
-                    "{}: {}\n{e}\nnotes: {:#?}",
-                    path.display(),
-                    scenario.about,
-                    world.notes
-                ));
-            }
-            if let Some(overlay) = &overlay {
-                std::fs::remove_file(overlay).unwrap();
-            }
+        for i in 0..suite.scenarios.len() {
+            let scenario = suite.scenarios[i].1.clone();
+            suite.prepare(&scenario);
+            let (world, ended) = replay(&scenario, &planner);
+            suite.finish(i, &world.seen, &ended, &world.notes);
         }
-        assert!(failed.is_empty(), "{}", failed.join("\n\n"));
-    }
-
-    /// Where the scenario's overlay goes, when it has one.
-    fn overlay_path(root: &Path, scenario: &Scenario) -> Option<PathBuf> {
-        let id = scenario.vm.as_ref()?.get("id")?.as_str()?;
-        scenario.overlay.then(|| {
-            root.join("run/cloudhypervisor")
-                .join(id)
-                .join("overlay.qcow2")
-        })
+        suite.assert_passed();
     }
 }

@@ -34,7 +34,7 @@ mod settings;
 mod task;
 
 pub use locate::{Lookup, bind_record, boot_override, lookup, observe, vm_id};
-pub use settings::{ReadyConfig, RetryConfig, Settings, SettingsBuilder};
+pub use settings::{ReadyConfig, RetryConfig, Settings, SettingsBuilder, SettingsMs};
 pub use task::{DECIDE_ROUNDS, NonceSource, PodTask, os_nonces};
 
 use std::fmt;

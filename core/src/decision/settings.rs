@@ -125,3 +125,39 @@ impl SettingsBuilder {
         }
     }
 }
+
+/// The settings as JSON spells them, in milliseconds (absent: the
+/// default): the conformance suite's `settings` and the C library's task
+/// option `settings`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SettingsMs {
+    pub retry_interval_ms: Option<u64>,
+    pub retry_budget_ms: Option<u64>,
+    pub exec_timeout_ms: Option<u64>,
+    pub inspect_timeout_ms: Option<u64>,
+    pub ip_wait_ms: Option<u64>,
+    pub renew_after_ms: Option<u64>,
+    pub renew_timeout_ms: Option<u64>,
+    pub dhcp_recovery_after_ms: Option<u64>,
+    #[serde(default)]
+    pub accept_legacy_vm_names: bool,
+}
+
+impl SettingsMs {
+    /// The builder these values fill.
+    pub fn builder(&self) -> SettingsBuilder {
+        let ms = |v: Option<u64>| v.map(Duration::from_millis);
+        SettingsBuilder {
+            retry_interval: ms(self.retry_interval_ms),
+            retry_budget: ms(self.retry_budget_ms),
+            exec_timeout: ms(self.exec_timeout_ms),
+            inspect_timeout: ms(self.inspect_timeout_ms),
+            ip_wait: ms(self.ip_wait_ms),
+            renew_after: ms(self.renew_after_ms),
+            renew_timeout: ms(self.renew_timeout_ms),
+            dhcp_recovery_after: ms(self.dhcp_recovery_after_ms),
+            accept_legacy_vm_names: self.accept_legacy_vm_names,
+        }
+    }
+}

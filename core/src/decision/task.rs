@@ -91,6 +91,36 @@ struct Fixup {
     nonce: Option<Nonce>,
 }
 
+impl Fixup {
+    /// A loop that has not started: no attempt, no deadline yet (it is set
+    /// when `running` is written).
+    fn new(
+        vm: VmId,
+        scenario: Scenario,
+        wait: Option<WaitFacts>,
+        plan: Plan,
+        exec: Vec<String>,
+        script: String,
+        ready_ip: Option<Ipv4Addr>,
+    ) -> Box<Fixup> {
+        Box::new(Fixup {
+            vm,
+            scenario,
+            wait,
+            plan,
+            exec,
+            script,
+            ready_ip,
+            deadline: Duration::ZERO,
+            attempts: 0,
+            errors: Vec::new(),
+            fresh: None,
+            seen: None,
+            nonce: None,
+        })
+    }
+}
+
 /// The DHCP recovery pass the IP wait may run once.
 #[derive(Debug)]
 struct Recovery {
@@ -277,21 +307,8 @@ impl PodTask {
         task.summary.action = Handled::Fixup;
         task.summary.scenario = Some(scenario);
         task.fixup_only = true;
-        task.stage = Stage::BeforeRunning(Box::new(Fixup {
-            vm,
-            scenario,
-            wait: None,
-            plan,
-            exec,
-            script,
-            ready_ip,
-            deadline: Duration::ZERO,
-            attempts: 0,
-            errors: Vec::new(),
-            fresh: None,
-            seen: None,
-            nonce: None,
-        }));
+        task.stage =
+            Stage::BeforeRunning(Fixup::new(vm, scenario, None, plan, exec, script, ready_ip));
         (task, Action::Checkpoint)
     }
 
@@ -675,21 +692,7 @@ impl PodTask {
             Some(WaitNic::Static(ip)) => Some(ip),
             _ => None,
         };
-        let fixup = Box::new(Fixup {
-            vm,
-            scenario,
-            wait: Some(wait),
-            plan,
-            exec,
-            script,
-            ready_ip,
-            deadline: Duration::ZERO,
-            attempts: 0,
-            errors: Vec::new(),
-            fresh: None,
-            seen: None,
-            nonce: None,
-        });
+        let fixup = Fixup::new(vm, scenario, Some(wait), plan, exec, script, ready_ip);
         self.stage = Stage::BeforeRunning(fixup);
         Action::Checkpoint
     }

@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use fixup_core::annotations::EventType;
 use fixup_core::decision::{
-    Action, Guarded, Note, PodError, PodTask, Report, Settings, SettingsBuilder, Trigger, os_nonces,
+    Action, Guarded, Note, PodError, PodTask, Report, Settings, SettingsMs, Trigger, os_nonces,
 };
 use fixup_core::exec::{ExecOutput, ExitStatusKind};
 use fixup_core::facts::{PodInput, VmInspect};
@@ -48,7 +48,10 @@ use crate::ops::{Built, CfStatus, Failure};
 
 /// The options of a task, `cf_task_start`'s `options_json`: why the host
 /// handles the pod, and the apply path's numbers where they are not the
-/// defaults (the daemon's configuration keys, in milliseconds).
+/// defaults (`settings`, in milliseconds: `retry_interval_ms`,
+/// `retry_budget_ms`, `exec_timeout_ms`, `inspect_timeout_ms`,
+/// `ip_wait_ms`, `renew_after_ms`, `renew_timeout_ms`,
+/// `dhcp_recovery_after_ms`). The binding policy is the planner's.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TaskOptions {
@@ -56,14 +59,8 @@ pub struct TaskOptions {
     /// `ResumedAfterRestart`) or `retry` (a node error is not told again).
     #[serde(default)]
     pub trigger: Option<String>,
-    pub retry_interval_ms: Option<u64>,
-    pub retry_budget_ms: Option<u64>,
-    pub exec_timeout_ms: Option<u64>,
-    pub inspect_timeout_ms: Option<u64>,
-    pub ip_wait_ms: Option<u64>,
-    pub renew_after_ms: Option<u64>,
-    pub renew_timeout_ms: Option<u64>,
-    pub dhcp_recovery_after_ms: Option<u64>,
+    #[serde(default)]
+    pub settings: SettingsMs,
 }
 
 impl TaskOptions {
@@ -90,20 +87,15 @@ impl TaskOptions {
 
     /// The settings, through the one builder every host uses; the binding
     /// policy is the planner's.
-    fn settings(&self, built: &Built) -> Settings {
-        let ms = |v: Option<u64>| v.map(Duration::from_millis);
-        SettingsBuilder {
-            retry_interval: ms(self.retry_interval_ms),
-            retry_budget: ms(self.retry_budget_ms),
-            exec_timeout: ms(self.exec_timeout_ms),
-            inspect_timeout: ms(self.inspect_timeout_ms),
-            ip_wait: ms(self.ip_wait_ms),
-            renew_after: ms(self.renew_after_ms),
-            renew_timeout: ms(self.renew_timeout_ms),
-            dhcp_recovery_after: ms(self.dhcp_recovery_after_ms),
-            accept_legacy_vm_names: built.binding.accept_legacy_names,
+    fn settings(&self, built: &Built) -> Result<Settings, Failure> {
+        if self.settings.accept_legacy_vm_names {
+            return Err(Failure::invalid(
+                "options_json: settings.accept_legacy_vm_names is the planner's option (cf_planner_new)",
+            ));
         }
-        .build()
+        let mut builder = self.settings.builder();
+        builder.accept_legacy_vm_names = built.binding.accept_legacy_names;
+        Ok(builder.build())
     }
 }
 
@@ -122,7 +114,7 @@ pub fn start(built: &Built, pod: &[u8], options: Option<&str>) -> Result<(Task, 
     let (task, first) = PodTask::start(
         pod,
         options.trigger()?,
-        options.settings(built),
+        options.settings(built)?,
         os_nonces(),
     );
     let mut task = Task { task, over: false };
@@ -343,9 +335,9 @@ fn read_report(text: &str) -> Result<(Duration, Report), Failure> {
 
 #[cfg(test)]
 mod tests {
-    use std::path::{Path, PathBuf};
+    use std::path::Path;
 
-    use fixup_core::decision::conformance::{Ended, Scenario, Waited, World, pod_json};
+    use fixup_core::decision::conformance::{Ended, Scenario, Suite, Waited, World, pod_json};
     use fixup_core::decision::{ExecPurpose, PodError};
     use fixup_core::facts::{MacAddr, VmId};
 
@@ -385,21 +377,12 @@ mod tests {
     fn replay(built: &Built, scenario: &Scenario) -> (World, Ended) {
         let mut world = World::new(scenario);
         let pod = serde_json::to_vec(&pod_json(&world.first_read())).unwrap();
-        let s = &scenario.settings;
         let options = json!({
-            "trigger": match scenario.trigger {
-                fixup_core::decision::conformance::TriggerName::Event => "event",
-                fixup_core::decision::conformance::TriggerName::Startup => "startup",
-                fixup_core::decision::conformance::TriggerName::Retry => "retry",
+            "trigger": scenario.trigger.as_str(),
+            "settings": SettingsMs {
+                accept_legacy_vm_names: false,
+                ..scenario.settings.clone()
             },
-            "retry_interval_ms": s.retry_interval_ms,
-            "retry_budget_ms": s.retry_budget_ms,
-            "exec_timeout_ms": s.exec_timeout_ms,
-            "inspect_timeout_ms": s.inspect_timeout_ms,
-            "ip_wait_ms": s.ip_wait_ms,
-            "renew_after_ms": s.renew_after_ms,
-            "renew_timeout_ms": s.renew_timeout_ms,
-            "dhcp_recovery_after_ms": s.dhcp_recovery_after_ms,
         });
         let (mut task, mut action) = start(built, &pod, Some(&options.to_string())).unwrap();
         let mut now = Duration::ZERO;
@@ -486,46 +469,25 @@ mod tests {
         Box::leak(text.to_owned().into_boxed_str())
     }
 
-    fn overlay_path(root: &Path, scenario: &Scenario) -> Option<PathBuf> {
-        let id = scenario.vm.as_ref()?.get("id")?.as_str()?;
-        scenario.overlay.then(|| {
-            root.join("run/cloudhypervisor")
-                .join(id)
-                .join("overlay.qcow2")
-        })
-    }
-
     /// Every scenario file, replayed through the task op as an embedder
     /// drives it.
     #[test]
     fn every_scenario_replays_through_the_task_op() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/conformance");
-        let scenarios = Scenario::all(&dir).unwrap();
-        assert!(scenarios.len() >= 20, "{} scenarios", scenarios.len());
-        let root = tempfile::tempdir().unwrap();
+        let mut suite = Suite::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."));
         let options = json!({
-            "cocoon_root": root.path(),
+            "cocoon_root": suite.cocoon_root(),
             "plugin_dir": "",
             "no_cache": true,
             "strict": true,
         });
         let (built, _) = crate::ops::planner_new(&options.to_string()).unwrap();
-        let mut failed = Vec::new();
-        for (path, scenario) in &scenarios {
-            let overlay = overlay_path(root.path(), scenario);
-            if let Some(overlay) = &overlay {
-                std::fs::create_dir_all(overlay.parent().unwrap()).unwrap();
-                std::fs::write(overlay, b"").unwrap();
-            }
-            let (world, ended) = replay(&built, scenario);
-            if let Err(e) = scenario.check(&world.seen, &ended) {
-                failed.push(format!("{}: {}\n{e}", path.display(), scenario.about));
-            }
-            if let Some(overlay) = &overlay {
-                std::fs::remove_file(overlay).unwrap();
-            }
+        for i in 0..suite.scenarios.len() {
+            let scenario = suite.scenarios[i].1.clone();
+            suite.prepare(&scenario);
+            let (world, ended) = replay(&built, &scenario);
+            suite.finish(i, &world.seen, &ended, &[]);
         }
-        assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+        suite.assert_passed();
     }
 
     #[test]
