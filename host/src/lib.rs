@@ -25,7 +25,7 @@
 //! - [`oci`]: plugins as OCI artifacts: push, pull by digest, the store of
 //!   pinned plugins.
 //!
-//! The binary (`src/main.rs`) only parses, calls these, prints the error once
+//! The binary (`src/bin/cocoon-fixup/`) only parses, calls these, prints the error once
 //! and picks the exit code.
 
 pub mod apply;

@@ -1,0 +1,120 @@
+//! The `plugin` subcommands: `test`, `inspect`, `new`, `push`, `pull`.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use crate::args::*;
+use crate::commands::*;
+use fixup_core::{display, kit, template};
+use fixup_host::oci::{self, PluginRef, RegistryOptions, Tags};
+
+pub(crate) fn run_plugin_test(args: &PluginTestArgs, config: Option<&Path>) -> Result<u8> {
+    let settings = args.config.resolve(config)?;
+    let report = kit::test_plugin(
+        kit::engine_options(&settings.planner.engine),
+        &args.plugin,
+        &args.cases,
+        kit::TestOptions {
+            bless: args.bless,
+            render: args.render,
+        },
+    )?;
+    if let Output::Text = args.output {
+        for warning in report.cases.iter().flat_map(|c| &c.warnings) {
+            eprintln!("{}", display::terminal_text(&format!("warning: {warning}")));
+        }
+    }
+    match args.output {
+        Output::Json => print_json(&report)?,
+        Output::Text => print_terminal(&report.to_string()),
+    }
+    Ok(if report.success() { 0 } else { 1 })
+}
+
+pub(crate) fn run_plugin_inspect(args: &PluginInspectArgs, config: Option<&Path>) -> Result<u8> {
+    let settings = args.config.resolve(config)?;
+    let inspector = kit::Inspector::new(
+        kit::engine_options(&settings.planner.engine),
+        settings.planner.plugin_dir.as_deref(),
+    )?;
+    let (pinned, unchecked) = settings.pinned.stored_files();
+    let inspector = inspector.with_pinned(pinned, unchecked);
+    let inspection = inspector.inspect(&args.plugin);
+    match args.output {
+        Output::Json => print_json(&inspection)?,
+        Output::Text => print_terminal(&inspection.to_string()),
+    }
+    Ok(if inspection.success() { 0 } else { 1 })
+}
+
+pub(crate) fn run_plugin_new(args: &PluginNewArgs) -> Result<u8> {
+    let sdk = args.sdk.clone().unwrap_or_else(template::default_sdk_dir);
+    let dir = template::new_plugin(&args.name, &args.dir, &sdk)?;
+    println!("created {}", dir.display());
+    Ok(0)
+}
+
+/// Registry options for a push or pull of `reference`: plain HTTP to its
+/// registry when asked, besides the configured ones.
+pub(crate) fn registry_options(
+    reference: &PluginRef,
+    plain_http: bool,
+    configured: &RegistryOptions,
+) -> RegistryOptions {
+    let mut options = RegistryOptions::from_env(configured.plain_http.clone());
+    if plain_http {
+        options.plain_http.push(reference.registry.clone());
+    }
+    options
+}
+
+pub(crate) async fn run_plugin_push(args: &PluginPushArgs) -> Result<u8> {
+    let reference: PluginRef = args.reference.parse()?;
+    let wasm = read_bytes(&args.plugin)?;
+    let options = registry_options(&reference, args.plain_http, &RegistryOptions::default());
+    let pinned = oci::Registry::new(&options).push(&reference, &wasm).await?;
+    println!("pushed {}: pin {pinned}", args.plugin.display());
+    Ok(0)
+}
+
+pub(crate) async fn run_plugin_pull(args: &PluginPullArgs, config: Option<&Path>) -> Result<u8> {
+    let reference: PluginRef = args.reference.parse()?;
+    let tags = if args.allow_tag {
+        Tags::Resolve
+    } else {
+        Tags::Refuse
+    };
+    let settings = args.oci.resolve(config)?;
+    let options = registry_options(&reference, args.plain_http, &settings.pinned.registry);
+    let artifact = oci::Registry::new(&options).pull(&reference, tags).await?;
+    if reference.digest().is_none() {
+        println!("{reference} is {}: pin this", artifact.reference);
+    }
+    let path = match &args.output {
+        Some(path) => {
+            std::fs::write(path, &artifact.wasm)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            path.clone()
+        }
+        None => {
+            let store = settings
+                .pinned
+                .store
+                .as_deref()
+                .ok_or(oci::OciError::NoStore)?;
+            oci::Store::open(store)?.put(&artifact)?
+        }
+    };
+    println!(
+        "pulled {} (plugin sha256 {}) to {}",
+        artifact.reference,
+        artifact.wasm_sha256,
+        path.display()
+    );
+    Ok(0)
+}
+
+pub(crate) fn read_bytes(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+}
