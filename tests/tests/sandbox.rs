@@ -197,11 +197,10 @@ fn a_log_message_the_fuel_cannot_pay_for_traps_as_out_of_fuel() {
 
 /// A plugin that loops with fuel to spare is stopped by the wall-clock
 /// deadline (epoch interruption), with an error naming the plugin and the
-/// limit; the host goes on serving. A daemon's host keeps the deadline
-/// with its ticker thread; a one-shot host with the process's alarm timer,
-/// which in this test process another test's host may hold first (then
-/// the ticker): `the_plan_command_stops_a_call_at_its_deadline_with_its_alarm`
-/// runs the alarm in a process of its own.
+/// limit; the host goes on serving. A daemon's host and a one-shot host
+/// both keep the deadline with the engine's epoch ticker thread;
+/// `the_plan_command_stops_a_runaway_call_at_its_deadline` runs the real
+/// `plan` process.
 #[rstest]
 #[case::pooling(Allocation::Pooling)]
 #[case::on_demand(Allocation::OnDemand)]
@@ -230,9 +229,8 @@ fn the_wall_clock_deadline_stops_a_call_fuel_does_not(#[case] allocation: Alloca
 }
 
 /// `cocoon-fixup plan` of the bundled oci-static example made a clone the
-/// hostile plugin plans as `spin`, with the plugin in `dir/plugins`, debug
-/// logs, and the deadline `deadline` over fuel for hours; stdout and
-/// stderr piped.
+/// hostile plugin plans as `spin`, with the plugin in `dir/plugins` and
+/// the deadline `deadline` over fuel for hours; stdout and stderr piped.
 fn spinning_plan(dir: &Path, deadline: &str) -> std::process::Child {
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
     let example = |name: &str| {
@@ -257,7 +255,6 @@ fn spinning_plan(dir: &Path, deadline: &str) -> std::process::Child {
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env("HOME", dir)
-        .env("COCOON_FIXUP_LOG", "debug")
         .arg("plan")
         .args([
             "--pod",
@@ -291,14 +288,11 @@ fn spinning_plan(dir: &Path, deadline: &str) -> std::process::Child {
 /// hold leaves the plugin spinning on its fuel for hours.
 const PLAN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(300);
 
-const ALARM_TAKEN: &str = "plugin call deadlines are kept by an interval timer (SIGALRM)";
-
-/// The `plan` command, a process that makes a call or two and exits, keeps
-/// a plugin's deadline with its interval timer (no ticker thread): a
-/// spinning plugin with fuel for hours is stopped at its 50 ms deadline,
-/// and the command fails naming the plugin and the limit.
+/// The `plan` command, a process that makes a call or two and exits,
+/// stops a spinning plugin with fuel for hours at its 50 ms deadline, and
+/// fails naming the plugin and the limit.
 #[test]
-fn the_plan_command_stops_a_call_at_its_deadline_with_its_alarm() {
+fn the_plan_command_stops_a_runaway_call_at_its_deadline() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut child = spinning_plan(dir.path(), "50ms");
     let patience = std::time::Instant::now() + PLAN_PATIENCE;
@@ -315,62 +309,6 @@ fn the_plan_command_stops_a_call_at_its_deadline_with_its_alarm() {
     assert!(
         stderr.contains("plugin hostile ran past its wall-clock deadline (50ms"),
         "{stderr}"
-    );
-    assert!(
-        stderr.contains(ALARM_TAKEN),
-        "the alarm, not the ticker: {stderr}"
-    );
-}
-
-/// A `SIGALRM` someone sends to `plan` ends it, as it did before `plan`
-/// kept deadlines with the signal: the handler takes only the timer's.
-#[test]
-fn a_sigalrm_sent_to_plan_ends_it() {
-    use std::io::BufRead as _;
-    use std::os::unix::process::ExitStatusExt as _;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut child = spinning_plan(dir.path(), "300s");
-    let stderr = child.stderr.take().expect("stderr");
-    let (lines, seen) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = lines.send(line);
-        }
-    });
-    // Once the log says the alarm is taken, the handler is installed.
-    let mut log = Vec::new();
-    while !log.iter().any(|l: &String| l.contains(ALARM_TAKEN)) {
-        match seen.recv_timeout(PLAN_PATIENCE) {
-            Ok(line) => log.push(line),
-            Err(e) => {
-                let _ = child.kill();
-                panic!("no word of the alarm ({e}): {log:#?}");
-            }
-        }
-    }
-    let sent = std::process::Command::new("kill")
-        .args(["-ALRM", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(sent.success());
-    let patience = std::time::Instant::now() + PLAN_PATIENCE;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if std::time::Instant::now() > patience {
-            let _ = child.kill();
-            panic!("`plan` went on after SIGALRM: {log:#?}");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
-    assert_eq!(
-        status.signal(),
-        Some(14),
-        "ended by SIGALRM: {status:?} {log:#?}"
     );
 }
 

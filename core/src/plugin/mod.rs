@@ -14,30 +14,6 @@
 //! a one-shot `plan` loads the code of only the plugins it calls;
 //! [`PluginHost::warm`] links every plugin up front, as the daemon does.
 
-#[cfg(any(target_os = "linux", target_os = "android"))]
-mod alarm;
-/// Elsewhere no alarm: every host keeps its deadlines with the ticker.
-#[cfg(not(any(target_os = "linux", target_os = "android")))]
-mod alarm {
-    pub(super) struct Alarm;
-    pub(super) struct Turn<'a>(std::marker::PhantomData<&'a ()>);
-    impl Alarm {
-        pub(super) fn claim(_: &wasmtime::Engine) -> Option<Alarm> {
-            None
-        }
-        pub(super) fn turn(&self) -> Turn<'_> {
-            Turn(std::marker::PhantomData)
-        }
-    }
-    impl Turn<'_> {
-        pub(super) fn arm(&mut self, _: std::time::Duration) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    pub(super) fn usable() -> bool {
-        false
-    }
-}
 pub mod builtin;
 pub mod cache;
 pub mod contract;
@@ -93,8 +69,7 @@ pub const DEFAULT_PLUGIN_DIR: &str = "/etc/cocoon-fixup/plugins";
 /// How often the engine's epoch advances: the granularity of every plugin
 /// call's wall-clock deadline ([`Limits::deadline`]). A thread per
 /// [`PluginHost`] ticks it from the host's first plugin call and stops
-/// when the host is dropped; a one-shot host ([`Allocation::OnDemand`])
-/// arms a timer per call instead (`alarm`).
+/// when the host is dropped, whatever its [`Allocation`].
 pub const EPOCH_TICK: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Advances an engine's epoch every [`EPOCH_TICK`] until dropped.
@@ -471,14 +446,8 @@ pub enum Allocation {
     Pooling,
     /// Memory mapped for each instance when it is made: no pool to set up,
     /// for a process that makes a few calls and exits (`plan`, `capture`).
-    /// Its calls' deadlines are kept by the process's `ITIMER_REAL`
-    /// interval timer and `SIGALRM`, armed for each call, rather than a
-    /// ticker thread, and its calls are made one at a time. Only the first
-    /// such host in a process takes the alarm, and only while `SIGALRM`
-    /// has its default action and no interval timer runs; otherwise, and
-    /// for calls on a thread that blocks `SIGALRM`, the ticker thread
-    /// (`alarm` module). The process must not use `SIGALRM` or
-    /// `ITIMER_REAL` for anything else once it has such a host.
+    /// Its calls' deadlines are kept by the epoch ticker thread, as a
+    /// pooling host's are.
     OnDemand,
 }
 
@@ -488,8 +457,6 @@ pub struct PluginHost {
     /// Started at the first plugin call: a process that calls none (a
     /// `plan` that needs no fixup) starts no thread.
     ticker: OnceLock<EpochTicker>,
-    /// A one-shot host's per-call timer, when it owns the process's.
-    alarm: Option<alarm::Alarm>,
     limits: Limits,
     slots: u32,
     in_flight: std::sync::atomic::AtomicUsize,
@@ -544,7 +511,7 @@ impl PluginHost {
                 &options.limits,
             )));
         }
-        Self::finish(&config, options, slots, allocation)
+        Self::finish(&config, options, slots)
     }
 
     /// The pool of [`Allocation::Pooling`]: `slots` instances.
@@ -566,17 +533,8 @@ impl PluginHost {
     }
 
     /// The engine of `config` and its cache.
-    fn finish(
-        config: &Config,
-        options: EngineOptions,
-        slots: u32,
-        allocation: Allocation,
-    ) -> Result<Self, PluginError> {
+    fn finish(config: &Config, options: EngineOptions, slots: u32) -> Result<Self, PluginError> {
         let engine = Engine::new(config).map_err(engine_error)?;
-        let alarm = match allocation {
-            Allocation::OnDemand => alarm::Alarm::claim(&engine),
-            Allocation::Pooling => None,
-        };
         // The cache is an optimisation: one that is refused is a warning,
         // and every plugin is compiled instead.
         let cache = options.cache_dir.as_deref().and_then(|dir| {
@@ -596,7 +554,6 @@ impl PluginHost {
         Ok(PluginHost {
             engine,
             ticker: OnceLock::new(),
-            alarm,
             limits: options.limits,
             slots,
             in_flight: std::sync::atomic::AtomicUsize::new(0),
@@ -608,35 +565,12 @@ impl PluginHost {
         })
     }
 
-    /// What keeps the next call's deadline: a turn at the process's alarm
-    /// (the Store's deadline one epoch away, the timer armed for the
-    /// deadline itself), or the ticker thread, started unless it runs
-    /// (whole ticks, rounded up, and one more, since the first tick comes
-    /// anywhere within a tick of the Store's start: the call stops never
-    /// before its deadline and at most two ticks after it).
-    fn deadline(&self) -> Result<Deadline<'_>, PluginError> {
-        if let Some(alarm) = &self.alarm
-            && self.ticker.get().is_none()
-        {
-            let turn = alarm.turn();
-            // Again with the turn held: a call that found SIGALRM blocked
-            // may have started the ticker meanwhile.
-            if self.ticker.get().is_none() {
-                if alarm::usable() {
-                    return Ok(Deadline {
-                        epochs: 1,
-                        turn: Some(turn),
-                    });
-                }
-                // This thread cannot receive the timer's signal, or other
-                // code took SIGALRM: the ticker from now on (started while
-                // no alarm call runs, which its ticks would stop at once).
-                tracing::debug!(
-                    "SIGALRM is blocked on this thread or has another handler: plugin call deadlines use the ticker thread from now on"
-                );
-                self.start_ticker()?;
-            }
-        }
+    /// The next call's deadline in epochs from now, kept by the ticker
+    /// thread, started unless it runs: whole ticks, rounded up, and one
+    /// more, since the first tick comes anywhere within a tick of the
+    /// Store's start: the call stops never before its deadline and at most
+    /// two ticks after it.
+    fn deadline(&self) -> Result<u64, PluginError> {
         self.start_ticker()?;
         let ticks = self
             .limits
@@ -644,10 +578,7 @@ impl PluginHost {
             .as_nanos()
             .div_ceil(EPOCH_TICK.as_nanos())
             .saturating_add(1);
-        Ok(Deadline {
-            epochs: u64::try_from(ticks).unwrap_or(u64::MAX),
-            turn: None,
-        })
+        Ok(u64::try_from(ticks).unwrap_or(u64::MAX))
     }
 
     /// Start the epoch ticker unless it runs. (Two threads may both start
@@ -1487,23 +1418,13 @@ fn truncate_for_message(s: &str) -> &str {
     &s[..s.floor_char_boundary(80)]
 }
 
-/// The epoch deadline of one call and what keeps it
-/// ([`PluginHost::deadline`]): the ticker, or the call's turn at the
-/// alarm, armed by [`call`] once the Store's deadline is set and disarmed
-/// when dropped.
-struct Deadline<'a> {
-    /// Epochs from now at which the call traps.
-    epochs: u64,
-    turn: Option<alarm::Turn<'a>>,
-}
-
 /// Run one export in a fresh Store with the call limits, and turn a trap
 /// into the typed error that says which limit or capability it hit. The
-/// call traps at `deadline` ([`PluginHost::deadline`]).
+/// call traps `deadline_epochs` epochs from now ([`PluginHost::deadline`]).
 fn call<R>(
     engine: &Engine,
     limits: &Limits,
-    mut deadline: Deadline<'_>,
+    deadline_epochs: u64,
     plugin: &str,
     f: impl FnOnce(&mut Store<CallState>) -> wasmtime::Result<R>,
 ) -> Result<(R, CallStats), PluginError> {
@@ -1515,11 +1436,8 @@ fn call<R>(
     // one log message) stays within a few times the plan limits, however
     // many of the plan's strings point at the same guest bytes.
     store.set_hostcall_fuel(limits.hostcall_bytes());
-    store.set_epoch_deadline(deadline.epochs);
+    store.set_epoch_deadline(deadline_epochs);
     store.epoch_deadline_trap();
-    if let Some(turn) = &mut deadline.turn {
-        turn.arm(limits.deadline).map_err(engine_error)?;
-    }
     let outcome = f(&mut store);
     let fuel_left = store.get_fuel().unwrap_or(0);
     let state = store.into_data();

@@ -87,11 +87,10 @@ pub struct Limits {
     /// Wall-clock time one call may take, instantiation included
     /// ([`DEFAULT_DEADLINE`], `--plugin-deadline`). Fuel bounds the work a
     /// plugin does itself; this also bounds time spent in the host on its
-    /// behalf (its `log` calls): to within one epoch tick
-    /// ([`EPOCH_TICK`](super::EPOCH_TICK)) where a ticker thread keeps it,
-    /// to the timer's precision where a one-shot host's alarm does
-    /// ([`Allocation::OnDemand`](super::Allocation::OnDemand)). A deadline
-    /// under a millisecond is refused by the configuration.
+    /// behalf (its `log` calls). The engine's epoch ticker thread keeps
+    /// it, in every host: a call stops never before its deadline and at
+    /// most two epoch ticks ([`EPOCH_TICK`](super::EPOCH_TICK)) after it.
+    /// A deadline under a millisecond is refused by the configuration.
     pub deadline: std::time::Duration,
 }
 
