@@ -152,6 +152,19 @@ pub enum HostError {
 }
 
 impl HostError {
+    /// Whether the node is at fault (the cocoon root, the plugin directory,
+    /// the cache, cocoon's record): the pod was told once
+    /// (`PostCloneNodeError`) and waits; a retry does not tell it again.
+    pub fn is_node_error(&self) -> bool {
+        matches!(
+            self,
+            HostError::Probe { .. }
+                | HostError::Plugins { .. }
+                | HostError::PluginCode { .. }
+                | HostError::BadRecord { .. }
+        )
+    }
+
     /// Whether trying the same pod again later can succeed: cocoon, the
     /// API server and the node's mounts can recover; a pod that is gone or
     /// whose annotations do not parse cannot.

@@ -30,7 +30,7 @@ use crate::cocoon::Cocoon;
 use fixup_core::decision::{FixupEnd, Handled, Readiness, Summary, Trigger};
 use fixup_core::lifecycle::HandsOff;
 
-use crate::host::{Host, HostError};
+use crate::host::Host;
 use crate::pods::PodApi;
 use fixup_core::facts::{PodInput, annotations};
 use fixup_core::lifecycle;
@@ -328,7 +328,7 @@ impl<C: Cocoon, P: PodApi> Task<C, P> {
                     // A node error has been told (with `ResumedAfterRestart`
                     // before it): retries do not tell them again. Other
                     // failures may come before either was told.
-                    if matches!(e, HostError::Probe { .. } | HostError::Plugins { .. }) {
+                    if e.is_node_error() {
                         trigger = Trigger::Retry;
                     }
                 }

@@ -52,14 +52,14 @@ struct WorldCocoon {
 impl Cocoon for WorldCocoon {
     async fn exec(
         &self,
-        _vm: &VmId,
+        vm: &VmId,
         argv: &[String],
         timeout: Duration,
     ) -> Result<ExecOutput, CocoonError> {
         let (takes, result) = {
             let mut world = self.world.lock().unwrap();
             let purpose = world.purpose_of(argv);
-            world.exec(self.clock.now(), purpose, argv, timeout)
+            world.exec(self.clock.now(), vm.as_str(), purpose, argv, timeout)
         };
         tokio::time::sleep(takes).await;
         result.map_err(|reason| CocoonError::BadOutput {

@@ -212,6 +212,9 @@ pub struct Expected {
     pub write: Option<BTreeMap<String, Option<String>>>,
     #[serde(default)]
     pub exec: Option<ExecPurpose>,
+    /// The VM an exec runs in.
+    #[serde(default)]
+    pub vm: Option<String>,
     #[serde(default)]
     pub timeout_ms: Option<u64>,
     #[serde(default)]
@@ -222,6 +225,9 @@ pub struct Expected {
     /// Text the event's message contains.
     #[serde(default)]
     pub message_has: Option<String>,
+    /// Text the event's message must not contain (another VM's name).
+    #[serde(default)]
+    pub message_lacks: Option<String>,
 }
 
 /// What the host did, as the world saw it.
@@ -238,6 +244,7 @@ pub enum Seen {
     },
     Exec {
         at_ms: u64,
+        vm: String,
         purpose: ExecPurpose,
         timeout_ms: u64,
     },
@@ -265,9 +272,13 @@ impl std::fmt::Display for Seen {
             }
             Seen::Exec {
                 at_ms,
+                vm,
                 purpose,
                 timeout_ms,
-            } => write!(f, "{at_ms:>7} ms  exec {purpose:?} timeout {timeout_ms} ms"),
+            } => write!(
+                f,
+                "{at_ms:>7} ms  exec {purpose:?} in {vm} timeout {timeout_ms} ms"
+            ),
             Seen::Event {
                 at_ms,
                 reason,
@@ -308,6 +319,10 @@ impl Expected {
                         .message_has
                         .as_ref()
                         .is_none_or(|m| message.contains(m.as_str()))
+                    && self
+                        .message_lacks
+                        .as_ref()
+                        .is_none_or(|m| !message.contains(m.as_str()))
             }
         }
     }
@@ -635,12 +650,14 @@ impl World {
     pub fn exec(
         &mut self,
         now: Duration,
+        vm: &str,
         purpose: ExecPurpose,
         argv: &[String],
         timeout: Duration,
     ) -> (Duration, Result<ExecOutput, String>) {
         self.seen.push(Seen::Exec {
             at_ms: ms(now),
+            vm: vm.to_owned(),
             purpose,
             timeout_ms: ms(timeout),
         });
@@ -720,11 +737,12 @@ impl World {
     pub fn exec_until(
         &mut self,
         now: &mut Duration,
+        vm: &str,
         purpose: ExecPurpose,
         argv: &[String],
         timeout: Duration,
     ) -> Waited<Result<ExecOutput, String>> {
-        let (takes, result) = self.exec(*now, purpose, argv, timeout);
+        let (takes, result) = self.exec(*now, vm, purpose, argv, timeout);
         self.until(now, *now + takes, result)
     }
 
@@ -898,11 +916,11 @@ pub fn replay(scenario: &Scenario, planner: &Planner) -> (World, Ended) {
                 ),
             ),
             Action::Exec {
+                vm,
                 argv,
                 timeout,
                 purpose,
-                ..
-            } => match world.exec_until(&mut now, purpose, &argv, timeout) {
+            } => match world.exec_until(&mut now, vm.as_str(), purpose, &argv, timeout) {
                 Waited::Done(result) => Report::Ran(result),
                 Waited::Cancelled => Report::Cancelled,
             },

@@ -35,7 +35,7 @@ mod task;
 
 pub use locate::{Lookup, bind_record, boot_override, lookup, observe, vm_id};
 pub use settings::{ReadyConfig, RetryConfig, Settings, SettingsBuilder, SettingsMs};
-pub use task::{DECIDE_ROUNDS, NonceSource, PodTask, os_nonces};
+pub use task::{DECIDE_ROUNDS, NonceSource, PodTask, WrongReport, os_nonces};
 
 use std::fmt;
 use std::net::Ipv4Addr;

@@ -56,6 +56,80 @@ pub struct PodTask {
     now: Duration,
     /// The task ends when the fixup loop does ([`PodTask::for_plan`]).
     fixup_only: bool,
+    /// What answers the action handed out last.
+    awaiting: Awaiting,
+}
+
+/// The reports that answer an action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Awaiting {
+    Go,
+    GoOrCancelled,
+    Inspected,
+    Planned,
+    Read,
+    Patched,
+    RanOrCancelled,
+    LeaseOrCancelled,
+    /// The task is over.
+    Nothing,
+}
+
+impl Awaiting {
+    fn of(action: &Action) -> Awaiting {
+        match action {
+            Action::Release | Action::Tell(_) | Action::Note(_) => Awaiting::Go,
+            Action::Admit | Action::Checkpoint | Action::Sleep { .. } => Awaiting::GoOrCancelled,
+            Action::Inspect { .. } => Awaiting::Inspected,
+            Action::Plan(_) => Awaiting::Planned,
+            Action::Read => Awaiting::Read,
+            Action::Patch { .. } => Awaiting::Patched,
+            Action::Exec { .. } => Awaiting::RanOrCancelled,
+            Action::WaitLease { .. } => Awaiting::LeaseOrCancelled,
+            Action::Finish(_) => Awaiting::Nothing,
+        }
+    }
+
+    fn accepts(self, report: &Report) -> bool {
+        matches!(
+            (self, report),
+            (Awaiting::Go | Awaiting::GoOrCancelled, Report::Go)
+                | (
+                    Awaiting::GoOrCancelled | Awaiting::RanOrCancelled | Awaiting::LeaseOrCancelled,
+                    Report::Cancelled,
+                )
+                | (Awaiting::Inspected, Report::Inspected(_))
+                | (Awaiting::Planned, Report::Planned(_))
+                | (Awaiting::Read, Report::Read(_))
+                | (Awaiting::Patched, Report::Patched(_))
+                | (Awaiting::RanOrCancelled, Report::Ran(_))
+                | (Awaiting::LeaseOrCancelled, Report::Lease(_))
+        )
+    }
+}
+
+/// A report that does not answer the action handed out last: the task is
+/// left as it was, waiting for the right one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the report {got} does not answer the last action (it wants {wants}): carry out the action the task returned and report what it did"
+)]
+pub struct WrongReport {
+    pub wants: String,
+    pub got: String,
+}
+
+fn report_name(report: &Report) -> &'static str {
+    match report {
+        Report::Go => "go",
+        Report::Cancelled => "cancelled",
+        Report::Inspected(_) => "inspected",
+        Report::Planned(_) => "planned",
+        Report::Read(_) => "read",
+        Report::Patched(_) => "patched",
+        Report::Ran(_) => "ran",
+        Report::Lease(_) => "lease",
+    }
 }
 
 impl std::fmt::Debug for PodTask {
@@ -271,6 +345,7 @@ impl PodTask {
             nonces,
             now: Duration::ZERO,
             fixup_only: false,
+            awaiting: Awaiting::Nothing,
         };
         let first = if uid.is_none() {
             task.stop(Stop::NoUid { pod: label })
@@ -280,6 +355,7 @@ impl PodTask {
                 Ok(_) => Action::Admit,
             }
         };
+        task.awaiting = Awaiting::of(&first);
         (task, first)
     }
 
@@ -309,6 +385,7 @@ impl PodTask {
         task.fixup_only = true;
         task.stage =
             Stage::BeforeRunning(Fixup::new(vm, scenario, None, plan, exec, script, ready_ip));
+        task.awaiting = Awaiting::GoOrCancelled;
         (task, Action::Checkpoint)
     }
 
@@ -327,21 +404,39 @@ impl PodTask {
     ///
     /// # Panics
     ///
-    /// When the report does not answer the last action (a host bug).
+    /// When the report does not answer the last action (a host bug; a
+    /// host that takes reports from elsewhere uses [`try_next`](Self::try_next)).
     pub fn next(&mut self, report: Report, now: Duration) -> Action {
+        self.try_next(report, now).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`next`](Self::next), refusing a report that does not answer the
+    /// last action (the task is then unchanged).
+    pub fn try_next(&mut self, report: Report, now: Duration) -> Result<Action, WrongReport> {
+        if !self.awaiting.accepts(&report) {
+            return Err(WrongReport {
+                wants: format!("{:?}", self.awaiting).to_lowercase(),
+                got: report_name(&report).to_owned(),
+            });
+        }
         self.now = now;
-        if let Some(queued) = self.queue.pop_front() {
+        let action = match self.queue.pop_front() {
             // A fire-and-forget action was carried out.
-            return queued;
-        }
-        let stage = std::mem::replace(&mut self.stage, Stage::Over);
-        let action = self.advance(stage, report);
-        if self.queue.is_empty() {
-            return action;
-        }
-        // Events and notes first, then the question.
-        self.queue.push_back(action);
-        self.queue.pop_front().expect("not empty")
+            Some(queued) => queued,
+            None => {
+                let stage = std::mem::replace(&mut self.stage, Stage::Over);
+                let action = self.advance(stage, report);
+                if self.queue.is_empty() {
+                    action
+                } else {
+                    // Events and notes first, then the question.
+                    self.queue.push_back(action);
+                    self.queue.pop_front().expect("not empty")
+                }
+            }
+        };
+        self.awaiting = Awaiting::of(&action);
+        Ok(action)
     }
 
     fn tell(&mut self, event: Event) {
@@ -835,6 +930,12 @@ impl PodTask {
             // A write that landed while its answer was lost (a timeout, a
             // server error after the commit) is refused when tried again,
             // since it moved the version on: the pod then already holds it.
+            // Another incarnation under the name: nothing more for it.
+            Ok(Guarded::Changed(current))
+                if current.uid.as_deref() != Some(self.pod.uid.as_str()) =>
+            {
+                self.decided(write, Decided::Gone)
+            }
             Ok(Guarded::Changed(current)) if holds(&current, patch) => self.decided(
                 write,
                 Decided::Written {
@@ -995,6 +1096,10 @@ impl PodTask {
         if !ours {
             return self.fixup_over(&fixup, FixupEnd::Gone);
         }
+        // The budget may have run out while the last failure was told.
+        if fixup.attempts > 0 && self.now >= fixup.deadline {
+            return self.exhaust(fixup);
+        }
         fixup.seen = seen;
         fixup.attempts += 1;
         let nonce = match (self.nonces)() {
@@ -1048,18 +1153,23 @@ impl PodTask {
         fixup.errors.push(line);
         let interval = self.settings.retry.interval;
         if self.now + interval >= fixup.deadline {
-            let summary = messages::exhausted(
-                fixup.scenario.as_str(),
-                fixup.attempts,
-                self.settings.retry.budget,
-                &fixup.errors,
-            );
-            self.stage = Stage::ReadingFor(Write::Exhausted { fixup, summary });
-            return Action::Read;
+            return self.exhaust(fixup);
         }
         let until = self.now + interval;
         self.stage = Stage::Sleeping(fixup);
         Action::Sleep { until }
+    }
+
+    /// The budget is spent: the failure record, decided from a read.
+    fn exhaust(&mut self, fixup: Box<Fixup>) -> Action {
+        let summary = messages::exhausted(
+            fixup.scenario.as_str(),
+            fixup.attempts,
+            self.settings.retry.budget,
+            &fixup.errors,
+        );
+        self.stage = Stage::ReadingFor(Write::Exhausted { fixup, summary });
+        Action::Read
     }
 
     /// `done` with nothing to decide it from: any state of the pod takes

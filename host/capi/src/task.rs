@@ -130,7 +130,10 @@ pub fn next(built: &Built, task: &mut Task, report: &str) -> Result<String, Fail
         ));
     }
     let (now, report) = read_report(report)?;
-    let action = task.task.next(report, now);
+    let action = task
+        .task
+        .try_next(report, now)
+        .map_err(|e| bad_report(e.to_string()))?;
     task.hand_out(built, action, now)
 }
 
@@ -290,6 +293,9 @@ fn read_report(text: &str) -> Result<(Duration, Report), Failure> {
     };
     let v = &map[key.as_str()];
     let report = match key.as_str() {
+        "go" | "cancelled" if *v != Value::Bool(true) => {
+            return Err(bad_report(format!("{key} is true")));
+        }
         "go" => Report::Go,
         "cancelled" => Report::Cancelled,
         "inspected" => {
@@ -438,7 +444,7 @@ mod tests {
                             serde_json::from_value(a["purpose"].clone()).unwrap();
                         let timeout = ms_of("timeout_ms");
                         waited(
-                            world.exec_until(&mut now, purpose, &argv, timeout),
+                            world.exec_until(&mut now, &str_of("vm"), purpose, &argv, timeout),
                             |result| match result {
                                 Ok(out) => json!({"ran": ran_json(&out)}),
                                 Err(e) => json!({"exec_error": e}),
@@ -490,6 +496,39 @@ mod tests {
         suite.assert_passed();
     }
 
+    /// A report that does not answer the last action is refused, and the
+    /// task goes on as it was: the right report still works.
+    #[test]
+    fn a_report_that_does_not_answer_the_action_is_refused_and_the_task_lives() {
+        let root = tempfile::tempdir().unwrap();
+        let options = json!({"cocoon_root": root.path(), "plugin_dir": "", "no_cache": true});
+        let (built, _) = crate::ops::planner_new(&options.to_string()).unwrap();
+        let pod = json!({"metadata": {"name": "demo-2", "namespace": "prod", "uid": "u-1",
+            "annotations": {"cocoonset.cocoonstack.io/managed": "true", "vm.cocoonstack.io/id": "vm-1"}}});
+        let (mut task, first) = start(&built, pod.to_string().as_bytes(), None).unwrap();
+        assert!(first.contains("\"admit\""), "{first}");
+        let inspect = next(&built, &mut task, r#"{"now_ms": 0, "go": true}"#).unwrap();
+        assert!(inspect.contains("\"inspect\""), "{inspect}");
+        for wrong in [
+            r#"{"now_ms": 0, "go": true}"#,
+            r#"{"now_ms": 0, "cancelled": true}"#,
+            r#"{"now_ms": 0, "lease": null}"#,
+        ] {
+            let e = next(&built, &mut task, wrong).unwrap_err();
+            assert!(e.message.contains("does not answer"), "{}", e.message);
+        }
+        let again = next(
+            &built,
+            &mut task,
+            r#"{"now_ms": 0, "inspect_error": "timed out"}"#,
+        )
+        .unwrap();
+        assert!(
+            again.contains("\"finish\"") && again.contains("\"inspect\""),
+            "{again}"
+        );
+    }
+
     #[test]
     fn a_report_without_its_clock_or_with_two_answers_is_refused() {
         for (text, says) in [
@@ -501,6 +540,7 @@ mod tests {
                 "\"api\"",
             ),
             ("[]", "not an object"),
+            (r#"{"now_ms": 1, "go": false}"#, "go is true"),
         ] {
             let e = read_report(text).unwrap_err();
             assert!(e.message.contains(says), "{text}: {}", e.message);
