@@ -397,6 +397,15 @@ pub mod messages {
     }
 }
 
+/// The IP and lifecycle `ready` (spec section 6), for a pod that is still
+/// the host's: its lifecycle is then empty or `creating`, so stickiness
+/// (spec section 7) cannot forbid `ready`.
+pub fn ready_patch(current: &BTreeMap<String, String>, ip: std::net::Ipv4Addr) -> AnnotationPatch {
+    let mut patch = AnnotationPatch::from([(keys::IP.to_owned(), Some(ip.to_string()))]);
+    patch.extend(lifecycle::transition(current, Lifecycle::Ready, "").unwrap_or_default());
+    patch
+}
+
 /// The patch that sets `post-clone-state` to `state`.
 pub fn state_patch(state: PostCloneState) -> AnnotationPatch {
     AnnotationPatch::from([(

@@ -518,7 +518,7 @@ pub fn capture(
         boot: assumed.as_ref().map(|(boot, _)| *boot),
         source_image: input.overrides.source_image.clone(),
     };
-    let obs = Observation::new(pod, input.vm, &overrides)?;
+    let obs = Observation::new(pod, input.vm, &overrides);
     let decision = classify::classify(&obs);
     let (image, scenarios) = match decision.fixup {
         Some(_) => {

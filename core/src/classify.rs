@@ -282,7 +282,7 @@ mod tests {
                 })
                 .collect(),
         };
-        Observation::new(&pod, &vm, &Overrides::default()).unwrap()
+        Observation::new(&pod, &vm, &Overrides::default())
     }
 
     #[rstest]
@@ -475,7 +475,7 @@ mod tests {
             boot: None,
             source_image: source_image_arg(&dir),
         };
-        let obs = Observation::new(&pod, &vm, &overrides).unwrap();
+        let obs = Observation::new(&pod, &vm, &overrides);
         let decision = classify(&obs);
         assert_eq!(decision.rule, rule, "{name}");
         let image = if decision.needs_image_kind() {

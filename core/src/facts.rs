@@ -522,20 +522,12 @@ pub struct Observation {
 impl Observation {
     /// Combines the inputs, interpreting annotations per spec section 2.
     ///
-    /// The only error is a VM id conflict: when inspect and the
-    /// `vm.cocoonstack.io/id` annotation both name an id and they differ,
-    /// the pod and the inspected VM are not the same VM, and fixing up
-    /// either would touch the wrong guest.
-    pub fn new(pod: &PodInput, vm: &VmInspect, overrides: &Overrides) -> Result<Self, FactError> {
+    /// It proves nothing: whether `vm` is the pod's own VM (the ids agree,
+    /// the names bind) is [`crate::decision::bind_record`]'s to say, and
+    /// every host asks it first.
+    pub fn new(pod: &PodInput, vm: &VmInspect, overrides: &Overrides) -> Self {
         let pod_name = pod.display_name();
         let annotated_id = pod.annotation(annotations::VM_ID);
-        if !vm.id.is_empty() && !annotated_id.is_empty() && vm.id != annotated_id {
-            return Err(FactError::IdMismatch {
-                pod: pod_name,
-                inspect_id: shown(&vm.id),
-                annotation_id: shown(annotated_id),
-            });
-        }
         let vm_id = if vm.id.is_empty() {
             annotated_id
         } else {
@@ -557,7 +549,7 @@ impl Observation {
         let recorded_image = (boot == Some(BootKind::Clone)
             && pod.annotation(annotations::CLONE_FROM_DIR).is_empty())
         .then(|| vm.image.clone());
-        Ok(Observation {
+        Observation {
             pod: pod_name,
             managed: pod.annotation(annotations::MANAGED) == "true",
             vm_name: vm_name.to_owned(),
@@ -574,7 +566,7 @@ impl Observation {
             flavor: (!flavor.is_empty()).then(|| flavor.to_owned()),
             nics: vm.nics.clone(),
             annotations: pod.annotations.clone(),
-        })
+        }
     }
 
     /// The VM id, validated; the error names where it came from.
@@ -887,16 +879,6 @@ pub enum FactError {
     /// The pod file holds some other object, typically a `List`.
     #[error("{input}: kind is {kind}, not \"Pod\"; pass one pod: `kubectl get pod <name> -o json`")]
     NotAPod { input: String, kind: String },
-    /// Inspect and annotation disagree on the VM id.
-    #[error(
-        "pod {pod}: inspect says VM id {inspect_id} but annotation {key} says {annotation_id}; inspect the VM this pod names, or fix the annotation",
-        key = annotations::VM_ID
-    )]
-    IdMismatch {
-        pod: String,
-        inspect_id: String,
-        annotation_id: String,
-    },
     /// Validation was asked for a VM that needs no fixup.
     #[error(
         "pod {pod}: not a cloned boot (mode run without fork-from or clone-from-dir), so no fixup applies; classify the pod before validating its facts"
@@ -1283,7 +1265,7 @@ mod tests {
             nics,
             ..VmInspect::default()
         };
-        Observation::new(&pod, &vm, &Overrides::default()).unwrap()
+        Observation::new(&pod, &vm, &Overrides::default())
     }
 
     #[test]
@@ -1455,8 +1437,7 @@ mod tests {
             boot,
             source_image: Some(String::new()),
         };
-        let obs =
-            Observation::new(&pod_with(annotations), &VmInspect::default(), &overrides).unwrap();
+        let obs = Observation::new(&pod_with(annotations), &VmInspect::default(), &overrides);
         assert_eq!(obs.boot, expected);
         assert_eq!(obs.source_image, None, "an empty source image is unknown");
     }
@@ -1466,13 +1447,7 @@ mod tests {
     #[case::annotation_only("", "vm-2", Ok("vm-2"))]
     #[case::both_same("vm-1", "vm-1", Ok("vm-1"))]
     #[case::neither("", "", Ok(""))]
-    #[case::differ(
-        "vm-1",
-        "vm-2",
-        Err(
-            "pod default/web-0: inspect says VM id \"vm-1\" but annotation vm.cocoonstack.io/id says \"vm-2\"; inspect the VM this pod names, or fix the annotation"
-        )
-    )]
+    #[case::differ_the_record_wins("vm-1", "vm-2", Ok("vm-1"))]
     fn vm_id_source(
         #[case] inspect: &str,
         #[case] annotated: &str,
@@ -1483,9 +1458,8 @@ mod tests {
             id: inspect.to_owned(),
             ..VmInspect::default()
         };
-        let got = Observation::new(&pod, &vm, &Overrides::default())
-            .map(|o| o.vm_id)
-            .map_err(|e| e.to_string());
+        let got: Result<String, String> =
+            Ok(Observation::new(&pod, &vm, &Overrides::default()).vm_id);
         assert_eq!(got, expected.map(str::to_owned).map_err(str::to_owned));
     }
 
@@ -1497,7 +1471,7 @@ mod tests {
             (annotations::OS, "Windows"),
             (annotations::GUEST_FLAVOR, ""),
         ]);
-        let obs = Observation::new(&pod, &VmInspect::default(), &Overrides::default()).unwrap();
+        let obs = Observation::new(&pod, &VmInspect::default(), &Overrides::default());
         assert!(!obs.managed);
         assert_eq!(obs.backend, Backend::CloudHypervisor);
         assert_eq!(obs.os, GuestOs::Unknown);

@@ -23,8 +23,8 @@ use tokio_util::sync::CancellationToken;
 
 use fixup_core::classify::Scenario;
 use fixup_core::decision::{
-    Action, FixupEnd, Guarded, NodeError, Note, PlanRequest, Planned, PodTask, Readiness, Report,
-    RetryConfig, Settings, Stop, Summary, is_node_error, os_nonces,
+    Action, FixupEnd, Guarded, Note, PlanRequest, Planned, PodTask, Readiness, Report, RetryConfig,
+    Settings, Stop, Summary, is_node_error, os_nonces,
 };
 use fixup_core::facts::{PodInput, VmId, escape_controls};
 use fixup_core::plan::Plan;
@@ -201,7 +201,6 @@ fn stop_error(stop: Stop, inspect_error: Option<CocoonError>) -> HostError {
     match stop {
         Stop::NoUid { pod } => HostError::NoUid { pod },
         Stop::NoVm { pod } => HostError::NoVm { pod },
-        Stop::Facts(e) => HostError::Facts(e),
         Stop::Inspect { pod, message } => match inspect_error {
             Some(source) => HostError::Cocoon { pod, source },
             None => HostError::Pods(PodError::Api {
@@ -209,10 +208,7 @@ fn stop_error(stop: Stop, inspect_error: Option<CocoonError>) -> HostError {
                 reason: message,
             }),
         },
-        Stop::Node(NodeError::Probe { pod, source }) => HostError::Probe { pod, source },
-        Stop::Node(NodeError::Plugins { pod, source }) => HostError::Plugins { pod, source },
-        Stop::Node(NodeError::PluginCode { pod, source }) => HostError::PluginCode { pod, source },
-        Stop::Node(NodeError::BadRecord { pod, source }) => HostError::BadRecord { pod, source },
+        Stop::Node(e) => HostError::Node(e),
         Stop::Api(e) => HostError::Pods(e),
     }
 }

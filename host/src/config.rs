@@ -22,17 +22,14 @@ use crate::oci::{OciError, PinnedPlugins, PluginRef, RegistryOptions};
 use crate::ready::DEFAULT_LEASE_FILE;
 use crate::reload::{
     DEFAULT_INTERVAL as DEFAULT_RELOAD_INTERVAL, DEFAULT_MAX_FAILURE_RATIO, DEFAULT_WATCH_FIXUPS,
-    QuarantineFile, ReloadConfig,
+    ReloadConfig,
 };
 use fixup_core::decision::SettingsBuilder;
-use fixup_core::plan::PlanLimits;
-use fixup_core::plan::policy::{GuestPolicy, RawPolicy};
-use fixup_core::planner::{FailurePolicy, PlannerOptions};
+use fixup_core::plan::policy::RawPolicy;
+use fixup_core::planner::{OptionError, PlannerOptions, PlannerSettings};
+use fixup_core::plugin::DEFAULT_SLOTS;
 use fixup_core::plugin::cache::{CacheOwner, CachePaths, default_cache_dir, default_paths};
-use fixup_core::plugin::sandbox::{DEFAULT_DEADLINE, DEFAULT_FUEL, DEFAULT_MEMORY_BYTES};
 use fixup_core::plugin::trusted::euid;
-use fixup_core::plugin::{DEFAULT_SLOTS, EngineOptions, Limits};
-use fixup_core::probe::DEFAULT_COCOON_ROOT;
 
 /// The configuration file read when `--config` is not given and it exists.
 pub const DEFAULT_CONFIG_FILE: &str = "/etc/cocoon-fixup/config.toml";
@@ -353,49 +350,6 @@ impl ConfigArgs {
         };
         let a = self.clone().over(file);
         let (cache_dir, cache_key) = cache_paths(&a.plugin, owner, defaults);
-        let plugin_dir = match a.plugin.plugin_dir {
-            Some(dir) if dir.is_dir() => Some(dir),
-            Some(dir) => return Err(ConfigError::PluginDir { path: dir }),
-            None => Some(PathBuf::from(DEFAULT_PLUGIN_DIR)).filter(|d| d.is_dir()),
-        };
-        let memory_mib = a
-            .plugin
-            .plugin_memory_mib
-            .unwrap_or((DEFAULT_MEMORY_BYTES >> 20) as u32);
-        if !fixup_core::plugin::MEMORY_MIB_RANGE.contains(&memory_mib) {
-            return Err(ConfigError::Invalid {
-                what: "plugin_memory_mib",
-                rule: "1..=4096",
-                value: memory_mib.to_string(),
-            });
-        }
-        let mut allowed = std::collections::BTreeSet::new();
-        for digest in &a.plugin.allowed_plugins {
-            allowed.insert(fixup_core::plugin::parse_sha256(digest).map_err(|rule| {
-                ConfigError::Invalid {
-                    what: "allowed_plugins",
-                    rule: "64 hex digits per entry",
-                    value: rule,
-                }
-            })?);
-        }
-        let mut narrowing = BTreeMap::new();
-        for (name, raw) in &a.plugin_policy {
-            let policy = GuestPolicy::parse(raw).map_err(|e| ConfigError::Policy {
-                plugin: name.clone(),
-                reason: e.to_string(),
-            })?;
-            narrowing.insert(name.clone(), policy);
-        }
-        let mut failure = BTreeMap::new();
-        for (name, value) in &a.plugin_failure {
-            let policy = FailurePolicy::parse(value).ok_or_else(|| ConfigError::Invalid {
-                what: "plugin_failure",
-                rule: "`fail` or `fallback` for each plugin name",
-                value: format!("{name} = {value:?}"),
-            })?;
-            failure.insert(name.clone(), policy);
-        }
         let references = a
             .plugins
             .iter()
@@ -425,17 +379,6 @@ impl ConfigArgs {
                 value: ratio.to_string(),
             });
         }
-        // Below a millisecond the deadline would stop every plugin's
-        // `describe` before it starts: a mistake, never a setting.
-        if let Some(deadline) = a.plugin.plugin_deadline
-            && deadline < Duration::from_millis(1)
-        {
-            return Err(ConfigError::Invalid {
-                what: "plugin_deadline",
-                rule: "at least 1ms",
-                value: format!("{deadline:?}"),
-            });
-        }
         let concurrency = a.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
         if concurrency == 0 {
             return Err(ConfigError::Invalid {
@@ -445,7 +388,31 @@ impl ConfigArgs {
             });
         }
         let host_default = HostConfig::default();
-        let plan_default = PlanLimits::default();
+        let planner = PlannerSettings {
+            fuel: a.plugin.plugin_fuel,
+            memory_mib: a.plugin.plugin_memory_mib,
+            deadline: a.plugin.plugin_deadline,
+            plan_max_steps: a.plugin.plan_max_steps,
+            plan_max_bytes: a.plugin.plan_max_bytes,
+            cache_dir,
+            cache_key,
+            // One instance per pod in flight, plus room for the recovery
+            // plans and `plan` calls beside them.
+            slots: Some((concurrency as u32).saturating_mul(2).max(DEFAULT_SLOTS)),
+            allowed_plugins: a.plugin.allowed_plugins.clone(),
+            plugin_policy: a.plugin_policy.clone(),
+            plugin_failure: a.plugin_failure.clone(),
+            plugin_dir: a.plugin.plugin_dir.clone(),
+            cocoon_root: a.cocoon_root.clone(),
+        }
+        .build()
+        .map_err(|e| match e {
+            OptionError::Invalid { what, rule, value } => {
+                ConfigError::Invalid { what, rule, value }
+            }
+            OptionError::Policy { plugin, reason } => ConfigError::Policy { plugin, reason },
+            OptionError::PluginDir { path } => ConfigError::PluginDir { path },
+        })?;
         Ok(Settings {
             cocoon_bin: a
                 .cocoon_bin
@@ -454,34 +421,7 @@ impl ConfigArgs {
                 .lease_file
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_LEASE_FILE)),
             ip_poll: a.ip_poll.unwrap_or(Duration::from_millis(200)),
-            planner: PlannerOptions {
-                engine: EngineOptions {
-                    limits: Limits {
-                        fuel: a.plugin.plugin_fuel.unwrap_or(DEFAULT_FUEL),
-                        memory_bytes: (memory_mib as usize) << 20,
-                        deadline: a.plugin.plugin_deadline.unwrap_or(DEFAULT_DEADLINE),
-                        plan: PlanLimits {
-                            max_steps: a.plugin.plan_max_steps.unwrap_or(plan_default.max_steps),
-                            max_bytes: a.plugin.plan_max_bytes.unwrap_or(plan_default.max_bytes),
-                        },
-                    },
-                    cache_dir,
-                    cache_key,
-                    // One instance per pod in flight, plus room for the
-                    // recovery plans and `plan` calls beside them.
-                    slots: (concurrency as u32).saturating_mul(2).max(DEFAULT_SLOTS),
-                    allowed_sha256: (!allowed.is_empty()).then_some(allowed),
-                    narrowing,
-                    quarantined: QuarantineFile::beside_key(a.plugin.cache_key.as_deref())
-                        .map(|q| q.read())
-                        .unwrap_or_default(),
-                },
-                cocoon_root: a
-                    .cocoon_root
-                    .unwrap_or_else(|| PathBuf::from(DEFAULT_COCOON_ROOT)),
-                plugin_dir,
-                failure,
-            },
+            planner,
             host: HostConfig::from_settings(
                 SettingsBuilder {
                     retry_interval: a.retry_interval,
@@ -682,6 +622,7 @@ fn list_or(mine: Vec<String>, file: Vec<String>) -> Vec<String> {
 mod tests {
     use super::*;
     use clap::Parser;
+    use fixup_core::planner::FailurePolicy;
 
     #[derive(Debug, Parser)]
     struct Cli {

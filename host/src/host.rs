@@ -14,12 +14,10 @@ use std::time::Duration;
 use fixup_core::binding::BindingPolicy;
 use fixup_core::classify::Scenario;
 use fixup_core::decision::{
-    Handled, PodTask, ReadyConfig, RetryConfig, Settings, Summary, Trigger, os_nonces,
+    Handled, NodeError, PodTask, ReadyConfig, RetryConfig, Settings, Summary, Trigger, os_nonces,
 };
 use fixup_core::facts::{FactError, PodInput, annotations};
 use fixup_core::planner::{PlanPart, Planner, PlannerError};
-use fixup_core::plugin::registry::NoPlugin;
-use fixup_core::probe::ProbeError;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -113,40 +111,11 @@ pub enum HostError {
         #[source]
         source: CocoonError,
     },
-    /// The disk probe cannot read the cocoon root: the node is set up
-    /// wrong, not the pod. Reported and retried, never a pod failure.
-    #[error("pod {pod}: node configuration: {source}")]
-    Probe {
-        pod: String,
-        #[source]
-        source: ProbeError,
-    },
-    /// The plugin directory leaves the pod's scenario and flavour without a
-    /// plugin (a contested claim, a file that did not load): the node's
-    /// operator must fix it. Reported and retried, never a pod failure.
-    #[error("pod {pod}: node configuration: {source}")]
-    Plugins {
-        pod: String,
-        #[source]
-        source: NoPlugin,
-    },
-    /// A plugin registered from the cache whose code could not be loaded
-    /// ([`PluginError::NotLoaded`](fixup_core::plugin::PluginError::NotLoaded)): the node's cache is at fault.
-    /// Reported and retried, never a pod failure.
-    #[error("pod {pod}: node configuration: {source}")]
-    PluginCode {
-        pod: String,
-        #[source]
-        source: fixup_core::plugin::PluginError,
-    },
-    /// cocoon printed a VM record whose id is no VM id: cocoon is at
-    /// fault, not the pod. Reported and retried, never a pod failure.
-    #[error("pod {pod}: cocoon's VM record: {source}")]
-    BadRecord {
-        pod: String,
-        #[source]
-        source: FactError,
-    },
+    /// The node is set up wrong (the cocoon root, the plugin directory,
+    /// the cache) or cocoon printed a record that is no VM's: not the
+    /// pod's fault. Reported and retried, never a pod failure.
+    #[error(transparent)]
+    Node(#[from] NodeError),
     #[error(transparent)]
     Pods(#[from] PodError),
 }
@@ -156,13 +125,7 @@ impl HostError {
     /// the cache, cocoon's record): the pod was told once
     /// (`PostCloneNodeError`) and waits; a retry does not tell it again.
     pub fn is_node_error(&self) -> bool {
-        matches!(
-            self,
-            HostError::Probe { .. }
-                | HostError::Plugins { .. }
-                | HostError::PluginCode { .. }
-                | HostError::BadRecord { .. }
-        )
+        matches!(self, HostError::Node(_))
     }
 
     /// Whether trying the same pod again later can succeed: cocoon, the
@@ -170,11 +133,7 @@ impl HostError {
     /// whose annotations do not parse cannot.
     pub fn is_retryable(&self) -> bool {
         match self {
-            HostError::Cocoon { .. }
-            | HostError::BadRecord { .. }
-            | HostError::Probe { .. }
-            | HostError::Plugins { .. }
-            | HostError::PluginCode { .. } => true,
+            HostError::Cocoon { .. } | HostError::Node(_) => true,
             HostError::Pods(PodError::Api { .. }) => true,
             HostError::NotFound { .. }
             | HostError::NoUid { .. }
@@ -191,9 +150,8 @@ impl HostError {
             HostError::NoUid { .. } => "no-uid",
             HostError::NoVm { .. } => "no-vm",
             HostError::Facts(_) => "facts",
-            HostError::Cocoon { .. } | HostError::BadRecord { .. } => "cocoon",
-            HostError::Probe { .. } => "probe",
-            HostError::Plugins { .. } | HostError::PluginCode { .. } => "plugins",
+            HostError::Cocoon { .. } => "cocoon",
+            HostError::Node(e) => e.kind(),
             HostError::Pods(PodError::Api { .. }) => "api",
             HostError::Pods(PodError::Refused { .. }) => "api-refused",
             HostError::Pods(PodError::Gone { .. }) => "gone",

@@ -55,6 +55,7 @@ use crate::pods::PodApi;
 use fixup_core::classify::Scenario;
 use fixup_core::kit::{TestOptions, test_plugin};
 use fixup_core::planner::Planner;
+use fixup_core::plugin::quarantine::QuarantineFile;
 use fixup_core::plugin::trusted::TrustedDir;
 use fixup_core::plugin::{EngineOptions, LoadedPlugin, Origin};
 
@@ -86,83 +87,6 @@ impl Default for ReloadConfig {
             watch_fixups: DEFAULT_WATCH_FIXUPS,
             max_failure_ratio: DEFAULT_MAX_FAILURE_RATIO,
         }
-    }
-}
-
-/// The file that keeps the digests a rollback quarantined, one sha256 per
-/// line (`#` starts a comment), beside the cache key
-/// (`/var/lib/cocoon-fixup/quarantine` for root): a quarantined file stays
-/// out of service across restarts, for `plan`, `run` and `serve` alike,
-/// until it is replaced or its line removed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QuarantineFile {
-    dir: PathBuf,
-}
-
-/// The quarantine file's name in its directory.
-pub const QUARANTINE_FILE: &str = "quarantine";
-
-impl QuarantineFile {
-    /// The quarantine file beside `key` (`--cache-key`), else beside the
-    /// default cache key; `None` when there is no such place.
-    pub fn beside_key(key: Option<&Path>) -> Option<Self> {
-        let key = key
-            .map(Path::to_owned)
-            .or_else(fixup_core::plugin::cache::default_key_path)?;
-        Some(QuarantineFile {
-            dir: key.parent()?.to_owned(),
-        })
-    }
-
-    pub fn path(&self) -> PathBuf {
-        self.dir.join(QUARANTINE_FILE)
-    }
-
-    /// The digests listed. A missing file lists none; a file (or a
-    /// directory above it) that breaks the trust rules, and a line that is
-    /// no digest, are logged and ignored.
-    pub fn read(&self) -> BTreeSet<String> {
-        let bytes = match TrustedDir::open(&self.dir).and_then(|d| d.read_file(QUARANTINE_FILE)) {
-            Ok(Some(bytes)) => bytes,
-            Ok(None) => return BTreeSet::new(),
-            Err(e) if e.is_io() => return BTreeSet::new(),
-            Err(e) => {
-                tracing::warn!("quarantine file not used: {e}");
-                return BTreeSet::new();
-            }
-        };
-        String::from_utf8_lossy(&bytes)
-            .lines()
-            .map(|line| line.split('#').next().unwrap_or("").trim())
-            .filter(|line| !line.is_empty())
-            .filter_map(|line| match fixup_core::plugin::parse_sha256(line) {
-                Ok(digest) => Some(digest),
-                Err(e) => {
-                    tracing::warn!(
-                        file = %self.path().display(),
-                        "quarantine line ignored: {}",
-                        fixup_core::facts::escape_controls(&e)
-                    );
-                    None
-                }
-            })
-            .collect()
-    }
-
-    /// Add `sha256` (with a comment saying which plugin and when).
-    pub fn add(&self, sha256: &str, comment: &str) -> std::io::Result<()> {
-        let dir = TrustedDir::create(&self.dir).map_err(std::io::Error::other)?;
-        let mut text = match dir.read_file(QUARANTINE_FILE) {
-            Ok(Some(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
-            Ok(None) => String::new(),
-            Err(e) => return Err(std::io::Error::other(e)),
-        };
-        if !text.is_empty() && !text.ends_with('\n') {
-            text.push('\n');
-        }
-        let comment = fixup_core::facts::escape_controls(comment);
-        text.push_str(&format!("{sha256}  # {comment}\n"));
-        dir.write_file(QUARANTINE_FILE, text.as_bytes(), 0o600)
     }
 }
 

@@ -12,6 +12,7 @@ use crate::support;
 
 use fixup_core::decision::FixupEnd;
 use fixup_core::decision::Handled;
+use fixup_core::decision::NodeError;
 use fixup_core::decision::Readiness;
 use fixup_core::lifecycle::HandsOff;
 use std::collections::BTreeMap;
@@ -868,7 +869,10 @@ async fn an_unreadable_cocoon_root_is_a_node_error_not_a_pod_failure() {
     setup.cocoon_root = Some(root.clone());
     let rig = setup.build();
     let error = rig.handle("default", "web-0").await.unwrap_err();
-    assert!(matches!(error, HostError::Probe { .. }), "{error}");
+    assert!(
+        matches!(error, HostError::Node(NodeError::Probe { .. })),
+        "{error}"
+    );
     assert!(error.is_retryable());
     assert_untouched(&rig);
     let events = rig.events();
@@ -1056,7 +1060,10 @@ async fn a_plugin_file_that_does_not_load_fails_only_its_pods() {
     // Waits, clearly.
     let waits = rig(&[("vm.cocoonstack.io/guest-flavor", "rhel")]);
     let error = waits.handle("default", "web-0").await.unwrap_err();
-    assert!(matches!(error, HostError::Plugins { .. }), "{error}");
+    assert!(
+        matches!(error, HostError::Node(NodeError::Plugins { .. })),
+        "{error}"
+    );
     assert!(error.is_retryable());
     assert!(waits.cocoon.calls().is_empty());
     assert!(waits.pods.patches().is_empty(), "not failed");

@@ -216,7 +216,15 @@ fn plan_case(case: &FactsCase) -> Result<Option<ComposedPlan>, String> {
         boot: None,
         source_image: case.source_image.clone(),
     };
-    let obs = Observation::new(&pod, &vm, &overrides).map_err(|e| e.to_string())?;
+    // The hosts refuse a record whose id is not the annotated one before
+    // anything is planned (the names are the binding tests' to check).
+    if let fixup_core::binding::Verdict::Mismatch(
+        m @ fixup_core::binding::Mismatch::IdDisagrees { .. },
+    ) = fixup_core::decision::bind_record(&pod, &vm, Default::default())
+    {
+        return Err(m.to_string());
+    }
+    let obs = Observation::new(&pod, &vm, &overrides);
     if case.overlay {
         let id = VmId::parse(&obs.vm_id).expect("overlay cases have a valid id");
         let dir = root.join("run/cloudhypervisor").join(id.as_str());
@@ -734,9 +742,15 @@ fn pod_names_are_escaped_in_errors() {
         "vm.cocoonstack.io/id": "vm-a",
     }}});
     let pod = PodInput::from_json(&pod.to_string(), "pod.json").unwrap();
-    let vm = VmInspect::from_json(r#"{"id": "vm-b"}"#, "vm.json").unwrap();
-    let error = Observation::new(&pod, &vm, &Overrides::default())
-        .expect_err("the ids differ")
+    let vm = VmInspect::from_json(
+        r#"{"id": "vm-a", "network_configs": [{"mac": "not a mac"}]}"#,
+        "vm.json",
+    )
+    .unwrap();
+    let obs = Observation::new(&pod, &vm, &Overrides::default());
+    let error = fixup_core::facts::VmFacts::validate(&obs, fixup_core::facts::ImageKind::Unknown)
+        .expect_err("the MAC is no MAC")
         .to_string();
+    assert!(error.contains("web"), "{error}");
     assert!(!error.chars().any(char::is_control), "{error:?}");
 }

@@ -663,7 +663,7 @@ fn expected_hint() -> String {
     .unwrap();
     let pod = pod(&[]);
     let vm = fixup_core::facts::VmInspect::from_json(&inspect(&STATIC), "inspect").unwrap();
-    let obs = fixup_core::facts::Observation::new(&pod, &vm, &Default::default()).unwrap();
+    let obs = fixup_core::facts::Observation::new(&pod, &vm, &Default::default());
     let hint = planner.plan(&obs).unwrap().composed.unwrap().hint;
     let script = base64::engine::general_purpose::STANDARD
         .decode(&hint)

@@ -111,7 +111,7 @@ pub fn observation(
     let pod = PodInput::from_json(&pod_json(&annotations), "pod.json").expect("test pod parses");
     let vm =
         VmInspect::from_json(&vm_json("vm-0123abcd", nics), "vm.json").expect("test vm parses");
-    Observation::new(&pod, &vm, &Overrides::default()).expect("test observation")
+    Observation::new(&pod, &vm, &Overrides::default())
 }
 
 /// A managed Linux clone in `default` named `name` that asks for the

@@ -27,7 +27,7 @@ fn observe(dir: &Path) -> Observation {
             }
         }
     }
-    Observation::new(&pod, &vm, &overrides).expect("example observation")
+    Observation::new(&pod, &vm, &overrides)
 }
 
 fn planner() -> Planner {

@@ -91,7 +91,7 @@ fn clone_observation(
         source_image: source_image.map(str::to_owned),
         ..Overrides::default()
     };
-    Observation::new(&pod, &vm, &overrides).expect("observation")
+    Observation::new(&pod, &vm, &overrides)
 }
 
 #[test]
@@ -101,7 +101,7 @@ fn the_example_rhel_pod_gets_nm_keyfile_from_the_plugin_directory() {
     let read = |name: &str| std::fs::read_to_string(dir.join(name)).expect("example file");
     let pod = PodInput::from_json(&read("pod.json"), "pod.json").expect("pod parses");
     let vm = VmInspect::from_json(&read("vm.json"), "vm.json").expect("vm parses");
-    let obs = Observation::new(&pod, &vm, &Overrides::default()).expect("observation");
+    let obs = Observation::new(&pod, &vm, &Overrides::default());
 
     let outcome = node.planner.plan(&obs).expect("plans");
     let report = report(&outcome, &obs);

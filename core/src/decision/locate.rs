@@ -71,11 +71,7 @@ pub fn boot_override(pod: &PodInput, given: Option<BootKind>) -> Option<BootKind
 
 /// The observation a pod and its bound VM record are planned from, with
 /// [`boot_override`] applied to `overrides`.
-pub fn observe(
-    pod: &PodInput,
-    record: &VmInspect,
-    overrides: &Overrides,
-) -> Result<Observation, FactError> {
+pub fn observe(pod: &PodInput, record: &VmInspect, overrides: &Overrides) -> Observation {
     let overrides = Overrides {
         boot: boot_override(pod, overrides.boot),
         source_image: overrides.source_image.clone(),

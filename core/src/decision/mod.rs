@@ -326,8 +326,6 @@ pub enum Stop {
         crate::facts::annotations::VM_NAME
     )]
     NoVm { pod: String },
-    #[error(transparent)]
-    Facts(#[from] FactError),
     /// `cocoon vm inspect` failed (the host keeps its error).
     #[error("pod {pod}: {message}")]
     Inspect { pod: String, message: String },
@@ -338,13 +336,12 @@ pub enum Stop {
 }
 
 impl Stop {
-    /// A short label: `no-uid`, `no-vm`, `facts`, `inspect`, the node
+    /// A short label: `no-uid`, `no-vm`, `inspect`, the node
     /// error's kind ([`NodeError::kind`]), `api`, `refused` or `gone`.
     pub fn kind(&self) -> &'static str {
         match self {
             Stop::NoUid { .. } => "no-uid",
             Stop::NoVm { .. } => "no-vm",
-            Stop::Facts(_) => "facts",
             Stop::Inspect { .. } => "inspect",
             Stop::Node(e) => e.kind(),
             Stop::Api(PodError::Gone { .. }) => "gone",
@@ -354,14 +351,13 @@ impl Stop {
     }
 
     /// Whether trying the same pod again later can succeed: cocoon, the
-    /// API server and the node can recover; a pod whose annotations do
-    /// not parse, or that names no VM, cannot until it changes.
+    /// API server and the node can recover; a pod without a uid, or that
+    /// names no VM, cannot until it changes.
     pub fn is_retryable(&self) -> bool {
         match self {
             Stop::Inspect { .. } | Stop::Node(_) | Stop::Api(PodError::Api { .. }) => true,
             Stop::NoUid { .. }
             | Stop::NoVm { .. }
-            | Stop::Facts(_)
             | Stop::Api(PodError::Refused { .. } | PodError::Gone { .. }) => false,
         }
     }

@@ -13,7 +13,7 @@ use super::{
     observe,
 };
 use crate::annotations::{
-    AnnotationPatch, Event, check_hint_room, exhausted_record, keys, messages, one_line,
+    self, AnnotationPatch, Event, check_hint_room, exhausted_record, messages, one_line,
     plan_failed_record, reasons, state_patch,
 };
 use crate::binding::{self, Verdict};
@@ -296,17 +296,6 @@ fn holds(pod: &PodInput, patch: &AnnotationPatch) -> bool {
     patch
         .iter()
         .all(|(key, value)| pod.annotations.get(key) == value.as_ref())
-}
-
-/// The IP and lifecycle `ready`, for a pod that is still ours: its
-/// lifecycle is then empty or `creating`, so stickiness (spec section 7)
-/// cannot forbid `ready`.
-fn ready_patch(current: &PodInput, ip: Ipv4Addr) -> AnnotationPatch {
-    let mut patch = AnnotationPatch::from([(keys::IP.to_owned(), Some(ip.to_string()))]);
-    patch.extend(
-        lifecycle::transition(&current.annotations, Lifecycle::Ready, "").unwrap_or_default(),
-    );
-    patch
 }
 
 /// The error for a write the pod kept changing under: a transient API
@@ -685,10 +674,7 @@ impl PodTask {
         {
             return self.mismatch(mismatch);
         }
-        let obs = match observe(&self.seen, &record, &Overrides::default()) {
-            Ok(obs) => obs,
-            Err(e) => return self.stop(Stop::Facts(e)),
-        };
+        let obs = observe(&self.seen, &record, &Overrides::default());
         let vm = match super::vm_id(&obs) {
             Ok(vm) => vm,
             Err(source) => {
@@ -846,7 +832,7 @@ impl PodTask {
                 if let Some(ip) = fixup.ready_ip
                     && self.still_ours(current, &fixup.vm)
                 {
-                    patch.extend(ready_patch(current, ip));
+                    patch.extend(annotations::ready_patch(&current.annotations, ip));
                 }
                 Some(patch)
             }
@@ -868,7 +854,7 @@ impl PodTask {
                     return None;
                 }
                 match wait.ip {
-                    Some(ip) => Some(ready_patch(current, ip)),
+                    Some(ip) => Some(annotations::ready_patch(&current.annotations, ip)),
                     // Nothing to write when failed is already recorded.
                     None => lifecycle::transition(
                         &current.annotations,

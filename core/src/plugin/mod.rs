@@ -17,6 +17,7 @@
 pub mod builtin;
 pub mod cache;
 pub mod contract;
+pub mod quarantine;
 pub mod registry;
 pub mod sandbox;
 pub mod trusted;

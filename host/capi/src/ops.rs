@@ -2,7 +2,7 @@
 //! [`Failure`] with its [`CfStatus`]. `lib.rs` only moves bytes across the
 //! boundary and catches panics.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::Duration;
@@ -17,16 +17,11 @@ use fixup_core::binding::{BindingPolicy, Mismatch, Verdict};
 use fixup_core::exec::{ExecOutput, ExitStatusKind};
 use fixup_core::facts::{BootKind, FactError, Overrides, PodInput, VmId, VmInspect};
 use fixup_core::lifecycle::{self, Action, Lifecycle, PostCloneState};
-use fixup_core::plan::policy::{GuestPolicy, RawPolicy};
-use fixup_core::plan::{self, Nonce, Plan, PlanLimits, StepFailure};
-use fixup_core::planner::{FailurePolicy, Planner, PlannerError, PlannerOptions};
+use fixup_core::plan::policy::RawPolicy;
+use fixup_core::plan::{self, Nonce, Plan, StepFailure};
+use fixup_core::planner::{OptionError, Planner, PlannerError, PlannerOptions, PlannerSettings};
 use fixup_core::plugin::cache::default_cache_dir;
-use fixup_core::plugin::sandbox::{DEFAULT_DEADLINE, DEFAULT_FUEL, DEFAULT_MEMORY_BYTES};
-use fixup_core::plugin::{
-    DEFAULT_PLUGIN_DIR, DEFAULT_SLOTS, EngineOptions, Limits, LoadError, MEMORY_MIB_RANGE,
-    PluginError, parse_sha256,
-};
-use fixup_core::probe::DEFAULT_COCOON_ROOT;
+use fixup_core::plugin::{LoadError, PluginError};
 
 /// What a call returns: `CF_OK` and a JSON document, or another status and
 /// a message. A typed code the caller can switch on; the message is for
@@ -272,80 +267,29 @@ impl SealKey {
 
 impl Options {
     fn planner_options(&self) -> Result<PlannerOptions, Failure> {
-        let memory_mib = self
-            .plugin_memory_mib
-            .unwrap_or((DEFAULT_MEMORY_BYTES >> 20) as u32);
-        if !MEMORY_MIB_RANGE.contains(&memory_mib) {
-            return Err(Failure::invalid(format!(
-                "plugin_memory_mib must be 1..=4096, got {memory_mib}"
-            )));
-        }
-        let mut allowed = BTreeSet::new();
-        for digest in &self.allowed_plugins {
-            let digest = parse_sha256(digest)
-                .map_err(|e| Failure::invalid(format!("allowed_plugins: {e}")))?;
-            allowed.insert(digest);
-        }
-        let mut narrowing = BTreeMap::new();
-        for (name, raw) in &self.plugin_policy {
-            let policy = GuestPolicy::parse(raw)
-                .map_err(|e| Failure::invalid(format!("plugin_policy.{name}: {e}")))?;
-            narrowing.insert(name.clone(), policy);
-        }
-        let mut failure = BTreeMap::new();
-        for (name, value) in &self.plugin_failure {
-            let policy = FailurePolicy::parse(value).ok_or_else(|| {
-                Failure::invalid(format!(
-                    "plugin_failure.{name}: {value:?} is not `fail` or `fallback`"
-                ))
-            })?;
-            failure.insert(name.clone(), policy);
-        }
-        let plugin_dir = match &self.plugin_dir {
-            Some(dir) if dir.as_os_str().is_empty() => None,
-            Some(dir) if dir.is_dir() => Some(dir.clone()),
-            Some(dir) => {
-                return Err(Failure::new(
-                    CfStatus::CfLoad,
-                    format!(
-                        "plugin directory {} does not exist: create it or leave plugin_dir out",
-                        dir.display()
-                    ),
-                ));
-            }
-            None => Some(PathBuf::from(DEFAULT_PLUGIN_DIR)).filter(|d| d.is_dir()),
-        };
-        let defaults = PlanLimits::default();
-        Ok(PlannerOptions {
-            engine: EngineOptions {
-                limits: Limits {
-                    fuel: self.plugin_fuel.unwrap_or(DEFAULT_FUEL),
-                    memory_bytes: (memory_mib as usize) << 20,
-                    deadline: self
-                        .plugin_deadline_ms
-                        .map_or(DEFAULT_DEADLINE, Duration::from_millis),
-                    plan: PlanLimits {
-                        max_steps: self.plan_max_steps.unwrap_or(defaults.max_steps),
-                        max_bytes: self.plan_max_bytes.unwrap_or(defaults.max_bytes),
-                    },
-                },
-                cache_dir: if self.no_cache {
-                    None
-                } else {
-                    self.cache_dir.clone().or_else(default_cache_dir)
-                },
-                cache_key: self.cache_key.clone(),
-                slots: self.slots.unwrap_or(DEFAULT_SLOTS).max(1),
-                allowed_sha256: (!allowed.is_empty()).then_some(allowed),
-                narrowing,
-                quarantined: BTreeSet::new(),
+        PlannerSettings {
+            fuel: self.plugin_fuel,
+            memory_mib: self.plugin_memory_mib,
+            deadline: self.plugin_deadline_ms.map(Duration::from_millis),
+            plan_max_steps: self.plan_max_steps,
+            plan_max_bytes: self.plan_max_bytes,
+            cache_dir: if self.no_cache {
+                None
+            } else {
+                self.cache_dir.clone().or_else(default_cache_dir)
             },
-            cocoon_root: self
-                .cocoon_root
-                .clone()
-                .unwrap_or_else(|| PathBuf::from(DEFAULT_COCOON_ROOT)),
-            plugin_dir,
-            failure,
+            cache_key: self.cache_key.clone(),
+            slots: self.slots,
+            allowed_plugins: self.allowed_plugins.clone(),
+            plugin_policy: self.plugin_policy.clone(),
+            plugin_failure: self.plugin_failure.clone(),
+            plugin_dir: self.plugin_dir.clone(),
+            cocoon_root: self.cocoon_root.clone(),
+        }
+        .build()
+        .map_err(|e| match e {
+            OptionError::PluginDir { .. } => Failure::new(CfStatus::CfLoad, e.to_string()),
+            e => Failure::invalid(e.to_string()),
         })
     }
 }
@@ -538,8 +482,7 @@ pub fn plan(built: &Built, pod: &[u8], vm: &[u8], overrides_json: Option<&str>) 
     })?;
     // Work left `running` is planned as resumed work, as the daemon plans
     // it; a caller that knows the source image keeps it.
-    let obs = fixup_core::decision::observe(&pod, &vm, &overrides)
-        .map_err(|e| Failure::new(CfStatus::CfBadFacts, e.to_string()))?;
+    let obs = fixup_core::decision::observe(&pod, &vm, &overrides);
     let vm_id = VmId::parse(&obs.vm_id)
         .map_err(|e| Failure::new(CfStatus::CfBadRecord, format!("vm: {e}")))?;
     let outcome = {
@@ -917,9 +860,7 @@ pub fn values(request: &str) -> Outcome {
             annotations: current,
             ip,
         } => {
-            let mut patch = AnnotationPatch::from([(keys::IP.to_owned(), Some(ip.to_string()))]);
-            patch.extend(lifecycle::transition(&current, Lifecycle::Ready, "").unwrap_or_default());
-            json!({"patch": patch_json(&patch)})
+            json!({"patch": patch_json(&annotations::ready_patch(&current, ip))})
         }
         ValueRequest::State { state } => {
             let state = PostCloneState::parse(&state).ok_or_else(|| {
@@ -944,8 +885,14 @@ mod tests {
         let planner = options(r#"{"plugin_failure": {"acme-net": "fallback", "other": "fail"}}"#)
             .planner_options()
             .expect("valid options");
-        assert_eq!(planner.failure["acme-net"], FailurePolicy::Fallback);
-        assert_eq!(planner.failure["other"], FailurePolicy::Fail);
+        assert_eq!(
+            planner.failure["acme-net"],
+            fixup_core::planner::FailurePolicy::Fallback
+        );
+        assert_eq!(
+            planner.failure["other"],
+            fixup_core::planner::FailurePolicy::Fail
+        );
     }
 
     #[test]

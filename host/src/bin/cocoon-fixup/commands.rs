@@ -15,11 +15,12 @@ use fixup_core::decision::{Summary, Trigger};
 use fixup_core::facts::{BootKind, Observation, Overrides, PodInput, VmInspect};
 use fixup_core::planner::PlanOutcome;
 use fixup_core::plugin::cache::CacheOwner;
+use fixup_core::plugin::quarantine::QuarantineFile;
 use fixup_core::{capture, display};
 use fixup_host::cocoon::CocoonCli;
 use fixup_host::config::Settings;
 use fixup_host::kube::KubeApi;
-use fixup_host::reload::{QuarantineFile, Reloader};
+use fixup_host::reload::Reloader;
 use fixup_host::serve;
 
 pub(crate) async fn run_run(args: &RunArgs, config: Option<&Path>) -> Result<Summary> {
@@ -117,7 +118,7 @@ pub(crate) fn observe(args: &PlanArgs, policy: BindingPolicy) -> Result<(Observa
     let verdict = fixup_core::decision::bind_record(&pod, &vm, policy);
     let overrides = overrides(args.boot, args.source_image.as_ref());
     Ok((
-        fixup_core::decision::observe(&pod, &vm, &overrides)?,
+        fixup_core::decision::observe(&pod, &vm, &overrides),
         verdict,
     ))
 }

@@ -4,6 +4,10 @@
 //!
 //! [`Planner`] is built once (it owns the plugin engine) and called per VM.
 
+mod options;
+
+pub use options::{MIN_DEADLINE, OptionError, PlannerSettings};
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
