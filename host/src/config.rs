@@ -60,6 +60,18 @@ pub enum ConfigError {
     },
 }
 
+impl From<OptionError> for ConfigError {
+    fn from(e: OptionError) -> Self {
+        match e {
+            OptionError::Invalid { what, rule, value } => {
+                ConfigError::Invalid { what, rule, value }
+            }
+            OptionError::Policy { plugin, reason } => ConfigError::Policy { plugin, reason },
+            OptionError::PluginDir { path } => ConfigError::PluginDir { path },
+        }
+    }
+}
+
 fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 200ms, 3s, 2m)"))
 }
@@ -406,13 +418,7 @@ impl ConfigArgs {
             cocoon_root: a.cocoon_root.clone(),
         }
         .build()
-        .map_err(|e| match e {
-            OptionError::Invalid { what, rule, value } => {
-                ConfigError::Invalid { what, rule, value }
-            }
-            OptionError::Policy { plugin, reason } => ConfigError::Policy { plugin, reason },
-            OptionError::PluginDir { path } => ConfigError::PluginDir { path },
-        })?;
+        .map_err(ConfigError::from)?;
         Ok(Settings {
             cocoon_bin: a
                 .cocoon_bin
@@ -434,7 +440,8 @@ impl ConfigArgs {
                     dhcp_recovery_after: a.dhcp_recovery_after,
                     accept_legacy_vm_names: a.accept_legacy_vm_names,
                 }
-                .build(),
+                .build()
+                .map_err(ConfigError::from)?,
                 // The daemon's dispatcher already works on at most
                 // `concurrency` pods; an embedder's calls get the default.
                 host_default.fixups_in_flight.max(concurrency),

@@ -241,10 +241,8 @@ async fn replay(scenario: &Scenario, planner: Arc<Planner>, lease_dir: &Path) ->
             token.cancel();
         })
     });
-    let config = HostConfig::from_settings(
-        scenario.settings.builder().build(),
-        HostConfig::default().fixups_in_flight,
-    );
+    let config =
+        HostConfig::from_settings(scenario.settings(), HostConfig::default().fixups_in_flight);
     let host = Host::new(
         planner,
         WorldCocoon {

@@ -373,6 +373,15 @@ impl Scenario {
     }
 
     /// The pod as the task starts with it.
+    /// The scenario's settings (a value below its floor is a mistake in
+    /// the file).
+    pub fn settings(&self) -> super::Settings {
+        self.settings
+            .builder()
+            .build()
+            .unwrap_or_else(|e| panic!("{}: {e}", self.about))
+    }
+
     pub fn pod_input(&self) -> PodInput {
         PodInput::from_value(&self.pod, "pod").expect("a scenario's pod is a pod")
     }
@@ -855,6 +864,19 @@ impl Suite {
         }
     }
 
+    /// Replay every scenario with `replay` (its overlay made first, what it
+    /// saw checked after), then [`assert_passed`](Self::assert_passed).
+    /// `replay` returns the world it played against and how the task ended.
+    pub fn each(mut self, mut replay: impl FnMut(&Scenario) -> (World, Ended)) {
+        for i in 0..self.scenarios.len() {
+            let scenario = self.scenarios[i].1.clone();
+            self.prepare(&scenario);
+            let (world, ended) = replay(&scenario);
+            self.finish(i, &world.seen, &ended, &world.notes);
+        }
+        self.assert_passed();
+    }
+
     /// Panic with every scenario that did not replay as expected.
     pub fn assert_passed(&self) {
         assert!(self.failures.is_empty(), "{}", self.failures.join("\n\n"));
@@ -877,7 +899,7 @@ pub fn counting_nonces() -> super::NonceSource {
 /// and how the task ended.
 pub fn replay(scenario: &Scenario, planner: &Planner) -> (World, Ended) {
     let mut world = World::new(scenario);
-    let settings = scenario.settings.builder().build();
+    let settings = scenario.settings();
     let (mut task, mut action) = PodTask::start(
         world.first_read(),
         scenario.trigger.into(),
@@ -946,19 +968,13 @@ mod tests {
     /// built-in plugins: the reference the other executors are held to.
     #[test]
     fn every_scenario_replays_through_the_decision() {
-        let mut suite = Suite::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
+        let suite = Suite::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
         let (planner, failures) = Planner::new(PlannerOptions {
             cocoon_root: suite.cocoon_root().to_owned(),
             ..PlannerOptions::default()
         })
         .unwrap();
         assert!(failures.is_empty(), "{failures:?}");
-        for i in 0..suite.scenarios.len() {
-            let scenario = suite.scenarios[i].1.clone();
-            suite.prepare(&scenario);
-            let (world, ended) = replay(&scenario, &planner);
-            suite.finish(i, &world.seen, &ended, &world.notes);
-        }
-        suite.assert_passed();
+        suite.each(|scenario| replay(scenario, &planner));
     }
 }

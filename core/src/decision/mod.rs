@@ -288,6 +288,11 @@ pub enum NodeError {
         #[source]
         source: FactError,
     },
+    /// The planner made no plan for a VM classification says needs one: a
+    /// fault of this host (its planner or a plugin registry that changed
+    /// under it), never the pod's, so the pod is not failed for it.
+    #[error("pod {pod}: the planner made no plan for a VM that needs a fixup; report this as a cocoon-fixup bug")]
+    NoPlan { pod: String },
 }
 
 impl NodeError {
@@ -297,6 +302,7 @@ impl NodeError {
             NodeError::Probe { .. } => "probe",
             NodeError::Plugins { .. } | NodeError::PluginCode { .. } => "plugins",
             NodeError::BadRecord { .. } => "cocoon",
+            NodeError::NoPlan { .. } => "planner",
         }
     }
 

@@ -6,6 +6,13 @@
 use std::time::Duration;
 
 use crate::binding::BindingPolicy;
+use crate::planner::OptionError;
+
+/// The shortest retry interval and exec, inspect and renew timeouts: below
+/// it a failing exec would be spawned again in a tight loop for the whole
+/// budget, or every call would time out before it starts; a mistake, never
+/// a setting.
+pub const MIN_STEP: Duration = Duration::from_millis(10);
 
 /// The retry budget (spec section 5). Defaults: first attempt at once, 3 s
 /// between attempts, until 180 s after the first; each exec bounded by
@@ -95,13 +102,30 @@ pub struct SettingsBuilder {
 }
 
 impl SettingsBuilder {
-    /// The settings, defaults filled in. The DHCP recovery exec is bounded
-    /// like every plan exec (`exec_timeout`).
-    pub fn build(&self) -> Settings {
+    /// The settings, defaults filled in, or the first one below its floor
+    /// ([`MIN_STEP`]). The DHCP recovery exec is bounded like every plan
+    /// exec (`exec_timeout`).
+    pub fn build(&self) -> Result<Settings, OptionError> {
+        for (what, value) in [
+            ("retry_interval", self.retry_interval),
+            ("exec_timeout", self.exec_timeout),
+            ("inspect_timeout", self.inspect_timeout),
+            ("renew_timeout", self.renew_timeout),
+        ] {
+            if let Some(value) = value
+                && value < MIN_STEP
+            {
+                return Err(OptionError::Invalid {
+                    what,
+                    rule: "at least 10ms",
+                    value: format!("{value:?}"),
+                });
+            }
+        }
         let retry_default = RetryConfig::default();
         let ready_default = ReadyConfig::default();
         let exec_timeout = self.exec_timeout.unwrap_or(retry_default.exec_timeout);
-        Settings {
+        Ok(Settings {
             retry: RetryConfig {
                 interval: self.retry_interval.unwrap_or(retry_default.interval),
                 budget: self.retry_budget.unwrap_or(retry_default.budget),
@@ -122,7 +146,7 @@ impl SettingsBuilder {
             binding: BindingPolicy {
                 accept_legacy_names: self.accept_legacy_vm_names,
             },
-        }
+        })
     }
 }
 
@@ -159,5 +183,45 @@ impl SettingsMs {
             dhcp_recovery_after: ms(self.dhcp_recovery_after_ms),
             accept_legacy_vm_names: self.accept_legacy_vm_names,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_below_the_floor_are_refused_naming_the_option() {
+        for what in [
+            "retry_interval",
+            "exec_timeout",
+            "inspect_timeout",
+            "renew_timeout",
+        ] {
+            for (ms, refused) in [(0, true), (9, true), (10, false)] {
+                let value = Some(Duration::from_millis(ms));
+                let mut builder = SettingsBuilder::default();
+                match what {
+                    "retry_interval" => builder.retry_interval = value,
+                    "exec_timeout" => builder.exec_timeout = value,
+                    "inspect_timeout" => builder.inspect_timeout = value,
+                    _ => builder.renew_timeout = value,
+                }
+                match builder.build() {
+                    Err(e) => {
+                        assert!(refused, "{what} {ms}ms: {e}");
+                        assert!(e.to_string().starts_with(what), "{e}");
+                    }
+                    Ok(_) => assert!(!refused, "{what} {ms}ms was taken"),
+                }
+            }
+        }
+        // A budget of nothing is a setting: one attempt, no retry.
+        let none = SettingsBuilder {
+            retry_budget: Some(Duration::ZERO),
+            ip_wait: Some(Duration::ZERO),
+            ..Default::default()
+        };
+        assert_eq!(none.build().unwrap().retry.budget, Duration::ZERO);
     }
 }

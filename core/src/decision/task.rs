@@ -261,6 +261,8 @@ enum Stage {
     WaitFirst(Box<Wait>),
     /// The IP wait: is the pod still ours before the nudge?
     WaitCheck(Box<Wait>),
+    /// The IP wait: shutdown, before the nudge is told and run?
+    WaitCheckpoint(Box<Wait>),
     WaitNudge(Box<Wait>),
     /// The IP wait: the lease until the end (or the sleep without a NIC).
     WaitLast(Box<Wait>),
@@ -283,6 +285,7 @@ impl Stage {
             Stage::Sleeping(_) => "sleeping",
             Stage::WaitFirst(_)
             | Stage::WaitCheck(_)
+            | Stage::WaitCheckpoint(_)
             | Stage::WaitNudge(_)
             | Stage::WaitLast(_) => "ip-wait",
             Stage::Over => "over",
@@ -551,13 +554,16 @@ impl PodTask {
                     }
                 };
                 if ours {
-                    self.nudge(wait)
+                    // A shutdown during the read: nothing is told or run.
+                    self.stage = Stage::WaitCheckpoint(wait);
+                    Action::Checkpoint
                 } else {
                     // Nothing runs in a guest the stack has taken over
                     // meanwhile; the final read then skips the write.
                     self.wait_over(wait, None)
                 }
             }
+            (Stage::WaitCheckpoint(wait), Report::Go) => self.nudge(wait),
             (Stage::WaitNudge(mut wait), Report::Ran(result)) => {
                 let failed = match (&wait.recovery, wait.nonce.take()) {
                     (Some(recovery), Some(nonce)) => match result {
@@ -602,7 +608,10 @@ impl PodTask {
             | Stage::LoopCheckpoint(fixup)
             | Stage::Attempting(fixup)
             | Stage::Sleeping(fixup) => self.fixup_over(&fixup, FixupEnd::Shutdown),
-            Stage::WaitFirst(_) | Stage::WaitNudge(_) | Stage::WaitLast(_) => {
+            Stage::WaitFirst(_)
+            | Stage::WaitCheckpoint(_)
+            | Stage::WaitNudge(_)
+            | Stage::WaitLast(_) => {
                 self.readiness(Readiness::Shutdown, None)
             }
             stage => panic!(
@@ -752,8 +761,9 @@ impl PodTask {
         self.summary.scenario = Some(scenario);
         let Some(composed) = outcome.composed else {
             // The planner found no fixup where classification found one:
-            // a planner bug, never a pod's fault.
-            return self.plan_failed(vm, &NoPlanMade);
+            // the host's fault, never the pod's.
+            let pod = self.summary.pod.clone();
+            return self.node_error(NodeError::NoPlan { pod });
         };
         self.fallback_events(&composed);
         // The hint is written only after the budget is spent, and only if
@@ -1330,8 +1340,3 @@ enum Decided {
     Unsettled,
     Failed(PodError),
 }
-
-/// A planner that answered no fixup for a VM classification said needs one.
-#[derive(Debug, thiserror::Error)]
-#[error("the planner made no plan for a VM that needs a fixup")]
-struct NoPlanMade;

@@ -95,7 +95,9 @@ impl TaskOptions {
         }
         let mut builder = self.settings.builder();
         builder.accept_legacy_vm_names = built.binding.accept_legacy_names;
-        Ok(builder.build())
+        builder
+            .build()
+            .map_err(|e| Failure::invalid(format!("options_json: settings: {e}")))
     }
 }
 
@@ -479,7 +481,7 @@ mod tests {
     /// drives it.
     #[test]
     fn every_scenario_replays_through_the_task_op() {
-        let mut suite = Suite::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."));
+        let suite = Suite::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."));
         let options = json!({
             "cocoon_root": suite.cocoon_root(),
             "plugin_dir": "",
@@ -487,13 +489,7 @@ mod tests {
             "strict": true,
         });
         let (built, _) = crate::ops::planner_new(&options.to_string()).unwrap();
-        for i in 0..suite.scenarios.len() {
-            let scenario = suite.scenarios[i].1.clone();
-            suite.prepare(&scenario);
-            let (world, ended) = replay(&built, &scenario);
-            suite.finish(i, &world.seen, &ended, &[]);
-        }
-        suite.assert_passed();
+        suite.each(|scenario| replay(&built, scenario));
     }
 
     /// A report that does not answer the last action is refused, and the
