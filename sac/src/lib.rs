@@ -27,6 +27,7 @@
 //! - [`transcript`]: the bounded record of lines sent, for logs.
 //! - [`error`]: [`SacError`] and the Warning event each failure emits.
 //! - `line` (private): the only builder of lines sent.
+//! - `sim` (feature `sim`): a scripted SAC on a real Unix socket, for tests.
 
 pub mod budget;
 pub mod console;
@@ -36,6 +37,8 @@ pub mod listing;
 pub mod nic;
 pub mod pass;
 pub mod session;
+#[cfg(feature = "sim")]
+pub mod sim;
 pub mod transcript;
 
 pub use budget::{Budgets, Stop};
