@@ -192,7 +192,7 @@ impl Conversation {
             self.seen, self.version,
             "the pod did not change since the host read it"
         );
-        let body = patch_body(expected, self.seen);
+        let seen = self.seen;
         let modified = status(
             409,
             "Conflict",
@@ -200,7 +200,7 @@ impl Conversation {
         );
         self.step(
             Exchange::patch(POD_PATH)
-                .body(move |_, found| assert_eq!(found, &body))
+                .body(move |_, found| assert_patch(found, &expected, Some(seen)))
                 .respond(409, modified),
         )
         .get()
@@ -213,14 +213,13 @@ impl Conversation {
             panic!("annotations must be a JSON object");
         };
         let before = self.clone_state();
-        let body = json!({ "metadata": { "uid": UID, "annotations": expected.clone() } });
         self.apply(&expected);
         self.seen = self.version;
         let answer = self.pod_json();
         self.step_from(
             before,
             Exchange::patch(POD_PATH)
-                .body(move |_, found| assert_eq!(found, &body))
+                .body(move |_, found| assert_patch(found, &expected, None))
                 .respond(200, answer),
         )
     }
@@ -249,7 +248,7 @@ impl Conversation {
             self.seen, self.version,
             "a write decided from a stale read: use patch_stale"
         );
-        let body = patch_body(expected.clone(), self.seen);
+        let seen = self.seen;
         self.apply(&expected);
         // Only an answer that is the pod is a read.
         if answer.is_none() {
@@ -259,7 +258,7 @@ impl Conversation {
         self.step_from(
             before,
             Exchange::patch(POD_PATH)
-                .body(move |_, found| assert_eq!(found, &body))
+                .body(move |_, found| assert_patch(found, &expected, Some(seen)))
                 .respond(200, answer),
         )
     }
@@ -363,6 +362,40 @@ impl Conversation {
 
     fn into_scenario(self) -> Scenario {
         Scenario::new(self.name, self.exchanges)
+    }
+}
+
+/// A merge patch as the host must send it: the uid precondition of the
+/// pod it was given, the resource version of the read it decided from
+/// (`None`: a write under the uid alone), and annotations that include
+/// `expected` (a write that carries more keys than a conversation cares
+/// about still passes it); nothing else.
+fn assert_patch(found: &Value, expected: &Map<String, Value>, seen: Option<u64>) {
+    let Some(metadata) = found["metadata"].as_object() else {
+        panic!("no metadata in {found}");
+    };
+    let mut preconditions = json!({ "uid": UID });
+    if let Some(seen) = seen {
+        preconditions["resourceVersion"] = Value::from(seen.to_string());
+    }
+    let Value::Object(mut wanted) = preconditions else {
+        unreachable!()
+    };
+    wanted.insert("annotations".into(), metadata["annotations"].clone());
+    assert_eq!(
+        found,
+        &json!({ "metadata": wanted }),
+        "only the preconditions and annotations"
+    );
+    let annotations = metadata["annotations"]
+        .as_object()
+        .unwrap_or_else(|| panic!("no annotations in {found}"));
+    for (key, value) in expected {
+        assert_eq!(
+            annotations.get(key),
+            Some(value),
+            "annotation {key} of the patch {found}"
+        );
     }
 }
 

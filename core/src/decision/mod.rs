@@ -291,7 +291,9 @@ pub enum NodeError {
     /// The planner made no plan for a VM classification says needs one: a
     /// fault of this host (its planner or a plugin registry that changed
     /// under it), never the pod's, so the pod is not failed for it.
-    #[error("pod {pod}: the planner made no plan for a VM that needs a fixup; report this as a cocoon-fixup bug")]
+    #[error(
+        "pod {pod}: the planner made no plan for a VM that needs a fixup; report this as a cocoon-fixup bug"
+    )]
     NoPlan { pod: String },
 }
 

@@ -611,9 +611,7 @@ impl PodTask {
             Stage::WaitFirst(_)
             | Stage::WaitCheckpoint(_)
             | Stage::WaitNudge(_)
-            | Stage::WaitLast(_) => {
-                self.readiness(Readiness::Shutdown, None)
-            }
+            | Stage::WaitLast(_) => self.readiness(Readiness::Shutdown, None),
             stage => panic!(
                 "a host reported a shutdown in stage {}: only interruptible actions are cancelled",
                 stage.name()
