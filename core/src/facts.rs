@@ -140,6 +140,31 @@ pub enum GuestOs {
     Unknown,
 }
 
+/// Whether the `cocoonset.cocoonstack.io/os` value names macOS: trimmed
+/// of white space, then equal to `macos` under Unicode simple case folding
+/// (spec section 2), as the stack matches it (`MacOS`, ` MACOS `, and
+/// `macoſ` with U+017F LONG S, whose simple fold is `s`). Of the letters
+/// of `macos` only `s` has a fold partner outside ASCII.
+pub fn is_macos(value: &str) -> bool {
+    let mut found = value.trim().chars();
+    let same = "macos".chars().all(|want| {
+        found
+            .next()
+            .is_some_and(|c| c.to_ascii_lowercase() == want || (want == 's' && c == '\u{17f}'))
+    });
+    same && found.next().is_none()
+}
+
+/// The `vm.cocoonstack.io/clone-from-dir` value that counts: trimmed of
+/// white space (Unicode White_Space, as the stack trims it), blank is
+/// absent (spec section 2).
+pub fn clone_from_dir(pod_annotations: &BTreeMap<String, String>) -> Option<&str> {
+    pod_annotations
+        .get(annotations::CLONE_FROM_DIR)
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty())
+}
+
 impl GuestOs {
     /// Interprets the `cocoonset.cocoonstack.io/os` annotation. The match is
     /// exact (`Windows` is Unknown) because the rest of the stack compares
@@ -224,7 +249,7 @@ impl BootKind {
         let get = |key: &str| annotations.get(key).map(String::as_str).unwrap_or("");
         if get(annotations::RESTORE_FROM_HIBERNATE) == "true" {
             Some(BootKind::Wake)
-        } else if !get(annotations::CLONE_FROM_DIR).is_empty() {
+        } else if clone_from_dir(annotations).is_some() {
             Some(BootKind::Clone)
         } else if !get(annotations::FORK_FROM).is_empty() {
             Some(BootKind::Fork)
@@ -500,6 +525,8 @@ pub struct Observation {
     /// The VM record's `config.name`; the `vm.cocoonstack.io/name`
     /// annotation only when the record has none (a hand-written VM file).
     pub vm_name: String,
+    /// Where `vm_name` came from, so an error names the right field.
+    pub vm_name_from: NameSource,
     /// From inspect (`id`), else the `vm.cocoonstack.io/id` annotation.
     pub vm_id: String,
     pub backend: Backend,
@@ -519,6 +546,26 @@ pub struct Observation {
     pub annotations: BTreeMap<String, String>,
 }
 
+/// Where an observation's VM name came from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NameSource {
+    /// The VM record's `config.name` (the name the VM has).
+    #[default]
+    Record,
+    /// The `vm.cocoonstack.io/name` annotation (the record had none).
+    Annotation,
+}
+
+impl NameSource {
+    /// The field an error about the name points at.
+    pub fn field(self) -> String {
+        match self {
+            NameSource::Record => "VM name (the VM record's config.name)".to_owned(),
+            NameSource::Annotation => format!("annotation {}", annotations::VM_NAME),
+        }
+    }
+}
+
 impl Observation {
     /// Combines the inputs, interpreting annotations per spec section 2.
     ///
@@ -534,9 +581,9 @@ impl Observation {
             &vm.id
         };
         let flavor = pod.annotation(annotations::GUEST_FLAVOR);
-        let vm_name = match vm.name.as_str() {
-            "" => pod.annotation(annotations::VM_NAME),
-            name => name,
+        let (vm_name, vm_name_from) = match vm.name.as_str() {
+            "" => (pod.annotation(annotations::VM_NAME), NameSource::Annotation),
+            name => (name, NameSource::Record),
         };
         let backend_annotation = pod.annotation(annotations::BACKEND);
         let backend = Backend::from_annotation(backend_annotation);
@@ -547,12 +594,13 @@ impl Observation {
         // snapshot; a fork, a wake, a clone from a directory and resumed
         // work leave it unknown (spec section 2), and the disk probe decides.
         let recorded_image = (boot == Some(BootKind::Clone)
-            && pod.annotation(annotations::CLONE_FROM_DIR).is_empty())
+            && clone_from_dir(&pod.annotations).is_none())
         .then(|| vm.image.clone());
         Observation {
             pod: pod_name,
             managed: pod.annotation(annotations::MANAGED) == "true",
             vm_name: vm_name.to_owned(),
+            vm_name_from,
             vm_id: vm_id.to_owned(),
             backend,
             backend_exact: backend_annotation == backend.as_str(),
@@ -667,7 +715,7 @@ impl fmt::Display for MacAddr {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct StaticIpv4 {
     pub address: Ipv4Addr,
-    /// 0..=32.
+    /// 1..=32 (a record without one, or with 0, gives 24).
     pub prefix: u8,
     pub gateway: Option<Ipv4Addr>,
 }
@@ -729,10 +777,7 @@ impl VmFacts {
                 pod: obs.pod.clone(),
             });
         };
-        let name = parse_name(
-            &obs.vm_name,
-            &Ctx::in_pod(pod, format!("annotation {}", annotations::VM_NAME)),
-        )?;
+        let name = parse_name(&obs.vm_name, &Ctx::in_pod(pod, obs.vm_name_from.field()))?;
         let id = obs.parse_vm_id()?;
         if obs.nics.len() > MAX_NICS {
             return Err(FactError::TooManyNics {
@@ -1084,6 +1129,9 @@ fn parse_flavor(value: &str, ctx: &Ctx<'_>) -> Result<Flavor, FactError> {
     Ok(Flavor(value.to_owned()))
 }
 
+/// The prefix length of a static NIC whose record has none (or 0).
+pub const DEFAULT_PREFIX: u8 = 24;
+
 const FIX_NET: &str =
     "fix the NIC's network in cocoon's network config, or leave `ip` empty for DHCP";
 
@@ -1104,12 +1152,15 @@ fn validate_nic(pod: Option<&str>, i: usize, raw: &RawNic) -> Result<Nic, FactEr
     };
     let address = ipv4(&raw.ip, &field("network.ip"))?;
     let prefix_ctx = field("network.prefix");
+    // cocoon leaves a 0 prefix out (`omitempty`), so absent and 0 both
+    // mean unknown, taken as 24 as the stack's console pass takes it
+    // (spec section 2); a present prefix must be a usable length.
     let prefix = match raw.prefix {
-        None => return Err(prefix_ctx.missing("a static NIC needs a prefix length 0..=32")),
+        None | Some(0) => DEFAULT_PREFIX,
         Some(p) => u8::try_from(p)
             .ok()
-            .filter(|p| *p <= 32)
-            .ok_or_else(|| prefix_ctx.invalid_shown(p.to_string(), "is outside 0..=32", FIX_NET))?,
+            .filter(|p| (1..=32).contains(p))
+            .ok_or_else(|| prefix_ctx.invalid_shown(p.to_string(), "is outside 1..=32", FIX_NET))?,
     };
     let gateway = if raw.gateway.is_empty() {
         None
@@ -1409,6 +1460,9 @@ mod tests {
     #[case::run_padded(&[(annotations::MODE, " run")], Some(BootKind::Clone))]
     #[case::run_fork(&[(annotations::MODE, "Run"), (annotations::FORK_FROM, "vm-a")], Some(BootKind::Fork))]
     #[case::run_dir(&[(annotations::MODE, "RUN"), (annotations::CLONE_FROM_DIR, "/snap")], Some(BootKind::Clone))]
+    #[case::run_blank_dir(&[(annotations::MODE, "run"), (annotations::CLONE_FROM_DIR, " \t\u{a0}")], None)]
+    #[case::run_padded_dir(&[(annotations::MODE, "run"), (annotations::CLONE_FROM_DIR, " /snap ")], Some(BootKind::Clone))]
+    #[case::run_blank_fork(&[(annotations::MODE, "run"), (annotations::FORK_FROM, " ")], Some(BootKind::Fork))]
     #[case::dir_over_fork(&[(annotations::FORK_FROM, "vm-a"), (annotations::CLONE_FROM_DIR, "/snap")], Some(BootKind::Clone))]
     #[case::wake_over_dir(&[(annotations::CLONE_FROM_DIR, "/snap"), (annotations::RESTORE_FROM_HIBERNATE, "true")], Some(BootKind::Wake))]
     #[case::wake_over_fork(&[(annotations::FORK_FROM, "vm-a"), (annotations::RESTORE_FROM_HIBERNATE, "true")], Some(BootKind::Wake))]
@@ -1440,6 +1494,21 @@ mod tests {
         let obs = Observation::new(&pod_with(annotations), &VmInspect::default(), &overrides);
         assert_eq!(obs.boot, expected);
         assert_eq!(obs.source_image, None, "an empty source image is unknown");
+    }
+
+    #[rstest]
+    #[case::exact("macos", true)]
+    #[case::mixed("MacOS", true)]
+    #[case::padded(" MACOS \n", true)]
+    #[case::long_s("maco\u{17f}", true)]
+    #[case::long_s_upper("MACO\u{17f}", true)]
+    #[case::empty("", false)]
+    #[case::prefix("macosx", false)]
+    #[case::inner_space("mac os", false)]
+    #[case::kelvin_not_k("macos\u{212a}", false)]
+    #[case::dotless("mac\u{f6}s", false)]
+    fn macos_is_matched_trimmed_and_folded(#[case] value: &str, #[case] macos: bool) {
+        assert_eq!(is_macos(value), macos, "{value:?}");
     }
 
     #[rstest]
@@ -1527,17 +1596,13 @@ mod tests {
         vec![nic("52:54:00:00:00:01", "10.0.0.256", Some(24), "")],
         "network_configs[0].network.ip \"10.0.0.256\": is not a dotted-quad IPv4 address; fix the NIC's network in cocoon's network config, or leave `ip` empty for DHCP"
     )]
-    #[case::missing_prefix(
-        vec![nic("52:54:00:00:00:01", "10.0.0.2", None, "")],
-        "network_configs[0].network.prefix is missing or empty; a static NIC needs a prefix length 0..=32"
-    )]
     #[case::prefix_too_big(
         vec![nic("52:54:00:00:00:01", "10.0.0.2", Some(33), "")],
-        "network_configs[0].network.prefix 33: is outside 0..=32; fix the NIC's network in cocoon's network config, or leave `ip` empty for DHCP"
+        "network_configs[0].network.prefix 33: is outside 1..=32; fix the NIC's network in cocoon's network config, or leave `ip` empty for DHCP"
     )]
     #[case::prefix_negative(
         vec![nic("52:54:00:00:00:01", "10.0.0.2", Some(-1), "")],
-        "network_configs[0].network.prefix -1: is outside 0..=32; fix the NIC's network in cocoon's network config, or leave `ip` empty for DHCP"
+        "network_configs[0].network.prefix -1: is outside 1..=32; fix the NIC's network in cocoon's network config, or leave `ip` empty for DHCP"
     )]
     #[case::bad_gateway(
         vec![nic("52:54:00:00:00:01", "10.0.0.2", Some(24), "10.0.0.1'; reboot")],
@@ -1546,6 +1611,21 @@ mod tests {
     fn nic_errors(#[case] nics: Vec<RawNic>, #[case] expected: &str) {
         let err = VmFacts::validate(&observation(nics), ImageKind::Oci).unwrap_err();
         assert_eq!(err.to_string(), format!("{P}{expected}"));
+    }
+
+    #[rstest]
+    #[case::missing(None, 24)]
+    #[case::zero(Some(0), 24)]
+    #[case::one(Some(1), 1)]
+    #[case::thirty_two(Some(32), 32)]
+    fn a_missing_or_zero_prefix_is_24(#[case] prefix: Option<i64>, #[case] expected: u8) {
+        let facts = VmFacts::validate(
+            &observation(vec![nic("52:54:00:00:00:01", "10.0.0.2", prefix, "")]),
+            ImageKind::Oci,
+        )
+        .unwrap();
+        let found = facts.nics[0].static_ipv4.as_ref().map(|s| s.prefix);
+        assert_eq!(found, Some(expected));
     }
 
     #[test]
@@ -1652,6 +1732,33 @@ mod tests {
     #[case::non_ascii("wéb", false)]
     fn vm_names(#[case] value: &str, #[case] ok: bool) {
         assert_eq!(VmName::parse(value).is_ok(), ok, "{value:?}");
+    }
+
+    /// A name too long for a hostname is named by where it came from: the
+    /// VM record's name (a derived name of a long pod name), or the
+    /// annotation when the record has none.
+    #[test]
+    fn a_bad_name_error_names_its_source() {
+        let long = format!("vk-prod-{}-496021", "a".repeat(60));
+        let pod = pod_with(&[
+            (annotations::MANAGED, "true"),
+            (annotations::VM_NAME, long.as_str()),
+        ]);
+        for (record_name, field) in [
+            (long.as_str(), "the VM record's config.name"),
+            ("", "annotation vm.cocoonstack.io/name"),
+        ] {
+            let vm = VmInspect {
+                id: "vm-1".into(),
+                name: record_name.to_owned(),
+                ..VmInspect::default()
+            };
+            let obs = Observation::new(&pod, &vm, &Overrides::default());
+            let e = VmFacts::validate(&obs, ImageKind::Oci)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(field), "{e}");
+        }
     }
 
     #[rstest]

@@ -134,6 +134,10 @@ pub enum HandsOff {
     HibernateRequested,
     /// `metadata.deletionTimestamp` is set.
     Deleting,
+    /// `cocoonset.cocoonstack.io/os` is `macos` (trimmed, any case): the
+    /// stack runs such guests outside cocoon; nothing is read, run, written
+    /// or told.
+    Macos,
     /// Not managed (classification rule 1): never touched.
     NotManaged,
     /// Not a cloned boot (classification rule 2): nothing to repair.
@@ -147,6 +151,7 @@ impl HandsOff {
             HandsOff::StackOwns => "stack-owns",
             HandsOff::HibernateRequested => "hibernate-requested",
             HandsOff::Deleting => "deleting",
+            HandsOff::Macos => "macos",
             HandsOff::NotManaged => "not-managed",
             HandsOff::NotCloned => "not-cloned",
         }
@@ -206,6 +211,9 @@ pub fn gate(pod: &PodInput) -> Result<Option<PostCloneState>, Action> {
     }
     if pod.deleting {
         return Err(Action::Nothing(HandsOff::Deleting));
+    }
+    if crate::facts::is_macos(get(annotations::OS)) {
+        return Err(Action::Nothing(HandsOff::Macos));
     }
     if get(annotations::MANAGED) != "true" {
         return Err(Action::Nothing(HandsOff::NotManaged));

@@ -210,6 +210,7 @@ fn stop_error(stop: Stop, inspect_error: Option<CocoonError>) -> HostError {
         },
         Stop::Node(e) => HostError::Node(e),
         Stop::Api(e) => HostError::Pods(e),
+        Stop::RunningRefused { error } => HostError::RunningRefused { error },
     }
 }
 

@@ -118,6 +118,10 @@ pub enum HostError {
     Node(#[from] NodeError),
     #[error(transparent)]
     Pods(#[from] PodError),
+    /// The `running` write was refused: nothing ran; tried again with
+    /// backoff (spec section 8), unlike another refusal.
+    #[error("the running write was refused, nothing ran, and it is tried again later: {error}")]
+    RunningRefused { error: PodError },
 }
 
 impl HostError {
@@ -133,7 +137,9 @@ impl HostError {
     /// whose annotations do not parse cannot.
     pub fn is_retryable(&self) -> bool {
         match self {
-            HostError::Cocoon { .. } | HostError::Node(_) => true,
+            HostError::Cocoon { .. } | HostError::Node(_) | HostError::RunningRefused { .. } => {
+                true
+            }
             HostError::Pods(PodError::Api { .. }) => true,
             HostError::NotFound { .. }
             | HostError::NoUid { .. }
@@ -153,7 +159,9 @@ impl HostError {
             HostError::Cocoon { .. } => "cocoon",
             HostError::Node(e) => e.kind(),
             HostError::Pods(PodError::Api { .. }) => "api",
-            HostError::Pods(PodError::Refused { .. }) => "api-refused",
+            HostError::Pods(PodError::Refused { .. }) | HostError::RunningRefused { .. } => {
+                "api-refused"
+            }
             HostError::Pods(PodError::Gone { .. }) => "gone",
         }
     }

@@ -492,7 +492,7 @@ async fn windows_is_nudged_once_with_ipconfig_renew() {
     assert_eq!(summary.readiness, Some(Readiness::Ready));
     let calls = rig.cocoon.calls();
     assert_eq!(calls[0].argv[0], "powershell");
-    assert_eq!(calls[1].argv, ["cmd", "/c", "ipconfig", "/renew"]);
+    assert_eq!(calls[1].argv, ["cmd", "/c", "ipconfig /renew"]);
     assert!(calls[1].timeout <= Duration::from_secs(1));
 }
 

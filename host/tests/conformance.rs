@@ -171,7 +171,9 @@ fn ended(result: &Result<fixup_core::decision::Summary, HostError>) -> Ended {
                 HostError::Cocoon { .. } => "inspect",
                 HostError::Node(e) => e.kind(),
                 HostError::Pods(PodError::Gone { .. }) => "gone",
-                HostError::Pods(PodError::Refused { .. }) => "refused",
+                HostError::Pods(PodError::Refused { .. }) | HostError::RunningRefused { .. } => {
+                    "refused"
+                }
                 HostError::Pods(PodError::Api { .. }) => "api",
                 HostError::NotFound { .. } => "not-found",
             },

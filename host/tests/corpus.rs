@@ -5,7 +5,7 @@
 //! - `facts.json`: hostile pod annotations and `cocoon vm inspect` output
 //!   (shell metacharacters, quotes, newlines, `%`, backslashes, unicode
 //!   look-alikes, NUL, over-long values, VM ids that are paths, prefixes
-//!   outside 0..=32, duplicate MACs, hundreds of NICs, malformed JSON).
+//!   outside 1..=32, duplicate MACs, hundreds of NICs, malformed JSON).
 //!   Each case goes through the real plan path (parse, observe, classify,
 //!   validate, the real plugins, compose, render). A `reject` case must
 //!   fail with an error that contains the field it names and that stays

@@ -239,7 +239,7 @@ fn the_configured_limits_apply() {
 )]
 #[case::prefix(
     r#""nics": [{"mac": "52:54:00:00:00:01", "static_ipv4": {"address": "10.0.0.2", "prefix": 33, "gateway": null}}]"#,
-    "facts.nics[0].static_ipv4.prefix: expected a prefix length 0..=32, got 33"
+    "facts.nics[0].static_ipv4.prefix: expected a prefix length 1..=32, got 33"
 )]
 #[case::gateway(
     r#""nics": [{"mac": "52:54:00:00:00:01", "static_ipv4": {"address": "10.0.0.2", "prefix": 24, "gateway": "10.0.0.1; reboot"}}]"#,

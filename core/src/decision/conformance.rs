@@ -623,7 +623,9 @@ impl World {
     /// argv tells it: the renew nudge by its command, the recovery pass by
     /// the event told just before it, else a fixup attempt.
     pub fn purpose_of(&self, argv: &[String]) -> ExecPurpose {
-        if argv.first().is_some_and(|a| a == "cmd") && argv.iter().any(|a| a == "/renew") {
+        // Written out, not taken from the decision: a change of the
+        // nudge's argv must show in the replays.
+        if argv == ["cmd", "/c", "ipconfig /renew"] {
             return ExecPurpose::Renew;
         }
         match self.seen.last() {

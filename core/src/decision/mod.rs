@@ -341,6 +341,12 @@ pub enum Stop {
     Node(#[from] NodeError),
     #[error(transparent)]
     Api(#[from] PodError),
+    /// The API server refused the `running` write (401, 403, 422, an
+    /// admission denial): nothing ran, and unlike another refusal the work
+    /// is tried again with backoff, so the pod is never left `creating`
+    /// with nothing in flight (spec section 8).
+    #[error("the running write was refused, nothing ran, and it is tried again later: {error}")]
+    RunningRefused { error: PodError },
 }
 
 impl Stop {
@@ -353,7 +359,7 @@ impl Stop {
             Stop::Inspect { .. } => "inspect",
             Stop::Node(e) => e.kind(),
             Stop::Api(PodError::Gone { .. }) => "gone",
-            Stop::Api(PodError::Refused { .. }) => "refused",
+            Stop::Api(PodError::Refused { .. }) | Stop::RunningRefused { .. } => "refused",
             Stop::Api(PodError::Api { .. }) => "api",
         }
     }
@@ -363,7 +369,10 @@ impl Stop {
     /// names no VM, cannot until it changes.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Stop::Inspect { .. } | Stop::Node(_) | Stop::Api(PodError::Api { .. }) => true,
+            Stop::Inspect { .. }
+            | Stop::Node(_)
+            | Stop::Api(PodError::Api { .. })
+            | Stop::RunningRefused { .. } => true,
             Stop::NoUid { .. }
             | Stop::NoVm { .. }
             | Stop::Api(PodError::Refused { .. } | PodError::Gone { .. }) => false,

@@ -958,8 +958,12 @@ impl PodTask {
                     self.loop_top(fixup)
                 }
                 Decided::Skipped(_) | Decided::Gone => self.fixup_over(&fixup, FixupEnd::Gone),
-                // Nothing ran yet: the whole work is tried again later.
+                // Nothing ran yet: the whole work is tried again later,
+                // even after a refusal.
                 Decided::Unsettled => self.stop(Stop::Api(unsettled(&self.pod))),
+                Decided::Failed(error @ PodError::Refused { .. }) => {
+                    self.stop(Stop::RunningRefused { error })
+                }
                 Decided::Failed(e) => self.stop(Stop::Api(e)),
             },
             Write::Done(fixup) => match decided {
@@ -1255,9 +1259,11 @@ impl PodTask {
         let left = wait.deadline.saturating_sub(self.now);
         let vm = wait.facts.id.clone();
         if wait.facts.os == GuestOs::Windows {
-            let argv = ["cmd", "/c", "ipconfig", "/renew"]
-                .map(str::to_owned)
-                .to_vec();
+            // Three arguments, as the stack passes them: `cmd /c` runs the
+            // one string whether the guest agent quotes each argument
+            // (cmd then strips the outer quotes: `ipconfig /renew` names no
+            // executable) or joins them with spaces.
+            let argv = ["cmd", "/c", "ipconfig /renew"].map(str::to_owned).to_vec();
             let timeout = self
                 .settings
                 .ready

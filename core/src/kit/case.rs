@@ -582,17 +582,17 @@ impl Reader<'_> {
             None => {
                 return Err(self.field(
                     &prefix_field,
-                    "is missing; a static NIC needs a prefix length 0..=32".into(),
+                    "is missing; a static NIC needs a prefix length 1..=32".into(),
                 ));
             }
             Some(v) => v
                 .as_u64()
                 .and_then(|p| u8::try_from(p).ok())
-                .filter(|p| *p <= 32)
+                .filter(|p| (1..=32).contains(p))
                 .ok_or_else(|| {
                     self.field(
                         &prefix_field,
-                        format!("expected a prefix length 0..=32, got {}", shown(v)),
+                        format!("expected a prefix length 1..=32, got {}", shown(v)),
                     )
                 })?,
         };
