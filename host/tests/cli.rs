@@ -401,3 +401,34 @@ fn plugin_pull_help_lists_only_what_a_pull_uses() {
         assert!(!flags.contains(&flag), "--help lists {flag}: {help}");
     }
 }
+
+/// Work a daemon left `running` is planned as resumed work, as the daemon
+/// plans it: the source image is unknown, so the overlay probe decides the
+/// flavour. The cloudimg example's record names an http(s) image and has no
+/// overlay, so the same pod plans cloudimg fresh and oci-networkd resumed.
+#[test]
+fn plan_takes_running_work_as_resumed() {
+    let dir = tempfile::tempdir().unwrap();
+    let example = examples().join("cloudimg-static");
+    let pod: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(example.join("pod.json")).unwrap()).unwrap();
+    let mut running = pod.clone();
+    running["metadata"]["annotations"]["vm.cocoonstack.io/post-clone-state"] = "running".into();
+    let mut scenarios = Vec::new();
+    for (name, pod) in [("fresh", &pod), ("running", &running)] {
+        let path = dir.path().join(format!("{name}.json"));
+        std::fs::write(&path, pod.to_string()).unwrap();
+        let out = plan(&[
+            "--pod",
+            path.to_str().unwrap(),
+            "--vm",
+            example.join("vm.json").to_str().unwrap(),
+            "--output",
+            "json",
+        ]);
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        scenarios.push(json["scenario"].as_str().unwrap_or_default().to_owned());
+    }
+    assert_eq!(scenarios, ["cloudimg", "oci-networkd"]);
+}
