@@ -47,6 +47,11 @@ pub mod reasons {
     /// failure policy put the built-in in its place (the message names
     /// both, with versions and the failure).
     pub const PLUGIN_FALLBACK: &str = "PostClonePluginFallback";
+    /// The serial-console pass of a Windows VM with a static NIC failed
+    /// (spec section 10; the step's own event comes first:
+    /// [`fixup_sac::reasons`]). The pod is failed.
+    pub const WINDOWS_STATIC_IP_FAILED: &str = "WindowsStaticIPFailed";
+    pub use fixup_sac::reasons::{DIAL_FAILED, ENUM_FAILED, SET_FAILED, VERIFY_FAILED};
 }
 
 /// Event messages are capped at this many bytes (spec section 9).

@@ -1138,12 +1138,22 @@ const FIX_NET: &str =
 fn validate_nic(pod: Option<&str>, i: usize, raw: &RawNic) -> Result<Nic, FactError> {
     let field = |name: &str| Ctx::in_pod(pod, format!("network_configs[{i}].{name}"));
     let mac = parse_mac(&raw.mac, &field("mac"))?;
+    Ok(Nic {
+        mac,
+        static_ipv4: validate_static(pod, i, raw)?,
+    })
+}
+
+/// A NIC's static values, `None` for DHCP (whose prefix and gateway mean
+/// nothing and are not checked).
+fn validate_static(
+    pod: Option<&str>,
+    i: usize,
+    raw: &RawNic,
+) -> Result<Option<StaticIpv4>, FactError> {
+    let field = |name: &str| Ctx::in_pod(pod, format!("network_configs[{i}].{name}"));
     if !raw.is_static() {
-        // DHCP: prefix and gateway mean nothing and are not checked.
-        return Ok(Nic {
-            mac,
-            static_ipv4: None,
-        });
+        return Ok(None);
     }
     let ipv4 = |value: &str, ctx: &Ctx<'_>| {
         value
@@ -1167,14 +1177,29 @@ fn validate_nic(pod: Option<&str>, i: usize, raw: &RawNic) -> Result<Nic, FactEr
     } else {
         Some(ipv4(&raw.gateway, &field("network.gateway"))?)
     };
-    Ok(Nic {
-        mac,
-        static_ipv4: Some(StaticIpv4 {
-            address,
-            prefix,
-            gateway,
-        }),
-    })
+    Ok(Some(StaticIpv4 {
+        address,
+        prefix,
+        gateway,
+    }))
+}
+
+/// The static values of every NIC, in inspect order (`None` for DHCP),
+/// validated: all the serial-console pass of spec section 10 reads besides
+/// the VM id. MACs are not looked at.
+pub fn static_nics(obs: &Observation) -> Result<Vec<Option<StaticIpv4>>, FactError> {
+    let pod = Some(obs.pod.as_str());
+    if obs.nics.len() > MAX_NICS {
+        return Err(FactError::TooManyNics {
+            pod: obs.pod.clone(),
+            count: obs.nics.len(),
+        });
+    }
+    obs.nics
+        .iter()
+        .enumerate()
+        .map(|(i, raw)| validate_static(pod, i, raw))
+        .collect()
 }
 
 /// Parses JSON, keeping serde_json's line and column in the error.

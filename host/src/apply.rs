@@ -31,6 +31,7 @@ use fixup_core::plan::Plan;
 use fixup_core::planner::{PlanPart, Planner};
 
 use crate::cocoon::{Cocoon, CocoonError};
+use crate::console::{Console, ConsoleSession};
 use crate::host::{FixupRecord, HostError, PluginUse};
 use crate::metrics::Metrics;
 use crate::pods::{Event, PodApi, PodError, PodRef};
@@ -42,6 +43,7 @@ use crate::ready::LeaseWatcher;
 /// metrics and the lease watcher.
 #[derive(Clone, Copy)]
 pub(crate) struct HostParts<'a> {
+    pub console: &'a Arc<dyn Console>,
     pub planner: &'a RwLock<Arc<Planner>>,
     pub planning: &'a Arc<Semaphore>,
     pub admission: &'a Semaphore,
@@ -70,6 +72,8 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
         let mut turn = None;
         // cocoon's own error, kept for the caller.
         let mut inspect_error = None;
+        // The serial console opened last, from `SacOpen` to `SacClose`.
+        let mut console: Option<Box<dyn ConsoleSession>> = None;
         loop {
             let report = if action.interruptible() && self.shutdown.is_cancelled() {
                 Report::Cancelled
@@ -149,10 +153,58 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
                         self.note(&pod, note);
                         Report::Go
                     }
+                    Action::SacOpen { vm, need } => {
+                        let host = self.host.expect("only a host's task opens a console");
+                        let opener = Arc::clone(host.console);
+                        let stop = self.sac_stop();
+                        let opened =
+                            tokio::task::spawn_blocking(move || opener.open(&vm, need, stop));
+                        match opened.await {
+                            Ok(Ok((nets, session))) => {
+                                console = Some(session);
+                                Report::SacOpened(Ok(nets))
+                            }
+                            Ok(Err(fixup_sac::SacError::Stopped)) => Report::Cancelled,
+                            Ok(Err(e)) => Report::SacOpened(Err(e)),
+                            Err(e) => Report::SacOpened(Err(fixup_sac::SacError::Dial {
+                                cause: format!("the console task failed: {e}"),
+                            })),
+                        }
+                    }
+                    Action::SacSet { net, nic } => {
+                        let mut session = console.take().expect("a set follows an open console");
+                        let set = tokio::task::spawn_blocking(move || {
+                            let result = session.set(net, &nic);
+                            (session, result)
+                        });
+                        match set.await {
+                            Ok((session, result)) => {
+                                console = Some(session);
+                                match result {
+                                    Err(fixup_sac::SacError::Stopped) => Report::Cancelled,
+                                    result => Report::SacSet(result),
+                                }
+                            }
+                            Err(e) => Report::SacSet(Err(fixup_sac::SacError::SetIp {
+                                net,
+                                cause: format!("the console task failed: {e}"),
+                            })),
+                        }
+                    }
+                    Action::SacClose => {
+                        console = None;
+                        Report::Go
+                    }
                 }
             };
             action = task.next(report, origin.elapsed());
         }
+    }
+
+    /// The console client's stop check: the host is shutting down.
+    fn sac_stop(&self) -> fixup_sac::Stop {
+        let token = self.shutdown.clone();
+        fixup_sac::Stop::when(move || token.is_cancelled())
     }
 
     /// What the task tells the operator: a log line, a metric.
@@ -189,6 +241,12 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
             Note::IpWait(readiness) => {
                 if let Some(m) = metrics {
                     m.ip_wait(readiness.as_str());
+                }
+            }
+            Note::Sac(end) => {
+                tracing::info!(pod = %pod, "serial-console pass: {end}");
+                if let Some(m) = metrics {
+                    m.sac(end.as_str());
                 }
             }
             Note::Warn(line) => tracing::warn!(pod = %pod, "{line}"),

@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::apply::{Executor, HostParts};
 use crate::cocoon::{Cocoon, CocoonError};
+use crate::console::{Console, SerialConsoles};
 use crate::metrics::Metrics;
 use crate::pods::{PodApi, PodError};
 use crate::ready::LeaseWatcher;
@@ -279,6 +280,8 @@ pub struct Host<C, P> {
     leases: Arc<LeaseWatcher>,
     config: HostConfig,
     metrics: Arc<Metrics>,
+    /// The VMs' serial consoles (spec section 10).
+    console: Arc<dyn Console>,
 }
 
 impl<C: Cocoon, P: PodApi> Host<C, P> {
@@ -291,7 +294,12 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         metrics: Arc<Metrics>,
     ) -> Self {
         let slots = usize::try_from(planner.plugins().slots()).unwrap_or(usize::MAX);
+        let console = Arc::new(SerialConsoles {
+            cocoon_root: planner.cocoon_root().to_owned(),
+            budgets: fixup_sac::Budgets::default(),
+        });
         Host {
+            console,
             planning: Arc::new(Semaphore::new(slots.clamp(1, Semaphore::MAX_PERMITS))),
             admission: Arc::new(Semaphore::new(
                 config.fixups_in_flight.clamp(1, Semaphore::MAX_PERMITS),
@@ -308,6 +316,14 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
 
     pub fn pods(&self) -> &P {
         &self.pods
+    }
+
+    /// Use `console` for the VMs' serial consoles instead of the sockets
+    /// below the planner's cocoon root (a test's stand-in, or other
+    /// budgets).
+    pub fn with_console(mut self, console: Arc<dyn Console>) -> Self {
+        self.console = console;
+        self
     }
 
     /// The planner in service now.
@@ -418,6 +434,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             cocoon: &self.cocoon,
             pods: &self.pods,
             host: Some(HostParts {
+                console: &self.console,
                 planner: &self.planner,
                 planning: &self.planning,
                 admission: &self.admission,

@@ -707,6 +707,11 @@ fn action_for(reason: &'static str) -> &'static str {
         reasons::VM_MISMATCH => "BindVM",
         reasons::IP_WAIT_TIMEOUT | reasons::DHCP_RECOVERY => "ReadyWait",
         reasons::RESUMED_AFTER_RESTART => "Resume",
+        reasons::DIAL_FAILED
+        | reasons::ENUM_FAILED
+        | reasons::SET_FAILED
+        | reasons::VERIFY_FAILED
+        | reasons::WINDOWS_STATIC_IP_FAILED => "WindowsStaticIP",
         other => other,
     }
 }

@@ -12,6 +12,7 @@
 //! The apply path:
 //!
 //! - [`cocoon`]: the one type that runs the `cocoon` CLI.
+//! - [`console`]: the VM's serial console, for the Windows static-IP pass.
 //! - [`pods`]: the Kubernetes seam (`PodApi`), pods in memory; the
 //!   annotation keys and event reasons of [`annotations`].
 //! - [`kube`]: `PodApi` over the real `kube` client, uid preconditions, retries.
@@ -31,6 +32,7 @@
 pub mod apply;
 pub mod cocoon;
 pub mod config;
+pub mod console;
 pub mod host;
 pub mod kube;
 pub mod logging;

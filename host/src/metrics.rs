@@ -48,6 +48,7 @@ pub struct Metrics {
     fixups: Family<FixupLabels, Counter>,
     attempts: Histogram,
     ip_waits: Family<ResultLabels, Counter>,
+    sac_passes: Family<ResultLabels, Counter>,
     resumed: Family<OpLabels, Counter>,
     plugin_seconds: HistogramFamily<PluginLabels>,
     plugin_fuel: HistogramFamily<PluginLabels>,
@@ -102,6 +103,12 @@ impl Metrics {
         );
         let ip_waits = Family::<ResultLabels, Counter>::default();
         registry.register("ip_waits", "IP waits by result", ip_waits.clone());
+        let sac_passes = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "sac_passes",
+            "Windows static-IP passes over the serial console by result",
+            sac_passes.clone(),
+        );
         let resumed = Family::<OpLabels, Counter>::default();
         registry.register(
             "resumed",
@@ -179,6 +186,7 @@ impl Metrics {
             fixups,
             attempts,
             ip_waits,
+            sac_passes,
             resumed,
             plugin_seconds,
             plugin_fuel,
@@ -249,6 +257,14 @@ impl Metrics {
 
     pub fn ip_wait(&self, result: &str) {
         self.ip_waits
+            .get_or_create(&ResultLabels {
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn sac(&self, result: &str) {
+        self.sac_passes
             .get_or_create(&ResultLabels {
                 result: result.to_owned(),
             })

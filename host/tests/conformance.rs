@@ -17,10 +17,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fixup_core::decision::PodError;
-use fixup_core::decision::conformance::{Ended, Scenario, Suite, World, pod_json};
+use fixup_core::decision::conformance::{Ended, Scenario, Suite, Waited, World, pod_json};
 use fixup_core::facts::{VmId, VmInspect};
 use fixup_core::planner::{Planner, PlannerOptions};
 use fixup_host::cocoon::{Cocoon, CocoonError, ExecOutput};
+use fixup_host::console::{Console, ConsoleSession};
 use fixup_host::host::{Host, HostConfig, HostError};
 use fixup_host::kube::{KubeApi, REPORTER, RetryPolicy};
 use fixup_host::metrics::Metrics;
@@ -74,6 +75,58 @@ impl Cocoon for WorldCocoon {
             what: "cocoon vm inspect".to_owned(),
             reason,
         })
+    }
+}
+
+/// The VMs' serial consoles answering from the world. Opening and each set
+/// take no time here (the console client's own timing is tested in
+/// fixup-sac and against the simulator).
+#[derive(Clone)]
+struct WorldConsole {
+    world: Shared,
+    clock: Clock,
+}
+
+impl std::fmt::Debug for WorldConsole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WorldConsole")
+    }
+}
+
+impl Console for WorldConsole {
+    fn open(
+        &self,
+        vm: &VmId,
+        need: usize,
+        _stop: fixup_sac::Stop,
+    ) -> Result<(Vec<u32>, Box<dyn ConsoleSession>), fixup_sac::SacError> {
+        let mut now = self.clock.now();
+        let opened = self
+            .world
+            .lock()
+            .unwrap()
+            .sac_open_until(&mut now, vm.as_str(), need);
+        match opened {
+            Waited::Done(result) => {
+                result.map(|nets| (nets, Box::new(self.clone()) as Box<dyn ConsoleSession>))
+            }
+            Waited::Cancelled => Err(fixup_sac::SacError::Stopped),
+        }
+    }
+}
+
+impl ConsoleSession for WorldConsole {
+    fn set(&mut self, net: u32, nic: &fixup_sac::StaticNic) -> Result<(), fixup_sac::SacError> {
+        let mut now = self.clock.now();
+        match self
+            .world
+            .lock()
+            .unwrap()
+            .sac_set_until(&mut now, net, nic.ip)
+        {
+            Waited::Done(result) => result,
+            Waited::Cancelled => Err(fixup_sac::SacError::Stopped),
+        }
     }
 }
 
@@ -255,7 +308,11 @@ async fn replay(scenario: &Scenario, planner: Arc<Planner>, lease_dir: &Path) ->
         leases,
         config,
         Arc::new(Metrics::new()),
-    );
+    )
+    .with_console(Arc::new(WorldConsole {
+        world: world.clone(),
+        clock,
+    }));
     let result = host
         .handle_pod(&pod, scenario.trigger.into(), &shutdown)
         .await;

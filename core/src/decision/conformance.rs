@@ -32,6 +32,7 @@ use crate::exec::{ExecOutput, ExitStatusKind};
 use crate::facts::{MacAddr, PodInput, VmId, VmInspect};
 use crate::plan::{Nonce, done_marker, exec_nonce};
 use crate::planner::Planner;
+use fixup_sac::SacError;
 
 /// A scenario file.
 #[derive(Debug, Clone, Deserialize)]
@@ -70,10 +71,61 @@ pub struct Scenario {
     /// API requests that fail.
     #[serde(default)]
     pub faults: Vec<Fault>,
+    /// The VM's serial console (spec section 10); absent: every step
+    /// succeeds at once.
+    #[serde(default)]
+    pub sac: SacScript,
     /// The host shuts down at this time (ms).
     #[serde(default)]
     pub shutdown_at_ms: Option<u64>,
     pub expect: Expect,
+}
+
+/// How the VM's serial console answers.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SacScript {
+    /// The interfaces the console lists (default: 7, 8, ... one per NIC).
+    #[serde(default)]
+    pub nets: Option<Vec<u32>>,
+    /// Opening the console (dial, prompt, listing) fails this way.
+    #[serde(default)]
+    pub open_error: Option<SacFault>,
+    /// How long opening takes (ms).
+    #[serde(default)]
+    pub open_ms: u64,
+    /// Each set in order; past the list every set takes effect at once.
+    #[serde(default)]
+    pub sets: Vec<SacSetScript>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SacSetScript {
+    #[serde(default)]
+    pub error: Option<SacFault>,
+    #[serde(default)]
+    pub takes_ms: u64,
+}
+
+/// A console failure: `dial`, `enum`, `set`, `verify` (the four of spec
+/// section 10) or `refused` (a console path the host will not use).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SacFault {
+    pub kind: SacFaultKind,
+    #[serde(default)]
+    pub cause: String,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum SacFaultKind {
+    Dial,
+    Enum,
+    Set,
+    Verify,
+    Refused,
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
@@ -186,6 +238,25 @@ pub enum FaultAnswer {
     Refused,
 }
 
+impl SacFault {
+    /// The console client's error for this fault, in a step that needed
+    /// `need` interfaces or set `ip` on `net`.
+    fn error(&self, need: usize, net: u32, ip: Ipv4Addr) -> SacError {
+        let cause = self.cause.clone();
+        match self.kind {
+            SacFaultKind::Dial => SacError::Dial { cause },
+            SacFaultKind::Enum => SacError::EnumExhausted { found: 0, need },
+            SacFaultKind::Set => SacError::SetIp { net, cause },
+            SacFaultKind::Verify => SacError::VerifyExhausted { net, ip },
+            SacFaultKind::Refused => SacError::Refused {
+                path: std::path::PathBuf::from("run/cloudhypervisor/console.sock"),
+                problem: cause,
+                fix: "make it the VM's console socket",
+            },
+        }
+    }
+}
+
 /// What must happen.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -219,6 +290,14 @@ pub struct Expected {
     pub timeout_ms: Option<u64>,
     #[serde(default)]
     pub event: Option<String>,
+    /// A serial-console step: `open` (with `vm`) or `set` (with `net` and
+    /// `ip`).
+    #[serde(default)]
+    pub sac: Option<String>,
+    #[serde(default)]
+    pub net: Option<u32>,
+    #[serde(default)]
+    pub ip: Option<Ipv4Addr>,
     /// The event's message, exactly.
     #[serde(default)]
     pub message: Option<String>,
@@ -253,6 +332,15 @@ pub enum Seen {
         reason: String,
         message: String,
     },
+    SacOpen {
+        at_ms: u64,
+        vm: String,
+    },
+    SacSet {
+        at_ms: u64,
+        net: u32,
+        ip: Ipv4Addr,
+    },
 }
 
 impl std::fmt::Display for Seen {
@@ -284,6 +372,8 @@ impl std::fmt::Display for Seen {
                 reason,
                 message,
             } => write!(f, "{at_ms:>7} ms  event {reason}: {message}"),
+            Seen::SacOpen { at_ms, vm } => write!(f, "{at_ms:>7} ms  sac open {vm}"),
+            Seen::SacSet { at_ms, net, ip } => write!(f, "{at_ms:>7} ms  sac set net {net} {ip}"),
         }
     }
 }
@@ -294,7 +384,9 @@ impl Expected {
             Seen::Inspect { at_ms, .. }
             | Seen::Write { at_ms, .. }
             | Seen::Exec { at_ms, .. }
-            | Seen::Event { at_ms, .. } => *at_ms,
+            | Seen::Event { at_ms, .. }
+            | Seen::SacOpen { at_ms, .. }
+            | Seen::SacSet { at_ms, .. } => *at_ms,
         };
         if self.at_ms.is_some_and(|t| t != at) {
             return false;
@@ -306,10 +398,23 @@ impl Expected {
                 .as_ref()
                 .is_some_and(|want| want.iter().all(|(k, v)| patch.get(k) == Some(v))),
             Seen::Exec {
+                vm,
                 purpose,
                 timeout_ms,
                 ..
-            } => self.exec == Some(*purpose) && self.timeout_ms.is_none_or(|t| t == *timeout_ms),
+            } => {
+                self.exec == Some(*purpose)
+                    && self.vm.as_ref().is_none_or(|v| v == vm)
+                    && self.timeout_ms.is_none_or(|t| t == *timeout_ms)
+            }
+            Seen::SacOpen { vm, .. } => {
+                self.sac.as_deref() == Some("open") && self.vm.as_ref().is_none_or(|v| v == vm)
+            }
+            Seen::SacSet { net, ip, .. } => {
+                self.sac.as_deref() == Some("set")
+                    && self.net.is_none_or(|n| n == *net)
+                    && self.ip.is_none_or(|i| i == *ip)
+            }
             Seen::Event {
                 reason, message, ..
             } => {
@@ -458,6 +563,7 @@ pub struct World {
     /// Changes not made yet, soonest first.
     changes: Vec<Change>,
     execs_done: usize,
+    sac_sets_done: usize,
     requests: BTreeMap<&'static str, u32>,
     /// What the host did that others see.
     pub seen: Vec<Seen>,
@@ -482,6 +588,7 @@ impl World {
             version: 1,
             changes,
             execs_done: 0,
+            sac_sets_done: 0,
             requests: BTreeMap::new(),
             seen: Vec::new(),
             notes: Vec::new(),
@@ -704,6 +811,58 @@ impl World {
                 stderr_cut: false,
             }),
         )
+    }
+
+    /// Opening the VM's console at `*now`: the interfaces listed, or the
+    /// scripted failure; the clock moves to its end, or to the shutdown
+    /// that stops it.
+    pub fn sac_open_until(
+        &mut self,
+        now: &mut Duration,
+        vm: &str,
+        need: usize,
+    ) -> Waited<Result<Vec<u32>, SacError>> {
+        self.seen.push(Seen::SacOpen {
+            at_ms: ms(*now),
+            vm: vm.to_owned(),
+        });
+        let script = self.scenario.sac.clone();
+        let result = match &script.open_error {
+            Some(fault) => Err(fault.error(need, 0, Ipv4Addr::UNSPECIFIED)),
+            None => Ok(script
+                .nets
+                .unwrap_or_else(|| (7..).take(need).collect::<Vec<u32>>())),
+        };
+        let ends = *now + Duration::from_millis(script.open_ms);
+        self.until(now, ends, result)
+    }
+
+    /// One set on the open console at `*now`.
+    pub fn sac_set_until(
+        &mut self,
+        now: &mut Duration,
+        net: u32,
+        ip: Ipv4Addr,
+    ) -> Waited<Result<(), SacError>> {
+        self.seen.push(Seen::SacSet {
+            at_ms: ms(*now),
+            net,
+            ip,
+        });
+        let script = self
+            .scenario
+            .sac
+            .sets
+            .get(self.sac_sets_done)
+            .cloned()
+            .unwrap_or_default();
+        self.sac_sets_done += 1;
+        let result = match &script.error {
+            Some(fault) => Err(fault.error(0, net, ip)),
+            None => Ok(()),
+        };
+        let ends = *now + Duration::from_millis(script.takes_ms);
+        self.until(now, ends, result)
     }
 
     /// When `mac` has a lease at or after `now`, no later than `until`,
@@ -956,6 +1115,16 @@ pub fn replay(scenario: &Scenario, planner: &Planner) -> (World, Ended) {
                 Waited::Done(found) => Report::Lease(found),
                 Waited::Cancelled => Report::Cancelled,
             },
+            Action::SacOpen { vm, need } => match world.sac_open_until(&mut now, vm.as_str(), need)
+            {
+                Waited::Done(result) => Report::SacOpened(result),
+                Waited::Cancelled => Report::Cancelled,
+            },
+            Action::SacSet { net, nic } => match world.sac_set_until(&mut now, net, nic.ip) {
+                Waited::Done(result) => Report::SacSet(result),
+                Waited::Cancelled => Report::Cancelled,
+            },
+            Action::SacClose => Report::Go,
         };
         action = task.next(report, now);
     }

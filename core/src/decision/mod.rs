@@ -53,6 +53,7 @@ use crate::planner::{ComposedPlan, PlanOutcome, Planner, PlannerError};
 use crate::plugin::PluginError;
 use crate::plugin::registry::NoPlugin;
 use crate::probe::ProbeError;
+use fixup_sac::{SacError, StaticNic};
 
 /// One incarnation of a pod: a write for `uid` never lands on a pod that
 /// was deleted and recreated under the same name.
@@ -193,6 +194,21 @@ pub enum Action {
     /// Wait until the clock reaches `until`. Interruptible by shutdown.
     /// Report: [`Report::Go`].
     Sleep { until: Duration },
+    /// Open the VM's serial console (spec section 10: the socket
+    /// `<cocoon root>/run/cloudhypervisor/<vm>/console.sock`, confined to
+    /// the cocoon root), wait for the `SAC>` prompt and list the guest's
+    /// interfaces until at least `need` are listed, keeping the console
+    /// open for the [`Action::SacSet`]s that follow ([`fixup_sac::Session`]
+    /// does all of it). Interruptible by shutdown. Report:
+    /// [`Report::SacOpened`].
+    SacOpen { vm: VmId, need: usize },
+    /// On the console opened last: set `nic`'s address on the guest's
+    /// interface `net` and check that it took effect, in rounds
+    /// ([`fixup_sac::Session::set_static`]). Interruptible by shutdown.
+    /// Report: [`Report::SacSet`].
+    SacSet { net: u32, nic: StaticNic },
+    /// Close the console opened last, if any. Report: [`Report::Go`].
+    SacClose,
     /// Record this event on the pod (best effort: a failure is logged).
     /// Report: [`Report::Go`].
     Tell(Event),
@@ -213,6 +229,8 @@ impl Action {
                 | Action::Exec { .. }
                 | Action::WaitLease { .. }
                 | Action::Sleep { .. }
+                | Action::SacOpen { .. }
+                | Action::SacSet { .. }
         )
     }
 }
@@ -233,6 +251,11 @@ pub enum Report {
     Ran(Result<ExecOutput, String>),
     /// The lease's address, or `None` when the wait reached its end.
     Lease(Option<Ipv4Addr>),
+    /// The console is open: the guest's interface numbers, in the order
+    /// listed; or why it could not be.
+    SacOpened(Result<Vec<u32>, SacError>),
+    /// The address took effect, or why it did not.
+    SacSet(Result<(), SacError>),
 }
 
 /// What a host tells its operator (a log line, a metric).
@@ -256,6 +279,8 @@ pub enum Note {
     },
     /// How the IP wait ended.
     IpWait(Readiness),
+    /// How the serial-console pass ended.
+    Sac(SacEnd),
     /// Something worth a warning in the log.
     Warn(String),
 }
@@ -295,6 +320,15 @@ pub enum NodeError {
         "pod {pod}: the planner made no plan for a VM that needs a fixup; report this as a cocoon-fixup bug"
     )]
     NoPlan { pod: String },
+    /// The VM's console socket is not one the host connects to (a link
+    /// on its path, something other than a socket): the node is set up
+    /// wrong, not the pod.
+    #[error("pod {pod}: node configuration: {source}")]
+    Console {
+        pod: String,
+        #[source]
+        source: SacError,
+    },
 }
 
 impl NodeError {
@@ -305,6 +339,7 @@ impl NodeError {
             NodeError::Plugins { .. } | NodeError::PluginCode { .. } => "plugins",
             NodeError::BadRecord { .. } => "cocoon",
             NodeError::NoPlan { .. } => "planner",
+            NodeError::Console { .. } => "console",
         }
     }
 
@@ -415,6 +450,19 @@ pub enum FixupEnd {
 /// How the IP wait ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
+pub enum SacEnd {
+    /// Every static address took effect.
+    Set,
+    /// The pass failed: the pod is failed (`WindowsStaticIPFailed`).
+    Failed,
+    Shutdown,
+    /// Deleted, replaced, or taken over by the stack before it ended.
+    Gone,
+}
+
+/// How the IP wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Readiness {
     Ready,
     TimedOut,
@@ -458,6 +506,12 @@ labels!(FixupEnd {
     Shutdown => "shutdown",
     Gone => "gone",
 });
+labels!(SacEnd {
+    Set => "set",
+    Failed => "failed",
+    Shutdown => "shutdown",
+    Gone => "gone",
+});
 labels!(Readiness {
     Ready => "ready",
     TimedOut => "timed-out",
@@ -498,6 +552,9 @@ pub struct Summary {
     /// Absent when no fixup ran.
     pub fixup: Option<FixupEnd>,
     pub attempts: u32,
+    /// Absent when no serial-console pass ran (spec section 10).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sac: Option<SacEnd>,
     /// Absent when no IP wait ran.
     pub readiness: Option<Readiness>,
     pub ip: Option<String>,
@@ -524,6 +581,7 @@ impl Summary {
             scenario: None,
             fixup: None,
             attempts: 0,
+            sac: None,
             readiness: None,
             ip: None,
             errors: Vec::new(),

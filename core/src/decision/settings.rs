@@ -14,6 +14,10 @@ use crate::planner::OptionError;
 /// a setting.
 pub const MIN_STEP: Duration = Duration::from_millis(10);
 
+/// The shortest retry budget and IP wait: below it the first attempt, or
+/// the first look at the lease file, would have no time at all.
+pub const MIN_BUDGET: Duration = Duration::from_millis(100);
+
 /// The retry budget (spec section 5). Defaults: first attempt at once, 3 s
 /// between attempts, until 180 s after the first; each exec bounded by
 /// 90 s and by what is left of the budget. Configured with
@@ -122,6 +126,20 @@ impl SettingsBuilder {
                 });
             }
         }
+        for (what, value) in [
+            ("retry_budget", self.retry_budget),
+            ("ip_wait", self.ip_wait),
+        ] {
+            if let Some(value) = value
+                && value < MIN_BUDGET
+            {
+                return Err(OptionError::Invalid {
+                    what,
+                    rule: "at least 100ms",
+                    value: format!("{value:?}"),
+                });
+            }
+        }
         let retry_default = RetryConfig::default();
         let ready_default = ReadyConfig::default();
         let exec_timeout = self.exec_timeout.unwrap_or(retry_default.exec_timeout);
@@ -216,12 +234,26 @@ mod tests {
                 }
             }
         }
-        // A budget of nothing is a setting: one attempt, no retry.
-        let none = SettingsBuilder {
-            retry_budget: Some(Duration::ZERO),
-            ip_wait: Some(Duration::ZERO),
-            ..Default::default()
-        };
-        assert_eq!(none.build().unwrap().retry.budget, Duration::ZERO);
+        for (what, ms, refused) in [
+            ("retry_budget", 0, true),
+            ("retry_budget", 99, true),
+            ("retry_budget", 100, false),
+            ("ip_wait", 0, true),
+            ("ip_wait", 100, false),
+        ] {
+            let value = Some(Duration::from_millis(ms));
+            let builder = if what == "retry_budget" {
+                SettingsBuilder {
+                    retry_budget: value,
+                    ..Default::default()
+                }
+            } else {
+                SettingsBuilder {
+                    ip_wait: value,
+                    ..Default::default()
+                }
+            };
+            assert_eq!(builder.build().is_err(), refused, "{what} {ms}ms");
+        }
     }
 }

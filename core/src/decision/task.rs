@@ -7,10 +7,11 @@ use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
+use super::settings::MIN_STEP;
 use super::{
     Action, ExecPurpose, FixupEnd, Guarded, Handled, Lookup, NodeError, Note, PlanRequest, Planned,
-    PodError, PodRef, Readiness, Report, Settings, Stop, Summary, Trigger, lookup, mismatch_event,
-    observe,
+    PodError, PodRef, Readiness, Report, SacEnd, Settings, Stop, Summary, Trigger, lookup,
+    mismatch_event, observe,
 };
 use crate::annotations::{
     self, AnnotationPatch, Event, check_hint_room, exhausted_record, messages, one_line,
@@ -20,12 +21,13 @@ use crate::binding::{self, Verdict};
 use crate::classify::{self, Rule, Scenario};
 use crate::exec::{self, ExecOutput};
 use crate::facts::{
-    GuestOs, ImageKind, Observation, Overrides, PodInput, VmFacts, VmId, WaitFacts, WaitNic,
-    escape_controls,
+    GuestOs, ImageKind, Observation, Overrides, PodInput, StaticIpv4, VmFacts, VmId, WaitFacts,
+    WaitNic, escape_controls, static_nics,
 };
 use crate::lifecycle::{self, Action as Row, HandsOff, Lifecycle, PostCloneState};
 use crate::plan::{Nonce, Plan, exec_argv, hint_base64};
 use crate::planner::{ComposedPlan, PlannerError};
+use fixup_sac::{Nic as SacNic, SacError, StaticNic};
 
 /// How many times in a row a write decided from a read is decided again
 /// for a pod that changed under it before the task gives up (the work is
@@ -71,6 +73,8 @@ enum Awaiting {
     Patched,
     RanOrCancelled,
     LeaseOrCancelled,
+    SacOpenedOrCancelled,
+    SacSetOrCancelled,
     /// The task is over.
     Nothing,
 }
@@ -78,7 +82,7 @@ enum Awaiting {
 impl Awaiting {
     fn of(action: &Action) -> Awaiting {
         match action {
-            Action::Release | Action::Tell(_) | Action::Note(_) => Awaiting::Go,
+            Action::Release | Action::Tell(_) | Action::Note(_) | Action::SacClose => Awaiting::Go,
             Action::Admit | Action::Checkpoint | Action::Sleep { .. } => Awaiting::GoOrCancelled,
             Action::Inspect { .. } => Awaiting::Inspected,
             Action::Plan(_) => Awaiting::Planned,
@@ -86,6 +90,8 @@ impl Awaiting {
             Action::Patch { .. } => Awaiting::Patched,
             Action::Exec { .. } => Awaiting::RanOrCancelled,
             Action::WaitLease { .. } => Awaiting::LeaseOrCancelled,
+            Action::SacOpen { .. } => Awaiting::SacOpenedOrCancelled,
+            Action::SacSet { .. } => Awaiting::SacSetOrCancelled,
             Action::Finish(_) => Awaiting::Nothing,
         }
     }
@@ -95,7 +101,11 @@ impl Awaiting {
             (self, report),
             (Awaiting::Go | Awaiting::GoOrCancelled, Report::Go)
                 | (
-                    Awaiting::GoOrCancelled | Awaiting::RanOrCancelled | Awaiting::LeaseOrCancelled,
+                    Awaiting::GoOrCancelled
+                        | Awaiting::RanOrCancelled
+                        | Awaiting::LeaseOrCancelled
+                        | Awaiting::SacOpenedOrCancelled
+                        | Awaiting::SacSetOrCancelled,
                     Report::Cancelled,
                 )
                 | (Awaiting::Inspected, Report::Inspected(_))
@@ -104,19 +114,27 @@ impl Awaiting {
                 | (Awaiting::Patched, Report::Patched(_))
                 | (Awaiting::RanOrCancelled, Report::Ran(_))
                 | (Awaiting::LeaseOrCancelled, Report::Lease(_))
+                | (Awaiting::SacOpenedOrCancelled, Report::SacOpened(_))
+                | (Awaiting::SacSetOrCancelled, Report::SacSet(_))
         )
     }
 }
 
-/// A report that does not answer the action handed out last: the task is
-/// left as it was, waiting for the right one.
+/// A report the task refuses: the task is left as it was, waiting for the
+/// right one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "the report {got} does not answer the last action (it wants {wants}): carry out the action the task returned and report what it did"
-)]
-pub struct WrongReport {
-    pub wants: String,
-    pub got: String,
+pub enum WrongReport {
+    /// It does not answer the action handed out last.
+    #[error(
+        "the report {got} does not answer the last action (it wants {wants}): carry out the action the task returned and report what it did"
+    )]
+    Unanswered { wants: String, got: String },
+    /// Its clock is behind the last report's: the budgets are measured on
+    /// a clock that never goes back (a monotonic one, not the wall clock).
+    #[error(
+        "the report's clock ({now_ms} ms) is behind the last report's ({last_ms} ms): report a monotonic clock, the same for the whole task"
+    )]
+    ClockBack { last_ms: u128, now_ms: u128 },
 }
 
 fn report_name(report: &Report) -> &'static str {
@@ -129,6 +147,8 @@ fn report_name(report: &Report) -> &'static str {
         Report::Patched(_) => "patched",
         Report::Ran(_) => "ran",
         Report::Lease(_) => "lease",
+        Report::SacOpened(_) => "sac-opened",
+        Report::SacSet(_) => "sac-set",
     }
 }
 
@@ -152,8 +172,12 @@ struct Fixup {
     plan: Plan,
     exec: Vec<String>,
     script: String,
-    /// The first NIC's static address: the IP and `ready` go with `done`.
+    /// The first NIC's static address: the IP and `ready` go with `done`
+    /// (not when a serial-console pass comes first).
     ready_ip: Option<Ipv4Addr>,
+    /// The NICs of a Windows VM with a static one: the serial-console pass
+    /// of spec section 10 follows `done` (`None`: no pass).
+    sac: Option<Vec<SacNic>>,
     deadline: Duration,
     attempts: u32,
     errors: Vec<String>,
@@ -185,6 +209,7 @@ impl Fixup {
             exec,
             script,
             ready_ip,
+            sac: None,
             deadline: Duration::ZERO,
             attempts: 0,
             errors: Vec::new(),
@@ -193,6 +218,27 @@ impl Fixup {
             nonce: None,
         })
     }
+}
+
+/// The serial-console pass (spec section 10).
+#[derive(Debug)]
+struct SacPass {
+    vm: VmId,
+    nics: Vec<SacNic>,
+    /// The guest's interfaces, once the console is open.
+    nets: Option<Vec<u32>>,
+    /// The next NIC (by position) to look at.
+    next: usize,
+    then: AfterSac,
+}
+
+/// What comes after a serial-console pass that set every address.
+#[derive(Debug)]
+enum AfterSac {
+    /// `PostCloneSucceeded`, then the IP wait (spec section 5).
+    Succeeded(Box<Fixup>),
+    /// The IP wait.
+    Wait(Box<Wait>),
 }
 
 /// The DHCP recovery pass the IP wait may run once.
@@ -227,6 +273,8 @@ enum Write {
     PlanFailed { vm: VmId, line: String },
     /// The IP and `ready`, or lifecycle `failed`, after the IP wait.
     Final(Box<Wait>),
+    /// The failure record of a serial-console pass.
+    SacFailed { vm: VmId, line: String },
 }
 
 #[derive(Debug)]
@@ -266,6 +314,11 @@ enum Stage {
     WaitNudge(Box<Wait>),
     /// The IP wait: the lease until the end (or the sleep without a NIC).
     WaitLast(Box<Wait>),
+    /// The serial-console pass: is the pod still ours (before the console
+    /// is opened, and before each address is set)?
+    SacCheck(Box<SacPass>),
+    SacOpening(Box<SacPass>),
+    SacSetting(Box<SacPass>),
     Over,
 }
 
@@ -288,6 +341,7 @@ impl Stage {
             | Stage::WaitCheckpoint(_)
             | Stage::WaitNudge(_)
             | Stage::WaitLast(_) => "ip-wait",
+            Stage::SacCheck(_) | Stage::SacOpening(_) | Stage::SacSetting(_) => "sac",
             Stage::Over => "over",
         }
     }
@@ -299,6 +353,24 @@ fn holds(pod: &PodInput, patch: &AnnotationPatch) -> bool {
     patch
         .iter()
         .all(|(key, value)| pod.annotations.get(key) == value.as_ref())
+}
+
+/// The NICs the serial-console pass works on, when one of them is static
+/// (a VM with only DHCP NICs gets no pass).
+fn sac_nics(statics: &[Option<StaticIpv4>]) -> Option<Vec<SacNic>> {
+    statics.iter().any(Option::is_some).then(|| {
+        statics
+            .iter()
+            .map(|s| match s {
+                Some(s) => SacNic::Static(StaticNic {
+                    ip: s.address,
+                    prefix: Some(s.prefix),
+                    gateway: s.gateway,
+                }),
+                None => SacNic::Dhcp,
+            })
+            .collect()
+    })
 }
 
 /// The error for a write the pod kept changing under: a transient API
@@ -406,9 +478,15 @@ impl PodTask {
     /// last action (the task is then unchanged).
     pub fn try_next(&mut self, report: Report, now: Duration) -> Result<Action, WrongReport> {
         if !self.awaiting.accepts(&report) {
-            return Err(WrongReport {
+            return Err(WrongReport::Unanswered {
                 wants: format!("{:?}", self.awaiting).to_lowercase(),
                 got: report_name(&report).to_owned(),
+            });
+        }
+        if now < self.now {
+            return Err(WrongReport::ClockBack {
+                last_ms: self.now.as_millis(),
+                now_ms: now.as_millis(),
             });
         }
         self.now = now;
@@ -499,7 +577,7 @@ impl PodTask {
                 Report::Patched(result),
             ) => self.patched(write, *from, &patch, round, result),
             (Stage::DoneAlone(fixup), Report::Patched(result)) => match result {
-                Ok(_) => self.succeeded(fixup, None),
+                Ok(_) => self.done_written(fixup, None),
                 Err(PodError::Gone { .. }) => self.fixup_over(&fixup, FixupEnd::Gone),
                 Err(e) => self.stop(Stop::Api(e)),
             },
@@ -588,6 +666,38 @@ impl PodTask {
                 self.wait_last(wait)
             }
             (Stage::WaitLast(wait), Report::Lease(found)) => self.wait_over(wait, found),
+            (Stage::SacCheck(pass), Report::Read(result)) => {
+                // As before an attempt: an API error counts as yes.
+                let ours = match result {
+                    Ok(Some(current)) => self.still_ours(&current, &pass.vm),
+                    Ok(None) => false,
+                    Err(e) => {
+                        self.note(Note::Warn(format!(
+                            "cannot check the pod before the serial-console pass: {e}"
+                        )));
+                        true
+                    }
+                };
+                if ours {
+                    self.sac_step(pass)
+                } else {
+                    self.sac_over(pass, SacEnd::Gone)
+                }
+            }
+            (Stage::SacOpening(mut pass), Report::SacOpened(result)) => match result {
+                Ok(nets) => {
+                    pass.nets = Some(nets);
+                    self.sac_next(pass)
+                }
+                Err(error) => self.sac_error(pass, error),
+            },
+            (Stage::SacSetting(mut pass), Report::SacSet(result)) => match result {
+                Ok(()) => {
+                    pass.next += 1;
+                    self.sac_next(pass)
+                }
+                Err(error) => self.sac_error(pass, error),
+            },
             (Stage::WaitLast(wait), Report::Go) => self.wait_over(wait, None),
             (stage, report) => panic!(
                 "a host answered {report:?} in stage {}: carry out the action the task returned",
@@ -717,8 +827,6 @@ impl PodTask {
                     Ok(facts) => facts,
                     Err(e) => return self.plan_failed(vm, &PlannerError::Facts(e)),
                 };
-                // An IP wait may take minutes: it does not hold a turn.
-                self.queue.push_back(Action::Release);
                 let wait = Box::new(Wait {
                     facts,
                     recovery: None,
@@ -727,6 +835,26 @@ impl PodTask {
                     ip: None,
                     nonce: None,
                 });
+                // A Windows VM with a static NIC gets its addresses over
+                // the serial console before the wait (spec section 10).
+                if obs.os == GuestOs::Windows {
+                    match static_nics(&obs) {
+                        Ok(nics) => {
+                            if let Some(nics) = sac_nics(&nics) {
+                                return self.sac_start(SacPass {
+                                    vm,
+                                    nics,
+                                    nets: None,
+                                    next: 0,
+                                    then: AfterSac::Wait(wait),
+                                });
+                            }
+                        }
+                        Err(e) => return self.plan_failed(vm, &PlannerError::Facts(e)),
+                    }
+                }
+                // An IP wait may take minutes: it does not hold a turn.
+                self.queue.push_back(Action::Release);
                 // The DHCP safety net: a Linux clone that needed no fixup.
                 if decision.rule == Rule::AllDhcp && obs.os == GuestOs::Linux {
                     match VmFacts::validate(&obs, ImageKind::Unknown) {
@@ -777,11 +905,20 @@ impl PodTask {
             ..
         } = composed;
         let wait = WaitFacts::from_facts(&facts);
+        let sac = if facts.os == GuestOs::Windows {
+            let statics: Vec<_> = facts.nics.iter().map(|n| n.static_ipv4).collect();
+            sac_nics(&statics)
+        } else {
+            None
+        };
+        // The address is published only once the guest has it: after the
+        // serial-console pass when one is owed.
         let ready_ip = match wait.first {
-            Some(WaitNic::Static(ip)) => Some(ip),
+            Some(WaitNic::Static(ip)) if sac.is_none() => Some(ip),
             _ => None,
         };
-        let fixup = Fixup::new(vm, scenario, Some(wait), plan, exec, script, ready_ip);
+        let mut fixup = Fixup::new(vm, scenario, Some(wait), plan, exec, script, ready_ip);
+        fixup.sac = sac;
         self.stage = Stage::BeforeRunning(fixup);
         Action::Checkpoint
     }
@@ -835,15 +972,16 @@ impl PodTask {
             Write::Running(fixup) => self
                 .still_ours(current, &fixup.vm)
                 .then(|| state_patch(PostCloneState::Running)),
-            Write::Done(fixup) => {
+            // Nothing for a pod that is no longer ours: `done` on a pod
+            // whose VM id was re-pointed would send the next event's
+            // table to the IP wait of a VM never fixed.
+            Write::Done(fixup) => self.still_ours(current, &fixup.vm).then(|| {
                 let mut patch = state_patch(PostCloneState::Done);
-                if let Some(ip) = fixup.ready_ip
-                    && self.still_ours(current, &fixup.vm)
-                {
+                if let Some(ip) = fixup.ready_ip {
                     patch.extend(annotations::ready_patch(&current.annotations, ip));
                 }
-                Some(patch)
-            }
+                patch
+            }),
             Write::Exhausted { fixup, summary } => self.still_ours(current, &fixup.vm).then(|| {
                 exhausted_record(
                     &current.annotations,
@@ -857,6 +995,14 @@ impl PodTask {
             Write::PlanFailed { vm, line } => self
                 .still_ours(current, vm)
                 .then(|| plan_failed_record(&current.annotations, line)),
+            Write::SacFailed { vm, line } => self.still_ours(current, vm).then(|| {
+                let mut patch = state_patch(PostCloneState::Failed);
+                patch.extend(
+                    lifecycle::transition(&current.annotations, Lifecycle::Failed, line)
+                        .unwrap_or_default(),
+                );
+                patch
+            }),
             Write::Final(wait) => {
                 if !self.still_ours(current, &wait.facts.id) {
                     return None;
@@ -975,7 +1121,7 @@ impl PodTask {
                             (Readiness::Gone, None)
                         }
                     });
-                    self.succeeded(fixup, ready)
+                    self.done_written(fixup, ready)
                 }
                 Decided::Skipped(_) | Decided::Gone => self.fixup_over(&fixup, FixupEnd::Gone),
                 // A finished exec is never run again for want of a settled
@@ -1038,6 +1184,31 @@ impl PodTask {
                     }
                 }
             }
+            Write::SacFailed { line, .. } => {
+                let op = if self.trigger == Trigger::Startup {
+                    "reconcile"
+                } else {
+                    "create"
+                };
+                let event =
+                    Event::warning(reasons::WINDOWS_STATIC_IP_FAILED, format!("{op}: {line}"));
+                match decided {
+                    Decided::Written { .. } => {
+                        self.tell(event);
+                        self.sac_end(SacEnd::Failed)
+                    }
+                    Decided::Skipped(_) | Decided::Gone => self.sac_end(SacEnd::Gone),
+                    // Told even when the record cannot be written.
+                    Decided::Unsettled => {
+                        self.tell(event);
+                        self.stop(Stop::Api(unsettled(&self.pod)))
+                    }
+                    Decided::Failed(e) => {
+                        self.tell(event);
+                        self.stop(Stop::Api(e))
+                    }
+                }
+            }
             Write::Final(wait) => {
                 match decided {
                     Decided::Written { .. } => {}
@@ -1059,6 +1230,125 @@ impl PodTask {
                 }
             }
         }
+    }
+
+    /// `done` is written: the serial-console pass when one is owed, else
+    /// [`succeeded`](Self::succeeded).
+    fn done_written(
+        &mut self,
+        mut fixup: Box<Fixup>,
+        ready: Option<(Readiness, Option<Ipv4Addr>)>,
+    ) -> Action {
+        match fixup.sac.take() {
+            Some(nics) if !self.fixup_only => {
+                self.summary.fixup = Some(FixupEnd::Done);
+                self.summary.attempts = fixup.attempts;
+                self.sac_start(SacPass {
+                    vm: fixup.vm.clone(),
+                    nics,
+                    nets: None,
+                    next: 0,
+                    then: AfterSac::Succeeded(fixup),
+                })
+            }
+            _ => self.succeeded(fixup, ready),
+        }
+    }
+
+    /// Start the serial-console pass: is the pod still ours?
+    fn sac_start(&mut self, pass: SacPass) -> Action {
+        self.stage = Stage::SacCheck(Box::new(pass));
+        Action::Read
+    }
+
+    /// The pod is still ours: open the console, or set the next address.
+    fn sac_step(&mut self, pass: Box<SacPass>) -> Action {
+        match &pass.nets {
+            None => {
+                let (vm, need) = (pass.vm.clone(), pass.nics.len());
+                self.stage = Stage::SacOpening(pass);
+                Action::SacOpen { vm, need }
+            }
+            Some(nets) => {
+                let i = pass.next;
+                let (Some(&net), Some(&SacNic::Static(nic))) = (nets.get(i), pass.nics.get(i))
+                else {
+                    unreachable!("sac_next stops at a static NIC with an interface");
+                };
+                self.stage = Stage::SacSetting(pass);
+                Action::SacSet { net, nic }
+            }
+        }
+    }
+
+    /// The next static NIC, checked for first; the pass is over after the
+    /// last.
+    fn sac_next(&mut self, mut pass: Box<SacPass>) -> Action {
+        let nets = pass.nets.as_ref().map_or(0, Vec::len);
+        while pass.next < pass.nics.len() && !matches!(pass.nics[pass.next], SacNic::Static(_)) {
+            pass.next += 1;
+        }
+        if pass.next >= pass.nics.len() {
+            return self.sac_over(pass, SacEnd::Set);
+        }
+        if pass.next >= nets {
+            // The console listed fewer interfaces than it said: as if the
+            // listing had come up short.
+            let error = SacError::EnumExhausted {
+                found: nets,
+                need: pass.nics.len(),
+            };
+            return self.sac_error(pass, error);
+        }
+        self.stage = Stage::SacCheck(pass);
+        Action::Read
+    }
+
+    /// A step of the pass failed: its own event, then the failure record;
+    /// a console path the host will not use is the node's fault; a stop
+    /// is a shutdown.
+    fn sac_error(&mut self, pass: Box<SacPass>, error: SacError) -> Action {
+        if error == SacError::Stopped {
+            return self.sac_over(pass, SacEnd::Shutdown);
+        }
+        self.queue.push_back(Action::SacClose);
+        if let (Some(reason), Some(message)) = (error.event_reason(), error.event_message()) {
+            self.tell(Event::warning(reason, message));
+            let line = error.to_string();
+            self.note(Note::Warn(format!("serial-console pass failed: {line}")));
+            self.stage = Stage::ReadingFor(Write::SacFailed { vm: pass.vm, line });
+            return Action::Read;
+        }
+        let pod = self.summary.pod.clone();
+        self.node_error(NodeError::Console { pod, source: error })
+    }
+
+    /// The pass ended short of a failure: every address set (then what
+    /// comes after it), or the pod gone or the host shutting down (nothing
+    /// is written; resumed work runs the pass again).
+    fn sac_over(&mut self, pass: Box<SacPass>, end: SacEnd) -> Action {
+        // Closing a console that was never opened does nothing.
+        self.queue.push_back(Action::SacClose);
+        if end != SacEnd::Set {
+            return self.sac_end(end);
+        }
+        self.note(Note::Sac(end));
+        self.summary.sac = Some(end);
+        match pass.then {
+            AfterSac::Succeeded(fixup) => self.succeeded(fixup, None),
+            AfterSac::Wait(wait) => {
+                // An IP wait may take minutes: it does not hold a turn.
+                self.queue.push_back(Action::Release);
+                self.wait(wait)
+            }
+        }
+    }
+
+    /// The task ends with the pass.
+    fn sac_end(&mut self, end: SacEnd) -> Action {
+        self.note(Note::Sac(end));
+        self.summary.sac = Some(end);
+        self.finish()
     }
 
     fn readiness(&mut self, readiness: Readiness, ip: Option<Ipv4Addr>) -> Action {
@@ -1113,7 +1403,7 @@ impl PodTask {
             .retry
             .exec_timeout
             .min(fixup.deadline.saturating_sub(self.now))
-            .max(Duration::from_millis(1));
+            .max(MIN_STEP);
         self.stage = Stage::Attempting(fixup);
         Action::Exec {
             vm,
@@ -1264,12 +1554,7 @@ impl PodTask {
             // (cmd then strips the outer quotes: `ipconfig /renew` names no
             // executable) or joins them with spaces.
             let argv = ["cmd", "/c", "ipconfig /renew"].map(str::to_owned).to_vec();
-            let timeout = self
-                .settings
-                .ready
-                .renew_timeout
-                .min(left)
-                .max(Duration::from_millis(1));
+            let timeout = self.settings.ready.renew_timeout.min(left).max(MIN_STEP);
             self.stage = Stage::WaitNudge(wait);
             return Action::Exec {
                 vm,
@@ -1294,12 +1579,7 @@ impl PodTask {
         };
         let argv = exec_argv(&recovery.plan, &recovery.exec, &nonce);
         wait.nonce = Some(nonce);
-        let timeout = self
-            .settings
-            .ready
-            .recovery_timeout
-            .min(left)
-            .max(Duration::from_millis(1));
+        let timeout = self.settings.ready.recovery_timeout.min(left).max(MIN_STEP);
         self.stage = Stage::WaitNudge(wait);
         Action::Exec {
             vm,

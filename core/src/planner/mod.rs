@@ -342,6 +342,12 @@ pub struct Planner {
 }
 
 impl Planner {
+    /// The cocoon root this planner probes (the serial console lives
+    /// below it too).
+    pub fn cocoon_root(&self) -> &std::path::Path {
+        &self.cocoon_root
+    }
+
     /// Build the engine, load the built-ins and, if given, the plugin
     /// directory. Plugin-directory failures are returned beside the planner
     /// so the caller decides whether they are fatal.

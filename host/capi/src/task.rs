@@ -21,6 +21,9 @@
 //! | `exec` | `vm`, `argv`, `timeout_ms`, `purpose` | `cocoon vm exec <vm> -- <argv>`; `ran` or `exec_error` (or `cancelled`) |
 //! | `wait_lease` | `mac`, `until_ms` | wait until the MAC has a lease or the clock reaches `until_ms`; `lease` (the address or null) (or `cancelled`) |
 //! | `sleep` | `until_ms` | wait until the clock reaches `until_ms`; `go` (or `cancelled`) |
+//! | `sac_open` | `vm`, `need` | open the VM's serial console (`<cocoon root>/run/cloudhypervisor/<vm>/console.sock`), wait for `SAC>` and list the interfaces until at least `need` are listed, keeping the console open (spec section 10); `sac_opened` (the interface numbers in the order listed) or `sac_open_error` (or `cancelled`) |
+//! | `sac_set` | `net`, `ip`, `prefix`, `gateway` (or null) | on the open console, set the address on interface `net` and check it took effect, in rounds; `sac_set` (`true`) or `sac_set_error` (or `cancelled`) |
+//! | `sac_close` | | close the console opened last, if any; `go` |
 //! | `tell` | `type`, `reason`, `message` | record the event on the pod (best effort); `go` |
 //! | `note` | `level`, `message` | log it; `go` |
 //! | `finish` | `summary`, or `stop` (`kind`, `retryable`, `message`) | the task is over |
@@ -29,8 +32,14 @@
 //! milliseconds since the task started, and one key: `go`, `cancelled`,
 //! `inspected`, `inspect_error`, `read`, `read_error`, `patched`,
 //! `changed`, `patch_error`, `ran` (`{exit | signal, stderr, stdout,
-//! stderr_cut}`), `exec_error`, or `lease`. A `read_error` or
-//! `patch_error` is `{kind: "api" | "refused" | "gone", message}`.
+//! stderr_cut}`), `exec_error`, `lease`, `sac_opened`, `sac_open_error`,
+//! `sac_set` or `sac_set_error`. A `read_error` or `patch_error` is
+//! `{kind: "api" | "refused" | "gone", message}`. A `sac_open_error` or
+//! `sac_set_error` is `{kind: "dial" | "enum" | "set" | "verify" |
+//! "refused", ...}` with the fields of the console client's error:
+//! `cause` (dial, set), `found` and `need` (enum), `net` (set, verify),
+//! `ip` (verify), `message` (refused: a console path the host will not
+//! use).
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -41,6 +50,7 @@ use fixup_core::decision::{
 };
 use fixup_core::exec::{ExecOutput, ExitStatusKind};
 use fixup_core::facts::{PodInput, VmInspect};
+use fixup_sac::SacError;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -213,6 +223,17 @@ fn action_json(action: Action, uid: &str) -> Value {
             let (level, message) = note_text(note);
             json!({"action": "note", "level": level, "message": message})
         }
+        Action::SacOpen { vm, need } => {
+            json!({"action": "sac_open", "vm": vm.as_str(), "need": need})
+        }
+        Action::SacSet { net, nic } => json!({
+            "action": "sac_set",
+            "net": net,
+            "ip": nic.ip.to_string(),
+            "prefix": nic.prefix,
+            "gateway": nic.gateway.map(|g| g.to_string()),
+        }),
+        Action::SacClose => json!({"action": "sac_close"}),
         Action::Finish(Ok(summary)) => json!({"action": "finish", "summary": summary}),
         Action::Finish(Err(stop)) => json!({
             "action": "finish",
@@ -243,6 +264,7 @@ fn note_text(note: Note) -> (&'static str, String) {
             format!("fixup {scenario} {end} after {attempts} attempt(s)"),
         ),
         Note::IpWait(readiness) => ("info", format!("IP wait {readiness}")),
+        Note::Sac(end) => ("info", format!("serial-console pass {end}")),
         Note::Warn(line) => ("warn", line),
     }
 }
@@ -273,6 +295,47 @@ fn pod_error(value: &Value) -> Result<PodError, Failure> {
         _ => {
             return Err(bad_report(
                 "an error's kind is \"api\", \"refused\" or \"gone\"",
+            ));
+        }
+    })
+}
+
+/// A console client's error as an embedder reports it.
+fn sac_error(value: &Value) -> Result<SacError, Failure> {
+    let text = |key: &str| value[key].as_str().unwrap_or_default().to_owned();
+    let number = |key: &str| {
+        value[key]
+            .as_u64()
+            .ok_or_else(|| bad_report(format!("a console error of this kind has {key}")))
+    };
+    let net =
+        || number("net").and_then(|n| u32::try_from(n).map_err(|_| bad_report("net out of range")));
+    Ok(match value["kind"].as_str() {
+        Some("dial") => SacError::Dial {
+            cause: text("cause"),
+        },
+        Some("enum") => SacError::EnumExhausted {
+            found: usize::try_from(number("found")?).unwrap_or(usize::MAX),
+            need: usize::try_from(number("need")?).unwrap_or(usize::MAX),
+        },
+        Some("set") => SacError::SetIp {
+            net: net()?,
+            cause: text("cause"),
+        },
+        Some("verify") => SacError::VerifyExhausted {
+            net: net()?,
+            ip: text("ip")
+                .parse()
+                .map_err(|_| bad_report("a verify error's ip is a dotted-quad IPv4 address"))?,
+        },
+        Some("refused") => SacError::Refused {
+            path: std::path::PathBuf::from("console.sock"),
+            problem: text("message"),
+            fix: "make it the VM's console socket",
+        },
+        _ => {
+            return Err(bad_report(
+                "a console error's kind is \"dial\", \"enum\", \"set\", \"verify\" or \"refused\"",
             ));
         }
     })
@@ -336,6 +399,12 @@ fn read_report(text: &str) -> Result<(Duration, Report), Failure> {
                 .and_then(|s| s.parse::<Ipv4Addr>().ok())
                 .ok_or_else(|| bad_report("lease is a dotted-quad IPv4 address or null"))?,
         )),
+        "sac_opened" => Report::SacOpened(Ok(serde_json::from_value(v.clone())
+            .map_err(|_| bad_report("sac_opened is the list of interface numbers"))?)),
+        "sac_open_error" => Report::SacOpened(Err(sac_error(v)?)),
+        "sac_set" if *v != Value::Bool(true) => return Err(bad_report("sac_set is true")),
+        "sac_set" => Report::SacSet(Ok(())),
+        "sac_set_error" => Report::SacSet(Err(sac_error(v)?)),
         other => return Err(bad_report(format!("unknown report {other:?}"))),
     };
     Ok((now, report))
@@ -401,7 +470,7 @@ mod tests {
             let kind = str_of("action");
             let interruptible = matches!(
                 kind.as_str(),
-                "admit" | "checkpoint" | "exec" | "wait_lease" | "sleep"
+                "admit" | "checkpoint" | "exec" | "wait_lease" | "sleep" | "sac_open" | "sac_set"
             );
             let report = if kind == "finish" {
                 let ended = match a.get("stop") {
@@ -416,7 +485,30 @@ mod tests {
                 json!({"cancelled": true})
             } else {
                 match kind.as_str() {
-                    "admit" | "release" | "checkpoint" | "note" => json!({"go": true}),
+                    "admit" | "release" | "checkpoint" | "note" | "sac_close" => {
+                        json!({"go": true})
+                    }
+                    "sac_open" => {
+                        let need = usize::try_from(a["need"].as_u64().unwrap()).unwrap();
+                        waited(
+                            world.sac_open_until(&mut now, &str_of("vm"), need),
+                            |result| match result {
+                                Ok(nets) => json!({"sac_opened": nets}),
+                                Err(e) => json!({"sac_open_error": sac_error_json(&e)}),
+                            },
+                        )
+                    }
+                    "sac_set" => {
+                        let net = u32::try_from(a["net"].as_u64().unwrap()).unwrap();
+                        let ip = str_of("ip").parse().unwrap();
+                        waited(
+                            world.sac_set_until(&mut now, net, ip),
+                            |result| match result {
+                                Ok(()) => json!({"sac_set": true}),
+                                Err(e) => json!({"sac_set_error": sac_error_json(&e)}),
+                            },
+                        )
+                    }
                     "tell" => {
                         let _ = world.event(now, &str_of("reason"), &str_of("message"));
                         json!({"go": true})
@@ -470,6 +562,22 @@ mod tests {
             let mut report = report;
             report["now_ms"] = json!(u64::try_from(now.as_millis()).unwrap());
             action = next(built, &mut task, &report.to_string()).unwrap();
+        }
+    }
+
+    /// A console error as an embedder reports it.
+    fn sac_error_json(e: &SacError) -> Value {
+        match e {
+            SacError::Dial { cause } => json!({"kind": "dial", "cause": cause}),
+            SacError::EnumExhausted { found, need } => {
+                json!({"kind": "enum", "found": found, "need": need})
+            }
+            SacError::SetIp { net, cause } => json!({"kind": "set", "net": net, "cause": cause}),
+            SacError::VerifyExhausted { net, ip } => {
+                json!({"kind": "verify", "net": net, "ip": ip.to_string()})
+            }
+            SacError::Refused { problem, .. } => json!({"kind": "refused", "message": problem}),
+            other => panic!("not reported by an embedder: {other}"),
         }
     }
 
