@@ -14,6 +14,8 @@
 //!   functions: no I/O, no clock read (times are parameters).
 //! - [`budget`]: the retry budget of one VM and its bounded error chain.
 //! - [`evidence`]: rule 2, the stack's own events, as a pure function.
+//! - [`store`]: the state directory, one file per pod uid, written
+//!   atomically.
 //!
 //! docs/behaviour.md section 2 still lists events and hibernate history as
 //! not yet followed: the decision ([`crate::decision`]) does not consult
@@ -27,9 +29,11 @@ use crate::lifecycle::Lifecycle;
 
 pub mod budget;
 pub mod evidence;
+pub mod store;
 
 pub use budget::Budget;
 pub use evidence::{StackEvent, WAKE_EVENT_WINDOW, events_say_wake, woken_event_seen};
+pub use store::{DEFAULT_STATE_DIR, MAX_RECORDS, MemoryStore, StoreError, default_state_dir};
 
 /// The version of the record's file format. A record of another version
 /// is ignored on load (and written anew as this one): a downgraded host
@@ -107,7 +111,8 @@ pub enum RecordError {
 ///
 /// Every VM id in it is a valid [`VmId`] (at most 128 bytes) and the
 /// budget's error chain is bounded ([`budget`]), so a record serialises to
-/// less than 10 KiB.
+/// well under the 16 KiB a stored record may take
+/// ([`store::MAX_RECORD_BYTES`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodMemory {
     /// Always [`RECORD_VERSION`] in memory; checked on load.
@@ -687,8 +692,9 @@ mod tests {
         assert_eq!(read.last_vm(), Some("vm-a"));
     }
 
-    /// The largest record the rules allow is under 10 KiB: every VM id at
-    /// its 128-byte limit, the error chain full of characters JSON escapes.
+    /// The largest record the rules allow fits the store's 16 KiB with
+    /// room to spare: every VM id at its 128-byte limit, the error chain
+    /// full of characters JSON escapes.
     #[test]
     fn the_largest_record_fits_a_store_record() {
         let long = vm(&"v".repeat(crate::facts::MAX_VM_ID_LEN));
@@ -703,6 +709,7 @@ mod tests {
             budget.add_attempt(&"\"\\".repeat(1000));
         }
         let json = memory.to_json().unwrap();
+        assert!(json.len() <= store::MAX_RECORD_BYTES, "{}", json.len());
         assert!(json.len() < 10 * 1024, "{}", json.len());
         PodMemory::from_json(&json).expect("reads back");
     }
