@@ -972,7 +972,7 @@ fn pod_prefix(pod: &Option<String>) -> String {
 
 /// Shows a value escaped (`{:?}`, so control characters and quotes are
 /// visible) and cut to [`SHOWN_CHARS`] characters.
-fn shown(value: &str) -> String {
+pub(crate) fn shown(value: &str) -> String {
     match value.char_indices().nth(SHOWN_CHARS) {
         None => format!("{value:?}"),
         Some((cut, _)) => format!("{:?}... ({} bytes)", &value[..cut], value.len()),

@@ -32,6 +32,10 @@
 //!   chain, the failure records and their size limits.
 //! - [`exec`]: what one exec of a plan left behind, and whether it ran to
 //!   completion.
+//! - [`memory`]: the host's durable record of each pod uid (hibernate
+//!   history, wake verdicts, the VM each marker was written for, the retry
+//!   budget) in its state directory, and the wake evidence rules of spec
+//!   section 2 that read it.
 //!
 //! For plugin vendors:
 //!
@@ -50,6 +54,7 @@ pub mod exec;
 pub mod facts;
 pub mod kit;
 pub mod lifecycle;
+pub mod memory;
 pub mod plan;
 pub mod planner;
 pub mod plugin;

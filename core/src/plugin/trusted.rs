@@ -393,6 +393,23 @@ impl TrustedDir {
         linked
     }
 
+    /// Whether an entry `name` exists in this directory, of any type (a
+    /// link is looked at, not followed).
+    pub fn exists(&self, name: &str) -> io::Result<bool> {
+        match rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(_) => Ok(true),
+            Err(Errno::NOENT) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Flush the directory's entries to disk (`fsync` of the directory):
+    /// a file renamed into it by [`write_file`](Self::write_file) is then
+    /// there after a power loss, not only after a crash of the process.
+    pub fn sync(&self) -> io::Result<()> {
+        rustix::fs::fsync(&self.fd).map_err(io::Error::from)
+    }
+
     /// Remove the entry `name` if it exists (a link is removed, not
     /// followed).
     pub fn remove(&self, name: &str) -> io::Result<()> {
@@ -553,6 +570,19 @@ mod tests {
             trusted.read_file("sub"),
             Err(Untrusted::Kind { .. })
         ));
+    }
+
+    #[test]
+    fn exists_looks_at_a_link_without_following_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(dir.path().join("missing"), dir.path().join("dangling"))
+            .unwrap();
+        let trusted = TrustedDir::open(dir.path()).unwrap();
+        assert!(trusted.exists("dangling").unwrap());
+        assert!(!trusted.exists("missing").unwrap());
+        trusted.write_file("file", b"x", 0o600).unwrap();
+        trusted.sync().unwrap();
+        assert!(trusted.exists("file").unwrap());
     }
 
     #[test]
