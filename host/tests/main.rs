@@ -22,4 +22,5 @@ mod props;
 mod ps_props;
 mod ready;
 mod restart;
+mod sac;
 mod serve;

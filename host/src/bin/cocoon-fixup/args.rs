@@ -38,7 +38,8 @@ pub(crate) enum Command {
     /// Run the whole flow for one pod: fixup, IP wait, annotations, events.
     ///
     /// Prints a JSON summary. Exit codes: 0 ready (or nothing to do),
-    /// 2 the fixup failed (now or earlier), 3 no IP in time, 4 interrupted
+    /// 2 the fixup (or the Windows serial-console pass) failed, now or
+    /// earlier, 3 no IP in time, 4 interrupted
     /// or the pod went away (or the stack took it over), 5 the VM its annotations
     /// point at is not the pod's (nothing was run), 1 could not run.
     Run(RunArgs),

@@ -25,11 +25,17 @@ use clap::Parser;
 use crate::args::*;
 use crate::commands::*;
 use crate::plugin::*;
-use fixup_core::decision::{FixupEnd, Handled, Readiness, Summary};
+use fixup_core::decision::{FixupEnd, Handled, Readiness, SacEnd, Summary};
 use fixup_core::display;
 
 /// `run`'s exit code for a summary (documented in `run --help`).
 fn run_exit_code(summary: &Summary) -> u8 {
+    if summary.sac == Some(SacEnd::Failed) {
+        return 2;
+    }
+    if matches!(summary.sac, Some(SacEnd::Shutdown | SacEnd::Gone)) {
+        return 4;
+    }
     match (summary.fixup, summary.readiness, summary.action) {
         (_, _, Handled::VmMismatch) => 5,
         (Some(FixupEnd::Exhausted | FixupEnd::PlanFailed), _, _) | (_, _, Handled::Parked) => 2,
