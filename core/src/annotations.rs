@@ -34,6 +34,8 @@ pub mod reasons {
     pub const SUCCEEDED: &str = "PostCloneSucceeded";
     pub const EXEC_EXHAUSTED: &str = "PostCloneExecExhausted";
     pub const IP_WAIT_TIMEOUT: &str = "PostCloneIPWaitTimeout";
+    /// The IP wait of a hibernate wake timed out (spec section 6).
+    pub const WAKE_IP_WAIT_TIMEOUT: &str = "WakeIPWaitTimeout";
     pub const DHCP_RECOVERY: &str = "PostCloneDHCPRecovery";
     pub const RESUMED_AFTER_RESTART: &str = "ResumedAfterRestart";
     /// No plan could be made, no exec ran; the pod is failed without a hint.
@@ -356,9 +358,10 @@ pub mod messages {
     }
 
     /// The `PostCloneIPWaitTimeout` event and lifecycle message.
-    pub fn ip_wait_timeout(vm_name: &str, budget: Duration) -> String {
+    pub fn ip_wait_timeout(vm_name: &str, budget: Duration, wake: bool) -> String {
         format!(
-            "clone {vm_name}: dhcp lease not observed within {}",
+            "{} {vm_name}: dhcp lease not observed within {}",
+            if wake { "wake" } else { "clone" },
             span(budget)
         )
     }

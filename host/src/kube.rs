@@ -705,7 +705,9 @@ fn action_for(reason: &'static str) -> &'static str {
         | reasons::PLAN_FAILED
         | reasons::NODE_ERROR => "PostCloneFixup",
         reasons::VM_MISMATCH => "BindVM",
-        reasons::IP_WAIT_TIMEOUT | reasons::DHCP_RECOVERY => "ReadyWait",
+        reasons::IP_WAIT_TIMEOUT | reasons::WAKE_IP_WAIT_TIMEOUT | reasons::DHCP_RECOVERY => {
+            "ReadyWait"
+        }
         reasons::RESUMED_AFTER_RESTART => "Resume",
         reasons::DIAL_FAILED
         | reasons::ENUM_FAILED

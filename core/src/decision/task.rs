@@ -962,6 +962,15 @@ impl PodTask {
         Action::Read
     }
 
+    /// Whether the VM is a hibernate wake (spec section 2), by the pod's
+    /// `restore-from-hibernate`: it stays on the pod, so work resumed after
+    /// a restart keeps the wake's wording (spec section 6).
+    fn woken(&self) -> bool {
+        self.seen
+            .annotation(crate::facts::annotations::RESTORE_FROM_HIBERNATE)
+            == "true"
+    }
+
     fn still_ours(&self, current: &PodInput, vm: &VmId) -> bool {
         lifecycle::still_ours(current, &self.pod.uid, vm.as_str())
     }
@@ -1013,7 +1022,11 @@ impl PodTask {
                     None => lifecycle::transition(
                         &current.annotations,
                         Lifecycle::Failed,
-                        &messages::ip_wait_timeout(&wait.facts.name, self.settings.ready.budget),
+                        &messages::ip_wait_timeout(
+                            &wait.facts.name,
+                            self.settings.ready.budget,
+                            self.woken(),
+                        ),
                     ),
                 }
             }
@@ -1222,9 +1235,18 @@ impl PodTask {
                 match wait.ip {
                     Some(ip) => self.readiness(Readiness::Ready, Some(ip)),
                     None => {
-                        let message =
-                            messages::ip_wait_timeout(&wait.facts.name, self.settings.ready.budget);
-                        self.tell(Event::warning(reasons::IP_WAIT_TIMEOUT, message));
+                        let wake = self.woken();
+                        let message = messages::ip_wait_timeout(
+                            &wait.facts.name,
+                            self.settings.ready.budget,
+                            wake,
+                        );
+                        let reason = if wake {
+                            reasons::WAKE_IP_WAIT_TIMEOUT
+                        } else {
+                            reasons::IP_WAIT_TIMEOUT
+                        };
+                        self.tell(Event::warning(reason, message));
                         self.readiness(Readiness::TimedOut, None)
                     }
                 }

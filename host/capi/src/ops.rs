@@ -728,6 +728,10 @@ enum ValueRequest {
         annotations: BTreeMap<String, String>,
         vm_name: String,
         budget_ms: u64,
+        /// A hibernate wake's wording (`wake <vm name>: ...`,
+        /// `WakeIPWaitTimeout`).
+        #[serde(default)]
+        wake: bool,
     },
     Ready {
         annotations: BTreeMap<String, String>,
@@ -850,10 +854,17 @@ pub fn values(request: &str) -> Outcome {
             annotations: current,
             vm_name,
             budget_ms,
+            wake,
         } => {
-            let message = messages::ip_wait_timeout(&vm_name, Duration::from_millis(budget_ms));
+            let message =
+                messages::ip_wait_timeout(&vm_name, Duration::from_millis(budget_ms), wake);
             let patch = lifecycle::transition(&current, Lifecycle::Failed, &message);
-            let event = Event::warning(reasons::IP_WAIT_TIMEOUT, message);
+            let reason = if wake {
+                reasons::WAKE_IP_WAIT_TIMEOUT
+            } else {
+                reasons::IP_WAIT_TIMEOUT
+            };
+            let event = Event::warning(reason, message);
             json!({"patch": patch.as_ref().map(patch_json), "event": event_json(&event)})
         }
         ValueRequest::Ready {
