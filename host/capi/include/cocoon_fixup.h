@@ -118,6 +118,11 @@ typedef int32_t CfStatus;
 #endif // __cplusplus
 
 /**
+ * An open serial console ([`cf_console_open`]).
+ */
+typedef struct CfConsole CfConsole;
+
+/**
  * A planner: the plugin engine with its plugins loaded, and the binding
  * policy. Opaque to C.
  */
@@ -223,6 +228,53 @@ CfStatus cf_task_next(const struct cf_planner *planner,
  * been freed, and no other thread is using it.
  */
 void cf_task_free(struct CfTask *task);
+
+/**
+ * Carry out a task's `sac_open` action: open the VM's serial console
+ * below the planner's cocoon root (the Windows static-IP pass, spec
+ * section 10), wait for the `SAC>` prompt and list the guest's interfaces
+ * until `need` are listed, with the budgets the daemon uses (up to 60 s to
+ * connect and prompt, up to 60 listings 2 s apart). `action_json` is the
+ * action as the task returned it (`{"vm", "need"}` is enough).
+ *
+ * On `CF_OK`, `*out` is the report for [`cf_task_next`] (add `now_ms`):
+ * `{"sac_opened": [...]}`, with `*console` the open console, or
+ * `{"sac_open_error": {...}}`, with `*console` null. The call blocks; it
+ * cannot be cancelled, and every wait in it is bounded.
+ *
+ * # Safety
+ *
+ * `planner` is a live planner; `action_json` a NUL-terminated string;
+ * `console` and `out` valid for one write of a pointer.
+ */
+CfStatus cf_console_open(const struct cf_planner *planner,
+                         const char *action_json,
+                         struct CfConsole **console,
+                         char **out);
+
+/**
+ * Carry out a task's `sac_set` action on an open console: set the
+ * address on the interface and check that it took effect, up to 10
+ * rounds 2 s apart. On `CF_OK`, `*out` is the report for
+ * [`cf_task_next`]: `{"sac_set": true}` or `{"sac_set_error": {...}}`.
+ * Blocks, bounded.
+ *
+ * # Safety
+ *
+ * `console` is a live console no other thread is using; `action_json` a
+ * NUL-terminated string; `out` valid for one write of a pointer.
+ */
+CfStatus cf_console_set(struct CfConsole *console, const char *action_json, char **out);
+
+/**
+ * Close a console (a task's `sac_close`). Null is ignored.
+ *
+ * # Safety
+ *
+ * `console` is null or a pointer [`cf_console_open`] returned that has
+ * not been freed, and no other thread is using it.
+ */
+void cf_console_free(struct CfConsole *console);
 
 /**
  * Free a planner. Null is ignored. No call may use the planner while or

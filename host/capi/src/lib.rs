@@ -51,6 +51,7 @@
 #![allow(unsafe_code)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+mod console;
 mod ops;
 mod task;
 
@@ -365,6 +366,114 @@ pub unsafe extern "C" fn cf_task_free(task: *mut CfTask) {
     // SAFETY: the caller promises a live task no one else uses; it came
     // from `Box::into_raw` in `cf_task_start`.
     let boxed = unsafe { Box::from_raw(task) };
+    let _ = catch_unwind(AssertUnwindSafe(move || drop(boxed)));
+}
+
+/// An open serial console ([`cf_console_open`]).
+#[derive(Debug)]
+pub struct CfConsole {
+    console: console::Console,
+}
+
+/// Carry out a task's `sac_open` action: open the VM's serial console
+/// below the planner's cocoon root (the Windows static-IP pass, spec
+/// section 10), wait for the `SAC>` prompt and list the guest's interfaces
+/// until `need` are listed, with the budgets the daemon uses (up to 60 s to
+/// connect and prompt, up to 60 listings 2 s apart). `action_json` is the
+/// action as the task returned it (`{"vm", "need"}` is enough).
+///
+/// On `CF_OK`, `*out` is the report for [`cf_task_next`] (add `now_ms`):
+/// `{"sac_opened": [...]}`, with `*console` the open console, or
+/// `{"sac_open_error": {...}}`, with `*console` null. The call blocks; it
+/// cannot be cancelled, and every wait in it is bounded.
+///
+/// # Safety
+///
+/// `planner` is a live planner; `action_json` a NUL-terminated string;
+/// `console` and `out` valid for one write of a pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cf_console_open(
+    planner: *const CfPlanner,
+    action_json: *const c_char,
+    console: *mut *mut CfConsole,
+    out: *mut *mut c_char,
+) -> CfStatus {
+    if console.is_null() {
+        return CfStatus::CfInvalidArgument;
+    }
+    // SAFETY: `console` is not null and the caller promises it writable.
+    unsafe { console.write(std::ptr::null_mut()) };
+    let mut opened = None;
+    let call = || {
+        // SAFETY: the caller promises a live planner and a NUL-terminated
+        // string, valid for the call.
+        let (built, action) = unsafe {
+            (
+                planner_ref(planner)?,
+                required_text("action_json", action_json)?,
+            )
+        };
+        let (session, report) = console::open(built, action, &fixup_sac::Budgets::default())?;
+        opened = session.map(|console| Box::new(CfConsole { console }));
+        Ok(report)
+    };
+    // SAFETY: `out` is passed through from the caller's promise.
+    let status = unsafe { answer(out, call) };
+    if let (CfStatus::CfOk, Some(boxed)) = (status, opened) {
+        // SAFETY: as above; the caller owns the console from here on.
+        unsafe { console.write(Box::into_raw(boxed)) };
+    }
+    status
+}
+
+/// Carry out a task's `sac_set` action on an open console: set the
+/// address on the interface and check that it took effect, up to 10
+/// rounds 2 s apart. On `CF_OK`, `*out` is the report for
+/// [`cf_task_next`]: `{"sac_set": true}` or `{"sac_set_error": {...}}`.
+/// Blocks, bounded.
+///
+/// # Safety
+///
+/// `console` is a live console no other thread is using; `action_json` a
+/// NUL-terminated string; `out` valid for one write of a pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cf_console_set(
+    console: *mut CfConsole,
+    action_json: *const c_char,
+    out: *mut *mut c_char,
+) -> CfStatus {
+    let call = || {
+        if console.is_null() {
+            return Err(ops::Failure::invalid("console is null"));
+        }
+        // SAFETY: the caller promises a live console used by no other
+        // thread, and a NUL-terminated string.
+        let (console, action) = unsafe {
+            (
+                &mut (*console).console,
+                required_text("action_json", action_json)?,
+            )
+        };
+        console::set(console, action)
+    };
+    // SAFETY: `out` is passed through from the caller's promise.
+    unsafe { answer(out, call) }
+}
+
+/// Close a console (a task's `sac_close`). Null is ignored.
+///
+/// # Safety
+///
+/// `console` is null or a pointer [`cf_console_open`] returned that has
+/// not been freed, and no other thread is using it.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cf_console_free(console: *mut CfConsole) {
+    if console.is_null() {
+        return;
+    }
+    // SAFETY: the caller promises a live console no one else uses; it came
+    // from `Box::into_raw` in `cf_console_open`.
+    let boxed = unsafe { Box::from_raw(console) };
     let _ = catch_unwind(AssertUnwindSafe(move || drop(boxed)));
 }
 

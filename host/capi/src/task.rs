@@ -341,7 +341,7 @@ fn sac_error(value: &Value) -> Result<SacError, Failure> {
     })
 }
 
-fn read_report(text: &str) -> Result<(Duration, Report), Failure> {
+pub(crate) fn read_report(text: &str) -> Result<(Duration, Report), Failure> {
     let value: Value =
         serde_json::from_str(text).map_err(|e| bad_report(format!("not JSON: {e}")))?;
     let map = value
@@ -494,7 +494,7 @@ mod tests {
                             world.sac_open_until(&mut now, &str_of("vm"), need),
                             |result| match result {
                                 Ok(nets) => json!({"sac_opened": nets}),
-                                Err(e) => json!({"sac_open_error": sac_error_json(&e)}),
+                                Err(e) => json!({"sac_open_error": crate::console::error_json(&e)}),
                             },
                         )
                     }
@@ -505,7 +505,7 @@ mod tests {
                             world.sac_set_until(&mut now, net, ip),
                             |result| match result {
                                 Ok(()) => json!({"sac_set": true}),
-                                Err(e) => json!({"sac_set_error": sac_error_json(&e)}),
+                                Err(e) => json!({"sac_set_error": crate::console::error_json(&e)}),
                             },
                         )
                     }
@@ -562,22 +562,6 @@ mod tests {
             let mut report = report;
             report["now_ms"] = json!(u64::try_from(now.as_millis()).unwrap());
             action = next(built, &mut task, &report.to_string()).unwrap();
-        }
-    }
-
-    /// A console error as an embedder reports it.
-    fn sac_error_json(e: &SacError) -> Value {
-        match e {
-            SacError::Dial { cause } => json!({"kind": "dial", "cause": cause}),
-            SacError::EnumExhausted { found, need } => {
-                json!({"kind": "enum", "found": found, "need": need})
-            }
-            SacError::SetIp { net, cause } => json!({"kind": "set", "net": net, "cause": cause}),
-            SacError::VerifyExhausted { net, ip } => {
-                json!({"kind": "verify", "net": net, "ip": ip.to_string()})
-            }
-            SacError::Refused { problem, .. } => json!({"kind": "refused", "message": problem}),
-            other => panic!("not reported by an embedder: {other}"),
         }
     }
 
