@@ -681,7 +681,7 @@ impl PodTask {
                 if ours {
                     self.sac_step(pass)
                 } else {
-                    self.sac_over(pass, SacEnd::Gone)
+                    self.sac_over(pass.then, SacEnd::Gone)
                 }
             }
             (Stage::SacOpening(mut pass), Report::SacOpened(result)) => match result {
@@ -689,14 +689,14 @@ impl PodTask {
                     pass.nets = Some(nets);
                     self.sac_next(pass)
                 }
-                Err(error) => self.sac_error(pass, error),
+                Err(error) => self.sac_error(*pass, error),
             },
             (Stage::SacSetting(mut pass), Report::SacSet(result)) => match result {
                 Ok(()) => {
                     pass.next += 1;
                     self.sac_next(pass)
                 }
-                Err(error) => self.sac_error(pass, error),
+                Err(error) => self.sac_error(*pass, error),
             },
             (Stage::WaitLast(wait), Report::Go) => self.wait_over(wait, None),
             (stage, report) => panic!(
@@ -1311,7 +1311,7 @@ impl PodTask {
             pass.next += 1;
         }
         if pass.next >= pass.nics.len() {
-            return self.sac_over(pass, SacEnd::Set);
+            return self.sac_over(pass.then, SacEnd::Set);
         }
         if pass.next >= nets {
             // The console listed fewer interfaces than it said: as if the
@@ -1320,7 +1320,7 @@ impl PodTask {
                 found: nets,
                 need: pass.nics.len(),
             };
-            return self.sac_error(pass, error);
+            return self.sac_error(*pass, error);
         }
         self.stage = Stage::SacCheck(pass);
         Action::Read
@@ -1329,9 +1329,9 @@ impl PodTask {
     /// A step of the pass failed: its own event, then the failure record;
     /// a console path the host will not use is the node's fault; a stop
     /// is a shutdown.
-    fn sac_error(&mut self, pass: Box<SacPass>, error: SacError) -> Action {
+    fn sac_error(&mut self, pass: SacPass, error: SacError) -> Action {
         if error == SacError::Stopped {
-            return self.sac_over(pass, SacEnd::Shutdown);
+            return self.sac_over(pass.then, SacEnd::Shutdown);
         }
         self.queue.push_back(Action::SacClose);
         if let (Some(reason), Some(message)) = (error.event_reason(), error.event_message()) {
@@ -1348,7 +1348,7 @@ impl PodTask {
     /// The pass ended short of a failure: every address set (then what
     /// comes after it), or the pod gone or the host shutting down (nothing
     /// is written; resumed work runs the pass again).
-    fn sac_over(&mut self, pass: Box<SacPass>, end: SacEnd) -> Action {
+    fn sac_over(&mut self, then: AfterSac, end: SacEnd) -> Action {
         // Closing a console that was never opened does nothing.
         self.queue.push_back(Action::SacClose);
         if end != SacEnd::Set {
@@ -1356,7 +1356,7 @@ impl PodTask {
         }
         self.note(Note::Sac(end));
         self.summary.sac = Some(end);
-        match pass.then {
+        match then {
             AfterSac::Succeeded(fixup) => self.succeeded(fixup, None),
             AfterSac::Wait(wait) => {
                 // An IP wait may take minutes: it does not hold a turn.
