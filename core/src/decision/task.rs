@@ -981,16 +981,24 @@ impl PodTask {
             Write::Running(fixup) => self
                 .still_ours(current, &fixup.vm)
                 .then(|| state_patch(PostCloneState::Running)),
-            // Nothing for a pod that is no longer ours: `done` on a pod
-            // whose VM id was re-pointed would send the next event's
-            // table to the IP wait of a VM never fixed.
-            Write::Done(fixup) => self.still_ours(current, &fixup.vm).then(|| {
+            // `done` records that the fixup ran in this VM, also on a pod
+            // the stack has taken over meanwhile; never on a pod whose VM
+            // id was re-pointed, which would send the next event's table
+            // to the IP wait of a VM never fixed. The IP and `ready` only
+            // for a pod still ours.
+            Write::Done(fixup) => {
+                let annotated = current.annotation(crate::facts::annotations::VM_ID);
+                if !annotated.is_empty() && annotated != fixup.vm.as_str() {
+                    return None;
+                }
                 let mut patch = state_patch(PostCloneState::Done);
-                if let Some(ip) = fixup.ready_ip {
+                if let Some(ip) = fixup.ready_ip
+                    && self.still_ours(current, &fixup.vm)
+                {
                     patch.extend(annotations::ready_patch(&current.annotations, ip));
                 }
-                patch
-            }),
+                Some(patch)
+            }
             Write::Exhausted { fixup, summary } => self.still_ours(current, &fixup.vm).then(|| {
                 exhausted_record(
                     &current.annotations,

@@ -915,7 +915,7 @@ mod tests {
         };
         assert_eq!(failure.status, CfStatus::CfInvalidArgument);
         assert!(
-            failure.message.contains("plugin_failure.acme-net"),
+            failure.message.contains("plugin_failure") && failure.message.contains("acme-net"),
             "{}",
             failure.message
         );
