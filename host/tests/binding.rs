@@ -282,6 +282,7 @@ async fn a_legacy_name_binds_only_by_policy(#[case] accept: bool, #[case] action
     );
     setup.config.binding = BindingPolicy {
         accept_legacy_names: accept,
+        ..BindingPolicy::default()
     };
     let rig = setup.build();
     let summary = rig.handle("tenant-a", "web-0").await.unwrap();
