@@ -374,11 +374,19 @@ pub mod messages {
 
     /// The `PostCloneVMMismatch` event for a pod whose VM is not its own
     /// (spec section 2). It never names the other VM (its record's name or
-    /// id): a pod's events must not tell its owner which VMs exist on the
-    /// node.
+    /// id) nor another pod: a pod's events must not tell its owner which
+    /// VMs or pods exist on the node. A name the pod's own annotation
+    /// carries may be shown, and a name that is simply of another form
+    /// (an annotated name) is not blamed on the pod's annotations.
     pub fn vm_mismatch(mismatch: &crate::binding::Mismatch, namespace: &str, pod: &str) -> String {
+        use crate::binding::Mismatch;
         use crate::facts::annotations;
-        if mismatch.names_another_vm() {
+        if let Mismatch::AnnotatedClaimed { name, .. } = mismatch {
+            format!(
+                "VM not used: the VM record is named {name:?}, as annotation {} says, but another pod on this node claims that name too, so it cannot be proven to be this pod's VM; nothing was run and no IP is published; ask the node's operator to find out why the stack gave two pods this name",
+                annotations::VM_NAME,
+            )
+        } else if mismatch.names_another_vm() {
             let expected = crate::binding::vm_name_for_pod(namespace, pod);
             format!(
                 "the VM that annotations {} and {} point at is not this pod's VM (its name must be {expected:?}): nothing was run and no IP is published; the stack writes those annotations: remove them from the pod (and its template), or recreate the pod through its controller",

@@ -9,6 +9,14 @@
 //! `config.name`, which no pod can write. Before anything runs in a VM, or
 //! its IP is published on a pod, [`bind`] must say [`Verdict::Bound`].
 //!
+//! One kind of name cannot be derived: the retired cocoon-webhook named a
+//! Deployment pod's VM after a slot of its own and wrote that name into
+//! `vm.cocoonstack.io/name`. Such a name is trusted only when the operator
+//! opts in ([`BindingPolicy::accept_annotated_names`]), and then only when
+//! no other pod on the node claims it: [`bind`] says
+//! [`Verdict::Unproven`], the host lists the other pods it sees on its
+//! node, and [`settle`] decides from that list.
+//!
 //! Pure functions, no I/O: the host, `run`, `serve`, `plan` and embedders
 //! all ask the same question the same way.
 
@@ -50,14 +58,38 @@ pub struct BindingPolicy {
     /// Also accept the unhashed legacy name (`--accept-legacy-vm-names`,
     /// off by default): for VMs created before the stack hashed names.
     pub accept_legacy_names: bool,
+    /// Also accept a name that is not derived from the pod but is its
+    /// `vm.cocoonstack.io/name` annotation (`--accept-annotated-vm-names`,
+    /// off by default): the retired cocoon-webhook's Deployment slots. It
+    /// trusts an annotation, so it is safe only where the admission policy
+    /// (`deploy/admission-policy.yaml`) lets no one but the stack write
+    /// it; the name must also begin with `vk-<pod namespace>-` and no
+    /// other pod on the node may claim it ([`settle`]).
+    pub accept_annotated_names: bool,
 }
 
-/// Which form of the derived name the record carries.
+/// Which form of name the record carries (or, in a [`Claim`], by which
+/// form another pod claims it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum NameForm {
+    /// Derived from the pod, hashed ([`vm_name_for_pod`]).
     Hashed,
+    /// Derived from the pod, unhashed ([`legacy_vm_name_for_pod`]).
     Legacy,
+    /// The pod's `vm.cocoonstack.io/name` annotation, not derived.
+    Annotated,
+}
+
+impl NameForm {
+    /// How a pod holds a name of this form, for messages.
+    fn as_claim(self) -> &'static str {
+        match self {
+            NameForm::Hashed => "as the name derived from it",
+            NameForm::Legacy => "as the legacy name derived from it",
+            NameForm::Annotated => "in its vm.cocoonstack.io/name annotation",
+        }
+    }
 }
 
 /// Why a VM is not the pod's.
@@ -83,19 +115,35 @@ pub enum Mismatch {
     /// The record found has another id than the `vm.cocoonstack.io/id`
     /// annotation.
     IdDisagrees { annotation: String, record: String },
+    /// The record's name is the pod's `vm.cocoonstack.io/name` annotation
+    /// and begins with `vk-<pod namespace>-`, but is not derived from the
+    /// pod (a Deployment slot of the retired cocoon-webhook), and the
+    /// policy does not accept annotated names. `name` is the pod's own
+    /// annotation value.
+    AnnotatedNotAccepted { name: String },
+    /// The record's name is the pod's annotated name, which the policy
+    /// accepts, but another pod on the node claims it too: `pod`
+    /// (`<namespace>/<name>`), by `form`.
+    AnnotatedClaimed {
+        name: String,
+        pod: String,
+        form: NameForm,
+    },
 }
 
 impl Mismatch {
-    /// Whether the message names a VM that may be another pod's (its
-    /// record's name or id). Such messages go to the daemon's log, never
-    /// to the pod that asked: a pod's events must not tell its owner which
-    /// VMs exist on the node.
+    /// Whether the message names a VM or a pod that may be another pod's
+    /// (its record's name or id, the pod that claims the name). Such
+    /// messages go to the daemon's log, never to the pod that asked: a
+    /// pod's events must not tell its owner which VMs or pods exist on the
+    /// node. A name the pod's own annotation carries is the pod's to see.
     pub fn names_another_vm(&self) -> bool {
         matches!(
             self,
             Mismatch::OtherVm { .. }
                 | Mismatch::AnnotationDisagrees { .. }
                 | Mismatch::IdDisagrees { .. }
+                | Mismatch::AnnotatedClaimed { .. }
         )
     }
 }
@@ -135,6 +183,18 @@ impl fmt::Display for Mismatch {
                 "annotation {} says {annotation:?} but the VM record found has id {record:?}; {FIX}",
                 annotations::VM_ID,
             ),
+            Mismatch::AnnotatedNotAccepted { name } => write!(
+                f,
+                "the VM record is named {name:?}, as annotation {} says, but that name is not derived from the pod's namespace and name (the retired cocoon-webhook named a Deployment's VMs after slots so); such names bind only when the node's operator turns on --accept-annotated-vm-names, which is safe only where the admission policy (deploy/admission-policy.yaml) is installed",
+                annotations::VM_NAME,
+            ),
+            Mismatch::AnnotatedClaimed { name, pod, form } => write!(
+                f,
+                "the VM record is named {name:?}, as annotation {} says, but pod {} on this node claims that name too ({}), so it cannot be proven to be this pod's VM; find out why the stack gave both pods this name, then recreate the pod that should not have it through its controller",
+                annotations::VM_NAME,
+                escape_controls(pod),
+                form.as_claim(),
+            ),
         }
     }
 }
@@ -145,6 +205,11 @@ impl fmt::Display for Mismatch {
 pub enum Verdict {
     /// The VM is the pod's: its record carries the derived name.
     Bound { name: String, form: NameForm },
+    /// The record's name is the pod's annotated name, which the policy
+    /// accepts, but it binds only when no other pod on the node claims it:
+    /// [`settle`] decides once the host has listed the other pods it sees.
+    /// Until then nothing may run in it and no IP is published.
+    Unproven { name: String },
     /// It is not: nothing may run in it for this pod, no IP is published.
     Mismatch(Mismatch),
 }
@@ -174,6 +239,21 @@ impl fmt::Display for Verdict {
                 "bound: the VM record has the legacy name {}, accepted by policy",
                 escape_controls(name)
             ),
+            Verdict::Bound {
+                name,
+                form: NameForm::Annotated,
+            } => write!(
+                f,
+                "bound: the VM record is named {}, as the pod's {} annotation says, accepted by policy, and no other pod on the node claims that name",
+                escape_controls(name),
+                annotations::VM_NAME,
+            ),
+            Verdict::Unproven { name } => write!(
+                f,
+                "not proven: the VM record is named {}, as the pod's {} annotation says, which --accept-annotated-vm-names accepts only when no other pod on the node claims that name; without a view of the node's pods that is not known here (`run` and `serve` check it)",
+                escape_controls(name),
+                annotations::VM_NAME,
+            ),
             Verdict::Mismatch(m) => write!(f, "not this pod's VM: {m}"),
         }
     }
@@ -185,6 +265,12 @@ impl fmt::Display for Verdict {
 /// and name (the legacy form only when `policy` allows it), and the
 /// `vm.cocoonstack.io/name` annotation, when set, must agree with the
 /// record. A VM id annotation proves nothing and is not consulted.
+///
+/// A name not derived from the pod is an annotated name when it equals
+/// that annotation and begins with `vk-<pod namespace>-`: a mismatch of
+/// its own kind ([`Mismatch::AnnotatedNotAccepted`]) unless `policy`
+/// accepts such names, and then [`Verdict::Unproven`] until [`settle`]
+/// has checked the node's other pods.
 pub fn bind(pod: &PodInput, record_name: &str, policy: BindingPolicy) -> Verdict {
     if pod.namespace.is_empty() {
         return Verdict::Mismatch(Mismatch::NoNamespace);
@@ -204,10 +290,7 @@ pub fn bind(pod: &PodInput, record_name: &str, policy: BindingPolicy) -> Verdict
         }
         NameForm::Legacy
     } else {
-        return Verdict::Mismatch(Mismatch::OtherVm {
-            expected,
-            record: record_name.to_owned(),
-        });
+        return bind_annotated(pod, record_name, expected, policy);
     };
     let annotated = pod.annotation(annotations::VM_NAME);
     if !annotated.is_empty() && annotated != record_name {
@@ -219,6 +302,88 @@ pub fn bind(pod: &PodInput, record_name: &str, policy: BindingPolicy) -> Verdict
     Verdict::Bound {
         name: record_name.to_owned(),
         form,
+    }
+}
+
+/// A record name that is neither derived form: an annotated name
+/// ([`bind`]), or another pod's VM.
+fn bind_annotated(
+    pod: &PodInput,
+    record_name: &str,
+    expected: String,
+    policy: BindingPolicy,
+) -> Verdict {
+    let annotated = pod.annotation(annotations::VM_NAME);
+    let in_namespace = record_name
+        .strip_prefix("vk-")
+        .and_then(|rest| rest.strip_prefix(pod.namespace.as_str()))
+        .is_some_and(|rest| rest.len() > 1 && rest.starts_with('-'));
+    if annotated != record_name || !in_namespace {
+        return Verdict::Mismatch(Mismatch::OtherVm {
+            expected,
+            record: record_name.to_owned(),
+        });
+    }
+    let name = record_name.to_owned();
+    if policy.accept_annotated_names {
+        Verdict::Unproven { name }
+    } else {
+        Verdict::Mismatch(Mismatch::AnnotatedNotAccepted { name })
+    }
+}
+
+/// Another pod's claim on a VM name ([`claim`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// `<namespace>/<name>` of the pod that claims it.
+    pub pod: String,
+    pub form: NameForm,
+}
+
+/// Which pod of `others` (the pods a host sees on its node, `pod` itself
+/// among them or not) claims the VM name `name`: the first whose derived
+/// name, hashed or legacy, is `name`, or whose `vm.cocoonstack.io/name`
+/// annotation is. `pod` itself (by uid, or by namespace and name) claims
+/// nothing here.
+pub fn claim(pod: &PodInput, name: &str, others: &[PodInput]) -> Option<Claim> {
+    others
+        .iter()
+        .filter(|other| {
+            let same_uid = pod.uid.is_some() && other.uid == pod.uid;
+            let same_name = other.namespace == pod.namespace && other.name == pod.name;
+            !same_uid && !same_name
+        })
+        .find_map(|other| {
+            let form = if vm_name_for_pod(&other.namespace, &other.name) == name {
+                NameForm::Hashed
+            } else if legacy_vm_name_for_pod(&other.namespace, &other.name) == name {
+                NameForm::Legacy
+            } else if other.annotation(annotations::VM_NAME) == name {
+                NameForm::Annotated
+            } else {
+                return None;
+            };
+            Some(Claim {
+                pod: format!("{}/{}", other.namespace, other.name),
+                form,
+            })
+        })
+}
+
+/// The verdict on an annotated name that [`bind`] left
+/// [`Verdict::Unproven`], from `others`, every pod the host sees on its
+/// node: bound when none of them claims `name` ([`claim`]).
+pub fn settle(pod: &PodInput, name: &str, others: &[PodInput]) -> Verdict {
+    match claim(pod, name, others) {
+        None => Verdict::Bound {
+            name: name.to_owned(),
+            form: NameForm::Annotated,
+        },
+        Some(Claim { pod, form }) => Verdict::Mismatch(Mismatch::AnnotatedClaimed {
+            name: name.to_owned(),
+            pod,
+            form,
+        }),
     }
 }
 
@@ -303,6 +468,7 @@ mod tests {
             &record,
             BindingPolicy {
                 accept_legacy_names: accept_legacy,
+                ..BindingPolicy::default()
             },
         );
         assert_eq!(verdict.is_bound(), bound, "{verdict}");
@@ -328,5 +494,123 @@ mod tests {
         );
         assert!(text.contains(r"vk-tenant-b\u{1b}[2J"), "{text}");
         assert!(!text.contains('\u{1b}'));
+    }
+
+    /// A short label of a verdict, for the tables below.
+    fn label(verdict: &Verdict) -> String {
+        match verdict {
+            Verdict::Bound { form, .. } => format!(
+                "bound-{}",
+                serde_json::to_value(form).unwrap().as_str().unwrap()
+            ),
+            Verdict::Unproven { .. } => "unproven".to_owned(),
+            Verdict::Mismatch(Mismatch::AnnotatedClaimed { form, .. }) => format!(
+                "claimed-{}",
+                serde_json::to_value(form).unwrap().as_str().unwrap()
+            ),
+            Verdict::Mismatch(m) => serde_json::to_value(m).unwrap()["reason"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        }
+    }
+
+    fn other(namespace: &str, name: &str, vm_name: Option<&str>) -> PodInput {
+        PodInput {
+            uid: Some(format!("u-{namespace}-{name}")),
+            ..pod(namespace, name, vm_name)
+        }
+    }
+
+    /// A retired cocoon-webhook Deployment slot: pod
+    /// `prod/demo-7b7c9d9d5f-x2x4z` whose VM is `vk-prod-demo-1`. It binds
+    /// only by the opt-in, only when the record's name is the annotation
+    /// and begins with `vk-<namespace>-`, and only when no other pod on
+    /// the node claims the name (by either derived form or by its
+    /// annotation). `others` are the node's other pods: `(namespace,
+    /// name, vm.cocoonstack.io/name)`.
+    #[rstest]
+    #[case::accepted("prod", Some("vk-prod-demo-1"), "vk-prod-demo-1", true, &[("prod", "web-0", None)], "bound-annotated")]
+    #[case::accepted_with_no_other_pod("prod", Some("vk-prod-demo-1"), "vk-prod-demo-1", true, &[], "bound-annotated")]
+    #[case::opt_in_off("prod", Some("vk-prod-demo-1"), "vk-prod-demo-1", false, &[], "annotated-not-accepted")]
+    #[case::annotation_differs("prod", Some("vk-prod-demo-2"), "vk-prod-demo-1", true, &[], "other-vm")]
+    #[case::annotation_absent("prod", None, "vk-prod-demo-1", true, &[], "other-vm")]
+    #[case::another_namespaces_prefix("prod", Some("vk-staging-demo-1"), "vk-staging-demo-1", true, &[], "other-vm")]
+    #[case::a_longer_namespace_is_another("prod", Some("vk-production-demo-1"), "vk-production-demo-1", true, &[], "other-vm")]
+    #[case::nothing_after_the_prefix("prod", Some("vk-prod-"), "vk-prod-", true, &[], "other-vm")]
+    #[case::another_form_without_opt_in_is_not_blamed_on_annotations("prod", Some("vk-prod-demo-1"), "vk-prod-demo-1", false, &[("prod", "demo-1", None)], "annotated-not-accepted")]
+    #[case::claimed_as_a_legacy_name("prod", Some("vk-prod-demo-1"), "vk-prod-demo-1", true, &[("prod", "demo-1", None)], "claimed-legacy")]
+    #[case::claimed_as_a_legacy_name_across_namespaces("prod", Some("vk-prod-demo-1"), "vk-prod-demo-1", true, &[("prod-demo", "1", None)], "claimed-legacy")]
+    #[case::claimed_as_a_hashed_name("prod", Some("vk-prod-web-0-049175"), "vk-prod-web-0-049175", true, &[("prod", "web-0", None)], "claimed-hashed")]
+    #[case::claimed_by_another_annotation("prod", Some("vk-prod-demo-1"), "vk-prod-demo-1", true, &[("prod", "demo-7b7c9d9d5f-q9w8e", Some("vk-prod-demo-1"))], "claimed-annotated")]
+    #[case::its_own_entry_claims_nothing("prod", Some("vk-prod-demo-1"), "vk-prod-demo-1", true, &[("prod", "demo-7b7c9d9d5f-x2x4z", Some("vk-prod-demo-1"))], "bound-annotated")]
+    fn annotated_names(
+        #[case] namespace: &str,
+        #[case] annotation: Option<&str>,
+        #[case] record: &str,
+        #[case] accept_annotated: bool,
+        #[case] others: &[(&str, &str, Option<&str>)],
+        #[case] expected: &str,
+    ) {
+        let asking = pod(namespace, "demo-7b7c9d9d5f-x2x4z", annotation);
+        let others: Vec<PodInput> = others
+            .iter()
+            .map(|(ns, name, vm)| other(ns, name, *vm))
+            .collect();
+        let policy = BindingPolicy {
+            accept_annotated_names: accept_annotated,
+            ..BindingPolicy::default()
+        };
+        let verdict = match bind(&asking, record, policy) {
+            Verdict::Unproven { name } => {
+                assert_eq!(name, record);
+                settle(&asking, &name, &others)
+            }
+            verdict => verdict,
+        };
+        assert_eq!(label(&verdict), expected, "{verdict}");
+    }
+
+    #[test]
+    fn the_hashed_name_in_the_table_is_the_stacks() {
+        assert_eq!(vm_name_for_pod("prod", "web-0"), "vk-prod-web-0-049175");
+    }
+
+    /// The opt-in never widens the derived forms: a legacy name stays
+    /// refused without its own opt-in, whatever the annotation says.
+    #[test]
+    fn the_annotated_opt_in_does_not_accept_legacy_names() {
+        let legacy = legacy_vm_name_for_pod("prod", "demo-1");
+        let verdict = bind(
+            &pod("prod", "demo-1", Some(&legacy)),
+            &legacy,
+            BindingPolicy {
+                accept_annotated_names: true,
+                ..BindingPolicy::default()
+            },
+        );
+        assert_eq!(label(&verdict), "legacy-not-accepted", "{verdict}");
+    }
+
+    /// What each mismatch of an annotated name tells: the name (the pod's
+    /// own annotation) may be shown; the pod that claims it only in the
+    /// operator's text; neither tells the owner to remove annotations.
+    #[test]
+    fn annotated_mismatches_name_only_the_pods_own_annotation() {
+        let not_accepted = Mismatch::AnnotatedNotAccepted {
+            name: "vk-prod-demo-1".into(),
+        };
+        assert!(!not_accepted.names_another_vm());
+        let text = not_accepted.to_string();
+        assert!(text.contains("--accept-annotated-vm-names"), "{text}");
+        assert!(text.contains("admission policy"), "{text}");
+        assert!(!text.contains("remove"), "{text}");
+        let claimed = Mismatch::AnnotatedClaimed {
+            name: "vk-prod-demo-1".into(),
+            pod: "prod/demo-1".into(),
+            form: NameForm::Legacy,
+        };
+        assert!(claimed.names_another_vm(), "it names the other pod");
+        assert!(claimed.to_string().contains("prod/demo-1"));
     }
 }

@@ -138,14 +138,17 @@ pub fn vm_reference(pod: &PodInput) -> Result<VmId, CaptureError> {
 }
 
 /// Check that `record` is the pod's own VM, as the daemon checks it before
-/// it runs anything ([`decision::bind_record`]).
+/// it runs anything ([`decision::bind_record`]): the verdict, bound or
+/// [`Verdict::Unproven`]. A capture has no view of the node's pods, so an
+/// annotated name (`--accept-annotated-vm-names`) stays unproven: the
+/// caller captures it and says so, never that it is bound.
 pub fn bound_record(
     pod: &PodInput,
     record: &VmInspect,
     policy: BindingPolicy,
-) -> Result<(), CaptureError> {
+) -> Result<Verdict, CaptureError> {
     match decision::bind_record(pod, record, policy) {
-        Verdict::Bound { .. } => Ok(()),
+        verdict @ (Verdict::Bound { .. } | Verdict::Unproven { .. }) => Ok(verdict),
         Verdict::Mismatch(mismatch) => Err(CaptureError::NotThePodsVm {
             pod: pod.display_name(),
             mismatch,

@@ -34,13 +34,14 @@ use crate::cocoon::{Cocoon, CocoonError};
 use crate::console::{Console, ConsoleSession};
 use crate::host::{FixupRecord, HostError, PluginUse};
 use crate::metrics::Metrics;
+use crate::node_pods::OtherPods;
 use crate::pods::{Event, PodApi, PodError, PodRef};
 use crate::ready::LeaseWatcher;
 
 /// What the daemon's [`Host`](crate::host::Host) lends an executor besides
 /// cocoon and the Kubernetes side: the turn among pods worked on at once,
 /// the planner in service and its slots, where outcomes are reported, the
-/// metrics and the lease watcher.
+/// metrics, the lease watcher and where the node's other pods come from.
 #[derive(Clone, Copy)]
 pub(crate) struct HostParts<'a> {
     pub console: &'a Arc<dyn Console>,
@@ -50,6 +51,7 @@ pub(crate) struct HostParts<'a> {
     pub outcomes: &'a OnceLock<tokio::sync::mpsc::UnboundedSender<FixupRecord>>,
     pub metrics: &'a Metrics,
     pub leases: &'a LeaseWatcher,
+    pub other_pods: &'a OtherPods,
 }
 
 /// Carries out one task.
@@ -108,6 +110,10 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
                             }
                         }
                     }
+                    Action::OtherPods { .. } => Report::OtherPods(match self.host {
+                        Some(host) => other_pods(host.other_pods, self.pods).await,
+                        None => Err("this task has no view of the node's pods".into()),
+                    }),
                     Action::Plan(request) => {
                         let host = self.host.expect("only a host's task plans");
                         Report::Planned(plan(host, &pod, *request).await)
@@ -269,6 +275,17 @@ fn stop_error(stop: Stop, inspect_error: Option<CocoonError>) -> HostError {
         Stop::Node(e) => HostError::Node(e),
         Stop::Api(e) => HostError::Pods(e),
         Stop::RunningRefused { error } => HostError::RunningRefused { error },
+        Stop::Unproven { pod, name, reason } => HostError::Unproven { pod, name, reason },
+    }
+}
+
+/// The pods on the node, for the decision to check an annotated VM name
+/// against: the watched copy, or a listing from the API server.
+async fn other_pods<P: PodApi>(source: &OtherPods, pods: &P) -> Result<Vec<PodInput>, String> {
+    match source {
+        OtherPods::Unseen { why } => Err(why.clone()),
+        OtherPods::List { node } => pods.node_pods(node).await.map_err(|e| e.to_string()),
+        OtherPods::Watched(node_pods) => node_pods.snapshot(),
     }
 }
 

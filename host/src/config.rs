@@ -244,6 +244,15 @@ pub struct ConfigArgs {
     #[arg(long, env = "COCOON_FIXUP_ACCEPT_LEGACY_VM_NAMES")]
     #[serde(default)]
     pub accept_legacy_vm_names: bool,
+    /// Also accept a VM whose name is the pod's vm.cocoonstack.io/name
+    /// though not derived from the pod (the retired cocoon-webhook's
+    /// Deployment slots), when it begins with vk-<pod namespace>- and no
+    /// other pod on the node claims it. It trusts that annotation: safe
+    /// only where the admission policy (deploy/admission-policy.yaml) is
+    /// installed
+    #[arg(long, env = "COCOON_FIXUP_ACCEPT_ANNOTATED_VM_NAMES")]
+    #[serde(default)]
+    pub accept_annotated_vm_names: bool,
     /// `serve`: pods worked on at once [default: 16]
     #[arg(long, value_name = "N", env = "COCOON_FIXUP_CONCURRENCY")]
     pub concurrency: Option<usize>,
@@ -439,6 +448,7 @@ impl ConfigArgs {
                     renew_timeout: a.renew_timeout,
                     dhcp_recovery_after: a.dhcp_recovery_after,
                     accept_legacy_vm_names: a.accept_legacy_vm_names,
+                    accept_annotated_vm_names: a.accept_annotated_vm_names,
                 }
                 .build()
                 .map_err(ConfigError::from)?,
@@ -501,6 +511,8 @@ impl ConfigArgs {
             renew_timeout: self.renew_timeout.or(file.renew_timeout),
             dhcp_recovery_after: self.dhcp_recovery_after.or(file.dhcp_recovery_after),
             accept_legacy_vm_names: self.accept_legacy_vm_names || file.accept_legacy_vm_names,
+            accept_annotated_vm_names: self.accept_annotated_vm_names
+                || file.accept_annotated_vm_names,
             plugins: list_or(self.plugins, file.plugins),
             oci: OciArgs {
                 oci_store: self.oci.oci_store.or(file.oci.oci_store),

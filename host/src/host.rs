@@ -25,6 +25,7 @@ use crate::apply::{Executor, HostParts};
 use crate::cocoon::{Cocoon, CocoonError};
 use crate::console::{Console, SerialConsoles};
 use crate::metrics::Metrics;
+use crate::node_pods::OtherPods;
 use crate::pods::{PodApi, PodError};
 use crate::ready::LeaseWatcher;
 
@@ -123,6 +124,17 @@ pub enum HostError {
     /// backoff (spec section 8), unlike another refusal.
     #[error("the running write was refused, nothing ran, and it is tried again later: {error}")]
     RunningRefused { error: PodError },
+    /// The VM's annotated name could not be proven, for want of the
+    /// node's pods ([`OtherPods`]): nothing ran; tried again.
+    #[error(
+        "pod {pod}: the VM record is named {name:?}, as annotation {} says, which binds only when no other pod on the node claims that name, and the node's pods could not be listed: {reason}; nothing was run",
+        annotations::VM_NAME
+    )]
+    Unproven {
+        pod: String,
+        name: String,
+        reason: String,
+    },
 }
 
 impl HostError {
@@ -138,9 +150,10 @@ impl HostError {
     /// whose annotations do not parse cannot.
     pub fn is_retryable(&self) -> bool {
         match self {
-            HostError::Cocoon { .. } | HostError::Node(_) | HostError::RunningRefused { .. } => {
-                true
-            }
+            HostError::Cocoon { .. }
+            | HostError::Node(_)
+            | HostError::RunningRefused { .. }
+            | HostError::Unproven { .. } => true,
             HostError::Pods(PodError::Api { .. }) => true,
             HostError::NotFound { .. }
             | HostError::NoUid { .. }
@@ -158,6 +171,7 @@ impl HostError {
             HostError::NoVm { .. } => "no-vm",
             HostError::Facts(_) => "facts",
             HostError::Cocoon { .. } => "cocoon",
+            HostError::Unproven { .. } => "unproven",
             HostError::Node(e) => e.kind(),
             HostError::Pods(PodError::Api { .. }) => "api",
             HostError::Pods(PodError::Refused { .. }) | HostError::RunningRefused { .. } => {
@@ -278,6 +292,8 @@ pub struct Host<C, P> {
     cocoon: C,
     pods: P,
     leases: Arc<LeaseWatcher>,
+    /// Where the node's other pods come from ([`Host::with_other_pods`]).
+    other_pods: OtherPods,
     config: HostConfig,
     metrics: Arc<Metrics>,
     /// The VMs' serial consoles (spec section 10).
@@ -309,9 +325,24 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             cocoon,
             pods,
             leases,
+            other_pods: OtherPods::default(),
             config,
             metrics,
         }
+    }
+
+    /// Where the host learns the other pods on its node, for the check of
+    /// an annotated VM name (`--accept-annotated-vm-names`, spec section
+    /// 2). Without it such a name is never proven and nothing runs in its
+    /// VM.
+    pub fn with_other_pods(mut self, other_pods: OtherPods) -> Self {
+        self.other_pods = other_pods;
+        self
+    }
+
+    /// Where the host learns the other pods on its node.
+    pub fn other_pods(&self) -> &OtherPods {
+        &self.other_pods
     }
 
     pub fn pods(&self) -> &P {
@@ -441,6 +472,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
                 outcomes: &self.outcomes,
                 metrics: &self.metrics,
                 leases: &self.leases,
+                other_pods: &self.other_pods,
             }),
             shutdown,
         };

@@ -238,7 +238,8 @@ impl KubeApi {
     }
 
     /// Every pod scheduled to `node` in all namespaces (field selector
-    /// `spec.nodeName=<node>`), for startup reconciliation (spec section 8).
+    /// `spec.nodeName=<node>`): `run`'s answer to the check of an annotated
+    /// VM name ([`PodApi::node_pods`]).
     /// Pages of [`LIST_PAGE_SIZE`]; each page is retried like any request.
     /// A pod object that cannot be read is skipped with a warning, so one
     /// odd pod does not stop the others from resuming.
@@ -661,6 +662,10 @@ impl PodApi for KubeApi {
                 }
             ),
         })
+    }
+
+    async fn node_pods(&self, node: &str) -> Result<Vec<PodInput>, PodError> {
+        self.list_node_pods(node).await
     }
 }
 

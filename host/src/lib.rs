@@ -19,6 +19,8 @@
 //! - [`apply`]: the fixup loop within its budget, and the IP wait.
 //! - [`ready`]: the lease file, its watcher, the readiness probe.
 //! - [`host`]: `Host`, what an embedder builds once and calls per pod.
+//! - [`node_pods`]: the other pods on the node, for the check of an
+//!   annotated VM name: the daemon's watched copy, or a listing.
 //! - [`serve`]: the node daemon's watch, dispatcher and metrics endpoint.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`config`]: flags > environment > file > defaults, resolved once.
@@ -37,6 +39,7 @@ pub mod host;
 pub mod kube;
 pub mod logging;
 pub mod metrics;
+pub mod node_pods;
 pub mod oci;
 pub mod pods;
 pub mod ready;

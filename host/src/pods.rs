@@ -84,6 +84,23 @@ pub trait PodApi: Send + Sync + 'static {
         pod: &PodRef,
         event: &Event,
     ) -> impl Future<Output = Result<(), PodError>> + Send;
+
+    /// Every pod scheduled to `node`, for the check of an annotated VM
+    /// name ([`crate::node_pods::OtherPods::List`]). The default, for an
+    /// implementation that cannot list: an error, so such a name is not
+    /// proven and nothing runs.
+    fn node_pods(
+        &self,
+        node: &str,
+    ) -> impl Future<Output = Result<Vec<PodInput>, PodError>> + Send {
+        let pod = format!("* on node {node:?}");
+        async move {
+            Err(PodError::Api {
+                pod,
+                reason: "this Kubernetes side cannot list a node's pods".into(),
+            })
+        }
+    }
 }
 
 /// [`PodApi::patch_if_unchanged`] for an implementation that cannot make
@@ -230,5 +247,11 @@ impl PodApi for MemoryPods {
         let mut state = self.inner.lock().expect("memory pods lock");
         state.events.push((pod.clone(), event.clone()));
         Ok(())
+    }
+
+    /// Every pod held: pods in memory are all on the one node.
+    async fn node_pods(&self, _node: &str) -> Result<Vec<PodInput>, PodError> {
+        let state = self.inner.lock().expect("memory pods lock");
+        Ok(state.pods.values().cloned().collect())
     }
 }

@@ -3,7 +3,9 @@
 //! Watches the pods scheduled to one node (kube-runtime watcher, field
 //! selector `spec.nodeName`), and runs [`Host::handle_pod`] for managed pods
 //! with a VM that still have work: the first listing after start is startup
-//! reconciliation (spec section 8), later events are new work. At most
+//! reconciliation (spec section 8), later events are new work. When the
+//! host answers the check of an annotated VM name from the watch
+//! ([`OtherPods::Watched`]), the watch keeps that copy of the node's pods. At most
 //! `concurrency` pods are worked on at once, and a pod is never worked on
 //! twice at the same time. SIGTERM or SIGINT cancels the shutdown token:
 //! in-flight loops stop where they are and leave `post-clone-state=running`
@@ -31,6 +33,7 @@ use fixup_core::decision::{FixupEnd, Handled, Readiness, Summary, Trigger};
 use fixup_core::lifecycle::HandsOff;
 
 use crate::host::Host;
+use crate::node_pods::{NodePods, OtherPods};
 use crate::pods::PodApi;
 use fixup_core::facts::{PodInput, annotations};
 use fixup_core::lifecycle;
@@ -369,6 +372,13 @@ pub async fn run<C: Cocoon, P: PodApi>(
     // Metadata only: annotations, uid and deletion are all the host reads,
     // so the API server sends neither spec nor status.
     let mut stream = watcher(api, config).default_backoff().boxed();
+    // The node's pods as the watch sees them, when the host answers the
+    // check of an annotated VM name from them: kept before work is offered,
+    // so a task sees the event that started it.
+    let kept: Option<NodePods> = match host.other_pods() {
+        OtherPods::Watched(node_pods) => Some(node_pods.clone()),
+        OtherPods::Unseen { .. } | OtherPods::List { .. } => None,
+    };
     let mut dispatcher = Dispatcher::new(host, concurrency, shutdown.clone());
     // The first listing after start is startup reconciliation; relists
     // after a watch restart are ordinary events.
@@ -386,15 +396,24 @@ pub async fn run<C: Cocoon, P: PodApi>(
                     Trigger::Startup
                 };
                 if let Some(pod) = to_input(pod) {
+                    if let Some(kept) = &kept {
+                        kept.listed(&pod);
+                    }
                     dispatcher.offer(pod, trigger);
                 }
             }
             Some(Ok(watcher::Event::Apply(pod))) => {
                 if let Some(pod) = to_input(pod) {
+                    if let Some(kept) = &kept {
+                        kept.changed(&pod);
+                    }
                     dispatcher.offer(pod, Trigger::Event);
                 }
             }
             Some(Ok(watcher::Event::InitDone)) => {
+                if let Some(kept) = &kept {
+                    kept.listing_done();
+                }
                 if !started {
                     tracing::info!(node, "startup reconciliation dispatched; watching");
                 }
@@ -402,10 +421,17 @@ pub async fn run<C: Cocoon, P: PodApi>(
             }
             Some(Ok(watcher::Event::Delete(pod))) => {
                 if let Some(uid) = pod.metadata.uid.as_deref() {
+                    if let Some(kept) = &kept {
+                        kept.deleted(uid);
+                    }
                     dispatcher.forget(uid);
                 }
             }
-            Some(Ok(watcher::Event::Init)) => {}
+            Some(Ok(watcher::Event::Init)) => {
+                if let Some(kept) = &kept {
+                    kept.listing_started();
+                }
+            }
             Some(Err(e)) => tracing::warn!("pod watch: {e}; retrying with backoff"),
             None => break,
         }

@@ -27,6 +27,7 @@ use fixup_core::facts::PodInput;
 use fixup_core::planner::{Planner, PlannerOptions};
 use fixup_host::host::{Host, HostConfig, HostError};
 use fixup_host::metrics::Metrics;
+use fixup_host::node_pods::OtherPods;
 use fixup_host::pods::{
     AnnotationPatch, Event, EventType, MemoryPods, PodApi, PodError, PodRef, keys, reasons,
 };
@@ -87,6 +88,8 @@ struct Setup {
     /// The cocoon root; `None` is an empty directory that exists.
     cocoon_root: Option<PathBuf>,
     plugin_dir: Option<PathBuf>,
+    /// Where the host learns the node's other pods; `None`: nowhere.
+    other_pods: Option<OtherPods>,
 }
 
 impl Setup {
@@ -98,6 +101,7 @@ impl Setup {
             config: HostConfig::default(),
             cocoon_root: None,
             plugin_dir: None,
+            other_pods: None,
         }
     }
 
@@ -129,6 +133,10 @@ impl Setup {
             self.config,
             Arc::new(Metrics::new()),
         );
+        let host = match self.other_pods {
+            Some(other_pods) => host.with_other_pods(other_pods),
+            None => host,
+        };
         Rig {
             host: Arc::new(host),
             cocoon,
@@ -282,11 +290,103 @@ async fn a_legacy_name_binds_only_by_policy(#[case] accept: bool, #[case] action
     );
     setup.config.binding = BindingPolicy {
         accept_legacy_names: accept,
+        ..BindingPolicy::default()
     };
     let rig = setup.build();
     let summary = rig.handle("tenant-a", "web-0").await.unwrap();
     assert_eq!(summary.action.as_str(), action);
     assert_eq!(rig.cocoon.calls().len(), usize::from(accept));
+}
+
+/// The retired cocoon-webhook's Deployment slot: pod
+/// `prod/demo-7b7c9d9d5f-x2x4z` annotated with, and its VM named,
+/// `vk-prod-demo-1`. It binds only with `--accept-annotated-vm-names`,
+/// only when the host can list the node's pods (here `run`'s listing,
+/// `OtherPods::List`), and only when none of them claims the name. The
+/// pod's owner is never told to remove their annotations for it, nor
+/// which other pod claims the name.
+#[rstest::rstest]
+#[case::accepted(true, None, true, Some("fixup"))]
+#[case::not_accepted(false, None, true, Some("vm-mismatch"))]
+#[case::claimed_by_an_annotation(true, Some(("prod", "demo-7b7c9d9d5f-q9w8e", "vk-prod-demo-1")), true, Some("vm-mismatch"))]
+#[case::claimed_as_a_derived_name(true, Some(("prod", "demo-1", "")), true, Some("vm-mismatch"))]
+#[case::no_view_of_the_node(true, None, false, None)]
+#[tokio::test(start_paused = true)]
+async fn an_annotated_name_binds_only_by_policy_and_unclaimed(
+    #[case] accept: bool,
+    #[case] other: Option<(&str, &str, &str)>,
+    #[case] listed: bool,
+    #[case] action: Option<&str>,
+) {
+    const SLOT: &str = "vk-prod-demo-1";
+    let mut pods = vec![pod_as("prod", "demo-7b7c9d9d5f-x2x4z", SLOT, &[])];
+    pods.push(PodInput {
+        uid: Some("uid-web-0".into()),
+        ..pod_as("prod", "web-0", &vm_name_for_pod("prod", "web-0"), &[])
+    });
+    if let Some((namespace, name, vm_name)) = other {
+        pods.push(PodInput {
+            uid: Some(format!("uid-{name}")),
+            ..pod_as(namespace, name, vm_name, &[])
+        });
+    }
+    let mut setup = Setup::new(record(SLOT, "", &[(STATIC_MAC, Some("10.0.0.5"))]), pods);
+    setup.config.binding = BindingPolicy {
+        accept_annotated_names: accept,
+        ..BindingPolicy::default()
+    };
+    if listed {
+        setup.other_pods = Some(OtherPods::List { node: "n1".into() });
+    }
+    let rig = setup.build();
+    let result = rig.handle("prod", "demo-7b7c9d9d5f-x2x4z").await;
+    let Some(action) = action else {
+        let error = result.unwrap_err();
+        assert!(matches!(error, HostError::Unproven { .. }), "{error}");
+        assert!(error.is_retryable());
+        assert!(error.to_string().contains(SLOT), "{error}");
+        assert_untouched(&rig);
+        assert!(rig.events().is_empty(), "{:?}", rig.events());
+        return;
+    };
+    let summary = result.unwrap();
+    assert_eq!(summary.action.as_str(), action);
+    if action == "fixup" {
+        assert_eq!(summary.fixup, Some(FixupEnd::Done));
+        let calls = rig.cocoon.calls();
+        assert_eq!(calls.len(), 1, "{calls:?}");
+        assert!(
+            calls[0].argv[2].contains(&format!("'{SLOT}\n'")),
+            "the hostname is the record's name"
+        );
+        return;
+    }
+    assert_untouched(&rig);
+    let events = rig.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let message = &events[0].1.message;
+    assert_eq!(events[0].1.reason, reasons::VM_MISMATCH);
+    assert!(
+        !message.contains("remove"),
+        "not blamed on annotations: {message}"
+    );
+    if let Some((namespace, name, _)) = other {
+        // `demo-1` is part of the slot name, which the pod's own
+        // annotation carries.
+        if !SLOT.contains(name) {
+            assert!(!message.contains(name), "{message}");
+        }
+        assert!(
+            !message.contains(&format!("{namespace}/{name}")),
+            "{message}"
+        );
+        assert!(
+            summary.mismatch.as_deref().unwrap().contains(name),
+            "the operator's summary names the pod that claims it"
+        );
+    } else {
+        assert!(message.contains("--accept-annotated-vm-names"), "{message}");
+    }
 }
 
 // ---- 2, 3 and 4: what the stack owns, and what is not a clone ----
@@ -1113,6 +1213,18 @@ mod real_binary {
     /// and every exec with success. Returns the exit code, the cocoon calls
     /// (argv after the program) and the server.
     async fn run(pod: Value, vm_record: Value) -> (Option<i32>, Vec<Vec<String>>, FakeApi) {
+        let (code, calls, api, _) = run_with(pod, vm_record, &[], &[]).await;
+        (code, calls, api)
+    }
+
+    /// [`run`] with `others` listed beside the pod as the node's other
+    /// pods, and `flags` added to the command line; also returns stderr.
+    async fn run_with(
+        pod: Value,
+        vm_record: Value,
+        others: &[Value],
+        flags: &[&str],
+    ) -> (Option<i32>, Vec<Vec<String>>, FakeApi, String) {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         std::os::unix::fs::symlink(fake_cocoon(), d.join("cocoon")).unwrap();
@@ -1127,11 +1239,15 @@ mod real_binary {
         let namespace = pod["metadata"]["namespace"].as_str().unwrap().to_owned();
         let name = pod["metadata"]["name"].as_str().unwrap().to_owned();
         let api = FakeApi::start(pod, false).await;
+        for other in others {
+            api.add_other_pod(other.clone());
+        }
         let out = cocoon_fixup(
             d,
             &api.kubeconfig(d),
             &["run", "--namespace", &namespace, "--pod", &name],
         )
+        .args(flags)
         .output()
         .await
         .expect("run runs");
@@ -1148,7 +1264,8 @@ mod real_binary {
                     .collect()
             })
             .collect();
-        (out.status.code(), calls, api)
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code(), calls, api, stderr)
     }
 
     fn pod_json(namespace: &str, name: &str, annotations: &BTreeMap<&str, Value>) -> Value {
@@ -1189,6 +1306,167 @@ mod real_binary {
         assert_eq!(events[0].0, reasons::VM_MISMATCH);
         assert!(!events[0].1.contains(&victim), "{}", events[0].1);
         assert_eq!(api.annotation(keys::IP), None);
+    }
+
+    /// `run` with `--accept-annotated-vm-names` and the pod's node: the
+    /// retired webhook's slot name binds when no pod the API server lists
+    /// on that node claims it; another pod carrying the same annotation
+    /// keeps it from binding; without the flag, or without the node, it
+    /// never binds, and nothing but the event (none without the node) is
+    /// written.
+    #[rstest::rstest]
+    #[case::bound(&["--accept-annotated-vm-names", "--node", "n1"], false, Some(0))]
+    #[case::not_accepted(&["--node", "n1"], false, Some(5))]
+    #[case::claimed(&["--accept-annotated-vm-names", "--node", "n1"], true, Some(5))]
+    #[case::no_node(&["--accept-annotated-vm-names"], false, Some(1))]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_annotated_name(
+        #[case] flags: &[&str],
+        #[case] claimed: bool,
+        #[case] code: Option<i32>,
+    ) {
+        const SLOT: &str = "vk-prod-demo-1";
+        let other = |name: &str, uid: &str, vm_name: &str| {
+            let mut pod = pod_json(
+                "prod",
+                name,
+                &BTreeMap::from([("vm.cocoonstack.io/name", json!(vm_name))]),
+            );
+            pod["metadata"]["uid"] = json!(uid);
+            pod
+        };
+        let mut others = vec![other(
+            "web-0",
+            "uid-web-0",
+            &vm_name_for_pod("prod", "web-0"),
+        )];
+        if claimed {
+            others.push(other("demo-7b7c9d9d5f-q9w8e", "uid-q9w8e", SLOT));
+        }
+        let (got, calls, api, stderr) = run_with(
+            pod_json("prod", "demo-7b7c9d9d5f-x2x4z", &base(SLOT)),
+            vm(SLOT),
+            &others,
+            flags,
+        )
+        .await;
+        assert_eq!(got, code, "{stderr}");
+        let listed = api.with(|s| {
+            s.requests.iter().any(|r| {
+                r.path == "/api/v1/pods" && percent_decoded(&r.query).contains("spec.nodeName=n1")
+            })
+        });
+        assert_eq!(
+            listed,
+            flags.contains(&"--accept-annotated-vm-names") && flags.contains(&"--node"),
+            "the node's pods are listed only to check an accepted annotated name"
+        );
+        let events = api.events();
+        match code {
+            Some(0) => {
+                assert_eq!(calls.len(), 2, "inspect, then one exec: {calls:?}");
+                assert_eq!(
+                    api.annotation(keys::LIFECYCLE_STATE).as_deref(),
+                    Some("ready")
+                );
+            }
+            Some(5) => {
+                assert_eq!(calls, [["vm", "inspect", "--json", VM_ID]], "no exec");
+                api.with(|s| assert!(s.patches.is_empty(), "{:?}", s.patches));
+                assert_eq!(events.len(), 1, "{events:?}");
+                assert_eq!(events[0].0, reasons::VM_MISMATCH);
+                assert!(!events[0].1.contains("remove"), "{}", events[0].1);
+                assert!(!events[0].1.contains("q9w8e"), "{}", events[0].1);
+            }
+            _ => {
+                assert!(stderr.contains("--node"), "{stderr}");
+                assert_eq!(calls, [["vm", "inspect", "--json", VM_ID]], "no exec");
+                api.with(|s| assert!(s.patches.is_empty(), "{:?}", s.patches));
+                assert!(events.is_empty(), "{events:?}");
+            }
+        }
+    }
+
+    /// `serve --accept-annotated-vm-names`: the daemon answers from the
+    /// pods its watch keeps, so the slot name binds once the watch has
+    /// listed the node (a try before that is not proven, and tried again),
+    /// and another pod on the node carrying the same annotation keeps it
+    /// from binding.
+    #[rstest::rstest]
+    #[case::bound(false)]
+    #[case::claimed(true)]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn serve_checks_an_annotated_name_against_the_pods_it_watches(#[case] claimed: bool) {
+        const SLOT: &str = "vk-prod-demo-1";
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::os::unix::fs::symlink(fake_cocoon(), d.join("cocoon")).unwrap();
+        let scenario = json!({"exec": [{"exit": 0, "done": true}], "inspect": {"json": vm(SLOT)}});
+        fs::write(d.join("cocoon.json"), scenario.to_string()).unwrap();
+        fs::create_dir(d.join("plugins")).unwrap();
+        fs::write(d.join("config.toml"), "accept_annotated_vm_names = true\n").unwrap();
+        let api = FakeApi::start(
+            pod_json("prod", "demo-7b7c9d9d5f-x2x4z", &base(SLOT)),
+            false,
+        )
+        .await;
+        if claimed {
+            let mut other = pod_json(
+                "prod",
+                "demo-7b7c9d9d5f-q9w8e",
+                &BTreeMap::from([("vm.cocoonstack.io/name", json!(SLOT))]),
+            );
+            other["metadata"]["uid"] = json!("uid-q9w8e");
+            api.add_other_pod(other);
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let log = d.join("serve.log");
+        let mut daemon = cocoon_fixup(d, &api.kubeconfig(d), &["serve", "--node", "n1"])
+            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .stdout(std::process::Stdio::null())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("the daemon starts");
+        let started = std::time::Instant::now();
+        let done = || {
+            if claimed {
+                !api.events().is_empty()
+            } else {
+                api.annotation(keys::LIFECYCLE_STATE).as_deref() == Some("ready")
+            }
+        };
+        while !done() {
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "nothing happened; log:\n{}",
+                fs::read_to_string(&log).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        daemon.start_kill().unwrap();
+        daemon.wait().await.unwrap();
+        let log = fs::read_to_string(&log).unwrap();
+        assert!(log.contains("--accept-annotated-vm-names is on"), "{log}");
+        if claimed {
+            let events = api.events();
+            assert_eq!(events[0].0, reasons::VM_MISMATCH, "{events:?}");
+            assert!(!events[0].1.contains("q9w8e"), "{}", events[0].1);
+            api.with(|s| assert!(s.patches.is_empty(), "{:?}", s.patches));
+            assert!(
+                log.contains("demo-7b7c9d9d5f-q9w8e"),
+                "the log names the pod that claims it: {log}"
+            );
+        }
+    }
+
+    /// A query string with its `%XX` escapes decoded (enough for field
+    /// selectors).
+    fn percent_decoded(query: &str) -> String {
+        query.replace("%3D", "=").replace("%2C", ",")
     }
 
     #[rstest::rstest]

@@ -272,6 +272,58 @@ fn plan_shows_the_binding_verdict() {
     assert_eq!(json["binding"]["record"], other.as_str());
 }
 
+/// A VM named by the pod's `vm.cocoonstack.io/name` though not derived
+/// from the pod (a retired cocoon-webhook Deployment slot): without
+/// `--accept-annotated-vm-names` a mismatch of its own kind; with it,
+/// `plan`, which sees no other pods, says it is unproven, never bound.
+#[rstest::rstest]
+#[case::not_accepted(&[], "mismatch", "warning: not this pod's VM")]
+#[case::accepted(&["--accept-annotated-vm-names"], "unproven", "note: not proven")]
+fn plan_never_proves_an_annotated_name(
+    #[case] flags: &[&str],
+    #[case] verdict: &str,
+    #[case] said: &str,
+) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let read = |file: &str| -> serde_json::Value {
+        let text =
+            std::fs::read_to_string(examples().join("oci-static").join(file)).expect("example");
+        serde_json::from_str(&text).expect("json")
+    };
+    let (mut pod, mut vm) = (read("pod.json"), read("vm.json"));
+    let namespace = pod["metadata"]["namespace"]
+        .as_str()
+        .expect("namespace")
+        .to_owned();
+    let slot = format!("vk-{namespace}-demo-1");
+    pod["metadata"]["annotations"]["vm.cocoonstack.io/name"] = serde_json::json!(slot);
+    vm["config"]["name"] = serde_json::json!(slot);
+    let (pod_file, vm_file) = (dir.path().join("pod.json"), dir.path().join("vm.json"));
+    std::fs::write(&pod_file, pod.to_string()).expect("write");
+    std::fs::write(&vm_file, vm.to_string()).expect("write");
+    let mut args = vec![
+        "--pod",
+        pod_file.to_str().expect("utf-8"),
+        "--vm",
+        vm_file.to_str().expect("utf-8"),
+        "--output",
+        "json",
+    ];
+    args.extend(flags);
+    let out = plan(&args);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(stderr.starts_with(said), "{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(json["binding"]["verdict"], verdict, "{json}");
+    if verdict == "mismatch" {
+        assert_eq!(json["binding"]["reason"], "annotated-not-accepted");
+        assert!(stderr.contains("--accept-annotated-vm-names"), "{stderr}");
+    } else {
+        assert_eq!(json["binding"]["name"], slot.as_str());
+    }
+}
+
 /// A guest-flavour annotation no plugin serves: `plan` says so in text and
 /// JSON, naming the flavour, the scenario and the plugin that planned it
 /// instead.

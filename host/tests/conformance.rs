@@ -25,6 +25,7 @@ use fixup_host::console::{Console, ConsoleSession};
 use fixup_host::host::{Host, HostConfig, HostError};
 use fixup_host::kube::{KubeApi, REPORTER, RetryPolicy};
 use fixup_host::metrics::Metrics;
+use fixup_host::node_pods::{NodePods, OtherPods};
 use fixup_host::ready::{DEFAULT_LEASE_POLL, LeaseWatcher};
 use http::{Method, Request, Response, StatusCode};
 use kube::client::Body;
@@ -222,6 +223,7 @@ fn ended(result: &Result<fixup_core::decision::Summary, HostError>) -> Ended {
                 HostError::NoVm { .. } => "no-vm",
                 HostError::Facts(_) => "facts",
                 HostError::Cocoon { .. } => "inspect",
+                HostError::Unproven { .. } => "unproven",
                 HostError::Node(e) => e.kind(),
                 HostError::Pods(PodError::Gone { .. }) => "gone",
                 HostError::Pods(PodError::Refused { .. }) | HostError::RunningRefused { .. } => {
@@ -298,6 +300,16 @@ async fn replay(scenario: &Scenario, planner: Arc<Planner>, lease_dir: &Path) ->
     });
     let config =
         HostConfig::from_settings(scenario.settings(), HostConfig::default().fixups_in_flight);
+    // The node's pods as the daemon's watch keeps them: listed once, when
+    // the world lets the host see them at all.
+    let node_pods = NodePods::new();
+    if let Ok(pods) = world.lock().unwrap().other_pods() {
+        node_pods.listing_started();
+        for pod in &pods {
+            node_pods.listed(pod);
+        }
+        node_pods.listing_done();
+    }
     let host = Host::new(
         planner,
         WorldCocoon {
@@ -312,7 +324,8 @@ async fn replay(scenario: &Scenario, planner: Arc<Planner>, lease_dir: &Path) ->
     .with_console(Arc::new(WorldConsole {
         world: world.clone(),
         clock,
-    }));
+    }))
+    .with_other_pods(OtherPods::Watched(node_pods));
     let result = host
         .handle_pod(&pod, scenario.trigger.into(), &shutdown)
         .await;

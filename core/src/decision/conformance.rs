@@ -54,6 +54,11 @@ pub struct Scenario {
     /// `cocoon vm inspect` fails with this message instead.
     #[serde(default)]
     pub inspect_error: Option<String>,
+    /// The other pods on the host's node (each as `pod` is given), which
+    /// the host lists for an annotated VM name; absent: the host has no
+    /// view of its node's pods.
+    #[serde(default)]
+    pub other_pods: Option<Vec<Value>>,
     /// The cloudimg overlay exists in the cocoon root.
     #[serde(default)]
     pub overlay: bool,
@@ -745,6 +750,22 @@ impl World {
         }
     }
 
+    /// The pods the host sees on its node: the scenario's pod as it is
+    /// now (a watch sees it too), then `other_pods`; or why it sees none.
+    pub fn other_pods(&self) -> Result<Vec<PodInput>, String> {
+        let others = self
+            .scenario
+            .other_pods
+            .as_ref()
+            .ok_or_else(|| "the host has no view of its node's pods".to_owned())?;
+        let mut pods: Vec<PodInput> = self.pod.iter().cloned().collect();
+        for (i, pod) in others.iter().enumerate() {
+            let input = format!("other_pods[{i}]");
+            pods.push(PodInput::from_value(pod, &input).unwrap_or_else(|e| panic!("{e}")));
+        }
+        Ok(pods)
+    }
+
     /// `cocoon vm inspect`.
     pub fn inspect(&mut self, now: Duration, vm: &VmId) -> Result<VmInspect, String> {
         self.seen.push(Seen::Inspect {
@@ -1083,6 +1104,7 @@ pub fn replay(scenario: &Scenario, planner: &Planner) -> (World, Ended) {
                 Report::Go
             }
             Action::Inspect { vm, .. } => Report::Inspected(world.inspect(now, &vm)),
+            Action::OtherPods { .. } => Report::OtherPods(world.other_pods()),
             Action::Plan(request) => Report::Planned(request.run(planner)),
             Action::Read => Report::Read(world.read(now)),
             Action::Patch {

@@ -167,6 +167,13 @@ pub enum Action {
     /// `cocoon vm inspect <vm>`, bounded by `timeout`. Report:
     /// [`Report::Inspected`].
     Inspect { vm: VmId, timeout: Duration },
+    /// List every pod the host sees on its node (the pod itself among
+    /// them or not). Asked only when the VM record's name is the pod's
+    /// annotated name `vm_name`, which binds only when no other pod claims
+    /// it (spec section 2): the decision checks the list
+    /// ([`crate::binding::settle`]), the host only answers. Report:
+    /// [`Report::OtherPods`].
+    OtherPods { vm_name: String },
     /// Plan ([`PlanRequest::run`]), off any async worker. Report:
     /// [`Report::Planned`].
     Plan(Box<PlanRequest>),
@@ -244,6 +251,10 @@ pub enum Report {
     Cancelled,
     /// `cocoon vm inspect`'s record, or its error as one line.
     Inspected(Result<VmInspect, String>),
+    /// The pods the host sees on its node, or why it has no such view (as
+    /// one line): the annotated name is then not proven, and the task
+    /// stops without running anything ([`Stop::Unproven`]).
+    OtherPods(Result<Vec<PodInput>, String>),
     Planned(Planned),
     Read(Result<Option<PodInput>, PodError>),
     Patched(Result<Guarded, PodError>),
@@ -382,16 +393,30 @@ pub enum Stop {
     /// with nothing in flight (spec section 8).
     #[error("the running write was refused, nothing ran, and it is tried again later: {error}")]
     RunningRefused { error: PodError },
+    /// The VM record's name is the pod's annotated name, which binds only
+    /// when no other pod on the node claims it, and the host could not
+    /// list the node's pods: nothing ran. Tried again later (the daemon's
+    /// view of its node may not be complete yet).
+    #[error(
+        "pod {pod}: the VM record is named {name:?}, as annotation {} says, which binds only when no other pod on the node claims that name, and the node's pods could not be listed: {reason}; nothing was run",
+        crate::facts::annotations::VM_NAME
+    )]
+    Unproven {
+        pod: String,
+        name: String,
+        reason: String,
+    },
 }
 
 impl Stop {
-    /// A short label: `no-uid`, `no-vm`, `inspect`, the node
+    /// A short label: `no-uid`, `no-vm`, `inspect`, `unproven`, the node
     /// error's kind ([`NodeError::kind`]), `api`, `refused` or `gone`.
     pub fn kind(&self) -> &'static str {
         match self {
             Stop::NoUid { .. } => "no-uid",
             Stop::NoVm { .. } => "no-vm",
             Stop::Inspect { .. } => "inspect",
+            Stop::Unproven { .. } => "unproven",
             Stop::Node(e) => e.kind(),
             Stop::Api(PodError::Gone { .. }) => "gone",
             Stop::Api(PodError::Refused { .. }) | Stop::RunningRefused { .. } => "refused",
@@ -405,6 +430,7 @@ impl Stop {
     pub fn is_retryable(&self) -> bool {
         match self {
             Stop::Inspect { .. }
+            | Stop::Unproven { .. }
             | Stop::Node(_)
             | Stop::Api(PodError::Api { .. })
             | Stop::RunningRefused { .. } => true,

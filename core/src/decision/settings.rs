@@ -103,6 +103,7 @@ pub struct SettingsBuilder {
     pub renew_timeout: Option<Duration>,
     pub dhcp_recovery_after: Option<Duration>,
     pub accept_legacy_vm_names: bool,
+    pub accept_annotated_vm_names: bool,
 }
 
 impl SettingsBuilder {
@@ -163,6 +164,7 @@ impl SettingsBuilder {
                 .unwrap_or(Settings::default().inspect_timeout),
             binding: BindingPolicy {
                 accept_legacy_names: self.accept_legacy_vm_names,
+                accept_annotated_names: self.accept_annotated_vm_names,
             },
         })
     }
@@ -184,6 +186,8 @@ pub struct SettingsMs {
     pub dhcp_recovery_after_ms: Option<u64>,
     #[serde(default)]
     pub accept_legacy_vm_names: bool,
+    #[serde(default)]
+    pub accept_annotated_vm_names: bool,
 }
 
 impl SettingsMs {
@@ -200,6 +204,7 @@ impl SettingsMs {
             renew_timeout: ms(self.renew_timeout_ms),
             dhcp_recovery_after: ms(self.dhcp_recovery_after_ms),
             accept_legacy_vm_names: self.accept_legacy_vm_names,
+            accept_annotated_vm_names: self.accept_annotated_vm_names,
         }
     }
 }

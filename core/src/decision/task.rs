@@ -21,8 +21,8 @@ use crate::binding::{self, Verdict};
 use crate::classify::{self, Rule, Scenario};
 use crate::exec::{self, ExecOutput};
 use crate::facts::{
-    GuestOs, ImageKind, Observation, Overrides, PodInput, StaticIpv4, VmFacts, VmId, WaitFacts,
-    WaitNic, escape_controls, static_nics,
+    GuestOs, ImageKind, Observation, Overrides, PodInput, StaticIpv4, VmFacts, VmId, VmInspect,
+    WaitFacts, WaitNic, escape_controls, static_nics,
 };
 use crate::lifecycle::{self, Action as Row, HandsOff, Lifecycle, PostCloneState};
 use crate::plan::{Nonce, Plan, exec_argv, hint_base64};
@@ -68,6 +68,7 @@ enum Awaiting {
     Go,
     GoOrCancelled,
     Inspected,
+    OtherPods,
     Planned,
     Read,
     Patched,
@@ -85,6 +86,7 @@ impl Awaiting {
             Action::Release | Action::Tell(_) | Action::Note(_) | Action::SacClose => Awaiting::Go,
             Action::Admit | Action::Checkpoint | Action::Sleep { .. } => Awaiting::GoOrCancelled,
             Action::Inspect { .. } => Awaiting::Inspected,
+            Action::OtherPods { .. } => Awaiting::OtherPods,
             Action::Plan(_) => Awaiting::Planned,
             Action::Read => Awaiting::Read,
             Action::Patch { .. } => Awaiting::Patched,
@@ -109,6 +111,7 @@ impl Awaiting {
                     Report::Cancelled,
                 )
                 | (Awaiting::Inspected, Report::Inspected(_))
+                | (Awaiting::OtherPods, Report::OtherPods(_))
                 | (Awaiting::Planned, Report::Planned(_))
                 | (Awaiting::Read, Report::Read(_))
                 | (Awaiting::Patched, Report::Patched(_))
@@ -142,6 +145,7 @@ fn report_name(report: &Report) -> &'static str {
         Report::Go => "go",
         Report::Cancelled => "cancelled",
         Report::Inspected(_) => "inspected",
+        Report::OtherPods(_) => "other-pods",
         Report::Planned(_) => "planned",
         Report::Read(_) => "read",
         Report::Patched(_) => "patched",
@@ -281,6 +285,8 @@ enum Write {
 enum Stage {
     Admitting,
     Inspecting,
+    /// The record's annotated name waits for the node's other pods.
+    Binding(Box<VmInspect>),
     PlanningFixup {
         obs: Box<Observation>,
         vm: VmId,
@@ -327,6 +333,7 @@ impl Stage {
         match self {
             Stage::Admitting => "admitting",
             Stage::Inspecting => "inspecting",
+            Stage::Binding(_) => "binding",
             Stage::PlanningFixup { .. } => "planning",
             Stage::PlanningRecovery(_) => "planning-recovery",
             Stage::ReadingFor(_) => "reading",
@@ -549,6 +556,7 @@ impl PodTask {
             (stage, Report::Cancelled) => self.cancelled(stage),
             (Stage::Admitting, Report::Go) => self.admitted(),
             (Stage::Inspecting, Report::Inspected(result)) => self.inspected(result),
+            (Stage::Binding(record), Report::OtherPods(answer)) => self.other_pods(*record, answer),
             (Stage::PlanningFixup { obs, vm }, Report::Planned(Planned::Fixup(result))) => {
                 self.planned(*obs, vm, result)
             }
@@ -786,11 +794,39 @@ impl PodTask {
                 });
             }
         };
-        if let Verdict::Mismatch(mismatch) =
-            super::bind_record(&self.seen, &record, self.settings.binding)
-        {
-            return self.mismatch(mismatch);
+        match super::bind_record(&self.seen, &record, self.settings.binding) {
+            Verdict::Bound { .. } => self.bound(record),
+            Verdict::Mismatch(mismatch) => self.mismatch(mismatch),
+            Verdict::Unproven { name } => {
+                self.stage = Stage::Binding(Box::new(record));
+                Action::OtherPods { vm_name: name }
+            }
         }
+    }
+
+    /// The node's other pods came back for an annotated name: bound when
+    /// none claims it ([`binding::settle`]).
+    fn other_pods(&mut self, record: VmInspect, answer: Result<Vec<PodInput>, String>) -> Action {
+        let name = record.name.clone();
+        let reason = match answer {
+            Ok(others) => match binding::settle(&self.seen, &name, &others) {
+                Verdict::Bound { .. } => return self.bound(record),
+                Verdict::Mismatch(mismatch) => return self.mismatch(mismatch),
+                // `settle` proves or refuses; were it ever to do neither,
+                // nothing would run.
+                Verdict::Unproven { .. } => "the check did not settle".to_owned(),
+            },
+            Err(reason) => reason,
+        };
+        self.stop(Stop::Unproven {
+            pod: self.summary.pod.clone(),
+            name,
+            reason: one_line(&reason),
+        })
+    }
+
+    /// The VM is the pod's: classify it and go on by the table.
+    fn bound(&mut self, record: VmInspect) -> Action {
         let obs = observe(&self.seen, &record, &Overrides::default());
         let vm = match super::vm_id(&obs) {
             Ok(vm) => vm,

@@ -154,7 +154,10 @@ uint32_t cf_abi_version(void);
  * digests), `plugin_policy` (name to `{writes, removes, runs,
  * special_modes, links}`), `plugin_failure` (name to `"fail"` or
  * `"fallback"`),
- * `accept_legacy_vm_names`, and `strict` (a plugin file
+ * `accept_legacy_vm_names`, `accept_annotated_vm_names` (a VM named by
+ * the pod's `vm.cocoonstack.io/name` though not derived from the pod
+ * binds through the task op, when no other pod on the node claims the
+ * name; safe only where the admission policy is installed), and `strict` (a plugin file
  * that does not load fails the call, as `cocoon-fixup plan` does;
  * otherwise the others serve, as `serve` does). Unknown keys are refused.
  *
@@ -297,7 +300,9 @@ void cf_planner_free(struct cf_planner *planner);
  *
  * A VM record that is not the pod's own (spec section 2: its id against
  * the pod's id annotation, its name against the name derived from the
- * pod) is refused with `CF_VM_MISMATCH` before anything looks at it. Work
+ * pod) is refused with `CF_VM_MISMATCH` before anything looks at it, and
+ * so is an annotated name accepted by `accept_annotated_vm_names`: only
+ * the task op, which asks for the node's other pods, can prove it. Work
  * the pod's `post-clone-state` says is `running` is planned as resumed
  * work (boot kind `resumed`, the disk probe decides), as the daemon plans
  * it, unless `overrides_json` names a boot kind.

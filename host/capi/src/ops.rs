@@ -153,6 +153,12 @@ pub struct Options {
     pub plugin_failure: BTreeMap<String, String>,
     #[serde(default)]
     pub accept_legacy_vm_names: bool,
+    /// A VM named by the pod's `vm.cocoonstack.io/name` though not derived
+    /// from the pod binds (through the task op, when no other pod on the
+    /// node claims the name): the retired cocoon-webhook's Deployment
+    /// slots. Safe only where the admission policy is installed.
+    #[serde(default)]
+    pub accept_annotated_vm_names: bool,
     /// A plugin file that does not load fails the planner (as `plan`
     /// does); without it the others serve (as `serve` does) and the
     /// failures are listed.
@@ -351,6 +357,7 @@ pub fn planner_new(options: &str) -> Result<(Built, String), Failure> {
             planner,
             binding: BindingPolicy {
                 accept_legacy_names: options.accept_legacy_vm_names,
+                accept_annotated_names: options.accept_annotated_vm_names,
             },
             permits,
             seal_key: SealKey::generate()?,
@@ -445,11 +452,13 @@ fn bad_input(e: FactError) -> Failure {
 }
 
 /// Whether the VM record is the pod's own, as the daemon checks it before
-/// anything else ([`fixup_core::decision::bind_record`]).
+/// anything else ([`fixup_core::decision::bind_record`]). An annotated name
+/// is not proven here (no view of the node's pods): `Ok` with
+/// [`Verdict::Unproven`], which the caller must not take for bound.
 fn bind_record(pod: &PodInput, vm: &VmInspect, policy: BindingPolicy) -> Result<Verdict, Mismatch> {
     match fixup_core::decision::bind_record(pod, vm, policy) {
         Verdict::Mismatch(m) => Err(m),
-        bound => Ok(bound),
+        verdict => Ok(verdict),
     }
 }
 
@@ -480,6 +489,14 @@ pub fn plan(built: &Built, pod: &[u8], vm: &[u8], overrides_json: Option<&str>) 
             format!("not this pod's VM, nothing may run in it: {m}"),
         )
     })?;
+    if !verdict.is_bound() {
+        return Err(Failure::new(
+            CfStatus::CfVmMismatch,
+            format!(
+                "{verdict}; nothing may run in it on this call's word: drive the pod with the task op (cf_task_start), which asks for the node's other pods"
+            ),
+        ));
+    }
     // Work left `running` is planned as resumed work, as the daemon plans
     // it; a caller that knows the source image keeps it.
     let obs = fixup_core::decision::observe(&pod, &vm, &overrides);
@@ -824,6 +841,7 @@ pub fn values(request: &str) -> Outcome {
             let vm = read_record(vm_json.as_bytes())?;
             let policy = BindingPolicy {
                 accept_legacy_names: accept_legacy_vm_names,
+                ..BindingPolicy::default()
             };
             match bind_record(&pod, &vm, policy) {
                 Ok(_) => json!({"event": null}),

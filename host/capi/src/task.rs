@@ -16,6 +16,7 @@
 //! | `release` | | give the turn back; `go` |
 //! | `checkpoint` | | `cancelled` when shutting down, else `go` |
 //! | `inspect` | `vm`, `timeout_ms` | `cocoon vm inspect --json`; `inspected` (the record as printed) or `inspect_error` |
+//! | `other_pods` | `vm_name` | list every pod the embedder sees on its node (asked only for a VM named by the pod's `vm.cocoonstack.io/name` under `accept_annotated_vm_names`; the library checks that none claims `vm_name`); `other_pods` (an array of pods as `kubectl get pod -o json` prints them, metadata is enough) or `other_pods_error` (why the embedder cannot list them: nothing runs) |
 //! | `read` | | read the pod by namespace and name; `read` (the pod, or null when not found) or `read_error` |
 //! | `patch` | `annotations` (value or null to remove), `uid`, `resource_version` (null: the uid precondition only) | merge-patch the annotations with `metadata.uid` (and `metadata.resourceVersion`) as preconditions; `patched` (the pod the API server answered with, or null), `changed` (the pod now, when the resource version no longer matched) or `patch_error` |
 //! | `exec` | `vm`, `argv`, `timeout_ms`, `purpose` | `cocoon vm exec <vm> -- <argv>`; `ran` or `exec_error` (or `cancelled`) |
@@ -30,7 +31,8 @@
 //!
 //! Every report is an object with `now_ms`, the embedder's clock in
 //! milliseconds since the task started, and one key: `go`, `cancelled`,
-//! `inspected`, `inspect_error`, `read`, `read_error`, `patched`,
+//! `inspected`, `inspect_error`, `other_pods`, `other_pods_error`, `read`,
+//! `read_error`, `patched`,
 //! `changed`, `patch_error`, `ran` (`{exit | signal, stderr, stdout,
 //! stderr_cut}`), `exec_error`, `lease`, `sac_opened`, `sac_open_error`,
 //! `sac_set` or `sac_set_error`. A `read_error` or `patch_error` is
@@ -61,7 +63,8 @@ use crate::ops::{Built, CfStatus, Failure};
 /// defaults (`settings`, in milliseconds: `retry_interval_ms`,
 /// `retry_budget_ms`, `exec_timeout_ms`, `inspect_timeout_ms`,
 /// `ip_wait_ms`, `renew_after_ms`, `renew_timeout_ms`,
-/// `dhcp_recovery_after_ms`). The binding policy is the planner's.
+/// `dhcp_recovery_after_ms`). The binding policy is the planner's
+/// (`accept_legacy_vm_names`, `accept_annotated_vm_names`).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TaskOptions {
@@ -98,13 +101,25 @@ impl TaskOptions {
     /// The settings, through the one builder every host uses; the binding
     /// policy is the planner's.
     fn settings(&self, built: &Built) -> Result<Settings, Failure> {
-        if self.settings.accept_legacy_vm_names {
-            return Err(Failure::invalid(
-                "options_json: settings.accept_legacy_vm_names is the planner's option (cf_planner_new)",
-            ));
+        for (set, key) in [
+            (
+                self.settings.accept_legacy_vm_names,
+                "accept_legacy_vm_names",
+            ),
+            (
+                self.settings.accept_annotated_vm_names,
+                "accept_annotated_vm_names",
+            ),
+        ] {
+            if set {
+                return Err(Failure::invalid(format!(
+                    "options_json: settings.{key} is the planner's option (cf_planner_new)"
+                )));
+            }
         }
         let mut builder = self.settings.builder();
         builder.accept_legacy_vm_names = built.binding.accept_legacy_names;
+        builder.accept_annotated_vm_names = built.binding.accept_annotated_names;
         builder
             .build()
             .map_err(|e| Failure::invalid(format!("options_json: settings: {e}")))
@@ -183,6 +198,7 @@ fn action_json(action: Action, uid: &str) -> Value {
         Action::Inspect { vm, timeout } => {
             json!({"action": "inspect", "vm": vm.as_str(), "timeout_ms": ms(timeout)})
         }
+        Action::OtherPods { vm_name } => json!({"action": "other_pods", "vm_name": vm_name}),
         Action::Plan(_) => unreachable!("the library plans itself"),
         Action::Read => json!({"action": "read"}),
         Action::Patch {
@@ -367,6 +383,13 @@ pub(crate) fn read_report(text: &str) -> Result<(Duration, Report), Failure> {
             Report::Inspected(VmInspect::from_value(v, "inspected").map_err(|e| e.to_string()))
         }
         "inspect_error" => Report::Inspected(Err(v.as_str().unwrap_or_default().to_owned())),
+        "other_pods" => Report::OtherPods(Ok(v
+            .as_array()
+            .ok_or_else(|| bad_report("other_pods is an array of pods"))?
+            .iter()
+            .map(pod_of)
+            .collect::<Result<_, _>>()?)),
+        "other_pods_error" => Report::OtherPods(Err(v.as_str().unwrap_or_default().to_owned())),
         "read" if v.is_null() => Report::Read(Ok(None)),
         "read" => Report::Read(Ok(Some(pod_of(v)?))),
         "read_error" => Report::Read(Err(pod_error(v)?)),
@@ -458,6 +481,7 @@ mod tests {
             "trigger": scenario.trigger.as_str(),
             "settings": SettingsMs {
                 accept_legacy_vm_names: false,
+                accept_annotated_vm_names: false,
                 ..scenario.settings.clone()
             },
         });
@@ -517,6 +541,12 @@ mod tests {
                         Ok(_) => json!({"inspected": scenario.vm.clone().unwrap()}),
                         Err(e) => json!({"inspect_error": e}),
                     },
+                    "other_pods" => match world.other_pods() {
+                        Ok(pods) => {
+                            json!({"other_pods": pods.iter().map(pod_json).collect::<Vec<_>>()})
+                        }
+                        Err(e) => json!({"other_pods_error": e}),
+                    },
                     "read" => match world.read(now) {
                         Ok(pod) => json!({"read": pod.as_ref().map(pod_json)}),
                         Err(e) => json!({"read_error": error_json(&e)}),
@@ -570,18 +600,31 @@ mod tests {
     }
 
     /// Every scenario file, replayed through the task op as an embedder
-    /// drives it.
+    /// drives it. The binding policy is the planner's: one planner for
+    /// each policy the scenarios ask for.
     #[test]
     fn every_scenario_replays_through_the_task_op() {
         let suite = Suite::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."));
-        let options = json!({
-            "cocoon_root": suite.cocoon_root(),
-            "plugin_dir": "",
-            "no_cache": true,
-            "strict": true,
+        let root = suite.cocoon_root().to_owned();
+        let mut planners = std::collections::BTreeMap::new();
+        suite.each(|scenario| {
+            let policy = (
+                scenario.settings.accept_legacy_vm_names,
+                scenario.settings.accept_annotated_vm_names,
+            );
+            let built = planners.entry(policy).or_insert_with(|| {
+                let options = json!({
+                    "cocoon_root": root,
+                    "plugin_dir": "",
+                    "no_cache": true,
+                    "strict": true,
+                    "accept_legacy_vm_names": policy.0,
+                    "accept_annotated_vm_names": policy.1,
+                });
+                crate::ops::planner_new(&options.to_string()).unwrap().0
+            });
+            replay(built, scenario)
         });
-        let (built, _) = crate::ops::planner_new(&options.to_string()).unwrap();
-        suite.each(|scenario| replay(&built, scenario));
     }
 
     /// A report that does not answer the last action is refused, and the
@@ -617,6 +660,27 @@ mod tests {
         );
     }
 
+    /// The binding policy is the planner's: a task's settings may not
+    /// widen it.
+    #[test]
+    fn a_task_cannot_accept_names_its_planner_does_not() {
+        let root = tempfile::tempdir().unwrap();
+        let options = json!({"cocoon_root": root.path(), "plugin_dir": "", "no_cache": true});
+        let (built, _) = crate::ops::planner_new(&options.to_string()).unwrap();
+        let pod = json!({"metadata": {"name": "demo-2", "namespace": "prod", "uid": "u-1"}});
+        for key in ["accept_legacy_vm_names", "accept_annotated_vm_names"] {
+            let options = json!({"settings": {key: true}});
+            let e = start(
+                &built,
+                pod.to_string().as_bytes(),
+                Some(&options.to_string()),
+            )
+            .unwrap_err();
+            assert!(e.message.contains(key), "{}", e.message);
+            assert!(e.message.contains("cf_planner_new"), "{}", e.message);
+        }
+    }
+
     #[test]
     fn a_report_without_its_clock_or_with_two_answers_is_refused() {
         for (text, says) in [
@@ -629,6 +693,11 @@ mod tests {
             ),
             ("[]", "not an object"),
             (r#"{"now_ms": 1, "go": false}"#, "go is true"),
+            (r#"{"now_ms": 1, "other_pods": {}}"#, "array of pods"),
+            (
+                r#"{"now_ms": 1, "other_pods": [{"metadata": {}}]}"#,
+                "metadata.name",
+            ),
         ] {
             let e = read_report(text).unwrap_err();
             assert!(e.message.contains(says), "{text}: {}", e.message);

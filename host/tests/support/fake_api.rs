@@ -13,7 +13,9 @@
 //!   those a test added, [`FakeApi::add_event`]) as an `EventList`, only
 //!   those matching a `fieldSelector` of `regarding.uid=` and
 //!   `regarding.name=` terms when one is given;
-//! - `GET /api/v1/pods` (kube-runtime's watcher): the list, and with
+//! - `GET /api/v1/pods` (kube-runtime's watcher, `run`'s listing of the
+//!   node's pods): the list, the pod and the other pods a test added
+//!   ([`FakeApi::add_other_pod`]), and with
 //!   `watch=true` a newline-delimited JSON watch stream, kept open. The
 //!   pod's changes are streamed only when asked ([`FakeApi::start`]): a
 //!   watch event that arrives after the daemon finished the work re-runs
@@ -50,6 +52,9 @@ pub struct ApiState {
     pub events: Vec<Value>,
     /// Every PATCH body, in order, with the status it got.
     pub patches: Vec<(Value, u16)>,
+    /// Other pods on the node: listed beside the pod, never served alone
+    /// or changed.
+    pub others: Vec<Value>,
     /// Requests no route serves.
     pub unexpected: Vec<String>,
     /// Every request, in order, served or not.
@@ -171,6 +176,11 @@ impl FakeApi {
                 .as_str()
                 .map(str::to_owned)
         })
+    }
+
+    /// Add a pod to the list of the node's pods (another name and uid).
+    pub fn add_other_pod(&self, pod: Value) {
+        self.state.lock().unwrap().others.push(pod);
     }
 
     /// Add an event, as if some reporter had created it.
@@ -358,7 +368,9 @@ async fn handle(State(shared): State<Shared>, method: Method, uri: Uri, body: By
                 "apiVersion": "v1",
                 "kind": "PodList",
                 "metadata": {"resourceVersion": state.resource_version.to_string()},
-                "items": [state.pod.clone()],
+                "items": std::iter::once(state.pod.clone())
+                    .chain(state.others.iter().cloned())
+                    .collect::<Vec<_>>(),
             });
             json_response(StatusCode::OK, &list)
         }

@@ -298,6 +298,12 @@ pub(crate) struct RunArgs {
     /// The pod's name.
     #[arg(long, value_name = "NAME")]
     pub(crate) pod: String,
+    /// The pod's node, whose pods are listed to check that no other pod
+    /// claims the VM's name; needed only for a VM named by the pod's
+    /// vm.cocoonstack.io/name annotation under --accept-annotated-vm-names
+    /// (without it such a VM is not used)
+    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
+    pub(crate) node: Option<String>,
     #[command(flatten)]
     pub(crate) config: ConfigArgs,
 }

@@ -114,6 +114,11 @@ pub(crate) fn node_planner(
             "--accept-legacy-vm-names is on: a VM named vk-<namespace>-<pod> binds to that pod, and the form is ambiguous across namespaces with dashes in their names (vk-a-b-c is a/b-c and a-b/c); turn it off once the legacy VMs are gone"
         );
     }
+    if settings.host.binding.accept_annotated_names {
+        tracing::warn!(
+            "--accept-annotated-vm-names is on: a VM named by its pod's vm.cocoonstack.io/name annotation binds to that pod when no other pod on the node claims the name; this trusts the annotation, which is safe only where the admission policy (deploy/admission-policy.yaml) is installed; turn it off once the retired cocoon-webhook's VMs are gone"
+        );
+    }
     Ok(planner)
 }
 

@@ -20,12 +20,21 @@ use fixup_core::{capture, display};
 use fixup_host::cocoon::CocoonCli;
 use fixup_host::config::Settings;
 use fixup_host::kube::KubeApi;
+use fixup_host::node_pods::{NodePods, OtherPods};
 use fixup_host::reload::Reloader;
 use fixup_host::serve;
 
 pub(crate) async fn run_run(args: &RunArgs, config: Option<&Path>) -> Result<Summary> {
     let settings = args.config.resolve(config)?;
     let (host, _client) = build_host(&settings, None).await?;
+    // One pod, no watch: the node's pods are listed when an annotated VM
+    // name must be checked against them.
+    let host = host.with_other_pods(match &args.node {
+        Some(node) if !node.is_empty() => OtherPods::List { node: node.clone() },
+        _ => OtherPods::Unseen {
+            why: "`run` was given no node: pass --node (or set NODE_NAME) so it can list the node's pods".into(),
+        },
+    });
     let shutdown = serve::shutdown_on_signals();
     let summary = host
         .handle(&args.namespace, &args.pod, Trigger::Event, &shutdown)
@@ -38,6 +47,13 @@ pub(crate) async fn run_serve(args: &ServeArgs, config: Option<&Path>) -> Result
     serve::raise_open_file_limit();
     let settings = args.config.resolve(config)?;
     let (host, client) = build_host(&settings, Some(args.node.clone())).await?;
+    // The watch keeps the node's pods only where an annotated VM name may
+    // need them.
+    let host = if settings.host.binding.accept_annotated_names {
+        host.with_other_pods(OtherPods::Watched(NodePods::new()))
+    } else {
+        host
+    };
     let host = Arc::new(host);
     let shutdown = serve::shutdown_on_signals();
     let server = tokio::spawn(serve::metrics_server(
@@ -148,7 +164,11 @@ pub(crate) async fn capture_online(
         .inspect(&reference, settings.host.inspect_timeout)
         .await
         .with_context(|| format!("pod {}", pod.display_name()))?;
-    capture::bound_record(&pod, &record, settings.host.binding)?;
+    unproven_note(&capture::bound_record(
+        &pod,
+        &record,
+        settings.host.binding,
+    )?);
     let events = match &pod.uid {
         Some(uid) => {
             let pod_ref = PodRef {
@@ -171,6 +191,19 @@ pub(crate) async fn capture_online(
     Ok((pod, record, events))
 }
 
+/// `capture` has no view of the node's pods: an annotated VM name it
+/// captures is said to be unproven, never taken for bound.
+fn unproven_note(verdict: &Verdict) {
+    if let Verdict::Unproven { .. } = verdict {
+        eprintln!(
+            "{}",
+            display::terminal_text(&format!(
+                "note: {verdict}; the case is captured all the same"
+            ))
+        );
+    }
+}
+
 pub(crate) fn run_capture(args: &CaptureArgs, config: Option<&Path>) -> Result<u8> {
     let settings = args.config.resolve_for(config, CacheOwner::User)?;
     let (pod, record, events, source) = match &args.vm {
@@ -179,7 +212,11 @@ pub(crate) fn run_capture(args: &CaptureArgs, config: Option<&Path>) -> Result<u
             let (pod, record) = read_pod_and_vm(&pod_file, vm)?;
             // As the daemon: a pod whose annotations name no VM is not looked at.
             capture::vm_reference(&pod)?;
-            capture::bound_record(&pod, &record, settings.host.binding)?;
+            unproven_note(&capture::bound_record(
+                &pod,
+                &record,
+                settings.host.binding,
+            )?);
             let mut events = match &args.events {
                 Some(file) => {
                     capture::events_from_json(&read(file)?, &file.display().to_string(), &pod)?
@@ -258,13 +295,20 @@ pub(crate) fn run_capture(args: &CaptureArgs, config: Option<&Path>) -> Result<u
 pub(crate) fn run_plan(args: &PlanArgs, config: Option<&Path>) -> Result<u8> {
     let settings = args.config.resolve_for(config, CacheOwner::User)?;
     let (obs, verdict) = observe(args, settings.host.binding)?;
-    if !verdict.is_bound() {
-        eprintln!(
+    match &verdict {
+        Verdict::Bound { .. } => {}
+        Verdict::Unproven { .. } => eprintln!(
+            "{}",
+            display::terminal_text(&format!(
+                "note: {verdict}; `run` and `serve` run nothing in this VM for this pod while another pod on its node claims the name"
+            ))
+        ),
+        Verdict::Mismatch(_) => eprintln!(
             "{}",
             display::terminal_text(&format!(
                 "warning: {verdict}; `run` and `serve` would run nothing in this VM for this pod"
             ))
-        );
+        ),
     }
     // Classified first: a VM that needs no fixup is answered without an
     // engine or a plugin.
