@@ -14,7 +14,7 @@ use super::{
     mismatch_event, observe,
 };
 use crate::annotations::{
-    self, AnnotationPatch, Event, check_hint_room, exhausted_record, messages, one_line,
+    self, AnnotationPatch, Event, check_hint_room, exhausted_record, keys, messages, one_line,
     plan_failed_record, reasons, state_patch,
 };
 use crate::binding::{self, Verdict};
@@ -730,6 +730,10 @@ impl PodTask {
             | Stage::WaitCheckpoint(_)
             | Stage::WaitNudge(_)
             | Stage::WaitLast(_) => self.readiness(Readiness::Shutdown, None),
+            // Nothing is written; resumed work runs the pass again.
+            Stage::SacOpening(pass) | Stage::SacSetting(pass) => {
+                self.sac_over(pass.then, SacEnd::Shutdown)
+            }
             stage => panic!(
                 "a host reported a shutdown in stage {}: only interruptible actions are cancelled",
                 stage.name()
@@ -1242,11 +1246,14 @@ impl PodTask {
                 }
             }
             Write::SacFailed { line, .. } => {
-                let op = if self.trigger == Trigger::Startup {
-                    "reconcile"
-                } else {
-                    "create"
-                };
+                // Work the host took up where it had left it (a marker of
+                // its own on the pod) is `reconcile`, whatever brought the
+                // pod to it; a pod's first fixup is `create`.
+                let resumed = matches!(
+                    PostCloneState::parse(self.seen.annotation(keys::POST_CLONE_STATE)),
+                    Some(PostCloneState::Running | PostCloneState::Done)
+                );
+                let op = if resumed { "reconcile" } else { "create" };
                 let event =
                     Event::warning(reasons::WINDOWS_STATIC_IP_FAILED, format!("{op}: {line}"));
                 match decided {
