@@ -111,32 +111,22 @@ impl SettingsBuilder {
     /// ([`MIN_STEP`]). The DHCP recovery exec is bounded like every plan
     /// exec (`exec_timeout`).
     pub fn build(&self) -> Result<Settings, OptionError> {
-        for (what, value) in [
-            ("retry_interval", self.retry_interval),
-            ("exec_timeout", self.exec_timeout),
-            ("inspect_timeout", self.inspect_timeout),
-            ("renew_timeout", self.renew_timeout),
+        const STEP: (Duration, &str) = (MIN_STEP, "at least 10ms");
+        const BUDGET: (Duration, &str) = (MIN_BUDGET, "at least 100ms");
+        for (what, value, (floor, rule)) in [
+            ("retry_interval", self.retry_interval, STEP),
+            ("exec_timeout", self.exec_timeout, STEP),
+            ("inspect_timeout", self.inspect_timeout, STEP),
+            ("renew_timeout", self.renew_timeout, STEP),
+            ("retry_budget", self.retry_budget, BUDGET),
+            ("ip_wait", self.ip_wait, BUDGET),
         ] {
             if let Some(value) = value
-                && value < MIN_STEP
+                && value < floor
             {
                 return Err(OptionError::Invalid {
                     what,
-                    rule: "at least 10ms",
-                    value: format!("{value:?}"),
-                });
-            }
-        }
-        for (what, value) in [
-            ("retry_budget", self.retry_budget),
-            ("ip_wait", self.ip_wait),
-        ] {
-            if let Some(value) = value
-                && value < MIN_BUDGET
-            {
-                return Err(OptionError::Invalid {
-                    what,
-                    rule: "at least 100ms",
+                    rule,
                     value: format!("{value:?}"),
                 });
             }

@@ -604,19 +604,7 @@ impl PodTask {
                 }
             },
             (Stage::LoopRead(fixup), Report::Read(result)) => {
-                // API errors count as yes: a flaky API server must not
-                // stop a fixup; the uid precondition still guards writes,
-                // and the final write is decided from a read.
-                let (ours, seen) = match result {
-                    Ok(Some(current)) => (self.still_ours(&current, &fixup.vm), Some(current)),
-                    Ok(None) => (false, None),
-                    Err(e) => {
-                        self.note(Note::Warn(format!(
-                            "cannot check the pod before an attempt: {e}"
-                        )));
-                        (true, None)
-                    }
-                };
+                let (ours, seen) = self.ours_by_read(result, &fixup.vm, "an attempt");
                 self.attempt(fixup, ours, seen)
             }
             (Stage::Attempting(fixup), Report::Ran(result)) => self.attempted(fixup, result),
@@ -629,16 +617,7 @@ impl PodTask {
                 }
             },
             (Stage::WaitCheck(wait), Report::Read(result)) => {
-                let ours = match result {
-                    Ok(Some(current)) => self.still_ours(&current, &wait.facts.id),
-                    Ok(None) => false,
-                    Err(e) => {
-                        self.note(Note::Warn(format!(
-                            "cannot check the pod before an attempt: {e}"
-                        )));
-                        true
-                    }
-                };
+                let (ours, _) = self.ours_by_read(result, &wait.facts.id, "an attempt");
                 if ours {
                     // A shutdown during the read: nothing is told or run.
                     self.stage = Stage::WaitCheckpoint(wait);
@@ -675,17 +654,7 @@ impl PodTask {
             }
             (Stage::WaitLast(wait), Report::Lease(found)) => self.wait_over(wait, found),
             (Stage::SacCheck(pass), Report::Read(result)) => {
-                // As before an attempt: an API error counts as yes.
-                let ours = match result {
-                    Ok(Some(current)) => self.still_ours(&current, &pass.vm),
-                    Ok(None) => false,
-                    Err(e) => {
-                        self.note(Note::Warn(format!(
-                            "cannot check the pod before the serial-console pass: {e}"
-                        )));
-                        true
-                    }
-                };
+                let (ours, _) = self.ours_by_read(result, &pass.vm, "the serial-console pass");
                 if ours {
                     self.sac_step(pass)
                 } else {
@@ -1009,6 +978,29 @@ impl PodTask {
         self.seen
             .annotation(crate::facts::annotations::RESTORE_FROM_HIBERNATE)
             == "true"
+    }
+
+    /// The read before a step in the guest (an attempt, the IP wait's
+    /// nudge, a serial-console step): is the pod still ours, and the pod as
+    /// read. API errors count as yes: a flaky API server must not stop the
+    /// work; the uid precondition still guards writes, and every final
+    /// write is decided from a read of its own.
+    fn ours_by_read(
+        &mut self,
+        result: Result<Option<PodInput>, PodError>,
+        vm: &VmId,
+        before: &str,
+    ) -> (bool, Option<PodInput>) {
+        match result {
+            Ok(Some(current)) => (self.still_ours(&current, vm), Some(current)),
+            Ok(None) => (false, None),
+            Err(e) => {
+                self.note(Note::Warn(format!(
+                    "cannot check the pod before {before}: {e}"
+                )));
+                (true, None)
+            }
+        }
     }
 
     fn still_ours(&self, current: &PodInput, vm: &VmId) -> bool {
