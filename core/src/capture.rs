@@ -63,17 +63,17 @@ use serde_json::{Map, Value, json};
 
 use crate::annotations::{keys, reasons};
 use crate::binding::{BindingPolicy, Mismatch, Verdict};
-use crate::classify::{self, Rule, Scenario};
+use crate::classify::{self, Scenario};
 use crate::decision::{self, Lookup};
 use crate::facts::{
-    BootKind, FactError, GuestOs, ImageKind, Observation, Overrides, PodInput, VmFacts, VmId,
-    VmInspect, annotations,
+    BootKind, FactError, ImageKind, Observation, Overrides, PodInput, VmFacts, VmId, VmInspect,
+    annotations,
 };
 use crate::kit;
 use crate::lifecycle::{self, Action, HandsOff};
 use crate::planner::Planner;
 use crate::plugin::registry::NoPlugin;
-use crate::probe::{OverlayProbe, ProbeError};
+use crate::probe::ProbeError;
 
 /// Why no case could be captured.
 #[derive(Debug, thiserror::Error)]
@@ -461,18 +461,6 @@ impl CapturedCase {
     }
 }
 
-/// The image kind as the planner finds it: from the source image, else
-/// from the overlay probe under `cocoon_root`.
-fn image_kind(obs: &Observation, cocoon_root: &Path) -> Result<ImageKind, CaptureError> {
-    let source = obs.source_image.as_deref();
-    if classify::source_is_cloudimg(source) {
-        return Ok(ImageKind::Cloudimg);
-    }
-    let id = VmId::parse(&obs.vm_id)?;
-    let exists = OverlayProbe::open(cocoon_root)?.overlay_exists(&id)?;
-    Ok(classify::image_kind(source, exists))
-}
-
 /// The boot kind capture plans with when it is not the annotations' own,
 /// and why: `--boot`, or a `post-clone-state` of `running`, which a daemon
 /// that restarts mid-fixup resumes (it plans such work as `resumed`).
@@ -526,13 +514,13 @@ pub fn capture(
     let (image, scenarios) = match decision.fixup {
         Some(_) => {
             let image = if decision.needs_image_kind() {
-                image_kind(&obs, input.cocoon_root)?
+                crate::planner::image_kind::<CaptureError>(&obs, input.cocoon_root)?
             } else {
                 ImageKind::Unknown
             };
             (image, decision.scenarios(image))
         }
-        None if decision.rule == Rule::AllDhcp && obs.os == GuestOs::Linux => {
+        None if decision.dhcp_recovery(obs.os) => {
             (ImageKind::Unknown, vec![Scenario::DhcpRecovery])
         }
         None => {

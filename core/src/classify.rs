@@ -149,6 +149,13 @@ impl Decision {
         self.fixup.is_some()
     }
 
+    /// Whether the IP wait gets the DHCP safety net, the recovery pass of
+    /// spec section 6: a Linux clone that needed no fixup because every
+    /// NIC is on DHCP.
+    pub fn dhcp_recovery(self, os: GuestOs) -> bool {
+        self.rule == Rule::AllDhcp && os == GuestOs::Linux
+    }
+
     /// Whether the image kind must be known (and so perhaps probed on disk):
     /// only fixups that run the Linux network flavour need it.
     pub fn needs_image_kind(self) -> bool {

@@ -43,9 +43,9 @@ const (
 	CodeInvalidArgument Code = C.CF_INVALID_ARGUMENT // the caller broke the contract (a bug in the caller)
 	CodeBadInput        Code = C.CF_BAD_INPUT        // the pod JSON is not what kubectl prints
 	CodeBadFacts        Code = C.CF_BAD_FACTS        // the facts contradict each other or do not validate
-	CodeNode            Code = C.CF_NODE             // the node is at fault (cocoon root, plugin directory): retry, do not fail the pod
+	CodeNode            Code = C.CF_NODE             // the node is at fault (cocoon root, plugin directory, engine, a plugin's deadline): retry, do not fail the pod
 	CodeNoPlugin        Code = C.CF_NO_PLUGIN        // no plugin serves the scenario and flavour
-	CodePluginLimit     Code = C.CF_PLUGIN_LIMIT     // a plugin hit a sandbox limit (fuel, deadline, memory, output)
+	CodePluginLimit     Code = C.CF_PLUGIN_LIMIT     // a plugin hit a sandbox limit (fuel, memory, output)
 	CodePluginPolicy    Code = C.CF_PLUGIN_POLICY    // a plugin planned past its guest policy
 	CodePluginDeclined  Code = C.CF_PLUGIN_DECLINED  // a plugin does not support the VM, or rejected a fact
 	CodePluginFailed    Code = C.CF_PLUGIN_FAILED    // a plugin trapped, panicked, or returned an unusable plan

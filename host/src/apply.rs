@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use fixup_core::classify::Scenario;
 use fixup_core::decision::{
     Action, FixupEnd, Guarded, Note, PlanRequest, Planned, PodTask, Readiness, Report, RetryConfig,
-    Settings, Stop, Summary, is_node_error, os_nonces,
+    Settings, Stop, Summary, os_nonces,
 };
 use fixup_core::facts::{PodInput, VmId, escape_controls};
 use fixup_core::plan::Plan;
@@ -37,6 +37,7 @@ use crate::metrics::Metrics;
 use crate::node_pods::OtherPods;
 use crate::pods::{Event, PodApi, PodError, PodRef};
 use crate::ready::LeaseWatcher;
+use fixup_core::memory::MemoryStore;
 
 /// What the daemon's [`Host`](crate::host::Host) lends an executor besides
 /// cocoon and the Kubernetes side: the turn among pods worked on at once,
@@ -52,6 +53,8 @@ pub(crate) struct HostParts<'a> {
     pub metrics: &'a Metrics,
     pub leases: &'a LeaseWatcher,
     pub other_pods: &'a OtherPods,
+    /// Where the pods' records are kept, when the host keeps them.
+    pub records: Option<&'a Arc<MemoryStore>>,
 }
 
 /// Carries out one task.
@@ -157,6 +160,27 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
                     }
                     Action::Note(note) => {
                         self.note(&pod, note);
+                        Report::Go
+                    }
+                    Action::Remember(record) => {
+                        let store = self.host.and_then(|h| h.records).cloned();
+                        if let Some(store) = store {
+                            let uid = pod.uid.clone();
+                            let saved =
+                                tokio::task::spawn_blocking(move || store.save(&uid, &record))
+                                    .await;
+                            match saved {
+                                Ok(Ok(())) => {}
+                                Ok(Err(e)) => tracing::warn!(
+                                    pod = %pod,
+                                    "the pod's record was not kept: {e}; a retry or restart may give its fixup loop a whole budget again"
+                                ),
+                                Err(e) => tracing::warn!(
+                                    pod = %pod,
+                                    "keeping the pod's record failed: {e}"
+                                ),
+                            }
+                        }
                         Report::Go
                     }
                     Action::SacOpen { vm, need } => {
@@ -344,11 +368,12 @@ async fn plan(host: HostParts<'_>, pod: &PodRef, request: PlanRequest) -> Planne
             parts
         }
         Planned::Fixup(Err(e)) => {
-            if !is_node_error(e) {
-                host.metrics.plan_error(e);
-                if let Some(r) = FixupRecord::plan_failed(&pod.uid, &planner, e) {
-                    record(r);
-                }
+            // A plugin past its deadline is a node error (the pod waits),
+            // and still that plugin's misbehaviour: counted, and held
+            // against a version `serve` may roll back.
+            host.metrics.plan_error(e);
+            if let Some(r) = FixupRecord::plan_failed(&pod.uid, &planner, e) {
+                record(r);
             }
             &[][..]
         }

@@ -187,6 +187,12 @@ pub struct ConfigArgs {
     /// The cocoon-net lease file [default: /var/lib/cocoon/net/leases.json]
     #[arg(long, value_name = "FILE", env = "COCOON_FIXUP_LEASE_FILE")]
     pub lease_file: Option<PathBuf>,
+    /// The host's state directory: a record per pod that keeps the fixup
+    /// loop's retry budget across task retries and restarts (empty: keep
+    /// none) [default: /var/lib/cocoon-fixup/state as root, else
+    /// cocoon-fixup/state under $XDG_STATE_HOME or ~/.local/state]
+    #[arg(long, value_name = "DIR", env = "COCOON_FIXUP_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
     /// Wait between fixup attempts [default: 3s]
     #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_RETRY_INTERVAL", value_parser = duration)]
     #[serde(default, with = "opt_duration")]
@@ -318,6 +324,9 @@ mod opt_duration {
 pub struct Settings {
     pub cocoon_bin: PathBuf,
     pub lease_file: PathBuf,
+    /// Where each pod's record is kept; `None`: no record (each fixup
+    /// loop's budget starts with its task).
+    pub state_dir: Option<PathBuf>,
     pub ip_poll: Duration,
     pub planner: PlannerOptions,
     pub host: HostConfig,
@@ -435,6 +444,11 @@ impl ConfigArgs {
             lease_file: a
                 .lease_file
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_LEASE_FILE)),
+            state_dir: match &a.state_dir {
+                Some(dir) if dir.as_os_str().is_empty() => None,
+                Some(dir) => Some(dir.clone()),
+                None => fixup_core::memory::default_state_dir(),
+            },
             ip_poll: a.ip_poll.unwrap_or(Duration::from_millis(200)),
             planner,
             host: HostConfig::from_settings(
@@ -501,6 +515,7 @@ impl ConfigArgs {
             cocoon_bin: self.cocoon_bin.or(file.cocoon_bin),
             cocoon_root: self.cocoon_root.or(file.cocoon_root),
             lease_file: self.lease_file.or(file.lease_file),
+            state_dir: self.state_dir.or(file.state_dir),
             retry_interval: self.retry_interval.or(file.retry_interval),
             retry_budget: self.retry_budget.or(file.retry_budget),
             exec_timeout: self.exec_timeout.or(file.exec_timeout),
@@ -780,6 +795,22 @@ links = ["eth0"]
         );
         let s = Cli::parse_from(["x"]).config.resolve(None).unwrap();
         assert_eq!(s.planner.engine.cache_key, None, "the engine's default");
+    }
+
+    #[test]
+    fn the_state_dir_is_a_flag_an_empty_flag_for_none_or_the_default() {
+        let s = Cli::parse_from(["x", "--state-dir", "/srv/state"])
+            .config
+            .resolve(None)
+            .unwrap();
+        assert_eq!(s.state_dir.as_deref(), Some(Path::new("/srv/state")));
+        let s = Cli::parse_from(["x", "--state-dir", ""])
+            .config
+            .resolve(None)
+            .unwrap();
+        assert_eq!(s.state_dir, None);
+        let s = Cli::parse_from(["x"]).config.resolve(None).unwrap();
+        assert_eq!(s.state_dir, fixup_core::memory::default_state_dir());
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! embedder can supply its own.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fixup_core::binding::BindingPolicy;
 use fixup_core::classify::Scenario;
@@ -17,6 +17,7 @@ use fixup_core::decision::{
     Handled, NodeError, PodTask, ReadyConfig, RetryConfig, Settings, Summary, Trigger, os_nonces,
 };
 use fixup_core::facts::{FactError, PodInput, annotations};
+use fixup_core::memory::{MemoryStore, PodMemory};
 use fixup_core::planner::{PlanPart, Planner, PlannerError};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -27,7 +28,7 @@ use crate::console::{Console, SerialConsoles};
 use crate::metrics::Metrics;
 use crate::node_pods::OtherPods;
 use crate::pods::{PodApi, PodError};
-use crate::ready::LeaseWatcher;
+use crate::ready::{LeaseWatcher, WallClock};
 
 /// Timeouts, budgets and policies of the apply path, resolved once from
 /// the configuration.
@@ -277,6 +278,15 @@ impl FixupRecord {
 /// other pods' loops go on meanwhile.
 ///
 /// [`PluginHost::slots`]: fixup_core::plugin::PluginHost::slots
+/// The wall clock, behind a `Debug` of its own.
+struct Wall(WallClock);
+
+impl std::fmt::Debug for Wall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WallClock")
+    }
+}
+
 #[derive(Debug)]
 pub struct Host<C, P> {
     /// The planner in service; a reload swaps it ([`Host::swap_planner`]).
@@ -298,6 +308,11 @@ pub struct Host<C, P> {
     metrics: Arc<Metrics>,
     /// The VMs' serial consoles (spec section 10).
     console: Arc<dyn Console>,
+    /// The host's records of its pods, when it keeps them
+    /// ([`Host::with_records`]).
+    records: Option<Arc<MemoryStore>>,
+    /// The wall clock a task's record is kept by ([`Host::with_wall_clock`]).
+    wall: Wall,
 }
 
 impl<C: Cocoon, P: PodApi> Host<C, P> {
@@ -328,6 +343,49 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             other_pods: OtherPods::default(),
             config,
             metrics,
+            records: None,
+            wall: Wall(Arc::new(SystemTime::now)),
+        }
+    }
+
+    /// Keep a record of each pod in `store` (spec section 2's durable
+    /// record): the fixup loop's retry budget lives there, so attempts stop
+    /// a budget after the first across task retries and restarts of the
+    /// host (spec section 5). Without it each loop's budget starts with
+    /// its task.
+    pub fn with_records(mut self, store: Arc<MemoryStore>) -> Self {
+        self.records = Some(store);
+        self
+    }
+
+    /// Where the host keeps its pods' records, if it does.
+    pub fn records(&self) -> Option<&Arc<MemoryStore>> {
+        self.records.as_ref()
+    }
+
+    /// Read the wall clock from `clock` (a test's stand-in) for the
+    /// records.
+    pub fn with_wall_clock(mut self, clock: WallClock) -> Self {
+        self.wall = Wall(clock);
+        self
+    }
+
+    /// The record of pod `uid`, or a new one when there is none or it
+    /// cannot be used (a record that is corrupt or of another version is
+    /// treated as absent, and logged).
+    async fn recall(store: &Arc<MemoryStore>, uid: &str) -> PodMemory {
+        let (store, key) = (Arc::clone(store), uid.to_owned());
+        match tokio::task::spawn_blocking(move || store.load(&key)).await {
+            Ok(Ok(Some(record))) => record,
+            Ok(Ok(None)) => PodMemory::new(),
+            Ok(Err(e)) => {
+                tracing::warn!(pod_uid = uid, "the pod's record is not used: {e}");
+                PodMemory::new()
+            }
+            Err(e) => {
+                tracing::warn!(pod_uid = uid, "reading the pod's record failed: {e}");
+                PodMemory::new()
+            }
         }
     }
 
@@ -459,8 +517,18 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         trigger: Trigger,
         shutdown: &CancellationToken,
     ) -> Result<Summary, HostError> {
-        let (task, first) =
+        let (mut task, first) =
             PodTask::start(pod.clone(), trigger, self.config.settings(), os_nonces());
+        if let (Some(store), Some(uid)) = (&self.records, pod.uid.as_deref())
+            && !matches!(first, fixup_core::decision::Action::Finish(_))
+        {
+            let record = Self::recall(store, uid).await;
+            let since_epoch = (self.wall.0)()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis();
+            task.remember(record, u64::try_from(since_epoch).unwrap_or(u64::MAX));
+        }
         let executor = Executor {
             cocoon: &self.cocoon,
             pods: &self.pods,
@@ -473,6 +541,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
                 metrics: &self.metrics,
                 leases: &self.leases,
                 other_pods: &self.other_pods,
+                records: self.records.as_ref(),
             }),
             shutdown,
         };

@@ -307,13 +307,23 @@ impl LeaseWatcher {
     }
 
     /// Waits until a live lease for `mac` is in the file, and returns its
-    /// address; `None` once `deadline` has passed (spec section 6: the
-    /// caller's budget, 45 s by default). The file is checked at once, then
-    /// on every file event and at least every poll interval, and once more
-    /// at the deadline; a read still running one poll interval after the
-    /// deadline is abandoned. Unreadable or malformed content counts as "no
-    /// lease yet" and is logged, not returned: the lease may still come.
-    pub async fn wait_for(&self, mac: &MacAddr, deadline: Instant) -> Option<Ipv4Addr> {
+    /// address; `Ok(None)` once `deadline` has passed with no live lease
+    /// for it, or no file (spec section 6: the caller's budget, 45 s by
+    /// default). The file is checked at once, then on every file event and
+    /// at least every poll interval, and once more at the deadline.
+    ///
+    /// Unreadable or malformed content counts as "no lease yet" while the
+    /// wait goes on (it is logged once it lasts a poll interval): the file
+    /// may be mid-rewrite, and the lease may still come. When it is still
+    /// unusable at the deadline, or the last read is still running one
+    /// poll interval after it, the answer is `Err(why)`: nobody can tell
+    /// whether the VM has a lease, and that is the node's fault, not the
+    /// pod's.
+    pub async fn wait_for(
+        &self,
+        mac: &MacAddr,
+        deadline: Instant,
+    ) -> Result<Option<Ipv4Addr>, String> {
         // Subscribing before the first read means a change during the read
         // wakes the select below at once.
         let mut changes = self.changes.subscribe();
@@ -322,16 +332,20 @@ impl LeaseWatcher {
             // A read that hangs (a stuck mount) must not hold the waiter far
             // past its deadline: the last check gets one poll interval.
             match tokio::time::timeout_at(deadline + self.poll, self.current(mac)).await {
-                Ok(Some(ip)) => return Some(ip),
-                Ok(None) if Instant::now() < deadline => {}
-                Ok(None) => return None,
+                Ok((Some(ip), _)) => return Ok(Some(ip)),
+                Ok((None, _)) if Instant::now() < deadline => {}
+                Ok((None, None)) => return Ok(None),
+                Ok((None, Some(problem))) => {
+                    return Err(format!("lease file {}: {problem}", self.path.display()));
+                }
                 Err(_) => {
-                    tracing::warn!(
-                        "reading lease file {} did not finish {} ms (the poll interval) after the deadline; check the file system it is on",
+                    let why = format!(
+                        "reading lease file {} did not finish {} ms (the poll interval) after the IP wait's deadline; check the file system it is on",
                         self.path.display(),
                         self.poll.as_millis()
                     );
-                    return None;
+                    tracing::warn!("{why}");
+                    return Err(why);
                 }
             }
             tokio::select! {
@@ -377,8 +391,9 @@ impl LeaseWatcher {
     }
 
     /// The live lease for `mac` in a read of the file that started after
-    /// this call.
-    async fn current(&self, mac: &MacAddr) -> Option<Ipv4Addr> {
+    /// this call, and the file's problem when it has been unusable for at
+    /// least a poll interval.
+    async fn current(&self, mac: &MacAddr) -> (Option<Ipv4Addr>, Option<String>) {
         let asked = Instant::now();
         let mut snapshot = self.snapshot.lock().await;
         let fresh = snapshot.as_ref().is_some_and(|s| s.read_at > asked);
@@ -388,8 +403,15 @@ impl LeaseWatcher {
             let previous = snapshot.take().and_then(|s| s.problem);
             *snapshot = Some(self.record(read_at, state, previous));
         }
-        let snapshot = snapshot.as_ref()?;
-        live_ip(&snapshot.leases, mac, (self.clock)())
+        let Some(snapshot) = snapshot.as_ref() else {
+            return (None, None);
+        };
+        let lasting = snapshot
+            .problem
+            .as_ref()
+            .filter(|p| p.warned)
+            .map(|p| p.message.clone());
+        (live_ip(&snapshot.leases, mac, (self.clock)()), lasting)
     }
 
     /// Turns a read into a snapshot, logging a problem once it has lasted a
@@ -858,11 +880,19 @@ mod tests {
     }
 
     /// Paused time: the poll loop alone finds a lease written while a waiter
-    /// waits, and the 45 s spec budget passes in no real time.
+    /// waits, and the 45 s spec budget passes in no real time; a file that
+    /// was unusable meanwhile (a rewrite in place is briefly half-written)
+    /// does not end the wait.
+    #[rstest]
+    #[case::missing_at_first(None)]
+    #[case::half_written_at_first(Some("[{\"mac\": "))]
     #[tokio::test(start_paused = true)]
-    async fn polling_finds_a_lease_written_later() {
+    async fn polling_finds_a_lease_written_later(#[case] first: Option<&str>) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("leases.json");
+        if let Some(first) = first {
+            fs::write(&path, first).unwrap();
+        }
         let watcher = Arc::new(polling_watcher(path.clone()));
         let waiter = tokio::spawn({
             let watcher = Arc::clone(&watcher);
@@ -878,7 +908,7 @@ mod tests {
             lease_json(&[(MAC, "10.0.0.5", "2025-06-01T01:00:00Z")]),
         )
         .unwrap();
-        assert_eq!(waiter.await.unwrap(), Some(ip("10.0.0.5")));
+        assert_eq!(waiter.await.unwrap(), Ok(Some(ip("10.0.0.5"))));
         assert!(!watcher.is_watching());
     }
 
@@ -886,7 +916,6 @@ mod tests {
     #[case::missing_file(None)]
     #[case::expired_lease(Some(lease_json(&[(MAC, "10.0.0.5", "2025-05-31T00:00:00Z")])))]
     #[case::other_mac_only(Some(lease_json(&[(OTHER, "10.0.0.5", "2025-06-02T00:00:00Z")])))]
-    #[case::not_an_array(Some("{}".to_owned()))]
     #[tokio::test(start_paused = true)]
     async fn no_live_lease_returns_none_at_the_deadline(#[case] content: Option<String>) {
         let dir = tempfile::tempdir().unwrap();
@@ -896,8 +925,28 @@ mod tests {
         }
         let watcher = polling_watcher(path);
         let deadline = Instant::now() + Duration::from_secs(45);
-        assert_eq!(watcher.wait_for(&MAC, deadline).await, None);
+        assert_eq!(watcher.wait_for(&MAC, deadline).await, Ok(None));
         assert!(Instant::now() >= deadline);
+    }
+
+    /// A file that stays unusable through the wait is no answer about the
+    /// lease: the wait ends in the file's problem, for the node's operator.
+    #[rstest]
+    #[case::not_an_array("{}", "not a JSON array")]
+    #[case::not_json("cocoon-net was here", "not a JSON array")]
+    #[tokio::test(start_paused = true)]
+    async fn a_file_unusable_to_the_end_is_an_error_not_an_answer(
+        #[case] content: &str,
+        #[case] says: &str,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("leases.json");
+        fs::write(&path, content).unwrap();
+        let watcher = polling_watcher(path.clone());
+        let deadline = Instant::now() + Duration::from_secs(45);
+        let why = watcher.wait_for(&MAC, deadline).await.unwrap_err();
+        assert!(why.contains(says), "{why}");
+        assert!(why.contains(&path.display().to_string()), "{why}");
     }
 
     #[rstest]

@@ -14,7 +14,7 @@
 //! a cap on every connection ([`ListenerLimits`]), because anyone who can
 //! reach the address can open connections.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -29,14 +29,14 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::cocoon::Cocoon;
-use fixup_core::decision::{FixupEnd, Handled, Readiness, Summary, Trigger};
+use fixup_core::decision::{FixupEnd, Handled, Readiness, Summary, Trigger, has_work};
 use fixup_core::lifecycle::HandsOff;
+use fixup_core::memory::MemoryStore;
 
 use crate::host::Host;
 use crate::node_pods::{NodePods, OtherPods};
 use crate::pods::PodApi;
 use fixup_core::facts::{PodInput, annotations};
-use fixup_core::lifecycle;
 
 /// How long in-flight work may take to stop after SIGTERM before the
 /// daemon exits anyway: 10 s.
@@ -47,15 +47,6 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 pub enum ServeError {
     #[error("cannot listen on {addr} for metrics: {reason}; pass another --metrics-addr")]
     Listen { addr: SocketAddr, reason: String },
-}
-
-/// Is there anything to do for this pod? Cheap: the rows of spec section
-/// 8's table that need only the pod ([`lifecycle::gate`]), plus a VM to look
-/// up, so updates caused by the host's own patches cost nothing.
-pub fn has_work(pod: &PodInput) -> bool {
-    let names_a_vm = !pod.annotation(annotations::VM_ID).is_empty()
-        || !pod.annotation(annotations::VM_NAME).is_empty();
-    names_a_vm && lifecycle::gate(pod).is_ok()
 }
 
 /// How a pod whose handling failed before its work could run (cocoon did
@@ -379,10 +370,14 @@ pub async fn run<C: Cocoon, P: PodApi>(
         OtherPods::Watched(node_pods) => Some(node_pods.clone()),
         OtherPods::Unseen { .. } | OtherPods::List { .. } => None,
     };
+    let records = host.records().cloned();
     let mut dispatcher = Dispatcher::new(host, concurrency, shutdown.clone());
     // The first listing after start is startup reconciliation; relists
     // after a watch restart are ordinary events.
     let mut started = false;
+    // The uids of a listing under way: at its end, the records of pods
+    // not in it are dropped.
+    let mut listed = BTreeSet::new();
     loop {
         let event = tokio::select! {
             e = stream.next() => e,
@@ -399,6 +394,7 @@ pub async fn run<C: Cocoon, P: PodApi>(
                     if let Some(kept) = &kept {
                         kept.listed(&pod);
                     }
+                    listed.extend(pod.uid.clone());
                     dispatcher.offer(pod, trigger);
                 }
             }
@@ -414,6 +410,9 @@ pub async fn run<C: Cocoon, P: PodApi>(
                 if let Some(kept) = &kept {
                     kept.listing_done();
                 }
+                if let Some(store) = &records {
+                    forget_gone_pods(store, std::mem::take(&mut listed));
+                }
                 if !started {
                     tracing::info!(node, "startup reconciliation dispatched; watching");
                 }
@@ -425,18 +424,47 @@ pub async fn run<C: Cocoon, P: PodApi>(
                         kept.deleted(uid);
                     }
                     dispatcher.forget(uid);
+                    if let Some(store) = &records {
+                        forget_pod(store, uid.to_owned());
+                    }
                 }
             }
             Some(Ok(watcher::Event::Init)) => {
                 if let Some(kept) = &kept {
                     kept.listing_started();
                 }
+                listed.clear();
             }
             Some(Err(e)) => tracing::warn!("pod watch: {e}; retrying with backoff"),
             None => break,
         }
     }
     dispatcher.drain(DRAIN_TIMEOUT).await;
+}
+
+/// Drop the records of the pods not in `live` (the uids of a whole
+/// listing of the node's pods), off the async threads; a failure is
+/// logged, and the next listing tries again.
+fn forget_gone_pods(store: &Arc<MemoryStore>, live: BTreeSet<String>) {
+    let store = Arc::clone(store);
+    tokio::task::spawn_blocking(move || match store.retain(&live) {
+        Ok(0) => {}
+        Ok(n) => tracing::debug!("dropped the records of {n} pod(s) that are gone"),
+        Err(e) => tracing::warn!("cannot drop the records of pods that are gone: {e}"),
+    });
+}
+
+/// Drop the record of a pod that was deleted.
+fn forget_pod(store: &Arc<MemoryStore>, uid: String) {
+    let store = Arc::clone(store);
+    tokio::task::spawn_blocking(move || {
+        if let Err(e) = store.remove(&uid) {
+            tracing::warn!(
+                pod_uid = uid,
+                "cannot drop the record of a deleted pod: {e}"
+            );
+        }
+    });
 }
 
 /// A client of the metrics listener must have sent a request's headers

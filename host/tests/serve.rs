@@ -8,13 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fixup_core::decision::Trigger;
+use fixup_core::decision::has_work;
 use fixup_core::facts::PodInput;
 use fixup_core::planner::{Planner, PlannerOptions};
 use fixup_host::host::{Host, HostConfig};
 use fixup_host::metrics::Metrics;
 use fixup_host::pods::{MemoryPods, keys};
 use fixup_host::ready::LeaseWatcher;
-use fixup_host::serve::{Dispatcher, has_work};
+use fixup_host::serve::Dispatcher;
 use rstest::rstest;
 use support::{Reply, ScriptedCocoon, inspect, pod};
 use tokio_util::sync::CancellationToken;

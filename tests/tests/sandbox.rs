@@ -225,6 +225,12 @@ fn the_wall_clock_deadline_stops_a_call_fuel_does_not(#[case] allocation: Alloca
         "{err}"
     );
     assert!(err.to_string().contains("--plugin-deadline"), "{err}");
+    // Time is the node's: the pod waits and is tried again, not failed.
+    assert!(err.is_node_config(), "{err}");
+    assert!(
+        err.is_misbehaviour(),
+        "a fallback policy still applies: {err}"
+    );
     assert_still_serving(&host);
 }
 

@@ -21,6 +21,8 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use base64::Engine as _;
+use base64::prelude::BASE64_STANDARD;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -30,6 +32,7 @@ use super::{
 use crate::annotations::AnnotationPatch;
 use crate::exec::{ExecOutput, ExitStatusKind};
 use crate::facts::{MacAddr, PodInput, VmId, VmInspect};
+use crate::memory::PodMemory;
 use crate::plan::{Nonce, done_marker, exec_nonce};
 use crate::planner::Planner;
 use fixup_sac::SacError;
@@ -70,6 +73,11 @@ pub struct Scenario {
     /// Leases, and when they appear in the lease file.
     #[serde(default)]
     pub leases: Vec<LeaseScript>,
+    /// The lease file holds no list of leases throughout (cocoon-net
+    /// writes something else, or it cannot be read): no lease is found,
+    /// and a wait that ends says why.
+    #[serde(default)]
+    pub lease_file_unusable: bool,
     /// Changes to the pod over time, made by others.
     #[serde(default)]
     pub changes: Vec<Change>,
@@ -83,7 +91,26 @@ pub struct Scenario {
     /// The host shuts down at this time (ms).
     #[serde(default)]
     pub shutdown_at_ms: Option<u64>,
+    /// The host's record of the pod when the task starts, as an earlier
+    /// task kept it (`null`: the host keeps records and has none for the
+    /// pod yet); absent: the host keeps no records, and each fixup loop's
+    /// budget starts with its task.
+    #[serde(default, deserialize_with = "present")]
+    pub record: Option<Value>,
+    /// The wall clock when the task starts, in milliseconds since the Unix
+    /// epoch (what a kept budget is measured against).
+    #[serde(default = "default_wall_start")]
+    pub wall_start_ms: u64,
     pub expect: Expect,
+}
+
+/// A key that is present, even as `null`, is `Some`.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
+}
+
+fn default_wall_start() -> u64 {
+    1_700_000_000_000
 }
 
 /// How the VM's serial console answers.
@@ -272,6 +299,11 @@ pub struct Expect {
     pub result: Value,
     /// What the host did that others see, in order.
     pub trace: Vec<Expected>,
+    /// The fixup loop's budget in the host's record at the end: `null`
+    /// for none, or an object whose keys (`vm`, `first_attempt_unix_ms`,
+    /// `attempts`, `errors`) must hold those values; absent: not compared.
+    #[serde(default, deserialize_with = "present")]
+    pub budget: Option<Value>,
 }
 
 /// One expected entry: exactly one of `inspect`, `write`, `exec`, `event`.
@@ -286,6 +318,13 @@ pub struct Expected {
     /// the write carries are not compared.
     #[serde(default)]
     pub write: Option<BTreeMap<String, Option<String>>>,
+    /// Annotation keys the write must not touch at all (neither set nor
+    /// removed).
+    #[serde(default)]
+    pub write_lacks: Vec<String>,
+    /// Text the write's `post-clone-hint`, base64-decoded, contains.
+    #[serde(default)]
+    pub hint_has: Option<String>,
     #[serde(default)]
     pub exec: Option<ExecPurpose>,
     /// The VM an exec runs in.
@@ -398,10 +437,21 @@ impl Expected {
         }
         match seen {
             Seen::Inspect { vm, .. } => self.inspect.as_deref() == Some(vm.as_str()),
-            Seen::Write { patch, .. } => self
-                .write
-                .as_ref()
-                .is_some_and(|want| want.iter().all(|(k, v)| patch.get(k) == Some(v))),
+            Seen::Write { patch, .. } => {
+                self.write
+                    .as_ref()
+                    .is_some_and(|want| want.iter().all(|(k, v)| patch.get(k) == Some(v)))
+                    && self.write_lacks.iter().all(|k| !patch.contains_key(k))
+                    && self.hint_has.as_ref().is_none_or(|text| {
+                        patch
+                            .get(crate::annotations::keys::POST_CLONE_HINT)
+                            .and_then(|hint| hint.as_deref())
+                            .and_then(|hint| BASE64_STANDARD.decode(hint).ok())
+                            .is_some_and(|script| {
+                                String::from_utf8_lossy(&script).contains(text.as_str())
+                            })
+                    })
+            }
             Seen::Exec {
                 vm,
                 purpose,
@@ -498,8 +548,26 @@ impl Scenario {
 
     /// Check what a replay saw and how it ended against `expect`: `Err`
     /// with a readable account of the difference.
-    pub fn check(&self, seen: &[Seen], ended: &Ended) -> Result<(), String> {
+    pub fn check(&self, world: &World, ended: &Ended) -> Result<(), String> {
+        let seen = &world.seen[..];
         let mut problems = Vec::new();
+        if let Some(want) = &self.expect.budget {
+            let got = world
+                .record
+                .as_ref()
+                .and_then(|r| r.budget())
+                .map(|b| serde_json::to_value(b).expect("a budget is JSON"))
+                .unwrap_or(Value::Null);
+            let agrees = match (want, &got) {
+                (Value::Object(want), Value::Object(got)) => {
+                    want.iter().all(|(k, v)| got.get(k) == Some(v))
+                }
+                (want, got) => want == got,
+            };
+            if !agrees {
+                problems.push(format!("the record's budget is {got}, expected {want}"));
+            }
+        }
         match (&self.expect.result.get("stop"), ended) {
             (
                 Some(kind),
@@ -574,6 +642,9 @@ pub struct World {
     pub seen: Vec<Seen>,
     /// What the host told its operator (for a failing scenario's report).
     pub notes: Vec<String>,
+    /// The host's record of the pod, as last kept; `None` when the host
+    /// keeps no records ([`Scenario::record`]).
+    pub record: Option<PodMemory>,
 }
 
 /// Milliseconds of a duration, for traces.
@@ -597,7 +668,24 @@ impl World {
             requests: BTreeMap::new(),
             seen: Vec::new(),
             notes: Vec::new(),
+            record: scenario.record.as_ref().map(|record| match record {
+                Value::Null => PodMemory::new(),
+                record => PodMemory::from_json(record.to_string().as_bytes())
+                    .expect("a scenario's record is a record"),
+            }),
         }
+    }
+
+    /// The record and the wall clock a task starts with, when the host
+    /// keeps records.
+    pub fn start_record(&self) -> Option<(PodMemory, u64)> {
+        let record = self.record.clone()?;
+        Some((record, self.scenario.wall_start_ms))
+    }
+
+    /// The host kept `record`.
+    pub fn remember(&mut self, record: PodMemory) {
+        self.record = Some(record);
     }
 
     /// The pod as the host first read it (not counted as a request: an
@@ -909,6 +997,11 @@ impl World {
     }
 }
 
+/// What a wait says of a lease file that is no list of leases
+/// ([`Scenario::lease_file_unusable`]); the daemon's replay writes a file
+/// that makes its watcher say so too.
+pub const UNUSABLE_LEASE_FILE: &str = "lease file: not a JSON array of leases";
+
 /// How a wait in the world ended.
 #[derive(Debug)]
 pub enum Waited<T> {
@@ -948,10 +1041,13 @@ impl World {
         now: &mut Duration,
         mac: &MacAddr,
         until: Duration,
-    ) -> Waited<Option<Ipv4Addr>> {
+    ) -> Waited<Result<Option<Ipv4Addr>, String>> {
+        if self.scenario.lease_file_unusable {
+            return self.until(now, until.max(*now), Err(UNUSABLE_LEASE_FILE.to_owned()));
+        }
         let found = self.lease(mac, *now, until);
         let ends = found.map_or(until, |(at, _)| at).max(*now);
-        self.until(now, ends, found.map(|(_, ip)| ip))
+        self.until(now, ends, Ok(found.map(|(_, ip)| ip)))
     }
 
     fn until<T>(&self, now: &mut Duration, ends: Duration, value: T) -> Waited<T> {
@@ -1032,13 +1128,14 @@ impl Suite {
     }
 
     /// After a scenario's replay: check what it saw, remove its overlay.
-    pub fn finish(&mut self, index: usize, seen: &[Seen], ended: &Ended, notes: &[String]) {
+    pub fn finish(&mut self, index: usize, world: &World, ended: &Ended) {
         let (path, scenario) = &self.scenarios[index];
-        if let Err(e) = scenario.check(seen, ended) {
+        if let Err(e) = scenario.check(world, ended) {
             self.failures.push(format!(
-                "{}: {}\n{e}\nnotes: {notes:#?}",
+                "{}: {}\n{e}\nnotes: {:#?}",
                 path.display(),
-                scenario.about
+                scenario.about,
+                world.notes
             ));
         }
         if let Some(overlay) = self.overlay_path(scenario) {
@@ -1054,7 +1151,7 @@ impl Suite {
             let scenario = self.scenarios[i].1.clone();
             self.prepare(&scenario);
             let (world, ended) = replay(&scenario);
-            self.finish(i, &world.seen, &ended, &world.notes);
+            self.finish(i, &world, &ended);
         }
         self.assert_passed();
     }
@@ -1088,6 +1185,9 @@ pub fn replay(scenario: &Scenario, planner: &Planner) -> (World, Ended) {
         settings,
         counting_nonces(),
     );
+    if let Some((record, wall)) = world.start_record() {
+        task.remember(record, wall);
+    }
     let mut now = Duration::ZERO;
     let uid = task.pod().uid.clone();
     loop {
@@ -1147,6 +1247,10 @@ pub fn replay(scenario: &Scenario, planner: &Planner) -> (World, Ended) {
                 Waited::Cancelled => Report::Cancelled,
             },
             Action::SacClose => Report::Go,
+            Action::Remember(record) => {
+                world.remember(*record);
+                Report::Go
+            }
         };
         action = task.next(report, now);
     }

@@ -40,6 +40,15 @@ pub fn lookup(pod: &PodInput) -> Lookup {
     }
 }
 
+/// Whether the pod may have work: it names a VM (an unusable reference
+/// too: its owner is told) and the rows of spec section 8's table that
+/// need only the pod do not leave it alone ([`crate::lifecycle::gate`]).
+/// Cheap, for a watcher to filter events with, so updates caused by a
+/// host's own patches cost nothing; the task decides the rest.
+pub fn has_work(pod: &PodInput) -> bool {
+    !matches!(lookup(pod), Lookup::NoVm) && crate::lifecycle::gate(pod).is_ok()
+}
+
 /// Whether `record` is the pod's own VM: an unusable reference points
 /// nowhere; the record's id must agree with the id annotation; then the
 /// names ([`binding::bind`]). Every host checks this before anything runs

@@ -33,7 +33,7 @@ mod locate;
 mod settings;
 mod task;
 
-pub use locate::{Lookup, bind_record, boot_override, lookup, observe, vm_id};
+pub use locate::{Lookup, bind_record, boot_override, has_work, lookup, observe, vm_id};
 pub use settings::{ReadyConfig, RetryConfig, Settings, SettingsBuilder, SettingsMs};
 pub use task::{DECIDE_ROUNDS, NonceSource, PodTask, WrongReport, os_nonces};
 
@@ -49,6 +49,7 @@ use crate::classify::Scenario;
 use crate::exec::ExecOutput;
 use crate::facts::{FactError, MacAddr, Observation, PodInput, VmFacts, VmId, VmInspect};
 use crate::lifecycle::HandsOff;
+use crate::memory::PodMemory;
 use crate::planner::{ComposedPlan, PlanOutcome, Planner, PlannerError};
 use crate::plugin::PluginError;
 use crate::plugin::registry::NoPlugin;
@@ -221,6 +222,11 @@ pub enum Action {
     Tell(Event),
     /// Tell the host's operator (log, metrics). Report: [`Report::Go`].
     Note(Note),
+    /// Keep this record of the pod durably, under the pod's uid, in place
+    /// of the one given to [`PodTask::remember`] (best effort: a failure
+    /// is logged). Asked only of a host that keeps records. Report:
+    /// [`Report::Go`].
+    Remember(Box<PodMemory>),
     /// The task is over.
     Finish(Result<Summary, Stop>),
 }
@@ -260,8 +266,10 @@ pub enum Report {
     Patched(Result<Guarded, PodError>),
     /// The exec's output, or why it could not run (as one line).
     Ran(Result<ExecOutput, String>),
-    /// The lease's address, or `None` when the wait reached its end.
-    Lease(Option<Ipv4Addr>),
+    /// The lease's address, or `None` when the wait reached its end; or
+    /// why the lease file could not tell (still unusable at the end: it
+    /// cannot be read, or is not a list of leases).
+    Lease(Result<Option<Ipv4Addr>, String>),
     /// The console is open: the guest's interface numbers, in the order
     /// listed; or why it could not be.
     SacOpened(Result<Vec<u32>, SacError>),
@@ -340,6 +348,12 @@ pub enum NodeError {
         #[source]
         source: SacError,
     },
+    /// The lease file was still unusable when the IP wait ended (it cannot
+    /// be read, or holds no JSON array of leases): whether the VM has a
+    /// lease is unknown, and that is the node's fault, so the pod is not
+    /// failed for an IP it may well have.
+    #[error("pod {pod}: node configuration: {message}")]
+    Lease { pod: String, message: String },
 }
 
 impl NodeError {
@@ -351,6 +365,7 @@ impl NodeError {
             NodeError::BadRecord { .. } => "cocoon",
             NodeError::NoPlan { .. } => "planner",
             NodeError::Console { .. } => "console",
+            NodeError::Lease { .. } => "lease",
         }
     }
 

@@ -25,6 +25,7 @@ use crate::facts::{
     WaitFacts, WaitNic, escape_controls, static_nics,
 };
 use crate::lifecycle::{self, Action as Row, HandsOff, Lifecycle, PostCloneState};
+use crate::memory::PodMemory;
 use crate::plan::{Nonce, Plan, exec_argv, hint_base64};
 use crate::planner::{ComposedPlan, PlannerError};
 use fixup_sac::{Nic as SacNic, SacError, StaticNic};
@@ -58,8 +59,26 @@ pub struct PodTask {
     now: Duration,
     /// The task ends when the fixup loop does ([`PodTask::for_plan`]).
     fixup_only: bool,
+    /// The host's record of the pod, when it keeps one
+    /// ([`PodTask::remember`]).
+    memory: Option<Memory>,
     /// What answers the action handed out last.
     awaiting: Awaiting,
+}
+
+/// The host's record of the pod, and the wall clock at the task's start.
+struct Memory {
+    record: PodMemory,
+    start_unix_ms: u64,
+}
+
+impl Memory {
+    /// The wall clock at the task's time `now`, in milliseconds since the
+    /// Unix epoch.
+    fn wall(&self, now: Duration) -> u64 {
+        self.start_unix_ms
+            .saturating_add(u64::try_from(now.as_millis()).unwrap_or(u64::MAX))
+    }
 }
 
 /// The reports that answer an action.
@@ -83,7 +102,11 @@ enum Awaiting {
 impl Awaiting {
     fn of(action: &Action) -> Awaiting {
         match action {
-            Action::Release | Action::Tell(_) | Action::Note(_) | Action::SacClose => Awaiting::Go,
+            Action::Release
+            | Action::Tell(_)
+            | Action::Note(_)
+            | Action::Remember(_)
+            | Action::SacClose => Awaiting::Go,
             Action::Admit | Action::Checkpoint | Action::Sleep { .. } => Awaiting::GoOrCancelled,
             Action::Inspect { .. } => Awaiting::Inspected,
             Action::OtherPods { .. } => Awaiting::OtherPods,
@@ -416,6 +439,7 @@ impl PodTask {
             nonces,
             now: Duration::ZERO,
             fixup_only: false,
+            memory: None,
             awaiting: Awaiting::Nothing,
         };
         let first = if uid.is_none() {
@@ -458,6 +482,21 @@ impl PodTask {
             Stage::BeforeRunning(Fixup::new(vm, scenario, None, plan, exec, script, ready_ip));
         task.awaiting = Awaiting::GoOrCancelled;
         (task, Action::Checkpoint)
+    }
+
+    /// Give the task the host's record of the pod (read when the task
+    /// starts; [`PodMemory::new`] when there is none) and the wall clock
+    /// then, in milliseconds since the Unix epoch. The fixup loop's retry
+    /// budget is kept in it, so the loop stops a budget after its first
+    /// attempt across task retries and host restarts (spec section 5);
+    /// the task hands out [`Action::Remember`] whenever the record
+    /// changes. A host that keeps no record does not call this: each
+    /// loop's budget then starts with its task.
+    pub fn remember(&mut self, record: PodMemory, start_unix_ms: u64) {
+        self.memory = Some(Memory {
+            record,
+            start_unix_ms,
+        });
     }
 
     /// The pod this task is for.
@@ -610,8 +649,10 @@ impl PodTask {
             (Stage::Attempting(fixup), Report::Ran(result)) => self.attempted(fixup, result),
             (Stage::Sleeping(fixup), Report::Go) => self.loop_top(fixup),
             (Stage::WaitFirst(wait), Report::Lease(found)) => match found {
-                Some(ip) => self.wait_over(wait, Some(ip)),
-                None => {
+                Ok(Some(ip)) => self.wait_over(wait, Some(ip)),
+                // An unusable file is judged at the end of the wait: it
+                // may be fixed before then.
+                Ok(None) | Err(_) => {
                     self.stage = Stage::WaitCheck(wait);
                     Action::Read
                 }
@@ -652,7 +693,11 @@ impl PodTask {
                 }
                 self.wait_last(wait)
             }
-            (Stage::WaitLast(wait), Report::Lease(found)) => self.wait_over(wait, found),
+            (Stage::WaitLast(wait), Report::Lease(Ok(found))) => self.wait_over(wait, found),
+            (Stage::WaitLast(_), Report::Lease(Err(message))) => {
+                let pod = self.summary.pod.clone();
+                self.node_error(NodeError::Lease { pod, message })
+            }
             (Stage::SacCheck(pass), Report::Read(result)) => {
                 let (ours, _) = self.ours_by_read(result, &pass.vm, "the serial-console pass");
                 if ours {
@@ -865,7 +910,7 @@ impl PodTask {
                 // An IP wait may take minutes: it does not hold a turn.
                 self.queue.push_back(Action::Release);
                 // The DHCP safety net: a Linux clone that needed no fixup.
-                if decision.rule == Rule::AllDhcp && obs.os == GuestOs::Linux {
+                if decision.dhcp_recovery(obs.os) {
                     match VmFacts::validate(&obs, ImageKind::Unknown) {
                         Ok(facts) => {
                             self.stage = Stage::PlanningRecovery(wait);
@@ -1151,9 +1196,9 @@ impl PodTask {
             Write::Running(mut fixup) => match decided {
                 // The answer to the `running` write is a fresh read: the
                 // first attempt needs no other.
-                Decided::Written { answer, .. } => {
+                Decided::Written { from, answer } => {
                     fixup.fresh = answer;
-                    fixup.deadline = self.now + self.settings.retry.budget;
+                    self.start_budget(&mut fixup, &from);
                     self.loop_top(fixup)
                 }
                 Decided::Skipped(_) | Decided::Gone => self.fixup_over(&fixup, FixupEnd::Gone),
@@ -1304,6 +1349,7 @@ impl PodTask {
         mut fixup: Box<Fixup>,
         ready: Option<(Readiness, Option<Ipv4Addr>)>,
     ) -> Action {
+        self.end_budget();
         match fixup.sac.take() {
             Some(nics) if !self.fixup_only => {
                 self.summary.fixup = Some(FixupEnd::Done);
@@ -1424,6 +1470,7 @@ impl PodTask {
     }
 
     fn fixup_over(&mut self, fixup: &Fixup, end: FixupEnd) -> Action {
+        self.end_budget();
         self.summary.fixup = Some(end);
         self.summary.attempts = fixup.attempts;
         if matches!(end, FixupEnd::Done | FixupEnd::Exhausted) {
@@ -1434,6 +1481,48 @@ impl PodTask {
             });
         }
         self.finish()
+    }
+
+    /// The loop's retry budget, as `running` lands (spec section 5:
+    /// attempts stop a budget after the first). A host that keeps a record
+    /// of the pod keeps the budget there: when the pod shows the loop under
+    /// way (`running`, as read for the write) and the record holds this
+    /// VM's budget, the loop goes on with its first attempt's time, its
+    /// attempts and its error chain, so neither a task retried after a
+    /// failed write nor a restart of the host gets a fresh budget; any
+    /// other loop starts a new one. Without a record, the budget starts
+    /// now.
+    fn start_budget(&mut self, fixup: &mut Fixup, from: &PodInput) {
+        let budget = self.settings.retry.budget;
+        let now = self.now;
+        let Some(memory) = &mut self.memory else {
+            fixup.deadline = now + budget;
+            return;
+        };
+        let wall = memory.wall(now);
+        if PostCloneState::parse(from.annotation(keys::POST_CLONE_STATE))
+            != Some(PostCloneState::Running)
+        {
+            memory.record.end_budget();
+        }
+        let kept = memory.record.start_or_resume(&fixup.vm, wall);
+        fixup.attempts = kept.attempts();
+        fixup.errors = kept.errors().to_vec();
+        fixup.deadline = now + kept.remaining(wall, budget);
+        let record = memory.record.clone();
+        self.queue.push_back(Action::Remember(Box::new(record)));
+    }
+
+    /// The loop is over (`done` or the failure record landed, or the pod
+    /// is no longer the host's): its budget is forgotten, so a loop the
+    /// pod's owner starts again later gets a whole one.
+    fn end_budget(&mut self) {
+        if let Some(memory) = &mut self.memory
+            && memory.record.end_budget()
+        {
+            let record = memory.record.clone();
+            self.queue.push_back(Action::Remember(Box::new(record)));
+        }
     }
 
     /// The top of the loop: a shutdown check, then the check of the pod.
@@ -1503,6 +1592,15 @@ impl PodTask {
         let line = messages::attempt_line(fixup.attempts, &error);
         self.note(Note::Warn(line.clone()));
         self.tell(Event::warning(reasons::EXEC_ATTEMPT_FAILED, line.clone()));
+        if let Some(memory) = &mut self.memory {
+            let wall = memory.wall(self.now);
+            memory
+                .record
+                .start_or_resume(&fixup.vm, wall)
+                .add_attempt(&line);
+            let record = memory.record.clone();
+            self.queue.push_back(Action::Remember(Box::new(record)));
+        }
         fixup.errors.push(line);
         let interval = self.settings.retry.interval;
         if self.now + interval >= fixup.deadline {

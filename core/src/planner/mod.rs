@@ -9,7 +9,7 @@ mod options;
 pub use options::{MIN_DEADLINE, OptionError, PlannerSettings};
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -540,17 +540,25 @@ impl Planner {
         Some((selection, kind))
     }
 
-    /// Cloudimg when the source image is an http(s) URL, else when the
-    /// overlay exists under the cocoon root.
     fn image_kind(&self, obs: &Observation) -> Result<ImageKind, PlannerError> {
-        let source = obs.source_image.as_deref();
-        if classify::image_kind(source, false) == ImageKind::Cloudimg {
-            return Ok(ImageKind::Cloudimg);
-        }
-        let id = VmId::parse(&obs.vm_id)?;
-        let probe = OverlayProbe::open(&self.cocoon_root)?;
-        Ok(classify::image_kind(source, probe.overlay_exists(&id)?))
+        image_kind(obs, &self.cocoon_root)
     }
+}
+
+/// The image kind as every host finds it: cloudimg when the source image
+/// is an http(s) URL (no disk is read), else when the qcow2 overlay exists
+/// under `cocoon_root`, else OCI.
+pub fn image_kind<E>(obs: &Observation, cocoon_root: &Path) -> Result<ImageKind, E>
+where
+    E: From<FactError> + From<ProbeError>,
+{
+    let source = obs.source_image.as_deref();
+    if classify::source_is_cloudimg(source) {
+        return Ok(ImageKind::Cloudimg);
+    }
+    let id = VmId::parse(&obs.vm_id)?;
+    let probe = OverlayProbe::open(cocoon_root)?;
+    Ok(classify::image_kind(source, probe.overlay_exists(&id)?))
 }
 
 /// The `--output json` document (schema in the README).

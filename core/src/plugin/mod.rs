@@ -340,10 +340,21 @@ pub enum PluginError {
 }
 
 impl PluginError {
-    /// Whether the node is at fault (a plugin registered from the cache
-    /// whose code could not be loaded), not the VM: its pods wait.
+    /// Whether the node is at fault, not the VM, so its pods wait and are
+    /// tried again instead of being failed: a plugin registered from the
+    /// cache whose code could not be loaded, an engine that could not be
+    /// set up for the call, or a call that ran past its wall-clock
+    /// deadline. The deadline is time, and time is the node's: a plugin
+    /// that loops burns its fuel (a limit that does not depend on load)
+    /// and is failed for that, while a call cut short on a loaded node
+    /// would fail a pod for a moment of contention.
     pub fn is_node_config(&self) -> bool {
-        matches!(self, PluginError::NotLoaded { .. })
+        matches!(
+            self,
+            PluginError::NotLoaded { .. }
+                | PluginError::Engine { .. }
+                | PluginError::Deadline { .. }
+        )
     }
 
     /// The plugin misbehaved in a call: it trapped or panicked, breached a

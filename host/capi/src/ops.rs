@@ -44,15 +44,18 @@ pub enum CfStatus {
     /// not validate (an id mismatch, a bad MAC or address, a bad flavour).
     CfBadFacts = 3,
     /// The node is at fault, not the pod: the cocoon root cannot be probed,
-    /// or the plugin directory leaves the VM without a plugin (a contested
-    /// claim, a file that did not load). Retry later; do not fail the pod.
+    /// the plugin directory leaves the VM without a plugin (a contested
+    /// claim, a file that did not load), the plugin engine could not be set
+    /// up, or a plugin call ran past its wall-clock deadline (time is the
+    /// node's: a looping plugin runs out of fuel instead). Retry later; do
+    /// not fail the pod.
     CfNode = 4,
     /// No plugin serves the scenario and flavour. (When the plugin
     /// directory is to blame, a contested claim or a file that did not
     /// load, the answer is `CF_NODE` instead: the node's operator fixes it.)
     CfNoPlugin = 5,
-    /// A plugin hit a sandbox limit: fuel, wall-clock deadline, memory,
-    /// log volume, or the bytes it may hand the host.
+    /// A plugin hit a sandbox limit: fuel, memory, log volume, or the bytes
+    /// it may hand the host. (Its wall-clock deadline is `CF_NODE`.)
     CfPluginLimit = 6,
     /// A plugin planned what its guest policy (or the operator's narrowing)
     /// does not allow.
@@ -404,14 +407,16 @@ fn input_text<'a>(what: &str, bytes: &'a [u8]) -> Result<&'a str, Failure> {
 
 fn plugin_status(e: &PluginError) -> CfStatus {
     match e {
+        // The node, not the VM: retry once it is fixed or less loaded.
+        e if e.is_node_config() => CfStatus::CfNode,
         PluginError::Fuel { .. }
-        | PluginError::Deadline { .. }
         | PluginError::Memory { .. }
         | PluginError::LogFlood { .. }
         | PluginError::TooMuchData { .. } => CfStatus::CfPluginLimit,
         PluginError::Policy { .. } => CfStatus::CfPluginPolicy,
-        // The node's cache, not the VM: retry once it is fixed.
-        PluginError::NotLoaded { .. } => CfStatus::CfNode,
+        PluginError::NotLoaded { .. }
+        | PluginError::Engine { .. }
+        | PluginError::Deadline { .. } => CfStatus::CfNode,
         PluginError::Unsupported { .. } | PluginError::InvalidFact { .. } => {
             CfStatus::CfPluginDeclined
         }
@@ -429,8 +434,7 @@ fn plugin_status(e: &PluginError) -> CfStatus {
         | PluginError::Denied { .. }
         | PluginError::Panicked { .. }
         | PluginError::Trapped { .. }
-        | PluginError::BadPlan { .. }
-        | PluginError::Engine { .. } => CfStatus::CfPluginFailed,
+        | PluginError::BadPlan { .. } => CfStatus::CfPluginFailed,
     }
 }
 

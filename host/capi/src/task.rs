@@ -20,13 +20,14 @@
 //! | `read` | | read the pod by namespace and name; `read` (the pod, or null when not found) or `read_error` |
 //! | `patch` | `annotations` (value or null to remove), `uid`, `resource_version` (null: the uid precondition only) | merge-patch the annotations with `metadata.uid` (and `metadata.resourceVersion`) as preconditions; `patched` (the pod the API server answered with, or null), `changed` (the pod now, when the resource version no longer matched) or `patch_error` |
 //! | `exec` | `vm`, `argv`, `timeout_ms`, `purpose` | `cocoon vm exec <vm> -- <argv>`; `ran` or `exec_error` (or `cancelled`) |
-//! | `wait_lease` | `mac`, `until_ms` | wait until the MAC has a lease or the clock reaches `until_ms`; `lease` (the address or null) (or `cancelled`) |
+//! | `wait_lease` | `mac`, `until_ms` | wait until the MAC has a lease or the clock reaches `until_ms`; `lease` (the address or null), `lease_error` (why the lease file could not tell: still unreadable or no list of leases at `until_ms`; the task makes it a node error) (or `cancelled`) |
 //! | `sleep` | `until_ms` | wait until the clock reaches `until_ms`; `go` (or `cancelled`) |
 //! | `sac_open` | `vm`, `need` | open the VM's serial console (`<cocoon root>/run/cloudhypervisor/<vm>/console.sock`), wait for `SAC>` and list the interfaces until at least `need` are listed, keeping the console open (spec section 10); `sac_opened` (the interface numbers in the order listed) or `sac_open_error` (or `cancelled`) |
 //! | `sac_set` | `net`, `ip`, `prefix`, `gateway` (or null) | on the open console, set the address on interface `net` and check it took effect, in rounds; `sac_set` (`true`) or `sac_set_error` (or `cancelled`) |
 //! | `sac_close` | | close the console opened last, if any; `go` |
 //! | `tell` | `type`, `reason`, `message` | record the event on the pod (best effort); `go` |
 //! | `note` | `level`, `message` | log it; `go` |
+//! | `remember` | `record` | keep the record under the pod's uid (durably: a file written atomically), hand it back in the next task's `options_json` (`memory.record`), and drop it when the pod is gone; asked only of a task started with `memory`; `go` |
 //! | `finish` | `summary`, or `stop` (`kind`, `retryable`, `message`) | the task is over |
 //!
 //! Every report is an object with `now_ms`, the embedder's clock in
@@ -34,7 +35,7 @@
 //! `inspected`, `inspect_error`, `other_pods`, `other_pods_error`, `read`,
 //! `read_error`, `patched`,
 //! `changed`, `patch_error`, `ran` (`{exit | signal, stderr, stdout,
-//! stderr_cut}`), `exec_error`, `lease`, `sac_opened`, `sac_open_error`,
+//! stderr_cut}`), `exec_error`, `lease`, `lease_error`, `sac_opened`, `sac_open_error`,
 //! `sac_set` or `sac_set_error`. A `read_error` or `patch_error` is
 //! `{kind: "api" | "refused" | "gone", message}`. A `sac_open_error` or
 //! `sac_set_error` is `{kind: "dial" | "enum" | "set" | "verify" |
@@ -52,6 +53,7 @@ use fixup_core::decision::{
 };
 use fixup_core::exec::{ExecOutput, ExitStatusKind};
 use fixup_core::facts::{PodInput, VmInspect};
+use fixup_core::memory::PodMemory;
 use fixup_sac::SacError;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -64,7 +66,8 @@ use crate::ops::{Built, CfStatus, Failure};
 /// `retry_budget_ms`, `exec_timeout_ms`, `inspect_timeout_ms`,
 /// `ip_wait_ms`, `renew_after_ms`, `renew_timeout_ms`,
 /// `dhcp_recovery_after_ms`). The binding policy is the planner's
-/// (`accept_legacy_vm_names`, `accept_annotated_vm_names`).
+/// (`accept_legacy_vm_names`, `accept_annotated_vm_names`). `memory`: the
+/// pod's record, for an embedder that keeps them.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TaskOptions {
@@ -74,6 +77,37 @@ pub struct TaskOptions {
     pub trigger: Option<String>,
     #[serde(default)]
     pub settings: SettingsMs,
+    /// For an embedder that keeps the pods' records (`remember`): the
+    /// record the last task handed out for this pod uid, and the wall
+    /// clock now. Absent: no record is kept, and each fixup loop's retry
+    /// budget starts with its task.
+    #[serde(default)]
+    pub memory: Option<TaskMemory>,
+}
+
+/// The record a task starts with ([`TaskOptions::memory`]).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskMemory {
+    /// The record as the last `remember` action gave it; null or absent
+    /// when there is none yet.
+    #[serde(default)]
+    pub record: Option<Value>,
+    /// The wall clock now, in milliseconds since the Unix epoch.
+    pub now_unix_ms: u64,
+}
+
+impl TaskMemory {
+    fn record(&self) -> Result<PodMemory, Failure> {
+        match &self.record {
+            None | Some(Value::Null) => Ok(PodMemory::new()),
+            Some(record) => PodMemory::from_json(record.to_string().as_bytes()).map_err(|e| {
+                Failure::invalid(format!(
+                    "options_json: memory.record: {e}; pass the record a remember action gave, or null"
+                ))
+            }),
+        }
+    }
 }
 
 impl TaskOptions {
@@ -137,13 +171,16 @@ pub struct Task {
 /// Start the task for a pod as read: the task and its first action.
 pub fn start(built: &Built, pod: &[u8], options: Option<&str>) -> Result<(Task, String), Failure> {
     let options = TaskOptions::read(options)?;
-    let pod = crate::ops::read_pod(pod)?;
-    let (task, first) = PodTask::start(
+    let pod = versioned(crate::ops::read_pod(pod)?, "pod_json").map_err(Failure::invalid)?;
+    let (mut task, first) = PodTask::start(
         pod,
         options.trigger()?,
         options.settings(built)?,
         os_nonces(),
     );
+    if let Some(memory) = &options.memory {
+        task.remember(memory.record()?, memory.now_unix_ms);
+    }
     let mut task = Task { task, over: false };
     let action = task.hand_out(built, first, Duration::ZERO)?;
     Ok((task, action))
@@ -250,6 +287,10 @@ fn action_json(action: Action, uid: &str) -> Value {
             "gateway": nic.gateway.map(|g| g.to_string()),
         }),
         Action::SacClose => json!({"action": "sac_close"}),
+        Action::Remember(record) => json!({
+            "action": "remember",
+            "record": serde_json::to_value(&*record).expect("a record is JSON"),
+        }),
         Action::Finish(Ok(summary)) => json!({"action": "finish", "summary": summary}),
         Action::Finish(Err(stop)) => json!({
             "action": "finish",
@@ -292,8 +333,27 @@ fn bad_report(message: impl Into<String>) -> Failure {
     )
 }
 
-fn pod_of(value: &Value) -> Result<PodInput, Failure> {
+/// A pod as listed (another pod on the node: metadata is enough).
+fn listed_pod(value: &Value) -> Result<PodInput, Failure> {
     PodInput::from_value(value, "report pod").map_err(|e| bad_report(e.to_string()))
+}
+
+/// The task's pod as read or written now.
+fn pod_of(value: &Value) -> Result<PodInput, Failure> {
+    versioned(listed_pod(value)?, "the report's pod").map_err(bad_report)
+}
+
+/// A pod the task works on carries `metadata.resourceVersion`, as the API
+/// server always returns it: the task's writes are guarded by it, and a pod
+/// without one would turn them into writes over whatever changed meanwhile.
+fn versioned(pod: PodInput, what: &str) -> Result<PodInput, String> {
+    match pod.resource_version.as_deref() {
+        Some(v) if !v.is_empty() => Ok(pod),
+        _ => Err(format!(
+            "{what} has no metadata.resourceVersion: hand over the pod as the API server \
+             returned it (the task's writes are guarded by that version)"
+        )),
+    }
 }
 
 fn pod_error(value: &Value) -> Result<PodError, Failure> {
@@ -387,7 +447,7 @@ pub(crate) fn read_report(text: &str) -> Result<(Duration, Report), Failure> {
             .as_array()
             .ok_or_else(|| bad_report("other_pods is an array of pods"))?
             .iter()
-            .map(pod_of)
+            .map(listed_pod)
             .collect::<Result<_, _>>()?)),
         "other_pods_error" => Report::OtherPods(Err(v.as_str().unwrap_or_default().to_owned())),
         "read" if v.is_null() => Report::Read(Ok(None)),
@@ -416,12 +476,17 @@ pub(crate) fn read_report(text: &str) -> Result<(Duration, Report), Failure> {
             }))
         }
         "exec_error" => Report::Ran(Err(v.as_str().unwrap_or_default().to_owned())),
-        "lease" if v.is_null() => Report::Lease(None),
-        "lease" => Report::Lease(Some(
+        "lease" if v.is_null() => Report::Lease(Ok(None)),
+        "lease" => Report::Lease(Ok(Some(
             v.as_str()
                 .and_then(|s| s.parse::<Ipv4Addr>().ok())
                 .ok_or_else(|| bad_report("lease is a dotted-quad IPv4 address or null"))?,
-        )),
+        ))),
+        "lease_error" => Report::Lease(Err(v
+            .as_str()
+            .filter(|why| !why.trim().is_empty())
+            .ok_or_else(|| bad_report("lease_error is why the lease file could not tell"))?
+            .to_owned())),
         "sac_opened" => Report::SacOpened(Ok(serde_json::from_value(v.clone())
             .map_err(|_| bad_report("sac_opened is the list of interface numbers"))?)),
         "sac_open_error" => Report::SacOpened(Err(sac_error(v)?)),
@@ -477,7 +542,7 @@ mod tests {
     fn replay(built: &Built, scenario: &Scenario) -> (World, Ended) {
         let mut world = World::new(scenario);
         let pod = serde_json::to_vec(&pod_json(&world.first_read())).unwrap();
-        let options = json!({
+        let mut options = json!({
             "trigger": scenario.trigger.as_str(),
             "settings": SettingsMs {
                 accept_legacy_vm_names: false,
@@ -485,6 +550,9 @@ mod tests {
                 ..scenario.settings.clone()
             },
         });
+        if let Some((record, wall)) = world.start_record() {
+            options["memory"] = json!({"record": record, "now_unix_ms": wall});
+        }
         let (mut task, mut action) = start(built, &pod, Some(&options.to_string())).unwrap();
         let mut now = Duration::ZERO;
         loop {
@@ -510,6 +578,11 @@ mod tests {
             } else {
                 match kind.as_str() {
                     "admit" | "release" | "checkpoint" | "note" | "sac_close" => {
+                        json!({"go": true})
+                    }
+                    "remember" => {
+                        let record = a["record"].to_string();
+                        world.remember(PodMemory::from_json(record.as_bytes()).unwrap());
                         json!({"go": true})
                     }
                     "sac_open" => {
@@ -583,7 +656,10 @@ mod tests {
                         let mac = MacAddr::parse(&str_of("mac")).unwrap();
                         waited(
                             world.lease_until(&mut now, &mac, ms_of("until_ms")),
-                            |ip| json!({"lease": ip.map(|ip| ip.to_string())}),
+                            |found| match found {
+                                Ok(ip) => json!({"lease": ip.map(|ip| ip.to_string())}),
+                                Err(why) => json!({"lease_error": why}),
+                            },
                         )
                     }
                     other => panic!("unknown action {other:?}"),
@@ -593,6 +669,15 @@ mod tests {
             report["now_ms"] = json!(u64::try_from(now.as_millis()).unwrap());
             action = next(built, &mut task, &report.to_string()).unwrap();
         }
+    }
+
+    /// A planner with the built-in plugins over an empty cocoon root (kept
+    /// while the planner is used).
+    fn built_ins() -> (tempfile::TempDir, Built) {
+        let root = tempfile::tempdir().unwrap();
+        let options = json!({"cocoon_root": root.path(), "plugin_dir": "", "no_cache": true});
+        let (built, _) = crate::ops::planner_new(&options.to_string()).unwrap();
+        (root, built)
     }
 
     fn leak(text: &str) -> &'static str {
@@ -631,11 +716,9 @@ mod tests {
     /// task goes on as it was: the right report still works.
     #[test]
     fn a_report_that_does_not_answer_the_action_is_refused_and_the_task_lives() {
-        let root = tempfile::tempdir().unwrap();
-        let options = json!({"cocoon_root": root.path(), "plugin_dir": "", "no_cache": true});
-        let (built, _) = crate::ops::planner_new(&options.to_string()).unwrap();
+        let (_root, built) = built_ins();
         let pod = json!({"metadata": {"name": "demo-2", "namespace": "prod", "uid": "u-1",
-            "annotations": {"cocoonset.cocoonstack.io/managed": "true", "vm.cocoonstack.io/id": "vm-1"}}});
+            "resourceVersion": "7", "annotations": {"cocoonset.cocoonstack.io/managed": "true", "vm.cocoonstack.io/id": "vm-1"}}});
         let (mut task, first) = start(&built, pod.to_string().as_bytes(), None).unwrap();
         assert!(first.contains("\"admit\""), "{first}");
         let inspect = next(&built, &mut task, r#"{"now_ms": 0, "go": true}"#).unwrap();
@@ -664,10 +747,9 @@ mod tests {
     /// widen it.
     #[test]
     fn a_task_cannot_accept_names_its_planner_does_not() {
-        let root = tempfile::tempdir().unwrap();
-        let options = json!({"cocoon_root": root.path(), "plugin_dir": "", "no_cache": true});
-        let (built, _) = crate::ops::planner_new(&options.to_string()).unwrap();
-        let pod = json!({"metadata": {"name": "demo-2", "namespace": "prod", "uid": "u-1"}});
+        let (_root, built) = built_ins();
+        let pod = json!({"metadata": {"name": "demo-2", "namespace": "prod", "uid": "u-1",
+            "resourceVersion": "7"}});
         for key in ["accept_legacy_vm_names", "accept_annotated_vm_names"] {
             let options = json!({"settings": {key: true}});
             let e = start(
@@ -678,6 +760,38 @@ mod tests {
             .unwrap_err();
             assert!(e.message.contains(key), "{}", e.message);
             assert!(e.message.contains("cf_planner_new"), "{}", e.message);
+        }
+    }
+
+    /// The task's writes are guarded by the pod's resource version: a pod
+    /// without one is refused where it enters, at the start and in every
+    /// report that hands over a pod.
+    #[test]
+    fn a_pod_without_a_resource_version_is_refused() {
+        let (_root, built) = built_ins();
+        let bare = json!({"metadata": {"name": "demo-2", "namespace": "prod", "uid": "u-1",
+            "annotations": {"cocoonset.cocoonstack.io/managed": "true"}}});
+        for version in [None, Some("")] {
+            let mut pod = bare.clone();
+            if let Some(v) = version {
+                pod["metadata"]["resourceVersion"] = json!(v);
+            }
+            let e = start(&built, pod.to_string().as_bytes(), None).unwrap_err();
+            assert_eq!(e.status, CfStatus::CfInvalidArgument);
+            assert!(e.message.contains("resourceVersion"), "{}", e.message);
+        }
+        for key in ["read", "changed", "patched"] {
+            let report = json!({"now_ms": 1, key: bare});
+            let e = read_report(&report.to_string()).unwrap_err();
+            assert!(
+                e.message.contains("resourceVersion"),
+                "{key}: {}",
+                e.message
+            );
+            let mut versioned = bare.clone();
+            versioned["metadata"]["resourceVersion"] = json!("8");
+            let report = json!({"now_ms": 1, key: versioned});
+            assert!(read_report(&report.to_string()).is_ok(), "{key}");
         }
     }
 

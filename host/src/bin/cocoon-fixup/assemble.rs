@@ -9,6 +9,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::runtime;
 use fixup_core::display;
+use fixup_core::memory::MemoryStore;
 use fixup_core::planner::Planner;
 use fixup_core::plugin::Allocation;
 use fixup_host::cocoon::CocoonCli;
@@ -146,6 +147,19 @@ pub(crate) async fn build_host(
         settings.host.clone(),
         metrics,
     );
+    let host = match &settings.state_dir {
+        Some(dir) => match MemoryStore::open(dir) {
+            Ok(store) => host.with_records(Arc::new(store)),
+            Err(e) => {
+                tracing::error!(
+                    "state directory {}: {e}; no record of the pods is kept, so a fixup loop retried or resumed after a restart gets a whole retry budget again",
+                    dir.display()
+                );
+                host
+            }
+        },
+        None => host,
+    };
     Ok((host, client))
 }
 
