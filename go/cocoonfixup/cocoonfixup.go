@@ -33,7 +33,7 @@ import (
 )
 
 // ABIVersion is the version of the C ABI this package was written for.
-const ABIVersion = 1
+const ABIVersion = 2
 
 // Code is the kind of an Error: switch on it, the message is for people.
 type Code int32

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use fixup_core::classify::Scenario;
 use fixup_core::decision::{
     Action, FixupEnd, Guarded, Note, PlanRequest, Planned, PodTask, Readiness, Report, RetryConfig,
-    Settings, Stop, Summary, os_nonces,
+    Settings, Stop, Summary, is_node_error, os_nonces,
 };
 use fixup_core::facts::{PodInput, VmId, escape_controls};
 use fixup_core::plan::Plan;
@@ -32,7 +32,7 @@ use fixup_core::planner::{PlanPart, Planner};
 
 use crate::cocoon::{Cocoon, CocoonError};
 use crate::console::{Console, ConsoleSession};
-use crate::host::{FixupRecord, HostError, PluginUse};
+use crate::host::{FixupRecord, HostError, PluginUse, RECORD_IO_TIMEOUT};
 use crate::metrics::Metrics;
 use crate::node_pods::OtherPods;
 use crate::pods::{Event, PodApi, PodError, PodRef};
@@ -166,18 +166,21 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
                         let store = self.host.and_then(|h| h.records).cloned();
                         if let Some(store) = store {
                             let uid = pod.uid.clone();
-                            let saved =
-                                tokio::task::spawn_blocking(move || store.save(&uid, &record))
-                                    .await;
-                            match saved {
-                                Ok(Ok(())) => {}
-                                Ok(Err(e)) => tracing::warn!(
+                            let save =
+                                tokio::task::spawn_blocking(move || store.save(&uid, &record));
+                            match tokio::time::timeout(RECORD_IO_TIMEOUT, save).await {
+                                Ok(Ok(Ok(()))) => {}
+                                Ok(Ok(Err(e))) => tracing::warn!(
                                     pod = %pod,
                                     "the pod's record was not kept: {e}; a retry or restart may give its fixup loop a whole budget again"
                                 ),
-                                Err(e) => tracing::warn!(
+                                Ok(Err(e)) => tracing::warn!(
                                     pod = %pod,
                                     "keeping the pod's record failed: {e}"
+                                ),
+                                Err(_) => tracing::warn!(
+                                    pod = %pod,
+                                    "keeping the pod's record took longer than {RECORD_IO_TIMEOUT:?}: the work goes on; check the file system of the state directory"
                                 ),
                             }
                         }
@@ -368,11 +371,13 @@ async fn plan(host: HostParts<'_>, pod: &PodRef, request: PlanRequest) -> Planne
             parts
         }
         Planned::Fixup(Err(e)) => {
-            // A plugin past its deadline is a node error (the pod waits),
-            // and still that plugin's misbehaviour: counted, and held
-            // against a version `serve` may roll back.
+            // A plugin past its deadline is a node error (the pod waits)
+            // and still counted as that plugin's trap; as the node's, it
+            // is not held against a version `serve` may roll back.
             host.metrics.plan_error(e);
-            if let Some(r) = FixupRecord::plan_failed(&pod.uid, &planner, e) {
+            if !is_node_error(e)
+                && let Some(r) = FixupRecord::plan_failed(&pod.uid, &planner, e)
+            {
                 record(r);
             }
             &[][..]

@@ -72,6 +72,12 @@ impl From<OptionError> for ConfigError {
     }
 }
 
+/// A path where an empty value means "none" (clap's own path parser
+/// refuses an empty value).
+fn path_or_empty(text: &str) -> Result<PathBuf, String> {
+    Ok(PathBuf::from(text))
+}
+
 fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 200ms, 3s, 2m)"))
 }
@@ -113,7 +119,7 @@ pub struct PluginConfigArgs {
     /// CPU fuel per plugin call [default: 250000000, about 10 ms]
     #[arg(long, value_name = "N", env = "COCOON_FIXUP_PLUGIN_FUEL")]
     pub plugin_fuel: Option<u64>,
-    /// Wall-clock time one plugin call may take, at least 1ms [default: 1s]
+    /// Wall-clock time one plugin call may take, 1ms to 60s [default: 1s]
     #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_PLUGIN_DEADLINE", value_parser = duration)]
     #[serde(default, with = "opt_duration")]
     pub plugin_deadline: Option<Duration>,
@@ -191,7 +197,7 @@ pub struct ConfigArgs {
     /// loop's retry budget across task retries and restarts (empty: keep
     /// none) [default: /var/lib/cocoon-fixup/state as root, else
     /// cocoon-fixup/state under $XDG_STATE_HOME or ~/.local/state]
-    #[arg(long, value_name = "DIR", env = "COCOON_FIXUP_STATE_DIR")]
+    #[arg(long, value_name = "DIR", env = "COCOON_FIXUP_STATE_DIR", value_parser = path_or_empty)]
     pub state_dir: Option<PathBuf>,
     /// Wait between fixup attempts [default: 3s]
     #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_RETRY_INTERVAL", value_parser = duration)]
@@ -698,14 +704,14 @@ mod tests {
     }
 
     #[test]
-    fn a_plugin_deadline_under_a_millisecond_is_refused() {
-        for (deadline, refused) in [("0s", true), ("999us", true), ("1ms", false)] {
+    fn a_plugin_deadline_under_a_millisecond_or_over_a_minute_is_refused() {
+        for (deadline, refused) in [("0s", true), ("999us", true), ("1ms", false), ("61s", true)] {
             let cli = Cli::parse_from(["x", "--plugin-deadline", deadline]);
             match cli.config.resolve(None) {
                 Err(e) => {
                     assert!(refused, "{deadline}: {e}");
                     assert!(e.to_string().contains("plugin_deadline"), "{e}");
-                    assert!(e.to_string().contains("at least 1ms"), "{e}");
+                    assert!(e.to_string().contains("from 1ms to 60s"), "{e}");
                 }
                 Ok(s) => {
                     assert!(!refused, "{deadline} is refused");

@@ -268,6 +268,20 @@ impl FixupRecord {
     }
 }
 
+/// The longest a task waits for its pod's record to be read or kept: a
+/// state directory on a hung file system must not stall the work (the
+/// record is then not used, or not kept, and that is logged).
+pub(crate) const RECORD_IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The wall clock, behind a `Debug` of its own.
+struct Wall(WallClock);
+
+impl std::fmt::Debug for Wall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WallClock")
+    }
+}
+
 /// The host: planner, cocoon runner, Kubernetes side, lease watcher.
 ///
 /// Planning is synchronous (the plugin engine, the disk probe) and a plugin
@@ -278,15 +292,6 @@ impl FixupRecord {
 /// other pods' loops go on meanwhile.
 ///
 /// [`PluginHost::slots`]: fixup_core::plugin::PluginHost::slots
-/// The wall clock, behind a `Debug` of its own.
-struct Wall(WallClock);
-
-impl std::fmt::Debug for Wall {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("WallClock")
-    }
-}
-
 #[derive(Debug)]
 pub struct Host<C, P> {
     /// The planner in service; a reload swaps it ([`Host::swap_planner`]).
@@ -375,15 +380,23 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
     /// treated as absent, and logged).
     async fn recall(store: &Arc<MemoryStore>, uid: &str) -> PodMemory {
         let (store, key) = (Arc::clone(store), uid.to_owned());
-        match tokio::task::spawn_blocking(move || store.load(&key)).await {
-            Ok(Ok(Some(record))) => record,
-            Ok(Ok(None)) => PodMemory::new(),
-            Ok(Err(e)) => {
+        let read = tokio::task::spawn_blocking(move || store.load(&key));
+        match tokio::time::timeout(RECORD_IO_TIMEOUT, read).await {
+            Ok(Ok(Ok(Some(record)))) => record,
+            Ok(Ok(Ok(None))) => PodMemory::new(),
+            Ok(Ok(Err(e))) => {
                 tracing::warn!(pod_uid = uid, "the pod's record is not used: {e}");
                 PodMemory::new()
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 tracing::warn!(pod_uid = uid, "reading the pod's record failed: {e}");
+                PodMemory::new()
+            }
+            Err(_) => {
+                tracing::warn!(
+                    pod_uid = uid,
+                    "reading the pod's record took longer than {RECORD_IO_TIMEOUT:?}: not used; check the file system of the state directory"
+                );
                 PodMemory::new()
             }
         }

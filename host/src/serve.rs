@@ -458,7 +458,7 @@ fn forget_gone_pods(store: &Arc<MemoryStore>, live: BTreeSet<String>) {
 fn forget_pod(store: &Arc<MemoryStore>, uid: String) {
     let store = Arc::clone(store);
     tokio::task::spawn_blocking(move || {
-        if let Err(e) = store.remove(&uid) {
+        if let Err(e) = store.forget(&uid) {
             tracing::warn!(
                 pod_uid = uid,
                 "cannot drop the record of a deleted pod: {e}"

@@ -460,27 +460,50 @@ fn plugin_pull_help_lists_only_what_a_pull_uses() {
 /// overlay, so the same pod plans cloudimg fresh and oci-networkd resumed.
 #[test]
 fn plan_takes_running_work_as_resumed() {
-    let dir = tempfile::tempdir().unwrap();
-    let example = examples().join("cloudimg-static");
-    let pod: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(example.join("pod.json")).unwrap()).unwrap();
+    let pod = example_pod("cloudimg-static");
     let mut running = pod.clone();
     running["metadata"]["annotations"]["vm.cocoonstack.io/post-clone-state"] = "running".into();
     let mut scenarios = Vec::new();
     for (name, pod) in [("fresh", &pod), ("running", &running)] {
-        let path = dir.path().join(format!("{name}.json"));
-        std::fs::write(&path, pod.to_string()).unwrap();
-        let out = plan(&[
-            "--pod",
-            path.to_str().unwrap(),
-            "--vm",
-            example.join("vm.json").to_str().unwrap(),
-            "--output",
-            "json",
-        ]);
+        let out = plan_example("cloudimg-static", pod, &["--output", "json"]);
         assert!(out.status.success(), "{name}: {}", text(&out.stderr));
         let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         scenarios.push(json["scenario"].as_str().unwrap_or_default().to_owned());
     }
     assert_eq!(scenarios, ["cloudimg", "oci-networkd"]);
+}
+
+/// The pod of an example.
+fn example_pod(example: &str) -> serde_json::Value {
+    let path = examples().join(example).join("pod.json");
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// `plan` of `pod` (written to a file) with the example's VM record.
+fn plan_example(example: &str, pod: &serde_json::Value, more: &[&str]) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pod.json");
+    std::fs::write(&path, pod.to_string()).unwrap();
+    let vm = examples().join(example).join("vm.json");
+    let mut args = vec![
+        "--pod",
+        path.to_str().unwrap(),
+        "--vm",
+        vm.to_str().unwrap(),
+    ];
+    args.extend_from_slice(more);
+    plan(&args)
+}
+
+/// A macOS pod is hands-off (behaviour section 8): `plan` refuses it
+/// instead of planning it as Linux, whatever the case of `macos`.
+#[test]
+fn plan_refuses_a_macos_pod() {
+    let mut pod = example_pod("oci-static");
+    pod["metadata"]["annotations"]["cocoonset.cocoonstack.io/os"] = " MacOS ".into();
+    let out = plan_example("oci-static", &pod, &[]);
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("hands-off (macos)"), "{stderr}");
+    assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
 }

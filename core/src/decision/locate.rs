@@ -8,7 +8,7 @@ use crate::binding::{self, BindingPolicy, Mismatch, Verdict};
 use crate::facts::{
     BootKind, FactError, Observation, Overrides, PodInput, VmId, VmInspect, annotations,
 };
-use crate::lifecycle::PostCloneState;
+use crate::lifecycle::{HandsOff, PostCloneState};
 
 /// Where to look for the pod's VM.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +47,13 @@ pub fn lookup(pod: &PodInput) -> Lookup {
 /// host's own patches cost nothing; the task decides the rest.
 pub fn has_work(pod: &PodInput) -> bool {
     !matches!(lookup(pod), Lookup::NoVm) && crate::lifecycle::gate(pod).is_ok()
+}
+
+/// Why no host plans for the pod, whatever its VM: a `macos` pod is
+/// hands-off (spec section 8: not even inspected), so `plan` and the C
+/// library's `cf_plan` refuse it, as the task leaves it alone.
+pub fn never_planned(pod: &PodInput) -> Option<HandsOff> {
+    crate::facts::is_macos(pod.annotation(annotations::OS)).then_some(HandsOff::Macos)
 }
 
 /// Whether `record` is the pod's own VM: an unusable reference points

@@ -33,7 +33,9 @@ mod locate;
 mod settings;
 mod task;
 
-pub use locate::{Lookup, bind_record, boot_override, has_work, lookup, observe, vm_id};
+pub use locate::{
+    Lookup, bind_record, boot_override, has_work, lookup, never_planned, observe, vm_id,
+};
 pub use settings::{ReadyConfig, RetryConfig, Settings, SettingsBuilder, SettingsMs};
 pub use task::{DECIDE_ROUNDS, NonceSource, PodTask, WrongReport, os_nonces};
 
@@ -375,7 +377,19 @@ impl NodeError {
             NodeError::Plugins { .. } => {
                 "the fixup waits: fix the node's plugin directory, then restart cocoon-fixup"
             }
-            NodeError::PluginCode { .. } => "the fixup waits until the node's cache is fixed",
+            NodeError::PluginCode {
+                source: PluginError::NotLoaded { .. },
+                ..
+            } => "the fixup waits until the node's cache is fixed",
+            NodeError::PluginCode {
+                source: PluginError::Deadline { .. },
+                ..
+            } => {
+                "the fixup waits and is tried again: a plugin that keeps running past its deadline needs a fixed version, or a longer --plugin-deadline on a loaded node"
+            }
+            NodeError::Lease { .. } => {
+                "readiness waits, and is tried again, until cocoon-net's lease file can be read"
+            }
             _ => "the fixup waits, and is tried again, until the node is fixed",
         }
     }

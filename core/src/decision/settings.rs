@@ -18,6 +18,12 @@ pub const MIN_STEP: Duration = Duration::from_millis(10);
 /// the first look at the lease file, would have no time at all.
 pub const MIN_BUDGET: Duration = Duration::from_millis(100);
 
+/// The longest any of these settings may be. A day is far past any wait
+/// the spec asks for, and it keeps every deadline a host computes from a
+/// setting (its clock plus the setting) far from overflowing: a larger
+/// value is a mistake, never a setting.
+pub const MAX_SETTING: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// The retry budget (spec section 5). Defaults: first attempt at once, 3 s
 /// between attempts, until 180 s after the first; each exec bounded by
 /// 90 s and by what is left of the budget. Configured with
@@ -108,11 +114,12 @@ pub struct SettingsBuilder {
 
 impl SettingsBuilder {
     /// The settings, defaults filled in, or the first one below its floor
-    /// ([`MIN_STEP`]). The DHCP recovery exec is bounded like every plan
-    /// exec (`exec_timeout`).
+    /// ([`MIN_STEP`], [`MIN_BUDGET`]) or above [`MAX_SETTING`]. The DHCP
+    /// recovery exec is bounded like every plan exec (`exec_timeout`).
     pub fn build(&self) -> Result<Settings, OptionError> {
         const STEP: (Duration, &str) = (MIN_STEP, "at least 10ms");
         const BUDGET: (Duration, &str) = (MIN_BUDGET, "at least 100ms");
+        const ANY: (Duration, &str) = (Duration::ZERO, "");
         for (what, value, (floor, rule)) in [
             ("retry_interval", self.retry_interval, STEP),
             ("exec_timeout", self.exec_timeout, STEP),
@@ -120,16 +127,22 @@ impl SettingsBuilder {
             ("renew_timeout", self.renew_timeout, STEP),
             ("retry_budget", self.retry_budget, BUDGET),
             ("ip_wait", self.ip_wait, BUDGET),
+            ("renew_after", self.renew_after, ANY),
+            ("dhcp_recovery_after", self.dhcp_recovery_after, ANY),
         ] {
-            if let Some(value) = value
-                && value < floor
-            {
-                return Err(OptionError::Invalid {
-                    what,
-                    rule,
-                    value: format!("{value:?}"),
-                });
-            }
+            let Some(value) = value else { continue };
+            let rule = if value < floor {
+                rule
+            } else if value > MAX_SETTING {
+                "at most 24h"
+            } else {
+                continue;
+            };
+            return Err(OptionError::Invalid {
+                what,
+                rule,
+                value: format!("{value:?}"),
+            });
         }
         let retry_default = RetryConfig::default();
         let ready_default = ReadyConfig::default();
@@ -250,5 +263,48 @@ mod tests {
             };
             assert_eq!(builder.build().is_err(), refused, "{what} {ms}ms");
         }
+    }
+
+    /// A setting past a day would put a host's deadlines (its clock plus
+    /// the setting) near overflow: refused, naming the option; a day is
+    /// taken.
+    #[test]
+    fn settings_above_a_day_are_refused_naming_the_option() {
+        let day = MAX_SETTING;
+        let over = day + Duration::from_millis(1);
+        for what in [
+            "retry_interval",
+            "retry_budget",
+            "exec_timeout",
+            "inspect_timeout",
+            "ip_wait",
+            "renew_after",
+            "renew_timeout",
+            "dhcp_recovery_after",
+        ] {
+            let with = |value: Duration| {
+                let ms = Some(u64::try_from(value.as_millis()).unwrap());
+                let mut json = SettingsMs::default();
+                match what {
+                    "retry_interval" => json.retry_interval_ms = ms,
+                    "retry_budget" => json.retry_budget_ms = ms,
+                    "exec_timeout" => json.exec_timeout_ms = ms,
+                    "inspect_timeout" => json.inspect_timeout_ms = ms,
+                    "ip_wait" => json.ip_wait_ms = ms,
+                    "renew_after" => json.renew_after_ms = ms,
+                    "renew_timeout" => json.renew_timeout_ms = ms,
+                    _ => json.dhcp_recovery_after_ms = ms,
+                }
+                json.builder().build()
+            };
+            assert!(with(day).is_ok(), "{what} of a day");
+            let e = with(over).unwrap_err().to_string();
+            assert!(e.starts_with(what) && e.contains("at most 24h"), "{e}");
+        }
+        let huge = SettingsMs {
+            ip_wait_ms: Some(u64::MAX),
+            ..SettingsMs::default()
+        };
+        assert!(huge.builder().build().is_err());
     }
 }

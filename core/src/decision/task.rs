@@ -650,9 +650,14 @@ impl PodTask {
             (Stage::Sleeping(fixup), Report::Go) => self.loop_top(fixup),
             (Stage::WaitFirst(wait), Report::Lease(found)) => match found {
                 Ok(Some(ip)) => self.wait_over(wait, Some(ip)),
-                // An unusable file is judged at the end of the wait: it
-                // may be fixed before then.
-                Ok(None) | Err(_) => {
+                // A file that stayed unusable until the nudge says nothing
+                // of the lease: nothing is nudged in the guest for it, and
+                // the work waits for the node.
+                Err(message) => {
+                    let pod = self.summary.pod.clone();
+                    self.node_error(NodeError::Lease { pod, message })
+                }
+                Ok(None) => {
                     self.stage = Stage::WaitCheck(wait);
                     Action::Read
                 }
@@ -1246,6 +1251,7 @@ impl PodTask {
                         }
                         self.tell(event);
                         self.summary.errors = record.errors;
+                        self.end_budget();
                         self.fixup_over(&fixup, FixupEnd::Exhausted)
                     }
                     Decided::Skipped(_) | Decided::Gone => self.fixup_over(&fixup, FixupEnd::Gone),
@@ -1349,7 +1355,6 @@ impl PodTask {
         mut fixup: Box<Fixup>,
         ready: Option<(Readiness, Option<Ipv4Addr>)>,
     ) -> Action {
-        self.end_budget();
         match fixup.sac.take() {
             Some(nics) if !self.fixup_only => {
                 self.summary.fixup = Some(FixupEnd::Done);
@@ -1470,7 +1475,6 @@ impl PodTask {
     }
 
     fn fixup_over(&mut self, fixup: &Fixup, end: FixupEnd) -> Action {
-        self.end_budget();
         self.summary.fixup = Some(end);
         self.summary.attempts = fixup.attempts;
         if matches!(end, FixupEnd::Done | FixupEnd::Exhausted) {
@@ -1500,9 +1504,16 @@ impl PodTask {
             return;
         };
         let wall = memory.wall(now);
-        if PostCloneState::parse(from.annotation(keys::POST_CLONE_STATE))
-            != Some(PostCloneState::Running)
-        {
+        // A budget runs from the first attempt: one kept with no attempt
+        // made (the host stopped between `running` and the first exec)
+        // starts again now.
+        let resumed = PostCloneState::parse(from.annotation(keys::POST_CLONE_STATE))
+            == Some(PostCloneState::Running)
+            && memory
+                .record
+                .budget_for(&fixup.vm)
+                .is_some_and(|b| b.attempts() > 0);
+        if !resumed {
             memory.record.end_budget();
         }
         let kept = memory.record.start_or_resume(&fixup.vm, wall);
@@ -1513,9 +1524,11 @@ impl PodTask {
         self.queue.push_back(Action::Remember(Box::new(record)));
     }
 
-    /// The loop is over (`done` or the failure record landed, or the pod
-    /// is no longer the host's): its budget is forgotten, so a loop the
-    /// pod's owner starts again later gets a whole one.
+    /// The loop is over: an attempt succeeded, or the failure record
+    /// landed. Its budget is forgotten, so a loop started again later
+    /// gets a whole one. A loop stopped otherwise (a shutdown, the pod no
+    /// longer the host's, a write that failed) keeps it: only a loop
+    /// resumed on the same VM with `running` on the pod takes it up.
     fn end_budget(&mut self) {
         if let Some(memory) = &mut self.memory
             && memory.record.end_budget()
@@ -1575,6 +1588,9 @@ impl PodTask {
         };
         match verdict {
             Ok(()) => {
+                // The fixup took: a `done` write that fails is tried again
+                // with the loop, which runs it once more on a whole budget.
+                self.end_budget();
                 let seen = fixup.seen.take();
                 match seen {
                     Some(current) => self.write_from(Write::Done(fixup), current, 1),

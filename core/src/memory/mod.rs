@@ -17,9 +17,10 @@
 //! - [`store`]: the state directory, one file per pod uid, written
 //!   atomically.
 //!
-//! docs/behaviour.md section 2 still lists events and hibernate history as
-//! not yet followed: the decision ([`crate::decision`]) does not consult
-//! this memory yet.
+//! The decision ([`crate::decision`]) keeps the fixup loop's retry budget
+//! here ([`crate::decision::PodTask::remember`]); docs/behaviour.md
+//! section 2 still lists events and hibernate history as not yet
+//! followed: the wake rules do not consult this memory yet.
 
 use serde::{Deserialize, Serialize};
 
@@ -364,6 +365,17 @@ impl PodMemory {
     /// forget its budget. Returns whether the record changed.
     pub fn end_budget(&mut self) -> bool {
         self.budget.take().is_some()
+    }
+
+    /// Whether the record keeps nothing durable (no VM seen, no
+    /// hibernation, verdict, marker or budget): such a record is no file.
+    pub fn is_empty(&self) -> bool {
+        self.last_vm.is_none()
+            && !self.hibernated
+            && self.wake_vm.is_none()
+            && self.verdict.is_none()
+            && self.marker_vm.is_none()
+            && self.budget.is_none()
     }
 
     /// The record as stored: compact JSON.

@@ -28,7 +28,7 @@
 //! One host process uses a state directory at a time: it is per node, as
 //! the host is.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::ffi::OsString;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
@@ -155,6 +155,11 @@ pub struct MemoryStore {
     /// Held while a new uid's record is counted and written, so that
     /// concurrent saves of new uids cannot pass the bound together.
     admit: Mutex<()>,
+    /// The uids of pods known deleted ([`forget`](MemoryStore::forget)),
+    /// oldest first, at most `max_records`: a save for one of them (a task
+    /// still winding down) writes nothing, so a deleted pod's record is
+    /// not made again. Kubernetes never reuses a uid.
+    gone: Mutex<(VecDeque<String>, HashSet<String>)>,
 }
 
 /// What [`MemoryStore::read`] found.
@@ -179,6 +184,7 @@ impl MemoryStore {
             max_records: MAX_RECORDS,
             writes: RwLock::new(()),
             admit: Mutex::new(()),
+            gone: Mutex::default(),
         })
     }
 
@@ -270,6 +276,18 @@ impl MemoryStore {
     /// keeps its limit of records ([`StoreError::Full`]).
     pub fn save(&self, uid: &str, memory: &PodMemory) -> Result<(), StoreError> {
         let name = record_name(uid)?;
+        let gone = self
+            .gone
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .1
+            .contains(uid);
+        // A deleted pod's record is not made again; a record with nothing
+        // durable in it is no file at all.
+        if gone || memory.is_empty() {
+            let _writing = self.writes.read().unwrap_or_else(PoisonError::into_inner);
+            return self.remove(uid);
+        }
         let bytes = memory.to_json().map_err(|cause| StoreError::Encode {
             uid: uid.to_owned(),
             cause,
@@ -315,6 +333,25 @@ impl MemoryStore {
             .write_file(name, bytes, RECORD_MODE)
             .map_err(|e| io("write", e))?;
         self.dir.sync().map_err(|e| io("sync the directory of", e))
+    }
+
+    /// The pod `uid` was deleted: remove its record, and write none for it
+    /// from now on (a task of the pod may still be winding down).
+    pub fn forget(&self, uid: &str) -> Result<(), StoreError> {
+        record_name(uid)?;
+        {
+            let mut gone = self.gone.lock().unwrap_or_else(PoisonError::into_inner);
+            if gone.1.insert(uid.to_owned()) {
+                gone.0.push_back(uid.to_owned());
+                while gone.0.len() > self.max_records.max(1) {
+                    if let Some(oldest) = gone.0.pop_front() {
+                        gone.1.remove(&oldest);
+                    }
+                }
+            }
+        }
+        let _writing = self.writes.read().unwrap_or_else(PoisonError::into_inner);
+        self.remove(uid)
     }
 
     /// Remove the record of `uid`, if there is one.
@@ -743,5 +780,26 @@ mod tests {
             .unwrap();
             assert_eq!(state.parent(), key.parent(), "beside the cache key");
         }
+    }
+
+    /// A deleted pod's record is removed and not made again by a task
+    /// still winding down; a record with nothing durable is no file.
+    #[test]
+    fn a_forgotten_pod_gets_no_record_again_and_an_empty_one_is_no_file() {
+        let (_dir, store) = store();
+        store.save(UID, &memory("vm-a")).unwrap();
+        assert_eq!(store.uids().unwrap(), [UID]);
+        store.forget(UID).unwrap();
+        assert!(store.uids().unwrap().is_empty());
+        store.save(UID, &memory("vm-b")).unwrap();
+        assert!(store.load(UID).unwrap().is_none(), "re-made after forget");
+        let other = "0a1b2c3d-0000-4000-8000-000000000001";
+        store.save(other, &memory("vm-c")).unwrap();
+        assert_eq!(store.uids().unwrap(), [other]);
+        store.save(other, &PodMemory::new()).unwrap();
+        assert!(
+            store.uids().unwrap().is_empty(),
+            "an empty record stays a file"
+        );
     }
 }

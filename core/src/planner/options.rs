@@ -22,6 +22,11 @@ use crate::probe::DEFAULT_COCOON_ROOT;
 /// plugin's `describe` before it starts, a mistake and never a setting.
 pub const MIN_DEADLINE: Duration = Duration::from_millis(1);
 
+/// The longest plugin deadline: a plugin call plans, it does not wait for
+/// anything, and a longer deadline would hold an instance slot, and the
+/// pods behind it, for as long.
+pub const MAX_DEADLINE: Duration = Duration::from_secs(60);
+
 /// The planner's options before they are checked; `None` (or empty) is
 /// the default of each.
 #[derive(Debug, Clone, Default)]
@@ -86,13 +91,28 @@ impl PlannerSettings {
             });
         }
         if let Some(deadline) = self.deadline
-            && deadline < MIN_DEADLINE
+            && !(MIN_DEADLINE..=MAX_DEADLINE).contains(&deadline)
         {
             return Err(OptionError::Invalid {
                 what: "plugin_deadline",
-                rule: "at least 1ms",
+                rule: "from 1ms to 60s",
                 value: format!("{deadline:?}"),
             });
+        }
+        // Zero would fail every plugin call, or refuse every plan: a
+        // mistake, never a limit.
+        for (what, value) in [
+            ("plugin_fuel", self.fuel),
+            ("plan_max_steps", self.plan_max_steps.map(|n| n as u64)),
+            ("plan_max_bytes", self.plan_max_bytes.map(|n| n as u64)),
+        ] {
+            if value == Some(0) {
+                return Err(OptionError::Invalid {
+                    what,
+                    rule: "at least 1",
+                    value: "0".to_owned(),
+                });
+            }
         }
         let mut allowed = BTreeSet::new();
         for digest in &self.allowed_plugins {
@@ -168,7 +188,13 @@ mod tests {
         assert_eq!(options.engine.limits.deadline, DEFAULT_DEADLINE);
         assert_eq!(options.engine.limits.fuel, DEFAULT_FUEL);
         assert_eq!(options.engine.slots, DEFAULT_SLOTS);
-        for (deadline, refused) in [(0, true), (999, true), (1000, false)] {
+        for (deadline, refused) in [
+            (0, true),
+            (999, true),
+            (1000, false),
+            (60_000_000, false),
+            (60_000_001, true),
+        ] {
             let result = PlannerSettings {
                 deadline: Some(Duration::from_micros(deadline)),
                 ..Default::default()
@@ -183,6 +209,32 @@ mod tests {
             }
             .build();
             assert_eq!(result.is_err(), refused, "{mib} MiB");
+        }
+        for (settings, what) in [
+            (
+                PlannerSettings {
+                    fuel: Some(0),
+                    ..Default::default()
+                },
+                "plugin_fuel",
+            ),
+            (
+                PlannerSettings {
+                    plan_max_steps: Some(0),
+                    ..Default::default()
+                },
+                "plan_max_steps",
+            ),
+            (
+                PlannerSettings {
+                    plan_max_bytes: Some(0),
+                    ..Default::default()
+                },
+                "plan_max_bytes",
+            ),
+        ] {
+            let e = settings.build().unwrap_err().to_string();
+            assert!(e.starts_with(what) && e.contains("at least 1"), "{e}");
         }
         let slots = PlannerSettings {
             slots: Some(0),

@@ -12,8 +12,12 @@
 /**
  * The version of this ABI: bumped when a symbol changes its signature or
  * meaning. The documents it carries only gain fields within a version.
+ * Version 2: `cf_task_start` and the task's reports refuse a pod without
+ * `metadata.resourceVersion`; a plugin past its deadline, or an engine
+ * that cannot be set up, answers `CF_NODE`; the task may ask `remember`
+ * (with `memory` in its options) and take `lease_error`.
  */
-#define CF_ABI_VERSION 1
+#define CF_ABI_VERSION 2
 
 /**
  * What a call returns: `CF_OK` and a JSON document, or another status and
@@ -44,13 +48,17 @@ enum CfStatus
   CF_BAD_INPUT = 2,
   /**
    * The pod and VM parse, but their facts do not hold together or do
-   * not validate (an id mismatch, a bad MAC or address, a bad flavour).
+   * not validate (an id mismatch, a bad MAC or address, a bad flavour),
+   * or the pod is one no host plans for whatever its VM (a macOS pod).
    */
   CF_BAD_FACTS = 3,
   /**
    * The node is at fault, not the pod: the cocoon root cannot be probed,
-   * or the plugin directory leaves the VM without a plugin (a contested
-   * claim, a file that did not load). Retry later; do not fail the pod.
+   * the plugin directory leaves the VM without a plugin (a contested
+   * claim, a file that did not load), the plugin engine could not be set
+   * up, or a plugin call ran past its wall-clock deadline (time is the
+   * node's: a looping plugin runs out of fuel instead). Retry later; do
+   * not fail the pod.
    */
   CF_NODE = 4,
   /**
@@ -60,8 +68,8 @@ enum CfStatus
    */
   CF_NO_PLUGIN = 5,
   /**
-   * A plugin hit a sandbox limit: fuel, wall-clock deadline, memory,
-   * log volume, or the bytes it may hand the host.
+   * A plugin hit a sandbox limit: fuel, memory, log volume, or the bytes
+   * it may hand the host. (Its wall-clock deadline is `CF_NODE`.)
    */
   CF_PLUGIN_LIMIT = 6,
   /**

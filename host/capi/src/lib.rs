@@ -62,7 +62,11 @@ pub use ops::CfStatus;
 
 /// The version of this ABI: bumped when a symbol changes its signature or
 /// meaning. The documents it carries only gain fields within a version.
-pub const CF_ABI_VERSION: u32 = 1;
+/// Version 2: `cf_task_start` and the task's reports refuse a pod without
+/// `metadata.resourceVersion`; a plugin past its deadline, or an engine
+/// that cannot be set up, answers `CF_NODE`; the task may ask `remember`
+/// (with `memory` in its options) and take `lease_error`.
+pub const CF_ABI_VERSION: u32 = 2;
 
 /// A planner: the plugin engine with its plugins loaded, and the binding
 /// policy. Opaque to C.

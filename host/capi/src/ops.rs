@@ -41,7 +41,8 @@ pub enum CfStatus {
     /// JSON, wrong shape, not a Pod).
     CfBadInput = 2,
     /// The pod and VM parse, but their facts do not hold together or do
-    /// not validate (an id mismatch, a bad MAC or address, a bad flavour).
+    /// not validate (an id mismatch, a bad MAC or address, a bad flavour),
+    /// or the pod is one no host plans for whatever its VM (a macOS pod).
     CfBadFacts = 3,
     /// The node is at fault, not the pod: the cocoon root cannot be probed,
     /// the plugin directory leaves the VM without a plugin (a contested
@@ -487,6 +488,12 @@ pub fn plan(built: &Built, pod: &[u8], vm: &[u8], overrides_json: Option<&str>) 
     let overrides = overrides(overrides_json)?;
     let pod = read_pod(pod)?;
     let vm = read_record(vm)?;
+    if let Some(why) = fixup_core::decision::never_planned(&pod) {
+        return Err(Failure::new(
+            CfStatus::CfBadFacts,
+            format!("the pod is hands-off ({why}): nothing is planned or run for it"),
+        ));
+    }
     let verdict = bind_record(&pod, &vm, built.binding).map_err(|m| {
         Failure::new(
             CfStatus::CfVmMismatch,
@@ -941,5 +948,25 @@ mod tests {
             "{}",
             failure.message
         );
+    }
+
+    /// A macOS pod is hands-off: `cf_plan` refuses it before it looks at
+    /// the VM, instead of planning it as Linux.
+    #[test]
+    fn a_macos_pod_is_not_planned() {
+        let root = tempfile::tempdir().unwrap();
+        let options =
+            serde_json::json!({"cocoon_root": root.path(), "plugin_dir": "", "no_cache": true});
+        let (built, _) = planner_new(&options.to_string()).unwrap();
+        let examples =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/oci-static");
+        let mut pod: Value =
+            serde_json::from_slice(&std::fs::read(examples.join("pod.json")).unwrap()).unwrap();
+        let vm = std::fs::read(examples.join("vm.json")).unwrap();
+        assert!(plan(&built, pod.to_string().as_bytes(), &vm, None).is_ok());
+        pod["metadata"]["annotations"]["cocoonset.cocoonstack.io/os"] = "macOS".into();
+        let e = plan(&built, pod.to_string().as_bytes(), &vm, None).unwrap_err();
+        assert_eq!(e.status, CfStatus::CfBadFacts);
+        assert!(e.message.contains("hands-off (macos)"), "{}", e.message);
     }
 }

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 
 use crate::args::*;
 use crate::assemble::*;
@@ -131,6 +131,12 @@ pub(crate) fn overrides(boot: Option<Boot>, source_image: Option<&String>) -> Ov
 
 pub(crate) fn observe(args: &PlanArgs, policy: BindingPolicy) -> Result<(Observation, Verdict)> {
     let (pod, vm) = read_pod_and_vm(&args.pod, &args.vm)?;
+    if let Some(why) = fixup_core::decision::never_planned(&pod) {
+        bail!(
+            "pod {} is hands-off ({why}): cocoon-fixup inspects, runs and writes nothing for it, so there is no plan",
+            pod.display_name()
+        );
+    }
     let verdict = fixup_core::decision::bind_record(&pod, &vm, policy);
     let overrides = overrides(args.boot, args.source_image.as_ref());
     Ok((
