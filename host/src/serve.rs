@@ -17,7 +17,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -33,7 +33,7 @@ use fixup_core::decision::{FixupEnd, Handled, Readiness, Summary, Trigger, has_w
 use fixup_core::lifecycle::HandsOff;
 use fixup_core::memory::MemoryStore;
 
-use crate::host::Host;
+use crate::host::{Host, HostError};
 use crate::node_pods::{NodePods, OtherPods};
 use crate::pods::PodApi;
 use fixup_core::facts::{PodInput, annotations};
@@ -320,9 +320,10 @@ impl<C: Cocoon, P: PodApi> Task<C, P> {
                     self.host.metrics().retry(e.kind());
                     tracing::warn!(pod = %label, "{e}; trying again in {delay:?}");
                     // A node error has been told (with `ResumedAfterRestart`
-                    // before it): retries do not tell them again. Other
-                    // failures may come before either was told.
-                    if e.is_node_error() {
+                    // before it), and a refused `running` write comes after
+                    // `ResumedAfterRestart`: retries do not tell them again.
+                    // Other failures may come before either was told.
+                    if e.is_node_error() || matches!(e, HostError::RunningRefused { .. }) {
                         trigger = Trigger::Retry;
                     }
                 }
@@ -378,6 +379,7 @@ pub async fn run<C: Cocoon, P: PodApi>(
     // The uids of a listing under way: at its end, the records of pods
     // not in it are dropped.
     let mut listed = BTreeSet::new();
+    let mut listed_from = SystemTime::now();
     loop {
         let event = tokio::select! {
             e = stream.next() => e,
@@ -411,7 +413,7 @@ pub async fn run<C: Cocoon, P: PodApi>(
                     kept.listing_done();
                 }
                 if let Some(store) = &records {
-                    forget_gone_pods(store, std::mem::take(&mut listed));
+                    forget_gone_pods(store, std::mem::take(&mut listed), listed_from);
                 }
                 if !started {
                     tracing::info!(node, "startup reconciliation dispatched; watching");
@@ -434,6 +436,7 @@ pub async fn run<C: Cocoon, P: PodApi>(
                     kept.listing_started();
                 }
                 listed.clear();
+                listed_from = SystemTime::now();
             }
             Some(Err(e)) => tracing::warn!("pod watch: {e}; retrying with backoff"),
             None => break,
@@ -443,11 +446,11 @@ pub async fn run<C: Cocoon, P: PodApi>(
 }
 
 /// Drop the records of the pods not in `live` (the uids of a whole
-/// listing of the node's pods), off the async threads; a failure is
-/// logged, and the next listing tries again.
-fn forget_gone_pods(store: &Arc<MemoryStore>, live: BTreeSet<String>) {
+/// listing of the node's pods, begun at `listed_from`), off the async
+/// threads; a failure is logged, and the next listing tries again.
+fn forget_gone_pods(store: &Arc<MemoryStore>, live: BTreeSet<String>, listed_from: SystemTime) {
     let store = Arc::clone(store);
-    tokio::task::spawn_blocking(move || match store.retain(&live) {
+    tokio::task::spawn_blocking(move || match store.retain(&live, listed_from) {
         Ok(0) => {}
         Ok(n) => tracing::debug!("dropped the records of {n} pod(s) that are gone"),
         Err(e) => tracing::warn!("cannot drop the records of pods that are gone: {e}"),

@@ -553,6 +553,9 @@ struct Flaky {
     inner: MemoryPods,
     patch_failures: Arc<AtomicUsize>,
     get_failures_after: Arc<AtomicUsize>,
+    /// The failing patches are refused (403, an admission denial), not
+    /// unreachable.
+    refuse: bool,
 }
 
 impl Flaky {
@@ -563,6 +566,7 @@ impl Flaky {
             inner: MemoryPods::new(),
             patch_failures: Arc::new(AtomicUsize::new(patch_failures)),
             get_failures_after: Arc::new(AtomicUsize::new(get_failures_after)),
+            refuse: false,
         }
     }
 }
@@ -595,9 +599,16 @@ impl PodApi for Flaky {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok()
         {
-            return Err(PodError::Api {
-                pod: pod.to_string(),
-                reason: "connection refused".into(),
+            return Err(if self.refuse {
+                PodError::Refused {
+                    pod: pod.to_string(),
+                    reason: "admission denied the request".into(),
+                }
+            } else {
+                PodError::Api {
+                    pod: pod.to_string(),
+                    reason: "connection refused".into(),
+                }
             });
         }
         self.inner.patch_annotations(pod, patch).await
@@ -631,25 +642,35 @@ fn flaky_host(
     ))
 }
 
+/// cocoon with the pod's VM, one static NIC, whose first exec answers
+/// `reply`.
+fn static_vm(reply: Reply) -> ScriptedCocoon {
+    ScriptedCocoon::new(
+        vec![reply],
+        record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
+    )
+}
+
+/// A dispatcher whose retries back off from 1 s to at most 4 s.
+fn quick_dispatcher(host: &Arc<Host<ScriptedCocoon, Flaky>>) -> Dispatcher<ScriptedCocoon, Flaky> {
+    Dispatcher::new(host.clone(), 4, CancellationToken::new()).with_backoff(Backoff {
+        first: Duration::from_secs(1),
+        max: Duration::from_secs(4),
+    })
+}
+
 /// An inspect timeout and a refused `running` write before the loop: the
 /// daemon tries again with backoff, counts each retry, and the pod ends
 /// ready; it is never left `creating` with no work in flight.
 #[tokio::test(start_paused = true)]
 async fn serve_retries_failures_before_the_loop() {
     let dir = tempfile::tempdir().unwrap();
-    let cocoon = ScriptedCocoon::new(
-        vec![Reply::Done],
-        record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
-    );
+    let cocoon = static_vm(Reply::Done);
     cocoon.fail_inspects(2);
     let pods = Flaky::new(1, usize::MAX);
     pods.inner.insert(pod(&[]));
     let host = flaky_host(&cocoon, &pods, dir.path());
-    let mut dispatcher =
-        Dispatcher::new(host.clone(), 4, CancellationToken::new()).with_backoff(Backoff {
-            first: Duration::from_secs(1),
-            max: Duration::from_secs(4),
-        });
+    let mut dispatcher = quick_dispatcher(&host);
     let started = tokio::time::Instant::now();
     dispatcher.offer(pod(&[]), Trigger::Event);
     dispatcher.drain(Duration::from_secs(600)).await;
@@ -675,15 +696,40 @@ async fn serve_retries_failures_before_the_loop() {
     );
 }
 
+/// Work resumed at startup whose `running` write is refused is tried
+/// again with backoff until it lands, and `ResumedAfterRestart` is told
+/// once, not at every retry.
+#[tokio::test(start_paused = true)]
+async fn a_refused_running_write_at_startup_is_retried_and_resumed_is_told_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let cocoon = static_vm(Reply::Done);
+    let pods = Flaky {
+        refuse: true,
+        ..Flaky::new(2, usize::MAX)
+    };
+    let running = [("vm.cocoonstack.io/post-clone-state", "running")];
+    pods.inner.insert(pod(&running));
+    let host = flaky_host(&cocoon, &pods, dir.path());
+    let mut dispatcher = quick_dispatcher(&host);
+    dispatcher.offer(pod(&running), Trigger::Startup);
+    dispatcher.drain(Duration::from_secs(600)).await;
+    let after = pods.inner.annotations("default", "web-0").unwrap();
+    assert_eq!(after[keys::POST_CLONE_STATE], "done");
+    assert_eq!(cocoon.inspected().len(), 3, "two refusals, then the work");
+    let reasons: Vec<&str> = pods.inner.events().iter().map(|(_, e)| e.reason).collect();
+    let resumed = reasons
+        .iter()
+        .filter(|r| **r == "ResumedAfterRestart")
+        .count();
+    assert_eq!(resumed, 1, "{reasons:?}");
+}
+
 /// A pod event that shows the stack took the pod over stops its work in
 /// flight.
 #[tokio::test(start_paused = true)]
 async fn an_event_that_hands_the_pod_over_stops_its_work() {
     let dir = tempfile::tempdir().unwrap();
-    let cocoon = ScriptedCocoon::new(
-        vec![Reply::Hang],
-        record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
-    );
+    let cocoon = static_vm(Reply::Hang);
     let pods = Flaky::new(0, usize::MAX);
     pods.inner.insert(pod(&[]));
     let host = flaky_host(&cocoon, &pods, dir.path());
@@ -713,10 +759,7 @@ async fn an_event_that_hands_the_pod_over_stops_its_work() {
 #[tokio::test(start_paused = true)]
 async fn serve_never_works_for_an_old_incarnation() {
     let dir = tempfile::tempdir().unwrap();
-    let cocoon = ScriptedCocoon::new(
-        vec![Reply::Done],
-        record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
-    );
+    let cocoon = static_vm(Reply::Done);
     let pods = Flaky::new(0, usize::MAX);
     let mut recreated = pod(&[]);
     recreated.uid = Some("uid-of-the-new-pod".into());
@@ -801,10 +844,7 @@ async fn an_event_during_work_is_looked_at_after_it() {
 #[tokio::test(start_paused = true)]
 async fn a_resumed_pod_is_announced_even_when_the_first_try_fails() {
     let dir = tempfile::tempdir().unwrap();
-    let cocoon = ScriptedCocoon::new(
-        vec![Reply::Done],
-        record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
-    );
+    let cocoon = static_vm(Reply::Done);
     cocoon.fail_inspects(1);
     let pods = Flaky::new(0, usize::MAX);
     let running = pod(&[(keys::POST_CLONE_STATE, "running")]);
@@ -1059,10 +1099,7 @@ async fn the_source_image_is_the_records_and_inspect_runs_once(
 #[tokio::test(start_paused = true)]
 async fn a_failed_read_before_the_done_write_is_retried_not_guessed() {
     let dir = tempfile::tempdir().unwrap();
-    let cocoon = ScriptedCocoon::new(
-        vec![Reply::Done],
-        record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
-    );
+    let cocoon = static_vm(Reply::Done);
     // Reads: the handle's own, the one the `running` write is decided
     // against (pods in memory keep no versions), the one before attempt 1
     // (the write answered no pod), then the one the write of `done` and

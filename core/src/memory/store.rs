@@ -33,6 +33,7 @@ use std::ffi::OsString;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rustix::fs::FileType;
 
@@ -377,17 +378,24 @@ impl MemoryStore {
     }
 
     /// Drop the records of pods that are gone: every record whose uid is
-    /// not in `live` (the uids of the pods the host sees on its node).
-    /// Returns how many were dropped. Temporary files a crash left behind
-    /// are removed too (not counted).
-    pub fn retain(&self, live: &BTreeSet<String>) -> Result<usize, StoreError> {
+    /// not in `live` (the uids of a listing of the pods the host sees on
+    /// its node, which began at `listed_from`) and that was last written
+    /// before the listing began: a record written since may be a pod made
+    /// after the listing's snapshot. Returns how many were dropped.
+    /// Temporary files a crash left behind are removed too (not counted).
+    pub fn retain(
+        &self,
+        live: &BTreeSet<String>,
+        listed_from: SystemTime,
+    ) -> Result<usize, StoreError> {
         let _alone = self.writes.write().unwrap_or_else(PoisonError::into_inner);
         let mut dropped = 0;
         for (uid, _) in self.record_names()? {
-            if !live.contains(&uid) {
-                self.remove(&uid)?;
-                dropped += 1;
+            if live.contains(&uid) || self.written_since(&uid, listed_from) {
+                continue;
             }
+            self.remove(&uid)?;
+            dropped += 1;
         }
         for (name, _) in self.list(".tmp")? {
             if name.starts_with('.') && name.contains(".json.") {
@@ -400,6 +408,21 @@ impl MemoryStore {
             }
         }
         Ok(dropped)
+    }
+
+    /// Whether `uid`'s record was last written at or after `since` (an
+    /// entry that is no trusted record file was not).
+    fn written_since(&self, uid: &str, since: SystemTime) -> bool {
+        let Ok(Some((_, stat))) = self.dir.open_file(&format!("{uid}{RECORD_SUFFIX}")) else {
+            return false;
+        };
+        let (Ok(secs), Ok(nanos)) = (
+            u64::try_from(stat.st_mtime),
+            u32::try_from(stat.st_mtime_nsec),
+        ) else {
+            return false;
+        };
+        UNIX_EPOCH + Duration::new(secs, nanos) >= since
     }
 
     /// The entries named `<valid uid>.json`, any type, with their uids.
@@ -594,7 +617,7 @@ mod tests {
         std::fs::write(&unrelated, b"kept").unwrap();
         assert_eq!(store.uids().unwrap(), [UID]);
         let live = BTreeSet::from([UID.to_owned()]);
-        assert_eq!(store.retain(&live).unwrap(), 0);
+        assert_eq!(store.retain(&live, SystemTime::now()).unwrap(), 0);
         assert!(!leftover.exists());
         assert!(unrelated.exists(), "not the store's");
         assert!(store.load(UID).unwrap().is_some());
@@ -606,10 +629,26 @@ mod tests {
         for uid in ["a-1", "a-2", "a-3"] {
             store.save(uid, &memory("vm-a")).unwrap();
         }
+        // Written a minute before a listing that began 30 s ago.
+        let now = SystemTime::now();
+        for uid in ["a-1", "a-2", "a-3"] {
+            std::fs::File::options()
+                .write(true)
+                .open(store.path().join(format!("{uid}.json")))
+                .unwrap()
+                .set_modified(now - Duration::from_secs(60))
+                .unwrap();
+        }
+        let listed_from = now - Duration::from_secs(30);
+        // Written after the listing began: a pod made since, kept.
+        store.save("a-4", &memory("vm-a")).unwrap();
         let live = BTreeSet::from(["a-2".to_owned(), "a-9".to_owned()]);
-        assert_eq!(store.retain(&live).unwrap(), 2);
+        assert_eq!(store.retain(&live, listed_from).unwrap(), 2);
+        assert_eq!(store.uids().unwrap(), ["a-2", "a-4"]);
+        assert_eq!(store.retain(&live, listed_from).unwrap(), 0);
+        let later = now + Duration::from_secs(60);
+        assert_eq!(store.retain(&live, later).unwrap(), 1);
         assert_eq!(store.uids().unwrap(), ["a-2"]);
-        assert_eq!(store.retain(&live).unwrap(), 0);
     }
 
     #[rstest]
