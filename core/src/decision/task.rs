@@ -648,16 +648,16 @@ impl PodTask {
             }
             (Stage::Attempting(fixup), Report::Ran(result)) => self.attempted(fixup, result),
             (Stage::Sleeping(fixup), Report::Go) => self.loop_top(fixup),
-            (Stage::WaitFirst(wait), Report::Lease(found)) => match found {
-                Ok(Some(ip)) => self.wait_over(wait, Some(ip)),
-                // A file that stayed unusable until the nudge says nothing
-                // of the lease: nothing is nudged in the guest for it, and
-                // the work waits for the node.
-                Err(message) => {
-                    let pod = self.summary.pod.clone();
-                    self.node_error(NodeError::Lease { pod, message })
-                }
-                Ok(None) => {
+            // A file that stayed unusable until the nudge, or the end,
+            // says nothing of the lease: nothing is nudged in the guest for
+            // it, and the work waits for the node.
+            (Stage::WaitFirst(_) | Stage::WaitLast(_), Report::Lease(Err(message))) => {
+                let pod = self.summary.pod.clone();
+                self.node_error(NodeError::Lease { pod, message })
+            }
+            (Stage::WaitFirst(wait), Report::Lease(Ok(found))) => match found {
+                Some(ip) => self.wait_over(wait, Some(ip)),
+                None => {
                     self.stage = Stage::WaitCheck(wait);
                     Action::Read
                 }
@@ -699,10 +699,6 @@ impl PodTask {
                 self.wait_last(wait)
             }
             (Stage::WaitLast(wait), Report::Lease(Ok(found))) => self.wait_over(wait, found),
-            (Stage::WaitLast(_), Report::Lease(Err(message))) => {
-                let pod = self.summary.pod.clone();
-                self.node_error(NodeError::Lease { pod, message })
-            }
             (Stage::SacCheck(pass), Report::Read(result)) => {
                 let (ours, _) = self.ours_by_read(result, &pass.vm, "the serial-console pass");
                 if ours {
@@ -1520,8 +1516,7 @@ impl PodTask {
         fixup.attempts = kept.attempts();
         fixup.errors = kept.errors().to_vec();
         fixup.deadline = now + kept.remaining(wall, budget);
-        let record = memory.record.clone();
-        self.queue.push_back(Action::Remember(Box::new(record)));
+        self.keep_record();
     }
 
     /// The loop is over: an attempt succeeded, or the failure record
@@ -1530,11 +1525,20 @@ impl PodTask {
     /// longer the host's, a write that failed) keeps it: only a loop
     /// resumed on the same VM with `running` on the pod takes it up.
     fn end_budget(&mut self) {
-        if let Some(memory) = &mut self.memory
-            && memory.record.end_budget()
+        if self
+            .memory
+            .as_mut()
+            .is_some_and(|memory| memory.record.end_budget())
         {
-            let record = memory.record.clone();
-            self.queue.push_back(Action::Remember(Box::new(record)));
+            self.keep_record();
+        }
+    }
+
+    /// Hand the record, as it is now, to the host to keep.
+    fn keep_record(&mut self) {
+        if let Some(memory) = &self.memory {
+            let record = Box::new(memory.record.clone());
+            self.queue.push_back(Action::Remember(record));
         }
     }
 
@@ -1614,8 +1618,7 @@ impl PodTask {
                 .record
                 .start_or_resume(&fixup.vm, wall)
                 .add_attempt(&line);
-            let record = memory.record.clone();
-            self.queue.push_back(Action::Remember(Box::new(record)));
+            self.keep_record();
         }
         fixup.errors.push(line);
         let interval = self.settings.retry.interval;
