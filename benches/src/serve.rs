@@ -121,6 +121,12 @@ async fn serve(config: &ServeConfig) -> anyhow::Result<ServeResult> {
                 ..RetryConfig::default()
             },
             ready: ReadyConfig::default(),
+            // The node's clones are new pods: no wake grace (the events
+            // are still listed, one request a pod).
+            wake: fixup_core::decision::WakeConfig {
+                grace: Duration::ZERO,
+                ..Default::default()
+            },
             ..HostConfig::default()
         },
         Arc::new(Metrics::new()),

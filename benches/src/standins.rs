@@ -78,6 +78,8 @@ pub struct Observed {
     pub patches: u64,
     pub conflicts: u64,
     pub events: u64,
+    /// Listings of a pod's events (the wake rule of spec section 2).
+    pub event_lists: u64,
     pub execs: u64,
     pub inspects: u64,
     /// Watch streams open now.
@@ -383,6 +385,15 @@ async fn handle(
                 .unwrap_or_default();
             modify(&shared, &mut api, p, &changes);
             json_response(StatusCode::OK, shape(&api.pods[p]))
+        }
+        // The events about a pod, for the wake rule: the stack wrote none.
+        (&Method::GET, p) if p.starts_with("/apis/events.k8s.io/v1/namespaces/") => {
+            api.observed.event_lists += 1;
+            json_response(
+                StatusCode::OK,
+                json!({"apiVersion": "events.k8s.io/v1", "kind": "EventList", "metadata": {}, "items": []})
+                    .to_string(),
+            )
         }
         (&Method::POST, p) if p.starts_with("/apis/events.k8s.io/v1/namespaces/") => {
             api.observed.events += 1;

@@ -182,6 +182,13 @@ async fn storm(config: &StormConfig) -> anyhow::Result<StormResult> {
             ..RetryConfig::default()
         },
         ready: ReadyConfig::default(),
+        // The storm's clones are new pods: the Windows ones are not held
+        // for the wake grace (the events are still listed, one request a
+        // pod, as on a node).
+        wake: fixup_core::decision::WakeConfig {
+            grace: std::time::Duration::ZERO,
+            ..Default::default()
+        },
         fixups_in_flight: config.fixups_in_flight,
         ..HostConfig::default()
     };

@@ -288,6 +288,7 @@ mod tests {
                     gateway: String::new(),
                 })
                 .collect(),
+            created_unix_ms: None,
         };
         Observation::new(&pod, &vm, &Overrides::default())
     }

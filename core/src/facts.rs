@@ -433,6 +433,10 @@ pub struct VmInspect {
     pub image: String,
     /// `network_configs[]` in inspect order (the order FC's `eth<i>` follows).
     pub nics: Vec<RawNic>,
+    /// `created_at` (RFC 3339), in milliseconds since the Unix epoch: when
+    /// cocoon made this VM. `None` when absent or not an RFC 3339 time; it
+    /// only places the stack's wake events near this VM (spec section 2).
+    pub created_unix_ms: Option<i64>,
 }
 
 impl VmInspect {
@@ -494,11 +498,17 @@ impl VmInspect {
                 nics.push(raw);
             }
         }
+        let created_unix_ms = root
+            .get("created_at")
+            .and_then(Value::as_str)
+            .and_then(|text| text.parse::<jiff::Timestamp>().ok())
+            .map(|at| at.as_millisecond());
         Ok(VmInspect {
             id,
             name,
             image,
             nics,
+            created_unix_ms,
         })
     }
 }

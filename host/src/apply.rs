@@ -32,7 +32,7 @@ use fixup_core::planner::{PlanPart, Planner};
 
 use crate::cocoon::{Cocoon, CocoonError};
 use crate::console::{Console, ConsoleSession};
-use crate::host::{FixupRecord, HostError, PluginUse, RECORD_IO_TIMEOUT};
+use crate::host::{FixupRecord, HostError, PluginUse};
 use crate::metrics::Metrics;
 use crate::node_pods::OtherPods;
 use crate::pods::{Event, PodApi, PodError, PodRef};
@@ -113,6 +113,12 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
                             }
                         }
                     }
+                    Action::WakeEvents => Report::Events(
+                        self.pods
+                            .stack_events(&pod)
+                            .await
+                            .map_err(|e| e.to_string()),
+                    ),
                     Action::OtherPods { .. } => Report::OtherPods(match self.host {
                         Some(host) => other_pods(host.other_pods, self.pods).await,
                         None => Err("this task has no view of the node's pods".into()),
@@ -163,26 +169,9 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
                         Report::Go
                     }
                     Action::Remember(record) => {
-                        let store = self.host.and_then(|h| h.records).cloned();
-                        if let Some(store) = store {
-                            let uid = pod.uid.clone();
-                            let save =
-                                tokio::task::spawn_blocking(move || store.save(&uid, &record));
-                            match tokio::time::timeout(RECORD_IO_TIMEOUT, save).await {
-                                Ok(Ok(Ok(()))) => {}
-                                Ok(Ok(Err(e))) => tracing::warn!(
-                                    pod = %pod,
-                                    "the pod's record was not kept: {e}; a retry or restart may give its fixup loop a whole budget again"
-                                ),
-                                Ok(Err(e)) => tracing::warn!(
-                                    pod = %pod,
-                                    "keeping the pod's record failed: {e}"
-                                ),
-                                Err(_) => tracing::warn!(
-                                    pod = %pod,
-                                    "keeping the pod's record took longer than {RECORD_IO_TIMEOUT:?}: the work goes on; check the file system of the state directory"
-                                ),
-                            }
+                        if let Some(store) = self.host.and_then(|h| h.records) {
+                            let label = pod.to_string();
+                            crate::records::keep(store, &label, &pod.uid, *record).await;
                         }
                         Report::Go
                     }
@@ -271,9 +260,9 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
                     m.fixup(scenario, end.as_str(), attempts);
                 }
             }
-            Note::IpWait(readiness) => {
+            Note::IpWait { readiness, wake } => {
                 if let Some(m) = metrics {
-                    m.ip_wait(readiness.as_str());
+                    m.ip_wait(readiness.as_str(), if wake { "wake" } else { "clone" });
                 }
             }
             Note::Sac(end) => {

@@ -235,6 +235,18 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_DHCP_RECOVERY_AFTER", value_parser = duration)]
     #[serde(default, with = "opt_duration")]
     pub dhcp_recovery_after: Option<Duration>,
+    /// A `Woken` or `HibernateSnapshotExists` event of the stack marks the
+    /// pod's VM as a hibernate wake when its newest occurrence is at most
+    /// this long before the VM was created [default: 30m]
+    #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_WAKE_EVENT_WINDOW", value_parser = duration)]
+    #[serde(default, with = "opt_duration")]
+    pub wake_event_window: Option<Duration>,
+    /// Cloud Hypervisor Windows pods with no evidence of a wake either way:
+    /// wait this long from the first sight of the VM for a `Woken` event
+    /// before treating it as a clone [default: 10s]
+    #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_WAKE_GRACE", value_parser = duration)]
+    #[serde(default, with = "opt_duration")]
+    pub wake_grace: Option<Duration>,
     /// Plugins to pull from an OCI registry and load like plugin files,
     /// each pinned by digest: `oci://HOST/REPO@sha256:DIGEST` (repeat for
     /// several; a tag is refused). Kept in --oci-store, and pulled only when
@@ -467,6 +479,8 @@ impl ConfigArgs {
                     renew_after: a.renew_after,
                     renew_timeout: a.renew_timeout,
                     dhcp_recovery_after: a.dhcp_recovery_after,
+                    wake_event_window: a.wake_event_window,
+                    wake_grace: a.wake_grace,
                     accept_legacy_vm_names: a.accept_legacy_vm_names,
                     accept_annotated_vm_names: a.accept_annotated_vm_names,
                 }
@@ -531,6 +545,8 @@ impl ConfigArgs {
             renew_after: self.renew_after.or(file.renew_after),
             renew_timeout: self.renew_timeout.or(file.renew_timeout),
             dhcp_recovery_after: self.dhcp_recovery_after.or(file.dhcp_recovery_after),
+            wake_event_window: self.wake_event_window.or(file.wake_event_window),
+            wake_grace: self.wake_grace.or(file.wake_grace),
             accept_legacy_vm_names: self.accept_legacy_vm_names || file.accept_legacy_vm_names,
             accept_annotated_vm_names: self.accept_annotated_vm_names
                 || file.accept_annotated_vm_names,

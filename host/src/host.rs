@@ -14,10 +14,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fixup_core::binding::BindingPolicy;
 use fixup_core::classify::Scenario;
 use fixup_core::decision::{
-    Handled, NodeError, PodTask, ReadyConfig, RetryConfig, Settings, Summary, Trigger, os_nonces,
+    Handled, NodeError, PodTask, ReadyConfig, RetryConfig, Settings, Summary, Trigger, WakeConfig,
+    os_nonces,
 };
 use fixup_core::facts::{FactError, PodInput, annotations};
-use fixup_core::memory::{MemoryStore, PodMemory};
+use fixup_core::memory::MemoryStore;
 use fixup_core::planner::{PlanPart, Planner, PlannerError};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -36,6 +37,8 @@ use crate::ready::{LeaseWatcher, WallClock};
 pub struct HostConfig {
     pub retry: RetryConfig,
     pub ready: ReadyConfig,
+    /// How a hibernate wake is recognised (spec section 2).
+    pub wake: WakeConfig,
     /// Timeout for `cocoon vm inspect` (default 10 s, `--inspect-timeout`).
     pub inspect_timeout: Duration,
     /// Which VM names bind a VM to its pod (spec section 2).
@@ -62,6 +65,7 @@ impl HostConfig {
         HostConfig {
             retry: settings.retry,
             ready: settings.ready,
+            wake: settings.wake,
             inspect_timeout: settings.inspect_timeout,
             binding: settings.binding,
             fixups_in_flight,
@@ -73,6 +77,7 @@ impl HostConfig {
         Settings {
             retry: self.retry.clone(),
             ready: self.ready.clone(),
+            wake: self.wake.clone(),
             inspect_timeout: self.inspect_timeout,
             binding: self.binding,
         }
@@ -84,6 +89,7 @@ impl Default for HostConfig {
         HostConfig {
             retry: RetryConfig::default(),
             ready: ReadyConfig::default(),
+            wake: WakeConfig::default(),
             inspect_timeout: Duration::from_secs(10),
             binding: BindingPolicy::default(),
             fixups_in_flight: DEFAULT_FIXUPS_IN_FLIGHT,
@@ -268,11 +274,6 @@ impl FixupRecord {
     }
 }
 
-/// The longest a task waits for its pod's record to be read or kept: a
-/// state directory on a hung file system must not stall the work (the
-/// record is then not used, or not kept, and that is logged).
-pub(crate) const RECORD_IO_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// The wall clock, behind a `Debug` of its own.
 struct Wall(WallClock);
 
@@ -373,33 +374,6 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
     pub fn with_wall_clock(mut self, clock: WallClock) -> Self {
         self.wall = Wall(clock);
         self
-    }
-
-    /// The record of pod `uid`, or a new one when there is none or it
-    /// cannot be used (a record that is corrupt or of another version is
-    /// treated as absent, and logged).
-    async fn recall(store: &Arc<MemoryStore>, uid: &str) -> PodMemory {
-        let (store, key) = (Arc::clone(store), uid.to_owned());
-        let read = tokio::task::spawn_blocking(move || store.load(&key));
-        match tokio::time::timeout(RECORD_IO_TIMEOUT, read).await {
-            Ok(Ok(Ok(Some(record)))) => record,
-            Ok(Ok(Ok(None))) => PodMemory::new(),
-            Ok(Ok(Err(e))) => {
-                tracing::warn!(pod_uid = uid, "the pod's record is not used: {e}");
-                PodMemory::new()
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(pod_uid = uid, "reading the pod's record failed: {e}");
-                PodMemory::new()
-            }
-            Err(_) => {
-                tracing::warn!(
-                    pod_uid = uid,
-                    "reading the pod's record took longer than {RECORD_IO_TIMEOUT:?}: not used; check the file system of the state directory"
-                );
-                PodMemory::new()
-            }
-        }
     }
 
     /// Where the host learns the other pods on its node, for the check of
@@ -535,7 +509,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         if let (Some(store), Some(uid)) = (&self.records, pod.uid.as_deref())
             && !matches!(first, fixup_core::decision::Action::Finish(_))
         {
-            let record = Self::recall(store, uid).await;
+            let record = crate::records::recall(store, &pod.display_name(), uid).await;
             let since_epoch = (self.wall.0)()
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default()

@@ -60,6 +60,35 @@ pub const LIST_PAGE_SIZE: u32 = 500;
 /// The most pages of events [`KubeApi::list_pod_events`] reads.
 pub const EVENT_PAGES: usize = 10;
 
+/// The most pages of a pod's events the wake rule reads
+/// ([`KubeApi::list_stack_events`]): a pod with more events than that has
+/// been flooded, and the newest pages are not the ones listed first
+/// anyway; the rule only needs one recent wake event.
+pub const WAKE_EVENT_PAGES: usize = 2;
+
+/// The parts of an event the wake rule reads; its newest occurrence is
+/// the series' last one, else the event time, else the timestamps the API
+/// server fills for core/v1 writers, else its creation.
+fn stack_event(event: EventObject) -> fixup_core::memory::StackEvent {
+    let newest = event
+        .series
+        .as_ref()
+        .map(|series| series.last_observed_time.0)
+        .or_else(|| event.event_time.as_ref().map(|t| t.0))
+        .or_else(|| event.deprecated_last_timestamp.as_ref().map(|t| t.0))
+        .or_else(|| event.metadata.creation_timestamp.as_ref().map(|t| t.0));
+    fixup_core::memory::StackEvent {
+        reason: event.reason.unwrap_or_default(),
+        type_: event.type_.unwrap_or_default(),
+        reporting_controller: event.reporting_controller.unwrap_or_default(),
+        regarding_uid: event
+            .regarding
+            .and_then(|regarding| regarding.uid)
+            .unwrap_or_default(),
+        newest_unix_ms: newest.map(|at| at.as_millisecond()),
+    }
+}
+
 /// How requests to the API server are retried.
 ///
 /// The defaults: 5 tries; 200 ms before the second, doubling each time
@@ -384,6 +413,35 @@ impl KubeApi {
         Ok((kept, truncated || left))
     }
 
+    /// The events about `pod` (events.k8s.io/v1 in its namespace,
+    /// `regarding.uid` = the pod's uid, a field selector), for the stack's
+    /// own record of a hibernate wake (spec section 2, rule 2): every
+    /// reporter's, the decision filters. At most [`WAKE_EVENT_PAGES`]
+    /// pages of [`LIST_PAGE_SIZE`], each retried like any request. Only
+    /// reads.
+    pub async fn list_stack_events(
+        &self,
+        pod: &PodRef,
+    ) -> Result<Vec<fixup_core::memory::StackEvent>, PodError> {
+        let label = pod.to_string();
+        let api: Api<EventObject> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let selector = format!("regarding.uid={}", pod.uid);
+        let mut events = Vec::new();
+        self.each_page(
+            &label,
+            "listing the pod's events",
+            &selector,
+            WAKE_EVENT_PAGES,
+            |params| {
+                let api = api.clone();
+                async move { api.list(&params).await }
+            },
+            |page| events.extend(page.into_iter().map(stack_event)),
+        )
+        .await?;
+        Ok(events)
+    }
+
     /// One request, bounded by the request timeout, once it has its turn
     /// ([`MAX_REQUESTS_IN_FLIGHT`]). The request is made only then, on the
     /// heap: a flow waiting for its turn holds none of it.
@@ -666,6 +724,13 @@ impl PodApi for KubeApi {
 
     async fn node_pods(&self, node: &str) -> Result<Vec<PodInput>, PodError> {
         self.list_node_pods(node).await
+    }
+
+    async fn stack_events(
+        &self,
+        pod: &PodRef,
+    ) -> Result<Vec<fixup_core::memory::StackEvent>, PodError> {
+        self.list_stack_events(pod).await
     }
 }
 

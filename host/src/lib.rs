@@ -43,5 +43,6 @@ pub mod node_pods;
 pub mod oci;
 pub mod pods;
 pub mod ready;
+pub(crate) mod records;
 pub mod reload;
 pub mod serve;

@@ -24,6 +24,12 @@ struct ResultLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct IpWaitLabels {
+    result: String,
+    boot: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OpLabels {
     op: String,
 }
@@ -47,7 +53,7 @@ pub struct Metrics {
     registry: Registry,
     fixups: Family<FixupLabels, Counter>,
     attempts: Histogram,
-    ip_waits: Family<ResultLabels, Counter>,
+    ip_waits: Family<IpWaitLabels, Counter>,
     sac_passes: Family<ResultLabels, Counter>,
     resumed: Family<OpLabels, Counter>,
     plugin_seconds: HistogramFamily<PluginLabels>,
@@ -101,8 +107,12 @@ impl Metrics {
             "Attempts per finished fixup loop",
             attempts.clone(),
         );
-        let ip_waits = Family::<ResultLabels, Counter>::default();
-        registry.register("ip_waits", "IP waits by result", ip_waits.clone());
+        let ip_waits = Family::<IpWaitLabels, Counter>::default();
+        registry.register(
+            "ip_waits",
+            "IP waits by result and boot (clone or wake)",
+            ip_waits.clone(),
+        );
         let sac_passes = Family::<ResultLabels, Counter>::default();
         registry.register(
             "sac_passes",
@@ -255,10 +265,12 @@ impl Metrics {
         self.attempts.observe(f64::from(attempts));
     }
 
-    pub fn ip_wait(&self, result: &str) {
+    /// An IP wait ended with `result`, for a `boot` of `clone` or `wake`.
+    pub fn ip_wait(&self, result: &str, boot: &str) {
         self.ip_waits
-            .get_or_create(&ResultLabels {
+            .get_or_create(&IpWaitLabels {
                 result: result.to_owned(),
+                boot: boot.to_owned(),
             })
             .inc();
     }

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use fixup_core::annotations::ANNOTATIONS_MAX;
 
 use fixup_core::facts::PodInput;
+use fixup_core::memory::StackEvent;
 
 pub use fixup_core::annotations::{
     AnnotationPatch, EVENT_MESSAGE_MAX, Event, EventType, cap_utf8, keys, reasons,
@@ -101,6 +102,24 @@ pub trait PodApi: Send + Sync + 'static {
             })
         }
     }
+
+    /// The events about `pod` from every reporter (events.k8s.io/v1,
+    /// `regarding.uid` = the pod's uid), for the stack's own record of a
+    /// hibernate wake (spec section 2, rule 2). The default, for an
+    /// implementation that cannot list: an error (the rule then finds
+    /// nothing, with a warning).
+    fn stack_events(
+        &self,
+        pod: &PodRef,
+    ) -> impl Future<Output = Result<Vec<StackEvent>, PodError>> + Send {
+        let pod = pod.to_string();
+        async move {
+            Err(PodError::Api {
+                pod,
+                reason: "this Kubernetes side cannot list events".into(),
+            })
+        }
+    }
 }
 
 /// [`PodApi::patch_if_unchanged`] for an implementation that cannot make
@@ -155,6 +174,7 @@ struct MemoryState {
     pods: BTreeMap<(String, String), PodInput>,
     events: Vec<(PodRef, Event)>,
     patches: Vec<(PodRef, AnnotationPatch)>,
+    stack_events: Vec<StackEvent>,
 }
 
 impl MemoryPods {
@@ -188,6 +208,16 @@ impl MemoryPods {
     /// Every event recorded so far, in order.
     pub fn events(&self) -> Vec<(PodRef, Event)> {
         self.inner.lock().expect("memory pods lock").events.clone()
+    }
+
+    /// Add an event another reporter (the stack) recorded; the host's own
+    /// events are listed too, as its reporter's.
+    pub fn add_stack_event(&self, event: StackEvent) {
+        self.inner
+            .lock()
+            .expect("memory pods lock")
+            .stack_events
+            .push(event);
     }
 
     /// Every patch that was applied, in order.
@@ -253,5 +283,33 @@ impl PodApi for MemoryPods {
     async fn node_pods(&self, _node: &str) -> Result<Vec<PodInput>, PodError> {
         let state = self.inner.lock().expect("memory pods lock");
         Ok(state.pods.values().cloned().collect())
+    }
+
+    async fn stack_events(&self, pod: &PodRef) -> Result<Vec<StackEvent>, PodError> {
+        let state = self.inner.lock().expect("memory pods lock");
+        let own = state
+            .events
+            .iter()
+            .filter(|(about, _)| about.uid == pod.uid)
+            .map(|(about, event)| StackEvent {
+                reason: event.reason.to_owned(),
+                type_: match event.kind {
+                    EventType::Normal => "Normal",
+                    EventType::Warning => "Warning",
+                }
+                .to_owned(),
+                reporting_controller: fixup_core::capture::REPORTER.to_owned(),
+                regarding_uid: about.uid.clone(),
+                newest_unix_ms: None,
+            });
+        Ok(own
+            .chain(
+                state
+                    .stack_events
+                    .iter()
+                    .filter(|e| e.regarding_uid == pod.uid)
+                    .cloned(),
+            )
+            .collect())
     }
 }

@@ -372,6 +372,17 @@ pub async fn run<C: Cocoon, P: PodApi>(
         OtherPods::Unseen { .. } | OtherPods::List { .. } => None,
     };
     let records = host.records().cloned();
+    // The hibernate history of spec section 2: every pod on the node is
+    // noted as the watch sees it, those left alone included (a macOS pod
+    // not even that).
+    let observer = records.clone().map(crate::records::Observer::start);
+    let observe = |pod: &PodInput, live: bool| {
+        if let Some(observer) = &observer
+            && !fixup_core::facts::is_macos(pod.annotation(fixup_core::facts::annotations::OS))
+        {
+            observer.observe(pod, live);
+        }
+    };
     let mut dispatcher = Dispatcher::new(host, concurrency, shutdown.clone());
     // The first listing after start is startup reconciliation; relists
     // after a watch restart are ordinary events.
@@ -396,6 +407,8 @@ pub async fn run<C: Cocoon, P: PodApi>(
                     if let Some(kept) = &kept {
                         kept.listed(&pod);
                     }
+                    // A listing is a gap: what happened before it is unknown.
+                    observe(&pod, false);
                     listed.extend(pod.uid.clone());
                     dispatcher.offer(pod, trigger);
                 }
@@ -405,6 +418,7 @@ pub async fn run<C: Cocoon, P: PodApi>(
                     if let Some(kept) = &kept {
                         kept.changed(&pod);
                     }
+                    observe(&pod, true);
                     dispatcher.offer(pod, Trigger::Event);
                 }
             }

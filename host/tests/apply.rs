@@ -424,6 +424,12 @@ fn short_ready() -> HostConfig {
             dhcp_recovery_after: Duration::from_millis(300),
             recovery_timeout: Duration::from_secs(1),
         },
+        // These pods are clones the host saw new: no wake grace (its own
+        // tests are the conformance scenarios `wake-grace-*`).
+        wake: fixup_core::decision::WakeConfig {
+            grace: Duration::ZERO,
+            ..Default::default()
+        },
         ..HostConfig::default()
     }
 }

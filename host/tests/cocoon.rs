@@ -378,6 +378,7 @@ fn inspect_json(image: Value) -> Value {
         "id": "vm-1",
         "hypervisor": "cloud-hypervisor",
         "state": "running",
+        "created_at": "2026-11-30T09:12:46.5+08:00",
         "config": { "name": "vk-default-web-0-0f1e2d", "cpu": 2, "memory": 1073741824, "image": image },
         "network_configs": [
             {
@@ -412,6 +413,8 @@ async fn inspect_parses_the_nics() {
                 ..RawNic::default()
             },
         ],
+        // Go prints the time in cocoon's zone: the offset counts.
+        created_unix_ms: Some(1_796_001_166_500),
     };
     assert_eq!(got, Ok(expected));
     assert_eq!(

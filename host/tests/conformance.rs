@@ -193,6 +193,30 @@ async fn serve_world(
                     Err(e) => error_answer(&e),
                 }
             }
+            (&Method::GET, path) if path == events_path => {
+                // `fieldSelector=regarding.uid=<uid>`, as the host asks.
+                let query = parts.uri.query().unwrap_or_default().replace("%3D", "=");
+                let uid = query
+                    .split('&')
+                    .find_map(|pair| pair.strip_prefix("fieldSelector=regarding.uid="))
+                    .expect("the host selects the pod's events by regarding.uid");
+                match world.events(now, uid) {
+                    Ok(events) => (
+                        StatusCode::OK,
+                        json!({
+                            "apiVersion": "events.k8s.io/v1",
+                            "kind": "EventList",
+                            "metadata": {},
+                            "items": events.iter().map(|e| {
+                                let mut event = e.to_value();
+                                event["metadata"] = json!({"name": "e", "namespace": "prod"});
+                                event
+                            }).collect::<Vec<_>>(),
+                        }),
+                    ),
+                    Err(_) => status(403, "Forbidden"),
+                }
+            }
             (&Method::POST, path) if path == events_path => {
                 let reason = body["reason"].as_str().unwrap_or_default();
                 let note = body["note"].as_str().unwrap_or_default();
@@ -341,6 +365,14 @@ async fn replay(scenario: &Scenario, planner: Arc<Planner>, lease_dir: &Path) ->
     let start_record = world.lock().unwrap().start_record();
     let records = start_record.map(|(record, wall)| {
         let store = Arc::new(MemoryStore::open(&lease_dir.join("state")).unwrap());
+        if scenario.watched_since_new {
+            // The watch saw the pod new: no lifecycle, no VM yet.
+            let new = fixup_core::facts::PodInput {
+                annotations: Default::default(),
+                ..pod.clone()
+            };
+            store.observe(&new, true).unwrap();
+        }
         store.save(&pod_uid(&pod), &record).unwrap();
         (store, wall)
     });

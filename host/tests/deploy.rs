@@ -1151,11 +1151,13 @@ async fn rbac_grants_exactly_what_serve_and_run_use() {
     let serve = permissions(&serve_traffic.requests);
     let run = permissions(&run_traffic.requests);
 
-    // `run` handles one pod: read it, patch it, record events.
+    // `run` handles one pod: read it, patch it, record events, and list
+    // the events about it (the stack's wake events, spec section 2).
     let one_pod: BTreeSet<Permission> = [
         perm("", "pods", "get"),
         perm("", "pods", "patch"),
         perm("events.k8s.io", "events", "create"),
+        perm("events.k8s.io", "events", "list"),
     ]
     .into();
     assert_eq!(run, one_pod, "the requests of `run`");

@@ -24,3 +24,4 @@ mod ready;
 mod restart;
 mod sac;
 mod serve;
+mod wake;

@@ -32,7 +32,7 @@ use super::{
 use crate::annotations::AnnotationPatch;
 use crate::exec::{ExecOutput, ExitStatusKind};
 use crate::facts::{MacAddr, PodInput, VmId, VmInspect};
-use crate::memory::PodMemory;
+use crate::memory::{PodMemory, StackEvent};
 use crate::plan::{Nonce, done_marker, exec_nonce};
 use crate::planner::Planner;
 use fixup_sac::SacError;
@@ -101,7 +101,44 @@ pub struct Scenario {
     /// epoch (what a kept budget is measured against).
     #[serde(default = "default_wall_start")]
     pub wall_start_ms: u64,
+    /// The host's watch has seen the pod without a gap since it was new
+    /// (kept in the host's memory only, beside `record`).
+    #[serde(default)]
+    pub watched_since_new: bool,
+    /// The events about the pod the API server holds (events.k8s.io/v1),
+    /// each from the time it is created.
+    #[serde(default)]
+    pub events: Vec<EventScript>,
+    /// Listing the pod's events fails (no `list` on events, say).
+    #[serde(default)]
+    pub events_unreadable: bool,
     pub expect: Expect,
+}
+
+/// An event about the pod (or about another, by `regarding_uid`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventScript {
+    pub reason: String,
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `reportingController` (default: the stack's own, `vk-cocoon`).
+    #[serde(default = "stack_controller")]
+    pub reporting_controller: String,
+    /// `regarding.uid` (default: the pod's).
+    #[serde(default)]
+    pub regarding_uid: Option<String>,
+    /// When the event is created, on the task's clock (ms).
+    #[serde(default)]
+    pub at_ms: u64,
+    /// Its newest occurrence, in ms since the Unix epoch (default: the
+    /// wall clock when it is created).
+    #[serde(default)]
+    pub newest_unix_ms: Option<i64>,
+}
+
+fn stack_controller() -> String {
+    "vk-cocoon".to_owned()
 }
 
 /// A key that is present, even as `null`, is `Some`.
@@ -304,6 +341,15 @@ pub struct Expect {
     /// `attempts`, `errors`) must hold those values; absent: not compared.
     #[serde(default, deserialize_with = "present")]
     pub budget: Option<Value>,
+    /// The wake verdict in the host's record at the end: `null` for none,
+    /// or an object whose keys (`vm`, `wake`, `by`) must hold those
+    /// values; absent: not compared.
+    #[serde(default, deserialize_with = "present")]
+    pub verdict: Option<Value>,
+    /// The VM the host's record says its last `post-clone-state` write was
+    /// for (`null`: none); absent: not compared.
+    #[serde(default, deserialize_with = "present")]
+    pub marker_vm: Option<Value>,
 }
 
 /// One expected entry: exactly one of `inspect`, `write`, `exec`, `event`.
@@ -551,13 +597,34 @@ impl Scenario {
     pub fn check(&self, world: &World, ended: &Ended) -> Result<(), String> {
         let seen = &world.seen[..];
         let mut problems = Vec::new();
-        if let Some(want) = &self.expect.budget {
-            let got = world
-                .record
-                .as_ref()
-                .and_then(|r| r.budget())
-                .map(|b| serde_json::to_value(b).expect("a budget is JSON"))
-                .unwrap_or(Value::Null);
+        let record = world.record.as_ref();
+        let json = |value: Option<Value>| value.unwrap_or(Value::Null);
+        for (what, want, got) in [
+            (
+                "budget",
+                &self.expect.budget,
+                json(
+                    record
+                        .and_then(|r| r.budget())
+                        .map(|b| serde_json::to_value(b).expect("a budget is JSON")),
+                ),
+            ),
+            (
+                "verdict",
+                &self.expect.verdict,
+                json(
+                    record
+                        .and_then(|r| r.verdict())
+                        .map(|v| serde_json::to_value(v).expect("a verdict is JSON")),
+                ),
+            ),
+            (
+                "marker_vm",
+                &self.expect.marker_vm,
+                json(record.and_then(|r| r.marker_vm()).map(Value::from)),
+            ),
+        ] {
+            let Some(want) = want else { continue };
             let agrees = match (want, &got) {
                 (Value::Object(want), Value::Object(got)) => {
                     want.iter().all(|(k, v)| got.get(k) == Some(v))
@@ -565,7 +632,7 @@ impl Scenario {
                 (want, got) => want == got,
             };
             if !agrees {
-                problems.push(format!("the record's budget is {got}, expected {want}"));
+                problems.push(format!("the record's {what} is {got}, expected {want}"));
             }
         }
         match (&self.expect.result.get("stop"), ended) {
@@ -668,10 +735,14 @@ impl World {
             requests: BTreeMap::new(),
             seen: Vec::new(),
             notes: Vec::new(),
-            record: scenario.record.as_ref().map(|record| match record {
-                Value::Null => PodMemory::new(),
-                record => PodMemory::from_json(record.to_string().as_bytes())
-                    .expect("a scenario's record is a record"),
+            record: scenario.record.as_ref().map(|record| {
+                let mut memory = match record {
+                    Value::Null => PodMemory::new(),
+                    record => PodMemory::from_json(record.to_string().as_bytes())
+                        .expect("a scenario's record is a record"),
+                };
+                memory.set_watched_since_new(scenario.watched_since_new);
+                memory
             }),
         }
     }
@@ -852,6 +923,38 @@ impl World {
             pods.push(PodInput::from_value(pod, &input).unwrap_or_else(|e| panic!("{e}")));
         }
         Ok(pods)
+    }
+
+    /// The events about the pod the API server holds at `now`, selected by
+    /// `regarding.uid` = `uid`; or why they cannot be listed.
+    pub fn events(&self, now: Duration, uid: &str) -> Result<Vec<StackEvent>, String> {
+        if self.scenario.events_unreadable {
+            return Err("events.k8s.io \"events\" is forbidden: cannot list resource \"events\" in the namespace".to_owned());
+        }
+        let now = ms(now);
+        let wall = i64::try_from(self.scenario.wall_start_ms).unwrap_or(i64::MAX);
+        let own = self
+            .pod
+            .as_ref()
+            .and_then(|p| p.uid.clone())
+            .unwrap_or_default();
+        Ok(self
+            .scenario
+            .events
+            .iter()
+            .filter(|e| e.at_ms <= now)
+            .map(|e| StackEvent {
+                reason: e.reason.clone(),
+                type_: e.type_.clone(),
+                reporting_controller: e.reporting_controller.clone(),
+                regarding_uid: e.regarding_uid.clone().unwrap_or_else(|| own.clone()),
+                newest_unix_ms: Some(
+                    e.newest_unix_ms
+                        .unwrap_or(wall.saturating_add(i64::try_from(e.at_ms).unwrap_or(0))),
+                ),
+            })
+            .filter(|e| e.regarding_uid == uid)
+            .collect())
     }
 
     /// `cocoon vm inspect`.
@@ -1205,6 +1308,7 @@ pub fn replay(scenario: &Scenario, planner: &Planner) -> (World, Ended) {
             }
             Action::Inspect { vm, .. } => Report::Inspected(world.inspect(now, &vm)),
             Action::OtherPods { .. } => Report::OtherPods(world.other_pods()),
+            Action::WakeEvents => Report::Events(world.events(now, &uid)),
             Action::Plan(request) => Report::Planned(request.run(planner)),
             Action::Read => Report::Read(world.read(now)),
             Action::Patch {

@@ -36,7 +36,7 @@ mod task;
 pub use locate::{
     Lookup, bind_record, boot_override, has_work, lookup, never_planned, observe, vm_id,
 };
-pub use settings::{ReadyConfig, RetryConfig, Settings, SettingsBuilder, SettingsMs};
+pub use settings::{ReadyConfig, RetryConfig, Settings, SettingsBuilder, SettingsMs, WakeConfig};
 pub use task::{DECIDE_ROUNDS, NonceSource, PodTask, WrongReport, os_nonces};
 
 use std::fmt;
@@ -51,7 +51,7 @@ use crate::classify::Scenario;
 use crate::exec::ExecOutput;
 use crate::facts::{FactError, MacAddr, Observation, PodInput, VmFacts, VmId, VmInspect};
 use crate::lifecycle::HandsOff;
-use crate::memory::PodMemory;
+use crate::memory::{PodMemory, StackEvent};
 use crate::planner::{ComposedPlan, PlanOutcome, Planner, PlannerError};
 use crate::plugin::PluginError;
 use crate::plugin::registry::NoPlugin;
@@ -177,6 +177,12 @@ pub enum Action {
     /// ([`crate::binding::settle`]), the host only answers. Report:
     /// [`Report::OtherPods`].
     OtherPods { vm_name: String },
+    /// List the events about the pod (events.k8s.io/v1 in the pod's
+    /// namespace, selected by `regarding.uid` = the pod's uid), for the
+    /// stack's own record of a hibernate wake (spec section 2, rule 2):
+    /// the decision reads them ([`crate::memory::events_say_wake`]), the
+    /// host only lists. Report: [`Report::Events`].
+    WakeEvents,
     /// Plan ([`PlanRequest::run`]), off any async worker. Report:
     /// [`Report::Planned`].
     Plan(Box<PlanRequest>),
@@ -263,6 +269,10 @@ pub enum Report {
     /// one line): the annotated name is then not proven, and the task
     /// stops without running anything ([`Stop::Unproven`]).
     OtherPods(Result<Vec<PodInput>, String>),
+    /// The events about the pod, or why they could not be listed (as one
+    /// line): then rule 2 finds nothing, and the task goes on with a
+    /// warning.
+    Events(Result<Vec<StackEvent>, String>),
     Planned(Planned),
     Read(Result<Option<PodInput>, PodError>),
     Patched(Result<Guarded, PodError>),
@@ -298,8 +308,8 @@ pub enum Note {
         end: FixupEnd,
         attempts: u32,
     },
-    /// How the IP wait ended.
-    IpWait(Readiness),
+    /// How the IP wait ended, and whether the VM is a hibernate wake.
+    IpWait { readiness: Readiness, wake: bool },
     /// How the serial-console pass ended.
     Sac(SacEnd),
     /// Something worth a warning in the log.

@@ -72,11 +72,36 @@ impl Default for ReadyConfig {
     }
 }
 
+/// How a hibernate wake is recognised (spec section 2). Defaults: a wake
+/// event counts when its newest occurrence is at most 30 minutes before
+/// the VM record's `created_at`; a CH+`windows` pod with no evidence
+/// either way waits up to 10 s from the host's first sight of its VM for
+/// a `Woken` event, looking every second. Configured with
+/// `--wake-event-window` and `--wake-grace`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WakeConfig {
+    pub event_window: Duration,
+    pub grace: Duration,
+    /// How often the events are listed again during the grace.
+    pub poll: Duration,
+}
+
+impl Default for WakeConfig {
+    fn default() -> Self {
+        WakeConfig {
+            event_window: crate::memory::WAKE_EVENT_WINDOW,
+            grace: Duration::from_secs(10),
+            poll: Duration::from_secs(1),
+        }
+    }
+}
+
 /// Everything the decision for one pod reads besides what it observes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
     pub retry: RetryConfig,
     pub ready: ReadyConfig,
+    pub wake: WakeConfig,
     /// Timeout for `cocoon vm inspect` (default 10 s, `--inspect-timeout`).
     pub inspect_timeout: Duration,
     /// Which VM names bind a VM to its pod (spec section 2).
@@ -88,6 +113,7 @@ impl Default for Settings {
         Settings {
             retry: RetryConfig::default(),
             ready: ReadyConfig::default(),
+            wake: WakeConfig::default(),
             inspect_timeout: Duration::from_secs(10),
             binding: BindingPolicy::default(),
         }
@@ -108,6 +134,8 @@ pub struct SettingsBuilder {
     pub renew_after: Option<Duration>,
     pub renew_timeout: Option<Duration>,
     pub dhcp_recovery_after: Option<Duration>,
+    pub wake_event_window: Option<Duration>,
+    pub wake_grace: Option<Duration>,
     pub accept_legacy_vm_names: bool,
     pub accept_annotated_vm_names: bool,
 }
@@ -129,6 +157,8 @@ impl SettingsBuilder {
             ("ip_wait", self.ip_wait, BUDGET),
             ("renew_after", self.renew_after, ANY),
             ("dhcp_recovery_after", self.dhcp_recovery_after, ANY),
+            ("wake_event_window", self.wake_event_window, ANY),
+            ("wake_grace", self.wake_grace, ANY),
         ] {
             let Some(value) = value else { continue };
             let rule = if value < floor {
@@ -146,6 +176,7 @@ impl SettingsBuilder {
         }
         let retry_default = RetryConfig::default();
         let ready_default = ReadyConfig::default();
+        let wake_default = WakeConfig::default();
         let exec_timeout = self.exec_timeout.unwrap_or(retry_default.exec_timeout);
         Ok(Settings {
             retry: RetryConfig {
@@ -161,6 +192,11 @@ impl SettingsBuilder {
                     .dhcp_recovery_after
                     .unwrap_or(ready_default.dhcp_recovery_after),
                 recovery_timeout: exec_timeout,
+            },
+            wake: WakeConfig {
+                event_window: self.wake_event_window.unwrap_or(wake_default.event_window),
+                grace: self.wake_grace.unwrap_or(wake_default.grace),
+                poll: wake_default.poll,
             },
             inspect_timeout: self
                 .inspect_timeout
@@ -187,6 +223,8 @@ pub struct SettingsMs {
     pub renew_after_ms: Option<u64>,
     pub renew_timeout_ms: Option<u64>,
     pub dhcp_recovery_after_ms: Option<u64>,
+    pub wake_event_window_ms: Option<u64>,
+    pub wake_grace_ms: Option<u64>,
     #[serde(default)]
     pub accept_legacy_vm_names: bool,
     #[serde(default)]
@@ -206,6 +244,8 @@ impl SettingsMs {
             renew_after: ms(self.renew_after_ms),
             renew_timeout: ms(self.renew_timeout_ms),
             dhcp_recovery_after: ms(self.dhcp_recovery_after_ms),
+            wake_event_window: ms(self.wake_event_window_ms),
+            wake_grace: ms(self.wake_grace_ms),
             accept_legacy_vm_names: self.accept_legacy_vm_names,
             accept_annotated_vm_names: self.accept_annotated_vm_names,
         }
@@ -281,6 +321,8 @@ mod tests {
             "renew_after",
             "renew_timeout",
             "dhcp_recovery_after",
+            "wake_event_window",
+            "wake_grace",
         ] {
             let with = |value: Duration| {
                 let ms = Some(u64::try_from(value.as_millis()).unwrap());
@@ -293,6 +335,8 @@ mod tests {
                     "ip_wait" => json.ip_wait_ms = ms,
                     "renew_after" => json.renew_after_ms = ms,
                     "renew_timeout" => json.renew_timeout_ms = ms,
+                    "wake_event_window" => json.wake_event_window_ms = ms,
+                    "wake_grace" => json.wake_grace_ms = ms,
                     _ => json.dhcp_recovery_after_ms = ms,
                 }
                 json.builder().build()

@@ -21,11 +21,11 @@ use crate::binding::{self, Verdict};
 use crate::classify::{self, Rule, Scenario};
 use crate::exec::{self, ExecOutput};
 use crate::facts::{
-    GuestOs, ImageKind, Observation, Overrides, PodInput, StaticIpv4, VmFacts, VmId, VmInspect,
-    WaitFacts, WaitNic, escape_controls, static_nics,
+    Backend, BootKind, GuestOs, ImageKind, Observation, Overrides, PodInput, StaticIpv4, VmFacts,
+    VmId, VmInspect, WaitFacts, WaitNic, escape_controls, static_nics,
 };
 use crate::lifecycle::{self, Action as Row, HandsOff, Lifecycle, PostCloneState};
-use crate::memory::PodMemory;
+use crate::memory::{Evidence, PodMemory, StackEvent, events_say_wake, woken_event_seen};
 use crate::plan::{Nonce, Plan, exec_argv, hint_base64};
 use crate::planner::{ComposedPlan, PlannerError};
 use fixup_sac::{Nic as SacNic, SacError, StaticNic};
@@ -64,6 +64,14 @@ pub struct PodTask {
     memory: Option<Memory>,
     /// What answers the action handed out last.
     awaiting: Awaiting,
+    /// The VM is a hibernate wake (spec section 2): by the pod's
+    /// `restore-from-hibernate` until the decision's verdict.
+    wake: bool,
+    /// The wake happened in place ([`Evidence::in_place`]).
+    in_place: bool,
+    /// Listing the stack's events failed once already in this task (the
+    /// warning is noted once).
+    events_failed: bool,
 }
 
 /// The host's record of the pod, and the wall clock at the task's start.
@@ -88,6 +96,7 @@ enum Awaiting {
     GoOrCancelled,
     Inspected,
     OtherPods,
+    Events,
     Planned,
     Read,
     Patched,
@@ -110,6 +119,7 @@ impl Awaiting {
             Action::Admit | Action::Checkpoint | Action::Sleep { .. } => Awaiting::GoOrCancelled,
             Action::Inspect { .. } => Awaiting::Inspected,
             Action::OtherPods { .. } => Awaiting::OtherPods,
+            Action::WakeEvents => Awaiting::Events,
             Action::Plan(_) => Awaiting::Planned,
             Action::Read => Awaiting::Read,
             Action::Patch { .. } => Awaiting::Patched,
@@ -135,6 +145,7 @@ impl Awaiting {
                 )
                 | (Awaiting::Inspected, Report::Inspected(_))
                 | (Awaiting::OtherPods, Report::OtherPods(_))
+                | (Awaiting::Events, Report::Events(_))
                 | (Awaiting::Planned, Report::Planned(_))
                 | (Awaiting::Read, Report::Read(_))
                 | (Awaiting::Patched, Report::Patched(_))
@@ -169,6 +180,7 @@ fn report_name(report: &Report) -> &'static str {
         Report::Cancelled => "cancelled",
         Report::Inspected(_) => "inspected",
         Report::OtherPods(_) => "other-pods",
+        Report::Events(_) => "events",
         Report::Planned(_) => "planned",
         Report::Read(_) => "read",
         Report::Patched(_) => "patched",
@@ -247,6 +259,21 @@ impl Fixup {
     }
 }
 
+/// A VM bound to the pod whose wake verdict is not reached yet (spec
+/// section 2, rules 2 and the grace).
+#[derive(Debug)]
+struct Recognising {
+    record: VmInspect,
+    vm: VmId,
+    /// A CH+`windows` pod not watched without a gap since it was new:
+    /// finding nothing waits for the grace.
+    grace: bool,
+    /// The grace's end on the task's clock.
+    until: Duration,
+    /// The turn was given back for the grace (taken again after it).
+    released: bool,
+}
+
 /// The serial-console pass (spec section 10).
 #[derive(Debug)]
 struct SacPass {
@@ -304,12 +331,31 @@ enum Write {
     SacFailed { vm: VmId, line: String },
 }
 
+impl Write {
+    /// The VM the write is about.
+    fn vm(&self) -> &VmId {
+        match self {
+            Write::Running(fixup) | Write::Done(fixup) | Write::Exhausted { fixup, .. } => {
+                &fixup.vm
+            }
+            Write::PlanFailed { vm, .. } | Write::SacFailed { vm, .. } => vm,
+            Write::Final(wait) => &wait.facts.id,
+        }
+    }
+}
+
 #[derive(Debug)]
 enum Stage {
     Admitting,
     Inspecting,
     /// The record's annotated name waits for the node's other pods.
     Binding(Box<VmInspect>),
+    /// The wake verdict waits for the stack's events about the pod.
+    Recognising(Box<Recognising>),
+    /// The wake grace: the events are listed again after this sleep.
+    RecognisingSleep(Box<Recognising>),
+    /// The verdict is reached after the grace: the turn again.
+    Readmitting(Box<(VmInspect, VmId, Evidence)>),
     PlanningFixup {
         obs: Box<Observation>,
         vm: VmId,
@@ -357,6 +403,9 @@ impl Stage {
             Stage::Admitting => "admitting",
             Stage::Inspecting => "inspecting",
             Stage::Binding(_) => "binding",
+            Stage::Recognising(_) | Stage::RecognisingSleep(_) | Stage::Readmitting(_) => {
+                "recognising-wake"
+            }
             Stage::PlanningFixup { .. } => "planning",
             Stage::PlanningRecovery(_) => "planning-recovery",
             Stage::ReadingFor(_) => "reading",
@@ -441,7 +490,14 @@ impl PodTask {
             fixup_only: false,
             memory: None,
             awaiting: Awaiting::Nothing,
+            wake: false,
+            in_place: false,
+            events_failed: false,
         };
+        task.wake = task
+            .seen
+            .annotation(crate::facts::annotations::RESTORE_FROM_HIBERNATE)
+            == "true";
         let first = if uid.is_none() {
             task.stop(Stop::NoUid { pod: label })
         } else {
@@ -596,6 +652,15 @@ impl PodTask {
             (Stage::Admitting, Report::Go) => self.admitted(),
             (Stage::Inspecting, Report::Inspected(result)) => self.inspected(result),
             (Stage::Binding(record), Report::OtherPods(answer)) => self.other_pods(*record, answer),
+            (Stage::Recognising(wait), Report::Events(answer)) => self.events(*wait, answer),
+            (Stage::Readmitting(verdict), Report::Go) => {
+                let (record, vm, by) = *verdict;
+                self.recognised(record, vm, by)
+            }
+            (Stage::RecognisingSleep(wait), Report::Go) => {
+                self.stage = Stage::Recognising(wait);
+                Action::WakeEvents
+            }
             (Stage::PlanningFixup { obs, vm }, Report::Planned(Planned::Fixup(result))) => {
                 self.planned(*obs, vm, result)
             }
@@ -624,7 +689,10 @@ impl PodTask {
                 Report::Patched(result),
             ) => self.patched(write, *from, &patch, round, result),
             (Stage::DoneAlone(fixup), Report::Patched(result)) => match result {
-                Ok(_) => self.done_written(fixup, None),
+                Ok(_) => {
+                    self.marked(&fixup.vm.clone());
+                    self.done_written(fixup, None)
+                }
                 Err(PodError::Gone { .. }) => self.fixup_over(&fixup, FixupEnd::Gone),
                 Err(e) => self.stop(Stop::Api(e)),
             },
@@ -733,7 +801,7 @@ impl PodTask {
     /// failed; `running` stays for the next start.
     fn cancelled(&mut self, stage: Stage) -> Action {
         match stage {
-            Stage::Admitting => {
+            Stage::Admitting | Stage::RecognisingSleep(_) | Stage::Readmitting(_) => {
                 self.summary.action = Handled::Shutdown;
                 self.finish()
             }
@@ -844,16 +912,150 @@ impl PodTask {
         })
     }
 
-    /// The VM is the pod's: classify it and go on by the table.
+    /// The VM is the pod's: recognise a wake (spec section 2), then
+    /// classify it.
     fn bound(&mut self, record: VmInspect) -> Action {
-        let obs = observe(&self.seen, &record, &Overrides::default());
-        let vm = match super::vm_id(&obs) {
+        let vm = match super::vm_id(&observe(&self.seen, &record, &Overrides::default())) {
             Ok(vm) => vm,
             Err(source) => {
                 let pod = self.summary.pod.clone();
                 return self.node_error(NodeError::BadRecord { pod, source });
             }
         };
+        // A `post-clone-state` the host wrote for an earlier VM of the pod
+        // does not apply to this one.
+        if let Some(memory) = &self.memory
+            && !memory.record.marker_applies(&vm)
+            && self
+                .seen
+                .annotations
+                .remove(keys::POST_CLONE_STATE)
+                .is_some()
+        {
+            self.note(Note::Warn(format!(
+                "the pod's {} was written for an earlier VM of the pod: not taken for {vm}",
+                keys::POST_CLONE_STATE
+            )));
+        }
+        // Rule 1, then the verdict already reached for this VM, then rule 3.
+        if self.wake {
+            return self.recognised(record, vm, Evidence::Annotation);
+        }
+        let known = self.memory.as_ref().and_then(|memory| {
+            let record = &memory.record;
+            match record.verdict_for(&vm) {
+                Some(verdict) => Some(verdict.by),
+                None => record.history_says_wake(&vm).then_some(Evidence::History),
+            }
+        });
+        if let Some(by) = known {
+            return self.recognised(record, vm, by);
+        }
+        // Rule 2 needs the stack's events; a CH+`windows` pod that the
+        // host has not watched since it was new waits a grace for them,
+        // from the first sight of this VM (kept across restarts).
+        let now = self.now;
+        let grace = self.settings.wake.grace;
+        let windows_ch = {
+            let obs = observe(&self.seen, &record, &Overrides::default());
+            obs.backend == Backend::CloudHypervisor
+                && obs.backend_exact
+                && obs.os == GuestOs::Windows
+        };
+        let (watched, until) = match &mut self.memory {
+            Some(memory) => {
+                let wall = memory.wall(now);
+                let (seen, changed) = memory.record.first_seen(&vm, wall);
+                let until_wall =
+                    seen.saturating_add(u64::try_from(grace.as_millis()).unwrap_or(u64::MAX));
+                let until = now + Duration::from_millis(until_wall.saturating_sub(wall));
+                let watched = memory.record.watched_since_new();
+                if changed {
+                    self.keep_record();
+                }
+                (watched, until)
+            }
+            None => (false, now + grace),
+        };
+        self.stage = Stage::Recognising(Box::new(Recognising {
+            record,
+            vm,
+            grace: windows_ch && !watched,
+            until,
+            released: false,
+        }));
+        Action::WakeEvents
+    }
+
+    /// The stack's events about the pod came back (spec section 2, rule 2
+    /// and the grace).
+    fn events(&mut self, wait: Recognising, answer: Result<Vec<StackEvent>, String>) -> Action {
+        let wake = self.settings.wake.clone();
+        match answer {
+            Ok(events) => {
+                let (uid, created) = (&self.pod.uid, wait.record.created_unix_ms);
+                if woken_event_seen(&events, uid, created, wake.event_window) {
+                    return self.after_grace(wait, Evidence::Woken);
+                }
+                if events_say_wake(&events, uid, created, wake.event_window) {
+                    return self.after_grace(wait, Evidence::Events);
+                }
+            }
+            Err(e) => {
+                if !std::mem::replace(&mut self.events_failed, true) {
+                    self.note(Note::Warn(format!(
+                        "cannot list the pod's events to recognise a hibernate wake: {}; the VM is taken for a wake only by the pod's annotation or the host's record (check `list` on events.k8s.io events in the host's RBAC)",
+                        one_line(&e)
+                    )));
+                }
+            }
+        }
+        if !wait.grace {
+            return self.after_grace(wait, Evidence::NoEvidence);
+        }
+        if self.now >= wait.until {
+            return self.after_grace(wait, Evidence::Grace);
+        }
+        let until = (self.now + wake.poll).min(wait.until);
+        // The grace does not hold a turn among the pods worked on at once.
+        let mut wait = wait;
+        if !std::mem::replace(&mut wait.released, true) {
+            self.queue.push_back(Action::Release);
+        }
+        self.stage = Stage::RecognisingSleep(Box::new(wait));
+        Action::Sleep { until }
+    }
+
+    /// The events gave the verdict: take the turn again when the grace gave
+    /// it back, then go on.
+    fn after_grace(&mut self, wait: Recognising, by: Evidence) -> Action {
+        if wait.released {
+            self.stage = Stage::Readmitting(Box::new((wait.record, wait.vm, by)));
+            return Action::Admit;
+        }
+        self.recognised(wait.record, wait.vm, by)
+    }
+
+    /// The wake verdict for the VM is reached: keep it, then classify.
+    fn recognised(&mut self, record: VmInspect, vm: VmId, by: Evidence) -> Action {
+        self.wake = by.says_wake();
+        self.in_place = by.in_place();
+        if let Some(memory) = &mut self.memory
+            && memory.record.set_verdict(&vm, by)
+        {
+            self.keep_record();
+        }
+        self.classified(record, vm)
+    }
+
+    /// The VM is the pod's and its wake verdict reached: classify it and
+    /// go on by the table.
+    fn classified(&mut self, record: VmInspect, vm: VmId) -> Action {
+        let overrides = Overrides {
+            boot: self.wake.then_some(BootKind::Wake),
+            source_image: None,
+        };
+        let obs = observe(&self.seen, &record, &overrides);
         let decision = classify::classify(&obs);
         self.summary.rule = decision.rule.number();
         let row = lifecycle::decide(&self.seen, decision.needs_fixup());
@@ -1021,9 +1223,7 @@ impl PodTask {
     /// `restore-from-hibernate`: it stays on the pod, so work resumed after
     /// a restart keeps the wake's wording (spec section 6).
     fn woken(&self) -> bool {
-        self.seen
-            .annotation(crate::facts::annotations::RESTORE_FROM_HIBERNATE)
-            == "true"
+        self.wake
     }
 
     /// The read before a step in the guest (an attempt, the IP wait's
@@ -1164,6 +1364,17 @@ impl PodTask {
         round: u32,
         result: Result<Guarded, PodError>,
     ) -> Action {
+        let landed = match &result {
+            Ok(Guarded::Written(_)) => true,
+            Ok(Guarded::Changed(current)) => {
+                current.uid.as_deref() == Some(self.pod.uid.as_str()) && holds(current, patch)
+            }
+            Err(_) => false,
+        };
+        if landed && patch.contains_key(keys::POST_CLONE_STATE) {
+            let vm = write.vm().clone();
+            self.marked(&vm);
+        }
         match result {
             Ok(Guarded::Written(answer)) => self.decided(write, Decided::Written { from, answer }),
             // A write that landed while its answer was lost (a timeout, a
@@ -1287,12 +1498,20 @@ impl PodTask {
             Write::SacFailed { line, .. } => {
                 // Work the host took up where it had left it (a marker of
                 // its own on the pod) is `reconcile`, whatever brought the
-                // pod to it; a pod's first fixup is `create`.
+                // pod to it; an in-place wake is `update`; a pod's first VM
+                // (a restore by `restore-from-hibernate` included) is
+                // `create`.
                 let resumed = matches!(
                     PostCloneState::parse(self.seen.annotation(keys::POST_CLONE_STATE)),
                     Some(PostCloneState::Running | PostCloneState::Done)
                 );
-                let op = if resumed { "reconcile" } else { "create" };
+                let op = if resumed {
+                    "reconcile"
+                } else if self.in_place {
+                    "update"
+                } else {
+                    "create"
+                };
                 let event =
                     Event::warning(reasons::WINDOWS_STATIC_IP_FAILED, format!("{op}: {line}"));
                 match decided {
@@ -1464,7 +1683,10 @@ impl PodTask {
     }
 
     fn readiness(&mut self, readiness: Readiness, ip: Option<Ipv4Addr>) -> Action {
-        self.note(Note::IpWait(readiness));
+        self.note(Note::IpWait {
+            readiness,
+            wake: self.wake,
+        });
         self.summary.readiness = Some(readiness);
         self.summary.ip = ip.map(|ip| ip.to_string());
         self.finish()
@@ -1529,6 +1751,16 @@ impl PodTask {
             .memory
             .as_mut()
             .is_some_and(|memory| memory.record.end_budget())
+        {
+            self.keep_record();
+        }
+    }
+
+    /// A `post-clone-state` for `vm` landed on the pod: the record keeps
+    /// which VM the marker is for (spec section 2).
+    fn marked(&mut self, vm: &VmId) {
+        if let Some(memory) = &mut self.memory
+            && memory.record.set_marker(vm)
         {
             self.keep_record();
         }

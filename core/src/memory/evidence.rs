@@ -50,6 +50,60 @@ pub struct StackEvent {
     pub newest_unix_ms: Option<i64>,
 }
 
+impl StackEvent {
+    /// An events.k8s.io/v1 Event as the API server prints it (JSON): the
+    /// fields the rule reads, each absent or of another type read as empty
+    /// (a time that is no RFC 3339 time as none). The newest occurrence is
+    /// `series.lastObservedTime`, else `eventTime`, else
+    /// `deprecatedLastTimestamp`, else `metadata.creationTimestamp`.
+    pub fn from_value(event: &serde_json::Value) -> StackEvent {
+        let text = |pointer: &str| {
+            event
+                .pointer(pointer)
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let time = |pointer: &str| {
+            event
+                .pointer(pointer)
+                .and_then(serde_json::Value::as_str)
+                .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                .map(|t| t.as_millisecond())
+        };
+        StackEvent {
+            reason: text("/reason"),
+            type_: text("/type"),
+            reporting_controller: text("/reportingController"),
+            regarding_uid: text("/regarding/uid"),
+            newest_unix_ms: time("/series/lastObservedTime")
+                .or_else(|| time("/eventTime"))
+                .or_else(|| time("/deprecatedLastTimestamp"))
+                .or_else(|| time("/metadata/creationTimestamp")),
+        }
+    }
+
+    /// The event as the API server prints it, with what
+    /// [`from_value`](Self::from_value) reads (the time as `eventTime`).
+    pub fn to_value(&self) -> serde_json::Value {
+        let mut event = serde_json::json!({
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "reason": self.reason,
+            "type": self.type_,
+            "reportingController": self.reporting_controller,
+            "regarding": {"kind": "Pod", "uid": self.regarding_uid},
+        });
+        if let Some(at) = self
+            .newest_unix_ms
+            .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+        {
+            event["eventTime"] = serde_json::Value::String(at.to_string());
+        }
+        event
+    }
+}
+
 /// Whether `event` is about the pod `pod_uid`, not the host's own, and
 /// recent enough: its newest occurrence no earlier than `window` before
 /// the VM record's `created_at`.

@@ -48,8 +48,12 @@ pub const RECORD_VERSION: u32 = 1;
 pub enum Evidence {
     /// Rule 1: `restore-from-hibernate` is exactly `"true"`. A wake.
     Annotation,
-    /// Rule 2: a `Woken` or `HibernateSnapshotExists` event of the stack
-    /// ([`events_say_wake`]). A wake.
+    /// Rule 2: a `Woken` event of the stack ([`woken_event_seen`]): an
+    /// in-place wake. A wake.
+    Woken,
+    /// Rule 2: a `HibernateSnapshotExists` event of the stack
+    /// ([`events_say_wake`]): a create that restored the hibernate
+    /// snapshot. A wake.
     Events,
     /// Rule 3: the host's hibernate history
     /// ([`PodMemory::history_says_wake`]). A wake.
@@ -69,8 +73,15 @@ impl Evidence {
     pub fn says_wake(self) -> bool {
         matches!(
             self,
-            Evidence::Annotation | Evidence::Events | Evidence::History
+            Evidence::Annotation | Evidence::Woken | Evidence::Events | Evidence::History
         )
+    }
+
+    /// Whether the wake happened in place (the stack's `update`, spec
+    /// section 10): the pod kept its uid across the hibernation, as the
+    /// stack's `Woken` event or the host's own hibernate history show.
+    pub fn in_place(self) -> bool {
+        matches!(self, Evidence::Woken | Evidence::History)
     }
 }
 
@@ -84,6 +95,15 @@ pub struct Verdict {
     pub wake: bool,
     /// What the verdict rests on.
     pub by: Evidence,
+}
+
+/// When the decision first saw a VM bound to the pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmSeen {
+    /// The VM id.
+    pub vm: String,
+    /// Milliseconds since the Unix epoch.
+    pub at_unix_ms: u64,
 }
 
 /// Why a stored record is not used. Each is a warning: the record is
@@ -137,6 +157,10 @@ pub struct PodMemory {
     /// The fixup loop's retry budget, for the VM it names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     budget: Option<Budget>,
+    /// When the decision first saw the VM it names bound to the pod: the
+    /// wake grace of spec section 2 runs from then, across restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    vm_seen: Option<VmSeen>,
     /// The host has watched the pod without a gap since it first saw it
     /// without a lifecycle annotation. Not durable: a record read from disk
     /// has it cleared, because a restart of the host is a gap.
@@ -167,6 +191,7 @@ impl PodMemory {
             verdict: None,
             marker_vm: None,
             budget: None,
+            vm_seen: None,
             watched_since_new: false,
             fresh: true,
         }
@@ -356,6 +381,42 @@ impl PodMemory {
         self.budget.insert(budget)
     }
 
+    /// When the decision first saw `vm` bound to the pod: the stored time
+    /// if the record's VM is `vm`, else `now_unix_ms`, kept (replacing
+    /// another VM's). Returns the time and whether the record changed.
+    pub fn first_seen(&mut self, vm: &VmId, now_unix_ms: u64) -> (u64, bool) {
+        match &self.vm_seen {
+            Some(seen) if seen.vm == vm.as_str() => (seen.at_unix_ms, false),
+            _ => {
+                self.vm_seen = Some(VmSeen {
+                    vm: vm.as_str().to_owned(),
+                    at_unix_ms: now_unix_ms,
+                });
+                (now_unix_ms, true)
+            }
+        }
+    }
+
+    /// Take from `task` (a copy of this record a pod's task changed) what
+    /// the task keeps: the verdict, the marker's VM, the budget and the
+    /// time a VM was first seen; what the host's watch keeps (the last VM
+    /// id, the hibernation, the woken VM) stays as it is here, so neither
+    /// loses the other's changes.
+    pub fn take_task_parts(&mut self, task: &PodMemory) {
+        self.verdict.clone_from(&task.verdict);
+        self.marker_vm.clone_from(&task.marker_vm);
+        self.budget.clone_from(&task.budget);
+        self.vm_seen.clone_from(&task.vm_seen);
+    }
+
+    /// Say whether the host's watch has seen the pod without a gap since
+    /// it was new (the watch keeps this in memory: it is never stored).
+    /// The record is then no longer the host's first sight of the pod.
+    pub fn set_watched_since_new(&mut self, watched: bool) {
+        self.watched_since_new = watched;
+        self.fresh = false;
+    }
+
     /// The stored budget if it is `vm`'s.
     pub fn budget_for(&self, vm: &VmId) -> Option<&Budget> {
         self.budget.as_ref().filter(|b| b.vm() == vm.as_str())
@@ -376,6 +437,7 @@ impl PodMemory {
             && self.verdict.is_none()
             && self.marker_vm.is_none()
             && self.budget.is_none()
+            && self.vm_seen.is_none()
     }
 
     /// The record as stored: compact JSON.
@@ -430,6 +492,9 @@ impl PodMemory {
                     ),
                 });
             }
+        }
+        if let Some(seen) = &self.vm_seen {
+            id("vm_seen.vm", Some(&seen.vm))?;
         }
         if let Some(budget) = &self.budget {
             id("budget.vm", Some(budget.vm()))?;

@@ -161,6 +161,13 @@ pub struct MemoryStore {
     /// still winding down) writes nothing, so a deleted pod's record is
     /// not made again. Kubernetes never reuses a uid.
     gone: Mutex<(VecDeque<String>, HashSet<String>)>,
+    /// Held across each read-modify-write of a record
+    /// ([`observe`](MemoryStore::observe), [`keep_task`](MemoryStore::keep_task)),
+    /// so the watch and a pod's task never lose each other's changes.
+    updating: Mutex<()>,
+    /// The uids the host's watch has seen without a gap since they were
+    /// new (kept in memory only: a restart is a gap).
+    watched: Mutex<HashSet<String>>,
 }
 
 /// What [`MemoryStore::read`] found.
@@ -186,6 +193,8 @@ impl MemoryStore {
             writes: RwLock::new(()),
             admit: Mutex::new(()),
             gone: Mutex::default(),
+            updating: Mutex::new(()),
+            watched: Mutex::default(),
         })
     }
 
@@ -228,6 +237,69 @@ impl MemoryStore {
                 Ok(None)
             }
         }
+    }
+
+    /// [`load`](Self::load) for a pod's task: a new record when there is
+    /// none, marked watched since new when the host's watch says so.
+    pub fn recall(&self, uid: &str) -> Result<PodMemory, StoreError> {
+        let mut memory = self.load(uid)?.unwrap_or_default();
+        memory.set_watched_since_new(self.is_watched(uid));
+        Ok(memory)
+    }
+
+    fn is_watched(&self, uid: &str) -> bool {
+        self.watched
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(uid)
+    }
+
+    /// The host's watch saw `pod` ([`PodMemory::observe`]; `live`: a watch
+    /// event with no gap before it). The record is read, changed and
+    /// written under one lock; it is written only when something durable
+    /// changed. A pod without a uid, or with one this store refuses, is
+    /// not recorded.
+    pub fn observe(&self, pod: &crate::facts::PodInput, live: bool) -> Result<(), StoreError> {
+        let Some(uid) = pod.uid.as_deref().filter(|uid| !uid.is_empty()) else {
+            return Ok(());
+        };
+        record_name(uid)?;
+        let _updating = self.updating.lock().unwrap_or_else(PoisonError::into_inner);
+        let (mut memory, stored) = match self.load(uid)? {
+            Some(memory) => (memory, true),
+            None => (PodMemory::new(), false),
+        };
+        // A pod seen before (a record, or watched since new) is not new
+        // to the host: what the watch knows of it carries over.
+        let watched = self.is_watched(uid);
+        if stored || watched {
+            memory.set_watched_since_new(watched);
+        }
+        let changed = memory.observe(pod, live);
+        {
+            let mut watched = self.watched.lock().unwrap_or_else(PoisonError::into_inner);
+            if memory.watched_since_new() {
+                watched.insert(uid.to_owned());
+            } else {
+                watched.remove(uid);
+            }
+        }
+        if changed {
+            self.save(uid, &memory)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Keep what a pod's task changed in its copy of the record
+    /// ([`PodMemory::take_task_parts`]) in the stored record, read and
+    /// written under one lock with [`observe`](Self::observe).
+    pub fn keep_task(&self, uid: &str, task: &PodMemory) -> Result<(), StoreError> {
+        record_name(uid)?;
+        let _updating = self.updating.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut memory = self.load(uid)?.unwrap_or_default();
+        memory.take_task_parts(task);
+        self.save(uid, &memory)
     }
 
     /// Read the record file `name`, at most [`MAX_RECORD_BYTES`] of it.
@@ -351,6 +423,10 @@ impl MemoryStore {
                 }
             }
         }
+        self.watched
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(uid);
         let _writing = self.writes.read().unwrap_or_else(PoisonError::into_inner);
         self.remove(uid)
     }
@@ -388,6 +464,10 @@ impl MemoryStore {
         live: &BTreeSet<String>,
         listed_from: SystemTime,
     ) -> Result<usize, StoreError> {
+        self.watched
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|uid| live.contains(uid));
         let _alone = self.writes.write().unwrap_or_else(PoisonError::into_inner);
         let mut dropped = 0;
         for (uid, _) in self.record_names()? {
@@ -538,6 +618,97 @@ mod tests {
         let count = Arc::new(AtomicUsize::new(0));
         let out = tracing::subscriber::with_default(Warnings(count.clone()), f);
         (out, count.load(Ordering::Relaxed))
+    }
+
+    /// A pod of uid [`UID`] with these annotations.
+    fn seen(pairs: &[(&str, &str)]) -> PodInput {
+        PodInput {
+            uid: Some(UID.to_owned()),
+            annotations: pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            ..PodInput::default()
+        }
+    }
+
+    /// The watch's observations and a task's record meet in one file, and
+    /// neither loses the other's changes: a task that kept its verdict
+    /// from a copy read before a hibernation was noted does not undo the
+    /// hibernation, and the watch does not undo the task's verdict.
+    #[test]
+    fn the_watch_and_a_task_keep_their_own_parts_of_one_record() {
+        let (_tmp, store) = store();
+        let lifecycle = crate::annotations::keys::LIFECYCLE_STATE;
+        store
+            .observe(&seen(&[(annotations::VM_ID, "vm-1")]), false)
+            .unwrap();
+        let mut task_copy = store.recall(UID).unwrap();
+        store
+            .observe(&seen(&[(lifecycle, "hibernated")]), true)
+            .unwrap();
+        let vm = VmId::parse("vm-1").unwrap();
+        task_copy.set_verdict(&vm, Evidence::Grace);
+        task_copy.set_marker(&vm);
+        store.keep_task(UID, &task_copy).unwrap();
+        let kept = store.load(UID).unwrap().unwrap();
+        assert!(kept.hibernated(), "the watch's hibernation stays");
+        assert_eq!(kept.last_vm(), Some("vm-1"));
+        assert_eq!(kept.verdict().map(|v| v.by), Some(Evidence::Grace));
+        assert_eq!(kept.marker_vm(), Some("vm-1"));
+        // The wake's new id: history says wake, and the task's parts stay.
+        store
+            .observe(&seen(&[(annotations::VM_ID, "vm-2")]), true)
+            .unwrap();
+        let kept = store.load(UID).unwrap().unwrap();
+        assert_eq!(kept.wake_vm(), Some("vm-2"));
+        assert!(kept.history_says_wake(&VmId::parse("vm-2").unwrap()));
+        assert_eq!(kept.marker_vm(), Some("vm-1"));
+    }
+
+    /// Watched since new is the watch's memory only: a pod first seen live
+    /// without a lifecycle is watched; a listing (a gap) ends it, and so
+    /// does a restart (a new store over the same directory).
+    #[test]
+    fn watched_since_new_lasts_until_a_gap() {
+        let (tmp, store) = store();
+        let lifecycle = crate::annotations::keys::LIFECYCLE_STATE;
+        store.observe(&seen(&[]), true).unwrap();
+        assert!(store.recall(UID).unwrap().watched_since_new());
+        store
+            .observe(
+                &seen(&[(lifecycle, "creating"), (annotations::VM_ID, "vm-1")]),
+                true,
+            )
+            .unwrap();
+        assert!(
+            store.recall(UID).unwrap().watched_since_new(),
+            "still no gap"
+        );
+        let restarted = MemoryStore::open(&tmp.path().join("state")).unwrap();
+        assert!(
+            !restarted.recall(UID).unwrap().watched_since_new(),
+            "a restart is a gap"
+        );
+        store
+            .observe(
+                &seen(&[(lifecycle, "creating"), (annotations::VM_ID, "vm-1")]),
+                false,
+            )
+            .unwrap();
+        assert!(
+            !store.recall(UID).unwrap().watched_since_new(),
+            "a listing is a gap"
+        );
+        // A pod first seen mid-life is not watched since new.
+        let (_other, fresh) = self::store();
+        fresh
+            .observe(&seen(&[(lifecycle, "creating")]), true)
+            .unwrap();
+        assert!(!fresh.recall(UID).unwrap().watched_since_new());
+        // A deleted pod is forgotten, watched or not.
+        store.forget(UID).unwrap();
+        assert!(!store.recall(UID).unwrap().watched_since_new());
     }
 
     #[test]

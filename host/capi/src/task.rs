@@ -17,6 +17,7 @@
 //! | `checkpoint` | | `cancelled` when shutting down, else `go` |
 //! | `inspect` | `vm`, `timeout_ms` | `cocoon vm inspect --json`; `inspected` (the record as printed) or `inspect_error` |
 //! | `other_pods` | `vm_name` | list every pod the embedder sees on its node (asked only for a VM named by the pod's `vm.cocoonstack.io/name` under `accept_annotated_vm_names`; the library checks that none claims `vm_name`); `other_pods` (an array of pods as `kubectl get pod -o json` prints them, metadata is enough) or `other_pods_error` (why the embedder cannot list them: nothing runs) |
+//! | `wake_events` | `namespace`, `uid` | list the events about the pod from every reporter (events.k8s.io/v1 in `namespace` with the field selector `regarding.uid=<uid>`; the library reads the stack's `Woken` and `HibernateSnapshotExists` to recognise a hibernate wake, spec section 2); `events` (an array of the events as the API server prints them) or `events_error` (why they cannot be listed: the task goes on, with a warning) |
 //! | `read` | | read the pod by namespace and name; `read` (the pod, or null when not found) or `read_error` |
 //! | `patch` | `annotations` (value or null to remove), `uid`, `resource_version` (null: the uid precondition only) | merge-patch the annotations with `metadata.uid` (and `metadata.resourceVersion`) as preconditions; `patched` (the pod the API server answered with, or null), `changed` (the pod now, when the resource version no longer matched) or `patch_error` |
 //! | `exec` | `vm`, `argv`, `timeout_ms`, `purpose` | `cocoon vm exec <vm> -- <argv>`; `ran` or `exec_error` (or `cancelled`) |
@@ -32,7 +33,8 @@
 //!
 //! Every report is an object with `now_ms`, the embedder's clock in
 //! milliseconds since the task started, and one key: `go`, `cancelled`,
-//! `inspected`, `inspect_error`, `other_pods`, `other_pods_error`, `read`,
+//! `inspected`, `inspect_error`, `other_pods`, `other_pods_error`,
+//! `events`, `events_error`, `read`,
 //! `read_error`, `patched`,
 //! `changed`, `patch_error`, `ran` (`{exit | signal, stderr, stdout,
 //! stderr_cut}`), `exec_error`, `lease`, `lease_error`, `sac_opened`, `sac_open_error`,
@@ -53,7 +55,7 @@ use fixup_core::decision::{
 };
 use fixup_core::exec::{ExecOutput, ExitStatusKind};
 use fixup_core::facts::{PodInput, VmInspect};
-use fixup_core::memory::PodMemory;
+use fixup_core::memory::{PodMemory, StackEvent};
 use fixup_sac::SacError;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -95,6 +97,12 @@ pub struct TaskMemory {
     pub record: Option<Value>,
     /// The wall clock now, in milliseconds since the Unix epoch.
     pub now_unix_ms: u64,
+    /// The embedder has watched the pod without a gap since it first saw
+    /// it without a lifecycle annotation (a restart or a re-list of its
+    /// watch is a gap): then a CH Windows pod with no evidence of a wake
+    /// is not held for the wake grace (spec section 2). Default false.
+    #[serde(default)]
+    pub watched_since_new: bool,
 }
 
 impl TaskMemory {
@@ -179,7 +187,9 @@ pub fn start(built: &Built, pod: &[u8], options: Option<&str>) -> Result<(Task, 
         os_nonces(),
     );
     if let Some(memory) = &options.memory {
-        task.remember(memory.record()?, memory.now_unix_ms);
+        let mut record = memory.record()?;
+        record.set_watched_since_new(memory.watched_since_new);
+        task.remember(record, memory.now_unix_ms);
     }
     let mut task = Task { task, over: false };
     let action = task.hand_out(built, first, Duration::ZERO)?;
@@ -218,7 +228,7 @@ impl Task {
             action = self.task.next(Report::Planned(planned), now);
         }
         self.over = matches!(action, Action::Finish(_));
-        serde_json::to_string(&action_json(action, &self.task.pod().uid))
+        serde_json::to_string(&action_json(action, self.task.pod()))
             .map_err(|e| Failure::invalid(format!("cannot encode the action: {e}")))
     }
 }
@@ -227,7 +237,8 @@ fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn action_json(action: Action, uid: &str) -> Value {
+fn action_json(action: Action, pod: &fixup_core::decision::PodRef) -> Value {
+    let uid = pod.uid.as_str();
     match action {
         Action::Admit => json!({"action": "admit"}),
         Action::Release => json!({"action": "release"}),
@@ -236,6 +247,9 @@ fn action_json(action: Action, uid: &str) -> Value {
             json!({"action": "inspect", "vm": vm.as_str(), "timeout_ms": ms(timeout)})
         }
         Action::OtherPods { vm_name } => json!({"action": "other_pods", "vm_name": vm_name}),
+        Action::WakeEvents => {
+            json!({"action": "wake_events", "namespace": pod.namespace, "uid": pod.uid})
+        }
         Action::Plan(_) => unreachable!("the library plans itself"),
         Action::Read => json!({"action": "read"}),
         Action::Patch {
@@ -320,7 +334,13 @@ fn note_text(note: Note) -> (&'static str, String) {
             "info",
             format!("fixup {scenario} {end} after {attempts} attempt(s)"),
         ),
-        Note::IpWait(readiness) => ("info", format!("IP wait {readiness}")),
+        Note::IpWait { readiness, wake } => (
+            "info",
+            format!(
+                "IP wait {readiness} ({})",
+                if wake { "wake" } else { "clone" }
+            ),
+        ),
         Note::Sac(end) => ("info", format!("serial-console pass {end}")),
         Note::Warn(line) => ("warn", line),
     }
@@ -450,6 +470,13 @@ pub(crate) fn read_report(text: &str) -> Result<(Duration, Report), Failure> {
             .map(listed_pod)
             .collect::<Result<_, _>>()?)),
         "other_pods_error" => Report::OtherPods(Err(v.as_str().unwrap_or_default().to_owned())),
+        "events" => Report::Events(Ok(v
+            .as_array()
+            .ok_or_else(|| bad_report("events is an array of events"))?
+            .iter()
+            .map(StackEvent::from_value)
+            .collect())),
+        "events_error" => Report::Events(Err(v.as_str().unwrap_or_default().to_owned())),
         "read" if v.is_null() => Report::Read(Ok(None)),
         "read" => Report::Read(Ok(Some(pod_of(v)?))),
         "read_error" => Report::Read(Err(pod_error(v)?)),
@@ -551,7 +578,11 @@ mod tests {
             },
         });
         if let Some((record, wall)) = world.start_record() {
-            options["memory"] = json!({"record": record, "now_unix_ms": wall});
+            options["memory"] = json!({
+                "record": record,
+                "now_unix_ms": wall,
+                "watched_since_new": scenario.watched_since_new,
+            });
         }
         let (mut task, mut action) = start(built, &pod, Some(&options.to_string())).unwrap();
         let mut now = Duration::ZERO;
@@ -613,6 +644,12 @@ mod tests {
                     "inspect" => match world.inspect(now, &VmId::parse(&str_of("vm")).unwrap()) {
                         Ok(_) => json!({"inspected": scenario.vm.clone().unwrap()}),
                         Err(e) => json!({"inspect_error": e}),
+                    },
+                    "wake_events" => match world.events(now, &str_of("uid")) {
+                        Ok(events) => json!({
+                            "events": events.iter().map(StackEvent::to_value).collect::<Vec<_>>()
+                        }),
+                        Err(e) => json!({"events_error": e}),
                     },
                     "other_pods" => match world.other_pods() {
                         Ok(pods) => {

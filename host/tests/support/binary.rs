@@ -12,7 +12,8 @@ use tokio::process::Command;
 
 /// `cocoon-fixup --config DIR/config.toml ARGS...` with every path pointed
 /// into `dir`: `cocoon` (the fake CLI, or a wrapper around it), the cocoon
-/// root, `leases.json`, `plugins/`, `cache/`; a clean environment with
+/// root, `leases.json`, `plugins/`, `cache/`, the state directory `state/`
+/// (by its environment variable); a clean environment with
 /// `KUBECONFIG=kubeconfig` and `COCOON_FIXUP_LOG=info`; stdin closed; killed
 /// when dropped. `args` is the subcommand and its own flags; more can be
 /// added to the command.
@@ -24,6 +25,9 @@ pub fn cocoon_fixup(dir: &Path, kubeconfig: &Path, args: &[&str]) -> Command {
         .env("HOME", dir)
         .env("KUBECONFIG", kubeconfig)
         .env("COCOON_FIXUP_LOG", "info")
+        // The pods' records stay in the test's directory, never in the
+        // machine's (a test run as root would share /var/lib's).
+        .env("COCOON_FIXUP_STATE_DIR", dir.join("state"))
         .arg("--config")
         .arg(dir.join("config.toml"))
         .args(args)

@@ -163,6 +163,25 @@ impl FakeApi {
             .send(json!({"type": "ADDED", "object": state.pod.clone()}));
     }
 
+    /// Change the pod as another client would (the stack's hibernation or
+    /// wake): `change` edits its annotations, the pod gets a new
+    /// `resourceVersion`, and open watches are sent `MODIFIED`, whether or
+    /// not the server streams its own changes ([`FakeApi::start`]).
+    pub fn modify_pod(&self, change: impl FnOnce(&mut Map<String, Value>)) {
+        let mut state = self.state.lock().unwrap();
+        let annotations = state.pod["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .entry("annotations")
+            .or_insert_with(|| Value::Object(Map::new()));
+        change(annotations.as_object_mut().unwrap());
+        state.resource_version += 1;
+        state.stamp();
+        let _ = self
+            .changes
+            .send(json!({"type": "MODIFIED", "object": state.pod.clone()}));
+    }
+
     /// How many watches are open now (kept open until the client goes
     /// away; one that went away may count until its stream is dropped).
     pub fn watches(&self) -> usize {
