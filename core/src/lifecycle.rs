@@ -202,6 +202,29 @@ impl Action {
 /// Cheap (annotations only), so the daemon can run it on every watch event
 /// and the host before it asks cocoon anything.
 pub fn gate(pod: &PodInput) -> Result<Option<PostCloneState>, Action> {
+    gate_knowing(pod, Known::default())
+}
+
+/// What the decision knows of a pod beyond its annotations once its VM is
+/// bound (spec section 2): whether the VM is a hibernate wake, and whether
+/// the pod's `post-clone-state` was written for another VM of the pod (the
+/// host's record says so), which makes it no marker of this VM.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Known {
+    pub wake: bool,
+    pub foreign_marker: bool,
+}
+
+/// The rows [`gate`] decides from the annotations that the VM and the
+/// host's record may still change: a pod not cloned by its annotations may
+/// be a wake (a wake is a wake even on a `mode=run` pod), and a `failed`
+/// marker may be an earlier VM's.
+pub fn provisional(row: Action) -> bool {
+    matches!(row, Action::Nothing(HandsOff::NotCloned) | Action::Parked)
+}
+
+/// [`gate`], knowing `known`.
+pub fn gate_knowing(pod: &PodInput, known: Known) -> Result<Option<PostCloneState>, Action> {
     let get = |key: &str| pod.annotation(key);
     if !matches!(get(keys::LIFECYCLE_STATE), "" | "creating") {
         return Err(Action::Nothing(HandsOff::StackOwns));
@@ -218,10 +241,15 @@ pub fn gate(pod: &PodInput) -> Result<Option<PostCloneState>, Action> {
     if get(annotations::MANAGED) != "true" {
         return Err(Action::Nothing(HandsOff::NotManaged));
     }
-    if BootKind::from_annotations(&pod.annotations).is_none() {
+    if !known.wake && BootKind::from_annotations(&pod.annotations).is_none() {
         return Err(Action::Nothing(HandsOff::NotCloned));
     }
-    match PostCloneState::parse(get(keys::POST_CLONE_STATE)) {
+    let marker = if known.foreign_marker {
+        None
+    } else {
+        PostCloneState::parse(get(keys::POST_CLONE_STATE))
+    };
+    match marker {
         Some(PostCloneState::Failed) => Err(Action::Parked),
         marker => Ok(marker),
     }
@@ -234,9 +262,14 @@ pub fn gate(pod: &PodInput) -> Result<Option<PostCloneState>, Action> {
 /// before the `running` write, before each attempt, and before every
 /// final write: when it says no, nothing more is written.
 pub fn still_ours(current: &PodInput, uid: &str, vm_id: &str) -> bool {
+    still_ours_knowing(current, uid, vm_id, Known::default())
+}
+
+/// [`still_ours`], knowing `known` of the VM.
+pub fn still_ours_knowing(current: &PodInput, uid: &str, vm_id: &str, known: Known) -> bool {
     let annotated = current.annotation(annotations::VM_ID);
     current.uid.as_deref() == Some(uid)
-        && gate(current).is_ok()
+        && gate_knowing(current, known).is_ok()
         && (annotated.is_empty() || annotated == vm_id)
 }
 
@@ -247,7 +280,12 @@ pub fn still_ours(current: &PodInput, uid: &str, vm_id: &str) -> bool {
 /// while the host was down) leaves only the IP wait: there is no plan to
 /// run.
 pub fn decide(pod: &PodInput, fixup_needed: bool) -> Action {
-    match gate(pod) {
+    decide_knowing(pod, fixup_needed, Known::default())
+}
+
+/// [`decide`], knowing `known` of the VM.
+pub fn decide_knowing(pod: &PodInput, fixup_needed: bool, known: Known) -> Action {
+    match gate_knowing(pod, known) {
         Err(action) => action,
         Ok(Some(PostCloneState::Done)) => Action::IpWaitOnly,
         Ok(Some(PostCloneState::Running) | None) if fixup_needed => Action::RunLoop,

@@ -427,18 +427,27 @@ impl KubeApi {
         let api: Api<EventObject> = Api::namespaced(self.client.clone(), &pod.namespace);
         let selector = format!("regarding.uid={}", pod.uid);
         let mut events = Vec::new();
-        self.each_page(
-            &label,
-            "listing the pod's events",
-            &selector,
-            WAKE_EVENT_PAGES,
-            |params| {
-                let api = api.clone();
-                async move { api.list(&params).await }
-            },
-            |page| events.extend(page.into_iter().map(stack_event)),
-        )
-        .await?;
+        let left = self
+            .each_page(
+                &label,
+                "listing the pod's events",
+                &selector,
+                WAKE_EVENT_PAGES,
+                |params| {
+                    let api = api.clone();
+                    async move { api.list(&params).await }
+                },
+                |page| events.extend(page.into_iter().map(stack_event)),
+            )
+            .await?;
+        if left {
+            tracing::warn!(
+                pod = %pod,
+                "the pod has more than {} events: only the first {} were read for a wake event of the stack",
+                WAKE_EVENT_PAGES * LIST_PAGE_SIZE as usize,
+                events.len()
+            );
+        }
         Ok(events)
     }
 
@@ -817,7 +826,7 @@ fn permanent_hint(code: u16) -> &'static str {
     match code {
         401 => "not retried; check the service account token or the kubeconfig credentials",
         403 => {
-            "not retried; grant the service account get, list and patch on pods and create on events.k8s.io events"
+            "not retried; grant the service account what deploy/rbac.yaml grants: get, list, watch and patch on pods, create and list on events.k8s.io events"
         }
         _ => "not retried, another try would get the same answer; check the request named above",
     }

@@ -5,6 +5,7 @@
 //! stalls the work; what fails is logged, and the work goes on without it.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use fixup_core::facts::PodInput;
@@ -75,33 +76,89 @@ pub(crate) async fn keep(store: &Arc<MemoryStore>, pod: &str, uid: &str, record:
 /// history, spec section 2), in the order seen, on one blocking thread.
 #[derive(Debug, Clone)]
 pub(crate) struct Observer {
+    store: Arc<MemoryStore>,
     queue: mpsc::Sender<(PodInput, bool)>,
+    dropped: Arc<AtomicU64>,
+}
+
+/// The longest annotation value an observation keeps: the values it reads
+/// (a VM id, `hibernate`, the lifecycle) are short; a longer one matches
+/// none of them, and is kept as a value that matches nothing.
+const OBSERVED_VALUE_MAX: usize = 256;
+
+/// The annotations the hibernate history reads, and nothing else, so a
+/// queued observation is small whatever the pod carries.
+fn observed(pod: &PodInput) -> PodInput {
+    let annotations = [
+        fixup_core::facts::annotations::VM_ID,
+        fixup_core::facts::annotations::HIBERNATE,
+        fixup_core::annotations::keys::LIFECYCLE_STATE,
+    ]
+    .into_iter()
+    .filter_map(|key| {
+        let value = pod.annotations.get(key)?;
+        let value = if value.len() > OBSERVED_VALUE_MAX {
+            "\u{fffd}".to_owned()
+        } else {
+            value.clone()
+        };
+        Some((key.to_owned(), value))
+    })
+    .collect();
+    PodInput {
+        name: pod.name.clone(),
+        namespace: pod.namespace.clone(),
+        uid: pod.uid.clone(),
+        annotations,
+        deleting: pod.deleting,
+        resource_version: None,
+    }
 }
 
 impl Observer {
     /// Start the thread that notes observations in `store`.
     pub(crate) fn start(store: Arc<MemoryStore>) -> Observer {
         let (queue, mut seen) = mpsc::channel::<(PodInput, bool)>(OBSERVATIONS_QUEUED);
+        let noting = Arc::clone(&store);
         tokio::task::spawn_blocking(move || {
             while let Some((pod, live)) = seen.blocking_recv() {
-                if let Err(e) = store.observe(&pod, live) {
+                if let Err(e) = noting.observe(&pod, live) {
                     tracing::warn!(
                         pod = %pod.display_name(),
                         "the pod's hibernate history was not noted: {e}"
                     );
+                    // What was missed is unknown: a gap.
+                    if let Some(uid) = pod.uid.as_deref() {
+                        noting.gap(uid);
+                    }
                 }
             }
         });
-        Observer { queue }
+        Observer {
+            store,
+            queue,
+            dropped: Arc::default(),
+        }
     }
 
     /// Note `pod` as seen (`live`: a watch event with no gap before it).
+    /// When the state directory is so far behind that the queue is full,
+    /// the observation is dropped and the pod's watch has a gap (its CH
+    /// Windows VM waits the wake grace); the first drop and every 1000th
+    /// after it are logged.
     pub(crate) fn observe(&self, pod: &PodInput, live: bool) {
-        if let Err(e) = self.queue.try_send((pod.clone(), live)) {
-            tracing::warn!(
-                pod = %pod.display_name(),
-                "the pod's hibernate history was not noted ({e}): the state directory is far behind"
-            );
+        if self.queue.try_send((observed(pod), live)).is_err() {
+            if let Some(uid) = pod.uid.as_deref() {
+                self.store.gap(uid);
+            }
+            let dropped = self.dropped.fetch_add(1, Ordering::Relaxed);
+            if dropped.is_multiple_of(1000) {
+                tracing::warn!(
+                    pod = %pod.display_name(),
+                    dropped = dropped + 1,
+                    "the hibernate history is {OBSERVATIONS_QUEUED} observations behind (the state directory is slow): this one is dropped, and the pod's watch counts as having a gap"
+                );
+            }
         }
     }
 }

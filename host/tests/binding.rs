@@ -394,8 +394,6 @@ async fn an_annotated_name_binds_only_by_policy_and_unclaimed(
 /// Pods the table leaves alone: not even `cocoon vm inspect` runs, and
 /// nothing is written or told.
 #[rstest::rstest]
-#[case::run_mode(&[("cocoonset.cocoonstack.io/mode", "run")], false, "not-cloned")]
-#[case::run_mode_any_case(&[("cocoonset.cocoonstack.io/mode", "RUN")], false, "not-cloned")]
 #[case::hibernating(&[(keys::LIFECYCLE_STATE, "hibernating"), ("vm.cocoonstack.io/hibernate", "true")], false, "stack-owns")]
 #[case::hibernated(&[(keys::LIFECYCLE_STATE, "hibernated")], false, "stack-owns")]
 #[case::hibernate_requested_while_creating(&[(keys::LIFECYCLE_STATE, "creating"), ("vm.cocoonstack.io/hibernate", "true")], false, "hibernate-requested")]
@@ -420,6 +418,27 @@ async fn pods_the_host_leaves_alone(
     assert_eq!(summary.action, Handled::Nothing);
     assert_eq!(summary.hands_off.map(HandsOff::as_str), Some(why));
     assert!(rig.cocoon.inspected().is_empty(), "no inspect");
+    assert_untouched(&rig);
+    assert!(rig.events().is_empty());
+}
+
+/// A pod in mode `run` is no clone, unless its VM is a hibernate wake
+/// (spec section 2): its VM is looked up for the verdict, then nothing is
+/// written or told.
+#[rstest::rstest]
+#[case::run_mode("run")]
+#[case::run_mode_any_case("RUN")]
+#[tokio::test(start_paused = true)]
+async fn run_pods_have_their_vm_looked_up_and_are_left_alone(#[case] mode: &str) {
+    let rig = Setup::new(
+        record(&support::vm_name(), "", &[(STATIC_MAC, Some("10.0.0.5"))]),
+        vec![pod(&[("cocoonset.cocoonstack.io/mode", mode)])],
+    )
+    .build();
+    let summary = rig.handle("default", "web-0").await.unwrap();
+    assert_eq!(summary.action, Handled::Nothing);
+    assert_eq!(summary.hands_off.map(HandsOff::as_str), Some("not-cloned"));
+    assert_eq!(rig.cocoon.inspected().len(), 1, "the VM is looked up");
     assert_untouched(&rig);
     assert!(rig.events().is_empty());
 }
@@ -1507,7 +1526,6 @@ mod real_binary {
     }
 
     #[rstest::rstest]
-    #[case::run_mode(&[("cocoonset.cocoonstack.io/mode", json!("run"))], false)]
     #[case::hibernating(&[(keys::LIFECYCLE_STATE, json!("hibernating")), ("vm.cocoonstack.io/hibernate", json!("true"))], false)]
     #[case::deleting(&[], true)]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1523,6 +1541,31 @@ mod real_binary {
         let (code, calls, api) = run(pod, vm(&name)).await;
         assert_eq!(code, Some(0));
         assert!(calls.is_empty(), "cocoon is not even asked: {calls:?}");
+        api.with(|s| {
+            assert!(s.patches.is_empty(), "{:?}", s.patches);
+            assert!(s.events.is_empty(), "{:?}", s.events);
+            assert_eq!(s.pod["metadata"]["annotations"], before);
+        });
+    }
+
+    /// A pod in mode `run`: its VM is looked up (it may be a wake), the
+    /// pod's events are listed for the verdict, and nothing is written or
+    /// told.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_run_pod_that_is_no_wake_is_left_alone() {
+        let name = vm_name_for_pod("default", "web-0");
+        let mut annotations = base(&name);
+        annotations.insert("cocoonset.cocoonstack.io/mode", json!("run"));
+        let pod = pod_json("default", "web-0", &annotations);
+        let before = pod["metadata"]["annotations"].clone();
+        let (code, calls, api) = run(pod, vm(&name)).await;
+        assert_eq!(code, Some(0));
+        assert!(
+            calls
+                .iter()
+                .all(|call| call.get(1).map(String::as_str) == Some("inspect")),
+            "only inspect: {calls:?}"
+        );
         api.with(|s| {
             assert!(s.patches.is_empty(), "{:?}", s.patches);
             assert!(s.events.is_empty(), "{:?}", s.events);

@@ -26,7 +26,11 @@ use tokio_util::sync::CancellationToken;
 #[case::no_vm_yet(&[("vm.cocoonstack.io/id", ""), ("vm.cocoonstack.io/name", "")], false)]
 #[case::ready(&[(keys::LIFECYCLE_STATE, "ready")], false)]
 #[case::failed(&[(keys::LIFECYCLE_STATE, "failed")], false)]
-#[case::parked(&[(keys::POST_CLONE_STATE, "failed")], false)]
+// The VM and the host's record settle these: a failed marker may be an
+// earlier VM's, a run pod's VM may be a wake.
+#[case::parked(&[(keys::POST_CLONE_STATE, "failed")], true)]
+#[case::run_mode(&[("cocoonset.cocoonstack.io/mode", "run")], true)]
+#[case::parked_ready(&[(keys::POST_CLONE_STATE, "failed"), (keys::LIFECYCLE_STATE, "failed")], false)]
 #[case::resumable(&[(keys::POST_CLONE_STATE, "running")], true)]
 #[case::ip_wait_left(&[(keys::POST_CLONE_STATE, "done")], true)]
 fn which_pods_have_work(#[case] extra: &[(&str, &str)], #[case] expected: bool) {

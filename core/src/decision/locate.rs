@@ -42,11 +42,19 @@ pub fn lookup(pod: &PodInput) -> Lookup {
 
 /// Whether the pod may have work: it names a VM (an unusable reference
 /// too: its owner is told) and the rows of spec section 8's table that
-/// need only the pod do not leave it alone ([`crate::lifecycle::gate`]).
+/// need only the pod do not leave it alone ([`crate::lifecycle::gate`]),
+/// or leave it alone only until its VM is known
+/// ([`crate::lifecycle::provisional`]: a wake of a `mode=run` pod, a
+/// `failed` marker of an earlier VM).
 /// Cheap, for a watcher to filter events with, so updates caused by a
 /// host's own patches cost nothing; the task decides the rest.
 pub fn has_work(pod: &PodInput) -> bool {
-    !matches!(lookup(pod), Lookup::NoVm) && crate::lifecycle::gate(pod).is_ok()
+    !matches!(lookup(pod), Lookup::NoVm)
+        && match crate::lifecycle::gate(pod) {
+            Ok(_) => true,
+            // Only the VM and the host's record settle these rows.
+            Err(row) => crate::lifecycle::provisional(row),
+        }
 }
 
 /// Why no host plans for the pod, whatever its VM: a `macos` pod is

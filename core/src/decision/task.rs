@@ -69,6 +69,12 @@ pub struct PodTask {
     wake: bool,
     /// The wake happened in place ([`Evidence::in_place`]).
     in_place: bool,
+    /// The pod's `post-clone-state` was written for another VM of the pod.
+    foreign_marker: bool,
+    /// The row the pod's annotations gave, which only its VM and the
+    /// host's record may change ([`lifecycle::provisional`]): the pod is
+    /// left alone by it, quietly, unless they do.
+    deferred: Option<Row>,
     /// Listing the stack's events failed once already in this task (the
     /// warning is noted once).
     events_failed: bool,
@@ -492,6 +498,8 @@ impl PodTask {
             awaiting: Awaiting::Nothing,
             wake: false,
             in_place: false,
+            foreign_marker: false,
+            deferred: None,
             events_failed: false,
         };
         task.wake = task
@@ -502,6 +510,15 @@ impl PodTask {
             task.stop(Stop::NoUid { pod: label })
         } else {
             match lifecycle::gate(&task.seen) {
+                // A row the VM and the host's record may change waits for
+                // them: the pod's VM is looked up first.
+                Err(row)
+                    if lifecycle::provisional(row)
+                        && !matches!(lookup(&task.seen), Lookup::NoVm) =>
+                {
+                    task.deferred = Some(row);
+                    Action::Admit
+                }
                 Err(row) => task.leave(row),
                 Ok(_) => Action::Admit,
             }
@@ -844,6 +861,10 @@ impl PodTask {
     /// Warning event on the pod that asked, and a note with both names.
     /// The event never names the other VM.
     fn mismatch(&mut self, mismatch: binding::Mismatch) -> Action {
+        // A pod the host would leave alone is told nothing.
+        if let Some(row) = self.deferred {
+            return self.leave(row);
+        }
         let expected = binding::vm_name_for_pod(&self.pod.namespace, &self.pod.name);
         self.note(Note::VmMismatch {
             expected: escape_controls(&expected),
@@ -874,6 +895,9 @@ impl PodTask {
     fn inspected(&mut self, result: Result<crate::facts::VmInspect, String>) -> Action {
         let record = match result {
             Ok(record) => record,
+            Err(_) if self.deferred.is_some() => {
+                return self.leave(self.deferred.expect("checked"));
+            }
             Err(message) => {
                 return self.stop(Stop::Inspect {
                     pod: self.summary.pod.clone(),
@@ -905,6 +929,9 @@ impl PodTask {
             },
             Err(reason) => reason,
         };
+        if let Some(row) = self.deferred {
+            return self.leave(row);
+        }
         self.stop(Stop::Unproven {
             pod: self.summary.pod.clone(),
             name,
@@ -917,6 +944,9 @@ impl PodTask {
     fn bound(&mut self, record: VmInspect) -> Action {
         let vm = match super::vm_id(&observe(&self.seen, &record, &Overrides::default())) {
             Ok(vm) => vm,
+            Err(_) if self.deferred.is_some() => {
+                return self.leave(self.deferred.expect("checked"));
+            }
             Err(source) => {
                 let pod = self.summary.pod.clone();
                 return self.node_error(NodeError::BadRecord { pod, source });
@@ -932,20 +962,29 @@ impl PodTask {
                 .remove(keys::POST_CLONE_STATE)
                 .is_some()
         {
+            self.foreign_marker = true;
             self.note(Note::Warn(format!(
                 "the pod's {} was written for an earlier VM of the pod: not taken for {vm}",
                 keys::POST_CLONE_STATE
             )));
         }
+        // A `failed` marker of this VM parks the pod, as the annotations
+        // said.
+        if self.deferred == Some(Row::Parked) && !self.foreign_marker {
+            return self.leave(Row::Parked);
+        }
         // Rule 1, then the verdict already reached for this VM, then rule 3.
         if self.wake {
             return self.recognised(record, vm, Evidence::Annotation);
         }
+        // A stored verdict of no wake gives way to history noted since.
         let known = self.memory.as_ref().and_then(|memory| {
             let record = &memory.record;
-            match record.verdict_for(&vm) {
-                Some(verdict) => Some(verdict.by),
-                None => record.history_says_wake(&vm).then_some(Evidence::History),
+            let stored = record.verdict_for(&vm).map(|verdict| verdict.by);
+            match stored {
+                Some(by) if by.says_wake() => Some(by),
+                _ if record.history_says_wake(&vm) => Some(Evidence::History),
+                stored => stored,
             }
         });
         if let Some(by) = known {
@@ -968,7 +1007,8 @@ impl PodTask {
                 let (seen, changed) = memory.record.first_seen(&vm, wall);
                 let until_wall =
                     seen.saturating_add(u64::try_from(grace.as_millis()).unwrap_or(u64::MAX));
-                let until = now + Duration::from_millis(until_wall.saturating_sub(wall));
+                // Never past a whole grace from now (a clock stepped back).
+                let until = now + Duration::from_millis(until_wall.saturating_sub(wall)).min(grace);
                 let watched = memory.record.watched_since_new();
                 if changed {
                     self.keep_record();
@@ -977,10 +1017,14 @@ impl PodTask {
             }
             None => (false, now + grace),
         };
+        // A pod not cloned by its annotations is left alone unless the
+        // VM is a wake: nothing runs in the guest either way, so it does
+        // not wait for the grace.
+        let deferred = self.deferred == Some(Row::Nothing(HandsOff::NotCloned));
         self.stage = Stage::Recognising(Box::new(Recognising {
             record,
             vm,
-            grace: windows_ch && !watched,
+            grace: windows_ch && !watched && !deferred,
             until,
             released: false,
         }));
@@ -1058,7 +1102,7 @@ impl PodTask {
         let obs = observe(&self.seen, &record, &overrides);
         let decision = classify::classify(&obs);
         self.summary.rule = decision.rule.number();
-        let row = lifecycle::decide(&self.seen, decision.needs_fixup());
+        let row = lifecycle::decide_knowing(&self.seen, decision.needs_fixup(), self.known());
         if self.trigger == Trigger::Startup
             && let Some(op) = row.op()
         {
@@ -1250,7 +1294,15 @@ impl PodTask {
     }
 
     fn still_ours(&self, current: &PodInput, vm: &VmId) -> bool {
-        lifecycle::still_ours(current, &self.pod.uid, vm.as_str())
+        lifecycle::still_ours_knowing(current, &self.pod.uid, vm.as_str(), self.known())
+    }
+
+    /// What the task knows of the VM beyond the pod's annotations.
+    fn known(&self) -> lifecycle::Known {
+        lifecycle::Known {
+            wake: self.wake,
+            foreign_marker: self.foreign_marker,
+        }
     }
 
     /// The patch a write decides from `current`, or `None` for no write.
@@ -1768,7 +1820,8 @@ impl PodTask {
 
     /// Hand the record, as it is now, to the host to keep.
     fn keep_record(&mut self) {
-        if let Some(memory) = &self.memory {
+        if let Some(memory) = &mut self.memory {
+            memory.record.revise();
             let record = Box::new(memory.record.clone());
             self.queue.push_back(Action::Remember(record));
         }

@@ -161,8 +161,8 @@ pub fn events_say_wake(
 /// The grace of spec section 2 ends early: a Normal `Woken` about the pod
 /// arrived, with the same conditions as [`events_say_wake`] (not the
 /// host's own, a time, within `window` of `created_at`). When this holds,
-/// `events_say_wake` holds too, so the VM is then a wake by
-/// [`Evidence::Events`](super::Evidence::Events).
+/// `events_say_wake` holds too; the VM is then a wake by
+/// [`Evidence::Woken`](super::Evidence::Woken), an in-place one.
 pub fn woken_event_seen(
     events: &[StackEvent],
     pod_uid: &str,

@@ -17,10 +17,10 @@
 //! - [`store`]: the state directory, one file per pod uid, written
 //!   atomically.
 //!
-//! The decision ([`crate::decision`]) keeps the fixup loop's retry budget
-//! here ([`crate::decision::PodTask::remember`]); docs/behaviour.md
-//! section 2 still lists events and hibernate history as not yet
-//! followed: the wake rules do not consult this memory yet.
+//! The decision ([`crate::decision`]) reads and changes its parts (the
+//! verdict, the marker's VM, the budget, when a VM was first seen) through
+//! [`crate::decision::PodTask::remember`]; the daemon's watch notes the
+//! rest ([`PodMemory::observe`]), each under the store's lock for the pod.
 
 use serde::{Deserialize, Serialize};
 
@@ -97,6 +97,10 @@ pub struct Verdict {
     pub by: Evidence,
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// When the decision first saw a VM bound to the pod.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VmSeen {
@@ -161,6 +165,12 @@ pub struct PodMemory {
     /// wake grace of spec section 2 runs from then, across restarts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     vm_seen: Option<VmSeen>,
+    /// How many times tasks changed their parts of the record: a task's
+    /// copy is kept only when it is newer than what is stored
+    /// ([`take_task_parts`](Self::take_task_parts)), so a late write of an
+    /// older copy never undoes a newer one.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    revision: u64,
     /// The host has watched the pod without a gap since it first saw it
     /// without a lifecycle annotation. Not durable: a record read from disk
     /// has it cleared, because a restart of the host is a gap.
@@ -192,6 +202,7 @@ impl PodMemory {
             marker_vm: None,
             budget: None,
             vm_seen: None,
+            revision: 0,
             watched_since_new: false,
             fresh: true,
         }
@@ -402,11 +413,26 @@ impl PodMemory {
     /// time a VM was first seen; what the host's watch keeps (the last VM
     /// id, the hibernation, the woken VM) stays as it is here, so neither
     /// loses the other's changes.
-    pub fn take_task_parts(&mut self, task: &PodMemory) {
+    ///
+    /// A copy that is not newer than the record ([`revise`](Self::revise))
+    /// is an older write arriving late: nothing is taken. Returns whether
+    /// anything was.
+    pub fn take_task_parts(&mut self, task: &PodMemory) -> bool {
+        if task.revision <= self.revision {
+            return false;
+        }
         self.verdict.clone_from(&task.verdict);
         self.marker_vm.clone_from(&task.marker_vm);
         self.budget.clone_from(&task.budget);
         self.vm_seen.clone_from(&task.vm_seen);
+        self.revision = task.revision;
+        true
+    }
+
+    /// A task changed its copy of the record: the copy is now newer than
+    /// the one it was read from.
+    pub fn revise(&mut self) {
+        self.revision = self.revision.saturating_add(1);
     }
 
     /// Say whether the host's watch has seen the pod without a gap since

@@ -144,6 +144,9 @@ pub enum StoreError {
     Encode { uid: String, cause: RecordError },
 }
 
+/// How many locks the read-modify-writes of records are spread over.
+const UPDATE_LOCKS: usize = 64;
+
 /// The state directory (see the module docs).
 #[derive(Debug)]
 pub struct MemoryStore {
@@ -163,8 +166,9 @@ pub struct MemoryStore {
     gone: Mutex<(VecDeque<String>, HashSet<String>)>,
     /// Held across each read-modify-write of a record
     /// ([`observe`](MemoryStore::observe), [`keep_task`](MemoryStore::keep_task)),
-    /// so the watch and a pod's task never lose each other's changes.
-    updating: Mutex<()>,
+    /// so the watch and a pod's task never lose each other's changes: one
+    /// of [`UPDATE_LOCKS`] by the uid, so pods do not wait for each other.
+    updating: Vec<Mutex<()>>,
     /// The uids the host's watch has seen without a gap since they were
     /// new (kept in memory only: a restart is a gap).
     watched: Mutex<HashSet<String>>,
@@ -193,7 +197,7 @@ impl MemoryStore {
             writes: RwLock::new(()),
             admit: Mutex::new(()),
             gone: Mutex::default(),
-            updating: Mutex::new(()),
+            updating: (0..UPDATE_LOCKS).map(|_| Mutex::new(())).collect(),
             watched: Mutex::default(),
         })
     }
@@ -247,6 +251,34 @@ impl MemoryStore {
         Ok(memory)
     }
 
+    /// The lock of `uid`'s record (see [`MemoryStore::updating`]).
+    fn updating(&self, uid: &str) -> std::sync::MutexGuard<'_, ()> {
+        let stripe = uid.bytes().fold(0usize, |h, b| {
+            h.wrapping_mul(31).wrapping_add(usize::from(b))
+        }) % UPDATE_LOCKS;
+        self.updating[stripe]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the pod `uid` is known deleted.
+    fn is_gone(&self, uid: &str) -> bool {
+        self.gone
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .1
+            .contains(uid)
+    }
+
+    /// The watch missed something of `uid` (an observation it could not
+    /// note): it no longer counts as watched since new.
+    pub fn gap(&self, uid: &str) {
+        self.watched
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(uid);
+    }
+
     fn is_watched(&self, uid: &str) -> bool {
         self.watched
             .lock()
@@ -264,7 +296,11 @@ impl MemoryStore {
             return Ok(());
         };
         record_name(uid)?;
-        let _updating = self.updating.lock().unwrap_or_else(PoisonError::into_inner);
+        let _updating = self.updating(uid);
+        // A deleted pod is not noted again (a late event of it).
+        if self.is_gone(uid) {
+            return Ok(());
+        }
         let (mut memory, stored) = match self.load(uid)? {
             Some(memory) => (memory, true),
             None => (PodMemory::new(), false),
@@ -296,10 +332,13 @@ impl MemoryStore {
     /// written under one lock with [`observe`](Self::observe).
     pub fn keep_task(&self, uid: &str, task: &PodMemory) -> Result<(), StoreError> {
         record_name(uid)?;
-        let _updating = self.updating.lock().unwrap_or_else(PoisonError::into_inner);
+        let _updating = self.updating(uid);
         let mut memory = self.load(uid)?.unwrap_or_default();
-        memory.take_task_parts(task);
-        self.save(uid, &memory)
+        if memory.take_task_parts(task) {
+            self.save(uid, &memory)
+        } else {
+            Ok(())
+        }
     }
 
     /// Read the record file `name`, at most [`MAX_RECORD_BYTES`] of it.
@@ -349,12 +388,7 @@ impl MemoryStore {
     /// keeps its limit of records ([`StoreError::Full`]).
     pub fn save(&self, uid: &str, memory: &PodMemory) -> Result<(), StoreError> {
         let name = record_name(uid)?;
-        let gone = self
-            .gone
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .1
-            .contains(uid);
+        let gone = self.is_gone(uid);
         // A deleted pod's record is not made again; a record with nothing
         // durable in it is no file at all.
         if gone || memory.is_empty() {
@@ -650,7 +684,13 @@ mod tests {
         let vm = VmId::parse("vm-1").unwrap();
         task_copy.set_verdict(&vm, Evidence::Grace);
         task_copy.set_marker(&vm);
+        task_copy.revise();
+        // An older copy arriving late changes nothing.
+        let mut older = task_copy.clone();
+        older.set_verdict(&vm, Evidence::NoEvidence);
+        task_copy.revise();
         store.keep_task(UID, &task_copy).unwrap();
+        store.keep_task(UID, &older).unwrap();
         let kept = store.load(UID).unwrap().unwrap();
         assert!(kept.hibernated(), "the watch's hibernation stays");
         assert_eq!(kept.last_vm(), Some("vm-1"));

@@ -28,7 +28,7 @@
 //! | `sac_close` | | close the console opened last, if any; `go` |
 //! | `tell` | `type`, `reason`, `message` | record the event on the pod (best effort); `go` |
 //! | `note` | `level`, `message` | log it; `go` |
-//! | `remember` | `record` | keep the record under the pod's uid (durably: a file written atomically), hand it back in the next task's `options_json` (`memory.record`), and drop it when the pod is gone; asked only of a task started with `memory`; `go` |
+//! | `remember` | `record` | keep the record under the pod's uid (durably: a file written atomically), hand it back in the next task's `options_json` (`memory.record`), and drop it when the pod is gone; asked only of a task started with `memory`. The library keeps no hibernate history for an embedder (it has no watch of its pods): its records hold the wake verdict, the marker's VM, the budget and when a VM was first seen, and a wake is recognised by the annotation and the stack's events; `go` |
 //! | `finish` | `summary`, or `stop` (`kind`, `retryable`, `message`) | the task is over |
 //!
 //! Every report is an object with `now_ms`, the embedder's clock in
