@@ -129,6 +129,11 @@ pub enum Mismatch {
         pod: String,
         form: NameForm,
     },
+    /// The record's name is the pod's annotated name, which the policy
+    /// accepts, but the pod that asks is not among the pods the host sees
+    /// on its node: the list cannot show that no pod claims the name (the
+    /// pod runs elsewhere, or the host's view of its node is stale).
+    AnnotatedOffNode { name: String },
 }
 
 impl Mismatch {
@@ -194,6 +199,11 @@ impl fmt::Display for Mismatch {
                 annotations::VM_NAME,
                 escape_controls(pod),
                 form.as_claim(),
+            ),
+            Mismatch::AnnotatedOffNode { name } => write!(
+                f,
+                "the VM record is named {name:?}, as annotation {} says, but this pod is not among the pods this host sees on its node, so no other pod's claim on that name can be ruled out; the pod must be bound to this node (spec.nodeName) and the host's node (serve's node name, run --node) must be the pod's",
+                annotations::VM_NAME,
             ),
         }
     }
@@ -332,6 +342,16 @@ fn bind_annotated(
     }
 }
 
+/// Whether `other`, an entry of a node's pod list, is `pod`: by uid when
+/// the pod has one (a pod of the same name but another uid is another
+/// pod), else by namespace and name.
+pub fn is_listed(pod: &PodInput, other: &PodInput) -> bool {
+    match &pod.uid {
+        Some(uid) => other.uid.as_ref() == Some(uid),
+        None => other.namespace == pod.namespace && other.name == pod.name,
+    }
+}
+
 /// Another pod's claim on a VM name ([`claim`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
@@ -372,8 +392,15 @@ pub fn claim(pod: &PodInput, name: &str, others: &[PodInput]) -> Option<Claim> {
 
 /// The verdict on an annotated name that [`bind`] left
 /// [`Verdict::Unproven`], from `others`, every pod the host sees on its
-/// node: bound when none of them claims `name` ([`claim`]).
+/// node: bound when `pod` itself is among them ([`is_listed`]: a list
+/// that does not hold the asking pod is not the list of the node it runs
+/// on) and none of the others claims `name` ([`claim`]).
 pub fn settle(pod: &PodInput, name: &str, others: &[PodInput]) -> Verdict {
+    if !others.iter().any(|other| is_listed(pod, other)) {
+        return Verdict::Mismatch(Mismatch::AnnotatedOffNode {
+            name: name.to_owned(),
+        });
+    }
     match claim(pod, name, others) {
         None => Verdict::Bound {
             name: name.to_owned(),
@@ -553,9 +580,11 @@ mod tests {
         #[case] expected: &str,
     ) {
         let asking = pod(namespace, "demo-7b7c9d9d5f-x2x4z", annotation);
+        // The node's list holds the asking pod itself.
         let others: Vec<PodInput> = others
             .iter()
             .map(|(ns, name, vm)| other(ns, name, *vm))
+            .chain([asking.clone()])
             .collect();
         let policy = BindingPolicy {
             accept_annotated_names: accept_annotated,
@@ -569,6 +598,34 @@ mod tests {
             verdict => verdict,
         };
         assert_eq!(label(&verdict), expected, "{verdict}");
+    }
+
+    /// A list that does not hold the asking pod is another node's (or a
+    /// stale view): it proves nothing, whatever it holds. A pod of the same
+    /// name but another uid is not the asking pod.
+    #[rstest]
+    #[case::empty_list(&[], "annotated-off-node")]
+    #[case::other_pods_only(&[("prod", "web-0", "u-2")], "annotated-off-node")]
+    #[case::same_name_other_uid(&[("prod", "demo-7b7c9d9d5f-x2x4z", "u-old")], "annotated-off-node")]
+    #[case::listed_by_uid(&[("prod", "demo-7b7c9d9d5f-x2x4z", "u")], "bound-annotated")]
+    fn the_asking_pod_must_be_on_the_list(
+        #[case] listed: &[(&str, &str, &str)],
+        #[case] expected: &str,
+    ) {
+        let asking = pod("prod", "demo-7b7c9d9d5f-x2x4z", Some("vk-prod-demo-1"));
+        let others: Vec<PodInput> = listed
+            .iter()
+            .map(|(ns, name, uid)| PodInput {
+                uid: Some((*uid).to_owned()),
+                ..other(ns, name, None)
+            })
+            .collect();
+        let verdict = settle(&asking, "vk-prod-demo-1", &others);
+        assert_eq!(label(&verdict), expected, "{verdict}");
+        if let Verdict::Mismatch(m) = verdict {
+            assert!(!m.names_another_vm());
+            assert!(m.to_string().contains("not among the pods"), "{m}");
+        }
     }
 
     #[test]

@@ -62,6 +62,10 @@ pub struct Scenario {
     /// view of its node's pods.
     #[serde(default)]
     pub other_pods: Option<Vec<Value>>,
+    /// The scenario's pod is not among the pods of the host's node (it
+    /// runs on another node, or the host's view is stale).
+    #[serde(default)]
+    pub pod_off_node: bool,
     /// The cloudimg overlay exists in the cocoon root.
     #[serde(default)]
     pub overlay: bool,
@@ -910,14 +914,19 @@ impl World {
     }
 
     /// The pods the host sees on its node: the scenario's pod as it is
-    /// now (a watch sees it too), then `other_pods`; or why it sees none.
+    /// now (a watch sees it too) unless `pod_off_node`, then `other_pods`;
+    /// or why it sees none.
     pub fn other_pods(&self) -> Result<Vec<PodInput>, String> {
         let others = self
             .scenario
             .other_pods
             .as_ref()
             .ok_or_else(|| "the host has no view of its node's pods".to_owned())?;
-        let mut pods: Vec<PodInput> = self.pod.iter().cloned().collect();
+        let mut pods: Vec<PodInput> = if self.scenario.pod_off_node {
+            Vec::new()
+        } else {
+            self.pod.iter().cloned().collect()
+        };
         for (i, pod) in others.iter().enumerate() {
             let input = format!("other_pods[{i}]");
             pods.push(PodInput::from_value(pod, &input).unwrap_or_else(|e| panic!("{e}")));
