@@ -17,17 +17,16 @@
 //!    of them fails the open instead of being followed. A rename after an
 //!    open changes nothing: the descriptor stays on the directory that was
 //!    checked.
-//! 3. `console.sock` is looked at with `fstatat(AT_SYMLINK_NOFOLLOW)` in the
-//!    VM's directory: anything but a socket (a link, a file, a directory)
-//!    is refused.
-//! 4. The connection goes to `/proc/self/fd/<vm dir fd>/console.sock`. The
-//!    kernel resolves the descriptor's entry to the open directory itself,
-//!    not by walking its path again, so the only name looked up afresh is
-//!    `console.sock` in the checked directory. Replacing that entry between
-//!    steps 3 and 4 takes write access to the VM's state directory, which
-//!    already allows putting one's own listener there: nothing more is
-//!    given away. The path is also short whatever the root's length, so
-//!    `sockaddr_un`'s 108-byte limit never bites.
+//! 3. `console.sock` is opened in the VM's directory with `O_PATH |
+//!    O_NOFOLLOW` (a descriptor of the entry itself, never followed) and
+//!    looked at with `fstat`: anything but a socket (a link, a file, a
+//!    directory) is refused.
+//! 4. The connection goes to `/proc/self/fd/<socket entry fd>`. The kernel
+//!    resolves that to the inode the descriptor holds, the socket checked
+//!    in step 3, without looking any name up again: replacing the entry
+//!    after step 3 does not change where the connection goes. The path is
+//!    also short whatever the root's length, so `sockaddr_un`'s 108-byte
+//!    limit never bites.
 //!
 //! A missing entry is worth another try (Cloud Hypervisor creates the
 //! socket as the VM starts); a link or a non-socket is not, and ends the
@@ -191,48 +190,71 @@ impl ConsoleSocket {
         Ok(dir)
     }
 
-    /// Steps 3 and 4 of the module docs, then a non-blocking connect,
-    /// tried again every [`CONNECT_POLL`] while the listener's queue is
-    /// full, for at most `within`.
+    /// Steps 1 to 4 of the module docs.
     fn connect(&self, within: Duration, stop: &Stop) -> Result<ConsoleStream, DialError> {
         let dir = self.open_vm_dir()?;
         let path = self.path();
-        match rustix::fs::statat(&dir, CONSOLE_SOCKET, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) => match FileType::from_raw_mode(st.st_mode) {
-                FileType::Socket => {}
-                kind => return Err(refuse(kind, FileType::Socket, &path)),
-            },
+        let entry = socket_entry(&dir, &path)?;
+        connect_entry(&entry, &path, within, stop)
+    }
+}
+
+/// Step 3 of the module docs: a descriptor of the VM directory's
+/// `console.sock` entry itself, refused unless it is a socket.
+fn socket_entry(dir: &OwnedFd, path: &Path) -> Result<OwnedFd, DialError> {
+    let entry = rustix::fs::openat(
+        &dir,
+        CONSOLE_SOCKET,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| retry(path, e))?;
+    match rustix::fs::fstat(&entry) {
+        Ok(st) => match FileType::from_raw_mode(st.st_mode) {
+            FileType::Socket => Ok(entry),
+            kind => Err(refuse(kind, FileType::Socket, path)),
+        },
+        Err(e) => Err(retry(path, e)),
+    }
+}
+
+/// Step 4 of the module docs: a non-blocking connect to the socket
+/// `entry` holds, tried again every [`CONNECT_POLL`] while the listener's
+/// queue is full, for at most `within`.
+fn connect_entry(
+    entry: &OwnedFd,
+    path: &Path,
+    within: Duration,
+    stop: &Stop,
+) -> Result<ConsoleStream, DialError> {
+    let via = format!("/proc/self/fd/{}", entry.as_raw_fd());
+    let addr = SocketAddrUnix::new(via.as_str()).map_err(|e| retry(&path, e))?;
+    let socket = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )
+    .map_err(|e| retry(&path, e))?;
+    let end = Instant::now() + within;
+    loop {
+        match rustix::net::connect(&socket, &addr) {
+            Ok(()) => break,
+            Err(Errno::AGAIN | Errno::INTR) if Instant::now() < end => {
+                if stop.is_set() {
+                    return Err(DialError::Stopped);
+                }
+                thread::sleep(CONNECT_POLL.min(end.saturating_duration_since(Instant::now())));
+            }
             Err(e) => return Err(retry(&path, e)),
         }
-        let via = format!("/proc/self/fd/{}/{CONSOLE_SOCKET}", dir.as_raw_fd());
-        let addr = SocketAddrUnix::new(via.as_str()).map_err(|e| retry(&path, e))?;
-        let socket = rustix::net::socket_with(
-            AddressFamily::UNIX,
-            SocketType::STREAM,
-            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
-            None,
-        )
-        .map_err(|e| retry(&path, e))?;
-        let end = Instant::now() + within;
-        loop {
-            match rustix::net::connect(&socket, &addr) {
-                Ok(()) => break,
-                Err(Errno::AGAIN | Errno::INTR) if Instant::now() < end => {
-                    if stop.is_set() {
-                        return Err(DialError::Stopped);
-                    }
-                    thread::sleep(CONNECT_POLL.min(end.saturating_duration_since(Instant::now())));
-                }
-                Err(e) => return Err(retry(&path, e)),
-            }
-        }
-        let stream = UnixStream::from(socket);
-        // Reads are bounded by read timeouts from here on.
-        stream
-            .set_nonblocking(false)
-            .map_err(|e| DialError::Retry(format!("{}: {e}", path.display())))?;
-        Ok(ConsoleStream(stream))
     }
+    let stream = UnixStream::from(socket);
+    // Reads are bounded by read timeouts from here on.
+    stream
+        .set_nonblocking(false)
+        .map_err(|e| DialError::Retry(format!("{}: {e}", path.display())))?;
+    Ok(ConsoleStream(stream))
 }
 
 impl Dial for ConsoleSocket {
@@ -344,6 +366,61 @@ impl Transport for ConsoleStream {
 mod tests {
     use super::*;
     use rstest::rstest;
+
+    /// The entry checked is the socket connected to: replacing
+    /// `console.sock` after the check, with a link to another listener or
+    /// another socket, does not move the connection.
+    #[rstest]
+    #[case::by_a_link(true)]
+    #[case::by_another_socket(false)]
+    fn a_replaced_entry_does_not_move_the_connection(#[case] link: bool) {
+        use std::os::unix::net::UnixListener;
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join(CONSOLE_SOCKET);
+        let checked = UnixListener::bind(&sock).unwrap();
+        let vm_dir = rustix::fs::open(
+            dir.path(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        let entry = socket_entry(&vm_dir, &sock).unwrap();
+        // Someone swaps the entry between the check and the connect.
+        let other_path = dir.path().join("other.sock");
+        let other = UnixListener::bind(&other_path).unwrap();
+        std::fs::rename(&sock, dir.path().join("moved.sock")).unwrap();
+        if link {
+            std::os::unix::fs::symlink(&other_path, &sock).unwrap();
+        } else {
+            std::fs::rename(&other_path, &sock).unwrap();
+        }
+        checked.set_nonblocking(true).unwrap();
+        other.set_nonblocking(true).unwrap();
+        connect_entry(&entry, &sock, Duration::from_secs(1), &Stop::never()).unwrap();
+        assert!(
+            checked.accept().is_ok(),
+            "the checked socket got the connection"
+        );
+        assert!(other.accept().is_err(), "the replacement got nothing");
+    }
+
+    #[test]
+    fn a_link_entry_is_refused_not_followed() {
+        use std::os::unix::net::UnixListener;
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("real.sock");
+        let _listener = UnixListener::bind(&target).unwrap();
+        let sock = dir.path().join(CONSOLE_SOCKET);
+        std::os::unix::fs::symlink(&target, &sock).unwrap();
+        let vm_dir = rustix::fs::open(
+            dir.path(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        let err = socket_entry(&vm_dir, &sock).unwrap_err();
+        assert!(matches!(err, DialError::Refused(_)), "{err:?}");
+    }
 
     #[rstest]
     #[case::empty("", "is empty")]
