@@ -169,9 +169,12 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
                         Report::Go
                     }
                     Action::Remember(record) => {
-                        if let Some(store) = self.host.and_then(|h| h.records) {
+                        if let Some(host) = self.host
+                            && let Some(store) = host.records
+                        {
                             let label = pod.to_string();
-                            crate::records::keep(store, &label, &pod.uid, *record).await;
+                            crate::records::keep(store, host.metrics, &label, &pod.uid, *record)
+                                .await;
                         }
                         Report::Go
                     }

@@ -509,7 +509,8 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         if let (Some(store), Some(uid)) = (&self.records, pod.uid.as_deref())
             && !matches!(first, fixup_core::decision::Action::Finish(_))
         {
-            let record = crate::records::recall(store, &pod.display_name(), uid).await;
+            let record =
+                crate::records::recall(store, &self.metrics, &pod.display_name(), uid).await;
             let since_epoch = (self.wall.0)()
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default()

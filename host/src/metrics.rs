@@ -68,6 +68,7 @@ pub struct Metrics {
     vm_mismatches: Counter,
     node_errors: Family<KindLabels, Counter>,
     retries: Family<KindLabels, Counter>,
+    record_errors: Family<OpLabels, Counter>,
     plugin_load_failures: Counter,
 }
 
@@ -181,6 +182,12 @@ impl Metrics {
             "Pods handled again after a failure before the fixup loop, by the failure's kind",
             retries.clone(),
         );
+        let record_errors = Family::<OpLabels, Counter>::default();
+        registry.register(
+            "record_errors",
+            "Reads and writes of the pods' records in the state directory that failed or took too long, by op (recall, keep, observe; dropped: an observation left out because the state directory was too far behind); the work goes on without them",
+            record_errors.clone(),
+        );
         let plugin_load_failures = Counter::default();
         registry.register(
             "plugin_load_failures",
@@ -192,6 +199,7 @@ impl Metrics {
             vm_mismatches,
             node_errors,
             retries,
+            record_errors,
             plugin_load_failures,
             fixups,
             attempts,
@@ -285,6 +293,14 @@ impl Metrics {
 
     pub fn resumed(&self, op: &str) {
         self.resumed
+            .get_or_create(&OpLabels { op: op.to_owned() })
+            .inc();
+    }
+
+    /// A read or write of a pod's record that failed (`recall`, `keep`,
+    /// `observe`) or an observation dropped (`dropped`).
+    pub fn record_error(&self, op: &str) {
+        self.record_errors
             .get_or_create(&OpLabels { op: op.to_owned() })
             .inc();
     }

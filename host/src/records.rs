@@ -12,6 +12,8 @@ use fixup_core::facts::PodInput;
 use fixup_core::memory::{MemoryStore, PodMemory, StoreError};
 use tokio::sync::mpsc;
 
+use crate::metrics::Metrics;
+
 /// The longest a task waits for its pod's record to be read or kept.
 pub(crate) const RECORD_IO_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -20,53 +22,67 @@ pub(crate) const RECORD_IO_TIMEOUT: Duration = Duration::from_secs(5);
 const OBSERVATIONS_QUEUED: usize = 10_000;
 
 /// Run `io` on the blocking pool, bounded by [`RECORD_IO_TIMEOUT`]; `None`
-/// when it failed or took too long (logged as `what` for `pod`).
+/// when it failed or took too long (logged as `what` for `pod`, counted
+/// as a record error of `op`).
 async fn bounded<T: Send + 'static>(
     store: &Arc<MemoryStore>,
+    metrics: &Metrics,
     pod: &str,
-    what: &'static str,
+    (op, what): (&'static str, &'static str),
     io: impl FnOnce(&MemoryStore) -> Result<T, StoreError> + Send + 'static,
 ) -> Option<T> {
     let store = Arc::clone(store);
     let work = tokio::task::spawn_blocking(move || io(&store));
-    match tokio::time::timeout(RECORD_IO_TIMEOUT, work).await {
-        Ok(Ok(Ok(value))) => Some(value),
-        Ok(Ok(Err(e))) => {
-            tracing::warn!(pod, "{what}: {e}");
-            None
-        }
-        Ok(Err(e)) => {
-            tracing::warn!(pod, "{what}: {e}");
-            None
-        }
-        Err(_) => {
-            tracing::warn!(
-                pod,
-                "{what}: took longer than {RECORD_IO_TIMEOUT:?}; the work goes on without it (check the file system of the state directory)"
-            );
-            None
-        }
-    }
+    let failed = match tokio::time::timeout(RECORD_IO_TIMEOUT, work).await {
+        Ok(Ok(Ok(value))) => return Some(value),
+        Ok(Ok(Err(e))) => e.to_string(),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => format!(
+            "took longer than {RECORD_IO_TIMEOUT:?}; the work goes on without it (check the file system of the state directory)"
+        ),
+    };
+    tracing::warn!(pod, "{what}: {failed}");
+    metrics.record_error(op);
+    None
 }
 
 /// The record of pod `uid` for its task: a new one when there is none or
 /// it cannot be read (logged).
-pub(crate) async fn recall(store: &Arc<MemoryStore>, pod: &str, uid: &str) -> PodMemory {
+pub(crate) async fn recall(
+    store: &Arc<MemoryStore>,
+    metrics: &Metrics,
+    pod: &str,
+    uid: &str,
+) -> PodMemory {
     let uid = uid.to_owned();
-    bounded(store, pod, "the pod's record is not used", move |store| {
-        store.recall(&uid)
-    })
+    bounded(
+        store,
+        metrics,
+        pod,
+        ("recall", "the pod's record is not used"),
+        move |store| store.recall(&uid),
+    )
     .await
     .unwrap_or_default()
 }
 
 /// Keep what the pod's task changed in its record.
-pub(crate) async fn keep(store: &Arc<MemoryStore>, pod: &str, uid: &str, record: PodMemory) {
+pub(crate) async fn keep(
+    store: &Arc<MemoryStore>,
+    metrics: &Metrics,
+    pod: &str,
+    uid: &str,
+    record: PodMemory,
+) {
     let uid = uid.to_owned();
     bounded(
         store,
+        metrics,
         pod,
-        "the pod's record was not kept (a retry or restart may give its fixup loop a whole budget again, or reach its wake verdict again)",
+        (
+            "keep",
+            "the pod's record was not kept (a retry or restart may give its fixup loop a whole budget again, or reach its wake verdict again)",
+        ),
         move |store| store.keep_task(&uid, &record),
     )
     .await;
@@ -77,6 +93,7 @@ pub(crate) async fn keep(store: &Arc<MemoryStore>, pod: &str, uid: &str, record:
 #[derive(Debug, Clone)]
 pub(crate) struct Observer {
     store: Arc<MemoryStore>,
+    metrics: Arc<Metrics>,
     queue: mpsc::Sender<(PodInput, bool)>,
     dropped: Arc<AtomicU64>,
 }
@@ -117,9 +134,10 @@ fn observed(pod: &PodInput) -> PodInput {
 
 impl Observer {
     /// Start the thread that notes observations in `store`.
-    pub(crate) fn start(store: Arc<MemoryStore>) -> Observer {
+    pub(crate) fn start(store: Arc<MemoryStore>, metrics: Arc<Metrics>) -> Observer {
         let (queue, mut seen) = mpsc::channel::<(PodInput, bool)>(OBSERVATIONS_QUEUED);
         let noting = Arc::clone(&store);
+        let counting = Arc::clone(&metrics);
         tokio::task::spawn_blocking(move || {
             while let Some((pod, live)) = seen.blocking_recv() {
                 if let Err(e) = noting.observe(&pod, live) {
@@ -127,6 +145,7 @@ impl Observer {
                         pod = %pod.display_name(),
                         "the pod's hibernate history was not noted: {e}"
                     );
+                    counting.record_error("observe");
                     // What was missed is unknown: a gap.
                     if let Some(uid) = pod.uid.as_deref() {
                         noting.gap(uid);
@@ -136,6 +155,7 @@ impl Observer {
         });
         Observer {
             store,
+            metrics,
             queue,
             dropped: Arc::default(),
         }
@@ -151,6 +171,7 @@ impl Observer {
             if let Some(uid) = pod.uid.as_deref() {
                 self.store.gap(uid);
             }
+            self.metrics.record_error("dropped");
             let dropped = self.dropped.fetch_add(1, Ordering::Relaxed);
             if dropped.is_multiple_of(1000) {
                 tracing::warn!(
@@ -160,5 +181,37 @@ impl Observer {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    /// A record the store will not trust is not used, and is counted.
+    #[tokio::test]
+    async fn a_record_that_cannot_be_used_is_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(MemoryStore::open(dir.path()).unwrap());
+        let file = dir.path().join("u-1.json");
+        std::fs::write(&file, b"{\"version\": 1}").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let metrics = Metrics::new();
+        let record = recall(&store, &metrics, "prod/demo-1", "u-1").await;
+        assert_eq!(
+            record.to_json().unwrap(),
+            PodMemory::new().to_json().unwrap()
+        );
+        let text = metrics.encode();
+        assert!(
+            text.contains("cocoon_fixup_record_errors_total{op=\"recall\"} 1"),
+            "{text}"
+        );
+        // A usable record is no error.
+        std::fs::remove_file(&file).unwrap();
+        recall(&store, &metrics, "prod/demo-1", "u-1").await;
+        assert!(metrics.encode().contains("{op=\"recall\"} 1\n"));
     }
 }

@@ -375,7 +375,9 @@ pub async fn run<C: Cocoon, P: PodApi>(
     // The hibernate history of spec section 2: every pod on the node is
     // noted as the watch sees it, those left alone included (a macOS pod
     // not even that).
-    let observer = records.clone().map(crate::records::Observer::start);
+    let observer = records
+        .clone()
+        .map(|store| crate::records::Observer::start(store, host.metrics_handle()));
     let observe = |pod: &PodInput, live: bool| {
         if let Some(observer) = &observer
             && !fixup_core::facts::is_macos(pod.annotation(fixup_core::facts::annotations::OS))

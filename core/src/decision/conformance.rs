@@ -1387,4 +1387,31 @@ mod tests {
         assert!(failures.is_empty(), "{failures:?}");
         suite.each(|scenario| replay(scenario, &planner));
     }
+
+    /// A fixup that ended done is counted once, as `done` lands: a serial-
+    /// console pass that fails after it does not take it back, and one
+    /// that succeeds does not count it twice.
+    #[rstest::rstest]
+    #[case::pass_fails("sac-set-no-answer.json")]
+    #[case::pass_succeeds("sac-windows-clone-static.json")]
+    fn a_done_fixup_is_counted_once_whatever_the_pass_does(#[case] file: &str) {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/conformance")
+            .join(file);
+        let scenario: Scenario = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let (planner, _) = Planner::new(PlannerOptions::default()).unwrap();
+        let (world, _) = replay(&scenario, &planner);
+        let counted: Vec<&String> = world
+            .notes
+            .iter()
+            .filter(|n| n.starts_with("Fixup {"))
+            .collect();
+        assert_eq!(counted.len(), 1, "{:#?}", world.notes);
+        assert!(counted[0].contains("end: Done"), "{counted:?}");
+        assert!(
+            world.notes.iter().any(|n| n.starts_with("Sac(")),
+            "{:#?}",
+            world.notes
+        );
+    }
 }

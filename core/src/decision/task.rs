@@ -1624,8 +1624,9 @@ impl PodTask {
     ) -> Action {
         match fixup.sac.take() {
             Some(nics) if !self.fixup_only => {
-                self.summary.fixup = Some(FixupEnd::Done);
-                self.summary.attempts = fixup.attempts;
+                // The fixup is over and `done` has landed: it counts as
+                // done whatever the pass after it does.
+                self.fixup_done(&fixup);
                 self.sac_start(SacPass {
                     vm: fixup.vm.clone(),
                     nics,
@@ -1742,6 +1743,21 @@ impl PodTask {
         self.summary.readiness = Some(readiness);
         self.summary.ip = ip.map(|ip| ip.to_string());
         self.finish()
+    }
+
+    /// The fixup ended done: in the summary, and noted once (the pass of
+    /// spec section 10 may come between `done` and the success event).
+    fn fixup_done(&mut self, fixup: &Fixup) {
+        if self.summary.fixup == Some(FixupEnd::Done) {
+            return;
+        }
+        self.summary.fixup = Some(FixupEnd::Done);
+        self.summary.attempts = fixup.attempts;
+        self.note(Note::Fixup {
+            scenario: fixup.scenario,
+            end: FixupEnd::Done,
+            attempts: fixup.attempts,
+        });
     }
 
     fn fixup_over(&mut self, fixup: &Fixup, end: FixupEnd) -> Action {
@@ -1949,13 +1965,7 @@ impl PodTask {
             reasons::SUCCEEDED,
             messages::succeeded(fixup.scenario.as_str(), fixup.attempts),
         ));
-        self.summary.fixup = Some(FixupEnd::Done);
-        self.summary.attempts = fixup.attempts;
-        self.note(Note::Fixup {
-            scenario: fixup.scenario,
-            end: FixupEnd::Done,
-            attempts: fixup.attempts,
-        });
+        self.fixup_done(&fixup);
         if let Some((readiness, ip)) = ready {
             return self.readiness(readiness, ip);
         }
