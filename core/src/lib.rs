@@ -53,6 +53,7 @@ pub mod display;
 pub mod exec;
 pub mod facts;
 pub mod kit;
+pub mod lease;
 pub mod lifecycle;
 pub mod memory;
 pub mod plan;

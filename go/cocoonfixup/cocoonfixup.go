@@ -1,59 +1,63 @@
-// Package cocoonfixup embeds cocoon-fixup's plan path in a Go program:
-// which clones need a post-clone fixup, the plan (the exec argv, the hint
-// script), the decision of spec section 8, and the exact annotation values
-// and events the fixup loop writes. It calls libcocoon_fixup (the crate
-// host/capi) through cgo; the caller keeps its own cocoon client,
-// Kubernetes client, goroutines and retry loop.
+// Package cocoonfixup carries out cocoon-fixup's post-clone step for a
+// pod in a Go program, as the node daemon does: Run decides and does the
+// whole step (which VM, whether it is the pod's, the fixup with its retry
+// budget, the Windows serial-console pass, the IP wait with its DHCP
+// recovery and renew nudge, every annotation and event), calling back into
+// the caller only for what the caller owns: exec and inspect in the VM,
+// and reads, patches and events through its Kubernetes client. The lower
+// calls (Plan, NewAttempt, Judge, Decide and the values) stay for callers
+// that drive a loop of their own.
 //
-// Build the library first and tell the Go linker where it is:
+// Two backends speak the same JSON ops to the same library:
 //
-//	cargo build --release -p fixup-capi
-//	CGO_LDFLAGS="-L$PWD/target/release" go build ./...
+//   - linked (cgo): libcocoon_fixup is linked in. Build it, then point
+//     the Go linker at it:
 //
-// The static archive is linked by default; -tags cocoonfixup_dynamic links
-// the shared library instead.
+//     cargo build --release -p fixup-capi
+//     CGO_LDFLAGS="-L$PWD/target/release" go build ./...
+//
+//     The static archive is linked by default; -tags cocoonfixup_dynamic
+//     links the shared library instead.
+//
+//   - process (any GOOS/GOARCH, CGO_ENABLED=0): one long-lived child,
+//     `cocoon-fixup embed`, the binary installed on the node, over a
+//     pipe. The tag cocoonfixup_nocgo leaves the linked backend out of a
+//     cgo build too.
 //
 // A Planner is built once, is safe for use by many goroutines at once, and
-// must be closed with Close: finalizers only catch a forgotten Close.
+// must be closed with Close.
 package cocoonfixup
 
-// #cgo CFLAGS: -I${SRCDIR}/../../host/capi/include
-// #include <stdlib.h>
-// #include "cocoon_fixup.h"
-import "C"
-
 import (
+	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 	"time"
-	"unsafe"
 )
 
-// ABIVersion is the version of the C ABI this package was written for.
-const ABIVersion = 2
-
-// Code is the kind of an Error: switch on it, the message is for people.
+// Code is the kind of an Error: switch on it, or match the sentinel
+// errors with errors.Is; the message is for people.
 type Code int32
 
-// The codes of the C ABI (CfStatus in cocoon_fixup.h).
+// The codes (the library's CfStatus).
 const (
-	CodeInvalidArgument Code = C.CF_INVALID_ARGUMENT // the caller broke the contract (a bug in the caller)
-	CodeBadInput        Code = C.CF_BAD_INPUT        // the pod JSON is not what kubectl prints
-	CodeBadFacts        Code = C.CF_BAD_FACTS        // the facts contradict each other or do not validate
-	CodeNode            Code = C.CF_NODE             // the node is at fault (cocoon root, plugin directory, engine, a plugin's deadline): retry, do not fail the pod
-	CodeNoPlugin        Code = C.CF_NO_PLUGIN        // no plugin serves the scenario and flavour
-	CodePluginLimit     Code = C.CF_PLUGIN_LIMIT     // a plugin hit a sandbox limit (fuel, memory, output)
-	CodePluginPolicy    Code = C.CF_PLUGIN_POLICY    // a plugin planned past its guest policy
-	CodePluginDeclined  Code = C.CF_PLUGIN_DECLINED  // a plugin does not support the VM, or rejected a fact
-	CodePluginFailed    Code = C.CF_PLUGIN_FAILED    // a plugin trapped, panicked, or returned an unusable plan
-	CodePlanRejected    Code = C.CF_PLAN_REJECTED    // the plans cannot be combined or break the plan limits
-	CodeLoad            Code = C.CF_LOAD             // the planner could not be built
-	CodePanic           Code = C.CF_PANIC            // the library panicked (a bug: please report it; build a new Planner)
-	CodeVMMismatch      Code = C.CF_VM_MISMATCH      // the VM is not the pod's: run nothing, publish no IP (VMMismatch gives the event)
-	CodeBadRecord       Code = C.CF_BAD_RECORD       // the VM record is not what cocoon prints: retry, do not fail the pod
+	CodeInvalidArgument Code = 1  // the caller broke the contract (a bug in the caller)
+	CodeBadInput        Code = 2  // the pod is not what the API server returns
+	CodeBadFacts        Code = 3  // the facts contradict each other or do not validate
+	CodeNode            Code = 4  // the node is at fault (cocoon root, plugin directory, engine, a plugin's deadline): retry, do not fail the pod
+	CodeNoPlugin        Code = 5  // no plugin serves the scenario and flavour
+	CodePluginLimit     Code = 6  // a plugin hit a sandbox limit (fuel, memory, output)
+	CodePluginPolicy    Code = 7  // a plugin planned past its guest policy
+	CodePluginDeclined  Code = 8  // a plugin does not support the VM, or rejected a fact
+	CodePluginFailed    Code = 9  // a plugin trapped, panicked, or returned an unusable plan
+	CodePlanRejected    Code = 10 // the plans cannot be combined or break the plan limits
+	CodeLoad            Code = 11 // the planner could not be built
+	CodePanic           Code = 12 // the library panicked (a bug: please report it; build a new Planner)
+	CodeVMMismatch      Code = 13 // the VM is not the pod's: run nothing, publish no IP
+	CodeBadRecord       Code = 14 // the VM record is not what cocoon prints: retry, do not fail the pod
 )
 
 var codeNames = map[Code]string{
@@ -80,6 +84,28 @@ func (c Code) String() string {
 	return fmt.Sprintf("code-%d", int32(c))
 }
 
+// Sentinel errors. An *Error matches the kinds it belongs to with
+// errors.Is: ErrRetryable (CodeNode, CodeBadRecord), ErrPlanFailed (the
+// codes PlanFailed names), ErrVMMismatch, ErrInvalidArgument, ErrBadInput.
+var (
+	// ErrClosed is returned by calls on a closed Planner.
+	ErrClosed = errors.New("cocoonfixup: the planner is closed")
+	// ErrUnavailable: the library cannot be reached (not linked in, the
+	// wrong ABI, the cocoon-fixup binary missing or gone). The node is at
+	// fault: retry, do not fail the pod.
+	ErrUnavailable = errors.New("cocoonfixup: the library is unavailable")
+	// ErrRetryable: the node, not the pod, is at fault; try again later.
+	ErrRetryable = errors.New("cocoonfixup: the node is at fault, retry later")
+	// ErrPlanFailed: no plan can be made for the pod.
+	ErrPlanFailed = errors.New("cocoonfixup: no plan can be made for the pod")
+	// ErrVMMismatch: the VM is not the pod's own.
+	ErrVMMismatch = errors.New("cocoonfixup: the VM is not the pod's")
+	// ErrInvalidArgument: the caller broke the contract.
+	ErrInvalidArgument = errors.New("cocoonfixup: invalid argument")
+	// ErrBadInput: the pod is not what the API server returns.
+	ErrBadInput = errors.New("cocoonfixup: the pod is not a Pod as the API server returns it")
+)
+
 // Error is what the library reports when a call fails.
 type Error struct {
 	Code    Code
@@ -87,7 +113,24 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
-	return fmt.Sprintf("cocoon-fixup (%s): %s", e.Code, e.Message)
+	return fmt.Sprintf("cocoonfixup (%s): %s", e.Code, e.Message)
+}
+
+// Is matches the sentinel kinds e belongs to.
+func (e *Error) Is(target error) bool {
+	switch target {
+	case ErrRetryable:
+		return e.Retryable()
+	case ErrPlanFailed:
+		return e.PlanFailed()
+	case ErrVMMismatch:
+		return e.Code == CodeVMMismatch
+	case ErrInvalidArgument:
+		return e.Code == CodeInvalidArgument
+	case ErrBadInput:
+		return e.Code == CodeBadInput
+	}
+	return false
 }
 
 // PlanFailed reports whether the error means no plan can be made for the
@@ -110,45 +153,8 @@ func (e *Error) Retryable() bool {
 	return e.Code == CodeNode || e.Code == CodeBadRecord
 }
 
-// ErrClosed is returned by calls on a closed Planner.
-var ErrClosed = &Error{Code: CodeInvalidArgument, Message: "the planner is closed"}
-
-func init() {
-	if v := int(C.cf_abi_version()); v != ABIVersion {
-		panic(fmt.Sprintf("cocoonfixup: libcocoon_fixup has ABI version %d, this package needs %d: rebuild the library from the same checkout", v, ABIVersion))
-	}
-}
-
-// take turns a call's status and output string into a document or an
-// Error, and frees the string.
-func take(status C.CfStatus, out *C.char) ([]byte, error) {
-	if out == nil {
-		code := Code(status)
-		if status == C.CF_OK {
-			code = CodeInvalidArgument
-		}
-		return nil, &Error{Code: code, Message: "the library returned no answer"}
-	}
-	text := C.GoString(out)
-	C.cf_string_free(out)
-	if status != C.CF_OK {
-		return nil, &Error{Code: Code(status), Message: text}
-	}
-	return []byte(text), nil
-}
-
-// cBytes is a pointer to b's first byte for C, or nil for an empty slice.
-// The bytes hold no Go pointers, so cgo lets C read them during the call.
-func cBytes(b []byte) (*C.uint8_t, C.size_t) {
-	if len(b) == 0 {
-		return nil, 0
-	}
-	return (*C.uint8_t)(unsafe.Pointer(&b[0])), C.size_t(len(b))
-}
-
-// cString is s in C memory; the caller frees it.
-func cString(s string) *C.char {
-	return C.CString(s)
+func invalid(format string, args ...any) error {
+	return &Error{Code: CodeInvalidArgument, Message: fmt.Sprintf(format, args...)}
 }
 
 // Limits bound each plugin call; zero fields take the host's defaults.
@@ -177,6 +183,11 @@ type GuestPolicy struct {
 // daemon's configuration file (/etc/cocoon-fixup/config.toml) is not read:
 // pass its allow-list and policy narrowing here.
 type Options struct {
+	// Backend chooses the linked library or the child process; Binary is
+	// the cocoon-fixup binary the child runs ("" is COCOON_FIXUP_BIN, or
+	// cocoon-fixup on PATH).
+	Backend Backend
+	Binary  string
 	// PluginDir holds vendor plugins (*.wasm); "" is the default,
 	// /etc/cocoon-fixup/plugins when it exists. NoPluginDir loads none.
 	PluginDir   string
@@ -187,9 +198,13 @@ type Options struct {
 	CacheDir string
 	CacheKey string
 	NoCache  bool
-	// CocoonRoot is where the overlay probe looks (default /var/lib/cocoon).
+	// CocoonRoot is where the overlay probe and the serial console look
+	// (default /var/lib/cocoon).
 	CocoonRoot string
-	Limits     Limits
+	// LeaseFile is cocoon-net's lease file (default
+	// /var/lib/cocoon/net/leases.json), read by LeaseFile.
+	LeaseFile string
+	Limits    Limits
 	// AllowedPlugins, when not empty, are the sha256 digests of the only
 	// plugin files that may load. Built-ins are always trusted.
 	AllowedPlugins []string
@@ -197,13 +212,18 @@ type Options struct {
 	PluginPolicy map[string]GuestPolicy
 	// AcceptLegacyVMNames also binds VMs named vk-<namespace>-<pod>.
 	AcceptLegacyVMNames bool
+	// AcceptAnnotatedVMNames binds a VM named by the pod's
+	// vm.cocoonstack.io/name when no other pod on the node claims the
+	// name (the retired cocoon-webhook's Deployment slots); Run then asks
+	// Pods.NodePods. Safe only where the admission policy is installed.
+	AcceptAnnotatedVMNames bool
 	// Strict fails NewPlanner when a plugin file does not load (as
 	// `cocoon-fixup plan` does); otherwise the others serve (as `serve`
 	// does) and LoadFailures lists them.
 	Strict bool
 }
 
-func (o Options) document() ([]byte, error) {
+func (o Options) document() map[string]any {
 	doc := map[string]any{}
 	switch {
 	case o.NoPluginDir:
@@ -220,6 +240,7 @@ func (o Options) document() ([]byte, error) {
 	set("cache_key", o.CacheKey, o.CacheKey != "")
 	set("no_cache", true, o.NoCache)
 	set("cocoon_root", o.CocoonRoot, o.CocoonRoot != "")
+	set("lease_file", o.LeaseFile, o.LeaseFile != "")
 	l := o.Limits
 	set("plugin_fuel", l.Fuel, l.Fuel != 0)
 	set("plugin_deadline_ms", l.Deadline.Milliseconds(), l.Deadline != 0)
@@ -230,8 +251,9 @@ func (o Options) document() ([]byte, error) {
 	set("allowed_plugins", o.AllowedPlugins, len(o.AllowedPlugins) != 0)
 	set("plugin_policy", o.PluginPolicy, len(o.PluginPolicy) != 0)
 	set("accept_legacy_vm_names", true, o.AcceptLegacyVMNames)
+	set("accept_annotated_vm_names", true, o.AcceptAnnotatedVMNames)
 	set("strict", true, o.Strict)
-	return json.Marshal(doc)
+	return doc
 }
 
 // LoadFailure is a plugin file that did not load.
@@ -240,52 +262,58 @@ type LoadFailure struct {
 	Error string `json:"error"`
 }
 
-// Planner classifies and plans. Build it once with NewPlanner, share it
-// between goroutines, and Close it.
+// Planner classifies, plans and decides. Build it once with NewPlanner,
+// share it between goroutines, and Close it.
 type Planner struct {
-	mu       sync.RWMutex
-	ptr      *C.cf_planner
+	t        transport
+	handle   uint64
+	backend  Backend
 	failures []LoadFailure
 	warnings []string
 	// One token per engine slot: goroutines beyond them wait here, in Go,
-	// not on an OS thread inside the library.
-	slots        chan struct{}
-	acceptLegacy bool
+	// and give up when their context ends.
+	slots chan struct{}
+	// Calls in flight hold the read lock; Close takes the write lock.
+	mu     sync.RWMutex
+	closed bool
 }
 
-// NewPlanner starts the plugin engine and loads the built-in plugins and
-// the plugin directory.
-func NewPlanner(o Options) (*Planner, error) {
-	doc, err := o.document()
-	if err != nil {
-		return nil, &Error{Code: CodeInvalidArgument, Message: err.Error()}
-	}
-	options := cString(string(doc))
-	defer C.free(unsafe.Pointer(options))
-	var ptr *C.cf_planner
-	var out *C.char
-	status := C.cf_planner_new(options, &ptr, &out)
-	answer, err := take(status, out)
+// NewPlanner reaches the library (Options.Backend), starts the plugin
+// engine and loads the built-in plugins and the plugin directory. A
+// library that cannot be reached is ErrUnavailable, with what is missing.
+func NewPlanner(ctx context.Context, o Options) (*Planner, error) {
+	t, err := openTransport(o)
 	if err != nil {
 		return nil, err
 	}
+	answer, err := roundTrip(ctx, t, map[string]any{"op": "planner_new", "options": o.document()})
+	if err != nil {
+		t.close()
+		return nil, err
+	}
 	var loaded struct {
+		Planner      uint64        `json:"planner"`
 		LoadFailures []LoadFailure `json:"load_failures"`
 		Warnings     []string      `json:"warnings"`
 		Slots        int           `json:"slots"`
 	}
 	if err := json.Unmarshal(answer, &loaded); err != nil {
-		C.cf_planner_free(ptr)
-		return nil, &Error{Code: CodeInvalidArgument, Message: "reading the planner's answer: " + err.Error()}
+		t.close()
+		return nil, invalid("reading the planner's answer: %v", err)
 	}
 	if loaded.Slots < 1 {
 		loaded.Slots = 1
 	}
-	p := &Planner{ptr: ptr, failures: loaded.LoadFailures, warnings: loaded.Warnings,
-		slots: make(chan struct{}, loaded.Slots), acceptLegacy: o.AcceptLegacyVMNames}
-	runtime.SetFinalizer(p, (*Planner).Close)
-	return p, nil
+	backend := BackendProcess
+	if _, ok := t.(*process); !ok {
+		backend = BackendLinked
+	}
+	return &Planner{t: t, handle: loaded.Planner, backend: backend, failures: loaded.LoadFailures,
+		warnings: loaded.Warnings, slots: make(chan struct{}, loaded.Slots)}, nil
 }
+
+// Backend is the backend the planner reached the library by.
+func (p *Planner) Backend() Backend { return p.backend }
 
 // LoadFailures lists the plugin files that did not load (never with
 // Options.Strict, which fails NewPlanner instead).
@@ -297,33 +325,53 @@ func (p *Planner) LoadFailures() []LoadFailure {
 // a policy narrowing for a plugin that is not loaded.
 func (p *Planner) Warnings() []string { return append([]string(nil), p.warnings...) }
 
-// VMMismatch is the PostCloneVMMismatch event for a pod whose VM record is
-// not its own under this planner's binding policy, or nil when it is.
-func (p *Planner) VMMismatch(pod, vm []byte) (*Event, error) {
-	return VMMismatch(pod, vm, p.acceptLegacy)
-}
-
-// Close frees the planner. It waits for calls in flight; later calls
-// return ErrClosed. Closing twice is harmless.
+// Close frees the planner (and ends the child process of BackendProcess).
+// It waits for calls in flight; later calls return ErrClosed. Closing
+// twice is harmless.
 func (p *Planner) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.ptr != nil {
-		C.cf_planner_free(p.ptr)
-		p.ptr = nil
+	if p.closed {
+		return nil
 	}
-	runtime.SetFinalizer(p, nil)
+	p.closed = true
+	_, err := roundTrip(context.Background(), p.t, map[string]any{"op": "planner_free", "planner": p.handle})
+	if cerr := p.t.close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// call sends one op while the planner is open.
+func (p *Planner) call(ctx context.Context, request map[string]any) (json.RawMessage, error) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return nil, ErrClosed
+	}
+	return roundTrip(ctx, p.t, request)
+}
+
+// callInto sends one op and decodes its answer into into.
+func (p *Planner) callInto(ctx context.Context, request map[string]any, into any) error {
+	answer, err := p.call(ctx, request)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(answer, into); err != nil {
+		return invalid("reading the library's answer to %v: %v", request["op"], err)
+	}
 	return nil
 }
 
-// call runs f with the live planner, holding off Close until it returns.
-func (p *Planner) call(f func(*C.cf_planner) ([]byte, error)) ([]byte, error) {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	if p.ptr == nil {
-		return nil, ErrClosed
+// slot waits for an engine slot, or for ctx to end.
+func (p *Planner) slot(ctx context.Context) (func(), error) {
+	select {
+	case p.slots <- struct{}{}:
+		return func() { <-p.slots }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
-	return f(p.ptr)
 }
 
 // Overrides replace what the pod's annotations say, as `plan --boot` and
@@ -334,66 +382,46 @@ type Overrides struct {
 }
 
 // Plan classifies a pod's VM and, when it needs a fixup, plans it. pod is
-// `kubectl get pod NAME -o json` output (or the same object as the API
-// returns it), vm is `cocoon vm inspect --json ID` output. A VM that is not
-// the pod's own is refused first (CodeVMMismatch), before anything looks at
-// it. The report is the one `cocoon-fixup plan --output json` prints, with
-// the binding verdict and the plan's seal. Work left `running` is planned
-// as resumed work, as the daemon plans it, unless o says otherwise.
-func (p *Planner) Plan(pod, vm []byte, o Overrides) (*Report, error) {
-	overrides, err := json.Marshal(map[string]any{"boot": nonEmpty(o.Boot), "source_image": nonEmpty(o.SourceImage)})
-	if err != nil {
-		return nil, &Error{Code: CodeInvalidArgument, Message: err.Error()}
-	}
-	cOverrides := cString(string(overrides))
-	defer C.free(unsafe.Pointer(cOverrides))
-	p.slots <- struct{}{}
-	defer func() { <-p.slots }()
-	doc, err := p.call(func(ptr *C.cf_planner) ([]byte, error) {
-		podPtr, podLen := cBytes(pod)
-		vmPtr, vmLen := cBytes(vm)
-		var out *C.char
-		status := C.cf_plan(ptr, podPtr, podLen, vmPtr, vmLen, cOverrides, &out)
-		runtime.KeepAlive(pod)
-		runtime.KeepAlive(vm)
-		return take(status, out)
-	})
+// the pod as the API server returns it (JSON, `kubectl get pod -o json`),
+// vm is `cocoon vm inspect --json ID` output. A VM that is not the pod's
+// own is refused first (CodeVMMismatch), before anything looks at it. The
+// report is the one `cocoon-fixup plan --output json` prints, with the
+// binding verdict and the plan's seal. Work left `running` is planned as
+// resumed work, as the daemon plans it, unless o says otherwise.
+func (p *Planner) Plan(ctx context.Context, pod, vm []byte, o Overrides) (*Report, error) {
+	done, err := p.slot(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return parseReport(doc)
-}
-
-func nonEmpty(s string) any {
-	if s == "" {
-		return nil
+	defer done()
+	overrides := map[string]any{}
+	if o.Boot != "" {
+		overrides["boot"] = o.Boot
 	}
-	return s
+	if o.SourceImage != "" {
+		overrides["source_image"] = o.SourceImage
+	}
+	answer, err := p.call(ctx, map[string]any{"op": "plan", "planner": p.handle, "pod": string(pod), "vm": string(vm), "overrides": overrides})
+	if err != nil {
+		return nil, err
+	}
+	return parseReport(answer)
 }
 
 // NewAttempt starts one attempt of the report's plan: the argv to run
 // after `cocoon vm exec <id> --`, under a fresh nonce. Each exec needs its
 // own attempt. The plan must carry this planner's seal: only plans it made
 // are rendered.
-func (p *Planner) NewAttempt(r *Report) (*Attempt, error) {
+func (p *Planner) NewAttempt(ctx context.Context, r *Report) (*Attempt, error) {
 	if r == nil || !r.NeedsFixup || len(r.plan) == 0 {
-		return nil, &Error{Code: CodeInvalidArgument, Message: "the report has no plan to attempt"}
+		return nil, invalid("the report has no plan to attempt")
 	}
 	if !r.Bound() {
 		return nil, &Error{Code: CodeVMMismatch, Message: "the report's VM is not the pod's: nothing may run in it"}
 	}
-	plan := cString(string(r.plan))
-	defer C.free(unsafe.Pointer(plan))
-	doc, err := p.call(func(ptr *C.cf_planner) ([]byte, error) {
-		var out *C.char
-		return take(C.cf_attempt(ptr, plan, &out), out)
-	})
-	if err != nil {
+	a := &Attempt{plan: r.plan, p: p}
+	if err := p.callInto(ctx, map[string]any{"op": "attempt", "planner": p.handle, "plan": string(r.plan)}, a); err != nil {
 		return nil, err
-	}
-	a := &Attempt{plan: r.plan}
-	if err := json.Unmarshal(doc, a); err != nil {
-		return nil, &Error{Code: CodeInvalidArgument, Message: "reading the attempt: " + err.Error()}
 	}
 	return a, nil
 }
@@ -410,12 +438,14 @@ type Attempt struct {
 	// Argv is what to run after `cocoon vm exec <id> --`.
 	Argv []string `json:"argv"`
 	plan []byte
+	p    *Planner
 }
 
 // ExecResult is what one exec left behind.
 type ExecResult struct {
 	ExitCode int    // the exit code, when Signal is 0
 	Signal   int    // the signal that killed the process, or 0
+	Stdout   []byte // the end of stdout (Run keeps the last 64 KiB)
 	Stderr   []byte // the end of stderr: keep at least the last 64 KiB
 	// StderrCut says earlier stderr bytes were dropped.
 	StderrCut bool
@@ -445,22 +475,14 @@ type Verdict struct {
 
 // Judge says whether the exec of this attempt ran to completion, and if
 // not, which step failed and what it printed.
-func (a *Attempt) Judge(res ExecResult) (*Verdict, error) {
-	plan := cString(string(a.plan))
-	defer C.free(unsafe.Pointer(plan))
-	nonce := cString(a.Nonce)
-	defer C.free(unsafe.Pointer(nonce))
-	errPtr, errLen := cBytes(res.Stderr)
-	var out *C.char
-	status := C.cf_verdict(plan, nonce, C.int32_t(res.ExitCode), C.int32_t(res.Signal), errPtr, errLen, C.bool(res.StderrCut), &out)
-	runtime.KeepAlive(res.Stderr)
-	doc, err := take(status, out)
+func (a *Attempt) Judge(ctx context.Context, res ExecResult) (*Verdict, error) {
+	var v Verdict
+	err := a.p.callInto(ctx, map[string]any{
+		"op": "verdict", "plan": string(a.plan), "nonce": a.Nonce, "exit_code": res.ExitCode,
+		"signal": res.Signal, "stderr": base64.StdEncoding.EncodeToString(res.Stderr), "stderr_cut": res.StderrCut,
+	}, &v)
 	if err != nil {
 		return nil, err
-	}
-	var v Verdict
-	if err := json.Unmarshal(doc, &v); err != nil {
-		return nil, &Error{Code: CodeInvalidArgument, Message: "reading the verdict: " + err.Error()}
 	}
 	return &v, nil
 }
@@ -480,7 +502,7 @@ const (
 type Decision struct {
 	Action Action `json:"action"`
 	// Why names the reason for Nothing: stack-owns, hibernate-requested,
-	// deleting, not-managed, not-cloned.
+	// deleting, not-managed, not-cloned, macos.
 	Why string `json:"why"`
 	// Op is the ResumedAfterRestart op of work that resumes: post_clone or
 	// ready_wait.
@@ -491,23 +513,15 @@ type Decision struct {
 	Marker string `json:"marker"`
 }
 
-func decide(pod []byte, needed C.int32_t) (Decision, error) {
-	podPtr, podLen := cBytes(pod)
-	var out *C.char
-	status := C.cf_decide(podPtr, podLen, needed, &out)
-	runtime.KeepAlive(pod)
-	doc, err := take(status, out)
-	if err != nil {
-		return Decision{}, err
-	}
+func (p *Planner) decide(ctx context.Context, pod []byte, needed int) (Decision, error) {
 	var d struct {
 		Action Action  `json:"action"`
 		Why    *string `json:"why"`
 		Op     *string `json:"op"`
 		Marker *string `json:"marker"`
 	}
-	if err := json.Unmarshal(doc, &d); err != nil {
-		return Decision{}, &Error{Code: CodeInvalidArgument, Message: "reading the decision: " + err.Error()}
+	if err := p.callInto(ctx, map[string]any{"op": "decide", "pod": string(pod), "needed": needed}, &d); err != nil {
+		return Decision{}, err
 	}
 	return Decision{Action: d.Action, Why: deref(d.Why), Op: deref(d.Op), Marker: deref(d.Marker)}, nil
 }
@@ -521,18 +535,18 @@ func deref(s *string) string {
 
 // Decide is spec section 8 for a pod, given whether its VM needs a fixup
 // (the report's NeedsFixup): the same table the daemon decides with.
-func Decide(pod []byte, fixupNeeded bool) (Decision, error) {
+func (p *Planner) Decide(ctx context.Context, pod []byte, fixupNeeded bool) (Decision, error) {
 	if fixupNeeded {
-		return decide(pod, 1)
+		return p.decide(ctx, pod, 1)
 	}
-	return decide(pod, 0)
+	return p.decide(ctx, pod, 0)
 }
 
 // Gate is the part of spec section 8 that needs only the pod: call it on
 // every pod event, before asking cocoon anything. NeedsFacts means: look
-// at the VM, plan, then Decide.
-func Gate(pod []byte) (Decision, error) {
-	return decide(pod, -1)
+// at the VM, plan, then Decide. (Run does all of this itself.)
+func (p *Planner) Gate(ctx context.Context, pod []byte) (Decision, error) {
+	return p.decide(ctx, pod, -1)
 }
 
 // errorsOf unwraps an Error.

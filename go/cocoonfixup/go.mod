@@ -1,3 +1,3 @@
-module cocoonfixup
+module github.com/cocoonstack/cocoon-fixup/go/cocoonfixup
 
 go 1.19

@@ -1,4 +1,4 @@
-//go:build !cocoonfixup_dynamic
+//go:build cgo && !cocoonfixup_nocgo && !cocoonfixup_dynamic
 
 package cocoonfixup
 

@@ -1,15 +1,9 @@
 package cocoonfixup
 
-// #cgo CFLAGS: -I${SRCDIR}/../../host/capi/include
-// #include <stdlib.h>
-// #include "cocoon_fixup.h"
-import "C"
-
 import (
-	"encoding/json"
+	"context"
 	"net"
 	"time"
-	"unsafe"
 )
 
 // Annotation keys and event reasons the fixup loop writes (spec sections
@@ -50,29 +44,15 @@ type Record struct {
 }
 
 // values asks the library for one value; request carries its op.
-func values(request map[string]any, into any) error {
-	doc, err := json.Marshal(request)
-	if err != nil {
-		return &Error{Code: CodeInvalidArgument, Message: err.Error()}
-	}
-	text := C.CString(string(doc))
-	defer C.free(unsafe.Pointer(text))
-	var out *C.char
-	answer, err := take(C.cf_values(text, &out), out)
-	if err != nil {
-		return err
-	}
-	if err := json.Unmarshal(answer, into); err != nil {
-		return &Error{Code: CodeInvalidArgument, Message: "reading the answer: " + err.Error()}
-	}
-	return nil
+func (p *Planner) values(ctx context.Context, request map[string]any, into any) error {
+	return p.callInto(ctx, map[string]any{"op": "values", "request": request}, into)
 }
 
-func value(request map[string]any) (string, error) {
+func (p *Planner) value(ctx context.Context, request map[string]any) (string, error) {
 	var v struct {
 		Value string `json:"value"`
 	}
-	err := values(request, &v)
+	err := p.values(ctx, request, &v)
 	return v.Value, err
 }
 
@@ -86,38 +66,38 @@ func annotationsOrEmpty(a map[string]string) map[string]string {
 // ErrorsAnnotation is the post-clone-errors value for an error chain: at
 // most 4096 bytes, cut on a UTF-8 boundary keeping the newest lines, the
 // cut announced.
-func ErrorsAnnotation(errors []string) (string, error) {
+func (p *Planner) ErrorsAnnotation(ctx context.Context, errors []string) (string, error) {
 	if errors == nil {
 		errors = []string{}
 	}
-	return value(map[string]any{"op": "errors-annotation", "errors": errors})
+	return p.value(ctx, map[string]any{"op": "errors-annotation", "errors": errors})
 }
 
 // OneLine makes text one line for the error chain: newlines become " | ",
 // other control characters are escaped.
-func OneLine(text string) (string, error) {
-	return value(map[string]any{"op": "one-line", "text": text})
+func (p *Planner) OneLine(ctx context.Context, text string) (string, error) {
+	return p.value(ctx, map[string]any{"op": "one-line", "text": text})
 }
 
 // EventMessage cuts a message to the 512 bytes of an event, on a UTF-8
 // boundary, saying so.
-func EventMessage(message string) (string, error) {
-	return value(map[string]any{"op": "event-message", "message": message})
+func (p *Planner) EventMessage(ctx context.Context, message string) (string, error) {
+	return p.value(ctx, map[string]any{"op": "event-message", "message": message})
 }
 
 // AttemptFailed is the error-chain line and the PostCloneExecAttemptFailed
 // event of a failed attempt (attempts count from 1; err is the Verdict's
 // Error, or the exec's own error as one line).
-func AttemptFailed(attempt int, err string) (*Record, error) {
+func (p *Planner) AttemptFailed(ctx context.Context, attempt int, err string) (*Record, error) {
 	var r Record
-	return &r, values(map[string]any{"op": "attempt-failed", "attempt": attempt, "error": err}, &r)
+	return &r, p.values(ctx, map[string]any{"op": "attempt-failed", "attempt": attempt, "error": err}, &r)
 }
 
 // Succeeded is the post-clone-state=done patch and the PostCloneSucceeded
 // event.
-func Succeeded(scenario string, attempts int) (*Record, error) {
+func (p *Planner) Succeeded(ctx context.Context, scenario string, attempts int) (*Record, error) {
 	var r Record
-	return &r, values(map[string]any{"op": "succeeded", "scenario": scenario, "attempts": attempts}, &r)
+	return &r, p.values(ctx, map[string]any{"op": "succeeded", "scenario": scenario, "attempts": attempts}, &r)
 }
 
 // Exhausted is the failure record of a fixup whose budget ran out:
@@ -125,12 +105,12 @@ func Succeeded(scenario string, attempts int) (*Record, error) {
 // annotations could not hold it), the error chain, lifecycle Failed when
 // stickiness allows; and the PostCloneExecExhausted event. annotations are
 // the pod's as read just before the write.
-func Exhausted(annotations map[string]string, r *Report, attempts int, budget time.Duration, errors []string) (*Record, error) {
+func (p *Planner) Exhausted(ctx context.Context, annotations map[string]string, r *Report, attempts int, budget time.Duration, errors []string) (*Record, error) {
 	if errors == nil {
 		errors = []string{}
 	}
 	var out Record
-	return &out, values(map[string]any{
+	return &out, p.values(ctx, map[string]any{
 		"op": "exhausted", "annotations": annotationsOrEmpty(annotations), "scenario": r.Scenario,
 		"hint": r.HintValue(), "attempts": attempts, "budget_ms": budget.Milliseconds(), "errors": errors,
 	}, &out)
@@ -140,23 +120,23 @@ func Exhausted(annotations map[string]string, r *Report, attempts int, budget ti
 // (Plan's error, when Error.PlanFailed): post-clone-state=failed, the
 // error chain of one line, lifecycle Failed; no hint. And its
 // PostClonePlanFailed event.
-func PlanFailed(annotations map[string]string, planErr error) (*Record, error) {
+func (p *Planner) PlanFailed(ctx context.Context, annotations map[string]string, planErr error) (*Record, error) {
 	message := planErr.Error()
 	if e, ok := errorsOf(planErr); ok {
 		message = e.Message
 	}
 	var out Record
-	return &out, values(map[string]any{"op": "plan-failed", "annotations": annotationsOrEmpty(annotations), "error": message}, &out)
+	return &out, p.values(ctx, map[string]any{"op": "plan-failed", "annotations": annotationsOrEmpty(annotations), "error": message}, &out)
 }
 
 // VMMismatch is the PostCloneVMMismatch event for a pod whose VM record
 // (vm, as cocoon printed it) is not its own, or nil when it is. The event
 // never names the other VM.
-func VMMismatch(pod, vm []byte, acceptLegacyVMNames bool) (*Event, error) {
+func (p *Planner) VMMismatch(ctx context.Context, pod, vm []byte, acceptLegacyVMNames bool) (*Event, error) {
 	var out struct {
 		Event *Event `json:"event"`
 	}
-	err := values(map[string]any{"op": "vm-mismatch", "pod_json": string(pod), "vm_json": string(vm), "accept_legacy_vm_names": acceptLegacyVMNames}, &out)
+	err := p.values(ctx, map[string]any{"op": "vm-mismatch", "pod_json": string(pod), "vm_json": string(vm), "accept_legacy_vm_names": acceptLegacyVMNames}, &out)
 	return out.Event, err
 }
 
@@ -166,46 +146,46 @@ func VMMismatch(pod, vm []byte, acceptLegacyVMNames bool) (*Event, error) {
 // no other VM id annotated than vmID. The daemon asks before the running
 // write, before each attempt, and before every final write; when it says
 // no, nothing more is written.
-func StillOurs(pod []byte, uid, vmID string) (bool, error) {
+func (p *Planner) StillOurs(ctx context.Context, pod []byte, uid, vmID string) (bool, error) {
 	var out struct {
 		Value bool `json:"value"`
 	}
-	err := values(map[string]any{"op": "still-ours", "pod_json": string(pod), "uid": uid, "vm_id": vmID}, &out)
+	err := p.values(ctx, map[string]any{"op": "still-ours", "pod_json": string(pod), "uid": uid, "vm_id": vmID}, &out)
 	return out.Value, err
 }
 
 // Resumed is the ResumedAfterRestart event for work picked up again after
 // a restart (the Decision's Op).
-func Resumed(op string) (*Event, error) {
+func (p *Planner) Resumed(ctx context.Context, op string) (*Event, error) {
 	var out Record
-	err := values(map[string]any{"op": "resumed", "work": op}, &out)
+	err := p.values(ctx, map[string]any{"op": "resumed", "work": op}, &out)
 	return out.Event, err
 }
 
 // IPWaitTimeout is the record of an IP wait that ran out: lifecycle Failed
 // (Patch nil when stickiness forbids it) and the PostCloneIPWaitTimeout
 // event.
-func IPWaitTimeout(annotations map[string]string, vmName string, budget time.Duration) (*Record, error) {
+func (p *Planner) IPWaitTimeout(ctx context.Context, annotations map[string]string, vmName string, budget time.Duration) (*Record, error) {
 	var out Record
-	return &out, values(map[string]any{"op": "ip-wait-timeout", "annotations": annotationsOrEmpty(annotations), "vm_name": vmName, "budget_ms": budget.Milliseconds()}, &out)
+	return &out, p.values(ctx, map[string]any{"op": "ip-wait-timeout", "annotations": annotationsOrEmpty(annotations), "vm_name": vmName, "budget_ms": budget.Milliseconds()}, &out)
 }
 
 // Ready is the patch that publishes the IP and moves the lifecycle to
 // ready (when stickiness allows). Write it only when StillOurs says so.
-func Ready(annotations map[string]string, ip net.IP) (Patch, error) {
+func (p *Planner) Ready(ctx context.Context, annotations map[string]string, ip net.IP) (Patch, error) {
 	v4 := ip.To4()
 	if v4 == nil {
 		return nil, &Error{Code: CodeInvalidArgument, Message: "the IP must be IPv4, got " + ip.String()}
 	}
 	var out Record
-	err := values(map[string]any{"op": "ready", "annotations": annotationsOrEmpty(annotations), "ip": v4.String()}, &out)
+	err := p.values(ctx, map[string]any{"op": "ready", "annotations": annotationsOrEmpty(annotations), "ip": v4.String()}, &out)
 	return out.Patch, err
 }
 
 // StatePatch sets post-clone-state: "running" before the first attempt,
 // "done" or "failed" after.
-func StatePatch(state string) (Patch, error) {
+func (p *Planner) StatePatch(ctx context.Context, state string) (Patch, error) {
 	var out Record
-	err := values(map[string]any{"op": "state", "state": state}, &out)
+	err := p.values(ctx, map[string]any{"op": "state", "state": state}, &out)
 	return out.Patch, err
 }

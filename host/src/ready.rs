@@ -22,9 +22,8 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
-use jiff::Timestamp;
 use notify::event::ModifyKind;
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
@@ -33,9 +32,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use fixup_core::facts::MacAddr;
+use fixup_core::lease::{Lease, live_ip};
 
 /// Where cocoon-net keeps its DHCP leases unless configured otherwise.
-pub const DEFAULT_LEASE_FILE: &str = "/var/lib/cocoon/net/leases.json";
+pub use fixup_core::lease::DEFAULT_LEASE_FILE;
 
 /// The safety-net poll of the lease file (spec section 6: "poll every
 /// 200 ms"). The caller passes the interval to [`LeaseWatcher::new`]; with
@@ -66,86 +66,19 @@ pub enum LeaseError {
     ZeroPoll,
 }
 
-/// One usable row of the lease file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Lease {
-    mac: MacAddr,
-    ip: Ipv4Addr,
-    expiry: Timestamp,
-}
-
-/// A row as written; every field is checked before it becomes a [`Lease`].
-#[derive(Debug, serde::Deserialize)]
-struct RawLease {
-    mac: String,
-    ip: String,
-    expiry: String,
-}
-
-/// Looks `mac` up in the lease file's content.
-///
-/// The MAC matches in either case. A row whose expiry is at or before `now`
-/// is ignored. A row that is malformed (missing field, bad MAC, an address
-/// that is not IPv4, an expiry that is not RFC 3339) is skipped with a debug
-/// log. When several live rows match, the latest expiry wins (on a tie, the
-/// later row). Empty content (cocoon-net may be rewriting the file in place)
-/// holds no lease; content that is not a JSON array is an error.
+/// Looks `mac` up in the lease file's content ([`fixup_core::lease`]:
+/// expired and malformed rows are skipped, the latest expiry wins; empty
+/// content holds no lease); content that is not a JSON array is an error.
 pub fn lookup_lease(
     json: &[u8],
     mac: &MacAddr,
     now: SystemTime,
 ) -> Result<Option<Ipv4Addr>, LeaseError> {
-    Ok(live_ip(&parse_leases(json)?, mac, now))
+    fixup_core::lease::lookup(json, mac, now).map_err(LeaseError::NotAnArray)
 }
 
 fn parse_leases(json: &[u8]) -> Result<Vec<Lease>, LeaseError> {
-    if json.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Vec::new());
-    }
-    let rows: Vec<serde_json::Value> =
-        serde_json::from_slice(json).map_err(LeaseError::NotAnArray)?;
-    Ok(rows
-        .into_iter()
-        .enumerate()
-        .filter_map(|(index, row)| match parse_row(row) {
-            Ok(lease) => Some(lease),
-            Err(why) => {
-                tracing::debug!(row = index, "lease row skipped: {why}");
-                None
-            }
-        })
-        .collect())
-}
-
-fn parse_row(row: serde_json::Value) -> Result<Lease, String> {
-    let raw: RawLease = serde_json::from_value(row).map_err(|e| e.to_string())?;
-    let mac = MacAddr::parse(&raw.mac).map_err(|e| e.to_string())?;
-    let ip = raw
-        .ip
-        .parse::<Ipv4Addr>()
-        .map_err(|_| format!("ip {:?} is not an IPv4 address", raw.ip))?;
-    let expiry = raw
-        .expiry
-        .parse::<Timestamp>()
-        .map_err(|e| format!("expiry {:?} is not an RFC 3339 time: {e}", raw.expiry))?;
-    Ok(Lease { mac, ip, expiry })
-}
-
-fn live_ip(leases: &[Lease], mac: &MacAddr, now: SystemTime) -> Option<Ipv4Addr> {
-    let now = nanos_since_epoch(now);
-    leases
-        .iter()
-        .filter(|lease| lease.mac == *mac && lease.expiry.as_nanosecond() > now)
-        .max_by_key(|lease| lease.expiry)
-        .map(|lease| lease.ip)
-}
-
-/// Nanoseconds since the Unix epoch, negative before it, saturating far out.
-fn nanos_since_epoch(t: SystemTime) -> i128 {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(after) => i128::try_from(after.as_nanos()).unwrap_or(i128::MAX),
-        Err(before) => i128::try_from(before.duration().as_nanos()).map_or(i128::MIN, |n| -n),
-    }
+    fixup_core::lease::parse(json).map_err(LeaseError::NotAnArray)
 }
 
 /// Wall-clock "now" for lease expiry. [`LeaseWatcher::new`] uses
@@ -699,6 +632,7 @@ mod tests {
     use super::*;
     use rstest::rstest;
     use std::fs;
+    use std::time::UNIX_EPOCH;
 
     const MAC: MacAddr = MacAddr([0x52, 0x54, 0x00, 0xab, 0xcd, 0xef]);
     const OTHER: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x00, 0x00, 0x01]);

@@ -203,7 +203,7 @@ impl ConsoleSocket {
 /// `console.sock` entry itself, refused unless it is a socket.
 fn socket_entry(dir: &OwnedFd, path: &Path) -> Result<OwnedFd, DialError> {
     let entry = rustix::fs::openat(
-        &dir,
+        dir,
         CONSOLE_SOCKET,
         OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
@@ -228,14 +228,14 @@ fn connect_entry(
     stop: &Stop,
 ) -> Result<ConsoleStream, DialError> {
     let via = format!("/proc/self/fd/{}", entry.as_raw_fd());
-    let addr = SocketAddrUnix::new(via.as_str()).map_err(|e| retry(&path, e))?;
+    let addr = SocketAddrUnix::new(via.as_str()).map_err(|e| retry(path, e))?;
     let socket = rustix::net::socket_with(
         AddressFamily::UNIX,
         SocketType::STREAM,
         SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
         None,
     )
-    .map_err(|e| retry(&path, e))?;
+    .map_err(|e| retry(path, e))?;
     let end = Instant::now() + within;
     loop {
         match rustix::net::connect(&socket, &addr) {
@@ -246,7 +246,7 @@ fn connect_entry(
                 }
                 thread::sleep(CONNECT_POLL.min(end.saturating_duration_since(Instant::now())));
             }
-            Err(e) => return Err(retry(&path, e)),
+            Err(e) => return Err(retry(path, e)),
         }
     }
     let stream = UnixStream::from(socket);

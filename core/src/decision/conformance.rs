@@ -718,6 +718,135 @@ pub struct World {
     pub record: Option<PodMemory>,
 }
 
+/// The report (JSON, without `now_ms`) of a task-op action (JSON, as the
+/// C library and the JSON ops hand it out) carried out against `world`
+/// from `*now`, as an embedder would; `*now` moves to the action's end.
+/// `None` for `finish`, with how the task ended. The C op's replay and the
+/// Go package's (through `conformance-world`) both answer with it.
+pub fn answer(world: &mut World, now: &mut Duration, action: &Value) -> Result<Value, Ended> {
+    use super::reports::{pod_error_json, ran_json, sac_error_json};
+    use serde_json::json;
+    let a = action;
+    let str_of = |key: &str| a[key].as_str().unwrap_or_default().to_owned();
+    let ms_of = |key: &str| Duration::from_millis(a[key].as_u64().expect("a time in ms"));
+    let kind = str_of("action");
+    let interruptible = matches!(
+        kind.as_str(),
+        "admit" | "checkpoint" | "exec" | "wait_lease" | "sleep" | "sac_open" | "sac_set"
+    );
+    fn waited<T>(waited: Waited<T>, report: impl FnOnce(T) -> Value) -> Value {
+        match waited {
+            Waited::Done(value) => report(value),
+            Waited::Cancelled => json!({"cancelled": true}),
+        }
+    }
+    if kind == "finish" {
+        return Err(match a.get("stop") {
+            Some(stop) => Ended::Stop {
+                kind: Box::leak(
+                    stop["kind"]
+                        .as_str()
+                        .expect("a stop has a kind")
+                        .to_owned()
+                        .into_boxed_str(),
+                ),
+                retryable: stop["retryable"].as_bool().expect("a stop says retryable"),
+            },
+            None => Ended::Summary(a["summary"].clone()),
+        });
+    }
+    if interruptible && world.down(*now) {
+        return Ok(json!({"cancelled": true}));
+    }
+    Ok(match kind.as_str() {
+        "admit" | "release" | "checkpoint" | "note" | "sac_close" => json!({"go": true}),
+        "remember" => {
+            let record = a["record"].to_string();
+            world.remember(PodMemory::from_json(record.as_bytes()).expect("a record"));
+            json!({"go": true})
+        }
+        "sac_open" => {
+            let need = usize::try_from(a["need"].as_u64().expect("need")).expect("need");
+            waited(
+                world.sac_open_until(now, &str_of("vm"), need),
+                |result| match result {
+                    Ok(nets) => json!({"sac_opened": nets}),
+                    Err(e) => json!({"sac_open_error": sac_error_json(&e)}),
+                },
+            )
+        }
+        "sac_set" => {
+            let net = u32::try_from(a["net"].as_u64().expect("net")).expect("net");
+            let ip = str_of("ip").parse().expect("an address");
+            waited(world.sac_set_until(now, net, ip), |result| match result {
+                Ok(()) => json!({"sac_set": true}),
+                Err(e) => json!({"sac_set_error": sac_error_json(&e)}),
+            })
+        }
+        "tell" => {
+            let _ = world.event(*now, &str_of("reason"), &str_of("message"));
+            json!({"go": true})
+        }
+        "inspect" => match world.inspect(*now, &VmId::parse(&str_of("vm")).expect("a VM id")) {
+            Ok(_) => json!({"inspected": world.scenario.vm.clone().expect("a record")}),
+            Err(e) => json!({"inspect_error": e}),
+        },
+        "wake_events" => match world.events(*now, &str_of("uid")) {
+            Ok(events) => json!({
+                "events": events.iter().map(StackEvent::to_value).collect::<Vec<_>>()
+            }),
+            Err(e) => json!({"events_error": e}),
+        },
+        "other_pods" => match world.other_pods() {
+            Ok(pods) => json!({"other_pods": pods.iter().map(pod_json).collect::<Vec<_>>()}),
+            Err(e) => json!({"other_pods_error": e}),
+        },
+        "read" => match world.read(*now) {
+            Ok(pod) => json!({"read": pod.as_ref().map(pod_json)}),
+            Err(e) => json!({"read_error": pod_error_json(&e)}),
+        },
+        "patch" => {
+            let patch = serde_json::from_value(a["annotations"].clone()).expect("a patch");
+            let version = a["resource_version"].as_str();
+            match world.patch(*now, &str_of("uid"), &patch, version) {
+                Ok(Guarded::Written(pod)) => json!({"patched": pod.as_ref().map(pod_json)}),
+                Ok(Guarded::Changed(pod)) => json!({"changed": pod_json(&pod)}),
+                Err(e) => json!({"patch_error": pod_error_json(&e)}),
+            }
+        }
+        "exec" => {
+            let argv: Vec<String> = serde_json::from_value(a["argv"].clone()).expect("an argv");
+            let purpose: ExecPurpose = match a.get("purpose") {
+                Some(purpose) => serde_json::from_value(purpose.clone()).expect("a purpose"),
+                None => world.purpose_of(&argv),
+            };
+            let timeout = ms_of("timeout_ms");
+            waited(
+                world.exec_until(now, &str_of("vm"), purpose, &argv, timeout),
+                |result| match result {
+                    Ok(out) => json!({"ran": ran_json(&out)}),
+                    Err(e) => json!({"exec_error": e}),
+                },
+            )
+        }
+        "sleep" => waited(
+            world.sleep_until(now, ms_of("until_ms")),
+            |()| json!({"go": true}),
+        ),
+        "wait_lease" => {
+            let mac = MacAddr::parse(&str_of("mac")).expect("a MAC");
+            waited(
+                world.lease_until(now, &mac, ms_of("until_ms")),
+                |found| match found {
+                    Ok(ip) => json!({"lease": ip.map(|ip| ip.to_string())}),
+                    Err(why) => json!({"lease_error": why}),
+                },
+            )
+        }
+        other => panic!("unknown action {other:?}"),
+    })
+}
+
 /// Milliseconds of a duration, for traces.
 pub fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)

@@ -30,6 +30,7 @@
 
 pub mod conformance;
 mod locate;
+pub mod reports;
 mod settings;
 mod task;
 

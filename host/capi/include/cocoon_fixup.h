@@ -15,9 +15,21 @@
  * Version 2: `cf_task_start` and the task's reports refuse a pod without
  * `metadata.resourceVersion`; a plugin past its deadline, or an engine
  * that cannot be set up, answers `CF_NODE`; the task may ask `remember`
- * (with `memory` in its options) and take `lease_error`.
+ * (with `memory` in its options) and take `lease_error`. Version 3:
+ * `cf_call`, every call as a JSON op ([`wire`]).
  */
-#define CF_ABI_VERSION 2
+#define CF_ABI_VERSION 3
+
+/**
+ * The longest request line [`serve`] reads: a pod with the most
+ * annotations the API server allows is far smaller.
+ */
+#define REQUEST_MAX_BYTES (16 << 20)
+
+/**
+ * Requests [`serve`] works on at once; past it, reading waits.
+ */
+#define IN_FLIGHT_MAX 256
 
 /**
  * What a call returns: `CF_OK` and a JSON document, or another status and
@@ -418,6 +430,23 @@ CfStatus cf_verdict(const char *plan_json,
  * of a pointer.
  */
 CfStatus cf_values(const char *request_json, char **out);
+
+/**
+ * Any call of the library as one JSON op (the `wire` module's table:
+ * `{"op": ..., ...}`), over one session of handles per process: the
+ * planners, tasks and consoles it makes are named by number and live
+ * until freed by their own `*_free` op. `*out` is always the response
+ * document, `{"id", "ok"}` or `{"id", "error": {"status", "message"}}`;
+ * the status returned is `CF_OK` unless `request_json` is null or not
+ * UTF-8. Safe to call from many threads at once; one task or console
+ * is worked on by one call at a time (others wait).
+ *
+ * # Safety
+ *
+ * `request_json` is a NUL-terminated string; `out` is valid for one
+ * write of a pointer.
+ */
+CfStatus cf_call(const char *request_json, char **out);
 
 /**
  * Free a string the library returned. Null is ignored.

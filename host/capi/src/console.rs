@@ -9,7 +9,7 @@
 use std::net::Ipv4Addr;
 
 use fixup_core::facts::VmId;
-use fixup_sac::{Budgets, ConsoleSocket, SacError, Session, StaticNic, Stop};
+use fixup_sac::{Budgets, ConsoleSocket, Session, StaticNic, Stop};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -44,19 +44,7 @@ fn parse<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T, Fa
 }
 
 /// A console error as the task op's reports spell it.
-pub fn error_json(e: &SacError) -> Value {
-    match e {
-        SacError::Dial { cause } => json!({"kind": "dial", "cause": cause}),
-        SacError::EnumExhausted { found, need } => {
-            json!({"kind": "enum", "found": found, "need": need})
-        }
-        SacError::SetIp { net, cause } => json!({"kind": "set", "net": net, "cause": cause}),
-        SacError::VerifyExhausted { net, ip } => {
-            json!({"kind": "verify", "net": net, "ip": ip.to_string()})
-        }
-        other => json!({"kind": "refused", "message": other.to_string()}),
-    }
-}
+pub use fixup_core::decision::reports::sac_error_json as error_json;
 
 /// Carry out a `sac_open` action (`action_json`: the action as the task
 /// returned it, or just `{vm, need}`) with `budgets`: the open console, if

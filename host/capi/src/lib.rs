@@ -54,6 +54,7 @@
 mod console;
 mod ops;
 mod task;
+pub mod wire;
 
 use std::ffi::{CStr, CString, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -65,8 +66,9 @@ pub use ops::CfStatus;
 /// Version 2: `cf_task_start` and the task's reports refuse a pod without
 /// `metadata.resourceVersion`; a plugin past its deadline, or an engine
 /// that cannot be set up, answers `CF_NODE`; the task may ask `remember`
-/// (with `memory` in its options) and take `lease_error`.
-pub const CF_ABI_VERSION: u32 = 2;
+/// (with `memory` in its options) and take `lease_error`. Version 3:
+/// `cf_call`, every call as a JSON op ([`wire`]).
+pub const CF_ABI_VERSION: u32 = 3;
 
 /// A planner: the plugin engine with its plugins loaded, and the binding
 /// policy. Opaque to C.
@@ -88,7 +90,7 @@ pub extern "C" fn cf_abi_version() -> u32 {
     CF_ABI_VERSION
 }
 
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     let text = payload
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())
@@ -696,6 +698,32 @@ pub unsafe extern "C" fn cf_values(request_json: *const c_char, out: *mut *mut c
         // SAFETY: the caller promises a NUL-terminated string.
         let request = unsafe { required_text("request_json", request_json) }?;
         ops::values(request)
+    };
+    // SAFETY: `out` is passed through from the caller's promise.
+    unsafe { answer(out, call) }
+}
+
+/// Any call of the library as one JSON op (the `wire` module's table:
+/// `{"op": ..., ...}`), over one session of handles per process: the
+/// planners, tasks and consoles it makes are named by number and live
+/// until freed by their own `*_free` op. `*out` is always the response
+/// document, `{"id", "ok"}` or `{"id", "error": {"status", "message"}}`;
+/// the status returned is `CF_OK` unless `request_json` is null or not
+/// UTF-8. Safe to call from many threads at once; one task or console
+/// is worked on by one call at a time (others wait).
+///
+/// # Safety
+///
+/// `request_json` is a NUL-terminated string; `out` is valid for one
+/// write of a pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cf_call(request_json: *const c_char, out: *mut *mut c_char) -> CfStatus {
+    static SESSION: std::sync::LazyLock<wire::Session> =
+        std::sync::LazyLock::new(wire::Session::new);
+    let call = || {
+        // SAFETY: the caller promises a NUL-terminated string.
+        let request = unsafe { required_text("request_json", request_json) }?;
+        Ok(SESSION.call(request).to_string())
     };
     // SAFETY: `out` is passed through from the caller's promise.
     unsafe { answer(out, call) }

@@ -137,6 +137,9 @@ pub struct Options {
     pub no_cache: bool,
     /// The cocoon root, for the overlay probe [default: /var/lib/cocoon].
     pub cocoon_root: Option<PathBuf>,
+    /// cocoon-net's lease file, for the `lease` op [default:
+    /// /var/lib/cocoon/net/leases.json].
+    pub lease_file: Option<PathBuf>,
     pub plugin_fuel: Option<u64>,
     pub plugin_deadline_ms: Option<u64>,
     pub plugin_memory_mib: Option<u32>,
@@ -177,6 +180,8 @@ pub struct Options {
 pub struct Built {
     pub planner: Planner,
     pub binding: BindingPolicy,
+    /// cocoon-net's lease file.
+    pub lease_file: PathBuf,
     permits: Permits,
     seal_key: SealKey,
 }
@@ -363,11 +368,54 @@ pub fn planner_new(options: &str) -> Result<(Built, String), Failure> {
                 accept_legacy_names: options.accept_legacy_vm_names,
                 accept_annotated_names: options.accept_annotated_vm_names,
             },
+            lease_file: options
+                .lease_file
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(fixup_core::lease::DEFAULT_LEASE_FILE)),
             permits,
             seal_key: SealKey::generate()?,
         },
         answer,
     ))
+}
+
+/// The longest lease file the `lease` op reads: cocoon-net's holds a row
+/// per VM of the node.
+pub const LEASE_FILE_MAX_BYTES: u64 = 16 << 20;
+
+/// The address leased to `mac` now in the planner's lease file:
+/// `{"lease": ip or null}`, or `{"lease_error": why}` when the file cannot
+/// tell (missing, unreadable, too large, not a list of leases). One look,
+/// for an embedder that polls it through an IP wait.
+pub fn lease(built: &Built, mac: &str) -> Outcome {
+    use std::io::Read as _;
+    let mac = fixup_core::facts::MacAddr::parse(mac)
+        .map_err(|e| Failure::invalid(format!("mac: {e}")))?;
+    let path = &built.lease_file;
+    let read = std::fs::File::open(path).and_then(|file| {
+        let mut bytes = Vec::new();
+        file.take(LEASE_FILE_MAX_BYTES + 1)
+            .read_to_end(&mut bytes)?;
+        Ok(bytes)
+    });
+    let answer = match read {
+        Ok(bytes) if bytes.len() as u64 > LEASE_FILE_MAX_BYTES => json!({"lease_error": format!(
+            "lease file {}: larger than {LEASE_FILE_MAX_BYTES} bytes, so it was not read; check what writes it",
+            path.display()
+        )}),
+        Ok(bytes) => match fixup_core::lease::lookup(&bytes, &mac, std::time::SystemTime::now()) {
+            Ok(ip) => json!({"lease": ip.map(|ip| ip.to_string())}),
+            Err(e) => json!({"lease_error": format!(
+                "lease file {}: not a JSON array of {{mac, ip, expiry}} rows ({e}); check what cocoon-net writes to it",
+                path.display()
+            )}),
+        },
+        Err(e) => json!({"lease_error": format!(
+            "lease file {}: cannot read it: {e}; check the planner's lease_file option and that this process may read it",
+            path.display()
+        )}),
+    };
+    to_json(&answer)
 }
 
 /// The overrides of a plan call (`null`: none).

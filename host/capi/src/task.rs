@@ -529,40 +529,9 @@ pub(crate) fn read_report(text: &str) -> Result<(Duration, Report), Failure> {
 mod tests {
     use std::path::Path;
 
-    use fixup_core::decision::conformance::{Ended, Scenario, Suite, Waited, World, pod_json};
-    use fixup_core::decision::{ExecPurpose, PodError};
-    use fixup_core::facts::{MacAddr, VmId};
+    use fixup_core::decision::conformance::{Ended, Scenario, Suite, World, answer, pod_json};
 
     use super::*;
-
-    fn error_json(e: &PodError) -> Value {
-        let (kind, message) = match e {
-            PodError::Api { reason, .. } => ("api", reason.clone()),
-            PodError::Refused { reason, .. } => ("refused", reason.clone()),
-            PodError::Gone { pod } => ("gone", pod.clone()),
-        };
-        json!({"kind": kind, "message": message})
-    }
-
-    fn ran_json(out: &ExecOutput) -> Value {
-        let mut ran = json!({
-            "stdout": String::from_utf8_lossy(&out.stdout),
-            "stderr": String::from_utf8_lossy(&out.stderr),
-            "stderr_cut": out.stderr_cut,
-        });
-        match out.status {
-            ExitStatusKind::Code(code) => ran["exit"] = json!(code),
-            ExitStatusKind::Signal(signal) => ran["signal"] = json!(signal),
-        }
-        ran
-    }
-
-    fn waited<T>(waited: Waited<T>, report: impl FnOnce(T) -> Value) -> Value {
-        match waited {
-            Waited::Done(value) => report(value),
-            Waited::Cancelled => json!({"cancelled": true}),
-        }
-    }
 
     /// One scenario through the op, as an embedder drives it: JSON
     /// actions carried out against the world, JSON reports back.
@@ -588,121 +557,10 @@ mod tests {
         let mut now = Duration::ZERO;
         loop {
             let a: Value = serde_json::from_str(&action).unwrap();
-            let str_of = |key: &str| a[key].as_str().unwrap_or_default().to_owned();
-            let ms_of = |key: &str| Duration::from_millis(a[key].as_u64().unwrap());
-            let kind = str_of("action");
-            let interruptible = matches!(
-                kind.as_str(),
-                "admit" | "checkpoint" | "exec" | "wait_lease" | "sleep" | "sac_open" | "sac_set"
-            );
-            let report = if kind == "finish" {
-                let ended = match a.get("stop") {
-                    Some(stop) => Ended::Stop {
-                        kind: leak(stop["kind"].as_str().unwrap()),
-                        retryable: stop["retryable"].as_bool().unwrap(),
-                    },
-                    None => Ended::Summary(a["summary"].clone()),
-                };
-                return (world, ended);
-            } else if interruptible && world.down(now) {
-                json!({"cancelled": true})
-            } else {
-                match kind.as_str() {
-                    "admit" | "release" | "checkpoint" | "note" | "sac_close" => {
-                        json!({"go": true})
-                    }
-                    "remember" => {
-                        let record = a["record"].to_string();
-                        world.remember(PodMemory::from_json(record.as_bytes()).unwrap());
-                        json!({"go": true})
-                    }
-                    "sac_open" => {
-                        let need = usize::try_from(a["need"].as_u64().unwrap()).unwrap();
-                        waited(
-                            world.sac_open_until(&mut now, &str_of("vm"), need),
-                            |result| match result {
-                                Ok(nets) => json!({"sac_opened": nets}),
-                                Err(e) => json!({"sac_open_error": crate::console::error_json(&e)}),
-                            },
-                        )
-                    }
-                    "sac_set" => {
-                        let net = u32::try_from(a["net"].as_u64().unwrap()).unwrap();
-                        let ip = str_of("ip").parse().unwrap();
-                        waited(
-                            world.sac_set_until(&mut now, net, ip),
-                            |result| match result {
-                                Ok(()) => json!({"sac_set": true}),
-                                Err(e) => json!({"sac_set_error": crate::console::error_json(&e)}),
-                            },
-                        )
-                    }
-                    "tell" => {
-                        let _ = world.event(now, &str_of("reason"), &str_of("message"));
-                        json!({"go": true})
-                    }
-                    "inspect" => match world.inspect(now, &VmId::parse(&str_of("vm")).unwrap()) {
-                        Ok(_) => json!({"inspected": scenario.vm.clone().unwrap()}),
-                        Err(e) => json!({"inspect_error": e}),
-                    },
-                    "wake_events" => match world.events(now, &str_of("uid")) {
-                        Ok(events) => json!({
-                            "events": events.iter().map(StackEvent::to_value).collect::<Vec<_>>()
-                        }),
-                        Err(e) => json!({"events_error": e}),
-                    },
-                    "other_pods" => match world.other_pods() {
-                        Ok(pods) => {
-                            json!({"other_pods": pods.iter().map(pod_json).collect::<Vec<_>>()})
-                        }
-                        Err(e) => json!({"other_pods_error": e}),
-                    },
-                    "read" => match world.read(now) {
-                        Ok(pod) => json!({"read": pod.as_ref().map(pod_json)}),
-                        Err(e) => json!({"read_error": error_json(&e)}),
-                    },
-                    "patch" => {
-                        let patch = serde_json::from_value(a["annotations"].clone()).unwrap();
-                        let version = a["resource_version"].as_str();
-                        match world.patch(now, &str_of("uid"), &patch, version) {
-                            Ok(Guarded::Written(pod)) => {
-                                json!({"patched": pod.as_ref().map(pod_json)})
-                            }
-                            Ok(Guarded::Changed(pod)) => json!({"changed": pod_json(&pod)}),
-                            Err(e) => json!({"patch_error": error_json(&e)}),
-                        }
-                    }
-                    "exec" => {
-                        let argv: Vec<String> = serde_json::from_value(a["argv"].clone()).unwrap();
-                        let purpose: ExecPurpose =
-                            serde_json::from_value(a["purpose"].clone()).unwrap();
-                        let timeout = ms_of("timeout_ms");
-                        waited(
-                            world.exec_until(&mut now, &str_of("vm"), purpose, &argv, timeout),
-                            |result| match result {
-                                Ok(out) => json!({"ran": ran_json(&out)}),
-                                Err(e) => json!({"exec_error": e}),
-                            },
-                        )
-                    }
-                    "sleep" => waited(
-                        world.sleep_until(&mut now, ms_of("until_ms")),
-                        |()| json!({"go": true}),
-                    ),
-                    "wait_lease" => {
-                        let mac = MacAddr::parse(&str_of("mac")).unwrap();
-                        waited(
-                            world.lease_until(&mut now, &mac, ms_of("until_ms")),
-                            |found| match found {
-                                Ok(ip) => json!({"lease": ip.map(|ip| ip.to_string())}),
-                                Err(why) => json!({"lease_error": why}),
-                            },
-                        )
-                    }
-                    other => panic!("unknown action {other:?}"),
-                }
+            let mut report = match answer(&mut world, &mut now, &a) {
+                Ok(report) => report,
+                Err(ended) => return (world, ended),
             };
-            let mut report = report;
             report["now_ms"] = json!(u64::try_from(now.as_millis()).unwrap());
             action = next(built, &mut task, &report.to_string()).unwrap();
         }
@@ -715,10 +573,6 @@ mod tests {
         let options = json!({"cocoon_root": root.path(), "plugin_dir": "", "no_cache": true});
         let (built, _) = crate::ops::planner_new(&options.to_string()).unwrap();
         (root, built)
-    }
-
-    fn leak(text: &str) -> &'static str {
-        Box::leak(text.to_owned().into_boxed_str())
     }
 
     /// Every scenario file, replayed through the task op as an embedder

@@ -1,6 +1,7 @@
-//! The checked-in C header (`include/cocoon_fixup.h`, which C callers and
-//! the Go package include) is what cbindgen makes of the library now.
-//! `BLESS=1` rewrites it.
+//! The checked-in C headers (`include/cocoon_fixup.h`, which C callers
+//! include, and the Go module's own copy, `go/cocoonfixup/include/`, so a
+//! vendored Go build finds it) are what cbindgen makes of the library
+//! now. `BLESS=1` rewrites them.
 
 use std::path::{Path, PathBuf};
 
@@ -48,6 +49,7 @@ fn the_checked_in_headers_are_fresh() {
         "cf_verdict",
         "cf_values",
         "cf_string_free",
+        "cf_call",
         "CF_OK",
         "CF_PANIC",
         "CF_ABI_VERSION",
@@ -55,4 +57,8 @@ fn the_checked_in_headers_are_fresh() {
         assert!(fresh.contains(symbol), "{symbol} is missing from\n{fresh}");
     }
     check(&crate_dir().join("include/cocoon_fixup.h"), &fresh);
+    check(
+        &crate_dir().join("../../go/cocoonfixup/include/cocoon_fixup.h"),
+        &fresh,
+    );
 }

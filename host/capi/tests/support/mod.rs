@@ -23,8 +23,9 @@ pub fn profile_dir() -> PathBuf {
         .to_owned()
 }
 
-/// target/<profile> with `libcocoon_fixup.a` and `.so` and the
-/// `cocoon-fixup` binary of this checkout in it, fresh.
+/// target/<profile> with `libcocoon_fixup.a` and `.so`, the
+/// `cocoon-fixup` binary and `conformance-world` of this checkout in it,
+/// fresh.
 ///
 /// `cargo test` builds this crate's library for its tests only as an rlib,
 /// so the archive and the shared library are built here, once per test
@@ -47,7 +48,12 @@ pub fn built() -> PathBuf {
         let status = build.status().expect("running cargo");
         assert!(status.success(), "building libcocoon_fixup failed");
     });
-    for file in ["libcocoon_fixup.a", "libcocoon_fixup.so", "cocoon-fixup"] {
+    for file in [
+        "libcocoon_fixup.a",
+        "libcocoon_fixup.so",
+        "cocoon-fixup",
+        "conformance-world",
+    ] {
         assert!(
             profile.join(file).exists(),
             "{} is missing after the build",

@@ -74,6 +74,21 @@ pub(crate) enum Command {
     ///
     ///   cocoon-fixup capture --pod pod.json --vm vm.json --events events.json --output cases/
     Capture(CaptureArgs),
+    /// Serve the library's JSON ops on standard input and output, for an
+    /// embedder that cannot link the C library (the Go package built with
+    /// CGO_ENABLED=0 starts one such child and keeps it).
+    ///
+    /// One request per line, `{"id": N, "op": "...", ...}`; one response
+    /// per line, `{"id": N, "ok": ...}` or `{"id": N, "error": {"status",
+    /// "message"}}`, as each request finishes (many run at once). The ops
+    /// and their fields are the C library's calls (README, "Embedding").
+    /// Logs go to standard error. Ends at the end of its input, after the
+    /// requests in flight. The configuration file is not read: a planner's
+    /// options come in its `planner_new` request.
+    ///
+    /// Example:
+    ///   echo '{"id": 1, "op": "abi"}' | cocoon-fixup embed
+    Embed,
 }
 
 #[derive(Debug, Args)]

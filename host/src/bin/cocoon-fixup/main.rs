@@ -57,6 +57,9 @@ fn main() -> ExitCode {
             .map(|summary| run_exit_code(&summary)),
         Command::Serve(args) => runtime().and_then(|rt| rt.block_on(run_serve(args, config))),
         Command::Capture(args) => run_capture(args, config),
+        Command::Embed => cocoon_fixup::wire::serve(std::io::stdin().lock(), std::io::stdout())
+            .map(|()| 0)
+            .map_err(|e| anyhow::anyhow!("embed: {e}")),
         Command::Plugin(PluginCommand::Test(args)) => run_plugin_test(args, config),
         Command::Plugin(PluginCommand::Inspect(args)) => run_plugin_inspect(args, config),
         Command::Plugin(PluginCommand::New(args)) => run_plugin_new(args),

@@ -2,6 +2,7 @@ package cocoonfixup
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,19 +18,19 @@ import (
 	"time"
 )
 
-// The repository's root, from this package's folder.
-var root = filepath.Join("..", "..")
-
 // The tests' one planner over the bundled examples' cocoon root, with a
 // cache of its own.
 var shared *Planner
+
+// ctx is the tests' context.
+var ctx = context.Background()
 
 func TestMain(m *testing.M) {
 	scratch, err := os.MkdirTemp("", "cocoonfixup-")
 	if err != nil {
 		panic(err)
 	}
-	shared, err = NewPlanner(Options{
+	shared, err = NewPlanner(context.Background(), Options{
 		CocoonRoot: filepath.Join(root, "examples", "cocoon-root"),
 		CacheDir:   filepath.Join(scratch, "cache"),
 		CacheKey:   filepath.Join(scratch, "key", "cache.key"),
@@ -99,12 +100,18 @@ func overrides(t testing.TB, args []string) Overrides {
 }
 
 func cli(t testing.TB) string {
-	bin := os.Getenv("COCOON_FIXUP_BIN")
+	return builtBinary(t, "COCOON_FIXUP_BIN", "cocoon-fixup", "cargo build -p fixup-host")
+}
+
+// builtBinary is a binary of this checkout: env names it, else it is
+// target/debug/<name>; how says how to build it.
+func builtBinary(t testing.TB, env, name, how string) string {
+	bin := os.Getenv(env)
 	if bin == "" {
-		bin = filepath.Join(root, "target", "debug", "cocoon-fixup")
+		bin = filepath.Join(root, "target", "debug", name)
 	}
 	if _, err := os.Stat(bin); err != nil {
-		t.Fatalf("the cocoon-fixup binary is needed to compare with (%v): `cargo build -p fixup-host`, or set COCOON_FIXUP_BIN", err)
+		t.Fatalf("%s is needed (%v): `%s`, or set %s", name, err, how, env)
 	}
 	return bin
 }
@@ -133,7 +140,7 @@ func TestReportsAreTheCLIs(t *testing.T) {
 			if err != nil {
 				t.Fatalf("cocoon-fixup %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
 			}
-			report, err := shared.Plan(ex.pod, ex.vm, overrides(t, ex.args))
+			report, err := shared.Plan(ctx, ex.pod, ex.vm, overrides(t, ex.args))
 			if err != nil {
 				t.Fatalf("Plan: %v", err)
 			}
@@ -170,7 +177,7 @@ func TestConcurrentPlanning(t *testing.T) {
 	ovr := make([]Overrides, len(exs))
 	for k, ex := range exs {
 		ovr[k] = overrides(t, ex.args)
-		r, err := shared.Plan(ex.pod, ex.vm, ovr[k])
+		r, err := shared.Plan(ctx, ex.pod, ex.vm, ovr[k])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -185,7 +192,7 @@ func TestConcurrentPlanning(t *testing.T) {
 			for i := 0; i < 40; i++ {
 				k := (g + i) % len(exs)
 				ex := exs[k]
-				r, err := shared.Plan(ex.pod, ex.vm, ovr[k])
+				r, err := shared.Plan(ctx, ex.pod, ex.vm, ovr[k])
 				if err != nil {
 					failures <- fmt.Sprintf("goroutine %d, %s: %v", g, ex.name, err)
 					return
@@ -195,7 +202,7 @@ func TestConcurrentPlanning(t *testing.T) {
 					return
 				}
 				if r.NeedsFixup {
-					if _, err := shared.NewAttempt(r); err != nil {
+					if _, err := shared.NewAttempt(ctx, r); err != nil {
 						failures <- fmt.Sprintf("goroutine %d, %s: attempt: %v", g, ex.name, err)
 						return
 					}
@@ -222,7 +229,7 @@ func hostilePlanner(t *testing.T) *Planner {
 	if err := os.WriteFile(filepath.Join(dir, "hostile.wasm"), read(t, src), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p, err := NewPlanner(Options{PluginDir: dir, NoCache: true, Strict: true, CocoonRoot: filepath.Join(root, "examples", "cocoon-root")})
+	p, err := NewPlanner(ctx, Options{PluginDir: dir, NoCache: true, Strict: true, CocoonRoot: filepath.Join(root, "examples", "cocoon-root")})
 	if err != nil {
 		t.Fatalf("a planner with the hostile plugin: %v", err)
 	}
@@ -254,7 +261,7 @@ func TestHostilePluginErrorsAreTyped(t *testing.T) {
 			id := "hostile-" + c.behaviour
 			podC := bytes.ReplaceAll(pod, []byte(`"vm-7f3a9c21"`), []byte(strconv.Quote(id)))
 			vmC := bytes.ReplaceAll(vm, []byte(`"vm-7f3a9c21"`), []byte(strconv.Quote(id)))
-			r, err := p.Plan(podC, vmC, Overrides{})
+			r, err := p.Plan(ctx, podC, vmC, Overrides{})
 			if c.code == 0 {
 				if err != nil || !r.NeedsFixup || r.Plugins[0].Name != "hostile" {
 					t.Fatalf("a well-behaved call: %v", err)
@@ -271,7 +278,7 @@ func TestHostilePluginErrorsAreTyped(t *testing.T) {
 			if !e.PlanFailed() {
 				t.Fatalf("%s must fail the pod", e.Code)
 			}
-			rec, err := PlanFailed(map[string]string{}, err)
+			rec, err := shared.PlanFailed(ctx, map[string]string{}, err)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -285,7 +292,7 @@ func TestHostilePluginErrorsAreTyped(t *testing.T) {
 	}
 	// The planner still serves after the failures.
 	plain := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
-	if r, err := p.Plan(plain, vm, Overrides{}); err != nil || r.Plugins[0].Name != "oci-networkd" {
+	if r, err := p.Plan(ctx, plain, vm, Overrides{}); err != nil || r.Plugins[0].Name != "oci-networkd" {
 		t.Fatalf("after the hostile calls: %v", err)
 	}
 }
@@ -300,27 +307,27 @@ func TestInputErrorsAreTyped(t *testing.T) {
 			t.Errorf("%s: want %s, got %v", name, code, err)
 		}
 	}
-	_, err := shared.Plan([]byte(`{"kind":"Pod"`), vm, Overrides{})
+	_, err := shared.Plan(ctx, []byte(`{"kind":"Pod"`), vm, Overrides{})
 	check("truncated pod", err, CodeBadInput)
-	_, err = shared.Plan(pod, nil, Overrides{})
+	_, err = shared.Plan(ctx, pod, nil, Overrides{})
 	check("empty VM record", err, CodeBadRecord)
-	_, err = shared.Plan(pod, vm, Overrides{Boot: "reboot"})
+	_, err = shared.Plan(ctx, pod, vm, Overrides{Boot: "reboot"})
 	check("unknown boot kind", err, CodeInvalidArgument)
 	mismatched := bytes.Replace(vm, []byte(`"id": "vm-7f3a9c21"`), []byte(`"id": "vm-00000000"`), 1)
-	_, err = shared.Plan(pod, mismatched, Overrides{})
+	_, err = shared.Plan(ctx, pod, mismatched, Overrides{})
 	check("inspect and annotation disagree", err, CodeVMMismatch)
 	badMAC := bytes.Replace(vm, []byte(`"mac": "52:54:00:3a:91:0c"`), []byte(`"mac": "52:54:00:3a:91"`), 1)
-	_, err = shared.Plan(pod, badMAC, Overrides{})
+	_, err = shared.Plan(ctx, pod, badMAC, Overrides{})
 	check("a MAC that does not validate", err, CodeBadFacts)
-	_, err = NewPlanner(Options{PluginDir: "/nonexistent/plugins"})
+	_, err = NewPlanner(ctx, Options{PluginDir: "/nonexistent/plugins"})
 	check("missing plugin directory", err, CodeLoad)
-	_, err = NewPlanner(Options{Limits: Limits{MemoryMiB: 100000}})
+	_, err = NewPlanner(ctx, Options{Limits: Limits{MemoryMiB: 100000}})
 	check("bad limit", err, CodeInvalidArgument)
-	_, err = NewPlanner(Options{AllowedPlugins: []string{"abc"}})
+	_, err = NewPlanner(ctx, Options{AllowedPlugins: []string{"abc"}})
 	check("bad digest", err, CodeInvalidArgument)
-	_, err = NewPlanner(Options{PluginPolicy: map[string]GuestPolicy{"x": {Writes: []string{"/etc/../shadow"}}}})
+	_, err = NewPlanner(ctx, Options{PluginPolicy: map[string]GuestPolicy{"x": {Writes: []string{"/etc/../shadow"}}}})
 	check("bad narrowing", err, CodeInvalidArgument)
-	_, err = NewPlanner(Options{PluginPolicy: map[string]GuestPolicy{"x": {Links: []string{".eth*"}}}})
+	_, err = NewPlanner(ctx, Options{PluginPolicy: map[string]GuestPolicy{"x": {Links: []string{".eth*"}}}})
 	check("bad links narrowing", err, CodeInvalidArgument)
 }
 
@@ -363,11 +370,11 @@ func TestNameLinkParentsAndLinks(t *testing.T) {
 func TestBindingVerdict(t *testing.T) {
 	pod := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
 	vm := read(t, filepath.Join(root, "examples", "oci-static", "vm.json"))
-	r, err := shared.Plan(pod, vm, Overrides{})
+	r, err := shared.Plan(ctx, pod, vm, Overrides{})
 	if err != nil || !r.Bound() || r.Binding.Form != "hashed" {
 		t.Fatalf("the example's VM is its pod's: %v %+v", err, r.Binding)
 	}
-	if ev, err := VMMismatch(pod, vm, false); err != nil || ev != nil {
+	if ev, err := shared.VMMismatch(ctx, pod, vm, false); err != nil || ev != nil {
 		t.Fatalf("no event for the pod's own VM: %v %+v", err, ev)
 	}
 	others := map[string][]byte{
@@ -375,12 +382,12 @@ func TestBindingVerdict(t *testing.T) {
 		"another id":         bytes.Replace(vm, []byte(`"id": "vm-7f3a9c21"`), []byte(`"id": "vm-0a1b2c3d"`), 1),
 	}
 	for name, other := range others {
-		_, err := shared.Plan(pod, other, Overrides{})
+		_, err := shared.Plan(ctx, pod, other, Overrides{})
 		var e *Error
 		if !errors.As(err, &e) || e.Code != CodeVMMismatch || e.PlanFailed() || e.Retryable() {
 			t.Fatalf("%s: want CodeVMMismatch, got %v", name, err)
 		}
-		ev, err := VMMismatch(pod, other, false)
+		ev, err := shared.VMMismatch(ctx, pod, other, false)
 		if err != nil || ev == nil || ev.Reason != "PostCloneVMMismatch" || ev.Type != "Warning" {
 			t.Fatalf("%s: the mismatch event: %v %+v", name, err, ev)
 		}
@@ -430,16 +437,16 @@ func TestDecide(t *testing.T) {
 	}
 	for _, c := range cases {
 		pod := withAnnotations(t, c.ann, c.deleting)
-		got, err := Decide(pod, c.needed)
+		got, err := shared.Decide(ctx, pod, c.needed)
 		if err != nil || got != c.want {
 			t.Errorf("%s: Decide = %+v, %v; want %+v", c.name, got, err, c.want)
 		}
-		gate, err := Gate(pod)
+		gate, err := shared.Gate(ctx, pod)
 		if err != nil || gate.Action != c.gate {
 			t.Errorf("%s: Gate = %+v, %v; want %s", c.name, gate, err, c.gate)
 		}
 	}
-	if _, err := Decide([]byte("[]"), true); err == nil {
+	if _, err := shared.Decide(ctx, []byte("[]"), true); err == nil {
 		t.Error("a JSON list is not a pod")
 	}
 }
@@ -465,15 +472,15 @@ func guestStderr(nonce string, steps, failAt int, noise string) []byte {
 func TestAttemptsAndVerdicts(t *testing.T) {
 	pod := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
 	vm := read(t, filepath.Join(root, "examples", "oci-static", "vm.json"))
-	r, err := shared.Plan(pod, vm, Overrides{})
+	r, err := shared.Plan(ctx, pod, vm, Overrides{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := shared.NewAttempt(r)
+	a, err := shared.NewAttempt(ctx, r)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := shared.NewAttempt(r)
+	b, err := shared.NewAttempt(ctx, r)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -484,37 +491,37 @@ func TestAttemptsAndVerdicts(t *testing.T) {
 		t.Fatalf("the argv is the report's exec and the nonce:\n%q\n%q", a.Argv, r.Exec)
 	}
 	steps := len(r.Steps)
-	v, err := a.Judge(ExecResult{Stderr: guestStderr(a.Nonce, steps, 0, "")})
+	v, err := a.Judge(ctx, ExecResult{Stderr: guestStderr(a.Nonce, steps, 0, "")})
 	if err != nil || !v.OK {
 		t.Fatalf("a complete run: %+v %v", v, err)
 	}
 	// Another exec's done marker proves nothing.
-	v, err = a.Judge(ExecResult{Stderr: guestStderr(b.Nonce, steps, 0, "")})
+	v, err = a.Judge(ctx, ExecResult{Stderr: guestStderr(b.Nonce, steps, 0, "")})
 	if err != nil || v.OK || !strings.Contains(v.Error, "no step markers of this exec") {
 		t.Fatalf("a forged done marker was taken: %+v %v", v, err)
 	}
-	v, err = a.Judge(ExecResult{ExitCode: 3, Stderr: guestStderr(a.Nonce, steps, 2, "networkctl: boom")})
+	v, err = a.Judge(ctx, ExecResult{ExitCode: 3, Stderr: guestStderr(a.Nonce, steps, 2, "networkctl: boom")})
 	if err != nil || v.OK || v.Failure == nil || v.Failure.Kind != "step" || *v.Failure.Step != 2 || !strings.Contains(v.Failure.Stderr, "boom") {
 		t.Fatalf("a failed step: %+v %v", v, err)
 	}
 	if !strings.Contains(v.Error, "step 2/") || !strings.Contains(v.Error, "boom") {
 		t.Fatalf("the error line names the step and its stderr: %q", v.Error)
 	}
-	v, err = a.Judge(ExecResult{Signal: 9})
+	v, err = a.Judge(ctx, ExecResult{Signal: 9})
 	if err != nil || v.OK || !strings.Contains(v.Error, "signal 9") {
 		t.Fatalf("a killed exec: %+v %v", v, err)
 	}
 	// A plan that cannot be a report's is refused.
 	bad := *r
 	bad.plan = []byte(`{"dialect":"posix-sh","steps":[{"description":"x","phase":"prepare","best_effort":false,"run":["sh\u0000"]}],"vm_id":"vm-7f3a9c21","seal":"00"}`)
-	if _, err := shared.NewAttempt(&bad); err == nil {
+	if _, err := shared.NewAttempt(ctx, &bad); err == nil {
 		t.Fatal("a hand-made plan was attempted")
 	}
-	none, err := shared.Plan(read(t, filepath.Join(root, "examples", "no-fixup", "pod.json")), read(t, filepath.Join(root, "examples", "no-fixup", "vm.json")), Overrides{})
+	none, err := shared.Plan(ctx, read(t, filepath.Join(root, "examples", "no-fixup", "pod.json")), read(t, filepath.Join(root, "examples", "no-fixup", "vm.json")), Overrides{})
 	if err != nil || none.NeedsFixup {
 		t.Fatalf("no-fixup: %v %+v", err, none)
 	}
-	if _, err := shared.NewAttempt(none); err == nil {
+	if _, err := shared.NewAttempt(ctx, none); err == nil {
 		t.Fatal("a report without a plan was attempted")
 	}
 }
@@ -525,38 +532,38 @@ func TestAnnotationValues(t *testing.T) {
 	for i := 1; i <= 200; i++ {
 		chain = append(chain, fmt.Sprintf("attempt %d: é%s", i, strings.Repeat("x", 40)))
 	}
-	value, err := ErrorsAnnotation(chain)
+	value, err := shared.ErrorsAnnotation(ctx, chain)
 	if err != nil || len(value) > 4096 || !strings.HasPrefix(value, "[truncated: first ") || !strings.HasSuffix(value, chain[199]) {
 		t.Fatalf("errors annotation (%d bytes): %v", len(value), err)
 	}
-	short, err := ErrorsAnnotation([]string{"attempt 1: boom"})
+	short, err := shared.ErrorsAnnotation(ctx, []string{"attempt 1: boom"})
 	if err != nil || short != "attempt 1: boom" {
 		t.Fatalf("%q %v", short, err)
 	}
-	msg, err := EventMessage(strings.Repeat("é", 400))
+	msg, err := shared.EventMessage(ctx, strings.Repeat("é", 400))
 	if err != nil || len(msg) > 512 || !strings.HasSuffix(msg, "[truncated]") {
 		t.Fatalf("event message (%d bytes) %v", len(msg), err)
 	}
-	line, err := OneLine("first\nsecond\x1b[31m")
+	line, err := shared.OneLine(ctx, "first\nsecond\x1b[31m")
 	if err != nil || strings.ContainsAny(line, "\n\x1b") || !strings.Contains(line, "first | second") {
 		t.Fatalf("one line: %q %v", line, err)
 	}
-	rec, err := AttemptFailed(2, "step 1/3 (Write) failed")
+	rec, err := shared.AttemptFailed(ctx, 2, "step 1/3 (Write) failed")
 	if err != nil || rec.Line != "attempt 2: step 1/3 (Write) failed" || rec.Event.Reason != "PostCloneExecAttemptFailed" {
 		t.Fatalf("attempt failed: %+v %v", rec, err)
 	}
-	rec, err = Succeeded("oci-networkd", 2)
+	rec, err = shared.Succeeded(ctx, "oci-networkd", 2)
 	if err != nil || rec.Event.Message != "kind=oci-networkd attempts=2" || *rec.Patch[KeyPostCloneState] != "done" {
 		t.Fatalf("succeeded: %+v %v", rec, err)
 	}
 	pod := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
 	vm := read(t, filepath.Join(root, "examples", "oci-static", "vm.json"))
-	r, err := shared.Plan(pod, vm, Overrides{})
+	r, err := shared.Plan(ctx, pod, vm, Overrides{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	current := map[string]string{"cocoonset.cocoonstack.io/generation": "3"}
-	rec, err = Exhausted(current, r, 60, 180*time.Second, []string{"attempt 60: exited 1"})
+	rec, err = shared.Exhausted(ctx, current, r, 60, 180*time.Second, []string{"attempt 60: exited 1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -570,16 +577,16 @@ func TestAnnotationValues(t *testing.T) {
 	// A pod whose annotations leave no room for the hint gets the record
 	// without it, and the chain says so.
 	full := map[string]string{"example.com/big": strings.Repeat("x", 256*1024-2000)}
-	rec, err = Exhausted(full, r, 1, 3*time.Second, []string{"attempt 1: exited 1"})
+	rec, err = shared.Exhausted(ctx, full, r, 1, 3*time.Second, []string{"attempt 1: exited 1"})
 	if err != nil || rec.HintLeftOut == nil || rec.Patch[KeyPostCloneHint] != nil || len(rec.Errors) != 2 {
 		t.Fatalf("exhausted without room: %+v %v", rec, err)
 	}
-	rec, err = IPWaitTimeout(map[string]string{}, "vk-apps-web-0-f8181b", 45*time.Second)
+	rec, err = shared.IPWaitTimeout(ctx, map[string]string{}, "vk-apps-web-0-f8181b", 45*time.Second)
 	want := "clone vk-apps-web-0-f8181b: dhcp lease not observed within 45s"
 	if err != nil || rec.Event.Message != want || *rec.Patch[KeyLifecycleState] != "failed" || *rec.Patch[KeyLifecycleMessage] != want {
 		t.Fatalf("ip wait timeout: %+v %v", rec, err)
 	}
-	patch, err := Ready(map[string]string{}, []byte{10, 88, 4, 21})
+	patch, err := shared.Ready(ctx, map[string]string{}, []byte{10, 88, 4, 21})
 	if err != nil || *patch[KeyIP] != "10.88.4.21" || *patch[KeyLifecycleState] != "ready" {
 		t.Fatalf("ready: %+v %v", patch, err)
 	}
@@ -599,23 +606,23 @@ func TestAnnotationValues(t *testing.T) {
 		"failed lifecycle": {bytes.Replace(podJSON, []byte(`"cocoonset.cocoonstack.io/managed": "true",`), []byte(`"cocoonset.cocoonstack.io/managed": "true", "vm.cocoonstack.io/lifecycle-state": "failed",`), 1), uid, "vm-7f3a9c21", false},
 		"hibernating":      {bytes.Replace(podJSON, []byte(`"cocoonset.cocoonstack.io/managed": "true",`), []byte(`"cocoonset.cocoonstack.io/managed": "true", "vm.cocoonstack.io/hibernate": "true",`), 1), uid, "vm-7f3a9c21", false},
 	} {
-		got, err := StillOurs(c.pod, c.uid, c.vm)
+		got, err := shared.StillOurs(ctx, c.pod, c.uid, c.vm)
 		if err != nil || got != c.want {
 			t.Errorf("StillOurs, %s: %v %v, want %v", name, got, err, c.want)
 		}
 	}
-	ev, err := Resumed("post_clone")
+	ev, err := shared.Resumed(ctx, "post_clone")
 	if err != nil || ev.Reason != "ResumedAfterRestart" || ev.Message != "op=post_clone" {
 		t.Fatalf("resumed: %+v %v", ev, err)
 	}
-	if _, err := StatePatch("finished"); err == nil {
+	if _, err := shared.StatePatch(ctx, "finished"); err == nil {
 		t.Fatal("an unknown state was taken")
 	}
 }
 
 // More goroutines than plugin slots wait for one instead of failing.
 func TestCallersQueueForSlots(t *testing.T) {
-	p, err := NewPlanner(Options{NoPluginDir: true, NoCache: true, Limits: Limits{Slots: 2}, CocoonRoot: filepath.Join(root, "examples", "cocoon-root")})
+	p, err := NewPlanner(ctx, Options{NoPluginDir: true, NoCache: true, Limits: Limits{Slots: 2}, CocoonRoot: filepath.Join(root, "examples", "cocoon-root")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -629,7 +636,7 @@ func TestCallersQueueForSlots(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 5; i++ {
-				if _, err := p.Plan(pod, vm, Overrides{}); err != nil {
+				if _, err := p.Plan(ctx, pod, vm, Overrides{}); err != nil {
 					errs <- err
 					return
 				}
@@ -647,7 +654,7 @@ func TestCallersQueueForSlots(t *testing.T) {
 func TestAttemptsTakeOnlySealedPlans(t *testing.T) {
 	pod := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
 	vm := read(t, filepath.Join(root, "examples", "oci-static", "vm.json"))
-	r, err := shared.Plan(pod, vm, Overrides{})
+	r, err := shared.Plan(ctx, pod, vm, Overrides{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -657,28 +664,28 @@ func TestAttemptsTakeOnlySealedPlans(t *testing.T) {
 		t.Fatal("the test did not change the plan")
 	}
 	var e *Error
-	if _, err := shared.NewAttempt(&tampered); !errors.As(err, &e) || e.Code != CodeInvalidArgument || !strings.Contains(e.Message, "seal") {
+	if _, err := shared.NewAttempt(ctx, &tampered); !errors.As(err, &e) || e.Code != CodeInvalidArgument || !strings.Contains(e.Message, "seal") {
 		t.Fatalf("a changed plan: %v", err)
 	}
 	unsealed := *r
 	unsealed.plan = bytes.Replace(r.plan, []byte(`"seal"`), []byte(`"other"`), 1)
-	if _, err := shared.NewAttempt(&unsealed); !errors.As(err, &e) || e.Code != CodeInvalidArgument || !strings.Contains(e.Message, "no seal") {
+	if _, err := shared.NewAttempt(ctx, &unsealed); !errors.As(err, &e) || e.Code != CodeInvalidArgument || !strings.Contains(e.Message, "no seal") {
 		t.Fatalf("a plan without its seal: %v", err)
 	}
 	elsewhere := *r
 	elsewhere.plan = bytes.Replace(r.plan, []byte(`"vm-7f3a9c21"`), []byte(`"vm-0a1b2c3d"`), 1)
-	if _, err := shared.NewAttempt(&elsewhere); !errors.As(err, &e) || !strings.Contains(e.Message, "seal does not match") {
+	if _, err := shared.NewAttempt(ctx, &elsewhere); !errors.As(err, &e) || !strings.Contains(e.Message, "seal does not match") {
 		t.Fatalf("the plan for another VM: %v", err)
 	}
-	other, err := NewPlanner(Options{NoPluginDir: true, NoCache: true, CocoonRoot: filepath.Join(root, "examples", "cocoon-root")})
+	other, err := NewPlanner(ctx, Options{NoPluginDir: true, NoCache: true, CocoonRoot: filepath.Join(root, "examples", "cocoon-root")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer other.Close()
-	if _, err := other.NewAttempt(r); !errors.As(err, &e) || !strings.Contains(e.Message, "seal does not match") {
+	if _, err := other.NewAttempt(ctx, r); !errors.As(err, &e) || !strings.Contains(e.Message, "seal does not match") {
 		t.Fatalf("another planner's plan: %v", err)
 	}
-	a, err := shared.NewAttempt(r)
+	a, err := shared.NewAttempt(ctx, r)
 	if err != nil || a.VMID != "vm-7f3a9c21" {
 		t.Fatalf("the plan as made: %v %+v", err, a)
 	}
@@ -688,7 +695,7 @@ func TestAttemptsTakeOnlySealedPlans(t *testing.T) {
 // ErrClosed, and every goroutine ends with ErrClosed. (The race detector
 // sees the Go side; a call on a freed planner would crash the library.)
 func TestCloseWhileCallsAreInFlight(t *testing.T) {
-	p, err := NewPlanner(Options{NoPluginDir: true, NoCache: true, CocoonRoot: filepath.Join(root, "examples", "cocoon-root")})
+	p, err := NewPlanner(ctx, Options{NoPluginDir: true, NoCache: true, CocoonRoot: filepath.Join(root, "examples", "cocoon-root")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -707,7 +714,7 @@ func TestCloseWhileCallsAreInFlight(t *testing.T) {
 				wg.Done()
 			}()
 			for {
-				_, err := p.Plan(pod, vm, Overrides{})
+				_, err := p.Plan(ctx, pod, vm, Overrides{})
 				mu.Lock()
 				if err == ErrClosed {
 					closed++
@@ -742,29 +749,34 @@ func TestCloseWhileCallsAreInFlight(t *testing.T) {
 
 // Close is the contract: calls after it fail cleanly, twice is harmless.
 func TestClose(t *testing.T) {
-	p, err := NewPlanner(Options{NoPluginDir: true, CocoonRoot: filepath.Join(root, "examples", "cocoon-root")})
+	p, err := NewPlanner(ctx, Options{NoPluginDir: true, CocoonRoot: filepath.Join(root, "examples", "cocoon-root")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	pod := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
 	vm := read(t, filepath.Join(root, "examples", "oci-static", "vm.json"))
-	r, err := p.Plan(pod, vm, Overrides{})
+	r, err := p.Plan(ctx, pod, vm, Overrides{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.Close()
 	p.Close()
-	if _, err := p.Plan(pod, vm, Overrides{}); err != ErrClosed {
+	if _, err := p.Plan(ctx, pod, vm, Overrides{}); err != ErrClosed {
 		t.Fatalf("after Close: %v", err)
 	}
-	if _, err := p.NewAttempt(r); err != ErrClosed {
+	if _, err := p.NewAttempt(ctx, r); err != ErrClosed {
 		t.Fatalf("after Close: %v", err)
 	}
 }
 
 // rss is the process's resident memory in bytes.
 func rss(t testing.TB) int64 {
-	statm, err := os.ReadFile("/proc/self/statm")
+	return rssOf(t, "self")
+}
+
+// rssOf is the resident memory of a process ("self" or a pid).
+func rssOf(t testing.TB, pid string) int64 {
+	statm, err := os.ReadFile("/proc/" + pid + "/statm")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -793,9 +805,15 @@ func TestMemoryIsFlat(t *testing.T) {
 	for i, ex := range exs {
 		ovr[i] = overrides(t, ex.args)
 	}
+	// With the child-process backend the library's memory is the
+	// child's: both count.
 	sample := func() int64 {
 		runtime.GC()
-		return rss(t)
+		total := rss(t)
+		if child, ok := shared.t.(*process); ok {
+			total += rssOf(t, strconv.Itoa(child.cmd.Process.Pid))
+		}
+		return total
 	}
 	var samples []int64
 	var base int64
@@ -806,11 +824,11 @@ func TestMemoryIsFlat(t *testing.T) {
 	var failed error
 	step := func(w, i int) {
 		k := (w + i) % len(exs)
-		r, err := shared.Plan(exs[k].pod, exs[k].vm, ovr[k])
+		r, err := shared.Plan(ctx, exs[k].pod, exs[k].vm, ovr[k])
 		if err == nil && r.NeedsFixup {
 			var a *Attempt
-			if a, err = shared.NewAttempt(r); err == nil {
-				_, err = a.Judge(ExecResult{ExitCode: 1, Stderr: []byte("boom")})
+			if a, err = shared.NewAttempt(ctx, r); err == nil {
+				_, err = a.Judge(ctx, ExecResult{ExitCode: 1, Stderr: []byte("boom")})
 			}
 		}
 		if err != nil {

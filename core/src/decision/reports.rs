@@ -1,0 +1,52 @@
+//! How an embedder spells what happened, in the JSON of the task op's
+//! reports (the C library's and the JSON ops'): the shapes of a console
+//! error, an API error and an exec's output. One place, so the library
+//! that parses reports, and every replay that writes them, agree.
+
+use serde_json::{Value, json};
+
+use super::PodError;
+use crate::exec::{ExecOutput, ExitStatusKind};
+use fixup_sac::SacError;
+
+/// A console client's error: `{kind: "dial" | "enum" | "set" | "verify" |
+/// "refused", ...}` with `cause` (dial, set), `found` and `need` (enum),
+/// `net` (set, verify), `ip` (verify), `message` (refused and the rest).
+pub fn sac_error_json(e: &SacError) -> Value {
+    match e {
+        SacError::Dial { cause } => json!({"kind": "dial", "cause": cause}),
+        SacError::EnumExhausted { found, need } => {
+            json!({"kind": "enum", "found": found, "need": need})
+        }
+        SacError::SetIp { net, cause } => json!({"kind": "set", "net": net, "cause": cause}),
+        SacError::VerifyExhausted { net, ip } => {
+            json!({"kind": "verify", "net": net, "ip": ip.to_string()})
+        }
+        other => json!({"kind": "refused", "message": other.to_string()}),
+    }
+}
+
+/// A read's or a patch's error: `{kind: "api" | "refused" | "gone",
+/// message}`.
+pub fn pod_error_json(e: &PodError) -> Value {
+    let (kind, message) = match e {
+        PodError::Api { reason, .. } => ("api", reason.clone()),
+        PodError::Refused { reason, .. } => ("refused", reason.clone()),
+        PodError::Gone { pod } => ("gone", pod.clone()),
+    };
+    json!({"kind": kind, "message": message})
+}
+
+/// An exec's output: `{exit | signal, stdout, stderr, stderr_cut}`.
+pub fn ran_json(out: &ExecOutput) -> Value {
+    let mut ran = json!({
+        "stdout": String::from_utf8_lossy(&out.stdout),
+        "stderr": String::from_utf8_lossy(&out.stderr),
+        "stderr_cut": out.stderr_cut,
+    });
+    match out.status {
+        ExitStatusKind::Code(code) => ran["exit"] = json!(code),
+        ExitStatusKind::Signal(signal) => ran["signal"] = json!(signal),
+    }
+    ran
+}

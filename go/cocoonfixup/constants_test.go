@@ -1,0 +1,36 @@
+package cocoonfixup
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"testing"
+)
+
+// Every annotation key and event reason the package names is one the
+// library defines (core/src/annotations.rs, core/src/facts.rs).
+func TestConstantsAreTheLibrarys(t *testing.T) {
+	defined := map[string]bool{}
+	re := regexp.MustCompile(`pub const [A-Z_]+: &str =\s*"([^"]+)";`)
+	for _, f := range []string{"annotations.rs", "facts.rs"} {
+		src, err := os.ReadFile(filepath.Join(root, "core", "src", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range re.FindAllSubmatch(src, -1) {
+			defined[string(m[1])] = true
+		}
+	}
+	for _, v := range []string{
+		KeyVMName, KeyVMID, KeyBackend, KeyOS, KeyManaged, KeyMode, KeyForkFrom, KeyCloneFromDir,
+		KeyRestoreFromHibernate, KeyGuestFlavor, KeyHibernate, KeyGeneration,
+		KeyPostCloneState, KeyPostCloneHint, KeyPostCloneErrors, KeyIP, KeyLifecycleState, KeyLifecycleMessage,
+		ReasonExecAttemptFailed, ReasonSucceeded, ReasonExecExhausted, ReasonIPWaitTimeout,
+		ReasonWakeIPWaitTimeout, ReasonDHCPRecovery, ReasonResumedAfterRestart, ReasonPlanFailed,
+		ReasonVMMismatch, ReasonNodeError, ReasonPluginFallback, ReasonWindowsStaticIPFailed,
+	} {
+		if !defined[v] {
+			t.Errorf("%q is not a value the library defines", v)
+		}
+	}
+}

@@ -1,0 +1,173 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cocoonstack/cocoon-fixup/go/cocoonfixup"
+)
+
+var examples = filepath.Join("..", "..", "..", "..", "examples")
+
+func planner(t *testing.T) *cocoonfixup.Planner {
+	p, err := cocoonfixup.NewPlanner(context.Background(), cocoonfixup.Options{
+		CocoonRoot: filepath.Join(examples, "cocoon-root"), NoPluginDir: true,
+		CacheDir: filepath.Join(t.TempDir(), "cache"), CacheKey: filepath.Join(t.TempDir(), "key"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+type outcomes struct {
+	mu  sync.Mutex
+	out map[string]*cocoonfixup.Outcome
+	err map[string]error
+}
+
+func (o *outcomes) done(pod string, out *cocoonfixup.Outcome, err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.out[pod], o.err[pod] = out, err
+}
+
+func setup(t *testing.T, guest *Guest) (*Provider, *API, [][]byte, *outcomes) {
+	api := &API{W: io.Discard}
+	pods, err := Examples(examples, api, guest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := &outcomes{out: map[string]*cocoonfixup.Outcome{}, err: map[string]error{}}
+	p := &Provider{Planner: planner(t), Cocoon: guest, API: api, Leases: &Leases{},
+		Settings: cocoonfixup.Settings{RetryInterval: 10 * time.Millisecond}, Done: got.done}
+	return p, api, pods, got
+}
+
+// Every bundled example through CreatePod, one goroutine each: the
+// fixups are done after one failed attempt, the IPs published, the pod
+// that is not managed left alone.
+func TestProviderFlow(t *testing.T) {
+	guest := &Guest{Records: map[string][]byte{}, FailFirst: 1}
+	p, api, pods, got := setup(t, guest)
+	for _, pod := range pods {
+		if err := p.CreatePod(pod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.Wait()
+	want := map[string]string{
+		"apps/db-1":       "fixup",
+		"apps/web-0":      "fixup",
+		"apps/worker-2":   "fixup",
+		"desktops/desk-0": "fixup",
+		"apps/api-3":      "ip-wait",
+		"default/batch-0": "nothing",
+	}
+	for pod, action := range want {
+		if err := got.err[pod]; err != nil {
+			t.Errorf("%s: %v", pod, err)
+			continue
+		}
+		out := got.out[pod]
+		if out == nil {
+			t.Errorf("%s: no outcome (have %v)", pod, got.out)
+			continue
+		}
+		if out.Action != action {
+			t.Errorf("%s: action %q, want %q (%s)", pod, out.Action, action, out.Summary)
+		}
+		if action == "fixup" && (out.Fixup != "done" || out.Readiness != "ready" || out.IP == "") {
+			t.Errorf("%s: %s", pod, out.Summary)
+		}
+	}
+	if s := api.Annotation("apps", "web-0", cocoonfixup.KeyPostCloneState); s != "done" {
+		t.Errorf("web-0 post-clone-state %q", s)
+	}
+	if s := api.Annotation("default", "batch-0", cocoonfixup.KeyLifecycleState); s != "" {
+		t.Errorf("the unmanaged pod was written: %q", s)
+	}
+}
+
+// DeletePod cancels the step: the exec under way is abandoned, nothing is
+// marked failed, the work stays `running` for a later start.
+func TestDeletePodCancelsTheStep(t *testing.T) {
+	guest := &Guest{Records: map[string][]byte{}, Block: true}
+	p, api, pods, got := setup(t, guest)
+	_ = pods
+	web, _ := api.Get(context.Background(), "apps", "web-0")
+	if web == nil {
+		t.Fatal("no web-0 example")
+	}
+	if err := p.CreatePod(web); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for api.Annotation("apps", "web-0", cocoonfixup.KeyPostCloneState) != "running" {
+		if time.Now().After(deadline) {
+			t.Fatal("the step never marked the pod running")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	p.DeletePod(uid(t, api, "apps", "web-0"))
+	p.Wait()
+	out := got.out["apps/web-0"]
+	if err := got.err["apps/web-0"]; err != nil || out == nil {
+		t.Fatalf("%v %v", out, err)
+	}
+	if out.Fixup != "shutdown" {
+		t.Errorf("fixup %q: %s", out.Fixup, out.Summary)
+	}
+	if s := api.Annotation("apps", "web-0", cocoonfixup.KeyPostCloneState); s != "running" {
+		t.Errorf("post-clone-state %q after a cancel, want running", s)
+	}
+}
+
+// The provider's start resumes work left running: announced, then done.
+func TestReconcileResumesRunningWork(t *testing.T) {
+	guest := &Guest{Records: map[string][]byte{}}
+	p, api, _, got := setup(t, guest)
+	running := "running"
+	if _, err := api.PatchAnnotations(context.Background(), "apps", "web-0", cocoonfixup.PodPatch{
+		Annotations: cocoonfixup.Patch{cocoonfixup.KeyPostCloneState: &running}, UID: uid(t, api, "apps", "web-0"),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var all [][]byte
+	for _, name := range []string{"web-0", "db-1"} {
+		pod, _ := api.Get(context.Background(), "apps", name)
+		all = append(all, pod)
+	}
+	if err := p.Reconcile(all); err != nil {
+		t.Fatal(err)
+	}
+	p.Wait()
+	if out := got.out["apps/web-0"]; out == nil || out.Fixup != "done" {
+		t.Fatalf("web-0: %v %v", out, got.err["apps/web-0"])
+	}
+	if _, ran := got.out["apps/db-1"]; ran {
+		t.Error("db-1 had no work left running, yet it was run")
+	}
+	resumed := false
+	for _, e := range api.Events {
+		resumed = resumed || e.Reason == "ResumedAfterRestart"
+	}
+	if !resumed {
+		t.Errorf("no ResumedAfterRestart event: %+v", api.Events)
+	}
+}
+
+func uid(t *testing.T, api *API, namespace, name string) string {
+	pod, _ := api.Get(context.Background(), namespace, name)
+	var m meta
+	if err := json.Unmarshal(pod, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m.Metadata.UID
+}

@@ -1,0 +1,645 @@
+package cocoonfixup
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// VM reaches the pod's VM: the caller's own cocoon client.
+type VM interface {
+	// Inspect returns what `cocoon vm inspect --json <vm>` prints, within
+	// timeout. vm is a VM id or name.
+	Inspect(ctx context.Context, vm string, timeout time.Duration) ([]byte, error)
+	// Exec runs argv in the VM, `cocoon vm exec <vm> -- argv...`, and
+	// gives up after timeout (an error). Keep at least the last 64 KiB of
+	// stderr and say whether earlier bytes were cut.
+	Exec(ctx context.Context, vm string, argv []string, timeout time.Duration) (ExecResult, error)
+}
+
+// Pods reads and writes the pod: the caller's own Kubernetes client. Its
+// errors say what kind of failure they are by wrapping ErrGone (the pod
+// is not found, or its uid precondition failed), ErrRefused (401, 403,
+// 422, an admission denial) or ErrConflict (PatchAnnotations only: the
+// resourceVersion precondition failed); anything else is an API error,
+// retried.
+type Pods interface {
+	// Get reads the pod as the API server returns it (JSON); nil and no
+	// error when it is not found.
+	Get(ctx context.Context, namespace, name string) ([]byte, error)
+	// PatchAnnotations merge-patches the pod's annotations (a nil value
+	// removes the key) with metadata.uid, and metadata.resourceVersion
+	// when not empty, as preconditions, and returns the pod the API server
+	// answered with (nil is fine). On ErrConflict, return the pod as it is
+	// now with the error (nil: Run reads it).
+	PatchAnnotations(ctx context.Context, namespace, name string, p PodPatch) ([]byte, error)
+	// Event records an event on the pod (best effort: an error is logged).
+	Event(ctx context.Context, namespace, name, uid string, e Event) error
+}
+
+// PodPatch is one annotation write with its preconditions.
+type PodPatch struct {
+	Annotations     Patch
+	UID             string
+	ResourceVersion string // "" for the uid precondition only
+}
+
+// NodePodLister is what Pods also implements when it can list every pod
+// on its node (Options.AcceptAnnotatedVMNames needs it): the pods as the
+// API server returns them, the asking pod among them.
+type NodePodLister interface {
+	NodePods(ctx context.Context) ([][]byte, error)
+}
+
+// EventLister is what Pods also implements when it can list the events
+// about a pod from every reporter (events.k8s.io/v1 in namespace with the
+// field selector regarding.uid=<uid>): the stack's Woken and
+// HibernateSnapshotExists events then tell a hibernate wake.
+type EventLister interface {
+	PodEvents(ctx context.Context, namespace, uid string) ([][]byte, error)
+}
+
+// Leases tells the VM's DHCP lease: the address leased to mac now, or ""
+// for none yet. An error says the lease file cannot tell (unreadable, or
+// not a list of leases).
+type Leases interface {
+	Lease(ctx context.Context, mac string) (string, error)
+}
+
+// LeaseWaiter is what Leases also implements when it can wait for a
+// lease itself (a file watch) rather than be polled.
+type LeaseWaiter interface {
+	WaitLease(ctx context.Context, mac string, until time.Time) (string, error)
+}
+
+// Clock is Run's time: the real one by default.
+type Clock interface {
+	Now() time.Time
+	// SleepUntil returns at t, or with ctx's error when ctx ends first.
+	SleepUntil(ctx context.Context, t time.Time) error
+}
+
+// Records keeps the library's record of a pod by uid (its retry budget,
+// the wake verdict for its VM, which VM its post-clone-state was written
+// for), so that neither a retry nor a restart of the caller gives a pod a
+// fresh budget. Drop a record when its pod is gone.
+type Records interface {
+	// Load returns the record Store kept for uid, or nil.
+	Load(ctx context.Context, uid string) (json.RawMessage, error)
+	Store(ctx context.Context, uid string, record json.RawMessage) error
+}
+
+// Trigger says why Run handles the pod.
+type Trigger string
+
+const (
+	TriggerEvent   Trigger = "event"   // a pod event (the default)
+	TriggerStartup Trigger = "startup" // the caller's start: resumed work is announced (ResumedAfterRestart)
+	TriggerRetry   Trigger = "retry"   // a retry after a node error: it is not told again
+)
+
+// Settings are the step's numbers; zero fields take the daemon's
+// defaults.
+type Settings struct {
+	RetryInterval     time.Duration // between fixup attempts (3s)
+	RetryBudget       time.Duration // attempts stop this long after the first (180s)
+	ExecTimeout       time.Duration // one exec (90s)
+	InspectTimeout    time.Duration // one inspect
+	IPWait            time.Duration // the IP wait (45s)
+	RenewAfter        time.Duration // the Windows renew nudge
+	RenewTimeout      time.Duration
+	DHCPRecoveryAfter time.Duration // the DHCP recovery pass of a Linux clone
+	WakeEventWindow   time.Duration // stack events this close to the VM's creation count
+	WakeGrace         time.Duration // a CH Windows pod with no evidence of a wake waits this long
+	PollLeasesEvery   time.Duration // Leases without LeaseWaiter are polled this often (200ms)
+}
+
+func (s Settings) document() map[string]any {
+	doc := map[string]any{}
+	set := func(key string, d time.Duration) {
+		if d > 0 {
+			doc[key] = d.Milliseconds()
+		}
+	}
+	set("retry_interval_ms", s.RetryInterval)
+	set("retry_budget_ms", s.RetryBudget)
+	set("exec_timeout_ms", s.ExecTimeout)
+	set("inspect_timeout_ms", s.InspectTimeout)
+	set("ip_wait_ms", s.IPWait)
+	set("renew_after_ms", s.RenewAfter)
+	set("renew_timeout_ms", s.RenewTimeout)
+	set("dhcp_recovery_after_ms", s.DHCPRecoveryAfter)
+	set("wake_event_window_ms", s.WakeEventWindow)
+	set("wake_grace_ms", s.WakeGrace)
+	return doc
+}
+
+// RunOptions are Run's optional parts.
+type RunOptions struct {
+	Trigger  Trigger
+	Settings Settings
+	// Leases tells DHCP leases for the IP wait. Nil: the planner's
+	// (Planner.LeaseFile: cocoon-net's lease file, polled).
+	Leases Leases
+	Clock  Clock
+	// Records keeps the pods' records; nil keeps none (each fixup loop's
+	// budget then starts with its Run).
+	Records Records
+	// WatchedSinceNew: the caller has watched the pod without a gap since
+	// it first saw it with no lifecycle annotation, so a CH Windows pod
+	// with no evidence of a wake is not held for the wake grace.
+	WatchedSinceNew bool
+	// Log receives the step's log lines ("info", "warn", "error").
+	Log func(level, message string)
+
+	// For the package's own replay of the conformance suite: the serial
+	// console and the settings as the scenario gives them.
+	console     consoleOps
+	settingsDoc map[string]any
+}
+
+// consoleOps carries out the serial-console actions: the library's
+// console (below the planner's cocoon root) unless replaced.
+type consoleOps interface {
+	open(ctx context.Context, action json.RawMessage) map[string]any
+	set(ctx context.Context, action json.RawMessage) map[string]any
+	close()
+}
+
+// Outcome is how the step ended: the summary `cocoon-fixup run` prints.
+type Outcome struct {
+	Pod    string `json:"pod"`
+	Action string `json:"action"` // nothing, parked, vm-mismatch, fixup, ip-wait, gone, shutdown
+	// Fixup is how the fixup loop ended (done, exhausted, plan-failed,
+	// shutdown, gone), or "".
+	Fixup    string `json:"fixup"`
+	Attempts int    `json:"attempts"`
+	// Readiness is how the IP wait ended (ready, timed-out, shutdown,
+	// gone), or "".
+	Readiness string `json:"readiness"`
+	IP        string `json:"ip"`
+	// SAC is how the serial-console pass ended, or "".
+	SAC string `json:"sac"`
+	// Summary is the whole summary as the library gave it.
+	Summary json.RawMessage `json:"-"`
+}
+
+// StopError is a step that stopped before it could decide: nothing was
+// written. Retryable: try the pod again later.
+type StopError struct {
+	Kind      string
+	Retryable bool
+	Message   string
+}
+
+func (e *StopError) Error() string {
+	return fmt.Sprintf("cocoonfixup: the post-clone step stopped (%s): %s", e.Kind, e.Message)
+}
+
+// Is matches ErrRetryable for a retryable stop.
+func (e *StopError) Is(target error) bool {
+	return target == ErrRetryable && e.Retryable
+}
+
+// What Pods' errors wrap to say what kind of failure they are.
+var (
+	ErrGone     = errors.New("cocoonfixup: the pod is gone")
+	ErrRefused  = errors.New("cocoonfixup: the API server refused the request")
+	ErrConflict = errors.New("cocoonfixup: the pod changed (resourceVersion precondition)")
+)
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+func (realClock) SleepUntil(ctx context.Context, t time.Time) error {
+	timer := time.NewTimer(time.Until(t))
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Run carries out the post-clone step for pod (as the API server returns
+// it, JSON) the way the node daemon does: the library decides every step,
+// Run only carries each one out through vm and pods. Cancelling ctx is a
+// shutdown: the action under way is abandoned, nothing is marked failed,
+// and work left `running` resumes at the next Run (with TriggerStartup
+// after a restart). The error is a *StopError when the step stopped
+// before it could decide (a retryable one is errors.Is ErrRetryable), an
+// *Error when the library refused the input or could not be reached.
+func (p *Planner) Run(ctx context.Context, pod []byte, vm VM, pods Pods, o RunOptions) (*Outcome, error) {
+	if vm == nil || pods == nil {
+		return nil, invalid("Run needs a VM and Pods")
+	}
+	r := &runner{p: p, vm: vm, pods: pods, o: o, clock: o.Clock, console: o.console}
+	if r.clock == nil {
+		r.clock = realClock{}
+	}
+	if r.console == nil {
+		r.console = &libraryConsole{p: p}
+	}
+	r.start = r.clock.Now()
+	trigger := o.Trigger
+	if trigger == "" {
+		trigger = TriggerEvent
+	}
+	settings := o.Settings.document()
+	if o.settingsDoc != nil {
+		settings = o.settingsDoc
+	}
+	options := map[string]any{"trigger": string(trigger), "settings": settings}
+	var meta podMeta
+	if err := json.Unmarshal(pod, &struct {
+		Metadata *podMeta `json:"metadata"`
+	}{&meta}); err != nil {
+		return nil, &Error{Code: CodeBadInput, Message: "the pod is not JSON as the API server returns it: " + err.Error()}
+	}
+	r.meta = meta
+	if o.Records != nil && meta.UID != "" {
+		record, err := o.Records.Load(ctx, meta.UID)
+		if err != nil {
+			r.log("warn", "the pod's record is not used: "+err.Error())
+			record = nil
+		}
+		memory := map[string]any{"now_unix_ms": r.clock.Now().UnixMilli(), "watched_since_new": o.WatchedSinceNew}
+		if len(record) > 0 {
+			memory["record"] = record
+		}
+		options["memory"] = memory
+	}
+	var started struct {
+		Task   uint64          `json:"task"`
+		Action json.RawMessage `json:"action"`
+	}
+	if err := p.callInto(ctx, map[string]any{"op": "task_start", "planner": p.handle, "pod": string(pod), "options": options}, &started); err != nil {
+		return nil, err
+	}
+	r.task = started.Task
+	defer func() {
+		r.console.close()
+		// Freed whatever ctx says.
+		p.call(context.Background(), map[string]any{"op": "task_free", "task": r.task})
+	}()
+	return r.loop(ctx, started.Action)
+}
+
+type podMeta struct {
+	Name      string `json:"name"`
+	Namespace string `json:"namespace"`
+	UID       string `json:"uid"`
+}
+
+type runner struct {
+	p       *Planner
+	vm      VM
+	pods    Pods
+	o       RunOptions
+	clock   Clock
+	start   time.Time
+	meta    podMeta
+	task    uint64
+	console consoleOps
+}
+
+func (r *runner) log(level, message string) {
+	if r.o.Log != nil {
+		r.o.Log(level, message)
+	}
+}
+
+func (r *runner) at(ms int64) time.Time { return r.start.Add(time.Duration(ms) * time.Millisecond) }
+
+// action is one action of the task, every field any action has.
+type action struct {
+	Action          string          `json:"action"`
+	VM              string          `json:"vm"`
+	TimeoutMS       int64           `json:"timeout_ms"`
+	VMName          string          `json:"vm_name"`
+	Namespace       string          `json:"namespace"`
+	UID             string          `json:"uid"`
+	Annotations     Patch           `json:"annotations"`
+	ResourceVersion *string         `json:"resource_version"`
+	Argv            []string        `json:"argv"`
+	Purpose         string          `json:"purpose"`
+	MAC             string          `json:"mac"`
+	UntilMS         int64           `json:"until_ms"`
+	Need            int             `json:"need"`
+	Type            string          `json:"type"`
+	Reason          string          `json:"reason"`
+	Message         string          `json:"message"`
+	Level           string          `json:"level"`
+	Record          json.RawMessage `json:"record"`
+	Summary         json.RawMessage `json:"summary"`
+	Stop            *struct {
+		Kind      string `json:"kind"`
+		Retryable bool   `json:"retryable"`
+		Message   string `json:"message"`
+	} `json:"stop"`
+}
+
+// interruptible actions are answered `cancelled` once ctx has ended.
+var interruptible = map[string]bool{
+	"admit": true, "checkpoint": true, "exec": true, "wait_lease": true,
+	"sleep": true, "sac_open": true, "sac_set": true,
+}
+
+func (r *runner) loop(ctx context.Context, first json.RawMessage) (*Outcome, error) {
+	raw := first
+	for {
+		var a action
+		if err := json.Unmarshal(raw, &a); err != nil {
+			return nil, invalid("reading the task's action: %v", err)
+		}
+		if a.Action == "finish" {
+			return r.finish(a)
+		}
+		var report map[string]any
+		if interruptible[a.Action] && ctx.Err() != nil {
+			report = map[string]any{"cancelled": true}
+		} else {
+			report = r.carryOut(ctx, a, raw)
+		}
+		report["now_ms"] = r.clock.Now().Sub(r.start).Milliseconds()
+		// The task's own calls are not abandoned on cancel: they are
+		// short, and the task must hear how its action ended.
+		next, err := r.p.call(context.Background(), map[string]any{"op": "task_next", "task": r.task, "report": report})
+		if err != nil {
+			return nil, err
+		}
+		raw = next
+	}
+}
+
+func (r *runner) finish(a action) (*Outcome, error) {
+	if a.Stop != nil {
+		return nil, &StopError{Kind: a.Stop.Kind, Retryable: a.Stop.Retryable, Message: a.Stop.Message}
+	}
+	var out Outcome
+	if err := json.Unmarshal(a.Summary, &out); err != nil {
+		return nil, invalid("reading the summary: %v", err)
+	}
+	out.Summary = append(json.RawMessage(nil), a.Summary...)
+	return &out, nil
+}
+
+func cancelled(ctx context.Context, err error) bool {
+	return ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ctx.Err()))
+}
+
+func podErr(err error) map[string]any {
+	kind := "api"
+	switch {
+	case errors.Is(err, ErrGone):
+		kind = "gone"
+	case errors.Is(err, ErrRefused):
+		kind = "refused"
+	}
+	return map[string]any{"kind": kind, "message": err.Error()}
+}
+
+// rawOrNull is a pod document, or null for none.
+func rawOrNull(doc []byte) any {
+	if len(doc) == 0 {
+		return nil
+	}
+	return json.RawMessage(doc)
+}
+
+func raws(docs [][]byte) []json.RawMessage {
+	out := make([]json.RawMessage, 0, len(docs))
+	for _, d := range docs {
+		out = append(out, json.RawMessage(d))
+	}
+	return out
+}
+
+func (r *runner) carryOut(ctx context.Context, a action, raw json.RawMessage) map[string]any {
+	ms := func(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
+	switch a.Action {
+	case "admit", "release", "checkpoint":
+		return map[string]any{"go": true}
+	case "note":
+		r.log(a.Level, a.Message)
+		return map[string]any{"go": true}
+	case "inspect":
+		doc, err := r.vm.Inspect(ctx, a.VM, ms(a.TimeoutMS))
+		if err != nil {
+			return map[string]any{"inspect_error": err.Error()}
+		}
+		if !json.Valid(doc) {
+			return map[string]any{"inspect_error": "cocoon vm inspect printed no JSON"}
+		}
+		return map[string]any{"inspected": json.RawMessage(doc)}
+	case "other_pods":
+		lister, ok := r.pods.(NodePodLister)
+		if !ok {
+			return map[string]any{"other_pods_error": "this program does not list its node's pods (its Pods has no NodePods)"}
+		}
+		docs, err := lister.NodePods(ctx)
+		if err != nil {
+			return map[string]any{"other_pods_error": err.Error()}
+		}
+		return map[string]any{"other_pods": raws(docs)}
+	case "wake_events":
+		lister, ok := r.pods.(EventLister)
+		if !ok {
+			return map[string]any{"events_error": "this program does not list a pod's events (its Pods has no PodEvents)"}
+		}
+		docs, err := lister.PodEvents(ctx, a.Namespace, a.UID)
+		if err != nil {
+			return map[string]any{"events_error": err.Error()}
+		}
+		return map[string]any{"events": raws(docs)}
+	case "read":
+		doc, err := r.pods.Get(ctx, r.meta.Namespace, r.meta.Name)
+		if err != nil {
+			return map[string]any{"read_error": podErr(err)}
+		}
+		return map[string]any{"read": rawOrNull(doc)}
+	case "patch":
+		patch := PodPatch{Annotations: a.Annotations, UID: a.UID}
+		if a.ResourceVersion != nil {
+			patch.ResourceVersion = *a.ResourceVersion
+		}
+		doc, err := r.pods.PatchAnnotations(ctx, r.meta.Namespace, r.meta.Name, patch)
+		switch {
+		case err == nil:
+			return map[string]any{"patched": rawOrNull(doc)}
+		case errors.Is(err, ErrConflict):
+			if len(doc) == 0 {
+				now, rerr := r.pods.Get(ctx, r.meta.Namespace, r.meta.Name)
+				if rerr != nil {
+					return map[string]any{"patch_error": podErr(rerr)}
+				}
+				if now == nil {
+					return map[string]any{"patch_error": podErr(ErrGone)}
+				}
+				doc = now
+			}
+			return map[string]any{"changed": json.RawMessage(doc)}
+		default:
+			return map[string]any{"patch_error": podErr(err)}
+		}
+	case "exec":
+		res, err := r.vm.Exec(ctx, a.VM, a.Argv, ms(a.TimeoutMS))
+		if err != nil {
+			if cancelled(ctx, err) {
+				return map[string]any{"cancelled": true}
+			}
+			return map[string]any{"exec_error": err.Error()}
+		}
+		ran := map[string]any{"stdout": string(res.Stdout), "stderr": string(res.Stderr), "stderr_cut": res.StderrCut}
+		if res.Signal != 0 {
+			ran["signal"] = res.Signal
+		} else {
+			ran["exit"] = res.ExitCode
+		}
+		return map[string]any{"ran": ran}
+	case "sleep":
+		if err := r.clock.SleepUntil(ctx, r.at(a.UntilMS)); err != nil {
+			return map[string]any{"cancelled": true}
+		}
+		return map[string]any{"go": true}
+	case "wait_lease":
+		return r.waitLease(ctx, a.MAC, r.at(a.UntilMS))
+	case "tell":
+		if err := r.pods.Event(ctx, r.meta.Namespace, r.meta.Name, r.meta.UID, Event{Type: a.Type, Reason: a.Reason, Message: a.Message}); err != nil {
+			r.log("warn", fmt.Sprintf("the %s event was not recorded: %v", a.Reason, err))
+		}
+		return map[string]any{"go": true}
+	case "remember":
+		if r.o.Records != nil && r.meta.UID != "" {
+			if err := r.o.Records.Store(ctx, r.meta.UID, a.Record); err != nil {
+				r.log("warn", "the pod's record was not kept: "+err.Error())
+			}
+		}
+		return map[string]any{"go": true}
+	case "sac_open":
+		return r.console.open(ctx, raw)
+	case "sac_set":
+		return r.console.set(ctx, raw)
+	case "sac_close":
+		r.console.close()
+		return map[string]any{"go": true}
+	}
+	return map[string]any{"go": true}
+}
+
+// libraryConsole is the library's serial console: opened below the
+// planner's cocoon root, every wait in it bounded (it cannot be
+// cancelled; a cancel is reported when it returns).
+type libraryConsole struct {
+	p      *Planner
+	handle *uint64
+}
+
+func (c *libraryConsole) open(ctx context.Context, action json.RawMessage) map[string]any {
+	c.close()
+	var opened struct {
+		Console *uint64        `json:"console"`
+		Report  map[string]any `json:"report"`
+	}
+	if err := c.p.callInto(context.Background(), map[string]any{"op": "console_open", "planner": c.p.handle, "action": action}, &opened); err != nil {
+		return map[string]any{"sac_open_error": map[string]any{"kind": "refused", "message": err.Error()}}
+	}
+	c.handle = opened.Console
+	if ctx.Err() != nil {
+		return map[string]any{"cancelled": true}
+	}
+	return opened.Report
+}
+
+func (c *libraryConsole) set(ctx context.Context, action json.RawMessage) map[string]any {
+	if c.handle == nil {
+		return map[string]any{"sac_set_error": map[string]any{"kind": "refused", "message": "no console is open"}}
+	}
+	var report map[string]any
+	if err := c.p.callInto(context.Background(), map[string]any{"op": "console_set", "console": *c.handle, "action": action}, &report); err != nil {
+		return map[string]any{"sac_set_error": map[string]any{"kind": "refused", "message": err.Error()}}
+	}
+	if ctx.Err() != nil {
+		return map[string]any{"cancelled": true}
+	}
+	return report
+}
+
+func (c *libraryConsole) close() {
+	if c.handle != nil {
+		c.p.call(context.Background(), map[string]any{"op": "console_free", "console": *c.handle})
+		c.handle = nil
+	}
+}
+
+func (r *runner) waitLease(ctx context.Context, mac string, until time.Time) map[string]any {
+	if r.o.Leases == nil {
+		r.o.Leases = r.p.LeaseFile()
+	}
+	if waiter, ok := r.o.Leases.(LeaseWaiter); ok {
+		ip, err := waiter.WaitLease(ctx, mac, until)
+		switch {
+		case err == nil && ip != "":
+			return map[string]any{"lease": ip}
+		case err == nil:
+			return map[string]any{"lease": nil}
+		case cancelled(ctx, err):
+			return map[string]any{"cancelled": true}
+		default:
+			return map[string]any{"lease_error": err.Error()}
+		}
+	}
+	every := r.o.Settings.PollLeasesEvery
+	if every <= 0 {
+		every = 200 * time.Millisecond
+	}
+	for {
+		ip, err := r.o.Leases.Lease(ctx, mac)
+		if err == nil && ip != "" {
+			return map[string]any{"lease": ip}
+		}
+		now := r.clock.Now()
+		if !now.Before(until) {
+			if err != nil {
+				return map[string]any{"lease_error": err.Error()}
+			}
+			return map[string]any{"lease": nil}
+		}
+		next := now.Add(every)
+		if next.After(until) {
+			next = until
+		}
+		if r.clock.SleepUntil(ctx, next) != nil {
+			return map[string]any{"cancelled": true}
+		}
+	}
+}
+
+// LeaseFile is cocoon-net's lease file as the library reads it
+// (Options.LeaseFile, default /var/lib/cocoon/net/leases.json): each
+// Lease is one look at the file. Run uses it when RunOptions.Leases is
+// nil.
+func (p *Planner) LeaseFile() Leases { return leaseFile{p} }
+
+type leaseFile struct{ p *Planner }
+
+func (l leaseFile) Lease(ctx context.Context, mac string) (string, error) {
+	var answer struct {
+		Lease *string `json:"lease"`
+		Error *string `json:"lease_error"`
+	}
+	if err := l.p.callInto(ctx, map[string]any{"op": "lease", "planner": l.p.handle, "mac": mac}, &answer); err != nil {
+		return "", err
+	}
+	if answer.Error != nil {
+		return "", errors.New(*answer.Error)
+	}
+	if answer.Lease == nil {
+		return "", nil
+	}
+	return *answer.Lease, nil
+}

@@ -1,0 +1,608 @@
+//! The calls of the library as JSON ops: one request document in, one
+//! response document out, with the planners, tasks and consoles kept by
+//! handle in a [`Session`]. The same ops serve two transports:
+//!
+//! - `cf_call` in the C ABI, over one session per process, for an embedder
+//!   that links the library (the Go package with cgo);
+//! - [`serve`], newline-delimited JSON over a pipe, which `cocoon-fixup
+//!   embed` runs on its standard input and output, for an embedder that
+//!   cannot link C (the Go package built with `CGO_ENABLED=0`): one
+//!   long-lived child, many requests in flight, answered as they finish.
+//!
+//! # Requests
+//!
+//! `{"id": n, "op": "<op>", ...}`; `id` (any JSON value) is echoed in the
+//! response, so a pipe's client can match answers that come out of order.
+//! Text inputs (`pod`, `vm`, `plan`) are JSON strings holding the document
+//! as `kubectl` or `cocoon` printed it; `stderr` is base64.
+//!
+//! | op | fields | `ok` |
+//! |---|---|---|
+//! | `abi` | | `{"abi", "version"}` |
+//! | `planner_new` | `options` (object or null) | `{"planner": handle, "load_failures", "warnings", "slots"}` |
+//! | `planner_free` | `planner` | `{}` |
+//! | `plan` | `planner`, `pod`, `vm`, `overrides` | the report (`cf_plan`) |
+//! | `decide` | `pod`, `needed` (-1, 0 or 1) | the decision (`cf_decide`) |
+//! | `attempt` | `planner`, `plan` | the attempt (`cf_attempt`) |
+//! | `verdict` | `plan`, `nonce`, `exit_code`, `signal`, `stderr`, `stderr_cut` | the verdict (`cf_verdict`) |
+//! | `values` | `request` (object) | the value (`cf_values`) |
+//! | `task_start` | `planner`, `pod`, `options` (object or null) | `{"task": handle, "action": {...}}` |
+//! | `task_next` | `task`, `report` (object) | the next action |
+//! | `task_free` | `task` | `{}` |
+//! | `console_open` | `planner`, `action` (object) | `{"console": handle or null, "report": {...}}` |
+//! | `console_set` | `console`, `action` (object) | the report |
+//! | `console_free` | `console` | `{}` |
+//! | `lease` | `planner`, `mac` | `{"lease": ip or null}` or `{"lease_error": why}`: one look at the planner's lease file (option `lease_file`) |
+//!
+//! # Responses
+//!
+//! `{"id": n, "ok": <document>}`, or `{"id": n, "error": {"status":
+//! <CfStatus as a number>, "message": "..."}}`: the status and message
+//! the C function of the same name gives. A request that is not a JSON
+//! object with a known `op` is `CF_INVALID_ARGUMENT`.
+
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde_json::{Map, Value, json};
+
+use crate::console::{self, Console};
+use crate::ops::{self, Built, CfStatus, ExecStatus, Failure};
+use crate::task::{self, Task};
+
+/// The longest request line [`serve`] reads: a pod with the most
+/// annotations the API server allows is far smaller.
+pub const REQUEST_MAX_BYTES: usize = 16 << 20;
+
+/// Requests [`serve`] works on at once; past it, reading waits.
+pub const IN_FLIGHT_MAX: usize = 256;
+
+/// A task with the planner it plans with, worked on by one call at a
+/// time.
+type TaskEntry = Arc<Mutex<(Arc<Built>, Task)>>;
+
+/// The handles of one client: its planners, tasks and consoles.
+#[derive(Debug, Default)]
+pub struct Session {
+    next: AtomicU64,
+    planners: Mutex<HashMap<u64, Arc<Built>>>,
+    tasks: Mutex<HashMap<u64, TaskEntry>>,
+    consoles: Mutex<HashMap<u64, Arc<Mutex<Console>>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn field<'a>(request: &'a Map<String, Value>, key: &str) -> Result<&'a Value, Failure> {
+    request
+        .get(key)
+        .ok_or_else(|| Failure::invalid(format!("the request has no {key:?}")))
+}
+
+fn text<'a>(request: &'a Map<String, Value>, key: &str) -> Result<&'a str, Failure> {
+    field(request, key)?
+        .as_str()
+        .ok_or_else(|| Failure::invalid(format!("{key:?} must be a string")))
+}
+
+/// An optional object field as JSON text (`None` when absent or null).
+fn object_text(request: &Map<String, Value>, key: &str) -> Result<Option<String>, Failure> {
+    match request.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(value @ Value::Object(_)) => Ok(Some(value.to_string())),
+        Some(_) => Err(Failure::invalid(format!(
+            "{key:?} must be an object or null"
+        ))),
+    }
+}
+
+fn required_object_text(request: &Map<String, Value>, key: &str) -> Result<String, Failure> {
+    object_text(request, key)?
+        .ok_or_else(|| Failure::invalid(format!("the request has no {key:?}")))
+}
+
+fn handle(request: &Map<String, Value>, key: &str) -> Result<u64, Failure> {
+    field(request, key)?
+        .as_u64()
+        .ok_or_else(|| Failure::invalid(format!("{key:?} must be a handle")))
+}
+
+fn int(request: &Map<String, Value>, key: &str) -> Result<i32, Failure> {
+    field(request, key)?
+        .as_i64()
+        .and_then(|n| i32::try_from(n).ok())
+        .ok_or_else(|| Failure::invalid(format!("{key:?} must be a 32-bit integer")))
+}
+
+/// A document an op returned as text, as a value.
+fn document(json: &str) -> Result<Value, Failure> {
+    serde_json::from_str(json)
+        .map_err(|e| Failure::new(CfStatus::CfPanic, format!("an answer is not JSON: {e}")))
+}
+
+fn unknown(kind: &str, id: u64) -> Failure {
+    Failure::invalid(format!(
+        "no {kind} {id} in this session (freed, or never made)"
+    ))
+}
+
+impl Session {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn fresh(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    fn planner(&self, request: &Map<String, Value>) -> Result<Arc<Built>, Failure> {
+        let id = handle(request, "planner")?;
+        lock(&self.planners)
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| unknown("planner", id))
+    }
+
+    /// One request, as a response document (`{"ok": ...}` or `{"error":
+    /// ...}`, with the request's `id`). Never panics: a panic of the
+    /// library is `CF_PANIC`.
+    pub fn call(&self, request: &str) -> Value {
+        let parsed: Result<Map<String, Value>, _> = serde_json::from_str(request);
+        let (id, result) = match parsed {
+            Ok(request) => {
+                let id = request.get("id").cloned().unwrap_or(Value::Null);
+                let result = match catch_unwind(AssertUnwindSafe(|| self.dispatch(&request))) {
+                    Ok(result) => result,
+                    Err(payload) => {
+                        let message = crate::panic_message(payload.as_ref());
+                        let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
+                        Err(Failure::new(CfStatus::CfPanic, message))
+                    }
+                };
+                (id, result)
+            }
+            Err(e) => (
+                Value::Null,
+                Err(Failure::invalid(format!(
+                    "the request is not a JSON object: {e}"
+                ))),
+            ),
+        };
+        match result {
+            Ok(ok) => json!({"id": id, "ok": ok}),
+            Err(failure) => json!({
+                "id": id,
+                "error": {"status": failure.status as i32, "message": failure.message},
+            }),
+        }
+    }
+
+    fn dispatch(&self, request: &Map<String, Value>) -> Result<Value, Failure> {
+        match text(request, "op")? {
+            "abi" => Ok(json!({
+                "abi": crate::CF_ABI_VERSION,
+                "version": env!("CARGO_PKG_VERSION"),
+            })),
+            "planner_new" => {
+                let options = object_text(request, "options")?.unwrap_or_else(|| "{}".into());
+                let (built, answer) = ops::planner_new(&options)?;
+                let mut answer = document(&answer)?;
+                let id = self.fresh();
+                lock(&self.planners).insert(id, Arc::new(built));
+                answer["planner"] = json!(id);
+                Ok(answer)
+            }
+            "planner_free" => {
+                let id = handle(request, "planner")?;
+                lock(&self.planners).remove(&id);
+                Ok(json!({}))
+            }
+            "plan" => {
+                let built = self.planner(request)?;
+                let overrides = object_text(request, "overrides")?;
+                let answer = ops::plan(
+                    &built,
+                    text(request, "pod")?.as_bytes(),
+                    text(request, "vm")?.as_bytes(),
+                    overrides.as_deref(),
+                )?;
+                document(&answer)
+            }
+            "decide" => {
+                let answer =
+                    ops::decide(text(request, "pod")?.as_bytes(), int(request, "needed")?)?;
+                document(&answer)
+            }
+            "attempt" => {
+                let built = self.planner(request)?;
+                document(&ops::attempt(&built, text(request, "plan")?)?)
+            }
+            "verdict" => {
+                let stderr = match request.get("stderr") {
+                    None | Some(Value::Null) => Vec::new(),
+                    Some(Value::String(b64)) => base64::engine::general_purpose::STANDARD
+                        .decode(b64)
+                        .map_err(|e| Failure::invalid(format!("\"stderr\" is not base64: {e}")))?,
+                    Some(_) => return Err(Failure::invalid("\"stderr\" must be base64 text")),
+                };
+                let status = ExecStatus {
+                    exit_code: int(request, "exit_code")?,
+                    signal: int(request, "signal")?,
+                    stderr_cut: request
+                        .get("stderr_cut")
+                        .and_then(Value::as_bool)
+                        .unwrap_or(false),
+                };
+                document(&ops::verdict(
+                    text(request, "plan")?,
+                    text(request, "nonce")?,
+                    status,
+                    &stderr,
+                )?)
+            }
+            "values" => document(&ops::values(&required_object_text(request, "request")?)?),
+            "task_start" => {
+                let built = self.planner(request)?;
+                let options = object_text(request, "options")?;
+                let (task, action) =
+                    task::start(&built, text(request, "pod")?.as_bytes(), options.as_deref())?;
+                let action = document(&action)?;
+                let id = self.fresh();
+                lock(&self.tasks).insert(id, Arc::new(Mutex::new((built, task))));
+                Ok(json!({"task": id, "action": action}))
+            }
+            "task_next" => {
+                let id = handle(request, "task")?;
+                let entry = lock(&self.tasks)
+                    .get(&id)
+                    .cloned()
+                    .ok_or_else(|| unknown("task", id))?;
+                let report = required_object_text(request, "report")?;
+                let mut entry = lock(&entry);
+                let (built, task) = &mut *entry;
+                document(&task::next(built, task, &report)?)
+            }
+            "task_free" => {
+                let id = handle(request, "task")?;
+                lock(&self.tasks).remove(&id);
+                Ok(json!({}))
+            }
+            "console_open" => {
+                let built = self.planner(request)?;
+                let action = required_object_text(request, "action")?;
+                let (console, report) =
+                    console::open(&built, &action, &fixup_sac::Budgets::default())?;
+                let report = document(&report)?;
+                let id = console.map(|console| {
+                    let id = self.fresh();
+                    lock(&self.consoles).insert(id, Arc::new(Mutex::new(console)));
+                    id
+                });
+                Ok(json!({"console": id, "report": report}))
+            }
+            "console_set" => {
+                let id = handle(request, "console")?;
+                let console = lock(&self.consoles)
+                    .get(&id)
+                    .cloned()
+                    .ok_or_else(|| unknown("console", id))?;
+                let action = required_object_text(request, "action")?;
+                document(&console::set(&mut lock(&console), &action)?)
+            }
+            "console_free" => {
+                let id = handle(request, "console")?;
+                lock(&self.consoles).remove(&id);
+                Ok(json!({}))
+            }
+            "lease" => {
+                let built = self.planner(request)?;
+                document(&ops::lease(&built, text(request, "mac")?)?)
+            }
+            other => Err(Failure::invalid(format!(
+                "unknown op {other:?}: abi, planner_new, planner_free, plan, decide, attempt, verdict, values, task_start, task_next, task_free, console_open, console_set, console_free, lease"
+            ))),
+        }
+    }
+}
+
+/// A count of requests in flight, bounded by [`IN_FLIGHT_MAX`].
+#[derive(Default)]
+struct InFlight {
+    count: Mutex<usize>,
+    changed: Condvar,
+}
+
+impl InFlight {
+    fn enter(&self) {
+        let mut count = lock(&self.count);
+        while *count >= IN_FLIGHT_MAX {
+            count = self
+                .changed
+                .wait(count)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        *count += 1;
+    }
+
+    fn leave(&self) {
+        *lock(&self.count) -= 1;
+        self.changed.notify_all();
+    }
+
+    fn drain(&self) {
+        let mut count = lock(&self.count);
+        while *count > 0 {
+            count = self
+                .changed
+                .wait_timeout(count, Duration::from_millis(100))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
+/// Read one line of at most `max` bytes (without its newline) into `line`;
+/// `Ok(false)` at the end of input. A longer line is read to its end and
+/// dropped: `Err(length read)`.
+fn read_line(
+    input: &mut impl BufRead,
+    line: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<Result<bool, usize>> {
+    line.clear();
+    let mut over = 0usize;
+    loop {
+        let buf = input.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(if over > 0 {
+                Err(over)
+            } else {
+                Ok(!line.is_empty())
+            });
+        }
+        let (chunk, found) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (&buf[..i], Some(i + 1)),
+            None => (buf, None),
+        };
+        if over > 0 || line.len() + chunk.len() > max {
+            over = over.max(line.len()) + chunk.len();
+            line.clear();
+        } else {
+            line.extend_from_slice(chunk);
+        }
+        let used = found.unwrap_or(buf.len());
+        input.consume(used);
+        if found.is_some() {
+            return Ok(if over > 0 { Err(over) } else { Ok(true) });
+        }
+    }
+}
+
+/// Serve requests from `input`, one JSON document per line, until its
+/// end; each response is one line on `output`, written whole, in the order
+/// the requests finish. Requests run at once on threads of their own (at
+/// most [`IN_FLIGHT_MAX`]); at the end of input the ones in flight finish
+/// first. Blank lines are ignored.
+pub fn serve<R: BufRead, W: Write + Send + 'static>(
+    mut input: R,
+    output: W,
+) -> std::io::Result<()> {
+    let session = Arc::new(Session::new());
+    let output = Arc::new(Mutex::new(output));
+    let in_flight = Arc::new(InFlight::default());
+    let write = |output: &Mutex<W>, response: &Value| {
+        let mut line = response.to_string();
+        line.push('\n');
+        let mut out = lock(output);
+        // A client that went away ends the work at the next read.
+        let _ = out.write_all(line.as_bytes()).and_then(|()| out.flush());
+    };
+    let mut line = Vec::new();
+    loop {
+        match read_line(&mut input, &mut line, REQUEST_MAX_BYTES)? {
+            Ok(false) => break,
+            Ok(true) => {}
+            Err(length) => {
+                let failure = Failure::invalid(format!(
+                    "a request of {length} bytes is longer than {REQUEST_MAX_BYTES}: it was not read"
+                ));
+                write(
+                    &output,
+                    &json!({"id": null, "error": {"status": failure.status as i32, "message": failure.message}}),
+                );
+                continue;
+            }
+        }
+        let Ok(request) = std::str::from_utf8(&line).map(str::trim) else {
+            write(
+                &output,
+                &json!({"id": null, "error": {"status": CfStatus::CfInvalidArgument as i32, "message": "the request is not UTF-8"}}),
+            );
+            continue;
+        };
+        if request.is_empty() {
+            continue;
+        }
+        let request = request.to_owned();
+        in_flight.enter();
+        let (session, out, leaving) = (
+            Arc::clone(&session),
+            Arc::clone(&output),
+            Arc::clone(&in_flight),
+        );
+        let spawned = std::thread::Builder::new()
+            .name("cocoon-fixup-op".into())
+            .spawn(move || {
+                let response = session.call(&request);
+                write(&out, &response);
+                leaving.leave();
+            });
+        if let Err(e) = spawned {
+            in_flight.leave();
+            return Err(e);
+        }
+    }
+    in_flight.drain();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Cursor;
+
+    fn ask(session: &Session, request: Value) -> Value {
+        session.call(&request.to_string())
+    }
+
+    #[test]
+    fn an_unknown_op_or_a_bad_request_is_an_invalid_argument() {
+        let session = Session::new();
+        for (request, has) in [
+            ("[]", "not a JSON object"),
+            ("{\"id\": 3}", "no \"op\""),
+            ("{\"id\": 3, \"op\": \"fly\"}", "unknown op"),
+            (
+                "{\"id\": 3, \"op\": \"task_next\", \"task\": 9, \"report\": {}}",
+                "no task 9",
+            ),
+        ] {
+            let response = session.call(request);
+            assert_eq!(response["error"]["status"], 1, "{response}");
+            assert!(
+                response["error"]["message"].as_str().unwrap().contains(has),
+                "{response}"
+            );
+        }
+        assert_eq!(session.call("{\"id\": 3, \"op\": \"fly\"}")["id"], 3);
+    }
+
+    #[test]
+    fn a_planner_plans_and_is_freed() {
+        let session = Session::new();
+        let root = tempfile::tempdir().unwrap();
+        let leases = root.path().join("leases.json");
+        let made = ask(
+            &session,
+            json!({"id": 1, "op": "planner_new", "options": {"cocoon_root": root.path(), "plugin_dir": "", "no_cache": true, "lease_file": leases}}),
+        );
+        let planner = made["ok"]["planner"].as_u64().expect("a handle");
+        // The lease op: one look at the lease file, whatever it holds.
+        let lease = |mac: &str| {
+            ask(
+                &session,
+                json!({"op": "lease", "planner": planner, "mac": mac}),
+            )
+        };
+        let missing = lease("52:54:00:aa:bb:01");
+        assert!(
+            missing["ok"]["lease_error"]
+                .as_str()
+                .unwrap()
+                .contains("cannot read it"),
+            "{missing}"
+        );
+        std::fs::write(&leases, "{\"not\": \"rows\"}").unwrap();
+        let unusable = lease("52:54:00:aa:bb:01");
+        assert!(
+            unusable["ok"]["lease_error"]
+                .as_str()
+                .unwrap()
+                .contains("not a JSON array"),
+            "{unusable}"
+        );
+        std::fs::write(
+            &leases,
+            json!([
+                {"mac": "52:54:00:AA:BB:01", "ip": "10.0.0.9", "expiry": "2999-01-01T00:00:00Z"},
+                {"mac": "52:54:00:aa:bb:02", "ip": "10.0.0.8", "expiry": "2001-01-01T00:00:00Z"},
+            ])
+            .to_string(),
+        )
+        .unwrap();
+        assert_eq!(
+            lease("52:54:00:aa:bb:01")["ok"],
+            json!({"lease": "10.0.0.9"})
+        );
+        assert_eq!(
+            lease("52:54:00:aa:bb:02")["ok"],
+            json!({"lease": null}),
+            "expired"
+        );
+        assert_eq!(lease("nonsense")["error"]["status"], 1);
+        let decided = ask(
+            &session,
+            json!({"op": "decide", "pod": "{\"kind\": \"Pod\"", "needed": 0}),
+        );
+        assert_eq!(
+            decided["error"]["status"],
+            CfStatus::CfBadInput as i32,
+            "{decided}"
+        );
+        ask(&session, json!({"op": "planner_free", "planner": planner}));
+        let gone = ask(
+            &session,
+            json!({"op": "plan", "planner": planner, "pod": "{}", "vm": "{}"}),
+        );
+        assert!(
+            gone["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("no planner"),
+            "{gone}"
+        );
+    }
+
+    #[test]
+    fn a_pipe_answers_every_request_by_id_and_refuses_an_overlong_line() {
+        let mut input = String::new();
+        for id in 0..20 {
+            input.push_str(&json!({"id": id, "op": "abi"}).to_string());
+            input.push('\n');
+        }
+        input.push('\n');
+        input.push_str(&"x".repeat(REQUEST_MAX_BYTES + 10));
+        input.push('\n');
+        input.push_str("{\"id\": \"last\", \"op\": \"abi\"}");
+        #[derive(Clone, Default)]
+        struct Shared(Arc<Mutex<Vec<u8>>>);
+        impl Write for Shared {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                lock(&self.0).extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let out = Shared::default();
+        serve(Cursor::new(input.into_bytes()), out.clone()).unwrap();
+        let text = String::from_utf8(lock(&out.0).clone()).unwrap();
+        let responses: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(responses.len(), 22, "{text}");
+        let mut ids: Vec<String> = responses.iter().map(|r| r["id"].to_string()).collect();
+        ids.sort();
+        assert!(ids.contains(&"\"last\"".to_owned()));
+        assert!((0..20).all(|i| ids.contains(&i.to_string())));
+        let refused = responses.iter().find(|r| r["id"].is_null()).unwrap();
+        assert!(
+            refused["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("longer than"),
+            "{refused}"
+        );
+        for r in responses.iter().filter(|r| !r["id"].is_null()) {
+            assert_eq!(r["ok"]["abi"], crate::CF_ABI_VERSION);
+        }
+    }
+}
