@@ -92,7 +92,7 @@ var (
 	ErrClosed = errors.New("cocoonfixup: the planner is closed")
 	// ErrUnavailable: the library cannot be reached (not linked in, the
 	// wrong ABI, the cocoon-fixup binary missing or gone). The node is at
-	// fault: retry, do not fail the pod.
+	// fault: such errors match ErrRetryable too.
 	ErrUnavailable = errors.New("cocoonfixup: the library is unavailable")
 	// ErrRetryable: the node, not the pod, is at fault; try again later.
 	ErrRetryable = errors.New("cocoonfixup: the node is at fault, retry later")
@@ -151,6 +151,20 @@ func (e *Error) PlanFailed() bool {
 // pod again later and leave it as it is.
 func (e *Error) Retryable() bool {
 	return e.Code == CodeNode || e.Code == CodeBadRecord
+}
+
+// unavailableError is an ErrUnavailable with what is missing; it is
+// retryable.
+type unavailableError struct{ message string }
+
+func (e *unavailableError) Error() string { return ErrUnavailable.Error() + ": " + e.message }
+
+func (e *unavailableError) Is(target error) bool {
+	return target == ErrUnavailable || target == ErrRetryable
+}
+
+func unavailable(format string, args ...any) error {
+	return &unavailableError{message: fmt.Sprintf(format, args...)}
 }
 
 func invalid(format string, args ...any) error {
@@ -274,15 +288,29 @@ type Planner struct {
 	// and give up when their context ends.
 	slots chan struct{}
 	// Calls in flight hold the read lock; Close takes the write lock.
-	mu     sync.RWMutex
-	closed bool
+	mu sync.RWMutex
+	// closing refuses new Runs; closed refuses every call.
+	closing, closed bool
+	// Runs in flight: Close waits for them, so none loses its task.
+	runs sync.WaitGroup
+}
+
+// enter counts a Run in, unless the planner is closed.
+func (p *Planner) enter() bool {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closing {
+		return false
+	}
+	p.runs.Add(1)
+	return true
 }
 
 // NewPlanner reaches the library (Options.Backend), starts the plugin
 // engine and loads the built-in plugins and the plugin directory. A
 // library that cannot be reached is ErrUnavailable, with what is missing.
 func NewPlanner(ctx context.Context, o Options) (*Planner, error) {
-	t, err := openTransport(o)
+	t, err := openTransport(ctx, o)
 	if err != nil {
 		return nil, err
 	}
@@ -326,14 +354,20 @@ func (p *Planner) LoadFailures() []LoadFailure {
 func (p *Planner) Warnings() []string { return append([]string(nil), p.warnings...) }
 
 // Close frees the planner (and ends the child process of BackendProcess).
-// It waits for calls in flight; later calls return ErrClosed. Closing
-// twice is harmless.
+// New Runs are refused at once; Close waits for the Runs in flight
+// (cancel their contexts to end them sooner) and the calls in flight;
+// later calls return ErrClosed. Closing twice is harmless.
 func (p *Planner) Close() error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
+	if p.closing {
+		p.mu.Unlock()
 		return nil
 	}
+	p.closing = true
+	p.mu.Unlock()
+	p.runs.Wait()
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.closed = true
 	_, err := roundTrip(context.Background(), p.t, map[string]any{"op": "planner_free", "planner": p.handle})
 	if cerr := p.t.close(); err == nil {

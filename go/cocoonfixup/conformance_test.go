@@ -111,6 +111,15 @@ func (w *world) act(action map[string]any) map[string]json.RawMessage {
 
 func ms(d time.Duration) int64 { return d.Milliseconds() }
 
+// live checks that an action a cancel must not interrupt (a read, a
+// write, an event, a record) is given a context that is not done, so
+// that what the step decided is not lost half-way.
+func (w *world) live(ctx context.Context, what string) {
+	if ctx.Err() != nil {
+		w.t.Errorf("%s was given a cancelled context: a shutdown would lose it", what)
+	}
+}
+
 // The fakes.
 
 func (w *world) Now() time.Time { return w.base.Add(time.Duration(w.now) * time.Millisecond) }
@@ -124,6 +133,7 @@ func (w *world) SleepUntil(ctx context.Context, t time.Time) error {
 }
 
 func (w *world) Inspect(ctx context.Context, vm string, timeout time.Duration) ([]byte, error) {
+	w.live(ctx, "inspect")
 	report := w.act(map[string]any{"action": "inspect", "vm": vm, "timeout_ms": ms(timeout)})
 	if doc, ok := report["inspected"]; ok {
 		return doc, nil
@@ -186,6 +196,7 @@ func nullable(raw json.RawMessage) []byte {
 }
 
 func (w *world) Get(ctx context.Context, namespace, name string) ([]byte, error) {
+	w.live(ctx, "a read")
 	report := w.act(map[string]any{"action": "read"})
 	if raw, ok := report["read_error"]; ok {
 		return nil, podError(raw)
@@ -194,6 +205,7 @@ func (w *world) Get(ctx context.Context, namespace, name string) ([]byte, error)
 }
 
 func (w *world) PatchAnnotations(ctx context.Context, namespace, name string, p PodPatch) ([]byte, error) {
+	w.live(ctx, "a patch")
 	var version any
 	if p.ResourceVersion != "" {
 		version = p.ResourceVersion
@@ -209,15 +221,18 @@ func (w *world) PatchAnnotations(ctx context.Context, namespace, name string, p 
 }
 
 func (w *world) Event(ctx context.Context, namespace, name, uid string, e Event) error {
+	w.live(ctx, "an event")
 	w.act(map[string]any{"action": "tell", "type": e.Type, "reason": e.Reason, "message": e.Message})
 	return nil
 }
 
 func (w *world) NodePods(ctx context.Context) ([][]byte, error) {
+	w.live(ctx, "the node's pods")
 	return w.list(map[string]any{"action": "other_pods", "vm_name": ""}, "other_pods")
 }
 
 func (w *world) PodEvents(ctx context.Context, namespace, uid string) ([][]byte, error) {
+	w.live(ctx, "the pod's events")
 	return w.list(map[string]any{"action": "wake_events", "namespace": namespace, "uid": uid}, "events")
 }
 
@@ -277,6 +292,7 @@ func (r *records) Load(ctx context.Context, uid string) (json.RawMessage, error)
 }
 
 func (r *records) Store(ctx context.Context, uid string, record json.RawMessage) error {
+	r.w.live(ctx, "a record")
 	r.w.act(map[string]any{"action": "remember", "record": record})
 	return nil
 }

@@ -12,7 +12,6 @@ import "C"
 
 import (
 	"context"
-	"fmt"
 	"unsafe"
 )
 
@@ -25,7 +24,7 @@ type linked struct{}
 
 func openLinked() (transport, error) {
 	if v := int(C.cf_abi_version()); v != abiVersion {
-		return nil, fmt.Errorf("%w: the linked libcocoon_fixup has ABI version %d, this package needs %d: build the library from the same release as the package", ErrUnavailable, v, abiVersion)
+		return nil, unavailable("the linked libcocoon_fixup has ABI version %d, this package needs %d: build the library from the same release as the package", v, abiVersion)
 	}
 	return linked{}, nil
 }

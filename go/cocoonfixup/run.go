@@ -153,6 +153,10 @@ type RunOptions struct {
 	WatchedSinceNew bool
 	// Log receives the step's log lines ("info", "warn", "error").
 	Log func(level, message string)
+	// Admission bounds the pods worked on at once (shared by the Runs
+	// of a provider); nil: no bound. A step waiting for the IP holds no
+	// turn.
+	Admission *Admission
 
 	// For the package's own replay of the conformance suite: the serial
 	// console and the settings as the scenario gives them.
@@ -167,6 +171,28 @@ type consoleOps interface {
 	set(ctx context.Context, action json.RawMessage) map[string]any
 	close()
 }
+
+// Admission is a bound on the pods worked on at once, shared by Runs.
+type Admission struct{ turns chan struct{} }
+
+// NewAdmission allows n pods worked on at once (at least 1).
+func NewAdmission(n int) *Admission {
+	if n < 1 {
+		n = 1
+	}
+	return &Admission{turns: make(chan struct{}, n)}
+}
+
+func (a *Admission) acquire(ctx context.Context) bool {
+	select {
+	case a.turns <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (a *Admission) release() { <-a.turns }
 
 // Outcome is how the step ended: the summary `cocoon-fixup run` prints.
 type Outcome struct {
@@ -262,26 +288,40 @@ func (p *Planner) Run(ctx context.Context, pod []byte, vm VM, pods Pods, o RunOp
 	}
 	r.meta = meta
 	if o.Records != nil && meta.UID != "" {
-		record, err := o.Records.Load(ctx, meta.UID)
+		// Read to its end whatever ctx says: the record is the budget.
+		lctx, done := uncancelled(ctx)
+		record, err := o.Records.Load(lctx, meta.UID)
+		done()
 		if err != nil {
-			r.log("warn", "the pod's record is not used: "+err.Error())
-			record = nil
+			// Without the record the step keeps none this time: what it
+			// would keep could replace the budget the record holds.
+			r.log("warn", "the pod's record cannot be read, so this step keeps none: "+err.Error())
+		} else {
+			memory := map[string]any{"now_unix_ms": r.clock.Now().UnixMilli(), "watched_since_new": o.WatchedSinceNew}
+			if len(record) > 0 {
+				memory["record"] = record
+			}
+			options["memory"] = memory
 		}
-		memory := map[string]any{"now_unix_ms": r.clock.Now().UnixMilli(), "watched_since_new": o.WatchedSinceNew}
-		if len(record) > 0 {
-			memory["record"] = record
-		}
-		options["memory"] = memory
 	}
 	var started struct {
 		Task   uint64          `json:"task"`
 		Action json.RawMessage `json:"action"`
 	}
-	if err := p.callInto(ctx, map[string]any{"op": "task_start", "planner": p.handle, "pod": string(pod), "options": options}, &started); err != nil {
+	if !p.enter() {
+		return nil, ErrClosed
+	}
+	defer p.runs.Done()
+	// Not abandoned on cancel: a task started must be freed. A cancel is
+	// the task's to hear, at its first action.
+	if err := p.callInto(context.Background(), map[string]any{"op": "task_start", "planner": p.handle, "pod": string(pod), "options": options}, &started); err != nil {
 		return nil, err
 	}
 	r.task = started.Task
 	defer func() {
+		if r.admitted {
+			o.Admission.release()
+		}
 		r.console.close()
 		// Freed whatever ctx says.
 		p.call(context.Background(), map[string]any{"op": "task_free", "task": r.task})
@@ -296,15 +336,16 @@ type podMeta struct {
 }
 
 type runner struct {
-	p       *Planner
-	vm      VM
-	pods    Pods
-	o       RunOptions
-	clock   Clock
-	start   time.Time
-	meta    podMeta
-	task    uint64
-	console consoleOps
+	p        *Planner
+	vm       VM
+	pods     Pods
+	o        RunOptions
+	clock    Clock
+	start    time.Time
+	meta     podMeta
+	task     uint64
+	console  consoleOps
+	admitted bool
 }
 
 func (r *runner) log(level, message string) {
@@ -419,10 +460,116 @@ func raws(docs [][]byte) []json.RawMessage {
 	return out
 }
 
+// outputMax is how much of an exec's stdout and stderr Run hands on: the
+// ends, where the step markers and the errors are.
+const outputMax = 64 << 10
+
+// tailOf is the last outputMax bytes of b, and whether bytes were cut.
+func tailOf(b []byte) ([]byte, bool) {
+	if len(b) > outputMax {
+		return b[len(b)-outputMax:], true
+	}
+	return b, false
+}
+
+// metadataOnly is a pod as its metadata alone, all the node's pod list
+// needs.
+func metadataOnly(doc []byte) json.RawMessage {
+	var pod struct {
+		Metadata json.RawMessage `json:"metadata"`
+	}
+	if json.Unmarshal(doc, &pod) != nil || len(pod.Metadata) == 0 {
+		return json.RawMessage(doc)
+	}
+	out, _ := json.Marshal(map[string]json.RawMessage{"metadata": pod.Metadata})
+	return out
+}
+
+// uncancelled is parent's values without its cancel, bounded by
+// nonInterruptible: the reads, writes and events of a step run to their
+// end after a cancel, as the daemon's do, so that nothing it has decided
+// is lost half-way.
+func uncancelled(parent context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(valuesOf{parent}, nonInterruptible)
+}
+
+// nonInterruptible bounds an action that a cancel does not interrupt.
+const nonInterruptible = 60 * time.Second
+
+type valuesOf struct{ parent context.Context }
+
+func (v valuesOf) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (v valuesOf) Done() <-chan struct{}       { return nil }
+func (v valuesOf) Err() error                  { return nil }
+func (v valuesOf) Value(key any) any           { return v.parent.Value(key) }
+
 func (r *runner) carryOut(ctx context.Context, a action, raw json.RawMessage) map[string]any {
+	if interruptible[a.Action] {
+		report := r.interruptible(ctx, a, raw)
+		if ctx.Err() != nil {
+			// Whatever the action says, a cancel came during it: the
+			// step hears a shutdown, never a failure.
+			return map[string]any{"cancelled": true}
+		}
+		return report
+	}
+	ctx, done := uncancelled(ctx)
+	defer done()
+	return r.settled(ctx, a)
+}
+
+// interruptible carries out the actions a cancel interrupts.
+func (r *runner) interruptible(ctx context.Context, a action, raw json.RawMessage) map[string]any {
 	ms := func(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
 	switch a.Action {
-	case "admit", "release", "checkpoint":
+	case "admit":
+		if r.o.Admission != nil {
+			if !r.o.Admission.acquire(ctx) {
+				return map[string]any{"cancelled": true}
+			}
+			r.admitted = true
+		}
+		return map[string]any{"go": true}
+	case "checkpoint":
+		return map[string]any{"go": true}
+	case "exec":
+		res, err := r.vm.Exec(ctx, a.VM, a.Argv, ms(a.TimeoutMS))
+		if err != nil {
+			return map[string]any{"exec_error": err.Error()}
+		}
+		stdout, _ := tailOf(res.Stdout)
+		stderr, cut := tailOf(res.Stderr)
+		ran := map[string]any{"stdout": string(stdout), "stderr": string(stderr), "stderr_cut": res.StderrCut || cut}
+		if res.Signal != 0 {
+			ran["signal"] = res.Signal
+		} else {
+			ran["exit"] = res.ExitCode
+		}
+		return map[string]any{"ran": ran}
+	case "sleep":
+		if err := r.clock.SleepUntil(ctx, r.at(a.UntilMS)); err != nil {
+			return map[string]any{"cancelled": true}
+		}
+		return map[string]any{"go": true}
+	case "wait_lease":
+		return r.waitLease(ctx, a.MAC, r.at(a.UntilMS))
+	case "sac_open":
+		return r.console.open(ctx, raw)
+	case "sac_set":
+		return r.console.set(ctx, raw)
+	}
+	return map[string]any{"go": true}
+}
+
+// settled carries out the actions a cancel does not interrupt.
+func (r *runner) settled(ctx context.Context, a action) map[string]any {
+	ms := func(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
+	switch a.Action {
+	case "release":
+		if r.admitted {
+			r.o.Admission.release()
+			r.admitted = false
+		}
 		return map[string]any{"go": true}
 	case "note":
 		r.log(a.Level, a.Message)
@@ -445,7 +592,11 @@ func (r *runner) carryOut(ctx context.Context, a action, raw json.RawMessage) ma
 		if err != nil {
 			return map[string]any{"other_pods_error": err.Error()}
 		}
-		return map[string]any{"other_pods": raws(docs)}
+		pods := make([]json.RawMessage, 0, len(docs))
+		for _, doc := range docs {
+			pods = append(pods, metadataOnly(doc))
+		}
+		return map[string]any{"other_pods": pods}
 	case "wake_events":
 		lister, ok := r.pods.(EventLister)
 		if !ok {
@@ -486,28 +637,6 @@ func (r *runner) carryOut(ctx context.Context, a action, raw json.RawMessage) ma
 		default:
 			return map[string]any{"patch_error": podErr(err)}
 		}
-	case "exec":
-		res, err := r.vm.Exec(ctx, a.VM, a.Argv, ms(a.TimeoutMS))
-		if err != nil {
-			if cancelled(ctx, err) {
-				return map[string]any{"cancelled": true}
-			}
-			return map[string]any{"exec_error": err.Error()}
-		}
-		ran := map[string]any{"stdout": string(res.Stdout), "stderr": string(res.Stderr), "stderr_cut": res.StderrCut}
-		if res.Signal != 0 {
-			ran["signal"] = res.Signal
-		} else {
-			ran["exit"] = res.ExitCode
-		}
-		return map[string]any{"ran": ran}
-	case "sleep":
-		if err := r.clock.SleepUntil(ctx, r.at(a.UntilMS)); err != nil {
-			return map[string]any{"cancelled": true}
-		}
-		return map[string]any{"go": true}
-	case "wait_lease":
-		return r.waitLease(ctx, a.MAC, r.at(a.UntilMS))
 	case "tell":
 		if err := r.pods.Event(ctx, r.meta.Namespace, r.meta.Name, r.meta.UID, Event{Type: a.Type, Reason: a.Reason, Message: a.Message}); err != nil {
 			r.log("warn", fmt.Sprintf("the %s event was not recorded: %v", a.Reason, err))
@@ -520,10 +649,6 @@ func (r *runner) carryOut(ctx context.Context, a action, raw json.RawMessage) ma
 			}
 		}
 		return map[string]any{"go": true}
-	case "sac_open":
-		return r.console.open(ctx, raw)
-	case "sac_set":
-		return r.console.set(ctx, raw)
 	case "sac_close":
 		r.console.close()
 		return map[string]any{"go": true}

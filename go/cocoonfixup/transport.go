@@ -54,7 +54,11 @@ func (b Backend) String() string {
 // PATH.
 const DefaultBinary = "cocoon-fixup"
 
-func openTransport(o Options) (transport, error) {
+// requestMax is the longest request the child reads (its
+// REQUEST_MAX_BYTES); a longer one is refused here, before it is sent.
+const requestMax = 16 << 20
+
+func openTransport(ctx context.Context, o Options) (transport, error) {
 	backend := o.Backend
 	if backend == BackendAuto {
 		backend = BackendProcess
@@ -73,7 +77,7 @@ func openTransport(o Options) (transport, error) {
 		if bin == "" {
 			bin = DefaultBinary
 		}
-		return openProcess(bin)
+		return openProcess(ctx, bin)
 	}
 	return nil, fmt.Errorf("%w: Options.Backend %d is not a backend", ErrInvalidArgument, int(backend))
 }
@@ -118,52 +122,63 @@ func (t *tail) String() string {
 	return strings.TrimSpace(string(t.buf))
 }
 
-func openProcess(bin string) (transport, error) {
+func openProcess(ctx context.Context, bin string) (transport, error) {
 	path, err := exec.LookPath(bin)
 	if err != nil {
-		return nil, fmt.Errorf("%w: the cocoon-fixup binary %q was not found (%v): install it on the node, or set Options.Binary or COCOON_FIXUP_BIN", ErrUnavailable, bin, err)
+		return nil, unavailable("the cocoon-fixup binary %q was not found (%v): install it on the node, or set Options.Binary or COCOON_FIXUP_BIN", bin, err)
 	}
 	cmd := exec.Command(path, "embed")
 	p := &process{cmd: cmd, waiting: map[uint64]chan []byte{}, done: make(chan struct{}), stderr: &tail{}}
 	cmd.Stderr = p.stderr
 	if p.stdin, err = cmd.StdinPipe(); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return nil, unavailable("%v", err)
 	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return nil, unavailable("%v", err)
 	}
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("%w: starting %s embed: %v", ErrUnavailable, path, err)
+		return nil, unavailable("starting %s embed: %v", path, err)
 	}
 	go p.read(stdout)
-	answer, err := roundTrip(context.Background(), p, map[string]any{"op": "abi"})
+	answer, err := roundTrip(ctx, p, map[string]any{"op": "abi"})
 	if err != nil {
 		p.close()
-		return nil, fmt.Errorf("%w: %s embed did not answer (%v): is it a cocoon-fixup of the same release as this package?", ErrUnavailable, path, err)
+		return nil, unavailable("%s embed did not answer (%v): is it a cocoon-fixup of the same release as this package?", path, err)
 	}
 	var abi struct {
 		ABI int `json:"abi"`
 	}
 	if err := json.Unmarshal(answer, &abi); err != nil || abi.ABI != abiVersion {
 		p.close()
-		return nil, fmt.Errorf("%w: %s embed speaks ABI version %d, this package needs %d: install the cocoon-fixup of the same release as the package", ErrUnavailable, path, abi.ABI, abiVersion)
+		return nil, unavailable("%s embed speaks ABI version %d, this package needs %d: install the cocoon-fixup of the same release as the package", path, abi.ABI, abiVersion)
 	}
 	return p, nil
 }
 
 // read hands each response line to its waiter until the child's output
-// ends; then every waiter, now and later, learns that it is gone.
+// ends; then every waiter, now and later, learns that it is gone. A
+// response without an id (the child could not read a request) leaves a
+// waiter that would never hear back: the child is ended, and every waiter
+// with it.
 func (p *process) read(stdout io.Reader) {
 	scanner := bufio.NewScanner(stdout)
 	scanner.Buffer(make([]byte, 64<<10), 64<<20)
+	why := "its output ended"
 	for scanner.Scan() {
 		var head struct {
-			ID *uint64 `json:"id"`
+			ID    *uint64 `json:"id"`
+			Error *struct {
+				Message string `json:"message"`
+			} `json:"error"`
 		}
 		line := append([]byte(nil), scanner.Bytes()...)
-		if json.Unmarshal(line, &head) != nil || head.ID == nil {
-			continue
+		if err := json.Unmarshal(line, &head); err != nil || head.ID == nil {
+			why = "it answered a request it could not read"
+			if head.Error != nil {
+				why += ": " + head.Error.Message
+			}
+			break
 		}
 		p.mu.Lock()
 		ch := p.waiting[*head.ID]
@@ -173,16 +188,19 @@ func (p *process) read(stdout io.Reader) {
 			ch <- line
 		}
 	}
-	waitErr := p.cmd.Wait()
-	why := "its output ended"
-	if waitErr != nil {
-		why = waitErr.Error()
+	if err := scanner.Err(); err != nil {
+		why = "reading its answers: " + err.Error()
+	}
+	// Whatever stopped the reading, the child is of no more use.
+	p.cmd.Process.Kill()
+	if err := p.cmd.Wait(); err != nil && why == "its output ended" {
+		why = err.Error()
 	}
 	if text := p.stderr.String(); text != "" {
-		why += ": " + text
+		why += "; it said: " + text
 	}
 	p.mu.Lock()
-	p.dead = fmt.Errorf("%w: the cocoon-fixup child is gone (%s)", ErrUnavailable, why)
+	p.dead = unavailable("the cocoon-fixup child is gone (%s)", why)
 	for id, ch := range p.waiting {
 		close(ch)
 		delete(p.waiting, id)
@@ -197,6 +215,9 @@ func (p *process) call(ctx context.Context, request []byte) ([]byte, error) {
 	trimmed := bytes.TrimSpace(request)
 	if len(trimmed) < 2 || trimmed[0] != '{' {
 		return nil, &Error{Code: CodeInvalidArgument, Message: "a request must be a JSON object"}
+	}
+	if len(trimmed) > requestMax-64 {
+		return nil, &Error{Code: CodeInvalidArgument, Message: fmt.Sprintf("a request of %d bytes is longer than the %d the library reads", len(trimmed), requestMax)}
 	}
 	line := make([]byte, 0, len(trimmed)+24)
 	line = append(line, fmt.Sprintf(`{"id":%d`, id)...)
@@ -218,7 +239,7 @@ func (p *process) call(ctx context.Context, request []byte) ([]byte, error) {
 	p.writeMu.Unlock()
 	if err != nil {
 		p.forget(id)
-		return nil, fmt.Errorf("%w: writing to the cocoon-fixup child: %v", ErrUnavailable, err)
+		return nil, unavailable("writing to the cocoon-fixup child: %v", err)
 	}
 	select {
 	case response, ok := <-ch:

@@ -61,6 +61,8 @@ const CONNECT_POLL: Duration = Duration::from_millis(20);
 
 const FIX_ID: &str =
     "check `id` in `cocoon vm inspect <id> --json` and annotation vm.cocoonstack.io/id";
+const FIX_PROC: &str =
+    "mount /proc in the host's mount namespace (the host reaches the console through it)";
 const FIX_ROOT: &str = "pass the right directory with `--cocoon-root` (default /var/lib/cocoon)";
 const FIX_LINK: &str = "cocoon's VM state holds no links: remove the link, and point `--cocoon-root` at the real directory if the state was moved";
 const FIX_NOT_DIR: &str = "remove it; cocoon recreates the VM's state directory";
@@ -228,6 +230,15 @@ fn connect_entry(
     stop: &Stop,
 ) -> Result<ConsoleStream, DialError> {
     let via = format!("/proc/self/fd/{}", entry.as_raw_fd());
+    // The descriptor's own path exists whenever /proc is mounted: without
+    // it no connection can be confined, and no retry helps.
+    if !Path::new(&via).exists() {
+        return Err(DialError::Refused(SacError::Refused {
+            path: path.to_owned(),
+            problem: "cannot be reached through /proc/self/fd, so the checked socket cannot be connected to without looking its name up again".to_owned(),
+            fix: FIX_PROC,
+        }));
+    }
     let addr = SocketAddrUnix::new(via.as_str()).map_err(|e| retry(path, e))?;
     let socket = rustix::net::socket_with(
         AddressFamily::UNIX,

@@ -392,12 +392,23 @@ pub fn lease(built: &Built, mac: &str) -> Outcome {
     let mac = fixup_core::facts::MacAddr::parse(mac)
         .map_err(|e| Failure::invalid(format!("mac: {e}")))?;
     let path = &built.lease_file;
-    let read = std::fs::File::open(path).and_then(|file| {
-        let mut bytes = Vec::new();
-        file.take(LEASE_FILE_MAX_BYTES + 1)
-            .read_to_end(&mut bytes)?;
-        Ok(bytes)
-    });
+    // Only a regular file is read: a FIFO or a device there would block
+    // or never end.
+    let read = std::fs::metadata(path)
+        .and_then(|meta| {
+            if meta.is_file() {
+                Ok(())
+            } else {
+                Err(std::io::Error::other("it is not a regular file"))
+            }
+        })
+        .and_then(|()| std::fs::File::open(path))
+        .and_then(|file| {
+            let mut bytes = Vec::new();
+            file.take(LEASE_FILE_MAX_BYTES + 1)
+                .read_to_end(&mut bytes)?;
+            Ok(bytes)
+        });
     let answer = match read {
         Ok(bytes) if bytes.len() as u64 > LEASE_FILE_MAX_BYTES => json!({"lease_error": format!(
             "lease file {}: larger than {LEASE_FILE_MAX_BYTES} bytes, so it was not read; check what writes it",

@@ -62,6 +62,10 @@ pub const REQUEST_MAX_BYTES: usize = 16 << 20;
 /// Requests [`serve`] works on at once; past it, reading waits.
 pub const IN_FLIGHT_MAX: usize = 256;
 
+/// Bytes of requests [`serve`] holds at once (one request of any allowed
+/// size is always taken); past it, reading waits.
+pub const IN_FLIGHT_BYTES_MAX: usize = 64 << 20;
+
 /// A task with the planner it plans with, worked on by one call at a
 /// time.
 type TaskEntry = Arc<Mutex<(Arc<Built>, Task)>>;
@@ -311,36 +315,41 @@ impl Session {
     }
 }
 
-/// A count of requests in flight, bounded by [`IN_FLIGHT_MAX`].
+/// Requests in flight and their bytes, bounded by [`IN_FLIGHT_MAX`] and
+/// [`IN_FLIGHT_BYTES_MAX`].
 #[derive(Default)]
 struct InFlight {
-    count: Mutex<usize>,
+    held: Mutex<(usize, usize)>,
     changed: Condvar,
 }
 
 impl InFlight {
-    fn enter(&self) {
-        let mut count = lock(&self.count);
-        while *count >= IN_FLIGHT_MAX {
-            count = self
+    fn enter(&self, bytes: usize) {
+        let mut held = lock(&self.held);
+        while held.0 >= IN_FLIGHT_MAX || (held.0 > 0 && held.1 + bytes > IN_FLIGHT_BYTES_MAX) {
+            held = self
                 .changed
-                .wait(count)
+                .wait(held)
                 .unwrap_or_else(PoisonError::into_inner);
         }
-        *count += 1;
+        held.0 += 1;
+        held.1 += bytes;
     }
 
-    fn leave(&self) {
-        *lock(&self.count) -= 1;
+    fn leave(&self, bytes: usize) {
+        let mut held = lock(&self.held);
+        held.0 -= 1;
+        held.1 -= bytes;
+        drop(held);
         self.changed.notify_all();
     }
 
     fn drain(&self) {
-        let mut count = lock(&self.count);
-        while *count > 0 {
-            count = self
+        let mut held = lock(&self.held);
+        while held.0 > 0 {
+            held = self
                 .changed
-                .wait_timeout(count, Duration::from_millis(100))
+                .wait_timeout(held, Duration::from_millis(100))
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
@@ -430,7 +439,8 @@ pub fn serve<R: BufRead, W: Write + Send + 'static>(
             continue;
         }
         let request = request.to_owned();
-        in_flight.enter();
+        let bytes = request.len();
+        in_flight.enter(bytes);
         let (session, out, leaving) = (
             Arc::clone(&session),
             Arc::clone(&output),
@@ -441,10 +451,10 @@ pub fn serve<R: BufRead, W: Write + Send + 'static>(
             .spawn(move || {
                 let response = session.call(&request);
                 write(&out, &response);
-                leaving.leave();
+                leaving.leave(bytes);
             });
         if let Err(e) = spawned {
-            in_flight.leave();
+            in_flight.leave(bytes);
             return Err(e);
         }
     }

@@ -86,6 +86,9 @@ const PACKAGE_TESTS: &[&str] = &[
     "TestDeletePodCancelsTheStep",
     "TestReconcileResumesRunningWork",
     "TestConstantsAreTheLibrarys",
+    "TestLeaseFile",
+    "ExamplePlanner_Run",
+    "ExampleError",
 ];
 
 /// The runs after the first check memory over 10,000 calls, not 100,000:

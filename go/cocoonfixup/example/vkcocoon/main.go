@@ -41,6 +41,13 @@ type Provider struct {
 	API      cocoonfixup.Pods
 	Leases   cocoonfixup.Leases
 	Settings cocoonfixup.Settings
+	// Records keeps each pod's record (its retry budget) across retries
+	// and restarts; Admission bounds the pods worked on at once.
+	Records   cocoonfixup.Records
+	Admission *cocoonfixup.Admission
+	// RetryAfter is the wait before a step the node kept from finishing
+	// is tried again (default 5s).
+	RetryAfter time.Duration
 	// Done receives each pod's outcome (or error) when its step ends.
 	Done func(pod string, out *cocoonfixup.Outcome, err error)
 
@@ -90,9 +97,36 @@ func (p *Provider) start(pod []byte, trigger cocoonfixup.Trigger) error {
 			p.mu.Unlock()
 			cancel()
 		}()
-		out, err := p.Planner.Run(ctx, pod, p.Cocoon, p.API, cocoonfixup.RunOptions{
-			Trigger: trigger, Leases: p.Leases, Settings: p.Settings,
-		})
+		retry := p.RetryAfter
+		if retry <= 0 {
+			retry = 5 * time.Second
+		}
+		var out *cocoonfixup.Outcome
+		var err error
+		for {
+			out, err = p.Planner.Run(ctx, pod, p.Cocoon, p.API, cocoonfixup.RunOptions{
+				Trigger: trigger, Leases: p.Leases, Settings: p.Settings,
+				Records: p.Records, Admission: p.Admission,
+			})
+			// The node kept the step from finishing (the library's
+			// child restarting, a cocoon or API error before anything
+			// was decided): try again later, as a retry, until the pod
+			// is deleted.
+			if !errors.Is(err, cocoonfixup.ErrRetryable) {
+				break
+			}
+			select {
+			case <-time.After(retry):
+			case <-ctx.Done():
+			}
+			if ctx.Err() != nil {
+				break
+			}
+			if now, gerr := p.API.Get(ctx, m.Metadata.Namespace, m.Metadata.Name); gerr == nil && now != nil {
+				pod = now
+			}
+			trigger = cocoonfixup.TriggerRetry
+		}
 		if p.Done != nil {
 			p.Done(m.Metadata.Namespace+"/"+m.Metadata.Name, out, err)
 		}
@@ -116,19 +150,14 @@ func (p *Provider) DeletePod(uid string) {
 // requested alone when it reads it).
 func (p *Provider) Hibernate(uid string) { p.DeletePod(uid) }
 
-// Reconcile is the provider's start: every pod whose post-clone work was
-// left `running` (the provider stopped in the middle) resumes, announced
-// with ResumedAfterRestart.
+// Reconcile is the provider's start: every pod on the node is handed to
+// Run with TriggerStartup, and the library decides (work left `running`
+// resumes with ResumedAfterRestart, an IP wait left behind is waited
+// again, a pod already ready or not a clone is left alone).
 func (p *Provider) Reconcile(pods [][]byte) error {
 	for _, pod := range pods {
-		var m meta
-		if err := json.Unmarshal(pod, &m); err != nil {
+		if err := p.start(pod, cocoonfixup.TriggerStartup); err != nil {
 			return err
-		}
-		if m.Metadata.Annotations[cocoonfixup.KeyPostCloneState] == "running" {
-			if err := p.start(pod, cocoonfixup.TriggerStartup); err != nil {
-				return err
-			}
 		}
 	}
 	return nil
@@ -302,6 +331,31 @@ func (a *API) Annotation(namespace, name, key string) string {
 	return s
 }
 
+// Records keeps the pods' records in memory (a provider keeps them in a
+// file per uid, or a ConfigMap, to outlive its restarts).
+type Records struct {
+	mu sync.Mutex
+	m  map[string]json.RawMessage
+}
+
+// Load is the record kept for uid.
+func (r *Records) Load(ctx context.Context, uid string) (json.RawMessage, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.m[uid], nil
+}
+
+// Store keeps uid's record.
+func (r *Records) Store(ctx context.Context, uid string, record json.RawMessage) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = map[string]json.RawMessage{}
+	}
+	r.m[uid] = append(json.RawMessage(nil), record...)
+	return nil
+}
+
 // Leases leases 10.88.9.<n> to every MAC it is asked about.
 type Leases struct {
 	mu    sync.Mutex
@@ -390,6 +444,7 @@ func main() {
 	failed := false
 	p := &Provider{Planner: planner, Cocoon: guest, API: api, Leases: &Leases{},
 		Settings: cocoonfixup.Settings{RetryInterval: *interval},
+		Records:  &Records{}, Admission: cocoonfixup.NewAdmission(8),
 		Done: func(pod string, out *cocoonfixup.Outcome, err error) {
 			mu.Lock()
 			defer mu.Unlock()

@@ -46,7 +46,8 @@ func setup(t *testing.T, guest *Guest) (*Provider, *API, [][]byte, *outcomes) {
 	}
 	got := &outcomes{out: map[string]*cocoonfixup.Outcome{}, err: map[string]error{}}
 	p := &Provider{Planner: planner(t), Cocoon: guest, API: api, Leases: &Leases{},
-		Settings: cocoonfixup.Settings{RetryInterval: 10 * time.Millisecond}, Done: got.done}
+		Settings: cocoonfixup.Settings{RetryInterval: 10 * time.Millisecond}, Done: got.done,
+		Records: &Records{}, Admission: cocoonfixup.NewAdmission(2)}
 	return p, api, pods, got
 }
 
@@ -129,7 +130,8 @@ func TestDeletePodCancelsTheStep(t *testing.T) {
 	}
 }
 
-// The provider's start resumes work left running: announced, then done.
+// The provider's start hands every pod to Run: work left running resumes,
+// and a pod never started gets its work, each announced.
 func TestReconcileResumesRunningWork(t *testing.T) {
 	guest := &Guest{Records: map[string][]byte{}}
 	p, api, _, got := setup(t, guest)
@@ -151,15 +153,20 @@ func TestReconcileResumesRunningWork(t *testing.T) {
 	if out := got.out["apps/web-0"]; out == nil || out.Fixup != "done" {
 		t.Fatalf("web-0: %v %v", out, got.err["apps/web-0"])
 	}
-	if _, ran := got.out["apps/db-1"]; ran {
-		t.Error("db-1 had no work left running, yet it was run")
+	// db-1 was never started: at the provider's start it is new work.
+	if out := got.out["apps/db-1"]; out == nil || out.Fixup != "done" {
+		t.Errorf("db-1: %v %v", out, got.err["apps/db-1"])
 	}
-	resumed := false
+	resumed := 0
 	for _, e := range api.Events {
-		resumed = resumed || e.Reason == "ResumedAfterRestart"
+		if e.Reason == cocoonfixup.ReasonResumedAfterRestart {
+			resumed++
+		}
 	}
-	if !resumed {
-		t.Errorf("no ResumedAfterRestart event: %+v", api.Events)
+	// Every pod with work at the start announces it (the daemon's startup
+	// reconciliation does the same).
+	if resumed != 2 {
+		t.Errorf("%d ResumedAfterRestart events, want 2 (web-0's and db-1's): %+v", resumed, api.Events)
 	}
 }
 
