@@ -416,13 +416,22 @@ type Overrides struct {
 }
 
 // Plan classifies a pod's VM and, when it needs a fixup, plans it. pod is
-// the pod as the API server returns it (JSON, `kubectl get pod -o json`),
-// vm is `cocoon vm inspect --json ID` output. A VM that is not the pod's
+// the pod as the API server returns it (JSON, `kubectl get pod -o json`,
+// a PodMeta, or any value that encodes to it), vm is `cocoon vm inspect
+// --json ID` output (or a VMRecord). A VM that is not the pod's
 // own is refused first (CodeVMMismatch), before anything looks at it. The
 // report is the one `cocoon-fixup plan --output json` prints, with the
 // binding verdict and the plan's seal. Work left `running` is planned as
 // resumed work, as the daemon plans it, unless o says otherwise.
-func (p *Planner) Plan(ctx context.Context, pod, vm []byte, o Overrides) (*Report, error) {
+func (p *Planner) Plan(ctx context.Context, pod, vm any, o Overrides) (*Report, error) {
+	podDoc, err := document(pod)
+	if err != nil {
+		return nil, err
+	}
+	vmDoc, err := document(vm)
+	if err != nil {
+		return nil, err
+	}
 	done, err := p.slot(ctx)
 	if err != nil {
 		return nil, err
@@ -435,7 +444,7 @@ func (p *Planner) Plan(ctx context.Context, pod, vm []byte, o Overrides) (*Repor
 	if o.SourceImage != "" {
 		overrides["source_image"] = o.SourceImage
 	}
-	answer, err := p.call(ctx, map[string]any{"op": "plan", "planner": p.handle, "pod": string(pod), "vm": string(vm), "overrides": overrides})
+	answer, err := p.call(ctx, map[string]any{"op": "plan", "planner": p.handle, "pod": string(podDoc), "vm": string(vmDoc), "overrides": overrides})
 	if err != nil {
 		return nil, err
 	}

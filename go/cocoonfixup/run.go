@@ -252,16 +252,21 @@ func (realClock) SleepUntil(ctx context.Context, t time.Time) error {
 }
 
 // Run carries out the post-clone step for pod (as the API server returns
-// it, JSON) the way the node daemon does: the library decides every step,
+// it: its JSON, a PodMeta, or any value that encodes to it such as a
+// *corev1.Pod) the way the node daemon does: the library decides every step,
 // Run only carries each one out through vm and pods. Cancelling ctx is a
 // shutdown: the action under way is abandoned, nothing is marked failed,
 // and work left `running` resumes at the next Run (with TriggerStartup
 // after a restart). The error is a *StopError when the step stopped
 // before it could decide (a retryable one is errors.Is ErrRetryable), an
 // *Error when the library refused the input or could not be reached.
-func (p *Planner) Run(ctx context.Context, pod []byte, vm VM, pods Pods, o RunOptions) (*Outcome, error) {
+func (p *Planner) Run(ctx context.Context, pod any, vm VM, pods Pods, o RunOptions) (*Outcome, error) {
 	if vm == nil || pods == nil {
 		return nil, invalid("Run needs a VM and Pods")
+	}
+	doc, err := document(pod)
+	if err != nil {
+		return nil, err
 	}
 	r := &runner{p: p, vm: vm, pods: pods, o: o, clock: o.Clock, console: o.console}
 	if r.clock == nil {
@@ -281,7 +286,7 @@ func (p *Planner) Run(ctx context.Context, pod []byte, vm VM, pods Pods, o RunOp
 	}
 	options := map[string]any{"trigger": string(trigger), "settings": settings}
 	var meta podMeta
-	if err := json.Unmarshal(pod, &struct {
+	if err := json.Unmarshal(doc, &struct {
 		Metadata *podMeta `json:"metadata"`
 	}{&meta}); err != nil {
 		return nil, &Error{Code: CodeBadInput, Message: "the pod is not JSON as the API server returns it: " + err.Error()}
@@ -314,7 +319,7 @@ func (p *Planner) Run(ctx context.Context, pod []byte, vm VM, pods Pods, o RunOp
 	defer p.runs.Done()
 	// Not abandoned on cancel: a task started must be freed. A cancel is
 	// the task's to hear, at its first action.
-	if err := p.callInto(context.Background(), map[string]any{"op": "task_start", "planner": p.handle, "pod": string(pod), "options": options}, &started); err != nil {
+	if err := p.callInto(context.Background(), map[string]any{"op": "task_start", "planner": p.handle, "pod": string(doc), "options": options}, &started); err != nil {
 		return nil, err
 	}
 	r.task = started.Task

@@ -172,6 +172,10 @@ pub struct MemoryStore {
     /// The uids the host's watch has seen without a gap since they were
     /// new (kept in memory only: a restart is a gap).
     watched: Mutex<HashSet<String>>,
+    /// The uids whose watch had a gap ([`gap`](MemoryStore::gap)): never
+    /// watched since new again, even by an observation from before the
+    /// gap that is noted after it.
+    gapped: Mutex<HashSet<String>>,
 }
 
 /// What [`MemoryStore::read`] found.
@@ -199,6 +203,7 @@ impl MemoryStore {
             gone: Mutex::default(),
             updating: (0..UPDATE_LOCKS).map(|_| Mutex::new(())).collect(),
             watched: Mutex::default(),
+            gapped: Mutex::default(),
         })
     }
 
@@ -273,10 +278,21 @@ impl MemoryStore {
     /// The watch missed something of `uid` (an observation it could not
     /// note): it no longer counts as watched since new.
     pub fn gap(&self, uid: &str) {
+        self.gapped
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(uid.to_owned());
         self.watched
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(uid);
+    }
+
+    fn had_gap(&self, uid: &str) -> bool {
+        self.gapped
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(uid)
     }
 
     fn is_watched(&self, uid: &str) -> bool {
@@ -308,8 +324,8 @@ impl MemoryStore {
         // A pod seen before (a record, or watched since new) is not new
         // to the host: what the watch knows of it carries over.
         let watched = self.is_watched(uid);
-        if stored || watched {
-            memory.set_watched_since_new(watched);
+        if stored || watched || self.had_gap(uid) {
+            memory.set_watched_since_new(watched && !self.had_gap(uid));
         }
         let changed = memory.observe(pod, live);
         {
@@ -461,6 +477,10 @@ impl MemoryStore {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(uid);
+        self.gapped
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(uid);
         let _writing = self.writes.read().unwrap_or_else(PoisonError::into_inner);
         self.remove(uid)
     }
@@ -499,6 +519,10 @@ impl MemoryStore {
         listed_from: SystemTime,
     ) -> Result<usize, StoreError> {
         self.watched
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|uid| live.contains(uid));
+        self.gapped
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .retain(|uid| live.contains(uid));
@@ -748,6 +772,19 @@ mod tests {
         assert!(!fresh.recall(UID).unwrap().watched_since_new());
         // A deleted pod is forgotten, watched or not.
         store.forget(UID).unwrap();
+        assert!(!store.recall(UID).unwrap().watched_since_new());
+    }
+
+    /// A gap noted before an earlier observation of the pod is (the
+    /// queue of observations fell behind and dropped a later one) is not
+    /// undone by that observation.
+    #[test]
+    fn a_gap_outlasts_an_earlier_observation_noted_after_it() {
+        let (_tmp, store) = store();
+        store.gap(UID);
+        store.observe(&seen(&[]), true).unwrap();
+        assert!(!store.recall(UID).unwrap().watched_since_new());
+        store.observe(&seen(&[]), true).unwrap();
         assert!(!store.recall(UID).unwrap().watched_since_new());
     }
 

@@ -87,6 +87,7 @@ const PACKAGE_TESTS: &[&str] = &[
     "TestReconcileResumesRunningWork",
     "TestConstantsAreTheLibrarys",
     "TestLeaseFile",
+    "TestTypedInputsPlanAsTheirJSON",
     "ExamplePlanner_Run",
     "ExampleError",
 ];
