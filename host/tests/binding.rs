@@ -1324,6 +1324,134 @@ mod real_binary {
         (out.status.code(), calls, api, stderr)
     }
 
+    /// A maintainer's own Go program (`tests/go-maintainer`: the pod over
+    /// the API server's REST with net/http, the VM through the cocoon CLI
+    /// with os/exec, one `cocoonfixup.Run`, built with `CGO_ENABLED=0` so
+    /// the library is the `cocoon-fixup embed` child) writes exactly what
+    /// `cocoon-fixup run` writes for each kind of pod the stack makes: the
+    /// same patches, in order, and the same events. Skipped (loudly)
+    /// without Go, unless `COCOON_FIXUP_REQUIRE_GO=1`.
+    #[rstest::rstest]
+    #[case::cocoonset_pod("prod", "demo-0", None)]
+    #[case::webhook_deployment_pod("prod", "demo-7b7c9d9d5f-x2x4z", Some("vk-prod-demo-1"))]
+    #[case::plain_pod("default", "batch-0", None)]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_maintainers_go_program_writes_what_run_writes(
+        #[case] namespace: &str,
+        #[case] name: &str,
+        #[case] slot: Option<&str>,
+    ) {
+        let Some(program) = maintainer() else {
+            return;
+        };
+        let vm_name = slot.map_or_else(|| vm_name_for_pod(namespace, name), str::to_owned);
+        let pod = pod_json(namespace, name, &base(&vm_name));
+        let flags: &[&str] = if slot.is_some() {
+            &["--accept-annotated-vm-names", "--node", "n1"]
+        } else {
+            &[]
+        };
+        let (code, _, by_run, stderr) = run_with(pod.clone(), vm(&vm_name), &[], flags).await;
+        assert_eq!(code, Some(0), "{stderr}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::os::unix::fs::symlink(fake_cocoon(), d.join("cocoon")).unwrap();
+        let scenario =
+            json!({"exec": [{"exit": 0, "done": true}], "inspect": {"json": vm(&vm_name)}});
+        fs::write(d.join("cocoon.json"), scenario.to_string()).unwrap();
+        let by_go = FakeApi::start(pod, false).await;
+        let mut go = tokio::process::Command::new(program);
+        go.args([
+            "-server",
+            &by_go.url(),
+            "-namespace",
+            namespace,
+            "-pod",
+            name,
+        ])
+        .arg("-cocoon")
+        .arg(d.join("cocoon"))
+        .arg("-cocoon-root")
+        .arg(d)
+        .arg("-lease-file")
+        .arg(d.join("leases.json"))
+        .env("COCOON_FIXUP_BIN", support::binary::program())
+        .env("HOME", d);
+        if slot.is_some() {
+            go.args(["-node", "n1", "-accept-annotated"]);
+        }
+        let out = go.output().await.expect("the maintainer's program runs");
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let writes = |api: &FakeApi| {
+            api.with(|s| {
+                s.patches
+                    .iter()
+                    .filter(|(_, status)| *status == 200)
+                    .map(|(patch, _)| patch["metadata"]["annotations"].clone())
+                    .collect::<Vec<_>>()
+            })
+        };
+        let run_writes = writes(&by_run);
+        assert!(!run_writes.is_empty(), "run wrote nothing to compare");
+        assert_eq!(writes(&by_go), run_writes, "the Go program wrote otherwise");
+        assert_eq!(
+            by_go.events(),
+            by_run.events(),
+            "the Go program told otherwise"
+        );
+        assert_eq!(
+            by_go.annotation(keys::LIFECYCLE_STATE).as_deref(),
+            Some("ready")
+        );
+    }
+
+    /// The maintainer's program, built once with `CGO_ENABLED=0`; `None`
+    /// (said loudly) without Go.
+    fn maintainer() -> Option<&'static std::path::Path> {
+        static BUILT: std::sync::OnceLock<Option<(tempfile::TempDir, std::path::PathBuf)>> =
+            std::sync::OnceLock::new();
+        BUILT
+            .get_or_init(|| {
+                let dir = tempfile::tempdir().unwrap();
+                let program = dir.path().join("maintainer");
+                let built = std::process::Command::new("go")
+                    .args(["build", "-o"])
+                    .arg(&program)
+                    .arg(".")
+                    .current_dir(
+                        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/go-maintainer"),
+                    )
+                    .env("CGO_ENABLED", "0")
+                    .env("GOPROXY", "off")
+                    .output();
+                match built {
+                    Ok(out) if out.status.success() => Some((dir, program)),
+                    Ok(out) => panic!(
+                        "building tests/go-maintainer failed:\n{}",
+                        String::from_utf8_lossy(&out.stderr)
+                    ),
+                    Err(_) => {
+                        assert!(
+                            std::env::var_os("COCOON_FIXUP_REQUIRE_GO").is_none_or(|v| v != "1"),
+                            "the Go toolchain is not installed and COCOON_FIXUP_REQUIRE_GO=1"
+                        );
+                        eprintln!(
+                            "\n*** SKIPPED: the maintainer's Go program needs the Go toolchain (Go 1.19 or later; on Debian `apt-get install golang-go`). ***\n"
+                        );
+                        None
+                    }
+                }
+            })
+            .as_ref()
+            .map(|(_, program)| program.as_path())
+    }
+
     fn pod_json(namespace: &str, name: &str, annotations: &BTreeMap<&str, Value>) -> Value {
         json!({
             "apiVersion": "v1",

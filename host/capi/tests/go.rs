@@ -144,35 +144,56 @@ fn the_go_package_passes_its_tests_on_both_backends() {
     assert_passed(&pure, "go test with CGO_ENABLED=0", PACKAGE_TESTS);
 }
 
-/// Without cgo the package and its example build for every target
-/// vk-cocoon builds for, and vet clean for darwin.
+/// Without cgo the package, its example and a maintainer's own program
+/// (`tests/go-maintainer`, a module of its own that requires the package)
+/// build for every target vk-cocoon builds for, and vet clean for darwin;
+/// the maintainer's program builds with cgo too, linking the library.
 #[test]
-fn the_package_builds_without_cgo_for_other_targets() {
+fn the_package_and_a_maintainers_program_build_for_other_targets() {
     if !have_go() {
         return;
     }
-    for (goos, goarch, args) in [
-        ("linux", "amd64", &["build", "./..."][..]),
-        ("linux", "arm64", &["build", "./..."][..]),
-        ("darwin", "arm64", &["vet", "./..."][..]),
-        ("darwin", "amd64", &["build", "./..."][..]),
-    ] {
-        let output = Command::new("go")
-            .args(args)
-            .current_dir(repo().join("go/cocoonfixup"))
-            .env("CGO_ENABLED", "0")
-            .env("GOOS", goos)
-            .env("GOARCH", goarch)
-            .env("GOPROXY", "off")
-            .output()
-            .expect("running go");
-        assert!(
-            output.status.success(),
-            "go {} for {goos}/{goarch} without cgo failed:\n{}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr)
-        );
+    for dir in ["go/cocoonfixup", "tests/go-maintainer"] {
+        for (goos, goarch, args) in [
+            ("linux", "amd64", &["build", "./..."][..]),
+            ("linux", "arm64", &["build", "./..."][..]),
+            ("darwin", "arm64", &["vet", "./..."][..]),
+            ("darwin", "amd64", &["build", "./..."][..]),
+        ] {
+            let output = Command::new("go")
+                .args(args)
+                .current_dir(repo().join(dir))
+                .env("CGO_ENABLED", "0")
+                .env("GOOS", goos)
+                .env("GOARCH", goarch)
+                .env("GOPROXY", "off")
+                .output()
+                .expect("running go");
+            assert!(
+                output.status.success(),
+                "go {} in {dir} for {goos}/{goarch} without cgo failed:\n{}",
+                args.join(" "),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
     }
+    let profile = built();
+    let dir = tempfile::tempdir().unwrap();
+    let linked = Command::new("go")
+        .args(["build", "-o"])
+        .arg(dir.path().join("maintainer"))
+        .arg(".")
+        .current_dir(repo().join("tests/go-maintainer"))
+        .env("CGO_ENABLED", "1")
+        .env("CGO_LDFLAGS", format!("-L{}", profile.display()))
+        .env("GOPROXY", "off")
+        .output()
+        .expect("running go");
+    assert!(
+        linked.status.success(),
+        "the maintainer's program with cgo failed to build:\n{}",
+        String::from_utf8_lossy(&linked.stderr)
+    );
 }
 
 /// The shared library through the package's `cocoonfixup_dynamic` tag: the

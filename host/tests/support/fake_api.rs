@@ -123,6 +123,11 @@ impl FakeApi {
         }
     }
 
+    /// The server's base URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
     /// A kubeconfig for this server, written into `dir`.
     pub fn kubeconfig(&self, dir: &Path) -> PathBuf {
         let path = dir.join("kubeconfig");
