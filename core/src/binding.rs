@@ -170,7 +170,7 @@ impl fmt::Display for Mismatch {
             ),
             Mismatch::LegacyNotAccepted { expected, record } => write!(
                 f,
-                "the VM record has the legacy unhashed name {:?} (expected {:?}); it is accepted only with --accept-legacy-vm-names",
+                "the VM record has the legacy unhashed name {:?} (expected {:?}); it is accepted only where the node's operator accepts legacy names (--accept-legacy-vm-names; accept_legacy_vm_names in the configuration and the library's planner options; AcceptLegacyVMNames in the Go package)",
                 record,
                 expected
             ),
@@ -190,7 +190,7 @@ impl fmt::Display for Mismatch {
             ),
             Mismatch::AnnotatedNotAccepted { name } => write!(
                 f,
-                "the VM record is named {name:?}, as annotation {} says, but that name is not derived from the pod's namespace and name (the retired cocoon-webhook named a Deployment's VMs after slots so); such names bind only when the node's operator turns on --accept-annotated-vm-names, which is safe only where the admission policy (deploy/admission-policy.yaml) is installed",
+                "the VM record is named {name:?}, as annotation {} says, but that name is not derived from the pod's namespace and name (the retired cocoon-webhook named a Deployment's VMs after slots so); such names bind only where the node's operator accepts them (--accept-annotated-vm-names, accept_annotated_vm_names, AcceptAnnotatedVMNames in Go), safe only with the admission policy (deploy/admission-policy.yaml) installed",
                 annotations::VM_NAME,
             ),
             Mismatch::AnnotatedClaimed { name, pod, form } => write!(

@@ -507,3 +507,42 @@ fn plan_refuses_a_macos_pod() {
     assert!(stderr.contains("hands-off (macos)"), "{stderr}");
     assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
 }
+
+/// `embed` answers the JSON ops line by line, outlives a SIGTERM sent to
+/// its process group (its embedder ends its steps first), and ends with
+/// its input, after what is in flight.
+#[test]
+fn embed_answers_ignores_sigterm_and_ends_with_its_input() {
+    use std::io::{BufRead, BufReader, Write};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cocoon-fixup"))
+        .arg("embed")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("binary runs");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut ask = |request: &str| {
+        writeln!(stdin, "{request}").unwrap();
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        serde_json::from_str::<serde_json::Value>(&line).unwrap()
+    };
+    assert_eq!(ask(r#"{"id": 1, "op": "abi"}"#)["ok"]["abi"], 3);
+    let pid = rustix::process::Pid::from_raw(i32::try_from(child.id()).unwrap()).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let answer = ask(r#"{"id": 2, "op": "fly"}"#);
+    assert_eq!(answer["id"], 2, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown op"),
+        "{answer}"
+    );
+    drop(stdin);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}");
+}

@@ -325,6 +325,11 @@ async fn replay(scenario: &Scenario, planner: Arc<Planner>, lease_dir: &Path) ->
         }
     });
     let shutdown = CancellationToken::new();
+    // A host already shutting down when the pod comes: no race with the
+    // task's first step.
+    if scenario.shutdown_at_ms == Some(0) {
+        shutdown.cancel();
+    }
     let stopper = scenario.shutdown_at_ms.map(|ms| {
         let token = shutdown.clone();
         tokio::spawn(async move {

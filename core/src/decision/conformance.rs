@@ -1517,6 +1517,24 @@ mod tests {
         suite.each(|scenario| replay(scenario, &planner));
     }
 
+    /// Scenarios whose serial console takes time (`open_ms`, `takes_ms`
+    /// with changes meanwhile), which only the executors with a clock in
+    /// their console stand-in can replay: the decision here, and the C op
+    /// (`host/capi/src/task.rs`).
+    #[test]
+    fn timed_console_scenarios_replay_through_the_decision() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/conformance-timed");
+        let scenarios = Scenario::all(&dir).unwrap();
+        assert!(!scenarios.is_empty());
+        let (planner, _) = Planner::new(PlannerOptions::default()).unwrap();
+        for (path, scenario) in scenarios {
+            let (world, ended) = replay(&scenario, &planner);
+            if let Err(e) = scenario.check(&world, &ended) {
+                panic!("{}: {}\n{e}", path.display(), scenario.about);
+            }
+        }
+    }
+
     /// A fixup that ended done is counted once, as `done` lands: a serial-
     /// console pass that fails after it does not take it back, and one
     /// that succeeds does not count it twice.

@@ -21,6 +21,12 @@
 #define CF_ABI_VERSION 3
 
 /**
+ * The longest lease file the `lease` op reads: cocoon-net's holds a row
+ * per VM of the node.
+ */
+#define LEASE_FILE_MAX_BYTES (16 << 20)
+
+/**
  * The longest request line [`serve`] reads: a pod with the most
  * annotations the API server allows is far smaller.
  */
@@ -30,6 +36,12 @@
  * Requests [`serve`] works on at once; past it, reading waits.
  */
 #define IN_FLIGHT_MAX 256
+
+/**
+ * Bytes of requests [`serve`] holds at once (one request of any allowed
+ * size is always taken); past it, reading waits.
+ */
+#define IN_FLIGHT_BYTES_MAX (64 << 20)
 
 /**
  * What a call returns: `CF_OK` and a JSON document, or another status and

@@ -57,9 +57,7 @@ fn main() -> ExitCode {
             .map(|summary| run_exit_code(&summary)),
         Command::Serve(args) => runtime().and_then(|rt| rt.block_on(run_serve(args, config))),
         Command::Capture(args) => run_capture(args, config),
-        Command::Embed => cocoon_fixup::wire::serve(std::io::stdin().lock(), std::io::stdout())
-            .map(|()| 0)
-            .map_err(|e| anyhow::anyhow!("embed: {e}")),
+        Command::Embed => run_embed(),
         Command::Plugin(PluginCommand::Test(args)) => run_plugin_test(args, config),
         Command::Plugin(PluginCommand::Inspect(args)) => run_plugin_inspect(args, config),
         Command::Plugin(PluginCommand::New(args)) => run_plugin_new(args),
@@ -77,6 +75,40 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `embed`: the JSON ops on standard input and output until the input
+/// ends. SIGINT and SIGTERM are noted and ignored: a signal to the
+/// embedder's whole process group (Ctrl-C, a service stopping) must let
+/// the embedder end its steps first; the child ends when its input does.
+fn run_embed() -> Result<u8> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let ignoring = runtime()?;
+    // Registered before the first request is read.
+    let (mut int, mut term) = ignoring
+        .block_on(async {
+            Ok::<_, std::io::Error>((
+                signal(SignalKind::interrupt())?,
+                signal(SignalKind::terminate())?,
+            ))
+        })
+        .context("embed: taking over SIGINT and SIGTERM")?;
+    std::thread::Builder::new()
+        .name("cocoon-fixup-signals".into())
+        .spawn(move || {
+            ignoring.block_on(async move {
+                loop {
+                    tokio::select! {
+                        _ = int.recv() => {}
+                        _ = term.recv() => {}
+                    }
+                    tracing::info!("embed: a signal is ignored; it ends at the end of its input");
+                }
+            });
+        })?;
+    cocoon_fixup::wire::serve(std::io::stdin().lock(), std::io::stdout())
+        .map(|()| 0)
+        .map_err(|e| anyhow::anyhow!("embed: {e}"))
 }
 
 pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
