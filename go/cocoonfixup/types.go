@@ -57,11 +57,13 @@ type StaticNet struct {
 }
 
 // document is v as JSON: bytes and strings as they are (the document
-// itself), anything else encoded (a PodMeta, a VMRecord, a *corev1.Pod).
+// itself), nil as no document, anything else encoded (a PodMeta, a
+// VMRecord, a *corev1.Pod).
 func document(v any) ([]byte, error) {
 	switch d := v.(type) {
 	case nil:
-		return nil, invalid("a document is nil")
+		// No document at all: the library says what is missing.
+		return []byte{}, nil
 	case []byte:
 		return d, nil
 	case json.RawMessage:

@@ -35,7 +35,7 @@ func TestTypedInputsPlanAsTheirJSON(t *testing.T) {
 			t.Errorf("%s: the typed inputs plan otherwise:\n%s\n%s", ex.name, fromJSON.JSON(), typed.JSON())
 		}
 	}
-	if _, err := shared.Plan(ctx, nil, nil, Overrides{}); !errors.Is(err, ErrInvalidArgument) {
-		t.Errorf("a nil pod: %v", err)
+	if _, err := shared.Plan(ctx, nil, nil, Overrides{}); !errors.Is(err, ErrBadInput) {
+		t.Errorf("no pod at all: %v", err)
 	}
 }
