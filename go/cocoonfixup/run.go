@@ -375,7 +375,6 @@ type action struct {
 	Purpose         string          `json:"purpose"`
 	MAC             string          `json:"mac"`
 	UntilMS         int64           `json:"until_ms"`
-	Need            int             `json:"need"`
 	Type            string          `json:"type"`
 	Reason          string          `json:"reason"`
 	Message         string          `json:"message"`
@@ -434,10 +433,6 @@ func (r *runner) finish(a action) (*Outcome, error) {
 	return &out, nil
 }
 
-func cancelled(ctx context.Context, err error) bool {
-	return ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ctx.Err()))
-}
-
 func podErr(err error) map[string]any {
 	kind := "api"
 	switch {
@@ -464,6 +459,9 @@ func raws(docs [][]byte) []json.RawMessage {
 	}
 	return out
 }
+
+// millis is a duration the task gives in milliseconds.
+func millis(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
 
 // outputMax is how much of an exec's stdout and stderr Run hands on: the
 // ends, where the step markers and the errors are.
@@ -525,7 +523,6 @@ func (r *runner) carryOut(ctx context.Context, a action, raw json.RawMessage) ma
 
 // interruptible carries out the actions a cancel interrupts.
 func (r *runner) interruptible(ctx context.Context, a action, raw json.RawMessage) map[string]any {
-	ms := func(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
 	switch a.Action {
 	case "admit":
 		if r.o.Admission != nil {
@@ -538,7 +535,7 @@ func (r *runner) interruptible(ctx context.Context, a action, raw json.RawMessag
 	case "checkpoint":
 		return map[string]any{"go": true}
 	case "exec":
-		res, err := r.vm.Exec(ctx, a.VM, a.Argv, ms(a.TimeoutMS))
+		res, err := r.vm.Exec(ctx, a.VM, a.Argv, millis(a.TimeoutMS))
 		if err != nil {
 			return map[string]any{"exec_error": err.Error()}
 		}
@@ -568,7 +565,6 @@ func (r *runner) interruptible(ctx context.Context, a action, raw json.RawMessag
 
 // settled carries out the actions a cancel does not interrupt.
 func (r *runner) settled(ctx context.Context, a action) map[string]any {
-	ms := func(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
 	switch a.Action {
 	case "release":
 		if r.admitted {
@@ -580,7 +576,7 @@ func (r *runner) settled(ctx context.Context, a action) map[string]any {
 		r.log(a.Level, a.Message)
 		return map[string]any{"go": true}
 	case "inspect":
-		doc, err := r.vm.Inspect(ctx, a.VM, ms(a.TimeoutMS))
+		doc, err := r.vm.Inspect(ctx, a.VM, millis(a.TimeoutMS))
 		if err != nil {
 			return map[string]any{"inspect_error": err.Error()}
 		}
@@ -663,7 +659,7 @@ func (r *runner) settled(ctx context.Context, a action) map[string]any {
 
 // libraryConsole is the library's serial console: opened below the
 // planner's cocoon root, every wait in it bounded (it cannot be
-// cancelled; a cancel is reported when it returns).
+// cancelled; carryOut reports a cancel when it returns).
 type libraryConsole struct {
 	p      *Planner
 	handle *uint64
@@ -679,9 +675,6 @@ func (c *libraryConsole) open(ctx context.Context, action json.RawMessage) map[s
 		return map[string]any{"sac_open_error": map[string]any{"kind": "refused", "message": err.Error()}}
 	}
 	c.handle = opened.Console
-	if ctx.Err() != nil {
-		return map[string]any{"cancelled": true}
-	}
 	return opened.Report
 }
 
@@ -692,9 +685,6 @@ func (c *libraryConsole) set(ctx context.Context, action json.RawMessage) map[st
 	var report map[string]any
 	if err := c.p.callInto(context.Background(), map[string]any{"op": "console_set", "console": *c.handle, "action": action}, &report); err != nil {
 		return map[string]any{"sac_set_error": map[string]any{"kind": "refused", "message": err.Error()}}
-	}
-	if ctx.Err() != nil {
-		return map[string]any{"cancelled": true}
 	}
 	return report
 }
@@ -717,9 +707,8 @@ func (r *runner) waitLease(ctx context.Context, mac string, until time.Time) map
 			return map[string]any{"lease": ip}
 		case err == nil:
 			return map[string]any{"lease": nil}
-		case cancelled(ctx, err):
-			return map[string]any{"cancelled": true}
 		default:
+			// A cancel meanwhile is reported by carryOut.
 			return map[string]any{"lease_error": err.Error()}
 		}
 	}

@@ -847,6 +847,30 @@ pub fn answer(world: &mut World, now: &mut Duration, action: &Value) -> Result<V
     })
 }
 
+/// The options a task of the C library's op (`cf_task_start`'s
+/// `options_json`) starts with for `scenario` in `world`: its trigger, its
+/// settings (the binding policy is the planner's, so not among them) and,
+/// when the host keeps records, the record and the wall clock. Shared by
+/// the C op's replay and `conformance-world`.
+pub fn task_options(world: &World, scenario: &Scenario) -> Value {
+    let mut options = serde_json::json!({
+        "trigger": scenario.trigger.as_str(),
+        "settings": SettingsMs {
+            accept_legacy_vm_names: false,
+            accept_annotated_vm_names: false,
+            ..scenario.settings.clone()
+        },
+    });
+    if let Some((record, wall)) = world.start_record() {
+        options["memory"] = serde_json::json!({
+            "record": record,
+            "now_unix_ms": wall,
+            "watched_since_new": scenario.watched_since_new,
+        });
+    }
+    options
+}
+
 /// Milliseconds of a duration, for traces.
 pub fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)

@@ -529,7 +529,9 @@ pub(crate) fn read_report(text: &str) -> Result<(Duration, Report), Failure> {
 mod tests {
     use std::path::Path;
 
-    use fixup_core::decision::conformance::{Ended, Scenario, Suite, World, answer, pod_json};
+    use fixup_core::decision::conformance::{
+        Ended, Scenario, Suite, World, answer, pod_json, task_options,
+    };
 
     use super::*;
 
@@ -538,21 +540,7 @@ mod tests {
     fn replay(built: &Built, scenario: &Scenario) -> (World, Ended) {
         let mut world = World::new(scenario);
         let pod = serde_json::to_vec(&pod_json(&world.first_read())).unwrap();
-        let mut options = json!({
-            "trigger": scenario.trigger.as_str(),
-            "settings": SettingsMs {
-                accept_legacy_vm_names: false,
-                accept_annotated_vm_names: false,
-                ..scenario.settings.clone()
-            },
-        });
-        if let Some((record, wall)) = world.start_record() {
-            options["memory"] = json!({
-                "record": record,
-                "now_unix_ms": wall,
-                "watched_since_new": scenario.watched_since_new,
-            });
-        }
+        let options = task_options(&world, scenario);
         let (mut task, mut action) = start(built, &pod, Some(&options.to_string())).unwrap();
         let mut now = Duration::ZERO;
         loop {

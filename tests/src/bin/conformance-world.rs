@@ -22,8 +22,7 @@ use std::io::{BufRead, Write};
 use std::path::Path;
 use std::time::Duration;
 
-use fixup_core::decision::SettingsMs;
-use fixup_core::decision::conformance::{Scenario, World, answer, pod_json};
+use fixup_core::decision::conformance::{Scenario, World, answer, pod_json, task_options};
 use serde_json::{Value, json};
 
 fn main() {
@@ -57,24 +56,14 @@ fn main() {
         let request: Value = serde_json::from_str(&line).expect("a request is JSON");
         let response = match request["op"].as_str() {
             Some("start") => {
-                let memory = world.start_record().map(|(record, wall)| {
-                    json!({
-                        "record": record.to_json().map(|b| serde_json::from_slice::<Value>(&b).expect("JSON")).expect("a record"),
-                        "now_unix_ms": wall,
-                        "watched_since_new": scenario.watched_since_new,
-                    })
-                });
+                let options = task_options(&world, &scenario);
                 json!({
                     "pod": pod_json(&world.first_read()),
-                    "trigger": scenario.trigger.as_str(),
-                    "settings": SettingsMs {
-                        accept_legacy_vm_names: false,
-                        accept_annotated_vm_names: false,
-                        ..scenario.settings.clone()
-                    },
+                    "trigger": options["trigger"],
+                    "settings": options["settings"],
                     "accept_legacy": scenario.settings.accept_legacy_vm_names,
                     "accept_annotated": scenario.settings.accept_annotated_vm_names,
-                    "memory": memory,
+                    "memory": options.get("memory").cloned().unwrap_or(Value::Null),
                     "wall_ms": scenario.wall_start_ms,
                     "down": world.down(Duration::ZERO),
                 })
