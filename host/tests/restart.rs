@@ -235,8 +235,11 @@ async fn sigkill_mid_loop_then_restart_resumes_from_running() {
 
     node.set_exec(json!({"exit": 0, "done": true}));
     let mut daemon = node.serve();
-    node.until("lifecycle ready", |n| {
+    // `ready` goes with `done` for this static pod; the success event
+    // follows the write, so both are waited for.
+    node.until("lifecycle ready and the success event", |n| {
         n.api.annotation(keys::LIFECYCLE_STATE).as_deref() == Some("ready")
+            && n.api.events().iter().any(|(r, _)| r == reasons::SUCCEEDED)
     })
     .await;
     assert_eq!(
