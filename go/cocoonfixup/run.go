@@ -15,7 +15,14 @@ type VM interface {
 	Inspect(ctx context.Context, vm string, timeout time.Duration) ([]byte, error)
 	// Exec runs argv in the VM, `cocoon vm exec <vm> -- argv...`, and
 	// gives up after timeout (an error). Keep at least the last 64 KiB of
-	// stderr and say whether earlier bytes were cut.
+	// stderr and say whether earlier bytes were cut. Start `cocoon` in a
+	// process group of its own (SysProcAttr.Setpgid) and kill the group
+	// when ctx ends, so that a terminal's Ctrl-C reaches the program
+	// alone and no grandchild outlives the call; run the service with
+	// systemd's KillMode=mixed, so that a stop signals the program, which
+	// cancels ctx, rather than every `cocoon` it runs. An exec ended by
+	// SIGHUP, SIGINT or SIGTERM waits a second for ctx to end before its
+	// attempt counts as failed.
 	Exec(ctx context.Context, vm string, argv []string, timeout time.Duration) (ExecResult, error)
 }
 

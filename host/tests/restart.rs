@@ -284,6 +284,37 @@ async fn sigterm_mid_loop_exits_cleanly_and_leaves_running() {
         .with(|s| assert!(s.unexpected.is_empty(), "{:?}", s.unexpected));
 }
 
+/// A stop with systemd's default `KillMode=control-group` signals the
+/// daemon's `cocoon` too, which may end before the daemon hears of the
+/// stop: the exec ended by SIGTERM is no failed attempt, the work stays
+/// `running`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_to_the_exec_first_then_the_daemon_leaves_running() {
+    let node = Node::new().await;
+    let mut daemon = mid_fixup(&node).await;
+    let pids = fs::read_to_string(node.dir.path().join("pids")).unwrap();
+    let cocoon = pids.lines().last().expect("the hung exec's pid");
+    let cocoon = Pid::from_raw(cocoon.trim().parse().unwrap()).unwrap();
+    // The daemon stopped, its `cocoon` ended by SIGTERM, then the
+    // daemon's own SIGTERM: it wakes to both at once.
+    let pid = Pid::from_raw(i32::try_from(daemon.id().unwrap()).unwrap()).unwrap();
+    kill_process(pid, Signal::STOP).unwrap();
+    kill_process(cocoon, Signal::TERM).unwrap();
+    node.until("the exec's cocoon ended", |_| {
+        fs::read_to_string(format!("/proc/{}/stat", cocoon.as_raw_nonzero())).map_or(true, |stat| {
+            stat.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        })
+    })
+    .await;
+    sigterm(&daemon);
+    kill_process(pid, Signal::CONT).unwrap();
+    let status = daemon.wait().await.unwrap();
+    assert!(status.success(), "{status}; log:\n{}", node.log());
+    node.assert_not_failed();
+}
+
 /// SIGTERM, as systemd stops the daemon.
 fn sigterm(daemon: &Child) {
     let pid = daemon.id().expect("the daemon is running");

@@ -45,9 +45,23 @@ func (c cocoonCLI) Exec(ctx context.Context, vm string, argv []string, timeout t
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, c.bin, append([]string{"vm", "exec", vm, "--"}, argv...)...)
+	cmd := exec.Command(c.bin, append([]string{"vm", "exec", vm, "--"}, argv...)...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
+	// A group of its own, killed whole when ctx ends.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return cocoonfixup.ExecResult{}, err
+	}
+	waited := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		case <-waited:
+		}
+	}()
+	err := cmd.Wait()
+	close(waited)
 	if ctx.Err() != nil {
 		return cocoonfixup.ExecResult{}, ctx.Err()
 	}

@@ -238,6 +238,10 @@ pub struct ExecScript {
     /// wrote its done marker).
     #[serde(default)]
     pub exit: i32,
+    /// `cocoon vm exec` was killed by this signal instead (`exit` is then
+    /// not read; no done marker).
+    #[serde(default)]
+    pub signal: Option<i32>,
     /// What the exec wrote on stderr (besides the done marker of a
     /// successful one).
     #[serde(default)]
@@ -1171,7 +1175,11 @@ impl World {
             return (takes, Err(e));
         }
         let mut stderr = script.stderr.into_bytes();
-        if script.exit == 0
+        let status = match script.signal {
+            Some(signal) => ExitStatusKind::Signal(signal),
+            None => ExitStatusKind::Code(script.exit),
+        };
+        if status == ExitStatusKind::Code(0)
             && let Some(nonce) = exec_nonce(argv)
         {
             stderr.extend(format!("\n{}\n", done_marker(&nonce)).bytes());
@@ -1179,7 +1187,7 @@ impl World {
         (
             takes,
             Ok(ExecOutput {
-                status: ExitStatusKind::Code(script.exit),
+                status,
                 stdout: Vec::new(),
                 stderr,
                 stderr_cut: false,

@@ -19,7 +19,7 @@ use crate::annotations::{
 };
 use crate::binding::{self, Verdict};
 use crate::classify::{self, Rule, Scenario};
-use crate::exec::{self, ExecOutput};
+use crate::exec::{self, ExecOutput, ExitStatusKind};
 use crate::facts::{
     Backend, BootKind, GuestOs, ImageKind, Observation, Overrides, PodInput, StaticIpv4, VmFacts,
     VmId, VmInspect, WaitFacts, WaitNic, escape_controls, static_nics,
@@ -34,6 +34,15 @@ use fixup_sac::{Nic as SacNic, SacError, StaticNic};
 /// for a pod that changed under it before the task gives up (the work is
 /// then tried again later).
 pub const DECIDE_ROUNDS: u32 = 5;
+
+/// Signals a service stop sends (SIGHUP, SIGINT, SIGTERM): an exec ended
+/// by one waits [`TERMINATION_GRACE`] for the host's own shutdown before
+/// its attempt counts as failed.
+pub const TERMINATION_SIGNALS: [i32; 3] = [1, 2, 15];
+
+/// How long an exec ended by a termination signal waits for the host's
+/// shutdown.
+pub const TERMINATION_GRACE: Duration = Duration::from_secs(1);
 
 /// Where the nonce of each exec comes from: the operating system's
 /// randomness in a host ([`Nonce::generate`]), a fixed sequence in a test.
@@ -385,6 +394,9 @@ enum Stage {
     /// Before an attempt: is the pod still ours?
     LoopRead(Box<Fixup>),
     Attempting(Box<Fixup>),
+    /// The attempt's exec was ended by a termination signal: a shutdown
+    /// that sent it is waited for before the attempt counts as failed.
+    Terminated(Box<Fixup>, String),
     Sleeping(Box<Fixup>),
     /// The IP wait: the lease before the nudge.
     WaitFirst(Box<Wait>),
@@ -419,7 +431,7 @@ impl Stage {
             Stage::DoneAlone(_) => "writing-done",
             Stage::BeforeRunning(_) => "before-running",
             Stage::LoopCheckpoint(_) | Stage::LoopRead(_) => "before-attempt",
-            Stage::Attempting(_) => "attempting",
+            Stage::Attempting(_) | Stage::Terminated(..) => "attempting",
             Stage::Sleeping(_) => "sleeping",
             Stage::WaitFirst(_)
             | Stage::WaitCheck(_)
@@ -732,6 +744,7 @@ impl PodTask {
                 self.attempt(fixup, ours, seen)
             }
             (Stage::Attempting(fixup), Report::Ran(result)) => self.attempted(fixup, result),
+            (Stage::Terminated(fixup, error), Report::Go) => self.attempt_failed(fixup, error),
             (Stage::Sleeping(fixup), Report::Go) => self.loop_top(fixup),
             // A file that stayed unusable until the nudge, or the end,
             // says nothing of the lease: nothing is nudged in the guest for
@@ -825,6 +838,7 @@ impl PodTask {
             Stage::BeforeRunning(fixup)
             | Stage::LoopCheckpoint(fixup)
             | Stage::Attempting(fixup)
+            | Stage::Terminated(fixup, _)
             | Stage::Sleeping(fixup) => self.fixup_over(&fixup, FixupEnd::Shutdown),
             Stage::WaitFirst(_)
             | Stage::WaitCheckpoint(_)
@@ -1887,6 +1901,10 @@ impl PodTask {
 
     fn attempted(&mut self, mut fixup: Box<Fixup>, result: Result<ExecOutput, String>) -> Action {
         let nonce = fixup.nonce.take().expect("an attempt has its nonce");
+        let terminated = matches!(
+            &result,
+            Ok(out) if matches!(out.status, ExitStatusKind::Signal(s) if TERMINATION_SIGNALS.contains(&s))
+        );
         let verdict = match result {
             Ok(out) => exec::verdict(&fixup.plan, &nonce, &out),
             Err(e) => Err(one_line(&e)),
@@ -1901,6 +1919,15 @@ impl PodTask {
                     Some(current) => self.write_from(Write::Done(fixup), current, 1),
                     None => self.done_alone(fixup),
                 }
+            }
+            // A service stop signals the whole service, the exec's
+            // `cocoon` with the host: the host may hear of it a moment
+            // after the exec ended. A shutdown in that moment leaves the
+            // work `running`, as one during the exec does.
+            Err(error) if terminated => {
+                let until = (self.now + TERMINATION_GRACE).min(fixup.deadline.max(self.now));
+                self.stage = Stage::Terminated(fixup, error);
+                Action::Sleep { until }
             }
             Err(error) => self.attempt_failed(fixup, error),
         }
