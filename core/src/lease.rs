@@ -13,6 +13,70 @@ use crate::facts::MacAddr;
 /// Where cocoon-net keeps its leases.
 pub const DEFAULT_LEASE_FILE: &str = "/var/lib/cocoon/net/leases.json";
 
+/// The longest lease file read: cocoon-net's holds a row per VM of the
+/// node, well under this.
+pub const FILE_MAX_BYTES: u64 = 16 << 20;
+
+/// What one look at the lease file found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileRead {
+    /// No file (yet): no lease.
+    Missing,
+    /// The file's content, at most [`FILE_MAX_BYTES`].
+    Bytes(Vec<u8>),
+    /// The file cannot tell: why, for the operator.
+    Unusable(String),
+}
+
+/// One bounded look at the lease file at `path`: opened without blocking
+/// (a FIFO put there cannot hold the caller), read only when the opened
+/// file is a regular one, and never past [`FILE_MAX_BYTES`]. Shared by
+/// the daemon's watcher and the library's `lease` op, so that both read
+/// the file alike.
+pub fn read_file(path: &std::path::Path) -> FileRead {
+    use rustix::fs::{FileType, Mode, OFlags};
+    use std::io::Read as _;
+    let opened = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    );
+    let fd = match opened {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return FileRead::Missing,
+        Err(e) => {
+            return FileRead::Unusable(format!(
+                "cannot read it: {}; check that this process may read it",
+                std::io::Error::from(e)
+            ));
+        }
+    };
+    match rustix::fs::fstat(&fd) {
+        Ok(stat) if FileType::from_raw_mode(stat.st_mode) == FileType::RegularFile => {}
+        Ok(_) => {
+            return FileRead::Unusable(
+                "it is not a regular file, so it was not read; check what is at that path".into(),
+            );
+        }
+        Err(e) => {
+            return FileRead::Unusable(format!("cannot read it: {}", std::io::Error::from(e)));
+        }
+    }
+    let mut bytes = Vec::new();
+    if let Err(e) = std::fs::File::from(fd)
+        .take(FILE_MAX_BYTES + 1)
+        .read_to_end(&mut bytes)
+    {
+        return FileRead::Unusable(format!("cannot read it: {e}"));
+    }
+    if bytes.len() as u64 > FILE_MAX_BYTES {
+        return FileRead::Unusable(format!(
+            "larger than {FILE_MAX_BYTES} bytes, so it was not read; check what writes it"
+        ));
+    }
+    FileRead::Bytes(bytes)
+}
+
 /// One usable row of the lease file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
@@ -93,5 +157,52 @@ fn nanos_since_epoch(t: SystemTime) -> i128 {
     match t.duration_since(UNIX_EPOCH) {
         Ok(after) => i128::try_from(after.as_nanos()).unwrap_or(i128::MAX),
         Err(before) => i128::try_from(before.duration().as_nanos()).map_or(i128::MIN, |n| -n),
+    }
+}
+
+#[cfg(test)]
+mod file_tests {
+    use super::*;
+
+    #[test]
+    fn a_look_at_the_file_is_bounded_and_never_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("leases.json");
+        assert_eq!(read_file(&path), FileRead::Missing);
+
+        std::fs::write(&path, b"[]").unwrap();
+        assert_eq!(read_file(&path), FileRead::Bytes(b"[]".to_vec()));
+
+        // A file one byte past the bound (sparse) is not read.
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(FILE_MAX_BYTES + 1)
+            .unwrap();
+        assert!(
+            matches!(read_file(&path), FileRead::Unusable(m) if m.contains("larger than")),
+            "too large"
+        );
+
+        // A FIFO would block a plain open until a writer came.
+        std::fs::remove_file(&path).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &path,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        assert!(
+            matches!(read_file(&path), FileRead::Unusable(m) if m.contains("not a regular file")),
+            "a FIFO"
+        );
+
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        assert!(
+            matches!(read_file(&path), FileRead::Unusable(_)),
+            "a directory"
+        );
     }
 }

@@ -279,11 +279,17 @@ type LoadFailure struct {
 // Planner classifies, plans and decides. Build it once with NewPlanner,
 // share it between goroutines, and Close it.
 type Planner struct {
-	t        transport
-	handle   uint64
-	backend  Backend
-	failures []LoadFailure
-	warnings []string
+	opts    Options
+	backend Backend
+	// conn is the library session the planner lives in; a
+	// BackendProcess child that died is replaced by a new one when a call
+	// next needs it (at most once per restartPause).
+	connMu    sync.Mutex
+	conn      *conn
+	restarted time.Time
+	pause     time.Duration // restartPause
+	failures  []LoadFailure
+	warnings  []string
 	// One token per engine slot: goroutines beyond them wait here, in Go,
 	// and give up when their context ends.
 	slots chan struct{}
@@ -291,6 +297,9 @@ type Planner struct {
 	mu sync.RWMutex
 	// closing refuses new Runs; closed refuses every call.
 	closing, closed bool
+	// stopping is closed when Close starts: the Runs in flight hear a
+	// shutdown.
+	stopping chan struct{}
 	// Runs in flight: Close waits for them, so none loses its task.
 	runs sync.WaitGroup
 }
@@ -310,35 +319,89 @@ func (p *Planner) enter() bool {
 // engine and loads the built-in plugins and the plugin directory. A
 // library that cannot be reached is ErrUnavailable, with what is missing.
 func NewPlanner(ctx context.Context, o Options) (*Planner, error) {
-	t, err := openTransport(ctx, o)
+	c, loaded, err := openConn(ctx, o)
 	if err != nil {
 		return nil, err
-	}
-	answer, err := roundTrip(ctx, t, map[string]any{"op": "planner_new", "options": o.document()})
-	if err != nil {
-		t.close()
-		return nil, err
-	}
-	var loaded struct {
-		Planner      uint64        `json:"planner"`
-		LoadFailures []LoadFailure `json:"load_failures"`
-		Warnings     []string      `json:"warnings"`
-		Slots        int           `json:"slots"`
-	}
-	if err := json.Unmarshal(answer, &loaded); err != nil {
-		t.close()
-		return nil, invalid("reading the planner's answer: %v", err)
 	}
 	if loaded.Slots < 1 {
 		loaded.Slots = 1
 	}
 	backend := BackendProcess
-	if _, ok := t.(*process); !ok {
+	if _, ok := c.t.(*process); !ok {
 		backend = BackendLinked
 	}
-	return &Planner{t: t, handle: loaded.Planner, backend: backend, failures: loaded.LoadFailures,
+	return &Planner{opts: o, conn: c, pause: restartPause, stopping: make(chan struct{}), backend: backend, failures: loaded.LoadFailures,
 		warnings: loaded.Warnings, slots: make(chan struct{}, loaded.Slots)}, nil
 }
+
+// conn is one session with the library: its transport and the planner
+// made in it. Tasks and consoles live in the session that started them.
+type conn struct {
+	t      transport
+	handle uint64
+}
+
+type loadedPlanner struct {
+	Planner      uint64        `json:"planner"`
+	LoadFailures []LoadFailure `json:"load_failures"`
+	Warnings     []string      `json:"warnings"`
+	Slots        int           `json:"slots"`
+}
+
+// openConn reaches the library and makes the planner in it.
+func openConn(ctx context.Context, o Options) (*conn, loadedPlanner, error) {
+	var loaded loadedPlanner
+	t, err := openTransport(ctx, o)
+	if err != nil {
+		return nil, loaded, err
+	}
+	answer, err := roundTrip(ctx, t, map[string]any{"op": "planner_new", "options": o.document()})
+	if err != nil {
+		t.close()
+		return nil, loaded, err
+	}
+	if err := json.Unmarshal(answer, &loaded); err != nil {
+		t.close()
+		return nil, loaded, invalid("reading the planner's answer: %v", err)
+	}
+	return &conn{t: t, handle: loaded.Planner}, loaded, nil
+}
+
+// restartPause is the least time between two starts of a new child for
+// a planner whose child died: a child that dies at once is not started
+// again and again.
+const restartPause = time.Second
+
+// reach is the session a call goes to: the planner's, or, when its child
+// died, a new child with the planner made again (ErrUnavailable while
+// that cannot be done). Called with p.mu read-locked.
+func (p *Planner) reach(ctx context.Context) (*conn, error) {
+	p.connMu.Lock()
+	defer p.connMu.Unlock()
+	proc, ok := p.conn.t.(*process)
+	if !ok {
+		return p.conn, nil
+	}
+	gone := proc.gone()
+	if gone == nil {
+		return p.conn, nil
+	}
+	if time.Since(p.restarted) < p.pause {
+		return nil, gone
+	}
+	p.restarted = time.Now()
+	c, _, err := openConn(ctx, p.opts)
+	if err != nil {
+		return nil, unavailable("%v; a new child did not start: %v", gone, err)
+	}
+	proc.close()
+	p.conn = c
+	return c, nil
+}
+
+// own stands for the planner's handle in a request: send puts in the
+// handle of the session the request goes to.
+type own struct{}
 
 // Backend is the backend the planner reached the library by.
 func (p *Planner) Backend() Backend { return p.backend }
@@ -354,9 +417,12 @@ func (p *Planner) LoadFailures() []LoadFailure {
 func (p *Planner) Warnings() []string { return append([]string(nil), p.warnings...) }
 
 // Close frees the planner (and ends the child process of BackendProcess).
-// New Runs are refused at once; Close waits for the Runs in flight
-// (cancel their contexts to end them sooner) and the calls in flight;
-// later calls return ErrClosed. Closing twice is harmless.
+// New Runs are refused at once; the Runs in flight are cancelled, as a
+// shutdown cancels them (work in flight stays `running` for the next
+// start), and Close waits for them and for the calls in flight; later
+// calls return ErrClosed. Closing twice is harmless. Never call Close
+// from a Run's own VM, Pods or other callbacks: it would wait for
+// itself.
 func (p *Planner) Close() error {
 	p.mu.Lock()
 	if p.closing {
@@ -364,38 +430,91 @@ func (p *Planner) Close() error {
 		return nil
 	}
 	p.closing = true
+	close(p.stopping)
 	p.mu.Unlock()
 	p.runs.Wait()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closed = true
-	_, err := roundTrip(context.Background(), p.t, map[string]any{"op": "planner_free", "planner": p.handle})
-	if cerr := p.t.close(); err == nil {
+	p.connMu.Lock()
+	c := p.conn
+	p.connMu.Unlock()
+	var err error
+	if proc, ok := c.t.(*process); !ok || proc.gone() == nil {
+		_, err = roundTrip(context.Background(), c.t, map[string]any{"op": "planner_free", "planner": c.handle})
+	}
+	if cerr := c.t.close(); err == nil {
 		err = cerr
 	}
 	return err
 }
 
-// call sends one op while the planner is open.
+// call sends one op while the planner is open, to the planner's session.
 func (p *Planner) call(ctx context.Context, request map[string]any) (json.RawMessage, error) {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	if p.closed {
 		return nil, ErrClosed
 	}
-	return roundTrip(ctx, p.t, request)
+	c, err := p.reach(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return send(ctx, c, request)
+}
+
+// callOn sends one op to session c (where the task or console it names
+// lives) while the planner is open. A session whose child died answers
+// ErrUnavailable: what lived in it is lost.
+func (p *Planner) callOn(ctx context.Context, c *conn, request map[string]any) (json.RawMessage, error) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return nil, ErrClosed
+	}
+	return send(ctx, c, request)
+}
+
+func send(ctx context.Context, c *conn, request map[string]any) (json.RawMessage, error) {
+	for k, v := range request {
+		if _, ok := v.(own); ok {
+			request[k] = c.handle
+		}
+	}
+	return roundTrip(ctx, c.t, request)
 }
 
 // callInto sends one op and decodes its answer into into.
 func (p *Planner) callInto(ctx context.Context, request map[string]any, into any) error {
 	answer, err := p.call(ctx, request)
+	return decodeAnswer(answer, err, request["op"], into)
+}
+
+// callOnInto sends one op to session c and decodes its answer into into.
+func (p *Planner) callOnInto(ctx context.Context, c *conn, request map[string]any, into any) error {
+	answer, err := p.callOn(ctx, c, request)
+	return decodeAnswer(answer, err, request["op"], into)
+}
+
+func decodeAnswer(answer json.RawMessage, err error, op any, into any) error {
 	if err != nil {
 		return err
 	}
 	if err := json.Unmarshal(answer, into); err != nil {
-		return invalid("reading the library's answer to %v: %v", request["op"], err)
+		return invalid("reading the library's answer to %v: %v", op, err)
 	}
 	return nil
+}
+
+// session is the planner's session for a Run's task, reached (a dead
+// child replaced) while the planner is open.
+func (p *Planner) session(ctx context.Context) (*conn, error) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return nil, ErrClosed
+	}
+	return p.reach(ctx)
 }
 
 // slot waits for an engine slot, or for ctx to end.
@@ -444,11 +563,19 @@ func (p *Planner) Plan(ctx context.Context, pod, vm any, o Overrides) (*Report, 
 	if o.SourceImage != "" {
 		overrides["source_image"] = o.SourceImage
 	}
-	answer, err := p.call(ctx, map[string]any{"op": "plan", "planner": p.handle, "pod": string(podDoc), "vm": string(vmDoc), "overrides": overrides})
+	c, err := p.session(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return parseReport(answer)
+	answer, err := p.callOn(ctx, c, map[string]any{"op": "plan", "planner": c.handle, "pod": string(podDoc), "vm": string(vmDoc), "overrides": overrides})
+	if err != nil {
+		return nil, err
+	}
+	r, err := parseReport(answer)
+	if r != nil {
+		r.p, r.c = p, c
+	}
+	return r, err
 }
 
 // NewAttempt starts one attempt of the report's plan: the argv to run
@@ -462,8 +589,16 @@ func (p *Planner) NewAttempt(ctx context.Context, r *Report) (*Attempt, error) {
 	if !r.Bound() {
 		return nil, &Error{Code: CodeVMMismatch, Message: "the report's VM is not the pod's: nothing may run in it"}
 	}
+	c, err := p.session(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if r.p == p && r.c != c {
+		// Its seal is the gone child's: the new one would refuse it.
+		return nil, unavailable("the report was planned in a cocoon-fixup child that is gone: plan the pod again")
+	}
 	a := &Attempt{plan: r.plan, p: p}
-	if err := p.callInto(ctx, map[string]any{"op": "attempt", "planner": p.handle, "plan": string(r.plan)}, a); err != nil {
+	if err := p.callOnInto(ctx, c, map[string]any{"op": "attempt", "planner": c.handle, "plan": string(r.plan)}, a); err != nil {
 		return nil, err
 	}
 	return a, nil

@@ -1,6 +1,7 @@
 package cocoonfixup
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -31,6 +32,24 @@ func TestConstantsAreTheLibrarys(t *testing.T) {
 	} {
 		if !defined[v] {
 			t.Errorf("%q is not a value the library defines", v)
+		}
+	}
+}
+
+// The limits the process backend keeps are the library's, as its header
+// states them.
+func TestLimitsAreTheLibrarys(t *testing.T) {
+	header, err := os.ReadFile(filepath.Join("include", "cocoon_fixup.h"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{
+		"REQUEST_MAX_BYTES": fmt.Sprintf("(%d << 20)", requestMax>>20),
+		"DRAIN_MAX_SECS":    fmt.Sprint(drainMaxSecs),
+	} {
+		m := regexp.MustCompile(`#define ` + name + ` (.+)`).FindSubmatch(header)
+		if m == nil || string(m[1]) != want {
+			t.Errorf("%s: the header says %q, the package %q", name, m, want)
 		}
 	}
 }

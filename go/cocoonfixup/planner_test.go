@@ -158,7 +158,7 @@ func TestReportsAreTheCLIs(t *testing.T) {
 				t.Fatal(err)
 			}
 			mine := *report
-			mine.raw, mine.plan, mine.Seal = nil, nil, ""
+			mine.raw, mine.plan, mine.Seal, mine.p, mine.c = nil, nil, "", nil, nil
 			if !reflect.DeepEqual(mine, typed) {
 				t.Fatalf("typed reports differ:\n%+v\n%+v", mine, typed)
 			}
@@ -810,7 +810,7 @@ func TestMemoryIsFlat(t *testing.T) {
 	sample := func() int64 {
 		runtime.GC()
 		total := rss(t)
-		if child, ok := shared.t.(*process); ok {
+		if child, ok := shared.conn.t.(*process); ok {
 			total += rssOf(t, strconv.Itoa(child.cmd.Process.Pid))
 		}
 		return total

@@ -30,6 +30,10 @@ type Report struct {
 
 	raw  []byte
 	plan []byte
+	// The planner and the session that planned it: its seal is the
+	// session's planner's.
+	p *Planner
+	c *conn
 }
 
 // VMRef names the VM the report is about.

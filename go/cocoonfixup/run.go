@@ -279,9 +279,6 @@ func (p *Planner) Run(ctx context.Context, pod any, vm VM, pods Pods, o RunOptio
 	if r.clock == nil {
 		r.clock = realClock{}
 	}
-	if r.console == nil {
-		r.console = &libraryConsole{p: p}
-	}
 	r.start = r.clock.Now()
 	trigger := o.Trigger
 	if trigger == "" {
@@ -324,9 +321,30 @@ func (p *Planner) Run(ctx context.Context, pod any, vm VM, pods Pods, o RunOptio
 		return nil, ErrClosed
 	}
 	defer p.runs.Done()
+	// Close is a shutdown for the Runs in flight.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-p.stopping:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	// The task, and the console it opens, live in this session: a child
+	// that dies under them ends the Run with ErrUnavailable, and the next
+	// Run starts a new one.
+	c, err := p.session(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r.c = c
+	if r.console == nil {
+		r.console = &libraryConsole{p: p, c: c}
+	}
 	// Not abandoned on cancel: a task started must be freed. A cancel is
 	// the task's to hear, at its first action.
-	if err := p.callInto(context.Background(), map[string]any{"op": "task_start", "planner": p.handle, "pod": string(doc), "options": options}, &started); err != nil {
+	if err := p.callOnInto(context.Background(), c, map[string]any{"op": "task_start", "planner": c.handle, "pod": string(doc), "options": options}, &started); err != nil {
 		return nil, err
 	}
 	r.task = started.Task
@@ -336,7 +354,7 @@ func (p *Planner) Run(ctx context.Context, pod any, vm VM, pods Pods, o RunOptio
 		}
 		r.console.close()
 		// Freed whatever ctx says.
-		p.call(context.Background(), map[string]any{"op": "task_free", "task": r.task})
+		p.callOn(context.Background(), c, map[string]any{"op": "task_free", "task": r.task})
 	}()
 	return r.loop(ctx, started.Action)
 }
@@ -349,6 +367,7 @@ type podMeta struct {
 
 type runner struct {
 	p        *Planner
+	c        *conn // the session the task lives in
 	vm       VM
 	pods     Pods
 	o        RunOptions
@@ -420,7 +439,7 @@ func (r *runner) loop(ctx context.Context, first json.RawMessage) (*Outcome, err
 		report["now_ms"] = r.clock.Now().Sub(r.start).Milliseconds()
 		// The task's own calls are not abandoned on cancel: they are
 		// short, and the task must hear how its action ended.
-		next, err := r.p.call(context.Background(), map[string]any{"op": "task_next", "task": r.task, "report": report})
+		next, err := r.p.callOn(context.Background(), r.c, map[string]any{"op": "task_next", "task": r.task, "report": report})
 		if err != nil {
 			return nil, err
 		}
@@ -669,6 +688,7 @@ func (r *runner) settled(ctx context.Context, a action) map[string]any {
 // cancelled; carryOut reports a cancel when it returns).
 type libraryConsole struct {
 	p      *Planner
+	c      *conn
 	handle *uint64
 }
 
@@ -678,7 +698,7 @@ func (c *libraryConsole) open(ctx context.Context, action json.RawMessage) map[s
 		Console *uint64        `json:"console"`
 		Report  map[string]any `json:"report"`
 	}
-	if err := c.p.callInto(context.Background(), map[string]any{"op": "console_open", "planner": c.p.handle, "action": action}, &opened); err != nil {
+	if err := c.p.callOnInto(context.Background(), c.c, map[string]any{"op": "console_open", "planner": c.c.handle, "action": action}, &opened); err != nil {
 		return map[string]any{"sac_open_error": map[string]any{"kind": "refused", "message": err.Error()}}
 	}
 	c.handle = opened.Console
@@ -690,7 +710,7 @@ func (c *libraryConsole) set(ctx context.Context, action json.RawMessage) map[st
 		return map[string]any{"sac_set_error": map[string]any{"kind": "refused", "message": "no console is open"}}
 	}
 	var report map[string]any
-	if err := c.p.callInto(context.Background(), map[string]any{"op": "console_set", "console": *c.handle, "action": action}, &report); err != nil {
+	if err := c.p.callOnInto(context.Background(), c.c, map[string]any{"op": "console_set", "console": *c.handle, "action": action}, &report); err != nil {
 		return map[string]any{"sac_set_error": map[string]any{"kind": "refused", "message": err.Error()}}
 	}
 	return report
@@ -698,7 +718,7 @@ func (c *libraryConsole) set(ctx context.Context, action json.RawMessage) map[st
 
 func (c *libraryConsole) close() {
 	if c.handle != nil {
-		c.p.call(context.Background(), map[string]any{"op": "console_free", "console": *c.handle})
+		c.p.callOn(context.Background(), c.c, map[string]any{"op": "console_free", "console": *c.handle})
 		c.handle = nil
 	}
 }
@@ -746,9 +766,11 @@ func (r *runner) waitLease(ctx context.Context, mac string, until time.Time) map
 }
 
 // LeaseFile is cocoon-net's lease file as the library reads it
-// (Options.LeaseFile, default /var/lib/cocoon/net/leases.json): each
-// Lease is one look at the file. Run uses it when RunOptions.Leases is
-// nil.
+// (Options.LeaseFile, default /var/lib/cocoon/net/leases.json), as the
+// daemon's watcher reads it: each Lease is one bounded look at the file
+// (no file yet holds no lease; one that is no regular file, is too large
+// or is no list of leases is an error). Run uses it when
+// RunOptions.Leases is nil.
 func (p *Planner) LeaseFile() Leases { return leaseFile{p} }
 
 type leaseFile struct{ p *Planner }
@@ -758,7 +780,7 @@ func (l leaseFile) Lease(ctx context.Context, mac string) (string, error) {
 		Lease *string `json:"lease"`
 		Error *string `json:"lease_error"`
 	}
-	if err := l.p.callInto(ctx, map[string]any{"op": "lease", "planner": l.p.handle, "mac": mac}, &answer); err != nil {
+	if err := l.p.callInto(ctx, map[string]any{"op": "lease", "planner": own{}, "mac": mac}, &answer); err != nil {
 		return "", err
 	}
 	if answer.Error != nil {

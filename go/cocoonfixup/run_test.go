@@ -1,14 +1,19 @@
 package cocoonfixup
 
 import (
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // LeaseFile, Run's default Leases, looks at cocoon-net's lease file
-// through the library: a lease, none, and a file that cannot tell.
+// through the library as the daemon's watcher does: no file yet holds no
+// lease; a lease, none, and files that cannot tell.
 func TestLeaseFile(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "leases.json")
@@ -18,8 +23,24 @@ func TestLeaseFile(t *testing.T) {
 	}
 	defer p.Close()
 	leases := p.LeaseFile()
-	if _, err := leases.Lease(ctx, "52:54:00:aa:bb:01"); err == nil || !strings.Contains(err.Error(), "cannot read it") {
-		t.Errorf("a missing file: %v", err)
+	if ip, err := leases.Lease(ctx, "52:54:00:aa:bb:01"); err != nil || ip != "" {
+		t.Errorf("no file yet: %q %v", ip, err)
+	}
+	// A FIFO would block a reader until a writer came.
+	if err := syscall.Mkfifo(file, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leases.Lease(ctx, "52:54:00:aa:bb:01"); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Errorf("a FIFO: %v", err)
+	}
+	if err := os.Remove(file); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leases.Lease(ctx, "52:54:00:aa:bb:01"); err == nil || !strings.Contains(err.Error(), "not a JSON array") {
+		t.Errorf("not a list: %v", err)
 	}
 	rows := `[{"mac": "52:54:00:aa:bb:01", "ip": "10.0.0.9", "expiry": "2999-01-01T00:00:00Z"}]`
 	if err := os.WriteFile(file, []byte(rows), 0o644); err != nil {
@@ -31,4 +52,161 @@ func TestLeaseFile(t *testing.T) {
 	if ip, err := leases.Lease(ctx, "52:54:00:aa:bb:02"); err != nil || ip != "" {
 		t.Errorf("no lease: %q %v", ip, err)
 	}
+}
+
+// A BackendProcess child that dies is replaced when a call next needs
+// it: the Run whose task lived in it ends ErrUnavailable (retryable), the
+// next calls reach a new child with the planner made again, and a child
+// that dies again within the pause is not started again at once.
+func TestADeadChildIsReplaced(t *testing.T) {
+	dir := t.TempDir()
+	p, err := NewPlanner(ctx, Options{Backend: BackendProcess, NoPluginDir: true,
+		CocoonRoot: filepath.Join(root, "examples", "cocoon-root"),
+		CacheDir:   filepath.Join(dir, "cache"), CacheKey: filepath.Join(dir, "key")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	child := func() *process {
+		p.connMu.Lock()
+		defer p.connMu.Unlock()
+		return p.conn.t.(*process)
+	}
+	kill := func() {
+		c := child()
+		c.cmd.Process.Kill()
+		<-c.done
+	}
+	// The pause between starts is made to have passed.
+	pastPause := func() {
+		p.connMu.Lock()
+		p.restarted = time.Time{}
+		p.connMu.Unlock()
+	}
+	pod, _ := os.ReadFile(filepath.Join(root, "examples", "no-fixup", "pod.json"))
+	vm, _ := os.ReadFile(filepath.Join(root, "examples", "no-fixup", "vm.json"))
+	first := child().cmd.Process.Pid
+
+	_, err = p.Run(ctx, pod, stillVM{vm}, stillPods{pod}, RunOptions{Leases: leaseThen(kill)})
+	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, ErrRetryable) {
+		t.Fatalf("a Run whose child died: %v", err)
+	}
+	pastPause()
+	// A report planned in the second child: the next one would refuse
+	// its seal, so NewAttempt says to plan again.
+	fixupPod, _ := os.ReadFile(filepath.Join(root, "examples", "oci-static", "pod.json"))
+	fixupVM, _ := os.ReadFile(filepath.Join(root, "examples", "oci-static", "vm.json"))
+	old, err := p.Plan(ctx, fixupPod, fixupVM, Overrides{})
+	if err != nil || !old.NeedsFixup {
+		t.Fatalf("a plan in the second child: %+v %v", old, err)
+	}
+	kill()
+	pastPause()
+	if _, err := p.Plan(ctx, pod, vm, Overrides{}); err != nil {
+		t.Fatalf("a Plan after the child died: %v", err)
+	}
+	if _, err := p.NewAttempt(ctx, old); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "plan the pod again") {
+		t.Fatalf("an attempt of a report from the gone child: %v", err)
+	}
+	if second := child().cmd.Process.Pid; second == first {
+		t.Fatalf("the same child %d answered", second)
+	}
+	out, err := p.Run(ctx, pod, stillVM{vm}, stillPods{pod}, RunOptions{Leases: leaseThen(func() {})})
+	if err != nil || out.Readiness != "ready" {
+		t.Fatalf("a Run on the new child: %+v %v", out, err)
+	}
+
+	p.connMu.Lock()
+	p.pause = time.Hour
+	p.connMu.Unlock()
+	kill()
+	if _, err := p.Plan(ctx, pod, vm, Overrides{}); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "child is gone") {
+		t.Fatalf("within the pause: %v", err)
+	}
+}
+
+type stillVM struct{ record []byte }
+
+func (v stillVM) Inspect(ctx context.Context, vm string, timeout time.Duration) ([]byte, error) {
+	return v.record, nil
+}
+
+func (v stillVM) Exec(ctx context.Context, vm string, argv []string, timeout time.Duration) (ExecResult, error) {
+	return ExecResult{}, nil
+}
+
+// stillPods holds one pod that no write changes.
+type stillPods struct{ pod []byte }
+
+func (s stillPods) Get(ctx context.Context, namespace, name string) ([]byte, error) {
+	return s.pod, nil
+}
+
+func (s stillPods) PatchAnnotations(ctx context.Context, namespace, name string, p PodPatch) ([]byte, error) {
+	return nil, nil
+}
+
+func (s stillPods) Event(ctx context.Context, namespace, name, uid string, e Event) error { return nil }
+
+// leaseThen runs then, and leases an address.
+type leaseThen func()
+
+func (l leaseThen) Lease(ctx context.Context, mac string) (string, error) {
+	l()
+	return "10.88.9.7", nil
+}
+
+// Close is a shutdown for the Runs in flight: an exec under way is
+// cancelled, the fixup ends `shutdown` with nothing marked failed, and
+// Close returns once the Run has.
+func TestCloseCancelsTheRunsInFlight(t *testing.T) {
+	for _, backend := range backends(t) {
+		dir := t.TempDir()
+		p, err := NewPlanner(ctx, Options{Backend: backend, NoPluginDir: true,
+			CocoonRoot: filepath.Join(root, "examples", "cocoon-root"),
+			CacheDir:   filepath.Join(dir, "cache"), CacheKey: filepath.Join(dir, "key")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pod, _ := os.ReadFile(filepath.Join(root, "examples", "oci-static", "pod.json"))
+		vm, _ := os.ReadFile(filepath.Join(root, "examples", "oci-static", "vm.json"))
+		execing := make(chan struct{})
+		type ended struct {
+			out *Outcome
+			err error
+		}
+		done := make(chan ended, 1)
+		go func() {
+			out, err := p.Run(context.Background(), pod, blockedVM{vm, execing}, stillPods{pod}, RunOptions{})
+			done <- ended{out, err}
+		}()
+		<-execing
+		if err := p.Close(); err != nil {
+			t.Errorf("%s: Close: %v", backend, err)
+		}
+		select {
+		case e := <-done:
+			if e.err != nil || e.out.Fixup != "shutdown" {
+				t.Errorf("%s: the Run ended %+v %v, want a shutdown", backend, e.out, e.err)
+			}
+		default:
+			t.Errorf("%s: Close returned before the Run", backend)
+		}
+	}
+}
+
+// blockedVM's exec says it started, then holds until its context ends.
+type blockedVM struct {
+	record  []byte
+	started chan struct{}
+}
+
+func (v blockedVM) Inspect(ctx context.Context, vm string, timeout time.Duration) ([]byte, error) {
+	return v.record, nil
+}
+
+func (v blockedVM) Exec(ctx context.Context, vm string, argv []string, timeout time.Duration) (ExecResult, error) {
+	close(v.started)
+	<-ctx.Done()
+	return ExecResult{}, ctx.Err()
 }

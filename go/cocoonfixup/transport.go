@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // abiVersion is the version of the library's ABI this package speaks.
@@ -143,14 +144,14 @@ func openProcess(ctx context.Context, bin string) (transport, error) {
 	go p.read(stdout)
 	answer, err := roundTrip(ctx, p, map[string]any{"op": "abi"})
 	if err != nil {
-		p.close()
+		p.kill()
 		return nil, unavailable("%s embed did not answer (%v): is it a cocoon-fixup of the same release as this package?", path, err)
 	}
 	var abi struct {
 		ABI int `json:"abi"`
 	}
 	if err := json.Unmarshal(answer, &abi); err != nil || abi.ABI != abiVersion {
-		p.close()
+		p.kill()
 		return nil, unavailable("%s embed speaks ABI version %d, this package needs %d: install the cocoon-fixup of the same release as the package", path, abi.ABI, abiVersion)
 	}
 	return p, nil
@@ -262,16 +263,45 @@ func (p *process) forget(id uint64) {
 	p.mu.Unlock()
 }
 
-// close ends the child's input: it finishes what is in flight and exits.
+// closeGrace is how long close waits for the child to finish what is in
+// flight and exit (it waits at most DRAIN_MAX_SECS itself) before it is
+// killed.
+const closeGrace = (drainMaxSecs + 10) * time.Second
+
+// drainMaxSecs is the child's DRAIN_MAX_SECS.
+const drainMaxSecs = 120
+
+// close ends the child's input: it finishes what is in flight and exits,
+// or is killed after closeGrace.
 func (p *process) close() error {
 	p.writeMu.Lock()
 	err := p.stdin.Close()
 	p.writeMu.Unlock()
-	<-p.done
+	timer := time.NewTimer(closeGrace)
+	defer timer.Stop()
+	select {
+	case <-p.done:
+	case <-timer.C:
+		p.kill()
+	}
 	if err != nil && !errors.Is(err, os.ErrClosed) {
 		return err
 	}
 	return nil
+}
+
+// kill ends the child at once (one that never answered, or would not
+// exit) and waits until its reader is done.
+func (p *process) kill() {
+	p.cmd.Process.Kill()
+	<-p.done
+}
+
+// gone is why the child is of no more use, or nil while it is.
+func (p *process) gone() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.dead
 }
 
 // envelope is a response document.

@@ -404,15 +404,18 @@ impl fmt::Debug for LeaseWatcher {
 }
 
 async fn read_lease_file(path: &Path) -> FileState {
-    match tokio::fs::read(path).await {
-        Ok(bytes) => match parse_leases(&bytes) {
+    use fixup_core::lease::{FileRead, read_file};
+    let owned = path.to_owned();
+    let read = tokio::task::spawn_blocking(move || read_file(&owned))
+        .await
+        .unwrap_or_else(|e| FileRead::Unusable(format!("cannot read it: {e}")));
+    match read {
+        FileRead::Missing => FileState::Missing,
+        FileRead::Bytes(bytes) => match parse_leases(&bytes) {
             Ok(leases) => FileState::Leases(leases),
             Err(e) => FileState::Unusable(error_chain(&e)),
         },
-        Err(e) if e.kind() == io::ErrorKind::NotFound => FileState::Missing,
-        Err(e) => FileState::Unusable(format!(
-            "cannot read it: {e}; check that this process may read it"
-        )),
+        FileRead::Unusable(message) => FileState::Unusable(message),
     }
 }
 

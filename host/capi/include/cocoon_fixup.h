@@ -21,12 +21,6 @@
 #define CF_ABI_VERSION 3
 
 /**
- * The longest lease file the `lease` op reads: cocoon-net's holds a row
- * per VM of the node.
- */
-#define LEASE_FILE_MAX_BYTES (16 << 20)
-
-/**
  * The longest request line [`serve`] reads: a pod with the most
  * annotations the API server allows is far smaller.
  */
@@ -42,6 +36,12 @@
  * size is always taken); past it, reading waits.
  */
 #define IN_FLIGHT_BYTES_MAX (64 << 20)
+
+/**
+ * How long `serve` waits at the end of its input for the requests in
+ * flight.
+ */
+#define DRAIN_MAX_SECS 120
 
 /**
  * What a call returns: `CF_OK` and a JSON document, or another status and

@@ -379,50 +379,28 @@ pub fn planner_new(options: &str) -> Result<(Built, String), Failure> {
     ))
 }
 
-/// The longest lease file the `lease` op reads: cocoon-net's holds a row
-/// per VM of the node.
-pub const LEASE_FILE_MAX_BYTES: u64 = 16 << 20;
-
 /// The address leased to `mac` now in the planner's lease file:
-/// `{"lease": ip or null}`, or `{"lease_error": why}` when the file cannot
-/// tell (missing, unreadable, too large, not a list of leases). One look,
-/// for an embedder that polls it through an IP wait.
+/// `{"lease": ip or null}` (no file yet holds no lease), or
+/// `{"lease_error": why}` when the file cannot tell (unreadable, not a
+/// regular file, too large, not a list of leases). One look, read as the
+/// daemon's watcher reads it, for an embedder that polls it through an IP
+/// wait.
 pub fn lease(built: &Built, mac: &str) -> Outcome {
-    use std::io::Read as _;
+    use fixup_core::lease::{FileRead, lookup, read_file};
     let mac = fixup_core::facts::MacAddr::parse(mac)
         .map_err(|e| Failure::invalid(format!("mac: {e}")))?;
     let path = &built.lease_file;
-    // Only a regular file is read: a FIFO or a device there would block
-    // or never end.
-    let read = std::fs::metadata(path)
-        .and_then(|meta| {
-            if meta.is_file() {
-                Ok(())
-            } else {
-                Err(std::io::Error::other("it is not a regular file"))
-            }
-        })
-        .and_then(|()| std::fs::File::open(path))
-        .and_then(|file| {
-            let mut bytes = Vec::new();
-            file.take(LEASE_FILE_MAX_BYTES + 1)
-                .read_to_end(&mut bytes)?;
-            Ok(bytes)
-        });
-    let answer = match read {
-        Ok(bytes) if bytes.len() as u64 > LEASE_FILE_MAX_BYTES => json!({"lease_error": format!(
-            "lease file {}: larger than {LEASE_FILE_MAX_BYTES} bytes, so it was not read; check what writes it",
-            path.display()
-        )}),
-        Ok(bytes) => match fixup_core::lease::lookup(&bytes, &mac, std::time::SystemTime::now()) {
+    let answer = match read_file(path) {
+        FileRead::Missing => json!({"lease": null}),
+        FileRead::Bytes(bytes) => match lookup(&bytes, &mac, std::time::SystemTime::now()) {
             Ok(ip) => json!({"lease": ip.map(|ip| ip.to_string())}),
             Err(e) => json!({"lease_error": format!(
                 "lease file {}: not a JSON array of {{mac, ip, expiry}} rows ({e}); check what cocoon-net writes to it",
                 path.display()
             )}),
         },
-        Err(e) => json!({"lease_error": format!(
-            "lease file {}: cannot read it: {e}; check the planner's lease_file option and that this process may read it",
+        FileRead::Unusable(why) => json!({"lease_error": format!(
+            "lease file {}: {why}; check the planner's lease_file option",
             path.display()
         )}),
     };

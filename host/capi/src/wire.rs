@@ -66,6 +66,10 @@ pub const IN_FLIGHT_MAX: usize = 256;
 /// size is always taken); past it, reading waits.
 pub const IN_FLIGHT_BYTES_MAX: usize = 64 << 20;
 
+/// How long `serve` waits at the end of its input for the requests in
+/// flight.
+pub const DRAIN_MAX_SECS: u64 = 120;
+
 /// A task with the planner it plans with, worked on by one call at a
 /// time.
 type TaskEntry = Arc<Mutex<(Arc<Built>, Task)>>;
@@ -344,15 +348,23 @@ impl InFlight {
         self.changed.notify_all();
     }
 
-    fn drain(&self) {
+    /// Wait for the requests in flight to finish, for at most `within`:
+    /// how many are left.
+    fn drain(&self, within: Duration) -> usize {
+        let end = std::time::Instant::now() + within;
         let mut held = lock(&self.held);
         while held.0 > 0 {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
             held = self
                 .changed
-                .wait_timeout(held, Duration::from_millis(100))
+                .wait_timeout(held, left.min(Duration::from_millis(100)))
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
+        held.0
     }
 }
 
@@ -397,7 +409,8 @@ fn read_line(
 /// end; each response is one line on `output`, written whole, in the order
 /// the requests finish. Requests run at once on threads of their own (at
 /// most [`IN_FLIGHT_MAX`]); at the end of input the ones in flight finish
-/// first. Blank lines are ignored.
+/// first, for at most [`DRAIN_MAX_SECS`] (each op is bounded on its own;
+/// this bounds the whole). Blank lines are ignored.
 pub fn serve<R: BufRead, W: Write + Send + 'static>(
     mut input: R,
     output: W,
@@ -458,7 +471,12 @@ pub fn serve<R: BufRead, W: Write + Send + 'static>(
             return Err(e);
         }
     }
-    in_flight.drain();
+    let left = in_flight.drain(Duration::from_secs(DRAIN_MAX_SECS));
+    if left > 0 {
+        eprintln!(
+            "embed: {left} request(s) still in flight {DRAIN_MAX_SECS} s after the end of input end unanswered"
+        );
+    }
     Ok(())
 }
 
@@ -466,6 +484,15 @@ pub fn serve<R: BufRead, W: Write + Send + 'static>(
 mod tests {
     use super::*;
     use std::io::Cursor;
+
+    #[test]
+    fn the_drain_after_the_input_is_bounded() {
+        let in_flight = InFlight::default();
+        in_flight.enter(10);
+        assert_eq!(in_flight.drain(Duration::from_millis(30)), 1, "one is left");
+        in_flight.leave(10);
+        assert_eq!(in_flight.drain(Duration::from_secs(60)), 0);
+    }
 
     fn ask(session: &Session, request: Value) -> Value {
         session.call(&request.to_string())
