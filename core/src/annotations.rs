@@ -90,6 +90,29 @@ impl Event {
             message: cap_utf8(message.into(), EVENT_MESSAGE_MAX, "… [truncated]"),
         }
     }
+
+    /// The event's `action` (events.k8s.io/v1): what the host was doing
+    /// when it happened. Every host writes the same one.
+    pub fn action(&self) -> &'static str {
+        match self.reason {
+            reasons::EXEC_ATTEMPT_FAILED
+            | reasons::SUCCEEDED
+            | reasons::EXEC_EXHAUSTED
+            | reasons::PLAN_FAILED
+            | reasons::NODE_ERROR => "PostCloneFixup",
+            reasons::VM_MISMATCH => "BindVM",
+            reasons::IP_WAIT_TIMEOUT | reasons::WAKE_IP_WAIT_TIMEOUT | reasons::DHCP_RECOVERY => {
+                "ReadyWait"
+            }
+            reasons::RESUMED_AFTER_RESTART => "Resume",
+            reasons::DIAL_FAILED
+            | reasons::ENUM_FAILED
+            | reasons::SET_FAILED
+            | reasons::VERIFY_FAILED
+            | reasons::WINDOWS_STATIC_IP_FAILED => "WindowsStaticIP",
+            other => other,
+        }
+    }
 }
 
 /// Cut `text` to at most `max` bytes on a UTF-8 boundary; when it is cut,

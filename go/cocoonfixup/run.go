@@ -404,6 +404,7 @@ type action struct {
 	Type            string          `json:"type"`
 	Reason          string          `json:"reason"`
 	Message         string          `json:"message"`
+	EventAction     string          `json:"event_action"`
 	Level           string          `json:"level"`
 	Record          json.RawMessage `json:"record"`
 	Summary         json.RawMessage `json:"summary"`
@@ -665,7 +666,7 @@ func (r *runner) settled(ctx context.Context, a action) map[string]any {
 			return map[string]any{"patch_error": podErr(err)}
 		}
 	case "tell":
-		if err := r.pods.Event(ctx, r.meta.Namespace, r.meta.Name, r.meta.UID, Event{Type: a.Type, Reason: a.Reason, Message: a.Message}); err != nil {
+		if err := r.pods.Event(ctx, r.meta.Namespace, r.meta.Name, r.meta.UID, Event{Type: a.Type, Reason: a.Reason, Message: a.Message, Action: a.EventAction}); err != nil {
 			r.log("warn", fmt.Sprintf("the %s event was not recorded: %v", a.Reason, err))
 		}
 		return map[string]any{"go": true}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -171,34 +172,41 @@ func TestCloseCancelsTheRunsInFlight(t *testing.T) {
 		pod, _ := os.ReadFile(filepath.Join(root, "examples", "oci-static", "pod.json"))
 		vm, _ := os.ReadFile(filepath.Join(root, "examples", "oci-static", "vm.json"))
 		execing := make(chan struct{})
+		var returned atomic.Bool
 		type ended struct {
 			out *Outcome
 			err error
 		}
 		done := make(chan ended, 1)
 		go func() {
-			out, err := p.Run(context.Background(), pod, blockedVM{vm, execing}, stillPods{pod}, RunOptions{})
+			out, err := p.Run(context.Background(), pod, blockedVM{vm, execing, &returned}, stillPods{pod}, RunOptions{})
 			done <- ended{out, err}
 		}()
 		<-execing
 		if err := p.Close(); err != nil {
 			t.Errorf("%s: Close: %v", backend, err)
 		}
+		// The exec returned before the Run counted itself out.
+		if !returned.Load() {
+			t.Errorf("%s: Close returned while the Run was in its exec", backend)
+		}
 		select {
 		case e := <-done:
 			if e.err != nil || e.out.Fixup != "shutdown" {
 				t.Errorf("%s: the Run ended %+v %v, want a shutdown", backend, e.out, e.err)
 			}
-		default:
-			t.Errorf("%s: Close returned before the Run", backend)
+		case <-time.After(60 * time.Second):
+			t.Errorf("%s: the Run did not end after Close", backend)
 		}
 	}
 }
 
-// blockedVM's exec says it started, then holds until its context ends.
+// blockedVM's exec says it started, then holds until its context ends,
+// and says it returned.
 type blockedVM struct {
-	record  []byte
-	started chan struct{}
+	record   []byte
+	started  chan struct{}
+	returned *atomic.Bool
 }
 
 func (v blockedVM) Inspect(ctx context.Context, vm string, timeout time.Duration) ([]byte, error) {
@@ -208,5 +216,6 @@ func (v blockedVM) Inspect(ctx context.Context, vm string, timeout time.Duration
 func (v blockedVM) Exec(ctx context.Context, vm string, argv []string, timeout time.Duration) (ExecResult, error) {
 	close(v.started)
 	<-ctx.Done()
+	v.returned.Store(true)
 	return ExecResult{}, ctx.Err()
 }

@@ -26,6 +26,10 @@ type Event struct {
 	Type    string `json:"type"` // Normal or Warning
 	Reason  string `json:"reason"`
 	Message string `json:"message"` // at most 512 bytes, cut on a UTF-8 boundary
+	// Action is the event's action (events.k8s.io/v1 `action`), the
+	// daemon's for the same reason: PostCloneFixup, BindVM, ReadyWait,
+	// Resume, WindowsStaticIP.
+	Action string `json:"action"`
 }
 
 // Record is what the loop writes at one point: the annotation patch (nil

@@ -36,7 +36,7 @@ use k8s_openapi::api::events::v1::Event as EventObject;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::pods::{AnnotationPatch, Event, EventType, Guarded, PodApi, PodError, PodRef, reasons};
+use crate::pods::{AnnotationPatch, Event, EventType, Guarded, PodApi, PodError, PodRef};
 use fixup_core::facts::PodInput;
 
 /// The controller name in events (`reportingController`) and the field
@@ -198,7 +198,7 @@ impl KubeApi {
         let now = jiff::Timestamp::now();
         let controller = &self.reporter.controller;
         EventObject {
-            action: Some(action_for(event.reason).to_owned()),
+            action: Some(event.action().to_owned()),
             reason: Some(event.reason.to_owned()),
             event_time: Some(MicroTime(now)),
             regarding: Some(ObjectReference {
@@ -772,28 +772,6 @@ fn merge_patch<'a>(
             resource_version: version,
             annotations: patch,
         },
-    }
-}
-
-/// The events.k8s.io `action` for a reason: what the host was doing.
-fn action_for(reason: &'static str) -> &'static str {
-    match reason {
-        reasons::EXEC_ATTEMPT_FAILED
-        | reasons::SUCCEEDED
-        | reasons::EXEC_EXHAUSTED
-        | reasons::PLAN_FAILED
-        | reasons::NODE_ERROR => "PostCloneFixup",
-        reasons::VM_MISMATCH => "BindVM",
-        reasons::IP_WAIT_TIMEOUT | reasons::WAKE_IP_WAIT_TIMEOUT | reasons::DHCP_RECOVERY => {
-            "ReadyWait"
-        }
-        reasons::RESUMED_AFTER_RESTART => "Resume",
-        reasons::DIAL_FAILED
-        | reasons::ENUM_FAILED
-        | reasons::SET_FAILED
-        | reasons::VERIFY_FAILED
-        | reasons::WINDOWS_STATIC_IP_FAILED => "WindowsStaticIP",
-        other => other,
     }
 }
 

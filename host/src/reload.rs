@@ -329,9 +329,11 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
                 tracing::error!(
                     "plugin reload refused, the plugins in service keep serving: {reason}"
                 );
-                self.metrics.plugin_reload("rejected");
+                // The health detail first: whoever sees the count sees
+                // the detail too.
                 self.metrics
                     .set_health_detail(Some(format!("plugin reload refused: {reason}")));
+                self.metrics.plugin_reload("rejected");
             }
         }
         true
@@ -404,8 +406,8 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
             })
             .collect();
         tracing::info!(changed = %names.join(", "), "plugin set reloaded");
-        self.metrics.plugin_reload("swapped");
         self.metrics.set_health_detail(None);
+        self.metrics.plugin_reload("swapped");
         if self.config.watch_fixups == 0 || changed.is_empty() {
             return;
         }

@@ -1307,19 +1307,7 @@ mod real_binary {
         .output()
         .await
         .expect("run runs");
-        let calls = fs::read_to_string(d.join("calls.jsonl"))
-            .unwrap_or_default()
-            .lines()
-            .map(|l| {
-                let v: Value = serde_json::from_str(l).unwrap();
-                v["argv"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|a| a.as_str().unwrap().to_owned())
-                    .collect()
-            })
-            .collect();
+        let calls = cocoon_calls(d);
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         (out.status.code(), calls, api, stderr)
     }
@@ -1328,39 +1316,96 @@ mod real_binary {
     /// the API server's REST with net/http, the VM through the cocoon CLI
     /// with os/exec, one `cocoonfixup.Run`, built with `CGO_ENABLED=0` so
     /// the library is the `cocoon-fixup embed` child) writes exactly what
-    /// `cocoon-fixup run` writes for each kind of pod the stack makes: the
-    /// same patches, in order, and the same events. Skipped (loudly)
-    /// without Go, unless `COCOON_FIXUP_REQUIRE_GO=1`.
+    /// `cocoon-fixup run` writes for each kind of pod the stack makes, for
+    /// a spent budget, and for a pod another writer changes under both:
+    /// the same patches in order (annotations, uid and resourceVersion
+    /// preconditions, and the status each got), the same events (type,
+    /// reason, note, action, the pod they regard), the same `cocoon` calls,
+    /// and the same pod at the end. Skipped (loudly) without Go, unless
+    /// `COCOON_FIXUP_REQUIRE_GO=1`.
     #[rstest::rstest]
-    #[case::cocoonset_pod("prod", "demo-0", None)]
-    #[case::webhook_deployment_pod("prod", "demo-7b7c9d9d5f-x2x4z", Some("vk-prod-demo-1"))]
-    #[case::plain_pod("default", "batch-0", None)]
+    #[case::cocoonset_pod("prod", "demo-0", None, Ending::Done)]
+    #[case::webhook_deployment_pod(
+        "prod",
+        "demo-7b7c9d9d5f-x2x4z",
+        Some("vk-prod-demo-1"),
+        Ending::Done
+    )]
+    #[case::plain_pod("default", "batch-0", None, Ending::Done)]
+    #[case::budget_spent("prod", "demo-0", None, Ending::Exhausted)]
+    #[case::another_writer("prod", "demo-0", None, Ending::Changed)]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_maintainers_go_program_writes_what_run_writes(
         #[case] namespace: &str,
         #[case] name: &str,
         #[case] slot: Option<&str>,
+        #[case] ending: Ending,
     ) {
         let Some(program) = maintainer() else {
             return;
         };
         let vm_name = slot.map_or_else(|| vm_name_for_pod(namespace, name), str::to_owned);
         let pod = pod_json(namespace, name, &base(&vm_name));
-        let flags: &[&str] = if slot.is_some() {
-            &["--accept-annotated-vm-names", "--node", "n1"]
-        } else {
-            &[]
+        let exec = match ending {
+            Ending::Exhausted => {
+                json!([{"exit": 5, "stderr": "stand-in: No space left on device\n"}])
+            }
+            Ending::Done | Ending::Changed => json!([{"exit": 0, "done": true}]),
         };
-        let (code, _, by_run, stderr) = run_with(pod.clone(), vm(&vm_name), &[], flags).await;
-        assert_eq!(code, Some(0), "{stderr}");
+        // The interval as long as the budget: one attempt, whatever the
+        // machine's speed.
+        let budget: &[&str] = match ending {
+            Ending::Exhausted => &["--retry-budget", "1s", "--retry-interval", "1s"],
+            Ending::Done | Ending::Changed => &[],
+        };
+        let changes: &[usize] = match ending {
+            Ending::Changed => &[0, 1],
+            Ending::Done | Ending::Exhausted => &[],
+        };
+        let mut flags: Vec<&str> = budget.to_vec();
+        if slot.is_some() {
+            flags.extend(["--accept-annotated-vm-names", "--node", "n1"]);
+        }
+        let setup = |d: &std::path::Path| {
+            std::os::unix::fs::symlink(fake_cocoon(), d.join("cocoon")).unwrap();
+            let scenario = json!({
+                "log": d.join("calls.jsonl"),
+                "exec": exec,
+                "inspect": {"json": vm(&vm_name)},
+            });
+            fs::write(d.join("cocoon.json"), scenario.to_string()).unwrap();
+        };
 
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        std::os::unix::fs::symlink(fake_cocoon(), d.join("cocoon")).unwrap();
-        let scenario =
-            json!({"exec": [{"exit": 0, "done": true}], "inspect": {"json": vm(&vm_name)}});
-        fs::write(d.join("cocoon.json"), scenario.to_string()).unwrap();
+        let run_dir = tempfile::tempdir().unwrap();
+        let d = run_dir.path();
+        setup(d);
+        fs::create_dir(d.join("plugins")).unwrap();
+        fs::write(d.join("config.toml"), "").unwrap();
+        let by_run = FakeApi::start(pod.clone(), false).await;
+        by_run.change_before_patches(changes);
+        let out = cocoon_fixup(
+            d,
+            &by_run.kubeconfig(d),
+            &["run", "--namespace", namespace, "--pod", name],
+        )
+        .args(&flags)
+        .output()
+        .await
+        .expect("run runs");
+        let ended_well = ending != Ending::Exhausted;
+        assert_eq!(
+            out.status.success(),
+            ended_well,
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let run_calls = without_nonces(cocoon_calls(d));
+
+        let go_dir = tempfile::tempdir().unwrap();
+        let d = go_dir.path();
+        setup(d);
         let by_go = FakeApi::start(pod, false).await;
+        by_go.change_before_patches(changes);
         let mut go = tokio::process::Command::new(program);
         go.args([
             "-server",
@@ -1378,6 +1423,9 @@ mod real_binary {
         .arg(d.join("leases.json"))
         .env("COCOON_FIXUP_BIN", support::binary::program())
         .env("HOME", d);
+        if ending == Ending::Exhausted {
+            go.args(["-retry-budget", "1s", "-retry-interval", "1s"]);
+        }
         if slot.is_some() {
             go.args(["-node", "n1", "-accept-annotated"]);
         }
@@ -1388,27 +1436,104 @@ mod real_binary {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        let writes = |api: &FakeApi| {
-            api.with(|s| {
-                s.patches
+
+        let (run_patches, run_events, run_pod) = written(&by_run);
+        assert!(!run_patches.is_empty(), "run wrote nothing to compare");
+        let (go_patches, go_events, go_pod) = written(&by_go);
+        assert_eq!(go_patches, run_patches, "the Go program wrote otherwise");
+        assert_eq!(go_events, run_events, "the Go program told otherwise");
+        assert_eq!(
+            without_nonces(cocoon_calls(d)),
+            run_calls,
+            "the Go program ran otherwise"
+        );
+        assert_eq!(go_pod, run_pod, "the pods differ at the end");
+        let lifecycle = run_pod[keys::LIFECYCLE_STATE].as_str();
+        match ending {
+            Ending::Done => assert_eq!(lifecycle, Some("ready")),
+            Ending::Exhausted => assert_eq!(lifecycle, Some("failed")),
+            Ending::Changed => {
+                assert_eq!(lifecycle, Some("ready"));
+                assert!(
+                    run_patches.iter().any(|p| p["status"] == 409),
+                    "the other writer refused a write: {run_patches:#?}"
+                );
+            }
+        }
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Ending {
+        Done,
+        Exhausted,
+        /// Another writer changes the pod before the first two writes.
+        Changed,
+    }
+
+    /// What a client wrote and told through the fake API server, without
+    /// what is the client's own (event names and times, the reporting
+    /// controller): every patch with its preconditions and status, every
+    /// event, and the pod's annotations at the end.
+    fn written(api: &FakeApi) -> (Vec<Value>, Vec<Value>, Value) {
+        api.with(|s| {
+            let patches = s
+                .patches
+                .iter()
+                .map(|(patch, status)| {
+                    json!({
+                        "annotations": patch["metadata"]["annotations"],
+                        "uid": patch["metadata"]["uid"],
+                        "resourceVersion": patch["metadata"]["resourceVersion"],
+                        "status": status,
+                    })
+                })
+                .collect();
+            let events = s
+                .events
+                .iter()
+                .map(|e| {
+                    json!({
+                        "type": e["type"], "reason": e["reason"], "note": e["note"],
+                        "action": e["action"], "regarding": e["regarding"],
+                    })
+                })
+                .collect();
+            (patches, events, s.pod["metadata"]["annotations"].clone())
+        })
+    }
+
+    /// The `cocoon` calls fake-cocoon logged in `dir`.
+    fn cocoon_calls(dir: &std::path::Path) -> Vec<Vec<String>> {
+        fs::read_to_string(dir.join("calls.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).unwrap();
+                v["argv"]
+                    .as_array()
+                    .unwrap()
                     .iter()
-                    .filter(|(_, status)| *status == 200)
-                    .map(|(patch, _)| patch["metadata"]["annotations"].clone())
-                    .collect::<Vec<_>>()
+                    .map(|a| a.as_str().unwrap().to_owned())
+                    .collect()
             })
+            .collect()
+    }
+
+    /// `calls` with each exec's nonce (a word of 32 hex digits) made one
+    /// placeholder.
+    fn without_nonces(calls: Vec<Vec<String>>) -> Vec<Vec<String>> {
+        let nonce = |a: &str| {
+            let bare = a.trim_matches('\'');
+            bare.len() == 32 && bare.bytes().all(|b| b.is_ascii_hexdigit())
         };
-        let run_writes = writes(&by_run);
-        assert!(!run_writes.is_empty(), "run wrote nothing to compare");
-        assert_eq!(writes(&by_go), run_writes, "the Go program wrote otherwise");
-        assert_eq!(
-            by_go.events(),
-            by_run.events(),
-            "the Go program told otherwise"
-        );
-        assert_eq!(
-            by_go.annotation(keys::LIFECYCLE_STATE).as_deref(),
-            Some("ready")
-        );
+        calls
+            .into_iter()
+            .map(|call| {
+                call.into_iter()
+                    .map(|a| if nonce(&a) { "<nonce>".to_owned() } else { a })
+                    .collect()
+            })
+            .collect()
     }
 
     /// The maintainer's program, built once with `CGO_ENABLED=0`; `None`

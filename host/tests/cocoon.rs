@@ -281,31 +281,42 @@ async fn a_hung_exec_ends_with_its_whole_process_group(#[case] ending: Ending) {
         |dir| json!({ "exec": [{ "hang": true, "pid_file": dir.join("child.pid"), "stderr": "waiting\n" }] }),
     );
     let pid_file = fake.path("child.pid");
-    // Long enough for the fake to start its child and write the pid file
-    // even on a loaded machine.
-    let short = Duration::from_millis(800);
     let cli = fake.cli();
     let argv = strings(&["sleep", "1000"]);
     match ending {
         Ending::Timeout => {
-            let got = cli.exec(&vm(), &argv, short).await;
+            // Long enough for the fake to start its child and write the
+            // pid file even on a loaded machine.
+            let timeout = Duration::from_secs(5);
+            let got = cli.exec(&vm(), &argv, timeout).await;
             assert_eq!(
                 got,
                 Err(CocoonError::Timeout {
                     what: "cocoon vm exec vm-1".into(),
-                    after: short,
+                    after: timeout,
                 })
             );
             assert_eq!(
                 got.unwrap_err().to_string(),
-                "cocoon vm exec vm-1: timed out after 800ms (killed); raise --exec-timeout or check the guest agent"
+                "cocoon vm exec vm-1: timed out after 5s (killed); raise --exec-timeout or check the guest agent"
             );
         }
         Ending::Dropped => {
+            // Dropped once the fake's child runs (its pid file is there).
             let id = vm();
             let call = cli.exec(&id, &argv, Duration::from_secs(60));
-            let got = tokio::time::timeout(short, call).await;
-            assert!(got.is_err(), "the hung exec returned: {got:?}");
+            tokio::pin!(call);
+            let started = Instant::now();
+            while !pid_file.exists() {
+                assert!(
+                    started.elapsed() < Duration::from_secs(60),
+                    "the fake never wrote its child's pid"
+                );
+                tokio::select! {
+                    got = &mut call => panic!("the hung exec returned: {got:?}"),
+                    () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                }
+            }
         }
     }
 

@@ -134,6 +134,9 @@ func (a apiServer) PatchAnnotations(ctx context.Context, namespace, name string,
 		return out, nil
 	case status == http.StatusNotFound:
 		return nil, fmt.Errorf("%w: %s", cocoonfixup.ErrGone, out)
+	case status == http.StatusConflict && p.ResourceVersion == "":
+		// Only the uid was a precondition: another pod holds the name.
+		return nil, fmt.Errorf("%w: %s", cocoonfixup.ErrGone, out)
 	case status == http.StatusConflict:
 		// The uid or the resourceVersion: the pod now says which.
 		now, gerr := a.Get(ctx, namespace, name)
@@ -161,7 +164,7 @@ func (a apiServer) Event(ctx context.Context, namespace, name, uid string, e coc
 		"metadata":  map[string]any{"generateName": name + ".", "namespace": namespace},
 		"eventTime": time.Now().UTC().Format("2006-01-02T15:04:05.000000Z07:00"),
 		"regarding": map[string]any{"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name, "uid": uid},
-		"reason":    e.Reason, "note": e.Message, "type": e.Type, "action": "PostClone",
+		"reason":    e.Reason, "note": e.Message, "type": e.Type, "action": e.Action,
 		"reportingController": "maintainer", "reportingInstance": "maintainer",
 	})
 	status, out, err := a.do(ctx, http.MethodPost, "/apis/events.k8s.io/v1/namespaces/"+url.PathEscape(namespace)+"/events", "application/json", body)
@@ -212,6 +215,8 @@ func main() {
 	leases := flag.String("lease-file", "", "cocoon-net's lease file")
 	node := flag.String("node", "", "this node's name")
 	annotated := flag.Bool("accept-annotated", false, "bind VMs named by vm.cocoonstack.io/name (the retired webhook's slots)")
+	budget := flag.Duration("retry-budget", 0, "fixup attempts stop this long after the first (0: the library's 180s)")
+	interval := flag.Duration("retry-interval", 0, "between fixup attempts (0: the library's 3s)")
 	flag.Parse()
 	ctx := context.Background()
 	planner, err := cocoonfixup.NewPlanner(ctx, cocoonfixup.Options{
@@ -229,7 +234,8 @@ func main() {
 		fmt.Fprintln(os.Stderr, "maintainer: reading the pod:", err)
 		os.Exit(1)
 	}
-	out, err := planner.Run(ctx, pod, cocoonCLI{*cocoon}, api, cocoonfixup.RunOptions{})
+	settings := cocoonfixup.Settings{RetryBudget: *budget, RetryInterval: *interval}
+	out, err := planner.Run(ctx, pod, cocoonCLI{*cocoon}, api, cocoonfixup.RunOptions{Settings: settings})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "maintainer:", err)
 		os.Exit(1)

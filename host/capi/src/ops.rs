@@ -812,6 +812,7 @@ fn event_json(event: &Event) -> Value {
         "type": match event.kind { EventType::Normal => "Normal", EventType::Warning => "Warning" },
         "reason": event.reason,
         "message": event.message,
+        "action": event.action(),
     })
 }
 

@@ -26,7 +26,7 @@
 //! | `sac_open` | `vm`, `need` | open the VM's serial console (`<cocoon root>/run/cloudhypervisor/<vm>/console.sock`), wait for `SAC>` and list the interfaces until at least `need` are listed, keeping the console open (spec section 10); `sac_opened` (the interface numbers in the order listed) or `sac_open_error` (or `cancelled`) |
 //! | `sac_set` | `net`, `ip`, `prefix`, `gateway` (or null) | on the open console, set the address on interface `net` and check it took effect, in rounds; `sac_set` (`true`) or `sac_set_error` (or `cancelled`) |
 //! | `sac_close` | | close the console opened last, if any; `go` |
-//! | `tell` | `type`, `reason`, `message` | record the event on the pod (best effort); `go` |
+//! | `tell` | `type`, `reason`, `message`, `event_action` | record the event on the pod (best effort; `event_action` is its events.k8s.io `action`); `go` |
 //! | `note` | `level`, `message` | log it; `go` |
 //! | `remember` | `record` | keep the record under the pod's uid (durably: a file written atomically), hand it back in the next task's `options_json` (`memory.record`), and drop it when the pod is gone; asked only of a task started with `memory`. The library keeps no hibernate history for an embedder (it has no watch of its pods): its records hold the wake verdict, the marker's VM, the budget and when a VM was first seen, and a wake is recognised by the annotation and the stack's events; `go` |
 //! | `finish` | `summary`, or `stop` (`kind`, `retryable`, `message`) | the task is over |
@@ -285,6 +285,7 @@ fn action_json(action: Action, pod: &fixup_core::decision::PodRef) -> Value {
             },
             "reason": event.reason,
             "message": event.message,
+            "event_action": event.action(),
         }),
         Action::Note(note) => {
             let (level, message) = note_text(note);

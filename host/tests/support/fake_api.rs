@@ -59,6 +59,9 @@ pub struct ApiState {
     pub unexpected: Vec<String>,
     /// Every request, in order, served or not.
     pub requests: Vec<Request>,
+    /// Another writer changes the pod just before the PATCHes of these
+    /// indexes (from 0) arrive ([`FakeApi::change_before_patches`]).
+    change_before: Vec<usize>,
 }
 
 /// One request as the server received it.
@@ -202,6 +205,15 @@ impl FakeApi {
         })
     }
 
+    /// Another writer changes the pod just before each PATCH whose index
+    /// (from 0, refused ones counted) is in `at`: an annotation
+    /// `example.com/other-writer` with the index, and a new
+    /// `resourceVersion`, so a write decided from an earlier read is
+    /// refused as the API server refuses it.
+    pub fn change_before_patches(&self, at: &[usize]) {
+        self.state.lock().unwrap().change_before = at.to_vec();
+    }
+
     /// Add a pod to the list of the node's pods (another name and uid).
     pub fn add_other_pod(&self, pod: Value) {
         self.state.lock().unwrap().others.push(pod);
@@ -273,6 +285,13 @@ async fn handle(State(shared): State<Shared>, method: Method, uri: Uri, body: By
         (&Method::GET, p) if p == pod_path => json_response(StatusCode::OK, &state.pod),
         (&Method::PATCH, p) if p == pod_path => {
             let patch: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let index = state.patches.len();
+            if state.change_before.contains(&index) {
+                state.pod["metadata"]["annotations"]["example.com/other-writer"] =
+                    json!(index.to_string());
+                state.resource_version += 1;
+                state.stamp();
+            }
             let uid = state.pod["metadata"]["uid"].clone();
             if patch["metadata"]["uid"] != uid {
                 state.patches.push((patch.clone(), 409));

@@ -122,7 +122,14 @@ func (p *Provider) start(pod []byte, trigger cocoonfixup.Trigger) error {
 			if ctx.Err() != nil {
 				break
 			}
-			if now, gerr := p.API.Get(ctx, m.Metadata.Namespace, m.Metadata.Name); gerr == nil && now != nil {
+			now, gerr := p.API.Get(ctx, m.Metadata.Namespace, m.Metadata.Name)
+			if gerr == nil {
+				// Gone, or another pod of the name (its own CreatePod
+				// runs its step): this one is over.
+				var again meta
+				if now == nil || json.Unmarshal(now, &again) != nil || again.Metadata.UID != m.Metadata.UID {
+					break
+				}
 				pod = now
 			}
 			trigger = cocoonfixup.TriggerRetry

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"path/filepath"
 	"sync"
@@ -177,4 +178,42 @@ func uid(t *testing.T, api *API, namespace, name string) string {
 		t.Fatal(err)
 	}
 	return m.Metadata.UID
+}
+
+// A step the node keeps from finishing is tried again while the pod is
+// the same pod: once another pod holds its name (a new uid), the retries
+// stop, and the new pod's own CreatePod runs its step.
+func TestRetriesStopWhenThePodIsReplaced(t *testing.T) {
+	// No VM records: every inspect fails, a retryable stop.
+	guest := &Guest{Records: map[string][]byte{}}
+	p, api, _, got := setup(t, guest)
+	p.RetryAfter = 5 * time.Millisecond
+	web, _ := api.Get(context.Background(), "apps", "web-0")
+	if web == nil {
+		t.Fatal("no web-0 example")
+	}
+	first := uid(t, api, "apps", "web-0")
+	if err := p.CreatePod(web); err != nil {
+		t.Fatal(err)
+	}
+	var replaced map[string]any
+	if err := json.Unmarshal(web, &replaced); err != nil {
+		t.Fatal(err)
+	}
+	replaced["metadata"].(map[string]any)["uid"] = "a-new-pod-of-the-name"
+	again, _ := json.Marshal(replaced)
+	if err := api.Add(again); err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan struct{})
+	go func() { p.Wait(); close(ended) }()
+	select {
+	case <-ended:
+	case <-time.After(60 * time.Second):
+		p.DeletePod(first)
+		t.Fatal("the retries went on for a pod that was replaced")
+	}
+	if err := got.err["apps/web-0"]; !errors.Is(err, cocoonfixup.ErrRetryable) {
+		t.Errorf("the last Run: %v", err)
+	}
 }
