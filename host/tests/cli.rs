@@ -546,3 +546,51 @@ fn embed_answers_ignores_sigterm_and_ends_with_its_input() {
     let status = child.wait().unwrap();
     assert!(status.success(), "{status}");
 }
+
+/// A plugin file that describes itself with a built-in's name is refused
+/// (built-in names are reserved: its hint, events, metrics and
+/// configuration keys would be the built-in's); the built-in's own
+/// component, byte for byte, is still recognised as itself.
+#[test]
+fn a_file_may_not_take_a_built_ins_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_, bytes) = fixup_core::plugin::builtin::BUILTINS
+        .iter()
+        .find(|(n, _)| *n == "fc-mac")
+        .expect("built-in");
+    let inspect = |path: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_cocoon-fixup"))
+            .args(["plugin", "inspect"])
+            .arg(path)
+            .args(["--no-cache"])
+            .output()
+            .expect("binary runs")
+    };
+    let same = dir.path().join("fc-mac.wasm");
+    std::fs::write(&same, bytes).expect("write");
+    let out = inspect(&same);
+    assert!(
+        text(&out.stdout).contains("it is built-in:fc-mac itself"),
+        "stdout: {}\nstderr: {}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+
+    // The same component with a custom section appended: other bytes, the
+    // same describe.
+    let mut other = bytes.to_vec();
+    let name = b"cocoon-fixup-test";
+    other.extend([0x00, u8::try_from(1 + name.len() + 1).unwrap()]);
+    other.push(u8::try_from(name.len()).unwrap());
+    other.extend(name);
+    other.push(b'x');
+    let impostor = dir.path().join("acme.wasm");
+    std::fs::write(&impostor, &other).expect("write");
+    let out = inspect(&impostor);
+    assert!(!out.status.success(), "stdout: {}", text(&out.stdout));
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(
+        said.contains("fc-mac is the name of a built-in plugin, and built-in names are reserved"),
+        "{said}"
+    );
+}

@@ -323,7 +323,9 @@ fn an_ifupdown_plugin_names_its_nics_and_writes_with_parents() {
         "{script}"
     );
     assert!(
-        script.contains("(umask go-w && mkdir -p -- /etc/network) && printf '%s' 'auto lo"),
+        script.contains(
+            "(umask go-w && mkdir -p -- /etc/network) && (umask 0133 && printf '%s' 'auto lo"
+        ),
         "{script}"
     );
     let exec = fixup_core::plan::render_exec(&plan);

@@ -36,6 +36,13 @@
 //! `eth10`. The MAC of such a step is not the policy's business: it must be
 //! one of the VM's own NICs whatever the policy ([`Plan::check_nics`]).
 //!
+//! A run step that renames an interface (an `ip` command with a `name` or
+//! `altname` argument, whatever the run rule that allows it) is held to the
+//! same patterns: the new name must match one, so a contract 0.1.0 plugin
+//! under its default (no links) renames nothing. Names the guest gives a
+//! meaning of their own ([`RESERVED_LINK_NAMES`]: `lo`, `all`, `default`,
+//! `bonding_masters`) are never a target, whatever the patterns.
+//!
 //! [`Plan::check_nics`]: super::Plan::check_nics
 
 use std::fmt;
@@ -51,6 +58,25 @@ pub const MAX_RULES: usize = 64;
 pub const MAX_RUN_ARGS: usize = 64;
 /// Bytes of one pattern or run element.
 pub const MAX_RULE_BYTES: usize = 4096;
+
+/// Interface names no step may give a NIC, whatever the links patterns:
+/// the loopback (which firewalls trust by name) and names the kernel's
+/// sysctl and bonding directories hold for themselves.
+pub const RESERVED_LINK_NAMES: &[&str] = &["lo", "all", "default", "bonding_masters"];
+
+/// The name `argv` gives an interface when it is an `ip` command that
+/// renames one (`... name NEW` or `... altname NEW`, anywhere after the
+/// program), however the program is spelled (`ip`, `/sbin/ip`).
+pub fn ip_rename_target(argv: &[String]) -> Option<&str> {
+    let program = argv.first()?;
+    if program.rsplit('/').next() != Some("ip") {
+        return None;
+    }
+    argv.windows(2)
+        .skip(1)
+        .find(|pair| pair[0] == "name" || pair[0] == "altname")
+        .map(|pair| pair[1].as_str())
+}
 
 /// Mode bits a `write-file` may set without [`GuestPolicy::special_modes`].
 pub const PLAIN_MODE_BITS: u32 = 0o755;
@@ -471,6 +497,11 @@ impl GuestPolicy {
                     if !self.runs.iter().any(|r| r.matches(argv)) {
                         return Err(breach(Rule::Run(argv.clone())));
                     }
+                    if let Some(name) = ip_rename_target(argv)
+                        && !self.may_name(name)
+                    {
+                        return Err(breach(Rule::Rename(name.to_owned())));
+                    }
                 }
                 // `parents` creates only ancestors of the allowed path.
                 Action::WriteFile(w) => {
@@ -495,7 +526,7 @@ impl GuestPolicy {
                     }
                 }
                 Action::NameLink(l) => {
-                    if !self.links.iter().any(|p| p.matches(&l.name)) {
+                    if !self.may_name(&l.name) {
                         return Err(breach(Rule::Link {
                             mac: l.mac.to_string(),
                             name: l.name.clone(),
@@ -505,6 +536,12 @@ impl GuestPolicy {
             }
         }
         Ok(())
+    }
+
+    /// Whether a step may give an interface `name`: a links pattern
+    /// matches it, and it is no reserved name.
+    fn may_name(&self, name: &str) -> bool {
+        !RESERVED_LINK_NAMES.contains(&name) && self.links.iter().any(|p| p.matches(name))
     }
 
     /// Run rules that leave arguments open to a program not known to stay
@@ -579,8 +616,16 @@ pub enum Rule {
     Run(Vec<String>),
     Write(String),
     Remove(String),
-    Mode { path: String, mode: u32 },
-    Link { mac: String, name: String },
+    Mode {
+        path: String,
+        mode: u32,
+    },
+    Link {
+        mac: String,
+        name: String,
+    },
+    /// A run step renames an interface to this name.
+    Rename(String),
 }
 
 impl fmt::Display for Rule {
@@ -605,9 +650,24 @@ impl fmt::Display for Rule {
                 "sets mode {mode:04o} on {}, beyond 0755, without special-modes",
                 shown(path)
             ),
+            Rule::Link { mac, name } if RESERVED_LINK_NAMES.contains(&name.as_str()) => write!(
+                f,
+                "names the NIC {mac} {}, a name the guest reserves, which no step may give",
+                shown(name)
+            ),
             Rule::Link { mac, name } => write!(
                 f,
                 "names the NIC {mac} {}, which no links pattern allows",
+                shown(name)
+            ),
+            Rule::Rename(name) if RESERVED_LINK_NAMES.contains(&name.as_str()) => write!(
+                f,
+                "renames an interface to {}, a name the guest reserves, which no step may give",
+                shown(name)
+            ),
+            Rule::Rename(name) => write!(
+                f,
+                "renames an interface to {}, which no links pattern allows",
                 shown(name)
             ),
         }
@@ -883,6 +943,70 @@ mod tests {
     #[case(name_link("lan"))]
     fn allowed_steps_pass(#[case] action: Action) {
         networkd_policy().check(&plan(vec![action])).unwrap();
+    }
+
+    /// A rename by a run step is held to the links patterns however the
+    /// rule that lets the command run is spelled, and a reserved name is
+    /// never a target: not by a rename, not by `name-link`, not under `*`.
+    #[rstest]
+    #[case(&["ip", "link", "set", "dev", "eth0", "name", "lo"], Some("lo"))]
+    #[case(&["ip", "link", "set", "dev", "lo", "name", "lo0"], Some("lo0"))]
+    #[case(&["ip", "link", "set", "dev", "eth0", "name", "wg0"], Some("wg0"))]
+    #[case(&["/sbin/ip", "link", "set", "dev", "eth0", "name", "wg0"], Some("wg0"))]
+    #[case(&["ip", "link", "set", "dev", "eth0", "up", "name", "wg0"], Some("wg0"))]
+    #[case(&["ip", "link", "property", "add", "dev", "eth0", "altname", "lo"], Some("lo"))]
+    #[case(&["ip", "link", "set", "dev", "eth0", "name", "eth1"], None)]
+    #[case(&["ip", "link", "set", "dev", "eth0", "address", "52:54:00:aa:bb:01"], None)]
+    #[case(&["ip", "link", "set", "dev", "eth0", "up"], None)]
+    fn renames_are_held_to_links(#[case] command: &[&str], #[case] refused: Option<&str>) {
+        let mut policy = networkd_policy();
+        policy.runs = vec![
+            RunRule::parse(&argv(&["ip", "link", "*"])).unwrap(),
+            RunRule::parse(&argv(&["/sbin/ip", "*"])).unwrap(),
+        ];
+        let got = policy.check(&plan(vec![Action::Run(argv(command))]));
+        match refused {
+            None => got.unwrap(),
+            Some(name) => assert_eq!(
+                got.unwrap_err(),
+                Breach {
+                    step: 1,
+                    rule: Rule::Rename(name.into())
+                }
+            ),
+        }
+        // The contract 0.1.0 default (links: none) renames nothing.
+        if let [_, "link", "set", "dev", ..] = command
+            && command.contains(&"name")
+            && command[0] == "ip"
+        {
+            let got =
+                GuestPolicy::contract_0_1_default().check(&plan(vec![Action::Run(argv(command))]));
+            assert!(
+                matches!(
+                    got,
+                    Err(Breach {
+                        rule: Rule::Rename(_),
+                        ..
+                    })
+                ),
+                "{got:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn reserved_names_are_never_given() {
+        let mut policy = networkd_policy();
+        policy.links = vec![LinkPattern::parse("*").unwrap()];
+        for name in RESERVED_LINK_NAMES {
+            let err = policy.check(&plan(vec![name_link(name)])).unwrap_err();
+            assert!(
+                err.to_string().contains("a name the guest reserves"),
+                "{err}"
+            );
+        }
+        policy.check(&plan(vec![name_link("eth0")])).unwrap();
     }
 
     #[test]

@@ -13,7 +13,10 @@
 //! `.`); a pattern that matches nothing stays literal and `rm -f` ignores it.
 //! A write with `parents` runs `mkdir -p -- <parent>` first, in a subshell
 //! whose umask also clears group and other write (`umask go-w`): the
-//! directories it creates get 0755 less the umask.
+//! directories it creates get 0755 less the umask. The file itself is
+//! written in a subshell whose umask clears every permission bit its mode
+//! does not grant (`umask 0133` for 0644; without a mode, `umask go-w`),
+//! then `chmod`ed to its mode: it is never created wider than declared.
 //!
 //! A `name_link` step is a fixed subshell with three values, the MAC, the
 //! name and the MACs of all the plan's `name_link` steps, set as quoted
@@ -361,7 +364,18 @@ fn sh_command(action: &Action, links: &[MacAddr]) -> String {
                 _ => String::new(),
             };
             let path = sh_quote(path);
-            let mut out = format!("{mkdir}printf '%s' {} > {path}", sh_quote(content));
+            // Created under a umask that clears every permission bit the
+            // mode does not grant (without a mode, group and other
+            // write), so a loose umask in the guest never leaves the file
+            // wider than declared, not even until the chmod.
+            let umask = match mode {
+                Some(mode) => format_mode(0o777 & !*mode),
+                None => "go-w".to_owned(),
+            };
+            let mut out = format!(
+                "{mkdir}(umask {umask} && printf '%s' {} > {path})",
+                sh_quote(content)
+            );
             if let Some(mode) = mode {
                 let _ = write!(out, " && chmod {} {path}", format_mode(*mode));
             }
@@ -812,15 +826,15 @@ mod tests {
     )]
     #[case::write_mode(
         Action::WriteFile(WriteFile { path: "/etc/hostname".into(), content: "vm-1\n".into(), mode: Some(0o644), parents: false }),
-        "printf '%s' 'vm-1\n' > /etc/hostname && chmod 0644 /etc/hostname"
+        "(umask 0133 && printf '%s' 'vm-1\n' > /etc/hostname) && chmod 0644 /etc/hostname"
     )]
     #[case::write_no_mode(
         Action::WriteFile(WriteFile { path: "/proc/sys/vm/drop_caches".into(), content: "3".into(), mode: None, parents: false }),
-        "printf '%s' 3 > /proc/sys/vm/drop_caches"
+        "(umask go-w && printf '%s' 3 > /proc/sys/vm/drop_caches)"
     )]
     #[case::write_nasty(
         Action::WriteFile(WriteFile { path: "/etc/a b".into(), content: "%d 'x'".into(), mode: Some(0o600), parents: false }),
-        r"printf '%s' '%d '\''x'\' > '/etc/a b' && chmod 0600 '/etc/a b'"
+        r"(umask 0177 && printf '%s' '%d '\''x'\' > '/etc/a b') && chmod 0600 '/etc/a b'"
     )]
     #[case::remove(
         Action::RemoveFiles(strings(&["/etc/systemd/network/10-*.network", "/etc/x y"])),
@@ -828,11 +842,11 @@ mod tests {
     )]
     #[case::write_parents(
         Action::WriteFile(WriteFile { path: "/etc/network/it's/interfaces".into(), content: "x".into(), mode: Some(0o644), parents: true }),
-        r#"(umask go-w && mkdir -p -- '/etc/network/it'\''s') && printf '%s' x > '/etc/network/it'\''s/interfaces' && chmod 0644 '/etc/network/it'\''s/interfaces'"#
+        r#"(umask go-w && mkdir -p -- '/etc/network/it'\''s') && (umask 0133 && printf '%s' x > '/etc/network/it'\''s/interfaces') && chmod 0644 '/etc/network/it'\''s/interfaces'"#
     )]
     #[case::write_parents_at_the_root(
         Action::WriteFile(WriteFile { path: "/x".into(), content: "".into(), mode: None, parents: true }),
-        "printf '%s' '' > /x"
+        "(umask go-w && printf '%s' '' > /x)"
     )]
     fn sh_commands(#[case] action: Action, #[case] rendered: &str) {
         assert_eq!(sh_command(&action, &[]), rendered);
@@ -907,11 +921,11 @@ ip link set dev "$name" up)"#;
 # Paste into a root shell in the guest. Stops at the first failing step.
 (
 # 1/4: Drop the page cache (best effort)
-printf '%s' '3
-' > /proc/sys/vm/drop_caches || printf '\nstep 1/4 failed (exit %s), ignored: best effort\n' "$?" >&2
+(umask go-w && printf '%s' '3
+' > /proc/sys/vm/drop_caches) || printf '\nstep 1/4 failed (exit %s), ignored: best effort\n' "$?" >&2
 # 2/4: Write the hostname
-printf '%s' 'vm-1
-' > /etc/hostname && chmod 0644 /etc/hostname || { rc=$?; printf '\nstep 2/4 failed (exit %s), stopping\n' "$rc" >&2; exit "$rc"; }
+(umask 0133 && printf '%s' 'vm-1
+' > /etc/hostname) && chmod 0644 /etc/hostname || { rc=$?; printf '\nstep 2/4 failed (exit %s), stopping\n' "$rc" >&2; exit "$rc"; }
 # 3/4: Remove stale networkd files
 rm -f -- /etc/systemd/network/10-*.network || { rc=$?; printf '\nstep 3/4 failed (exit %s), stopping\n' "$rc" >&2; exit "$rc"; }
 # 4/4: Re-run cloud-init modules
@@ -928,11 +942,11 @@ echo 'cocoon-fixup: all 4 steps done'
         assert_eq!(argv[..2], ["sh", "-c"]);
         assert_eq!(argv.len(), 3);
         let expected = r#"printf '\ncocoon-fixup: %s step 1/4 start\n' "$1" >&2
-printf '%s' '3
-' > /proc/sys/vm/drop_caches || printf '\ncocoon-fixup: %s step 1/4 ignored exit %s\n' "$1" "$?" >&2
+(umask go-w && printf '%s' '3
+' > /proc/sys/vm/drop_caches) || printf '\ncocoon-fixup: %s step 1/4 ignored exit %s\n' "$1" "$?" >&2
 printf '\ncocoon-fixup: %s step 2/4 start\n' "$1" >&2
-printf '%s' 'vm-1
-' > /etc/hostname && chmod 0644 /etc/hostname || { rc=$?; printf '\ncocoon-fixup: %s step 2/4 failed exit %s\n' "$1" "$rc" >&2; exit "$rc"; }
+(umask 0133 && printf '%s' 'vm-1
+' > /etc/hostname) && chmod 0644 /etc/hostname || { rc=$?; printf '\ncocoon-fixup: %s step 2/4 failed exit %s\n' "$1" "$rc" >&2; exit "$rc"; }
 printf '\ncocoon-fixup: %s step 3/4 start\n' "$1" >&2
 rm -f -- /etc/systemd/network/10-*.network || { rc=$?; printf '\ncocoon-fixup: %s step 3/4 failed exit %s\n' "$1" "$rc" >&2; exit "$rc"; }
 printf '\ncocoon-fixup: %s step 4/4 start\n' "$1" >&2
@@ -1140,7 +1154,7 @@ exit 0
         for line in script.lines() {
             assert!(
                 line.starts_with('#')
-                    || line.starts_with("printf")
+                    || line.starts_with("(umask go-w && printf")
                     || line.starts_with("' >")
                     || ["(", ")"].contains(&line)
                     || line.starts_with("echo"),

@@ -70,6 +70,12 @@ struct Guest {
 /// each NUL-terminated) and then runs `tail`.
 fn stub(bin: &Path, name: &str, tail: &str) {
     let path = bin.join(name);
+    // In place of a link to the real program, never written through it.
+    match fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => panic!("{}: {e}", path.display()),
+    }
     let script = format!(
         "#!/bin/sh\n{{ printf '%s\\0' \"$#\" \"${{0##*/}}\" \"$@\"; }} >> \"$STUB_LOG\"\n{tail}\n"
     );
@@ -720,13 +726,7 @@ fn parents_makes_no_group_or_other_writable_directory(
     let plan = sh_plan(vec![step]);
     plan.check(&PlanLimits::default())
         .expect("test plans are valid");
-    let mut args: Vec<String> = match form {
-        Form::Exec => exec_argv(&plan, &render_exec(&plan), &g.nonce)[1..].to_vec(),
-        Form::Script => vec!["-c".into(), render_script(&plan, &ScriptHeader::default())],
-    };
-    args[1] = format!("umask {mask:03o}\n{}", args[1]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = g.shell(shell, &args, None);
+    let out = run_under_umask(&g, shell, form, &plan, mask);
     assert_eq!(code(&out), Some(0), "stderr: {}", stderr(&out));
     assert_eq!(fs::read(&path).unwrap(), b"x");
     for dir in ["top", "top/sub"] {
@@ -737,6 +737,47 @@ fn parents_makes_no_group_or_other_writable_directory(
             & 0o777;
         assert_eq!(mode, 0o777 & !(mask | 0o022), "{dir}: {mode:o}");
     }
+}
+
+/// A file is never created wider than its declared mode, whatever the
+/// guest's umask: without a mode at most 0644 (group and other write
+/// cleared), with one at most that mode even before its `chmod` (here a
+/// `chmod` that does nothing, as one that has not run yet).
+#[rstest]
+fn files_are_never_created_wider_than_declared(
+    #[values("/bin/sh", "/bin/bash")] shell: &str,
+    #[values(Form::Exec, Form::Script)] form: Form,
+    #[values(0o000, 0o077)] mask: u32,
+) {
+    if !have(shell) {
+        return;
+    }
+    let g = guest();
+    stub(&g.bin, "chmod", "exit 0");
+    let plain = g.path("plain");
+    let secret = g.path("secret");
+    let plan = sh_plan(vec![
+        write_step(plain.clone(), "x", None),
+        write_step(secret.clone(), "y", Some(0o600)),
+    ]);
+    plan.check(&PlanLimits::default())
+        .expect("test plans are valid");
+    let out = run_under_umask(&g, shell, form, &plan, mask);
+    assert_eq!(code(&out), Some(0), "stderr: {}", stderr(&out));
+    let mode = |path: &str| fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&plain), 0o666 & !(mask | 0o022), "without a mode");
+    assert_eq!(mode(&secret), 0o600 & !mask, "0600 before its chmod");
+}
+
+/// Run `plan` in `form` under `shell` with the umask `mask`.
+fn run_under_umask(g: &Guest, shell: &str, form: Form, plan: &Plan, mask: u32) -> Output {
+    let mut args: Vec<String> = match form {
+        Form::Exec => exec_argv(plan, &render_exec(plan), &g.nonce)[1..].to_vec(),
+        Form::Script => vec!["-c".into(), render_script(plan, &ScriptHeader::default())],
+    };
+    args[1] = format!("umask {mask:03o}\n{}", args[1]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    g.shell(shell, &args, None)
 }
 
 /// The process's umask (read by setting and restoring it).

@@ -913,6 +913,23 @@ impl PluginHost {
         lazy: Option<Lazy>,
     ) -> Result<LoadedPlugin, PluginError> {
         let info = describe(described.info, &origin, version)?;
+        // A built-in's name is the built-in's: a file may carry it only
+        // when it is that built-in's very component (`plugin test` of the
+        // built-in), so nothing else is ever attributed to a built-in (its
+        // hint, events, metrics, `[plugin_policy.*]` and
+        // `[plugin_failure]` keys).
+        if matches!(origin, Origin::File(_))
+            && let Some(i) = builtin::BUILTINS.iter().position(|(n, _)| *n == info.name)
+            && builtin::BUILTIN_SHA256[i] != sha256
+        {
+            return Err(PluginError::BadDescription {
+                plugin: info.name.clone(),
+                reason: format!(
+                    "{} is the name of a built-in plugin, and built-in names are reserved: give the plugin a name of its own (for example acme-{})",
+                    info.name, info.name
+                ),
+            });
+        }
         let (policy, policy_source) = match described.policy {
             Some(raw) => (
                 GuestPolicy::parse(&raw).map_err(|source| PluginError::BadPolicy {
