@@ -261,8 +261,21 @@ impl RunRule {
             return false;
         }
         let fixed = &self.0[..self.0.len() - 1];
+        let Some((program, args)) = fixed.split_first() else {
+            return true;
+        };
+        // The program by name, or by its absolute path in a directory of
+        // root's PATH (`/usr/sbin/ip`).
+        let named = |name: &str| {
+            program == name
+                || ROOT_PATH
+                    .iter()
+                    .any(|dir| program.strip_prefix(dir).is_some_and(|rest| rest == name))
+        };
         !BOUNDED_OPEN_PREFIXES.iter().any(|prefix| {
-            fixed.len() >= prefix.len() && fixed.iter().zip(prefix.iter()).all(|(a, b)| a == b)
+            named(prefix[0])
+                && args.len() >= prefix.len() - 1
+                && args.iter().zip(prefix[1..].iter()).all(|(a, b)| a == b)
         })
     }
 }
@@ -288,40 +301,153 @@ const BOUNDED_OPEN_PREFIXES: &[&[&str]] = &[
     &["networkctl", "reconfigure"],
 ];
 
-/// Files a write or remove pattern must not cover without a warning: each
-/// stands for a way to run code as root or to log in.
-const SENSITIVE_PATHS: &[&str] = &[
+/// Where a written file can run code as root or let someone log in: a
+/// write pattern that can match this file, or anything below this
+/// directory (a trailing `/`), is warned about ([`GuestPolicy::warnings`]).
+/// Windows locations are compared without regard to case, as the guest
+/// resolves them.
+pub const WRITE_SENSITIVE: &[&str] = &[
+    // Accounts, credentials and who may be root.
+    "/etc/shadow",
+    "/etc/gshadow",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/sudoers",
+    "/etc/sudoers.d/",
+    "/etc/pam.d/",
+    "/etc/security/",
+    "/etc/ssh/",
+    "/root/",
+    "/home/",
+    // Code run at login, at boot, on a schedule, by a service manager.
+    "/etc/profile",
+    "/etc/profile.d/",
+    "/etc/bash.bashrc",
+    "/etc/environment",
+    "/etc/rc.local",
+    "/etc/rc.d/",
+    "/etc/init.d/",
+    "/etc/init/",
+    "/etc/inittab",
+    "/etc/crontab",
+    "/etc/cron.d/",
+    "/etc/cron.hourly/",
+    "/etc/cron.daily/",
+    "/etc/cron.weekly/",
+    "/etc/cron.monthly/",
+    "/var/spool/cron/",
+    "/etc/systemd/system/",
+    "/etc/systemd/user/",
+    "/etc/systemd/system.conf",
+    "/run/systemd/system/",
+    "/lib/systemd/",
+    "/usr/lib/systemd/",
+    "/etc/xdg/autostart/",
+    "/etc/cloud/",
+    // Code run by the network stack, or by device and kernel events.
+    "/etc/NetworkManager/dispatcher.d/",
+    "/etc/network/interfaces",
+    "/etc/network/interfaces.d/",
+    "/etc/network/if-up.d/",
+    "/etc/network/if-down.d/",
+    "/etc/network/if-pre-up.d/",
+    "/etc/network/if-post-down.d/",
+    "/etc/networkd-dispatcher/",
+    "/etc/dhcp/",
+    "/etc/sysconfig/network-scripts/",
+    "/etc/sysconfig/network/",
+    "/etc/wicked/",
+    "/etc/udev/",
+    "/lib/udev/",
+    "/usr/lib/udev/",
+    "/etc/sysctl.conf",
+    "/etc/sysctl.d/",
+    "/usr/lib/sysctl.d/",
+    "/proc/sys/kernel/",
+    "/etc/modprobe.d/",
+    "/lib/modprobe.d/",
+    "/usr/lib/modprobe.d/",
+    "/etc/ld.so.preload",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d/",
+    // Programs and libraries (root's PATH among them) and the kernel.
+    "/bin/",
+    "/sbin/",
+    "/usr/bin/",
+    "/usr/sbin/",
+    "/usr/local/bin/",
+    "/usr/local/sbin/",
+    "/lib/",
+    "/lib64/",
+    "/usr/lib/",
+    "/usr/lib64/",
+    "/usr/local/lib/",
+    "/boot/",
+    // Windows: the system, and programs run at logon.
+    "/Windows/",
+    "/ProgramData/Microsoft/Windows/Start Menu/",
+    "/Users/",
+];
+
+/// What a removed file can turn back on (logins, root's sessions): a
+/// remove pattern that can match it, or anything below a directory (a
+/// trailing `/`), is warned about.
+pub const REMOVE_SENSITIVE: &[&str] = &[
+    "/etc/nologin",
+    "/etc/ssh/",
+    "/etc/pam.d/",
+    "/etc/security/",
+    "/etc/sudoers.d/",
     "/etc/shadow",
     "/etc/passwd",
-    "/etc/sudoers",
-    "/etc/sudoers.d/cocoon",
-    "/root/.ssh/authorized_keys",
-    "/home/user/.ssh/authorized_keys",
-    "/etc/ssh/sshd_config",
-    "/etc/cron.d/cocoon",
-    "/etc/crontab",
-    "/etc/systemd/system/cocoon.service",
-    "/etc/systemd/system.conf",
-    "/lib/systemd/system/cocoon.service",
-    "/etc/profile.d/cocoon.sh",
-    "/etc/ld.so.preload",
-    "/etc/pam.d/sshd",
-    "/etc/rc.local",
-    "/etc/init.d/cocoon",
-    "/etc/NetworkManager/dispatcher.d/cocoon",
-    "/etc/network/if-up.d/cocoon",
-    "/etc/network/interfaces",
-    "/etc/sysconfig/network-scripts/ifup-local",
-    "/etc/dhcp/dhclient-exit-hooks.d/cocoon",
-    "/usr/bin/cocoon",
-    "/usr/local/bin/cocoon",
-    "/bin/cocoon",
-    "/sbin/cocoon",
-    "/boot/vmlinuz",
-    "/var/spool/cron/root",
-    "/ProgramData/Microsoft/Windows/Start Menu/Programs/StartUp/x.ps1",
-    "/Windows/System32/x.dll",
+    "/root/",
+    "/home/",
 ];
+
+/// Directories on root's PATH: a write pattern that covers one can place a
+/// program there that a run step naming a bare program would run.
+const ROOT_PATH: &[&str] = &[
+    "/usr/local/sbin/",
+    "/usr/local/bin/",
+    "/usr/sbin/",
+    "/usr/bin/",
+    "/sbin/",
+    "/bin/",
+];
+
+/// Whether `pattern` can match the file `location`, or (a location ending
+/// in `/`) any path below that directory. Windows locations compare
+/// without regard to case.
+fn can_cover(pattern: &PathPattern, location: &str) -> bool {
+    let windows = ["/Windows/", "/ProgramData/", "/Users/"]
+        .iter()
+        .any(|w| location.starts_with(w));
+    let fold = |s: &str| {
+        if windows {
+            s.to_ascii_lowercase()
+        } else {
+            s.to_owned()
+        }
+    };
+    let (pattern_text, location) = (fold(pattern.as_str()), fold(location));
+    let Some(dir) = location.strip_suffix('/') else {
+        return PathPattern(pattern_text).matches(&location);
+    };
+    let (Some(pattern), Some(dir)) = (pattern_text.strip_prefix('/'), dir.strip_prefix('/')) else {
+        return false;
+    };
+    let mut pattern = pattern.split('/');
+    for c in dir.split('/') {
+        match pattern.next() {
+            Some("**") => return true,
+            Some(p) if component_matches(p, c) => {}
+            _ => return false,
+        }
+    }
+    // Something below the directory: any further component matches some
+    // name.
+    pattern.next().is_some()
+}
 
 impl fmt::Display for RunRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -564,13 +690,46 @@ impl GuestPolicy {
                 )
             })
             .collect();
-        for (kind, patterns) in [("write", &self.writes), ("remove", &self.removes)] {
-            for pattern in patterns {
-                if let Some(path) = SENSITIVE_PATHS.iter().find(|p| pattern.matches(p)) {
-                    out.push(format!(
-                        "{kind} pattern {pattern} covers {path}: through such a file a plugin can run code as root or let someone log in"
-                    ));
-                }
+        for pattern in &self.writes {
+            if let Some(location) = WRITE_SENSITIVE.iter().find(|l| can_cover(pattern, l)) {
+                out.push(format!(
+                    "write pattern {pattern} covers {}: through such a file a plugin can run code as root or let someone log in",
+                    shown_location(location)
+                ));
+            }
+        }
+        for pattern in &self.removes {
+            if let Some(location) = REMOVE_SENSITIVE.iter().find(|l| can_cover(pattern, l)) {
+                out.push(format!(
+                    "remove pattern {pattern} covers {}: removing such a file can turn logins or root's access back on",
+                    shown_location(location)
+                ));
+            }
+        }
+        // A bounded rule's program is only the guest's own while no write
+        // can put another in its place: by name, anywhere on root's PATH;
+        // by absolute path, that file.
+        for rule in self
+            .runs
+            .iter()
+            .filter(|r| r.open_ended() && !r.is_unbounded())
+        {
+            let program = &rule.argv()[0];
+            let replaceable = if program.starts_with('/') {
+                self.writes
+                    .iter()
+                    .any(|w| can_cover(w, program))
+                    .then(|| program.clone())
+            } else {
+                ROOT_PATH
+                    .iter()
+                    .find(|dir| self.writes.iter().any(|w| can_cover(w, dir)))
+                    .map(|dir| format!("{}, on root's PATH", shown_location(dir)))
+            };
+            if let Some(place) = replaceable {
+                out.push(format!(
+                    "`{rule}` is bounded only while `{program}` is the guest's own program, and a write pattern covers {place}: a plugin may put a program of its own there and run it as root through this rule; name the program by an absolute path no write covers, or drop the write"
+                ));
             }
         }
         for pattern in self.links.iter().filter(|p| p.as_str().starts_with('*')) {
@@ -579,6 +738,14 @@ impl GuestPolicy {
             ));
         }
         out
+    }
+}
+
+/// A location as a warning names it: a directory as "anything below".
+fn shown_location(location: &str) -> String {
+    match location.strip_suffix('/') {
+        Some(dir) => format!("files below {dir}"),
+        None => location.to_owned(),
     }
 }
 
@@ -1163,9 +1330,135 @@ mod tests {
         assert!(warnings[0].starts_with("`dhclient *` leaves the arguments open"));
         assert!(warnings[1].starts_with("write pattern /etc/** covers /etc/shadow"));
         assert!(
-            warnings[2].starts_with("remove pattern /root/** covers /root/.ssh/authorized_keys")
+            warnings[2].starts_with("remove pattern /root/** covers files below /root"),
+            "{}",
+            warnings[2]
         );
         assert!(networkd_policy().warnings().is_empty());
+    }
+
+    /// Warnings go by what a pattern can cover (a directory's files, a
+    /// `*` standing for a directory, Windows paths in any case), not by
+    /// sample file names.
+    #[rstest]
+    #[case::cron_d("/etc/cron.d/*")]
+    #[case::sudoers_d("/etc/sudoers.d/*")]
+    #[case::unit("/etc/systemd/system/*.service")]
+    #[case::wants("/etc/systemd/system/multi-user.target.wants/*")]
+    #[case::profile_d("/etc/profile.d/*.sh")]
+    #[case::nm_dispatcher("/etc/NetworkManager/dispatcher.d/*")]
+    #[case::if_up("/etc/network/if-up.d/*")]
+    #[case::dhclient_hook("/etc/dhcp/dhclient-exit-hooks.d/*")]
+    #[case::init_d("/etc/init.d/*")]
+    #[case::networkd_dispatcher("/etc/networkd-dispatcher/routable.d/*")]
+    #[case::interfaces_d("/etc/network/interfaces.d/*")]
+    #[case::wicked_ifcfg("/etc/sysconfig/network/ifcfg-*")]
+    #[case::redhat_ifcfg("/etc/sysconfig/network-scripts/ifcfg-*")]
+    #[case::udev_rules("/etc/udev/rules.d/*.rules")]
+    #[case::sysctl_d("/etc/sysctl.d/*.conf")]
+    #[case::kernel_knob("/proc/sys/kernel/*")]
+    #[case::modprobe_d("/etc/modprobe.d/*.conf")]
+    #[case::sshd_config_d("/etc/ssh/sshd_config.d/*.conf")]
+    #[case::rc_local("/etc/rc.local")]
+    #[case::crontabs("/var/spool/cron/crontabs/*")]
+    #[case::bashrc("/root/.bashrc")]
+    #[case::group("/etc/group")]
+    #[case::system32_lower("/windows/system32/*")]
+    #[case::system32_upper("/WINDOWS/System32/drivers/*")]
+    #[case::any_etc_dir("/etc/*/cocoon")]
+    #[case::path_program("/usr/local/bin/ip")]
+    fn writes_that_can_run_code_are_warned_about(#[case] pattern: &str) {
+        let policy = GuestPolicy::parse(&RawPolicy {
+            writes: argv(&[pattern]),
+            ..RawPolicy::default()
+        })
+        .unwrap();
+        let warnings = policy.warnings();
+        assert_eq!(warnings.len(), 1, "{pattern}: {warnings:?}");
+        assert!(
+            warnings[0].starts_with(&format!("write pattern {pattern} covers ")),
+            "{warnings:?}"
+        );
+    }
+
+    #[rstest]
+    #[case::sshd_config_d("/etc/ssh/sshd_config.d/*.conf")]
+    #[case::nologin("/etc/nologin")]
+    fn removes_that_turn_logins_on_are_warned_about(#[case] pattern: &str) {
+        let policy = GuestPolicy::parse(&RawPolicy {
+            removes: argv(&[pattern]),
+            ..RawPolicy::default()
+        })
+        .unwrap();
+        let warnings = policy.warnings();
+        assert_eq!(warnings.len(), 1, "{pattern}: {warnings:?}");
+        assert!(
+            warnings[0].starts_with(&format!("remove pattern {pattern} covers ")),
+            "{warnings:?}"
+        );
+    }
+
+    /// What the built-ins and the contract 0.1.0 default need draws no
+    /// warning.
+    #[test]
+    fn network_configuration_is_not_warned_about() {
+        assert_eq!(
+            GuestPolicy::contract_0_1_default().warnings(),
+            Vec::<String>::new()
+        );
+        let policy = GuestPolicy::parse(&RawPolicy {
+            writes: argv(&[
+                "/etc/systemd/network/10-*.network",
+                "/etc/NetworkManager/system-connections/*.nmconnection",
+                "/etc/netplan/*.yaml",
+                "/etc/hostname",
+                "/proc/sys/vm/drop_caches",
+                "/proc/sys/net/ipv4/conf/*/arp_notify",
+            ]),
+            removes: argv(&["/etc/network/interfaces.d/50-cloud-init.cfg"]),
+            runs: vec![argv(&["ip", "link", "set", "dev", "*"])],
+            ..RawPolicy::default()
+        })
+        .unwrap();
+        assert_eq!(policy.warnings(), Vec::<String>::new());
+    }
+
+    /// A bounded rule whose program is found through PATH is flagged once
+    /// a write pattern covers a directory on root's PATH; by absolute path
+    /// only when a write covers that file.
+    #[test]
+    fn a_bounded_rule_is_flagged_when_its_program_can_be_replaced() {
+        let policy = GuestPolicy::parse(&RawPolicy {
+            writes: argv(&["/usr/local/bin/ip"]),
+            runs: vec![
+                argv(&["ip", "link", "set", "*"]),
+                argv(&["/usr/sbin/ip", "addr", "add", "*"]),
+            ],
+            ..RawPolicy::default()
+        })
+        .unwrap();
+        let warnings = policy.warnings();
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(
+            warnings[1].starts_with(
+                "`ip link set *` is bounded only while `ip` is the guest's own program"
+            ),
+            "{warnings:?}"
+        );
+        // By an absolute path, bounded, until a write covers that file.
+        let covered = GuestPolicy::parse(&RawPolicy {
+            writes: argv(&["/usr/sbin/*"]),
+            runs: vec![argv(&["/usr/sbin/ip", "addr", "add", "*"])],
+            ..RawPolicy::default()
+        })
+        .unwrap();
+        let warnings = covered.warnings();
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("a write pattern covers /usr/sbin/ip:")),
+            "{warnings:?}"
+        );
     }
 
     #[test]
