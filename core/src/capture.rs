@@ -447,6 +447,8 @@ pub struct CaptureInput<'a> {
 #[derive(Debug, Clone)]
 pub struct CapturedCase {
     pub plugin: String,
+    /// The plugin's file; `None` for a built-in, which has none.
+    pub file: Option<std::path::PathBuf>,
     pub scenario: Scenario,
     /// `plan`, `error` (the plugin declined) or `none` (it breached).
     pub expect: &'static str,
@@ -668,6 +670,10 @@ pub fn capture(
         .into_owned();
         cases.push(CapturedCase {
             plugin: name.clone(),
+            file: match &selection.plugin.origin {
+                crate::plugin::Origin::File(path) => Some(path.clone()),
+                _ => None,
+            },
             scenario,
             expect: match (&result, &breach) {
                 (Ok(_), _) => "plan",

@@ -156,6 +156,18 @@ fn a_missing_plugin_dir_is_an_error_and_a_broken_plugin_stops_plan() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("/nonexistent/cocoon-fixup-plugins"));
 
+    // A `..` in the path is refused, and said once.
+    let mut with_dots: Vec<&str> = args.iter().map(String::as_str).collect();
+    with_dots.extend(["--plugin-dir", "../plugins"]);
+    let out = plan(&with_dots);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert_eq!(
+        stderr.matches("has a `..` component").count(),
+        1,
+        "{stderr}"
+    );
+
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("broken.wasm"), b"\0asm\x01\0\0\0").expect("write");
     let mut with_broken: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -305,6 +305,15 @@ fn plan_pulls_the_configured_reference_and_applies_the_allow_list() {
         stderr.contains(&format!("(pinned as {reference} in `plugins`)")),
         "the store's file, named by its reference: {stderr}"
     );
+    let refused = stderr
+        .lines()
+        .find(|l| l.contains("not on the plugin allow-list"))
+        .unwrap();
+    assert_eq!(
+        refused.matches(".wasm").count(),
+        1,
+        "the path once: {refused}"
+    );
 
     let out = plan("oci", &sha256);
     assert_eq!(out.status.code(), Some(1));

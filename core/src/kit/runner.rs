@@ -185,9 +185,9 @@ pub fn test_plugin(
             "{e}; the host would refuse this file where it is (see `cocoon-fixup plugin inspect`)"
         );
     }
-    let bytes = std::fs::read(plugin).map_err(|source| PluginError::Read {
+    let bytes = std::fs::read(plugin).map_err(|cause| PluginError::Read {
         path: plugin.to_owned(),
-        source,
+        cause,
     })?;
     let loaded = host.prepare(Origin::File(plugin.to_owned()), &bytes)?;
     Ok(run_cases(&host, &loaded, &files, options))

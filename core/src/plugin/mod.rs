@@ -212,11 +212,12 @@ pub struct CallStats {
 pub enum PluginError {
     #[error("plugins are not loaded from there: {0}")]
     Untrusted(Untrusted),
-    #[error("cannot read plugin {path}: {source}")]
+    /// The reason is in the message, not a source of its own: a chain
+    /// printed whole says it once.
+    #[error("cannot read plugin {path}: {cause}")]
     Read {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error(
         "{origin} is not a WebAssembly component{detail}: build plugins with `cargo build --target wasm32-wasip2`"
@@ -735,9 +736,9 @@ impl PluginHost {
     /// Remember failed files for the registry's messages.
     fn note_failures(&mut self, failures: &[LoadFailure]) {
         self.registry.note_failures(
-            failures.iter().map(|f| {
-                crate::facts::escape_controls(&format!("{}: {}", f.path.display(), f.error))
-            }),
+            failures
+                .iter()
+                .map(|f| crate::facts::escape_controls(&f.text(&f.path.display().to_string()))),
         );
     }
 
@@ -1156,7 +1157,7 @@ pub fn check_plugin_dir(dir: &Path) -> Result<(), PluginError> {
     match TrustedDir::open(dir).and_then(|d| d.entries(".wasm")) {
         Err(Untrusted::Io { source, .. }) => Err(PluginError::Read {
             path: dir.to_owned(),
-            source,
+            cause: source,
         }),
         _ => Ok(()),
     }
@@ -1177,7 +1178,7 @@ fn each_plugin_file(
             Err(Untrusted::Io { source, .. }) => {
                 return Err(PluginError::Read {
                     path: dir.to_owned(),
-                    source,
+                    cause: source,
                 });
             }
             Err(e) => return Ok(Some(e)),
@@ -1203,7 +1204,7 @@ pub fn read_trusted(path: &Path) -> Result<Vec<u8>, PluginError> {
     trusted::read_file(path).map_err(|e| match e {
         Untrusted::Io { source, .. } => PluginError::Read {
             path: path.to_owned(),
-            source,
+            cause: source,
         },
         e => PluginError::Untrusted(e),
     })
@@ -1214,6 +1215,20 @@ pub fn read_trusted(path: &Path) -> Result<Vec<u8>, PluginError> {
 pub struct LoadFailure {
     pub path: PathBuf,
     pub error: LoadError,
+}
+
+impl LoadFailure {
+    /// `<label>: <error>`, where `label` names the file (its path, or more):
+    /// an error that opens with the path already says it once, with the
+    /// label in its place.
+    pub fn text(&self, label: &str) -> String {
+        let error = self.error.to_string();
+        let path = self.path.display().to_string();
+        match error.strip_prefix(&path) {
+            Some(rest) if rest.starts_with([' ', ':']) => format!("{label}{rest}"),
+            _ => format!("{label}: {error}"),
+        }
+    }
 }
 
 /// Why a plugin was not registered.

@@ -335,7 +335,7 @@ pub fn planner_new(options: &str) -> Result<(Built, String), Failure> {
     if options.strict && !failures.is_empty() {
         let lines: Vec<String> = failures
             .iter()
-            .map(|f| format!("{}: {}", f.path.display(), f.error))
+            .map(|f| f.text(&f.path.display().to_string()))
             .collect();
         return Err(Failure::new(
             CfStatus::CfLoad,

@@ -66,9 +66,8 @@ pub(crate) fn planner(settings: &Settings) -> Result<Planner> {
             eprintln!(
                 "{}",
                 display::terminal_text(&format!(
-                    "error: {}: {}",
-                    failed_file(&f.path, settings, &pinned),
-                    f.error
+                    "error: {}",
+                    f.text(&failed_file(&f.path, settings, &pinned))
                 ))
             );
         }
@@ -217,7 +216,7 @@ pub(crate) fn reload_build(args: ConfigArgs, config: Option<PathBuf>, slots: u32
         if !failures.is_empty() {
             let failed: Vec<String> = failures
                 .iter()
-                .map(|f| format!("{}: {}", failed_file(&f.path, &settings, &pinned), f.error))
+                .map(|f| f.text(&failed_file(&f.path, &settings, &pinned)))
                 .collect();
             return Err(failed.join("; "));
         }

@@ -282,15 +282,24 @@ pub(crate) fn run_capture(args: &CaptureArgs, config: Option<&Path>) -> Result<u
                 "error" => "expects its refusal",
                 _ => "has no expect: the call breached the sandbox (see context.call_error)",
             };
+            let next = match &case.file {
+                Some(file) => format!(
+                    "run `cocoon-fixup plugin test {} {}`",
+                    file.display(),
+                    path.display()
+                ),
+                None => format!(
+                    "{} is built in (there is no file to test): keep the case for a plugin of your own that serves {}, or send it with a report about the built-in",
+                    case.plugin, case.scenario
+                ),
+            };
             eprintln!(
                 "{}",
                 display::terminal_text(&format!(
-                    "wrote {}: {} for {}, {expect}; run `cocoon-fixup plugin test <{}.wasm> {}`",
+                    "wrote {}: {} for {}, {expect}; {next}",
                     path.display(),
                     case.scenario,
                     case.plugin,
-                    case.plugin,
-                    path.display()
                 ))
             );
         }
