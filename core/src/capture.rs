@@ -865,6 +865,7 @@ mod tests {
     fn case(plugin: &str, scenario: Scenario) -> CapturedCase {
         CapturedCase {
             plugin: plugin.into(),
+            file: None,
             scenario,
             expect: "plan",
             text: "{}\n".into(),
