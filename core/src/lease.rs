@@ -29,7 +29,8 @@ pub enum FileRead {
 }
 
 /// One bounded look at the lease file at `path`: opened without blocking
-/// (a FIFO put there cannot hold the caller), read only when the opened
+/// (a FIFO put there cannot hold the caller) and never as a controlling
+/// terminal, read only when the opened
 /// file is a regular one, and never past [`FILE_MAX_BYTES`]. Shared by
 /// the daemon's watcher and the library's `lease` op, so that both read
 /// the file alike.
@@ -38,7 +39,8 @@ pub fn read_file(path: &std::path::Path) -> FileRead {
     use std::io::Read as _;
     let opened = rustix::fs::open(
         path,
-        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        // NOCTTY: a terminal put there never becomes the daemon's.
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
         Mode::empty(),
     );
     let fd = match opened {

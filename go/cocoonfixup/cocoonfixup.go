@@ -167,6 +167,14 @@ func unavailable(format string, args ...any) error {
 	return &unavailableError{message: fmt.Sprintf(format, args...)}
 }
 
+// why is what err says, without the ErrUnavailable prefix of its own.
+func why(err error) string {
+	if u, ok := err.(*unavailableError); ok {
+		return u.message
+	}
+	return err.Error()
+}
+
 func invalid(format string, args ...any) error {
 	return &Error{Code: CodeInvalidArgument, Message: fmt.Sprintf(format, args...)}
 }
@@ -235,6 +243,11 @@ type Options struct {
 	// `cocoon-fixup plan` does); otherwise the others serve (as `serve`
 	// does) and LoadFailures lists them.
 	Strict bool
+	// Log, when set, hears what the planner does on its own: a
+	// BackendProcess child that died ("warn"), the new one that took its
+	// place ("info"), one that did not start ("error"). Not sent to the
+	// library.
+	Log func(level, message string)
 }
 
 func (o Options) document() map[string]any {
@@ -284,12 +297,17 @@ type Planner struct {
 	// conn is the library session the planner lives in; a
 	// BackendProcess child that died is replaced by a new one when a call
 	// next needs it (at most once per restartPause).
-	connMu    sync.Mutex
-	conn      *conn
-	restarted time.Time
-	pause     time.Duration // restartPause
-	failures  []LoadFailure
-	warnings  []string
+	connMu     sync.Mutex
+	conn       *conn
+	restarted  time.Time
+	pause      time.Duration // restartPause
+	restarting *restart      // the restart under way, if one is
+	// failed says why the last restart did not take, for the calls
+	// within the pause after it.
+	failed   error
+	stopOnce sync.Once
+	failures []LoadFailure
+	warnings []string
 	// One token per engine slot: goroutines beyond them wait here, in Go,
 	// and give up when their context ends.
 	slots chan struct{}
@@ -355,13 +373,22 @@ func openConn(ctx context.Context, o Options) (*conn, loadedPlanner, error) {
 	if err != nil {
 		return nil, loaded, err
 	}
+	// A child that did not make the planner is of no use: ended at once,
+	// not waited for.
+	abandon := func() {
+		if proc, ok := t.(*process); ok {
+			proc.kill()
+			return
+		}
+		t.close()
+	}
 	answer, err := roundTrip(ctx, t, map[string]any{"op": "planner_new", "options": o.document()})
 	if err != nil {
-		t.close()
+		abandon()
 		return nil, loaded, err
 	}
 	if err := json.Unmarshal(answer, &loaded); err != nil {
-		t.close()
+		abandon()
 		return nil, loaded, invalid("reading the planner's answer: %v", err)
 	}
 	return &conn{t: t, handle: loaded.Planner}, loaded, nil
@@ -372,31 +399,96 @@ func openConn(ctx context.Context, o Options) (*conn, loadedPlanner, error) {
 // again and again.
 const restartPause = time.Second
 
+// restartTimeout bounds one start of a new child (its handshake and the
+// planner made again): the start is the planner's, not a caller's.
+const restartTimeout = 60 * time.Second
+
+// restart is one start of a new child, shared by every call that needs
+// it: done is closed when c or err is set.
+type restart struct {
+	done chan struct{}
+	c    *conn
+	err  error
+}
+
 // reach is the session a call goes to: the planner's, or, when its child
-// died, a new child with the planner made again (ErrUnavailable while
-// that cannot be done). Called with p.mu read-locked.
+// died, the new child started in its place (one start at a time, shared,
+// at most once per pause; the caller waits for it as long as its ctx
+// lets it). ErrUnavailable while that cannot be done. Called with p.mu
+// read-locked.
 func (p *Planner) reach(ctx context.Context) (*conn, error) {
 	p.connMu.Lock()
-	defer p.connMu.Unlock()
 	proc, ok := p.conn.t.(*process)
 	if !ok {
-		return p.conn, nil
+		c := p.conn
+		p.connMu.Unlock()
+		return c, nil
 	}
 	gone := proc.gone()
 	if gone == nil {
-		return p.conn, nil
+		c := p.conn
+		p.connMu.Unlock()
+		return c, nil
 	}
-	if time.Since(p.restarted) < p.pause {
-		return nil, gone
+	r := p.restarting
+	if r == nil {
+		if time.Since(p.restarted) < p.pause {
+			err := gone
+			if p.failed != nil {
+				err = p.failed
+			}
+			p.connMu.Unlock()
+			return nil, err
+		}
+		p.restarted = time.Now()
+		r = &restart{done: make(chan struct{})}
+		p.restarting = r
+		p.log("warn", why(gone)+"; starting a new one")
+		go p.restart(r, proc, gone)
 	}
-	p.restarted = time.Now()
-	c, _, err := openConn(ctx, p.opts)
+	p.connMu.Unlock()
+	select {
+	case <-r.done:
+		return r.c, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// restart starts a new child in place of old, under its own bound, ended
+// by Close.
+func (p *Planner) restart(r *restart, old *process, gone error) {
+	ctx, cancel := context.WithTimeout(context.Background(), restartTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-p.stopping:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	c, loaded, err := openConn(ctx, p.opts)
+	old.close()
+	p.connMu.Lock()
 	if err != nil {
-		return nil, unavailable("%v; a new child did not start: %v", gone, err)
+		r.err = unavailable("%s; a new child did not start: %s", why(gone), why(err))
+		p.failed = r.err
+		p.log("error", why(r.err))
+	} else {
+		r.c = c
+		p.conn, p.failed = c, nil
+		p.failures, p.warnings = loaded.LoadFailures, loaded.Warnings
+		p.log("info", "a new cocoon-fixup child serves the planner")
 	}
-	proc.close()
-	p.conn = c
-	return c, nil
+	p.restarting = nil
+	p.connMu.Unlock()
+	close(r.done)
+}
+
+func (p *Planner) log(level, message string) {
+	if p.opts.Log != nil {
+		p.opts.Log(level, message)
+	}
 }
 
 // own stands for the planner's handle in a request: send puts in the
@@ -407,14 +499,21 @@ type own struct{}
 func (p *Planner) Backend() Backend { return p.backend }
 
 // LoadFailures lists the plugin files that did not load (never with
-// Options.Strict, which fails NewPlanner instead).
+// Options.Strict, which fails NewPlanner instead), as the library last
+// loaded them (a new BackendProcess child loads them again).
 func (p *Planner) LoadFailures() []LoadFailure {
+	p.connMu.Lock()
+	defer p.connMu.Unlock()
 	return append([]LoadFailure(nil), p.failures...)
 }
 
 // Warnings lists what the operator should know about the options, such as
 // a policy narrowing for a plugin that is not loaded.
-func (p *Planner) Warnings() []string { return append([]string(nil), p.warnings...) }
+func (p *Planner) Warnings() []string {
+	p.connMu.Lock()
+	defer p.connMu.Unlock()
+	return append([]string(nil), p.warnings...)
+}
 
 // Close frees the planner (and ends the child process of BackendProcess).
 // New Runs are refused at once; the Runs in flight are cancelled, as a
@@ -424,18 +523,26 @@ func (p *Planner) Warnings() []string { return append([]string(nil), p.warnings.
 // from a Run's own VM, Pods or other callbacks: it would wait for
 // itself.
 func (p *Planner) Close() error {
+	// First, and without a lock a call may hold: the Runs in flight and a
+	// restart under way hear it at once.
+	p.stopOnce.Do(func() { close(p.stopping) })
 	p.mu.Lock()
 	if p.closing {
 		p.mu.Unlock()
 		return nil
 	}
 	p.closing = true
-	close(p.stopping)
 	p.mu.Unlock()
 	p.runs.Wait()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closed = true
+	p.connMu.Lock()
+	r := p.restarting
+	p.connMu.Unlock()
+	if r != nil {
+		<-r.done
+	}
 	p.connMu.Lock()
 	c := p.conn
 	p.connMu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -218,4 +219,53 @@ func (v blockedVM) Exec(ctx context.Context, vm string, argv []string, timeout t
 	<-ctx.Done()
 	v.returned.Store(true)
 	return ExecResult{}, ctx.Err()
+}
+
+// A new child that never answers holds no caller past its context, and
+// Close ends the start under way: neither waits for the child.
+func TestAHangingRestartHoldsNobody(t *testing.T) {
+	dir := t.TempDir()
+	var logged []string
+	var mu sync.Mutex
+	p, err := NewPlanner(ctx, Options{Backend: BackendProcess, NoPluginDir: true,
+		CocoonRoot: filepath.Join(root, "examples", "cocoon-root"),
+		CacheDir:   filepath.Join(dir, "cache"), CacheKey: filepath.Join(dir, "key"),
+		Log: func(level, message string) {
+			mu.Lock()
+			defer mu.Unlock()
+			logged = append(logged, level+": "+message)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hang := filepath.Join(dir, "hang")
+	if err := os.WriteFile(hang, []byte("#!/bin/sh\nexec sleep 1000\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p.opts.Binary = hang
+	p.connMu.Lock()
+	old := p.conn.t.(*process)
+	p.connMu.Unlock()
+	old.cmd.Process.Kill()
+	<-old.done
+	pod, _ := os.ReadFile(filepath.Join(root, "examples", "no-fixup", "pod.json"))
+	vm, _ := os.ReadFile(filepath.Join(root, "examples", "no-fixup", "vm.json"))
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if _, err := p.Plan(short, pod, vm, Overrides{}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a Plan while the new child hangs: %v", err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- p.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close waited for the hanging child")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(logged) != 2 || !strings.HasPrefix(logged[0], "warn: the cocoon-fixup child is gone") ||
+		!strings.Contains(logged[1], "a new child did not start") {
+		t.Errorf("logged: %q", logged)
+	}
 }

@@ -474,7 +474,7 @@ pub fn serve<R: BufRead, W: Write + Send + 'static>(
     let left = in_flight.drain(Duration::from_secs(DRAIN_MAX_SECS));
     if left > 0 {
         eprintln!(
-            "embed: {left} request(s) still in flight {DRAIN_MAX_SECS} s after the end of input end unanswered"
+            "embed: {left} request(s) still in flight {DRAIN_MAX_SECS} s after the end of input: exiting without their answers"
         );
     }
     Ok(())
