@@ -458,15 +458,10 @@ func (p *Planner) reach(ctx context.Context) (*conn, error) {
 // restart starts a new child in place of old, under its own bound, ended
 // by Close.
 func (p *Planner) restart(r *restart, old *process, gone error) {
-	ctx, cancel := context.WithTimeout(context.Background(), restartTimeout)
+	ctx, cancel := p.untilClose(context.Background())
 	defer cancel()
-	go func() {
-		select {
-		case <-p.stopping:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+	ctx, bounded := context.WithTimeout(ctx, restartTimeout)
+	defer bounded()
 	c, loaded, err := openConn(ctx, p.opts)
 	old.close()
 	p.connMu.Lock()
@@ -483,6 +478,19 @@ func (p *Planner) restart(r *restart, old *process, gone error) {
 	p.restarting = nil
 	p.connMu.Unlock()
 	close(r.done)
+}
+
+// untilClose is parent, cancelled too when Close starts.
+func (p *Planner) untilClose(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(parent)
+	go func() {
+		select {
+		case <-p.stopping:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 func (p *Planner) log(level, message string) {

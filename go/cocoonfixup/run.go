@@ -322,15 +322,8 @@ func (p *Planner) Run(ctx context.Context, pod any, vm VM, pods Pods, o RunOptio
 	}
 	defer p.runs.Done()
 	// Close is a shutdown for the Runs in flight.
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := p.untilClose(ctx)
 	defer cancel()
-	go func() {
-		select {
-		case <-p.stopping:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	// The task, and the console it opens, live in this session: a child
 	// that dies under them ends the Run with ErrUnavailable, and the next
 	// Run starts a new one.
