@@ -217,7 +217,9 @@ func TestConcurrentPlanning(t *testing.T) {
 	}
 }
 
-func hostilePlanner(t *testing.T) *Planner {
+func hostilePlanner(t *testing.T) *Planner { return hostilePlannerWith(t, Limits{}) }
+
+func hostilePlannerWith(t *testing.T, limits Limits) *Planner {
 	src := os.Getenv("COCOONFIXUP_HOSTILE_PLUGIN")
 	if src == "" {
 		t.Fatal("COCOONFIXUP_HOSTILE_PLUGIN must name the hostile test plugin (tests/plugins/hostile, built by `cargo test`): `cargo test -p fixup-capi --test go` sets it")
@@ -229,7 +231,7 @@ func hostilePlanner(t *testing.T) *Planner {
 	if err := os.WriteFile(filepath.Join(dir, "hostile.wasm"), read(t, src), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p, err := NewPlanner(ctx, Options{PluginDir: dir, NoCache: true, Strict: true, CocoonRoot: filepath.Join(root, "examples", "cocoon-root")})
+	p, err := NewPlanner(ctx, Options{PluginDir: dir, NoCache: true, Strict: true, CocoonRoot: filepath.Join(root, "examples", "cocoon-root"), Limits: limits})
 	if err != nil {
 		t.Fatalf("a planner with the hostile plugin: %v", err)
 	}
@@ -294,6 +296,26 @@ func TestHostilePluginErrorsAreTyped(t *testing.T) {
 	plain := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
 	if r, err := p.Plan(ctx, plain, vm, Overrides{}); err != nil || r.Plugins[0].Name != "oci-networkd" {
 		t.Fatalf("after the hostile calls: %v", err)
+	}
+}
+
+// A plugin call stopped by its wall-clock deadline (the node's time, not
+// the plugin's fuel: a loaded host) is the node's failure, retried, never
+// the pod's.
+func TestADeadlineBreachIsTheNodes(t *testing.T) {
+	p := hostilePlannerWith(t, Limits{Fuel: 1 << 40, Deadline: 50 * time.Millisecond})
+	pod := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
+	vm := read(t, filepath.Join(root, "examples", "oci-static", "vm.json"))
+	pod = bytes.ReplaceAll(pod, []byte(`guest-flavor": "ubuntu"`), []byte(`guest-flavor": "hostile"`))
+	pod = bytes.ReplaceAll(pod, []byte(`"vm-7f3a9c21"`), []byte(`"hostile-spin"`))
+	vm = bytes.ReplaceAll(vm, []byte(`"vm-7f3a9c21"`), []byte(`"hostile-spin"`))
+	_, err := p.Plan(ctx, pod, vm, Overrides{})
+	var e *Error
+	if !errors.As(err, &e) || e.Code != CodeNode || !errors.Is(err, ErrRetryable) || e.PlanFailed() {
+		t.Fatalf("want a retryable node error, got %v", err)
+	}
+	if !strings.Contains(e.Message, "hostile") || !strings.Contains(e.Message, "deadline") {
+		t.Fatalf("the message names the plugin and the deadline: %s", e.Message)
 	}
 }
 
