@@ -336,6 +336,33 @@ fn plan_never_proves_an_annotated_name(
     }
 }
 
+/// `fc-mac` is generic by design: a flavoured Firecracker clone gets no
+/// note that no plugin serves its flavour for `fc-mac` (which would nudge
+/// a vendor into claiming it).
+#[test]
+fn a_flavoured_firecracker_clone_is_not_told_to_claim_fc_mac() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut pod: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(examples().join("fc-dhcp/pod.json")).expect("the example pod"),
+    )
+    .expect("JSON");
+    pod["metadata"]["annotations"]["vm.cocoonstack.io/guest-flavor"] = "ubuntu".into();
+    let pod_path = dir.path().join("pod.json");
+    std::fs::write(&pod_path, pod.to_string()).expect("write");
+    let vm = examples().join("fc-dhcp/vm.json");
+    let args = [
+        "--pod",
+        pod_path.to_str().unwrap(),
+        "--vm",
+        vm.to_str().unwrap(),
+    ];
+    let out = plan(&args);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("fc-mac"), "an fc-mac plan: {stdout}");
+    assert!(!stdout.contains("for fc-mac"), "{stdout}");
+}
+
 /// A guest-flavour annotation no plugin serves: `plan` says so in text and
 /// JSON, naming the flavour, the scenario and the plugin that planned it
 /// instead.

@@ -113,8 +113,15 @@ pub struct PlanPart {
 impl PlanPart {
     /// When the VM's guest-flavour annotation names a flavour that no
     /// plugin declares for this part's scenario: one line saying so and
-    /// naming the plugin that planned it instead (the generic one).
+    /// naming the plugin that planned it instead (the generic one). Not
+    /// for `fc-mac`, generic by design (it re-applies MACs whatever the
+    /// guest): a flavoured Firecracker clone is served by its generic
+    /// part and its flavour's network part, and no vendor need claim
+    /// `fc-mac`.
     pub fn unmatched_flavor(&self) -> Option<String> {
+        if self.selection.scenario == Scenario::FcMac {
+            return None;
+        }
         let flavor = self.selection.unmatched_flavor.as_ref()?;
         let plugin = &self.selection.plugin;
         Some(format!(
