@@ -87,6 +87,31 @@ fn a_pinned_reference_in_the_config_is_pulled_verified_and_loaded_under_the_allo
         "loaded from the store"
     );
 
+    // "Is my pinned plugin accepted on this node?": `plugin inspect` of
+    // the store's file, and of a pulled copy of the same bytes, judges it
+    // in its reference's place, never as a second file claiming what it
+    // claims itself.
+    let copy = dir.path().join("pulled.wasm");
+    std::fs::copy(&files[0], &copy).expect("a copy");
+    for file in [&files[0], &copy] {
+        let out = std::process::Command::new(crate::serve_reload::binary::program())
+            .args(["plugin", "inspect"])
+            .arg(file)
+            .arg("--config")
+            .arg(dir.path().join("config.toml"))
+            .env("HOME", dir.path())
+            .output()
+            .expect("inspect runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("verdict    accepted"),
+            "{}: {stdout}{}",
+            file.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!stdout.contains("also serves"), "{stdout}");
+    }
+
     // The same reference under an allow-list that does not name its wasm:
     // pulled and verified (it is in the store already), then refused.
     let other = "0".repeat(64);

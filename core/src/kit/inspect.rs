@@ -359,16 +359,28 @@ impl Inspector {
     fn load_dir(&self, path: &Path, plugin: Option<&Arc<LoadedPlugin>>) -> DirLoad {
         let mut registry = self.host.registry().clone();
         let name = path.file_name().unwrap_or(path.as_os_str());
-        // The node reads only `*.wasm` files of its directory.
-        let wasm_name = name.as_encoded_bytes().ends_with(b".wasm");
-        let here = match &self.plugin_dir {
-            Some(dir) => dir.join(name),
-            None => path.to_owned(),
-        };
         let inside = self
             .plugin_dir
             .as_deref()
             .is_some_and(|dir| lies_in(path, dir));
+        // A pinned reference's own file, or the same bytes (a pulled copy
+        // of that digest): judged in that reference's place, not as a
+        // second file beside it.
+        let twin = plugin.filter(|_| !inside).and_then(|plugin| {
+            self.pinned.iter().position(|file| {
+                file == path
+                    || read_trusted(file)
+                        .is_ok_and(|bytes| hex::encode(Sha256::digest(&bytes)) == plugin.sha256)
+            })
+        });
+        // The node reads only `*.wasm` files of its directory; a pinned
+        // file is read whatever its name.
+        let wasm_name = twin.is_some() || name.as_encoded_bytes().ends_with(b".wasm");
+        let here = match (twin, &self.plugin_dir) {
+            (Some(i), _) => self.pinned[i].clone(),
+            (None, Some(dir)) => dir.join(name),
+            (None, None) => path.to_owned(),
+        };
         let mut report = self.plugin_dir.as_ref().map(|dir| DirectoryReport {
             path: dir.display().to_string(),
             file_as: here.display().to_string(),
@@ -420,6 +432,8 @@ impl Inspector {
         // Why the node cannot read the inspected file where it lies.
         let mut unreadable = None;
         match entries.iter().position(|(file, _)| *file == here) {
+            // In a pinned reference's place (below).
+            _ if twin.is_some() => {}
             // The file itself: judged as the node reads it there.
             Some(i) if inside => match &entries[i].1 {
                 DirEntry::Other(Err(e)) => unreadable = Some(e.to_string()),
@@ -439,11 +453,14 @@ impl Inspector {
             }
         }
         // The pinned references' files load after the directory.
-        entries.extend(
-            self.pinned
-                .iter()
-                .map(|file| (file.clone(), DirEntry::Other(read_trusted(file)))),
-        );
+        entries.extend(self.pinned.iter().enumerate().map(|(i, file)| {
+            let entry = if twin == Some(i) {
+                DirEntry::Inspected
+            } else {
+                DirEntry::Other(read_trusted(file))
+            };
+            (file.clone(), entry)
+        }));
         let mut own = None;
         let mut inspected_fails = false;
         // The files the inspected one shares a claim with: the other file,
