@@ -8,9 +8,11 @@
 //!
 //! - run: one simple command, no assignment, no redirection; its words,
 //!   unquoted, are the argv.
-//! - write file: `printf` with the words `%s` and the content, and one `>`
-//!   redirection whose target, unquoted, is the path; when the step has a
-//!   mode, `&& chmod <mode as four or more octal digits> <path>`.
+//! - write file: a subshell of `umask <mask>` (the bits the mode does not
+//!   grant, four octal digits; `go-w` without a mode) `&& printf` with the
+//!   words `%s` and the content, and one `>` redirection whose target,
+//!   unquoted, is the path; when the step has a mode, then `&& chmod <mode
+//!   as four or more octal digits> <path>`.
 //! - remove files: `rm -f --` then one word per pattern; a pattern's `*`
 //!   must come from unquoted text (a wildcard) and every other character
 //!   from quoted text or from unquoted characters no shell treats
@@ -192,15 +194,42 @@ fn simple(pipeline: &brush_parser::ast::Pipeline) -> Result<&SimpleCommand, Stri
     }
 }
 
-/// The step's commands (before `||`) and the handler after it.
+/// A pipeline's simple commands, each with whether it runs in a subshell:
+/// one simple command, or a subshell whose one line is simple commands
+/// joined by `&&` (a write under its umask).
+fn commands_of(
+    pipeline: &brush_parser::ast::Pipeline,
+) -> Result<Vec<(&SimpleCommand, bool)>, String> {
+    let (false, false, [Command::Compound(CompoundCommand::Subshell(sub), None)]) = (
+        pipeline.bang,
+        pipeline.timed.is_some(),
+        pipeline.seq.as_slice(),
+    ) else {
+        return Ok(vec![(simple(pipeline)?, false)]);
+    };
+    let [item] = sub.list.0.as_slice() else {
+        return Err(format!("a subshell of more than one line: {pipeline}"));
+    };
+    let mut out = vec![(simple(&item.0.first)?, true)];
+    for next in &item.0.additional {
+        match next {
+            AndOr::And(p) => out.push((simple(p)?, true)),
+            other => return Err(format!("unexpected `{other}` in a subshell")),
+        }
+    }
+    Ok(out)
+}
+
+/// The step's commands (before `||`), each with whether it runs in a
+/// subshell, and the handler after it.
 fn split_step(
     list: &AndOrList,
-) -> Result<(Vec<&SimpleCommand>, &brush_parser::ast::Pipeline), String> {
-    let mut commands = vec![simple(&list.first)?];
+) -> Result<(Vec<(&SimpleCommand, bool)>, &brush_parser::ast::Pipeline), String> {
+    let mut commands = commands_of(&list.first)?;
     let mut handler = None;
     for (i, next) in list.additional.iter().enumerate() {
         match next {
-            AndOr::And(p) if handler.is_none() => commands.push(simple(p)?),
+            AndOr::And(p) if handler.is_none() => commands.extend(commands_of(p)?),
             AndOr::Or(p) if i + 1 == list.additional.len() => handler = Some(p),
             other => return Err(format!("unexpected `{other}` in the step line")),
         }
@@ -210,8 +239,9 @@ fn split_step(
 }
 
 /// The step's commands are exactly the plan's step.
-fn check_step(step: &Step, commands: &[&SimpleCommand]) -> Result<(), String> {
-    let invs: Vec<Invocation> = commands.iter().map(|c| invocation(c)).collect();
+fn check_step(step: &Step, commands: &[(&SimpleCommand, bool)]) -> Result<(), String> {
+    let invs: Vec<Invocation> = commands.iter().map(|(c, _)| invocation(c)).collect();
+    let in_subshell: Vec<bool> = commands.iter().map(|(_, sub)| *sub).collect();
     for inv in &invs {
         if inv.assignments != 0 {
             return Err(format!("an assignment in {inv:?}"));
@@ -226,7 +256,7 @@ fn check_step(step: &Step, commands: &[&SimpleCommand]) -> Result<(), String> {
     };
     match &step.action {
         Action::Run(argv) => {
-            let [inv] = invs.as_slice() else {
+            let ([inv], [false]) = (invs.as_slice(), in_subshell.as_slice()) else {
                 return Err(format!("a run step became {} commands", invs.len()));
             };
             if !inv.redirects.is_empty() {
@@ -243,31 +273,48 @@ fn check_step(step: &Step, commands: &[&SimpleCommand]) -> Result<(), String> {
             mode,
             parents: _,
         }) => {
-            let expected = if mode.is_some() { 2 } else { 1 };
-            if invs.len() != expected {
-                return Err(format!("a write became {} commands", invs.len()));
+            // `(umask <mask> && printf '%s' <content> > <path>)`, then
+            // `chmod` with a mode.
+            let expected: &[bool] = if mode.is_some() {
+                &[true, true, false]
+            } else {
+                &[true, true]
+            };
+            if in_subshell != expected {
+                return Err(format!(
+                    "a write became {} commands (in a subshell: {in_subshell:?})",
+                    invs.len()
+                ));
             }
+            let mask = match mode {
+                Some(mode) => format!("{:04o}", 0o777 & !mode),
+                None => "go-w".to_owned(),
+            };
             let got = words(&invs[0], usize::MAX)?;
+            if got != ["umask".to_owned(), mask.clone()] || !invs[0].redirects.is_empty() {
+                return Err(format!("umask {got:?}, plan {mask}"));
+            }
+            let got = words(&invs[1], usize::MAX)?;
             let want = vec!["printf".to_owned(), "%s".to_owned(), content.clone()];
             if got != want {
                 return Err(format!("write {got:?}, plan {want:?}"));
             }
-            let [(kind, target)] = invs[0].redirects.as_slice() else {
-                return Err(format!("write redirections {:?}", invs[0].redirects));
+            let [(kind, target)] = invs[1].redirects.as_slice() else {
+                return Err(format!("write redirections {:?}", invs[1].redirects));
             };
             if kind != ">" || &literal(target, false)? != path {
                 return Err(format!("write to {kind} {target:?}, plan {path:?}"));
             }
             if let Some(mode) = mode {
-                let got = words(&invs[1], usize::MAX)?;
+                let got = words(&invs[2], usize::MAX)?;
                 let want = vec!["chmod".to_owned(), format!("{mode:04o}"), path.clone()];
-                if got != want || !invs[1].redirects.is_empty() {
+                if got != want || !invs[2].redirects.is_empty() {
                     return Err(format!("chmod {got:?}, plan {want:?}"));
                 }
             }
         }
         Action::RemoveFiles(patterns) => {
-            let [inv] = invs.as_slice() else {
+            let ([inv], [false]) = (invs.as_slice(), in_subshell.as_slice()) else {
                 return Err(format!("a remove became {} commands", invs.len()));
             };
             let got = words(inv, 3)?;
