@@ -194,12 +194,13 @@ fn simple(pipeline: &brush_parser::ast::Pipeline) -> Result<&SimpleCommand, Stri
     }
 }
 
+/// A simple command of a step, with whether it runs in a subshell.
+type StepCommand<'a> = (&'a SimpleCommand, bool);
+
 /// A pipeline's simple commands, each with whether it runs in a subshell:
 /// one simple command, or a subshell whose one line is simple commands
 /// joined by `&&` (a write under its umask).
-fn commands_of(
-    pipeline: &brush_parser::ast::Pipeline,
-) -> Result<Vec<(&SimpleCommand, bool)>, String> {
+fn commands_of(pipeline: &brush_parser::ast::Pipeline) -> Result<Vec<StepCommand<'_>>, String> {
     let (false, false, [Command::Compound(CompoundCommand::Subshell(sub), None)]) = (
         pipeline.bang,
         pipeline.timed.is_some(),
@@ -224,7 +225,7 @@ fn commands_of(
 /// subshell, and the handler after it.
 fn split_step(
     list: &AndOrList,
-) -> Result<(Vec<(&SimpleCommand, bool)>, &brush_parser::ast::Pipeline), String> {
+) -> Result<(Vec<StepCommand<'_>>, &brush_parser::ast::Pipeline), String> {
     let mut commands = commands_of(&list.first)?;
     let mut handler = None;
     for (i, next) in list.additional.iter().enumerate() {
@@ -239,7 +240,7 @@ fn split_step(
 }
 
 /// The step's commands are exactly the plan's step.
-fn check_step(step: &Step, commands: &[(&SimpleCommand, bool)]) -> Result<(), String> {
+fn check_step(step: &Step, commands: &[StepCommand<'_>]) -> Result<(), String> {
     let invs: Vec<Invocation> = commands.iter().map(|(c, _)| invocation(c)).collect();
     let in_subshell: Vec<bool> = commands.iter().map(|(_, sub)| *sub).collect();
     for inv in &invs {
