@@ -366,11 +366,18 @@ impl Inspector {
         // A pinned reference's own file, or the same bytes (a pulled copy
         // of that digest): judged in that reference's place, not as a
         // second file beside it.
+        // Each pinned reference's file, read once under the node's rules.
+        let pinned: Vec<(PathBuf, Result<Vec<u8>, PluginError>)> = self
+            .pinned
+            .iter()
+            .map(|file| (file.clone(), read_trusted(file)))
+            .collect();
         let twin = plugin.filter(|_| !inside).and_then(|plugin| {
-            self.pinned.iter().position(|file| {
+            pinned.iter().position(|(file, bytes)| {
                 file == path
-                    || read_trusted(file)
-                        .is_ok_and(|bytes| hex::encode(Sha256::digest(&bytes)) == plugin.sha256)
+                    || bytes
+                        .as_ref()
+                        .is_ok_and(|bytes| hex::encode(Sha256::digest(bytes)) == plugin.sha256)
             })
         });
         // The node reads only `*.wasm` files of its directory; a pinned
@@ -453,13 +460,13 @@ impl Inspector {
             }
         }
         // The pinned references' files load after the directory.
-        entries.extend(self.pinned.iter().enumerate().map(|(i, file)| {
+        entries.extend(pinned.into_iter().enumerate().map(|(i, (file, bytes))| {
             let entry = if twin == Some(i) {
                 DirEntry::Inspected
             } else {
-                DirEntry::Other(read_trusted(file))
+                DirEntry::Other(bytes)
             };
-            (file.clone(), entry)
+            (file, entry)
         }));
         let mut own = None;
         let mut inspected_fails = false;
