@@ -690,20 +690,27 @@ impl GuestPolicy {
                 )
             })
             .collect();
-        for pattern in &self.writes {
-            if let Some(location) = WRITE_SENSITIVE.iter().find(|l| can_cover(pattern, l)) {
-                out.push(format!(
-                    "write pattern {pattern} covers {}: through such a file a plugin can run code as root or let someone log in",
-                    shown_location(location)
-                ));
-            }
-        }
-        for pattern in &self.removes {
-            if let Some(location) = REMOVE_SENSITIVE.iter().find(|l| can_cover(pattern, l)) {
-                out.push(format!(
-                    "remove pattern {pattern} covers {}: removing such a file can turn logins or root's access back on",
-                    shown_location(location)
-                ));
+        for (kind, patterns, sensitive, why) in [
+            (
+                "write",
+                &self.writes,
+                WRITE_SENSITIVE,
+                "through such a file a plugin can run code as root or let someone log in",
+            ),
+            (
+                "remove",
+                &self.removes,
+                REMOVE_SENSITIVE,
+                "removing such a file can turn logins or root's access back on",
+            ),
+        ] {
+            for pattern in patterns {
+                if let Some(location) = sensitive.iter().find(|l| can_cover(pattern, l)) {
+                    out.push(format!(
+                        "{kind} pattern {pattern} covers {}: {why}",
+                        shown_location(location)
+                    ));
+                }
             }
         }
         // A bounded rule's program is only the guest's own while no write
