@@ -4,8 +4,8 @@
 //! A plugin artifact has the layout the Wasm community uses: an image
 //! manifest whose config has the media type [`WASM_CONFIG_MEDIA_TYPE`] and
 //! whose one layer, of media type [`WASM_LAYER_MEDIA_TYPE`], is the
-//! component. The registry protocol is `oci-client`'s; this module only
-//! decides what is asked and what is believed.
+//! component. The registry protocol is spoken in [`wire`], every read from
+//! a registry under a bound and every redirect under a rule.
 //!
 //! What is believed: nothing a registry says until it matches a digest the
 //! operator pinned. A pull by digest checks the manifest's bytes against the
@@ -30,12 +30,10 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use futures::StreamExt;
-use oci_client::client::{ClientConfig, ClientProtocol};
-use oci_client::errors::{OciDistributionError, OciErrorCode};
-use oci_client::manifest::{OciDescriptor, OciImageManifest};
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference};
+mod wire;
+
+pub use wire::{LAYER_TIMEOUT, MAX_REDIRECTS, MAX_SMALL_BODY, Registry};
+
 use sha2::{Digest, Sha256};
 
 use fixup_core::plugin::trusted::{TrustedDir, Untrusted};
@@ -184,19 +182,6 @@ impl PluginRef {
             }),
         }
     }
-
-    fn client_reference(&self) -> Reference {
-        match &self.pin {
-            Pin::Digest(hex) => Reference::with_digest(
-                self.registry.clone(),
-                self.repository.clone(),
-                format!("sha256:{hex}"),
-            ),
-            Pin::Tag(tag) => {
-                Reference::with_tag(self.registry.clone(), self.repository.clone(), tag.clone())
-            }
-        }
-    }
 }
 
 /// Why a push, a pull or the store failed. Each message names the
@@ -238,6 +223,10 @@ pub enum OciError {
     )]
     Unreachable { reference: String, reason: String },
     #[error(
+        "{reference}: {reason}; a registry's redirect (and its token realm, and its upload location) is followed to HTTPS, or over plain HTTP only on the registry itself, never from HTTPS to HTTP"
+    )]
+    Redirect { reference: String, reason: String },
+    #[error(
         "{reference}: the {what} does not match its digest (expected sha256:{expected}, got sha256:{actual}): refused, nothing was stored; the registry serves other content than what was pinned"
     )]
     DigestMismatch {
@@ -256,77 +245,6 @@ pub enum OciError {
     StoreWrite { path: PathBuf, reason: String },
     #[error("no place for the plugin store: set --oci-store (HOME and XDG_STATE_HOME are unset)")]
     NoStore,
-}
-
-impl OciError {
-    /// What `oci-client` reported, as one of ours.
-    fn from_client(reference: &PluginRef, e: OciDistributionError) -> OciError {
-        use OciDistributionError as E;
-        let reference = reference.to_string();
-        let code_is = |e: &E, wanted: &[OciErrorCode]| match e {
-            E::RegistryError { envelope, .. } => {
-                envelope.errors.iter().any(|e| wanted.contains(&e.code))
-            }
-            _ => false,
-        };
-        match e {
-            E::UnauthorizedError { .. } | E::AuthenticationFailure(_) => {
-                OciError::Unauthorized { reference }
-            }
-            E::ServerError { code: 401, .. } => OciError::Unauthorized { reference },
-            ref e if code_is(e, &[OciErrorCode::Unauthorized, OciErrorCode::Denied]) => {
-                OciError::Unauthorized { reference }
-            }
-            E::ServerError { code: 404, .. } | E::ImageManifestNotFoundError(_) => {
-                OciError::NotFound { reference }
-            }
-            ref e
-                if code_is(
-                    e,
-                    &[
-                        OciErrorCode::ManifestUnknown,
-                        OciErrorCode::BlobUnknown,
-                        OciErrorCode::NameUnknown,
-                        OciErrorCode::NotFound,
-                    ],
-                ) =>
-            {
-                OciError::NotFound { reference }
-            }
-            E::ServerError { code, message, .. } => OciError::Registry {
-                reference,
-                status: format!("HTTP {code}"),
-                detail: bounded(&message),
-            },
-            E::RegistryError { envelope, .. } => OciError::Registry {
-                reference,
-                status: "an error envelope".to_owned(),
-                detail: bounded(&envelope.to_string()),
-            },
-            E::DigestError(oci_client::errors::DigestError::VerificationError {
-                expected,
-                actual,
-            }) => OciError::DigestMismatch {
-                reference,
-                what: "content",
-                expected: strip_algorithm(&expected),
-                actual: strip_algorithm(&actual),
-            },
-            E::UnsupportedMediaTypeError(media_type) => OciError::NotAPlugin {
-                reason: format!("its manifest has the media type {}", bounded(&media_type)),
-                reference,
-            },
-            E::RequestError(e) => OciError::Unreachable {
-                reason: bounded(&error_chain(&e)),
-                reference,
-            },
-            e => OciError::Registry {
-                reference,
-                status: "an answer outside the distribution spec".to_owned(),
-                detail: bounded(&e.to_string()),
-            },
-        }
-    }
 }
 
 /// `e` and its causes, joined by `: `.
@@ -350,10 +268,6 @@ fn bounded(text: &str) -> String {
         Some((cut, _)) => format!("{}...", &text[..cut]),
         None => text,
     }
-}
-
-fn strip_algorithm(digest: &str) -> String {
-    bounded(digest.strip_prefix("sha256:").unwrap_or(digest))
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -406,209 +320,37 @@ pub struct Artifact {
     pub wasm_sha256: String,
 }
 
-/// A registry client for plugin artifacts.
-pub struct Registry {
-    client: Client,
-    auth: RegistryAuth,
+/// A content descriptor: what a manifest says of its config and layers.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Descriptor {
+    media_type: String,
+    digest: String,
+    size: i64,
 }
 
-impl fmt::Debug for Registry {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Registry").finish_non_exhaustive()
-    }
-}
-
-impl Registry {
-    pub fn new(options: &RegistryOptions) -> Self {
-        // TLS is rustls with the ring provider kube already uses; a second
-        // install (another client in this process) is a no-op.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let protocol = if options.plain_http.is_empty() {
-            ClientProtocol::Https
-        } else {
-            ClientProtocol::HttpsExcept(options.plain_http.clone())
-        };
-        let client = Client::new(ClientConfig {
-            protocol,
-            use_monolithic_push: true,
-            connect_timeout: Some(REQUEST_TIMEOUT),
-            read_timeout: Some(REQUEST_TIMEOUT),
-            ..ClientConfig::default()
-        });
-        let auth = match &options.credentials {
-            Some((user, password)) => RegistryAuth::Basic(user.clone(), password.clone()),
-            None => RegistryAuth::Anonymous,
-        };
-        Registry { client, auth }
-    }
-
-    /// Push `wasm` as a plugin artifact to `reference` (a tag); the
-    /// reference pinned to the manifest's digest, to put in a
-    /// configuration. The manifest has no timestamp: the same file pushed
-    /// twice has the same digest.
-    pub async fn push(&self, reference: &PluginRef, wasm: &[u8]) -> Result<PluginRef, OciError> {
-        if !matches!(reference.pin, Pin::Tag(_)) {
-            return Err(OciError::PushNeedsTag {
-                reference: reference.to_string(),
-            });
-        }
-        if !wasm.starts_with(b"\0asm") {
-            return Err(OciError::NotAPlugin {
-                reference: reference.to_string(),
-                reason: "the file is not WebAssembly (no `\\0asm` header)".to_owned(),
-            });
-        }
-        let wasm_digest = format!("sha256:{}", sha256_hex(wasm));
-        let config = serde_json::to_vec(&serde_json::json!({
-            "architecture": "wasm",
-            "os": "wasip2",
-            "layerDigests": [wasm_digest],
-        }))
-        .expect("a JSON value serializes");
-        let config_digest = format!("sha256:{}", sha256_hex(&config));
-        let descriptor = |media_type: &str, digest: &str, size: usize| OciDescriptor {
-            media_type: media_type.to_owned(),
-            digest: digest.to_owned(),
-            size: size as i64,
-            ..OciDescriptor::default()
-        };
-        let manifest = OciImageManifest {
-            schema_version: 2,
-            media_type: Some(MANIFEST_MEDIA_TYPE.to_owned()),
-            config: descriptor(WASM_CONFIG_MEDIA_TYPE, &config_digest, config.len()),
-            layers: vec![descriptor(WASM_LAYER_MEDIA_TYPE, &wasm_digest, wasm.len())],
-            ..OciImageManifest::default()
-        };
-        let manifest = serde_json::to_vec(&manifest).expect("a manifest serializes");
-        let target = reference.client_reference();
-        let client_error = |e| OciError::from_client(reference, e);
-        self.client
-            .store_auth_if_needed(target.resolve_registry(), &self.auth)
-            .await;
-        self.client
-            .push_blob(&target, wasm.to_vec(), &wasm_digest)
-            .await
-            .map_err(client_error)?;
-        self.client
-            .push_blob(&target, config, &config_digest)
-            .await
-            .map_err(client_error)?;
-        self.client
-            .push_manifest_raw(
-                &target,
-                manifest.clone(),
-                http::HeaderValue::from_static(MANIFEST_MEDIA_TYPE),
-            )
-            .await
-            .map_err(client_error)?;
-        Ok(reference.pinned(&sha256_hex(&manifest)))
-    }
-
-    /// Pull the plugin at `reference` and verify it: the manifest against
-    /// the pinned digest (or, for a tag that `tags` allows, take its
-    /// digest), its layout and media types, the layer against the digest
-    /// the manifest names.
-    pub async fn pull(&self, reference: &PluginRef, tags: Tags) -> Result<Artifact, OciError> {
-        if matches!(reference.pin, Pin::Tag(_)) && tags == Tags::Refuse {
-            return Err(OciError::TagNotAllowed {
-                reference: reference.to_string(),
-            });
-        }
-        let target = reference.client_reference();
-        let (manifest, _) = self
-            .client
-            .pull_manifest_raw(&target, &self.auth, &[MANIFEST_MEDIA_TYPE])
-            .await
-            .map_err(|e| OciError::from_client(reference, e))?;
-        let manifest = manifest.to_vec();
-        let digest = sha256_hex(&manifest);
-        if let Some(expected) = reference.digest()
-            && expected != digest
-        {
-            return Err(OciError::DigestMismatch {
-                reference: reference.to_string(),
-                what: "manifest",
-                expected: expected.to_owned(),
-                actual: digest,
-            });
-        }
-        let pinned = reference.pinned(&digest);
-        let layer = plugin_layer(&manifest).map_err(|reason| OciError::NotAPlugin {
-            reference: pinned.to_string(),
-            reason,
-        })?;
-        let wasm = self.pull_layer(&pinned, &layer).await?;
-        Ok(Artifact {
-            wasm_sha256: sha256_hex(&wasm),
-            reference: pinned,
-            manifest,
-            wasm,
-        })
-    }
-
-    /// The layer's bytes, at most its declared size, verified against its
-    /// digest.
-    async fn pull_layer(
-        &self,
-        reference: &PluginRef,
-        layer: &OciDescriptor,
-    ) -> Result<Vec<u8>, OciError> {
-        let expected = layer.digest.strip_prefix("sha256:").unwrap_or_default();
-        let mismatch = |actual: String| OciError::DigestMismatch {
-            reference: reference.to_string(),
-            what: "plugin layer",
-            expected: expected.to_owned(),
-            actual,
-        };
-        let mut stream = self
-            .client
-            .pull_blob_stream(&reference.client_reference(), layer)
-            .await
-            .map_err(|e| OciError::from_client(reference, e))?;
-        let size = layer.size as u64;
-        let mut wasm = Vec::with_capacity(size.min(MAX_LAYER_BYTES) as usize);
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| {
-                // The client checks the digest at the end of the stream.
-                match e
-                    .get_ref()
-                    .and_then(|inner| inner.downcast_ref::<oci_client::errors::DigestError>())
-                {
-                    Some(oci_client::errors::DigestError::VerificationError { actual, .. }) => {
-                        mismatch(strip_algorithm(actual))
-                    }
-                    _ => OciError::Unreachable {
-                        reference: reference.to_string(),
-                        reason: bounded(&error_chain(&e)),
-                    },
-                }
-            })?;
-            if wasm.len() as u64 + chunk.len() as u64 > size {
-                return Err(mismatch(format!(
-                    "<more than the {size} bytes the manifest declares>"
-                )));
-            }
-            wasm.extend_from_slice(&chunk);
-        }
-        let actual = sha256_hex(&wasm);
-        if actual != expected {
-            return Err(mismatch(actual));
-        }
-        Ok(wasm)
-    }
+/// An OCI image manifest, as much of it as a plugin artifact uses.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ImageManifest {
+    schema_version: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    media_type: Option<String>,
+    config: Descriptor,
+    layers: Vec<Descriptor>,
 }
 
 /// The one plugin layer of a manifest, checked: schema 2, the Wasm config
 /// media type, exactly one `application/wasm` layer with a sha256 digest
 /// and a size within [`MAX_LAYER_BYTES`]. `Err` says what is wrong.
-fn plugin_layer(manifest: &[u8]) -> Result<OciDescriptor, String> {
+fn plugin_layer(manifest: &[u8]) -> Result<Descriptor, String> {
     if manifest.len() > MAX_MANIFEST_BYTES {
         return Err(format!(
             "its manifest is {} bytes, more than {MAX_MANIFEST_BYTES}",
             manifest.len()
         ));
     }
-    let manifest: OciImageManifest = serde_json::from_slice(manifest).map_err(|e| {
+    let manifest: ImageManifest = serde_json::from_slice(manifest).map_err(|e| {
         format!(
             "its manifest is not an image manifest ({})",
             bounded(&e.to_string())
@@ -634,7 +376,7 @@ fn plugin_layer(manifest: &[u8]) -> Result<OciDescriptor, String> {
             bounded(&manifest.config.media_type)
         ));
     }
-    let [layer] = <[OciDescriptor; 1]>::try_from(manifest.layers)
+    let [layer] = <[Descriptor; 1]>::try_from(manifest.layers)
         .map_err(|layers| format!("it has {} layers, not one", layers.len()))?;
     if layer.media_type != WASM_LAYER_MEDIA_TYPE {
         return Err(format!(
@@ -819,7 +561,10 @@ impl PinnedPlugins {
                 Ok(None) => {}
                 Err(why) => tracing::warn!(%reference, "{why}; pulling it again"),
             }
-            let registry = registry.get_or_insert_with(|| Registry::new(&self.registry));
+            let registry = match &mut registry {
+                Some(registry) => registry,
+                None => registry.insert(Registry::new(&self.registry)?),
+            };
             let artifact = registry.pull(reference, Tags::Refuse).await?;
             tracing::info!(%reference, sha256 = %artifact.wasm_sha256, "plugin pulled and verified");
             files.push(store.put(&artifact)?);

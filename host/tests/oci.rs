@@ -19,6 +19,8 @@ use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use fixup_core::plugin::builtin::BUILTINS;
 use fixup_host::oci::{
@@ -214,7 +216,11 @@ fn pushed(
     registry: &LocalRegistry,
 ) -> (PinnedPlugins, tempfile::TempDir) {
     let pinned = runtime
-        .block_on(Registry::new(&plain(registry.host())).push(&tagged(registry), wasm()))
+        .block_on(
+            Registry::new(&plain(registry.host()))
+                .unwrap()
+                .push(&tagged(registry), wasm()),
+        )
         .unwrap();
     let state = tempfile::tempdir().unwrap();
     let pinned_plugins = PinnedPlugins {
@@ -233,7 +239,11 @@ fn pull_into_the_store_then_a_restart_with_the_registry_down_still_finds_it() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let (pinned_plugins, state) = pushed(&runtime, &registry);
     let again = runtime
-        .block_on(Registry::new(&plain(registry.host())).push(&tagged(&registry), wasm()))
+        .block_on(
+            Registry::new(&plain(registry.host()))
+                .unwrap()
+                .push(&tagged(&registry), wasm()),
+        )
         .unwrap();
     assert_eq!(
         pinned_plugins.references,
@@ -378,6 +388,9 @@ struct Answer {
     status: u16,
     headers: Vec<(&'static str, String)>,
     body: Vec<u8>,
+    /// After `body`, this many filler bytes, written while the client
+    /// reads them; `Content-Length` counts them when `declared`.
+    flood: Option<(u64, bool)>,
 }
 
 impl Answer {
@@ -386,6 +399,7 @@ impl Answer {
             status,
             headers: Vec::new(),
             body: body.into(),
+            flood: None,
         }
     }
 
@@ -393,57 +407,152 @@ impl Answer {
         self.headers.push((name, value.into()));
         self
     }
-}
 
-/// A stand-in registry on loopback: `GET /v2/` is 200, each path in
-/// `answers` gets its answer, anything else 404. One request per
-/// connection. Runs until the test ends.
-fn stand_in(answers: HashMap<String, Answer>) -> String {
-    stand_in_with_login(answers, None)
-}
-
-/// [`stand_in`]; with `login`, every request without exactly that
-/// `Authorization` header gets 401 and a basic-auth challenge.
-fn stand_in_with_login(answers: HashMap<String, Answer>, login: Option<String>) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let host = listener.local_addr().unwrap().to_string();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let mut head = Vec::new();
-            let mut byte = [0u8; 1];
-            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
-                head.push(byte[0]);
-            }
-            let head = String::from_utf8_lossy(&head);
-            let path = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
-            let authorization = head.lines().find_map(|line| {
-                let (name, value) = line.split_once(':')?;
-                name.eq_ignore_ascii_case("authorization")
-                    .then(|| value.trim().to_owned())
-            });
-            let answer = match answers.get(&path) {
-                _ if login.is_some() && authorization != login => {
-                    Answer::new(401, "").header("WWW-Authenticate", r#"Basic realm="stand-in""#)
-                }
-                Some(answer) => answer.clone(),
-                None if path == "/v2/" => Answer::new(200, "{}"),
-                None => Answer::new(404, ""),
-            };
-            let mut response = format!(
-                "HTTP/1.1 {} X\r\nContent-Length: {}\r\nConnection: close\r\n",
-                answer.status,
-                answer.body.len()
-            );
-            for (name, value) in &answer.headers {
-                response.push_str(&format!("{name}: {value}\r\n"));
-            }
-            response.push_str("\r\n");
-            let _ = stream.write_all(response.as_bytes());
-            let _ = stream.write_all(&answer.body);
+    /// `status` with a body of `len` filler bytes, its length declared or
+    /// not (then the body ends when the connection does).
+    fn flood(status: u16, len: u64, declared: bool) -> Self {
+        Answer {
+            flood: Some((len, declared)),
+            ..Answer::new(status, "")
         }
+    }
+}
+
+/// A stand-in registry on loopback: `GET /v2/` is 200, each path in its
+/// answers gets its answer, anything else 404. One request per
+/// connection, each connection on its own thread. Runs until the test
+/// ends. It counts the body bytes it got written and the paths asked.
+struct StandIn {
+    listener: TcpListener,
+    host: String,
+    written: Arc<AtomicU64>,
+    asked: Arc<Mutex<Vec<String>>>,
+}
+
+impl StandIn {
+    fn bind() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        StandIn {
+            host: listener.local_addr().unwrap().to_string(),
+            listener,
+            written: Arc::default(),
+            asked: Arc::default(),
+        }
+    }
+
+    /// Serve `answers`; with `login` (an `Authorization` value and a
+    /// challenge), every request but one for `/token` without exactly that
+    /// header gets 401 and the challenge.
+    fn serve(self, answers: HashMap<String, Answer>, login: Option<(String, String)>) -> Served {
+        let served = Served {
+            host: self.host,
+            written: self.written.clone(),
+            asked: self.asked.clone(),
+        };
+        let answers = Arc::new(answers);
+        let (written, asked) = (self.written, self.asked);
+        let listener = self.listener;
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let (answers, login) = (answers.clone(), login.clone());
+                let (written, asked) = (written.clone(), asked.clone());
+                std::thread::spawn(move || answer(stream, &answers, login, &written, &asked));
+            }
+        });
+        served
+    }
+}
+
+/// A stand-in serving, and what it saw.
+struct Served {
+    host: String,
+    written: Arc<AtomicU64>,
+    asked: Arc<Mutex<Vec<String>>>,
+}
+
+impl Served {
+    fn written(&self) -> u64 {
+        self.written.load(Ordering::SeqCst)
+    }
+
+    fn asked(&self) -> Vec<String> {
+        self.asked.lock().unwrap().clone()
+    }
+}
+
+fn answer(
+    mut stream: std::net::TcpStream,
+    answers: &HashMap<String, Answer>,
+    login: Option<(String, String)>,
+    written: &AtomicU64,
+    asked: &Mutex<Vec<String>>,
+) {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    let target = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
+    asked.lock().unwrap().push(target.clone());
+    let path = target.split('?').next().unwrap_or_default();
+    let authorization = head.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.eq_ignore_ascii_case("authorization")
+            .then(|| value.trim().to_owned())
     });
-    host
+    let answer = match (answers.get(path), login) {
+        (_, Some((wanted, challenge)))
+            if path != "/token" && authorization.as_ref() != Some(&wanted) =>
+        {
+            Answer::new(401, "").header("WWW-Authenticate", challenge)
+        }
+        (answer, _) => match answer {
+            Some(answer) => answer.clone(),
+            None if path == "/v2/" => Answer::new(200, "{}"),
+            None => Answer::new(404, ""),
+        },
+    };
+    let mut response = format!("HTTP/1.1 {} X\r\nConnection: close\r\n", answer.status);
+    match answer.flood {
+        Some((len, true)) => response.push_str(&format!(
+            "Content-Length: {}\r\n",
+            answer.body.len() as u64 + len
+        )),
+        Some((_, false)) => {}
+        None => response.push_str(&format!("Content-Length: {}\r\n", answer.body.len())),
+    }
+    for (name, value) in &answer.headers {
+        response.push_str(&format!("{name}: {value}\r\n"));
+    }
+    response.push_str("\r\n");
+    let _ = stream.write_all(response.as_bytes());
+    let _ = stream.write_all(&answer.body);
+    if let Some((len, _)) = answer.flood {
+        let chunk = vec![b'x'; 64 << 10];
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(chunk.len() as u64) as usize;
+            if stream.write_all(&chunk[..n]).is_err() {
+                break;
+            }
+            written.fetch_add(n as u64, Ordering::SeqCst);
+            left -= n as u64;
+        }
+    }
+}
+
+fn stand_in(answers: HashMap<String, Answer>) -> String {
+    StandIn::bind().serve(answers, None).host
+}
+
+/// [`stand_in`] that wants `login` as a basic-auth `Authorization`.
+fn stand_in_with_login(answers: HashMap<String, Answer>, login: String) -> String {
+    let challenge = r#"Basic realm="stand-in""#.to_owned();
+    StandIn::bind()
+        .serve(answers, Some((login, challenge)))
+        .host
 }
 
 /// A plugin manifest naming a layer of `layer_digest`, `layer_size` bytes,
@@ -597,7 +706,7 @@ fn credentials_come_from_the_environment() {
                 Answer::new(200, layer),
             ),
         ]),
-        Some(login),
+        login,
     );
     let reference = format!("oci://{host}/acme/net@sha256:{hex}");
     let dir = tempfile::tempdir().unwrap();
@@ -640,12 +749,264 @@ fn the_real_registry_answers_404_and_push_refuses_what_is_not_wasm() {
         .unwrap();
     let err = tokio::runtime::Runtime::new()
         .unwrap()
-        .block_on(Registry::new(&plain(registry.host())).push(&tagged, b"#!/bin/sh\n"))
+        .block_on(
+            Registry::new(&plain(registry.host()))
+                .unwrap()
+                .push(&tagged, b"#!/bin/sh\n"),
+        )
         .unwrap_err();
     assert!(matches!(err, OciError::NotAPlugin { .. }), "{err}");
     let err = tokio::runtime::Runtime::new()
         .unwrap()
-        .block_on(Registry::new(&plain(registry.host())).pull(&tagged, Tags::Refuse))
+        .block_on(
+            Registry::new(&plain(registry.host()))
+                .unwrap()
+                .pull(&tagged, Tags::Refuse),
+        )
         .unwrap_err();
     assert!(matches!(err, OciError::TagNotAllowed { .. }), "{err}");
+}
+
+/// What a hostile registry answered with in review: 256 MiB.
+const FLOOD: u64 = 256 << 20;
+/// Far more than any bound plus what loopback's socket buffers hold, far
+/// less than [`FLOOD`]: a client that read its answers whole passes it.
+const READ_AT_MOST: u64 = 32 << 20;
+
+/// A good plugin manifest, its digest, and the paths of it and its layer.
+fn good_artifact() -> (Vec<u8>, String, String, String) {
+    let layer = wasm();
+    let layer_digest = format!("sha256:{}", sha256_hex(layer));
+    let good = manifest(WASM_CONFIG_MEDIA_TYPE, &layer_digest, layer.len());
+    let hex = sha256_hex(&good);
+    let manifest_path = format!("/v2/acme/net/manifests/sha256:{hex}");
+    (
+        good,
+        hex,
+        manifest_path,
+        format!("/v2/acme/net/blobs/{layer_digest}"),
+    )
+}
+
+/// Every answer a registry gives is read under a bound chosen before the
+/// read: a manifest, an error body, a token answer and a layer of 256 MiB,
+/// declared in `Content-Length` or not, are refused after at most what
+/// the socket buffers hold, by the daemon's pull.
+#[test]
+fn a_registry_cannot_make_the_host_read_past_a_bound() {
+    let (good, hex, manifest_path, blob_path) = good_artifact();
+    let check = |served: &Served, err: &OciError, what: &str| {
+        assert!(
+            served.written() < READ_AT_MOST,
+            "{what}: {} bytes of the answer were read",
+            served.written()
+        );
+        assert!(err.to_string().len() < 4096, "{what}: {err}");
+    };
+
+    for declared in [true, false] {
+        let served = StandIn::bind().serve(
+            HashMap::from([(manifest_path.clone(), Answer::flood(200, FLOOD, declared))]),
+            None,
+        );
+        let err = pull_error(&served.host, &hex);
+        assert!(matches!(err, OciError::NotAPlugin { .. }), "{err}");
+        assert!(err.to_string().contains("more than 65536 bytes"), "{err}");
+        check(&served, &err, "manifest");
+
+        let served = StandIn::bind().serve(
+            HashMap::from([(manifest_path.clone(), Answer::flood(500, FLOOD, declared))]),
+            None,
+        );
+        let err = pull_error(&served.host, &hex);
+        assert!(
+            matches!(&err, OciError::Registry { status, .. } if status == "HTTP 500"),
+            "{err}"
+        );
+        check(&served, &err, "error body");
+
+        let stand_in = StandIn::bind();
+        let challenge = format!(
+            r#"Bearer realm="http://{}/token",service="stand-in",scope="repository:acme/net:pull""#,
+            stand_in.host
+        );
+        let served = stand_in.serve(
+            HashMap::from([
+                (manifest_path.clone(), manifest_answer(&good)),
+                ("/token".to_owned(), Answer::flood(200, FLOOD, declared)),
+            ]),
+            Some(("Bearer never".to_owned(), challenge)),
+        );
+        let err = pull_error(&served.host, &hex);
+        assert!(
+            err.to_string()
+                .contains("token answer is more than 65536 bytes"),
+            "{err}"
+        );
+        check(&served, &err, "token answer");
+
+        let mut layer = Answer::flood(200, FLOOD, declared);
+        layer.body = wasm().to_vec();
+        let served = StandIn::bind().serve(
+            HashMap::from([
+                (manifest_path.clone(), manifest_answer(&good)),
+                (blob_path.clone(), layer),
+            ]),
+            None,
+        );
+        let err = pull_error(&served.host, &hex);
+        let layer_refused =
+            matches!(&err, OciError::DigestMismatch { what, .. } if *what == "plugin layer");
+        assert!(layer_refused, "{err}");
+        assert!(
+            err.to_string().contains("bytes the manifest declares"),
+            "{err}"
+        );
+        check(&served, &err, "layer");
+    }
+}
+
+/// A registry that wants a bearer token gets one from its own realm, asked
+/// with the challenge's service and scope, and it is used for the manifest
+/// and the layer.
+#[test]
+fn a_bearer_realm_on_the_registry_gives_the_token_used() {
+    let (good, hex, manifest_path, blob_path) = good_artifact();
+    let stand_in = StandIn::bind();
+    let challenge = format!(
+        r#"Bearer realm="http://{}/token",service="stand-in",scope="repository:acme/net:pull""#,
+        stand_in.host
+    );
+    let served = stand_in.serve(
+        HashMap::from([
+            (manifest_path.clone(), manifest_answer(&good)),
+            (blob_path.clone(), Answer::new(200, wasm())),
+            (
+                "/token".to_owned(),
+                Answer::new(200, r#"{"token":"t0ken","expires_in":300}"#),
+            ),
+        ]),
+        Some(("Bearer t0ken".to_owned(), challenge)),
+    );
+    let reference: PluginRef = format!("oci://{}/acme/net@sha256:{hex}", served.host)
+        .parse()
+        .unwrap();
+    let artifact = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(
+            Registry::new(&plain(&served.host))
+                .unwrap()
+                .pull(&reference, Tags::Refuse),
+        )
+        .unwrap();
+    assert_eq!(artifact.wasm, wasm());
+    let asked = served.asked();
+    assert!(
+        asked.contains(&"/token?service=stand-in&scope=repository%3Aacme%2Fnet%3Apull".to_owned()),
+        "{asked:?}"
+    );
+    assert_eq!(
+        asked
+            .iter()
+            .filter(|path| path.starts_with("/token"))
+            .count(),
+        1,
+        "one token for the pull: {asked:?}"
+    );
+}
+
+/// A plain-HTTP registry's redirect, token realm or upload location is
+/// followed only on the registry itself or to HTTPS: another host over
+/// plain HTTP is never asked, and the refusal says where it would have
+/// gone. A redirect on the registry is followed and logged.
+#[test]
+fn redirects_stay_on_the_registry_or_go_to_https_and_are_logged() {
+    let (good, hex, manifest_path, blob_path) = good_artifact();
+    let elsewhere = StandIn::bind().serve(
+        HashMap::from([
+            (blob_path.clone(), Answer::new(200, wasm())),
+            ("/token".to_owned(), Answer::new(200, r#"{"token":"t"}"#)),
+            ("/upload".to_owned(), Answer::new(201, "")),
+        ]),
+        None,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.toml"), "").unwrap();
+
+    // The layer redirected to a host nobody listed, over plain HTTP.
+    let registry = stand_in(HashMap::from([
+        (manifest_path.clone(), manifest_answer(&good)),
+        (
+            blob_path.clone(),
+            Answer::new(307, "")
+                .header("Location", format!("http://{}{blob_path}", elsewhere.host)),
+        ),
+    ]));
+    let reference = format!("oci://{registry}/acme/net@sha256:{hex}");
+    let out = pull(dir.path(), &reference, "away.wasm", &["--plain-http"]);
+    assert_refused(&out, &dir.path().join("away.wasm"), "refused");
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains(&elsewhere.host), "{stderr}");
+    assert!(stderr.contains("over plain HTTP"), "{stderr}");
+
+    // On the registry itself: followed, and logged.
+    let registry = stand_in(HashMap::from([
+        (manifest_path.clone(), manifest_answer(&good)),
+        (
+            blob_path.clone(),
+            Answer::new(307, "").header("Location", "/moved/layer"),
+        ),
+        ("/moved/layer".to_owned(), Answer::new(200, wasm())),
+    ]));
+    let reference = format!("oci://{registry}/acme/net@sha256:{hex}");
+    let out = Command::new(env!("CARGO_BIN_EXE_cocoon-fixup"))
+        .env_clear()
+        .env("HOME", dir.path())
+        .env(fixup_host::logging::LOG_VAR, "info")
+        .arg("--config")
+        .arg(dir.path().join("config.toml"))
+        .args(["plugin", "pull", &reference, "--plain-http", "--output"])
+        .arg(dir.path().join("moved.wasm"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        std::fs::read(dir.path().join("moved.wasm")).unwrap(),
+        wasm()
+    );
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("registry redirect followed"), "{stderr}");
+    assert!(stderr.contains("/moved/layer"), "{stderr}");
+
+    // A token realm on another plain-HTTP host.
+    let challenge = format!(
+        r#"Bearer realm="http://{}/token",service="s""#,
+        elsewhere.host
+    );
+    let registry = StandIn::bind().serve(
+        HashMap::from([(manifest_path.clone(), manifest_answer(&good))]),
+        Some(("Bearer t".to_owned(), challenge)),
+    );
+    let err = pull_error(&registry.host, &hex);
+    assert!(matches!(err, OciError::Redirect { .. }), "{err}");
+    assert!(err.to_string().contains("token realm"), "{err}");
+
+    // An upload location on another plain-HTTP host.
+    let registry = stand_in(HashMap::from([(
+        "/v2/acme/net/blobs/uploads/".to_owned(),
+        Answer::new(202, "").header("Location", format!("http://{}/upload", elsewhere.host)),
+    )]));
+    let tagged: PluginRef = format!("oci://{registry}/acme/net:v1").parse().unwrap();
+    let err = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(
+            Registry::new(&plain(&registry))
+                .unwrap()
+                .push(&tagged, wasm()),
+        )
+        .unwrap_err();
+    assert!(matches!(err, OciError::Redirect { .. }), "{err}");
+    assert!(err.to_string().contains("upload location"), "{err}");
+
+    assert_eq!(elsewhere.asked(), Vec::<String>::new(), "never asked");
 }

@@ -26,7 +26,7 @@ fn push_nm_keyfile(runtime: &tokio::runtime::Runtime, registry: &LocalRegistry) 
         credentials: None,
     };
     runtime
-        .block_on(Registry::new(&options).push(&tagged, &wasm))
+        .block_on(Registry::new(&options).unwrap().push(&tagged, &wasm))
         .expect("pushed")
 }
 

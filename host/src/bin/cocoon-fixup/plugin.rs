@@ -73,7 +73,9 @@ pub(crate) async fn run_plugin_push(args: &PluginPushArgs) -> Result<u8> {
     let reference: PluginRef = args.reference.parse()?;
     let wasm = read_bytes(&args.plugin)?;
     let options = registry_options(&reference, args.plain_http, &RegistryOptions::default());
-    let pinned = oci::Registry::new(&options).push(&reference, &wasm).await?;
+    let pinned = oci::Registry::new(&options)?
+        .push(&reference, &wasm)
+        .await?;
     println!("pushed {}: pin {pinned}", args.plugin.display());
     Ok(0)
 }
@@ -87,7 +89,7 @@ pub(crate) async fn run_plugin_pull(args: &PluginPullArgs, config: Option<&Path>
     };
     let settings = args.oci.resolve(config)?;
     let options = registry_options(&reference, args.plain_http, &settings.pinned.registry);
-    let artifact = oci::Registry::new(&options).pull(&reference, tags).await?;
+    let artifact = oci::Registry::new(&options)?.pull(&reference, tags).await?;
     if reference.digest().is_none() {
         println!("{reference} is {}: pin this", artifact.reference);
     }
