@@ -357,6 +357,7 @@ async fn plan(host: HostParts<'_>, pod: &PodRef, request: PlanRequest) -> Planne
             if host.outcomes.get().is_some() && !parts.is_empty() {
                 record(FixupRecord {
                     pod: pod.uid.clone(),
+                    namespace: pod.namespace.clone(),
                     plugins: PluginUse::of_parts(parts),
                 });
             }
@@ -368,7 +369,7 @@ async fn plan(host: HostParts<'_>, pod: &PodRef, request: PlanRequest) -> Planne
             // is not held against a version `serve` may roll back.
             host.metrics.plan_error(e);
             if !is_node_error(e)
-                && let Some(r) = FixupRecord::plan_failed(&pod.uid, &planner, e)
+                && let Some(r) = FixupRecord::plan_failed(&pod.uid, &pod.namespace, &planner, e)
             {
                 record(r);
             }

@@ -21,8 +21,8 @@ use crate::host::HostConfig;
 use crate::oci::{OciError, PinnedPlugins, PluginRef, RegistryOptions};
 use crate::ready::DEFAULT_LEASE_FILE;
 use crate::reload::{
-    DEFAULT_INTERVAL as DEFAULT_RELOAD_INTERVAL, DEFAULT_MAX_FAILURE_RATIO, DEFAULT_WATCH_FIXUPS,
-    ReloadConfig,
+    DEFAULT_INTERVAL as DEFAULT_RELOAD_INTERVAL, DEFAULT_MAX_FAILURE_RATIO, DEFAULT_MIN_NAMESPACES,
+    DEFAULT_WATCH_FIXUPS, ReloadConfig,
 };
 use fixup_core::decision::SettingsBuilder;
 use fixup_core::plan::policy::RawPolicy;
@@ -302,6 +302,16 @@ pub struct ConfigArgs {
         env = "COCOON_FIXUP_PLUGIN_ROLLBACK_FAILURE_RATIO"
     )]
     pub plugin_rollback_failure_ratio: Option<f64>,
+    /// `serve`: a rollback takes failing pods in at least this many
+    /// namespaces, none counting for more than its share, so that one
+    /// tenant cannot roll a version back for the fleet; 1 where every pod
+    /// is one tenant's [default: 2]
+    #[arg(
+        long,
+        value_name = "N",
+        env = "COCOON_FIXUP_PLUGIN_ROLLBACK_MIN_NAMESPACES"
+    )]
+    pub plugin_rollback_min_namespaces: Option<u32>,
     /// The operator's narrowing of plugins' guest policies, by plugin name:
     /// configuration file only (`[plugin_policy.NAME]`, keys `writes`,
     /// `removes`, `runs`, `special_modes`, `links`, as in the contract). A
@@ -427,6 +437,16 @@ impl ConfigArgs {
                 value: ratio.to_string(),
             });
         }
+        let min_namespaces = a
+            .plugin_rollback_min_namespaces
+            .unwrap_or(DEFAULT_MIN_NAMESPACES);
+        if min_namespaces == 0 {
+            return Err(ConfigError::Invalid {
+                what: "plugin_rollback_min_namespaces",
+                rule: "at least 1",
+                value: min_namespaces.to_string(),
+            });
+        }
         let concurrency = a.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
         if concurrency == 0 {
             return Err(ConfigError::Invalid {
@@ -506,6 +526,7 @@ impl ConfigArgs {
                 interval: a.plugin_reload_interval.unwrap_or(DEFAULT_RELOAD_INTERVAL),
                 watch_fixups: a.plugin_rollback_after.unwrap_or(DEFAULT_WATCH_FIXUPS),
                 max_failure_ratio: ratio,
+                min_namespaces,
             },
         })
     }
@@ -562,6 +583,9 @@ impl ConfigArgs {
             plugin_rollback_failure_ratio: self
                 .plugin_rollback_failure_ratio
                 .or(file.plugin_rollback_failure_ratio),
+            plugin_rollback_min_namespaces: self
+                .plugin_rollback_min_namespaces
+                .or(file.plugin_rollback_min_namespaces),
             // The file is their only source.
             plugin_policy: file.plugin_policy,
             plugin_failure: file.plugin_failure,
@@ -580,6 +604,17 @@ impl PluginConfigArgs {
             ..ConfigArgs::default()
         }
         .resolve_for(config, CacheOwner::User)
+    }
+
+    /// As [`resolve`](Self::resolve), with the node's cache and key
+    /// (those of `run` and `serve`) where none is configured: for the
+    /// commands that look at what the daemon keeps beside its key.
+    pub fn resolve_for_node(&self, config: Option<&Path>) -> Result<Settings, ConfigError> {
+        ConfigArgs {
+            plugin: self.clone(),
+            ..ConfigArgs::default()
+        }
+        .resolve_for(config, CacheOwner::Node)
     }
 
     /// Field by field: `self` where set, else `file`.

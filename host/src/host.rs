@@ -240,6 +240,8 @@ impl PluginUse {
 pub struct FixupRecord {
     /// The pod's uid.
     pub pod: String,
+    /// The pod's namespace: whose failures they are, for a rollback.
+    pub namespace: String,
     pub plugins: Vec<PluginUse>,
 }
 
@@ -247,7 +249,12 @@ impl FixupRecord {
     /// A plan that failed because a plugin file misbehaved (trap, limit,
     /// policy, `unsupported`): that plugin failed. Other plan errors (bad
     /// facts, no plugin) are no plugin's failure and are not reported.
-    pub(crate) fn plan_failed(pod: &str, planner: &Planner, error: &PlannerError) -> Option<Self> {
+    pub(crate) fn plan_failed(
+        pod: &str,
+        namespace: &str,
+        planner: &Planner,
+        error: &PlannerError,
+    ) -> Option<Self> {
         let PlannerError::Plugin(e) = error else {
             return None;
         };
@@ -264,6 +271,7 @@ impl FixupRecord {
         };
         Some(FixupRecord {
             pod: pod.to_owned(),
+            namespace: namespace.to_owned(),
             plugins: vec![PluginUse {
                 name: name.to_owned(),
                 sha256: plugin.sha256.clone(),

@@ -31,14 +31,19 @@
 //!   does with a plan is not counted, since a pod's owner controls the
 //!   guest. When more than [`ReloadConfig::max_failure_ratio`] of them
 //!   fail while the version it replaced had planned the same scenario
-//!   since this daemon started, the planner in service before the watch
+//!   since this daemon started, and the failures come from at least
+//!   [`ReloadConfig::min_namespaces`] namespaces, each counting for at most
+//!   its share (a pod's owner controls its facts: one tenant must not roll
+//!   a version back for everyone), the planner in service before the watch
 //!   began comes back, with a log line, `plugin_rollbacks_total` and
 //!   `/healthz`'s detail, and the new file's digest is quarantined: the
 //!   directory is not loaded again while that file is in it unchanged.
 //!   Every reload since the watch began is undone, settings included; the
 //!   other files come back with the next reload. The quarantine is kept in
-//!   a file ([`QuarantineFile`]) and holds across restarts; a watch lives
-//!   in memory.
+//!   a file ([`QuarantineFile`]) and holds across restarts, until
+//!   `cocoon-fixup plugin quarantine --release` removes a digest: the file
+//!   is watched with the plugin files, so the change reloads the set. A
+//!   watch lives in memory.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -71,6 +76,10 @@ pub const DEFAULT_WATCH_FIXUPS: u32 = 10;
 /// rolled back; `--plugin-rollback-failure-ratio`.
 pub const DEFAULT_MAX_FAILURE_RATIO: f64 = 0.5;
 
+/// The fewest namespaces whose pods must fail for a rollback;
+/// `--plugin-rollback-min-namespaces`.
+pub const DEFAULT_MIN_NAMESPACES: u32 = 2;
+
 /// How reloads and rollbacks behave.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReloadConfig {
@@ -78,6 +87,9 @@ pub struct ReloadConfig {
     pub interval: Duration,
     pub watch_fixups: u32,
     pub max_failure_ratio: f64,
+    /// A rollback takes failures from at least this many namespaces, and
+    /// each namespace counts for at most its share of them (module docs).
+    pub min_namespaces: u32,
 }
 
 impl Default for ReloadConfig {
@@ -86,6 +98,7 @@ impl Default for ReloadConfig {
             interval: DEFAULT_INTERVAL,
             watch_fixups: DEFAULT_WATCH_FIXUPS,
             max_failure_ratio: DEFAULT_MAX_FAILURE_RATIO,
+            min_namespaces: DEFAULT_MIN_NAMESPACES,
         }
     }
 }
@@ -191,8 +204,26 @@ struct Watched {
     /// The pods counted (each once).
     pods: BTreeSet<String>,
     failed: u32,
+    /// Its failures by the namespace of their pods.
+    failed_in: BTreeMap<String, u32>,
+    /// Whether it was said that its failures are too few namespaces'.
+    held: bool,
     /// The scenarios of its failures (`None`: not known).
     failed_on: BTreeSet<Option<Scenario>>,
+}
+
+impl Watched {
+    /// Whether its failures roll it back: more than `allowed` of them,
+    /// counting each namespace's for at most `ceil((allowed + 1) /
+    /// min_namespaces)`, from at least `min_namespaces` namespaces. So no
+    /// namespace (a tenant, and every owner in it) makes up more than its
+    /// share of a rollback.
+    fn fails(&self, allowed: u32, min_namespaces: u32) -> bool {
+        let min_namespaces = min_namespaces.max(1);
+        let share = (allowed + 1).div_ceil(min_namespaces);
+        let counted: u32 = self.failed_in.values().map(|&n| n.min(share)).sum();
+        counted > allowed && self.failed_in.len() >= min_namespaces as usize
+    }
 }
 
 /// The reload that put the watched versions in service.
@@ -223,8 +254,11 @@ pub struct Reloader<C, P> {
     watch: Option<Watch>,
     /// Plugin digests a rollback took out of service.
     quarantine: BTreeSet<String>,
-    /// Where they are kept across restarts.
+    /// Where they are kept across restarts; what it lists is read again
+    /// before each reload, so a release is seen.
     quarantine_file: Option<QuarantineFile>,
+    /// Digests quarantined here that the file could not record.
+    unrecorded: BTreeSet<String>,
     /// `(plugin, digest, scenario)` of every plugin part that succeeded.
     succeeded: BTreeSet<(String, String, Option<Scenario>)>,
 }
@@ -247,14 +281,19 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
             watch: None,
             quarantine: BTreeSet::new(),
             quarantine_file: None,
+            unrecorded: BTreeSet::new(),
             succeeded: BTreeSet::new(),
         }
     }
 
     /// Keep quarantined digests in `file` too, and start from what it
-    /// lists.
+    /// lists; the file is looked at like the plugin files, and a change to
+    /// it (a release) reloads the set.
     pub fn with_quarantine_file(mut self, file: QuarantineFile) -> Self {
         self.quarantine = file.read();
+        if !self.watched.contains(&file.path()) {
+            self.watched.push(file.path());
+        }
         self.quarantine_file = Some(file);
         self
     }
@@ -311,6 +350,9 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
     /// like `expected` once it is built is dropped (`false`): it may have
     /// been read half-written.
     async fn reload_unless_changed(&mut self, expected: &Fingerprint) -> bool {
+        if let Some(file) = &self.quarantine_file {
+            self.quarantine = &file.read() | &self.unrecorded;
+        }
         let candidate = self.candidate().await;
         if fingerprint(&self.watched) != *expected {
             tracing::info!(
@@ -373,8 +415,8 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
         for (plugin, _) in &changed {
             if self.quarantine.contains(&plugin.sha256) {
                 return Err(format!(
-                    "{} ({}, sha256 {}) was rolled back and is quarantined: replace the file with another version, or restore the previous one",
-                    plugin.info.name, plugin.origin, plugin.sha256
+                    "{} ({}, sha256 {}) was rolled back and is quarantined: replace the file with another version, or restore the previous one; `cocoon-fixup plugin quarantine --release {}` loads it again",
+                    plugin.info.name, plugin.origin, plugin.sha256, plugin.sha256
                 ));
             }
         }
@@ -430,6 +472,8 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
                 replaced,
                 pods: BTreeSet::new(),
                 failed: 0,
+                failed_in: BTreeMap::new(),
+                held: false,
                 failed_on: BTreeSet::new(),
             });
         }
@@ -463,10 +507,27 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
             }
             if !used.succeeded {
                 w.failed += 1;
+                *w.failed_in.entry(record.namespace.clone()).or_default() += 1;
                 w.failed_on.insert(used.scenario);
             }
-            if w.failed > allowed && bad.is_none() {
-                bad = Some(w.name.clone());
+            if w.fails(allowed, self.config.min_namespaces) {
+                if bad.is_none() {
+                    bad = Some(w.name.clone());
+                }
+            } else if w.failed > allowed && !w.held {
+                w.held = true;
+                let namespaces: Vec<&str> = w.failed_in.keys().map(String::as_str).collect();
+                tracing::warn!(
+                    plugin = %w.name,
+                    "plugin {} {} failed for {} of its first {} pods, but in {} namespace(s) ({}): a rollback takes failures in at least {} namespaces, none counting for more than its share (--plugin-rollback-min-namespaces); kept",
+                    w.name,
+                    w.version,
+                    w.failed,
+                    w.pods.len(),
+                    namespaces.len(),
+                    namespaces.join(", "),
+                    self.config.min_namespaces
+                );
             }
         }
         let watch_fixups = self.config.watch_fixups as usize;
@@ -512,22 +573,37 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
             .expect("the bad version is watched");
         self.host.swap_planner(watch.previous.clone());
         self.quarantine.insert(w.sha256.clone());
+        let when = jiff::Timestamp::now()
+            .round(jiff::Unit::Second)
+            .unwrap_or_else(|_| jiff::Timestamp::now());
+        let namespaces: Vec<&str> = w.failed_in.keys().map(String::as_str).collect();
+        let comment = format!(
+            "{} {} rolled back at {when}: failed for {} of {} pods, in {}",
+            w.name,
+            w.version,
+            w.failed,
+            w.pods.len(),
+            namespaces.join(", ")
+        );
         if let Some(file) = &self.quarantine_file
-            && let Err(e) = file.add(&w.sha256, &format!("{} {} rolled back", w.name, w.version))
+            && let Err(e) = file.add(&w.sha256, &comment)
         {
+            self.unrecorded.insert(w.sha256.clone());
             tracing::error!(
                 file = %file.path().display(),
                 "cannot record the quarantine ({e}): after a restart the rolled-back file is loaded again unless it is replaced"
             );
         }
         let message = format!(
-            "plugin {} {} (sha256 {}) failed for {} of its first {} pods where the version it replaced (sha256 {}) had planned: rolled back to the plugin set in service before; the file is quarantined until it changes",
+            "plugin {} {} (sha256 {}) failed for {} of its first {} pods where the version it replaced (sha256 {}) had planned, in namespaces {}: rolled back to the plugin set in service before; the file is quarantined until it changes or `cocoon-fixup plugin quarantine --release {}` releases it",
             w.name,
             w.version,
             short(&w.sha256),
             w.failed,
             w.pods.len(),
             w.replaced.as_deref().map_or("?", short),
+            namespaces.join(", "),
+            w.sha256,
         );
         tracing::error!(plugin = %w.name, "{message}");
         self.metrics.plugin_rollback(&w.name);

@@ -118,7 +118,12 @@ pub fn observation(
 /// hostile test plugin (flavour `hostile`), pointing at its VM by name only
 /// (the name the stack gives the pod's VM).
 pub fn hostile_clone(name: &str) -> PodInput {
-    let vm_name = fixup_core::binding::vm_name_for_pod("default", name);
+    hostile_clone_in("default", name)
+}
+
+/// [`hostile_clone`] in `namespace`.
+pub fn hostile_clone_in(namespace: &str, name: &str) -> PodInput {
+    let vm_name = fixup_core::binding::vm_name_for_pod(namespace, name);
     let annotations = [
         ("vm.cocoonstack.io/name", vm_name.as_str()),
         ("cocoonset.cocoonstack.io/managed", "true"),
@@ -131,8 +136,8 @@ pub fn hostile_clone(name: &str) -> PodInput {
     .collect();
     PodInput {
         name: name.into(),
-        namespace: "default".into(),
-        uid: Some(format!("uid-{name}")),
+        namespace: namespace.into(),
+        uid: Some(format!("uid-{namespace}-{name}")),
         annotations,
         deleting: false,
         resource_version: None,

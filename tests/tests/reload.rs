@@ -22,7 +22,7 @@ use fixup_host::metrics::Metrics;
 use fixup_host::pods::MemoryPods;
 use fixup_host::ready::LeaseWatcher;
 use fixup_host::reload::{Build, Candidate, ReloadConfig, Reloader, cases_dir};
-use fixup_tests::{Guest, hostile_clone};
+use fixup_tests::{Guest, hostile_clone_in};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 
@@ -127,6 +127,7 @@ fn rig(watch_fixups: u32) -> Rig {
             interval: Duration::from_millis(20),
             watch_fixups,
             max_failure_ratio: 0.5,
+            min_namespaces: 2,
         },
     )
     .with_quarantine_file(quarantine_file(dir.path()));
@@ -156,10 +157,15 @@ impl Rig {
     /// Handle a new clone named `name` to its end, and hand its outcome to
     /// the reloader; the digest of the hostile plugin that planned it.
     async fn clone_pod(&mut self, name: &str) -> (Summary, String) {
-        self.host.pods().insert(hostile_clone(name));
+        self.clone_pod_in("default", name).await
+    }
+
+    /// [`clone_pod`](Self::clone_pod) in `namespace`.
+    async fn clone_pod_in(&mut self, namespace: &str, name: &str) -> (Summary, String) {
+        self.host.pods().insert(hostile_clone_in(namespace, name));
         let summary = self
             .host
-            .handle("default", name, Trigger::Event, &CancellationToken::new())
+            .handle(namespace, name, Trigger::Event, &CancellationToken::new())
             .await
             .expect("handled");
         let record = self.outcomes.try_recv().expect("the fixup is reported");
@@ -319,15 +325,15 @@ async fn a_version_that_fails_where_its_predecessor_succeeded_is_rolled_back_and
     let v3 = sha256(&version("v3"));
     assert_eq!(rig.serving(), v3);
     rig.guest.set_id("hostile-decline");
-    for i in 0..3 {
-        let (summary, used) = rig.clone_pod(&format!("bad-{i}")).await;
+    for (namespace, i) in [("tenant-a", 0), ("tenant-a", 1), ("tenant-b", 2)] {
+        let (summary, used) = rig.clone_pod_in(namespace, &format!("bad-{i}")).await;
         assert_eq!(summary.fixup, Some(FixupEnd::PlanFailed), "{summary:?}");
         assert_eq!(used, v3);
     }
     assert_eq!(
         rig.serving(),
         v1,
-        "the third failure of four rolls back to the set before the watch began"
+        "the third failure of four, in a second namespace, rolls back to the set before the watch began"
     );
     let exposition = rig.exposition();
     assert!(
@@ -363,6 +369,62 @@ async fn a_version_that_fails_where_its_predecessor_succeeded_is_rolled_back_and
     std::fs::write(&rig.plugin, version("v4")).expect("v4");
     rig.reloader.reload().await;
     assert_eq!(rig.serving(), sha256(&version("v4")));
+}
+
+/// One namespace (a tenant who controls its pods' facts) cannot roll a
+/// version back for everyone: its failures count for at most its share,
+/// however many there are; failures in a second namespace do. The
+/// quarantine that follows is listed with its namespaces, and released
+/// with one call, after which the same file loads again.
+#[tokio::test]
+async fn one_namespace_cannot_roll_a_version_back_and_a_release_undoes_the_quarantine() {
+    let mut rig = rig(8);
+    let v1 = sha256(&version("v1"));
+    let (summary, _) = rig.clone_pod("good-0").await;
+    assert_eq!(summary.fixup, Some(FixupEnd::Done));
+    std::fs::write(&rig.plugin, version("v2")).expect("v2");
+    rig.reloader.reload().await;
+    let v2 = sha256(&version("v2"));
+    assert_eq!(rig.serving(), v2);
+
+    // 8 watched, 4 may fail; one namespace counts for at most 3 (half of
+    // the 5 a rollback takes). Six failures in tenant-a: kept.
+    rig.guest.set_id("hostile-decline");
+    for i in 0..6 {
+        let (summary, used) = rig.clone_pod_in("tenant-a", &format!("bad-{i}")).await;
+        assert_eq!(summary.fixup, Some(FixupEnd::PlanFailed), "{summary:?}");
+        assert_eq!(used, v2);
+    }
+    assert_eq!(rig.serving(), v2, "one namespace alone rolls nothing back");
+    assert!(!rig.exposition().contains("plugin_rollbacks_total{"));
+
+    // A second namespace's failure makes 3 + 1 of 5 counted: still kept;
+    // its second, 3 + 2: rolled back.
+    let (_, used) = rig.clone_pod_in("tenant-b", "bad-b0").await;
+    assert_eq!(used, v2);
+    assert_eq!(rig.serving(), v2);
+    let (_, used) = rig.clone_pod_in("tenant-b", "bad-b1").await;
+    assert_eq!(used, v2);
+    assert_eq!(rig.serving(), v1, "two namespaces' failures roll it back");
+
+    let file = quarantine_file(rig._dir.path());
+    let entries = file.entries();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0].0, v2);
+    assert!(
+        entries[0].1.contains("tenant-a") && entries[0].1.contains("tenant-b"),
+        "{entries:?}"
+    );
+    rig.reloader.reload().await;
+    assert_eq!(rig.serving(), v1, "quarantined");
+
+    // Released: the same file loads at the next reload.
+    assert!(file.release(&v2).expect("released"));
+    assert!(!file.release(&v2).expect("read"), "released once");
+    assert!(file.entries().is_empty());
+    rig.guest.set_id("hostile-benign");
+    rig.reloader.reload().await;
+    assert_eq!(rig.serving(), v2, "the released version is back");
 }
 
 #[tokio::test]
@@ -417,4 +479,61 @@ async fn a_reload_does_not_drop_the_allow_list_in_force() {
     assert!(host.planner().plugins().allow_list().is_some());
     let health = host.metrics().health();
     assert!(health.contains("allowed_plugins"), "{health}");
+}
+
+/// `cocoon-fixup plugin quarantine` lists what rollbacks quarantined
+/// beside the node's cache key, with their notes, and `--release` takes
+/// one digest out with one command; a digest not listed, or not a digest,
+/// is an error that says so.
+#[test]
+fn the_quarantine_is_listed_and_released_by_the_binary() {
+    use std::process::Command;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let key = dir.path().join("state").join("cache.key");
+    let file = quarantine_file(dir.path());
+    let v2 = sha256(&version("v2"));
+    file.add(&v2, "hostile v2 rolled back: failed in tenant-a, tenant-b")
+        .expect("quarantined");
+    let quarantine = |args: &[&str]| {
+        let out = Command::new(crate::serve_reload::binary::program())
+            .env_clear()
+            .env("HOME", dir.path())
+            .args(["plugin", "quarantine", "--cache-key"])
+            .arg(&key)
+            .args(args)
+            .output()
+            .expect("run cocoon-fixup");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+
+    let (code, stdout, stderr) = quarantine(&[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains(&v2) && stdout.contains("tenant-b"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("--release SHA256"), "{stdout}");
+    let (code, stdout, _) = quarantine(&["--output", "json"]);
+    assert_eq!(code, Some(0));
+    let json: serde_json::Value = serde_json::from_str(&stdout).expect("json");
+    assert_eq!(json["quarantined"][0]["sha256"], v2.as_str(), "{json}");
+
+    let (code, stdout, stderr) = quarantine(&["--release", &v2.to_uppercase()]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("released"), "{stdout}");
+    assert!(file.read().is_empty(), "the line is gone");
+    let (code, stdout, _) = quarantine(&[]);
+    assert_eq!(code, Some(0));
+    assert!(stdout.contains("nothing is quarantined"), "{stdout}");
+
+    let (code, _, stderr) = quarantine(&["--release", &v2]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("is not quarantined"), "{stderr}");
+    let (code, _, stderr) = quarantine(&["--release", "v2"]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("not a sha256 digest"), "{stderr}");
 }

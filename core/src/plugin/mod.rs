@@ -333,7 +333,7 @@ pub enum PluginError {
     )]
     NotAllowed { origin: Origin, sha256: String },
     #[error(
-        "{origin} (sha256 {sha256}) was rolled back by `serve` and is quarantined: replace the file with another version or restore the previous one (the quarantine file beside the cache key lists the digest; remove its line to load this version again)"
+        "{origin} (sha256 {sha256}) was rolled back by `serve` and is quarantined: replace the file with another version or restore the previous one; `cocoon-fixup plugin quarantine` lists what a rollback took out and why, `cocoon-fixup plugin quarantine --release {sha256}` loads this version again"
     )]
     Quarantined { origin: Origin, sha256: String },
     #[error("cannot set up the plugin engine: {reason}")]

@@ -12,7 +12,8 @@ use super::trusted::TrustedDir;
 /// line (`#` starts a comment), beside the cache key
 /// (`/var/lib/cocoon-fixup/quarantine` for root): a quarantined file stays
 /// out of service across restarts, for `plan`, `run` and `serve` alike,
-/// until it is replaced or its line removed.
+/// until it is replaced or released (`cocoon-fixup plugin quarantine
+/// --release SHA256`, which removes its line; a running `serve` notices).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QuarantineFile {
     dir: PathBuf,
@@ -73,6 +74,52 @@ impl QuarantineFile {
                 }
             })
             .collect()
+    }
+
+    /// Each listed digest with its line's comment (empty when none), in
+    /// the file's order: what `plugin quarantine` shows.
+    pub fn entries(&self) -> Vec<(String, String)> {
+        let listed = self.read();
+        let Ok(Some(bytes)) =
+            TrustedDir::open(&self.dir).and_then(|d| d.read_file(QUARANTINE_FILE))
+        else {
+            return Vec::new();
+        };
+        let mut entries: Vec<(String, String)> = Vec::new();
+        for line in String::from_utf8_lossy(&bytes).lines() {
+            let (digest, comment) = line.split_once('#').unwrap_or((line, ""));
+            let digest = digest.trim().to_ascii_lowercase();
+            if listed.contains(&digest) && !entries.iter().any(|(d, _)| *d == digest) {
+                let comment = crate::facts::escape_controls(comment.trim());
+                entries.push((digest, comment));
+            }
+        }
+        entries
+    }
+
+    /// Take `sha256` out of the quarantine (every line that lists it, the
+    /// rest kept as written): `Ok(false)` when it was not listed.
+    pub fn release(&self, sha256: &str) -> std::io::Result<bool> {
+        let dir = TrustedDir::open(&self.dir).map_err(std::io::Error::other)?;
+        let text = match dir.read_file(QUARANTINE_FILE) {
+            Ok(Some(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
+            Ok(None) => return Ok(false),
+            Err(e) => return Err(std::io::Error::other(e)),
+        };
+        let lists = |line: &str| {
+            let digest = line.split('#').next().unwrap_or("").trim();
+            super::parse_sha256(digest).is_ok_and(|d| d == sha256)
+        };
+        if !text.lines().any(lists) {
+            return Ok(false);
+        }
+        let kept: String = text
+            .lines()
+            .filter(|line| !lists(line))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        dir.write_file(QUARANTINE_FILE, kept.as_bytes(), 0o600)?;
+        Ok(true)
     }
 
     /// Add `sha256` (with a comment saying which plugin and when).

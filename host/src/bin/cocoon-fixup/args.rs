@@ -185,6 +185,32 @@ pub(crate) enum PluginCommand {
     /// Example:
     ///   cocoon-fixup plugin pull oci://registry.example/acme/net@sha256:... --output acme_net.wasm
     Pull(Box<PluginPullArgs>),
+    /// List the plugin files `serve` rolled back and quarantined, or
+    /// release one so that it loads again.
+    ///
+    /// A rollback keeps the digest of the version it took out in the
+    /// quarantine file beside the node's cache key
+    /// (/var/lib/cocoon-fixup/quarantine for root), with which plugin, when
+    /// and in which namespaces it failed; `plan`, `run` and `serve` refuse
+    /// that file until it changes. `--release SHA256` removes its line: a
+    /// running `serve` notices within its reload interval and loads the
+    /// plugin directory again.
+    ///
+    /// Example:
+    ///   cocoon-fixup plugin quarantine --release 3f5a...
+    Quarantine(PluginQuarantineArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PluginQuarantineArgs {
+    /// Take this digest (64 hex digits, as listed) out of the quarantine.
+    #[arg(long, value_name = "SHA256")]
+    pub(crate) release: Option<String>,
+    /// How to print the list.
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    pub(crate) output: Output,
+    #[command(flatten)]
+    pub(crate) config: PluginConfigArgs,
 }
 
 #[derive(Debug, Args)]

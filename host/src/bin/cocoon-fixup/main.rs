@@ -67,6 +67,7 @@ fn main() -> ExitCode {
         Command::Plugin(PluginCommand::Pull(args)) => {
             runtime().and_then(|rt| rt.block_on(run_plugin_pull(args, config)))
         }
+        Command::Plugin(PluginCommand::Quarantine(args)) => run_plugin_quarantine(args, config),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -1,4 +1,5 @@
-//! The `plugin` subcommands: `test`, `inspect`, `new`, `push`, `pull`.
+//! The `plugin` subcommands: `test`, `inspect`, `new`, `push`, `pull`,
+//! `quarantine`.
 
 use std::path::Path;
 
@@ -46,6 +47,59 @@ pub(crate) fn run_plugin_inspect(args: &PluginInspectArgs, config: Option<&Path>
         Output::Text => print_terminal(&inspection.to_string()),
     }
     Ok(if inspection.success() { 0 } else { 1 })
+}
+
+/// List the quarantine `serve` keeps, or release one digest from it.
+pub(crate) fn run_plugin_quarantine(
+    args: &PluginQuarantineArgs,
+    config: Option<&Path>,
+) -> Result<u8> {
+    use fixup_core::plugin::quarantine::QuarantineFile;
+    // The node's file: the one `serve` keeps beside its cache key.
+    let settings = args.config.resolve_for_node(config)?;
+    let file = QuarantineFile::beside_key(settings.planner.engine.cache_key.as_deref()).context(
+        "no place for the quarantine file: give --cache-key (HOME and XDG_STATE_HOME are unset)",
+    )?;
+    let path = file.path();
+    if let Some(digest) = &args.release {
+        let digest = fixup_core::plugin::parse_sha256(digest).map_err(anyhow::Error::msg)?;
+        if !file
+            .release(&digest)
+            .with_context(|| format!("cannot rewrite {}", path.display()))?
+        {
+            anyhow::bail!(
+                "{digest} is not quarantined in {}: `cocoon-fixup plugin quarantine` lists what is",
+                path.display()
+            );
+        }
+        println!(
+            "released {digest} from {}: `plan` and `run` load that file again, a running `serve` reloads its plugin directory within its reload interval",
+            path.display()
+        );
+        return Ok(0);
+    }
+    let entries = file.entries();
+    match args.output {
+        Output::Json => {
+            let entries: Vec<_> = entries
+                .iter()
+                .map(|(sha256, note)| serde_json::json!({"sha256": sha256, "note": note}))
+                .collect();
+            print_json(&serde_json::json!({"file": path, "quarantined": entries}))?;
+        }
+        Output::Text if entries.is_empty() => {
+            println!("nothing is quarantined ({})", path.display());
+        }
+        Output::Text => {
+            let mut text = format!("quarantined by a rollback ({}):\n", path.display());
+            for (sha256, note) in &entries {
+                text.push_str(&format!("  {sha256}  {note}\n"));
+            }
+            text.push_str("release one with: cocoon-fixup plugin quarantine --release SHA256\n");
+            print_terminal(&text);
+        }
+    }
+    Ok(0)
 }
 
 pub(crate) fn run_plugin_new(args: &PluginNewArgs) -> Result<u8> {
