@@ -434,6 +434,14 @@ pub mod messages {
             span(after)
         )
     }
+
+    /// The DHCP recovery pass run at once, because the plugin of the VM's
+    /// guest flavour claims all-DHCP clones of it.
+    pub fn dhcp_recovery_claimed(plugin: &str, flavor: &str, nics: usize) -> String {
+        format!(
+            "{plugin} claims all-DHCP clones of guest flavour {flavor}: re-running DHCP on {nics} NIC(s) at once"
+        )
+    }
 }
 
 /// The IP and lifecycle `ready` (spec section 6), for a pod that is still

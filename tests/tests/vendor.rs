@@ -338,3 +338,69 @@ fn a_plugin_from_the_template_builds_tests_and_is_picked() {
     let chosen = chosen(&report(&outcome, &obs));
     assert_eq!(chosen[0].0, "acme-net", "{chosen:?}");
 }
+
+/// An all-DHCP Cloud Hypervisor clone (rule 7) of guest flavour `flavor`,
+/// whose lease appears only once something re-runs DHCP (at 1 s after a
+/// pass at 0, at 16 s after one at 15 s), with the recovery pass at
+/// `pass_ms` and the message it is announced with.
+fn all_dhcp_clone(flavor: &str, pass_ms: u64, message: &str) -> Value {
+    let vm_name = fixup_core::binding::vm_name_for_pod("prod", "db-0");
+    serde_json::json!({
+        "about": "an all-DHCP clone of a flavoured guest",
+        "pod": {"metadata": {
+            "name": "db-0", "namespace": "prod", "uid": "u-1",
+            "annotations": {
+                "cocoonset.cocoonstack.io/managed": "true",
+                "vm.cocoonstack.io/id": "vm-1",
+                "vm.cocoonstack.io/name": vm_name,
+                "vm.cocoonstack.io/backend": "cloud-hypervisor",
+                "cocoonset.cocoonstack.io/os": "linux",
+                "vm.cocoonstack.io/guest-flavor": flavor,
+            }
+        }},
+        "vm": {
+            "id": "vm-1",
+            "config": {"name": vm_name, "image": "ghcr.io/acme/rhel:9"},
+            "network_configs": [{"mac": "52:54:00:aa:bb:01"}]
+        },
+        "leases": [{"mac": "52:54:00:aa:bb:01", "ip": "10.0.0.77", "at_ms": pass_ms + 1000}],
+        "expect": {
+            "result": {"action": "ip-wait", "rule": 7, "readiness": "ready", "ip": "10.0.0.77"},
+            "trace": [
+                {"at_ms": 0, "inspect": "vm-1"},
+                {"at_ms": pass_ms, "event": "PostCloneDHCPRecovery", "message": message},
+                {"at_ms": pass_ms, "exec": "recovery", "vm": "vm-1", "timeout_ms": 45000 - pass_ms},
+                {"at_ms": pass_ms + 1000, "write": {
+                    "vm.cocoonstack.io/ip": "10.0.0.77",
+                    "vm.cocoonstack.io/lifecycle-state": "ready"
+                }}
+            ]
+        }
+    })
+}
+
+/// A plugin that declares a guest flavour for `dhcp-recovery` claims the
+/// all-DHCP clones of that flavour: its recovery plan runs at once, not
+/// after the 15 s a generic clone is given to get a lease by itself. A
+/// flavour no plugin declares keeps the 15 s.
+#[test]
+fn a_flavours_plugin_claims_all_dhcp_clones_and_repairs_them_at_once() {
+    use fixup_core::decision::conformance::{Scenario as Case, replay};
+    let node = node();
+    let claimed = all_dhcp_clone(
+        "rhel",
+        0,
+        "nm-keyfile claims all-DHCP clones of guest flavour rhel: re-running DHCP on 1 NIC(s) at once",
+    );
+    let unclaimed = all_dhcp_clone(
+        "gentoo",
+        15000,
+        "no lease after 15s: re-running DHCP on 1 NIC(s)",
+    );
+    for case in [claimed, unclaimed] {
+        let case: Case = serde_json::from_value(case).expect("a scenario");
+        let (world, ended) = replay(&case, &node.planner);
+        case.check(&world, &ended)
+            .unwrap_or_else(|e| panic!("{}: {e}", case.pod["metadata"]["annotations"]));
+    }
+}

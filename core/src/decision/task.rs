@@ -316,6 +316,12 @@ struct Recovery {
     plan: Plan,
     exec: Vec<String>,
     nics: usize,
+    /// The plugin that claims the VM's guest flavour for the recovery plan
+    /// ([`ComposedPlan::flavor_claim`]), and the flavour: the pass then
+    /// runs at once.
+    ///
+    /// [`ComposedPlan::flavor_claim`]: crate::planner::ComposedPlan::flavor_claim
+    claimed_by: Option<(String, String)>,
 }
 
 /// The IP wait's state (spec section 6).
@@ -698,6 +704,12 @@ impl PodTask {
                     Ok(composed) => {
                         self.fallback_events(&composed);
                         wait.recovery = Some(Recovery {
+                            claimed_by: composed
+                                .flavor_claim()
+                                .zip(composed.facts.flavor.as_ref())
+                                .map(|(plugin, flavor)| {
+                                    (plugin.to_owned(), flavor.as_str().to_owned())
+                                }),
                             nics: composed.facts.nics.len(),
                             plan: composed.plan,
                             exec: composed.exec,
@@ -2032,8 +2044,14 @@ impl PodTask {
             Some(WaitNic::Lease(mac)) => {
                 let nudge_at = if wait.facts.os == GuestOs::Windows {
                     Some(wait.start + self.settings.ready.renew_after)
-                } else if wait.recovery.is_some() {
-                    Some(wait.start + self.settings.ready.dhcp_recovery_after)
+                } else if let Some(recovery) = &wait.recovery {
+                    // A flavour's plugin that claims the clone knows its
+                    // network files match the parent's NIC: no 15 s wait
+                    // for a lease that cannot come.
+                    match recovery.claimed_by {
+                        Some(_) => Some(wait.start),
+                        None => Some(wait.start + self.settings.ready.dhcp_recovery_after),
+                    }
                 } else {
                     None
                 };
@@ -2070,10 +2088,13 @@ impl PodTask {
         let Some(recovery) = &wait.recovery else {
             return self.wait_last(wait);
         };
-        self.tell(Event::normal(
-            reasons::DHCP_RECOVERY,
-            messages::dhcp_recovery(self.settings.ready.dhcp_recovery_after, recovery.nics),
-        ));
+        let message = match &recovery.claimed_by {
+            Some((plugin, flavor)) => {
+                messages::dhcp_recovery_claimed(plugin, flavor, recovery.nics)
+            }
+            None => messages::dhcp_recovery(self.settings.ready.dhcp_recovery_after, recovery.nics),
+        };
+        self.tell(Event::normal(reasons::DHCP_RECOVERY, message));
         let nonce = match (self.nonces)() {
             Ok(nonce) => nonce,
             Err(e) => {

@@ -196,6 +196,19 @@ impl ComposedPlan {
             .join(" + ")
     }
 
+    /// The plugin file that planned this for the VM's guest flavour because
+    /// it declares that flavour (not a generic plugin, not a built-in in a
+    /// failed plugin's place): its name. For a DHCP recovery plan this is
+    /// the flavour's claim on all-DHCP clones, whose plan then runs at
+    /// once (spec section 6).
+    pub fn flavor_claim(&self) -> Option<&str> {
+        let flavor = self.facts.flavor.as_ref()?;
+        self.parts
+            .iter()
+            .find(|p| p.fallback.is_none() && p.selection.plugin.info.flavors.contains(flavor))
+            .map(|p| p.selection.plugin.info.name.as_str())
+    }
+
     /// Render a checked, composed plan: the exec argv, and the hint script
     /// under a header naming the scenarios, the VM and each plugin's digest.
     pub fn render(
