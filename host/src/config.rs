@@ -440,10 +440,11 @@ impl ConfigArgs {
         let min_namespaces = a
             .plugin_rollback_min_namespaces
             .unwrap_or(DEFAULT_MIN_NAMESPACES);
-        if min_namespaces == 0 {
+        let watch_fixups = a.plugin_rollback_after.unwrap_or(DEFAULT_WATCH_FIXUPS);
+        if min_namespaces == 0 || (watch_fixups > 0 && min_namespaces > watch_fixups) {
             return Err(ConfigError::Invalid {
                 what: "plugin_rollback_min_namespaces",
-                rule: "at least 1",
+                rule: "at least 1 and at most plugin_rollback_after (more could never roll back)",
                 value: min_namespaces.to_string(),
             });
         }
@@ -524,7 +525,7 @@ impl ConfigArgs {
             file: path,
             reload: ReloadConfig {
                 interval: a.plugin_reload_interval.unwrap_or(DEFAULT_RELOAD_INTERVAL),
-                watch_fixups: a.plugin_rollback_after.unwrap_or(DEFAULT_WATCH_FIXUPS),
+                watch_fixups,
                 max_failure_ratio: ratio,
                 min_namespaces,
             },
@@ -752,6 +753,37 @@ mod tests {
         );
         assert_eq!(s.host.ready.budget, Duration::from_secs(45));
         assert_eq!(s.file.as_deref(), Some(file.as_path()));
+    }
+
+    #[test]
+    fn rollback_namespaces_must_be_reachable() {
+        for (args, refused) in [
+            (&["x", "--plugin-rollback-min-namespaces", "0"][..], true),
+            (&["x", "--plugin-rollback-min-namespaces", "11"][..], true),
+            (&["x", "--plugin-rollback-min-namespaces", "10"][..], false),
+            (
+                &[
+                    "x",
+                    "--plugin-rollback-after",
+                    "0",
+                    "--plugin-rollback-min-namespaces",
+                    "11",
+                ][..],
+                false,
+            ),
+        ] {
+            let result = Cli::parse_from(args).config.resolve(None);
+            match result {
+                Err(e) => {
+                    assert!(refused, "{args:?}: {e}");
+                    assert!(
+                        e.to_string().contains("plugin_rollback_min_namespaces"),
+                        "{e}"
+                    );
+                }
+                Ok(s) => assert!(!refused && s.reload.min_namespaces > 0, "{args:?}"),
+            }
+        }
     }
 
     #[test]

@@ -213,6 +213,24 @@ struct Watched {
 }
 
 impl Watched {
+    /// "plugin NAME VERSION (sha256 ...) failed for F of its first P pods".
+    fn failures(&self) -> String {
+        format!(
+            "plugin {} {} (sha256 {}) failed for {} of its first {} pods",
+            self.name,
+            self.version,
+            short(&self.sha256),
+            self.failed,
+            self.pods.len()
+        )
+    }
+
+    /// The namespaces of its failures, joined by `, `.
+    fn namespaces(&self) -> String {
+        let namespaces: Vec<&str> = self.failed_in.keys().map(String::as_str).collect();
+        namespaces.join(", ")
+    }
+
     /// Whether its failures roll it back: more than `allowed` of them,
     /// counting each namespace's for at most `ceil((allowed + 1) /
     /// min_namespaces)`, from at least `min_namespaces` namespaces. So no
@@ -259,6 +277,9 @@ pub struct Reloader<C, P> {
     quarantine_file: Option<QuarantineFile>,
     /// Digests quarantined here that the file could not record.
     unrecorded: BTreeSet<String>,
+    /// Set when this reloader wrote the quarantine file itself: its own
+    /// write is no change to reload for.
+    wrote_quarantine: bool,
     /// `(plugin, digest, scenario)` of every plugin part that succeeded.
     succeeded: BTreeSet<(String, String, Option<Scenario>)>,
 }
@@ -282,6 +303,7 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
             quarantine: BTreeSet::new(),
             quarantine_file: None,
             unrecorded: BTreeSet::new(),
+            wrote_quarantine: false,
             succeeded: BTreeSet::new(),
         }
     }
@@ -315,7 +337,12 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => break,
-                Some(record) = outcomes.recv() => self.observe(record),
+                Some(record) = outcomes.recv() => {
+                    self.observe(record);
+                    if std::mem::take(&mut self.wrote_quarantine) {
+                        seen = fingerprint(&self.watched);
+                    }
+                }
                 _ = tick.tick() => {
                     let now = fingerprint(&self.watched);
                     if now != seen {
@@ -351,7 +378,14 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
     /// been read half-written.
     async fn reload_unless_changed(&mut self, expected: &Fingerprint) -> bool {
         if let Some(file) = &self.quarantine_file {
-            self.quarantine = &file.read() | &self.unrecorded;
+            match file.try_read() {
+                Ok(listed) => self.quarantine = &listed | &self.unrecorded,
+                // What was quarantined stays so: an unreadable file
+                // releases nothing.
+                Err(e) => tracing::warn!(
+                    "quarantine file not read again, the digests quarantined so far stay so: {e}"
+                ),
+            }
         }
         let candidate = self.candidate().await;
         if fingerprint(&self.watched) != *expected {
@@ -516,16 +550,11 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
                 }
             } else if w.failed > allowed && !w.held {
                 w.held = true;
-                let namespaces: Vec<&str> = w.failed_in.keys().map(String::as_str).collect();
                 tracing::warn!(
                     plugin = %w.name,
-                    "plugin {} {} failed for {} of its first {} pods, but in {} namespace(s) ({}): a rollback takes failures in at least {} namespaces, none counting for more than its share (--plugin-rollback-min-namespaces); kept",
-                    w.name,
-                    w.version,
-                    w.failed,
-                    w.pods.len(),
-                    namespaces.len(),
-                    namespaces.join(", "),
+                    "{}, but in namespaces {}: a rollback takes failures in at least {} namespaces, none counting for more than its share (--plugin-rollback-min-namespaces); kept",
+                    w.failures(),
+                    w.namespaces(),
                     self.config.min_namespaces
                 );
             }
@@ -550,9 +579,19 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
             watch.plugins.retain(|w| w.name != name);
         }
         let watch = self.watch.as_mut().expect("watching");
+        let metrics = &self.metrics;
+        let min_namespaces = self.config.min_namespaces;
         watch.plugins.retain(|w| {
             let done = w.pods.len() >= watch_fixups;
-            if done {
+            if done && w.held {
+                let message = format!(
+                    "{}, but only in namespaces {}: kept, since a rollback takes failures in at least {min_namespaces} namespaces (--plugin-rollback-min-namespaces)",
+                    w.failures(),
+                    w.namespaces()
+                );
+                tracing::warn!(plugin = %w.name, "{message}");
+                metrics.set_health_detail(Some(cap_detail(&message)));
+            } else if done {
                 tracing::info!(plugin = %w.name, "plugin {} {} passed its first {} pods ({} failed)", w.name, w.version, w.pods.len(), w.failed);
             }
             !done
@@ -576,15 +615,12 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
         let when = jiff::Timestamp::now()
             .round(jiff::Unit::Second)
             .unwrap_or_else(|_| jiff::Timestamp::now());
-        let namespaces: Vec<&str> = w.failed_in.keys().map(String::as_str).collect();
         let comment = format!(
-            "{} {} rolled back at {when}: failed for {} of {} pods, in {}",
-            w.name,
-            w.version,
-            w.failed,
-            w.pods.len(),
-            namespaces.join(", ")
+            "{} rolled back at {when}, in namespaces {}",
+            w.failures(),
+            w.namespaces()
         );
+        self.wrote_quarantine = self.quarantine_file.is_some();
         if let Some(file) = &self.quarantine_file
             && let Err(e) = file.add(&w.sha256, &comment)
         {
@@ -595,19 +631,15 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
             );
         }
         let message = format!(
-            "plugin {} {} (sha256 {}) failed for {} of its first {} pods where the version it replaced (sha256 {}) had planned, in namespaces {}: rolled back to the plugin set in service before; the file is quarantined until it changes or `cocoon-fixup plugin quarantine --release {}` releases it",
-            w.name,
-            w.version,
-            short(&w.sha256),
-            w.failed,
-            w.pods.len(),
+            "{} where the version it replaced (sha256 {}) had planned, in namespaces {}: rolled back to the plugin set in service before; the file is quarantined until it changes or `cocoon-fixup plugin quarantine --release {}` releases it",
+            w.failures(),
             w.replaced.as_deref().map_or("?", short),
-            namespaces.join(", "),
+            w.namespaces(),
             w.sha256,
         );
         tracing::error!(plugin = %w.name, "{message}");
         self.metrics.plugin_rollback(&w.name);
-        self.metrics.set_health_detail(Some(message));
+        self.metrics.set_health_detail(Some(cap_detail(&message)));
     }
 }
 
@@ -697,6 +729,15 @@ fn succeeded_before(succeeded: &BTreeSet<(String, String, Option<Scenario>)>, w:
             && sha == replaced
             && (w.failed_on.contains(&None) || w.failed_on.contains(scenario))
     })
+}
+
+/// A `/healthz` detail within [`DETAIL_MAX`].
+fn cap_detail(text: &str) -> String {
+    fixup_core::annotations::cap_utf8(
+        fixup_core::facts::escape_controls(text),
+        DETAIL_MAX,
+        "… [truncated]",
+    )
 }
 
 fn short(sha256: &str) -> &str {

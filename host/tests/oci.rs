@@ -954,7 +954,7 @@ fn redirects_stay_on_the_registry_or_go_to_https_and_are_logged() {
         (manifest_path.clone(), manifest_answer(&good)),
         (
             blob_path.clone(),
-            Answer::new(307, "").header("Location", "/moved/layer"),
+            Answer::new(307, "").header("Location", "/moved/layer?X-Amz-Signature=s3cr3t"),
         ),
         ("/moved/layer".to_owned(), Answer::new(200, wasm())),
     ]));
@@ -977,6 +977,10 @@ fn redirects_stay_on_the_registry_or_go_to_https_and_are_logged() {
     let stderr = text(&out.stderr);
     assert!(stderr.contains("registry redirect followed"), "{stderr}");
     assert!(stderr.contains("/moved/layer"), "{stderr}");
+    assert!(
+        !stderr.contains("s3cr3t"),
+        "a signed URL's query is not logged: {stderr}"
+    );
 
     // A token realm on another plain-HTTP host.
     let challenge = format!(

@@ -481,6 +481,28 @@ async fn a_reload_does_not_drop_the_allow_list_in_force() {
     assert!(health.contains("allowed_plugins"), "{health}");
 }
 
+/// A watch that ends held back (every failure in one namespace) says so
+/// on `/healthz`, not only in one log line, and never reports a pass.
+#[tokio::test]
+async fn a_watch_held_back_by_one_namespace_ends_visibly() {
+    let mut rig = rig(4);
+    let (summary, _) = rig.clone_pod("good-0").await;
+    assert_eq!(summary.fixup, Some(FixupEnd::Done));
+    std::fs::write(&rig.plugin, version("v2")).expect("v2");
+    rig.reloader.reload().await;
+    let v2 = sha256(&version("v2"));
+    rig.guest.set_id("hostile-decline");
+    for i in 0..4 {
+        rig.clone_pod_in("tenant-a", &format!("bad-{i}")).await;
+    }
+    assert_eq!(rig.serving(), v2, "kept");
+    let health = rig.metrics.health();
+    assert!(
+        health.contains("only in namespaces tenant-a") && health.contains("kept"),
+        "{health}"
+    );
+}
+
 /// `cocoon-fixup plugin quarantine` lists what rollbacks quarantined
 /// beside the node's cache key, with their notes, and `--release` takes
 /// one digest out with one command; a digest not listed, or not a digest,

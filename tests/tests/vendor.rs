@@ -345,7 +345,7 @@ fn a_plugin_from_the_template_builds_tests_and_is_picked() {
 /// `pass_ms` and the message it is announced with.
 fn all_dhcp_clone(flavor: &str, pass_ms: u64, message: &str) -> Value {
     let vm_name = fixup_core::binding::vm_name_for_pod("prod", "db-0");
-    serde_json::json!({
+    let mut case = serde_json::json!({
         "about": "an all-DHCP clone of a flavoured guest",
         "pod": {"metadata": {
             "name": "db-0", "namespace": "prod", "uid": "u-1",
@@ -376,13 +376,20 @@ fn all_dhcp_clone(flavor: &str, pass_ms: u64, message: &str) -> Value {
                 }}
             ]
         }
-    })
+    });
+    if flavor == "rhel" && pass_ms > 0 {
+        // The claimed flavour, but a hibernate wake: not a clone.
+        case["pod"]["metadata"]["annotations"]["vm.cocoonstack.io/restore-from-hibernate"] =
+            "true".into();
+    }
+    case
 }
 
 /// A plugin that declares a guest flavour for `dhcp-recovery` claims the
 /// all-DHCP clones of that flavour: its recovery plan runs at once, not
 /// after the 15 s a generic clone is given to get a lease by itself. A
-/// flavour no plugin declares keeps the 15 s.
+/// flavour no plugin declares keeps the 15 s, and so does a woken VM of
+/// the claimed flavour (not a clone).
 #[test]
 fn a_flavours_plugin_claims_all_dhcp_clones_and_repairs_them_at_once() {
     use fixup_core::decision::conformance::{Scenario as Case, replay};
@@ -397,7 +404,12 @@ fn a_flavours_plugin_claims_all_dhcp_clones_and_repairs_them_at_once() {
         15000,
         "no lease after 15s: re-running DHCP on 1 NIC(s)",
     );
-    for case in [claimed, unclaimed] {
+    let woken = all_dhcp_clone(
+        "rhel",
+        15000,
+        "no lease after 15s: re-running DHCP on 1 NIC(s)",
+    );
+    for case in [claimed, unclaimed, woken] {
         let case: Case = serde_json::from_value(case).expect("a scenario");
         let (world, ended) = replay(&case, &node.planner);
         case.check(&world, &ended)

@@ -333,6 +333,9 @@ struct Wait {
     deadline: Duration,
     ip: Option<Ipv4Addr>,
     nonce: Option<Nonce>,
+    /// A clone or a fork: a flavour's plugin may claim its recovery
+    /// ([`Recovery::claimed_by`]); a wake or resumed work keeps the wait.
+    claimable: bool,
 }
 
 /// What a write decided from a read is for.
@@ -709,7 +712,8 @@ impl PodTask {
                                 .zip(composed.facts.flavor.as_ref())
                                 .map(|(plugin, flavor)| {
                                     (plugin.to_owned(), flavor.as_str().to_owned())
-                                }),
+                                })
+                                .filter(|_| wait.claimable),
                             nics: composed.facts.nics.len(),
                             plan: composed.plan,
                             exec: composed.exec,
@@ -1161,6 +1165,7 @@ impl PodTask {
                     deadline: Duration::ZERO,
                     ip: None,
                     nonce: None,
+                    claimable: matches!(obs.boot, Some(BootKind::Clone | BootKind::Fork)),
                 });
                 // A Windows VM with a static NIC gets its addresses over
                 // the serial console before the wait (spec section 10).
@@ -2020,6 +2025,7 @@ impl PodTask {
             deadline: Duration::ZERO,
             ip: None,
             nonce: None,
+            claimable: false,
         });
         self.wait(wait)
     }

@@ -49,16 +49,23 @@ impl QuarantineFile {
     /// directory above it) that breaks the trust rules, and a line that is
     /// no digest, are logged and ignored.
     pub fn read(&self) -> BTreeSet<String> {
+        self.try_read().unwrap_or_else(|e| {
+            tracing::warn!("quarantine file not used: {e}");
+            BTreeSet::new()
+        })
+    }
+
+    /// The digests listed; `Err` when the file (or a directory above it)
+    /// breaks the trust rules, so a caller can keep what it had. A missing
+    /// file, or one that cannot be opened, lists none.
+    pub fn try_read(&self) -> Result<BTreeSet<String>, String> {
         let bytes = match TrustedDir::open(&self.dir).and_then(|d| d.read_file(QUARANTINE_FILE)) {
             Ok(Some(bytes)) => bytes,
-            Ok(None) => return BTreeSet::new(),
-            Err(e) if e.is_io() => return BTreeSet::new(),
-            Err(e) => {
-                tracing::warn!("quarantine file not used: {e}");
-                return BTreeSet::new();
-            }
+            Ok(None) => return Ok(BTreeSet::new()),
+            Err(e) if e.is_io() => return Ok(BTreeSet::new()),
+            Err(e) => return Err(e.to_string()),
         };
-        String::from_utf8_lossy(&bytes)
+        Ok(String::from_utf8_lossy(&bytes)
             .lines()
             .map(|line| line.split('#').next().unwrap_or("").trim())
             .filter(|line| !line.is_empty())
@@ -73,7 +80,7 @@ impl QuarantineFile {
                     None
                 }
             })
-            .collect()
+            .collect())
     }
 
     /// Each listed digest with its line's comment (empty when none), in

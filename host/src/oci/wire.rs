@@ -80,6 +80,17 @@ fn authority(url: &Url) -> String {
     }
 }
 
+/// `url` without its query and fragment: what a log line or an error may
+/// show (a signed storage URL carries its signature in the query).
+pub(super) fn shown(url: &Url) -> String {
+    let mut url = url.clone();
+    url.set_query(None);
+    url.set_fragment(None);
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    bounded(url.as_str())
+}
+
 /// Whether a request that started at `origin` and is at `from` may go on
 /// to `to`: `Err` says why not.
 pub(super) fn may_redirect(origin: &Url, from: &Url, to: &Url) -> Result<(), String> {
@@ -116,13 +127,14 @@ fn redirect_policy(attempt: Attempt<'_>) -> reqwest::redirect::Action {
     }
     match may_redirect(origin, from, to) {
         Ok(()) => {
-            tracing::info!(from = %from, to = %to, "registry redirect followed");
+            tracing::info!(from = %shown(from), to = %shown(to), "registry redirect followed");
             attempt.follow()
         }
         Err(why) => {
             let why = format!(
-                "redirect from {from} to {} refused: {why}",
-                bounded(to.as_str())
+                "redirect from {} to {} refused: {why}",
+                shown(from),
+                shown(to)
             );
             tracing::warn!("{why}");
             attempt.error(RedirectRefused(why))
@@ -171,7 +183,12 @@ async fn error_text(mut response: Response) -> String {
 
 /// The error of a request that did not get an answer.
 fn transport(reference: &PluginRef, e: reqwest::Error) -> OciError {
-    let reason = bounded(&error_chain(&e));
+    let shown_url = e.url().map(shown);
+    let e = e.without_url();
+    let reason = match shown_url {
+        Some(url) => bounded(&format!("{url}: {}", error_chain(&e))),
+        None => bounded(&error_chain(&e)),
+    };
     if e.is_redirect() {
         OciError::Redirect {
             reference: reference.to_string(),
@@ -320,6 +337,11 @@ impl<'a> Session<'a> {
         if response.status() != StatusCode::UNAUTHORIZED {
             return Ok(response);
         }
+        // A host a redirect reached gets no login of this registry's.
+        let from = response.url();
+        if from.scheme() != self.base.scheme() || authority(from) != authority(&self.base) {
+            return Ok(response);
+        }
         let challenge = response
             .headers()
             .get(WWW_AUTHENTICATE)
@@ -445,18 +467,15 @@ impl<'a> Session<'a> {
 
     /// Where an upload goes on: `location` against the registry, held to
     /// the redirect rules.
-    fn upload_url(&self, location: &str) -> Result<Url, OciError> {
-        let url = self.base.join(location).map_err(|_| OciError::Registry {
+    fn upload_url(&self, answered: &Url, location: &str) -> Result<Url, OciError> {
+        let url = answered.join(location).map_err(|_| OciError::Registry {
             reference: self.reference.to_string(),
             status: "an upload location outside the distribution spec".to_owned(),
             detail: bounded(location),
         })?;
         may_redirect(&self.base, &self.base, &url).map_err(|why| OciError::Redirect {
             reference: self.reference.to_string(),
-            reason: format!(
-                "the upload location {} is refused: {why}",
-                bounded(url.as_str())
-            ),
+            reason: format!("the upload location {} is refused: {why}", shown(&url)),
         })?;
         Ok(url)
     }
@@ -464,7 +483,9 @@ impl<'a> Session<'a> {
     /// Push one blob: start an upload, then put its bytes in one request.
     async fn push_blob(&mut self, bytes: &[u8], digest: &str) -> Result<(), OciError> {
         let start = self.url("blobs/uploads/");
-        let response = self.send(|client| client.post(start.clone())).await?;
+        let response = self
+            .send(|client| client.post(start.clone()).timeout(REQUEST_TIMEOUT))
+            .await?;
         if response.status() != StatusCode::ACCEPTED {
             return Err(refusal(self.reference, response).await);
         }
@@ -478,12 +499,13 @@ impl<'a> Session<'a> {
                 status: "an upload without a Location".to_owned(),
                 detail: "the registry did not say where the blob goes".to_owned(),
             })?;
-        let mut url = self.upload_url(&location)?;
+        let mut url = self.upload_url(response.url(), &location)?;
         url.query_pairs_mut().append_pair("digest", digest);
         let put = |client: &Client| {
             client
                 .put(url.clone())
                 .header(CONTENT_TYPE, "application/octet-stream")
+                .timeout(LAYER_TIMEOUT)
                 .body(bytes.to_vec())
         };
         let response =
@@ -496,7 +518,8 @@ impl<'a> Session<'a> {
                     .await
                     .map_err(|e| self.transport(e))?
             };
-        if !response.status().is_success() {
+        // 201 Created: the blob is in; a 202 would be an upload still open.
+        if response.status() != StatusCode::CREATED {
             return Err(refusal(self.reference, response).await);
         }
         Ok(())
@@ -510,6 +533,7 @@ impl Registry {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = Client::builder()
             .redirect(Policy::custom(redirect_policy))
+            .referer(false)
             .connect_timeout(REQUEST_TIMEOUT)
             .read_timeout(REQUEST_TIMEOUT)
             .build()
@@ -569,6 +593,7 @@ impl Registry {
                 client
                     .put(url.clone())
                     .header(CONTENT_TYPE, MANIFEST_MEDIA_TYPE)
+                    .timeout(REQUEST_TIMEOUT)
                     .body(manifest.clone())
             })
             .await?;
