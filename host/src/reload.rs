@@ -339,8 +339,15 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
                 () = shutdown.cancelled() => break,
                 Some(record) = outcomes.recv() => {
                     self.observe(record);
-                    if std::mem::take(&mut self.wrote_quarantine) {
-                        seen = fingerprint(&self.watched);
+                    if std::mem::take(&mut self.wrote_quarantine)
+                        && let Some(file) = &self.quarantine_file
+                    {
+                        // Only the quarantine file's own entry is taken as
+                        // seen: any other change still reloads.
+                        let path = file.path();
+                        seen.retain(|entry| entry.0 != path);
+                        seen.extend(fingerprint(std::slice::from_ref(&path)));
+                        seen.sort();
                     }
                 }
                 _ = tick.tick() => {
@@ -585,7 +592,7 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
             let done = w.pods.len() >= watch_fixups;
             if done && w.held {
                 let message = format!(
-                    "{}, but only in namespaces {}: kept, since a rollback takes failures in at least {min_namespaces} namespaces (--plugin-rollback-min-namespaces)",
+                    "{}, in namespaces {}: kept, since a rollback takes failures in at least {min_namespaces} namespaces, none counting for more than its share (--plugin-rollback-min-namespaces)",
                     w.failures(),
                     w.namespaces()
                 );
@@ -620,9 +627,10 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
             w.failures(),
             w.namespaces()
         );
-        self.wrote_quarantine = self.quarantine_file.is_some();
         if let Some(file) = &self.quarantine_file
-            && let Err(e) = file.add(&w.sha256, &comment)
+            && let Err(e) = file
+                .add(&w.sha256, &comment)
+                .inspect(|()| self.wrote_quarantine = true)
         {
             self.unrecorded.insert(w.sha256.clone());
             tracing::error!(

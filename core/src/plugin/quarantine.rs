@@ -56,13 +56,13 @@ impl QuarantineFile {
     }
 
     /// The digests listed; `Err` when the file (or a directory above it)
-    /// breaks the trust rules, so a caller can keep what it had. A missing
-    /// file, or one that cannot be opened, lists none.
+    /// breaks the trust rules or cannot be read, so a caller can keep what
+    /// it had. Only a file (or directory) that does not exist lists none.
     pub fn try_read(&self) -> Result<BTreeSet<String>, String> {
         let bytes = match TrustedDir::open(&self.dir).and_then(|d| d.read_file(QUARANTINE_FILE)) {
             Ok(Some(bytes)) => bytes,
             Ok(None) => return Ok(BTreeSet::new()),
-            Err(e) if e.is_io() => return Ok(BTreeSet::new()),
+            Err(e) if e.is_not_found() => return Ok(BTreeSet::new()),
             Err(e) => return Err(e.to_string()),
         };
         Ok(String::from_utf8_lossy(&bytes)

@@ -91,6 +91,11 @@ impl Untrusted {
     pub fn is_io(&self) -> bool {
         matches!(self, Untrusted::Io { .. })
     }
+
+    /// Whether this is a path that does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Untrusted::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
+    }
 }
 
 /// The user the host runs as.

@@ -425,10 +425,7 @@ impl<'a> Session<'a> {
         })?;
         may_redirect(&self.base, &self.base, &url).map_err(|why| OciError::Redirect {
             reference: self.reference.to_string(),
-            reason: format!(
-                "the token realm {} is refused: {why}",
-                bounded(url.as_str())
-            ),
+            reason: format!("the token realm {} is refused: {why}", shown(&url)),
         })?;
         {
             let mut query = url.query_pairs_mut();
@@ -471,7 +468,10 @@ impl<'a> Session<'a> {
         let url = answered.join(location).map_err(|_| OciError::Registry {
             reference: self.reference.to_string(),
             status: "an upload location outside the distribution spec".to_owned(),
-            detail: bounded(location),
+            detail: format!(
+                "`Location: {}`",
+                bounded(location.split('?').next().unwrap_or_default())
+            ),
         })?;
         may_redirect(&self.base, &self.base, &url).map_err(|why| OciError::Redirect {
             reference: self.reference.to_string(),
