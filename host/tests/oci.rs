@@ -462,6 +462,17 @@ impl StandIn {
         });
         served
     }
+
+    /// [`serve`](Self::serve) wanting the bearer `token`, with a challenge
+    /// naming the stand-in's own `/token` as realm (service `stand-in`,
+    /// scope `repository:acme/net:pull`).
+    fn serve_with_bearer(self, answers: HashMap<String, Answer>, token: &str) -> Served {
+        let challenge = format!(
+            r#"Bearer realm="http://{}/token",service="stand-in",scope="repository:acme/net:pull""#,
+            self.host
+        );
+        self.serve(answers, Some((format!("Bearer {token}"), challenge)))
+    }
 }
 
 /// A stand-in serving, and what it saw.
@@ -825,17 +836,12 @@ fn a_registry_cannot_make_the_host_read_past_a_bound() {
         );
         check(&served, &err, "error body");
 
-        let stand_in = StandIn::bind();
-        let challenge = format!(
-            r#"Bearer realm="http://{}/token",service="stand-in",scope="repository:acme/net:pull""#,
-            stand_in.host
-        );
-        let served = stand_in.serve(
+        let served = StandIn::bind().serve_with_bearer(
             HashMap::from([
                 (manifest_path.clone(), manifest_answer(&good)),
                 ("/token".to_owned(), Answer::flood(200, FLOOD, declared)),
             ]),
-            Some(("Bearer never".to_owned(), challenge)),
+            "never",
         );
         let err = pull_error(&served.host, &hex);
         assert!(
@@ -872,12 +878,7 @@ fn a_registry_cannot_make_the_host_read_past_a_bound() {
 #[test]
 fn a_bearer_realm_on_the_registry_gives_the_token_used() {
     let (good, hex, manifest_path, blob_path) = good_artifact();
-    let stand_in = StandIn::bind();
-    let challenge = format!(
-        r#"Bearer realm="http://{}/token",service="stand-in",scope="repository:acme/net:pull""#,
-        stand_in.host
-    );
-    let served = stand_in.serve(
+    let served = StandIn::bind().serve_with_bearer(
         HashMap::from([
             (manifest_path.clone(), manifest_answer(&good)),
             (blob_path.clone(), Answer::new(200, wasm())),
@@ -886,7 +887,7 @@ fn a_bearer_realm_on_the_registry_gives_the_token_used() {
                 Answer::new(200, r#"{"token":"t0ken","expires_in":300}"#),
             ),
         ]),
-        Some(("Bearer t0ken".to_owned(), challenge)),
+        "t0ken",
     );
     let reference: PluginRef = format!("oci://{}/acme/net@sha256:{hex}", served.host)
         .parse()

@@ -180,6 +180,18 @@ impl Rig {
         (summary, used)
     }
 
+    /// A pod the hostile plugin's v1 fixes (so v1 planned here), then v2
+    /// written and reloaded into service: v2's digest.
+    async fn v2_after_a_success(&mut self) -> String {
+        let (summary, _) = self.clone_pod("good-0").await;
+        assert_eq!(summary.fixup, Some(FixupEnd::Done));
+        std::fs::write(&self.plugin, version("v2")).expect("v2");
+        self.reloader.reload().await;
+        let v2 = sha256(&version("v2"));
+        assert_eq!(self.serving(), v2);
+        v2
+    }
+
     fn exposition(&self) -> String {
         self.metrics.encode()
     }
@@ -300,13 +312,7 @@ async fn a_plugin_that_fails_the_gate_never_replaces_the_one_in_service() {
 async fn a_version_that_fails_where_its_predecessor_succeeded_is_rolled_back_and_quarantined() {
     let mut rig = rig(4);
     let v1 = sha256(&version("v1"));
-    let (summary, _) = rig.clone_pod("good-0").await;
-    assert_eq!(summary.fixup, Some(FixupEnd::Done));
-
-    std::fs::write(&rig.plugin, version("v2")).expect("v2");
-    rig.reloader.reload().await;
-    let v2 = sha256(&version("v2"));
-    assert_eq!(rig.serving(), v2);
+    let v2 = rig.v2_after_a_success().await;
 
     // What the guest does is not the plugin's failure: exhausted fixups
     // do not count.
@@ -380,12 +386,7 @@ async fn a_version_that_fails_where_its_predecessor_succeeded_is_rolled_back_and
 async fn one_namespace_cannot_roll_a_version_back_and_a_release_undoes_the_quarantine() {
     let mut rig = rig(8);
     let v1 = sha256(&version("v1"));
-    let (summary, _) = rig.clone_pod("good-0").await;
-    assert_eq!(summary.fixup, Some(FixupEnd::Done));
-    std::fs::write(&rig.plugin, version("v2")).expect("v2");
-    rig.reloader.reload().await;
-    let v2 = sha256(&version("v2"));
-    assert_eq!(rig.serving(), v2);
+    let v2 = rig.v2_after_a_success().await;
 
     // 8 watched, 4 may fail; one namespace counts for at most 3 (half of
     // the 5 a rollback takes). Six failures in tenant-a: kept.
@@ -486,11 +487,7 @@ async fn a_reload_does_not_drop_the_allow_list_in_force() {
 #[tokio::test]
 async fn a_watch_held_back_by_one_namespace_ends_visibly() {
     let mut rig = rig(4);
-    let (summary, _) = rig.clone_pod("good-0").await;
-    assert_eq!(summary.fixup, Some(FixupEnd::Done));
-    std::fs::write(&rig.plugin, version("v2")).expect("v2");
-    rig.reloader.reload().await;
-    let v2 = sha256(&version("v2"));
+    let v2 = rig.v2_after_a_success().await;
     rig.guest.set_id("hostile-decline");
     for i in 0..4 {
         rig.clone_pod_in("tenant-a", &format!("bad-{i}")).await;

@@ -86,7 +86,6 @@ impl QuarantineFile {
     /// Each listed digest with its line's comment (empty when none), in
     /// the file's order: what `plugin quarantine` shows.
     pub fn entries(&self) -> Vec<(String, String)> {
-        let listed = self.read();
         let Ok(Some(bytes)) =
             TrustedDir::open(&self.dir).and_then(|d| d.read_file(QUARANTINE_FILE))
         else {
@@ -95,8 +94,9 @@ impl QuarantineFile {
         let mut entries: Vec<(String, String)> = Vec::new();
         for line in String::from_utf8_lossy(&bytes).lines() {
             let (digest, comment) = line.split_once('#').unwrap_or((line, ""));
-            let digest = digest.trim().to_ascii_lowercase();
-            if listed.contains(&digest) && !entries.iter().any(|(d, _)| *d == digest) {
+            if let Ok(digest) = super::parse_sha256(digest)
+                && !entries.iter().any(|(d, _)| *d == digest)
+            {
                 let comment = crate::facts::escape_controls(comment.trim());
                 entries.push((digest, comment));
             }

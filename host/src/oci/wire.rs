@@ -316,6 +316,20 @@ impl<'a> Session<'a> {
         transport(self.reference, e)
     }
 
+    /// Whether `url` is on the registry itself: its scheme, host and port.
+    fn on_registry(&self, url: &Url) -> bool {
+        url.scheme() == self.base.scheme() && authority(url) == authority(&self.base)
+    }
+
+    /// A URL the registry named (a token realm, an upload location), held
+    /// to the redirect rule as if the registry had redirected to it.
+    fn held_to_the_rule(&self, what: &str, url: &Url) -> Result<(), OciError> {
+        may_redirect(&self.base, &self.base, url).map_err(|why| OciError::Redirect {
+            reference: self.reference.to_string(),
+            reason: format!("the {what} {} is refused: {why}", shown(url)),
+        })
+    }
+
     /// Send what `make` builds, with the login this session has; on a
     /// 401, earn one from its challenge and send it again, once. The
     /// answer is returned whatever its status.
@@ -339,7 +353,7 @@ impl<'a> Session<'a> {
         }
         // A host a redirect reached gets no login of this registry's.
         let from = response.url();
-        if from.scheme() != self.base.scheme() || authority(from) != authority(&self.base) {
+        if !self.on_registry(from) {
             return Ok(response);
         }
         let challenge = response
@@ -423,10 +437,7 @@ impl<'a> Session<'a> {
             reference: self.reference.to_string(),
             reason: format!("the token realm {} is not a URL", bounded(realm)),
         })?;
-        may_redirect(&self.base, &self.base, &url).map_err(|why| OciError::Redirect {
-            reference: self.reference.to_string(),
-            reason: format!("the token realm {} is refused: {why}", shown(&url)),
-        })?;
+        self.held_to_the_rule("token realm", &url)?;
         {
             let mut query = url.query_pairs_mut();
             if let Some(service) = &service {
@@ -473,10 +484,7 @@ impl<'a> Session<'a> {
                 bounded(location.split('?').next().unwrap_or_default())
             ),
         })?;
-        may_redirect(&self.base, &self.base, &url).map_err(|why| OciError::Redirect {
-            reference: self.reference.to_string(),
-            reason: format!("the upload location {} is refused: {why}", shown(&url)),
-        })?;
+        self.held_to_the_rule("upload location", &url)?;
         Ok(url)
     }
 
@@ -508,16 +516,15 @@ impl<'a> Session<'a> {
                 .timeout(LAYER_TIMEOUT)
                 .body(bytes.to_vec())
         };
-        let response =
-            if authority(&url) == authority(&self.base) && url.scheme() == self.base.scheme() {
-                self.send(put).await?
-            } else {
-                // Another host gets no login of this registry's.
-                put(&self.registry.client)
-                    .send()
-                    .await
-                    .map_err(|e| self.transport(e))?
-            };
+        let response = if self.on_registry(&url) {
+            self.send(put).await?
+        } else {
+            // Another host gets no login of this registry's.
+            put(&self.registry.client)
+                .send()
+                .await
+                .map_err(|e| self.transport(e))?
+        };
         // 201 Created: the blob is in; a 202 would be an upload still open.
         if response.status() != StatusCode::CREATED {
             return Err(refusal(self.reference, response).await);
