@@ -56,6 +56,7 @@
 //! data, and whoever prints it passes it through [`crate::display`].
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use base64::Engine as _;
 use serde::Serialize;
@@ -71,6 +72,7 @@ use crate::facts::{
 };
 use crate::kit;
 use crate::lifecycle::{self, Action, HandsOff};
+use crate::memory::{StackEvent, events_say_wake};
 use crate::planner::Planner;
 use crate::plugin::registry::NoPlugin;
 use crate::probe::ProbeError;
@@ -194,12 +196,14 @@ pub fn is_host_reason(reason: &str) -> bool {
 /// The pod's events from `kubectl get events -o json` output (a list with
 /// `items`, or an array), core/v1 or events.k8s.io/v1 alike: only events
 /// about this pod (by uid, else by namespace and name) with a host reason
-/// ([`is_host_reason`]), oldest first.
+/// ([`is_host_reason`]), oldest first; and every event as the wake rule
+/// reads it ([`StackEvent::from_value`]: events.k8s.io/v1 fields, so a
+/// core/v1 listing never makes a wake).
 pub fn events_from_json(
     text: &str,
     input: &str,
     pod: &PodInput,
-) -> Result<Vec<PodEvent>, CaptureError> {
+) -> Result<(Vec<PodEvent>, Vec<StackEvent>), CaptureError> {
     let bad = |reason: String| CaptureError::Events {
         input: input.to_owned(),
         reason,
@@ -213,7 +217,10 @@ pub fn events_from_json(
         },
         _ => return Err(bad("neither a list nor an array of events".into())),
     };
-    Ok(events_of(items, pod))
+    Ok((
+        events_of(items, pod),
+        items.iter().map(StackEvent::from_value).collect(),
+    ))
 }
 
 /// The events among `items` (Event objects as JSON, core/v1 or
@@ -431,6 +438,11 @@ pub struct CaptureInput<'a> {
     pub events: &'a [PodEvent],
     /// Whether events were left out ([`MAX_EVENTS`], a page limit).
     pub events_truncated: bool,
+    /// Every event about the pod as the wake rule reads it (spec section
+    /// 2, rule 2), and the window it reads them in: the stack's `Woken`
+    /// or `HibernateSnapshotExists` makes the VM a wake, as for the daemon.
+    pub stack_events: &'a [StackEvent],
+    pub wake_window: Duration,
     pub source: Source,
     /// The capture time, RFC 3339.
     pub at: String,
@@ -464,15 +476,44 @@ impl CapturedCase {
 }
 
 /// The boot kind capture plans with when it is not the annotations' own,
-/// and why: `--boot`, or a `post-clone-state` of `running`, which a daemon
-/// that restarts mid-fixup resumes (it plans such work as `resumed`).
-pub fn assumed_boot(pod: &PodInput, overrides: &Overrides) -> Option<(BootKind, String)> {
-    let boot = decision::boot_override(pod, overrides.boot)?;
-    let why = match overrides.boot {
-        Some(_) => format!("{boot}: given with --boot"),
-        None => "resumed: post-clone-state is running, and a daemon that restarts mid-fixup resumes that work as resumed (pass --boot to plan another kind)".to_owned(),
-    };
-    Some((boot, why))
+/// and why, as the daemon decides it: `--boot`; else a wake, by the pod's
+/// `restore-from-hibernate` or by the stack's own event that the VM was
+/// woken (spec section 2, rule 2: `stack_events` about the pod within
+/// `window` of the VM's creation), which stays a wake for work left
+/// `running`; else `resumed` for a `post-clone-state` of `running`, which a
+/// daemon that restarts mid-fixup resumes.
+pub fn assumed_boot(
+    pod: &PodInput,
+    vm: &VmInspect,
+    overrides: &Overrides,
+    stack_events: &[StackEvent],
+    window: Duration,
+) -> Option<(BootKind, String)> {
+    if let Some(boot) = overrides.boot {
+        return Some((boot, format!("{boot}: given with --boot")));
+    }
+    let running = decision::boot_override(pod, None).is_some();
+    let uid = pod.uid.as_deref().unwrap_or_default();
+    if BootKind::from_annotations(&pod.annotations) == Some(BootKind::Wake) {
+        return running.then(|| {
+            (
+                BootKind::Wake,
+                "wake: restore-from-hibernate is true, and the daemon resumes work left running on a woken VM as a wake (pass --boot to plan another kind)".to_owned(),
+            )
+        });
+    }
+    if !uid.is_empty() && events_say_wake(stack_events, uid, vm.created_unix_ms, window) {
+        return Some((
+            BootKind::Wake,
+            "wake: the stack's Woken or HibernateSnapshotExists event about the pod says the VM was woken, and the daemon takes it for a wake (pass --boot to plan another kind)".to_owned(),
+        ));
+    }
+    running.then(|| {
+        (
+            BootKind::Resumed,
+            "resumed: post-clone-state is running, and a daemon that restarts mid-fixup resumes that work as resumed (pass --boot to plan another kind)".to_owned(),
+        )
+    })
 }
 
 /// The pod's plugin calls, as cases (see the module documentation).
@@ -506,7 +547,13 @@ pub fn capture(
         Err(_) => "parked: the fixup failed earlier".to_owned(),
         Ok(_) => "its work".to_owned(),
     };
-    let assumed = assumed_boot(pod, input.overrides);
+    let assumed = assumed_boot(
+        pod,
+        input.vm,
+        input.overrides,
+        input.stack_events,
+        input.wake_window,
+    );
     let overrides = Overrides {
         boot: assumed.as_ref().map(|(boot, _)| *boot),
         source_image: input.overrides.source_image.clone(),
@@ -860,6 +907,56 @@ mod tests {
             .map(|(n, v, d)| ((*n).into(), (*v).into(), d.map(str::to_owned)))
             .collect();
         assert_eq!(found, expected);
+    }
+
+    /// The boot kind capture assumes, in the daemon's order: `--boot`,
+    /// then a wake (annotation or the stack's event; a wake stays one for
+    /// work left `running`), then `resumed` for work left `running`.
+    #[rstest::rstest]
+    #[case::nothing(false, false, false, None)]
+    #[case::running(false, false, true, Some(BootKind::Resumed))]
+    #[case::annotated_wake(true, false, false, None)]
+    #[case::annotated_wake_running(true, false, true, Some(BootKind::Wake))]
+    #[case::event_wake(false, true, false, Some(BootKind::Wake))]
+    #[case::event_wake_running(false, true, true, Some(BootKind::Wake))]
+    fn a_wake_comes_before_resumed_work(
+        #[case] annotated: bool,
+        #[case] event: bool,
+        #[case] running: bool,
+        #[case] expected: Option<BootKind>,
+    ) {
+        let mut pod = PodInput {
+            name: "desk-0".into(),
+            namespace: "desktops".into(),
+            uid: Some("u-1".into()),
+            ..PodInput::default()
+        };
+        if annotated {
+            pod.annotations
+                .insert(annotations::RESTORE_FROM_HIBERNATE.into(), "true".into());
+        }
+        if running {
+            pod.annotations
+                .insert(keys::POST_CLONE_STATE.into(), "running".into());
+        }
+        let events = [StackEvent {
+            reason: "Woken".into(),
+            type_: "Normal".into(),
+            reporting_controller: "vk-cocoon".into(),
+            regarding_uid: "u-1".into(),
+            newest_unix_ms: Some(1_000),
+        }];
+        let vm = VmInspect::default();
+        let given = |boot| Overrides {
+            boot,
+            source_image: None,
+        };
+        let events: &[StackEvent] = if event { &events } else { &[] };
+        let window = Duration::from_secs(600);
+        let assumed = assumed_boot(&pod, &vm, &given(None), events, window);
+        assert_eq!(assumed.map(|(boot, _)| boot), expected);
+        let forced = assumed_boot(&pod, &vm, &given(Some(BootKind::Clone)), events, window);
+        assert_eq!(forced.map(|(boot, _)| boot), Some(BootKind::Clone));
     }
 
     fn case(plugin: &str, scenario: Scenario) -> CapturedCase {

@@ -320,6 +320,9 @@ type Planner struct {
 	stopping chan struct{}
 	// Runs in flight: Close waits for them, so none loses its task.
 	runs sync.WaitGroup
+	// records serialises each pod's read-modify-write of its record
+	// (Observe, and Run keeping a task's record), by uid.
+	records recordLocks
 }
 
 // enter counts a Run in, unless the planner is closed.

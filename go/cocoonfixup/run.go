@@ -156,7 +156,10 @@ type RunOptions struct {
 	Records Records
 	// WatchedSinceNew: the caller has watched the pod without a gap since
 	// it first saw it with no lifecycle annotation, so a CH Windows pod
-	// with no evidence of a wake is not held for the wake grace.
+	// with no evidence of a wake is not held for the wake grace. Pass
+	// what Observe last answered for the pod over the same Records: it
+	// is safe only where a hibernation the watch saw is in the record.
+	// Without Records it is ignored.
 	WatchedSinceNew bool
 	// Log receives the step's log lines ("info", "warn", "error").
 	Log func(level, message string)
@@ -665,7 +668,7 @@ func (r *runner) settled(ctx context.Context, a action) map[string]any {
 		return map[string]any{"go": true}
 	case "remember":
 		if r.o.Records != nil && r.meta.UID != "" {
-			if err := r.o.Records.Store(ctx, r.meta.UID, a.Record); err != nil {
+			if err := r.p.keepTaskRecord(ctx, r.o.Records, r.meta.UID, a.Record); err != nil {
 				r.log("warn", "the pod's record was not kept: "+err.Error())
 			}
 		}

@@ -163,15 +163,8 @@ func (l leaseThen) Lease(ctx context.Context, mac string) (string, error) {
 // Close returns once the Run has.
 func TestCloseCancelsTheRunsInFlight(t *testing.T) {
 	for _, backend := range backends(t) {
-		dir := t.TempDir()
-		p, err := NewPlanner(ctx, Options{Backend: backend, NoPluginDir: true,
-			CocoonRoot: filepath.Join(root, "examples", "cocoon-root"),
-			CacheDir:   filepath.Join(dir, "cache"), CacheKey: filepath.Join(dir, "key")})
-		if err != nil {
-			t.Fatal(err)
-		}
-		pod, _ := os.ReadFile(filepath.Join(root, "examples", "oci-static", "pod.json"))
-		vm, _ := os.ReadFile(filepath.Join(root, "examples", "oci-static", "vm.json"))
+		p := examplesPlanner(t, backend)
+		pod, vm := exampleFiles(t, "oci-static")
 		execing := make(chan struct{})
 		var returned atomic.Bool
 		type ended struct {

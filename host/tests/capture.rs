@@ -718,3 +718,71 @@ fn from_files_a_pod_that_names_no_vm_is_refused() {
     assert!(stderr.contains("names no VM"), "{stderr}");
     assert!(out.stdout.is_empty());
 }
+
+/// The stack's `Woken` event makes a Cloud Hypervisor Windows VM a wake
+/// for capture as for the daemon (spec section 2, rule 2): no PnP case is
+/// captured for it, since the daemon would run none. Without the event
+/// (or with the host's own, or another pod's) it is a clone, and its
+/// windows-pnp call is the case.
+#[test]
+fn the_stacks_wake_event_makes_capture_plan_a_wake() {
+    let dir = tempfile::tempdir().unwrap();
+    let uid = "7d93a1e5-4c2b-48f0-a6d7-e15b0c9f2a38";
+    let woken = |controller: &str, about: &str| {
+        json!({
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "reason": "Woken",
+            "type": "Normal",
+            "reportingController": controller,
+            "regarding": {"kind": "Pod", "uid": about, "name": "desk-0", "namespace": "desktops"},
+            "eventTime": "2026-11-30T09:12:47.000000Z",
+        })
+    };
+    let run = |items: Vec<Value>| {
+        let events = dir.path().join("events.json");
+        std::fs::write(&events, json!({"items": items}).to_string()).unwrap();
+        capture(&[
+            "--pod",
+            path_str(&example("windows", "pod.json")),
+            "--vm",
+            path_str(&example("windows", "vm.json")),
+            "--events",
+            path_str(&events),
+        ])
+    };
+    for not_a_wake in [
+        vec![],
+        vec![woken("cocoon-fixup", uid)],
+        vec![woken("vk-cocoon", "another-uid")],
+    ] {
+        let out = run(not_a_wake.clone());
+        assert!(
+            out.status.success(),
+            "{not_a_wake:?}: {}",
+            text(&out.stderr)
+        );
+        assert_eq!(json_of(&out.stdout)["scenario"], "windows-pnp");
+    }
+    // As events.k8s.io/v1 lists it, and as `kubectl get events -o json`
+    // prints it (core/v1).
+    let core_v1 = json!({
+        "apiVersion": "v1",
+        "kind": "Event",
+        "reason": "Woken",
+        "type": "Normal",
+        "reportingComponent": "vk-cocoon",
+        "involvedObject": {"kind": "Pod", "uid": uid, "name": "desk-0", "namespace": "desktops"},
+        "lastTimestamp": "2026-11-30T09:12:47Z",
+    });
+    for wake in [woken("vk-cocoon", uid), core_v1] {
+        let out = run(vec![wake]);
+        let said = text(&out.stderr);
+        assert!(!out.status.success(), "a wake has no plugin call: {said}");
+        assert!(
+            said.contains("boot wake: the stack's Woken or HibernateSnapshotExists event"),
+            "{said}"
+        );
+        assert!(said.contains("rule 3"), "{said}");
+    }
+}

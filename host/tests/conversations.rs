@@ -418,7 +418,9 @@ fn action_for(reason: &str) -> &'static str {
         reasons::EXEC_ATTEMPT_FAILED | reasons::SUCCEEDED | reasons::EXEC_EXHAUSTED => {
             "PostCloneFixup"
         }
-        reasons::IP_WAIT_TIMEOUT | reasons::DHCP_RECOVERY => "ReadyWait",
+        reasons::IP_WAIT_TIMEOUT | reasons::WAKE_IP_WAIT_TIMEOUT | reasons::DHCP_RECOVERY => {
+            "ReadyWait"
+        }
         reasons::RESUMED_AFTER_RESTART => "Resume",
         other => panic!("unexpected event reason {other}"),
     }
@@ -618,8 +620,23 @@ async fn exhaustion_chains_every_attempt_then_fails_the_pod() {
     assert_eq!(offsets, [0, 3, 6]);
 }
 
+/// An all-DHCP Linux fork or hibernate wake that never gets a lease: the
+/// safety net runs once, then the pod fails in the words of its boot (spec
+/// section 6): `clone <vm>: ...` and `PostCloneIPWaitTimeout`, or `wake
+/// <vm>: ...` and `WakeIPWaitTimeout`.
+#[rstest::rstest]
+#[case::fork(("vm.cocoonstack.io/fork-from", "web-src"), "clone", reasons::IP_WAIT_TIMEOUT)]
+#[case::wake(
+    ("vm.cocoonstack.io/restore-from-hibernate", "true"),
+    "wake",
+    reasons::WAKE_IP_WAIT_TIMEOUT
+)]
 #[tokio::test]
-async fn no_lease_in_time_runs_dhcp_recovery_then_fails_the_pod() {
+async fn no_lease_in_time_runs_dhcp_recovery_then_fails_the_pod(
+    #[case] boot: (&str, &str),
+    #[case] word: &str,
+    #[case] reason: &'static str,
+) {
     // Real time: the lease watcher reads a real (here: absent) lease file.
     let config = HostConfig {
         ready: ReadyConfig {
@@ -630,13 +647,13 @@ async fn no_lease_in_time_runs_dhcp_recovery_then_fails_the_pod() {
         ..HostConfig::default()
     };
     let rig = rig(vec![Reply::Done], &DHCP, config);
-    let forked = pod(&[("vm.cocoonstack.io/fork-from", "web-src")]);
-    let message = format!("clone {}: dhcp lease not observed within 2s", vm_name());
+    let cloned = pod(&[boot]);
+    let message = format!("{word} {}: dhcp lease not observed within 2s", vm_name());
     let message = message.as_str();
-    // An all-DHCP Linux fork needs no fixup (rule 7), so no post-clone
+    // An all-DHCP Linux VM needs no fixup (rule 7), so no post-clone
     // marker is written; after 1 s without a lease the safety net runs
     // once, then the wait goes on to the 2 s budget.
-    let conversation = Conversation::new("all-DHCP fork, no lease ever", &forked)
+    let conversation = Conversation::new("all-DHCP VM, no lease ever", &cloned)
         .get()
         // Still this pod's, with work, before anything runs in the guest.
         .get()
@@ -652,7 +669,7 @@ async fn no_lease_in_time_runs_dhcp_recovery_then_fails_the_pod() {
             keys::LIFECYCLE_MESSAGE: message,
             keys::LIFECYCLE_OBSERVED_GENERATION: "3",
         }))
-        .event("Warning", reasons::IP_WAIT_TIMEOUT, message);
+        .event("Warning", reason, message);
     let started = std::time::Instant::now();
     let (summary, calls) = rig.play(conversation, Trigger::Event).await;
     assert!(

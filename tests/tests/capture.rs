@@ -39,6 +39,8 @@ fn captured(dir: &Path, behaviour: &str) -> (capture::CapturedCase, std::path::P
         overrides: &Overrides::default(),
         events: &[],
         events_truncated: false,
+        stack_events: &[],
+        wake_window: std::time::Duration::from_secs(600),
         source: Source::Cluster,
         at: "2026-12-01T10:00:00Z".into(),
         by: "cocoon-fixup test".into(),

@@ -1552,7 +1552,8 @@ mod tests {
     /// Scenarios whose serial console takes time (`open_ms`, `takes_ms`
     /// with changes meanwhile), which only the executors with a clock in
     /// their console stand-in can replay: the decision here, and the C op
-    /// (`host/capi/src/task.rs`).
+    /// (`host/capi/src/task.rs`,
+    /// `timed_console_scenarios_replay_through_the_task_op`).
     #[test]
     fn timed_console_scenarios_replay_through_the_decision() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/conformance-timed");

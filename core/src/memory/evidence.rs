@@ -51,11 +51,15 @@ pub struct StackEvent {
 }
 
 impl StackEvent {
-    /// An events.k8s.io/v1 Event as the API server prints it (JSON): the
-    /// fields the rule reads, each absent or of another type read as empty
-    /// (a time that is no RFC 3339 time as none). The newest occurrence is
+    /// An Event as the API server prints it (JSON), events.k8s.io/v1 or
+    /// core/v1 (what `kubectl get events -o json` prints): the fields the
+    /// rule reads, each absent or of another type read as empty (a time
+    /// that is no RFC 3339 time as none). The pod is `regarding.uid`, else
+    /// `involvedObject.uid`; the reporter `reportingController`, else
+    /// `reportingComponent`. The newest occurrence is
     /// `series.lastObservedTime`, else `eventTime`, else
-    /// `deprecatedLastTimestamp`, else `metadata.creationTimestamp`.
+    /// `deprecatedLastTimestamp`, else `lastTimestamp`, else
+    /// `metadata.creationTimestamp`.
     pub fn from_value(event: &serde_json::Value) -> StackEvent {
         let text = |pointer: &str| {
             event
@@ -63,6 +67,10 @@ impl StackEvent {
                 .and_then(serde_json::Value::as_str)
                 .unwrap_or_default()
                 .to_owned()
+        };
+        let either = |first: &str, second: &str| match text(first) {
+            value if value.is_empty() => text(second),
+            value => value,
         };
         let time = |pointer: &str| {
             event
@@ -74,11 +82,12 @@ impl StackEvent {
         StackEvent {
             reason: text("/reason"),
             type_: text("/type"),
-            reporting_controller: text("/reportingController"),
-            regarding_uid: text("/regarding/uid"),
+            reporting_controller: either("/reportingController", "/reportingComponent"),
+            regarding_uid: either("/regarding/uid", "/involvedObject/uid"),
             newest_unix_ms: time("/series/lastObservedTime")
                 .or_else(|| time("/eventTime"))
                 .or_else(|| time("/deprecatedLastTimestamp"))
+                .or_else(|| time("/lastTimestamp"))
                 .or_else(|| time("/metadata/creationTimestamp")),
         }
     }

@@ -28,7 +28,7 @@
 //! | `sac_close` | | close the console opened last, if any; `go` |
 //! | `tell` | `type`, `reason`, `message`, `event_action` | record the event on the pod (best effort; `event_action` is its events.k8s.io `action`); `go` |
 //! | `note` | `level`, `message` | log it; `go` |
-//! | `remember` | `record` | keep the record under the pod's uid (durably: a file written atomically), hand it back in the next task's `options_json` (`memory.record`), and drop it when the pod is gone; asked only of a task started with `memory`. The library keeps no hibernate history for an embedder (it has no watch of its pods): its records hold the wake verdict, the marker's VM, the budget and when a VM was first seen, and a wake is recognised by the annotation and the stack's events; `go` |
+//! | `remember` | `record` | keep the record under the pod's uid (durably: a file written atomically), hand it back in the next task's `options_json` (`memory.record`), and drop it when the pod is gone; asked only of a task started with `memory`. The hibernate history in a record (spec section 2, rule 3) comes from the embedder's watch, which notes each pod it sees with the `observe` op (`cf_call`; Go `Planner.Observe`) into the same record: keep a `remember`'s record with the `merge` op (the stored record and this one), one `observe` or `merge` of a pod at a time, so neither loses the other's part; `go` |
 //! | `finish` | `summary`, or `stop` (`kind`, `retryable`, `message`) | the task is over |
 //!
 //! Every report is an object with `now_ms`, the embedder's clock in
@@ -590,6 +590,23 @@ mod tests {
             });
             replay(built, scenario)
         });
+    }
+
+    /// The scenarios whose serial console takes time while the world
+    /// changes (`tests/conformance-timed/`), replayed through the task op:
+    /// the world's console answers with its clock, as for the decision.
+    #[test]
+    fn timed_console_scenarios_replay_through_the_task_op() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/conformance-timed");
+        let scenarios = Scenario::all(&dir).unwrap();
+        assert!(!scenarios.is_empty());
+        let (_root, built) = built_ins();
+        for (path, scenario) in scenarios {
+            let (world, ended) = replay(&built, &scenario);
+            if let Err(e) = scenario.check(&world, &ended) {
+                panic!("{}: {}\n{e}", path.display(), scenario.about);
+            }
+        }
     }
 
     /// A report that does not answer the last action is refused, and the

@@ -33,6 +33,8 @@
 //! | `console_set` | `console`, `action` (object) | the report |
 //! | `console_free` | `console` | `{}` |
 //! | `lease` | `planner`, `mac` | `{"lease": ip or null}` or `{"lease_error": why}`: one look at the planner's lease file (option `lease_file`) |
+//! | `observe` | `record` (object or null), `pod`, `live`, `watched_since_new` | `{"record", "changed", "watched_since_new"}` (and `warning` when the record given was not usable and is replaced): the pod's record after noting what the pod shows (its hibernate history, spec section 2 rule 3) |
+//! | `merge` | `stored` (object or null), `task` (object) | `{"record", "changed"}` (and `warning`): a `remember` action's record kept into the stored one, each side keeping its own parts |
 //!
 //! # Responses
 //!
@@ -50,6 +52,8 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use serde_json::{Map, Value, json};
+
+use fixup_core::memory::PodMemory;
 
 use crate::console::{self, Console};
 use crate::ops::{self, Built, CfStatus, ExecStatus, Failure};
@@ -312,11 +316,110 @@ impl Session {
                 let built = self.planner(request)?;
                 document(&ops::lease(&built, text(request, "mac")?)?)
             }
+            "observe" => observe(request),
+            "merge" => merge(request),
             other => Err(Failure::invalid(format!(
-                "unknown op {other:?}: abi, planner_new, planner_free, plan, decide, attempt, verdict, values, task_start, task_next, task_free, console_open, console_set, console_free, lease"
+                "unknown op {other:?}: abi, planner_new, planner_free, plan, decide, attempt, verdict, values, task_start, task_next, task_free, console_open, console_set, console_free, lease, observe, merge"
             ))),
         }
     }
+}
+
+/// A record the embedder passed back (`key`): `None` when null or absent;
+/// `Err` with why when it is not a record this library wrote.
+fn record_field(request: &Map<String, Value>, key: &str) -> Result<Option<PodMemory>, String> {
+    match request.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(record) => PodMemory::from_json(record.to_string().as_bytes())
+            .map(Some)
+            .map_err(|e| format!("{key}: {e}")),
+    }
+}
+
+/// The `observe` op: what a watch of the embedder's saw of a pod, noted in
+/// the pod's record as the daemon notes what its own watch sees
+/// ([`PodMemory::observe`]): the hibernate history by which a VM is a wake
+/// (spec section 2, rule 3). `record` is the pod's stored record (null:
+/// none, so this is the host's first sight of the pod); `live` says the
+/// pod came in a watch event with no gap before it (not a list or a
+/// re-list); `watched_since_new` is what the last `observe` of the pod
+/// answered (not durable: false after the embedder's restart). The
+/// embedder stores the record it gets back when `changed` (always after a
+/// first sight), and passes it as a task's `memory.record`. A stored record
+/// that is not usable is replaced by a new one (not a first sight: its
+/// history is lost, which is a gap), with a `warning`.
+fn observe(request: &Map<String, Value>) -> Result<Value, Failure> {
+    let flag = |key: &str| match request.get(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(Failure::invalid(format!("{key} must be true or false"))),
+    };
+    let (live, watched) = (flag("live")?, flag("watched_since_new")?);
+    let pod = ops::read_pod(text(request, "pod")?.as_bytes())?;
+    let (mut record, first, warning) = match record_field(request, "record") {
+        Ok(Some(record)) => (record, false, None),
+        Ok(None) => (PodMemory::new(), true, None),
+        Err(e) => (PodMemory::new(), false, Some(e)),
+    };
+    if watched || !first {
+        record.set_watched_since_new(watched && warning.is_none());
+    }
+    let changed = record.observe(&pod, live) || first || warning.is_some();
+    let watched = record.watched_since_new();
+    let mut answer = json!({
+        "record": encode(&record)?,
+        "changed": changed,
+        "watched_since_new": watched,
+    });
+    if let Some(e) = warning {
+        answer["warning"] = json!(format!(
+            "the stored record was not usable ({e}): a new one replaces it, and the pod's hibernate history starts again"
+        ));
+    }
+    Ok(answer)
+}
+
+/// The `merge` op: the record of a task's `remember` action kept into the
+/// stored one as the daemon keeps it ([`PodMemory::take_task_parts`]): the
+/// task's parts (the wake verdict, the marker's VM, the budget, when a VM
+/// was first seen) when its copy is newer, what `observe` noted as
+/// stored, so that neither loses the other's changes. The embedder stores
+/// the record it gets back when `changed`, with no `observe` of the same
+/// pod in between.
+fn merge(request: &Map<String, Value>) -> Result<Value, Failure> {
+    let task = match record_field(request, "task") {
+        Ok(Some(task)) => task,
+        Ok(None) => {
+            return Err(Failure::invalid(
+                "task is the record a remember action gave",
+            ));
+        }
+        Err(e) => {
+            return Err(Failure::invalid(format!(
+                "{e}; pass the record the remember action gave"
+            )));
+        }
+    };
+    let (record, changed, warning) = match record_field(request, "stored") {
+        Ok(Some(mut stored)) => {
+            let changed = stored.take_task_parts(&task);
+            (stored, changed, None)
+        }
+        Ok(None) => (task, true, None),
+        Err(e) => (task, true, Some(e)),
+    };
+    let mut answer = json!({"record": encode(&record)?, "changed": changed});
+    if let Some(e) = warning {
+        answer["warning"] = json!(format!(
+            "the stored record was not usable ({e}): the task's replaces it"
+        ));
+    }
+    Ok(answer)
+}
+
+fn encode(record: &PodMemory) -> Result<Value, Failure> {
+    serde_json::to_value(record)
+        .map_err(|e| Failure::invalid(format!("cannot encode the record: {e}")))
 }
 
 /// Requests in flight and their bytes, bounded by [`IN_FLIGHT_MAX`] and
@@ -518,6 +621,120 @@ mod tests {
             );
         }
         assert_eq!(session.call("{\"id\": 3, \"op\": \"fly\"}")["id"], 3);
+    }
+
+    /// A hibernation and a wake seen through `observe` make the record
+    /// the daemon's own watch would make: a task started with it takes the
+    /// new VM for a wake by the history at once (spec section 2, rule 3),
+    /// where a task without it asks for the stack's events first.
+    #[test]
+    fn a_hibernate_history_observed_through_the_op_makes_the_vm_a_wake() {
+        use fixup_core::annotations::keys;
+        use fixup_core::facts::annotations as a;
+        let session = Session::new();
+        let root = tempfile::tempdir().unwrap();
+        let made = ask(
+            &session,
+            json!({"op": "planner_new", "options": {"cocoon_root": root.path(), "plugin_dir": "", "no_cache": true}}),
+        );
+        let planner = made["ok"]["planner"].as_u64().expect("a handle");
+        let name = fixup_core::binding::vm_name_for_pod("desktops", "desk-0");
+        let pod = |id: &str, lifecycle: &str| {
+            let mut annotations = json!({
+                a::MANAGED: "true", a::OS: "windows", a::BACKEND: "cloud-hypervisor",
+                a::VM_NAME: name,
+            });
+            if !id.is_empty() {
+                annotations[a::VM_ID] = json!(id);
+            }
+            if !lifecycle.is_empty() {
+                annotations[keys::LIFECYCLE_STATE] = json!(lifecycle);
+            }
+            json!({"metadata": {"name": "desk-0", "namespace": "desktops", "uid": "u-1",
+                "resourceVersion": "7", "annotations": annotations}})
+            .to_string()
+        };
+        let observe = |record: &Value, pod: String, live: bool| {
+            let answer = ask(
+                &session,
+                json!({"op": "observe", "record": record, "pod": pod, "live": live}),
+            );
+            assert!(answer.get("error").is_none(), "{answer}");
+            answer["ok"].clone()
+        };
+        let listed = observe(&Value::Null, pod("vm-a", "running"), false);
+        assert_eq!(listed["changed"], true, "{listed}");
+        let hibernated = observe(&listed["record"], pod("", "hibernated"), true);
+        assert_eq!(hibernated["changed"], true, "{hibernated}");
+        let woken = observe(&hibernated["record"], pod("vm-b", ""), true);
+        assert_eq!(woken["record"]["wake_vm"], "vm-b", "{woken}");
+        let again = observe(&woken["record"], pod("vm-b", ""), true);
+        assert_eq!(again["changed"], false, "{again}");
+        // A task's copy read before the hibernation, kept late: its own
+        // part lands, the hibernation noted since stays.
+        let mut late = listed["record"].clone();
+        late["revision"] = json!(1);
+        late["marker_vm"] = json!("vm-a");
+        let merged = ask(
+            &session,
+            json!({"op": "merge", "stored": hibernated["record"], "task": late}),
+        );
+        assert_eq!(merged["ok"]["changed"], true, "{merged}");
+        assert_eq!(merged["ok"]["record"]["marker_vm"], "vm-a", "{merged}");
+        assert_eq!(merged["ok"]["record"]["hibernated"], true, "{merged}");
+        // An older copy still than what is stored changes nothing.
+        let stale = ask(
+            &session,
+            json!({"op": "merge", "stored": merged["ok"]["record"], "task": late}),
+        );
+        assert_eq!(stale["ok"]["changed"], false, "{stale}");
+        // A first sight is always stored, even when it noted nothing.
+        let first = observe(&Value::Null, pod("", ""), false);
+        assert_eq!(first["changed"], true, "{first}");
+        // A stored record that is not one is replaced, with a warning and
+        // as a gap in the watch.
+        let bad = observe(&json!({"version": 99}), pod("vm-b", ""), true);
+        assert_eq!(bad["changed"], true, "{bad}");
+        assert_eq!(bad["watched_since_new"], false, "{bad}");
+        assert!(
+            bad["warning"]
+                .as_str()
+                .is_some_and(|m| m.contains("not usable")),
+            "{bad}"
+        );
+
+        let vm = json!({"id": "vm-b", "hypervisor": "cloud-hypervisor", "state": "running",
+            "config": {"name": name}, "created_at": "2026-11-30T09:12:46Z",
+            "network_configs": [{"mac": "52:54:00:9a:24:d6", "network": {"ip": ""}}]});
+        let after_inspect = |record: &Value| {
+            let options =
+                json!({"memory": {"record": record, "now_unix_ms": 1_764_500_000_000u64}});
+            let started = ask(
+                &session,
+                json!({"op": "task_start", "planner": planner, "pod": pod("vm-b", ""), "options": options}),
+            );
+            let task = started["ok"]["task"].as_u64().expect("a task");
+            assert_eq!(started["ok"]["action"]["action"], "admit", "{started}");
+            let next = |report: Value| {
+                ask(
+                    &session,
+                    json!({"op": "task_next", "task": task, "report": report}),
+                )["ok"]
+                    .clone()
+            };
+            let inspect = next(json!({"now_ms": 0, "go": true}));
+            assert_eq!(inspect["action"], "inspect", "{inspect}");
+            let mut action = next(json!({"now_ms": 0, "inspected": vm}));
+            // Fire-and-forget actions first (the record's first sight).
+            while matches!(action["action"].as_str(), Some("remember" | "note")) {
+                action = next(json!({"now_ms": 0, "go": true}));
+            }
+            action["action"].as_str().unwrap_or_default().to_owned()
+        };
+        assert_eq!(after_inspect(&Value::Null), "wake_events");
+        let by_history = after_inspect(&woken["record"]);
+        // Rule 3, no PnP: the IP wait at once, which gives the turn back.
+        assert_eq!(by_history, "release");
     }
 
     #[test]

@@ -53,6 +53,7 @@ type Provider struct {
 
 	mu      sync.Mutex
 	running map[string]context.CancelFunc // by pod uid
+	watched map[string]bool               // by pod uid: what Observe last said
 	wg      sync.WaitGroup
 }
 
@@ -104,9 +105,12 @@ func (p *Provider) start(pod []byte, trigger cocoonfixup.Trigger) error {
 		var out *cocoonfixup.Outcome
 		var err error
 		for {
+			p.mu.Lock()
+			watched := p.watched[m.Metadata.UID]
+			p.mu.Unlock()
 			out, err = p.Planner.Run(ctx, pod, p.Cocoon, p.API, cocoonfixup.RunOptions{
 				Trigger: trigger, Leases: p.Leases, Settings: p.Settings,
-				Records: p.Records, Admission: p.Admission,
+				Records: p.Records, Admission: p.Admission, WatchedSinceNew: watched,
 			})
 			// The node kept the step from finishing (the library's
 			// child restarting, a cocoon or API error before anything
@@ -141,21 +145,54 @@ func (p *Provider) start(pod []byte, trigger cocoonfixup.Trigger) error {
 	return nil
 }
 
+// ObservePod is called for every pod the provider's watch sees: each pod
+// of a list or re-list (live false) and each watch event but a deletion
+// (live true), in order. The pod's record notes a hibernation, so the VM that comes after
+// it is a wake for the step (no PnP for a Cloud Hypervisor Windows VM),
+// with no event needed.
+func (p *Provider) ObservePod(ctx context.Context, pod []byte, live bool) error {
+	if p.Records == nil {
+		return nil
+	}
+	var m meta
+	if err := json.Unmarshal(pod, &m); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	watched := p.watched[m.Metadata.UID]
+	p.mu.Unlock()
+	watched, err := p.Planner.Observe(ctx, pod, p.Records, cocoonfixup.ObserveOptions{Live: live, WatchedSinceNew: watched})
+	p.mu.Lock()
+	if p.watched == nil {
+		p.watched = map[string]bool{}
+	}
+	p.watched[m.Metadata.UID] = watched
+	p.mu.Unlock()
+	return err
+}
+
 // DeletePod stops the pod's step, if one runs: its context is cancelled,
 // so the action under way is abandoned and nothing more is written.
 func (p *Provider) DeletePod(uid string) {
+	p.stop(uid, true)
+}
+
+// Hibernate is the stack asking for the pod's VM to hibernate: the step
+// stops as on delete (the library also leaves a pod whose hibernation is
+// requested alone when it reads it); the pod is still watched.
+func (p *Provider) Hibernate(uid string) { p.stop(uid, false) }
+
+func (p *Provider) stop(uid string, gone bool) {
 	p.mu.Lock()
 	cancel := p.running[uid]
+	if gone {
+		delete(p.watched, uid)
+	}
 	p.mu.Unlock()
 	if cancel != nil {
 		cancel()
 	}
 }
-
-// Hibernate is the stack asking for the pod's VM to hibernate: the step
-// stops as on delete (the library also leaves a pod whose hibernation is
-// requested alone when it reads it).
-func (p *Provider) Hibernate(uid string) { p.DeletePod(uid) }
 
 // Reconcile is the provider's start: every pod on the node is handed to
 // Run with TriggerStartup, and the library decides (work left `running`

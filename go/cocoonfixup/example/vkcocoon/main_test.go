@@ -224,3 +224,64 @@ func TestRetriesStopWhenThePodIsReplaced(t *testing.T) {
 		t.Errorf("the last Run: %+v %v", out, err)
 	}
 }
+
+// A hibernation the provider's watch saw (ObservePod) makes the VM after
+// it a wake: the Cloud Hypervisor Windows pod gets the IP wait alone, no
+// PnP. Without the observations the same pod gets its PnP fixup.
+func TestAnObservedHibernationSparesTheWakeItsPnP(t *testing.T) {
+	for _, observed := range []bool{true, false} {
+		guest := &Guest{Records: map[string][]byte{}}
+		p, _, pods, got := setup(t, guest)
+		p.Settings.WakeGrace = 100 * time.Millisecond
+		var desk []byte
+		for _, pod := range pods {
+			var m meta
+			if json.Unmarshal(pod, &m) == nil && m.Metadata.Name == "desk-0" {
+				desk = pod
+			}
+		}
+		if desk == nil {
+			t.Fatal("the windows example is missing")
+		}
+		// desk-0 as the watch showed it before: on VM id `id` (none when
+		// empty) in lifecycle state `lifecycle`.
+		seen := func(id, lifecycle string) []byte {
+			var doc map[string]any
+			json.Unmarshal(desk, &doc)
+			annotations := doc["metadata"].(map[string]any)["annotations"].(map[string]any)
+			delete(annotations, cocoonfixup.KeyVMID)
+			if id != "" {
+				annotations[cocoonfixup.KeyVMID] = id
+			}
+			annotations[cocoonfixup.KeyLifecycleState] = lifecycle
+			out, _ := json.Marshal(doc)
+			return out
+		}
+		if observed {
+			for i, step := range []struct {
+				pod  []byte
+				live bool
+			}{{seen("vm-5e1f0a22", "running"), false}, {seen("", "hibernated"), true}, {desk, true}} {
+				if err := p.ObservePod(context.Background(), step.pod, step.live); err != nil {
+					t.Fatalf("observation %d: %v", i, err)
+				}
+			}
+		}
+		if err := p.CreatePod(desk); err != nil {
+			t.Fatal(err)
+		}
+		p.Wait()
+		out, err := got.out["desktops/desk-0"], got.err["desktops/desk-0"]
+		guest.mu.Lock()
+		execs := guest.execs
+		guest.mu.Unlock()
+		switch {
+		case err != nil || out == nil:
+			t.Errorf("observed %v: %v %v", observed, out, err)
+		case observed && (out.Action != "ip-wait" || execs != 0):
+			t.Errorf("observed: %d execs, %s; want the IP wait alone", execs, out.Summary)
+		case !observed && (out.Action != "fixup" || execs == 0):
+			t.Errorf("not observed: %d execs, %s; want the PnP fixup", execs, out.Summary)
+		}
+	}
+}

@@ -53,6 +53,7 @@ pub fn built() -> PathBuf {
         "libcocoon_fixup.so",
         "cocoon-fixup",
         "conformance-world",
+        "sac-sim",
     ] {
         assert!(
             profile.join(file).exists(),

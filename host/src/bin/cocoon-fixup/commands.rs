@@ -152,7 +152,7 @@ pub(crate) fn observe(args: &PlanArgs, policy: BindingPolicy) -> Result<(Observa
 pub(crate) async fn capture_online(
     args: &CaptureArgs,
     settings: &Settings,
-) -> Result<(PodInput, VmInspect, (Vec<capture::PodEvent>, bool))> {
+) -> Result<(PodInput, VmInspect, CapturedEvents)> {
     use fixup_host::cocoon::Cocoon as _;
     use fixup_host::pods::{PodApi as _, PodRef};
     let pods = KubeApi::try_default("cocoon-fixup", None).await?;
@@ -175,26 +175,42 @@ pub(crate) async fn capture_online(
         &record,
         settings.host.binding,
     )?);
-    let events = match &pod.uid {
-        Some(uid) => {
-            let pod_ref = PodRef {
-                namespace: pod.namespace.clone(),
-                name: pod.name.clone(),
-                uid: uid.clone(),
-            };
-            pods.list_pod_events(&pod_ref).await.unwrap_or_else(|e| {
-                eprintln!(
-                    "{}",
-                    display::terminal_text(&format!(
-                        "warning: {e}; the case has no events in its context"
-                    ))
-                );
-                (Vec::new(), false)
-            })
+    let mut events = CapturedEvents::default();
+    if let Some(uid) = &pod.uid {
+        let pod_ref = PodRef {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: uid.clone(),
+        };
+        let warn = |e: &dyn std::fmt::Display, missing: &str| {
+            eprintln!(
+                "{}",
+                display::terminal_text(&format!("warning: {e}; {missing}"))
+            );
+        };
+        match pods.list_pod_events(&pod_ref).await {
+            Ok((host, truncated)) => (events.host, events.truncated) = (host, truncated),
+            Err(e) => warn(&e, "the case has no events in its context"),
         }
-        None => (Vec::new(), false),
-    };
+        // As the daemon: the stack's own events can make the VM a wake.
+        match pods.list_stack_events(&pod_ref).await {
+            Ok(stack) => events.stack = stack,
+            Err(e) => warn(
+                &e,
+                "a hibernate wake is recognised by the pod's annotation only (check `list` on events.k8s.io events)",
+            ),
+        }
+    }
     Ok((pod, record, events))
+}
+
+/// The events a capture reads: the host's own for the case's context
+/// (and whether some were left out), every event for the wake rule.
+#[derive(Default)]
+pub(crate) struct CapturedEvents {
+    host: Vec<capture::PodEvent>,
+    truncated: bool,
+    stack: Vec<fixup_core::memory::StackEvent>,
 }
 
 /// `capture` has no view of the node's pods: an annotated VM name it
@@ -223,14 +239,18 @@ pub(crate) fn run_capture(args: &CaptureArgs, config: Option<&Path>) -> Result<u
                 &record,
                 settings.host.binding,
             )?);
-            let mut events = match &args.events {
+            let (mut host, stack) = match &args.events {
                 Some(file) => {
                     capture::events_from_json(&read(file)?, &file.display().to_string(), &pod)?
                 }
-                None => Vec::new(),
+                None => Default::default(),
             };
-            let truncated = capture::keep_newest(&mut events);
-            let events = (events, truncated);
+            let truncated = capture::keep_newest(&mut host);
+            let events = CapturedEvents {
+                host,
+                truncated,
+                stack,
+            };
             let source = capture::Source::Files {
                 pod: pod_file,
                 vm: vm.clone(),
@@ -249,7 +269,10 @@ pub(crate) fn run_capture(args: &CaptureArgs, config: Option<&Path>) -> Result<u
         .duration_since(std::time::UNIX_EPOCH)
         .context("the system clock is before 1970")?;
     let at = jiff::Timestamp::from_second(i64::try_from(now.as_secs())?)?.to_string();
-    if let Some((_, why)) = capture::assumed_boot(&pod, &overrides).filter(|_| args.boot.is_none())
+    let wake_window = settings.host.wake.event_window;
+    if let Some((_, why)) =
+        capture::assumed_boot(&pod, &record, &overrides, &events.stack, wake_window)
+            .filter(|_| args.boot.is_none())
     {
         eprintln!("{}", display::terminal_text(&format!("note: boot {why}")));
     }
@@ -257,8 +280,10 @@ pub(crate) fn run_capture(args: &CaptureArgs, config: Option<&Path>) -> Result<u
         pod: &pod,
         vm: &record,
         overrides: &overrides,
-        events: &events.0,
-        events_truncated: events.1,
+        events: &events.host,
+        events_truncated: events.truncated,
+        stack_events: &events.stack,
+        wake_window,
         source,
         at,
         by: format!("cocoon-fixup {}", env!("CARGO_PKG_VERSION")),

@@ -1,0 +1,137 @@
+package cocoonfixup
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// heldPod is a stand-in API server holding one pod: patches apply to it,
+// with the uid precondition, and each write makes a new resourceVersion.
+type heldPod struct {
+	mu      sync.Mutex
+	doc     map[string]any
+	version int
+	reasons []string
+}
+
+func (h *heldPod) annotations() map[string]any {
+	return h.doc["metadata"].(map[string]any)["annotations"].(map[string]any)
+}
+
+func (h *heldPod) Get(ctx context.Context, namespace, name string) ([]byte, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return json.Marshal(h.doc)
+}
+
+func (h *heldPod) PatchAnnotations(ctx context.Context, namespace, name string, p PodPatch) ([]byte, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	meta := h.doc["metadata"].(map[string]any)
+	if p.UID != meta["uid"] {
+		return nil, ErrGone
+	}
+	for key, value := range p.Annotations {
+		if value == nil {
+			delete(h.annotations(), key)
+		} else {
+			h.annotations()[key] = *value
+		}
+	}
+	h.version++
+	meta["resourceVersion"] = strings.Repeat("1", h.version)
+	return json.Marshal(h.doc)
+}
+
+func (h *heldPod) Event(ctx context.Context, namespace, name, uid string, e Event) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.reasons = append(h.reasons, e.Reason)
+	return nil
+}
+
+// Run's serial-console pass through the library's own console client
+// (the `console_open` and `console_set` ops), against the SAC simulator
+// on the VM's console socket below the planner's cocoon root: the static
+// NIC's address is set on the first interface (a missing prefix as 24),
+// then published.
+func TestTheLibrarysConsoleSetsAStaticAddress(t *testing.T) {
+	sim := builtBinary(t, "COCOONFIXUP_SAC_SIM", "sac-sim", "cargo build -p fixup-tests --bins")
+	const vmID = "vm-5ac0ffee"
+	// The hashed name of prod/win-0: sha256("prod/win-0")'s first 3 bytes.
+	const name = "vk-prod-win-0-80319e"
+	record := []byte(`{"id": "` + vmID + `", "hypervisor": "cloud-hypervisor", "state": "running",
+		"config": {"name": "` + name + `"},
+		"network_configs": [{"mac": "52:54:00:5a:c0:01", "tap": "tap0",
+			"network": {"ip": "10.88.0.12", "gateway": "10.88.0.1"}}]}`)
+	for _, backend := range backends(t) {
+		// Unix socket paths are short: a short root.
+		root, err := os.MkdirTemp("", "cfsac")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer os.RemoveAll(root)
+		cmd := exec.Command(sim, root, vmID, "7")
+		stdin, _ := cmd.StdinPipe()
+		stdout, _ := cmd.StdoutPipe()
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		lines := bufio.NewScanner(stdout)
+		if !lines.Scan() || lines.Text() != "listening" {
+			t.Fatalf("%s: the simulator did not start: %q", backend, lines.Text())
+		}
+		p, err := NewPlanner(ctx, Options{Backend: backend, NoPluginDir: true, CocoonRoot: root, NoCache: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pods := &heldPod{doc: map[string]any{"metadata": map[string]any{
+			"name": "win-0", "namespace": "prod", "uid": "u-win-0", "resourceVersion": "1",
+			"annotations": map[string]any{
+				"vm.cocoonstack.io/name": name, "vm.cocoonstack.io/id": vmID,
+				"cocoonset.cocoonstack.io/managed": "true", "cocoonset.cocoonstack.io/os": "windows",
+				"vm.cocoonstack.io/backend": "cloud-hypervisor",
+			}}}}
+		doc, _ := pods.Get(ctx, "prod", "win-0")
+		// No evidence of a wake either way: a short grace.
+		out, err := p.Run(ctx, doc, stillVM{record}, pods, RunOptions{Leases: leaseThen(func() {}),
+			Settings: Settings{WakeGrace: 100 * time.Millisecond}})
+		p.Close()
+		stdin.Close()
+		var seen struct {
+			Received  []string          `json:"received"`
+			Addresses map[string]string `json:"addresses"`
+		}
+		if !lines.Scan() || json.Unmarshal(lines.Bytes(), &seen) != nil {
+			t.Fatalf("%s: no report from the simulator: %q", backend, lines.Text())
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", backend, err)
+		}
+		if out.SAC != "set" || out.IP != "10.88.0.12" || out.Readiness != "ready" {
+			t.Errorf("%s: %+v", backend, out)
+		}
+		set := false
+		for _, line := range seen.Received {
+			set = set || line == "i 7 10.88.0.12 255.255.255.0 10.88.0.1\r\n"
+		}
+		if !set || seen.Addresses["7"] != "10.88.0.12" {
+			t.Errorf("%s: the console got %q and holds %v", backend, seen.Received, seen.Addresses)
+		}
+		pods.mu.Lock()
+		ip := pods.annotations()["vm.cocoonstack.io/ip"]
+		pods.mu.Unlock()
+		if ip != "10.88.0.12" {
+			t.Errorf("%s: published %v", backend, ip)
+		}
+	}
+}

@@ -1,0 +1,122 @@
+package cocoonfixup
+
+import (
+	"context"
+	"encoding/json"
+	"hash/fnv"
+	"sync"
+)
+
+// ObserveOptions say how the caller's watch saw the pod.
+type ObserveOptions struct {
+	// Live: the pod came in a watch event with no gap in the watch before
+	// it; false for each pod of a list or a re-list.
+	Live bool
+	// WatchedSinceNew is what the last Observe of the same pod returned
+	// (false for a pod not observed since the caller started).
+	WatchedSinceNew bool
+}
+
+// Observe notes what the caller's watch saw of a pod in the pod's record
+// (kept in records under the pod's uid), as the daemon notes every pod its
+// own watch sees: a hibernation and the VM that comes after it, by which
+// Run takes that VM for a wake with no event needed (spec section 2, rule
+// 3: the host's hibernate history). Call it for every pod of a list or a
+// re-list and for every watch event but a deletion, in the order the watch
+// delivers them; a macOS pod need not be observed. Give Run the same
+// Records: the planner serialises the two's changes to one pod's record,
+// and each keeps the other's part.
+//
+// It returns whether the pod has been watched without a gap since it was
+// new, for RunOptions.WatchedSinceNew and the next Observe. An error
+// (a record that could not be read or stored) is a gap: it returns false.
+func (p *Planner) Observe(ctx context.Context, pod any, records Records, o ObserveOptions) (bool, error) {
+	if records == nil {
+		return false, invalid("Observe needs Records")
+	}
+	doc, err := document(pod)
+	if err != nil {
+		return false, err
+	}
+	var meta podMeta
+	if err := json.Unmarshal(doc, &struct {
+		Metadata *podMeta `json:"metadata"`
+	}{&meta}); err != nil {
+		return false, &Error{Code: CodeBadInput, Message: "the pod is not JSON as the API server returns it: " + err.Error()}
+	}
+	if meta.UID == "" {
+		return false, &Error{Code: CodeBadInput, Message: "the pod has no metadata.uid: observe pods as the API server returns them"}
+	}
+	lock := p.records.of(meta.UID)
+	lock.Lock()
+	defer lock.Unlock()
+	record, err := records.Load(ctx, meta.UID)
+	if err != nil {
+		return false, err
+	}
+	request := map[string]any{"op": "observe", "pod": string(doc), "live": o.Live, "watched_since_new": o.WatchedSinceNew}
+	if len(record) > 0 {
+		request["record"] = record
+	}
+	var answer struct {
+		Record  json.RawMessage `json:"record"`
+		Changed bool            `json:"changed"`
+		Watched bool            `json:"watched_since_new"`
+		Warning string          `json:"warning"`
+	}
+	if err := p.callInto(ctx, request, &answer); err != nil {
+		return false, err
+	}
+	if answer.Warning != "" {
+		p.log("warn", "pod "+meta.Namespace+"/"+meta.Name+": "+answer.Warning)
+	}
+	if answer.Changed {
+		if err := records.Store(ctx, meta.UID, answer.Record); err != nil {
+			return false, err
+		}
+	}
+	return answer.Watched, nil
+}
+
+// keepTaskRecord keeps a Run's record (its remember action's) into the
+// stored one, as the daemon keeps it: the task's parts when its copy is
+// newer, what Observe noted as stored. A stored record that cannot be
+// read is not overwritten.
+func (p *Planner) keepTaskRecord(ctx context.Context, records Records, uid string, task json.RawMessage) error {
+	lock := p.records.of(uid)
+	lock.Lock()
+	defer lock.Unlock()
+	stored, err := records.Load(ctx, uid)
+	if err != nil {
+		return err
+	}
+	request := map[string]any{"op": "merge", "task": task}
+	if len(stored) > 0 {
+		request["stored"] = stored
+	}
+	var answer struct {
+		Record  json.RawMessage `json:"record"`
+		Changed bool            `json:"changed"`
+		Warning string          `json:"warning"`
+	}
+	if err := p.callInto(ctx, request, &answer); err != nil {
+		return err
+	}
+	if answer.Warning != "" {
+		p.log("warn", "pod uid "+uid+": "+answer.Warning)
+	}
+	if !answer.Changed {
+		return nil
+	}
+	return records.Store(ctx, uid, answer.Record)
+}
+
+// recordLocks are 64 mutexes, a pod uid's chosen by its hash: enough
+// that pods rarely wait for each other, bounded whatever the pods.
+type recordLocks [64]sync.Mutex
+
+func (l *recordLocks) of(uid string) *sync.Mutex {
+	h := fnv.New32a()
+	h.Write([]byte(uid))
+	return &l[h.Sum32()%uint32(len(l))]
+}
