@@ -197,8 +197,9 @@ pub fn is_host_reason(reason: &str) -> bool {
 /// `items`, or an array), core/v1 or events.k8s.io/v1 alike: only events
 /// about this pod (by uid, else by namespace and name) with a host reason
 /// ([`is_host_reason`]), oldest first; and every event as the wake rule
-/// reads it ([`StackEvent::from_value`]: events.k8s.io/v1 fields, so a
-/// core/v1 listing never makes a wake).
+/// reads it ([`StackEvent::from_value`], which reads both versions'
+/// fields, so a `kubectl get events` listing makes a wake as the
+/// daemon's own list does).
 pub fn events_from_json(
     text: &str,
     input: &str,

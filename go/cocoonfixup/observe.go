@@ -24,8 +24,8 @@ type ObserveOptions struct {
 // 3: the host's hibernate history). Call it for every pod of a list or a
 // re-list and for every watch event but a deletion, in the order the watch
 // delivers them; a macOS pod need not be observed. Give Run the same
-// Records: the planner serialises the two's changes to one pod's record,
-// and each keeps the other's part.
+// Records through the same Planner: a Planner serialises the two's changes
+// to one pod's record, and each keeps the other's part.
 //
 // It returns whether the pod has been watched without a gap since it was
 // new, for RunOptions.WatchedSinceNew and the next Observe. An error
@@ -49,14 +49,19 @@ func (p *Planner) Observe(ctx context.Context, pod any, records Records, o Obser
 	}
 	lock := p.records.of(meta.UID)
 	lock.Lock()
-	defer lock.Unlock()
+	locked := true
+	defer func() {
+		if locked {
+			lock.Unlock()
+		}
+	}()
 	record, err := records.Load(ctx, meta.UID)
 	if err != nil {
 		return false, err
 	}
 	request := map[string]any{"op": "observe", "pod": string(doc), "live": o.Live, "watched_since_new": o.WatchedSinceNew}
 	if len(record) > 0 {
-		request["record"] = record
+		request["record"] = storedRecord(record)
 	}
 	var answer struct {
 		Record  json.RawMessage `json:"record"`
@@ -67,15 +72,28 @@ func (p *Planner) Observe(ctx context.Context, pod any, records Records, o Obser
 	if err := p.callInto(ctx, request, &answer); err != nil {
 		return false, err
 	}
+	if answer.Changed {
+		err = records.Store(ctx, meta.UID, answer.Record)
+	}
+	lock.Unlock()
+	locked = false
 	if answer.Warning != "" {
 		p.log("warn", "pod "+meta.Namespace+"/"+meta.Name+": "+answer.Warning)
 	}
-	if answer.Changed {
-		if err := records.Store(ctx, meta.UID, answer.Record); err != nil {
-			return false, err
-		}
+	if err != nil {
+		return false, err
 	}
 	return answer.Watched, nil
+}
+
+// storedRecord is a stored record as a request carries it: bytes that are
+// not JSON go as a string, which the library answers with a warning and a
+// new record in its place, so a damaged store cannot stop every request.
+func storedRecord(record json.RawMessage) any {
+	if json.Valid(record) {
+		return record
+	}
+	return string(record)
 }
 
 // keepTaskRecord keeps a Run's record (its remember action's) into the
@@ -85,14 +103,19 @@ func (p *Planner) Observe(ctx context.Context, pod any, records Records, o Obser
 func (p *Planner) keepTaskRecord(ctx context.Context, records Records, uid string, task json.RawMessage) error {
 	lock := p.records.of(uid)
 	lock.Lock()
-	defer lock.Unlock()
+	locked := true
+	defer func() {
+		if locked {
+			lock.Unlock()
+		}
+	}()
 	stored, err := records.Load(ctx, uid)
 	if err != nil {
 		return err
 	}
 	request := map[string]any{"op": "merge", "task": task}
 	if len(stored) > 0 {
-		request["stored"] = stored
+		request["stored"] = storedRecord(stored)
 	}
 	var answer struct {
 		Record  json.RawMessage `json:"record"`
@@ -102,13 +125,15 @@ func (p *Planner) keepTaskRecord(ctx context.Context, records Records, uid strin
 	if err := p.callInto(ctx, request, &answer); err != nil {
 		return err
 	}
+	if answer.Changed {
+		err = records.Store(ctx, uid, answer.Record)
+	}
+	lock.Unlock()
+	locked = false
 	if answer.Warning != "" {
 		p.log("warn", "pod uid "+uid+": "+answer.Warning)
 	}
-	if !answer.Changed {
-		return nil
-	}
-	return records.Store(ctx, uid, answer.Record)
+	return err
 }
 
 // recordLocks are 64 mutexes, a pod uid's chosen by its hash: enough

@@ -3,6 +3,7 @@ package cocoonfixup
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"sync"
@@ -193,6 +194,63 @@ func TestRunKeepsWhatObserveNotedMeanwhile(t *testing.T) {
 		}
 		if json.Unmarshal(kept, &record) != nil || !record.Hibernated {
 			t.Errorf("%s: the hibernation noted during the Run is lost: %s", backend, kept)
+		}
+		p.Close()
+	}
+}
+
+// damagedRecords returns what a damaged store holds (bytes that are not
+// JSON) and fails every Store when failStore is set.
+type damagedRecords struct {
+	memoryRecords
+	failStore bool
+}
+
+func (d *damagedRecords) Store(ctx context.Context, uid string, record json.RawMessage) error {
+	if d.failStore {
+		return errors.New("the store is read-only")
+	}
+	return d.memoryRecords.Store(ctx, uid, record)
+}
+
+// A record that is not JSON stops neither Observe nor Run: each starts a
+// new record in its place (a gap in the watch). A Store that fails is a
+// gap too.
+func TestADamagedStoreIsAGap(t *testing.T) {
+	pod, vm := exampleFiles(t, "windows")
+	var doc map[string]any
+	if err := json.Unmarshal(pod, &doc); err != nil {
+		t.Fatal(err)
+	}
+	uid := doc["metadata"].(map[string]any)["uid"].(string)
+	truncated := json.RawMessage(`{"version": 1, "hibern`)
+	for _, backend := range backends(t) {
+		p := examplesPlanner(t, backend)
+		records := &damagedRecords{}
+		records.byID = map[string]json.RawMessage{uid: truncated}
+		var execs atomic.Int32
+		out, err := p.Run(ctx, pod, countingVM{vm, &execs}, stillPods{pod}, RunOptions{Records: records,
+			WatchedSinceNew: true, Leases: leaseThen(func() {}), Settings: Settings{WakeGrace: 100 * time.Millisecond}})
+		if err != nil || out.Fixup != "done" {
+			t.Errorf("%s: Run over a damaged record: %+v %v", backend, out, err)
+		}
+		if kept, _ := records.Load(ctx, uid); !json.Valid(kept) {
+			t.Errorf("%s: Run kept no record in the damaged one's place: %s", backend, kept)
+		}
+		records.byID[uid] = truncated
+		watched, err := p.Observe(ctx, pod, records, ObserveOptions{Live: true, WatchedSinceNew: true})
+		if err != nil || watched {
+			t.Errorf("%s: Observe over a damaged record: watched %v, %v; want a gap and no error", backend, watched, err)
+		}
+		kept, _ := records.Load(ctx, uid)
+		if !json.Valid(kept) || string(kept) == string(truncated) {
+			t.Errorf("%s: the damaged record was not replaced: %s", backend, kept)
+		}
+		records.failStore = true
+		records.byID = nil
+		watched, err = p.Observe(ctx, pod, records, ObserveOptions{Live: true})
+		if err == nil || watched {
+			t.Errorf("%s: Observe with a failing Store: watched %v, %v; want a gap and the error", backend, watched, err)
 		}
 		p.Close()
 	}

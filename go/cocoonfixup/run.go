@@ -91,7 +91,12 @@ type Clock interface {
 // Records keeps the library's record of a pod by uid (its retry budget,
 // the wake verdict for its VM, which VM its post-clone-state was written
 // for), so that neither a retry nor a restart of the caller gives a pod a
-// fresh budget. Drop a record when its pod is gone.
+// fresh budget. Drop a record when its pod is gone (keep every other,
+// even one that looks empty: it notes the watch). Run keeps a step's
+// record by merging it into the stored one through the library (what
+// Observe noted meanwhile stays), so a Run whose Planner is closed before
+// it keeps its record keeps none: the next step's budget is then the one
+// stored before.
 type Records interface {
 	// Load returns the record Store kept for uid, or nil.
 	Load(ctx context.Context, uid string) (json.RawMessage, error)
@@ -159,7 +164,7 @@ type RunOptions struct {
 	// with no evidence of a wake is not held for the wake grace. Pass
 	// what Observe last answered for the pod over the same Records: it
 	// is safe only where a hibernation the watch saw is in the record.
-	// Without Records it is ignored.
+	// It is ignored without Records and without a usable stored record.
 	WatchedSinceNew bool
 	// Log receives the step's log lines ("info", "warn", "error").
 	Log func(level, message string)
@@ -309,9 +314,18 @@ func (p *Planner) Run(ctx context.Context, pod any, vm VM, pods Pods, o RunOptio
 			// would keep could replace the budget the record holds.
 			r.log("warn", "the pod's record cannot be read, so this step keeps none: "+err.Error())
 		} else {
-			memory := map[string]any{"now_unix_ms": r.clock.Now().UnixMilli(), "watched_since_new": o.WatchedSinceNew}
-			if len(record) > 0 {
+			memory := map[string]any{"now_unix_ms": r.clock.Now().UnixMilli()}
+			switch {
+			case len(record) == 0 || string(record) == "null":
+			case !json.Valid(record):
+				// Nothing can be read from it: the step starts a new
+				// record, which replaces it when kept.
+				r.log("warn", "the pod's stored record is not JSON: this step starts a new one, which replaces it")
+			default:
+				// Watched since new is known only beside the record
+				// that noted the watch: without one it is a gap.
 				memory["record"] = record
+				memory["watched_since_new"] = o.WatchedSinceNew
 			}
 			options["memory"] = memory
 		}

@@ -92,7 +92,8 @@ pub struct TaskOptions {
 #[serde(deny_unknown_fields)]
 pub struct TaskMemory {
     /// The record as the last `remember` action gave it; null or absent
-    /// when there is none yet.
+    /// when there is none yet. One this library did not write starts the
+    /// task on a new record (a gap), which `merge` then keeps in its place.
     #[serde(default)]
     pub record: Option<Value>,
     /// The wall clock now, in milliseconds since the Unix epoch.
@@ -100,20 +101,21 @@ pub struct TaskMemory {
     /// The embedder has watched the pod without a gap since it first saw
     /// it without a lifecycle annotation (a restart or a re-list of its
     /// watch is a gap): then a CH Windows pod with no evidence of a wake
-    /// is not held for the wake grace (spec section 2). Default false.
+    /// is not held for the wake grace (spec section 2). Taken only beside
+    /// a usable record, which noted the watch. Default false.
     #[serde(default)]
     pub watched_since_new: bool,
 }
 
 impl TaskMemory {
-    fn record(&self) -> Result<PodMemory, Failure> {
+    /// The record given: `None` when there is none (null or absent), `Err`
+    /// with why when it is not a record this library wrote.
+    fn record(&self) -> Result<Option<PodMemory>, String> {
         match &self.record {
-            None | Some(Value::Null) => Ok(PodMemory::new()),
-            Some(record) => PodMemory::from_json(record.to_string().as_bytes()).map_err(|e| {
-                Failure::invalid(format!(
-                    "options_json: memory.record: {e}; pass the record a remember action gave, or null"
-                ))
-            }),
+            None | Some(Value::Null) => Ok(None),
+            Some(record) => PodMemory::from_json(record.to_string().as_bytes())
+                .map(Some)
+                .map_err(|e| e.to_string()),
         }
     }
 }
@@ -187,8 +189,14 @@ pub fn start(built: &Built, pod: &[u8], options: Option<&str>) -> Result<(Task, 
         os_nonces(),
     );
     if let Some(memory) = &options.memory {
-        let mut record = memory.record()?;
-        record.set_watched_since_new(memory.watched_since_new);
+        // A record that is not usable starts the task on a new one (its
+        // history lost, which is a gap): the task's `remember` then
+        // replaces the stored one through `merge`, with a warning.
+        let (mut record, usable) = match memory.record() {
+            Ok(Some(record)) => (record, true),
+            Ok(None) | Err(_) => (PodMemory::new(), false),
+        };
+        record.set_watched_since_new(memory.watched_since_new && usable);
         task.remember(record, memory.now_unix_ms);
     }
     let mut task = Task { task, over: false };

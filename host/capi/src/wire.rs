@@ -362,7 +362,9 @@ fn observe(request: &Map<String, Value>) -> Result<Value, Failure> {
         Err(e) => (PodMemory::new(), false, Some(e)),
     };
     if watched || !first {
-        record.set_watched_since_new(watched && warning.is_none());
+        // Watched since new holds only beside the record that noted the
+        // watch: with none, or one that was not usable, there was a gap.
+        record.set_watched_since_new(watched && !first && warning.is_none());
     }
     let changed = record.observe(&pod, live) || first || warning.is_some();
     let watched = record.watched_since_new();
@@ -703,6 +705,32 @@ mod tests {
             "{bad}"
         );
 
+        // Bytes a damaged store gave, passed as a string: replaced too.
+        let damaged = observe(&json!("{\"version\": 1, \"hib"), pod("vm-b", ""), true);
+        assert!(damaged["warning"].is_string(), "{damaged}");
+        assert_eq!(damaged["changed"], true, "{damaged}");
+        assert_eq!(damaged["watched_since_new"], false, "{damaged}");
+        let replaced = ask(
+            &session,
+            json!({"op": "merge", "stored": "{\"version\": 1, \"hib", "task": woken["record"]}),
+        );
+        assert!(replaced["ok"]["warning"].is_string(), "{replaced}");
+        assert_eq!(replaced["ok"]["record"], woken["record"], "{replaced}");
+        // A caller that says it watched the pod but has no record for it
+        // had a gap: the claim is not taken.
+        let claimed = ask(
+            &session,
+            json!({"op": "observe", "record": null, "pod": pod("vm-b", "running"),
+                "live": true, "watched_since_new": true}),
+        );
+        assert_eq!(claimed["ok"]["watched_since_new"], false, "{claimed}");
+        let kept = ask(
+            &session,
+            json!({"op": "observe", "record": woken["record"], "pod": pod("vm-b", "running"),
+                "live": true, "watched_since_new": true}),
+        );
+        assert_eq!(kept["ok"]["watched_since_new"], true, "{kept}");
+
         let vm = json!({"id": "vm-b", "hypervisor": "cloud-hypervisor", "state": "running",
             "config": {"name": name}, "created_at": "2026-11-30T09:12:46Z",
             "network_configs": [{"mac": "52:54:00:9a:24:d6", "network": {"ip": ""}}]});
@@ -732,6 +760,8 @@ mod tests {
             action["action"].as_str().unwrap_or_default().to_owned()
         };
         assert_eq!(after_inspect(&Value::Null), "wake_events");
+        // A record the library did not write starts the task on a new one.
+        assert_eq!(after_inspect(&json!({"version": 99})), "wake_events");
         let by_history = after_inspect(&woken["record"]);
         // Rule 3, no PnP: the IP wait at once, which gives the turn back.
         assert_eq!(by_history, "release");

@@ -94,6 +94,7 @@ const PACKAGE_TESTS: &[&str] = &[
     "TestAnObservedHibernationMakesTheNextVMAWake",
     "TestTheLibrarysConsoleSetsAStaticAddress",
     "TestRunKeepsWhatObserveNotedMeanwhile",
+    "TestADamagedStoreIsAGap",
     "TestAnObservedHibernationSparesTheWakeItsPnP",
     "TestTypedInputsPlanAsTheirJSON",
     "ExamplePlanner_Run",
@@ -148,9 +149,10 @@ fn the_go_package_passes_its_tests_on_both_backends() {
         true,
         FEWER_CALLS,
     );
-    assert!(
-        process.status.success(),
-        "go test -race (the child process only) failed (output above)"
+    assert_passed(
+        &process,
+        "go test -race (the child process only)",
+        &PROCESS_RACE_TESTS.split('|').collect::<Vec<_>>(),
     );
     let pure = go(
         &profile,

@@ -51,10 +51,12 @@ type Provider struct {
 	// Done receives each pod's outcome (or error) when its step ends.
 	Done func(pod string, out *cocoonfixup.Outcome, err error)
 
-	mu      sync.Mutex
-	running map[string]context.CancelFunc // by pod uid
-	watched map[string]bool               // by pod uid: what Observe last said
-	wg      sync.WaitGroup
+	mu        sync.Mutex
+	running   map[string]context.CancelFunc // by pod uid
+	watched   map[string]bool               // by pod uid: what Observe last said
+	observing map[string]int                // by pod uid: ObservePod calls under way
+	deleted   map[string]bool               // by pod uid: deleted while observed
+	wg        sync.WaitGroup
 }
 
 type meta struct {
@@ -158,16 +160,30 @@ func (p *Provider) ObservePod(ctx context.Context, pod []byte, live bool) error 
 	if err := json.Unmarshal(pod, &m); err != nil {
 		return err
 	}
+	uid := m.Metadata.UID
 	p.mu.Lock()
-	watched := p.watched[m.Metadata.UID]
+	watched := p.watched[uid]
+	if p.observing == nil {
+		p.observing, p.deleted = map[string]int{}, map[string]bool{}
+	}
+	p.observing[uid]++
 	p.mu.Unlock()
 	watched, err := p.Planner.Observe(ctx, pod, p.Records, cocoonfixup.ObserveOptions{Live: live, WatchedSinceNew: watched})
 	p.mu.Lock()
-	if p.watched == nil {
-		p.watched = map[string]bool{}
+	defer p.mu.Unlock()
+	p.observing[uid]--
+	gone := p.deleted[uid]
+	if p.observing[uid] == 0 {
+		delete(p.observing, uid)
+		delete(p.deleted, uid)
 	}
-	p.watched[m.Metadata.UID] = watched
-	p.mu.Unlock()
+	// A pod deleted while its Observe ran keeps no entry.
+	if !gone {
+		if p.watched == nil {
+			p.watched = map[string]bool{}
+		}
+		p.watched[uid] = watched
+	}
 	return err
 }
 
@@ -187,6 +203,9 @@ func (p *Provider) stop(uid string, gone bool) {
 	cancel := p.running[uid]
 	if gone {
 		delete(p.watched, uid)
+		if p.observing[uid] > 0 {
+			p.deleted[uid] = true
+		}
 	}
 	p.mu.Unlock()
 	if cancel != nil {
