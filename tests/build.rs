@@ -10,12 +10,13 @@ use std::path::Path;
 use fixup_plugin_build::{PluginCrate, build_external_plugin, build_plugins, workspace_root};
 
 /// Test-only plugins: `hostile` misbehaves on request; `alias` returns a
-/// plan whose strings share guest memory; `legacy` and `contract-0-2` are
-/// built against the frozen contracts 0.1.0 and 0.2.0; `overreach` plans
+/// plan whose strings share guest memory; `legacy`, `contract-0-2` and
+/// `contract-0-3` are built against the frozen contracts 0.1.0, 0.2.0 and
+/// 0.3.0; `overreach` plans
 /// past its declared guest policy; `ifupdown` names NICs (`name-link`) and
 /// writes with `parents`; the others are refused by the host in one
 /// specific way each (see their crate docs).
-const TEST_PLUGINS: [&str; 9] = [
+const TEST_PLUGINS: [&str; 10] = [
     "hostile",
     "alias",
     "describe-trap",
@@ -24,6 +25,7 @@ const TEST_PLUGINS: [&str; 9] = [
     "legacy",
     "overreach",
     "contract-0-2",
+    "contract-0-3",
     "ifupdown",
 ];
 

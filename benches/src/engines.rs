@@ -18,7 +18,7 @@ use fixup_core::classify::Scenario;
 use fixup_core::facts::VmFacts;
 use fixup_core::plan::Plan;
 use fixup_core::plugin::builtin::BUILTINS;
-use fixup_core::plugin::contract::v0_3::{HOST_IMPORT, Plugin, PluginPre};
+use fixup_core::plugin::contract::v0_4::{HOST_IMPORT, Plugin, PluginPre};
 use fixup_core::plugin::contract::{self as bindings};
 use fixup_core::plugin::sandbox::{self, CallState, Limits};
 use fixup_core::plugin::{DEFAULT_SLOTS, EngineOptions};

@@ -146,6 +146,7 @@ pub fn scenario_to_sdk(s: Scenario) -> sdk::Scenario {
         Scenario::FcMac => sdk::Scenario::FcMac,
         Scenario::WindowsPnp => sdk::Scenario::WindowsPnp,
         Scenario::DhcpRecovery => sdk::Scenario::DhcpRecovery,
+        Scenario::Prepare => sdk::Scenario::Prepare,
     }
 }
 
@@ -178,6 +179,7 @@ pub fn facts_to_sdk(f: &VmFacts) -> sdk::VmFacts {
             facts::BootKind::Fork => sdk::BootKind::Fork,
             facts::BootKind::Wake => sdk::BootKind::Wake,
             facts::BootKind::Resumed => sdk::BootKind::Resumed,
+            facts::BootKind::Parent => sdk::BootKind::Parent,
         },
         nics: f
             .nics

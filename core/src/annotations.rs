@@ -26,6 +26,10 @@ pub mod keys {
     pub const LIFECYCLE_OBSERVED_GENERATION: &str =
         "vm.cocoonstack.io/lifecycle-observed-generation";
     pub const GENERATION: &str = "cocoonset.cocoonstack.io/generation";
+    /// On a parent: the plugin that prepared its VM to be cloned,
+    /// `<name> <version> sha256:<hex>` (docs/behaviour.md section 11); its
+    /// clones carry it on.
+    pub const PREPARED: &str = "vm.cocoonstack.io/prepared";
 }
 
 /// Event reasons (spec section 9).
@@ -54,6 +58,13 @@ pub mod reasons {
     /// [`fixup_sac::reasons`]). The pod is failed.
     pub const WINDOWS_STATIC_IP_FAILED: &str = "WindowsStaticIPFailed";
     pub use fixup_sac::reasons::{DIAL_FAILED, ENUM_FAILED, SET_FAILED, VERIFY_FAILED};
+    /// A parent's preparation took and the pod says so (docs/behaviour.md
+    /// section 11).
+    pub const PREPARED: &str = "ParentPrepared";
+    /// One attempt of a parent's preparation failed.
+    pub const PREPARE_ATTEMPT_FAILED: &str = "ParentPrepareAttemptFailed";
+    /// A parent's preparation did not take: the parent is as it was.
+    pub const PREPARE_FAILED: &str = "ParentPrepareFailed";
 }
 
 /// Event messages are capped at this many bytes (spec section 9).
@@ -110,6 +121,9 @@ impl Event {
             | reasons::SET_FAILED
             | reasons::VERIFY_FAILED
             | reasons::WINDOWS_STATIC_IP_FAILED => "WindowsStaticIP",
+            reasons::PREPARED | reasons::PREPARE_ATTEMPT_FAILED | reasons::PREPARE_FAILED => {
+                "PrepareParent"
+            }
             other => other,
         }
     }

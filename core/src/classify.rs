@@ -17,15 +17,20 @@ pub enum Scenario {
     FcMac,
     WindowsPnp,
     DhcpRecovery,
+    /// A running parent made safe to clone before its snapshot (contract
+    /// 0.4.0). Planned by the plugin chosen for the guest's network
+    /// scenario, never selected by itself ([`Scenario::is_companion`]).
+    Prepare,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 5] = [
+    pub const ALL: [Scenario; 6] = [
         Scenario::Cloudimg,
         Scenario::OciNetworkd,
         Scenario::FcMac,
         Scenario::WindowsPnp,
         Scenario::DhcpRecovery,
+        Scenario::Prepare,
     ];
 
     /// The name used in JSON output, plugin cases and the WIT contract.
@@ -36,7 +41,16 @@ impl Scenario {
             Scenario::FcMac => "fc-mac",
             Scenario::WindowsPnp => "windows-pnp",
             Scenario::DhcpRecovery => "dhcp-recovery",
+            Scenario::Prepare => "prepare",
         }
+    }
+
+    /// A scenario no plugin is selected for by itself: the plugin chosen
+    /// for the guest's network scenario plans it, when it declares it
+    /// (`prepare`). Declaring it claims nothing, so any number of plugins
+    /// may.
+    pub fn is_companion(self) -> bool {
+        self == Scenario::Prepare
     }
 }
 

@@ -222,13 +222,16 @@ impl fmt::Display for ImageKind {
 
 /// How a cloned VM came to run. A VM that was not cloned (mode `run`
 /// without fork-from or clone-from-dir) has no boot kind: see
-/// [`Observation::boot`].
+/// [`Observation::boot`]. [`BootKind::Parent`] is never derived either: it
+/// is the facts of a running VM being prepared as a parent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BootKind {
     Clone,
     Fork,
     Wake,
     Resumed,
+    /// A running VM about to be snapshotted (the `prepare` scenario).
+    Parent,
 }
 
 impl BootKind {
@@ -266,6 +269,7 @@ impl BootKind {
             BootKind::Fork => "fork",
             BootKind::Wake => "wake",
             BootKind::Resumed => "resumed",
+            BootKind::Parent => "parent",
         }
     }
 }
@@ -781,12 +785,24 @@ impl VmFacts {
     /// not cloned is an error here. The first invalid value wins; every
     /// error names the pod, the field and the value.
     pub fn validate(obs: &Observation, image: ImageKind) -> Result<Self, FactError> {
-        let pod = Some(obs.pod.as_str());
         let Some(boot) = obs.boot else {
             return Err(FactError::NotCloned {
                 pod: obs.pod.clone(),
             });
         };
+        Self::validate_as(obs, image, boot)
+    }
+
+    /// Validates the observation of a running VM about to be snapshotted
+    /// as a parent (the `prepare` scenario): as [`validate`](Self::validate)
+    /// does, with boot kind [`BootKind::Parent`] whatever made the VM (a
+    /// clone may itself become a parent).
+    pub fn for_parent(obs: &Observation, image: ImageKind) -> Result<Self, FactError> {
+        Self::validate_as(obs, image, BootKind::Parent)
+    }
+
+    fn validate_as(obs: &Observation, image: ImageKind, boot: BootKind) -> Result<Self, FactError> {
+        let pod = Some(obs.pod.as_str());
         let name = parse_name(&obs.vm_name, &Ctx::in_pod(pod, obs.vm_name_from.field()))?;
         let id = obs.parse_vm_id()?;
         if obs.nics.len() > MAX_NICS {

@@ -142,6 +142,10 @@ pub enum HandsOff {
     NotManaged,
     /// Not a cloned boot (classification rule 2): nothing to repair.
     NotCloned,
+    /// Only a parent's preparation: the pod's own network is not settled
+    /// (its fixup is running or failed, or its lifecycle is neither absent
+    /// nor `ready`), so it is no parent to snapshot yet.
+    NotSettled,
 }
 
 impl HandsOff {
@@ -154,6 +158,7 @@ impl HandsOff {
             HandsOff::Macos => "macos",
             HandsOff::NotManaged => "not-managed",
             HandsOff::NotCloned => "not-cloned",
+            HandsOff::NotSettled => "not-settled",
         }
     }
 }

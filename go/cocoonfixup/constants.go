@@ -30,4 +30,13 @@ const (
 	ReasonNodeError             = "PostCloneNodeError"
 	ReasonPluginFallback        = "PostClonePluginFallback"
 	ReasonWindowsStaticIPFailed = "WindowsStaticIPFailed"
+	// A parent's preparation (Planner.Prepare).
+	ReasonParentPrepared             = "ParentPrepared"
+	ReasonParentPrepareAttemptFailed = "ParentPrepareAttemptFailed"
+	ReasonParentPrepareFailed        = "ParentPrepareFailed"
 )
+
+// KeyPrepared is what Planner.Prepare writes on a parent it
+// prepared (`<plugin> <version> sha256:<digest>`); copy it onto the
+// parent's clones.
+const KeyPrepared = "vm.cocoonstack.io/prepared"

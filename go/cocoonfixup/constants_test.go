@@ -29,6 +29,7 @@ func TestConstantsAreTheLibrarys(t *testing.T) {
 		ReasonExecAttemptFailed, ReasonSucceeded, ReasonExecExhausted, ReasonIPWaitTimeout,
 		ReasonWakeIPWaitTimeout, ReasonDHCPRecovery, ReasonResumedAfterRestart, ReasonPlanFailed,
 		ReasonVMMismatch, ReasonNodeError, ReasonPluginFallback, ReasonWindowsStaticIPFailed,
+		ReasonParentPrepared, ReasonParentPrepareAttemptFailed, ReasonParentPrepareFailed, KeyPrepared,
 	} {
 		if !defined[v] {
 			t.Errorf("%q is not a value the library defines", v)

@@ -110,6 +110,9 @@ const (
 	TriggerEvent   Trigger = "event"   // a pod event (the default)
 	TriggerStartup Trigger = "startup" // the caller's start: resumed work is announced (ResumedAfterRestart)
 	TriggerRetry   Trigger = "retry"   // a retry after a node error: it is not told again
+	// TriggerPrepare is no fixup: the pod's running VM is prepared to be
+	// cloned (Planner.Prepare).
+	TriggerPrepare Trigger = "prepare"
 )
 
 // Settings are the step's numbers; zero fields take the daemon's
@@ -212,7 +215,7 @@ func (a *Admission) release() { <-a.turns }
 // Outcome is how the step ended: the summary `cocoon-fixup run` prints.
 type Outcome struct {
 	Pod    string `json:"pod"`
-	Action string `json:"action"` // nothing, parked, vm-mismatch, fixup, ip-wait, gone, shutdown
+	Action string `json:"action"` // nothing, parked, vm-mismatch, fixup, ip-wait, gone, shutdown, prepare
 	// Fixup is how the fixup loop ended (done, exhausted, plan-failed,
 	// shutdown, gone), or "".
 	Fixup    string `json:"fixup"`
@@ -223,6 +226,14 @@ type Outcome struct {
 	IP        string `json:"ip"`
 	// SAC is how the serial-console pass ended, or "".
 	SAC string `json:"sac"`
+	// HandsOff is why the pod was left alone (Action "nothing"), or "".
+	HandsOff string `json:"hands_off"`
+	// Prepared is what a preparation wrote to vm.cocoonstack.io/prepared
+	// (the plugin, its version and digest), or "".
+	Prepared string `json:"prepared"`
+	// Errors is the error chain of a failed fixup or preparation (of a
+	// preparation with nothing to do: why).
+	Errors []string `json:"errors"`
 	// Summary is the whole summary as the library gave it.
 	Summary json.RawMessage `json:"-"`
 }
@@ -264,6 +275,27 @@ func (realClock) SleepUntil(ctx context.Context, t time.Time) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// Prepare prepares pod's running VM to be cloned, before the stack
+// snapshots it as a parent (call it before the CocoonSet's snapshot): the
+// plugin that plans the clones' network scenario plans `prepare`, and it
+// runs in the guest as a fixup does (the VM bound to the pod, the same exec
+// path, markers and retry budget). When it took, the pod gets
+// vm.cocoonstack.io/prepared (Outcome.Prepared); copy it onto the clones
+// made from the snapshot. Outcome.Fixup says how it ended (done,
+// exhausted, plan-failed, shutdown, gone). HandsOff says why a pod was
+// left alone (deleting, hibernate-requested, not-settled, macos,
+// not-managed): with Action "nothing" when it was so from the start, with
+// Action "prepare" and Fixup "gone" when it became so between attempts.
+// Action is "nothing" with Errors[0] saying why for a guest with nothing
+// to prepare (a Windows guest, a plugin without `prepare`). Running it
+// again is harmless. o.Records, o.Leases and o.WatchedSinceNew do not
+// apply.
+func (p *Planner) Prepare(ctx context.Context, pod any, vm VM, pods Pods, o RunOptions) (*Outcome, error) {
+	o.Trigger = TriggerPrepare
+	o.Records = nil
+	return p.Run(ctx, pod, vm, pods, o)
 }
 
 // Run carries out the post-clone step for pod (as the API server returns

@@ -1,5 +1,6 @@
 //! Carrying out the decision of [`fixup_core::decision`]: the daemon's
-//! executor. [`Executor::run`] takes a [`PodTask`] and its first action,
+//! executor. [`Executor::run`] takes a [`PodTask`] (or a [`Steps`] of
+//! another kind: a parent's preparation) and its first action,
 //! does each action with the real seams (the `cocoon` runner, the
 //! Kubernetes side, the lease watcher, the planner on tokio's blocking
 //! pool) and reports back what happened, until the task finishes. It
@@ -24,11 +25,11 @@ use tokio_util::sync::CancellationToken;
 use fixup_core::classify::Scenario;
 use fixup_core::decision::{
     Action, FixupEnd, Guarded, Note, PlanRequest, Planned, PodTask, Readiness, Report, RetryConfig,
-    Settings, Stop, Summary, is_node_error, os_nonces,
+    Settings, Steps, Stop, Summary, is_node_error, os_nonces,
 };
 use fixup_core::facts::{PodInput, VmId, escape_controls};
 use fixup_core::plan::Plan;
-use fixup_core::planner::{PlanPart, Planner};
+use fixup_core::planner::{PlanPart, Planner, Preparation};
 
 use crate::cocoon::{Cocoon, CocoonError};
 use crate::console::{Console, ConsoleSession};
@@ -69,7 +70,11 @@ pub(crate) struct Executor<'a, C, P> {
 
 impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
     /// Carry out `task` from `action` until it finishes.
-    pub async fn run(&self, mut task: PodTask, mut action: Action) -> Result<Summary, HostError> {
+    pub async fn run<T: Steps>(
+        &self,
+        mut task: T,
+        mut action: Action,
+    ) -> Result<Summary, HostError> {
         let origin = Instant::now();
         let pod = task.pod().clone();
         // The turn among pods worked on at once, held from `Admit` to
@@ -376,7 +381,8 @@ async fn plan(host: HostParts<'_>, pod: &PodRef, request: PlanRequest) -> Planne
             &[][..]
         }
         Planned::Recovery(Ok(composed)) => &composed.parts[..],
-        Planned::Recovery(Err(_)) => &[][..],
+        Planned::Prepare(Ok(Preparation::Plan { composed, .. })) => &composed.parts[..],
+        Planned::Recovery(Err(_)) | Planned::Prepare(_) => &[][..],
     };
     for part in parts {
         if let Some(fallback) = &part.fallback {

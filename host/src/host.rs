@@ -14,8 +14,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fixup_core::binding::BindingPolicy;
 use fixup_core::classify::Scenario;
 use fixup_core::decision::{
-    Handled, NodeError, PodTask, ReadyConfig, RetryConfig, Settings, Summary, Trigger, WakeConfig,
-    os_nonces,
+    Handled, NodeError, PodTask, PrepareTask, ReadyConfig, RetryConfig, Settings, Summary, Trigger,
+    WakeConfig, os_nonces,
 };
 use fixup_core::facts::{FactError, PodInput, annotations};
 use fixup_core::memory::MemoryStore;
@@ -525,7 +525,39 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
                 .as_millis();
             task.remember(record, u64::try_from(since_epoch).unwrap_or(u64::MAX));
         }
-        let executor = Executor {
+        // On the heap: a call waiting for its turn holds almost nothing.
+        Box::pin(self.executor(shutdown).run(task, first)).await
+    }
+
+    /// Prepare the pod's running VM to be cloned, before the stack
+    /// snapshots it: the decision of [`fixup_core::decision::PrepareTask`]
+    /// for the pod as it is now, carried out as a fixup is (the VM bound
+    /// to the pod, the plan of the plugin that plans its clones' network
+    /// scenario, the same exec path, markers and retry budget), ending
+    /// with `vm.cocoonstack.io/prepared` on the pod when it took.
+    pub async fn prepare(
+        &self,
+        namespace: &str,
+        name: &str,
+        shutdown: &CancellationToken,
+    ) -> Result<Summary, HostError> {
+        let pod = self.read(namespace, name).await?;
+        self.prepare_pod(&pod, shutdown).await
+    }
+
+    /// As [`prepare`](Self::prepare), for a pod the caller already read.
+    pub async fn prepare_pod(
+        &self,
+        pod: &PodInput,
+        shutdown: &CancellationToken,
+    ) -> Result<Summary, HostError> {
+        let (task, first) = PrepareTask::start(pod.clone(), self.config.settings(), os_nonces());
+        Box::pin(self.executor(shutdown).run(task, first)).await
+    }
+
+    /// An executor over this host's seams.
+    fn executor<'a>(&'a self, shutdown: &'a CancellationToken) -> Executor<'a, C, P> {
+        Executor {
             cocoon: &self.cocoon,
             pods: &self.pods,
             host: Some(HostParts {
@@ -540,8 +572,6 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
                 records: self.records.as_ref(),
             }),
             shutdown,
-        };
-        // On the heap: a call waiting for its turn holds almost nothing.
-        Box::pin(executor.run(task, first)).await
+        }
     }
 }

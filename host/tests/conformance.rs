@@ -389,9 +389,10 @@ async fn replay(scenario: &Scenario, planner: Arc<Planner>, lease_dir: &Path) ->
         }
         None => host,
     };
-    let result = host
-        .handle_pod(&pod, scenario.trigger.into(), &shutdown)
-        .await;
+    let result = match scenario.trigger.fixup() {
+        Some(trigger) => host.handle_pod(&pod, trigger, &shutdown).await,
+        None => host.prepare_pod(&pod, &shutdown).await,
+    };
     drop(host);
     if let Some((store, _)) = records {
         let kept = store.load(&pod_uid(&pod)).unwrap().unwrap_or_default();

@@ -18,6 +18,7 @@ mod interactive;
 mod kube;
 mod listener;
 mod oci;
+mod prepare;
 mod props;
 mod ps_props;
 mod ready;

@@ -545,7 +545,7 @@ fn code_that_does_not_match_its_record_is_a_node_error() {
     let networkd = builtin("oci-networkd");
     let record = cache.record_path(&sha(networkd));
     let mut body = record_body(&record);
-    assert_eq!(body["contract"], "0.3.0");
+    assert_eq!(body["contract"], "0.4.0");
     body["contract"] = "0.1.0".into();
     body["info_contract"] = "0.1.0".into();
     body["policy"] = serde_json::Value::Null;

@@ -434,14 +434,14 @@ fn inspect_describes_each_builtin_and_refuses_a_copy() {
             "{found}"
         );
         assert_eq!(found.name.as_deref(), Some(name));
-        assert_eq!(found.contract.as_deref(), Some("cocoon:fixup@0.3.0"));
+        assert_eq!(found.contract.as_deref(), Some("cocoon:fixup@0.4.0"));
         assert_eq!(found.size_bytes, Some(bytes.len() as u64));
         assert_eq!(found.format, Format::Component);
         assert!(!found.scenarios.is_empty());
         let host = found
             .imports
             .iter()
-            .find(|i| i.name == "cocoon:fixup/host@0.3.0")
+            .find(|i| i.name == "cocoon:fixup/host@0.4.0")
             .expect("imports the host log");
         assert_eq!(host.access, Access::Granted);
         let wasi: Vec<_> = found
@@ -452,7 +452,7 @@ fn inspect_describes_each_builtin_and_refuses_a_copy() {
         assert!(!wasi.is_empty(), "a std build imports WASI: {found}");
         assert!(wasi.iter().all(|i| i.access == Access::Denied), "{found}");
         let text = found.to_string();
-        assert!(text.contains("cocoon:fixup/host@0.3.0"), "{text}");
+        assert!(text.contains("cocoon:fixup/host@0.4.0"), "{text}");
         let policy = found.policy.as_ref().expect("a loaded plugin has a policy");
         assert_eq!(policy.source, PolicySource::Declared, "{name}");
         assert!(policy.warnings.is_empty(), "{name}: {text}");

@@ -27,6 +27,8 @@ fn host(options: EngineOptions) -> PluginHost {
         .expect("a plugin that overreaches only when called loads");
     host.load_file(Path::new(env!("PLUGIN_CONTRACT_0_2")))
         .expect("a contract 0.2.0 plugin loads");
+    host.load_file(Path::new(env!("PLUGIN_CONTRACT_0_3")))
+        .expect("a contract 0.3.0 plugin loads");
     host.load_file(Path::new(env!("PLUGIN_IFUPDOWN")))
         .expect("a plugin that names links loads");
     host
@@ -77,7 +79,8 @@ fn every_contract_version_is_served_at_once() {
         ("0.1.0", PolicySource::ContractDefault)
     );
     assert_eq!(contracts["contract-0-2"], ("0.2.0", PolicySource::Declared));
-    assert_eq!(contracts["oci-networkd"], ("0.3.0", PolicySource::Declared));
+    assert_eq!(contracts["contract-0-3"], ("0.3.0", PolicySource::Declared));
+    assert_eq!(contracts["oci-networkd"], ("0.4.0", PolicySource::Declared));
     // Each plans, inside its policy, from the same host.
     assert_eq!(
         plan(&host, Some("legacy"), "web-0").expect("legacy plans"),
@@ -97,6 +100,44 @@ fn every_contract_version_is_served_at_once() {
     );
     assert!(plan(&host, None, "web-0").expect("built-in plans") >= 4);
     assert!(plan(&host, Some("overreach"), "web-0").expect("inside its policy") >= 4);
+    // The 0.3.0 plugin's plan arrives whole: its link step and a write
+    // with parents, in its phases.
+    let v3 = plan_with(&host, Some("contract-0-3"), "web-0", &NIC).expect("0.3.0 plans");
+    assert!(
+        matches!(&v3.steps[0].action, Action::NameLink(l) if l.name == "eth0"),
+        "{v3:?}"
+    );
+    assert!(
+        matches!(&v3.steps[1].action, Action::WriteFile(w) if w.parents),
+        "{v3:?}"
+    );
+}
+
+/// A plugin of an older contract is never asked to prepare: its contract
+/// has no such scenario, and the host says so rather than calling it.
+#[test]
+fn an_older_contract_is_never_asked_to_prepare() {
+    let host = host(EngineOptions::default());
+    for name in ["legacy", "contract-0-2", "contract-0-3"] {
+        let plugin = host
+            .registry()
+            .plugins()
+            .iter()
+            .find(|p| p.info.name == name)
+            .expect("loaded")
+            .clone();
+        assert!(!plugin.info.scenarios.contains(&Scenario::Prepare));
+        let mut parent = facts("web-0", Some(name), &NIC);
+        parent.boot = fixup_core::facts::BootKind::Parent;
+        let refused = host
+            .plan(&plugin, Scenario::Prepare, &parent)
+            .expect_err("no prepare in an older contract")
+            .to_string();
+        assert!(
+            refused.contains("has no prepare scenario") && refused.contains(plugin.contract()),
+            "{name}: {refused}"
+        );
+    }
 }
 
 #[rstest]
@@ -234,7 +275,7 @@ fn inspect_shows_the_default_policy_of_a_contract_0_1_plugin() {
     let text = found.to_string();
     assert!(text.contains("the default for its contract"), "{text}");
     assert!(
-        text.contains("rebuild against cocoon:fixup@0.3.0"),
+        text.contains("rebuild against cocoon:fixup@0.4.0"),
         "{text}"
     );
     assert!(
@@ -423,7 +464,7 @@ fn the_operator_narrows_links() {
 fn inspect_shows_links() {
     let found = inspect(env!("PLUGIN_IFUPDOWN"));
     assert!(found.accepted, "{found}");
-    assert_eq!(found.contract.as_deref(), Some("cocoon:fixup@0.3.0"));
+    assert_eq!(found.contract.as_deref(), Some("cocoon:fixup@0.4.0"));
     let text = found.to_string();
     assert!(text.contains("  links    eth*\n"), "{text}");
     let json = serde_json::to_value(&found).expect("json");

@@ -485,7 +485,7 @@ fn a_plugin_for_another_contract_version_is_refused_naming_both() {
     );
     let message = err.to_string();
     assert!(
-        message.contains("0.9.0") && message.contains("0.3.0, 0.2.0 and 0.1.0"),
+        message.contains("0.9.0") && message.contains("0.4.0, 0.3.0, 0.2.0 and 0.1.0"),
         "{message}"
     );
 }

@@ -416,3 +416,94 @@ fn a_flavours_plugin_claims_all_dhcp_clones_and_repairs_them_at_once() {
             .unwrap_or_else(|e| panic!("{}: {e}", case.pod["metadata"]["annotations"]));
     }
 }
+
+/// The vendor plugin prepares the parents of its flavour (a lowest-priority
+/// keyfile that matches any virtio NIC, with a DHCP client id from the MAC);
+/// a parent of another flavour is prepared by the built-in, and a Windows
+/// parent by none.
+#[test]
+fn a_flavours_plugin_prepares_its_parents() {
+    use fixup_core::planner::Preparation;
+    let node = node();
+    let plan = |flavor: Option<&str>| {
+        let obs = observation("web-0", flavor, &[("52:54:00:12:34:56", None)]);
+        node.planner.plan_prepare(&obs).expect("plans")
+    };
+    let Preparation::Plan { composed, .. } = plan(Some("rhel")) else {
+        panic!("a rhel parent is prepared");
+    };
+    assert_eq!(composed.plugins(), "nm-keyfile");
+    assert_eq!(composed.facts.boot, fixup_core::facts::BootKind::Parent);
+    assert!(
+        composed.script.contains("cocoon_clone.nmconnection"),
+        "{}",
+        composed.script
+    );
+    assert!(
+        composed.script.contains("dhcp-client-id=mac"),
+        "{}",
+        composed.script
+    );
+    let Preparation::Plan { composed, .. } = plan(Some("gentoo")) else {
+        panic!("a parent of an undeclared flavour is prepared by the built-in");
+    };
+    assert_eq!(composed.plugins(), "oci-networkd");
+    let mut windows = observation("desk-0", None, &[("52:54:00:12:34:57", None)]);
+    windows.os = fixup_core::facts::GuestOs::Windows;
+    assert!(matches!(
+        node.planner.plan_prepare(&windows),
+        Ok(Preparation::Nothing { .. })
+    ));
+}
+
+/// A clone of a parent the claiming plugin prepared (the annotation names
+/// it and its digest) gets its lease by itself: its recovery keeps the
+/// 15 s, as a fallback. An annotation that names the plugin with another
+/// digest proves nothing: the claim stands.
+#[test]
+fn a_clone_of_a_parent_its_plugin_prepared_is_not_claimed() {
+    use fixup_core::decision::Prepared;
+    use fixup_core::decision::conformance::{Scenario as Case, replay};
+    let node = node();
+    let plugin = node
+        .planner
+        .plugins()
+        .registry()
+        .plugins()
+        .iter()
+        .find(|p| p.info.name == "nm-keyfile")
+        .expect("loaded")
+        .clone();
+    let prepared = |sha256: &str| {
+        Prepared {
+            plugin: "nm-keyfile".into(),
+            version: plugin.info.version.clone(),
+            sha256: sha256.into(),
+        }
+        .value()
+    };
+    let mut unclaimed = all_dhcp_clone(
+        "rhel",
+        15000,
+        "no lease after 15s: re-running DHCP on 1 NIC(s)",
+    );
+    unclaimed["pod"]["metadata"]["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .remove("vm.cocoonstack.io/restore-from-hibernate");
+    unclaimed["pod"]["metadata"]["annotations"]["vm.cocoonstack.io/prepared"] =
+        prepared(&plugin.sha256).into();
+    let mut forged = all_dhcp_clone(
+        "rhel",
+        0,
+        "nm-keyfile claims all-DHCP clones of guest flavour rhel: re-running DHCP on 1 NIC(s) at once",
+    );
+    forged["pod"]["metadata"]["annotations"]["vm.cocoonstack.io/prepared"] =
+        prepared(&"0".repeat(64)).into();
+    for case in [unclaimed, forged] {
+        let case: Case = serde_json::from_value(case).expect("a scenario");
+        let (world, ended) = replay(&case, &node.planner);
+        case.check(&world, &ended)
+            .unwrap_or_else(|e| panic!("{}: {e}", case.pod["metadata"]["annotations"]));
+    }
+}

@@ -27,7 +27,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{
-    Action, ExecPurpose, Guarded, PodError, PodTask, Report, SettingsMs, Stop, Summary, Trigger,
+    Action, ExecPurpose, Guarded, PodError, PodTask, PrepareTask, Report, SettingsMs, Steps, Stop,
+    Summary, Trigger,
 };
 use crate::annotations::AnnotationPatch;
 use crate::exec::{ExecOutput, ExitStatusKind};
@@ -208,6 +209,9 @@ pub enum TriggerName {
     Event,
     Startup,
     Retry,
+    /// Not a fixup: the pod's VM is prepared as a parent
+    /// ([`PrepareTask`](super::PrepareTask)).
+    Prepare,
 }
 
 impl TriggerName {
@@ -216,16 +220,17 @@ impl TriggerName {
             TriggerName::Event => "event",
             TriggerName::Startup => "startup",
             TriggerName::Retry => "retry",
+            TriggerName::Prepare => "prepare",
         }
     }
-}
 
-impl From<TriggerName> for Trigger {
-    fn from(name: TriggerName) -> Self {
-        match name {
-            TriggerName::Event => Trigger::Event,
-            TriggerName::Startup => Trigger::Startup,
-            TriggerName::Retry => Trigger::Retry,
+    /// The trigger of a fixup; `None` for a preparation.
+    pub fn fixup(self) -> Option<Trigger> {
+        match self {
+            TriggerName::Event => Some(Trigger::Event),
+            TriggerName::Startup => Some(Trigger::Startup),
+            TriggerName::Retry => Some(Trigger::Retry),
+            TriggerName::Prepare => None,
         }
     }
 }
@@ -379,6 +384,11 @@ pub struct Expected {
     /// Text the write's `post-clone-hint`, base64-decoded, contains.
     #[serde(default)]
     pub hint_has: Option<String>,
+    /// The plugin the write's `vm.cocoonstack.io/prepared` names (its
+    /// version and digest are the build's, so not compared); a write
+    /// with only this given matches any other keys.
+    #[serde(default)]
+    pub prepared_by: Option<String>,
     #[serde(default)]
     pub exec: Option<ExecPurpose>,
     /// The VM an exec runs in.
@@ -492,9 +502,18 @@ impl Expected {
         match seen {
             Seen::Inspect { vm, .. } => self.inspect.as_deref() == Some(vm.as_str()),
             Seen::Write { patch, .. } => {
-                self.write
-                    .as_ref()
-                    .is_some_and(|want| want.iter().all(|(k, v)| patch.get(k) == Some(v)))
+                (self.write.is_some() || self.prepared_by.is_some())
+                    && self
+                        .write
+                        .as_ref()
+                        .is_none_or(|want| want.iter().all(|(k, v)| patch.get(k) == Some(v)))
+                    && self.prepared_by.as_ref().is_none_or(|plugin| {
+                        patch
+                            .get(crate::annotations::keys::PREPARED)
+                            .and_then(|v| v.as_deref())
+                            .and_then(super::Prepared::parse)
+                            .is_some_and(|p| p.plugin == *plugin)
+                    })
                     && self.write_lacks.iter().all(|k| !patch.contains_key(k))
                     && self.hint_has.as_ref().is_none_or(|text| {
                         patch
@@ -1055,6 +1074,9 @@ impl World {
     /// argv tells it: the renew nudge by its command, the recovery pass by
     /// the event told just before it, else a fixup attempt.
     pub fn purpose_of(&self, argv: &[String]) -> ExecPurpose {
+        if self.scenario.trigger == TriggerName::Prepare {
+            return ExecPurpose::Prepare;
+        }
         // Written out, not taken from the decision: a change of the
         // nudge's argv must show in the replays.
         if argv == ["cmd", "/c", "ipconfig /renew"] {
@@ -1452,15 +1474,21 @@ pub fn counting_nonces() -> super::NonceSource {
 pub fn replay(scenario: &Scenario, planner: &Planner) -> (World, Ended) {
     let mut world = World::new(scenario);
     let settings = scenario.settings();
-    let (mut task, mut action) = PodTask::start(
-        world.first_read(),
-        scenario.trigger.into(),
-        settings,
-        counting_nonces(),
-    );
-    if let Some((record, wall)) = world.start_record() {
-        task.remember(record, wall);
-    }
+    let (mut task, mut action): (Box<dyn Steps>, Action) = match scenario.trigger.fixup() {
+        Some(trigger) => {
+            let (mut task, action) =
+                PodTask::start(world.first_read(), trigger, settings, counting_nonces());
+            if let Some((record, wall)) = world.start_record() {
+                task.remember(record, wall);
+            }
+            (Box::new(task), action)
+        }
+        None => {
+            let (task, action) =
+                PrepareTask::start(world.first_read(), settings, counting_nonces());
+            (Box::new(task), action)
+        }
+    };
     let mut now = Duration::ZERO;
     let uid = task.pod().uid.clone();
     loop {

@@ -30,6 +30,7 @@
 
 pub mod conformance;
 mod locate;
+mod prepare;
 pub mod reports;
 mod settings;
 mod task;
@@ -37,6 +38,7 @@ mod task;
 pub use locate::{
     Lookup, bind_record, boot_override, has_work, lookup, never_planned, observe, vm_id,
 };
+pub use prepare::{PrepareTask, Prepared};
 pub use settings::{ReadyConfig, RetryConfig, Settings, SettingsBuilder, SettingsMs, WakeConfig};
 pub use task::{DECIDE_ROUNDS, NonceSource, PodTask, WrongReport, os_nonces};
 
@@ -53,7 +55,7 @@ use crate::exec::ExecOutput;
 use crate::facts::{FactError, MacAddr, Observation, PodInput, VmFacts, VmId, VmInspect};
 use crate::lifecycle::HandsOff;
 use crate::memory::{PodMemory, StackEvent};
-use crate::planner::{ComposedPlan, PlanOutcome, Planner, PlannerError};
+use crate::planner::{ComposedPlan, PlanOutcome, Planner, PlannerError, Preparation};
 use crate::plugin::PluginError;
 use crate::plugin::registry::NoPlugin;
 use crate::probe::ProbeError;
@@ -122,6 +124,8 @@ pub enum PlanRequest {
     /// The DHCP recovery pass for an all-DHCP Linux clone:
     /// [`Planner::plan_scenarios`] for [`Scenario::DhcpRecovery`].
     Recovery(VmFacts),
+    /// The preparation of a running parent: [`Planner::plan_prepare`].
+    Prepare(Observation),
 }
 
 impl PlanRequest {
@@ -132,6 +136,7 @@ impl PlanRequest {
             PlanRequest::Recovery(facts) => {
                 Planned::Recovery(planner.plan_scenarios(facts, &[Scenario::DhcpRecovery]))
             }
+            PlanRequest::Prepare(obs) => Planned::Prepare(planner.plan_prepare(obs)),
         }
     }
 }
@@ -141,6 +146,7 @@ impl PlanRequest {
 pub enum Planned {
     Fixup(Result<PlanOutcome, PlannerError>),
     Recovery(Result<ComposedPlan, PlannerError>),
+    Prepare(Result<Preparation, PlannerError>),
 }
 
 /// What an exec is for, so a host can log and count it.
@@ -153,6 +159,8 @@ pub enum ExecPurpose {
     Recovery,
     /// The Windows `ipconfig /renew` nudge of the IP wait.
     Renew,
+    /// One attempt of a parent's preparation ([`PrepareTask`]).
+    Prepare,
 }
 
 /// The next thing a host does for the pod.
@@ -499,6 +507,9 @@ pub enum Handled {
     Gone,
     /// The host shut down while the call waited for its turn.
     Shutdown,
+    /// A running parent's preparation ran ([`PrepareTask`]); `fixup` says
+    /// how it ended.
+    Prepare,
 }
 
 /// How the fixup loop ended.
@@ -564,6 +575,7 @@ labels!(Handled {
     IpWait => "ip-wait",
     Gone => "gone",
     Shutdown => "shutdown",
+    Prepare => "prepare",
 });
 labels!(FixupEnd {
     Done => "done",
@@ -598,6 +610,55 @@ pub fn is_node_error(error: &PlannerError) -> bool {
     }
 }
 
+/// A decision a host carries out one action at a time, reporting what
+/// each did: [`PodTask`] (a pod's fixup) and [`PrepareTask`] (a parent's
+/// preparation). A host's executor is written once over this.
+pub trait Steps: fmt::Debug {
+    /// The pod the decision is for.
+    fn pod(&self) -> &PodRef;
+    /// The next action, given the report of the last one and the host's
+    /// clock since the task started (never going back).
+    fn next(&mut self, report: Report, now: Duration) -> Action;
+    /// [`next`](Self::next), refusing a report that does not answer the
+    /// last action (the task is then unchanged).
+    fn try_next(&mut self, report: Report, now: Duration) -> Result<Action, WrongReport>;
+}
+
+impl Steps for PodTask {
+    fn pod(&self) -> &PodRef {
+        PodTask::pod(self)
+    }
+    fn next(&mut self, report: Report, now: Duration) -> Action {
+        PodTask::next(self, report, now)
+    }
+    fn try_next(&mut self, report: Report, now: Duration) -> Result<Action, WrongReport> {
+        PodTask::try_next(self, report, now)
+    }
+}
+
+impl Steps for PrepareTask {
+    fn pod(&self) -> &PodRef {
+        PrepareTask::pod(self)
+    }
+    fn next(&mut self, report: Report, now: Duration) -> Action {
+        PrepareTask::next(self, report, now)
+    }
+    fn try_next(&mut self, report: Report, now: Duration) -> Result<Action, WrongReport> {
+        PrepareTask::try_next(self, report, now)
+    }
+}
+
+/// A planner error [`is_node_error`] says is the node's, as the
+/// [`NodeError`] a task stops with.
+pub(crate) fn node_error(pod: String, error: PlannerError) -> NodeError {
+    match error {
+        PlannerError::Probe(source) => NodeError::Probe { pod, source },
+        PlannerError::NoPlugin(source) => NodeError::Plugins { pod, source },
+        PlannerError::Plugin(source) => NodeError::PluginCode { pod, source },
+        e => unreachable!("not a node error: {e}"),
+    }
+}
+
 /// How one task ended, for logs, `run`'s JSON summary and metrics.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Summary {
@@ -624,8 +685,13 @@ pub struct Summary {
     /// Absent when no IP wait ran.
     pub readiness: Option<Readiness>,
     pub ip: Option<String>,
-    /// The error chain of a failed fixup.
+    /// The error chain of a failed fixup (of a preparation: its failed
+    /// attempts, or why there was nothing to prepare).
     pub errors: Vec<String>,
+    /// What a preparation wrote to `vm.cocoonstack.io/prepared` (absent
+    /// for a fixup, and for a preparation that wrote nothing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prepared: Option<String>,
 }
 
 fn scenario_or_none<S: serde::Serializer>(
@@ -651,6 +717,7 @@ impl Summary {
             readiness: None,
             ip: None,
             errors: Vec::new(),
+            prepared: None,
         }
     }
 

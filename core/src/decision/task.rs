@@ -106,7 +106,7 @@ impl Memory {
 
 /// The reports that answer an action.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Awaiting {
+pub(super) enum Awaiting {
     Go,
     GoOrCancelled,
     Inspected,
@@ -124,7 +124,7 @@ enum Awaiting {
 }
 
 impl Awaiting {
-    fn of(action: &Action) -> Awaiting {
+    pub(super) fn of(action: &Action) -> Awaiting {
         match action {
             Action::Release
             | Action::Tell(_)
@@ -146,7 +146,7 @@ impl Awaiting {
         }
     }
 
-    fn accepts(self, report: &Report) -> bool {
+    pub(super) fn accepts(self, report: &Report) -> bool {
         matches!(
             (self, report),
             (Awaiting::Go | Awaiting::GoOrCancelled, Report::Go)
@@ -172,6 +172,211 @@ impl Awaiting {
     }
 }
 
+/// A decision's turn, the same for every decision ([`PodTask`],
+/// [`PrepareTask`](super::PrepareTask)): the report must answer the action
+/// handed out last and the clock must not go back; a queued
+/// fire-and-forget action (an event, a note) is handed out first, else the
+/// decision advances, and what it queued on the way goes before its
+/// question.
+pub(super) trait Turns {
+    /// What answers the last action, the clock at the last report, and the
+    /// queued fire-and-forget actions.
+    fn turn_state(&mut self) -> (&mut Awaiting, &mut Duration, &mut VecDeque<Action>);
+
+    /// The next action of the decision's stage, given the report.
+    fn advance_with(&mut self, report: Report) -> Action;
+
+    fn take_turn(&mut self, report: Report, now: Duration) -> Result<Action, WrongReport> {
+        let (awaiting, last, queue) = self.turn_state();
+        if !awaiting.accepts(&report) {
+            return Err(WrongReport::Unanswered {
+                wants: format!("{awaiting:?}").to_lowercase(),
+                got: report_name(&report).to_owned(),
+            });
+        }
+        if now < *last {
+            return Err(WrongReport::ClockBack {
+                last_ms: last.as_millis(),
+                now_ms: now.as_millis(),
+            });
+        }
+        *last = now;
+        // A fire-and-forget action was carried out.
+        if let Some(queued) = queue.pop_front() {
+            *awaiting = Awaiting::of(&queued);
+            return Ok(queued);
+        }
+        let action = self.advance_with(report);
+        let (awaiting, _, queue) = self.turn_state();
+        let action = if queue.is_empty() {
+            action
+        } else {
+            // Events and notes first, then the question.
+            queue.push_back(action);
+            queue.pop_front().expect("not empty")
+        };
+        *awaiting = Awaiting::of(&action);
+        Ok(action)
+    }
+}
+
+impl Turns for PodTask {
+    fn turn_state(&mut self) -> (&mut Awaiting, &mut Duration, &mut VecDeque<Action>) {
+        (&mut self.awaiting, &mut self.now, &mut self.queue)
+    }
+
+    fn advance_with(&mut self, report: Report) -> Action {
+        let stage = std::mem::replace(&mut self.stage, Stage::Over);
+        self.advance(stage, report)
+    }
+}
+
+/// What the node's other pods, or why the host has none, say of the
+/// record's annotated `name` ([`binding::settle`]): the verdict (bound or
+/// a mismatch), or why it is not proven.
+pub(super) fn settled(
+    pod: &PodInput,
+    name: &str,
+    answer: Result<Vec<PodInput>, String>,
+) -> Result<Verdict, String> {
+    match answer {
+        Ok(others) => match binding::settle(pod, name, &others) {
+            Verdict::Unproven { .. } => Err("the check did not settle".to_owned()),
+            // `settle` proves or refuses; were it ever to do neither,
+            // nothing would run.
+            verdict => Ok(verdict),
+        },
+        Err(reason) => Err(reason),
+    }
+}
+
+/// How a VM that is not the pod's is told: a note with the name the pod
+/// derives, and a Warning event on the pod that never names the other VM.
+pub(super) fn mismatch_told(mismatch: &binding::Mismatch, pod: &PodRef) -> (Note, Event) {
+    let expected = binding::vm_name_for_pod(&pod.namespace, &pod.name);
+    (
+        Note::VmMismatch {
+            expected: escape_controls(&expected),
+            mismatch: mismatch.to_string(),
+        },
+        mismatch_event(mismatch, pod),
+    )
+}
+
+/// The steps from a pod's VM reference to a VM bound to it, the same for
+/// every decision: look the VM up and inspect it (no reference: nothing to
+/// do yet), bind the record to the pod (spec section 2), listing the
+/// node's other pods for an annotated name. A decision supplies what
+/// happens on each way out.
+pub(super) trait Binds {
+    fn seen(&self) -> &PodInput;
+    fn settings(&self) -> &super::Settings;
+    /// The pod as `namespace/name`, for stops.
+    fn label(&self) -> String;
+    fn stop(&mut self, stop: Stop) -> Action;
+    /// The VM is not the pod's.
+    fn mismatch(&mut self, mismatch: binding::Mismatch) -> Action;
+    /// The VM is the pod's.
+    fn bound(&mut self, record: VmInspect) -> Action;
+    /// Where a VM that could not be inspected or proven leaves a pod the
+    /// decision would have left alone anyway, if so.
+    fn left_alone(&mut self) -> Option<Action>;
+    /// Wait for `cocoon vm inspect`'s record.
+    fn await_record(&mut self);
+    /// Wait for the node's other pods, for `record`'s annotated name.
+    fn await_other_pods(&mut self, record: VmInspect);
+
+    /// Look the pod's VM up.
+    fn look_up(&mut self) -> Action {
+        match lookup(self.seen()) {
+            Lookup::NoVm => {
+                let pod = self.label();
+                self.stop(Stop::NoVm { pod })
+            }
+            Lookup::Unusable(mismatch) => self.mismatch(mismatch),
+            Lookup::Inspect(vm) => {
+                self.await_record();
+                Action::Inspect {
+                    vm,
+                    timeout: self.settings().inspect_timeout,
+                }
+            }
+        }
+    }
+
+    /// `cocoon vm inspect` answered: bind the record to the pod.
+    fn inspected(&mut self, result: Result<VmInspect, String>) -> Action {
+        let record = match result {
+            Ok(record) => record,
+            Err(message) => {
+                if let Some(action) = self.left_alone() {
+                    return action;
+                }
+                let pod = self.label();
+                return self.stop(Stop::Inspect { pod, message });
+            }
+        };
+        match super::bind_record(self.seen(), &record, self.settings().binding) {
+            Verdict::Bound { .. } => self.bound(record),
+            Verdict::Mismatch(mismatch) => self.mismatch(mismatch),
+            Verdict::Unproven { name } => {
+                self.await_other_pods(record);
+                Action::OtherPods { vm_name: name }
+            }
+        }
+    }
+
+    /// The node's other pods came back for an annotated name: bound when
+    /// none claims it ([`binding::settle`]).
+    fn other_pods(&mut self, record: VmInspect, answer: Result<Vec<PodInput>, String>) -> Action {
+        let name = record.name.clone();
+        let reason = match settled(self.seen(), &name, answer) {
+            Ok(Verdict::Mismatch(mismatch)) => return self.mismatch(mismatch),
+            Ok(_) => return self.bound(record),
+            Err(reason) => reason,
+        };
+        if let Some(action) = self.left_alone() {
+            return action;
+        }
+        let pod = self.label();
+        self.stop(Stop::Unproven {
+            pod,
+            name,
+            reason: one_line(&reason),
+        })
+    }
+}
+
+impl Binds for PodTask {
+    fn seen(&self) -> &PodInput {
+        &self.seen
+    }
+    fn settings(&self) -> &super::Settings {
+        &self.settings
+    }
+    fn label(&self) -> String {
+        self.summary.pod.clone()
+    }
+    fn stop(&mut self, stop: Stop) -> Action {
+        PodTask::stop(self, stop)
+    }
+    fn mismatch(&mut self, mismatch: binding::Mismatch) -> Action {
+        PodTask::mismatch(self, mismatch)
+    }
+    fn bound(&mut self, record: VmInspect) -> Action {
+        PodTask::bound(self, record)
+    }
+    fn left_alone(&mut self) -> Option<Action> {
+        self.deferred.map(|row| self.leave(row))
+    }
+    fn await_record(&mut self) {
+        self.stage = Stage::Inspecting;
+    }
+    fn await_other_pods(&mut self, record: VmInspect) {
+        self.stage = Stage::Binding(Box::new(record));
+    }
+}
+
 /// A report the task refuses: the task is left as it was, waiting for the
 /// right one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -189,7 +394,7 @@ pub enum WrongReport {
     ClockBack { last_ms: u128, now_ms: u128 },
 }
 
-fn report_name(report: &Report) -> &'static str {
+pub(super) fn report_name(report: &Report) -> &'static str {
     match report {
         Report::Go => "go",
         Report::Cancelled => "cancelled",
@@ -617,36 +822,7 @@ impl PodTask {
     /// [`next`](Self::next), refusing a report that does not answer the
     /// last action (the task is then unchanged).
     pub fn try_next(&mut self, report: Report, now: Duration) -> Result<Action, WrongReport> {
-        if !self.awaiting.accepts(&report) {
-            return Err(WrongReport::Unanswered {
-                wants: format!("{:?}", self.awaiting).to_lowercase(),
-                got: report_name(&report).to_owned(),
-            });
-        }
-        if now < self.now {
-            return Err(WrongReport::ClockBack {
-                last_ms: self.now.as_millis(),
-                now_ms: now.as_millis(),
-            });
-        }
-        self.now = now;
-        let action = match self.queue.pop_front() {
-            // A fire-and-forget action was carried out.
-            Some(queued) => queued,
-            None => {
-                let stage = std::mem::replace(&mut self.stage, Stage::Over);
-                let action = self.advance(stage, report);
-                if self.queue.is_empty() {
-                    action
-                } else {
-                    // Events and notes first, then the question.
-                    self.queue.push_back(action);
-                    self.queue.pop_front().expect("not empty")
-                }
-            }
-        };
-        self.awaiting = Awaiting::of(&action);
-        Ok(action)
+        self.take_turn(report, now)
     }
 
     fn tell(&mut self, event: Event) {
@@ -687,7 +863,7 @@ impl PodTask {
     fn advance(&mut self, stage: Stage, report: Report) -> Action {
         match (stage, report) {
             (stage, Report::Cancelled) => self.cancelled(stage),
-            (Stage::Admitting, Report::Go) => self.admitted(),
+            (Stage::Admitting, Report::Go) => self.look_up(),
             (Stage::Inspecting, Report::Inspected(result)) => self.inspected(result),
             (Stage::Binding(record), Report::OtherPods(answer)) => self.other_pods(*record, answer),
             (Stage::Recognising(wait), Report::Events(answer)) => self.events(*wait, answer),
@@ -706,6 +882,20 @@ impl PodTask {
                 match result {
                     Ok(composed) => {
                         self.fallback_events(&composed);
+                        // A clone of a parent the claiming plugin prepared
+                        // gets its lease by itself: the pass keeps its
+                        // 15 s, as a fallback only.
+                        let prepared = super::Prepared::parse(self.seen.annotation(keys::PREPARED));
+                        let prepared_by = |plugin: &str| {
+                            prepared.as_ref().is_some_and(|p| {
+                                composed.parts.iter().any(|part| {
+                                    let used = &part.selection.plugin;
+                                    used.info.name == plugin
+                                        && used.info.name == p.plugin
+                                        && used.sha256 == p.sha256
+                                })
+                            })
+                        };
                         wait.recovery = Some(Recovery {
                             claimed_by: composed
                                 .flavor_claim()
@@ -713,7 +903,7 @@ impl PodTask {
                                 .map(|(plugin, flavor)| {
                                     (plugin.to_owned(), flavor.as_str().to_owned())
                                 })
-                                .filter(|_| wait.claimable),
+                                .filter(|(plugin, _)| wait.claimable && !prepared_by(plugin)),
                             nics: composed.facts.nics.len(),
                             plan: composed.plan,
                             exec: composed.exec,
@@ -871,22 +1061,6 @@ impl PodTask {
         }
     }
 
-    fn admitted(&mut self) -> Action {
-        match lookup(&self.seen) {
-            Lookup::NoVm => self.stop(Stop::NoVm {
-                pod: self.summary.pod.clone(),
-            }),
-            Lookup::Unusable(mismatch) => self.mismatch(mismatch),
-            Lookup::Inspect(vm) => {
-                self.stage = Stage::Inspecting;
-                Action::Inspect {
-                    vm,
-                    timeout: self.settings.inspect_timeout,
-                }
-            }
-        }
-    }
-
     /// The VM is not this pod's: nothing runs, nothing is written; a
     /// Warning event on the pod that asked, and a note with both names.
     /// The event never names the other VM.
@@ -895,12 +1069,8 @@ impl PodTask {
         if let Some(row) = self.deferred {
             return self.leave(row);
         }
-        let expected = binding::vm_name_for_pod(&self.pod.namespace, &self.pod.name);
-        self.note(Note::VmMismatch {
-            expected: escape_controls(&expected),
-            mismatch: mismatch.to_string(),
-        });
-        let event = mismatch_event(&mismatch, &self.pod);
+        let (note, event) = mismatch_told(&mismatch, &self.pod);
+        self.note(note);
         self.tell(event);
         self.summary.action = Handled::VmMismatch;
         self.summary.mismatch = Some(mismatch.to_string());
@@ -920,53 +1090,6 @@ impl PodTask {
             self.tell(Event::warning(reasons::NODE_ERROR, message));
         }
         self.stop(Stop::Node(error))
-    }
-
-    fn inspected(&mut self, result: Result<crate::facts::VmInspect, String>) -> Action {
-        let record = match result {
-            Ok(record) => record,
-            Err(_) if self.deferred.is_some() => {
-                return self.leave(self.deferred.expect("checked"));
-            }
-            Err(message) => {
-                return self.stop(Stop::Inspect {
-                    pod: self.summary.pod.clone(),
-                    message,
-                });
-            }
-        };
-        match super::bind_record(&self.seen, &record, self.settings.binding) {
-            Verdict::Bound { .. } => self.bound(record),
-            Verdict::Mismatch(mismatch) => self.mismatch(mismatch),
-            Verdict::Unproven { name } => {
-                self.stage = Stage::Binding(Box::new(record));
-                Action::OtherPods { vm_name: name }
-            }
-        }
-    }
-
-    /// The node's other pods came back for an annotated name: bound when
-    /// none claims it ([`binding::settle`]).
-    fn other_pods(&mut self, record: VmInspect, answer: Result<Vec<PodInput>, String>) -> Action {
-        let name = record.name.clone();
-        let reason = match answer {
-            Ok(others) => match binding::settle(&self.seen, &name, &others) {
-                Verdict::Bound { .. } => return self.bound(record),
-                Verdict::Mismatch(mismatch) => return self.mismatch(mismatch),
-                // `settle` proves or refuses; were it ever to do neither,
-                // nothing would run.
-                Verdict::Unproven { .. } => "the check did not settle".to_owned(),
-            },
-            Err(reason) => reason,
-        };
-        if let Some(row) = self.deferred {
-            return self.leave(row);
-        }
-        self.stop(Stop::Unproven {
-            pod: self.summary.pod.clone(),
-            name,
-            reason: one_line(&reason),
-        })
     }
 
     /// The VM is the pod's: recognise a wake (spec section 2), then
@@ -1272,13 +1395,7 @@ impl PodTask {
         if !super::is_node_error(&error) {
             return self.plan_failed(vm, &error);
         }
-        let pod = self.summary.pod.clone();
-        let error = match error {
-            PlannerError::Probe(source) => NodeError::Probe { pod, source },
-            PlannerError::NoPlugin(source) => NodeError::Plugins { pod, source },
-            PlannerError::Plugin(source) => NodeError::PluginCode { pod, source },
-            e => unreachable!("not a node error: {e}"),
-        };
+        let error = super::node_error(self.summary.pod.clone(), error);
         self.node_error(error)
     }
 

@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use crate::binding::Verdict;
 use crate::classify::{self, Decision, Fixup, Scenario};
-use crate::facts::{FactError, ImageKind, Observation, VmFacts, VmId};
+use crate::facts::{FactError, GuestOs, ImageKind, Observation, VmFacts, VmId};
 use crate::plan::{self, Plan, PlanError, PlanLimits, ScriptHeader};
 use crate::plugin::registry::NoPlugin;
 use crate::plugin::{
@@ -353,6 +353,21 @@ impl PlanOutcome {
     }
 }
 
+/// What preparing a running VM as a parent comes to
+/// ([`Planner::plan_prepare`]).
+#[derive(Debug, Clone)]
+pub enum Preparation {
+    /// Nothing to prepare, and why.
+    Nothing { reason: String },
+    /// The plan, made by the plugin that plans the clones' `network`
+    /// scenario.
+    Plan {
+        network: Scenario,
+        image: ImageKind,
+        composed: Box<ComposedPlan>,
+    },
+}
+
 /// Turns observations into plans. Build once, call per VM.
 #[derive(Debug)]
 pub struct Planner {
@@ -469,10 +484,65 @@ impl Planner {
         scenarios: &[Scenario],
     ) -> Result<ComposedPlan, PlannerError> {
         let registry = self.plugins.registry();
+        let selections = scenarios
+            .iter()
+            .map(|&scenario| registry.select(scenario, facts.flavor.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.plan_selected(facts, scenarios, selections)
+    }
+
+    /// Plan a running VM's `prepare` scenario, before it is snapshotted as
+    /// a parent: the plugin that would plan its clones' network scenario
+    /// (by image kind and guest flavour, as [`plan`](Self::plan) selects)
+    /// plans it, when it declares it. Windows guests and plugins that do
+    /// not declare `prepare` (contract 0.3.0 and older among them) have
+    /// nothing to prepare: their clones are repaired as they are today.
+    pub fn plan_prepare(&self, obs: &Observation) -> Result<Preparation, PlannerError> {
+        if obs.os == GuestOs::Windows {
+            return Ok(Preparation::Nothing {
+                reason: "a Windows guest has nothing to prepare: its clones re-enumerate the NIC (windows-pnp) as before".into(),
+            });
+        }
+        let image = self.image_kind(obs)?;
+        let facts = VmFacts::for_parent(obs, image)?;
+        let network = classify::network_scenario(image);
+        let serving = self
+            .plugins
+            .registry()
+            .select(network, facts.flavor.as_ref())?;
+        let plugin = &serving.plugin;
+        if !plugin.info.scenarios.contains(&Scenario::Prepare) {
+            return Ok(Preparation::Nothing {
+                reason: format!(
+                    "{} {} ({}) plans this guest's clones ({network}) and does not declare the prepare scenario: its clones are repaired as before",
+                    plugin.info.name, plugin.info.version, plugin.origin
+                ),
+            });
+        }
+        let selection = Selection {
+            reason: format!("{}; it declares prepare", serving.reason),
+            scenario: Scenario::Prepare,
+            ..serving
+        };
+        let composed = self.plan_selected(&facts, &[Scenario::Prepare], vec![selection])?;
+        Ok(Preparation::Plan {
+            network,
+            image,
+            composed: Box::new(composed),
+        })
+    }
+
+    /// Plan each scenario with its selected plugin, in order, and compose
+    /// and render the plans.
+    fn plan_selected(
+        &self,
+        facts: &VmFacts,
+        scenarios: &[Scenario],
+        selections: Vec<Selection>,
+    ) -> Result<ComposedPlan, PlannerError> {
         let mut parts = Vec::new();
         let mut plans = Vec::new();
-        for &scenario in scenarios {
-            let selection = registry.select(scenario, facts.flavor.as_ref())?;
+        for (&scenario, selection) in scenarios.iter().zip(selections) {
             let (selection, (plan, stats), fallback) =
                 match self.plugins.plan(&selection.plugin, scenario, facts) {
                     Ok(planned) => (selection, planned, None),

@@ -121,7 +121,7 @@ pub struct Registry {
 
 fn claims_of(plugin: &LoadedPlugin) -> Vec<Claim> {
     let mut claims = Vec::new();
-    for &scenario in &plugin.info.scenarios {
+    for &scenario in plugin.info.scenarios.iter().filter(|s| !s.is_companion()) {
         if plugin.info.flavors.is_empty() {
             claims.push((scenario, None));
         }

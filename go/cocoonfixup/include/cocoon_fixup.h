@@ -214,11 +214,13 @@ CfStatus cf_planner_new(const char *options_json, struct cf_planner **planner, c
  * the README's "Embedding" section) lists them.
  *
  * `pod` is the pod as read from the API server; `options_json` (may be
- * null) is `{"trigger": "event"|"startup"|"retry", "settings":
+ * null) is `{"trigger": "event"|"startup"|"retry"|"prepare", "settings":
  * {"retry_interval_ms", "retry_budget_ms", "exec_timeout_ms",
  * "inspect_timeout_ms", "ip_wait_ms", "renew_after_ms",
  * "renew_timeout_ms", "dhcp_recovery_after_ms"}}` (each optional; the
- * daemon's defaults).
+ * daemon's defaults). Trigger `prepare` is no fixup: the task prepares
+ * the pod's running VM to be cloned, before its snapshot (`cocoon-fixup
+ * prepare`).
  *
  * On `CF_OK`, `*task` is the task and `*out` its first action;
  * otherwise `*task` is null and `*out` the message. The task plans with

@@ -1,4 +1,5 @@
-//! The task op: the decision for one pod ([`fixup_core::decision::PodTask`])
+//! The task op: the decision for one pod ([`fixup_core::decision::PodTask`],
+//! or [`fixup_core::decision::PrepareTask`] for trigger `prepare`)
 //! across the C ABI, as JSON. The embedder carries out each action (reads,
 //! patches and events through its Kubernetes client, execs and inspects
 //! through its `cocoon`, leases, sleeps) and reports what happened; the
@@ -51,7 +52,8 @@ use std::time::Duration;
 
 use fixup_core::annotations::EventType;
 use fixup_core::decision::{
-    Action, Guarded, Note, PodError, PodTask, Report, Settings, SettingsMs, Trigger, os_nonces,
+    Action, Guarded, Note, PodError, PodTask, PrepareTask, Report, Settings, SettingsMs, Steps,
+    Trigger, os_nonces,
 };
 use fixup_core::exec::{ExecOutput, ExitStatusKind};
 use fixup_core::facts::{PodInput, VmInspect};
@@ -129,17 +131,20 @@ impl TaskOptions {
         }
     }
 
-    fn trigger(&self) -> Result<Trigger, Failure> {
-        Ok(match self.trigger.as_deref() {
+    /// The trigger of a fixup, or `None` for a parent's preparation
+    /// (`"prepare"`).
+    fn trigger(&self) -> Result<Option<Trigger>, Failure> {
+        Ok(Some(match self.trigger.as_deref() {
             None | Some("event") => Trigger::Event,
             Some("startup") => Trigger::Startup,
             Some("retry") => Trigger::Retry,
+            Some("prepare") => return Ok(None),
             Some(other) => {
                 return Err(Failure::invalid(format!(
-                    "options_json: trigger {other:?}: use \"event\", \"startup\" or \"retry\""
+                    "options_json: trigger {other:?}: use \"event\", \"startup\", \"retry\" or \"prepare\""
                 )));
             }
-        })
+        }))
     }
 
     /// The settings, through the one builder every host uses; the binding
@@ -173,7 +178,7 @@ impl TaskOptions {
 /// A task in flight.
 #[derive(Debug)]
 pub struct Task {
-    task: PodTask,
+    task: Box<dyn Steps + Send>,
     /// The last action handed out was `finish`: nothing more to do.
     over: bool,
 }
@@ -182,12 +187,18 @@ pub struct Task {
 pub fn start(built: &Built, pod: &[u8], options: Option<&str>) -> Result<(Task, String), Failure> {
     let options = TaskOptions::read(options)?;
     let pod = versioned(crate::ops::read_pod(pod)?, "pod_json").map_err(Failure::invalid)?;
-    let (mut task, first) = PodTask::start(
-        pod,
-        options.trigger()?,
-        options.settings(built)?,
-        os_nonces(),
-    );
+    let settings = options.settings(built)?;
+    let Some(trigger) = options.trigger()? else {
+        // A preparation keeps no record: `memory` does not apply.
+        let (task, first) = PrepareTask::start(pod, settings, os_nonces());
+        let mut task = Task {
+            task: Box::new(task),
+            over: false,
+        };
+        let action = task.hand_out(built, first, Duration::ZERO)?;
+        return Ok((task, action));
+    };
+    let (mut task, first) = PodTask::start(pod, trigger, settings, os_nonces());
     if let Some(memory) = &options.memory {
         // A record that is not usable starts the task on a new one (its
         // history lost, which is a gap): the task's `remember` then
@@ -199,7 +210,10 @@ pub fn start(built: &Built, pod: &[u8], options: Option<&str>) -> Result<(Task, 
         record.set_watched_since_new(memory.watched_since_new && usable);
         task.remember(record, memory.now_unix_ms);
     }
-    let mut task = Task { task, over: false };
+    let mut task = Task {
+        task: Box::new(task),
+        over: false,
+    };
     let action = task.hand_out(built, first, Duration::ZERO)?;
     Ok((task, action))
 }

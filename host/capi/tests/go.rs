@@ -95,6 +95,7 @@ const PACKAGE_TESTS: &[&str] = &[
     "TestTheLibrarysConsoleSetsAStaticAddress",
     "TestRunKeepsWhatObserveNotedMeanwhile",
     "TestADamagedStoreIsAGap",
+    "TestPrepareParent",
     "TestAnObservedHibernationSparesTheWakeItsPnP",
     "TestTypedInputsPlanAsTheirJSON",
     "ExamplePlanner_Run",

@@ -12,6 +12,13 @@
 //!   typed step of its own ([`CLOUD_INIT_NETWORK_FILES`]);
 //! - runs each cloud-init stage as a separate required step, so any failure
 //!   fails the attempt and the host's error names the stage.
+//!
+//! It prepares a parent (`prepare`) for the cloud images whose cloud-init
+//! renders to systemd-networkd, as its fixup assumes: cloud-init's own
+//! network file matches the parent's MAC, which a Cloud Hypervisor clone's
+//! new NIC does not have, so the plan adds the file that matches that NIC
+//! by its driver ([`networkd::prepare`]). cloud-init is not run: the
+//! parent keeps its instance and its network.
 
 use cocoon_fixup_sdk::{
     GuestPolicy, Phase, Plan, PlanError, Plugin, PluginInfo, Scenario, Step, VmFacts, linux,
@@ -63,16 +70,18 @@ impl Plugin for Cloudimg {
             NAME,
             env!("CARGO_PKG_VERSION"),
             "re-runs cloud-init on a cloned cloud image and restarts systemd-networkd",
-            vec![Scenario::Cloudimg],
+            vec![Scenario::Cloudimg, Scenario::Prepare],
         )
     }
 
     /// The hostname, the page-cache knob, networkd's files and restart,
-    /// cloud-init's generated network files, and the four cloud-init
-    /// commands, each with its exact arguments.
+    /// cloud-init's generated network files, the four cloud-init
+    /// commands, each with its exact arguments, and for `prepare`
+    /// networkd's clone file and reload.
     fn policy() -> GuestPolicy {
         linux::prelude_policy()
             .with(networkd::policy())
+            .with(networkd::prepare_policy())
             .removes(CLOUD_INIT_NETWORK_FILES)
             .runs(
                 CLOUD_INIT_RUNS
@@ -84,6 +93,9 @@ impl Plugin for Cloudimg {
     fn plan(scenario: Scenario, facts: &VmFacts) -> Result<Plan, PlanError> {
         match scenario {
             Scenario::Cloudimg => Ok(Plan::posix_sh(cloudimg_steps(facts))),
+            Scenario::Prepare => Ok(Plan::posix_sh(networkd::prepare(
+                &facts.nics.iter().map(|nic| nic.mac).collect::<Vec<_>>(),
+            ))),
             other => cocoon_fixup_sdk::unsupported(NAME, other),
         }
     }
@@ -159,7 +171,7 @@ mod tests {
         assert_eq!(info.name, "cloudimg");
         assert_eq!(info.version, "0.1.0");
         assert_eq!(info.contract, CONTRACT_VERSION);
-        assert_eq!(info.scenarios, vec![Scenario::Cloudimg]);
+        assert_eq!(info.scenarios, vec![Scenario::Cloudimg, Scenario::Prepare]);
         assert!(info.flavors.is_empty());
         assert!(!info.summary.is_empty() && !info.summary.contains('\n'));
     }
@@ -240,6 +252,25 @@ mod tests {
                 assert!(!argv.iter().any(|a| a.starts_with("--configs")), "{step:?}");
             }
         }
+    }
+
+    /// A cloud-init parent is prepared without running cloud-init: the
+    /// clone file and a reload, nothing removed.
+    #[test]
+    fn prepare_adds_the_clone_file_and_runs_no_cloud_init() {
+        let mut parent = facts();
+        parent.boot = BootKind::Parent;
+        let plan = Cloudimg::plan(Scenario::Prepare, &parent).expect("a plan");
+        let macs: Vec<_> = parent.nics.iter().map(|nic| nic.mac).collect();
+        assert_eq!(plan, Plan::posix_sh(networkd::prepare(&macs)));
+        assert!(
+            plan.steps.iter().all(|s| match &s.action {
+                Action::Run(argv) => argv[0] != "cloud-init",
+                Action::RemoveFiles(_) => false,
+                _ => true,
+            }),
+            "{plan:?}"
+        );
     }
 
     #[test]

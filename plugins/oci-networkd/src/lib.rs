@@ -6,6 +6,9 @@
 //!   networkd restart.
 //! - `dhcp-recovery`: for a clone that needed no fixup but got no lease; a
 //!   DHCP file for every NIC and a restart, without the housekeeping.
+//! - `prepare`: for a parent before its snapshot; a DHCP file that matches
+//!   a clone's new NIC by its driver, not by a MAC, and a reload
+//!   ([`networkd::prepare`]): an all-DHCP clone then comes up by itself.
 
 use cocoon_fixup_sdk::{
     GuestPolicy, Nic, Plan, PlanError, Plugin, PluginInfo, Scenario, VmFacts, linux, networkd,
@@ -24,14 +27,21 @@ impl Plugin for OciNetworkd {
             NAME,
             env!("CARGO_PKG_VERSION"),
             "writes MAC-matched systemd-networkd files for every NIC and restarts networkd",
-            vec![Scenario::OciNetworkd, Scenario::DhcpRecovery],
+            vec![
+                Scenario::OciNetworkd,
+                Scenario::DhcpRecovery,
+                Scenario::Prepare,
+            ],
         )
     }
 
     /// The hostname, the page-cache knob, networkd's `10-*.network` files
-    /// and networkd's restart: nothing else.
+    /// and networkd's restart, and for `prepare` its one file and reload:
+    /// nothing else.
     fn policy() -> GuestPolicy {
-        linux::prelude_policy().with(networkd::policy())
+        linux::prelude_policy()
+            .with(networkd::policy())
+            .with(networkd::prepare_policy())
     }
 
     fn plan(scenario: Scenario, facts: &VmFacts) -> Result<Plan, PlanError> {
@@ -55,6 +65,9 @@ impl Plugin for OciNetworkd {
                 steps.push(networkd::restart());
                 Ok(Plan::posix_sh(steps))
             }
+            Scenario::Prepare => Ok(Plan::posix_sh(networkd::prepare(
+                &facts.nics.iter().map(|nic| nic.mac).collect::<Vec<_>>(),
+            ))),
             other => cocoon_fixup_sdk::unsupported(NAME, other),
         }
     }
@@ -219,7 +232,11 @@ mod tests {
         assert_eq!(info.contract, CONTRACT_VERSION);
         assert_eq!(
             info.scenarios,
-            vec![Scenario::OciNetworkd, Scenario::DhcpRecovery]
+            vec![
+                Scenario::OciNetworkd,
+                Scenario::DhcpRecovery,
+                Scenario::Prepare
+            ]
         );
         assert!(info.flavors.is_empty());
         assert!(!info.summary.is_empty() && !info.summary.contains('\n'));
@@ -285,6 +302,41 @@ mod tests {
         assert_eq!(
             OciNetworkd::plan(Scenario::DhcpRecovery, &facts(nics)),
             Ok(Plan::posix_sh(expected))
+        );
+    }
+
+    /// A parent is prepared whatever its NICs: the file matches a clone's
+    /// NIC by driver, the parent's own files stay, and networkd reloads.
+    #[rstest]
+    #[case::dhcp(vec![dhcp_nic(MAC_A)])]
+    #[case::static_and_dhcp(vec![static_nic(MAC_A, 24, None), dhcp_nic(MAC_B)])]
+    #[case::none(Vec::new())]
+    fn prepare_adds_the_clone_file_and_reloads(#[case] nics: Vec<Nic>) {
+        let mut parent = facts(nics);
+        parent.boot = BootKind::Parent;
+        let plan = OciNetworkd::plan(Scenario::Prepare, &parent).expect("a plan");
+        let macs: Vec<MacAddress> = parent.nics.iter().map(|nic| nic.mac).collect();
+        assert_eq!(
+            plan,
+            Plan::posix_sh(cocoon_fixup_sdk::networkd::prepare(&macs))
+        );
+        assert!(
+            plan.steps
+                .iter()
+                .all(|s| !matches!(s.action, Action::RemoveFiles(_))),
+            "the parent's own files stay: {plan:?}"
+        );
+        // Inside the declared policy.
+        let policy = OciNetworkd::policy();
+        assert!(
+            policy
+                .writes
+                .contains(&"/etc/systemd/network/99-cocoon-clone.network".to_owned())
+        );
+        assert!(
+            policy
+                .runs
+                .contains(&vec!["networkctl".to_owned(), "reload".to_owned()])
         );
     }
 

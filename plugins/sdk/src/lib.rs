@@ -1,4 +1,4 @@
-//! The guest side of the cocoon-fixup plugin contract (`wit/0.3.0/fixup.wit`).
+//! The guest side of the cocoon-fixup plugin contract (`wit/0.4.0/fixup.wit`).
 //!
 //! A plan plugin is a WebAssembly component that turns the facts of one
 //! cloned VM into an ordered list of typed steps. With this crate a vendor
@@ -68,7 +68,7 @@ mod values;
 #[allow(unsafe_code)] // the canonical ABI glue is unsafe by nature
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../../wit/0.3.0",
+        path: "../../wit/0.4.0",
         world: "plugin",
         pub_export_macro: true,
         export_macro_name: "__export_cocoon_fixup_plugin",
@@ -87,10 +87,10 @@ pub use guest::{Plugin, log};
 pub use steps::unsupported;
 
 /// The contract version this SDK was generated from: the version in the
-/// `package` line of `wit/0.3.0/fixup.wit`. The host refuses a plugin whose
+/// `package` line of `wit/0.4.0/fixup.wit`. The host refuses a plugin whose
 /// `generator` export carries a version it does not support, and a plugin
 /// reports this value in [`PluginInfo::contract`].
-pub const CONTRACT_VERSION: &str = "0.3.0";
+pub const CONTRACT_VERSION: &str = "0.4.0";
 
 /// Wires a [`Plugin`] implementation to the component's exports.
 ///
@@ -137,7 +137,7 @@ mod tests {
 
     const WIT: &str = include_str!(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../wit/0.3.0/fixup.wit"
+        "/../../wit/0.4.0/fixup.wit"
     ));
 
     /// The version in `package cocoon:fixup@<version>;`.
@@ -146,7 +146,7 @@ mod tests {
             .lines()
             .map(str::trim)
             .find(|line| line.starts_with("package "))
-            .expect("wit/0.3.0/fixup.wit has a package line");
+            .expect("wit/0.4.0/fixup.wit has a package line");
         let (_, version) = line
             .trim_end_matches(';')
             .split_once('@')

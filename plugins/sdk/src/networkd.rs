@@ -1,9 +1,11 @@
-//! systemd-networkd configuration matched by MAC (spec section 4, steps 4-5).
+//! systemd-networkd configuration matched by MAC (spec section 4, steps 4-5),
+//! and the file that prepares a parent for its clones ([`prepare`]).
 //!
 //! A clone's NICs may come up under new names (`eth0` becomes `eth1`), so
-//! every file here matches on `MACAddress=` and is named after the MAC:
-//! `/etc/systemd/network/10-<12 lowercase hex digits>.network`. File content
-//! is written byte for byte, never through `printf` or a shell.
+//! every file a fixup writes matches on `MACAddress=` and is named after
+//! the MAC: `/etc/systemd/network/10-<12 lowercase hex digits>.network`.
+//! File content is written byte for byte, never through `printf` or a
+//! shell.
 
 use crate::{GuestPolicy, MacAddress, Nic, Phase, StaticIpv4, Step};
 
@@ -35,6 +37,60 @@ pub fn policy() -> GuestPolicy {
         .writes([STALE_GLOB])
         .removes([STALE_GLOB])
         .runs([RESTART])
+}
+
+/// The file [`prepare`] writes into a parent. networkd takes the first
+/// file in lexical order that matches a link, so every `10-` file (the
+/// parent's own NICs, a clone's fixup) wins over it: it serves only a NIC
+/// that nothing else names, such as the NIC a clone is given in place of
+/// its parent's.
+pub const CLONE_FILE: &str = "/etc/systemd/network/99-cocoon-clone.network";
+
+/// What [`CLONE_FILE`] holds: DHCPv4 on every virtio Ethernet NIC that is
+/// not one of the parent's own (`parents`, excluded by MAC whatever the
+/// order networkd reads the parent's files in), matched by what a clone
+/// keeps (the link type and the driver) rather than by a MAC, with the MAC
+/// as the DHCP client identifier rather than a DUID from the machine id
+/// every clone shares, so each clone gets its own lease.
+pub fn clone_content(parents: &[MacAddress]) -> String {
+    let mut content = String::from("[Match]\nType=ether\nDriver=virtio_net\n");
+    if !parents.is_empty() {
+        let macs: Vec<String> = parents.iter().map(ToString::to_string).collect();
+        content += &format!("MACAddress=!{}\n", macs.join(" "));
+    }
+    content + "\n[Network]\nDHCP=ipv4\n\n[DHCPv4]\nClientIdentifier=mac\n"
+}
+
+/// The command that makes a running networkd read its files again without
+/// restarting it: a link whose configuration did not change is left as it
+/// is, so the parent keeps its network.
+pub const RELOAD: [&str; 2] = ["networkctl", "reload"];
+
+/// The `prepare` plan for a guest on systemd-networkd whose NICs have
+/// `parents` MACs: [`CLONE_FILE`], then [`RELOAD`], so the running parent
+/// (and so every snapshot of it) has the file loaded. The parent's own
+/// files are left as they are, and its own NICs never match the new one.
+/// Writing the same file again and reloading changes nothing.
+pub fn prepare(parents: &[MacAddress]) -> Vec<Step> {
+    vec![
+        Step::write_file(
+            "write the network file a clone's new NIC matches",
+            Phase::Configure,
+            CLONE_FILE,
+            clone_content(parents),
+            Some(0o644),
+        ),
+        Step::run(
+            "make systemd-networkd read its files again",
+            Phase::Configure,
+            RELOAD,
+        ),
+    ]
+}
+
+/// What [`prepare`] does in the guest.
+pub fn prepare_policy() -> GuestPolicy {
+    GuestPolicy::new().writes([CLONE_FILE]).runs([RELOAD])
 }
 
 /// The path of the file for `mac`.
@@ -183,6 +239,37 @@ mod tests {
         };
         assert_eq!(file_for(&nic), expected);
         assert_eq!(dhcp_file_for(&MAC), expected);
+    }
+
+    #[test]
+    fn prepare_writes_the_clone_file_and_reloads() {
+        let other = MacAddress::new([0x52, 0x54, 0x00, 0x0a, 0x0b, 0x0d]);
+        let steps = prepare(&[MAC, other]);
+        assert_eq!(steps.len(), 2);
+        let Action::WriteFile(w) = &steps[0].action else {
+            panic!("{steps:?}")
+        };
+        assert_eq!(w.path, "/etc/systemd/network/99-cocoon-clone.network");
+        assert_eq!(
+            w.content,
+            format!(
+                "[Match]\nType=ether\nDriver=virtio_net\nMACAddress=!{MAC} {other}\n\n[Network]\nDHCP=ipv4\n\n[DHCPv4]\nClientIdentifier=mac\n"
+            ),
+            "any virtio NIC but the parent's own"
+        );
+        assert_eq!(w.mode, Some(0o644));
+        // A parent without a NIC excludes none.
+        let Action::WriteFile(w) = &prepare(&[])[0].action else {
+            panic!()
+        };
+        assert!(!w.content.contains("MACAddress"), "{}", w.content);
+        assert_eq!(
+            steps[1].action,
+            Action::Run(vec!["networkctl".into(), "reload".into()])
+        );
+        // It sorts after every file a fixup writes, so those win.
+        assert!(CLONE_FILE > file_path(&MAC).as_str());
+        assert!(CLONE_FILE > STALE_GLOB);
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! Patterns are absolute paths; `*` matches within one component and a
 //! last component `**` matches everything below a directory. A run rule is
 //! an argv matched exactly, except that a last element `*` allows any
-//! further arguments. The contract (`wit/0.3.0/fixup.wit`, interface
+//! further arguments. The contract (`wit/0.4.0/fixup.wit`, interface
 //! `policy`) has the full rules.
 
 use crate::GuestPolicy;

@@ -66,6 +66,7 @@ impl Scenario {
             Scenario::FcMac => "fc-mac",
             Scenario::WindowsPnp => "windows-pnp",
             Scenario::DhcpRecovery => "dhcp-recovery",
+            Scenario::Prepare => "prepare",
         }
     }
 }
@@ -126,6 +127,7 @@ mod tests {
     #[case(Scenario::FcMac, "fc-mac")]
     #[case(Scenario::WindowsPnp, "windows-pnp")]
     #[case(Scenario::DhcpRecovery, "dhcp-recovery")]
+    #[case(Scenario::Prepare, "prepare")]
     fn scenario_prints_its_wit_name(#[case] scenario: Scenario, #[case] name: &str) {
         assert_eq!(scenario.to_string(), name);
     }

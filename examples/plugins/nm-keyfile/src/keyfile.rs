@@ -96,7 +96,7 @@ pub fn content(mac: &MacAddress, ipv4: Option<&StaticIpv4>) -> String {
 /// [`STALE_GLOB`] keyfiles, reload NetworkManager, bring a connection up.
 pub fn policy() -> GuestPolicy {
     GuestPolicy::new()
-        .writes([STALE_GLOB])
+        .writes([STALE_GLOB, CLONE_FILE])
         .removes([STALE_GLOB])
         .runs([
             vec!["nmcli", "connection", "reload"],
@@ -136,6 +136,53 @@ pub fn dhcp_file_for(mac: &MacAddress) -> Step {
         mac: *mac,
         static_ipv4: None,
     })
+}
+
+/// The connection [`prepare`] writes into a parent.
+pub const CLONE_ID: &str = "cocoon-clone";
+
+/// Its file: outside [`STALE_GLOB`], so a clone's fixup keeps it and the
+/// clone is prepared in turn should it become a parent.
+pub const CLONE_FILE: &str = "/etc/NetworkManager/system-connections/cocoon_clone.nmconnection";
+
+/// Below the image's own profiles (0) and this plugin's per-NIC ones
+/// ([`AUTOCONNECT_PRIORITY`]): the clone connection is taken only by a
+/// device nothing else matches.
+pub const CLONE_PRIORITY: i32 = -100;
+
+/// The keyfile for a parent's clones: DHCPv4 on any virtio Ethernet NIC
+/// but the parent's own (`parents`, denied by MAC), matched by driver
+/// instead of a MAC (a clone's NIC has a new one), on as many devices at
+/// once as match (`multi-connect=3`), with the MAC as the DHCP client
+/// identifier instead of the machine id every clone shares.
+pub fn clone_content(parents: &[MacAddress]) -> String {
+    let denied: Vec<String> = parents.iter().map(ToString::to_string).collect();
+    let ethernet = if denied.is_empty() {
+        String::new()
+    } else {
+        format!("mac-address-blacklist={};\n", denied.join(";"))
+    };
+    format!(
+        "[connection]\nid={CLONE_ID}\nuuid={uuid}\ntype=ethernet\nautoconnect=true\nautoconnect-priority={CLONE_PRIORITY}\nmulti-connect=3\n\n[ethernet]\n{ethernet}\n[match]\ndriver=virtio_net\n\n[ipv4]\nmethod=auto\ndhcp-client-id=mac\n\n[ipv6]\nmethod=ignore\n",
+        uuid = uuid::v5(&uuid::NAMESPACE, CLONE_ID.as_bytes()),
+    )
+}
+
+/// The `prepare` plan for a parent whose NICs have `parents` MACs: the
+/// clone keyfile, then the reload, which makes the running NetworkManager
+/// know it without activating anything (the parent's own connection stays
+/// up). Writing it again changes nothing.
+pub fn prepare(parents: &[MacAddress]) -> Vec<Step> {
+    vec![
+        Step::write_file(
+            "write the NetworkManager keyfile a clone's new NIC matches",
+            Phase::Configure,
+            CLONE_FILE,
+            clone_content(parents),
+            Some(MODE),
+        ),
+        reload(),
+    ]
 }
 
 /// Makes NetworkManager read the keyfiles again.

@@ -14,6 +14,9 @@
 //! - `dhcp-recovery`: for a clone that needed no fixup but got no lease; a
 //!   DHCP keyfile for every NIC, the reload and the activations, without the
 //!   housekeeping.
+//! - `prepare`: for a parent before its snapshot; a keyfile that a clone's
+//!   new NIC matches by driver, and the reload ([`keyfile::prepare`]): an
+//!   all-DHCP clone then comes up by itself.
 //!
 //! [`keyfile`] has the file format and why these commands.
 //!
@@ -56,7 +59,11 @@ impl Plugin for NmKeyfile {
             NAME,
             env!("CARGO_PKG_VERSION"),
             "writes MAC-matched NetworkManager keyfiles for every NIC and activates them",
-            vec![Scenario::OciNetworkd, Scenario::DhcpRecovery],
+            vec![
+                Scenario::OciNetworkd,
+                Scenario::DhcpRecovery,
+                Scenario::Prepare,
+            ],
         )
         .with_flavors(FLAVORS.iter().copied())
     }
@@ -90,6 +97,9 @@ impl Plugin for NmKeyfile {
                 steps.extend(facts.nics.iter().map(|nic| keyfile::dhcp_up(&nic.mac)));
                 Ok(Plan::posix_sh(steps))
             }
+            Scenario::Prepare => Ok(Plan::posix_sh(keyfile::prepare(
+                &facts.nics.iter().map(|nic| nic.mac).collect::<Vec<_>>(),
+            ))),
             other => cocoon_fixup_sdk::unsupported(NAME, other),
         }
     }
@@ -228,7 +238,11 @@ mod tests {
         assert_eq!(info.contract, CONTRACT_VERSION);
         assert_eq!(
             info.scenarios,
-            vec![Scenario::OciNetworkd, Scenario::DhcpRecovery]
+            vec![
+                Scenario::OciNetworkd,
+                Scenario::DhcpRecovery,
+                Scenario::Prepare
+            ]
         );
         assert_eq!(
             info.flavors,
@@ -378,6 +392,48 @@ mod tests {
             keyfile::connection_uuid(&MAC_A),
             keyfile::connection_uuid(&MAC_B)
         );
+    }
+
+    /// A parent is prepared with one keyfile that matches any virtio NIC
+    /// by driver, never a MAC, below every other profile, and a reload;
+    /// the same every time.
+    #[test]
+    fn prepare_writes_a_keyfile_matched_by_driver_and_reloads() {
+        let mut parent = facts(vec![dhcp_nic(MAC_A)]);
+        parent.boot = BootKind::Parent;
+        let plan = NmKeyfile::plan(Scenario::Prepare, &parent).expect("a plan");
+        assert_eq!(plan.steps.len(), 2);
+        let Action::WriteFile(w) = &plan.steps[0].action else {
+            panic!("{plan:?}")
+        };
+        assert_eq!(
+            w.path,
+            "/etc/NetworkManager/system-connections/cocoon_clone.nmconnection"
+        );
+        // Outside `cocoon-*.nmconnection`: a clone's fixup keeps it.
+        assert!(!w.path.contains("/cocoon-"), "{}", w.path);
+        assert_eq!(w.mode, Some(0o600));
+        for line in [
+            "\n[match]\ndriver=virtio_net\n",
+            "\nmulti-connect=3\n",
+            "\nautoconnect-priority=-100\n",
+            "\nmethod=auto\ndhcp-client-id=mac\n",
+        ] {
+            assert!(w.content.contains(line), "{line:?} in {}", w.content);
+        }
+        assert!(
+            w.content.contains(&format!("\nmac-address-blacklist={MAC_A};\n")),
+            "never the parent's own NIC: {}",
+            w.content
+        );
+        assert_eq!(
+            plan.steps[1].action,
+            Action::Run(vec!["nmcli".into(), "connection".into(), "reload".into()])
+        );
+        assert_eq!(NmKeyfile::plan(Scenario::Prepare, &parent), Ok(plan));
+        // Inside the declared policy, which is unchanged.
+        let p = NmKeyfile::policy();
+        assert!(p.writes.contains(&keyfile::STALE_GLOB.to_owned()));
     }
 
     #[test]

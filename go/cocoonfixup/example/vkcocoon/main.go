@@ -187,6 +187,29 @@ func (p *Provider) ObservePod(ctx context.Context, pod []byte, live bool) error 
 	return err
 }
 
+// PrepareParent prepares a CocoonSet's parent before its snapshot is
+// taken: its VM is made safe to clone (network files that match any
+// virtio NIC, a DHCP client identity from the MAC), and the pod says by
+// which plugin. The clones made from the snapshot get the parent's
+// vm.cocoonstack.io/prepared annotation from CloneAnnotations.
+func (p *Provider) PrepareParent(ctx context.Context, pod []byte) (*cocoonfixup.Outcome, error) {
+	return p.Planner.Prepare(ctx, pod, p.Cocoon, p.API, cocoonfixup.RunOptions{Settings: p.Settings})
+}
+
+// CloneAnnotations are the annotations a clone of parent carries on from
+// it (set them on the clone's pod when it is made): the preparation.
+func CloneAnnotations(parent []byte) (map[string]string, error) {
+	var m meta
+	if err := json.Unmarshal(parent, &m); err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	if v := m.Metadata.Annotations[cocoonfixup.KeyPrepared]; v != "" {
+		out[cocoonfixup.KeyPrepared] = v
+	}
+	return out, nil
+}
+
 // DeletePod stops the pod's step, if one runs: its context is cancelled,
 // so the action under way is abandoned and nothing more is written.
 func (p *Provider) DeletePod(uid string) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -283,5 +284,48 @@ func TestAnObservedHibernationSparesTheWakeItsPnP(t *testing.T) {
 		case !observed && (out.Action != "fixup" || execs == 0):
 			t.Errorf("not observed: %d execs, %s; want the PnP fixup", execs, out.Summary)
 		}
+	}
+}
+
+// A parent prepared before its snapshot: one exec, the annotation naming
+// the plugin, carried on to its clones; a second preparation is harmless;
+// a Windows parent has nothing to prepare.
+func TestPrepareParent(t *testing.T) {
+	guest := &Guest{Records: map[string][]byte{}, FailFirst: 1}
+	p, api, pods, _ := setup(t, guest)
+	byName := map[string][]byte{}
+	for _, pod := range pods {
+		var m meta
+		if err := json.Unmarshal(pod, &m); err != nil {
+			t.Fatal(err)
+		}
+		byName[m.Metadata.Namespace+"/"+m.Metadata.Name] = pod
+	}
+	for round := 1; round <= 2; round++ {
+		out, err := p.PrepareParent(context.Background(), byName["apps/web-0"])
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if out.Action != "prepare" || out.Fixup != "done" || !strings.HasPrefix(out.Prepared, "oci-networkd ") {
+			t.Fatalf("round %d: %+v", round, out)
+		}
+		if got := api.Annotation("apps", "web-0", cocoonfixup.KeyPrepared); got != out.Prepared {
+			t.Fatalf("round %d: the pod says %q, the outcome %q", round, got, out.Prepared)
+		}
+	}
+	now, err := api.Get(context.Background(), "apps", "web-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	carried, err := CloneAnnotations(now)
+	if err != nil || !strings.HasPrefix(carried[cocoonfixup.KeyPrepared], "oci-networkd ") {
+		t.Fatalf("the clone's annotations: %v %v", carried, err)
+	}
+	if state := api.Annotation("apps", "web-0", cocoonfixup.KeyPostCloneState); state != "" {
+		t.Errorf("a preparation wrote post-clone-state %q", state)
+	}
+	out, err := p.PrepareParent(context.Background(), byName["desktops/desk-0"])
+	if err != nil || out.Action != "nothing" || len(out.Errors) == 0 || out.Prepared != "" {
+		t.Fatalf("windows: %+v %v", out, err)
 	}
 }

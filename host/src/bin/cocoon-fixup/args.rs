@@ -43,6 +43,28 @@ pub(crate) enum Command {
     /// or the pod went away (or the stack took it over), 5 the VM its annotations
     /// point at is not the pod's (nothing was run), 1 could not run.
     Run(RunArgs),
+    /// Prepare a running pod's VM to be cloned, before its snapshot is
+    /// taken: the plugin that plans its clones' network scenario plans
+    /// `prepare` (network files that match the NIC by driver instead of
+    /// the parent's MAC, a DHCP client identity from the MAC), and it runs
+    /// in the guest as a fixup does (same exec path, markers and retry
+    /// budget). When it took, the pod gets vm.cocoonstack.io/prepared
+    /// naming the plugin; give its clones the same annotation. Running it
+    /// again is harmless. A Windows guest, or a plugin that does not
+    /// declare `prepare`, has nothing to prepare.
+    ///
+    /// Prints a JSON summary. Exit codes: 0 prepared (or nothing to
+    /// prepare: `errors` says why), 2 the preparation failed (the pod is
+    /// not annotated; an attempt may have left the clone file, which the
+    /// next preparation rewrites), 4 interrupted, or the pod is gone or
+    /// left alone (`hands_off`: deleting, hibernating, not settled, macOS,
+    /// not managed), 5 the VM its annotations point at is not the pod's
+    /// (nothing was run), 1 could not run (the guest may have been
+    /// prepared without the pod saying so: run it again).
+    ///
+    /// Example:
+    ///   cocoon-fixup prepare -n apps --pod web-parent
+    Prepare(RunArgs),
     /// The node daemon: watch this node's pods and run the flow for every
     /// managed clone that needs it; serve /metrics and /healthz.
     Serve(ServeArgs),

@@ -1,4 +1,4 @@
-//! `plan`, `run`, `serve` and `capture`: each reads its inputs, calls the
+//! `plan`, `run`, `prepare`, `serve` and `capture`: each reads its inputs, calls the
 //! library and prints what it answered.
 
 use std::path::{Path, PathBuf};
@@ -25,22 +25,38 @@ use fixup_host::reload::Reloader;
 use fixup_host::serve;
 
 pub(crate) async fn run_run(args: &RunArgs, config: Option<&Path>) -> Result<Summary> {
-    let settings = args.config.resolve(config)?;
-    let (host, _client) = build_host(&settings, None).await?;
-    // One pod, no watch: the node's pods are listed when an annotated VM
-    // name must be checked against them.
-    let host = host.with_other_pods(match &args.node {
-        Some(node) if !node.is_empty() => OtherPods::List { node: node.clone() },
-        _ => OtherPods::Unseen {
-            why: "`run` was given no node: pass --node (or set NODE_NAME) so it can list the node's pods".into(),
-        },
-    });
+    let host = one_pod_host(args, config, "run").await?;
     let shutdown = serve::shutdown_on_signals();
     let summary = host
         .handle(&args.namespace, &args.pod, Trigger::Event, &shutdown)
         .await?;
     print_json(&summary)?;
     Ok(summary)
+}
+
+pub(crate) async fn run_prepare(args: &RunArgs, config: Option<&Path>) -> Result<Summary> {
+    let host = one_pod_host(args, config, "prepare").await?;
+    let shutdown = serve::shutdown_on_signals();
+    let summary = host.prepare(&args.namespace, &args.pod, &shutdown).await?;
+    print_json(&summary)?;
+    Ok(summary)
+}
+
+/// The host of a command for one pod, with no watch: the node's pods are
+/// listed when an annotated VM name must be checked against them.
+async fn one_pod_host(
+    args: &RunArgs,
+    config: Option<&Path>,
+    command: &str,
+) -> Result<fixup_host::host::Host<CocoonCli, KubeApi>> {
+    let settings = args.config.resolve(config)?;
+    let (host, _client) = build_host(&settings, None).await?;
+    Ok(host.with_other_pods(match &args.node {
+        Some(node) if !node.is_empty() => OtherPods::List { node: node.clone() },
+        _ => OtherPods::Unseen {
+            why: format!("`{command}` was given no node: pass --node (or set NODE_NAME) so it can list the node's pods"),
+        },
+    }))
 }
 
 pub(crate) async fn run_serve(args: &ServeArgs, config: Option<&Path>) -> Result<u8> {

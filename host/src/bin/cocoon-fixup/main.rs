@@ -46,6 +46,17 @@ fn run_exit_code(summary: &Summary) -> u8 {
     }
 }
 
+/// `prepare`'s exit code for its summary (its `--help` lists them).
+fn prepare_exit_code(summary: &Summary) -> u8 {
+    match (summary.fixup, summary.action) {
+        (_, Handled::VmMismatch) => 5,
+        (Some(FixupEnd::Exhausted | FixupEnd::PlanFailed), _) => 2,
+        (Some(FixupEnd::Shutdown | FixupEnd::Gone), _) => 4,
+        _ if summary.hands_off.is_some() => 4,
+        _ => 0,
+    }
+}
+
 fn main() -> ExitCode {
     fixup_host::logging::init();
     let cli = Cli::parse();
@@ -55,6 +66,9 @@ fn main() -> ExitCode {
         Command::Run(args) => runtime()
             .and_then(|rt| rt.block_on(run_run(args, config)))
             .map(|summary| run_exit_code(&summary)),
+        Command::Prepare(args) => runtime()
+            .and_then(|rt| rt.block_on(run_prepare(args, config)))
+            .map(|summary| prepare_exit_code(&summary)),
         Command::Serve(args) => runtime().and_then(|rt| rt.block_on(run_serve(args, config))),
         Command::Capture(args) => run_capture(args, config),
         Command::Embed => run_embed(),
