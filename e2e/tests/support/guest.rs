@@ -55,6 +55,9 @@ pub struct Snapshot {
     pub seed: Option<PathBuf>,
     /// The parent's address on its NIC when it was saved (X, or its lease).
     pub ip: String,
+    /// What the parent's preparation wrote to `vm.cocoonstack.io/prepared`
+    /// (`None`: not prepared).
+    pub prepared: Option<String>,
 }
 
 /// A running guest; killed on drop if still running.
@@ -365,6 +368,7 @@ impl Guest {
             state: state.to_owned(),
             seed: None,
             ip: String::new(),
+            prepared: None,
         })
     }
 

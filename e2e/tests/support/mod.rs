@@ -58,6 +58,12 @@ pub const TAP: &str = "tap0";
 pub const TAP_NEW: &str = "tap1";
 /// The clone's MAC ("MAC B"): what cocoon gave the clone's NIC.
 pub const MAC_B: &str = "52:54:00:e2:e0:0b";
+/// A second clone of the same parent, restored beside the first: its MAC
+/// ("MAC C") and its two taps (where its NIC starts, where the swap plugs
+/// the new one).
+pub const MAC_C: &str = "52:54:00:e2:e0:0c";
+pub const TAP_2: &str = "tap2";
+pub const TAP_2_NEW: &str = "tap3";
 /// The clone's static address ("IP Y"); the parent's ("IP X") and the
 /// gateway come from the image (`image.json`).
 pub const IP_Y: &str = "10.213.7.20";
@@ -69,6 +75,12 @@ pub const PARENT_DHCP_RANGE: &str = "10.213.7.200,10.213.7.249,255.255.255.0";
 /// The pod's namespace in `MemoryPods`.
 pub const POD_NAMESPACE: &str = "e2e";
 pub const POD_UID: &str = "5d0c7a10-e2e0-4c1e-9f00-000000000001";
+/// A prepared parent's pod, uid and VM id, in its own cocoon root.
+pub const PARENT_POD: &str = "e2e-parent";
+pub const PARENT_UID: &str = "5d0c7a10-e2e0-4c1e-9f00-0000000000a0";
+pub const PARENT_VM: &str = "vm-parent";
+/// The annotation a prepared parent gets and its clones carry.
+pub const PREPARED_KEY: &str = fixup_core::annotations::keys::PREPARED;
 
 /// Boot to a responding guest agent: measured 13-45 s under TCG; the
 /// bound leaves room for a machine busy compiling.
@@ -180,6 +192,17 @@ impl ParentNet {
         }
     }
 
+    /// A short name, for the namespace of a prepared parent (names are
+    /// bounded).
+    fn short_name(self) -> &'static str {
+        match self {
+            ParentNet::Static => "s-prep",
+            ParentNet::Dhcp => "d-prep",
+            ParentNet::Cloud => "c-prep",
+            ParentNet::NetworkManager => "n-prep",
+        }
+    }
+
     fn dir_name(self) -> &'static str {
         match self {
             ParentNet::Static => "static",
@@ -206,6 +229,9 @@ pub struct Lab {
     pub plugin_dir: Option<PathBuf>,
     /// The pod's `vm.cocoonstack.io/guest-flavor`, if any.
     pub flavor: Option<&'static str>,
+    /// The pod's `vm.cocoonstack.io/prepared`: the clone's parent was
+    /// prepared ([`Lab::snapshot_prepared_parent`]).
+    pub prepared: Option<String>,
     started: Instant,
     /// How long the clone's restore took, from starting QEMU to a clone
     /// the host can work on (agent up, NIC swapped).
@@ -228,7 +254,7 @@ impl Lab {
         std::fs::create_dir_all(root.join("bin"))?;
         let ns = Netns::create(&format!("cfe2e-{scenario}"))?;
         let gateway = format!("{}/{}", image.golden.gateway, image.golden.prefix);
-        ns.add_switch(BRIDGE, &gateway, &[TAP, TAP_NEW])?;
+        ns.add_switch(BRIDGE, &gateway, &[TAP, TAP_NEW, TAP_2, TAP_2_NEW])?;
         eprintln!(
             "e2e {scenario}: image {} (Debian {}{}), state in {}",
             image.name,
@@ -254,6 +280,7 @@ impl Lab {
             ),
             plugin_dir: None,
             flavor: None,
+            prepared: None,
             started: Instant::now(),
             restored_in: None,
             timings: Vec::new(),
@@ -302,22 +329,60 @@ impl Lab {
     /// (`cfe2e-p-<image>-<kind>`, with its own dnsmasq for a DHCP parent),
     /// so no scenario's network remembers it.
     pub fn snapshot_parent(&mut self, net: ParentNet) -> Result<Snapshot> {
+        self.snapshot_parent_as(net, false)
+    }
+
+    /// [`snapshot_parent`](Self::snapshot_parent), the parent prepared
+    /// before it is saved, as vk-cocoon prepares a CocoonSet's parent: the
+    /// host's real `prepare` over the running parent (twice, to show it is
+    /// harmless), which must leave the parent serving its own address.
+    /// The clones of the lab carry the annotation the preparation wrote
+    /// ([`Lab::prepared`]).
+    pub fn snapshot_prepared_parent(&mut self, net: ParentNet) -> Result<Snapshot> {
+        let snapshot = self.snapshot_parent_as(net, true)?;
+        self.prepared.clone_from(&snapshot.prepared);
+        Ok(snapshot)
+    }
+
+    fn snapshot_parent_as(&mut self, net: ParentNet, prepared: bool) -> Result<Snapshot> {
         let snapshots = images::cache_dir().join("snapshots");
-        let dir = snapshots.join(&self.image.name).join(net.dir_name());
+        let kind = if prepared {
+            format!("{}-prepared", net.dir_name())
+        } else {
+            net.dir_name().to_owned()
+        };
+        let dir = snapshots.join(&self.image.name).join(&kind);
+        let source_image = match net {
+            ParentNet::Cloud => "https://cloud.debian.org/images/cloud/e2e.qcow2",
+            _ => "ghcr.io/cocoonstack/e2e:bookworm",
+        };
+        // What the preparation runs is part of what the snapshot is made
+        // from: a changed plan makes a new parent.
+        let plan = if prepared {
+            let rig = self.parent_rig(
+                &dir_for_plan(&snapshots, &self.image.name, &kind)?,
+                &self.image.golden.mac,
+                source_image,
+            )?;
+            rig.prepare_script()?
+        } else {
+            String::new()
+        };
         let stamp = dir.join("ready");
         std::fs::create_dir_all(&snapshots)?;
         // One run at a time makes or uses a snapshot.
-        let lock_file = snapshots.join(format!("{}-{}.lock", self.image.name, net.dir_name()));
+        let lock_file = snapshots.join(format!("{}-{kind}.lock", self.image.name));
         let lock = std::fs::File::create(&lock_file)
             .with_context(|| format!("cannot create {}", lock_file.display()))?;
         lock.lock()?;
-        let want = snapshot_stamp(&self.image, net)?;
+        let want = format!("{}{plan}", snapshot_stamp(&self.image, net)?);
         let seed_file = dir.join("seed-parent.iso");
         let mut snapshot = Snapshot {
             overlay: dir.join("parent.qcow2"),
             state: dir.join("state.mig"),
             seed: (net == ParentNet::Cloud).then(|| seed_file.clone()),
             ip: String::new(),
+            prepared: None,
         };
         if std::fs::read_to_string(&stamp).is_ok_and(|s| s == want)
             && snapshot.overlay.exists()
@@ -325,6 +390,12 @@ impl Lab {
         {
             snapshot.ip = std::fs::read_to_string(dir.join("parent-ip"))
                 .with_context(|| format!("the cached parent in {}", dir.display()))?;
+            if prepared {
+                snapshot.prepared = Some(
+                    std::fs::read_to_string(dir.join("prepared"))
+                        .with_context(|| format!("the cached parent in {}", dir.display()))?,
+                );
+            }
             if let Some(seed) = &snapshot.seed {
                 anyhow::ensure!(
                     seed.is_file(),
@@ -345,7 +416,15 @@ impl Lab {
         }
         std::fs::create_dir_all(&dir)?;
         let golden = self.image.golden.clone();
-        let ns = Netns::create(&format!("cfe2e-p-{}-{}", self.image.name, net.dir_name()))?;
+        let ns = Netns::create(&format!(
+            "cfe2e-p-{}-{}",
+            self.image.name,
+            if prepared {
+                net.short_name()
+            } else {
+                net.dir_name()
+            }
+        ))?;
         ns.add_switch(
             BRIDGE,
             &format!("{}/{}", golden.gateway, golden.prefix),
@@ -396,15 +475,58 @@ impl Lab {
         })?;
         self.timings
             .push(("parent boot".to_owned(), started.elapsed()));
+        let mut written = None;
+        if prepared {
+            let preparing = Instant::now();
+            let rig = self.parent_rig(&dir, &golden.mac, source_image)?;
+            for round in 1..=2 {
+                let summary = rig.prepare()?;
+                anyhow::ensure!(
+                    summary.fixup == Some(fixup_core::decision::FixupEnd::Done)
+                        && summary.prepared.is_some(),
+                    "preparing the parent (round {round}): {summary:?}"
+                );
+                written = summary.prepared;
+            }
+            self.timings
+                .push(("prepare (twice)".to_owned(), preparing.elapsed()));
+            // A prepared parent still serves its own network.
+            wait_for(
+                LINK_LIMIT,
+                "the prepared parent keeps MAC A and its address",
+                || {
+                    let link = guest.nic()?;
+                    Ok((link.mac == golden.mac && link.has(&ip, golden.prefix)).then_some(()))
+                },
+            )?;
+            let renewed = guest.run(&["networkctl", "renew", "eth0"])?;
+            anyhow::ensure!(
+                renewed.success() || net != ParentNet::Dhcp,
+                "the prepared parent renews its lease: {}",
+                renewed.stderr_text()
+            );
+            wait_for(
+                LINK_LIMIT,
+                "the prepared parent's address after a renew",
+                || {
+                    let link = guest.nic()?;
+                    Ok(link.has(&ip, golden.prefix).then_some(()))
+                },
+            )?;
+        }
         let saving = Instant::now();
         let saved = guest.save(&snapshot.overlay, &snapshot.state, SHUTDOWN_LIMIT)?;
         self.timings.push(("save".to_owned(), saving.elapsed()));
         drop(dnsmasq);
         std::fs::write(dir.join("parent-ip"), &ip)?;
+        if let Some(value) = &written {
+            std::fs::write(dir.join("prepared"), value)?;
+        }
         std::fs::write(&stamp, want)?;
         Ok(Snapshot {
             ip,
             seed: snapshot.seed,
+            prepared: written,
             ..saved
         })
     }
@@ -418,16 +540,28 @@ impl Lab {
     ///   NIC is unplugged and a new one with MAC B is plugged on its own
     ///   tap; then it runs. The new NIC comes up as `eth1`.
     pub fn restore(&mut self, snapshot: &Snapshot, disk: &'static str) -> Result<Guest> {
+        self.restore_as(snapshot, disk, &CloneSlot::FIRST)
+    }
+
+    /// [`restore`](Self::restore) for `clone`: the lab's own, or a second
+    /// one beside it ([`CloneSlot::SECOND`]).
+    pub fn restore_as(
+        &mut self,
+        snapshot: &Snapshot,
+        disk: &'static str,
+        clone: &CloneSlot,
+    ) -> Result<Guest> {
         let golden_mac = self.image.golden.mac.clone();
         let firecracker = self.backend == Backend::Firecracker;
         let started = Instant::now();
         let spec = Spec {
             restore: Some(snapshot),
             seed: snapshot.seed.clone(),
+            tap: clone.tap,
             ..self.spec(
-                self.vm_dir(),
+                self.clone_dir(clone),
                 disk,
-                if firecracker { MAC_B } else { &golden_mac },
+                if firecracker { clone.mac } else { &golden_mac },
             )
         };
         let mut guest = Guest::boot(&self.ns, &spec)?;
@@ -435,7 +569,7 @@ impl Lab {
             if firecracker {
                 Ok(())
             } else {
-                qmp.swap_nic_paused(TAP_NEW, MAC_B)
+                qmp.swap_nic_paused(clone.tap_new, clone.mac)
             }
         })?;
         let running = Instant::now();
@@ -447,9 +581,9 @@ impl Lab {
         if !firecracker {
             qmp.finish_swap()?;
             drop(qmp);
-            wait_for(LINK_LIMIT, "the new NIC with MAC B alone", || {
+            wait_for(LINK_LIMIT, "the new NIC with the clone's MAC alone", || {
                 let nics = guest.nics()?;
-                Ok((nics.len() == 1 && nics[0].mac == MAC_B).then_some(()))
+                Ok((nics.len() == 1 && nics[0].mac == clone.mac).then_some(()))
             })?;
             self.timings
                 .push(("hot-swap".to_owned(), running.elapsed()));
@@ -472,8 +606,18 @@ impl Lab {
         self.restored_in.map(|r| r + flow)
     }
 
+    /// The state directory of `clone`'s VM.
+    pub fn clone_dir(&self, clone: &CloneSlot) -> PathBuf {
+        state::vm_dir(&self.root, self.backend, &clone.vm_id(self))
+    }
+
     /// What `cocoon vm inspect --json` prints for the clone.
     pub fn write_inspect(&self, nics: &[(&str, NicNet)]) -> Result<()> {
+        self.write_inspect_as(&CloneSlot::FIRST, nics)
+    }
+
+    /// [`write_inspect`](Self::write_inspect) for `clone`.
+    pub fn write_inspect_as(&self, clone: &CloneSlot, nics: &[(&str, NicNet)]) -> Result<()> {
         let nics: Vec<serde_json::Value> = nics
             .iter()
             .map(|(mac, net)| match net {
@@ -487,15 +631,15 @@ impl Lab {
             })
             .collect();
         let inspect = json!({
-            "id": self.vm_id,
+            "id": clone.vm_id(self),
             "state": "running",
             "hypervisor": self.backend.annotation(),
-            "config": {"name": self.vm_name},
+            "config": {"name": clone.vm_name(self)},
             "network_configs": nics,
         });
-        std::fs::create_dir_all(self.vm_dir())?;
+        std::fs::create_dir_all(self.clone_dir(clone))?;
         std::fs::write(
-            self.vm_dir().join(INSPECT_FILE),
+            self.clone_dir(clone).join(INSPECT_FILE),
             serde_json::to_vec_pretty(&inspect)?,
         )?;
         Ok(())
@@ -513,38 +657,30 @@ impl Lab {
     /// `<root>/bin/cocoon`: the stand-in `cocoon` CLI (a wrapper that runs
     /// `cocoon-shim --root <root>`).
     pub fn cocoon(&self) -> Result<PathBuf> {
-        let shim = self.root.join("bin").join("cocoon");
-        if !shim.exists() {
-            let mut script = std::fs::File::create(&shim)?;
-            write!(
-                script,
-                "#!/bin/sh\nexec '{}' --root '{}' \"$@\"\n",
-                env!("CARGO_BIN_EXE_cocoon-shim"),
-                self.root.display()
-            )?;
-            drop(script);
-            std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755))?;
-        }
-        Ok(shim)
+        cocoon_wrapper(&self.root)
     }
 
     /// The host as the node daemon builds it, over this lab.
     pub fn host(&self, config: HostConfig) -> Result<Rig> {
-        let shim = self.cocoon()?;
+        self.host_as(&CloneSlot::FIRST, config)
+    }
+
+    /// [`host`](Self::host) for `clone`'s pod.
+    pub fn host_as(&self, clone: &CloneSlot, config: HostConfig) -> Result<Rig> {
         let mut pod = json!({
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
-                "name": self.pod_name,
+                "name": clone.pod_name(self),
                 "namespace": POD_NAMESPACE,
-                "uid": POD_UID,
+                "uid": clone.uid,
                 "annotations": {
                     "cocoonset.cocoonstack.io/managed": "true",
                     "cocoonset.cocoonstack.io/mode": "clone",
                     "cocoonset.cocoonstack.io/os": "linux",
                     "cocoonset.cocoonstack.io/generation": "1",
-                    "vm.cocoonstack.io/name": self.vm_name,
-                    "vm.cocoonstack.io/id": self.vm_id,
+                    "vm.cocoonstack.io/name": clone.vm_name(self),
+                    "vm.cocoonstack.io/id": clone.vm_id(self),
                     "vm.cocoonstack.io/backend": self.backend.annotation(),
                 },
             },
@@ -553,41 +689,64 @@ impl Lab {
         if let Some(flavor) = self.flavor {
             pod["metadata"]["annotations"]["vm.cocoonstack.io/guest-flavor"] = json!(flavor);
         }
-        let pod = PodInput::from_json(&pod.to_string(), "e2e pod")?;
-        let pods = MemoryPods::new();
-        pods.insert(pod);
+        // A clone of a prepared parent carries the parent's annotation, as
+        // the stack copies it onto the clones of a prepared snapshot.
+        if let Some(prepared) = &self.prepared {
+            pod["metadata"]["annotations"][PREPARED_KEY] = json!(prepared);
+        }
+        rig(&self.root, pod, self.plugin_dir.clone(), config)
+    }
 
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let _entered = runtime.enter();
-        let options = PlannerOptions {
-            cocoon_root: self.root.clone(),
-            engine: EngineOptions {
-                cache_dir: Some(images::cache_dir().join("plugin-cache")),
-                cache_key: Some(images::cache_dir().join("plugin-cache.key")),
-                ..EngineOptions::default()
+    /// The host over a running parent whose state directory is `dir`, as
+    /// vk-cocoon builds it to prepare the parent before its snapshot: a
+    /// cocoon root `dir/root` of its own whose VM [`PARENT_VM`] is `dir`,
+    /// the parent's pod (managed, not a clone, the lab's guest flavour) in
+    /// `MemoryPods`, and the VM's record with its one NIC on `mac`.
+    fn parent_rig(&self, dir: &Path, mac: &str, source_image: &str) -> Result<Rig> {
+        // The VM's directory is a real one (the host's disk probe refuses
+        // a path through a link); only the agent's socket is linked to
+        // the running parent's.
+        let root = dir.join("root");
+        let vm = state::vm_dir(&root, Backend::CloudHypervisor, PARENT_VM);
+        std::fs::create_dir_all(&vm)?;
+        let socket = vm.join(state::QGA_SOCKET);
+        if socket.symlink_metadata().is_err() {
+            std::os::unix::fs::symlink(dir.join(state::QGA_SOCKET), &socket)?;
+        }
+        std::fs::create_dir_all(root.join("bin"))?;
+        let name = fixup_core::binding::vm_name_for_pod(POD_NAMESPACE, PARENT_POD);
+        let inspect = json!({
+            "id": PARENT_VM,
+            "state": "running",
+            "hypervisor": Backend::CloudHypervisor.annotation(),
+            "config": {"name": name, "image": source_image},
+            "network_configs": [{"mac": mac, "tap": TAP}],
+        });
+        std::fs::write(vm.join(INSPECT_FILE), serde_json::to_vec_pretty(&inspect)?)?;
+        let mut pod = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": PARENT_POD,
+                "namespace": POD_NAMESPACE,
+                "uid": PARENT_UID,
+                "annotations": {
+                    "cocoonset.cocoonstack.io/managed": "true",
+                    "cocoonset.cocoonstack.io/os": "linux",
+                    "vm.cocoonstack.io/name": name,
+                    "vm.cocoonstack.io/id": PARENT_VM,
+                    "vm.cocoonstack.io/backend": Backend::CloudHypervisor.annotation(),
+                    "vm.cocoonstack.io/lifecycle-state": "ready",
+                },
             },
-            plugin_dir: self.plugin_dir.clone(),
-            ..PlannerOptions::default()
-        };
-        let (planner, failures) = Planner::new(options)?;
-        anyhow::ensure!(failures.is_empty(), "plugins failed to load: {failures:?}");
-        let leases = LeaseWatcher::new(self.root.join("leases.json"), DEFAULT_LEASE_POLL)?;
-        let host = Host::new(
-            Arc::new(planner),
-            CocoonCli::new(&shim),
-            pods.clone(),
-            Arc::new(leases),
-            config,
-            Arc::new(Metrics::new()),
-        );
-        Ok(Rig {
-            host,
-            pods,
-            runtime,
-            pod_name: self.pod_name.clone(),
-        })
+            "spec": {"nodeName": "e2e-node"},
+        });
+        if let Some(flavor) = self.flavor {
+            pod["metadata"]["annotations"]["vm.cocoonstack.io/guest-flavor"] = json!(flavor);
+        }
+        let mut rig = rig(&root, pod, self.plugin_dir.clone(), HostConfig::default())?;
+        rig.pod_name = PARENT_POD.to_owned();
+        Ok(rig)
     }
 
     /// Print the timings (and append them to `<cache>/timings.log`); they
@@ -619,6 +778,49 @@ impl Lab {
     }
 }
 
+/// One clone of a lab: its MAC and taps, and its pod and VM by suffix.
+#[derive(Debug, Clone, Copy)]
+pub struct CloneSlot {
+    pub mac: &'static str,
+    pub tap: &'static str,
+    pub tap_new: &'static str,
+    /// Appended to the lab's pod name and VM id ("" for the first).
+    pub suffix: &'static str,
+    pub uid: &'static str,
+}
+
+impl CloneSlot {
+    /// The lab's own clone: MAC B on `tap0`, swapped onto `tap1`.
+    pub const FIRST: CloneSlot = CloneSlot {
+        mac: MAC_B,
+        tap: TAP,
+        tap_new: TAP_NEW,
+        suffix: "",
+        uid: POD_UID,
+    };
+    /// A second clone of the same parent beside it: MAC C on `tap2`,
+    /// swapped onto `tap3`.
+    pub const SECOND: CloneSlot = CloneSlot {
+        mac: MAC_C,
+        tap: TAP_2,
+        tap_new: TAP_2_NEW,
+        suffix: "-2",
+        uid: "5d0c7a10-e2e0-4c1e-9f00-000000000002",
+    };
+
+    pub fn pod_name(&self, lab: &Lab) -> String {
+        format!("{}{}", lab.pod_name, self.suffix)
+    }
+
+    pub fn vm_id(&self, lab: &Lab) -> String {
+        format!("{}{}", lab.vm_id, self.suffix)
+    }
+
+    pub fn vm_name(&self, lab: &Lab) -> String {
+        fixup_core::binding::vm_name_for_pod(POD_NAMESPACE, &self.pod_name(lab))
+    }
+}
+
 /// The host over a lab, and the pod it handles.
 #[derive(Debug)]
 pub struct Rig {
@@ -638,6 +840,36 @@ impl Rig {
             Trigger::Event,
             &shutdown,
         ))?)
+    }
+
+    /// `Host::prepare` for the pod, as vk-cocoon calls it before a
+    /// snapshot.
+    pub fn prepare(&self) -> Result<Summary> {
+        let shutdown = CancellationToken::new();
+        Ok(self
+            .runtime
+            .block_on(self.host.prepare(POD_NAMESPACE, &self.pod_name, &shutdown))?)
+    }
+
+    /// The hint script of the pod's preparation plan (what runs in the
+    /// guest), planned without running anything.
+    pub fn prepare_script(&self) -> Result<String> {
+        use fixup_core::planner::Preparation;
+        use fixup_host::pods::PodApi as _;
+        let pod = self
+            .runtime
+            .block_on(self.pods.get(POD_NAMESPACE, &self.pod_name))?
+            .context("the parent's pod")?;
+        let root = self.host.planner().cocoon_root().to_owned();
+        let record = std::fs::read_to_string(
+            state::vm_dir(&root, Backend::CloudHypervisor, PARENT_VM).join(INSPECT_FILE),
+        )?;
+        let record = fixup_core::facts::VmInspect::from_json(&record, "inspect.json")?;
+        let obs = fixup_core::facts::Observation::new(&pod, &record, &Default::default());
+        Ok(match self.host.planner().plan_prepare(&obs)? {
+            Preparation::Plan { composed, .. } => composed.script,
+            Preparation::Nothing { reason } => anyhow::bail!("nothing to prepare: {reason}"),
+        })
     }
 
     pub fn annotation(&self, key: &str) -> Option<String> {
@@ -789,4 +1021,79 @@ fn take_suite_locks(scenario: &str) -> Result<[std::fs::File; 2]> {
         build.lock_shared()?;
     }
     Ok([suite, build])
+}
+
+/// `<root>/bin/cocoon`: the stand-in `cocoon` CLI (a wrapper that runs
+/// `cocoon-shim --root <root>`).
+fn cocoon_wrapper(root: &Path) -> Result<PathBuf> {
+    let shim = root.join("bin").join("cocoon");
+    if !shim.exists() {
+        let mut script = std::fs::File::create(&shim)?;
+        write!(
+            script,
+            "#!/bin/sh\nexec '{}' --root '{}' \"$@\"\n",
+            env!("CARGO_BIN_EXE_cocoon-shim"),
+            root.display()
+        )?;
+        drop(script);
+        std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755))?;
+    }
+    Ok(shim)
+}
+
+/// The host as the node daemon builds it over the cocoon root `root`,
+/// with `pod` in `MemoryPods`.
+fn rig(
+    root: &Path,
+    pod: serde_json::Value,
+    plugin_dir: Option<PathBuf>,
+    config: HostConfig,
+) -> Result<Rig> {
+    let name = pod["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let pod = PodInput::from_json(&pod.to_string(), "e2e pod")?;
+    let pods = MemoryPods::new();
+    pods.insert(pod);
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let _entered = runtime.enter();
+    let options = PlannerOptions {
+        cocoon_root: root.to_owned(),
+        engine: EngineOptions {
+            cache_dir: Some(images::cache_dir().join("plugin-cache")),
+            cache_key: Some(images::cache_dir().join("plugin-cache.key")),
+            ..EngineOptions::default()
+        },
+        plugin_dir,
+        ..PlannerOptions::default()
+    };
+    let (planner, failures) = Planner::new(options)?;
+    anyhow::ensure!(failures.is_empty(), "plugins failed to load: {failures:?}");
+    let leases = LeaseWatcher::new(root.join("leases.json"), DEFAULT_LEASE_POLL)?;
+    let host = Host::new(
+        Arc::new(planner),
+        CocoonCli::new(&cocoon_wrapper(root)?),
+        pods.clone(),
+        Arc::new(leases),
+        config,
+        Arc::new(Metrics::new()),
+    );
+    Ok(Rig {
+        host,
+        pods,
+        runtime,
+        pod_name: name,
+    })
+}
+
+/// A directory to plan a parent's preparation in before its snapshot
+/// directory is known to be kept: `<snapshots>/<image>/<kind>.plan`.
+fn dir_for_plan(snapshots: &Path, image: &str, kind: &str) -> Result<PathBuf> {
+    let dir = snapshots.join(image).join(format!("{kind}.plan"));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
 }
