@@ -361,6 +361,7 @@ impl Lab {
         let plan = if prepared {
             let rig = self.parent_rig(
                 &dir_for_plan(&snapshots, &self.image.name, &kind)?,
+                &format!("{}-{}-plan", self.image.name, net.short_name()),
                 &self.image.golden.mac,
                 source_image,
             )?;
@@ -478,7 +479,12 @@ impl Lab {
         let mut written = None;
         if prepared {
             let preparing = Instant::now();
-            let rig = self.parent_rig(&dir, &golden.mac, source_image)?;
+            let rig = self.parent_rig(
+                &dir,
+                &format!("{}-{}", self.image.name, net.short_name()),
+                &golden.mac,
+                source_image,
+            )?;
             for round in 1..=2 {
                 let summary = rig.prepare()?;
                 anyhow::ensure!(
@@ -702,11 +708,16 @@ impl Lab {
     /// cocoon root `dir/root` of its own whose VM [`PARENT_VM`] is `dir`,
     /// the parent's pod (managed, not a clone, the lab's guest flavour) in
     /// `MemoryPods`, and the VM's record with its one NIC on `mac`.
-    fn parent_rig(&self, dir: &Path, mac: &str, source_image: &str) -> Result<Rig> {
+    fn parent_rig(&self, dir: &Path, name: &str, mac: &str, source_image: &str) -> Result<Rig> {
         // The VM's directory is a real one (the host's disk probe refuses
         // a path through a link); only the agent's socket is linked to
-        // the running parent's.
-        let root = dir.join("root");
+        // the running parent's. The root is short (`<cache>/pr/<name>`):
+        // a socket's path is bounded.
+        let root = images::cache_dir().join("pr").join(name);
+        if root.exists() {
+            std::fs::remove_dir_all(&root)
+                .with_context(|| format!("cannot clear {}", root.display()))?;
+        }
         let vm = state::vm_dir(&root, Backend::CloudHypervisor, PARENT_VM);
         std::fs::create_dir_all(&vm)?;
         let socket = vm.join(state::QGA_SOCKET);

@@ -137,8 +137,15 @@ impl Dnsmasq {
         let lease_file = dir.join("dnsmasq.leases");
         let log_file = dir.join("dnsmasq.log");
         std::fs::write(&lease_file, "")?;
-        let child = ns
-            .command("dnsmasq")
+        let mut command = ns.command("dnsmasq");
+        // dnsmasq pings an address before it first offers it (its
+        // default): COCOON_FIXUP_E2E_DHCP_NO_PING=1 turns that off, to
+        // see what a DHCP server without the check (an IPAM-backed one)
+        // would give.
+        if std::env::var_os("COCOON_FIXUP_E2E_DHCP_NO_PING").is_some_and(|v| v == "1") {
+            command.arg("--no-ping");
+        }
+        let child = command
             .args([
                 "--keep-in-foreground",
                 "--conf-file=/dev/null",
