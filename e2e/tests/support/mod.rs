@@ -365,7 +365,10 @@ impl Lab {
                 &self.image.golden.mac,
                 source_image,
             )?;
-            rig.prepare_script()?
+            format!(
+                "{}\nbooted again after the preparation\n",
+                rig.prepare_script()?
+            )
         } else {
             String::new()
         };
@@ -496,6 +499,26 @@ impl Lab {
             }
             self.timings
                 .push(("prepare (twice)".to_owned(), preparing.elapsed()));
+            // A prepared parent still boots as it was: powered off and
+            // booted again from its disk, the clone file in place, it must
+            // serve its own network (checked below). The snapshot is then
+            // taken of the parent that booted prepared.
+            let rebooting = Instant::now();
+            guest.shutdown(SHUTDOWN_LIMIT)?;
+            let again = Spec {
+                seed: snapshot.seed.clone(),
+                ..self.spec(dir.clone(), "parent.qcow2", &golden.mac)
+            };
+            guest = Guest::boot(&ns, &again)?;
+            drop(again);
+            wait_booted(&self.scenario, &mut guest)?;
+            if net == ParentNet::Cloud {
+                cloud_init_done(&guest)?;
+            }
+            self.timings.push((
+                "the prepared parent's second boot".to_owned(),
+                rebooting.elapsed(),
+            ));
             // A prepared parent still serves its own network.
             wait_for(
                 LINK_LIMIT,
