@@ -47,39 +47,8 @@ func (p *Planner) Observe(ctx context.Context, pod any, records Records, o Obser
 	if meta.UID == "" {
 		return false, &Error{Code: CodeBadInput, Message: "the pod has no metadata.uid: observe pods as the API server returns them"}
 	}
-	lock := p.records.of(meta.UID)
-	lock.Lock()
-	locked := true
-	defer func() {
-		if locked {
-			lock.Unlock()
-		}
-	}()
-	record, err := records.Load(ctx, meta.UID)
-	if err != nil {
-		return false, err
-	}
 	request := map[string]any{"op": "observe", "pod": string(doc), "live": o.Live, "watched_since_new": o.WatchedSinceNew}
-	if len(record) > 0 {
-		request["record"] = storedRecord(record)
-	}
-	var answer struct {
-		Record  json.RawMessage `json:"record"`
-		Changed bool            `json:"changed"`
-		Watched bool            `json:"watched_since_new"`
-		Warning string          `json:"warning"`
-	}
-	if err := p.callInto(ctx, request, &answer); err != nil {
-		return false, err
-	}
-	if answer.Changed {
-		err = records.Store(ctx, meta.UID, answer.Record)
-	}
-	lock.Unlock()
-	locked = false
-	if answer.Warning != "" {
-		p.log("warn", "pod "+meta.Namespace+"/"+meta.Name+": "+answer.Warning)
-	}
+	answer, err := p.updateRecord(ctx, records, meta.UID, "pod "+meta.Namespace+"/"+meta.Name, "record", request)
 	if err != nil {
 		return false, err
 	}
@@ -101,39 +70,47 @@ func storedRecord(record json.RawMessage) any {
 // newer, what Observe noted as stored. A stored record that cannot be
 // read is not overwritten.
 func (p *Planner) keepTaskRecord(ctx context.Context, records Records, uid string, task json.RawMessage) error {
+	_, err := p.updateRecord(ctx, records, uid, "pod uid "+uid, "stored", map[string]any{"op": "merge", "task": task})
+	return err
+}
+
+// recordAnswer is what the observe and merge ops answer.
+type recordAnswer struct {
+	Record  json.RawMessage `json:"record"`
+	Changed bool            `json:"changed"`
+	Watched bool            `json:"watched_since_new"`
+	Warning string          `json:"warning"`
+}
+
+// updateRecord is one read-modify-write of uid's record under its lock:
+// the stored record goes into request under key, the op's answer is
+// stored when it changed, and its warning is logged (about who) once the
+// lock is released.
+func (p *Planner) updateRecord(ctx context.Context, records Records, uid, who, key string, request map[string]any) (recordAnswer, error) {
 	lock := p.records.of(uid)
 	lock.Lock()
-	locked := true
-	defer func() {
-		if locked {
-			lock.Unlock()
+	answer, err := func() (recordAnswer, error) {
+		defer lock.Unlock()
+		stored, err := records.Load(ctx, uid)
+		if err != nil {
+			return recordAnswer{}, err
 		}
+		if len(stored) > 0 {
+			request[key] = storedRecord(stored)
+		}
+		var answer recordAnswer
+		if err := p.callInto(ctx, request, &answer); err != nil {
+			return recordAnswer{}, err
+		}
+		if answer.Changed {
+			err = records.Store(ctx, uid, answer.Record)
+		}
+		return answer, err
 	}()
-	stored, err := records.Load(ctx, uid)
-	if err != nil {
-		return err
-	}
-	request := map[string]any{"op": "merge", "task": task}
-	if len(stored) > 0 {
-		request["stored"] = storedRecord(stored)
-	}
-	var answer struct {
-		Record  json.RawMessage `json:"record"`
-		Changed bool            `json:"changed"`
-		Warning string          `json:"warning"`
-	}
-	if err := p.callInto(ctx, request, &answer); err != nil {
-		return err
-	}
-	if answer.Changed {
-		err = records.Store(ctx, uid, answer.Record)
-	}
-	lock.Unlock()
-	locked = false
 	if answer.Warning != "" {
-		p.log("warn", "pod uid "+uid+": "+answer.Warning)
+		p.log("warn", who+": "+answer.Warning)
 	}
-	return err
+	return answer, err
 }
 
 // recordLocks are 64 mutexes, a pod uid's chosen by its hash: enough
