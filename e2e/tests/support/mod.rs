@@ -789,8 +789,13 @@ impl Lab {
         self.timings
             .push(("total".to_owned(), self.started.elapsed()));
         let accel = std::env::var("COCOON_FIXUP_E2E_ACCEL").unwrap_or_else(|_| "tcg".into());
+        let ping = if net::dhcp_ping_check() {
+            ", dhcp ping check"
+        } else {
+            ""
+        };
         let line = format!(
-            "e2e {} ({}, {accel}): {}",
+            "e2e {} ({}, {accel}{ping}): {}",
             self.scenario,
             self.image.name,
             self.timings

@@ -123,6 +123,12 @@ fn kill_pids_in(ns: &str) {
     }
 }
 
+/// Whether the lab's dnsmasq pings an address before it first offers it
+/// (`COCOON_FIXUP_E2E_DHCP_PING=1`); off by default, as the stack's server.
+pub fn dhcp_ping_check() -> bool {
+    std::env::var_os("COCOON_FIXUP_E2E_DHCP_PING").is_some_and(|v| v == "1")
+}
+
 /// dnsmasq as the DHCP server on the namespace side of a tap.
 #[derive(Debug)]
 pub struct Dnsmasq {
@@ -138,11 +144,12 @@ impl Dnsmasq {
         let log_file = dir.join("dnsmasq.log");
         std::fs::write(&lease_file, "")?;
         let mut command = ns.command("dnsmasq");
-        // dnsmasq pings an address before it first offers it (its
-        // default): COCOON_FIXUP_E2E_DHCP_NO_PING=1 turns that off, to
-        // see what a DHCP server without the check (an IPAM-backed one)
-        // would give.
-        if std::env::var_os("COCOON_FIXUP_E2E_DHCP_NO_PING").is_some_and(|v| v == "1") {
+        // The stack's own DHCP server (cocoon-net's) offers an address
+        // from its pool at once; dnsmasq's default is to ping an address
+        // before it first offers it, about 3 s for every new client. The
+        // lab serves as the stack does; COCOON_FIXUP_E2E_DHCP_PING=1
+        // keeps dnsmasq's check, for a server that probes for conflicts.
+        if !dhcp_ping_check() {
             command.arg("--no-ping");
         }
         let child = command
