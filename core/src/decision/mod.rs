@@ -28,6 +28,7 @@
 //!   the pod changed under it;
 //! - what a shutdown means at each point (nothing is marked failed).
 
+mod attempts;
 pub mod conformance;
 mod locate;
 mod prepare;

@@ -17,7 +17,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::settings::MIN_STEP;
+use super::attempts::Attempts;
 use super::{
     Action, ExecPurpose, FixupEnd, Guarded, Handled, Note, PlanRequest, Planned, PodError, PodRef,
     Report, Settings, Stop, Summary, observe,
@@ -25,10 +25,9 @@ use super::{
 use crate::annotations::{AnnotationPatch, Event, keys, one_line, reasons};
 use crate::binding;
 use crate::classify::Scenario;
-use crate::exec::{self, ExecOutput};
+use crate::exec::ExecOutput;
 use crate::facts::{Overrides, PodInput, VmId, VmInspect, annotations};
 use crate::lifecycle::HandsOff;
-use crate::plan::{Nonce, exec_argv};
 use crate::planner::{ComposedPlan, Preparation};
 
 use super::task::{Awaiting, Binds, NonceSource, Turns, WrongReport, mismatch_told, report_name};
@@ -95,15 +94,14 @@ impl std::fmt::Debug for PrepareTask {
     }
 }
 
-/// The attempts at the plan.
+/// The attempts at the plan, and what the pod is annotated with when one
+/// takes.
 #[derive(Debug)]
-struct Attempts {
-    vm: VmId,
-    composed: Box<ComposedPlan>,
-    deadline: Duration,
-    attempts: u32,
-    errors: Vec<String>,
-    nonce: Option<Nonce>,
+struct Preparing {
+    attempts: Attempts,
+    prepared: Prepared,
+    /// The plan's plugins, as told ([`ComposedPlan::plugins`]).
+    plugins: String,
 }
 
 #[derive(Debug)]
@@ -112,12 +110,12 @@ enum Stage {
     Inspecting,
     Binding(Box<VmInspect>),
     Planning(VmId),
-    Checkpoint(Box<Attempts>),
-    Attempting(Box<Attempts>),
-    Sleeping(Box<Attempts>),
+    Checkpoint(Box<Preparing>),
+    Attempting(Box<Preparing>),
+    Sleeping(Box<Preparing>),
     /// Before a later attempt: is the pod still ours?
-    Reading(Box<Attempts>),
-    Annotating(Box<Attempts>),
+    Reading(Box<Preparing>),
+    Annotating(Box<Preparing>),
     Over,
 }
 
@@ -374,13 +372,20 @@ impl PrepareTask {
             }
             Ok(Preparation::Plan { composed, .. }) => {
                 self.summary.action = Handled::Prepare;
-                let attempts = Box::new(Attempts {
-                    vm,
-                    composed,
-                    deadline: self.now + self.settings.retry.budget,
-                    attempts: 0,
-                    errors: Vec::new(),
-                    nonce: None,
+                let part = &composed.parts[0].selection.plugin;
+                let prepared = Prepared {
+                    plugin: part.info.name.clone(),
+                    version: part.info.version.clone(),
+                    sha256: part.sha256.clone(),
+                };
+                let plugins = composed.plugins();
+                let ComposedPlan { plan, exec, .. } = *composed;
+                let mut attempts = Attempts::new(vm, plan, exec);
+                attempts.deadline = self.now + self.settings.retry.budget;
+                let attempts = Box::new(Preparing {
+                    attempts,
+                    prepared,
+                    plugins,
                 });
                 // The pod as it is now, before anything runs: the read the
                 // task started from may be old, and the turn may have been
@@ -411,90 +416,73 @@ impl PrepareTask {
         }
     }
 
-    fn checkpoint(&mut self, attempts: Box<Attempts>) -> Action {
+    fn checkpoint(&mut self, attempts: Box<Preparing>) -> Action {
         self.stage = Stage::Checkpoint(attempts);
         Action::Checkpoint
     }
 
-    /// One exec of the plan under a fresh nonce, bounded by the exec
-    /// timeout and what is left of the budget.
-    fn attempt(&mut self, mut attempts: Box<Attempts>) -> Action {
-        if attempts.attempts > 0 && self.now >= attempts.deadline {
-            return self.exhausted(attempts);
+    /// One exec of the plan ([`Attempts::begin`]).
+    fn attempt(&mut self, mut work: Box<Preparing>) -> Action {
+        if work.attempts.spent(self.now) {
+            return self.exhausted(work);
         }
-        attempts.attempts += 1;
-        let nonce = match (self.nonces)() {
-            Ok(nonce) => nonce,
-            Err(e) => return self.attempt_failed(attempts, one_line(&e)),
-        };
-        let argv = exec_argv(&attempts.composed.plan, &attempts.composed.exec, &nonce);
-        attempts.nonce = Some(nonce);
-        let vm = attempts.vm.clone();
-        let timeout = self
-            .settings
-            .retry
-            .exec_timeout
-            .min(attempts.deadline.saturating_sub(self.now))
-            .max(MIN_STEP);
-        self.stage = Stage::Attempting(attempts);
-        Action::Exec {
-            vm,
-            argv,
-            timeout,
-            purpose: ExecPurpose::Prepare,
+        let exec_timeout = self.settings.retry.exec_timeout;
+        match work.attempts.begin(
+            self.now,
+            exec_timeout,
+            &mut self.nonces,
+            ExecPurpose::Prepare,
+        ) {
+            Ok(exec) => {
+                self.stage = Stage::Attempting(work);
+                exec
+            }
+            Err(error) => self.attempt_failed(work, error),
         }
     }
 
     fn attempted(
         &mut self,
-        mut attempts: Box<Attempts>,
+        mut work: Box<Preparing>,
         result: Result<ExecOutput, String>,
     ) -> Action {
-        let nonce = attempts.nonce.take().expect("an attempt has its nonce");
-        let verdict = match result {
-            Ok(out) => exec::verdict(&attempts.composed.plan, &nonce, &out),
-            Err(e) => Err(one_line(&e)),
-        };
-        match verdict {
+        match work.attempts.verdict(result) {
             Ok(()) => {
-                let part = &attempts.composed.parts[0].selection.plugin;
-                let prepared = Prepared {
-                    plugin: part.info.name.clone(),
-                    version: part.info.version.clone(),
-                    sha256: part.sha256.clone(),
-                };
-                self.summary.prepared = Some(prepared.value());
-                let patch =
-                    AnnotationPatch::from([(keys::PREPARED.to_owned(), Some(prepared.value()))]);
-                self.stage = Stage::Annotating(attempts);
+                let value = work.prepared.value();
+                self.summary.prepared = Some(value.clone());
+                let patch = AnnotationPatch::from([(keys::PREPARED.to_owned(), Some(value))]);
+                self.stage = Stage::Annotating(work);
                 Action::Patch {
                     patch,
                     unless_changed_from: None,
                 }
             }
-            Err(error) => self.attempt_failed(attempts, error),
+            Err(error) => self.attempt_failed(work, error),
         }
     }
 
-    fn attempt_failed(&mut self, mut attempts: Box<Attempts>, error: String) -> Action {
-        let line = crate::annotations::messages::attempt_line(attempts.attempts, &error);
+    fn attempt_failed(&mut self, mut work: Box<Preparing>, error: String) -> Action {
+        let line = work.attempts.failure_line(&error);
         self.note(Note::Warn(format!("prepare {line}")));
         self.tell(Event::warning(
             reasons::PREPARE_ATTEMPT_FAILED,
             line.clone(),
         ));
-        attempts.errors.push(line);
-        let interval = self.settings.retry.interval;
-        if self.now + interval >= attempts.deadline {
-            return self.exhausted(attempts);
+        match work
+            .attempts
+            .failed(line, self.now, self.settings.retry.interval)
+        {
+            Some(until) => {
+                self.stage = Stage::Sleeping(work);
+                Action::Sleep { until }
+            }
+            None => self.exhausted(work),
         }
-        let until = self.now + interval;
-        self.stage = Stage::Sleeping(attempts);
-        Action::Sleep { until }
     }
 
-    fn exhausted(&mut self, attempts: Box<Attempts>) -> Action {
-        let last = attempts
+    fn exhausted(&mut self, work: Box<Preparing>) -> Action {
+        let last = work
+            .attempts
             .errors
             .last()
             .map_or("no attempt ran", String::as_str);
@@ -502,20 +490,19 @@ impl PrepareTask {
             reasons::PREPARE_FAILED,
             format!(
                 "prepare ({}) failed after {} attempt(s); the parent is as it was and its clones are repaired as before: {last}",
-                attempts.composed.plugins(),
-                attempts.attempts
+                work.plugins, work.attempts.count
             ),
         ));
-        self.ended(Some(&attempts), FixupEnd::Exhausted)
+        self.ended(Some(&work), FixupEnd::Exhausted)
     }
 
-    fn annotated(&mut self, attempts: Box<Attempts>, result: Result<Guarded, PodError>) -> Action {
+    fn annotated(&mut self, attempts: Box<Preparing>, result: Result<Guarded, PodError>) -> Action {
         match result {
             Ok(_) => {
                 let prepared = self.summary.prepared.clone().unwrap_or_default();
                 self.tell(Event::normal(
                     reasons::PREPARED,
-                    format!("attempts={} plugin={prepared}", attempts.attempts),
+                    format!("attempts={} plugin={prepared}", attempts.attempts.count),
                 ));
                 self.ended(Some(&attempts), FixupEnd::Done)
             }
@@ -531,13 +518,13 @@ impl PrepareTask {
         }
     }
 
-    fn fill(&mut self, attempts: &Attempts, end: FixupEnd) {
+    fn fill(&mut self, work: &Preparing, end: FixupEnd) {
         self.summary.fixup = Some(end);
-        self.summary.attempts = attempts.attempts;
-        self.summary.errors = attempts.errors.clone();
+        self.summary.attempts = work.attempts.count;
+        self.summary.errors = work.attempts.errors.clone();
     }
 
-    fn ended(&mut self, attempts: Option<&Attempts>, end: FixupEnd) -> Action {
+    fn ended(&mut self, attempts: Option<&Preparing>, end: FixupEnd) -> Action {
         match attempts {
             Some(attempts) => self.fill(attempts, end),
             None => self.summary.fixup = Some(end),

@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
+use super::attempts::Attempts;
 use super::settings::MIN_STEP;
 use super::{
     Action, ExecPurpose, FixupEnd, Guarded, Handled, Lookup, NodeError, Note, PlanRequest, Planned,
@@ -423,13 +424,12 @@ impl std::fmt::Debug for PodTask {
 /// The fixup loop's state (spec section 5).
 #[derive(Debug)]
 struct Fixup {
-    vm: VmId,
+    /// The VM, the plan and its attempts ([`Attempts`]).
+    run: Attempts,
     scenario: Scenario,
     /// What the IP wait after success reads; `None` when the task ends
     /// with the loop ([`PodTask::for_plan`]).
     wait: Option<WaitFacts>,
-    plan: Plan,
-    exec: Vec<String>,
     script: String,
     /// The first NIC's static address: the IP and `ready` go with `done`
     /// (not when a serial-console pass comes first).
@@ -437,15 +437,11 @@ struct Fixup {
     /// The NICs of a Windows VM with a static one: the serial-console pass
     /// of spec section 10 follows `done` (`None`: no pass).
     sac: Option<Vec<SacNic>>,
-    deadline: Duration,
-    attempts: u32,
-    errors: Vec<String>,
     /// The read the next decision is made from: the `running` write's
     /// answer for the first attempt, the read before each later one.
     fresh: Option<PodInput>,
     /// The read before the attempt under way (`None` when the read failed).
     seen: Option<PodInput>,
-    nonce: Option<Nonce>,
 }
 
 impl Fixup {
@@ -461,20 +457,14 @@ impl Fixup {
         ready_ip: Option<Ipv4Addr>,
     ) -> Box<Fixup> {
         Box::new(Fixup {
-            vm,
+            run: Attempts::new(vm, plan, exec),
             scenario,
             wait,
-            plan,
-            exec,
             script,
             ready_ip,
             sac: None,
-            deadline: Duration::ZERO,
-            attempts: 0,
-            errors: Vec::new(),
             fresh: None,
             seen: None,
-            nonce: None,
         })
     }
 }
@@ -565,7 +555,7 @@ impl Write {
     fn vm(&self) -> &VmId {
         match self {
             Write::Running(fixup) | Write::Done(fixup) | Write::Exhausted { fixup, .. } => {
-                &fixup.vm
+                &fixup.run.vm
             }
             Write::PlanFailed { vm, .. } | Write::SacFailed { vm, .. } => vm,
             Write::Final(wait) => &wait.facts.id,
@@ -925,7 +915,7 @@ impl PodTask {
             ) => self.patched(write, *from, &patch, round, result),
             (Stage::DoneAlone(fixup), Report::Patched(result)) => match result {
                 Ok(_) => {
-                    self.marked(&fixup.vm.clone());
+                    self.marked(&fixup.run.vm.clone());
                     self.done_written(fixup, None)
                 }
                 Err(PodError::Gone { .. }) => self.fixup_over(&fixup, FixupEnd::Gone),
@@ -937,7 +927,7 @@ impl PodTask {
             }
             (Stage::LoopCheckpoint(mut fixup), Report::Go) => match fixup.fresh.take() {
                 Some(current) => {
-                    let ours = self.still_ours(&current, &fixup.vm);
+                    let ours = self.still_ours(&current, &fixup.run.vm);
                     self.attempt(fixup, ours, Some(current))
                 }
                 None => {
@@ -946,7 +936,7 @@ impl PodTask {
                 }
             },
             (Stage::LoopRead(fixup), Report::Read(result)) => {
-                let (ours, seen) = self.ours_by_read(result, &fixup.vm, "an attempt");
+                let (ours, seen) = self.ours_by_read(result, &fixup.run.vm, "an attempt");
                 self.attempt(fixup, ours, seen)
             }
             (Stage::Attempting(fixup), Report::Ran(result)) => self.attempted(fixup, result),
@@ -1457,7 +1447,7 @@ impl PodTask {
     fn decide(&self, write: &Write, current: &PodInput) -> Option<AnnotationPatch> {
         match write {
             Write::Running(fixup) => self
-                .still_ours(current, &fixup.vm)
+                .still_ours(current, &fixup.run.vm)
                 .then(|| state_patch(PostCloneState::Running)),
             // `done` records that the fixup ran in this VM, also on a pod
             // the stack has taken over meanwhile; never on a pod whose VM
@@ -1466,27 +1456,29 @@ impl PodTask {
             // for a pod still ours.
             Write::Done(fixup) => {
                 let annotated = current.annotation(crate::facts::annotations::VM_ID);
-                if !annotated.is_empty() && annotated != fixup.vm.as_str() {
+                if !annotated.is_empty() && annotated != fixup.run.vm.as_str() {
                     return None;
                 }
                 let mut patch = state_patch(PostCloneState::Done);
                 if let Some(ip) = fixup.ready_ip
-                    && self.still_ours(current, &fixup.vm)
+                    && self.still_ours(current, &fixup.run.vm)
                 {
                     patch.extend(annotations::ready_patch(&current.annotations, ip));
                 }
                 Some(patch)
             }
-            Write::Exhausted { fixup, summary } => self.still_ours(current, &fixup.vm).then(|| {
-                exhausted_record(
-                    &current.annotations,
-                    &hint_base64(&fixup.script),
-                    fixup.scenario.as_str(),
-                    fixup.errors.clone(),
-                    summary,
-                )
-                .patch
-            }),
+            Write::Exhausted { fixup, summary } => {
+                self.still_ours(current, &fixup.run.vm).then(|| {
+                    exhausted_record(
+                        &current.annotations,
+                        &hint_base64(&fixup.script),
+                        fixup.scenario.as_str(),
+                        fixup.run.errors.clone(),
+                        summary,
+                    )
+                    .patch
+                })
+            }
             Write::PlanFailed { vm, line } => self
                 .still_ours(current, vm)
                 .then(|| plan_failed_record(&current.annotations, line)),
@@ -1625,7 +1617,7 @@ impl PodTask {
             Write::Done(fixup) => match decided {
                 Decided::Written { from, .. } => {
                     let ready = fixup.ready_ip.map(|ip| {
-                        if self.still_ours(&from, &fixup.vm) {
+                        if self.still_ours(&from, &fixup.run.vm) {
                             (Readiness::Ready, Some(ip))
                         } else {
                             (Readiness::Gone, None)
@@ -1648,7 +1640,7 @@ impl PodTask {
                             &from.annotations,
                             &hint_base64(&fixup.script),
                             fixup.scenario.as_str(),
-                            fixup.errors.clone(),
+                            fixup.run.errors.clone(),
                             &summary,
                         );
                         if let Some(e) = &record.hint_left_out {
@@ -1776,7 +1768,7 @@ impl PodTask {
                 // done whatever the pass after it does.
                 self.fixup_done(&fixup);
                 self.sac_start(SacPass {
-                    vm: fixup.vm.clone(),
+                    vm: fixup.run.vm.clone(),
                     nics,
                     nets: None,
                     next: 0,
@@ -1900,22 +1892,22 @@ impl PodTask {
             return;
         }
         self.summary.fixup = Some(FixupEnd::Done);
-        self.summary.attempts = fixup.attempts;
+        self.summary.attempts = fixup.run.count;
         self.note(Note::Fixup {
             scenario: fixup.scenario,
             end: FixupEnd::Done,
-            attempts: fixup.attempts,
+            attempts: fixup.run.count,
         });
     }
 
     fn fixup_over(&mut self, fixup: &Fixup, end: FixupEnd) -> Action {
         self.summary.fixup = Some(end);
-        self.summary.attempts = fixup.attempts;
+        self.summary.attempts = fixup.run.count;
         if matches!(end, FixupEnd::Done | FixupEnd::Exhausted) {
             self.note(Note::Fixup {
                 scenario: fixup.scenario,
                 end,
-                attempts: fixup.attempts,
+                attempts: fixup.run.count,
             });
         }
         self.finish()
@@ -1934,7 +1926,7 @@ impl PodTask {
         let budget = self.settings.retry.budget;
         let now = self.now;
         let Some(memory) = &mut self.memory else {
-            fixup.deadline = now + budget;
+            fixup.run.deadline = now + budget;
             return;
         };
         let wall = memory.wall(now);
@@ -1945,15 +1937,15 @@ impl PodTask {
             == Some(PostCloneState::Running)
             && memory
                 .record
-                .budget_for(&fixup.vm)
+                .budget_for(&fixup.run.vm)
                 .is_some_and(|b| b.attempts() > 0);
         if !resumed {
             memory.record.end_budget();
         }
-        let kept = memory.record.start_or_resume(&fixup.vm, wall);
-        fixup.attempts = kept.attempts();
-        fixup.errors = kept.errors().to_vec();
-        fixup.deadline = now + kept.remaining(wall, budget);
+        let kept = memory.record.start_or_resume(&fixup.run.vm, wall);
+        fixup.run.count = kept.attempts();
+        fixup.run.errors = kept.errors().to_vec();
+        fixup.run.deadline = now + kept.remaining(wall, budget);
         self.keep_record();
     }
 
@@ -1997,53 +1989,36 @@ impl PodTask {
         Action::Checkpoint
     }
 
-    /// One attempt, when the pod is still ours: one exec of the plan
-    /// under a fresh nonce, bounded by the exec timeout and what is left
-    /// of the budget.
+    /// One attempt, when the pod is still ours ([`Attempts::begin`]).
     fn attempt(&mut self, mut fixup: Box<Fixup>, ours: bool, seen: Option<PodInput>) -> Action {
         if !ours {
             return self.fixup_over(&fixup, FixupEnd::Gone);
         }
         // The budget may have run out while the last failure was told.
-        if fixup.attempts > 0 && self.now >= fixup.deadline {
+        if fixup.run.spent(self.now) {
             return self.exhaust(fixup);
         }
         fixup.seen = seen;
-        fixup.attempts += 1;
-        let nonce = match (self.nonces)() {
-            Ok(nonce) => nonce,
+        let exec_timeout = self.settings.retry.exec_timeout;
+        match fixup
+            .run
+            .begin(self.now, exec_timeout, &mut self.nonces, ExecPurpose::Fixup)
+        {
+            Ok(exec) => {
+                self.stage = Stage::Attempting(fixup);
+                exec
+            }
             // No nonce, no exec: the attempt fails with the reason.
-            Err(e) => return self.attempt_failed(fixup, one_line(&e)),
-        };
-        let argv = exec_argv(&fixup.plan, &fixup.exec, &nonce);
-        fixup.nonce = Some(nonce);
-        let vm = fixup.vm.clone();
-        let timeout = self
-            .settings
-            .retry
-            .exec_timeout
-            .min(fixup.deadline.saturating_sub(self.now))
-            .max(MIN_STEP);
-        self.stage = Stage::Attempting(fixup);
-        Action::Exec {
-            vm,
-            argv,
-            timeout,
-            purpose: ExecPurpose::Fixup,
+            Err(error) => self.attempt_failed(fixup, error),
         }
     }
 
     fn attempted(&mut self, mut fixup: Box<Fixup>, result: Result<ExecOutput, String>) -> Action {
-        let nonce = fixup.nonce.take().expect("an attempt has its nonce");
         let terminated = matches!(
             &result,
             Ok(out) if matches!(out.status, ExitStatusKind::Signal(s) if TERMINATION_SIGNALS.contains(&s))
         );
-        let verdict = match result {
-            Ok(out) => exec::verdict(&fixup.plan, &nonce, &out),
-            Err(e) => Err(one_line(&e)),
-        };
-        match verdict {
+        match fixup.run.verdict(result) {
             Ok(()) => {
                 // The fixup took: a `done` write that fails is tried again
                 // with the loop, which runs it once more on a whole budget.
@@ -2059,7 +2034,7 @@ impl PodTask {
             // after the exec ended. A shutdown in that moment leaves the
             // work `running`, as one during the exec does.
             Err(error) if terminated => {
-                let until = (self.now + TERMINATION_GRACE).min(fixup.deadline.max(self.now));
+                let until = (self.now + TERMINATION_GRACE).min(fixup.run.deadline.max(self.now));
                 self.stage = Stage::Terminated(fixup, error);
                 Action::Sleep { until }
             }
@@ -2071,34 +2046,36 @@ impl PodTask {
     /// next attempt comes after the interval, unless that is past the
     /// budget.
     fn attempt_failed(&mut self, mut fixup: Box<Fixup>, error: String) -> Action {
-        let line = messages::attempt_line(fixup.attempts, &error);
+        let line = fixup.run.failure_line(&error);
         self.note(Note::Warn(line.clone()));
         self.tell(Event::warning(reasons::EXEC_ATTEMPT_FAILED, line.clone()));
         if let Some(memory) = &mut self.memory {
             let wall = memory.wall(self.now);
             memory
                 .record
-                .start_or_resume(&fixup.vm, wall)
+                .start_or_resume(&fixup.run.vm, wall)
                 .add_attempt(&line);
             self.keep_record();
         }
-        fixup.errors.push(line);
-        let interval = self.settings.retry.interval;
-        if self.now + interval >= fixup.deadline {
-            return self.exhaust(fixup);
+        match fixup
+            .run
+            .failed(line, self.now, self.settings.retry.interval)
+        {
+            Some(until) => {
+                self.stage = Stage::Sleeping(fixup);
+                Action::Sleep { until }
+            }
+            None => self.exhaust(fixup),
         }
-        let until = self.now + interval;
-        self.stage = Stage::Sleeping(fixup);
-        Action::Sleep { until }
     }
 
     /// The budget is spent: the failure record, decided from a read.
     fn exhaust(&mut self, fixup: Box<Fixup>) -> Action {
         let summary = messages::exhausted(
             fixup.scenario.as_str(),
-            fixup.attempts,
+            fixup.run.count,
             self.settings.retry.budget,
-            &fixup.errors,
+            &fixup.run.errors,
         );
         self.stage = Stage::ReadingFor(Write::Exhausted { fixup, summary });
         Action::Read
@@ -2124,7 +2101,7 @@ impl PodTask {
     ) -> Action {
         self.tell(Event::normal(
             reasons::SUCCEEDED,
-            messages::succeeded(fixup.scenario.as_str(), fixup.attempts),
+            messages::succeeded(fixup.scenario.as_str(), fixup.run.count),
         ));
         self.fixup_done(&fixup);
         if let Some((readiness, ip)) = ready {

@@ -291,6 +291,26 @@ impl Pre {
     /// Instantiate and call `describe` (and, where the contract has it,
     /// `policy`) in one instance.
     pub fn describe(&self, store: &mut Store<CallState>) -> wasmtime::Result<Described> {
+        // A contract with `policy`: its info in today's types, its policy
+        // as the raw one (`links` as the contract has them).
+        macro_rules! described {
+            ($pre:expr, $info:path, |$p:ident| $links:expr) => {{
+                let plugin = $pre.instantiate(&mut *store)?;
+                let generator = plugin.cocoon_fixup_generator();
+                let info = generator.call_describe(&mut *store)?;
+                let $p = generator.call_policy(&mut *store)?;
+                Ok(Described {
+                    info: $info(info),
+                    policy: Some(RawPolicy {
+                        writes: $p.writes,
+                        removes: $p.removes,
+                        runs: $p.runs,
+                        special_modes: $p.special_modes,
+                        links: $links,
+                    }),
+                })
+            }};
+        }
         match self {
             Pre::V0_1(pre) => {
                 let plugin = pre.instantiate(&mut *store)?;
@@ -300,55 +320,9 @@ impl Pre {
                     policy: None,
                 })
             }
-            Pre::V0_2(pre) => {
-                let plugin = pre.instantiate(&mut *store)?;
-                let generator = plugin.cocoon_fixup_generator();
-                let info = generator.call_describe(&mut *store)?;
-                let p = generator.call_policy(&mut *store)?;
-                let policy = RawPolicy {
-                    writes: p.writes,
-                    removes: p.removes,
-                    runs: p.runs,
-                    special_modes: p.special_modes,
-                    links: Vec::new(),
-                };
-                Ok(Described {
-                    info: v0_2::info_to_current(info),
-                    policy: Some(policy),
-                })
-            }
-            Pre::V0_3(pre) => {
-                let plugin = pre.instantiate(&mut *store)?;
-                let generator = plugin.cocoon_fixup_generator();
-                let info = generator.call_describe(&mut *store)?;
-                let p = generator.call_policy(&mut *store)?;
-                Ok(Described {
-                    info: v0_3::info_to_current(info),
-                    policy: Some(RawPolicy {
-                        writes: p.writes,
-                        removes: p.removes,
-                        runs: p.runs,
-                        special_modes: p.special_modes,
-                        links: p.links,
-                    }),
-                })
-            }
-            Pre::V0_4(pre) => {
-                let plugin = pre.instantiate(&mut *store)?;
-                let generator = plugin.cocoon_fixup_generator();
-                let info = generator.call_describe(&mut *store)?;
-                let p = generator.call_policy(&mut *store)?;
-                Ok(Described {
-                    info,
-                    policy: Some(RawPolicy {
-                        writes: p.writes,
-                        removes: p.removes,
-                        runs: p.runs,
-                        special_modes: p.special_modes,
-                        links: p.links,
-                    }),
-                })
-            }
+            Pre::V0_2(pre) => described!(pre, v0_2::info_to_current, |_p| Vec::new()),
+            Pre::V0_3(pre) => described!(pre, v0_3::info_to_current, |p| p.links),
+            Pre::V0_4(pre) => described!(pre, std::convert::identity, |p| p.links),
         }
     }
 
