@@ -102,7 +102,8 @@ struct RawLease {
 /// that is not IPv4, an expiry that is not RFC 3339) is skipped with a debug
 /// log. When several live rows match, the latest expiry wins (on a tie, the
 /// later row). Empty content (cocoon-net may be rewriting the file in place)
-/// holds no lease; content that is not a JSON array is an error.
+/// and `null` (what cocoon-net writes when it holds no lease) hold no
+/// lease; other content that is not a JSON array is an error.
 pub fn lookup(
     json: &[u8],
     mac: &MacAddr,
@@ -116,8 +117,10 @@ pub fn parse(json: &[u8]) -> Result<Vec<Lease>, serde_json::Error> {
     if json.iter().all(u8::is_ascii_whitespace) {
         return Ok(Vec::new());
     }
-    let rows: Vec<serde_json::Value> = serde_json::from_slice(json)?;
+    // cocoon-net writes `null` when it holds no lease at all.
+    let rows: Option<Vec<serde_json::Value>> = serde_json::from_slice(json)?;
     Ok(rows
+        .unwrap_or_default()
         .into_iter()
         .enumerate()
         .filter_map(|(index, row)| match parse_row(row) {

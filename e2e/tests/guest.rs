@@ -323,7 +323,12 @@ fn compare(scenario: &str, ours: &Side, theirs: &Side, expect: Expect) -> Result
         .append(true)
         .open(support::images::cache_dir().join("side-by-side.log"))
     {
-        let _ = writeln!(log, "{} {scenario}\n{table}", jiff::Timestamp::now());
+        let ping = if support::net::dhcp_ping_check() {
+            " (dhcp ping check)"
+        } else {
+            ""
+        };
+        let _ = writeln!(log, "{} {scenario}{ping}\n{table}", jiff::Timestamp::now());
     }
     ensure!(
         ours.repaired && ours.ready_after.is_some() == expect.ours_ready,
@@ -739,15 +744,25 @@ fn oci_networkd_dhcp_prepared() -> Result<()> {
 /// client identity from its own MAC (`01:<mac>`), never the one the
 /// parent's machine id, which every clone shares, would give. Unprepared,
 /// the host's recovery pass gets them there (one exec each, after 15 s);
-/// prepared, they get there by themselves (no exec). Returns each clone's
-/// restore to ready.
+/// prepared, they get there by themselves (no exec).
+///
+/// A prepared clone has its lease within a second of the NIC swap, before
+/// a host's flow would begin; so that both hosts wait for a lease at once,
+/// the DHCP server of a prepared run comes up only after both flows began.
+/// Until then the lease file says `null`, as cocoon-net's does with no
+/// lease.
 fn two_dhcp_clones(prepared: bool) -> Result<()> {
     use support::CloneSlot;
     let scenario = named("two-dhcp", prepared);
     let mut lab = Lab::new(&scenario, "bookworm", Backend::CloudHypervisor)?;
     let golden = lab.image.golden.clone();
     let parent = parent_of(&mut lab, ParentNet::Dhcp, prepared)?;
-    let dhcp = DhcpLab::start(&lab)?;
+    let mut dhcp = if prepared {
+        std::fs::write(lab.root.join("leases.json"), "null\n")?;
+        None
+    } else {
+        Some(DhcpLab::start(&lab)?)
+    };
     let slots = [CloneSlot::FIRST, CloneSlot::SECOND];
     let mut rigs = Vec::new();
     for slot in &slots {
@@ -762,13 +777,22 @@ fn two_dhcp_clones(prepared: bool) -> Result<()> {
             .iter()
             .map(|rig| scope.spawn(move || rig.handle()))
             .collect();
-        handles
+        let late = match dhcp {
+            Some(_) => Ok(()),
+            None => {
+                std::thread::sleep(Duration::from_secs(1));
+                DhcpLab::start(&lab).map(|started| dhcp = Some(started))
+            }
+        };
+        let summaries = handles
             .into_iter()
             .map(|h| h.join().expect("the host's thread"))
-            .collect::<Result<Vec<Summary>>>()
+            .collect::<Result<Vec<Summary>>>();
+        late.and(summaries)
     })?;
     let took = started.elapsed();
     lab.record("both flows", took);
+    let dhcp = dhcp.expect("the DHCP server started");
     for (slot, summary) in slots.iter().zip(&summaries) {
         ensure!(
             summary.is_ready() && summary.action == Handled::IpWait,
@@ -783,7 +807,7 @@ fn two_dhcp_clones(prepared: bool) -> Result<()> {
     );
     let leases = dhcp.dnsmasq.leases();
     let mut ips = Vec::new();
-    for (slot, guest) in slots.iter().zip([&first, &second]) {
+    for ((slot, guest), summary) in slots.iter().zip([&first, &second]).zip(&summaries) {
         let lease = leases
             .iter()
             .find(|l| l.mac == slot.mac)
@@ -795,6 +819,13 @@ fn two_dhcp_clones(prepared: bool) -> Result<()> {
         ensure!(
             lease.client_id == format!("01:{}", slot.mac),
             "a client id from the clone's own MAC: {lease:?}"
+        );
+        // The host published the lease's IP (prepared, a lease that came
+        // while it waited: the server was not up when the flow began).
+        ensure!(
+            summary.ip.as_deref() == Some(lease.ip.to_string().as_str()),
+            "{}: the host published the lease's IP: {summary:?}",
+            slot.mac
         );
         assert_reachable(&lab, guest, slot.mac, &lease.ip.to_string(), &[&parent.ip])?;
         ips.push(lease.ip);

@@ -232,8 +232,9 @@ pub fn parse_dnsmasq_leases(text: &str) -> Vec<DnsmasqLease> {
 }
 
 /// Plays cocoon-net: copies dnsmasq's leases into the JSON lease file the
-/// host's `LeaseWatcher` watches (`[{mac, ip, expiry}]`, RFC 3339 expiry),
-/// every 100 ms, replacing the file by rename as cocoon-net may.
+/// host's `LeaseWatcher` watches (`[{mac, ip, expiry}]`, RFC 3339 expiry;
+/// `null` while there is none, as cocoon-net writes it), every 100 ms,
+/// replacing the file by rename as cocoon-net does.
 #[derive(Debug)]
 pub struct LeaseBridge {
     stop: Arc<AtomicBool>,
@@ -282,6 +283,10 @@ fn leases_json(leases: &[DnsmasqLease]) -> String {
             Some(serde_json::json!({"mac": l.mac, "ip": l.ip.to_string(), "expiry": expiry.to_string()}))
         })
         .collect();
+    // cocoon-net marshals its rows as a Go slice: with none, `null`.
+    if rows.is_empty() {
+        return "null".to_owned();
+    }
     serde_json::Value::Array(rows).to_string()
 }
 
@@ -299,5 +304,6 @@ mod tests {
             leases_json(&leases),
             r#"[{"expiry":"2025-11-30T10:53:20Z","ip":"10.213.7.150","mac":"fa:16:3e:00:00:01"}]"#
         );
+        assert_eq!(leases_json(&parse_dnsmasq_leases("broken\n")), "null");
     }
 }
