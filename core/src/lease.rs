@@ -1,6 +1,6 @@
 //! cocoon-net's lease file (`/var/lib/cocoon/net/leases.json`): a JSON
-//! array of `{mac, ip, expiry}` rows, read for the IP wait of spec section
-//! 6. Pure functions over the file's bytes, shared by the daemon's lease
+//! array of `{mac, ip, expiry}` rows (`null` when its lease table is
+//! empty), read for the IP wait of spec section 6. Pure functions over the file's bytes, shared by the daemon's lease
 //! watcher and the library's `lease` op.
 
 use std::net::Ipv4Addr;
@@ -168,6 +168,14 @@ fn nanos_since_epoch(t: SystemTime) -> i128 {
 #[cfg(test)]
 mod file_tests {
     use super::*;
+
+    #[test]
+    fn null_holds_no_lease_and_nothing_else_passes_for_it() {
+        assert_eq!(parse(b"null\n").unwrap(), Vec::new());
+        for content in ["null x", "nul", "true", "1", "\"x\"", "{}", "[null] x"] {
+            assert!(parse(content.as_bytes()).is_err(), "{content}");
+        }
+    }
 
     #[test]
     fn a_look_at_the_file_is_bounded_and_never_blocks() {

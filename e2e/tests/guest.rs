@@ -317,17 +317,17 @@ fn compare(scenario: &str, ours: &Side, theirs: &Side, expect: Expect) -> Result
         row(ours),
         row(theirs)
     );
-    eprintln!("e2e {scenario} side by side:\n{table}");
+    let ping = if support::net::dhcp_ping_check() {
+        " (dhcp ping check)"
+    } else {
+        ""
+    };
+    eprintln!("e2e {scenario} side by side{ping}:\n{table}");
     if let Ok(mut log) = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(support::images::cache_dir().join("side-by-side.log"))
     {
-        let ping = if support::net::dhcp_ping_check() {
-            " (dhcp ping check)"
-        } else {
-            ""
-        };
         let _ = writeln!(log, "{} {scenario}{ping}\n{table}", jiff::Timestamp::now());
     }
     ensure!(
@@ -748,9 +748,9 @@ fn oci_networkd_dhcp_prepared() -> Result<()> {
 ///
 /// A prepared clone has its lease within a second of the NIC swap, before
 /// a host's flow would begin; so that both hosts wait for a lease at once,
-/// the DHCP server of a prepared run comes up only after both flows began.
-/// Until then the lease file says `null`, as cocoon-net's does with no
-/// lease.
+/// the DHCP server of a prepared run comes up only after both flows began
+/// (and neither could have ended: no lease existed). Until then the lease
+/// file says `null`, as cocoon-net's does when its lease table is empty.
 fn two_dhcp_clones(prepared: bool) -> Result<()> {
     use support::CloneSlot;
     let scenario = named("two-dhcp", prepared);
@@ -780,8 +780,14 @@ fn two_dhcp_clones(prepared: bool) -> Result<()> {
         let late = match dhcp {
             Some(_) => Ok(()),
             None => {
-                std::thread::sleep(Duration::from_secs(1));
-                DhcpLab::start(&lab).map(|started| dhcp = Some(started))
+                std::thread::sleep(Duration::from_millis(500));
+                if handles.iter().any(|h| h.is_finished()) {
+                    Err(anyhow::anyhow!(
+                        "a host's flow ended before any DHCP server ran"
+                    ))
+                } else {
+                    DhcpLab::start(&lab).map(|started| dhcp = Some(started))
+                }
             }
         };
         let summaries = handles
@@ -807,7 +813,12 @@ fn two_dhcp_clones(prepared: bool) -> Result<()> {
     );
     let leases = dhcp.dnsmasq.leases();
     let mut ips = Vec::new();
-    for ((slot, guest), summary) in slots.iter().zip([&first, &second]).zip(&summaries) {
+    for (((slot, guest), summary), rig) in slots
+        .iter()
+        .zip([&first, &second])
+        .zip(&summaries)
+        .zip(&rigs)
+    {
         let lease = leases
             .iter()
             .find(|l| l.mac == slot.mac)
@@ -823,9 +834,11 @@ fn two_dhcp_clones(prepared: bool) -> Result<()> {
         // The host published the lease's IP (prepared, a lease that came
         // while it waited: the server was not up when the flow began).
         ensure!(
-            summary.ip.as_deref() == Some(lease.ip.to_string().as_str()),
-            "{}: the host published the lease's IP: {summary:?}",
-            slot.mac
+            summary.ip.as_deref() == Some(lease.ip.to_string().as_str())
+                && rig.annotation(keys::IP) == summary.ip,
+            "{}: the host published the lease's IP: {summary:?}, annotation {:?}",
+            slot.mac,
+            rig.annotation(keys::IP)
         );
         assert_reachable(&lab, guest, slot.mac, &lease.ip.to_string(), &[&parent.ip])?;
         ips.push(lease.ip);

@@ -787,6 +787,10 @@ mod tests {
         // No file yet holds no lease, as the daemon's watcher reads it.
         let missing = lease("52:54:00:aa:bb:01");
         assert_eq!(missing["ok"], json!({"lease": null}), "{missing}");
+        // cocoon-net writes `null` when its lease table is empty.
+        std::fs::write(&leases, "null").unwrap();
+        let none = lease("52:54:00:aa:bb:01");
+        assert_eq!(none["ok"], json!({"lease": null}), "{none}");
         std::fs::write(&leases, "{\"not\": \"rows\"}").unwrap();
         let unusable = lease("52:54:00:aa:bb:01");
         assert!(
