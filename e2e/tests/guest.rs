@@ -554,14 +554,17 @@ fn oci_networkd_static_side(who: Who, prepared: bool) -> Result<Side> {
             file == static_file(MAC_B, IP_Y, golden.prefix, &golden.gateway),
             "{file:?}"
         );
-        let left = guest.check(&["ls", "/etc/systemd/network"])?;
-        let mut want = format!("10-{}.network", MAC_B.replace(':', ""));
+        let listed = guest.check(&["ls", "/etc/systemd/network"])?;
+        let mut left: Vec<&str> = listed.split_whitespace().collect();
+        left.sort_unstable();
+        let own = format!("10-{}.network", MAC_B.replace(':', ""));
+        let mut want = vec![own.as_str()];
         if prepared {
-            want += "\n99-cocoon-clone.network";
+            want.extend(["99-cocoon-clone-parent.network", "99-cocoon-clone.network"]);
         }
         ensure!(
-            left.trim() == want,
-            "the parent's file must be gone (its clone file stays): {left}"
+            left == want,
+            "the parent's file must be gone (its prepared files stay): {listed}"
         );
         // The clone file never wins over the NIC's own: Y alone.
         let nic = guest.nic()?;

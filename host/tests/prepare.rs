@@ -106,6 +106,13 @@ async fn a_parent_is_prepared_and_says_by_which_plugin() {
         "the exec writes the clone file: {}",
         execs[0]
     );
+    // No negated MAC match (networkd ignores one), and an all-DHCP parent
+    // has no static NIC to keep from the clone file.
+    assert!(
+        !execs[0].contains("MACAddress=!") && !execs[0].contains("99-cocoon-clone-parent"),
+        "{}",
+        execs[0]
+    );
     let written = api.annotation(keys::PREPARED).expect("the pod says it");
     let prepared = Prepared::parse(&written).expect("a value a host writes");
     assert_eq!(prepared.plugin, "oci-networkd");

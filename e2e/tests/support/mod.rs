@@ -362,7 +362,8 @@ impl Lab {
             let rig = self.parent_rig(
                 &dir_for_plan(&snapshots, &self.image.name, &kind)?,
                 &format!("{}-{}-plan", self.image.name, net.short_name()),
-                &self.image.golden.mac,
+                &self.image.golden,
+                net == ParentNet::Dhcp,
                 source_image,
             )?;
             format!(
@@ -485,7 +486,8 @@ impl Lab {
             let rig = self.parent_rig(
                 &dir,
                 &format!("{}-{}", self.image.name, net.short_name()),
-                &golden.mac,
+                &golden,
+                net == ParentNet::Dhcp,
                 source_image,
             )?;
             for round in 1..=2 {
@@ -500,7 +502,7 @@ impl Lab {
             self.timings
                 .push(("prepare (twice)".to_owned(), preparing.elapsed()));
             // A prepared parent still boots as it was: powered off and
-            // booted again from its disk, the clone file in place, it must
+            // booted again from its disk, the prepared files in place, it must
             // serve its own network (checked below). The snapshot is then
             // taken of the parent that booted prepared.
             let rebooting = Instant::now();
@@ -542,6 +544,34 @@ impl Lab {
                     Ok(link.has(&ip, golden.prefix).then_some(()))
                 },
             )?;
+            // Its NIC is configured by its own file, never a prepared one,
+            // and networkd took every line of the prepared files.
+            let status = guest.check(&["networkctl", "status", "--no-pager", "eth0"])?;
+            let file = status
+                .lines()
+                .find(|l| l.trim_start().starts_with("Network File:"))
+                .unwrap_or_default();
+            anyhow::ensure!(
+                !file.is_empty() && !file.contains("99-cocoon-clone"),
+                "the prepared parent's NIC keeps its own file: {status}"
+            );
+            let journal = guest.check(&[
+                "journalctl",
+                "-b",
+                "-u",
+                "systemd-networkd",
+                "--no-pager",
+                "-o",
+                "cat",
+            ])?;
+            let rejected: Vec<&str> = journal
+                .lines()
+                .filter(|l| l.contains("99-cocoon-clone") && l.contains("ignoring"))
+                .collect();
+            anyhow::ensure!(
+                rejected.is_empty(),
+                "networkd ignored lines of the prepared files: {rejected:?}"
+            );
         }
         let saving = Instant::now();
         let saved = guest.save(&snapshot.overlay, &snapshot.state, SHUTDOWN_LIMIT)?;
@@ -731,7 +761,17 @@ impl Lab {
     /// cocoon root `dir/root` of its own whose VM [`PARENT_VM`] is `dir`,
     /// the parent's pod (managed, not a clone, the lab's guest flavour) in
     /// `MemoryPods`, and the VM's record with its one NIC on `mac`.
-    fn parent_rig(&self, dir: &Path, name: &str, mac: &str, source_image: &str) -> Result<Rig> {
+    /// The host's rig for the running parent, as cocoon describes it: its
+    /// NIC on MAC A, static (the image's address X) unless `dhcp`.
+    fn parent_rig(
+        &self,
+        dir: &Path,
+        name: &str,
+        golden: &images::Golden,
+        dhcp: bool,
+        source_image: &str,
+    ) -> Result<Rig> {
+        let mac = golden.mac.as_str();
         // The VM's directory is a real one (the host's disk probe refuses
         // a path through a link); only the agent's socket is linked to
         // the running parent's. The root is short (`<cache>/pr/<name>`):
@@ -754,7 +794,12 @@ impl Lab {
             "state": "running",
             "hypervisor": Backend::CloudHypervisor.annotation(),
             "config": {"name": name, "image": source_image},
-            "network_configs": [{"mac": mac, "tap": TAP}],
+            "network_configs": [if dhcp {
+                json!({"mac": mac, "tap": TAP})
+            } else {
+                json!({"mac": mac, "tap": TAP, "network": {
+                    "ip": golden.ip, "prefix": golden.prefix, "gateway": golden.gateway}})
+            }],
         });
         std::fs::write(vm.join(INSPECT_FILE), serde_json::to_vec_pretty(&inspect)?)?;
         let mut pod = json!({

@@ -17,8 +17,9 @@
 //! renders to systemd-networkd, as its fixup assumes: cloud-init's own
 //! network file matches the parent's MAC, which a Cloud Hypervisor clone's
 //! new NIC does not have, so the plan adds the file that matches that NIC
-//! by its driver ([`networkd::prepare`]). cloud-init is not run: the
-//! parent keeps its instance and its network.
+//! by its driver, and the one that keeps the parent's static NICs from it
+//! ([`networkd::prepare`]). cloud-init is not run: the parent keeps its
+//! instance and its network.
 
 use cocoon_fixup_sdk::{
     GuestPolicy, Phase, Plan, PlanError, Plugin, PluginInfo, Scenario, Step, VmFacts, linux,
@@ -77,7 +78,7 @@ impl Plugin for Cloudimg {
     /// The hostname, the page-cache knob, networkd's files and restart,
     /// cloud-init's generated network files, the four cloud-init
     /// commands, each with its exact arguments, and for `prepare`
-    /// networkd's clone file and reload.
+    /// networkd's clone and parent files and reload.
     fn policy() -> GuestPolicy {
         linux::prelude_policy()
             .with(networkd::policy())
@@ -93,9 +94,7 @@ impl Plugin for Cloudimg {
     fn plan(scenario: Scenario, facts: &VmFacts) -> Result<Plan, PlanError> {
         match scenario {
             Scenario::Cloudimg => Ok(Plan::posix_sh(cloudimg_steps(facts))),
-            Scenario::Prepare => Ok(Plan::posix_sh(networkd::prepare(
-                &facts.nics.iter().map(|nic| nic.mac).collect::<Vec<_>>(),
-            ))),
+            Scenario::Prepare => Ok(Plan::posix_sh(networkd::prepare(&facts.nics))),
             other => cocoon_fixup_sdk::unsupported(NAME, other),
         }
     }
@@ -255,14 +254,13 @@ mod tests {
     }
 
     /// A cloud-init parent is prepared without running cloud-init: the
-    /// clone file and a reload, nothing removed.
+    /// clone and parent files and a reload, nothing removed.
     #[test]
     fn prepare_adds_the_clone_file_and_runs_no_cloud_init() {
         let mut parent = facts();
         parent.boot = BootKind::Parent;
         let plan = Cloudimg::plan(Scenario::Prepare, &parent).expect("a plan");
-        let macs: Vec<_> = parent.nics.iter().map(|nic| nic.mac).collect();
-        assert_eq!(plan, Plan::posix_sh(networkd::prepare(&macs)));
+        assert_eq!(plan, Plan::posix_sh(networkd::prepare(&parent.nics)));
         assert!(
             plan.steps.iter().all(|s| match &s.action {
                 Action::Run(argv) => argv[0] != "cloud-init",

@@ -7,8 +7,9 @@
 //! - `dhcp-recovery`: for a clone that needed no fixup but got no lease; a
 //!   DHCP file for every NIC and a restart, without the housekeeping.
 //! - `prepare`: for a parent before its snapshot; a DHCP file that matches
-//!   a clone's new NIC by its driver, not by a MAC, and a reload
-//!   ([`networkd::prepare`]): an all-DHCP clone then comes up by itself.
+//!   a clone's new NIC by its driver, not by a MAC, a file that keeps the
+//!   parent's static NICs from it, and a reload ([`networkd::prepare`]): an
+//!   all-DHCP clone then comes up by itself.
 
 use cocoon_fixup_sdk::{
     GuestPolicy, Nic, Plan, PlanError, Plugin, PluginInfo, Scenario, VmFacts, linux, networkd,
@@ -65,9 +66,7 @@ impl Plugin for OciNetworkd {
                 steps.push(networkd::restart());
                 Ok(Plan::posix_sh(steps))
             }
-            Scenario::Prepare => Ok(Plan::posix_sh(networkd::prepare(
-                &facts.nics.iter().map(|nic| nic.mac).collect::<Vec<_>>(),
-            ))),
+            Scenario::Prepare => Ok(Plan::posix_sh(networkd::prepare(&facts.nics))),
             other => cocoon_fixup_sdk::unsupported(NAME, other),
         }
     }
@@ -305,8 +304,9 @@ mod tests {
         );
     }
 
-    /// A parent is prepared whatever its NICs: the file matches a clone's
-    /// NIC by driver, the parent's own files stay, and networkd reloads.
+    /// A parent is prepared whatever its NICs: the clone file matches a
+    /// clone's NIC by driver, a parent file keeps its static NICs from it,
+    /// the parent's own files stay, and networkd reloads.
     #[rstest]
     #[case::dhcp(vec![dhcp_nic(MAC_A)])]
     #[case::static_and_dhcp(vec![static_nic(MAC_A, 24, None), dhcp_nic(MAC_B)])]
@@ -315,10 +315,9 @@ mod tests {
         let mut parent = facts(nics);
         parent.boot = BootKind::Parent;
         let plan = OciNetworkd::plan(Scenario::Prepare, &parent).expect("a plan");
-        let macs: Vec<MacAddress> = parent.nics.iter().map(|nic| nic.mac).collect();
         assert_eq!(
             plan,
-            Plan::posix_sh(cocoon_fixup_sdk::networkd::prepare(&macs))
+            Plan::posix_sh(cocoon_fixup_sdk::networkd::prepare(&parent.nics))
         );
         assert!(
             plan.steps
@@ -328,11 +327,12 @@ mod tests {
         );
         // Inside the declared policy.
         let policy = OciNetworkd::policy();
-        assert!(
-            policy
-                .writes
-                .contains(&"/etc/systemd/network/99-cocoon-clone.network".to_owned())
-        );
+        for file in [
+            "/etc/systemd/network/99-cocoon-clone-parent.network",
+            "/etc/systemd/network/99-cocoon-clone.network",
+        ] {
+            assert!(policy.writes.contains(&file.to_owned()), "{file}");
+        }
         assert!(
             policy
                 .runs

@@ -46,19 +46,38 @@ pub fn policy() -> GuestPolicy {
 /// its parent's.
 pub const CLONE_FILE: &str = "/etc/systemd/network/99-cocoon-clone.network";
 
-/// What [`CLONE_FILE`] holds: DHCPv4 on every virtio Ethernet NIC that is
-/// not one of the parent's own (`parents`, excluded by MAC whatever the
-/// order networkd reads the parent's files in), matched by what a clone
-/// keeps (the link type and the driver) rather than by a MAC, with the MAC
-/// as the DHCP client identifier rather than a DUID from the machine id
-/// every clone shares, so each clone gets its own lease.
-pub fn clone_content(parents: &[MacAddress]) -> String {
-    let mut content = String::from("[Match]\nType=ether\nDriver=virtio_net\n");
-    if !parents.is_empty() {
-        let macs: Vec<String> = parents.iter().map(ToString::to_string).collect();
-        content += &format!("MACAddress=!{}\n", macs.join(" "));
-    }
-    content + "\n[Network]\nDHCP=ipv4\n\n[DHCPv4]\nClientIdentifier=mac\n"
+/// What [`CLONE_FILE`] holds: DHCPv4 on every virtio Ethernet NIC,
+/// matched by what a clone keeps (the link type and the driver) rather
+/// than by a MAC, with the MAC as the DHCP client identifier rather than a
+/// DUID from the machine id every clone shares, so each clone gets its own
+/// lease. The parent's static NICs are kept from it by [`PARENT_FILE`].
+pub fn clone_content() -> String {
+    "[Match]\nType=ether\nDriver=virtio_net\n\n[Network]\nDHCP=ipv4\n\n[DHCPv4]\nClientIdentifier=mac\n"
+        .to_owned()
+}
+
+/// The file [`prepare`] writes beside [`CLONE_FILE`], sorting just before
+/// it, for a parent with static NICs: those NICs, by MAC (and the type and
+/// driver the clone file matches), left unmanaged. networkd has no negated
+/// MAC match (it ignores `MACAddress=!...` with a warning), so this is what
+/// keeps the clone file from turning a static NIC of the parent's to DHCP:
+/// such a NIC that a file sorting earlier configures (its own `10-` file,
+/// cloud-init's) keeps that file, and one that no file configures stays as
+/// it was, unmanaged. A parent's DHCP NIC is not listed: where no earlier
+/// file configures it (a clone that came up on the clone file, with no
+/// exec), the clone file keeps serving it as it does. In a clone the file
+/// names NICs the clone no longer has, or (Firecracker's frozen MAC) one
+/// whose own `10-` file wins until the fixup changes its MAC.
+pub const PARENT_FILE: &str = "/etc/systemd/network/99-cocoon-clone-parent.network";
+
+/// What [`PARENT_FILE`] holds for the static NICs with MACs `statics` (at
+/// least one).
+pub fn parent_content(statics: &[MacAddress]) -> String {
+    let macs: Vec<String> = statics.iter().map(ToString::to_string).collect();
+    format!(
+        "[Match]\nType=ether\nDriver=virtio_net\nMACAddress={}\n\n[Link]\nUnmanaged=yes\n",
+        macs.join(" ")
+    )
 }
 
 /// The command that makes a running networkd read its files again without
@@ -66,31 +85,47 @@ pub fn clone_content(parents: &[MacAddress]) -> String {
 /// is, so the parent keeps its network.
 pub const RELOAD: [&str; 2] = ["networkctl", "reload"];
 
-/// The `prepare` plan for a guest on systemd-networkd whose NICs have
-/// `parents` MACs: [`CLONE_FILE`], then [`RELOAD`], so the running parent
-/// (and so every snapshot of it) has the file loaded. The parent's own
-/// files are left as they are, and its own NICs never match the new one.
-/// Writing the same file again and reloading changes nothing.
-pub fn prepare(parents: &[MacAddress]) -> Vec<Step> {
-    vec![
-        Step::write_file(
-            "write the network file a clone's new NIC matches",
+/// The `prepare` plan for a guest on systemd-networkd with `nics`:
+/// [`PARENT_FILE`] (when a NIC is static), [`CLONE_FILE`], then
+/// [`RELOAD`], so the running parent (and so every snapshot of it) has the
+/// files loaded. The parent's own files are left as they are. Writing the
+/// same files again and reloading changes nothing.
+pub fn prepare(nics: &[Nic]) -> Vec<Step> {
+    let statics: Vec<MacAddress> = nics
+        .iter()
+        .filter(|nic| nic.static_ipv4.is_some())
+        .map(|nic| nic.mac)
+        .collect();
+    let mut steps = Vec::new();
+    if !statics.is_empty() {
+        steps.push(Step::write_file(
+            "write the network file that keeps the parent's static NICs from the clone file",
             Phase::Configure,
-            CLONE_FILE,
-            clone_content(parents),
+            PARENT_FILE,
+            parent_content(&statics),
             Some(0o644),
-        ),
-        Step::run(
-            "make systemd-networkd read its files again",
-            Phase::Configure,
-            RELOAD,
-        ),
-    ]
+        ));
+    }
+    steps.push(Step::write_file(
+        "write the network file a clone's new NIC matches",
+        Phase::Configure,
+        CLONE_FILE,
+        clone_content(),
+        Some(0o644),
+    ));
+    steps.push(Step::run(
+        "make systemd-networkd read its files again",
+        Phase::Configure,
+        RELOAD,
+    ));
+    steps
 }
 
 /// What [`prepare`] does in the guest.
 pub fn prepare_policy() -> GuestPolicy {
-    GuestPolicy::new().writes([CLONE_FILE]).runs([RELOAD])
+    GuestPolicy::new()
+        .writes([PARENT_FILE, CLONE_FILE])
+        .runs([RELOAD])
 }
 
 /// The path of the file for `mac`.
@@ -242,34 +277,65 @@ mod tests {
     }
 
     #[test]
-    fn prepare_writes_the_clone_file_and_reloads() {
+    fn prepare_keeps_static_nics_from_the_clone_file_and_reloads() {
         let other = MacAddress::new([0x52, 0x54, 0x00, 0x0a, 0x0b, 0x0d]);
-        let steps = prepare(&[MAC, other]);
-        assert_eq!(steps.len(), 2);
-        let Action::WriteFile(w) = &steps[0].action else {
+        let dhcp = MacAddress::new([0x52, 0x54, 0x00, 0x0a, 0x0b, 0x0e]);
+        let ipv4 = StaticIpv4 {
+            address: Ipv4Address::new([10, 0, 0, 2]),
+            prefix: 24,
+            gateway: None,
+        };
+        let nic = |mac, static_ipv4| Nic { mac, static_ipv4 };
+        let nics = [
+            nic(MAC, Some(ipv4)),
+            nic(dhcp, None),
+            nic(other, Some(ipv4)),
+        ];
+        let steps = prepare(&nics);
+        assert_eq!(steps.len(), 3);
+        let Action::WriteFile(parent) = &steps[0].action else {
             panic!("{steps:?}")
         };
-        assert_eq!(w.path, "/etc/systemd/network/99-cocoon-clone.network");
         assert_eq!(
-            w.content,
-            format!(
-                "[Match]\nType=ether\nDriver=virtio_net\nMACAddress=!{MAC} {other}\n\n[Network]\nDHCP=ipv4\n\n[DHCPv4]\nClientIdentifier=mac\n"
-            ),
-            "any virtio NIC but the parent's own"
+            parent.path,
+            "/etc/systemd/network/99-cocoon-clone-parent.network"
         );
-        assert_eq!(w.mode, Some(0o644));
-        // A parent without a NIC excludes none.
-        let Action::WriteFile(w) = &prepare(&[])[0].action else {
-            panic!()
-        };
-        assert!(!w.content.contains("MACAddress"), "{}", w.content);
         assert_eq!(
-            steps[1].action,
+            parent.content,
+            format!(
+                "[Match]\nType=ether\nDriver=virtio_net\nMACAddress={MAC} {other}\n\n[Link]\nUnmanaged=yes\n"
+            ),
+            "the parent's static NICs, by MAC, left unmanaged; not its DHCP one"
+        );
+        let Action::WriteFile(clone) = &steps[1].action else {
+            panic!("{steps:?}")
+        };
+        assert_eq!(clone.path, "/etc/systemd/network/99-cocoon-clone.network");
+        assert_eq!(
+            clone.content,
+            "[Match]\nType=ether\nDriver=virtio_net\n\n[Network]\nDHCP=ipv4\n\n[DHCPv4]\nClientIdentifier=mac\n",
+            "any virtio NIC, with no MAC match: networkd has no negated one"
+        );
+        assert!(!clone.content.contains('!'));
+        assert_eq!((parent.mode, clone.mode), (Some(0o644), Some(0o644)));
+        assert_eq!(
+            steps[2].action,
             Action::Run(vec!["networkctl".into(), "reload".into()])
         );
-        // It sorts after every file a fixup writes, so those win.
-        assert!(CLONE_FILE > file_path(&MAC).as_str());
-        assert!(CLONE_FILE > STALE_GLOB);
+        // An all-DHCP parent (or one without a NIC) has no NIC to keep: a
+        // DHCP NIC no earlier file serves stays on the clone file.
+        for nics in [&[nic(dhcp, None)][..], &[]] {
+            let bare = prepare(nics);
+            assert_eq!(bare.len(), 2);
+            assert_eq!(bare[0].action, steps[1].action);
+            assert_eq!(bare[1].action, steps[2].action);
+        }
+        // networkd takes the first file in lexical order (bytewise) that
+        // matches: a fixup's files win over both, the parent file over the
+        // clone file.
+        assert!(PARENT_FILE < CLONE_FILE);
+        assert!(PARENT_FILE > file_path(&MAC).as_str());
+        assert!(PARENT_FILE > STALE_GLOB);
     }
 
     #[test]

@@ -55,8 +55,8 @@ pub(crate) enum Command {
     ///
     /// Prints a JSON summary. Exit codes: 0 prepared (or nothing to
     /// prepare: `errors` says why), 2 the preparation failed (the pod is
-    /// not annotated; an attempt may have left the clone file, which the
-    /// next preparation rewrites), 4 interrupted, or the pod is gone or
+    /// not annotated; an attempt may have left its files in the guest,
+    /// which the next preparation rewrites), 4 interrupted, or the pod is gone or
     /// left alone (`hands_off`: deleting, hibernating, not settled, macOS,
     /// not managed), 5 the VM its annotations point at is not the pod's
     /// (nothing was run), 1 could not run (the guest may have been
