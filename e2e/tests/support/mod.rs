@@ -544,15 +544,17 @@ impl Lab {
                     Ok(link.has(&ip, golden.prefix).then_some(()))
                 },
             )?;
-            // Its NIC is configured by its own file, never a prepared one,
-            // and networkd took every line of the prepared files.
+            // Its NIC is configured by its own `10-` file (the image's, or
+            // cloud-init's), never a prepared one, and networkd took every
+            // line of the prepared files.
             let status = guest.check(&["networkctl", "status", "--no-pager", "eth0"])?;
             let file = status
                 .lines()
-                .find(|l| l.trim_start().starts_with("Network File:"))
+                .find_map(|l| l.trim_start().strip_prefix("Network File:"))
+                .map(str::trim)
                 .unwrap_or_default();
             anyhow::ensure!(
-                !file.is_empty() && !file.contains("99-cocoon-clone"),
+                file.starts_with("/etc/systemd/network/10-"),
                 "the prepared parent's NIC keeps its own file: {status}"
             );
             let journal = guest.check(&[
@@ -564,9 +566,16 @@ impl Lab {
                 "-o",
                 "cat",
             ])?;
+            anyhow::ensure!(
+                journal.lines().any(|l| l.contains("eth0")),
+                "networkd's journal of this boot tells of eth0: {journal}"
+            );
             let rejected: Vec<&str> = journal
                 .lines()
-                .filter(|l| l.contains("99-cocoon-clone") && l.contains("ignoring"))
+                .filter(|l| {
+                    let l = l.to_lowercase();
+                    l.contains("99-cocoon-clone") && (l.contains("ignor") || l.contains("invalid"))
+                })
                 .collect();
             anyhow::ensure!(
                 rejected.is_empty(),
@@ -760,8 +769,7 @@ impl Lab {
     /// vk-cocoon builds it to prepare the parent before its snapshot: a
     /// cocoon root `dir/root` of its own whose VM [`PARENT_VM`] is `dir`,
     /// the parent's pod (managed, not a clone, the lab's guest flavour) in
-    /// `MemoryPods`, and the VM's record with its one NIC on `mac`.
-    /// The host's rig for the running parent, as cocoon describes it: its
+    /// `MemoryPods`, and the VM's record as cocoon describes it: its one
     /// NIC on MAC A, static (the image's address X) unless `dhcp`.
     fn parent_rig(
         &self,
