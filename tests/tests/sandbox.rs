@@ -768,3 +768,140 @@ fn aliased_strings_stop_at_the_hostcall_bound() {
     );
     assert_still_serving(&host);
 }
+
+/// A component holding one core module: the module's header, then
+/// `sections`. The smallest file the engine validates as a component,
+/// written by hand as `non_components_are_refused_with_the_fix` writes its
+/// core module (each section here is under 128 bytes, one LEB128 byte).
+fn component_with_module(sections: &[u8]) -> Vec<u8> {
+    let mut module = b"\0asm\x01\0\0\0".to_vec();
+    module.extend_from_slice(sections);
+    let mut component = b"\0asm\x0d\0\x01\0".to_vec();
+    // Section 1 of a component: a core module.
+    component.push(1);
+    component.push(u8::try_from(module.len()).expect("under 128 bytes"));
+    component.extend(module);
+    component
+}
+
+/// `(memory 1 1 shared)`: threads.
+const SHARED_MEMORY: &[u8] = b"\x05\x04\x01\x03\x01\x01";
+/// `(memory 1 1) (func i32.const 0 i32.const 0 memory.atomic.notify drop)`:
+/// an atomic instruction on an unshared memory, threads still.
+const ATOMIC_NOTIFY: &[u8] = b"\x01\x04\x01\x60\x00\x00\x03\x02\x01\x00\x05\x04\x01\x01\x01\x01\
+\x0a\x0d\x01\x0b\x00\x41\x00\x41\x00\xfe\x00\x02\x00\x1a\x0b";
+/// `(type (struct))`: a GC type.
+const GC_STRUCT: &[u8] = b"\x01\x03\x01\x5f\x00";
+/// `(type (func)) (tag (type 0))`: exceptions.
+const EXCEPTION_TAG: &[u8] = b"\x01\x04\x01\x60\x00\x00\x0d\x03\x01\x00\x00";
+/// `(memory i64 1)`: a 64-bit memory.
+const MEMORY64: &[u8] = b"\x05\x03\x01\x04\x01";
+
+/// How a refusal names the threads proposal.
+const THREADS: &str = "threads (shared memory, atomic instructions)";
+
+/// What the refusal of a plugin using `feature` says, after its name.
+fn not_supported(feature: &str) -> String {
+    format!(
+        "could not be compiled: it uses {feature}, a WebAssembly feature this host does not support"
+    )
+}
+
+/// A directory holding only `name`, as `bytes`, loaded as the daemon loads
+/// its plugin directory: the file is one failure, a compile error naming
+/// it and the feature, and the built-ins still serve.
+fn refused_from_a_directory(name: &str, bytes: &[u8], feature: &str) -> String {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join(name);
+    std::fs::write(&path, bytes).expect("write");
+    let (host, failures) = load_dir(dir.path());
+    let [failure] = failures.as_slice() else {
+        panic!("one failure: {failures:?}");
+    };
+    assert_eq!(failure.path, path);
+    assert!(
+        matches!(
+            &failure.error,
+            fixup_core::plugin::LoadError::Plugin(PluginError::Compile { .. })
+        ),
+        "{:?}",
+        failure.error
+    );
+    let message = failure.error.to_string();
+    assert!(
+        message.starts_with(&path.display().to_string())
+            && message.contains(&not_supported(feature)),
+        "{message}"
+    );
+    assert_eq!(host.registry().plugins().len(), 4, "only the built-ins");
+    assert_still_serving(&host);
+    message
+}
+
+/// A plugin using a WebAssembly proposal the engine switches off (SECURITY.md,
+/// "The engine") is refused at load, by the daemon and by `plugin inspect`,
+/// with an error naming the file and the feature: never a panic, never an
+/// abort of the host.
+#[rstest]
+#[case::shared_memory(SHARED_MEMORY, THREADS)]
+#[case::atomic_instruction(ATOMIC_NOTIFY, THREADS)]
+#[case::gc_struct(GC_STRUCT, "garbage collection (GC struct, array or i31 types)")]
+#[case::exceptions(EXCEPTION_TAG, "exceptions")]
+#[case::memory64(MEMORY64, "64-bit memory (memory64)")]
+fn a_plugin_using_a_switched_off_feature_is_refused_at_load(
+    #[case] sections: &[u8],
+    #[case] feature: &str,
+) {
+    let bytes = component_with_module(sections);
+    refused_from_a_directory("feature.wasm", &bytes, feature);
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("feature.wasm");
+    std::fs::write(&path, &bytes).expect("write");
+    let inspector = fixup_core::kit::Inspector::new(
+        fixup_core::kit::engine_options(&EngineOptions::default()),
+        None,
+    )
+    .expect("inspector starts");
+    let found = inspector.inspect(&path);
+    assert!(!found.accepted, "{found}");
+    assert!(found.name.is_none(), "{found}");
+    assert!(
+        found.verdict.starts_with("refused: ") && found.verdict.contains(&not_supported(feature)),
+        "{found}"
+    );
+}
+
+/// The relaxed-simd test plugin, built from source as every plugin is, is
+/// a good plugin but for its relaxed SIMD: refused at load, naming it.
+#[test]
+fn a_plugin_built_with_relaxed_simd_is_refused_at_load() {
+    let bytes = std::fs::read(env!("PLUGIN_RELAXED_SIMD")).expect("built");
+    let message = refused_from_a_directory("relaxed-simd.wasm", &bytes, "relaxed SIMD");
+    assert!(message.contains("relaxed-simd.wasm"), "{message}");
+}
+
+/// `cocoon-fixup plugin inspect` of a plugin with a shared memory: refused,
+/// exit status 1, the file and the feature named.
+#[test]
+fn plugin_inspect_refuses_a_shared_memory_naming_the_feature() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("shared.wasm");
+    std::fs::write(&path, component_with_module(SHARED_MEMORY)).expect("write");
+    std::fs::write(dir.path().join("config.toml"), "").expect("an empty config");
+    let out = std::process::Command::new(crate::serve_reload::binary::program())
+        .args(["plugin", "inspect"])
+        .arg(&path)
+        .arg("--config")
+        .arg(dir.path().join("config.toml"))
+        .env("HOME", dir.path())
+        .output()
+        .expect("inspect runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("shared.wasm") && stdout.contains(&not_supported(THREADS)),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

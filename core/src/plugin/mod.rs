@@ -17,6 +17,7 @@
 pub mod builtin;
 pub mod cache;
 pub mod contract;
+mod features;
 pub mod quarantine;
 pub mod registry;
 pub mod sandbox;
@@ -509,6 +510,9 @@ impl PluginHost {
         allocation: Allocation,
     ) -> Result<Self, PluginError> {
         let mut config = Config::new();
+        // Every WebAssembly proposal the plugins do not use is off
+        // (features.rs; SECURITY.md, "Plugins are sandboxed").
+        features::configure(&mut config);
         config.consume_fuel(true);
         config.epoch_interruption(true);
         // Native unwind tables (`.eh_frame`) serve only outside unwinders
@@ -833,7 +837,7 @@ impl PluginHost {
         }
         .map_err(|e| PluginError::Compile {
             origin: origin.clone(),
-            reason: format!("{e:#}"),
+            reason: features::compile_reason(bytes, &e),
         })?;
         let version = check_contract(&self.engine, &component, &origin)?;
 
