@@ -22,6 +22,7 @@ mod prepare;
 mod props;
 mod ps_props;
 mod ready;
+mod realkube;
 mod restart;
 mod sac;
 mod serve;
