@@ -127,6 +127,8 @@ async fn serve(config: &ServeConfig) -> anyhow::Result<ServeResult> {
                 grace: Duration::ZERO,
                 ..Default::default()
             },
+            // `serve`'s default `--concurrency`: the pods holding a turn.
+            fixups_in_flight: fixup_host::config::DEFAULT_CONCURRENCY,
             ..HostConfig::default()
         },
         Arc::new(Metrics::new()),
@@ -141,14 +143,7 @@ async fn serve(config: &ServeConfig) -> anyhow::Result<ServeResult> {
         let host = host.clone();
         let shutdown = shutdown.clone();
         async move {
-            fixup_host::serve::run(
-                client,
-                NODE,
-                host,
-                fixup_host::config::DEFAULT_CONCURRENCY,
-                shutdown,
-            )
-            .await;
+            fixup_host::serve::run(client, NODE, host, shutdown).await;
         }
     });
     // The fake API server streams changes only to watches open when they

@@ -442,6 +442,7 @@ impl Console for InstantConsole {
         _vm: &fixup_core::facts::VmId,
         need: usize,
         _stop: fixup_sac::Stop,
+        _deadline: fixup_sac::Deadline,
     ) -> Result<(Vec<u32>, Box<dyn ConsoleSession>), fixup_sac::SacError> {
         let nets = (1..).take(need).collect();
         Ok((nets, Box::new(InstantConsole)))
@@ -449,7 +450,12 @@ impl Console for InstantConsole {
 }
 
 impl ConsoleSession for InstantConsole {
-    fn set(&mut self, _net: u32, _nic: &fixup_sac::StaticNic) -> Result<(), fixup_sac::SacError> {
+    fn set(
+        &mut self,
+        _net: u32,
+        _nic: &fixup_sac::StaticNic,
+        _deadline: fixup_sac::Deadline,
+    ) -> Result<(), fixup_sac::SacError> {
         Ok(())
     }
 }

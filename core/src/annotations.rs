@@ -150,8 +150,10 @@ pub type AnnotationPatch = BTreeMap<String, Option<String>>;
 pub const ERRORS_ANNOTATION_MAX: usize = 4096;
 
 /// `vm.cocoonstack.io/lifecycle-state-message` of a failed fixup holds at
-/// most this many bytes (cut on a UTF-8 boundary, saying so).
-pub const FAILURE_MESSAGE_MAX: usize = 1024;
+/// most this many bytes (cut on a UTF-8 boundary, saying so): an exhausted
+/// fixup's message is its whole error chain, as upstream writes it
+/// (cocoon-operator copies it into its own events).
+pub const FAILURE_MESSAGE_MAX: usize = ERRORS_ANNOTATION_MAX;
 
 /// The most bytes the API server takes for all of a pod's annotations
 /// together, keys and values counted (256 KiB, Kubernetes'
@@ -259,21 +261,19 @@ pub struct ExhaustedRecord {
 
 /// The failure record of an exhausted fixup (spec section 5) over
 /// `current`: `post-clone-state=failed`, the hint, the error chain of
-/// `errors` ([`errors_annotation`]) and lifecycle Failed with `summary`
-/// cut to [`FAILURE_MESSAGE_MAX`] bytes. `label` names the plan's plugins
-/// (or scenario) in the hint's error. Without room for the hint in the
-/// pod's annotations the record goes without it and the chain says so;
-/// when even that is too large (the pod's own annotations fill nearly all
-/// of [`ANNOTATIONS_MAX`]), the chain keeps its newest part, as much as
-/// fits.
+/// `errors` ([`errors_annotation`]) and lifecycle Failed with that same
+/// chain as its message (upstream's form, at most [`FAILURE_MESSAGE_MAX`]
+/// bytes). `label` names the plan's plugins (or scenario) in the hint's
+/// error. Without room for the hint in the pod's annotations the record
+/// goes without it and the chain says so; when even that is too large (the
+/// pod's own annotations fill nearly all of [`ANNOTATIONS_MAX`]), the
+/// chain keeps its newest part, as much as fits.
 pub fn exhausted_record(
     current: &BTreeMap<String, String>,
     hint: &str,
     label: &str,
     mut errors: Vec<String>,
-    summary: &str,
 ) -> ExhaustedRecord {
-    let message = cap_utf8(summary.to_owned(), FAILURE_MESSAGE_MAX, "… [truncated]");
     let (hint, hint_left_out) = match check_hint_room(current, hint, label) {
         Ok(()) => (hint, None),
         Err(e) => {
@@ -284,17 +284,15 @@ pub fn exhausted_record(
             ("", Some(e))
         }
     };
-    let mut chain = errors_annotation(&errors);
-    let mut patch = failure_record(current, hint, chain.clone(), &message);
+    let chain = errors_annotation(&errors);
+    let mut patch = failure_record(current, hint, chain.clone(), &chain);
     let excess = annotations_after(current, &patch).saturating_sub(ANNOTATIONS_MAX);
     if excess > 0 {
-        let keep = chain.len().saturating_sub(excess + 32);
-        let mut start = chain.len() - keep;
-        while !chain.is_char_boundary(start) {
-            start += 1;
-        }
-        chain = format!("[truncated]\n{}", &chain[start..]);
-        patch = failure_record(current, hint, chain, &message);
+        // The chain is written twice (errors and message): each gives up
+        // half the excess, and room for the marker.
+        let max = chain.len().saturating_sub(excess.div_ceil(2) + 64);
+        let chain = keep_newest(errors.join("\n"), max);
+        patch = failure_record(current, hint, chain.clone(), &chain);
     }
     ExhaustedRecord {
         patch,
@@ -340,36 +338,76 @@ pub fn one_line(text: &str) -> String {
 }
 
 /// The joined error chain, at most [`ERRORS_ANNOTATION_MAX`] bytes, cut on a
-/// UTF-8 boundary, keeping the newest attempts and saying that it cut.
+/// UTF-8 boundary, keeping the newest attempts and saying that it cut
+/// ([`keep_newest`]).
 pub fn errors_annotation(errors: &[String]) -> String {
-    let joined = errors.join("\n");
-    if joined.len() <= ERRORS_ANNOTATION_MAX {
-        return joined;
+    keep_newest(errors.join("\n"), ERRORS_ANNOTATION_MAX)
+}
+
+/// `text` in at most `max` bytes: when longer, its newest (last) bytes,
+/// cut on a UTF-8 boundary and led by `[truncated: first <n> bytes
+/// dropped]` and a newline. The error chain's truncation, wherever a chain
+/// is shown (`post-clone-errors`, the exhaustion's event and lifecycle
+/// message).
+pub fn keep_newest(text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
     }
     let dropped_prefix = |dropped: usize| format!("[truncated: first {dropped} bytes dropped]\n");
     // The marker's length depends on the number it carries; a 20-digit
     // bound keeps the result within the limit.
-    let room = ERRORS_ANNOTATION_MAX - dropped_prefix(usize::MAX).len();
-    let mut start = joined.len() - room;
-    while !joined.is_char_boundary(start) {
-        start += 1;
-    }
-    format!("{}{}", dropped_prefix(start), &joined[start..])
+    let room = max.saturating_sub(dropped_prefix(usize::MAX).len());
+    let start = text.ceil_char_boundary(text.len() - room);
+    format!("{}{}", dropped_prefix(start), &text[start..])
 }
 
 /// The texts of the fixup loop's error chain and events (spec sections 5,
 /// 6 and 9). The daemon and an embedder's loop both take them from here.
 pub mod messages {
+    use std::fmt::Write as _;
     use std::time::Duration;
 
-    /// A duration in messages: whole seconds as `45s` (the spec's form),
-    /// else `1s 500ms`.
+    use crate::classify::Scenario;
+
+    /// A duration in messages, events and annotations, in Go's
+    /// `time.Duration` notation as upstream prints it: `45s`, `1m30s`,
+    /// `2m0s`, `1h0m0s`, `1.5s`, `500ms`, `0s`.
     pub fn span(d: Duration) -> String {
-        if d.subsec_nanos() == 0 {
-            format!("{}s", d.as_secs())
-        } else {
-            humantime::format_duration(d).to_string()
+        let nanos = d.as_nanos();
+        if nanos == 0 {
+            return "0s".to_owned();
         }
+        if nanos < 1_000_000_000 {
+            let (unit, scale) = match nanos {
+                ..1_000 => ("ns", 1),
+                1_000..1_000_000 => ("µs", 1_000),
+                _ => ("ms", 1_000_000),
+            };
+            return format!("{}{unit}", decimal(nanos, scale));
+        }
+        let secs = d.as_secs();
+        let mut out = String::new();
+        if secs >= 3600 {
+            let _ = write!(out, "{}h", secs / 3600);
+        }
+        if secs >= 60 {
+            let _ = write!(out, "{}m", secs / 60 % 60);
+        }
+        let rest = u128::from(secs % 60) * 1_000_000_000 + u128::from(d.subsec_nanos());
+        let _ = write!(out, "{}s", decimal(rest, 1_000_000_000));
+        out
+    }
+
+    /// `value / scale` in decimal, without trailing zeros (`scale` a power
+    /// of ten).
+    fn decimal(value: u128, scale: u128) -> String {
+        let (whole, fraction) = (value / scale, value % scale);
+        if fraction == 0 {
+            return whole.to_string();
+        }
+        let width = scale.ilog10() as usize;
+        let digits = format!("{fraction:0width$}");
+        format!("{whole}.{}", digits.trim_end_matches('0'))
     }
 
     /// One attempt's line in the error chain and its
@@ -378,20 +416,42 @@ pub mod messages {
         format!("attempt {attempt}: {error}")
     }
 
-    /// The `PostCloneSucceeded` event: `kind=<scenario> attempts=<n>`.
-    pub fn succeeded(scenario: &str, attempts: u32) -> String {
-        format!("kind={scenario} attempts={attempts}")
+    /// Upstream's kind of fixup for a scenario, in `PostCloneSucceeded`:
+    /// `windows` (PnP), `linux_fc` (Firecracker) or `linux_static` (every
+    /// other Linux plan: cloudimg, oci-networkd, and so every vendor
+    /// plugin's plan, which serves one of these scenarios for its guest
+    /// flavour).
+    pub fn kind(scenario: Scenario) -> &'static str {
+        match scenario {
+            Scenario::WindowsPnp => "windows",
+            Scenario::FcMac => "linux_fc",
+            Scenario::Cloudimg
+            | Scenario::OciNetworkd
+            | Scenario::DhcpRecovery
+            | Scenario::Prepare => "linux_static",
+        }
     }
 
-    /// The `PostCloneExecExhausted` event, also the lifecycle message of the
-    /// failure record: the scenario, the attempts, the budget and the last
-    /// line of the chain.
-    pub fn exhausted(scenario: &str, attempts: u32, budget: Duration, errors: &[String]) -> String {
-        let last = errors.last().map_or("no attempt ran", String::as_str);
+    /// The `PostCloneSucceeded` event: upstream's `kind=<kind>
+    /// attempts=<n>`, then the host's own scenario, `scenario=<name>`.
+    pub fn succeeded(scenario: Scenario, attempts: u32) -> String {
         format!(
-            "post-clone fixup {scenario} failed after {attempts} attempt(s) in {}: {last}",
-            span(budget)
+            "kind={} attempts={attempts} scenario={scenario}",
+            kind(scenario)
         )
+    }
+
+    /// The `PostCloneExecExhausted` event: upstream's `<op>: <joined error
+    /// chain>`, where `op` is `create`, `update` or `reconcile`, within
+    /// [`EVENT_MESSAGE_MAX`](super::EVENT_MESSAGE_MAX) bytes: a longer
+    /// chain keeps its newest bytes and says it was cut
+    /// ([`keep_newest`](super::keep_newest)). The failure record's
+    /// lifecycle message is the chain itself
+    /// ([`exhausted_record`](super::exhausted_record)).
+    pub fn exhausted(op: &str, errors: &[String]) -> String {
+        let prefix = format!("{op}: ");
+        let room = super::EVENT_MESSAGE_MAX.saturating_sub(prefix.len());
+        prefix + &super::keep_newest(errors.join("\n"), room)
     }
 
     /// The `PostCloneIPWaitTimeout` event and lifecycle message.
@@ -477,6 +537,8 @@ pub fn state_patch(state: PostCloneState) -> AnnotationPatch {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -602,7 +664,7 @@ mod tests {
     fn an_exhausted_record_without_room_leaves_the_hint_out() {
         let errors = vec!["attempt 1: exited 1".to_owned()];
         let hint = "QUJD".repeat(100);
-        let record = exhausted_record(&BTreeMap::new(), &hint, "acme", errors.clone(), "failed");
+        let record = exhausted_record(&BTreeMap::new(), &hint, "acme", errors.clone());
         assert_eq!(record.hint_left_out, None);
         assert_eq!(record.errors, errors);
         assert_eq!(record.patch[keys::POST_CLONE_HINT], Some(hint.clone()));
@@ -612,11 +674,78 @@ mod tests {
         );
 
         let full = annotations(&[("example.com/big", &"x".repeat(ANNOTATIONS_MAX - 1000))]);
-        let record = exhausted_record(&full, &hint, "acme", errors, "failed");
+        let record = exhausted_record(&full, &hint, "acme", errors);
         assert!(record.hint_left_out.is_some());
         assert_eq!(record.patch[keys::POST_CLONE_HINT], None);
         assert!(record.errors[1].starts_with("the hint (400 bytes) does not fit"));
         assert!(annotations_after(&full, &record.patch) <= ANNOTATIONS_MAX);
+    }
+
+    /// Durations print as Go's `time.Duration.String` prints them.
+    #[rstest::rstest]
+    #[case::zero(Duration::ZERO, "0s")]
+    #[case::nanos(Duration::from_nanos(1), "1ns")]
+    #[case::micros(Duration::from_nanos(1_500), "1.5µs")]
+    #[case::millis(Duration::from_millis(200), "200ms")]
+    #[case::half_second(Duration::from_millis(500), "500ms")]
+    #[case::millis_fraction(Duration::from_micros(1_250), "1.25ms")]
+    #[case::second(Duration::from_secs(1), "1s")]
+    #[case::second_and_a_half(Duration::from_millis(1500), "1.5s")]
+    #[case::ip_wait(Duration::from_secs(45), "45s")]
+    #[case::minute_and_a_half(Duration::from_secs(90), "1m30s")]
+    #[case::two_minutes(Duration::from_secs(120), "2m0s")]
+    #[case::retry_budget(Duration::from_secs(180), "3m0s")]
+    #[case::hour(Duration::from_secs(3600), "1h0m0s")]
+    #[case::mixed(Duration::from_millis(3_661_500), "1h1m1.5s")]
+    #[case::hundred_hours(Duration::from_secs(360_000), "100h0m0s")]
+    #[case::nanos_past_a_minute(Duration::new(61, 1), "1m1.000000001s")]
+    fn durations_print_as_go_prints_them(#[case] d: Duration, #[case] go: &str) {
+        assert_eq!(messages::span(d), go);
+    }
+
+    /// `PostCloneSucceeded` carries upstream's kind, then the scenario.
+    #[test]
+    fn success_names_upstreams_kind() {
+        use crate::classify::Scenario;
+        for (scenario, kind) in [
+            (Scenario::WindowsPnp, "windows"),
+            (Scenario::FcMac, "linux_fc"),
+            (Scenario::OciNetworkd, "linux_static"),
+            (Scenario::Cloudimg, "linux_static"),
+        ] {
+            assert_eq!(
+                messages::succeeded(scenario, 2),
+                format!("kind={kind} attempts=2 scenario={scenario}")
+            );
+        }
+    }
+
+    /// The exhaustion event is `<op>: <chain>` within 512 bytes, keeping
+    /// the newest attempts; the lifecycle message is the chain within
+    /// 4096 bytes; neither splits a character, and both say they cut.
+    #[test]
+    fn exhaustion_shows_the_chain_as_upstream_does() {
+        let short = vec!["attempt 1: a".to_owned(), "attempt 2: b".to_owned()];
+        assert_eq!(
+            messages::exhausted("update", &short),
+            "update: attempt 1: a\nattempt 2: b"
+        );
+        let long: Vec<String> = (1..=60)
+            .map(|n| format!("attempt {n}: é{}", "x".repeat(80)))
+            .collect();
+        let event = messages::exhausted("create", &long);
+        assert!(event.len() <= EVENT_MESSAGE_MAX, "{}", event.len());
+        assert!(event.starts_with("create: [truncated: first "), "{event}");
+        assert!(event.ends_with(long.last().unwrap()), "{event}");
+        let record = exhausted_record(&BTreeMap::new(), "", "acme", long.clone());
+        let message = record.patch[keys::LIFECYCLE_MESSAGE].clone().unwrap();
+        assert_eq!(
+            Some(&message),
+            record.patch[keys::POST_CLONE_ERRORS].as_ref()
+        );
+        assert!(message.len() <= FAILURE_MESSAGE_MAX, "{}", message.len());
+        assert!(message.starts_with("[truncated: first "), "{message}");
+        assert!(message.ends_with(long.last().unwrap()));
     }
 
     /// A plan that could not be made is recorded as failed with its one

@@ -56,7 +56,6 @@
 //! data, and whoever prints it passes it through [`crate::display`].
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use base64::Engine as _;
 use serde::Serialize;
@@ -65,6 +64,7 @@ use serde_json::{Map, Value, json};
 use crate::annotations::{keys, reasons};
 use crate::binding::{BindingPolicy, Mismatch, Verdict};
 use crate::classify::{self, Scenario};
+use crate::decision::WakeConfig;
 use crate::decision::{self, Lookup};
 use crate::facts::{
     BootKind, FactError, ImageKind, Observation, Overrides, PodInput, VmFacts, VmId, VmInspect,
@@ -72,7 +72,7 @@ use crate::facts::{
 };
 use crate::kit;
 use crate::lifecycle::{self, Action, HandsOff};
-use crate::memory::{StackEvent, events_say_wake};
+use crate::memory::{StackEvent, Witness};
 use crate::planner::Planner;
 use crate::plugin::registry::NoPlugin;
 use crate::probe::ProbeError;
@@ -440,10 +440,14 @@ pub struct CaptureInput<'a> {
     /// Whether events were left out ([`MAX_EVENTS`], a page limit).
     pub events_truncated: bool,
     /// Every event about the pod as the wake rule reads it (spec section
-    /// 2, rule 2), and the window it reads them in: the stack's `Woken`
-    /// or `HibernateSnapshotExists` makes the VM a wake, as for the daemon.
+    /// 2, rule 2), and how it reads them (the window, the accepted
+    /// reporters) at `now_unix_ms`: the stack's `Woken` or
+    /// `HibernateSnapshotExists` makes a cloned VM a wake, as for the
+    /// daemon.
     pub stack_events: &'a [StackEvent],
-    pub wake_window: Duration,
+    pub wake: &'a WakeConfig,
+    /// The capture's wall clock, in milliseconds since the Unix epoch.
+    pub now_unix_ms: i64,
     pub source: Source,
     /// The capture time, RFC 3339.
     pub at: String,
@@ -478,17 +482,19 @@ impl CapturedCase {
 
 /// The boot kind capture plans with when it is not the annotations' own,
 /// and why, as the daemon decides it: `--boot`; else a wake, by the pod's
-/// `restore-from-hibernate` or by the stack's own event that the VM was
-/// woken (spec section 2, rule 2: `stack_events` about the pod within
-/// `window` of the VM's creation), which stays a wake for work left
-/// `running`; else `resumed` for a `post-clone-state` of `running`, which a
-/// daemon that restarts mid-fixup resumes.
+/// `restore-from-hibernate` or, for a pod its annotations say is cloned,
+/// by the stack's own event that the VM was woken (spec section 2, rule
+/// 2: `stack_events` that count by `wake` at `now_unix_ms`; an event
+/// never makes a pod with no work a wake), which stays a wake for work
+/// left `running`; else `resumed` for a `post-clone-state` of `running`,
+/// which a daemon that restarts mid-fixup resumes.
 pub fn assumed_boot(
     pod: &PodInput,
     vm: &VmInspect,
     overrides: &Overrides,
     stack_events: &[StackEvent],
-    window: Duration,
+    wake: &WakeConfig,
+    now_unix_ms: i64,
 ) -> Option<(BootKind, String)> {
     if let Some(boot) = overrides.boot {
         return Some((boot, format!("{boot}: given with --boot")));
@@ -503,7 +509,14 @@ pub fn assumed_boot(
             )
         });
     }
-    if !uid.is_empty() && events_say_wake(stack_events, uid, vm.created_unix_ms, window) {
+    let witness = Witness {
+        pod_uid: uid,
+        reporters: &wake.reporters,
+        vm_created_unix_ms: vm.created_unix_ms,
+        window: wake.event_window,
+        now_unix_ms: Some(now_unix_ms),
+    };
+    if BootKind::from_annotations(&pod.annotations).is_some() && witness.says_wake(stack_events) {
         return Some((
             BootKind::Wake,
             "wake: the stack's Woken or HibernateSnapshotExists event about the pod says the VM was woken, and the daemon takes it for a wake (pass --boot to plan another kind)".to_owned(),
@@ -553,7 +566,8 @@ pub fn capture(
         input.vm,
         input.overrides,
         input.stack_events,
-        input.wake_window,
+        input.wake,
+        input.now_unix_ms,
     );
     let overrides = Overrides {
         boot: assumed.as_ref().map(|(boot, _)| *boot),
@@ -953,10 +967,11 @@ mod tests {
             source_image: None,
         };
         let events: &[StackEvent] = if event { &events } else { &[] };
-        let window = Duration::from_secs(600);
-        let assumed = assumed_boot(&pod, &vm, &given(None), events, window);
+        let wake = WakeConfig::default();
+        let now = 2_000;
+        let assumed = assumed_boot(&pod, &vm, &given(None), events, &wake, now);
         assert_eq!(assumed.map(|(boot, _)| boot), expected);
-        let forced = assumed_boot(&pod, &vm, &given(Some(BootKind::Clone)), events, window);
+        let forced = assumed_boot(&pod, &vm, &given(Some(BootKind::Clone)), events, &wake, now);
         assert_eq!(forced.map(|(boot, _)| boot), Some(BootKind::Clone));
     }
 

@@ -90,8 +90,21 @@ pub const MAX_NICS: usize = 48;
 /// sane single path component below the cocoon root.
 pub const MAX_VM_ID_LEN: usize = 128;
 
-/// Longest RFC 1123 label, and so the longest VM name and flavour.
+/// Longest RFC 1123 label, and so the longest flavour.
 pub const MAX_LABEL_LEN: usize = 63;
+
+/// Longest VM name: the longest the stack derives, `vk-`, a namespace (a
+/// DNS label, 63 bytes), `-`, a pod name (a DNS subdomain, 253 bytes), `-`
+/// and the 6-digit hash.
+pub const MAX_VM_NAME_LEN: usize = 3 + 63 + 1 + 253 + 1 + 6;
+
+/// Longest hostname the hostname step writes (spec section 4): the VM name
+/// must be dot-separated RFC 1123 labels of at most this many bytes in all.
+pub const MAX_HOSTNAME_LEN: usize = 63;
+
+/// Where the guest reads its static hostname from: the file the hostname
+/// step of a Linux plan writes the VM name to.
+pub const HOSTNAME_PATH: &str = "/etc/hostname";
 
 /// Offending values are shown escaped and cut to this many characters, so a
 /// hostile or binary annotation cannot flood a log line or an event.
@@ -651,20 +664,57 @@ impl Observation {
     }
 }
 
-/// A validated VM name: an RFC 1123 label (1..=63 of `a-z`, `0-9`, `-`,
-/// starting and ending with a letter or digit). Safe as a hostname.
+/// A validated VM name, as the stack names VMs: 1..=[`MAX_VM_NAME_LEN`]
+/// of ASCII letters, digits, `-`, `.` and `_`, starting and ending with a
+/// letter or digit. Safe in messages, the hint and a plugin's facts; not
+/// always a hostname (a long pod's hashed name is longer than one): only
+/// the plans that write it as the guest's hostname need that
+/// ([`hostname`](Self::hostname)), so a Windows plan never refuses it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct VmName(String);
 
 impl VmName {
-    /// Validates a VM name. It ends up in the guest's `/etc/hostname`, so
-    /// anything but an RFC 1123 label is refused rather than quoted.
+    /// Validates a VM name.
     pub fn parse(value: &str) -> Result<Self, FactError> {
         parse_name(value, &Ctx::standalone("VM name"))
     }
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The name as the guest's hostname (spec section 4, step 2):
+    /// dot-separated RFC 1123 labels (`a-z`, `0-9`, `-`, each starting
+    /// and ending with a letter or digit) of at most [`MAX_HOSTNAME_LEN`]
+    /// bytes in all, so the legacy name of a dotted pod
+    /// (`vk-default-web.v1-0`) is one. The error names the rule broken and
+    /// what the stack must change.
+    pub fn hostname(&self) -> Result<&str, FactError> {
+        let name = self.as_str();
+        let ctx = Ctx::standalone(
+            "VM name (the VM record's config.name, which the plan writes to /etc/hostname)",
+        );
+        let rule = if name.len() > MAX_HOSTNAME_LEN {
+            Some("is longer than the 63 bytes a hostname may have")
+        } else if !name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.'))
+        {
+            Some("may only hold a-z, 0-9, '-' and '.' as a hostname")
+        } else if name.split('.').any(str::is_empty) {
+            Some("has an empty label (a dot at an end, or two in a row)")
+        } else if name
+            .split('.')
+            .any(|label| label.starts_with('-') || label.ends_with('-'))
+        {
+            Some("has a label that starts or ends with '-'")
+        } else {
+            None
+        };
+        match rule {
+            Some(rule) => Err(ctx.invalid(name, rule, FIX_HOSTNAME)),
+            None => Ok(name),
+        }
     }
 }
 
@@ -1046,23 +1096,30 @@ impl<'a> Ctx<'a> {
     }
 }
 
-const FIX_NAME: &str =
-    "set annotation vm.cocoonstack.io/name to the VM name, a lowercase RFC 1123 label like `web-0`";
+const FIX_NAME: &str = "the stack names the VM after the pod's namespace and name, and cocoon keeps the name as config.name in `cocoon vm inspect <id> --json`: pass that output unmodified, or recreate the pod through its controller so that the stack names its VM";
+
+const FIX_HOSTNAME: &str = "a Linux plan writes the VM name as the guest's hostname, which must be dot-separated RFC 1123 labels of at most 63 bytes in all (a Windows plan writes none); the stack names the VM after the pod's namespace and name, so the stack must give this pod a name that makes such a VM name: a shorter namespace or pod name (for a CocoonSet, a shorter CocoonSet name)";
 
 fn parse_name(value: &str, ctx: &Ctx<'_>) -> Result<VmName, FactError> {
     if value.is_empty() {
         return Err(ctx.missing(FIX_NAME));
     }
-    if value.len() > MAX_LABEL_LEN {
-        return Err(ctx.invalid(value, "is longer than 63 characters", FIX_NAME));
+    if value.len() > MAX_VM_NAME_LEN {
+        return Err(ctx.invalid(value, "is longer than 327 bytes", FIX_NAME));
     }
     if !value
         .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
     {
-        return Err(ctx.invalid(value, "may only hold a-z, 0-9 and '-'", FIX_NAME));
+        return Err(ctx.invalid(
+            value,
+            "may only hold ASCII letters, digits, '-', '.' and '_'",
+            FIX_NAME,
+        ));
     }
-    if value.starts_with('-') || value.ends_with('-') {
+    if !value.starts_with(|c: char| c.is_ascii_alphanumeric())
+        || !value.ends_with(|c: char| c.is_ascii_alphanumeric())
+    {
         return Err(ctx.invalid(value, "must start and end with a letter or digit", FIX_NAME));
     }
     Ok(VmName(value.to_owned()))
@@ -1726,15 +1783,15 @@ mod tests {
     #[rstest]
     #[case::empty(
         "",
-        "pod default/web-0: annotation vm.cocoonstack.io/name is missing or empty; set annotation vm.cocoonstack.io/name to the VM name, a lowercase RFC 1123 label like `web-0`"
+        "pod default/web-0: annotation vm.cocoonstack.io/name is missing or empty; the stack names the VM after the pod's namespace and name, and cocoon keeps the name as config.name in `cocoon vm inspect <id> --json`: pass that output unmodified, or recreate the pod through its controller so that the stack names its VM"
     )]
     #[case::shell(
         "web;reboot",
-        "pod default/web-0: annotation vm.cocoonstack.io/name \"web;reboot\": may only hold a-z, 0-9 and '-'; set annotation vm.cocoonstack.io/name to the VM name, a lowercase RFC 1123 label like `web-0`"
+        "pod default/web-0: annotation vm.cocoonstack.io/name \"web;reboot\": may only hold ASCII letters, digits, '-', '.' and '_'; the stack names the VM after the pod's namespace and name, and cocoon keeps the name as config.name in `cocoon vm inspect <id> --json`: pass that output unmodified, or recreate the pod through its controller so that the stack names its VM"
     )]
     #[case::newline(
         "web\n0",
-        "pod default/web-0: annotation vm.cocoonstack.io/name \"web\\n0\": may only hold a-z, 0-9 and '-'; set annotation vm.cocoonstack.io/name to the VM name, a lowercase RFC 1123 label like `web-0`"
+        "pod default/web-0: annotation vm.cocoonstack.io/name \"web\\n0\": may only hold ASCII letters, digits, '-', '.' and '_'; the stack names the VM after the pod's namespace and name, and cocoon keeps the name as config.name in `cocoon vm inspect <id> --json`: pass that output unmodified, or recreate the pod through its controller so that the stack names its VM"
     )]
     fn name_errors_in_pod(#[case] name: &str, #[case] expected: &str) {
         let mut obs = observation(vec![]);
@@ -1766,31 +1823,63 @@ mod tests {
         );
     }
 
+    /// Which names are VM names, and which of them hostnames (spec
+    /// section 4, step 2).
     #[rstest]
-    #[case::simple("web-0", true)]
-    #[case::single("a", true)]
-    #[case::digits("0123", true)]
-    #[case::max_len(&"a".repeat(63), true)]
-    #[case::too_long(&"a".repeat(64), false)]
-    #[case::empty("", false)]
-    #[case::upper("Web", false)]
-    #[case::leading_dash("-web", false)]
-    #[case::trailing_dash("web-", false)]
-    #[case::dot("web.0", false)]
-    #[case::underscore("web_0", false)]
-    #[case::space("web 0", false)]
-    #[case::quote("web'0", false)]
-    #[case::non_ascii("wéb", false)]
-    fn vm_names(#[case] value: &str, #[case] ok: bool) {
-        assert_eq!(VmName::parse(value).is_ok(), ok, "{value:?}");
+    #[case::simple("web-0", true, true)]
+    #[case::single("a", true, true)]
+    #[case::digits("0123", true, true)]
+    #[case::max_hostname(&"a".repeat(63), true, true)]
+    #[case::longer_than_a_hostname(&"a".repeat(64), true, false)]
+    #[case::long_hashed(&format!("vk-prod-{}-496021", "a".repeat(60)), true, false)]
+    #[case::max_len(&"a".repeat(MAX_VM_NAME_LEN), true, false)]
+    #[case::too_long(&"a".repeat(MAX_VM_NAME_LEN + 1), false, false)]
+    #[case::empty("", false, false)]
+    #[case::upper("Web", true, false)]
+    #[case::leading_dash("-web", false, false)]
+    #[case::trailing_dash("web-", false, false)]
+    #[case::legacy_dotted("vk-default-web.v1-0", true, true)]
+    #[case::label_ends_with_dash("vk-default-web-.v1", true, false)]
+    #[case::label_starts_with_dash("web.-v1", true, false)]
+    #[case::empty_label("web..v1", true, false)]
+    #[case::trailing_dot("web.", false, false)]
+    #[case::underscore("web_0", true, false)]
+    #[case::space("web 0", false, false)]
+    #[case::quote("web'0", false, false)]
+    #[case::non_ascii("wéb", false, false)]
+    fn vm_names(#[case] value: &str, #[case] name: bool, #[case] hostname: bool) {
+        let parsed = VmName::parse(value);
+        assert_eq!(parsed.is_ok(), name, "{value:?}");
+        assert_eq!(
+            parsed.is_ok_and(|n| n.hostname().is_ok()),
+            hostname,
+            "{value:?}"
+        );
     }
 
-    /// A name too long for a hostname is named by where it came from: the
-    /// VM record's name (a derived name of a long pod name), or the
-    /// annotation when the record has none.
+    /// A name that is no hostname says what the stack must change, never
+    /// to set the name annotation (which only fails the binding).
+    #[test]
+    fn a_name_that_is_no_hostname_says_what_the_stack_must_change() {
+        let long = format!("vk-prod-{}-496021", "a".repeat(60));
+        let e = VmName::parse(&long)
+            .unwrap()
+            .hostname()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("is longer than the 63 bytes a hostname may have"),
+            "{e}"
+        );
+        assert!(e.contains("the stack must give this pod a name"), "{e}");
+        assert!(!e.contains("set annotation"), "{e}");
+    }
+
+    /// A bad name is named by where it came from: the VM record's name, or
+    /// the annotation when the record has none.
     #[test]
     fn a_bad_name_error_names_its_source() {
-        let long = format!("vk-prod-{}-496021", "a".repeat(60));
+        let long = format!("vk-prod-{}-496021", "a".repeat(MAX_VM_NAME_LEN));
         let pod = pod_with(&[
             (annotations::MANAGED, "true"),
             (annotations::VM_NAME, long.as_str()),

@@ -211,13 +211,26 @@ pub fn gate(pod: &PodInput) -> Result<Option<PostCloneState>, Action> {
 }
 
 /// What the decision knows of a pod beyond its annotations once its VM is
-/// bound (spec section 2): whether the VM is a hibernate wake, and whether
-/// the pod's `post-clone-state` was written for another VM of the pod (the
-/// host's record says so), which makes it no marker of this VM.
+/// bound (spec sections 2 and 7), from the host's own record:
+///
+/// - `wake`: the VM is a hibernate wake;
+/// - `foreign_marker`: the pod's `post-clone-state` was written for
+///   another VM of the pod, which makes it no marker of this VM;
+/// - `remembered`: the pod shows no `post-clone-state`, and the record
+///   holds the last one seen or written for this VM (someone removed it:
+///   a failed hibernate does), which is taken in its place;
+/// - `lifted`: the pod shows no `post-clone-state`, and the host saw this
+///   VM's hibernation fail: upstream lifted the pod back to `creating` on
+///   the same VM, and nothing is owed in its guest (at most the IP wait).
+///
+/// The record is the host's own, never user input: it only ever takes
+/// work away here.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Known {
     pub wake: bool,
     pub foreign_marker: bool,
+    pub remembered: Option<PostCloneState>,
+    pub lifted: bool,
 }
 
 /// The rows [`gate`] decides from the annotations that the VM and the
@@ -253,7 +266,8 @@ pub fn gate_knowing(pod: &PodInput, known: Known) -> Result<Option<PostCloneStat
         None
     } else {
         PostCloneState::parse(get(keys::POST_CLONE_STATE))
-    };
+    }
+    .or(known.remembered);
     match marker {
         Some(PostCloneState::Failed) => Err(Action::Parked),
         marker => Ok(marker),
@@ -292,6 +306,7 @@ pub fn decide(pod: &PodInput, fixup_needed: bool) -> Action {
 pub fn decide_knowing(pod: &PodInput, fixup_needed: bool, known: Known) -> Action {
     match gate_knowing(pod, known) {
         Err(action) => action,
+        Ok(_) if known.lifted => Action::IpWaitOnly,
         Ok(Some(PostCloneState::Done)) => Action::IpWaitOnly,
         Ok(Some(PostCloneState::Running) | None) if fixup_needed => Action::RunLoop,
         Ok(_) => Action::IpWaitOnly,
@@ -403,6 +418,31 @@ mod tests {
         assert!(
             !patch.contains_key(OBSERVED),
             "no generation, nothing to echo"
+        );
+    }
+
+    /// Spec section 7: what the host's record knows of the VM when the pod
+    /// shows no marker.
+    #[rstest]
+    #[case::nothing_known(Known::default(), true, RunLoop)]
+    #[case::remembered_done(Known { remembered: Some(PostCloneState::Done), ..Known::default() }, true, IpWaitOnly)]
+    #[case::remembered_failed(Known { remembered: Some(PostCloneState::Failed), ..Known::default() }, true, Parked)]
+    #[case::remembered_running(Known { remembered: Some(PostCloneState::Running), ..Known::default() }, true, RunLoop)]
+    #[case::lifted(Known { lifted: true, ..Known::default() }, true, IpWaitOnly)]
+    #[case::lifted_over_a_running_marker(Known { lifted: true, remembered: Some(PostCloneState::Running), ..Known::default() }, true, IpWaitOnly)]
+    #[case::lifted_not_needed(Known { lifted: true, ..Known::default() }, false, IpWaitOnly)]
+    fn the_record_fills_a_removed_marker(
+        #[case] known: Known,
+        #[case] fixup_needed: bool,
+        #[case] expected: Action,
+    ) {
+        let pod = pod(&[MANAGED, (STATE, "creating")], false);
+        assert_eq!(decide_knowing(&pod, fixup_needed, known), expected);
+        // Nor does it ever give work to a pod the table leaves alone.
+        let ready = self::pod(&[MANAGED, (STATE, "ready")], false);
+        assert_eq!(
+            decide_knowing(&ready, fixup_needed, known),
+            Nothing(StackOwns)
         );
     }
 

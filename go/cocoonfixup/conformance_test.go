@@ -231,9 +231,9 @@ func (w *world) NodePods(ctx context.Context) ([][]byte, error) {
 	return w.list(map[string]any{"action": "other_pods", "vm_name": ""}, "other_pods")
 }
 
-func (w *world) PodEvents(ctx context.Context, namespace, uid string) ([][]byte, error) {
+func (w *world) ListEvents(ctx context.Context, namespace, fieldSelector string) ([][]byte, error) {
 	w.live(ctx, "the pod's events")
-	return w.list(map[string]any{"action": "wake_events", "namespace": namespace, "uid": uid}, "events")
+	return w.list(map[string]any{"action": "wake_events", "namespace": namespace, "field_selectors": []string{fieldSelector}}, "events")
 }
 
 // list carries out an action whose report is a list under key, or why

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
@@ -57,6 +58,63 @@ func (h *heldPod) Event(ctx context.Context, namespace, name, uid string, e Even
 	return nil
 }
 
+// The Windows pod's VM in the console tests: one static NIC.
+const (
+	winVMID = "vm-5ac0ffee"
+	// The hashed name of prod/win-0: sha256("prod/win-0")'s first 3 bytes.
+	winVMName = "vk-prod-win-0-80319e"
+)
+
+var winRecord = []byte(`{"id": "` + winVMID + `", "hypervisor": "cloud-hypervisor", "state": "running",
+	"config": {"name": "` + winVMName + `"},
+	"network_configs": [{"mac": "52:54:00:5a:c0:01", "tap": "tap0",
+		"network": {"ip": "10.88.0.12", "gateway": "10.88.0.1"}}]}`)
+
+// startSim starts the SAC simulator (options, then the interfaces) on
+// vmID's console socket below a fresh short root (Unix socket paths are
+// short), and waits until it listens: the root, its input (closing it
+// ends it) and its output.
+func startSim(t *testing.T, sim string, backend Backend, vmID string, args ...string) (string, io.WriteCloser, *bufio.Scanner) {
+	root, err := os.MkdirTemp("", "cfsac")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	var flags, nets []string
+	for _, a := range args {
+		if strings.HasPrefix(a, "--") {
+			flags = append(flags, a)
+		} else {
+			nets = append(nets, a)
+		}
+	}
+	cmd := exec.Command(sim, append(append(flags, root, vmID), nets...)...)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() })
+	lines := bufio.NewScanner(stdout)
+	if !lines.Scan() || lines.Text() != "listening" {
+		t.Fatalf("%s: the simulator did not start: %q", backend, lines.Text())
+	}
+	return root, stdin, lines
+}
+
+// windowsPod is prod/win-0, a managed Windows clone on Cloud Hypervisor
+// of the VM vmID named name, held by a stand-in API server.
+func windowsPod(name, vmID string) *heldPod {
+	return &heldPod{doc: map[string]any{"metadata": map[string]any{
+		"name": "win-0", "namespace": "prod", "uid": "u-win-0", "resourceVersion": "1",
+		"annotations": map[string]any{
+			"vm.cocoonstack.io/name": name, "vm.cocoonstack.io/id": vmID,
+			"cocoonset.cocoonstack.io/managed": "true", "cocoonset.cocoonstack.io/os": "windows",
+			"vm.cocoonstack.io/backend": "cloud-hypervisor",
+		}}}}
+}
+
 // Run's serial-console pass through the library's own console client
 // (the `console_open` and `console_set` ops), against the SAC simulator
 // on the VM's console socket below the planner's cocoon root: the static
@@ -64,46 +122,16 @@ func (h *heldPod) Event(ctx context.Context, namespace, name, uid string, e Even
 // then published.
 func TestTheLibrarysConsoleSetsAStaticAddress(t *testing.T) {
 	sim := builtBinary(t, "COCOONFIXUP_SAC_SIM", "sac-sim", "cargo build -p fixup-tests --bins")
-	const vmID = "vm-5ac0ffee"
-	// The hashed name of prod/win-0: sha256("prod/win-0")'s first 3 bytes.
-	const name = "vk-prod-win-0-80319e"
-	record := []byte(`{"id": "` + vmID + `", "hypervisor": "cloud-hypervisor", "state": "running",
-		"config": {"name": "` + name + `"},
-		"network_configs": [{"mac": "52:54:00:5a:c0:01", "tap": "tap0",
-			"network": {"ip": "10.88.0.12", "gateway": "10.88.0.1"}}]}`)
 	for _, backend := range backends(t) {
-		// Unix socket paths are short: a short root.
-		root, err := os.MkdirTemp("", "cfsac")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer os.RemoveAll(root)
-		cmd := exec.Command(sim, root, vmID, "7")
-		stdin, _ := cmd.StdinPipe()
-		stdout, _ := cmd.StdoutPipe()
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		lines := bufio.NewScanner(stdout)
-		if !lines.Scan() || lines.Text() != "listening" {
-			t.Fatalf("%s: the simulator did not start: %q", backend, lines.Text())
-		}
+		root, stdin, lines := startSim(t, sim, backend, winVMID, "7")
 		p, err := NewPlanner(ctx, Options{Backend: backend, NoPluginDir: true, CocoonRoot: root, NoCache: true})
 		if err != nil {
 			t.Fatal(err)
 		}
-		pods := &heldPod{doc: map[string]any{"metadata": map[string]any{
-			"name": "win-0", "namespace": "prod", "uid": "u-win-0", "resourceVersion": "1",
-			"annotations": map[string]any{
-				"vm.cocoonstack.io/name": name, "vm.cocoonstack.io/id": vmID,
-				"cocoonset.cocoonstack.io/managed": "true", "cocoonset.cocoonstack.io/os": "windows",
-				"vm.cocoonstack.io/backend": "cloud-hypervisor",
-			}}}}
+		pods := windowsPod(winVMName, winVMID)
 		doc, _ := pods.Get(ctx, "prod", "win-0")
 		// No evidence of a wake either way: a short grace.
-		out, err := p.Run(ctx, doc, stillVM{record}, pods, RunOptions{Leases: leaseThen(func() {}),
+		out, err := p.Run(ctx, doc, stillVM{winRecord}, pods, RunOptions{Leases: leaseThen(func() {}),
 			Settings: Settings{WakeGrace: 100 * time.Millisecond}})
 		p.Close()
 		stdin.Close()
@@ -132,6 +160,64 @@ func TestTheLibrarysConsoleSetsAStaticAddress(t *testing.T) {
 		pods.mu.Unlock()
 		if ip != "10.88.0.12" {
 			t.Errorf("%s: published %v", backend, ip)
+		}
+	}
+}
+
+// A console that never shows its prompt holds the library's console op
+// (for its 60 s prompt budget; the pass's total deadline is set far out
+// here); cancelling the Run's context, or closing the planner, ends the op
+// in flight on either backend, long before: the Run returns, the pass
+// ended by the cancel (a shutdown), with nothing marked failed.
+func TestACancelEndsTheConsoleOpInFlight(t *testing.T) {
+	sim := builtBinary(t, "COCOONFIXUP_SAC_SIM", "sac-sim", "cargo build -p fixup-tests --bins")
+	for _, backend := range backends(t) {
+		for _, by := range []string{"context", "Close"} {
+			root, _, lines := startSim(t, sim, backend, winVMID, "--no-prompt", "7")
+			p, err := NewPlanner(ctx, Options{Backend: backend, NoPluginDir: true, CocoonRoot: root, NoCache: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pods := windowsPod(winVMName, winVMID)
+			doc, _ := pods.Get(ctx, "prod", "win-0")
+			run, cancel := context.WithCancel(ctx)
+			type ended struct {
+				out *Outcome
+				err error
+			}
+			done := make(chan ended, 1)
+			go func() {
+				out, err := p.Run(run, doc, stillVM{winRecord}, pods, RunOptions{Leases: leaseThen(func() {}),
+					Settings: Settings{WakeGrace: 100 * time.Millisecond, SACDeadline: time.Hour}})
+				done <- ended{out, err}
+			}()
+			// The console op is in flight once the console has a client.
+			if !lines.Scan() || lines.Text() != "connected" {
+				t.Fatalf("%s: the console was not dialled: %q", backend, lines.Text())
+			}
+			if by == "context" {
+				cancel()
+			} else {
+				go p.Close()
+			}
+			select {
+			case e := <-done:
+				if e.err != nil || e.out.SAC != "shutdown" {
+					t.Errorf("%s, %s: the Run ended %+v %v, want the pass ended by the cancel", backend, by, e.out, e.err)
+				}
+			// Well inside the console's own budgets (60 s for the prompt, the
+			// pass's deadline an hour): only the cancel can end it by then.
+			case <-time.After(30 * time.Second):
+				t.Fatalf("%s, %s: the console op in flight did not end", backend, by)
+			}
+			cancel()
+			p.Close()
+			pods.mu.Lock()
+			state := pods.annotations()["vm.cocoonstack.io/post-clone-state"]
+			pods.mu.Unlock()
+			if state == "failed" {
+				t.Errorf("%s, %s: a cancel marked the pod failed", backend, by)
+			}
 		}
 	}
 }

@@ -575,7 +575,7 @@ func TestAnnotationValues(t *testing.T) {
 		t.Fatalf("attempt failed: %+v %v", rec, err)
 	}
 	rec, err = shared.Succeeded(ctx, "oci-networkd", 2)
-	if err != nil || rec.Event.Message != "kind=oci-networkd attempts=2" || *rec.Patch[KeyPostCloneState] != "done" {
+	if err != nil || rec.Event.Message != "kind=linux_static attempts=2 scenario=oci-networkd" || *rec.Patch[KeyPostCloneState] != "done" {
 		t.Fatalf("succeeded: %+v %v", rec, err)
 	}
 	pod := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
@@ -585,21 +585,22 @@ func TestAnnotationValues(t *testing.T) {
 		t.Fatal(err)
 	}
 	current := map[string]string{"cocoonset.cocoonstack.io/generation": "3"}
-	rec, err = shared.Exhausted(ctx, current, r, 60, 180*time.Second, []string{"attempt 60: exited 1"})
+	rec, err = shared.Exhausted(ctx, current, r, "create", []string{"attempt 59: exited 2", "attempt 60: exited 1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if *rec.Patch[KeyPostCloneHint] != r.HintValue() || *rec.Patch[KeyPostCloneErrors] != "attempt 60: exited 1" ||
-		*rec.Patch[KeyLifecycleState] != "failed" || rec.HintLeftOut != nil {
+	joined := "attempt 59: exited 2\nattempt 60: exited 1"
+	if *rec.Patch[KeyPostCloneHint] != r.HintValue() || *rec.Patch[KeyPostCloneErrors] != joined ||
+		*rec.Patch[KeyLifecycleState] != "failed" || *rec.Patch[KeyLifecycleMessage] != joined || rec.HintLeftOut != nil {
 		t.Fatalf("exhausted record: %+v", rec.Patch)
 	}
-	if rec.Event.Message != "post-clone fixup oci-networkd failed after 60 attempt(s) in 180s: attempt 60: exited 1" {
+	if rec.Event.Message != "create: "+joined {
 		t.Fatalf("exhausted event: %q", rec.Event.Message)
 	}
 	// A pod whose annotations leave no room for the hint gets the record
 	// without it, and the chain says so.
 	full := map[string]string{"example.com/big": strings.Repeat("x", 256*1024-2000)}
-	rec, err = shared.Exhausted(ctx, full, r, 1, 3*time.Second, []string{"attempt 1: exited 1"})
+	rec, err = shared.Exhausted(ctx, full, r, "reconcile", []string{"attempt 1: exited 1"})
 	if err != nil || rec.HintLeftOut == nil || rec.Patch[KeyPostCloneHint] != nil || len(rec.Errors) != 2 {
 		t.Fatalf("exhausted without room: %+v %v", rec, err)
 	}

@@ -60,12 +60,15 @@ type NodePodLister interface {
 	NodePods(ctx context.Context) ([][]byte, error)
 }
 
-// EventLister is what Pods also implements when it can list the events
-// about a pod from every reporter (events.k8s.io/v1 in namespace with the
-// field selector regarding.uid=<uid>): the stack's Woken and
-// HibernateSnapshotExists events then tell a hibernate wake.
+// EventLister is what Pods also implements when it can list events
+// (events.k8s.io/v1) in a namespace by a field selector: the events as the
+// API server returns them. The package asks only for the stack's Woken and
+// HibernateSnapshotExists about the pod, one selector each per accepted
+// reporter (regarding.uid, reason, type and reportingController), so no
+// other event can fill what is read; they then tell a hibernate wake. The
+// selector is passed to the API server as it is.
 type EventLister interface {
-	PodEvents(ctx context.Context, namespace, uid string) ([][]byte, error)
+	ListEvents(ctx context.Context, namespace, fieldSelector string) ([][]byte, error)
 }
 
 // Leases tells the VM's DHCP lease: the address leased to mac now, or ""
@@ -128,7 +131,12 @@ type Settings struct {
 	DHCPRecoveryAfter time.Duration // the DHCP recovery pass of a Linux clone
 	WakeEventWindow   time.Duration // stack events this close to the VM's creation count
 	WakeGrace         time.Duration // a CH Windows pod with no evidence of a wake waits this long
+	SACDeadline       time.Duration // the whole serial-console pass, every NIC included (120s)
 	PollLeasesEvery   time.Duration // Leases without LeaseWaiter are polled this often (200ms)
+	// WakeEventReporters are the stack's event sources: only their Woken
+	// and HibernateSnapshotExists events count as evidence of a wake
+	// (nil: vk-cocoon).
+	WakeEventReporters []string
 }
 
 func (s Settings) document() map[string]any {
@@ -148,7 +156,18 @@ func (s Settings) document() map[string]any {
 	set("dhcp_recovery_after_ms", s.DHCPRecoveryAfter)
 	set("wake_event_window_ms", s.WakeEventWindow)
 	set("wake_grace_ms", s.WakeGrace)
+	set("sac_deadline_ms", s.SACDeadline)
+	if len(s.WakeEventReporters) > 0 {
+		doc["wake_event_reporters"] = s.WakeEventReporters
+	}
 	return doc
+}
+
+// oldEventLister is the event listing of earlier versions of this
+// package, which no longer is called: a Pods that still has only it is
+// told so, once per Run, rather than quietly reading no events.
+type oldEventLister interface {
+	PodEvents(ctx context.Context, namespace, uid string) ([][]byte, error)
 }
 
 // RunOptions are Run's optional parts.
@@ -328,7 +347,9 @@ func (p *Planner) Run(ctx context.Context, pod any, vm VM, pods Pods, o RunOptio
 	if o.settingsDoc != nil {
 		settings = o.settingsDoc
 	}
-	options := map[string]any{"trigger": string(trigger), "settings": settings}
+	// The wall clock: a wake event of the stack dated after it is no
+	// evidence.
+	options := map[string]any{"trigger": string(trigger), "settings": settings, "now_unix_ms": r.clock.Now().UnixMilli()}
 	var meta podMeta
 	if err := json.Unmarshal(doc, &struct {
 		Metadata *podMeta `json:"metadata"`
@@ -382,7 +403,7 @@ func (p *Planner) Run(ctx context.Context, pod any, vm VM, pods Pods, o RunOptio
 	}
 	r.c = c
 	if r.console == nil {
-		r.console = &libraryConsole{p: p, c: c}
+		r.console = &libraryConsole{p: p, c: c, task: &r.task}
 	}
 	// Not abandoned on cancel: a task started must be freed. A cancel is
 	// the task's to hear, at its first action.
@@ -437,6 +458,7 @@ type action struct {
 	VMName          string          `json:"vm_name"`
 	Namespace       string          `json:"namespace"`
 	UID             string          `json:"uid"`
+	FieldSelectors  []string        `json:"field_selectors"`
 	Annotations     Patch           `json:"annotations"`
 	ResourceVersion *string         `json:"resource_version"`
 	Argv            []string        `json:"argv"`
@@ -670,11 +692,18 @@ func (r *runner) settled(ctx context.Context, a action) map[string]any {
 	case "wake_events":
 		lister, ok := r.pods.(EventLister)
 		if !ok {
-			return map[string]any{"events_error": "this program does not list a pod's events (its Pods has no PodEvents)"}
+			if _, old := r.pods.(oldEventLister); old {
+				return map[string]any{"events_error": "this program's Pods has PodEvents, which this version of the package no longer calls: implement ListEvents(ctx, namespace, fieldSelector) instead"}
+			}
+			return map[string]any{"events_error": "this program does not list events (its Pods has no ListEvents)"}
 		}
-		docs, err := lister.PodEvents(ctx, a.Namespace, a.UID)
-		if err != nil {
-			return map[string]any{"events_error": err.Error()}
+		var docs [][]byte
+		for _, selector := range a.FieldSelectors {
+			listed, err := lister.ListEvents(ctx, a.Namespace, selector)
+			if err != nil {
+				return map[string]any{"events_error": err.Error()}
+			}
+			docs = append(docs, listed...)
 		}
 		return map[string]any{"events": raws(docs)}
 	case "read":
@@ -726,45 +755,56 @@ func (r *runner) settled(ctx context.Context, a action) map[string]any {
 	return map[string]any{"go": true}
 }
 
-// libraryConsole is the library's serial console: opened below the
-// planner's cocoon root, every wait in it bounded (it cannot be
-// cancelled; carryOut reports a cancel when it returns).
+// libraryConsole is the library's serial console: the library carries
+// out the task's own pending console action (the VM, the addresses and
+// the pass's total deadline are the task's; the console lives in the
+// task until its sac_close), every wait in it bounded. A cancel of ctx
+// (Close cancels it too) cancels the task's console work at once, and
+// the op returns within about 100 ms; carryOut then reports the cancel.
 type libraryConsole struct {
-	p      *Planner
-	c      *conn
-	handle *uint64
+	p    *Planner
+	c    *conn
+	task *uint64
 }
 
 func (c *libraryConsole) open(ctx context.Context, action json.RawMessage) map[string]any {
-	c.close()
-	var opened struct {
-		Console *uint64        `json:"console"`
-		Report  map[string]any `json:"report"`
-	}
-	if err := c.p.callOnInto(context.Background(), c.c, map[string]any{"op": "console_open", "planner": c.c.handle, "action": action}, &opened); err != nil {
-		return map[string]any{"sac_open_error": map[string]any{"kind": "refused", "message": err.Error()}}
-	}
-	c.handle = opened.Console
-	return opened.Report
+	return c.call(ctx, "console_open", "sac_open_error")
 }
 
 func (c *libraryConsole) set(ctx context.Context, action json.RawMessage) map[string]any {
-	if c.handle == nil {
-		return map[string]any{"sac_set_error": map[string]any{"kind": "refused", "message": "no console is open"}}
-	}
+	return c.call(ctx, "console_set", "sac_set_error")
+}
+
+// call carries out one console op of the task; ctx's end cancels it.
+func (c *libraryConsole) call(ctx context.Context, op, errorKey string) map[string]any {
+	finished := make(chan struct{})
+	defer close(finished)
+	go func() {
+		select {
+		case <-ctx.Done():
+			// Never abandoned: the op must hear it. Straight to the
+			// session, past the planner's lock: Close may be waiting
+			// for it (behind the op in flight), and the session outlives
+			// this Run.
+			send(context.Background(), c.c, map[string]any{"op": "task_cancel", "task": *c.task})
+		case <-finished:
+		}
+	}()
+	// Not abandoned on cancel either: the op ends at once when cancelled,
+	// and the task must hear how its action ended.
 	var report map[string]any
-	if err := c.p.callOnInto(context.Background(), c.c, map[string]any{"op": "console_set", "console": *c.handle, "action": action}, &report); err != nil {
-		return map[string]any{"sac_set_error": map[string]any{"kind": "refused", "message": err.Error()}}
+	if err := c.p.callOnInto(context.Background(), c.c, map[string]any{"op": op, "task": *c.task}, &report); err != nil {
+		if ctx.Err() != nil {
+			return map[string]any{"cancelled": true}
+		}
+		return map[string]any{errorKey: map[string]any{"kind": "refused", "message": err.Error()}}
 	}
 	return report
 }
 
-func (c *libraryConsole) close() {
-	if c.handle != nil {
-		c.p.callOn(context.Background(), c.c, map[string]any{"op": "console_free", "console": *c.handle})
-		c.handle = nil
-	}
-}
+// close does nothing: the library closed the task's console when the task
+// handed out sac_close, or finished.
+func (c *libraryConsole) close() {}
 
 func (r *runner) waitLease(ctx context.Context, mac string, until time.Time) map[string]any {
 	if r.o.Leases == nil {

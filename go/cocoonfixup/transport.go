@@ -17,7 +17,7 @@ import (
 )
 
 // abiVersion is the version of the library's ABI this package speaks.
-const abiVersion = 3
+const abiVersion = 4
 
 // transport carries one JSON op (the library's `wire` table) to the
 // library and brings back its response document.

@@ -107,16 +107,19 @@ func (p *Planner) Succeeded(ctx context.Context, scenario string, attempts int) 
 // Exhausted is the failure record of a fixup whose budget ran out:
 // post-clone-state=failed, the hint (left out, and said so, when the pod's
 // annotations could not hold it), the error chain, lifecycle Failed when
-// stickiness allows; and the PostCloneExecExhausted event. annotations are
-// the pod's as read just before the write.
-func (p *Planner) Exhausted(ctx context.Context, annotations map[string]string, r *Report, attempts int, budget time.Duration, errors []string) (*Record, error) {
+// stickiness allows, with the chain as its message; and the
+// PostCloneExecExhausted event, "<operation>: <chain>". annotations are the
+// pod's as read just before the write; operation is upstream's op:
+// "create" for a first fixup, "update" for one a pod update started,
+// "reconcile" for work resumed.
+func (p *Planner) Exhausted(ctx context.Context, annotations map[string]string, r *Report, operation string, errors []string) (*Record, error) {
 	if errors == nil {
 		errors = []string{}
 	}
 	var out Record
 	return &out, p.values(ctx, map[string]any{
 		"op": "exhausted", "annotations": annotationsOrEmpty(annotations), "scenario": r.Scenario,
-		"hint": r.HintValue(), "attempts": attempts, "budget_ms": budget.Milliseconds(), "errors": errors,
+		"hint": r.HintValue(), "operation": operation, "errors": errors,
 	}, &out)
 }
 

@@ -118,9 +118,9 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
                             }
                         }
                     }
-                    Action::WakeEvents => Report::Events(
+                    Action::WakeEvents { field_selectors } => Report::Events(
                         self.pods
-                            .stack_events(&pod)
+                            .stack_events(&pod, &field_selectors)
                             .await
                             .map_err(|e| e.to_string()),
                     ),
@@ -183,13 +183,26 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
                         }
                         Report::Go
                     }
-                    Action::SacOpen { vm, need } => {
+                    Action::SacOpen {
+                        vm,
+                        need,
+                        until,
+                        total,
+                    } => {
                         let host = self.host.expect("only a host's task opens a console");
                         let opener = Arc::clone(host.console);
                         let stop = self.sac_stop();
-                        let opened =
-                            tokio::task::spawn_blocking(move || opener.open(&vm, need, stop));
-                        match opened.await {
+                        let deadline = sac_deadline(origin, until, total);
+                        let opened = tokio::task::spawn_blocking(move || {
+                            opener.open(&vm, need, stop, deadline)
+                        });
+                        // The console sees the stop within 100 ms; the task
+                        // does not wait even for that.
+                        let opened = tokio::select! {
+                            opened = opened => opened,
+                            () = self.shutdown.cancelled() => Ok(Err(fixup_sac::SacError::Stopped)),
+                        };
+                        match opened {
                             Ok(Ok((nets, session))) => {
                                 console = Some(session);
                                 Report::SacOpened(Ok(nets))
@@ -201,21 +214,33 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
                             })),
                         }
                     }
-                    Action::SacSet { net, nic } => {
+                    Action::SacSet {
+                        net,
+                        nic,
+                        until,
+                        total,
+                    } => {
                         let mut session = console.take().expect("a set follows an open console");
+                        let deadline = sac_deadline(origin, until, total);
                         let set = tokio::task::spawn_blocking(move || {
-                            let result = session.set(net, &nic);
+                            let result = session.set(net, &nic, deadline);
                             (session, result)
                         });
-                        match set.await {
-                            Ok((session, result)) => {
+                        let set = tokio::select! {
+                            set = set => Some(set),
+                            () = self.shutdown.cancelled() => None,
+                        };
+                        match set {
+                            // The session ends with its blocking call.
+                            None => Report::Cancelled,
+                            Some(Ok((session, result))) => {
                                 console = Some(session);
                                 match result {
                                     Err(fixup_sac::SacError::Stopped) => Report::Cancelled,
                                     result => Report::SacSet(result),
                                 }
                             }
-                            Err(e) => Report::SacSet(Err(fixup_sac::SacError::SetIp {
+                            Some(Err(e)) => Report::SacSet(Err(fixup_sac::SacError::SetIp {
                                 net,
                                 cause: format!("the console task failed: {e}"),
                             })),
@@ -231,7 +256,8 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
         }
     }
 
-    /// The console client's stop check: the host is shutting down.
+    /// The console client's stop check: the host is shutting down, or the
+    /// pod's work is stopped (the token is the pod's).
     fn sac_stop(&self) -> fixup_sac::Stop {
         let token = self.shutdown.clone();
         fixup_sac::Stop::when(move || token.is_cancelled())
@@ -282,6 +308,16 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
             Note::Warn(line) => tracing::warn!(pod = %pod, "{line}"),
         }
     }
+}
+
+/// The pass's total deadline `until` on the task's clock (since `origin`)
+/// as the console client's [`fixup_sac::Deadline`].
+fn sac_deadline(
+    origin: Instant,
+    until: std::time::Duration,
+    total: std::time::Duration,
+) -> fixup_sac::Deadline {
+    fixup_sac::Deadline::after(until.saturating_sub(origin.elapsed()), total)
 }
 
 /// A stop as the daemon's error, with cocoon's own error where it was one.

@@ -92,7 +92,11 @@ pub enum CocoonError {
         source_text: String,
     },
     /// The call passed its deadline; its process group was killed.
-    #[error("{what}: timed out after {after:?} (killed); {}", timeout_hint(what))]
+    #[error(
+        "{what}: timed out after {} (killed); {}",
+        fixup_core::annotations::messages::span(*after),
+        timeout_hint(what)
+    )]
     Timeout { what: String, after: Duration },
     /// The command failed (non-zero exit or a signal) where success was
     /// required. `vm exec` never returns this: the guest's exit is the

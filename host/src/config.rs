@@ -247,6 +247,25 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_WAKE_GRACE", value_parser = duration)]
     #[serde(default, with = "opt_duration")]
     pub wake_grace: Option<Duration>,
+    /// The stack's event source: only `Woken` and `HibernateSnapshotExists`
+    /// events whose reportingController is one of these count as evidence
+    /// of a hibernate wake (repeat the flag, or separate with commas)
+    /// [default: vk-cocoon]
+    #[arg(
+        long = "wake-event-reporter",
+        value_name = "NAME",
+        env = "COCOON_FIXUP_WAKE_EVENT_REPORTERS",
+        value_delimiter = ','
+    )]
+    #[serde(default)]
+    pub wake_event_reporters: Vec<String>,
+    /// Windows static IPs over the serial console: the whole pass, every
+    /// NIC included, ends within this total deadline, so a guest whose
+    /// console answers slowly holds neither the pass nor the node for
+    /// minutes [default: 120s]
+    #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_SAC_DEADLINE", value_parser = duration)]
+    #[serde(default, with = "opt_duration")]
+    pub sac_deadline: Option<Duration>,
     /// Plugins to pull from an OCI registry and load like plugin files,
     /// each pinned by digest: `oci://HOST/REPO@sha256:DIGEST` (repeat for
     /// several; a tag is refused). Kept in --oci-store, and pulled only when
@@ -277,7 +296,9 @@ pub struct ConfigArgs {
     #[arg(long, env = "COCOON_FIXUP_ACCEPT_ANNOTATED_VM_NAMES")]
     #[serde(default)]
     pub accept_annotated_vm_names: bool,
-    /// `serve`: pods worked on at once [default: 16]
+    /// `serve`: pods holding a turn at once (inspecting, planning, running
+    /// the fixup); the wake grace, the serial-console pass and the IP
+    /// wait hold none [default: 16]
     #[arg(long, value_name = "N", env = "COCOON_FIXUP_CONCURRENCY")]
     pub concurrency: Option<usize>,
     /// `serve`: address of /metrics and /healthz [default: 0.0.0.0:9464]
@@ -456,7 +477,6 @@ impl ConfigArgs {
                 value: "0".into(),
             });
         }
-        let host_default = HostConfig::default();
         let planner = PlannerSettings {
             fuel: a.plugin.plugin_fuel,
             memory_mib: a.plugin.plugin_memory_mib,
@@ -502,14 +522,17 @@ impl ConfigArgs {
                     dhcp_recovery_after: a.dhcp_recovery_after,
                     wake_event_window: a.wake_event_window,
                     wake_grace: a.wake_grace,
+                    wake_event_reporters: Some(a.wake_event_reporters.clone()),
+                    sac_deadline: a.sac_deadline,
                     accept_legacy_vm_names: a.accept_legacy_vm_names,
                     accept_annotated_vm_names: a.accept_annotated_vm_names,
                 }
                 .build()
                 .map_err(ConfigError::from)?,
-                // The daemon's dispatcher already works on at most
-                // `concurrency` pods; an embedder's calls get the default.
-                host_default.fixups_in_flight.max(concurrency),
+                // `--concurrency` bounds the pods holding a turn (from the
+                // task's admit to its release), not whole tasks: the wake
+                // grace, the serial-console pass and the IP wait hold none.
+                concurrency,
             ),
             concurrency,
             metrics_addr: a.metrics_addr.unwrap_or_else(|| {
@@ -569,6 +592,8 @@ impl ConfigArgs {
             dhcp_recovery_after: self.dhcp_recovery_after.or(file.dhcp_recovery_after),
             wake_event_window: self.wake_event_window.or(file.wake_event_window),
             wake_grace: self.wake_grace.or(file.wake_grace),
+            wake_event_reporters: list_or(self.wake_event_reporters, file.wake_event_reporters),
+            sac_deadline: self.sac_deadline.or(file.sac_deadline),
             accept_legacy_vm_names: self.accept_legacy_vm_names || file.accept_legacy_vm_names,
             accept_annotated_vm_names: self.accept_annotated_vm_names
                 || file.accept_annotated_vm_names,

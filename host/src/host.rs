@@ -41,6 +41,9 @@ pub struct HostConfig {
     pub wake: WakeConfig,
     /// Timeout for `cocoon vm inspect` (default 10 s, `--inspect-timeout`).
     pub inspect_timeout: Duration,
+    /// The serial-console pass's total deadline (default 120 s,
+    /// `--sac-deadline`).
+    pub sac_deadline: Duration,
     /// Which VM names bind a VM to its pod (spec section 2).
     pub binding: BindingPolicy,
     /// Pods worked on at once between the lifecycle gate and the end of
@@ -67,6 +70,7 @@ impl HostConfig {
             ready: settings.ready,
             wake: settings.wake,
             inspect_timeout: settings.inspect_timeout,
+            sac_deadline: settings.sac_deadline,
             binding: settings.binding,
             fixups_in_flight,
         }
@@ -79,6 +83,7 @@ impl HostConfig {
             ready: self.ready.clone(),
             wake: self.wake.clone(),
             inspect_timeout: self.inspect_timeout,
+            sac_deadline: self.sac_deadline,
             binding: self.binding,
         }
     }
@@ -91,6 +96,7 @@ impl Default for HostConfig {
             ready: ReadyConfig::default(),
             wake: WakeConfig::default(),
             inspect_timeout: Duration::from_secs(10),
+            sac_deadline: fixup_core::decision::DEFAULT_SAC_DEADLINE,
             binding: BindingPolicy::default(),
             fixups_in_flight: DEFAULT_FIXUPS_IN_FLIGHT,
         }
@@ -514,16 +520,20 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
     ) -> Result<Summary, HostError> {
         let (mut task, first) =
             PodTask::start(pod.clone(), trigger, self.config.settings(), os_nonces());
+        let since_epoch = (self.wall.0)()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis();
+        let wall = u64::try_from(since_epoch).unwrap_or(u64::MAX);
+        // The wall clock judges the stack's events (none dated after it
+        // counts) and, with a record, keeps the retry budget.
+        task.wall_clock(wall);
         if let (Some(store), Some(uid)) = (&self.records, pod.uid.as_deref())
             && !matches!(first, fixup_core::decision::Action::Finish(_))
         {
             let record =
                 crate::records::recall(store, &self.metrics, &pod.display_name(), uid).await;
-            let since_epoch = (self.wall.0)()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_millis();
-            task.remember(record, u64::try_from(since_epoch).unwrap_or(u64::MAX));
+            task.remember(record, wall);
         }
         // On the heap: a call waiting for its turn holds almost nothing.
         Box::pin(self.executor(shutdown).run(task, first)).await

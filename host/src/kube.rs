@@ -3,9 +3,11 @@
 //! What this module promises:
 //!
 //! - Annotation writes are JSON merge patches that carry `metadata.uid` as a
-//!   precondition: the API server answers 409 Conflict when the live pod
-//!   has another uid, and a 409 is only retried after a GET shows the pod
-//!   still has the uid we were given. A write never lands on another
+//!   precondition: the API server refuses the patch when the live pod has
+//!   another uid (the real one with 422 "field is immutable", some with
+//!   409 Conflict), and a 409 or 422 is followed by a GET: the pod is gone
+//!   when it has another uid, and a 409 is retried only while it still has
+//!   the uid we were given. A write never lands on another
 //!   incarnation of the pod (spec section 5).
 //! - A write decided from a read ([`PodApi::patch_if_unchanged`]) also
 //!   carries the read's `metadata.resourceVersion`: the API server refuses
@@ -60,10 +62,12 @@ pub const LIST_PAGE_SIZE: u32 = 500;
 /// The most pages of events [`KubeApi::list_pod_events`] reads.
 pub const EVENT_PAGES: usize = 10;
 
-/// The most pages of a pod's events the wake rule reads
-/// ([`KubeApi::list_stack_events`]): a pod with more events than that has
-/// been flooded, and the newest pages are not the ones listed first
-/// anyway; the rule only needs one recent wake event.
+/// The most pages of events one wake-event selector lists
+/// ([`KubeApi::list_stack_events`]). The selector names the pod, the
+/// reason, the type and the reporter, so only the stack's own wake events
+/// about the pod are listed, and the rule needs only one recent one: more
+/// than a thousand means someone forged them (the admission rule of
+/// `deploy/wake-event-policy.yaml` refuses that).
 pub const WAKE_EVENT_PAGES: usize = 2;
 
 /// The parts of an event the wake rule reads; its newest occurrence is
@@ -422,16 +426,16 @@ impl KubeApi {
     pub async fn list_stack_events(
         &self,
         pod: &PodRef,
-    ) -> Result<Vec<fixup_core::memory::StackEvent>, PodError> {
+        selector: &str,
+    ) -> Result<fixup_core::memory::Listed, PodError> {
         let label = pod.to_string();
         let api: Api<EventObject> = Api::namespaced(self.client.clone(), &pod.namespace);
-        let selector = format!("regarding.uid={}", pod.uid);
         let mut events = Vec::new();
         let left = self
             .each_page(
                 &label,
-                "listing the pod's events",
-                &selector,
+                "listing the stack's wake events about the pod",
+                selector,
                 WAKE_EVENT_PAGES,
                 |params| {
                     let api = api.clone();
@@ -443,12 +447,16 @@ impl KubeApi {
         if left {
             tracing::warn!(
                 pod = %pod,
-                "the pod has more than {} events: only the first {} were read for a wake event of the stack",
+                selector,
+                "more than {} events match the selector: only the first {} were read for a wake event of the stack (are wake events being forged? deploy/wake-event-policy.yaml refuses them)",
                 WAKE_EVENT_PAGES * LIST_PAGE_SIZE as usize,
                 events.len()
             );
         }
-        Ok(events)
+        Ok(fixup_core::memory::Listed {
+            events,
+            truncated: left,
+        })
     }
 
     /// One request, bounded by the request timeout, once it has its turn
@@ -575,15 +583,7 @@ impl KubeApi {
                             retry_after: failure.retry_after,
                         })
                     }
-                    Ok(live) => {
-                        tracing::info!(
-                            pod = %pod,
-                            expected_uid = pod.uid,
-                            live_uid = live.metadata.uid.as_deref().unwrap_or(""),
-                            "pod was replaced; not writing to the new incarnation"
-                        );
-                        Err(TryError::Gone)
-                    }
+                    Ok(live) => Err(replaced(pod, &live.metadata)),
                     Err(get) if get.kind == FailureKind::NotFound => Err(TryError::Gone),
                     Err(get) => Err(TryError::from(Failure {
                         detail: format!(
@@ -592,6 +592,19 @@ impl KubeApi {
                         ),
                         ..get
                     })),
+                }
+            }
+            // The real API server refuses a merge patch whose
+            // `metadata.uid` is not the live pod's with 422 ("field is
+            // immutable"), not 409: the live pod tells whether the pod was
+            // replaced; any other 422 stays what it was.
+            FailureKind::Permanent if failure.code == 422 => {
+                match self.call(|| api.get_metadata(&pod.name)).await {
+                    Ok(live) if live.metadata.uid.as_deref() != Some(pod.uid.as_str()) => {
+                        Err(replaced(pod, &live.metadata))
+                    }
+                    Err(get) if get.kind == FailureKind::NotFound => Err(TryError::Gone),
+                    _ => Err(TryError::from(failure)),
                 }
             }
             _ => Err(TryError::from(failure)),
@@ -738,8 +751,15 @@ impl PodApi for KubeApi {
     async fn stack_events(
         &self,
         pod: &PodRef,
-    ) -> Result<Vec<fixup_core::memory::StackEvent>, PodError> {
-        self.list_stack_events(pod).await
+        field_selectors: &[String],
+    ) -> Result<fixup_core::memory::Listed, PodError> {
+        let mut all = fixup_core::memory::Listed::default();
+        for selector in field_selectors {
+            let listed = self.list_stack_events(pod, selector).await?;
+            all.events.extend(listed.events);
+            all.truncated |= listed.truncated;
+        }
+        Ok(all)
     }
 }
 
@@ -874,6 +894,18 @@ impl Failure {
             },
         }
     }
+}
+
+/// The pod now has another uid than `pod`'s: it was replaced, and nothing
+/// is written to the new incarnation.
+fn replaced(pod: &PodRef, live: &ObjectMeta) -> TryError {
+    tracing::info!(
+        pod = %pod,
+        expected_uid = pod.uid,
+        live_uid = live.uid.as_deref().unwrap_or(""),
+        "pod was replaced; not writing to the new incarnation"
+    );
+    TryError::Gone
 }
 
 /// What one try came to, when it did not succeed.

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use fixup_core::annotations::ANNOTATIONS_MAX;
 
 use fixup_core::facts::PodInput;
-use fixup_core::memory::StackEvent;
+use fixup_core::memory::{Listed, StackEvent};
 
 pub use fixup_core::annotations::{
     AnnotationPatch, EVENT_MESSAGE_MAX, Event, EventType, cap_utf8, keys, reasons,
@@ -103,15 +103,19 @@ pub trait PodApi: Send + Sync + 'static {
         }
     }
 
-    /// The events about `pod` from every reporter (events.k8s.io/v1,
-    /// `regarding.uid` = the pod's uid), for the stack's own record of a
-    /// hibernate wake (spec section 2, rule 2). The default, for an
-    /// implementation that cannot list: an error (the rule then finds
-    /// nothing, with a warning).
+    /// The events in `pod`'s namespace (events.k8s.io/v1) that each of
+    /// `field_selectors` selects, one listing per selector, together: the
+    /// stack's own record of a hibernate wake about the pod (spec section
+    /// 2, rule 2; the selectors name `regarding.uid`, `reason`, `type` and
+    /// `reportingController`, [`fixup_core::memory::field_selectors`]). The
+    /// default, for an implementation that cannot list: an error (the rule
+    /// then finds nothing, with a warning).
     fn stack_events(
         &self,
         pod: &PodRef,
-    ) -> impl Future<Output = Result<Vec<StackEvent>, PodError>> + Send {
+        field_selectors: &[String],
+    ) -> impl Future<Output = Result<Listed, PodError>> + Send {
+        let _ = field_selectors;
         let pod = pod.to_string();
         async move {
             Err(PodError::Api {
@@ -285,7 +289,11 @@ impl PodApi for MemoryPods {
         Ok(state.pods.values().cloned().collect())
     }
 
-    async fn stack_events(&self, pod: &PodRef) -> Result<Vec<StackEvent>, PodError> {
+    async fn stack_events(
+        &self,
+        pod: &PodRef,
+        field_selectors: &[String],
+    ) -> Result<Listed, PodError> {
         let state = self.inner.lock().expect("memory pods lock");
         let own = state
             .events
@@ -302,7 +310,7 @@ impl PodApi for MemoryPods {
                 regarding_uid: about.uid.clone(),
                 newest_unix_ms: None,
             });
-        Ok(own
+        let events = own
             .chain(
                 state
                     .stack_events
@@ -310,6 +318,15 @@ impl PodApi for MemoryPods {
                     .filter(|e| e.regarding_uid == pod.uid)
                     .cloned(),
             )
-            .collect())
+            .filter(|event| {
+                field_selectors.iter().any(|selector| {
+                    fixup_core::memory::evidence::selects(selector, event).unwrap_or(false)
+                })
+            })
+            .collect();
+        Ok(Listed {
+            events,
+            truncated: false,
+        })
     }
 }

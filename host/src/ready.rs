@@ -474,8 +474,8 @@ async fn tcp_probe(ip: Ipv4Addr, port: u16, timeout: Duration) -> ProbeOutcome {
             "tcp connect to {target}: {e}; check that the guest listens on port {port} (annotation vm.cocoonstack.io/probe-port)"
         )),
         Err(_) => ProbeOutcome::Unreachable(format!(
-            "tcp connect to {target}: no answer within {} ms; check the guest's firewall and that it listens on port {port} (annotation vm.cocoonstack.io/probe-port)",
-            timeout.as_millis()
+            "tcp connect to {target}: no answer within {}; check the guest's firewall and that it listens on port {port} (annotation vm.cocoonstack.io/probe-port)",
+            fixup_core::annotations::messages::span(timeout)
         )),
     }
 }
@@ -544,8 +544,8 @@ async fn icmp_probe(ip: Ipv4Addr, timeout: Duration) -> ProbeOutcome {
             "ICMP echo to {ip}: {e}; check the route to the guest, or set a probe port (annotation vm.cocoonstack.io/probe-port)"
         )),
         Err(_) => ProbeOutcome::Unreachable(format!(
-            "no ICMP echo reply from {ip} within {} ms; check that the guest answers ping, or set a probe port (annotation vm.cocoonstack.io/probe-port)",
-            timeout.as_millis()
+            "no ICMP echo reply from {ip} within {}; check that the guest answers ping, or set a probe port (annotation vm.cocoonstack.io/probe-port)",
+            fixup_core::annotations::messages::span(timeout)
         )),
     }
 }

@@ -6,8 +6,11 @@
 //! reconciliation (spec section 8), later events are new work. When the
 //! host answers the check of an annotated VM name from the watch
 //! ([`OtherPods::Watched`]), the watch keeps that copy of the node's pods. At most
-//! `concurrency` pods are worked on at once, and a pod is never worked on
-//! twice at the same time. SIGTERM or SIGINT cancels the shutdown token:
+//! `concurrency` pods hold a turn at once (the host's
+//! [`HostConfig::fixups_in_flight`](crate::host::HostConfig::fixups_in_flight):
+//! inspecting, planning, running the fixup; the wake grace, the
+//! serial-console pass and the IP wait hold none), and a pod is never
+//! worked on twice at the same time. SIGTERM or SIGINT cancels the shutdown token:
 //! in-flight loops stop where they are and leave `post-clone-state=running`
 //! for the next start. `/metrics` (Prometheus) and `/healthz` are served on
 //! the metrics address, with a header-read and idle timeout, a lifetime and
@@ -110,10 +113,14 @@ fn vm_pointer(pod: &PodInput) -> (String, String) {
 }
 
 impl<C: Cocoon, P: PodApi> Dispatcher<C, P> {
-    pub fn new(host: Arc<Host<C, P>>, concurrency: usize, shutdown: CancellationToken) -> Self {
+    /// At most `tasks` pods' tasks at once, whatever each is doing (the
+    /// daemon sets no such bound: a task waits for a turn, the host's
+    /// `fixups_in_flight`, only while it inspects, plans and runs the
+    /// fixup).
+    pub fn new(host: Arc<Host<C, P>>, tasks: usize, shutdown: CancellationToken) -> Self {
         Dispatcher {
             host,
-            permits: Arc::new(Semaphore::new(concurrency.max(1))),
+            permits: Arc::new(Semaphore::new(tasks.clamp(1, Semaphore::MAX_PERMITS))),
             in_flight: Arc::default(),
             mismatched: Arc::default(),
             shutdown,
@@ -352,11 +359,12 @@ fn to_input(pod: PartialObjectMeta<Pod>) -> Option<PodInput> {
 }
 
 /// Watch the node's pods and dispatch work until `shutdown` is cancelled.
+/// How many pods hold a turn at once is the host's (`--concurrency` sets
+/// its `fixups_in_flight`).
 pub async fn run<C: Cocoon, P: PodApi>(
     client: kube::Client,
     node: &str,
     host: Arc<Host<C, P>>,
-    concurrency: usize,
     shutdown: CancellationToken,
 ) {
     let api: kube::Api<PartialObjectMeta<Pod>> = kube::Api::all(client);
@@ -385,7 +393,11 @@ pub async fn run<C: Cocoon, P: PodApi>(
             observer.observe(pod, live);
         }
     };
-    let mut dispatcher = Dispatcher::new(host, concurrency, shutdown.clone());
+    // The turn is the host's (its `fixups_in_flight`), held from a task's
+    // admit to its release: a slow serial-console pass, a wake grace or an
+    // IP wait never holds other pods back. Tasks themselves are one per
+    // pod on the node.
+    let mut dispatcher = Dispatcher::new(host, Semaphore::MAX_PERMITS, shutdown.clone());
     // The first listing after start is startup reconciliation; relists
     // after a watch restart are ordinary events.
     let mut started = false;

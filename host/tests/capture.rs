@@ -250,7 +250,7 @@ fn failed_pod() -> Value {
         ("vm.cocoonstack.io/lifecycle-state", "Failed"),
         (
             "vm.cocoonstack.io/lifecycle-state-message",
-            "post-clone fixup oci-networkd failed after 2 attempt(s) in 180s",
+            "attempt 1: step 4/5 failed exit 1: networkctl: not found\nattempt 2: step 4/5 failed exit 1: networkctl: not found",
         ),
     ] {
         annotations.insert(key.into(), json!(value));

@@ -101,13 +101,15 @@ impl Console for WorldConsole {
         vm: &VmId,
         need: usize,
         _stop: fixup_sac::Stop,
+        deadline: fixup_sac::Deadline,
     ) -> Result<(Vec<u32>, Box<dyn ConsoleSession>), fixup_sac::SacError> {
         let mut now = self.clock.now();
+        let until = task_clock(now, deadline);
         let opened = self
             .world
             .lock()
             .unwrap()
-            .sac_open_until(&mut now, vm.as_str(), need);
+            .sac_open_until(&mut now, vm.as_str(), need, until);
         match opened {
             Waited::Done(result) => {
                 result.map(|nets| (nets, Box::new(self.clone()) as Box<dyn ConsoleSession>))
@@ -118,18 +120,35 @@ impl Console for WorldConsole {
 }
 
 impl ConsoleSession for WorldConsole {
-    fn set(&mut self, net: u32, nic: &fixup_sac::StaticNic) -> Result<(), fixup_sac::SacError> {
+    fn set(
+        &mut self,
+        net: u32,
+        nic: &fixup_sac::StaticNic,
+        deadline: fixup_sac::Deadline,
+    ) -> Result<(), fixup_sac::SacError> {
         let mut now = self.clock.now();
+        let until = task_clock(now, deadline);
         match self
             .world
             .lock()
             .unwrap()
-            .sac_set_until(&mut now, net, nic.ip)
+            .sac_set_until(&mut now, net, nic.ip, until)
         {
             Waited::Done(result) => result,
             Waited::Cancelled => Err(fixup_sac::SacError::Stopped),
         }
     }
+}
+
+/// The pass's deadline on the world's clock (now `now`), and its total.
+fn task_clock(
+    now: std::time::Duration,
+    deadline: fixup_sac::Deadline,
+) -> (std::time::Duration, std::time::Duration) {
+    let left = deadline
+        .at
+        .saturating_duration_since(std::time::Instant::now());
+    (now + left, deadline.total)
 }
 
 fn status(code: u16, reason: &str) -> (StatusCode, Value) {
@@ -194,20 +213,23 @@ async fn serve_world(
                 }
             }
             (&Method::GET, path) if path == events_path => {
-                // `fieldSelector=regarding.uid=<uid>`, as the host asks.
-                let query = parts.uri.query().unwrap_or_default().replace("%3D", "=");
-                let uid = query
-                    .split('&')
-                    .find_map(|pair| pair.strip_prefix("fieldSelector=regarding.uid="))
-                    .expect("the host selects the pod's events by regarding.uid");
-                match world.events(now, uid) {
-                    Ok(events) => (
+                // One listing per field selector, as the API server
+                // selects (a field it cannot select by is refused).
+                let query = parts.uri.query().unwrap_or_default();
+                let selector = form_urlencoded::parse(query.as_bytes())
+                    .find_map(|(key, value)| (key == "fieldSelector").then(|| value.into_owned()))
+                    .expect("the host selects the events by a field selector");
+                match world.events(now, &selector) {
+                    // A listing the world cut short goes on, as the API
+                    // server's pages do: the host reads its pages and
+                    // stops, knowing more were left.
+                    Ok(listed) => (
                         StatusCode::OK,
                         json!({
                             "apiVersion": "events.k8s.io/v1",
                             "kind": "EventList",
-                            "metadata": {},
-                            "items": events.iter().map(|e| {
+                            "metadata": if listed.truncated { json!({"continue": "more"}) } else { json!({}) },
+                            "items": listed.events.iter().map(|e| {
                                 let mut event = e.to_value();
                                 event["metadata"] = json!({"name": "e", "namespace": "prod"});
                                 event
@@ -381,12 +403,12 @@ async fn replay(scenario: &Scenario, planner: Arc<Planner>, lease_dir: &Path) ->
         store.save(&pod_uid(&pod), &record).unwrap();
         (store, wall)
     });
+    // The scenario's wall clock, with or without records: the stack's
+    // events are judged by it.
+    let at = UNIX_EPOCH + Duration::from_millis(scenario.wall_start_ms);
+    let host = host.with_wall_clock(Arc::new(move || at));
     let host = match &records {
-        Some((store, wall)) => {
-            let at = UNIX_EPOCH + Duration::from_millis(*wall);
-            host.with_records(store.clone())
-                .with_wall_clock(Arc::new(move || at))
-        }
+        Some((store, _)) => host.with_records(store.clone()),
         None => host,
     };
     let result = match scenario.trigger.fixup() {

@@ -534,7 +534,11 @@ async fn success_marks_running_then_done_and_ready_in_one_write() {
         // Its answer is the read before attempt 1 and the one `done` and
         // `ready` are decided from: no GET.
         .patch(done_and_ready_patch())
-        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1");
+        .event(
+            "Normal",
+            reasons::SUCCEEDED,
+            "kind=linux_static attempts=1 scenario=oci-networkd",
+        );
     let (summary, calls) = rig.play(conversation, Trigger::Event).await;
     assert_eq!(summary.action, Handled::Fixup);
     assert_eq!(summary.fixup, Some(FixupEnd::Done));
@@ -564,10 +568,7 @@ async fn exhaustion_chains_every_attempt_then_fails_the_pod() {
         )
     };
     let errors = [line(1), line(2), line(3)].join("\n");
-    let summary_line = format!(
-        "post-clone fixup oci-networkd failed after 3 attempt(s) in 7s: {}",
-        line(3)
-    );
+    let summary_line = format!("create: {errors}");
     let mut conversation = Conversation::new("three failed attempts exhaust 7 s", &pod(&[]))
         .get()
         // Its answer is the read before attempt 1.
@@ -580,7 +581,7 @@ async fn exhaustion_chains_every_attempt_then_fails_the_pod() {
         }
         conversation = conversation.event("Warning", reasons::EXEC_ATTEMPT_FAILED, &line(n));
     }
-    let message = summary_line.clone();
+    let message = errors.clone();
     let conversation = conversation
         // The lifecycle as it is before the failed write.
         .get()
@@ -707,7 +708,11 @@ async fn a_pod_failed_elsewhere_gets_no_ready_write() {
         ])
         .patch_stale(done_and_ready_patch())
         .patch(json!({ keys::POST_CLONE_STATE: "done" }))
-        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1");
+        .event(
+            "Normal",
+            reasons::SUCCEEDED,
+            "kind=linux_static attempts=1 scenario=oci-networkd",
+        );
     let (summary, calls) = rig.play(conversation, Trigger::Event).await;
     assert_eq!(summary.fixup, Some(FixupEnd::Done));
     assert_eq!(summary.readiness, Some(Readiness::Gone));
@@ -726,7 +731,11 @@ async fn startup_resumes_a_running_fixup() {
         // Its answer is the read before attempt 1.
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
         .patch(done_and_ready_patch())
-        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1");
+        .event(
+            "Normal",
+            reasons::SUCCEEDED,
+            "kind=linux_static attempts=1 scenario=oci-networkd",
+        );
     let (summary, calls) = rig.play(conversation, Trigger::Startup).await;
     assert_eq!(summary.action, Handled::Fixup);
     assert_eq!(summary.fixup, Some(FixupEnd::Done));
@@ -815,7 +824,11 @@ async fn a_lost_event_does_not_stop_the_fixup() {
         // Its answer is the read before attempt 1.
         .patch(json!({ keys::POST_CLONE_STATE: "running" }))
         .patch(done_and_ready_patch())
-        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
+        .event(
+            "Normal",
+            reasons::SUCCEEDED,
+            "kind=linux_static attempts=1 scenario=oci-networkd",
+        )
         // Events are best effort: not retried, and nothing is undone.
         .refused(
             500,
@@ -891,7 +904,11 @@ async fn a_pod_that_keeps_changing_gets_done_alone_then_the_ready_write() {
     }
     let conversation = conversation
         .patch_unguarded(json!({ keys::POST_CLONE_STATE: "done" }))
-        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1")
+        .event(
+            "Normal",
+            reasons::SUCCEEDED,
+            "kind=linux_static attempts=1 scenario=oci-networkd",
+        )
         // The IP wait's own read, then the ready write decided from it.
         .get()
         .patch(ready_patch());
@@ -950,7 +967,11 @@ async fn a_running_answer_without_the_pod_falls_back_to_a_read_before_attempt_1(
         // So the host reads the pod: still this incarnation before attempt 1.
         .get()
         .patch(done_and_ready_patch())
-        .event("Normal", reasons::SUCCEEDED, "kind=oci-networkd attempts=1");
+        .event(
+            "Normal",
+            reasons::SUCCEEDED,
+            "kind=linux_static attempts=1 scenario=oci-networkd",
+        );
     let (summary, calls) = rig.play(conversation, Trigger::Event).await;
     assert_eq!(summary.action, Handled::Fixup);
     assert_eq!(summary.fixup, Some(FixupEnd::Done));

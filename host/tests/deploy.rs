@@ -113,6 +113,7 @@ struct Validation {
 
 /// The policy as the API server would run it.
 struct Policy {
+    file: &'static str,
     env: Arc<Env>,
     rules: Vec<Rule>,
     match_conditions: Vec<Expression>,
@@ -139,34 +140,37 @@ impl Policy {
     /// The policy with some variables' expressions replaced, as an operator
     /// would edit them.
     fn load_with(overrides: &[(&str, &str)]) -> Policy {
-        let mut policy = document(POLICY_FILE, "ValidatingAdmissionPolicy");
+        Policy::load_file(POLICY_FILE, overrides)
+    }
+
+    /// The policy of `file` (one ValidatingAdmissionPolicy and its
+    /// binding), with some variables' expressions replaced.
+    fn load_file(file: &'static str, overrides: &[(&str, &str)]) -> Policy {
+        let mut policy = document(file, "ValidatingAdmissionPolicy");
         for (name, expression) in overrides {
             let variable = policy["spec"]["variables"]
                 .as_array_mut()
                 .expect("variables")
                 .iter_mut()
                 .find(|v| v["name"] == *name)
-                .unwrap_or_else(|| panic!("{POLICY_FILE}: no variable {name}"));
+                .unwrap_or_else(|| panic!("{file}: no variable {name}"));
             variable["expression"] = json!(expression);
         }
         let spec = &policy["spec"];
-        assert_eq!(
-            spec["failurePolicy"], "Fail",
-            "{POLICY_FILE}: failurePolicy"
-        );
-        let binding = document(POLICY_FILE, "ValidatingAdmissionPolicyBinding");
+        assert_eq!(spec["failurePolicy"], "Fail", "{file}: failurePolicy");
+        let binding = document(file, "ValidatingAdmissionPolicyBinding");
         assert_eq!(
             binding["spec"]["policyName"], policy["metadata"]["name"],
-            "{POLICY_FILE}: the binding names the policy"
+            "{file}: the binding names the policy"
         );
         assert_eq!(
             binding["spec"]["validationActions"],
             json!(["Deny"]),
-            "{POLICY_FILE}: the binding refuses"
+            "{file}: the binding refuses"
         );
         assert!(
             binding["spec"].get("paramRef").is_none() && spec.get("paramKind").is_none(),
-            "{POLICY_FILE}: the policy takes no params; this test gives it none"
+            "{file}: the policy takes no params; this test gives it none"
         );
 
         let mut env = Env::stdlib();
@@ -175,10 +179,10 @@ impl Policy {
         let compile = |place: String, source: &Value| {
             let source = source
                 .as_str()
-                .unwrap_or_else(|| panic!("{POLICY_FILE}: {place}: expected a string"));
+                .unwrap_or_else(|| panic!("{file}: {place}: expected a string"));
             let program = env
                 .compile(source)
-                .unwrap_or_else(|e| panic!("{POLICY_FILE}: {place} does not compile: {e}"));
+                .unwrap_or_else(|e| panic!("{file}: {place} does not compile: {e}"));
             Expression { place, program }
         };
         let named = |list: &str| -> Vec<(String, Value)> {
@@ -231,8 +235,9 @@ impl Policy {
                     .map(|m| compile(format!("validations[{i}].messageExpression"), m)),
             })
             .collect();
-        assert!(!validations.is_empty(), "{POLICY_FILE}: no validations");
+        assert!(!validations.is_empty(), "{file}: no validations");
         Policy {
+            file,
             env,
             rules,
             match_conditions,
@@ -314,13 +319,13 @@ impl Policy {
     /// A variable that is a literal list of strings.
     fn strings(&self, name: &str) -> Vec<String> {
         let cel::Value::List(items) = self.constant(name) else {
-            panic!("{POLICY_FILE}: {name} is not a list");
+            panic!("{}: {name} is not a list", self.file);
         };
         items
             .iter()
             .map(|v| match v {
                 cel::Value::String(s) => s.to_string(),
-                other => panic!("{POLICY_FILE}: {name} holds {other:?}, not a string"),
+                other => panic!("{}: {name} holds {other:?}, not a string", self.file),
             })
             .collect()
     }
@@ -331,7 +336,7 @@ impl Policy {
             .variables
             .iter()
             .find(|(n, _)| n == name)
-            .unwrap_or_else(|| panic!("{POLICY_FILE}: no variable {name}"));
+            .unwrap_or_else(|| panic!("{}: no variable {name}", self.file));
         expression
             .program
             .execute(&Context::with_env(self.env.clone()))
@@ -673,6 +678,168 @@ fn assert_decides(policy: &Policy, input: &Value, expect: &Expect) {
         assert!(
             message.contains(&what),
             "the message says what to do ({what}): {message}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The wake event policy, evaluated
+
+const WAKE_EVENT_POLICY_FILE: &str = "deploy/wake-event-policy.yaml";
+
+static WAKE_EVENT_POLICY: LazyLock<Policy> =
+    LazyLock::new(|| Policy::load_file(WAKE_EVENT_POLICY_FILE, &[]));
+
+/// An admission request for an event about pod web-0: core/v1
+/// (`events.k8s.io` false) or events.k8s.io/v1, with `reason` (`None`:
+/// none), by `user`; an UPDATE when `old` is given.
+fn event_request(
+    user: &str,
+    events_k8s_io: bool,
+    reason: Option<&str>,
+    old: Option<&str>,
+) -> Value {
+    event_request_of(user, events_k8s_io, reason.map(Some), old)
+}
+
+/// A DELETE of an event with reason `old`.
+fn event_delete(user: &str, old: &str) -> Value {
+    event_request_of(user, true, None, Some(old))
+}
+
+/// As [`event_request`]; `reason` `None` is no object (a DELETE).
+fn event_request_of(
+    user: &str,
+    events_k8s_io: bool,
+    reason: Option<Option<&str>>,
+    old: Option<&str>,
+) -> Value {
+    let (group, api_version) = if events_k8s_io {
+        ("events.k8s.io", "events.k8s.io/v1")
+    } else {
+        ("", "v1")
+    };
+    let event = |reason: Option<&str>| {
+        let mut event = json!({
+            "apiVersion": api_version,
+            "kind": "Event",
+            "metadata": {"name": "web-0.17a1", "namespace": "tenant-a"},
+            "type": "Normal",
+            "reportingController": "vk-cocoon",
+        });
+        if let Some(reason) = reason {
+            event["reason"] = json!(reason);
+        }
+        event
+    };
+    let operation = match (&reason, &old) {
+        (None, _) => "DELETE",
+        (Some(_), Some(_)) => "UPDATE",
+        (Some(_), None) => "CREATE",
+    };
+    let mut input = request(
+        operation,
+        user,
+        "",
+        (group, "Event"),
+        reason.map_or(Value::Null, event),
+        old.map_or(Value::Null, |old| event(Some(old))),
+    );
+    input["request"]["resource"] = json!({"group": group, "version": "v1", "resource": "events"});
+    input
+}
+
+/// Only the stack's event source reports a wake: `Woken` and
+/// `HibernateSnapshotExists`, in either events API, on create and update;
+/// every other event is not matched.
+#[rstest]
+#[case::tenant_forges_woken(event_request(TENANT, true, Some("Woken"), None), false)]
+#[case::tenant_forges_woken_core_v1(event_request(TENANT, false, Some("Woken"), None), false)]
+#[case::tenant_forges_snapshot_exists(
+    event_request(TENANT, true, Some("HibernateSnapshotExists"), None),
+    false
+)]
+#[case::tenant_refreshes_a_woken(event_request(TENANT, false, Some("Woken"), Some("Woken")), false)]
+#[case::tenant_renames_an_event_woken(
+    event_request(TENANT, true, Some("Woken"), Some("Started")),
+    false
+)]
+#[case::daemon_cannot_report_a_wake(event_request(FIXUP, true, Some("Woken"), None), false)]
+#[case::node_daemon_cannot_report_a_wake(
+    event_request(NODE_DAEMON, true, Some("HibernateSnapshotExists"), None),
+    false
+)]
+#[case::kubelet_cannot_report_a_wake(event_request(KUBELET, false, Some("Woken"), None), false)]
+#[case::cocoonset_controller_does_not_report_wakes(
+    event_request(COCOONSET, true, Some("Woken"), None),
+    false
+)]
+#[case::anonymous(event_request(ANONYMOUS, true, Some("Woken"), None), false)]
+#[case::tenant_renames_a_woken_away(
+    event_request(TENANT, true, Some("Started"), Some("Woken")),
+    false
+)]
+#[case::tenant_deletes_a_woken(event_delete(TENANT, "Woken"), false)]
+#[case::daemon_deletes_a_snapshot_exists(event_delete(FIXUP, "HibernateSnapshotExists"), false)]
+#[case::vk_cocoon_reports_woken(event_request(VK_NODE, true, Some("Woken"), None), true)]
+#[case::vk_cocoon_deletes_its_woken(event_delete(VK_NODE, "Woken"), true)]
+#[case::vk_cocoon_reports_snapshot_exists(
+    event_request(VK_NODE, false, Some("HibernateSnapshotExists"), None),
+    true
+)]
+fn wake_event_policy_decides(#[case] input: Value, #[case] admitted: bool) {
+    let decision = WAKE_EVENT_POLICY
+        .decide(&input)
+        .unwrap_or_else(|e| panic!("the policy failed to evaluate: {e}\nrequest: {input:#}"));
+    match decision {
+        Decision::Admit => assert!(admitted, "admitted: {input:#}"),
+        Decision::Deny(message) => {
+            assert!(!admitted, "refused: {message}");
+            let user = input["request"]["userInfo"]["username"].as_str().unwrap();
+            for what in [user, "allowedUsers", "cocoon-wake-events"] {
+                assert!(
+                    message.contains(what),
+                    "the message names {what}: {message}"
+                );
+            }
+        }
+        Decision::NotMatched => panic!("not matched: {input:#}"),
+    }
+}
+
+/// Every other event, from anyone (the daemon's own reports included), is
+/// left alone: the policy is not even consulted.
+#[rstest]
+#[case::daemon_reports_success(event_request(FIXUP, true, Some(reasons::SUCCEEDED), None))]
+#[case::tenant_reports_started(event_request(TENANT, false, Some("Started"), None))]
+#[case::reason_not_exact(event_request(TENANT, true, Some("woken"), None))]
+#[case::no_reason(event_request(TENANT, true, None, None))]
+#[case::started_renamed(event_request(TENANT, true, Some("Finished"), Some("Started")))]
+#[case::delete_of_another_event(event_delete(TENANT, "Started"))]
+fn wake_event_policy_leaves_other_events_alone(#[case] input: Value) {
+    assert_eq!(
+        WAKE_EVENT_POLICY.decide(&input),
+        Ok(Decision::NotMatched),
+        "{input:#}"
+    );
+}
+
+/// The event source the policy admits is the stack's event source of the
+/// pod policy: keep the two in step.
+#[test]
+fn the_wake_event_policy_admits_the_stacks_event_source() {
+    let allowed = WAKE_EVENT_POLICY.strings("allowedUsers");
+    let stack = POLICY.strings("allowedUsers");
+    for user in &allowed {
+        assert!(
+            stack.contains(user),
+            "{user} reports wake events ({WAKE_EVENT_POLICY_FILE}) but is not the stack in {POLICY_FILE}"
+        );
+    }
+    for daemon in POLICY.strings("daemonUsers") {
+        assert!(
+            !allowed.contains(&daemon),
+            "the daemon {daemon} may report wakes"
         );
     }
 }
@@ -1201,6 +1368,7 @@ fn readme_links_the_deploy_files_and_keeps_no_copies() {
         "deploy/cocoon-fixup.service",
         "deploy/rbac.yaml",
         "deploy/admission-policy.yaml",
+        "deploy/wake-event-policy.yaml",
         "deploy/README.md",
     ] {
         assert!(

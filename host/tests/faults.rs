@@ -326,7 +326,9 @@ async fn a_broken_cocoon_is_an_attempt_error_and_the_loop_goes_on(#[case] fault:
         .collect();
     assert_eq!(
         succeeded,
-        [format!("kind=oci-networkd attempts={attempts}")]
+        [format!(
+            "kind=linux_static attempts={attempts} scenario=oci-networkd"
+        )]
     );
 }
 
@@ -638,10 +640,7 @@ fn done_and_ready() -> Value {
 /// The exhaustion write as the host must send it, every time it is sent.
 fn failed_patch(hint: &str) -> Value {
     let errors = [line(1), line(2), line(3)].join("\n");
-    let message = format!(
-        "post-clone fixup oci-networkd failed after 3 attempt(s) in 7s: {}",
-        line(3)
-    );
+    let message = errors.clone();
     json!({
         keys::POST_CLONE_STATE: "failed",
         keys::POST_CLONE_HINT: hint,
@@ -732,10 +731,7 @@ async fn the_exhaustion_write_survives_api_trouble_with_chain_and_hint_intact(
             .patch(&failed, 409, conflict())
             .get(),
     };
-    let summary_line = format!(
-        "post-clone fixup oci-networkd failed after 3 attempt(s) in 7s: {}",
-        line(3)
-    );
+    let summary_line = format!("create: {}", [line(1), line(2), line(3)].join("\n"));
     // The write that lands, unless it already did.
     if !matches!(trouble, Trouble::LandedAnswerLost) {
         server = server.patch(&failed, 200, Value::Null);
@@ -764,7 +760,7 @@ async fn a_conflict_on_the_running_write_is_retried_and_the_fixup_runs() {
         .patch(&done_and_ready(), 200, Value::Null)
         .event(
             reasons::SUCCEEDED,
-            "kind=oci-networkd attempts=1".into(),
+            "kind=linux_static attempts=1 scenario=oci-networkd".into(),
             201,
         );
     let (summary, cocoon) = play(server, vec![Reply::Done], HostConfig::default()).await;

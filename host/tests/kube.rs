@@ -354,6 +354,55 @@ async fn patch_conflict_with_another_uid_is_gone_and_not_retried() {
     );
 }
 
+/// The real API server refuses a merge patch carrying another uid with 422
+/// ("field is immutable"), not 409: the live pod says it was replaced.
+#[tokio::test(start_paused = true)]
+async fn patch_refused_as_invalid_for_another_uid_is_gone() {
+    let result = Scenario::new(
+        "patch 422 metadata.uid immutable, pod was recreated",
+        vec![
+            patch_pod().respond(
+                422,
+                status(
+                    422,
+                    "Invalid",
+                    "Pod \"name\" is invalid: metadata.uid: Invalid value: \"uid-1\": field is immutable",
+                ),
+            ),
+            Exchange::get(POD_PATH).respond(200, pod_json("name", "uid-2", json!({}))),
+        ],
+    )
+    .run(|api| async move { api.patch_annotations(&pod_ref(), &patch()).await })
+    .await;
+    assert_eq!(
+        result,
+        Err(PodError::Gone {
+            pod: "ns/name".into()
+        })
+    );
+}
+
+/// A 422 for a pod that still has our uid is a refusal for good.
+#[tokio::test(start_paused = true)]
+async fn patch_refused_as_invalid_for_our_uid_stays_refused() {
+    let result = Scenario::new(
+        "patch 422, same uid",
+        vec![
+            patch_pod().respond(
+                422,
+                status(422, "Invalid", "metadata.annotations: Too long"),
+            ),
+            Exchange::get(POD_PATH).respond(200, pod_json("name", "uid-1", json!({}))),
+        ],
+    )
+    .run(|api| async move { api.patch_annotations(&pod_ref(), &patch()).await })
+    .await;
+    assert!(
+        matches!(&result, Err(PodError::Refused { reason, .. }) if reason.contains("Too long")),
+        "{result:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn patch_conflict_with_the_pod_deleted_is_gone() {
     let result = Scenario::new(

@@ -254,7 +254,10 @@ async fn sigkill_mid_loop_then_restart_resumes_from_running() {
     );
     assert_eq!(node.api.annotation(keys::IP).as_deref(), Some("10.0.0.5"));
     assert_eq!(
-        node.count(reasons::SUCCEEDED, "kind=oci-networkd attempts=1"),
+        node.count(
+            reasons::SUCCEEDED,
+            "kind=linux_static attempts=1 scenario=oci-networkd"
+        ),
         1
     );
     assert_eq!(node.exec_calls(), 2, "the hung exec, then the resumed one");

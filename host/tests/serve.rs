@@ -49,6 +49,16 @@ fn host(
     pods: MemoryPods,
     dir: &tempfile::TempDir,
 ) -> Arc<Host<ScriptedCocoon, MemoryPods>> {
+    Arc::new(host_with(cocoon, pods, dir, HostConfig::default()))
+}
+
+/// A host over `cocoon` and `pods` with the built-in plugins and `config`.
+fn host_with<C: fixup_host::cocoon::Cocoon>(
+    cocoon: C,
+    pods: MemoryPods,
+    dir: &tempfile::TempDir,
+    config: HostConfig,
+) -> Host<C, MemoryPods> {
     let options = PlannerOptions {
         cocoon_root: dir.path().to_owned(),
         ..PlannerOptions::default()
@@ -56,14 +66,14 @@ fn host(
     let (planner, _) = Planner::new(options).unwrap();
     let leases =
         LeaseWatcher::new(dir.path().join("leases.json"), Duration::from_millis(50)).unwrap();
-    Arc::new(Host::new(
+    Host::new(
         Arc::new(planner),
         cocoon,
         pods,
         Arc::new(leases),
-        HostConfig::default(),
+        config,
         Arc::new(Metrics::new()),
-    ))
+    )
 }
 
 #[tokio::test(start_paused = true)]
@@ -189,4 +199,161 @@ async fn metrics_and_health_are_served() {
     );
     shutdown.cancel();
     server.await.unwrap().unwrap();
+}
+
+/// cocoon for two pods' VMs: each VM id's record, and every exec runs
+/// the whole script.
+#[derive(Debug, Clone)]
+struct TwoVms {
+    records: Arc<std::collections::HashMap<String, String>>,
+}
+
+impl fixup_host::cocoon::Cocoon for TwoVms {
+    async fn exec(
+        &self,
+        vm: &fixup_core::facts::VmId,
+        argv: &[String],
+        timeout: Duration,
+    ) -> Result<fixup_host::cocoon::ExecOutput, fixup_host::cocoon::CocoonError> {
+        let cocoon = ScriptedCocoon::new(vec![Reply::Done], self.records[vm.as_str()].clone());
+        cocoon.exec(vm, argv, timeout).await
+    }
+
+    async fn inspect(
+        &self,
+        vm: &fixup_core::facts::VmId,
+        timeout: Duration,
+    ) -> Result<fixup_core::facts::VmInspect, fixup_host::cocoon::CocoonError> {
+        let cocoon = ScriptedCocoon::new(vec![], self.records[vm.as_str()].clone());
+        cocoon.inspect(vm, timeout).await
+    }
+}
+
+/// A hostile Windows console: the open never gets its prompt, and holds
+/// its (blocking) caller until the pass is stopped or its deadline comes.
+#[derive(Debug, Clone, Default)]
+struct StuckConsole(Arc<Stuck>);
+
+#[derive(Debug, Default)]
+struct Stuck {
+    opened: std::sync::atomic::AtomicBool,
+    returned: std::sync::atomic::AtomicBool,
+}
+
+impl fixup_host::console::Console for StuckConsole {
+    fn open(
+        &self,
+        _vm: &fixup_core::facts::VmId,
+        _need: usize,
+        stop: fixup_sac::Stop,
+        deadline: fixup_sac::Deadline,
+    ) -> Result<(Vec<u32>, Box<dyn fixup_host::console::ConsoleSession>), fixup_sac::SacError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.0.opened.store(true, SeqCst);
+        while !stop.is_set() && std::time::Instant::now() < deadline.at {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.0.returned.store(true, SeqCst);
+        Err(if stop.is_set() {
+            fixup_sac::SacError::Stopped
+        } else {
+            fixup_sac::SacError::Deadline {
+                step: fixup_sac::Step::Dial,
+                total: deadline.total,
+            }
+        })
+    }
+}
+
+/// `--concurrency 1` bounds the pods holding a turn, and the serial-console
+/// pass holds none: a Linux clone is fixed and ready while a Windows
+/// clone's console hangs in its pass; a shutdown then ends that pass at
+/// once, the blocking console call included, with nothing marked failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_console_pass_holds_no_turn() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let dir = tempfile::tempdir().unwrap();
+    let win_name = fixup_core::binding::vm_name_for_pod("default", "win-0");
+    let records = [
+        (
+            "vm-0123abcd".to_owned(),
+            inspect(&[("52:54:00:aa:bb:01", Some("10.0.0.5/24"))]),
+        ),
+        (
+            "vm-w1".to_owned(),
+            serde_json::json!({"id": "vm-w1", "config": {"name": win_name},
+                "network_configs": [{"mac": "52:54:00:aa:bb:02", "tap": "tap0",
+                    "network": {"ip": "10.0.0.9", "prefix": 24, "gateway": "10.0.0.1"}}]})
+            .to_string(),
+        ),
+    ];
+    let cocoon = TwoVms {
+        records: Arc::new(records.into_iter().collect()),
+    };
+    let pods = MemoryPods::new();
+    let linux = named("web-0", "uid-linux");
+    let mut windows = named("win-0", "uid-win");
+    for (key, value) in [
+        ("cocoonset.cocoonstack.io/os", "windows"),
+        ("vm.cocoonstack.io/id", "vm-w1"),
+        ("vm.cocoonstack.io/name", win_name.as_str()),
+    ] {
+        windows.annotations.insert(key.into(), value.into());
+    }
+    pods.insert(linux.clone());
+    pods.insert(windows.clone());
+    let mut config = HostConfig {
+        fixups_in_flight: 1,
+        ..HostConfig::default()
+    };
+    // No evidence of a wake either way: a short grace.
+    config.wake.grace = Duration::from_millis(50);
+    let console = StuckConsole::default();
+    let seen = Arc::clone(&console.0);
+    let host =
+        Arc::new(host_with(cocoon, pods.clone(), &dir, config).with_console(Arc::new(console)));
+    let shutdown = CancellationToken::new();
+    let mut dispatcher = Dispatcher::new(host, 16, shutdown.clone());
+    dispatcher.offer(windows, Trigger::Event);
+    for _ in 0..3000 {
+        if seen.opened.load(SeqCst) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        seen.opened.load(SeqCst),
+        "the Windows pass reached its console"
+    );
+    dispatcher.offer(linux, Trigger::Event);
+    let mut ready = false;
+    for _ in 0..3000 {
+        let state = pods.annotations("default", "web-0").unwrap();
+        if state.get(keys::LIFECYCLE_STATE).map(String::as_str) == Some("ready") {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(ready, "the Linux clone was held behind the console pass");
+    assert!(
+        !seen.returned.load(SeqCst),
+        "the console pass was still under way"
+    );
+    shutdown.cancel();
+    dispatcher.drain(Duration::from_secs(30)).await;
+    // The task does not wait for it, but the blocking call sees the stop.
+    for _ in 0..3000 {
+        if seen.returned.load(SeqCst) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(seen.returned.load(SeqCst), "the console call stopped");
+    let windows = pods.annotations("default", "win-0").unwrap();
+    assert_eq!(
+        windows.get(keys::POST_CLONE_STATE).map(String::as_str),
+        Some("done"),
+        "a shutdown marks nothing failed"
+    );
 }

@@ -229,9 +229,25 @@ fn assert_no_pnp(node: &Node) {
     );
 }
 
+/// The stack's `Woken` about the pod, as vk-cocoon reports it after a
+/// wake in place.
+fn woken_event() -> Value {
+    json!({
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"name": "web-0.woken", "namespace": "default"},
+        "eventTime": jiff::Timestamp::now().to_string(),
+        "reason": "Woken",
+        "note": "cloned from vk-default-web-0-hibernate",
+        "type": "Normal",
+        "reportingController": "vk-cocoon",
+        "regarding": {"kind": "Pod", "namespace": "default", "name": "web-0", "uid": UID},
+    })
+}
+
 /// The daemon sees the hibernation, is restarted while the pod is
-/// hibernated, and meets the VM woken in place after the restart: its
-/// durable history says wake.
+/// hibernated, and meets the VM woken in place after the restart, with the
+/// stack's `Woken` witnessing it: its durable history says wake.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wake_in_place_is_recognised_by_history_across_a_restart() {
     let node = Node::new(pod("vm-1")).await;
@@ -246,6 +262,7 @@ async fn a_wake_in_place_is_recognised_by_history_across_a_restart() {
     assert_eq!(node.record()["last_vm"], "vm-1");
 
     node.wake("vm-2");
+    node.api.add_event(woken_event());
     node.lease();
     // A grace of a minute: a VM taken for a clone would wait it out before
     // its PnP, and the pod would not be ready within the test's patience.
@@ -259,6 +276,31 @@ async fn a_wake_in_place_is_recognised_by_history_across_a_restart() {
     stop(&node, daemon).await;
 }
 
+/// The stack recreated the VM (its hibernate snapshot was gone) instead of
+/// waking it: the daemon's history says "a wake or a recreate", no witness
+/// of the stack comes within the grace, so the VM is the fresh clone it is
+/// and gets its PnP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_without_the_stacks_witness_is_a_recreate_and_gets_pnp() {
+    let node = Node::new(pod("vm-1")).await;
+    let daemon = node.serve("200ms");
+    node.until("a watch", |n| n.api.watches() >= 1).await;
+    node.hibernate().await;
+    node.until("the hibernation recorded", |n| {
+        n.record()["hibernated"] == json!(true)
+    })
+    .await;
+    node.wake("vm-2");
+    node.lease();
+    node.until("ready with the lease", Node::ready_with_lease)
+        .await;
+    assert!(node.exec_calls() >= 1, "PnP ran in the recreated VM");
+    let record = node.record();
+    assert_eq!(record["verdict"]["vm"], "vm-2", "{record}");
+    assert_eq!(record["verdict"]["by"], "recreate", "{record}");
+    stop(&node, daemon).await;
+}
+
 /// The stack's Normal event `Woken` about the pod says wake, on a pod
 /// the daemon first sees mid-life (no history).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -268,17 +310,7 @@ async fn a_wake_in_place_is_recognised_by_the_stacks_woken_event() {
     let node = Node::new(woken).await;
     node.vm("vm-2");
     node.lease();
-    node.api.add_event(json!({
-        "apiVersion": "events.k8s.io/v1",
-        "kind": "Event",
-        "metadata": {"name": "web-0.woken", "namespace": "default"},
-        "eventTime": jiff::Timestamp::now().to_string(),
-        "reason": "Woken",
-        "note": "cloned from vk-default-web-0-hibernate",
-        "type": "Normal",
-        "reportingController": "vk-cocoon",
-        "regarding": {"kind": "Pod", "namespace": "default", "name": "web-0", "uid": UID},
-    }));
+    node.api.add_event(woken_event());
     let daemon = node.serve("60s");
     node.until("ready with the lease", Node::ready_with_lease)
         .await;

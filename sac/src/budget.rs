@@ -17,9 +17,13 @@ use std::time::{Duration, Instant};
 /// through this value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Budgets {
-    /// Connecting and waiting for the first `SAC>` share this budget:
-    /// 60 s. A VM that just resumed may take a while to bring SAC up.
+    /// Connection tries, repeated within this budget: 60 s (upstream's
+    /// dial deadline). A VM that just resumed may take a while to bring
+    /// its console up.
     pub dial_total: Duration,
+    /// Once connected, the first `SAC>` has its own budget: 60 s
+    /// (upstream's second wait).
+    pub prompt_total: Duration,
     /// One connection try: 5 s.
     pub connect_try: Duration,
     /// Pause after a failed connection try: 2 s.
@@ -55,6 +59,7 @@ impl Default for Budgets {
     fn default() -> Self {
         Budgets {
             dial_total: Duration::from_secs(60),
+            prompt_total: Duration::from_secs(60),
             connect_try: Duration::from_secs(5),
             connect_retry: Duration::from_secs(2),
             prompt_read: Duration::from_secs(5),
@@ -75,6 +80,27 @@ impl Budgets {
     /// forever" to the socket API).
     pub(crate) fn poll(&self) -> Duration {
         self.stop_poll.max(Duration::from_millis(1))
+    }
+}
+
+/// The pass's total deadline: every step of it, every NIC included, ends
+/// by `at` (spec section 10, better than upstream: upstream's own budgets
+/// let a console that answers each line just in time hold the pass for
+/// minutes). `total` is the whole span, for messages. A step that is cut
+/// short by it fails as [`crate::SacError::Deadline`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadline {
+    pub at: Instant,
+    pub total: Duration,
+}
+
+impl Deadline {
+    /// `left` from now, of a pass of `total`.
+    pub fn after(left: Duration, total: Duration) -> Deadline {
+        Deadline {
+            at: Instant::now() + left,
+            total,
+        }
     }
 }
 
@@ -141,6 +167,7 @@ mod tests {
     fn defaults_are_the_spec_numbers() {
         let b = Budgets::default();
         assert_eq!(b.dial_total, Duration::from_secs(60));
+        assert_eq!(b.prompt_total, Duration::from_secs(60));
         assert_eq!(b.connect_try, Duration::from_secs(5));
         assert_eq!(b.connect_retry, Duration::from_secs(2));
         assert_eq!(b.prompt_read, Duration::from_secs(5));

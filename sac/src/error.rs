@@ -6,8 +6,10 @@
 //! input ([`SacError::Invalid`]) and a console path this crate will not use
 //! ([`SacError::Refused`]); [`SacError::Stopped`] is not a failure at all.
 
+use std::fmt;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Event reasons of the SAC pass (spec section 9), all Warning.
 pub mod reasons {
@@ -19,6 +21,45 @@ pub mod reasons {
     pub const SET_FAILED: &str = "PostCloneSACSetFailed";
     /// The address did not show after every set-and-check round.
     pub const VERIFY_FAILED: &str = "PostCloneSACVerifyFailed";
+}
+
+/// The step a pass was in when its total deadline passed
+/// ([`SacError::Deadline`]): it decides the Warning event, as the step's
+/// own failure would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Connecting, or waiting for the first `SAC>`.
+    Dial,
+    /// Listing the interfaces.
+    Enum,
+    /// Sending the set line for `net` (or about to).
+    Set { net: u32 },
+    /// Checking that `ip` shows for `net`, or pausing between rounds.
+    Verify { net: u32, ip: Ipv4Addr },
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::Dial => f.write_str("dial"),
+            Step::Enum => f.write_str("enum"),
+            Step::Set { net } => write!(f, "set ip net {net}"),
+            Step::Verify { net, ip } => write!(f, "verify net {net} ip {ip}"),
+        }
+    }
+}
+
+/// A span as people read it: whole seconds as `120s`, else milliseconds.
+pub(crate) struct Span(pub Duration);
+
+impl fmt::Display for Span {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.subsec_millis() == 0 {
+            write!(f, "{}s", self.0.as_secs())
+        } else {
+            write!(f, "{}ms", self.0.as_millis())
+        }
+    }
 }
 
 /// Why a SAC pass, or one step of it, ended without setting every address.
@@ -42,6 +83,12 @@ pub enum SacError {
     /// ([`crate::Budgets::set_rounds`], 10).
     #[error("sac verify exhausted: net {net} ip {ip} did not take effect")]
     VerifyExhausted { net: u32, ip: Ipv4Addr },
+    /// The pass's total deadline ([`crate::Deadline`], every NIC included)
+    /// passed during `step`: the pass fails with that step's event. A
+    /// hostile guest that answers each line just in time cannot hold the
+    /// host past it.
+    #[error("sac {step}: {}", deadline_cause(*total))]
+    Deadline { step: Step, total: Duration },
     /// The caller's input cannot be used (a VM id that is not one path
     /// component, a prefix outside 1..=32). Found before any byte is sent.
     #[error("sac invalid input: {problem}; {fix}")]
@@ -62,6 +109,11 @@ pub enum SacError {
     Stopped,
 }
 
+/// The cause of a [`SacError::Deadline`].
+fn deadline_cause(total: Duration) -> String {
+    format!("the pass's total deadline of {} passed", Span(total))
+}
+
 impl SacError {
     /// Whether this ends the pass as a failure: everything but
     /// [`SacError::Stopped`].
@@ -79,6 +131,12 @@ impl SacError {
             SacError::EnumExhausted { .. } => Some(reasons::ENUM_FAILED),
             SacError::SetIp { .. } => Some(reasons::SET_FAILED),
             SacError::VerifyExhausted { .. } => Some(reasons::VERIFY_FAILED),
+            SacError::Deadline { step, .. } => Some(match step {
+                Step::Dial => reasons::DIAL_FAILED,
+                Step::Enum => reasons::ENUM_FAILED,
+                Step::Set { .. } => reasons::SET_FAILED,
+                Step::Verify { .. } => reasons::VERIFY_FAILED,
+            }),
             SacError::Invalid { .. } | SacError::Refused { .. } | SacError::Stopped => None,
         }
     }
@@ -91,6 +149,11 @@ impl SacError {
         match self {
             SacError::Dial { cause } => Some(cause.clone()),
             SacError::SetIp { net, cause } => Some(format!("net {net}: {cause}")),
+            SacError::Deadline { step, total } => Some(match step {
+                Step::Dial => deadline_cause(*total),
+                Step::Set { net } => format!("net {net}: {}", deadline_cause(*total)),
+                Step::Enum | Step::Verify { .. } => self.to_string(),
+            }),
             SacError::EnumExhausted { .. } | SacError::VerifyExhausted { .. } => {
                 Some(self.to_string())
             }
@@ -126,6 +189,32 @@ mod tests {
         Some((
             "PostCloneSACVerifyFailed",
             "sac verify exhausted: net 9 ip 10.88.0.12 did not take effect",
+        )),
+    )]
+    #[case::deadline_dial(
+        SacError::Deadline { step: Step::Dial, total: Duration::from_secs(120) },
+        "sac dial: the pass's total deadline of 120s passed",
+        Some(("PostCloneSACDialFailed", "the pass's total deadline of 120s passed")),
+    )]
+    #[case::deadline_enum(
+        SacError::Deadline { step: Step::Enum, total: Duration::from_millis(1500) },
+        "sac enum: the pass's total deadline of 1500ms passed",
+        Some(("PostCloneSACEnumFailed", "sac enum: the pass's total deadline of 1500ms passed")),
+    )]
+    #[case::deadline_set(
+        SacError::Deadline { step: Step::Set { net: 7 }, total: Duration::from_secs(120) },
+        "sac set ip net 7: the pass's total deadline of 120s passed",
+        Some(("PostCloneSACSetFailed", "net 7: the pass's total deadline of 120s passed")),
+    )]
+    #[case::deadline_verify(
+        SacError::Deadline {
+            step: Step::Verify { net: 7, ip: Ipv4Addr::new(10, 0, 0, 5) },
+            total: Duration::from_secs(120),
+        },
+        "sac verify net 7 ip 10.0.0.5: the pass's total deadline of 120s passed",
+        Some((
+            "PostCloneSACVerifyFailed",
+            "sac verify net 7 ip 10.0.0.5: the pass's total deadline of 120s passed",
         )),
     )]
     #[case::invalid(

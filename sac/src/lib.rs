@@ -9,7 +9,9 @@
 //! but lines built from validated values: `i`, digits, dots and single
 //! spaces. And every wait has a budget ([`Budgets`], the spec's numbers by
 //! default) and gives way to a [`Stop`] check within 100 ms, so a shutdown
-//! never waits out a 60 s dial.
+//! never waits out a 60 s dial; a [`Deadline`] bounds the whole pass, every
+//! NIC included, so a console that answers each line just in time cannot
+//! hold the host for minutes.
 //!
 //! Blocking and std only: the pass is one short, sequential conversation.
 //! A caller on an async runtime runs it on a blocking thread.
@@ -41,9 +43,9 @@ pub mod session;
 pub mod sim;
 pub mod transcript;
 
-pub use budget::{Budgets, Stop};
+pub use budget::{Budgets, Deadline, Stop};
 pub use console::{ConsoleSocket, Dial, DialError, Transport};
-pub use error::{SacError, reasons};
+pub use error::{SacError, Step, reasons};
 pub use nic::{Nic, StaticNic, prefix_mask};
 pub use pass::{Pass, run_pass};
 pub use session::Session;

@@ -13,10 +13,11 @@ use std::io::{self, ErrorKind};
 use std::time::{Duration, Instant};
 
 use crate::console::{Dial, DialError, Transport};
+use crate::error::Step;
 use crate::line::Line;
 use crate::listing::{interfaces, listings, lists};
 use crate::transcript::{Exchange, Reply, Transcript};
-use crate::{Budgets, SacError, StaticNic, Stop};
+use crate::{Budgets, Deadline, SacError, StaticNic, Stop};
 
 /// What marks a finished answer, and a ready console.
 const PROMPT: &[u8] = b"SAC>";
@@ -33,6 +34,8 @@ pub struct Session {
     conn: Box<dyn Transport>,
     budgets: Budgets,
     stop: Stop,
+    /// The pass's total deadline, if the caller gave one.
+    deadline: Option<Deadline>,
     transcript: Transcript,
     /// Set once a read saw the end of the stream or a read or write failed:
     /// every later command fails at once.
@@ -52,6 +55,8 @@ impl fmt::Debug for Session {
 /// Why a command got no answer.
 enum Fail {
     Stopped,
+    /// The pass's total deadline passed.
+    OutOfTime,
     NoAnswer(String),
 }
 
@@ -62,21 +67,42 @@ enum PromptEnd {
     OutOfTime,
     Closed(String),
     Stopped,
+    /// The pass's total deadline passed.
+    PassOver,
 }
 
 impl Session {
     /// Connects through `dial` and waits for `SAC>` (spec section 10,
-    /// steps 1 and 2). Connecting and the prompt share
-    /// [`Budgets::dial_total`] (60 s); each connection try has
-    /// [`Budgets::connect_try`] (5 s) and a failed one is repeated after
-    /// [`Budgets::connect_retry`] (2 s); an empty line is sent every
-    /// [`Budgets::prompt_read`] (5 s) until an answer holds `SAC>`. A
-    /// connection that closes while waiting is dialled again, within the
-    /// same budget.
-    ///
-    /// `stop` stays with the session and is consulted by every later step.
+    /// steps 1 and 2), without a total deadline: [`Session::open_until`].
     pub fn open(dial: &mut dyn Dial, budgets: &Budgets, stop: Stop) -> Result<Session, SacError> {
-        let deadline = Instant::now() + budgets.dial_total;
+        Session::open_until(dial, budgets, stop, None)
+    }
+
+    /// Connects through `dial` and waits for `SAC>` (spec section 10,
+    /// steps 1 and 2). Connection tries run within [`Budgets::dial_total`]
+    /// (60 s): each has [`Budgets::connect_try`] (5 s) and a failed one is
+    /// repeated after [`Budgets::connect_retry`] (2 s). Once connected, the
+    /// prompt has its own [`Budgets::prompt_total`] (60 s): an empty line
+    /// is sent every [`Budgets::prompt_read`] (5 s) until an answer holds
+    /// `SAC>`. A connection that closes while waiting is dialled again,
+    /// while the dial budget lasts.
+    ///
+    /// `stop` and `deadline` (the pass's total deadline) stay with the
+    /// session and bound every later step; past the deadline a step fails
+    /// with [`SacError::Deadline`].
+    pub fn open_until(
+        dial: &mut dyn Dial,
+        budgets: &Budgets,
+        stop: Stop,
+        deadline: Option<Deadline>,
+    ) -> Result<Session, SacError> {
+        let dial_end = Instant::now() + budgets.dial_total;
+        let over = |at: Instant| deadline.is_some_and(|d| at >= d.at);
+        let cut = |at: Instant| deadline.map_or(at, |d| at.min(d.at));
+        let out_of_time = || SacError::Deadline {
+            step: Step::Dial,
+            total: deadline.map_or(Duration::ZERO, |d| d.total),
+        };
         let mut transcript = Transcript::default();
         let mut tries = 0u32;
         let mut empty_lines = 0u32;
@@ -86,7 +112,11 @@ impl Session {
             if stop.is_set() {
                 return Err(SacError::Stopped);
             }
-            let left = deadline.saturating_duration_since(Instant::now());
+            let now = Instant::now();
+            if over(now) {
+                return Err(out_of_time());
+            }
+            let left = cut(dial_end).saturating_duration_since(now);
             if left.is_zero() {
                 break;
             }
@@ -97,12 +127,15 @@ impl Session {
                         conn,
                         budgets: budgets.clone(),
                         stop: stop.clone(),
+                        deadline,
                         transcript: std::mem::take(&mut transcript),
                         closed: false,
                     };
-                    match session.await_prompt(deadline, &mut empty_lines) {
+                    let prompt_end = Instant::now() + budgets.prompt_total;
+                    match session.await_prompt(prompt_end, &mut empty_lines) {
                         PromptEnd::Ready => return Ok(session),
                         PromptEnd::Stopped => return Err(SacError::Stopped),
+                        PromptEnd::PassOver => return Err(out_of_time()),
                         PromptEnd::OutOfTime => {
                             out_of_time_at_prompt = true;
                             break;
@@ -121,24 +154,34 @@ impl Session {
             }
             let pause = budgets
                 .connect_retry
-                .min(deadline.saturating_duration_since(Instant::now()));
+                .min(cut(dial_end).saturating_duration_since(Instant::now()));
             if !stop.sleep(pause, budgets.poll()) {
                 return Err(SacError::Stopped);
             }
         }
-        let total = budgets.dial_total;
+        if over(Instant::now()) {
+            return Err(out_of_time());
+        }
         let cause = match cause {
             Some(cause) if !out_of_time_at_prompt => format!(
-                "{cause} ({tries} tries in {total:?}); check that the VM is running and that Cloud Hypervisor serves its serial console on that socket"
+                "{cause} ({tries} tries in {:?}); check that the VM is running and that Cloud Hypervisor serves its serial console on that socket",
+                budgets.dial_total
             ),
             _ => {
                 format!(
-                    "no `SAC>` prompt from {} within {total:?} ({empty_lines} empty lines sent); check that the guest runs Windows with the Special Administration Console enabled on its serial port (EMS)",
-                    dial.describe()
+                    "no `SAC>` prompt from {} within {:?} ({empty_lines} empty lines sent); check that the guest runs Windows with the Special Administration Console enabled on its serial port (EMS)",
+                    dial.describe(),
+                    budgets.prompt_total
                 )
             }
         };
         Err(SacError::Dial { cause })
+    }
+
+    /// Replaces the pass's total deadline for the steps that follow (each
+    /// console action of a task carries it).
+    pub fn set_deadline(&mut self, deadline: Option<Deadline>) {
+        self.deadline = deadline;
     }
 
     /// Lists the guest's interfaces (spec section 10, step 4): sends `i`
@@ -154,9 +197,9 @@ impl Session {
         let mut found = Vec::new();
         for attempt in 1..=self.budgets.enum_tries {
             if attempt > 1 {
-                self.pause(self.budgets.enum_interval)?;
+                self.pause(self.budgets.enum_interval, Step::Enum)?;
             }
-            self.check_stop()?;
+            self.check(Step::Enum)?;
             match self.command(&Line::query()) {
                 Ok(answer) => {
                     found = interfaces(&listings(&answer));
@@ -165,6 +208,7 @@ impl Session {
                     }
                 }
                 Err(Fail::Stopped) => return Err(SacError::Stopped),
+                Err(Fail::OutOfTime) => return Err(self.out_of_time(Step::Enum)),
                 Err(Fail::NoAnswer(_)) if self.closed => break,
                 Err(Fail::NoAnswer(_)) => {}
             }
@@ -188,20 +232,23 @@ impl Session {
     pub fn set_static(&mut self, net: u32, nic: &StaticNic) -> Result<(), SacError> {
         let set = Line::set(net, nic.ip, nic.mask()?, nic.gateway);
         let ip = nic.ip.to_string();
+        let verify = Step::Verify { net, ip: nic.ip };
         for round in 1..=self.budgets.set_rounds {
             if round > 1 {
-                self.pause(self.budgets.set_interval)?;
+                self.pause(self.budgets.set_interval, verify)?;
             }
-            self.check_stop()?;
+            self.check(Step::Set { net })?;
             match self.command(&set) {
                 Ok(_) => {}
                 Err(Fail::Stopped) => return Err(SacError::Stopped),
+                Err(Fail::OutOfTime) => return Err(self.out_of_time(Step::Set { net })),
                 Err(Fail::NoAnswer(cause)) => return Err(SacError::SetIp { net, cause }),
             }
             match self.command(&Line::query()) {
                 Ok(answer) if lists(&listings(&answer), net, &ip) => return Ok(()),
                 Ok(_) | Err(Fail::NoAnswer(_)) => {}
                 Err(Fail::Stopped) => return Err(SacError::Stopped),
+                Err(Fail::OutOfTime) => return Err(self.out_of_time(verify)),
             }
         }
         Err(SacError::VerifyExhausted { net, ip: nic.ip })
@@ -217,20 +264,40 @@ impl Session {
         self.transcript
     }
 
-    fn check_stop(&self) -> Result<(), SacError> {
+    /// Whether the pass's total deadline has passed.
+    fn over(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d.at)
+    }
+
+    fn out_of_time(&self, step: Step) -> SacError {
+        SacError::Deadline {
+            step,
+            total: self.deadline.map_or(Duration::ZERO, |d| d.total),
+        }
+    }
+
+    /// Before a step: a stop, or the pass's deadline passed during `step`.
+    fn check(&self, step: Step) -> Result<(), SacError> {
         if self.stop.is_set() {
             Err(SacError::Stopped)
+        } else if self.over() {
+            Err(self.out_of_time(step))
         } else {
             Ok(())
         }
     }
 
-    fn pause(&self, span: Duration) -> Result<(), SacError> {
-        if self.stop.sleep(span, self.budgets.poll()) {
-            Ok(())
-        } else {
-            Err(SacError::Stopped)
+    /// Pauses for `span`, never past the pass's deadline (then it is over
+    /// during `step`).
+    fn pause(&self, span: Duration, step: Step) -> Result<(), SacError> {
+        let span = match self.deadline {
+            Some(d) => span.min(d.at.saturating_duration_since(Instant::now())),
+            None => span,
+        };
+        if !self.stop.sleep(span, self.budgets.poll()) {
+            return Err(SacError::Stopped);
         }
+        self.check(step)
     }
 
     /// Step 2: empty lines until `SAC>` shows, or `deadline`; `sent`
@@ -257,6 +324,7 @@ impl Session {
                     cause: cause.clone(),
                 },
                 Err(Fail::Stopped) => return PromptEnd::Stopped,
+                Err(Fail::OutOfTime) => return PromptEnd::PassOver,
             };
             self.transcript.push(Exchange {
                 line: String::new(),
@@ -267,6 +335,7 @@ impl Session {
                 Ok(None) => {}
                 Err(Fail::NoAnswer(cause)) => return PromptEnd::Closed(cause),
                 Err(Fail::Stopped) => return PromptEnd::Stopped,
+                Err(Fail::OutOfTime) => return PromptEnd::PassOver,
             }
         }
     }
@@ -304,6 +373,9 @@ impl Session {
             },
             Err(Fail::Stopped) => Reply::NoAnswer {
                 cause: "stopped".to_owned(),
+            },
+            Err(Fail::OutOfTime) => Reply::NoAnswer {
+                cause: "the pass's total deadline passed".to_owned(),
             },
         };
         self.transcript.push(Exchange {
@@ -381,6 +453,11 @@ impl Session {
         if self.stop.is_set() {
             return Err(Fail::Stopped);
         }
+        let until = match self.deadline {
+            Some(d) if Instant::now() >= d.at => return Err(Fail::OutOfTime),
+            Some(d) => until.min(d.at),
+            None => until,
+        };
         let wait = until
             .saturating_duration_since(Instant::now())
             .min(self.budgets.poll())
@@ -631,6 +708,73 @@ mod tests {
             })
         );
         assert_eq!(read.load(Ordering::SeqCst) - after_prompt, 64 * 1024);
+    }
+
+    /// The pass's total deadline ends the open of a console that never
+    /// shows the prompt (long before the 60 s of the prompt's own budget),
+    /// and a set whose console answers too slowly, as that step's failure.
+    #[test]
+    fn the_total_deadline_ends_each_step() {
+        let total = Duration::from_millis(150);
+        let dial = &mut |_within: Duration| Ok(scripted(|_| ""));
+        let started = Instant::now();
+        let err = Session::open_until(
+            dial,
+            &Budgets::default(),
+            Stop::never(),
+            Some(Deadline::after(total, total)),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            SacError::Deadline {
+                step: Step::Dial,
+                total
+            }
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // Every set line is answered, but the address never shows: the
+        // rounds run into the deadline while checking.
+        let dial = &mut |_within: Duration| {
+            Ok(scripted(|line| match line {
+                "" => "\r\nSAC>",
+                _ => "Net: 2, Ip=10.0.0.9\r\nSAC>",
+            }))
+        };
+        let budgets = Budgets {
+            set_interval: Duration::from_millis(40),
+            ..fast()
+        };
+        let mut session = Session::open_until(
+            dial,
+            &budgets,
+            Stop::never(),
+            Some(Deadline::after(total, total)),
+        )
+        .unwrap();
+        let nic = StaticNic {
+            ip: Ipv4Addr::new(10, 0, 0, 5),
+            prefix: None,
+            gateway: None,
+        };
+        let err = session.set_static(2, &nic).unwrap_err();
+        assert_eq!(
+            err,
+            SacError::Deadline {
+                step: Step::Verify { net: 2, ip: nic.ip },
+                total
+            }
+        );
+        // Past the deadline, the next set fails before a line is sent.
+        let sent = session.transcript().entries().count();
+        assert_eq!(
+            session.set_static(2, &nic),
+            Err(SacError::Deadline {
+                step: Step::Set { net: 2 },
+                total
+            })
+        );
+        assert_eq!(session.transcript().entries().count(), sent);
     }
 
     #[test]

@@ -35,6 +35,7 @@ fn ms(n: u64) -> Duration {
 fn fast() -> Budgets {
     Budgets {
         dial_total: Duration::from_secs(5),
+        prompt_total: Duration::from_secs(5),
         connect_try: Duration::from_secs(1),
         connect_retry: ms(5),
         prompt_read: ms(200),
@@ -341,7 +342,7 @@ fn no_prompt_fails_the_dial() {
     let root = root();
     let sim = sim(root.path(), Script::new().prompt(PromptMode::Never));
     let budgets = Budgets {
-        dial_total: ms(300),
+        prompt_total: ms(300),
         prompt_read: ms(50),
         ..fast()
     };

@@ -202,8 +202,8 @@ func (a apiServer) NodePods(ctx context.Context) ([][]byte, error) {
 	return a.items(ctx, "/api/v1/pods?fieldSelector="+url.QueryEscape("spec.nodeName="+a.node))
 }
 
-func (a apiServer) PodEvents(ctx context.Context, namespace, uid string) ([][]byte, error) {
-	return a.items(ctx, "/apis/events.k8s.io/v1/namespaces/"+url.PathEscape(namespace)+"/events?fieldSelector="+url.QueryEscape("regarding.uid="+uid))
+func (a apiServer) ListEvents(ctx context.Context, namespace, fieldSelector string) ([][]byte, error) {
+	return a.items(ctx, "/apis/events.k8s.io/v1/namespaces/"+url.PathEscape(namespace)+"/events?fieldSelector="+url.QueryEscape(fieldSelector))
 }
 
 func main() {

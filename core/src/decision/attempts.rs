@@ -31,6 +31,9 @@ pub(super) struct Attempts {
     pub(super) errors: Vec<String>,
     /// The nonce of the attempt under way.
     nonce: Option<Nonce>,
+    /// This is the loop's one attempt past its budget (spec section 8):
+    /// when it fails, none follows.
+    pub(super) last_chance: bool,
 }
 
 impl Attempts {
@@ -44,6 +47,7 @@ impl Attempts {
             count: 0,
             errors: Vec::new(),
             nonce: None,
+            last_chance: false,
         }
     }
 
@@ -100,7 +104,7 @@ impl Attempts {
     ) -> Option<Duration> {
         self.errors.push(line);
         let until = now + interval;
-        (until < self.deadline).then_some(until)
+        (until < self.deadline && !self.last_chance).then_some(until)
     }
 }
 
@@ -189,5 +193,19 @@ mod tests {
             None
         );
         assert_eq!(a.errors, ["attempt 1: x", "attempt 2: y"]);
+    }
+
+    #[test]
+    fn no_attempt_follows_a_last_chance() {
+        let mut a = attempts();
+        a.last_chance = true;
+        assert_eq!(
+            a.failed(
+                "attempt 9: x".into(),
+                Duration::ZERO,
+                Duration::from_secs(3)
+            ),
+            None
+        );
     }
 }

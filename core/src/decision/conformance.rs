@@ -33,7 +33,7 @@ use super::{
 use crate::annotations::AnnotationPatch;
 use crate::exec::{ExecOutput, ExitStatusKind};
 use crate::facts::{MacAddr, PodInput, VmId, VmInspect};
-use crate::memory::{PodMemory, StackEvent};
+use crate::memory::{Listed, PodMemory, StackEvent};
 use crate::plan::{Nonce, done_marker, exec_nonce};
 use crate::planner::Planner;
 use fixup_sac::SacError;
@@ -140,7 +140,16 @@ pub struct EventScript {
     /// wall clock when it is created).
     #[serde(default)]
     pub newest_unix_ms: Option<i64>,
+    /// How many such events there are (default 1): a flood in one line.
+    #[serde(default = "one_event")]
+    pub count: usize,
 }
+
+fn one_event() -> usize {
+    1
+}
+
+pub use crate::memory::evidence::LISTED_AT_MOST;
 
 fn stack_controller() -> String {
     "vk-cocoon".to_owned()
@@ -790,8 +799,9 @@ pub fn answer(world: &mut World, now: &mut Duration, action: &Value) -> Result<V
         }
         "sac_open" => {
             let need = usize::try_from(a["need"].as_u64().expect("need")).expect("need");
+            let deadline = (ms_of("until_ms"), ms_of("total_ms"));
             waited(
-                world.sac_open_until(now, &str_of("vm"), need),
+                world.sac_open_until(now, &str_of("vm"), need, deadline),
                 |result| match result {
                     Ok(nets) => json!({"sac_opened": nets}),
                     Err(e) => json!({"sac_open_error": sac_error_json(&e)}),
@@ -801,10 +811,14 @@ pub fn answer(world: &mut World, now: &mut Duration, action: &Value) -> Result<V
         "sac_set" => {
             let net = u32::try_from(a["net"].as_u64().expect("net")).expect("net");
             let ip = str_of("ip").parse().expect("an address");
-            waited(world.sac_set_until(now, net, ip), |result| match result {
-                Ok(()) => json!({"sac_set": true}),
-                Err(e) => json!({"sac_set_error": sac_error_json(&e)}),
-            })
+            let deadline = (ms_of("until_ms"), ms_of("total_ms"));
+            waited(
+                world.sac_set_until(now, net, ip, deadline),
+                |result| match result {
+                    Ok(()) => json!({"sac_set": true}),
+                    Err(e) => json!({"sac_set_error": sac_error_json(&e)}),
+                },
+            )
         }
         "tell" => {
             let _ = world.event(*now, &str_of("reason"), &str_of("message"));
@@ -814,10 +828,20 @@ pub fn answer(world: &mut World, now: &mut Duration, action: &Value) -> Result<V
             Ok(_) => json!({"inspected": world.scenario.vm.clone().expect("a record")}),
             Err(e) => json!({"inspect_error": e}),
         },
-        "wake_events" => match world.events(*now, &str_of("uid")) {
-            Ok(events) => json!({
-                "events": events.iter().map(StackEvent::to_value).collect::<Vec<_>>()
-            }),
+        "wake_events" => match world.events_of(
+            *now,
+            &serde_json::from_value::<Vec<String>>(a["field_selectors"].clone())
+                .expect("wake_events names its field selectors"),
+        ) {
+            Ok(listed) => {
+                let events: Vec<Value> = listed.events.iter().map(StackEvent::to_value).collect();
+                // A listing cut short says so under its own key.
+                if listed.truncated {
+                    json!({ "events_truncated": events })
+                } else {
+                    json!({ "events": events })
+                }
+            }
             Err(e) => json!({"events_error": e}),
         },
         "other_pods" => match world.other_pods() {
@@ -883,6 +907,7 @@ pub fn task_options(world: &World, scenario: &Scenario) -> Value {
             accept_annotated_vm_names: false,
             ..scenario.settings.clone()
         },
+        "now_unix_ms": scenario.wall_start_ms,
     });
     if let Some((record, wall)) = world.start_record() {
         options["memory"] = serde_json::json!({
@@ -1113,9 +1138,11 @@ impl World {
         Ok(pods)
     }
 
-    /// The events about the pod the API server holds at `now`, selected by
-    /// `regarding.uid` = `uid`; or why they cannot be listed.
-    pub fn events(&self, now: Duration, uid: &str) -> Result<Vec<StackEvent>, String> {
+    /// The events the API server holds at `now` that `selector` (a field
+    /// selector of events.k8s.io/v1) selects, first created first and at
+    /// most [`LISTED_AT_MOST`], and whether more matched; or why they
+    /// cannot be listed.
+    pub fn events(&self, now: Duration, selector: &str) -> Result<Listed, String> {
         if self.scenario.events_unreadable {
             return Err("events.k8s.io \"events\" is forbidden: cannot list resource \"events\" in the namespace".to_owned());
         }
@@ -1126,12 +1153,9 @@ impl World {
             .as_ref()
             .and_then(|p| p.uid.clone())
             .unwrap_or_default();
-        Ok(self
-            .scenario
-            .events
-            .iter()
-            .filter(|e| e.at_ms <= now)
-            .map(|e| StackEvent {
+        let mut listed = Vec::new();
+        for e in self.scenario.events.iter().filter(|e| e.at_ms <= now) {
+            let event = StackEvent {
                 reason: e.reason.clone(),
                 type_: e.type_.clone(),
                 reporting_controller: e.reporting_controller.clone(),
@@ -1140,9 +1164,28 @@ impl World {
                     e.newest_unix_ms
                         .unwrap_or(wall.saturating_add(i64::try_from(e.at_ms).unwrap_or(0))),
                 ),
-            })
-            .filter(|e| e.regarding_uid == uid)
-            .collect())
+            };
+            if crate::memory::evidence::selects(selector, &event)? {
+                listed.extend(std::iter::repeat_n(event, e.count));
+            }
+        }
+        let truncated = listed.len() > LISTED_AT_MOST;
+        listed.truncate(LISTED_AT_MOST);
+        Ok(Listed {
+            events: listed,
+            truncated,
+        })
+    }
+
+    /// Every listing of `selectors`, together, as a host reports them.
+    pub fn events_of(&self, now: Duration, selectors: &[String]) -> Result<Listed, String> {
+        let mut all = Listed::default();
+        for selector in selectors {
+            let listed = self.events(now, selector)?;
+            all.events.extend(listed.events);
+            all.truncated |= listed.truncated;
+        }
+        Ok(all)
     }
 
     /// `cocoon vm inspect`.
@@ -1219,12 +1262,14 @@ impl World {
 
     /// Opening the VM's console at `*now`: the interfaces listed, or the
     /// scripted failure; the clock moves to its end, or to the shutdown
-    /// that stops it.
+    /// that stops it, or to the pass's deadline `until` (of a pass of
+    /// `total`), where a slower open fails as its dial.
     pub fn sac_open_until(
         &mut self,
         now: &mut Duration,
         vm: &str,
         need: usize,
+        (until, total): (Duration, Duration),
     ) -> Waited<Result<Vec<u32>, SacError>> {
         self.seen.push(Seen::SacOpen {
             at_ms: ms(*now),
@@ -1238,15 +1283,19 @@ impl World {
                 .unwrap_or_else(|| (7..).take(need).collect::<Vec<u32>>())),
         };
         let ends = *now + Duration::from_millis(script.open_ms);
-        self.until(now, ends, result)
+        let step = fixup_sac::Step::Dial;
+        self.until_deadline(now, ends, result, (until, total, step))
     }
 
-    /// One set on the open console at `*now`.
+    /// One set on the open console at `*now`, bounded by the pass's
+    /// deadline as [`World::sac_open_until`] is (a slower set fails as
+    /// its set line).
     pub fn sac_set_until(
         &mut self,
         now: &mut Duration,
         net: u32,
         ip: Ipv4Addr,
+        (until, total): (Duration, Duration),
     ) -> Waited<Result<(), SacError>> {
         self.seen.push(Seen::SacSet {
             at_ms: ms(*now),
@@ -1266,7 +1315,8 @@ impl World {
             None => Ok(()),
         };
         let ends = *now + Duration::from_millis(script.takes_ms);
-        self.until(now, ends, result)
+        let step = fixup_sac::Step::Set { net };
+        self.until_deadline(now, ends, result, (until, total, step))
     }
 
     /// When `mac` has a lease at or after `now`, no later than `until`,
@@ -1343,6 +1393,21 @@ impl World {
         let found = self.lease(mac, *now, until);
         let ends = found.map_or(until, |(at, _)| at).max(*now);
         self.until(now, ends, Ok(found.map(|(_, ip)| ip)))
+    }
+
+    /// [`World::until`] for a console step that the pass's deadline
+    /// (`until`, of a pass of `total`) cuts short during `step`.
+    fn until_deadline<T>(
+        &self,
+        now: &mut Duration,
+        ends: Duration,
+        value: Result<T, SacError>,
+        (until, total, step): (Duration, Duration, fixup_sac::Step),
+    ) -> Waited<Result<T, SacError>> {
+        if ends <= until {
+            return self.until(now, ends, value);
+        }
+        self.until(now, until, Err(SacError::Deadline { step, total }))
     }
 
     fn until<T>(&self, now: &mut Duration, ends: Duration, value: T) -> Waited<T> {
@@ -1478,6 +1543,7 @@ pub fn replay(scenario: &Scenario, planner: &Planner) -> (World, Ended) {
         Some(trigger) => {
             let (mut task, action) =
                 PodTask::start(world.first_read(), trigger, settings, counting_nonces());
+            task.wall_clock(world.scenario.wall_start_ms);
             if let Some((record, wall)) = world.start_record() {
                 task.remember(record, wall);
             }
@@ -1506,7 +1572,9 @@ pub fn replay(scenario: &Scenario, planner: &Planner) -> (World, Ended) {
             }
             Action::Inspect { vm, .. } => Report::Inspected(world.inspect(now, &vm)),
             Action::OtherPods { .. } => Report::OtherPods(world.other_pods()),
-            Action::WakeEvents => Report::Events(world.events(now, &uid)),
+            Action::WakeEvents { field_selectors } => {
+                Report::Events(world.events_of(now, &field_selectors))
+            }
             Action::Plan(request) => Report::Planned(request.run(planner)),
             Action::Read => Report::Read(world.read(now)),
             Action::Patch {
@@ -1539,12 +1607,21 @@ pub fn replay(scenario: &Scenario, planner: &Planner) -> (World, Ended) {
                 Waited::Done(found) => Report::Lease(found),
                 Waited::Cancelled => Report::Cancelled,
             },
-            Action::SacOpen { vm, need } => match world.sac_open_until(&mut now, vm.as_str(), need)
-            {
+            Action::SacOpen {
+                vm,
+                need,
+                until,
+                total,
+            } => match world.sac_open_until(&mut now, vm.as_str(), need, (until, total)) {
                 Waited::Done(result) => Report::SacOpened(result),
                 Waited::Cancelled => Report::Cancelled,
             },
-            Action::SacSet { net, nic } => match world.sac_set_until(&mut now, net, nic.ip) {
+            Action::SacSet {
+                net,
+                nic,
+                until,
+                total,
+            } => match world.sac_set_until(&mut now, net, nic.ip, (until, total)) {
                 Waited::Done(result) => Report::SacSet(result),
                 Waited::Cancelled => Report::Cancelled,
             },

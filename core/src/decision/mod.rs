@@ -40,7 +40,10 @@ pub use locate::{
     Lookup, bind_record, boot_override, has_work, lookup, never_planned, observe, vm_id,
 };
 pub use prepare::{PrepareTask, Prepared};
-pub use settings::{ReadyConfig, RetryConfig, Settings, SettingsBuilder, SettingsMs, WakeConfig};
+pub use settings::{
+    DEFAULT_SAC_DEADLINE, ReadyConfig, RetryConfig, Settings, SettingsBuilder, SettingsMs,
+    WakeConfig,
+};
 pub use task::{DECIDE_ROUNDS, NonceSource, PodTask, WrongReport, os_nonces};
 
 use std::fmt;
@@ -55,7 +58,7 @@ use crate::classify::Scenario;
 use crate::exec::ExecOutput;
 use crate::facts::{FactError, MacAddr, Observation, PodInput, VmFacts, VmId, VmInspect};
 use crate::lifecycle::HandsOff;
-use crate::memory::{PodMemory, StackEvent};
+use crate::memory::{Listed, PodMemory};
 use crate::planner::{ComposedPlan, PlanOutcome, Planner, PlannerError, Preparation};
 use crate::plugin::PluginError;
 use crate::plugin::registry::NoPlugin;
@@ -187,12 +190,16 @@ pub enum Action {
     /// ([`crate::binding::settle`]), the host only answers. Report:
     /// [`Report::OtherPods`].
     OtherPods { vm_name: String },
-    /// List the events about the pod (events.k8s.io/v1 in the pod's
-    /// namespace, selected by `regarding.uid` = the pod's uid), for the
-    /// stack's own record of a hibernate wake (spec section 2, rule 2):
-    /// the decision reads them ([`crate::memory::events_say_wake`]), the
-    /// host only lists. Report: [`Report::Events`].
-    WakeEvents,
+    /// List the events in the pod's namespace (events.k8s.io/v1) that each
+    /// of `field_selectors` selects, one listing per selector, and report
+    /// them together: the stack's own record of a hibernate wake (spec
+    /// section 2, rule 2). The selectors ask the API server for exactly the
+    /// events that can count (`regarding.uid`, `reason`, `type` and
+    /// `reportingController`: [`crate::memory::field_selectors`]), so that
+    /// no other event can fill the listing; the decision checks each event
+    /// again ([`crate::memory::Witness`]), the host only lists. Report:
+    /// [`Report::Events`].
+    WakeEvents { field_selectors: Vec<String> },
     /// Plan ([`PlanRequest::run`]), off any async worker. Report:
     /// [`Report::Planned`].
     Plan(Box<PlanRequest>),
@@ -225,14 +232,28 @@ pub enum Action {
     /// the cocoon root), wait for the `SAC>` prompt and list the guest's
     /// interfaces until at least `need` are listed, keeping the console
     /// open for the [`Action::SacSet`]s that follow ([`fixup_sac::Session`]
-    /// does all of it). Interruptible by shutdown. Report:
-    /// [`Report::SacOpened`].
-    SacOpen { vm: VmId, need: usize },
+    /// does all of it). Interruptible by shutdown. Bounded by the pass's
+    /// total deadline: the clock reaches `until` at the latest (`total` is
+    /// the whole pass's span, for the message), and then the step in
+    /// progress fails as [`SacError::Deadline`] (a dial or enum step).
+    /// Report: [`Report::SacOpened`].
+    SacOpen {
+        vm: VmId,
+        need: usize,
+        until: Duration,
+        total: Duration,
+    },
     /// On the console opened last: set `nic`'s address on the guest's
     /// interface `net` and check that it took effect, in rounds
     /// ([`fixup_sac::Session::set_static`]). Interruptible by shutdown.
-    /// Report: [`Report::SacSet`].
-    SacSet { net: u32, nic: StaticNic },
+    /// Bounded by the pass's total deadline as [`Action::SacOpen`] is (a
+    /// set or verify step). Report: [`Report::SacSet`].
+    SacSet {
+        net: u32,
+        nic: StaticNic,
+        until: Duration,
+        total: Duration,
+    },
     /// Close the console opened last, if any. Report: [`Report::Go`].
     SacClose,
     /// Record this event on the pod (best effort: a failure is logged).
@@ -279,10 +300,10 @@ pub enum Report {
     /// one line): the annotated name is then not proven, and the task
     /// stops without running anything ([`Stop::Unproven`]).
     OtherPods(Result<Vec<PodInput>, String>),
-    /// The events about the pod, or why they could not be listed (as one
-    /// line): then rule 2 finds nothing, and the task goes on with a
-    /// warning.
-    Events(Result<Vec<StackEvent>, String>),
+    /// The events each selector selected, and whether a listing was cut
+    /// short; or why they could not be listed (as one line): then rule 2
+    /// finds nothing, and the task goes on with a warning.
+    Events(Result<Listed, String>),
     Planned(Planned),
     Read(Result<Option<PodInput>, PodError>),
     Patched(Result<Guarded, PodError>),

@@ -7,13 +7,30 @@ use serde_json::{Value, json};
 
 use super::PodError;
 use crate::exec::{ExecOutput, ExitStatusKind};
-use fixup_sac::SacError;
+use fixup_sac::{SacError, Step};
 
 /// A console client's error: `{kind: "dial" | "enum" | "set" | "verify" |
-/// "refused", ...}` with `cause` (dial, set), `found` and `need` (enum),
-/// `net` (set, verify), `ip` (verify), `message` (refused and the rest).
+/// "deadline" | "refused", ...}` with `cause` (dial, set), `found` and
+/// `need` (enum), `net` (set, verify; deadline of a set or verify step),
+/// `ip` (verify; deadline of a verify step), `step` (`dial`, `enum`, `set`
+/// or `verify`) and `total_ms` (deadline: the pass's total deadline
+/// passed during that step), `message` (refused and the rest).
 pub fn sac_error_json(e: &SacError) -> Value {
     match e {
+        SacError::Deadline { step, total } => {
+            let total_ms = u64::try_from(total.as_millis()).unwrap_or(u64::MAX);
+            match step {
+                Step::Dial => json!({"kind": "deadline", "step": "dial", "total_ms": total_ms}),
+                Step::Enum => json!({"kind": "deadline", "step": "enum", "total_ms": total_ms}),
+                Step::Set { net } => {
+                    json!({"kind": "deadline", "step": "set", "net": net, "total_ms": total_ms})
+                }
+                Step::Verify { net, ip } => json!({
+                    "kind": "deadline", "step": "verify", "net": net, "ip": ip.to_string(),
+                    "total_ms": total_ms,
+                }),
+            }
+        }
         SacError::Dial { cause } => json!({"kind": "dial", "cause": cause}),
         SacError::EnumExhausted { found, need } => {
             json!({"kind": "enum", "found": found, "need": need})

@@ -76,14 +76,18 @@ impl Default for ReadyConfig {
 /// event counts when its newest occurrence is at most 30 minutes before
 /// the VM record's `created_at`; a CH+`windows` pod with no evidence
 /// either way waits up to 10 s from the host's first sight of its VM for
-/// a `Woken` event, looking every second. Configured with
-/// `--wake-event-window` and `--wake-grace`.
+/// a `Woken` event, looking every second; only events whose
+/// `reportingController` is the stack's (`vk-cocoon`) count. Configured
+/// with `--wake-event-window`, `--wake-grace` and `--wake-event-reporter`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WakeConfig {
     pub event_window: Duration,
     pub grace: Duration,
     /// How often the events are listed again during the grace.
     pub poll: Duration,
+    /// The accepted reporters of wake events (each passed
+    /// [`crate::memory::check_reporter`]; never empty).
+    pub reporters: Vec<String>,
 }
 
 impl Default for WakeConfig {
@@ -92,9 +96,20 @@ impl Default for WakeConfig {
             event_window: crate::memory::WAKE_EVENT_WINDOW,
             grace: Duration::from_secs(10),
             poll: Duration::from_secs(1),
+            reporters: vec![crate::memory::STACK_REPORTER.to_owned()],
         }
     }
 }
+
+/// The serial-console pass's total deadline, every NIC included (spec
+/// section 10): 120 s. Upstream's own numbers (connection tries within
+/// 60 s, then 60 s for the prompt; up to 60 listings and 10 set rounds a
+/// NIC, each line waiting up to 5 s) stay inside it. Two minutes is the
+/// dial and the prompt at their worst, and far more than a healthy
+/// console needs for several NICs (a few seconds); a console that answers
+/// each line just in time would otherwise hold the pass for minutes per
+/// NIC. Configured with `--sac-deadline`.
+pub const DEFAULT_SAC_DEADLINE: Duration = Duration::from_secs(120);
 
 /// Everything the decision for one pod reads besides what it observes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,6 +119,9 @@ pub struct Settings {
     pub wake: WakeConfig,
     /// Timeout for `cocoon vm inspect` (default 10 s, `--inspect-timeout`).
     pub inspect_timeout: Duration,
+    /// The serial-console pass's total deadline ([`DEFAULT_SAC_DEADLINE`],
+    /// `--sac-deadline`).
+    pub sac_deadline: Duration,
     /// Which VM names bind a VM to its pod (spec section 2).
     pub binding: BindingPolicy,
 }
@@ -115,6 +133,7 @@ impl Default for Settings {
             ready: ReadyConfig::default(),
             wake: WakeConfig::default(),
             inspect_timeout: Duration::from_secs(10),
+            sac_deadline: DEFAULT_SAC_DEADLINE,
             binding: BindingPolicy::default(),
         }
     }
@@ -136,6 +155,10 @@ pub struct SettingsBuilder {
     pub dhcp_recovery_after: Option<Duration>,
     pub wake_event_window: Option<Duration>,
     pub wake_grace: Option<Duration>,
+    /// The accepted reporters of wake events; `None` or empty: the stack's
+    /// own, `vk-cocoon`.
+    pub wake_event_reporters: Option<Vec<String>>,
+    pub sac_deadline: Option<Duration>,
     pub accept_legacy_vm_names: bool,
     pub accept_annotated_vm_names: bool,
 }
@@ -155,6 +178,7 @@ impl SettingsBuilder {
             ("renew_timeout", self.renew_timeout, STEP),
             ("retry_budget", self.retry_budget, BUDGET),
             ("ip_wait", self.ip_wait, BUDGET),
+            ("sac_deadline", self.sac_deadline, BUDGET),
             ("renew_after", self.renew_after, ANY),
             ("dhcp_recovery_after", self.dhcp_recovery_after, ANY),
             ("wake_event_window", self.wake_event_window, ANY),
@@ -177,6 +201,19 @@ impl SettingsBuilder {
         let retry_default = RetryConfig::default();
         let ready_default = ReadyConfig::default();
         let wake_default = WakeConfig::default();
+        let reporters = match &self.wake_event_reporters {
+            Some(reporters) if !reporters.is_empty() => {
+                for reporter in reporters {
+                    crate::memory::check_reporter(reporter).map_err(|e| OptionError::Invalid {
+                        what: "wake_event_reporters",
+                        rule: "names of the stack's event sources: 1 to 128 letters, digits, `.`, `_`, `-`, `:` or `/`, never cocoon-fixup",
+                        value: e.to_string(),
+                    })?;
+                }
+                reporters.clone()
+            }
+            _ => wake_default.reporters.clone(),
+        };
         let exec_timeout = self.exec_timeout.unwrap_or(retry_default.exec_timeout);
         Ok(Settings {
             retry: RetryConfig {
@@ -197,10 +234,12 @@ impl SettingsBuilder {
                 event_window: self.wake_event_window.unwrap_or(wake_default.event_window),
                 grace: self.wake_grace.unwrap_or(wake_default.grace),
                 poll: wake_default.poll,
+                reporters,
             },
             inspect_timeout: self
                 .inspect_timeout
                 .unwrap_or(Settings::default().inspect_timeout),
+            sac_deadline: self.sac_deadline.unwrap_or(DEFAULT_SAC_DEADLINE),
             binding: BindingPolicy {
                 accept_legacy_names: self.accept_legacy_vm_names,
                 accept_annotated_names: self.accept_annotated_vm_names,
@@ -225,6 +264,9 @@ pub struct SettingsMs {
     pub dhcp_recovery_after_ms: Option<u64>,
     pub wake_event_window_ms: Option<u64>,
     pub wake_grace_ms: Option<u64>,
+    pub sac_deadline_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake_event_reporters: Option<Vec<String>>,
     #[serde(default)]
     pub accept_legacy_vm_names: bool,
     #[serde(default)]
@@ -246,6 +288,8 @@ impl SettingsMs {
             dhcp_recovery_after: ms(self.dhcp_recovery_after_ms),
             wake_event_window: ms(self.wake_event_window_ms),
             wake_grace: ms(self.wake_grace_ms),
+            sac_deadline: ms(self.sac_deadline_ms),
+            wake_event_reporters: self.wake_event_reporters.clone(),
             accept_legacy_vm_names: self.accept_legacy_vm_names,
             accept_annotated_vm_names: self.accept_annotated_vm_names,
         }
@@ -288,11 +332,18 @@ mod tests {
             ("retry_budget", 100, false),
             ("ip_wait", 0, true),
             ("ip_wait", 100, false),
+            ("sac_deadline", 99, true),
+            ("sac_deadline", 100, false),
         ] {
             let value = Some(Duration::from_millis(ms));
             let builder = if what == "retry_budget" {
                 SettingsBuilder {
                     retry_budget: value,
+                    ..Default::default()
+                }
+            } else if what == "sac_deadline" {
+                SettingsBuilder {
+                    sac_deadline: value,
                     ..Default::default()
                 }
             } else {
@@ -302,6 +353,32 @@ mod tests {
                 }
             };
             assert_eq!(builder.build().is_err(), refused, "{what} {ms}ms");
+        }
+    }
+
+    #[test]
+    fn wake_event_reporters_are_checked_and_default_to_the_stack() {
+        let built = SettingsBuilder::default().build().unwrap();
+        assert_eq!(built.wake.reporters, ["vk-cocoon"]);
+        let empty = SettingsBuilder {
+            wake_event_reporters: Some(vec![]),
+            ..Default::default()
+        };
+        assert_eq!(empty.build().unwrap().wake.reporters, ["vk-cocoon"]);
+        let two = SettingsBuilder {
+            wake_event_reporters: Some(vec!["vk-cocoon".into(), "vk-cocoon-eu".into()]),
+            ..Default::default()
+        };
+        assert_eq!(two.build().unwrap().wake.reporters.len(), 2);
+        for bad in ["cocoon-fixup", "a,b", ""] {
+            let e = SettingsBuilder {
+                wake_event_reporters: Some(vec![bad.into()]),
+                ..Default::default()
+            }
+            .build()
+            .unwrap_err()
+            .to_string();
+            assert!(e.starts_with("wake_event_reporters"), "{e}");
         }
     }
 
@@ -323,6 +400,7 @@ mod tests {
             "dhcp_recovery_after",
             "wake_event_window",
             "wake_grace",
+            "sac_deadline",
         ] {
             let with = |value: Duration| {
                 let ms = Some(u64::try_from(value.as_millis()).unwrap());
@@ -337,6 +415,7 @@ mod tests {
                     "renew_timeout" => json.renew_timeout_ms = ms,
                     "wake_event_window" => json.wake_event_window_ms = ms,
                     "wake_grace" => json.wake_grace_ms = ms,
+                    "sac_deadline" => json.sac_deadline_ms = ms,
                     _ => json.dhcp_recovery_after_ms = ms,
                 }
                 json.builder().build()

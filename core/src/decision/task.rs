@@ -26,7 +26,7 @@ use crate::facts::{
     VmId, VmInspect, WaitFacts, WaitNic, escape_controls, static_nics,
 };
 use crate::lifecycle::{self, Action as Row, HandsOff, Lifecycle, PostCloneState};
-use crate::memory::{Evidence, PodMemory, StackEvent, events_say_wake, woken_event_seen};
+use crate::memory::{Evidence, Listed, PodMemory, Witness};
 use crate::plan::{Nonce, Plan, exec_argv, hint_base64};
 use crate::planner::{ComposedPlan, PlannerError};
 use fixup_sac::{Nic as SacNic, SacError, StaticNic};
@@ -81,6 +81,17 @@ pub struct PodTask {
     in_place: bool,
     /// The pod's `post-clone-state` was written for another VM of the pod.
     foreign_marker: bool,
+    /// The pod shows no `post-clone-state` for its VM, and the host's
+    /// record holds the last one seen or written for it (spec section 7).
+    remembered: Option<PostCloneState>,
+    /// The pod shows no `post-clone-state`, and the host saw its VM's
+    /// hibernation fail: upstream lifted the pod back to `creating` on the
+    /// same VM, and nothing is owed in its guest (spec section 7).
+    lifted: bool,
+    /// The wall clock at the task's start, in milliseconds since the Unix
+    /// epoch, when the host gave it ([`PodTask::remember`],
+    /// [`PodTask::wall_clock`]): what an event's time is judged by.
+    wall_start: Option<u64>,
     /// The row the pod's annotations gave, which only its VM and the
     /// host's record may change ([`lifecycle::provisional`]): the pod is
     /// left alone by it, quietly, unless they do.
@@ -135,7 +146,7 @@ impl Awaiting {
             Action::Admit | Action::Checkpoint | Action::Sleep { .. } => Awaiting::GoOrCancelled,
             Action::Inspect { .. } => Awaiting::Inspected,
             Action::OtherPods { .. } => Awaiting::OtherPods,
-            Action::WakeEvents => Awaiting::Events,
+            Action::WakeEvents { .. } => Awaiting::Events,
             Action::Plan(_) => Awaiting::Planned,
             Action::Read => Awaiting::Read,
             Action::Patch { .. } => Awaiting::Patched,
@@ -475,9 +486,21 @@ impl Fixup {
 struct Recognising {
     record: VmInspect,
     vm: VmId,
-    /// A CH+`windows` pod not watched without a gap since it was new:
-    /// finding nothing waits for the grace.
+    /// Finding nothing waits for the grace: the host's hibernate history
+    /// waits for the stack's witness, and a CH+`windows` pod not watched
+    /// without a gap since it was new for a `Woken` event.
     grace: bool,
+    /// The host's hibernate history says "a wake or a recreate" (rule 3):
+    /// the stack's witness makes it a wake, none within the grace a
+    /// recreate.
+    history: bool,
+    /// The pod has no work unless the VM is a wake (`mode=run`): nothing
+    /// but a witness may make it one.
+    not_cloned: bool,
+    /// A listing of the events answered, at least once.
+    listed: bool,
+    /// A listing was cut short: the stack's own event may be hidden.
+    truncated: bool,
     /// The grace's end on the task's clock.
     until: Duration,
     /// The turn was given back for the grace (taken again after it).
@@ -494,6 +517,9 @@ struct SacPass {
     /// The next NIC (by position) to look at.
     next: usize,
     then: AfterSac,
+    /// The pass's total deadline on the task's clock (spec section 10),
+    /// set when the pass starts ([`PodTask::sac_start`]).
+    until: Duration,
 }
 
 /// What comes after a serial-console pass that set every address.
@@ -540,7 +566,8 @@ enum Write {
     Running(Box<Fixup>),
     /// `done` (and for a static first NIC the IP and `ready`).
     Done(Box<Fixup>),
-    /// The failure record after the budget ran out.
+    /// The failure record after the budget ran out; `summary` is its
+    /// event's message.
     Exhausted { fixup: Box<Fixup>, summary: String },
     /// The failure record of a plan that could not be made.
     PlanFailed { vm: VmId, line: String },
@@ -715,6 +742,9 @@ impl PodTask {
             wake: false,
             in_place: false,
             foreign_marker: false,
+            remembered: None,
+            lifted: false,
+            wall_start: None,
             deferred: None,
             events_failed: false,
         };
@@ -786,6 +816,22 @@ impl PodTask {
             record,
             start_unix_ms,
         });
+        self.wall_start = Some(start_unix_ms);
+    }
+
+    /// Give the task the wall clock at its start, in milliseconds since
+    /// the Unix epoch, for a host that keeps no record (one that does
+    /// gives it with [`remember`](Self::remember)). An event of the stack
+    /// counts as evidence of a wake only when its time is no later than
+    /// this clock (spec section 2): without it, no event counts.
+    pub fn wall_clock(&mut self, start_unix_ms: u64) {
+        self.wall_start = Some(start_unix_ms);
+    }
+
+    /// The wall clock at the task's time `now`, when the host gave it.
+    fn wall_now(&self) -> Option<i64> {
+        let start = i64::try_from(self.wall_start?).ok()?;
+        Some(start.saturating_add(i64::try_from(self.now.as_millis()).unwrap_or(i64::MAX)))
     }
 
     /// The pod this task is for.
@@ -863,7 +909,7 @@ impl PodTask {
             }
             (Stage::RecognisingSleep(wait), Report::Go) => {
                 self.stage = Stage::Recognising(wait);
-                Action::WakeEvents
+                self.wake_events()
             }
             (Stage::PlanningFixup { obs, vm }, Report::Planned(Planned::Fixup(result))) => {
                 self.planned(*obs, vm, result)
@@ -915,7 +961,7 @@ impl PodTask {
             ) => self.patched(write, *from, &patch, round, result),
             (Stage::DoneAlone(fixup), Report::Patched(result)) => match result {
                 Ok(_) => {
-                    self.marked(&fixup.run.vm.clone());
+                    self.marked(&fixup.run.vm.clone(), PostCloneState::Done.as_str());
                     self.done_written(fixup, None)
                 }
                 Err(PodError::Gone { .. }) => self.fixup_over(&fixup, FixupEnd::Gone),
@@ -1116,26 +1162,69 @@ impl PodTask {
         if self.deferred == Some(Row::Parked) && !self.foreign_marker {
             return self.leave(Row::Parked);
         }
-        // Rule 1, then the verdict already reached for this VM, then rule 3.
+        // Spec section 7: a marker that vanished from this VM was removed
+        // by someone (a failed hibernate removes it, and upstream then
+        // lifts the pod back to `creating` on the same VM). The host's
+        // record says what it was, and whether this VM's hibernation
+        // failed; either only ever takes work away.
+        if let Some(memory) = &self.memory
+            && PostCloneState::parse(self.seen.annotation(keys::POST_CLONE_STATE)).is_none()
+        {
+            let record = &memory.record;
+            self.lifted = record.lifted(&vm);
+            self.remembered = record.marker_for(&vm).and_then(PostCloneState::parse);
+            if self.lifted {
+                self.note(Note::Warn(format!(
+                    "the host saw the hibernation of {vm} fail and the pod lifted back to creating on the same VM: nothing is owed in its guest, at most the IP wait"
+                )));
+            } else if let Some(state) = self.remembered {
+                self.note(Note::Warn(format!(
+                    "the pod's {} was removed while its VM stayed {vm}: taken as {}, the last the host saw or wrote",
+                    keys::POST_CLONE_STATE,
+                    state.as_str()
+                )));
+            }
+        }
+        // Rule 1, then the verdict already reached for this VM, then the
+        // host's history and the stack's events.
         if self.wake {
             return self.recognised(record, vm, Evidence::Annotation);
         }
-        // A stored verdict of no wake gives way to history noted since.
-        let known = self.memory.as_ref().and_then(|memory| {
-            let record = &memory.record;
-            let stored = record.verdict_for(&vm).map(|verdict| verdict.by);
-            match stored {
-                Some(by) if by.says_wake() => Some(by),
-                _ if record.history_says_wake(&vm) => Some(Evidence::History),
-                stored => stored,
-            }
-        });
-        if let Some(by) = known {
-            return self.recognised(record, vm, by);
+        // A pod not cloned by its annotations has no work unless the VM is
+        // a wake. Events are user input and may only ever take work away:
+        // only the pod's annotation, or the host's own history witnessed
+        // by the stack, makes such a pod's VM a wake.
+        let not_cloned = self.deferred == Some(Row::Nothing(HandsOff::NotCloned));
+        let (stored, history) = match &self.memory {
+            Some(memory) => (
+                memory.record.verdict_for(&vm).map(|verdict| verdict.by),
+                memory.record.history_says_wake(&vm),
+            ),
+            None => (None, false),
+        };
+        match stored {
+            // Events alone never gave work to a pod without it.
+            Some(Evidence::Woken | Evidence::Events) if not_cloned => {}
+            Some(by) if by.says_wake() => return self.recognised(record, vm, by),
+            // A recreate was decided with the history known.
+            Some(Evidence::Recreate) => return self.recognised(record, vm, Evidence::Recreate),
+            // A verdict of no wake gives way to history noted since.
+            Some(by) if !history => return self.recognised(record, vm, by),
+            _ => {}
         }
-        // Rule 2 needs the stack's events; a CH+`windows` pod that the
-        // host has not watched since it was new waits a grace for them,
-        // from the first sight of this VM (kept across restarts).
+        if not_cloned && !history {
+            return self.leave(Row::Nothing(HandsOff::NotCloned));
+        }
+        // The host already knew this VM as the pod's (a marker of it, or
+        // its failed hibernation): it is no new VM, so no wake.
+        if (self.lifted || self.remembered.is_some()) && !history {
+            return self.recognised(record, vm, Evidence::NoEvidence);
+        }
+        // Rule 2 needs the stack's events. History waits a grace for the
+        // stack's witness (without one it is a recreate), and so does a
+        // CH+`windows` pod the host has not watched since it was new (a
+        // `Woken` may still come), from the first sight of this VM (kept
+        // across restarts).
         let now = self.now;
         let grace = self.settings.wake.grace;
         let windows_ch = {
@@ -1160,57 +1249,123 @@ impl PodTask {
             }
             None => (false, now + grace),
         };
-        // A pod not cloned by its annotations is left alone unless the
-        // VM is a wake: nothing runs in the guest either way, so it does
-        // not wait for the grace.
-        let deferred = self.deferred == Some(Row::Nothing(HandsOff::NotCloned));
         self.stage = Stage::Recognising(Box::new(Recognising {
             record,
             vm,
-            grace: windows_ch && !watched && !deferred,
+            grace: history || (windows_ch && !watched),
+            history,
+            not_cloned,
+            listed: false,
+            truncated: false,
             until,
             released: false,
         }));
-        Action::WakeEvents
+        self.wake_events()
+    }
+
+    /// List the stack's wake events about the pod: exactly those that can
+    /// count (spec section 2), so that no other event can fill the listing.
+    fn wake_events(&self) -> Action {
+        Action::WakeEvents {
+            field_selectors: crate::memory::field_selectors(
+                &self.pod.uid,
+                &self.settings.wake.reporters,
+            ),
+        }
     }
 
     /// The stack's events about the pod came back (spec section 2, rule 2
     /// and the grace).
-    fn events(&mut self, wait: Recognising, answer: Result<Vec<StackEvent>, String>) -> Action {
+    fn events(&mut self, mut wait: Recognising, answer: Result<Listed, String>) -> Action {
         let wake = self.settings.wake.clone();
         match answer {
-            Ok(events) => {
-                let (uid, created) = (&self.pod.uid, wait.record.created_unix_ms);
-                if woken_event_seen(&events, uid, created, wake.event_window) {
+            Ok(listed) => {
+                wait.listed = true;
+                wait.truncated |= listed.truncated;
+                let witness = Witness {
+                    pod_uid: &self.pod.uid,
+                    reporters: &wake.reporters,
+                    vm_created_unix_ms: wait.record.created_unix_ms,
+                    window: wake.event_window,
+                    now_unix_ms: self.wall_now(),
+                };
+                // With history, the stack's witness of either kind makes
+                // the VM a wake in place (the pod kept its uid).
+                if wait.history && witness.says_wake(&listed.events) {
+                    return self.after_grace(wait, Evidence::History);
+                }
+                if witness.woken(&listed.events) {
                     return self.after_grace(wait, Evidence::Woken);
                 }
-                if events_say_wake(&events, uid, created, wake.event_window) {
+                if witness.says_wake(&listed.events) {
                     return self.after_grace(wait, Evidence::Events);
+                }
+                if witness.now_unix_ms.is_none()
+                    && !listed.events.is_empty()
+                    && !std::mem::replace(&mut self.events_failed, true)
+                {
+                    self.note(Note::Warn(
+                        "the host gave the decision no wall clock: no event of the stack can count as evidence of a wake".to_owned(),
+                    ));
                 }
             }
             Err(e) => {
                 if !std::mem::replace(&mut self.events_failed, true) {
                     self.note(Note::Warn(format!(
-                        "cannot list the pod's events to recognise a hibernate wake: {}; the VM is taken for a wake only by the pod's annotation or the host's record (check `list` on events.k8s.io events in the host's RBAC)",
+                        "cannot list the pod's events to recognise a hibernate wake: {}; the VM is taken for a wake only by the pod's annotation or, for a pod with work, by the host's history (check `list` on events.k8s.io events in the host's RBAC)",
                         one_line(&e)
                     )));
                 }
             }
         }
-        if !wait.grace {
-            return self.after_grace(wait, Evidence::NoEvidence);
+        // A cut listing will not show more by waiting.
+        if wait.grace && self.now < wait.until && !wait.truncated {
+            let until = (self.now + wake.poll).min(wait.until);
+            // The grace does not hold a turn among the pods worked on at
+            // once.
+            if !std::mem::replace(&mut wait.released, true) {
+                self.queue.push_back(Action::Release);
+            }
+            self.stage = Stage::RecognisingSleep(Box::new(wait));
+            return Action::Sleep { until };
         }
-        if self.now >= wait.until {
-            return self.after_grace(wait, Evidence::Grace);
+        // No witness. Where the stack's events could not be read, or a
+        // listing was cut short, one may be hidden: for a pod with work
+        // anyway the VM is then taken for the wake its history, or the
+        // cut listing, suggests (a wake runs less in it, never more); a
+        // pod with no work gets none, and nothing is kept, so that a later
+        // task reads the events again.
+        let blind = !wait.listed || wait.truncated;
+        if wait.history && blind {
+            if wait.not_cloned {
+                return self.leave(Row::Nothing(HandsOff::NotCloned));
+            }
+            self.note(Note::Warn(format!(
+                "the host's history says the pod's VM {} was woken or recreated, and the stack's events {}: taken for a wake, which runs less in it",
+                wait.vm,
+                if wait.listed { "were more than the host reads" } else { "could not be read" }
+            )));
+            return self.after_grace(wait, Evidence::History);
         }
-        let until = (self.now + wake.poll).min(wait.until);
-        // The grace does not hold a turn among the pods worked on at once.
-        let mut wait = wait;
-        if !std::mem::replace(&mut wait.released, true) {
-            self.queue.push_back(Action::Release);
+        if wait.truncated && !wait.not_cloned {
+            self.note(Note::Warn(format!(
+                "more of the stack's wake events about the pod matched than the host reads (forged?): taken for a wake of {}, which runs less in it",
+                wait.vm
+            )));
+            return self.after_grace(wait, Evidence::Events);
         }
-        self.stage = Stage::RecognisingSleep(Box::new(wait));
-        Action::Sleep { until }
+        let by = match (wait.history, wait.grace) {
+            (true, _) => {
+                self.note(Note::Warn(format!(
+                    "the host's history says the pod's VM {} was woken or recreated, and no witness of the stack came within the grace: a recreate, handled as a clone",
+                    wait.vm
+                )));
+                Evidence::Recreate
+            }
+            (false, true) => Evidence::Grace,
+            (false, false) => Evidence::NoEvidence,
+        };
+        self.after_grace(wait, by)
     }
 
     /// The events gave the verdict: take the turn again when the grace gave
@@ -1281,8 +1436,10 @@ impl PodTask {
                     claimable: matches!(obs.boot, Some(BootKind::Clone | BootKind::Fork)),
                 });
                 // A Windows VM with a static NIC gets its addresses over
-                // the serial console before the wait (spec section 10).
-                if obs.os == GuestOs::Windows {
+                // the serial console before the wait (spec section 10);
+                // not a lifted hibernate's, whose addresses were set before
+                // (spec section 7: nothing is owed in its guest).
+                if obs.os == GuestOs::Windows && !self.lifted {
                     match static_nics(&obs) {
                         Ok(nics) => {
                             if let Some(nics) = sac_nics(&nics) {
@@ -1292,6 +1449,7 @@ impl PodTask {
                                     nets: None,
                                     next: 0,
                                     then: AfterSac::Wait(wait),
+                                    until: Duration::ZERO,
                                 });
                             }
                         }
@@ -1300,8 +1458,9 @@ impl PodTask {
                 }
                 // An IP wait may take minutes: it does not hold a turn.
                 self.queue.push_back(Action::Release);
-                // The DHCP safety net: a Linux clone that needed no fixup.
-                if decision.dhcp_recovery(obs.os) {
+                // The DHCP safety net: a Linux clone that needed no fixup
+                // (not a lifted hibernate's VM, which was no clone).
+                if decision.dhcp_recovery(obs.os) && !self.lifted {
                     match VmFacts::validate(&obs, ImageKind::Unknown) {
                         Ok(facts) => {
                             self.stage = Stage::PlanningRecovery(wait);
@@ -1440,6 +1599,8 @@ impl PodTask {
         lifecycle::Known {
             wake: self.wake,
             foreign_marker: self.foreign_marker,
+            remembered: self.remembered,
+            lifted: self.lifted,
         }
     }
 
@@ -1467,18 +1628,15 @@ impl PodTask {
                 }
                 Some(patch)
             }
-            Write::Exhausted { fixup, summary } => {
-                self.still_ours(current, &fixup.run.vm).then(|| {
-                    exhausted_record(
-                        &current.annotations,
-                        &hint_base64(&fixup.script),
-                        fixup.scenario.as_str(),
-                        fixup.run.errors.clone(),
-                        summary,
-                    )
-                    .patch
-                })
-            }
+            Write::Exhausted { fixup, .. } => self.still_ours(current, &fixup.run.vm).then(|| {
+                exhausted_record(
+                    &current.annotations,
+                    &hint_base64(&fixup.script),
+                    fixup.scenario.as_str(),
+                    fixup.run.errors.clone(),
+                )
+                .patch
+            }),
             Write::PlanFailed { vm, line } => self
                 .still_ours(current, vm)
                 .then(|| plan_failed_record(&current.annotations, line)),
@@ -1563,9 +1721,9 @@ impl PodTask {
             }
             Err(_) => false,
         };
-        if landed && patch.contains_key(keys::POST_CLONE_STATE) {
+        if landed && let Some(Some(state)) = patch.get(keys::POST_CLONE_STATE) {
             let vm = write.vm().clone();
-            self.marked(&vm);
+            self.marked(&vm, &state.clone());
         }
         match result {
             Ok(Guarded::Written(answer)) => self.decided(write, Decided::Written { from, answer }),
@@ -1641,7 +1799,6 @@ impl PodTask {
                             &hint_base64(&fixup.script),
                             fixup.scenario.as_str(),
                             fixup.run.errors.clone(),
-                            &summary,
                         );
                         if let Some(e) = &record.hint_left_out {
                             self.note(Note::Warn(format!(
@@ -1688,24 +1845,10 @@ impl PodTask {
                 }
             }
             Write::SacFailed { line, .. } => {
-                // Work the host took up where it had left it (a marker of
-                // its own on the pod) is `reconcile`, whatever brought the
-                // pod to it; an in-place wake is `update`; a pod's first VM
-                // (a restore by `restore-from-hibernate` included) is
-                // `create`.
-                let resumed = matches!(
-                    PostCloneState::parse(self.seen.annotation(keys::POST_CLONE_STATE)),
-                    Some(PostCloneState::Running | PostCloneState::Done)
+                let event = Event::warning(
+                    reasons::WINDOWS_STATIC_IP_FAILED,
+                    format!("{}: {line}", self.op()),
                 );
-                let op = if resumed {
-                    "reconcile"
-                } else if self.in_place {
-                    "update"
-                } else {
-                    "create"
-                };
-                let event =
-                    Event::warning(reasons::WINDOWS_STATIC_IP_FAILED, format!("{op}: {line}"));
                 match decided {
                     Decided::Written { .. } => {
                         self.tell(event);
@@ -1773,25 +1916,44 @@ impl PodTask {
                     nets: None,
                     next: 0,
                     then: AfterSac::Succeeded(fixup),
+                    until: Duration::ZERO,
                 })
             }
             _ => self.succeeded(fixup, ready),
         }
     }
 
-    /// Start the serial-console pass: is the pod still ours?
-    fn sac_start(&mut self, pass: SacPass) -> Action {
+    /// Start the serial-console pass: its total deadline starts now, and
+    /// the pass holds no turn among the pods worked on at once (a console
+    /// may take up to the deadline; nothing after the pass needs a turn:
+    /// its failure record, `PostCloneSucceeded`, the IP wait and the final
+    /// write hold none). Then: is the pod still ours?
+    fn sac_start(&mut self, mut pass: SacPass) -> Action {
+        pass.until = self.now + self.settings.sac_deadline;
+        self.queue.push_back(Action::Release);
         self.stage = Stage::SacCheck(Box::new(pass));
         Action::Read
     }
 
-    /// The pod is still ours: open the console, or set the next address.
+    /// The pod is still ours: open the console, or set the next address,
+    /// each bounded by what is left of the pass's deadline; past it, the
+    /// step about to start fails.
     fn sac_step(&mut self, pass: Box<SacPass>) -> Action {
+        let (until, total) = (pass.until, self.settings.sac_deadline);
         match &pass.nets {
+            None if self.now >= until => {
+                let step = fixup_sac::Step::Dial;
+                self.sac_error(*pass, SacError::Deadline { step, total })
+            }
             None => {
                 let (vm, need) = (pass.vm.clone(), pass.nics.len());
                 self.stage = Stage::SacOpening(pass);
-                Action::SacOpen { vm, need }
+                Action::SacOpen {
+                    vm,
+                    need,
+                    until,
+                    total,
+                }
             }
             Some(nets) => {
                 let i = pass.next;
@@ -1799,8 +1961,17 @@ impl PodTask {
                 else {
                     unreachable!("sac_next stops at a static NIC with an interface");
                 };
+                if self.now >= until {
+                    let step = fixup_sac::Step::Set { net };
+                    return self.sac_error(*pass, SacError::Deadline { step, total });
+                }
                 self.stage = Stage::SacSetting(pass);
-                Action::SacSet { net, nic }
+                Action::SacSet {
+                    net,
+                    nic,
+                    until,
+                    total,
+                }
             }
         }
     }
@@ -1859,12 +2030,20 @@ impl PodTask {
         self.note(Note::Sac(end));
         self.summary.sac = Some(end);
         match then {
-            AfterSac::Succeeded(fixup) => self.succeeded(fixup, None),
-            AfterSac::Wait(wait) => {
-                // An IP wait may take minutes: it does not hold a turn.
-                self.queue.push_back(Action::Release);
-                self.wait(wait)
+            AfterSac::Succeeded(fixup) => {
+                // The turn was given back when the pass started: the
+                // release before the IP wait is not handed out twice.
+                let queued = self.queue.len();
+                let next = self.succeeded(fixup, None);
+                if let Some(at) =
+                    (queued..self.queue.len()).find(|&at| matches!(self.queue[at], Action::Release))
+                {
+                    self.queue.remove(at);
+                }
+                next
             }
+            // The turn was given back when the pass started.
+            AfterSac::Wait(wait) => self.wait(wait),
         }
     }
 
@@ -1932,9 +2111,10 @@ impl PodTask {
         let wall = memory.wall(now);
         // A budget runs from the first attempt: one kept with no attempt
         // made (the host stopped between `running` and the first exec)
-        // starts again now.
-        let resumed = PostCloneState::parse(from.annotation(keys::POST_CLONE_STATE))
-            == Some(PostCloneState::Running)
+        // starts again now. A `running` removed from the same VM, that the
+        // record remembers (spec section 7), is the loop under way too.
+        let shown = PostCloneState::parse(from.annotation(keys::POST_CLONE_STATE));
+        let resumed = shown.or(self.remembered) == Some(PostCloneState::Running)
             && memory
                 .record
                 .budget_for(&fixup.run.vm)
@@ -1945,7 +2125,21 @@ impl PodTask {
         let kept = memory.record.start_or_resume(&fixup.run.vm, wall);
         fixup.run.count = kept.attempts();
         fixup.run.errors = kept.errors().to_vec();
-        fixup.run.deadline = now + kept.remaining(wall, budget);
+        let remaining = kept.remaining(wall, budget);
+        fixup.run.deadline = now + remaining;
+        // Spec section 8: a resumed loop whose budget ran out while the
+        // host was away (a reboot, an upgrade), or has less left than one
+        // retry interval, still gets one real attempt, with a whole exec
+        // timeout; once per loop, so that a crash loop cannot retry
+        // forever.
+        if resumed && remaining < self.settings.retry.interval && kept.reprieve() {
+            fixup.run.last_chance = true;
+            fixup.run.deadline = now + self.settings.retry.exec_timeout.min(budget);
+            self.note(Note::Warn(format!(
+                "the fixup's budget of {} ran out, or nearly, while the host was away: one more attempt with a whole exec timeout, the last",
+                messages::span(budget)
+            )));
+        }
         self.keep_record();
     }
 
@@ -1964,11 +2158,12 @@ impl PodTask {
         }
     }
 
-    /// A `post-clone-state` for `vm` landed on the pod: the record keeps
-    /// which VM the marker is for (spec section 2).
-    fn marked(&mut self, vm: &VmId) {
+    /// A `post-clone-state` = `state` for `vm` landed on the pod: the
+    /// record keeps which VM the marker is for (spec section 2) and what
+    /// it said (spec section 7).
+    fn marked(&mut self, vm: &VmId, state: &str) {
         if let Some(memory) = &mut self.memory
-            && memory.record.set_marker(vm)
+            && memory.record.set_marker(vm, state)
         {
             self.keep_record();
         }
@@ -2069,14 +2264,38 @@ impl PodTask {
         }
     }
 
-    /// The budget is spent: the failure record, decided from a read.
-    fn exhaust(&mut self, fixup: Box<Fixup>) -> Action {
-        let summary = messages::exhausted(
-            fixup.scenario.as_str(),
-            fixup.run.count,
-            self.settings.retry.budget,
-            &fixup.run.errors,
+    /// Upstream's op of the work, in the messages of a failure
+    /// (`<op>: <error>`): work the host took up where it had left it (a
+    /// marker of its own on the pod) is `reconcile`, whatever brought the
+    /// pod to it; an in-place wake is `update`; a pod's first VM (a restore
+    /// by `restore-from-hibernate` included) is `create`.
+    fn op(&self) -> &'static str {
+        let resumed = matches!(
+            PostCloneState::parse(self.seen.annotation(keys::POST_CLONE_STATE)),
+            Some(PostCloneState::Running | PostCloneState::Done)
         );
+        if resumed {
+            "reconcile"
+        } else if self.in_place {
+            "update"
+        } else {
+            "create"
+        }
+    }
+
+    /// The budget is spent: the failure record, decided from a read. A
+    /// loop resumed later (the write failed) gets no attempt past the
+    /// budget: it only writes the record.
+    fn exhaust(&mut self, fixup: Box<Fixup>) -> Action {
+        if let Some(memory) = &mut self.memory
+            && memory
+                .record
+                .budget_mut_for(&fixup.run.vm)
+                .is_some_and(crate::memory::Budget::reprieve)
+        {
+            self.keep_record();
+        }
+        let summary = messages::exhausted(self.op(), &fixup.run.errors);
         self.stage = Stage::ReadingFor(Write::Exhausted { fixup, summary });
         Action::Read
     }
@@ -2101,7 +2320,7 @@ impl PodTask {
     ) -> Action {
         self.tell(Event::normal(
             reasons::SUCCEEDED,
-            messages::succeeded(fixup.scenario.as_str(), fixup.run.count),
+            messages::succeeded(fixup.scenario, fixup.run.count),
         ));
         self.fixup_done(&fixup);
         if let Some((readiness, ip)) = ready {

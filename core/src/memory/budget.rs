@@ -45,6 +45,11 @@ pub struct Budget {
     attempts: u32,
     #[serde(default)]
     errors: Vec<String>,
+    /// The loop's one attempt past the budget is used up, or the loop was
+    /// found exhausted: a loop resumed later gets no attempt more (spec
+    /// section 8, [`reprieve`](Self::reprieve)).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    reprieved: bool,
 }
 
 impl Budget {
@@ -55,6 +60,7 @@ impl Budget {
             first_attempt_unix_ms: now_unix_ms,
             attempts: 0,
             errors: Vec::new(),
+            reprieved: false,
         }
     }
 
@@ -93,6 +99,24 @@ impl Budget {
     /// starts any more.
     pub fn remaining(&self, now_unix_ms: u64, budget: Duration) -> Duration {
         budget.saturating_sub(self.elapsed(now_unix_ms))
+    }
+
+    /// Whether a resumed loop whose budget ran out may still make one
+    /// attempt: upstream gives work it resumes a fresh budget, so a host
+    /// that was down longer than what was left of the loop's budget (a
+    /// reboot, an upgrade) must not fail the pod without trying (spec
+    /// section 8). The stored budget is there so that a crash loop cannot
+    /// retry forever, so the attempt past the budget is given once per
+    /// loop: after it, or once the loop was found exhausted, this is
+    /// false.
+    pub fn may_reprieve(&self) -> bool {
+        !self.reprieved
+    }
+
+    /// The one attempt past the budget is given (or the loop was found
+    /// exhausted): no other follows. Returns whether the budget changed.
+    pub fn reprieve(&mut self) -> bool {
+        !std::mem::replace(&mut self.reprieved, true)
     }
 
     /// Record a failed attempt and its line of the error chain (`attempt
@@ -205,6 +229,21 @@ mod tests {
                 "cut close to the cap"
             );
         }
+    }
+
+    #[test]
+    fn the_attempt_past_the_budget_is_given_once() {
+        let mut budget = budget();
+        assert!(budget.may_reprieve());
+        assert!(budget.reprieve());
+        assert!(!budget.may_reprieve());
+        assert!(!budget.reprieve(), "unchanged");
+        let json = serde_json::to_string(&budget).unwrap();
+        assert!(json.contains("\"reprieved\":true"), "{json}");
+        let back: Budget = serde_json::from_str(&json).unwrap();
+        assert!(!back.may_reprieve(), "kept across restarts");
+        let fresh = serde_json::to_string(&Budget::new(&VmId::parse("vm-a").unwrap(), 1)).unwrap();
+        assert!(!fresh.contains("reprieved"), "{fresh}");
     }
 
     #[test]

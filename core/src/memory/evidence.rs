@@ -1,14 +1,18 @@
 //! Rule 2 of spec section 2, "Recognising a hibernate wake": the stack's
 //! own record of a wake, its events about the pod, as pure functions of
-//! events the caller listed (events.k8s.io/v1, selected by
-//! `regarding.uid`).
+//! events the caller listed (events.k8s.io/v1, selected by the API server
+//! with [`field_selectors`]).
 //!
 //! Upstream emits a Warning `HibernateSnapshotExists` when a create finds
 //! a hibernate snapshot for the pod's VM name (before it pulls the
 //! snapshot and clones), and a Normal `Woken` after an in-place wake's
-//! clone. Anyone who may create events in the namespace can forge one; a
-//! forgery can only make the forger's own clone a wake (less runs in its
-//! own VM), never point the host at another VM.
+//! clone. Anyone who may create events in the namespace can forge one
+//! (the reporter and the time are only claims), so an event may only
+//! ever take work away: it makes a clone a wake (no PnP for a CH Windows
+//! guest, the wake wording), and it confirms the host's own hibernate
+//! history; it never starts work in a VM that has none without it, and
+//! never points the host at another VM. `deploy/wake-event-policy.yaml`
+//! refuses these two reasons from anyone but the stack.
 
 use std::time::Duration;
 
@@ -113,22 +117,179 @@ impl StackEvent {
     }
 }
 
-/// Whether `event` is about the pod `pod_uid`, not the host's own, and
-/// recent enough: its newest occurrence no earlier than `window` before
-/// the VM record's `created_at`.
-fn counts(
-    event: &StackEvent,
-    pod_uid: &str,
-    vm_created_unix_ms: Option<i64>,
-    window: Duration,
-) -> bool {
-    let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
-    !pod_uid.is_empty()
-        && event.regarding_uid == pod_uid
-        && event.reporting_controller != REPORTER
-        && event.newest_unix_ms.is_some_and(|newest| {
-            vm_created_unix_ms.is_none_or(|created| newest >= created.saturating_sub(window_ms))
+/// How far after the host's own clock an event may be dated and still
+/// count: clocks of the API server's clients differ a little, but an event
+/// dated further ahead was not written by a clock, and is no evidence.
+pub const CLOCK_SKEW: Duration = Duration::from_secs(60);
+
+/// The stack's event source: the `reportingController` of the wake events
+/// vk-cocoon emits, and the one accepted reporter unless configured
+/// otherwise (`--wake-event-reporter`).
+pub const STACK_REPORTER: &str = "vk-cocoon";
+
+/// The two kinds of wake event: (`reason`, `type`).
+pub const WAKE_EVENTS: [(&str, &str); 2] = [
+    (reasons::WOKEN, NORMAL),
+    (reasons::HIBERNATE_SNAPSHOT_EXISTS, WARNING),
+];
+
+/// Why a reporter name cannot be one the host accepts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReporterError {
+    #[error("a wake event reporter must not be empty")]
+    Empty,
+    #[error("wake event reporter {0:?}: cocoon-fixup's own events are never evidence of a wake")]
+    Own(String),
+    #[error(
+        "wake event reporter {0:?}: at most 128 bytes of letters, digits and `.`, `_`, `-`, `:`, `/` (an event's reportingController)"
+    )]
+    Invalid(String),
+}
+
+/// Check a configured reporter name: what an event's `reportingController`
+/// may hold (at most 128 bytes), limited to the characters a field
+/// selector takes without escaping, and never `cocoon-fixup` itself.
+pub fn check_reporter(name: &str) -> Result<(), ReporterError> {
+    if name.is_empty() {
+        return Err(ReporterError::Empty);
+    }
+    if name == REPORTER {
+        return Err(ReporterError::Own(name.to_owned()));
+    }
+    let fits = name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':' | b'/'));
+    if !fits {
+        return Err(ReporterError::Invalid(name.to_owned()));
+    }
+    Ok(())
+}
+
+/// The field selectors (events.k8s.io/v1) that ask the API server for
+/// exactly the events that can count for the pod `pod_uid`: one per kind
+/// of wake event and accepted reporter. Events of other reasons, types or
+/// reporters are never listed, so they cannot fill the listing. The pod
+/// uid is one the API server assigned (a UUID); reporters passed
+/// [`check_reporter`], so nothing needs escaping.
+pub fn field_selectors(pod_uid: &str, reporters: &[String]) -> Vec<String> {
+    WAKE_EVENTS
+        .iter()
+        .flat_map(|(reason, type_)| {
+            reporters.iter().map(move |reporter| {
+                format!(
+                    "regarding.uid={pod_uid},reason={reason},type={type_},reportingController={reporter}"
+                )
+            })
         })
+        .collect()
+}
+
+/// Whether `event` has every `field=value` of a field selector of
+/// events.k8s.io/v1 over the fields [`field_selectors`] names
+/// (`regarding.uid`, `reason`, `type`, `reportingController`), as the API
+/// server selects: for the host's own stand-ins of it. Another field, or a
+/// term that is no `field=value`, is refused with why, as the API server
+/// refuses it.
+pub fn selects(selector: &str, event: &StackEvent) -> Result<bool, String> {
+    let mut all = true;
+    for term in selector.split(',') {
+        let (field, value) = term
+            .split_once('=')
+            .ok_or_else(|| format!("invalid field selector term {term:?}"))?;
+        let have = match field {
+            "regarding.uid" => &event.regarding_uid,
+            "reason" => &event.reason,
+            "type" => &event.type_,
+            "reportingController" => &event.reporting_controller,
+            other => return Err(format!("field label not supported: {other}")),
+        };
+        all &= have == value;
+    }
+    Ok(all)
+}
+
+/// What a host listed for [`field_selectors`]: every event each selector
+/// selected, and whether a listing was cut short (more matched than the
+/// host reads, [`LISTED_AT_MOST`] a selector). A cut listing may hide the
+/// stack's own event behind others that match the same selector (only a
+/// forger makes those): the decision then reads it as a witness where that
+/// only takes work away.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Listed {
+    pub events: Vec<StackEvent>,
+    pub truncated: bool,
+}
+
+/// The most events a host reads of one selector: the daemon's two pages of
+/// 500. More than that about one pod, reason and reporter were forged.
+pub const LISTED_AT_MOST: usize = 1000;
+
+/// What makes an event the stack's witness of a wake of one VM of one pod
+/// (spec section 2, rule 2).
+///
+/// Events are user input: anyone who may create events in the namespace
+/// can write one with any reporter and any time. So an event counts only
+/// when it is about this pod (`regarding.uid`), names an accepted reporter
+/// (never `cocoon-fixup`), has a time, and that time is no earlier than
+/// `window` before the VM record's `created_at` and no later than the
+/// host's clock plus [`CLOCK_SKEW`]. Without the host's clock no event
+/// counts: nothing then bounds a time set in the future. Even an event
+/// that counts only ever takes work away (the decision never lets an
+/// event start work in a VM that has none without it).
+#[derive(Debug, Clone, Copy)]
+pub struct Witness<'a> {
+    /// The pod's `metadata.uid`.
+    pub pod_uid: &'a str,
+    /// The accepted reporters (`reportingController`).
+    pub reporters: &'a [String],
+    /// The VM record's `created_at`, in milliseconds since the Unix epoch.
+    pub vm_created_unix_ms: Option<i64>,
+    /// How long before `created_at` an event may be ([`WAKE_EVENT_WINDOW`]
+    /// by default).
+    pub window: Duration,
+    /// The host's wall clock now, in milliseconds since the Unix epoch.
+    pub now_unix_ms: Option<i64>,
+}
+
+impl Witness<'_> {
+    fn counts(&self, event: &StackEvent) -> bool {
+        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        let (Some(newest), Some(now)) = (event.newest_unix_ms, self.now_unix_ms) else {
+            return false;
+        };
+        !self.pod_uid.is_empty()
+            && event.regarding_uid == self.pod_uid
+            && event.reporting_controller != REPORTER
+            && self.reporters.contains(&event.reporting_controller)
+            && newest <= now.saturating_add(ms(CLOCK_SKEW))
+            && self
+                .vm_created_unix_ms
+                .is_none_or(|created| newest >= created.saturating_sub(ms(self.window)))
+    }
+
+    /// Rule 2: some event is a Normal `Woken` or a Warning
+    /// `HibernateSnapshotExists` that counts. Reasons and types compare
+    /// exactly.
+    ///
+    /// When `created_at` is unknown, every such event that counts
+    /// otherwise counts: the window keeps an event of an earlier VM of the
+    /// pod from speaking for this one, and events expire (the API server's
+    /// event TTL, one hour by default), which bounds how old one can be.
+    pub fn says_wake(&self, events: &[StackEvent]) -> bool {
+        events
+            .iter()
+            .any(|event| (is_woken(event) || is_snapshot_found(event)) && self.counts(event))
+    }
+
+    /// A Normal `Woken` that counts arrived: the wake happened in place
+    /// ([`Evidence::Woken`](super::Evidence::Woken)). When this holds,
+    /// [`says_wake`](Self::says_wake) holds too.
+    pub fn woken(&self, events: &[StackEvent]) -> bool {
+        events
+            .iter()
+            .any(|event| is_woken(event) && self.counts(event))
+    }
 }
 
 fn is_woken(event: &StackEvent) -> bool {
@@ -137,50 +298,6 @@ fn is_woken(event: &StackEvent) -> bool {
 
 fn is_snapshot_found(event: &StackEvent) -> bool {
     event.type_ == WARNING && event.reason == reasons::HIBERNATE_SNAPSHOT_EXISTS
-}
-
-/// Rule 2: some event about the pod (`regarding.uid` = `pod_uid`) is a
-/// Normal `Woken` or a Warning `HibernateSnapshotExists`, not reported by
-/// `cocoon-fixup`, whose newest occurrence is no earlier than `window`
-/// ([`WAKE_EVENT_WINDOW`] by default) before the VM record's `created_at`
-/// (`vm_created_unix_ms`). Reasons and types compare exactly. An event
-/// without a time does not count: nothing places it near this VM.
-///
-/// When `created_at` is unknown (`None`), every such event with a time
-/// counts. The window is there to keep an event of an earlier VM of the
-/// pod from speaking for this one, and an earlier VM's wake event still
-/// points the right way: upstream gives a pod uid a new VM only by
-/// restoring it from its hibernate snapshot, or afresh when that snapshot
-/// was deleted, which rule 3 takes for a wake too. The pod's first VM has
-/// no such event unless it was forged, and a forgery only affects the
-/// forger's own pod. Events also expire (the API server's event TTL, one
-/// hour by default), which bounds how old one can be.
-pub fn events_say_wake(
-    events: &[StackEvent],
-    pod_uid: &str,
-    vm_created_unix_ms: Option<i64>,
-    window: Duration,
-) -> bool {
-    events.iter().any(|event| {
-        (is_woken(event) || is_snapshot_found(event))
-            && counts(event, pod_uid, vm_created_unix_ms, window)
-    })
-}
-
-/// The grace of spec section 2 ends early: a Normal `Woken` about the pod
-/// arrived, with the same conditions as [`events_say_wake`] (not the
-/// host's own, a time, within `window` of `created_at`). When this holds,
-/// `events_say_wake` holds too; the VM is then a wake by
-/// [`Evidence::Woken`](super::Evidence::Woken), an in-place one.
-pub fn woken_event_seen(
-    events: &[StackEvent],
-    pod_uid: &str,
-    vm_created_unix_ms: Option<i64>,
-    window: Duration,
-) -> bool {
-    events
-        .iter()
-        .any(|event| is_woken(event) && counts(event, pod_uid, vm_created_unix_ms, window))
 }
 
 #[cfg(test)]
@@ -193,12 +310,28 @@ mod tests {
     /// The VM record's `created_at`.
     const CREATED: i64 = 1_800_000_000_000;
     const MINUTE: i64 = 60_000;
+    /// The host's clock: ten minutes after `created_at`.
+    const NOW: i64 = CREATED + 10 * MINUTE;
+
+    fn reporters() -> Vec<String> {
+        vec![STACK_REPORTER.to_owned()]
+    }
+
+    fn witness<'a>(reporters: &'a [String], created: Option<i64>, now: Option<i64>) -> Witness<'a> {
+        Witness {
+            pod_uid: UID,
+            reporters,
+            vm_created_unix_ms: created,
+            window: WAKE_EVENT_WINDOW,
+            now_unix_ms: now,
+        }
+    }
 
     fn event(reason: &str, type_: &str, newest: Option<i64>) -> StackEvent {
         StackEvent {
             reason: reason.into(),
             type_: type_.into(),
-            reporting_controller: "vk-cocoon".into(),
+            reporting_controller: STACK_REPORTER.into(),
             regarding_uid: UID.into(),
             newest_unix_ms: newest,
         }
@@ -227,13 +360,24 @@ mod tests {
     #[case::reason_not_exact(StackEvent { reason: "woken".into(), ..woken() }, Some(CREATED), false, false)]
     #[case::another_reason(event("Started", NORMAL, Some(CREATED)), Some(CREATED), false, false)]
     #[case::reported_by_cocoon_fixup(StackEvent { reporting_controller: REPORTER.into(), ..woken() }, Some(CREATED), false, false)]
-    #[case::reporter_is_compared_exactly(StackEvent { reporting_controller: "cocoon-fixup2".into(), ..woken() }, Some(CREATED), true, true)]
+    #[case::another_reporter(StackEvent { reporting_controller: "kubelet".into(), ..woken() }, Some(CREATED), false, false)]
+    #[case::no_reporter(StackEvent { reporting_controller: String::new(), ..woken() }, Some(CREATED), false, false)]
+    #[case::reporter_is_compared_exactly(StackEvent { reporting_controller: "vk-cocoon2".into(), ..woken() }, Some(CREATED), false, false)]
     #[case::at_the_window_edge(event(reasons::WOKEN, NORMAL, Some(CREATED - 30 * MINUTE)), Some(CREATED), true, true)]
     #[case::too_old(event(reasons::WOKEN, NORMAL, Some(CREATED - 30 * MINUTE - 1)), Some(CREATED), false, false)]
     #[case::too_old_snapshot(event(reasons::HIBERNATE_SNAPSHOT_EXISTS, WARNING, Some(CREATED - 31 * MINUTE)), Some(CREATED), false, false)]
     #[case::no_time(event(reasons::WOKEN, NORMAL, None), Some(CREATED), false, false)]
     #[case::no_time_no_created_at(event(reasons::WOKEN, NORMAL, None), None, false, false)]
     #[case::old_without_created_at(event(reasons::WOKEN, NORMAL, Some(0)), None, true, true)]
+    #[case::within_the_skew(event(reasons::WOKEN, NORMAL, Some(NOW + MINUTE)), Some(CREATED), true, true)]
+    #[case::past_the_skew(event(reasons::WOKEN, NORMAL, Some(NOW + MINUTE + 1)), Some(CREATED), false, false)]
+    #[case::dated_2099(
+        event(reasons::WOKEN, NORMAL, Some(4_070_908_800_000)),
+        Some(CREATED),
+        false,
+        false
+    )]
+    #[case::snapshot_in_the_future(event(reasons::HIBERNATE_SNAPSHOT_EXISTS, WARNING, Some(NOW + 2 * MINUTE)), None, false, false)]
     fn events(
         #[case] event: StackEvent,
         #[case] created: Option<i64>,
@@ -241,20 +385,36 @@ mod tests {
         #[case] ends_grace: bool,
     ) {
         let events = [event];
-        assert_eq!(
-            events_say_wake(&events, UID, created, WAKE_EVENT_WINDOW),
-            wake,
-            "events_say_wake"
-        );
-        assert_eq!(
-            woken_event_seen(&events, UID, created, WAKE_EVENT_WINDOW),
-            ends_grace,
-            "woken_event_seen"
-        );
+        let reporters = reporters();
+        let witness = witness(&reporters, created, Some(NOW));
+        assert_eq!(witness.says_wake(&events), wake, "says_wake");
+        assert_eq!(witness.woken(&events), ends_grace, "woken");
+    }
+
+    #[test]
+    fn without_the_hosts_clock_no_event_counts() {
+        let reporters = reporters();
+        let witness = witness(&reporters, Some(CREATED), None);
+        assert!(!witness.says_wake(&[woken(), snapshot_found()]));
+        assert!(!witness.woken(&[woken()]));
+    }
+
+    #[test]
+    fn the_reporters_are_configuration() {
+        let reporters = vec!["cocoon-operator".to_owned(), "vk-cocoon-eu".to_owned()];
+        let witness = witness(&reporters, Some(CREATED), Some(NOW));
+        assert!(!witness.says_wake(&[woken()]), "vk-cocoon is not listed");
+        let eu = StackEvent {
+            reporting_controller: "vk-cocoon-eu".into(),
+            ..woken()
+        };
+        assert!(witness.says_wake(std::slice::from_ref(&eu)));
+        assert!(witness.woken(&[eu]));
     }
 
     #[test]
     fn one_event_that_counts_is_enough_and_an_empty_uid_matches_nothing() {
+        let reporters = reporters();
         let events = [
             StackEvent {
                 regarding_uid: "other".into(),
@@ -262,40 +422,61 @@ mod tests {
             },
             snapshot_found(),
         ];
-        assert!(events_say_wake(
-            &events,
-            UID,
-            Some(CREATED),
-            WAKE_EVENT_WINDOW
-        ));
-        assert!(!events_say_wake(&[], UID, Some(CREATED), WAKE_EVENT_WINDOW));
+        assert!(witness(&reporters, Some(CREATED), Some(NOW)).says_wake(&events));
+        assert!(!witness(&reporters, Some(CREATED), Some(NOW)).says_wake(&[]));
         let unattributed = [StackEvent {
             regarding_uid: String::new(),
             ..woken()
         }];
-        assert!(!events_say_wake(&unattributed, "", None, WAKE_EVENT_WINDOW));
-        assert!(!woken_event_seen(
-            &unattributed,
-            "",
-            None,
-            WAKE_EVENT_WINDOW
-        ));
+        let blank = Witness {
+            pod_uid: "",
+            ..witness(&reporters, None, Some(NOW))
+        };
+        assert!(!blank.says_wake(&unattributed));
+        assert!(!blank.woken(&unattributed));
     }
 
     #[test]
     fn the_window_is_a_parameter() {
+        let reporters = reporters();
         let events = [event(reasons::WOKEN, NORMAL, Some(CREATED - 5 * MINUTE))];
-        assert!(!events_say_wake(
-            &events,
-            UID,
-            Some(CREATED),
-            Duration::from_secs(60)
-        ));
-        assert!(events_say_wake(
-            &events,
-            UID,
-            Some(CREATED),
-            Duration::from_secs(600)
-        ));
+        let narrow = Witness {
+            window: Duration::from_secs(60),
+            ..witness(&reporters, Some(CREATED), Some(NOW))
+        };
+        assert!(!narrow.says_wake(&events));
+        let wide = Witness {
+            window: Duration::from_secs(600),
+            ..narrow
+        };
+        assert!(wide.says_wake(&events));
+    }
+
+    #[test]
+    fn the_listing_asks_for_exactly_the_events_that_count() {
+        let reporters = vec!["vk-cocoon".to_owned(), "vk-cocoon-eu".to_owned()];
+        assert_eq!(
+            field_selectors("u-1", &reporters),
+            [
+                "regarding.uid=u-1,reason=Woken,type=Normal,reportingController=vk-cocoon",
+                "regarding.uid=u-1,reason=Woken,type=Normal,reportingController=vk-cocoon-eu",
+                "regarding.uid=u-1,reason=HibernateSnapshotExists,type=Warning,reportingController=vk-cocoon",
+                "regarding.uid=u-1,reason=HibernateSnapshotExists,type=Warning,reportingController=vk-cocoon-eu",
+            ]
+        );
+    }
+
+    #[rstest]
+    #[case::stack("vk-cocoon", true)]
+    #[case::domain_style("cocoonstack.io/vk-cocoon", true)]
+    #[case::empty("", false)]
+    #[case::own(REPORTER, false)]
+    #[case::comma("vk,cocoon", false)]
+    #[case::equals("vk=cocoon", false)]
+    #[case::space("vk cocoon", false)]
+    #[case::too_long(&"v".repeat(129), false)]
+    #[case::longest(&"v".repeat(128), true)]
+    fn reporters_are_checked(#[case] name: &str, #[case] ok: bool) {
+        assert_eq!(check_reporter(name).is_ok(), ok, "{name:?}");
     }
 }

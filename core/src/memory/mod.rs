@@ -33,8 +33,15 @@ pub mod evidence;
 pub mod store;
 
 pub use budget::Budget;
-pub use evidence::{StackEvent, WAKE_EVENT_WINDOW, events_say_wake, woken_event_seen};
+pub use evidence::{
+    CLOCK_SKEW, LISTED_AT_MOST, Listed, ReporterError, STACK_REPORTER, StackEvent,
+    WAKE_EVENT_WINDOW, Witness, check_reporter, field_selectors,
+};
 pub use store::{DEFAULT_STATE_DIR, MAX_RECORDS, MemoryStore, StoreError, default_state_dir};
+
+/// How upstream's lifecycle message of a failed hibernate begins (spec
+/// section 7).
+pub const HIBERNATE_FAILED_PREFIX: &str = "hibernate: ";
 
 /// The version of the record's file format. A record of another version
 /// is ignored on load (and written anew as this one): a downgraded host
@@ -56,7 +63,8 @@ pub enum Evidence {
     /// snapshot. A wake.
     Events,
     /// Rule 3: the host's hibernate history
-    /// ([`PodMemory::history_says_wake`]). A wake.
+    /// ([`PodMemory::history_says_wake`]), witnessed by the stack's own
+    /// event (rule 2): history alone says "a wake or a recreate". A wake.
     History,
     /// Rules 1 to 3 found nothing and the pod needed no wait (not a
     /// CH+`windows` pod, or one watched without a gap since it was new).
@@ -65,6 +73,11 @@ pub enum Evidence {
     /// Rules 1 to 3 found nothing and the grace passed without a `Woken`
     /// event. Not a wake.
     Grace,
+    /// The host's hibernate history says the pod got a new VM after a
+    /// hibernation, but no witness of the stack (rule 1 or 2) came within
+    /// the grace: upstream recreated the VM from the base snapshot (the
+    /// hibernate snapshot was gone), a fresh clone. Not a wake.
+    Recreate,
 }
 
 impl Evidence {
@@ -99,6 +112,16 @@ pub struct Verdict {
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+/// The last `post-clone-state` the host saw on the pod or wrote, and the
+/// VM it is for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MarkerSeen {
+    /// The VM id the marker is for.
+    pub vm: String,
+    /// `running`, `done` or `failed`.
+    pub state: String,
 }
 
 /// When the decision first saw a VM bound to the pod.
@@ -158,6 +181,19 @@ pub struct PodMemory {
     /// The VM id the host's last `post-clone-state` write was for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     marker_vm: Option<String>,
+    /// The last `post-clone-state` the host saw on the pod (while its VM
+    /// id stayed the same) or wrote, and the VM it is for: a marker that
+    /// vanished from the same VM was removed by someone (a failed
+    /// hibernate removes it, spec section 7), and is what the host knows
+    /// of that VM's fixup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    marker: Option<MarkerSeen>,
+    /// The VM whose hibernation the host saw fail (lifecycle `failed` with
+    /// a message that begins `hibernate: `): upstream lifts such a pod back
+    /// to `creating` and `ready` on the same VM, and nothing is owed in
+    /// its guest (spec section 7).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    hibernate_failed_vm: Option<String>,
     /// The fixup loop's retry budget, for the VM it names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     budget: Option<Budget>,
@@ -200,6 +236,8 @@ impl PodMemory {
             wake_vm: None,
             verdict: None,
             marker_vm: None,
+            marker: None,
+            hibernate_failed_vm: None,
             budget: None,
             vm_seen: None,
             revision: 0,
@@ -228,6 +266,32 @@ impl PodMemory {
     /// was for.
     pub fn marker_vm(&self) -> Option<&str> {
         self.marker_vm.as_deref()
+    }
+
+    /// The last marker the host saw or wrote, whichever VM it is for.
+    pub fn marker(&self) -> Option<&MarkerSeen> {
+        self.marker.as_ref()
+    }
+
+    /// The VM whose hibernation the host last saw fail.
+    pub fn hibernate_failed_vm(&self) -> Option<&str> {
+        self.hibernate_failed_vm.as_deref()
+    }
+
+    /// What the record knows of `vm`'s fixup beyond the pod's annotations:
+    /// the last marker seen or written for it, and whether its
+    /// hibernation was seen failing (spec section 7).
+    pub fn marker_for(&self, vm: &VmId) -> Option<&str> {
+        self.marker
+            .as_ref()
+            .filter(|m| m.vm == vm.as_str())
+            .map(|m| m.state.as_str())
+    }
+
+    /// Whether the host saw `vm`'s hibernation fail: a pod at `creating`
+    /// on that same VM was lifted by upstream, not cloned (spec section 7).
+    pub fn lifted(&self, vm: &VmId) -> bool {
+        self.hibernate_failed_vm.as_deref() == Some(vm.as_str())
     }
 
     /// The stored verdict, whichever VM it is for.
@@ -302,8 +366,15 @@ impl PodMemory {
             self.watched_since_new = true;
         }
 
-        let before = (self.last_vm.clone(), self.hibernated, self.wake_vm.clone());
+        let before = (
+            self.last_vm.clone(),
+            self.hibernated,
+            self.wake_vm.clone(),
+            self.marker.clone(),
+            self.hibernate_failed_vm.clone(),
+        );
         let id = pod.annotation(annotations::VM_ID);
+        let id_before = self.last_vm.clone();
         let hibernation = lifecycle == Lifecycle::Hibernated.as_str()
             || ((pod.annotation(annotations::HIBERNATE) == "true"
                 || lifecycle == Lifecycle::Hibernating.as_str())
@@ -322,7 +393,44 @@ impl PodMemory {
         if hibernation {
             self.hibernated = true;
         }
-        before != (self.last_vm.clone(), self.hibernated, self.wake_vm.clone())
+        if let Ok(id) = VmId::parse(id) {
+            // A marker speaks for the VM only when the pod showed the same
+            // id before: upstream removes the marker before it writes a
+            // new VM's id, so a marker beside a new id is the old VM's
+            // (its removal failed). Nor for a VM the host wrote another
+            // VM's marker after.
+            let state = pod.annotation(keys::POST_CLONE_STATE);
+            if crate::lifecycle::PostCloneState::parse(state).is_some()
+                && id_before.as_deref() == Some(id.as_str())
+                && self.marker_vm.as_deref().is_none_or(|m| m == id.as_str())
+            {
+                self.marker = Some(MarkerSeen {
+                    vm: id.as_str().to_owned(),
+                    state: state.to_owned(),
+                });
+            }
+        }
+        if lifecycle == Lifecycle::Failed.as_str()
+            && pod
+                .annotation(keys::LIFECYCLE_MESSAGE)
+                .starts_with(HIBERNATE_FAILED_PREFIX)
+        {
+            let vm = VmId::parse(id)
+                .ok()
+                .map(|id| id.as_str().to_owned())
+                .or_else(|| self.last_vm.clone());
+            if vm.is_some() {
+                self.hibernate_failed_vm = vm;
+            }
+        }
+        before
+            != (
+                self.last_vm.clone(),
+                self.hibernated,
+                self.wake_vm.clone(),
+                self.marker.clone(),
+                self.hibernate_failed_vm.clone(),
+            )
     }
 
     /// Rule 3 of spec section 2: history says `vm` came from a wake. True
@@ -357,13 +465,18 @@ impl PodMemory {
         true
     }
 
-    /// Note that the host wrote `post-clone-state` for `vm`. Returns
-    /// whether the record changed (then it is saved).
-    pub fn set_marker(&mut self, vm: &VmId) -> bool {
-        if self.marker_vm.as_deref() == Some(vm.as_str()) {
+    /// Note that the host wrote `post-clone-state` = `state` for `vm`.
+    /// Returns whether the record changed (then it is saved).
+    pub fn set_marker(&mut self, vm: &VmId, state: &str) -> bool {
+        let marker = Some(MarkerSeen {
+            vm: vm.as_str().to_owned(),
+            state: state.to_owned(),
+        });
+        if self.marker_vm.as_deref() == Some(vm.as_str()) && self.marker == marker {
             return false;
         }
         self.marker_vm = Some(vm.as_str().to_owned());
+        self.marker = marker;
         true
     }
 
@@ -423,6 +536,9 @@ impl PodMemory {
         }
         self.verdict.clone_from(&task.verdict);
         self.marker_vm.clone_from(&task.marker_vm);
+        if task.marker.is_some() {
+            self.marker.clone_from(&task.marker);
+        }
         self.budget.clone_from(&task.budget);
         self.vm_seen.clone_from(&task.vm_seen);
         self.revision = task.revision;
@@ -448,6 +564,11 @@ impl PodMemory {
         self.budget.as_ref().filter(|b| b.vm() == vm.as_str())
     }
 
+    /// The stored budget if it is `vm`'s, to change.
+    pub fn budget_mut_for(&mut self, vm: &VmId) -> Option<&mut Budget> {
+        self.budget.as_mut().filter(|b| b.vm() == vm.as_str())
+    }
+
     /// The loop ended (success, exhaustion, or work the decision dropped):
     /// forget its budget. Returns whether the record changed.
     pub fn end_budget(&mut self) -> bool {
@@ -462,6 +583,8 @@ impl PodMemory {
             && self.wake_vm.is_none()
             && self.verdict.is_none()
             && self.marker_vm.is_none()
+            && self.marker.is_none()
+            && self.hibernate_failed_vm.is_none()
             && self.budget.is_none()
             && self.vm_seen.is_none()
     }
@@ -507,6 +630,16 @@ impl PodMemory {
         id("last_vm", self.last_vm.as_deref())?;
         id("wake_vm", self.wake_vm.as_deref())?;
         id("marker_vm", self.marker_vm.as_deref())?;
+        id("hibernate_failed_vm", self.hibernate_failed_vm.as_deref())?;
+        if let Some(marker) = &self.marker {
+            id("marker.vm", Some(&marker.vm))?;
+            if crate::lifecycle::PostCloneState::parse(&marker.state).is_none() {
+                return Err(RecordError::Invalid {
+                    field: "marker.state",
+                    why: format!("is {:?}, not running, done or failed", marker.state),
+                });
+            }
+        }
         if let Some(verdict) = &self.verdict {
             id("verdict.vm", Some(&verdict.vm))?;
             if verdict.wake != verdict.by.says_wake() {
@@ -554,6 +687,8 @@ mod tests {
                     "id" => annotations::VM_ID,
                     "hib" => annotations::HIBERNATE,
                     "lc" => keys::LIFECYCLE_STATE,
+                    "msg" => keys::LIFECYCLE_MESSAGE,
+                    "pcs" => keys::POST_CLONE_STATE,
                     other => panic!("unknown key {other}"),
                 };
                 (key.to_owned(), value.to_owned())
@@ -647,6 +782,50 @@ mod tests {
         assert!(!memory.observe(&pod("id=vm-b"), true));
     }
 
+    /// Spec section 7: the last marker seen for a VM, and the VM whose
+    /// hibernation failed, as the watch notes them.
+    #[rstest]
+    #[case::a_marker_of_the_vm_it_shows(&["id=vm-a", "id=vm-a,pcs=done"], Some(("vm-a", "done")), None)]
+    #[case::the_latest_marker(&["id=vm-a", "id=vm-a,pcs=running", "id=vm-a,pcs=failed"], Some(("vm-a", "failed")), None)]
+    #[case::not_at_first_sight(&["id=vm-a,pcs=done"], None, None)]
+    #[case::not_beside_a_new_id(&["id=vm-a", "id=vm-b,pcs=done"], None, None)]
+    #[case::an_unknown_marker_is_none(&["id=vm-a", "id=vm-a,pcs=bogus"], None, None)]
+    #[case::kept_when_the_marker_goes(&["id=vm-a", "id=vm-a,pcs=done", "id=vm-a"], Some(("vm-a", "done")), None)]
+    #[case::a_failed_hibernate(
+        &["id=vm-a", "id=vm-a,pcs=done", "id=vm-a,lc=failed,msg=hibernate: push failed"],
+        Some(("vm-a", "done")), Some("vm-a"))]
+    #[case::a_failed_hibernate_without_the_id(
+        &["id=vm-a", "lc=failed,msg=hibernate: snapshot failed"], None, Some("vm-a"))]
+    #[case::another_failure_is_no_hibernate(
+        &["id=vm-a", "id=vm-a,lc=failed,msg=clone vk-x: dhcp lease not observed within 45s"], None, None)]
+    #[case::the_prefix_is_exact(&["id=vm-a", "id=vm-a,lc=failed,msg=Hibernate: x"], None, None)]
+    #[case::a_hibernate_message_on_another_state(&["id=vm-a", "id=vm-a,lc=creating,msg=hibernate: x"], None, None)]
+    fn observations_note_markers_and_failed_hibernates(
+        #[case] history: &[&str],
+        #[case] marker: Option<(&str, &str)>,
+        #[case] hibernate_failed: Option<&str>,
+    ) {
+        let memory = after(history);
+        assert_eq!(
+            memory.marker().map(|m| (m.vm.as_str(), m.state.as_str())),
+            marker
+        );
+        assert_eq!(memory.hibernate_failed_vm(), hibernate_failed);
+        if let Some(failed) = hibernate_failed {
+            assert!(memory.lifted(&vm(failed)));
+            assert!(!memory.lifted(&vm("vm-other")));
+        }
+    }
+
+    #[test]
+    fn a_marker_of_another_vm_the_host_wrote_is_not_taken_for_this_one() {
+        let mut memory = after(&["id=vm-b"]);
+        memory.set_marker(&vm("vm-a"), "done");
+        memory.observe(&pod("id=vm-b,pcs=done"), true);
+        assert_eq!(memory.marker_for(&vm("vm-b")), None);
+        assert_eq!(memory.marker_for(&vm("vm-a")), Some("done"));
+    }
+
     /// Rule 3 as the decision asks it, for the VM bound to the pod.
     #[rstest]
     #[case::no_history(&["id=vm-a"], "vm-a", false)]
@@ -729,8 +908,8 @@ mod tests {
     fn marker_applies(#[case] written_for: Option<&str>, #[case] now: &str, #[case] applies: bool) {
         let mut memory = PodMemory::new();
         if let Some(written_for) = written_for {
-            assert!(memory.set_marker(&vm(written_for)));
-            assert!(!memory.set_marker(&vm(written_for)), "unchanged");
+            assert!(memory.set_marker(&vm(written_for), "done"));
+            assert!(!memory.set_marker(&vm(written_for), "done"), "unchanged");
         }
         assert_eq!(memory.marker_applies(&vm(now)), applies);
     }
@@ -806,7 +985,23 @@ mod tests {
         memory.observe(&pod("hib=true"), true);
         memory.observe(&pod(&format!("id={}", "w".repeat(128))), true);
         memory.set_verdict(&long, Evidence::NoEvidence);
-        memory.set_marker(&long);
+        memory.set_marker(&long, "running");
+        memory.observe(
+            &PodInput {
+                annotations: [
+                    (keys::LIFECYCLE_STATE.to_owned(), "failed".to_owned()),
+                    (annotations::VM_ID.to_owned(), long.as_str().to_owned()),
+                    (
+                        keys::LIFECYCLE_MESSAGE.to_owned(),
+                        format!("hibernate: {}", "x".repeat(4000)),
+                    ),
+                ]
+                .into(),
+                ..pod("")
+            },
+            true,
+        );
+        assert!(memory.lifted(&long));
         let budget = memory.start_or_resume(&long, u64::MAX);
         for _ in 0..100 {
             budget.add_attempt(&"\"\\".repeat(1000));

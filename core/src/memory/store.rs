@@ -182,7 +182,8 @@ pub struct MemoryStore {
 #[derive(Debug)]
 enum Found {
     Absent,
-    Record(PodMemory),
+    /// Boxed: a record is much larger than the other answers.
+    Record(Box<PodMemory>),
     /// Not a record this host reads: ignored.
     Unusable(RecordError),
     /// Larger than [`MAX_RECORD_BYTES`] (at least this many bytes).
@@ -227,7 +228,7 @@ impl MemoryStore {
         let name = record_name(uid)?;
         match self.read(&name)? {
             Found::Absent => Ok(None),
-            Found::Record(memory) => Ok(Some(memory)),
+            Found::Record(memory) => Ok(Some(*memory)),
             Found::Unusable(e) => {
                 tracing::warn!(path = %self.path().join(&name).display(), "{e}");
                 Ok(None)
@@ -394,7 +395,7 @@ impl MemoryStore {
             return Ok(Found::Oversize(bytes.len() as u64));
         }
         Ok(match PodMemory::from_json(&bytes) {
-            Ok(memory) => Found::Record(memory),
+            Ok(memory) => Found::Record(Box::new(memory)),
             Err(e) => Found::Unusable(e),
         })
     }
@@ -707,7 +708,7 @@ mod tests {
             .unwrap();
         let vm = VmId::parse("vm-1").unwrap();
         task_copy.set_verdict(&vm, Evidence::Grace);
-        task_copy.set_marker(&vm);
+        task_copy.set_marker(&vm, "done");
         task_copy.revise();
         // An older copy arriving late changes nothing.
         let mut older = task_copy.clone();

@@ -223,6 +223,17 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Whether a step writes `name` (a newline after it or not) to
+    /// [`HOSTNAME_PATH`](crate::facts::HOSTNAME_PATH): the hostname step
+    /// (spec section 4, step 2), for which the VM name must be a hostname.
+    pub fn writes_hostname(&self, name: &str) -> bool {
+        self.steps.iter().any(|step| {
+            matches!(&step.action, Action::WriteFile(w)
+                if w.path == crate::facts::HOSTNAME_PATH
+                    && w.content.strip_suffix('\n').unwrap_or(&w.content) == name)
+        })
+    }
+
     /// The total length in bytes of every string in the plan: descriptions,
     /// argv, paths, file contents, remove patterns and interface names
     /// (with 17 for each MAC, as written). This is what

@@ -567,6 +567,15 @@ impl Planner {
             });
             plans.push(plan);
         }
+        // The VM name is checked as a hostname by the step that writes it
+        // (spec section 4, step 2): a plan that writes no hostname (the
+        // Windows plan) never refuses a name it does not use.
+        if plans
+            .iter()
+            .any(|plan| plan.writes_hostname(facts.name.as_str()))
+        {
+            facts.name.hostname()?;
+        }
         let plugins: Vec<&LoadedPlugin> = parts.iter().map(|p| &*p.selection.plugin).collect();
         let rendered = compose_and_render(
             facts,

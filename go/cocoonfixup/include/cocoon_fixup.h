@@ -16,9 +16,15 @@
  * `metadata.resourceVersion`; a plugin past its deadline, or an engine
  * that cannot be set up, answers `CF_NODE`; the task may ask `remember`
  * (with `memory` in its options) and take `lease_error`. Version 3:
- * `cf_call`, every call as a JSON op ([`wire`]).
+ * `cf_call`, every call as a JSON op ([`wire`]). Version 4: the console
+ * ops carry out only the task's own pending console action
+ * (`cf_console_open(planner, task, out)`, `cf_console_set(task, out)`;
+ * the console lives in the task, `cf_console_free` is gone), within the
+ * pass's total deadline the action carries (`until_ms`, `total_ms`; a
+ * `deadline` console error); `cf_task_cancel` ends them from another
+ * thread; the task releases its turn before the serial-console pass.
  */
-#define CF_ABI_VERSION 3
+#define CF_ABI_VERSION 4
 
 /**
  * The longest request line [`serve`] reads: a pod with the most
@@ -150,11 +156,6 @@ typedef int32_t CfStatus;
 #endif // __cplusplus
 
 /**
- * An open serial console ([`cf_console_open`]).
- */
-typedef struct CfConsole CfConsole;
-
-/**
  * A planner: the plugin engine with its plugins loaded, and the binding
  * policy. Opaque to C.
  */
@@ -217,8 +218,12 @@ CfStatus cf_planner_new(const char *options_json, struct cf_planner **planner, c
  * null) is `{"trigger": "event"|"startup"|"retry"|"prepare", "settings":
  * {"retry_interval_ms", "retry_budget_ms", "exec_timeout_ms",
  * "inspect_timeout_ms", "ip_wait_ms", "renew_after_ms",
- * "renew_timeout_ms", "dhcp_recovery_after_ms"}}` (each optional; the
- * daemon's defaults). Trigger `prepare` is no fixup: the task prepares
+ * "renew_timeout_ms", "dhcp_recovery_after_ms", "wake_event_window_ms",
+ * "wake_grace_ms", "wake_event_reporters", "sac_deadline_ms"},
+ * "memory": {"record", "now_unix_ms", "watched_since_new"},
+ * "now_unix_ms"}` (each optional; the daemon's defaults; the wall
+ * clock `now_unix_ms`, in `memory` or alone, is what the stack's wake
+ * events are judged by: without it none counts). Trigger `prepare` is no fixup: the task prepares
  * the pod's running VM to be cloned, before its snapshot (`cocoon-fixup
  * prepare`).
  *
@@ -267,51 +272,59 @@ CfStatus cf_task_next(const struct cf_planner *planner,
 void cf_task_free(struct CfTask *task);
 
 /**
- * Carry out a task's `sac_open` action: open the VM's serial console
- * below the planner's cocoon root (the Windows static-IP pass, spec
- * section 10), wait for the `SAC>` prompt and list the guest's interfaces
- * until `need` are listed, with the budgets the daemon uses (up to 60 s to
- * connect and prompt, up to 60 listings 2 s apart). `action_json` is the
- * action as the task returned it (`{"vm", "need"}` is enough).
+ * Carry out the task's own pending `sac_open` action: open its VM's
+ * serial console below the planner's cocoon root (the Windows static-IP
+ * pass, spec section 10), wait for the `SAC>` prompt and list the guest's
+ * interfaces until as many as the task asked for are listed, with the
+ * budgets the daemon uses (connection tries within 60 s, then 60 s for
+ * the prompt, up to 60 listings 2 s apart), all within the pass's total
+ * deadline the action carries. The console stays open in the task until
+ * it hands out `sac_close`. The VM and the deadline are the task's: a
+ * task that does not await `sac_open` is refused (`CF_INVALID_ARGUMENT`).
  *
  * On `CF_OK`, `*out` is the report for [`cf_task_next`] (add `now_ms`):
- * `{"sac_opened": [...]}`, with `*console` the open console, or
- * `{"sac_open_error": {...}}`, with `*console` null. The call blocks; it
- * cannot be cancelled, and every wait in it is bounded.
+ * `{"sac_opened": [...]}`, `{"sac_open_error": {...}}`, or
+ * `{"cancelled": true}` after [`cf_task_cancel`]. The call blocks, at
+ * most until the deadline; another thread ends it with
+ * [`cf_task_cancel`].
  *
  * # Safety
  *
- * `planner` is a live planner; `action_json` a NUL-terminated string;
- * `console` and `out` valid for one write of a pointer.
+ * `planner` is the live planner the task was started with; `task` a live
+ * task no other thread is using (but [`cf_task_cancel`]); `out` valid for
+ * one write of a pointer.
  */
-CfStatus cf_console_open(const struct cf_planner *planner,
-                         const char *action_json,
-                         struct CfConsole **console,
-                         char **out);
+CfStatus cf_console_open(const struct cf_planner *planner, struct CfTask *task, char **out);
 
 /**
- * Carry out a task's `sac_set` action on an open console: set the
- * address on the interface and check that it took effect, up to 10
- * rounds 2 s apart. On `CF_OK`, `*out` is the report for
- * [`cf_task_next`]: `{"sac_set": true}` or `{"sac_set_error": {...}}`.
- * Blocks, bounded.
+ * Carry out the task's own pending `sac_set` action on the console its
+ * `sac_open` opened: set the address on the interface and check that it
+ * took effect, up to 10 rounds 2 s apart, within the pass's total
+ * deadline. A task that does not await `sac_set` is refused
+ * (`CF_INVALID_ARGUMENT`). On `CF_OK`, `*out` is the report for
+ * [`cf_task_next`]: `{"sac_set": true}`, `{"sac_set_error": {...}}` or
+ * `{"cancelled": true}`. Blocks, bounded; [`cf_task_cancel`] ends it.
  *
  * # Safety
  *
- * `console` is a live console no other thread is using; `action_json` a
- * NUL-terminated string; `out` valid for one write of a pointer.
+ * `task` is a live task no other thread is using (but
+ * [`cf_task_cancel`]); `out` valid for one write of a pointer.
  */
-CfStatus cf_console_set(struct CfConsole *console, const char *action_json, char **out);
+CfStatus cf_console_set(struct CfTask *task, char **out);
 
 /**
- * Close a console (a task's `sac_close`). Null is ignored.
+ * Cancel the task's console work, from any thread, at any time while the
+ * task is live (a shutdown, the embedder's context ended): a
+ * [`cf_console_open`] or [`cf_console_set`] in flight on another thread
+ * returns `{"cancelled": true}` within about 100 ms, and so does every
+ * later one; report it to [`cf_task_next`], which ends the task as a
+ * shutdown (nothing is marked failed). Null is ignored.
  *
  * # Safety
  *
- * `console` is null or a pointer [`cf_console_open`] returned that has
- * not been freed, and no other thread is using it.
+ * `task` is null or a live task (not being freed).
  */
-void cf_console_free(struct CfConsole *console);
+void cf_task_cancel(const struct CfTask *task);
 
 /**
  * Free a planner. Null is ignored. No call may use the planner while or
@@ -448,12 +461,12 @@ CfStatus cf_values(const char *request_json, char **out);
 /**
  * Any call of the library as one JSON op (the `wire` module's table:
  * `{"op": ..., ...}`), over one session of handles per process: the
- * planners, tasks and consoles it makes are named by number and live
- * until freed by their own `*_free` op. `*out` is always the response
+ * planners and tasks it makes are named by number and live until freed
+ * by their own `*_free` op. `*out` is always the response
  * document, `{"id", "ok"}` or `{"id", "error": {"status", "message"}}`;
  * the status returned is `CF_OK` unless `request_json` is null or not
- * UTF-8. Safe to call from many threads at once; one task or console
- * is worked on by one call at a time (others wait).
+ * UTF-8. Safe to call from many threads at once; one task is worked on
+ * by one call at a time (others wait), but `task_cancel` never waits.
  *
  * # Safety
  *

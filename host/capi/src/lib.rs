@@ -67,8 +67,14 @@ pub use ops::CfStatus;
 /// `metadata.resourceVersion`; a plugin past its deadline, or an engine
 /// that cannot be set up, answers `CF_NODE`; the task may ask `remember`
 /// (with `memory` in its options) and take `lease_error`. Version 3:
-/// `cf_call`, every call as a JSON op ([`wire`]).
-pub const CF_ABI_VERSION: u32 = 3;
+/// `cf_call`, every call as a JSON op ([`wire`]). Version 4: the console
+/// ops carry out only the task's own pending console action
+/// (`cf_console_open(planner, task, out)`, `cf_console_set(task, out)`;
+/// the console lives in the task, `cf_console_free` is gone), within the
+/// pass's total deadline the action carries (`until_ms`, `total_ms`; a
+/// `deadline` console error); `cf_task_cancel` ends them from another
+/// thread; the task releases its turn before the serial-console pass.
+pub const CF_ABI_VERSION: u32 = 4;
 
 /// A planner: the plugin engine with its plugins loaded, and the binding
 /// policy. Opaque to C.
@@ -262,6 +268,9 @@ pub unsafe extern "C" fn cf_planner_new(
 #[derive(Debug)]
 pub struct CfTask {
     task: task::Task,
+    /// The task's cancel flag ([`cf_task_cancel`]), apart from `task` so
+    /// another thread may set it while a console op holds the task.
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Start the decision for one pod: the library decides every step the
@@ -275,8 +284,12 @@ pub struct CfTask {
 /// null) is `{"trigger": "event"|"startup"|"retry"|"prepare", "settings":
 /// {"retry_interval_ms", "retry_budget_ms", "exec_timeout_ms",
 /// "inspect_timeout_ms", "ip_wait_ms", "renew_after_ms",
-/// "renew_timeout_ms", "dhcp_recovery_after_ms"}}` (each optional; the
-/// daemon's defaults). Trigger `prepare` is no fixup: the task prepares
+/// "renew_timeout_ms", "dhcp_recovery_after_ms", "wake_event_window_ms",
+/// "wake_grace_ms", "wake_event_reporters", "sac_deadline_ms"},
+/// "memory": {"record", "now_unix_ms", "watched_since_new"},
+/// "now_unix_ms"}` (each optional; the daemon's defaults; the wall
+/// clock `now_unix_ms`, in `memory` or alone, is what the stack's wake
+/// events are judged by: without it none counts). Trigger `prepare` is no fixup: the task prepares
 /// the pod's running VM to be cloned, before its snapshot (`cocoon-fixup
 /// prepare`).
 ///
@@ -316,7 +329,11 @@ pub unsafe extern "C" fn cf_task_start(
             )
         };
         let (started, action) = task::start(built, pod, options)?;
-        made = Some(Box::new(CfTask { task: started }));
+        let stop = started.stop_flag();
+        made = Some(Box::new(CfTask {
+            task: started,
+            stop,
+        }));
         Ok(action)
     };
     // SAFETY: `out` is passed through from the caller's promise.
@@ -380,112 +397,93 @@ pub unsafe extern "C" fn cf_task_free(task: *mut CfTask) {
     let _ = catch_unwind(AssertUnwindSafe(move || drop(boxed)));
 }
 
-/// An open serial console ([`cf_console_open`]).
-#[derive(Debug)]
-pub struct CfConsole {
-    console: console::Console,
-}
-
-/// Carry out a task's `sac_open` action: open the VM's serial console
-/// below the planner's cocoon root (the Windows static-IP pass, spec
-/// section 10), wait for the `SAC>` prompt and list the guest's interfaces
-/// until `need` are listed, with the budgets the daemon uses (up to 60 s to
-/// connect and prompt, up to 60 listings 2 s apart). `action_json` is the
-/// action as the task returned it (`{"vm", "need"}` is enough).
+/// Carry out the task's own pending `sac_open` action: open its VM's
+/// serial console below the planner's cocoon root (the Windows static-IP
+/// pass, spec section 10), wait for the `SAC>` prompt and list the guest's
+/// interfaces until as many as the task asked for are listed, with the
+/// budgets the daemon uses (connection tries within 60 s, then 60 s for
+/// the prompt, up to 60 listings 2 s apart), all within the pass's total
+/// deadline the action carries. The console stays open in the task until
+/// it hands out `sac_close`. The VM and the deadline are the task's: a
+/// task that does not await `sac_open` is refused (`CF_INVALID_ARGUMENT`).
 ///
 /// On `CF_OK`, `*out` is the report for [`cf_task_next`] (add `now_ms`):
-/// `{"sac_opened": [...]}`, with `*console` the open console, or
-/// `{"sac_open_error": {...}}`, with `*console` null. The call blocks; it
-/// cannot be cancelled, and every wait in it is bounded.
+/// `{"sac_opened": [...]}`, `{"sac_open_error": {...}}`, or
+/// `{"cancelled": true}` after [`cf_task_cancel`]. The call blocks, at
+/// most until the deadline; another thread ends it with
+/// [`cf_task_cancel`].
 ///
 /// # Safety
 ///
-/// `planner` is a live planner; `action_json` a NUL-terminated string;
-/// `console` and `out` valid for one write of a pointer.
+/// `planner` is the live planner the task was started with; `task` a live
+/// task no other thread is using (but [`cf_task_cancel`]); `out` valid for
+/// one write of a pointer.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cf_console_open(
     planner: *const CfPlanner,
-    action_json: *const c_char,
-    console: *mut *mut CfConsole,
-    out: *mut *mut c_char,
-) -> CfStatus {
-    if console.is_null() {
-        return CfStatus::CfInvalidArgument;
-    }
-    // SAFETY: `console` is not null and the caller promises it writable.
-    unsafe { console.write(std::ptr::null_mut()) };
-    let mut opened = None;
-    let call = || {
-        // SAFETY: the caller promises a live planner and a NUL-terminated
-        // string, valid for the call.
-        let (built, action) = unsafe {
-            (
-                planner_ref(planner)?,
-                required_text("action_json", action_json)?,
-            )
-        };
-        let (session, report) = console::open(built, action, &fixup_sac::Budgets::default())?;
-        opened = session.map(|console| Box::new(CfConsole { console }));
-        Ok(report)
-    };
-    // SAFETY: `out` is passed through from the caller's promise.
-    let status = unsafe { answer(out, call) };
-    if let (CfStatus::CfOk, Some(boxed)) = (status, opened) {
-        // SAFETY: as above; the caller owns the console from here on.
-        unsafe { console.write(Box::into_raw(boxed)) };
-    }
-    status
-}
-
-/// Carry out a task's `sac_set` action on an open console: set the
-/// address on the interface and check that it took effect, up to 10
-/// rounds 2 s apart. On `CF_OK`, `*out` is the report for
-/// [`cf_task_next`]: `{"sac_set": true}` or `{"sac_set_error": {...}}`.
-/// Blocks, bounded.
-///
-/// # Safety
-///
-/// `console` is a live console no other thread is using; `action_json` a
-/// NUL-terminated string; `out` valid for one write of a pointer.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cf_console_set(
-    console: *mut CfConsole,
-    action_json: *const c_char,
+    task: *mut CfTask,
     out: *mut *mut c_char,
 ) -> CfStatus {
     let call = || {
-        if console.is_null() {
-            return Err(ops::Failure::invalid("console is null"));
+        if task.is_null() {
+            return Err(ops::Failure::invalid("task is null"));
         }
-        // SAFETY: the caller promises a live console used by no other
-        // thread, and a NUL-terminated string.
-        let (console, action) = unsafe {
-            (
-                &mut (*console).console,
-                required_text("action_json", action_json)?,
-            )
-        };
-        console::set(console, action)
+        // SAFETY: the caller promises a live planner and a live task used
+        // by no other call but `cf_task_cancel`, which touches only the
+        // task's `stop` field, never borrowed here.
+        let (built, task) = unsafe { (planner_ref(planner)?, &mut (*task).task) };
+        console::open(built, task, &fixup_sac::Budgets::default())
     };
     // SAFETY: `out` is passed through from the caller's promise.
     unsafe { answer(out, call) }
 }
 
-/// Close a console (a task's `sac_close`). Null is ignored.
+/// Carry out the task's own pending `sac_set` action on the console its
+/// `sac_open` opened: set the address on the interface and check that it
+/// took effect, up to 10 rounds 2 s apart, within the pass's total
+/// deadline. A task that does not await `sac_set` is refused
+/// (`CF_INVALID_ARGUMENT`). On `CF_OK`, `*out` is the report for
+/// [`cf_task_next`]: `{"sac_set": true}`, `{"sac_set_error": {...}}` or
+/// `{"cancelled": true}`. Blocks, bounded; [`cf_task_cancel`] ends it.
 ///
 /// # Safety
 ///
-/// `console` is null or a pointer [`cf_console_open`] returned that has
-/// not been freed, and no other thread is using it.
+/// `task` is a live task no other thread is using (but
+/// [`cf_task_cancel`]); `out` valid for one write of a pointer.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cf_console_free(console: *mut CfConsole) {
-    if console.is_null() {
+pub unsafe extern "C" fn cf_console_set(task: *mut CfTask, out: *mut *mut c_char) -> CfStatus {
+    let call = || {
+        if task.is_null() {
+            return Err(ops::Failure::invalid("task is null"));
+        }
+        // SAFETY: as in `cf_console_open`: only the `task` field is
+        // borrowed.
+        let task = unsafe { &mut (*task).task };
+        console::set(task)
+    };
+    // SAFETY: `out` is passed through from the caller's promise.
+    unsafe { answer(out, call) }
+}
+
+/// Cancel the task's console work, from any thread, at any time while the
+/// task is live (a shutdown, the embedder's context ended): a
+/// [`cf_console_open`] or [`cf_console_set`] in flight on another thread
+/// returns `{"cancelled": true}` within about 100 ms, and so does every
+/// later one; report it to [`cf_task_next`], which ends the task as a
+/// shutdown (nothing is marked failed). Null is ignored.
+///
+/// # Safety
+///
+/// `task` is null or a live task (not being freed).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cf_task_cancel(task: *const CfTask) {
+    if task.is_null() {
         return;
     }
-    // SAFETY: the caller promises a live console no one else uses; it came
-    // from `Box::into_raw` in `cf_console_open`.
-    let boxed = unsafe { Box::from_raw(console) };
-    let _ = catch_unwind(AssertUnwindSafe(move || drop(boxed)));
+    // SAFETY: the caller promises a live task; only its `stop` field is
+    // read, which no other call borrows mutably, and it is atomic.
+    let stop = unsafe { &*std::ptr::addr_of!((*task).stop) };
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
 }
 
 /// Free a planner. Null is ignored. No call may use the planner while or
@@ -707,12 +705,12 @@ pub unsafe extern "C" fn cf_values(request_json: *const c_char, out: *mut *mut c
 
 /// Any call of the library as one JSON op (the `wire` module's table:
 /// `{"op": ..., ...}`), over one session of handles per process: the
-/// planners, tasks and consoles it makes are named by number and live
-/// until freed by their own `*_free` op. `*out` is always the response
+/// planners and tasks it makes are named by number and live until freed
+/// by their own `*_free` op. `*out` is always the response
 /// document, `{"id", "ok"}` or `{"id", "error": {"status", "message"}}`;
 /// the status returned is `CF_OK` unless `request_json` is null or not
-/// UTF-8. Safe to call from many threads at once; one task or console
-/// is worked on by one call at a time (others wait).
+/// UTF-8. Safe to call from many threads at once; one task is worked on
+/// by one call at a time (others wait), but `task_cancel` never waits.
 ///
 /// # Safety
 ///

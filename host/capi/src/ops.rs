@@ -14,6 +14,7 @@ use sha2::Sha256;
 
 use fixup_core::annotations::{self, AnnotationPatch, Event, EventType, keys, messages, reasons};
 use fixup_core::binding::{BindingPolicy, Mismatch, Verdict};
+use fixup_core::classify::Scenario;
 use fixup_core::exec::{ExecOutput, ExitStatusKind};
 use fixup_core::facts::{BootKind, FactError, Overrides, PodInput, VmId, VmInspect};
 use fixup_core::lifecycle::{self, Action, Lifecycle, PostCloneState};
@@ -767,8 +768,8 @@ enum ValueRequest {
         annotations: BTreeMap<String, String>,
         scenario: String,
         hint: String,
-        attempts: u32,
-        budget_ms: u64,
+        /// Upstream's op: `create`, `update` or `reconcile`.
+        operation: String,
         errors: Vec<String>,
     },
     PlanFailed {
@@ -845,26 +846,31 @@ pub fn values(request: &str) -> Outcome {
             json!({"line": line, "event": event_json(&event)})
         }
         ValueRequest::Succeeded { scenario, attempts } => {
-            let event = Event::normal(reasons::SUCCEEDED, messages::succeeded(&scenario, attempts));
+            let Some(scenario) = Scenario::ALL.into_iter().find(|s| s.as_str() == scenario) else {
+                return Err(Failure::invalid(format!(
+                    "scenario is {scenario:?}: use one of the scenarios plan reports (cloudimg, oci-networkd, fc-mac, windows-pnp)"
+                )));
+            };
+            let event = Event::normal(reasons::SUCCEEDED, messages::succeeded(scenario, attempts));
             json!({"patch": patch_json(&annotations::state_patch(PostCloneState::Done)), "event": event_json(&event)})
         }
         ValueRequest::Exhausted {
             annotations: current,
             scenario,
             hint,
-            attempts,
-            budget_ms,
+            operation,
             errors,
         } => {
-            let summary = messages::exhausted(
-                &scenario,
-                attempts,
-                Duration::from_millis(budget_ms),
-                &errors,
+            if !matches!(operation.as_str(), "create" | "update" | "reconcile") {
+                return Err(Failure::invalid(format!(
+                    "operation is {operation:?}: use create (a first fixup), update (one a pod update started) or reconcile (work resumed)"
+                )));
+            }
+            let event = Event::warning(
+                reasons::EXEC_EXHAUSTED,
+                messages::exhausted(&operation, &errors),
             );
-            let record =
-                annotations::exhausted_record(&current, &hint, &scenario, errors, &summary);
-            let event = Event::warning(reasons::EXEC_EXHAUSTED, summary);
+            let record = annotations::exhausted_record(&current, &hint, &scenario, errors);
             json!({
                 "patch": patch_json(&record.patch),
                 "errors": record.errors,

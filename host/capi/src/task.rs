@@ -18,15 +18,15 @@
 //! | `checkpoint` | | `cancelled` when shutting down, else `go` |
 //! | `inspect` | `vm`, `timeout_ms` | `cocoon vm inspect --json`; `inspected` (the record as printed) or `inspect_error` |
 //! | `other_pods` | `vm_name` | list every pod the embedder sees on its node (asked only for a VM named by the pod's `vm.cocoonstack.io/name` under `accept_annotated_vm_names`; the library checks that none claims `vm_name`); `other_pods` (an array of pods as `kubectl get pod -o json` prints them, metadata is enough, the asking pod among them: a list without it proves nothing) or `other_pods_error` (why the embedder cannot list them: nothing runs) |
-//! | `wake_events` | `namespace`, `uid` | list the events about the pod from every reporter (events.k8s.io/v1 in `namespace` with the field selector `regarding.uid=<uid>`; the library reads the stack's `Woken` and `HibernateSnapshotExists` to recognise a hibernate wake, spec section 2); `events` (an array of the events as the API server prints them) or `events_error` (why they cannot be listed: the task goes on, with a warning) |
+//! | `wake_events` | `namespace`, `uid`, `field_selectors` | list the events in `namespace` (events.k8s.io/v1) once per field selector of `field_selectors` (each names `regarding.uid`, `reason`, `type` and `reportingController`: exactly the stack's `Woken` and `HibernateSnapshotExists` about the pod, so that no other event can fill the listing; the library checks each event again to recognise a hibernate wake, spec section 2); `events` (every listing's events together, as the API server prints them), `events_truncated` (the same, when a listing was cut short: more matched a selector than the embedder reads) or `events_error` (why they cannot be listed: the task goes on, with a warning) |
 //! | `read` | | read the pod by namespace and name; `read` (the pod, or null when not found) or `read_error` |
 //! | `patch` | `annotations` (value or null to remove), `uid`, `resource_version` (null: the uid precondition only) | merge-patch the annotations with `metadata.uid` (and `metadata.resourceVersion`) as preconditions; `patched` (the pod the API server answered with, or null), `changed` (the pod now, when the resource version no longer matched) or `patch_error` |
 //! | `exec` | `vm`, `argv`, `timeout_ms`, `purpose` | `cocoon vm exec <vm> -- <argv>`; `ran` or `exec_error` (or `cancelled`) |
 //! | `wait_lease` | `mac`, `until_ms` | wait until the MAC has a lease or the clock reaches `until_ms`; `lease` (the address or null), `lease_error` (why the lease file could not tell: still unreadable or no list of leases at `until_ms`; the task makes it a node error) (or `cancelled`) |
 //! | `sleep` | `until_ms` | wait until the clock reaches `until_ms`; `go` (or `cancelled`) |
-//! | `sac_open` | `vm`, `need` | open the VM's serial console (`<cocoon root>/run/cloudhypervisor/<vm>/console.sock`), wait for `SAC>` and list the interfaces until at least `need` are listed, keeping the console open (spec section 10); `sac_opened` (the interface numbers in the order listed) or `sac_open_error` (or `cancelled`) |
-//! | `sac_set` | `net`, `ip`, `prefix`, `gateway` (or null) | on the open console, set the address on interface `net` and check it took effect, in rounds; `sac_set` (`true`) or `sac_set_error` (or `cancelled`) |
-//! | `sac_close` | | close the console opened last, if any; `go` |
+//! | `sac_open` | `vm`, `need`, `until_ms`, `total_ms` | call the library's console op on the task (`cf_console_open`; the `console_open` op): it opens the VM's serial console (`<cocoon root>/run/cloudhypervisor/<vm>/console.sock`), waits for `SAC>` and lists the interfaces until at least `need` are listed, keeping the console open in the task (spec section 10), and ends by `until_ms` (the pass's total deadline, `total_ms` long); its answer is the report: `sac_opened` (the interface numbers in the order listed) or `sac_open_error` (or `cancelled`) |
+//! | `sac_set` | `net`, `ip`, `prefix`, `gateway` (or null), `until_ms`, `total_ms` | call the library's console op on the task (`cf_console_set`; the `console_set` op): on the task's open console, it sets the address on interface `net` and checks it took effect, in rounds, by `until_ms`; its answer is the report: `sac_set` (`true`) or `sac_set_error` (or `cancelled`) |
+//! | `sac_close` | | nothing: the library closed the task's console when it handed this out; `go` |
 //! | `tell` | `type`, `reason`, `message`, `event_action` | record the event on the pod (best effort; `event_action` is its events.k8s.io `action`); `go` |
 //! | `note` | `level`, `message` | log it; `go` |
 //! | `remember` | `record` | keep the record under the pod's uid (durably: a file written atomically), hand it back in the next task's `options_json` (`memory.record`), and drop it when the pod is gone; asked only of a task started with `memory`. The hibernate history in a record (spec section 2, rule 3) comes from the embedder's watch, which notes each pod it sees with the `observe` op (`cf_call`; Go `Planner.Observe`) into the same record: keep a `remember`'s record with the `merge` op (the stored record and this one), one `observe` or `merge` of a pod at a time, so neither loses the other's part; `go` |
@@ -35,19 +35,23 @@
 //! Every report is an object with `now_ms`, the embedder's clock in
 //! milliseconds since the task started, and one key: `go`, `cancelled`,
 //! `inspected`, `inspect_error`, `other_pods`, `other_pods_error`,
-//! `events`, `events_error`, `read`,
+//! `events`, `events_truncated`, `events_error`, `read`,
 //! `read_error`, `patched`,
 //! `changed`, `patch_error`, `ran` (`{exit | signal, stderr, stdout,
 //! stderr_cut}`), `exec_error`, `lease`, `lease_error`, `sac_opened`, `sac_open_error`,
 //! `sac_set` or `sac_set_error`. A `read_error` or `patch_error` is
 //! `{kind: "api" | "refused" | "gone", message}`. A `sac_open_error` or
 //! `sac_set_error` is `{kind: "dial" | "enum" | "set" | "verify" |
-//! "refused", ...}` with the fields of the console client's error:
-//! `cause` (dial, set), `found` and `need` (enum), `net` (set, verify),
-//! `ip` (verify), `message` (refused: a console path the host will not
-//! use).
+//! "deadline" | "refused", ...}` with the fields of the console client's
+//! error: `cause` (dial, set), `found` and `need` (enum), `net` (set,
+//! verify), `ip` (verify), `step` and `total_ms` (deadline: the pass's
+//! total deadline passed during that step, `dial`, `enum`, `set` or
+//! `verify`, with `net` for the last two and `ip` for `verify`),
+//! `message` (refused: a console path the host will not use).
 
 use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use fixup_core::annotations::EventType;
@@ -56,9 +60,9 @@ use fixup_core::decision::{
     Trigger, os_nonces,
 };
 use fixup_core::exec::{ExecOutput, ExitStatusKind};
-use fixup_core::facts::{PodInput, VmInspect};
-use fixup_core::memory::{PodMemory, StackEvent};
-use fixup_sac::SacError;
+use fixup_core::facts::{PodInput, VmId, VmInspect};
+use fixup_core::memory::{Listed, PodMemory, StackEvent};
+use fixup_sac::{SacError, StaticNic, Step};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -87,6 +91,13 @@ pub struct TaskOptions {
     /// budget starts with its task.
     #[serde(default)]
     pub memory: Option<TaskMemory>,
+    /// The wall clock now, in milliseconds since the Unix epoch, for an
+    /// embedder that keeps no records (one that does gives it in
+    /// `memory`): a wake event of the stack counts only when it is dated
+    /// no later than this clock (spec section 2). Absent (and no
+    /// `memory`): no event counts as evidence of a wake.
+    #[serde(default)]
+    pub now_unix_ms: Option<u64>,
 }
 
 /// The record a task starts with ([`TaskOptions::memory`]).
@@ -181,6 +192,52 @@ pub struct Task {
     task: Box<dyn Steps + Send>,
     /// The last action handed out was `finish`: nothing more to do.
     over: bool,
+    /// The console action the task awaits, as it handed it out: the only
+    /// one the library's console ops carry out ([`crate::console`]).
+    pub(crate) pending: Option<ConsoleAsk>,
+    /// The task's serial console, from `sac_open` to `sac_close`.
+    pub(crate) console: Option<crate::console::Console>,
+    /// The embedder's clock at the last report.
+    pub(crate) now: Duration,
+    /// Set by a cancel (`cf_task_cancel`, the `task_cancel` op): the
+    /// console op in flight, and any later one, ends `cancelled`.
+    pub(crate) stop: Arc<AtomicBool>,
+}
+
+/// A console action of the task ([`Task::pending`]): the pass's deadline
+/// `until` on the task's clock and its `total`.
+#[derive(Debug, Clone)]
+pub(crate) enum ConsoleAsk {
+    Open {
+        vm: VmId,
+        need: usize,
+        until: Duration,
+        total: Duration,
+    },
+    Set {
+        net: u32,
+        nic: StaticNic,
+        until: Duration,
+        total: Duration,
+    },
+}
+
+impl Task {
+    fn new(task: Box<dyn Steps + Send>) -> Task {
+        Task {
+            task,
+            over: false,
+            pending: None,
+            console: None,
+            now: Duration::ZERO,
+            stop: Arc::default(),
+        }
+    }
+
+    /// The flag a cancel sets.
+    pub(crate) fn stop_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.stop)
+    }
 }
 
 /// Start the task for a pod as read: the task and its first action.
@@ -191,14 +248,14 @@ pub fn start(built: &Built, pod: &[u8], options: Option<&str>) -> Result<(Task, 
     let Some(trigger) = options.trigger()? else {
         // A preparation keeps no record: `memory` does not apply.
         let (task, first) = PrepareTask::start(pod, settings, os_nonces());
-        let mut task = Task {
-            task: Box::new(task),
-            over: false,
-        };
+        let mut task = Task::new(Box::new(task));
         let action = task.hand_out(built, first, Duration::ZERO)?;
         return Ok((task, action));
     };
     let (mut task, first) = PodTask::start(pod, trigger, settings, os_nonces());
+    if let Some(now) = options.now_unix_ms {
+        task.wall_clock(now);
+    }
     if let Some(memory) = &options.memory {
         // A record that is not usable starts the task on a new one (its
         // history lost, which is a gap): the task's `remember` then
@@ -210,10 +267,7 @@ pub fn start(built: &Built, pod: &[u8], options: Option<&str>) -> Result<(Task, 
         record.set_watched_since_new(memory.watched_since_new && usable);
         task.remember(record, memory.now_unix_ms);
     }
-    let mut task = Task {
-        task: Box::new(task),
-        over: false,
-    };
+    let mut task = Task::new(Box::new(task));
     let action = task.hand_out(built, first, Duration::ZERO)?;
     Ok((task, action))
 }
@@ -250,6 +304,35 @@ impl Task {
             action = self.task.next(Report::Planned(planned), now);
         }
         self.over = matches!(action, Action::Finish(_));
+        self.now = now;
+        self.pending = match &action {
+            Action::SacOpen {
+                vm,
+                need,
+                until,
+                total,
+            } => Some(ConsoleAsk::Open {
+                vm: vm.clone(),
+                need: *need,
+                until: *until,
+                total: *total,
+            }),
+            Action::SacSet {
+                net,
+                nic,
+                until,
+                total,
+            } => Some(ConsoleAsk::Set {
+                net: *net,
+                nic: *nic,
+                until: *until,
+                total: *total,
+            }),
+            _ => None,
+        };
+        if matches!(action, Action::SacClose | Action::Finish(_)) {
+            self.console = None;
+        }
         serde_json::to_string(&action_json(action, self.task.pod()))
             .map_err(|e| Failure::invalid(format!("cannot encode the action: {e}")))
     }
@@ -269,9 +352,12 @@ fn action_json(action: Action, pod: &fixup_core::decision::PodRef) -> Value {
             json!({"action": "inspect", "vm": vm.as_str(), "timeout_ms": ms(timeout)})
         }
         Action::OtherPods { vm_name } => json!({"action": "other_pods", "vm_name": vm_name}),
-        Action::WakeEvents => {
-            json!({"action": "wake_events", "namespace": pod.namespace, "uid": pod.uid})
-        }
+        Action::WakeEvents { field_selectors } => json!({
+            "action": "wake_events",
+            "namespace": pod.namespace,
+            "uid": pod.uid,
+            "field_selectors": field_selectors,
+        }),
         Action::Plan(_) => unreachable!("the library plans itself"),
         Action::Read => json!({"action": "read"}),
         Action::Patch {
@@ -313,15 +399,31 @@ fn action_json(action: Action, pod: &fixup_core::decision::PodRef) -> Value {
             let (level, message) = note_text(note);
             json!({"action": "note", "level": level, "message": message})
         }
-        Action::SacOpen { vm, need } => {
-            json!({"action": "sac_open", "vm": vm.as_str(), "need": need})
-        }
-        Action::SacSet { net, nic } => json!({
+        Action::SacOpen {
+            vm,
+            need,
+            until,
+            total,
+        } => json!({
+            "action": "sac_open",
+            "vm": vm.as_str(),
+            "need": need,
+            "until_ms": ms(until),
+            "total_ms": ms(total),
+        }),
+        Action::SacSet {
+            net,
+            nic,
+            until,
+            total,
+        } => json!({
             "action": "sac_set",
             "net": net,
             "ip": nic.ip.to_string(),
             "prefix": nic.prefix,
             "gateway": nic.gateway.map(|g| g.to_string()),
+            "until_ms": ms(until),
+            "total_ms": ms(total),
         }),
         Action::SacClose => json!({"action": "sac_close"}),
         Action::Remember(record) => json!({
@@ -447,6 +549,25 @@ fn sac_error(value: &Value) -> Result<SacError, Failure> {
                 .parse()
                 .map_err(|_| bad_report("a verify error's ip is a dotted-quad IPv4 address"))?,
         },
+        Some("deadline") => SacError::Deadline {
+            step: match value["step"].as_str() {
+                Some("dial") => Step::Dial,
+                Some("enum") => Step::Enum,
+                Some("set") => Step::Set { net: net()? },
+                Some("verify") => Step::Verify {
+                    net: net()?,
+                    ip: text("ip").parse().map_err(|_| {
+                        bad_report("a verify step's ip is a dotted-quad IPv4 address")
+                    })?,
+                },
+                _ => {
+                    return Err(bad_report(
+                        "a deadline's step is \"dial\", \"enum\", \"set\" or \"verify\"",
+                    ));
+                }
+            },
+            total: Duration::from_millis(number("total_ms")?),
+        },
         Some("refused") => SacError::Refused {
             path: std::path::PathBuf::from("console.sock"),
             problem: text("message"),
@@ -454,7 +575,7 @@ fn sac_error(value: &Value) -> Result<SacError, Failure> {
         },
         _ => {
             return Err(bad_report(
-                "a console error's kind is \"dial\", \"enum\", \"set\", \"verify\" or \"refused\"",
+                "a console error's kind is \"dial\", \"enum\", \"set\", \"verify\", \"deadline\" or \"refused\"",
             ));
         }
     })
@@ -493,12 +614,15 @@ pub(crate) fn read_report(text: &str) -> Result<(Duration, Report), Failure> {
             .map(listed_pod)
             .collect::<Result<_, _>>()?)),
         "other_pods_error" => Report::OtherPods(Err(v.as_str().unwrap_or_default().to_owned())),
-        "events" => Report::Events(Ok(v
-            .as_array()
-            .ok_or_else(|| bad_report("events is an array of events"))?
-            .iter()
-            .map(StackEvent::from_value)
-            .collect())),
+        "events" | "events_truncated" => Report::Events(Ok(Listed {
+            events: v
+                .as_array()
+                .ok_or_else(|| bad_report(format!("{key} is an array of events")))?
+                .iter()
+                .map(StackEvent::from_value)
+                .collect(),
+            truncated: key == "events_truncated",
+        })),
         "events_error" => Report::Events(Err(v.as_str().unwrap_or_default().to_owned())),
         "read" if v.is_null() => Report::Read(Ok(None)),
         "read" => Report::Read(Ok(Some(pod_of(v)?))),

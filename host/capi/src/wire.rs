@@ -28,10 +28,10 @@
 //! | `values` | `request` (object) | the value (`cf_values`) |
 //! | `task_start` | `planner`, `pod`, `options` (object or null) | `{"task": handle, "action": {...}}` |
 //! | `task_next` | `task`, `report` (object) | the next action |
-//! | `task_free` | `task` | `{}` |
-//! | `console_open` | `planner`, `action` (object) | `{"console": handle or null, "report": {...}}` |
-//! | `console_set` | `console`, `action` (object) | the report |
-//! | `console_free` | `console` | `{}` |
+//! | `task_free` | `task` | `{}` (a console op of the task in flight ends `cancelled`) |
+//! | `task_cancel` | `task` | `{}`: the task's console op in flight, and every later one, ends at once with the report `{"cancelled": true}` (`cf_task_cancel`); never waits for the task |
+//! | `console_open` | `task` | the report: the task's own pending `sac_open` carried out (`cf_console_open`; refused when the task does not await one); the console stays in the task until its `sac_close` |
+//! | `console_set` | `task` | the report: the task's own pending `sac_set` on its console (`cf_console_set`) |
 //! | `lease` | `planner`, `mac` | `{"lease": ip or null}` or `{"lease_error": why}`: one look at the planner's lease file (option `lease_file`) |
 //! | `observe` | `record` (object or null), `pod`, `live`, `watched_since_new` | `{"record", "changed", "watched_since_new"}` (and `warning` when the record given was not usable and is replaced): the pod's record after noting what the pod shows (its hibernate history, spec section 2 rule 3) |
 //! | `merge` | `stored` (object or null), `task` (object) | `{"record", "changed"}` (and `warning`): a `remember` action's record kept into the stored one, each side keeping its own parts |
@@ -46,7 +46,7 @@
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -55,7 +55,7 @@ use serde_json::{Map, Value, json};
 
 use fixup_core::memory::PodMemory;
 
-use crate::console::{self, Console};
+use crate::console;
 use crate::ops::{self, Built, CfStatus, ExecStatus, Failure};
 use crate::task::{self, Task};
 
@@ -78,13 +78,15 @@ pub const DRAIN_MAX_SECS: u64 = 120;
 /// time.
 type TaskEntry = Arc<Mutex<(Arc<Built>, Task)>>;
 
-/// The handles of one client: its planners, tasks and consoles.
+/// The handles of one client: its planners and tasks (with the consoles
+/// they open), and each task's cancel flag, kept apart so a cancel never
+/// waits for the task's call in flight.
 #[derive(Debug, Default)]
 pub struct Session {
     next: AtomicU64,
     planners: Mutex<HashMap<u64, Arc<Built>>>,
     tasks: Mutex<HashMap<u64, TaskEntry>>,
-    consoles: Mutex<HashMap<u64, Arc<Mutex<Console>>>>,
+    stops: Mutex<HashMap<u64, Arc<AtomicBool>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -151,6 +153,21 @@ impl Session {
 
     fn fresh(&self) -> u64 {
         self.next.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    fn task(&self, request: &Map<String, Value>) -> Result<TaskEntry, Failure> {
+        let id = handle(request, "task")?;
+        lock(&self.tasks)
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| unknown("task", id))
+    }
+
+    /// Cancel every task's console work: the client is gone.
+    pub fn cancel_all(&self) {
+        for stop in lock(&self.stops).values() {
+            stop.store(true, Ordering::SeqCst);
+        }
     }
 
     fn planner(&self, request: &Map<String, Value>) -> Result<Arc<Built>, Failure> {
@@ -266,6 +283,7 @@ impl Session {
                     task::start(&built, text(request, "pod")?.as_bytes(), options.as_deref())?;
                 let action = document(&action)?;
                 let id = self.fresh();
+                lock(&self.stops).insert(id, task.stop_flag());
                 lock(&self.tasks).insert(id, Arc::new(Mutex::new((built, task))));
                 Ok(json!({"task": id, "action": action}))
             }
@@ -282,35 +300,31 @@ impl Session {
             }
             "task_free" => {
                 let id = handle(request, "task")?;
+                if let Some(stop) = lock(&self.stops).remove(&id) {
+                    stop.store(true, Ordering::SeqCst);
+                }
                 lock(&self.tasks).remove(&id);
                 Ok(json!({}))
             }
-            "console_open" => {
-                let built = self.planner(request)?;
-                let action = required_object_text(request, "action")?;
-                let (console, report) =
-                    console::open(&built, &action, &fixup_sac::Budgets::default())?;
-                let report = document(&report)?;
-                let id = console.map(|console| {
-                    let id = self.fresh();
-                    lock(&self.consoles).insert(id, Arc::new(Mutex::new(console)));
-                    id
-                });
-                Ok(json!({"console": id, "report": report}))
-            }
-            "console_set" => {
-                let id = handle(request, "console")?;
-                let console = lock(&self.consoles)
+            "task_cancel" => {
+                let id = handle(request, "task")?;
+                let stop = lock(&self.stops)
                     .get(&id)
                     .cloned()
-                    .ok_or_else(|| unknown("console", id))?;
-                let action = required_object_text(request, "action")?;
-                document(&console::set(&mut lock(&console), &action)?)
-            }
-            "console_free" => {
-                let id = handle(request, "console")?;
-                lock(&self.consoles).remove(&id);
+                    .ok_or_else(|| unknown("task", id))?;
+                stop.store(true, Ordering::SeqCst);
                 Ok(json!({}))
+            }
+            "console_open" => {
+                let entry = self.task(request)?;
+                let mut entry = lock(&entry);
+                let (built, task) = &mut *entry;
+                document(&console::open(built, task, &fixup_sac::Budgets::default())?)
+            }
+            "console_set" => {
+                let entry = self.task(request)?;
+                let mut entry = lock(&entry);
+                document(&console::set(&mut entry.1)?)
             }
             "lease" => {
                 let built = self.planner(request)?;
@@ -319,7 +333,7 @@ impl Session {
             "observe" => observe(request),
             "merge" => merge(request),
             other => Err(Failure::invalid(format!(
-                "unknown op {other:?}: abi, planner_new, planner_free, plan, decide, attempt, verdict, values, task_start, task_next, task_free, console_open, console_set, console_free, lease, observe, merge"
+                "unknown op {other:?}: abi, planner_new, planner_free, plan, decide, attempt, verdict, values, task_start, task_next, task_free, task_cancel, console_open, console_set, lease, observe, merge"
             ))),
         }
     }
@@ -576,6 +590,8 @@ pub fn serve<R: BufRead, W: Write + Send + 'static>(
             return Err(e);
         }
     }
+    // The client is gone: no console it asked for is worth waiting for.
+    session.cancel_all();
     let left = in_flight.drain(Duration::from_secs(DRAIN_MAX_SECS));
     if left > 0 {
         eprintln!(
@@ -732,9 +748,11 @@ mod tests {
         assert_eq!(kept["ok"]["watched_since_new"], true, "{kept}");
 
         let vm = json!({"id": "vm-b", "hypervisor": "cloud-hypervisor", "state": "running",
-            "config": {"name": name}, "created_at": "2026-11-30T09:12:46Z",
+            "config": {"name": name}, "created_at": "2025-11-30T10:50:00Z",
             "network_configs": [{"mac": "52:54:00:9a:24:d6", "network": {"ip": ""}}]});
-        let after_inspect = |record: &Value| {
+        // The action after the inspect, and after the stack's `events`
+        // when given and asked for.
+        let after_inspect_with = |record: &Value, events: Option<Value>| {
             let options =
                 json!({"memory": {"record": record, "now_unix_ms": 1_764_500_000_000u64}});
             let started = ask(
@@ -753,17 +771,35 @@ mod tests {
             let inspect = next(json!({"now_ms": 0, "go": true}));
             assert_eq!(inspect["action"], "inspect", "{inspect}");
             let mut action = next(json!({"now_ms": 0, "inspected": vm}));
-            // Fire-and-forget actions first (the record's first sight).
-            while matches!(action["action"].as_str(), Some("remember" | "note")) {
-                action = next(json!({"now_ms": 0, "go": true}));
+            let skip = |mut action: Value| {
+                // Fire-and-forget actions first (the record's first sight).
+                while matches!(action["action"].as_str(), Some("remember" | "note")) {
+                    action = next(json!({"now_ms": 0, "go": true}));
+                }
+                action
+            };
+            action = skip(action);
+            if let Some(events) = events
+                && action["action"] == "wake_events"
+            {
+                action = skip(next(json!({"now_ms": 0, "events": events})));
             }
             action["action"].as_str().unwrap_or_default().to_owned()
         };
+        let after_inspect = |record: &Value| after_inspect_with(record, None);
         assert_eq!(after_inspect(&Value::Null), "wake_events");
         // A record the library did not write starts the task on a new one.
         assert_eq!(after_inspect(&json!({"version": 99})), "wake_events");
-        let by_history = after_inspect(&woken["record"]);
-        // Rule 3, no PnP: the IP wait at once, which gives the turn back.
+        // History says "a wake or a recreate": the stack's witness is
+        // asked for first.
+        assert_eq!(after_inspect(&woken["record"]), "wake_events");
+        let woken_event = json!([{"apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "reason": "Woken", "type": "Normal", "reportingController": "vk-cocoon",
+            "regarding": {"kind": "Pod", "uid": "u-1"},
+            "eventTime": "2025-11-30T10:53:20Z"}]);
+        let by_history = after_inspect_with(&woken["record"], Some(woken_event));
+        // Rule 3 witnessed, no PnP: the IP wait at once, which gives the
+        // turn back.
         assert_eq!(by_history, "release");
     }
 

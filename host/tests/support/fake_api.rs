@@ -6,13 +6,15 @@
 //! - `GET /api/v1/namespaces/<ns>/pods/<name>`: the pod (404 for others);
 //! - `PATCH` of the same path: a JSON merge patch of `metadata.annotations`
 //!   with the `metadata.uid` precondition, and the `metadata.resourceVersion`
-//!   one when the patch has it (409 Conflict when either is not the pod's,
-//!   as the real API server answers);
+//!   one when the patch has it, answered as the real API server answers
+//!   (host/tests/realkube.rs): 422 Invalid for another uid (an immutable
+//!   field), 409 Conflict for another version;
 //! - `POST /apis/events.k8s.io/v1/namespaces/<ns>/events`: recorded;
 //! - `GET` of the same path: the recorded events of that namespace (and
 //!   those a test added, [`FakeApi::add_event`]) as an `EventList`, only
-//!   those matching a `fieldSelector` of `regarding.uid=` and
-//!   `regarding.name=` terms when one is given;
+//!   those matching a `fieldSelector` of `regarding.uid=`,
+//!   `regarding.name=`, `reason=`, `type=` and `reportingController=` terms
+//!   when one is given;
 //! - `GET /api/v1/pods` (kube-runtime's watcher, `run`'s listing of the
 //!   node's pods): the list, the pod and the other pods a test added
 //!   ([`FakeApi::add_other_pod`]), and with
@@ -294,14 +296,14 @@ async fn handle(State(shared): State<Shared>, method: Method, uri: Uri, body: By
             }
             let uid = state.pod["metadata"]["uid"].clone();
             if patch["metadata"]["uid"] != uid {
-                state.patches.push((patch.clone(), 409));
+                state.patches.push((patch.clone(), 422));
                 let message = format!(
-                    "Precondition failed: UID in precondition: {}, UID in object meta: {}",
-                    patch["metadata"]["uid"], uid
+                    "Pod {} is invalid: metadata.uid: Invalid value: {}: field is immutable",
+                    state.pod["metadata"]["name"], patch["metadata"]["uid"]
                 );
                 return json_response(
-                    StatusCode::CONFLICT,
-                    &status_body(409, "Conflict", &message),
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    &status_body(422, "Invalid", &message),
                 );
             }
             // A resourceVersion in the patch is a precondition too, as the
@@ -368,6 +370,9 @@ async fn handle(State(shared): State<Shared>, method: Method, uri: Uri, body: By
                         match term.split_once('=') {
                             Some(("regarding.uid", uid)) => e["regarding"]["uid"] == uid,
                             Some(("regarding.name", name)) => e["regarding"]["name"] == name,
+                            Some(("reason", reason)) => e["reason"] == reason,
+                            Some(("type", type_)) => e["type"] == type_,
+                            Some(("reportingController", by)) => e["reportingController"] == by,
                             _ => false,
                         }
                     })

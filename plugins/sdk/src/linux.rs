@@ -1,8 +1,10 @@
 //! Housekeeping every Linux plan starts with (spec section 4, steps 1-2).
 //!
 //! Both steps are typed writes, not shell text: the VM name reaches
-//! `/etc/hostname` byte for byte, so no name can inject a command. The host
-//! has already checked that the name is an RFC 1123 label.
+//! `/etc/hostname` byte for byte, so no name can inject a command. Before
+//! the plan runs, the host checks that a VM name written there is a
+//! hostname (dot-separated RFC 1123 labels, at most 63 bytes in all); a
+//! plan that writes none never has its VM's name refused.
 
 use crate::{GuestPolicy, Phase, Step, VmFacts};
 

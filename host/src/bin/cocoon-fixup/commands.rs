@@ -109,14 +109,7 @@ pub(crate) async fn run_serve(args: &ServeArgs, config: Option<&Path>) -> Result
         tokio::spawn(reloader.run(outcomes, shutdown.clone()));
     }
     tracing::info!(node = %args.node, metrics = %settings.metrics_addr, concurrency = settings.concurrency, "serving");
-    serve::run(
-        client,
-        &args.node,
-        host,
-        settings.concurrency,
-        shutdown.clone(),
-    )
-    .await;
+    serve::run(client, &args.node, host, shutdown.clone()).await;
     shutdown.cancel();
     server.await.context("metrics server task")??;
     Ok(0)
@@ -209,8 +202,10 @@ pub(crate) async fn capture_online(
             Err(e) => warn(&e, "the case has no events in its context"),
         }
         // As the daemon: the stack's own events can make the VM a wake.
-        match pods.list_stack_events(&pod_ref).await {
-            Ok(stack) => events.stack = stack,
+        let selectors =
+            fixup_core::memory::field_selectors(&pod_ref.uid, &settings.host.wake.reporters);
+        match pods.stack_events(&pod_ref, &selectors).await {
+            Ok(stack) => events.stack = stack.events,
             Err(e) => warn(
                 &e,
                 "a hibernate wake is recognised by the pod's annotation only (check `list` on events.k8s.io events)",
@@ -285,9 +280,10 @@ pub(crate) fn run_capture(args: &CaptureArgs, config: Option<&Path>) -> Result<u
         .duration_since(std::time::UNIX_EPOCH)
         .context("the system clock is before 1970")?;
     let at = jiff::Timestamp::from_second(i64::try_from(now.as_secs())?)?.to_string();
-    let wake_window = settings.host.wake.event_window;
+    let wake = &settings.host.wake;
+    let now_unix_ms = i64::try_from(now.as_millis())?;
     if let Some((_, why)) =
-        capture::assumed_boot(&pod, &record, &overrides, &events.stack, wake_window)
+        capture::assumed_boot(&pod, &record, &overrides, &events.stack, wake, now_unix_ms)
             .filter(|_| args.boot.is_none())
     {
         eprintln!("{}", display::terminal_text(&format!("note: boot {why}")));
@@ -299,7 +295,8 @@ pub(crate) fn run_capture(args: &CaptureArgs, config: Option<&Path>) -> Result<u
         events: &events.host,
         events_truncated: events.truncated,
         stack_events: &events.stack,
-        wake_window,
+        wake,
+        now_unix_ms,
         source,
         at,
         by: format!("cocoon-fixup {}", env!("CARGO_PKG_VERSION")),
