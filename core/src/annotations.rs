@@ -364,7 +364,6 @@ pub fn keep_newest(text: String, max: usize) -> String {
 /// The texts of the fixup loop's error chain and events (spec sections 5,
 /// 6 and 9). The daemon and an embedder's loop both take them from here.
 pub mod messages {
-    use std::fmt::Write as _;
     use std::time::Duration;
 
     use crate::classify::Scenario;
@@ -373,41 +372,7 @@ pub mod messages {
     /// `time.Duration` notation as upstream prints it: `45s`, `1m30s`,
     /// `2m0s`, `1h0m0s`, `1.5s`, `500ms`, `0s`.
     pub fn span(d: Duration) -> String {
-        let nanos = d.as_nanos();
-        if nanos == 0 {
-            return "0s".to_owned();
-        }
-        if nanos < 1_000_000_000 {
-            let (unit, scale) = match nanos {
-                ..1_000 => ("ns", 1),
-                1_000..1_000_000 => ("µs", 1_000),
-                _ => ("ms", 1_000_000),
-            };
-            return format!("{}{unit}", decimal(nanos, scale));
-        }
-        let secs = d.as_secs();
-        let mut out = String::new();
-        if secs >= 3600 {
-            let _ = write!(out, "{}h", secs / 3600);
-        }
-        if secs >= 60 {
-            let _ = write!(out, "{}m", secs / 60 % 60);
-        }
-        let rest = u128::from(secs % 60) * 1_000_000_000 + u128::from(d.subsec_nanos());
-        let _ = write!(out, "{}s", decimal(rest, 1_000_000_000));
-        out
-    }
-
-    /// `value / scale` in decimal, without trailing zeros (`scale` a power
-    /// of ten).
-    fn decimal(value: u128, scale: u128) -> String {
-        let (whole, fraction) = (value / scale, value % scale);
-        if fraction == 0 {
-            return whole.to_string();
-        }
-        let width = scale.ilog10() as usize;
-        let digits = format!("{fraction:0width$}");
-        format!("{whole}.{}", digits.trim_end_matches('0'))
+        fixup_sac::go_duration(d)
     }
 
     /// One attempt's line in the error chain and its

@@ -694,27 +694,49 @@ impl VmName {
         let ctx = Ctx::standalone(
             "VM name (the VM record's config.name, which the plan writes to /etc/hostname)",
         );
-        let rule = if name.len() > MAX_HOSTNAME_LEN {
-            Some("is longer than the 63 bytes a hostname may have")
-        } else if !name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.'))
-        {
-            Some("may only hold a-z, 0-9, '-' and '.' as a hostname")
-        } else if name.split('.').any(str::is_empty) {
-            Some("has an empty label (a dot at an end, or two in a row)")
-        } else if name
-            .split('.')
-            .any(|label| label.starts_with('-') || label.ends_with('-'))
-        {
-            Some("has a label that starts or ends with '-'")
-        } else {
-            None
-        };
-        match rule {
+        match hostname_rule(name) {
             Some(rule) => Err(ctx.invalid(name, rule, FIX_HOSTNAME)),
             None => Ok(name),
         }
+    }
+}
+
+/// Check what a plan writes to [`HOSTNAME_PATH`] that is not the VM name
+/// (a vendor plugin's own hostname): the same hostname rule as
+/// [`VmName::hostname`], so no Linux plan writes a hostname the guest
+/// cannot take.
+pub fn check_written_hostname(written: &str) -> Result<(), FactError> {
+    let ctx = Ctx::standalone("the hostname the plan writes to /etc/hostname");
+    match hostname_rule(written) {
+        Some(rule) => Err(ctx.invalid(
+            written,
+            rule,
+            "the plugin that planned it must write the VM name, or a hostname of dot-separated RFC 1123 labels of at most 63 bytes; report it to the plugin's vendor",
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The hostname rule a value breaks, or `None`: dot-separated RFC 1123
+/// labels (`a-z`, `0-9`, `-`, each starting and ending with a letter or
+/// digit) of at most [`MAX_HOSTNAME_LEN`] bytes in all.
+fn hostname_rule(name: &str) -> Option<&'static str> {
+    if name.len() > MAX_HOSTNAME_LEN {
+        Some("is longer than the 63 bytes a hostname may have")
+    } else if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.'))
+    {
+        Some("may only hold a-z, 0-9, '-' and '.' as a hostname")
+    } else if name.split('.').any(str::is_empty) {
+        Some("has an empty label (a dot at an end, or two in a row)")
+    } else if name
+        .split('.')
+        .any(|label| label.starts_with('-') || label.ends_with('-'))
+    {
+        Some("has a label that starts or ends with '-'")
+    } else {
+        None
     }
 }
 
@@ -1977,5 +1999,23 @@ mod tests {
         );
         assert!(!err.contains('\u{1b}'));
         assert_eq!(shown("a\u{1b}"), "\"a\\u{1b}\"");
+    }
+
+    /// What a plan writes to /etc/hostname that is not the VM name must be
+    /// a hostname too, whoever planned it.
+    #[rstest::rstest]
+    #[case::a_label("web-0", true)]
+    #[case::dotted("web-0.local", true)]
+    #[case::upper_case("Web-0", false)]
+    #[case::carriage_return("web-0\r", false)]
+    #[case::underscore("web_0", false)]
+    #[case::too_long(&"a".repeat(64), false)]
+    #[case::empty("", false)]
+    fn a_written_hostname_is_checked(#[case] written: &str, #[case] ok: bool) {
+        let result = check_written_hostname(written);
+        assert_eq!(result.is_ok(), ok, "{written:?}: {result:?}");
+        if let Err(e) = result {
+            assert!(e.to_string().contains("/etc/hostname"), "{e}");
+        }
     }
 }

@@ -246,10 +246,17 @@ func (w *world) list(action map[string]any, key string) ([][]byte, error) {
 		return nil, errors.New(why)
 	}
 	var items []json.RawMessage
-	json.Unmarshal(report[key], &items)
+	raw, truncated := report[key+"_truncated"]
+	if !truncated {
+		raw = report[key]
+	}
+	json.Unmarshal(raw, &items)
 	out := make([][]byte, len(items))
 	for i, item := range items {
 		out[i] = item
+	}
+	if truncated {
+		return out, ErrEventsTruncated
 	}
 	return out, nil
 }

@@ -66,10 +66,18 @@ type NodePodLister interface {
 // HibernateSnapshotExists about the pod, one selector each per accepted
 // reporter (regarding.uid, reason, type and reportingController), so no
 // other event can fill what is read; they then tell a hibernate wake. The
-// selector is passed to the API server as it is.
+// selector is passed to the API server as it is. A lister that reads a
+// bounded number of events returns those it read with an error wrapping
+// ErrEventsTruncated when more matched: the package then knows that the
+// stack's own event may be among those not read.
 type EventLister interface {
 	ListEvents(ctx context.Context, namespace, fieldSelector string) ([][]byte, error)
 }
+
+// ErrEventsTruncated is what an EventLister's ListEvents wraps, beside the
+// events it read, when more events matched the selector than it reads
+// (only a forger makes that many).
+var ErrEventsTruncated = errors.New("more events matched the selector than were read")
 
 // Leases tells the VM's DHCP lease: the address leased to mac now, or ""
 // for none yet. An error says the lease file cannot tell (unreadable, or
@@ -698,14 +706,18 @@ func (r *runner) settled(ctx context.Context, a action) map[string]any {
 			return map[string]any{"events_error": "this program does not list events (its Pods has no ListEvents)"}
 		}
 		var docs [][]byte
+		key := "events"
 		for _, selector := range a.FieldSelectors {
 			listed, err := lister.ListEvents(ctx, a.Namespace, selector)
+			if errors.Is(err, ErrEventsTruncated) {
+				key, err = "events_truncated", nil
+			}
 			if err != nil {
 				return map[string]any{"events_error": err.Error()}
 			}
 			docs = append(docs, listed...)
 		}
-		return map[string]any{"events": raws(docs)}
+		return map[string]any{key: raws(docs)}
 	case "read":
 		doc, err := r.pods.Get(ctx, r.meta.Namespace, r.meta.Name)
 		if err != nil {

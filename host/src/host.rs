@@ -46,10 +46,11 @@ pub struct HostConfig {
     pub sac_deadline: Duration,
     /// Which VM names bind a VM to its pod (spec section 2).
     pub binding: BindingPolicy,
-    /// Pods worked on at once between the lifecycle gate and the end of
-    /// their fixup loop (IP waits do not count): more calls wait their turn
-    /// after the gate, holding their read and little else; a pod the gate
-    /// turns away never waits. Default [`DEFAULT_FIXUPS_IN_FLIGHT`].
+    /// Pods holding a turn at once (the decision's admit to its release:
+    /// the inspect, the plan, the fixup loop; the wake grace, the
+    /// serial-console pass and the IP wait do not count): more calls wait
+    /// their turn after the gate, holding their read and little else; a pod
+    /// the gate turns away never waits. Default [`DEFAULT_FIXUPS_IN_FLIGHT`].
     pub fixups_in_flight: usize,
 }
 

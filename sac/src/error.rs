@@ -49,17 +49,55 @@ impl fmt::Display for Step {
     }
 }
 
-/// A span as people read it: whole seconds as `120s`, else milliseconds.
+/// A span as upstream prints one: Go's `time.Duration` notation (`45s`,
+/// `1m30s`, `2m0s`, `1h0m0s`, `1.5s`, `500ms`, `0s`). The host's messages
+/// all use it (`fixup_core::annotations::messages::span` is this).
 pub(crate) struct Span(pub Duration);
 
 impl fmt::Display for Span {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0.subsec_millis() == 0 {
-            write!(f, "{}s", self.0.as_secs())
-        } else {
-            write!(f, "{}ms", self.0.as_millis())
-        }
+        f.write_str(&go_duration(self.0))
     }
+}
+
+/// `d` in Go's `time.Duration` notation, as upstream prints durations.
+pub fn go_duration(d: Duration) -> String {
+    use std::fmt::Write as _;
+    let nanos = d.as_nanos();
+    if nanos == 0 {
+        return "0s".to_owned();
+    }
+    if nanos < 1_000_000_000 {
+        let (unit, scale) = match nanos {
+            ..1_000 => ("ns", 1),
+            1_000..1_000_000 => ("µs", 1_000),
+            _ => ("ms", 1_000_000),
+        };
+        return format!("{}{unit}", decimal(nanos, scale));
+    }
+    let secs = d.as_secs();
+    let mut out = String::new();
+    if secs >= 3600 {
+        let _ = write!(out, "{}h", secs / 3600);
+    }
+    if secs >= 60 {
+        let _ = write!(out, "{}m", secs / 60 % 60);
+    }
+    let rest = u128::from(secs % 60) * 1_000_000_000 + u128::from(d.subsec_nanos());
+    let _ = write!(out, "{}s", decimal(rest, 1_000_000_000));
+    out
+}
+
+/// `value / scale` in decimal, without trailing zeros (`scale` a power of
+/// ten).
+fn decimal(value: u128, scale: u128) -> String {
+    let (whole, fraction) = (value / scale, value % scale);
+    if fraction == 0 {
+        return whole.to_string();
+    }
+    let width = scale.ilog10() as usize;
+    let digits = format!("{fraction:0width$}");
+    format!("{whole}.{}", digits.trim_end_matches('0'))
 }
 
 /// Why a SAC pass, or one step of it, ended without setting every address.
@@ -193,28 +231,28 @@ mod tests {
     )]
     #[case::deadline_dial(
         SacError::Deadline { step: Step::Dial, total: Duration::from_secs(120) },
-        "sac dial: the pass's total deadline of 120s passed",
-        Some(("PostCloneSACDialFailed", "the pass's total deadline of 120s passed")),
+        "sac dial: the pass's total deadline of 2m0s passed",
+        Some(("PostCloneSACDialFailed", "the pass's total deadline of 2m0s passed")),
     )]
     #[case::deadline_enum(
         SacError::Deadline { step: Step::Enum, total: Duration::from_millis(1500) },
-        "sac enum: the pass's total deadline of 1500ms passed",
-        Some(("PostCloneSACEnumFailed", "sac enum: the pass's total deadline of 1500ms passed")),
+        "sac enum: the pass's total deadline of 1.5s passed",
+        Some(("PostCloneSACEnumFailed", "sac enum: the pass's total deadline of 1.5s passed")),
     )]
     #[case::deadline_set(
         SacError::Deadline { step: Step::Set { net: 7 }, total: Duration::from_secs(120) },
-        "sac set ip net 7: the pass's total deadline of 120s passed",
-        Some(("PostCloneSACSetFailed", "net 7: the pass's total deadline of 120s passed")),
+        "sac set ip net 7: the pass's total deadline of 2m0s passed",
+        Some(("PostCloneSACSetFailed", "net 7: the pass's total deadline of 2m0s passed")),
     )]
     #[case::deadline_verify(
         SacError::Deadline {
             step: Step::Verify { net: 7, ip: Ipv4Addr::new(10, 0, 0, 5) },
             total: Duration::from_secs(120),
         },
-        "sac verify net 7 ip 10.0.0.5: the pass's total deadline of 120s passed",
+        "sac verify net 7 ip 10.0.0.5: the pass's total deadline of 2m0s passed",
         Some((
             "PostCloneSACVerifyFailed",
-            "sac verify net 7 ip 10.0.0.5: the pass's total deadline of 120s passed",
+            "sac verify net 7 ip 10.0.0.5: the pass's total deadline of 2m0s passed",
         )),
     )]
     #[case::invalid(

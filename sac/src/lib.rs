@@ -45,7 +45,7 @@ pub mod transcript;
 
 pub use budget::{Budgets, Deadline, Stop};
 pub use console::{ConsoleSocket, Dial, DialError, Transport};
-pub use error::{SacError, Step, reasons};
+pub use error::{SacError, Step, go_duration, reasons};
 pub use nic::{Nic, StaticNic, prefix_mask};
 pub use pass::{Pass, run_pass};
 pub use session::Session;

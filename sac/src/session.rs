@@ -164,14 +164,14 @@ impl Session {
         }
         let cause = match cause {
             Some(cause) if !out_of_time_at_prompt => format!(
-                "{cause} ({tries} tries in {:?}); check that the VM is running and that Cloud Hypervisor serves its serial console on that socket",
-                budgets.dial_total
+                "{cause} ({tries} tries in {}); check that the VM is running and that Cloud Hypervisor serves its serial console on that socket",
+                crate::go_duration(budgets.dial_total)
             ),
             _ => {
                 format!(
-                    "no `SAC>` prompt from {} within {:?} ({empty_lines} empty lines sent); check that the guest runs Windows with the Special Administration Console enabled on its serial port (EMS)",
+                    "no `SAC>` prompt from {} within {} ({empty_lines} empty lines sent); check that the guest runs Windows with the Special Administration Console enabled on its serial port (EMS)",
                     dial.describe(),
-                    budgets.prompt_total
+                    crate::go_duration(budgets.prompt_total)
                 )
             }
         };
@@ -318,7 +318,7 @@ impl Session {
             let reply = match &outcome {
                 Ok(Some(bytes)) => Reply::Answered { bytes: *bytes },
                 Ok(None) => Reply::NoAnswer {
-                    cause: format!("no `SAC>` within {:?}", until - now),
+                    cause: format!("no `SAC>` within {}", crate::go_duration(until - now)),
                 },
                 Err(Fail::NoAnswer(cause)) => Reply::NoAnswer {
                     cause: cause.clone(),
@@ -441,8 +441,8 @@ impl Session {
             }
         }
         Err(Fail::NoAnswer(format!(
-            "no `SAC>` answer within {:?}",
-            self.budgets.answer
+            "no `SAC>` answer within {}",
+            crate::go_duration(self.budgets.answer)
         )))
     }
 

@@ -104,11 +104,12 @@ impl Default for WakeConfig {
 /// The serial-console pass's total deadline, every NIC included (spec
 /// section 10): 120 s. Upstream's own numbers (connection tries within
 /// 60 s, then 60 s for the prompt; up to 60 listings and 10 set rounds a
-/// NIC, each line waiting up to 5 s) stay inside it. Two minutes is the
-/// dial and the prompt at their worst, and far more than a healthy
-/// console needs for several NICs (a few seconds); a console that answers
-/// each line just in time would otherwise hold the pass for minutes per
-/// NIC. Configured with `--sac-deadline`.
+/// NIC, each line waiting up to 5 s) run inside it, and it cuts them
+/// short: a guest that takes most of both minutes to connect and prompt
+/// has little left to list its NICs. A healthy console needs a few
+/// seconds for several NICs; a console that answers each line just in
+/// time would otherwise hold the pass for minutes per NIC. Raise it with
+/// `--sac-deadline` for guests whose console is slow to come up.
 pub const DEFAULT_SAC_DEADLINE: Duration = Duration::from_secs(120);
 
 /// Everything the decision for one pod reads besides what it observes.

@@ -223,14 +223,17 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Whether a step writes `name` (a newline after it or not) to
-    /// [`HOSTNAME_PATH`](crate::facts::HOSTNAME_PATH): the hostname step
-    /// (spec section 4, step 2), for which the VM name must be a hostname.
-    pub fn writes_hostname(&self, name: &str) -> bool {
-        self.steps.iter().any(|step| {
-            matches!(&step.action, Action::WriteFile(w)
-                if w.path == crate::facts::HOSTNAME_PATH
-                    && w.content.strip_suffix('\n').unwrap_or(&w.content) == name)
+    /// What the plan's steps write to
+    /// [`HOSTNAME_PATH`](crate::facts::HOSTNAME_PATH), one trailing newline
+    /// taken off each: the hostname step (spec section 4, step 2) writes
+    /// the VM name, which must then be a hostname, and anything else
+    /// written there must be one too.
+    pub fn hostnames_written(&self) -> impl Iterator<Item = &str> {
+        self.steps.iter().filter_map(|step| match &step.action {
+            Action::WriteFile(w) if w.path == crate::facts::HOSTNAME_PATH => {
+                Some(w.content.strip_suffix('\n').unwrap_or(&w.content))
+            }
+            _ => None,
         })
     }
 

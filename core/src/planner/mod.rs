@@ -569,12 +569,14 @@ impl Planner {
         }
         // The VM name is checked as a hostname by the step that writes it
         // (spec section 4, step 2): a plan that writes no hostname (the
-        // Windows plan) never refuses a name it does not use.
-        if plans
-            .iter()
-            .any(|plan| plan.writes_hostname(facts.name.as_str()))
-        {
-            facts.name.hostname()?;
+        // Windows plan) never refuses a name it does not use. Whatever
+        // else a plan writes there must be a hostname too.
+        for written in plans.iter().flat_map(Plan::hostnames_written) {
+            if written == facts.name.as_str() {
+                facts.name.hostname()?;
+            } else {
+                crate::facts::check_written_hostname(written)?;
+            }
         }
         let plugins: Vec<&LoadedPlugin> = parts.iter().map(|p| &*p.selection.plugin).collect();
         let rendered = compose_and_render(

@@ -252,9 +252,10 @@ CfStatus cf_task_start(const struct cf_planner *planner,
  *
  * # Safety
  *
- * `planner` is the live planner the task was started with; `task` a live
- * task no other thread is using; `report_json` a NUL-terminated string;
- * `out` valid for one write of a pointer.
+ * `planner` is the live planner the task was started with (another is
+ * refused, `CF_INVALID_ARGUMENT`); `task` a live task no other thread is
+ * using; `report_json` a NUL-terminated string; `out` valid for one write
+ * of a pointer.
  */
 CfStatus cf_task_next(const struct cf_planner *planner,
                       struct CfTask *task,
@@ -290,9 +291,9 @@ void cf_task_free(struct CfTask *task);
  *
  * # Safety
  *
- * `planner` is the live planner the task was started with; `task` a live
- * task no other thread is using (but [`cf_task_cancel`]); `out` valid for
- * one write of a pointer.
+ * `planner` is the live planner the task was started with (another is
+ * refused, `CF_INVALID_ARGUMENT`); `task` a live task no other thread is
+ * using (but [`cf_task_cancel`]); `out` valid for one write of a pointer.
  */
 CfStatus cf_console_open(const struct cf_planner *planner, struct CfTask *task, char **out);
 

@@ -10,7 +10,7 @@
 //! `sac_close`. The answer is the report the task wants, ready to pass to
 //! `cf_task_next` with `now_ms` added.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fixup_sac::{Budgets, ConsoleSocket, Deadline, SacError, Session, Stop};
 use serde_json::json;
@@ -22,6 +22,10 @@ use crate::task::{ConsoleAsk, Task};
 #[derive(Debug)]
 pub struct Console {
     session: Session,
+    /// When the pass's total deadline ends on the library's own clock, as
+    /// the open computed it: an embedder whose clock stands still never
+    /// gives a later step more.
+    ends: Instant,
 }
 
 /// A console error as the task op's reports spell it.
@@ -61,6 +65,7 @@ pub fn open(built: &Built, task: &mut Task, budgets: &Budgets) -> Result<String,
     task.console = None;
     let stop = Stop::flag(task.stop_flag());
     let deadline = deadline(task, until, total);
+    let ends = Instant::now() + until.saturating_sub(task.now);
     let opened =
         ConsoleSocket::new(built.planner.cocoon_root(), vm.as_str()).and_then(|mut dial| {
             let mut session = Session::open_until(&mut dial, budgets, stop, Some(deadline))?;
@@ -69,7 +74,7 @@ pub fn open(built: &Built, task: &mut Task, budgets: &Budgets) -> Result<String,
         });
     Ok(match opened {
         Ok((nets, session)) => {
-            task.console = Some(Console { session });
+            task.console = Some(Console { session, ends });
             json!({"sac_opened": nets}).to_string()
         }
         Err(SacError::Stopped) => json!({"cancelled": true}).to_string(),
@@ -90,12 +95,15 @@ pub fn set(task: &mut Task) -> Result<String, Failure> {
     else {
         return Err(not_awaited(task, "sac_set"));
     };
-    let deadline = deadline(task, until, total);
+    let left = until.saturating_sub(task.now);
     let Some(console) = task.console.as_mut() else {
         return Err(Failure::invalid("the task has no open console"));
     };
     task.pending = None;
-    console.session.set_deadline(Some(deadline));
+    let left = left.min(console.ends.saturating_duration_since(Instant::now()));
+    console
+        .session
+        .set_deadline(Some(Deadline::after(left, total)));
     Ok(match console.session.set_static(net, &nic) {
         Ok(()) => json!({"sac_set": true}).to_string(),
         Err(SacError::Stopped) => json!({"cancelled": true}).to_string(),

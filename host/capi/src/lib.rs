@@ -271,6 +271,34 @@ pub struct CfTask {
     /// The task's cancel flag ([`cf_task_cancel`]), apart from `task` so
     /// another thread may set it while a console op holds the task.
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The address of the planner the task was started with: every later
+    /// call must name the same one, so that a console is never opened
+    /// below another planner's cocoon root.
+    planner: usize,
+}
+
+/// The task behind `task`, when `planner` is the one it was started with.
+///
+/// # Safety
+///
+/// `task` is null or a live task; `planner` a live planner.
+unsafe fn task_of<'a>(
+    planner: *const CfPlanner,
+    task: *mut CfTask,
+) -> Result<(&'a ops::Built, &'a mut task::Task), ops::Failure> {
+    if task.is_null() {
+        return Err(ops::Failure::invalid("task is null"));
+    }
+    // SAFETY: the caller promises a live planner and a live task used by
+    // no other call but `cf_task_cancel`, which touches only the task's
+    // `stop` field, never borrowed here.
+    let (built, task) = unsafe { (planner_ref(planner)?, &mut *task) };
+    if task.planner != planner as usize {
+        return Err(ops::Failure::invalid(
+            "the task was started with another planner: pass the planner cf_task_start was given",
+        ));
+    }
+    Ok((built, &mut task.task))
 }
 
 /// Start the decision for one pod: the library decides every step the
@@ -333,6 +361,7 @@ pub unsafe extern "C" fn cf_task_start(
         made = Some(Box::new(CfTask {
             task: started,
             stop,
+            planner: planner as usize,
         }));
         Ok(action)
     };
@@ -351,9 +380,10 @@ pub unsafe extern "C" fn cf_task_start(
 ///
 /// # Safety
 ///
-/// `planner` is the live planner the task was started with; `task` a live
-/// task no other thread is using; `report_json` a NUL-terminated string;
-/// `out` valid for one write of a pointer.
+/// `planner` is the live planner the task was started with (another is
+/// refused, `CF_INVALID_ARGUMENT`); `task` a live task no other thread is
+/// using; `report_json` a NUL-terminated string; `out` valid for one write
+/// of a pointer.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cf_task_next(
     planner: *const CfPlanner,
@@ -362,15 +392,11 @@ pub unsafe extern "C" fn cf_task_next(
     out: *mut *mut c_char,
 ) -> CfStatus {
     let call = || {
-        if task.is_null() {
-            return Err(ops::Failure::invalid("task is null"));
-        }
         // SAFETY: the caller promises a live planner, a live task used by
         // no other thread, and a NUL-terminated string.
-        let (built, task, report) = unsafe {
+        let ((built, task), report) = unsafe {
             (
-                planner_ref(planner)?,
-                &mut (*task).task,
+                task_of(planner, task)?,
                 required_text("report_json", report_json)?,
             )
         };
@@ -415,9 +441,9 @@ pub unsafe extern "C" fn cf_task_free(task: *mut CfTask) {
 ///
 /// # Safety
 ///
-/// `planner` is the live planner the task was started with; `task` a live
-/// task no other thread is using (but [`cf_task_cancel`]); `out` valid for
-/// one write of a pointer.
+/// `planner` is the live planner the task was started with (another is
+/// refused, `CF_INVALID_ARGUMENT`); `task` a live task no other thread is
+/// using (but [`cf_task_cancel`]); `out` valid for one write of a pointer.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cf_console_open(
     planner: *const CfPlanner,
@@ -425,13 +451,9 @@ pub unsafe extern "C" fn cf_console_open(
     out: *mut *mut c_char,
 ) -> CfStatus {
     let call = || {
-        if task.is_null() {
-            return Err(ops::Failure::invalid("task is null"));
-        }
         // SAFETY: the caller promises a live planner and a live task used
-        // by no other call but `cf_task_cancel`, which touches only the
-        // task's `stop` field, never borrowed here.
-        let (built, task) = unsafe { (planner_ref(planner)?, &mut (*task).task) };
+        // by no other call but `cf_task_cancel`.
+        let (built, task) = unsafe { task_of(planner, task)? };
         console::open(built, task, &fixup_sac::Budgets::default())
     };
     // SAFETY: `out` is passed through from the caller's promise.
@@ -802,6 +824,53 @@ mod tests {
             )
         };
         (status, take(out))
+    }
+
+    /// A task answers only to the planner it was started with: another
+    /// planner (another cocoon root) is refused, for the next step and for
+    /// the console alike.
+    #[test]
+    fn a_task_refuses_another_planner() {
+        let (mine, other) = (planner(), planner());
+        let pod = c(
+            r#"{"metadata": {"name": "web-0", "namespace": "default", "uid": "u-1", "resourceVersion": "1", "annotations": {"cocoonset.cocoonstack.io/managed": "true", "vm.cocoonstack.io/id": "vm-1"}}}"#,
+        );
+        let (mut task, mut out) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: a live planner, a pod of its length, out-pointers.
+        let status = unsafe {
+            cf_task_start(
+                mine,
+                pod.as_ptr().cast(),
+                pod.as_bytes().len(),
+                std::ptr::null(),
+                &mut task,
+                &mut out,
+            )
+        };
+        let first = take(out);
+        assert_eq!(status, CfStatus::CfOk, "{first}");
+        let report = c(r#"{"now_ms": 0, "go": true}"#);
+        // SAFETY: live planners and task, a valid string, out-pointers.
+        let status = unsafe { cf_task_next(other, task, report.as_ptr(), &mut out) };
+        let refused = take(out);
+        assert_eq!(status, CfStatus::CfInvalidArgument, "{refused}");
+        assert!(refused.contains("another planner"), "{refused}");
+        // SAFETY: as above.
+        let status = unsafe { cf_console_open(other, task, &mut out) };
+        let refused = take(out);
+        assert_eq!(status, CfStatus::CfInvalidArgument, "{refused}");
+        assert!(refused.contains("another planner"), "{refused}");
+        // The task's own planner still drives it.
+        // SAFETY: as above.
+        let status = unsafe { cf_task_next(mine, task, report.as_ptr(), &mut out) };
+        let next = take(out);
+        assert_eq!(status, CfStatus::CfOk, "{next}");
+        // SAFETY: each freed once.
+        unsafe {
+            cf_task_free(task);
+            cf_planner_free(mine);
+            cf_planner_free(other);
+        }
     }
 
     /// A panic inside a call is caught and answered, never unwound into C.
