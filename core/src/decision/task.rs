@@ -99,6 +99,10 @@ pub struct PodTask {
     /// Listing the stack's events failed once already in this task (the
     /// warning is noted once).
     events_failed: bool,
+    /// The task holds a turn among the pods worked on at once: an `Admit`
+    /// was handed out and no `Release` since. A turn is given back once,
+    /// however many waits follow ([`release`](Self::release)).
+    holds_turn: bool,
 }
 
 /// The host's record of the pod, and the wall clock at the task's start.
@@ -503,8 +507,6 @@ struct Recognising {
     truncated: bool,
     /// The grace's end on the task's clock.
     until: Duration,
-    /// The turn was given back for the grace (taken again after it).
-    released: bool,
 }
 
 /// The serial-console pass (spec section 10).
@@ -747,6 +749,7 @@ impl PodTask {
             wall_start: None,
             deferred: None,
             events_failed: false,
+            holds_turn: false,
         };
         task.wake = task
             .seen
@@ -769,6 +772,7 @@ impl PodTask {
                 Ok(_) => Action::Admit,
             }
         };
+        task.holds_turn = matches!(first, Action::Admit);
         task.awaiting = Awaiting::of(&first);
         (task, first)
     }
@@ -797,6 +801,8 @@ impl PodTask {
         task.summary.action = Handled::Fixup;
         task.summary.scenario = Some(scenario);
         task.fixup_only = true;
+        // The caller holds no turn of the task's: it never handed one out.
+        task.holds_turn = false;
         task.stage =
             Stage::BeforeRunning(Fixup::new(vm, scenario, None, plan, exec, script, ready_ip));
         task.awaiting = Awaiting::GoOrCancelled;
@@ -859,6 +865,14 @@ impl PodTask {
     /// last action (the task is then unchanged).
     pub fn try_next(&mut self, report: Report, now: Duration) -> Result<Action, WrongReport> {
         self.take_turn(report, now)
+    }
+
+    /// Give the turn back, when the task holds one (once: a pass, a grace
+    /// and a wait in a row release it once).
+    fn release(&mut self) {
+        if std::mem::replace(&mut self.holds_turn, false) {
+            self.queue.push_back(Action::Release);
+        }
     }
 
     fn tell(&mut self, event: Event) {
@@ -1258,7 +1272,6 @@ impl PodTask {
             listed: false,
             truncated: false,
             until,
-            released: false,
         }));
         self.wake_events()
     }
@@ -1323,9 +1336,7 @@ impl PodTask {
             let until = (self.now + wake.poll).min(wait.until);
             // The grace does not hold a turn among the pods worked on at
             // once.
-            if !std::mem::replace(&mut wait.released, true) {
-                self.queue.push_back(Action::Release);
-            }
+            self.release();
             self.stage = Stage::RecognisingSleep(Box::new(wait));
             return Action::Sleep { until };
         }
@@ -1371,8 +1382,9 @@ impl PodTask {
     /// The events gave the verdict: take the turn again when the grace gave
     /// it back, then go on.
     fn after_grace(&mut self, wait: Recognising, by: Evidence) -> Action {
-        if wait.released {
+        if !self.holds_turn {
             self.stage = Stage::Readmitting(Box::new((wait.record, wait.vm, by)));
+            self.holds_turn = true;
             return Action::Admit;
         }
         self.recognised(wait.record, wait.vm, by)
@@ -1457,7 +1469,7 @@ impl PodTask {
                     }
                 }
                 // An IP wait may take minutes: it does not hold a turn.
-                self.queue.push_back(Action::Release);
+                self.release();
                 // The DHCP safety net: a Linux clone that needed no fixup
                 // (not a lifted hibernate's VM, which was no clone).
                 if decision.dhcp_recovery(obs.os) && !self.lifted {
@@ -1930,7 +1942,7 @@ impl PodTask {
     /// write hold none). Then: is the pod still ours?
     fn sac_start(&mut self, mut pass: SacPass) -> Action {
         pass.until = self.now + self.settings.sac_deadline;
-        self.queue.push_back(Action::Release);
+        self.release();
         self.stage = Stage::SacCheck(Box::new(pass));
         Action::Read
     }
@@ -2030,19 +2042,8 @@ impl PodTask {
         self.note(Note::Sac(end));
         self.summary.sac = Some(end);
         match then {
-            AfterSac::Succeeded(fixup) => {
-                // The turn was given back when the pass started: the
-                // release before the IP wait is not handed out twice.
-                let queued = self.queue.len();
-                let next = self.succeeded(fixup, None);
-                if let Some(at) =
-                    (queued..self.queue.len()).find(|&at| matches!(self.queue[at], Action::Release))
-                {
-                    self.queue.remove(at);
-                }
-                next
-            }
             // The turn was given back when the pass started.
+            AfterSac::Succeeded(fixup) => self.succeeded(fixup, None),
             AfterSac::Wait(wait) => self.wait(wait),
         }
     }
@@ -2330,7 +2331,7 @@ impl PodTask {
             return self.finish();
         };
         // An IP wait may take minutes: it does not hold a turn.
-        self.queue.push_back(Action::Release);
+        self.release();
         let wait = Box::new(Wait {
             facts,
             recovery: None,
