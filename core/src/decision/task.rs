@@ -96,9 +96,10 @@ pub struct PodTask {
     /// host's record may change ([`lifecycle::provisional`]): the pod is
     /// left alone by it, quietly, unless they do.
     deferred: Option<Row>,
-    /// Listing the stack's events failed once already in this task (the
-    /// warning is noted once).
-    events_failed: bool,
+    /// A warning about the stack's events (they cannot be listed, or the
+    /// host gave no wall clock to judge them by) was noted in this task:
+    /// the grace lists them every second, and one warning is enough.
+    events_warned: bool,
     /// The task holds a turn among the pods worked on at once: an `Admit`
     /// was handed out and no `Release` since. A turn is given back once,
     /// however many waits follow ([`release`](Self::release)).
@@ -748,7 +749,7 @@ impl PodTask {
             lifted: false,
             wall_start: None,
             deferred: None,
-            events_failed: false,
+            events_warned: false,
             holds_turn: false,
         };
         task.wake = task
@@ -1315,7 +1316,7 @@ impl PodTask {
                 }
                 if witness.now_unix_ms.is_none()
                     && !listed.events.is_empty()
-                    && !std::mem::replace(&mut self.events_failed, true)
+                    && !std::mem::replace(&mut self.events_warned, true)
                 {
                     self.note(Note::Warn(
                         "the host gave the decision no wall clock: no event of the stack can count as evidence of a wake".to_owned(),
@@ -1323,7 +1324,7 @@ impl PodTask {
                 }
             }
             Err(e) => {
-                if !std::mem::replace(&mut self.events_failed, true) {
+                if !std::mem::replace(&mut self.events_warned, true) {
                     self.note(Note::Warn(format!(
                         "cannot list the pod's events to recognise a hibernate wake: {}; the VM is taken for a wake only by the pod's annotation or, for a pod with work, by the host's history (check `list` on events.k8s.io events in the host's RBAC)",
                         one_line(&e)
