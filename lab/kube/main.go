@@ -105,6 +105,8 @@ func main() {
 	watchStdin := flag.Bool("watch-stdin", true, "exit when standard input reaches EOF")
 	verbose := flag.Int("v", 0, "kube-apiserver log verbosity")
 	removeDir := flag.Bool("remove-dir-on-exit", false, "remove --dir (and so etcd's data) when stopping: for a test's throw-away cluster")
+	port := flag.Int("port", 0, "the API server's port on 127.0.0.1 (default: a free one); start again on the same port and --dir to restart the same cluster")
+	auditLog := flag.String("audit-log", "", "write kube-apiserver's audit log here (JSON lines): who sent each request, and the body of every write to pods and events")
 	flag.Var(&nodes, "node", "a node name to write daemon-<node>.kubeconfig for (repeat, or comma-separated)")
 	flag.Parse()
 	if *dir == "" {
@@ -114,7 +116,10 @@ func main() {
 	if *etcdDir == "" {
 		*etcdDir = filepath.Join(*dir, "etcd")
 	}
-	err := run(*dir, *etcdDir, nodes, *watchStdin, *verbose, *removeDir)
+	err := run(labOptions{
+		dir: *dir, etcdDir: *etcdDir, nodes: nodes, watchStdin: *watchStdin,
+		verbose: *verbose, removeDirOnExit: *removeDir, port: *port, auditLog: *auditLog,
+	})
 	if *removeDir {
 		_ = os.RemoveAll(*dir)
 	}
@@ -124,7 +129,19 @@ func main() {
 	}
 }
 
-func run(dir, etcdDir string, nodes []string, watchStdin bool, verbose int, removeDirOnExit bool) error {
+// labOptions are the command line's.
+type labOptions struct {
+	dir, etcdDir    string
+	nodes           []string
+	watchStdin      bool
+	verbose         int
+	removeDirOnExit bool
+	port            int
+	auditLog        string
+}
+
+func run(o labOptions) error {
+	dir, etcdDir, nodes, watchStdin, verbose, removeDirOnExit := o.dir, o.etcdDir, o.nodes, o.watchStdin, o.verbose, o.removeDirOnExit
 	start := time.Now()
 	for _, n := range nodes {
 		if strings.ContainsAny(n, ":/ ") {
@@ -161,16 +178,31 @@ func run(dir, etcdDir string, nodes []string, watchStdin bool, verbose int, remo
 	}
 	defer etcd.Close()
 
-	listener, err := net.Listen("tcp", "127.0.0.1:0")
+	listener, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(o.port)))
 	if err != nil {
 		return err
 	}
 	port := listener.Addr().(*net.TCPAddr).Port
 	serverURL := "https://127.0.0.1:" + strconv.Itoa(port)
 
+	var audit []string
+	if o.auditLog != "" {
+		policy := filepath.Join(dir, "audit-policy.yaml")
+		if err := os.WriteFile(policy, []byte(auditPolicy), 0o644); err != nil {
+			return err
+		}
+		audit = []string{
+			"--audit-policy-file=" + policy,
+			"--audit-log-path=" + o.auditLog,
+			"--audit-log-format=json",
+			"--audit-log-mode=blocking",
+			"--audit-log-maxsize=0",
+		}
+	}
+
 	apiErr := make(chan error, 1)
 	go func() {
-		apiErr <- runAPIServer(ctx, listener, port, etcdURL, pki, verbose)
+		apiErr <- runAPIServer(ctx, listener, port, etcdURL, pki, verbose, audit)
 	}()
 
 	adminKey, adminCert, err := pki.client(adminUser, "system:masters")
@@ -332,7 +364,24 @@ func startEtcd(dir string) (*embed.Etcd, string, error) {
 
 // runAPIServer is cmd/kube-apiserver's NewAPIServerCommand without cobra and
 // its signal context: the same options, flags, Complete, Validate and Run.
-func runAPIServer(ctx context.Context, listener net.Listener, port int, etcdURL string, pki *pki, verbose int) error {
+// auditPolicy: every request once, when its answer is sent (who, what,
+// the status), and with the request's body for writes to pods and events,
+// so a test can tell which identity wrote what.
+const auditPolicy = `apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived", "ResponseStarted"]
+rules:
+- level: Request
+  verbs: ["create", "update", "patch", "delete"]
+  resources:
+  - group: ""
+    resources: ["pods"]
+  - group: "events.k8s.io"
+    resources: ["events"]
+- level: Metadata
+`
+
+func runAPIServer(ctx context.Context, listener net.Listener, port int, etcdURL string, pki *pki, verbose int, extra []string) error {
 	s := options.NewServerRunOptions()
 	fs := pflag.NewFlagSet("kube-apiserver", pflag.ContinueOnError)
 	for _, f := range s.Flags().FlagSets {
@@ -358,6 +407,7 @@ func runAPIServer(ctx context.Context, listener net.Listener, port int, etcdURL 
 		"--service-cluster-ip-range=10.96.0.0/24",
 		"--profiling=false",
 	}
+	args = append(args, extra...)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

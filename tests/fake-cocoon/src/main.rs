@@ -40,8 +40,9 @@
 //!   `{"program": argv[0], "argv": [arguments after argv[0]]}`, plus
 //!   `"exec_index"` for an exec.
 //! - `exec`: entry `i` plays the `i`-th exec call (from 0); the last entry
-//!   repeats. An entry first writes `stdout` and `stderr` (verbatim), then
-//!   does the first that applies of:
+//!   repeats. An entry first sleeps `sleep_ms` (a guest that takes its
+//!   time), writes `stdout` and `stderr` (verbatim), then does the first
+//!   that applies of:
 //!   - `"hang": true`: sleep forever. With `"pid_file"`, first start a
 //!     `sleep 1000` child (same process group and stdio) and write its pid
 //!     there (atomically), so a test can check that a timeout killed the
@@ -62,6 +63,12 @@
 //!   to stdout, then `stderr`, then exits with `exit` (default 0).
 //!   `"hang": true` sleeps forever instead. Without `inspect`, the call
 //!   fails like an unknown VM: `Error: vm <id> not found`, exit 1.
+//! - `vms`: per-VM answers, `{"<id>": {"exec": [...], "inspect": {...}}}`,
+//!   for a scenario with many VMs (a node's worth of pods). A VM listed
+//!   here is answered from its own entry only (a field it lacks is
+//!   absent, not the top level's), and its exec count is kept in
+//!   `<state_file>.<id>`, so VMs do not share a sequence; a VM not listed
+//!   is answered from the top level.
 
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
@@ -95,6 +102,14 @@ fn main() {
     let program = args.first().cloned().unwrap_or_default();
     let scenario = load_scenario(&program).unwrap_or_else(|e| fail(&e));
     let rest: Vec<&str> = args.iter().skip(1).map(String::as_str).collect();
+    let scenario = match rest.as_slice() {
+        ["vm", "exec", id, ..] => for_vm(scenario, id),
+        ["vm", "inspect", flags @ ..] => match flags.iter().find(|a| !a.starts_with('-')) {
+            Some(id) => for_vm(scenario, id),
+            None => scenario,
+        },
+        _ => scenario,
+    };
     match rest.as_slice() {
         ["vm", "exec", id, "--", argv @ ..] if !argv.is_empty() => {
             exec(&scenario, &program, &rest, id, argv)
@@ -126,6 +141,23 @@ fn load_scenario(program: &str) -> Result<Value, String> {
     serde_json::from_str(&text).map_err(|e| format!("fake-cocoon: scenario {path}: {e}"))
 }
 
+/// The scenario as VM `id` sees it: its own entry in `vms`, with the
+/// top level's `log` and its own exec counter, or the whole scenario.
+fn for_vm(scenario: Value, id: &str) -> Value {
+    let Some(own) = scenario["vms"].get(id) else {
+        return scenario;
+    };
+    let mut view = json!({
+        "exec": own["exec"].clone(),
+        "inspect": own["inspect"].clone(),
+        "log": scenario["log"].clone(),
+    });
+    if let Some(state) = scenario["state_file"].as_str() {
+        view["state_file"] = json!(format!("{state}.{id}"));
+    }
+    view
+}
+
 fn exec(scenario: &Value, program: &str, rest: &[&str], id: &str, argv: &[&str]) -> ! {
     let entries = scenario["exec"].as_array().cloned().unwrap_or_default();
     let Some(last) = entries.len().checked_sub(1) else {
@@ -135,6 +167,9 @@ fn exec(scenario: &Value, program: &str, rest: &[&str], id: &str, argv: &[&str])
     let index = next_exec_index(scenario);
     log(scenario, program, rest, Some(index));
     let entry = &entries[index.min(last)];
+    if let Some(ms) = entry["sleep_ms"].as_u64() {
+        thread::sleep(Duration::from_millis(ms));
+    }
     write_outputs(entry);
 
     if entry["hang"] == true {
