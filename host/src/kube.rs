@@ -819,6 +819,22 @@ pub fn pod_input(meta: ObjectMeta) -> Result<PodInput, PodError> {
     })
 }
 
+/// Whether a 403's message is the authorizer's (RBAC, the Node
+/// authorizer: `User "…" cannot get resource "pods" …`), not an admission
+/// plugin's. The authorizer's answer is about the daemon's identity, not
+/// the pod, and it is not always final: an API server that has just
+/// started answers so until its authorizer has loaded the bindings (about
+/// a second, seen against the real one in host/tests/realkube_nodes.rs),
+/// and an operator may fix the binding. So it is tried again, within the
+/// request and then with the daemon's backoff, where an admission
+/// plugin's refusal of the same request would only be refused again.
+fn authorizer_refusal(message: &str) -> bool {
+    message.contains(" cannot ") && message.contains(" resource \"")
+}
+
+/// Said after an authorizer's 403, which is tried again.
+const AUTHORIZER_HINT: &str = "; tried again: an API server that has just started refuses so until its authorizer has loaded, else grant the identity what deploy/rbac.yaml grants";
+
 /// The next action for a failure that retrying does not fix.
 fn permanent_hint(code: u16) -> &'static str {
     match code {
@@ -859,6 +875,7 @@ impl Failure {
                     404 => FailureKind::NotFound,
                     409 => FailureKind::Conflict,
                     429 | 500..=599 => FailureKind::Transient,
+                    403 if authorizer_refusal(&status.message) => FailureKind::Transient,
                     _ => FailureKind::Permanent,
                 };
                 let retry_after = status
@@ -871,6 +888,9 @@ impl Failure {
                 if !status.message.is_empty() {
                     detail.push_str(": ");
                     detail.push_str(&status.message);
+                }
+                if code == 403 && kind == FailureKind::Transient {
+                    detail.push_str(AUTHORIZER_HINT);
                 }
                 Failure {
                     kind,

@@ -508,6 +508,39 @@ async fn patch_forbidden_is_not_retried() {
     assert!(reason.contains("grant the service account"), "{reason}");
 }
 
+/// The authorizer's 403 (RBAC's wording, `User "…" cannot patch resource
+/// "pods"`) is about the identity, and an API server that has just
+/// started answers so until its authorizer has loaded: tried again.
+#[tokio::test(start_paused = true)]
+async fn patch_refused_by_the_authorizer_is_tried_again() {
+    let rbac = "pods \"name\" is forbidden: User \"cocoon-fixup:n1\" cannot patch resource \"pods\" in API group \"\" in the namespace \"ns\"";
+    let result = Scenario::new(
+        "patch 403 (authorizer), then 200",
+        vec![
+            patch_pod().respond(403, status(403, "Forbidden", rbac)),
+            patch_pod().respond(200, patched_pod()),
+        ],
+    )
+    .run(|api| async move { api.patch_annotations(&pod_ref(), &patch()).await })
+    .await;
+    assert_eq!(result, Ok(()));
+    // Refused every time: the error says why and what to do, and the
+    // daemon's backoff tries the pod again later (retryable).
+    let result = Scenario::new(
+        "patch 403 (authorizer) five times",
+        (0..5)
+            .map(|_| patch_pod().respond(403, status(403, "Forbidden", rbac)))
+            .collect(),
+    )
+    .run(|api| async move { api.patch_annotations(&pod_ref(), &patch()).await })
+    .await;
+    let Err(PodError::Api { reason, .. }) = result else {
+        panic!("expected an API error, got {result:?}");
+    };
+    assert!(reason.contains("cannot patch resource"), "{reason}");
+    assert!(reason.contains("deploy/rbac.yaml"), "{reason}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn patch_without_a_uid_sends_nothing() {
     let result = Scenario::new("patch without uid", vec![])
