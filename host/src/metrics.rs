@@ -1,10 +1,13 @@
 //! Prometheus metrics (spec section 9): fixups by scenario and result,
 //! attempts per fixup, IP wait results, resumed work by op, plugin
-//! execution time and fuel, plugin traps.
+//! execution time and fuel, plugin traps, the pod watch's errors and
+//! whether it is synced.
 
+use kube::runtime::watcher;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -70,11 +73,60 @@ pub struct Metrics {
     retries: Family<KindLabels, Counter>,
     record_errors: Family<OpLabels, Counter>,
     plugin_load_failures: Counter,
+    watch_errors: Family<KindLabels, Counter>,
+    watch_synced: Gauge,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
     kind: String,
+}
+
+/// The `kind`s of `cocoon_fixup_watch_errors_total`, a closed set, each
+/// exported from the start at 0 (so `increase()` sees the first error):
+///
+/// - `unauthorized`: the API server refused the credential (401), or the
+///   client could not get one (a token file it cannot read, a failing
+///   exec plugin);
+/// - `forbidden`: RBAC refused `list` or `watch` on pods (403);
+/// - `gone`: the watch's resource version expired (410); kube-runtime lists
+///   the node's pods again. Now and then this is ordinary.
+/// - `api`: another error status from the API server (5xx, 429, ...);
+/// - `unreachable`: no answer: connection, TLS or transport failure;
+/// - `other`: an answer that could not be read, a listing without a
+///   resource version.
+pub const WATCH_ERROR_KINDS: [&str; 6] = [
+    "unauthorized",
+    "forbidden",
+    "gone",
+    "api",
+    "unreachable",
+    "other",
+];
+
+/// The [`WATCH_ERROR_KINDS`] entry of a pod watch error.
+fn watch_error_kind(error: &watcher::Error) -> &'static str {
+    let status_kind = |code: u16| match code {
+        401 => "unauthorized",
+        403 => "forbidden",
+        410 => "gone",
+        _ => "api",
+    };
+    let client = match error {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => e,
+        watcher::Error::WatchError(status) => return status_kind(status.code),
+        watcher::Error::NoResourceVersion => return "other",
+    };
+    match client {
+        kube::Error::Api(status) => status_kind(status.code),
+        kube::Error::Auth(_) => "unauthorized",
+        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => {
+            "unreachable"
+        }
+        _ => "other",
+    }
 }
 
 impl Default for Metrics {
@@ -194,6 +246,23 @@ impl Metrics {
             "Plugin files that could not be loaded at start",
             plugin_load_failures.clone(),
         );
+        let watch_errors = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "watch_errors",
+            "Errors of the watch of the node's pods, each retried after kube-runtime's default backoff (0.8 s doubling to 30 s, plus up to as much again of jitter), by kind: unauthorized (401, or no credential), forbidden (403), gone (410: the watch lists again), api (another API error), unreachable (no answer), other",
+            watch_errors.clone(),
+        );
+        for kind in WATCH_ERROR_KINDS {
+            drop(watch_errors.get_or_create(&KindLabels {
+                kind: kind.to_owned(),
+            }));
+        }
+        let watch_synced = Gauge::default();
+        registry.register(
+            "watch_synced",
+            "1 while the watch of the node's pods has a complete listing and is streaming; 0 from the start until the first listing is complete, while the pods are listed again, and after a watch error until the watch has listed again, delivered an event, or gone 2 minutes without another error",
+            watch_synced.clone(),
+        );
         Metrics {
             registry,
             vm_mismatches,
@@ -201,6 +270,8 @@ impl Metrics {
             retries,
             record_errors,
             plugin_load_failures,
+            watch_errors,
+            watch_synced,
             fixups,
             attempts,
             ip_waits,
@@ -329,6 +400,21 @@ impl Metrics {
     /// Plugin files that failed to load at start.
     pub fn plugin_load_failures(&self, count: usize) {
         self.plugin_load_failures.inc_by(count as u64);
+    }
+
+    /// Count an error of the pod watch, by its [`WATCH_ERROR_KINDS`] kind.
+    pub fn watch_error(&self, error: &watcher::Error) {
+        self.watch_errors
+            .get_or_create(&KindLabels {
+                kind: watch_error_kind(error).to_owned(),
+            })
+            .inc();
+    }
+
+    /// Whether the pod watch has a complete listing and is streaming
+    /// (`serve` decides; see `serve::WatchHealth`).
+    pub fn watch_synced(&self, synced: bool) {
+        self.watch_synced.set(i64::from(synced));
     }
 
     /// Record the plugin calls of a plan.

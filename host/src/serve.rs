@@ -372,6 +372,7 @@ pub async fn run<C: Cocoon, P: PodApi>(
     // Metadata only: annotations, uid and deletion are all the host reads,
     // so the API server sends neither spec nor status.
     let mut stream = watcher(api, config).default_backoff().boxed();
+    let mut health = WatchHealth::new(host.metrics_handle());
     // The node's pods as the watch sees them, when the host answers the
     // check of an annotated VM name from them: kept before work is offered,
     // so a task sees the event that started it.
@@ -406,8 +407,13 @@ pub async fn run<C: Cocoon, P: PodApi>(
     let mut listed = BTreeSet::new();
     let mut listed_from = SystemTime::now();
     loop {
+        let quiet_at = health.failing_until;
         let event = tokio::select! {
             e = stream.next() => e,
+            () = sleep_until_some(quiet_at) => {
+                health.quiet();
+                continue;
+            }
             () = shutdown.cancelled() => break,
         };
         match event {
@@ -428,6 +434,7 @@ pub async fn run<C: Cocoon, P: PodApi>(
                 }
             }
             Some(Ok(watcher::Event::Apply(pod))) => {
+                health.delivered();
                 if let Some(pod) = to_input(pod) {
                     if let Some(kept) = &kept {
                         kept.changed(&pod);
@@ -437,6 +444,7 @@ pub async fn run<C: Cocoon, P: PodApi>(
                 }
             }
             Some(Ok(watcher::Event::InitDone)) => {
+                health.listing_done();
                 if let Some(kept) = &kept {
                     kept.listing_done();
                 }
@@ -449,6 +457,7 @@ pub async fn run<C: Cocoon, P: PodApi>(
                 started = true;
             }
             Some(Ok(watcher::Event::Delete(pod))) => {
+                health.delivered();
                 if let Some(uid) = pod.metadata.uid.as_deref() {
                     if let Some(kept) = &kept {
                         kept.deleted(uid);
@@ -460,17 +469,100 @@ pub async fn run<C: Cocoon, P: PodApi>(
                 }
             }
             Some(Ok(watcher::Event::Init)) => {
+                health.listing_started();
                 if let Some(kept) = &kept {
                     kept.listing_started();
                 }
                 listed.clear();
                 listed_from = SystemTime::now();
             }
-            Some(Err(e)) => tracing::warn!("pod watch: {e}; retrying with backoff"),
+            Some(Err(e)) => {
+                health.failed(&e);
+                tracing::warn!("pod watch: {e}; retrying with backoff");
+            }
             None => break,
         }
     }
     dispatcher.drain(DRAIN_TIMEOUT).await;
+}
+
+/// How long the pod watch must go without an error, after one, to count
+/// as streaming again when nothing else says so: 2 minutes. kube-runtime
+/// resumes a broken watch from its last resource version, which sends no
+/// new listing, and passes up no sign that it is back. A watch that keeps
+/// failing errs at least every 90 s: kube-runtime's default backoff
+/// (`.default_backoff()`: 0.8 s doubling to 30 s, plus up to as much
+/// again of jitter) and the client's 30 s connect timeout.
+pub const WATCH_ERROR_QUIET: Duration = Duration::from_secs(120);
+
+/// Whether the pod watch has a complete listing and is streaming, as
+/// `cocoon_fixup_watch_synced` says: not from the start until a listing
+/// is complete, nor while the pods are listed again, nor after an error
+/// until the watch lists again, delivers an event, or goes
+/// [`WATCH_ERROR_QUIET`] without another error. Each error is also
+/// counted, by kind.
+struct WatchHealth {
+    metrics: Arc<crate::metrics::Metrics>,
+    /// A listing is complete and no other has begun.
+    listed: bool,
+    /// Until when the last error keeps the watch counted as not streaming.
+    failing_until: Option<tokio::time::Instant>,
+}
+
+impl WatchHealth {
+    fn new(metrics: Arc<crate::metrics::Metrics>) -> Self {
+        let health = WatchHealth {
+            metrics,
+            listed: false,
+            failing_until: None,
+        };
+        health.publish();
+        health
+    }
+
+    fn listing_started(&mut self) {
+        self.listed = false;
+        self.publish();
+    }
+
+    /// A whole listing came through: the watch works.
+    fn listing_done(&mut self) {
+        self.listed = true;
+        self.failing_until = None;
+        self.publish();
+    }
+
+    /// An event came through the watch: it streams.
+    fn delivered(&mut self) {
+        if self.failing_until.take().is_some() {
+            self.publish();
+        }
+    }
+
+    fn failed(&mut self, error: &watcher::Error) {
+        self.metrics.watch_error(error);
+        self.failing_until = Some(tokio::time::Instant::now() + WATCH_ERROR_QUIET);
+        self.publish();
+    }
+
+    /// [`WATCH_ERROR_QUIET`] passed since the last error.
+    fn quiet(&mut self) {
+        self.failing_until = None;
+        self.publish();
+    }
+
+    fn publish(&self) {
+        self.metrics
+            .watch_synced(self.listed && self.failing_until.is_none());
+    }
+}
+
+/// Sleep until `deadline`, or forever without one.
+async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Drop the records of the pods not in `live` (the uids of a whole

@@ -4,6 +4,7 @@
 
 mod support;
 
+mod alerts;
 mod apply;
 mod binding;
 mod capture;

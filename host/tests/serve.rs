@@ -357,3 +357,270 @@ async fn a_slow_console_pass_holds_no_turn() {
         "a shutdown marks nothing failed"
     );
 }
+
+// ---- the pod watch's metrics ----
+
+/// The value of `series` (name and labels, as rendered) in `metrics`.
+fn sample(metrics: &Metrics, series: &str) -> f64 {
+    let text = metrics.encode();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no series {series} in:\n{text}"))
+}
+
+fn watch_synced(metrics: &Metrics) -> f64 {
+    sample(metrics, "cocoon_fixup_watch_synced")
+}
+
+fn watch_errors(metrics: &Metrics, kind: &str) -> f64 {
+    sample(
+        metrics,
+        &format!("cocoon_fixup_watch_errors_total{{kind=\"{kind}\"}}"),
+    )
+}
+
+type ApiHandle =
+    tower_test::mock::Handle<http::Request<kube::client::Body>, http::Response<kube::client::Body>>;
+type Respond = tower_test::mock::SendResponse<http::Response<kube::client::Body>>;
+
+/// The watch's next request: a listing of the node's pods, or with
+/// `watch` a watch from `resource_version`. Returns the handle to answer it.
+async fn next_pod_request(
+    api: &mut ApiHandle,
+    watch: bool,
+    resource_version: Option<&str>,
+) -> Respond {
+    // kube-runtime's backoff is at most 1.6 s here; paused time skips it.
+    let (request, respond) = tokio::time::timeout(Duration::from_secs(60), api.next_request())
+        .await
+        .expect("the watch asked again within its backoff")
+        .expect("the client is open");
+    let uri = request.uri().clone();
+    assert_eq!(uri.path(), "/api/v1/pods", "{uri}");
+    let query: Vec<&str> = uri.query().unwrap_or("").split('&').collect();
+    assert!(
+        query.contains(&"fieldSelector=spec.nodeName%3Dnode-a"),
+        "{uri}"
+    );
+    assert_eq!(query.contains(&"watch=true"), watch, "{uri}");
+    if let Some(version) = resource_version {
+        assert!(
+            query.contains(&format!("resourceVersion={version}").as_str()),
+            "{uri}"
+        );
+    }
+    respond
+}
+
+fn api_answer(status: u16, body: &[u8]) -> http::Response<kube::client::Body> {
+    http::Response::builder()
+        .status(status)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(kube::client::Body::from(body.to_vec()))
+        .unwrap()
+}
+
+fn pod_list(resource_version: &str) -> http::Response<kube::client::Body> {
+    let list = serde_json::json!({
+        "apiVersion": "meta.k8s.io/v1",
+        "kind": "PartialObjectMetadataList",
+        "metadata": {"resourceVersion": resource_version},
+        "items": [],
+    });
+    api_answer(200, &serde_json::to_vec(&list).unwrap())
+}
+
+/// A watch stream of `events`, one JSON line each, that then ends.
+fn watch_stream(events: &[serde_json::Value]) -> http::Response<kube::client::Body> {
+    let mut body = Vec::new();
+    for event in events {
+        body.extend(serde_json::to_vec(event).unwrap());
+        body.push(b'\n');
+    }
+    api_answer(200, &body)
+}
+
+fn forbidden(verb: &str) -> http::Response<kube::client::Body> {
+    let status = support::mock_api::status(
+        403,
+        "Forbidden",
+        &format!(
+            "pods is forbidden: User \"system:serviceaccount:cocoon:fixup\" cannot {verb} resource \"pods\" in API group \"\" at the cluster scope"
+        ),
+    );
+    api_answer(403, &serde_json::to_vec(&status).unwrap())
+}
+
+/// `serve::run`'s watch against a mock API server, in paused time:
+/// `cocoon_fixup_watch_synced` is 0 until a listing is complete and after
+/// each error, and 1 again when the pods are listed again, when the watch
+/// delivers an event, or once [`WATCH_ERROR_QUIET`] passed without
+/// another error (a watch resumed from its resource version sends no new
+/// listing); every error counts in `cocoon_fixup_watch_errors_total` by
+/// kind. Each answer is checked when the watch next asks, by which time
+/// the daemon has handled it.
+///
+/// [`WATCH_ERROR_QUIET`]: fixup_host::serve::WATCH_ERROR_QUIET
+#[tokio::test(start_paused = true)]
+async fn the_pod_watch_counts_its_errors_and_says_when_it_is_synced() {
+    use fixup_host::metrics::WATCH_ERROR_KINDS;
+    use fixup_host::serve::WATCH_ERROR_QUIET;
+
+    let dir = tempfile::tempdir().unwrap();
+    let cocoon = ScriptedCocoon::new(vec![], inspect(&[]));
+    let host = host(cocoon, MemoryPods::new(), &dir);
+    let metrics = host.metrics_handle();
+    let (service, mut api) = tower_test::mock::pair();
+    let shutdown = CancellationToken::new();
+    let daemon = tokio::spawn(fixup_host::serve::run(
+        kube::Client::new(service, "default"),
+        "node-a",
+        host,
+        shutdown.clone(),
+    ));
+
+    // Every series is there from the start: the gauge at 0, each kind at 0.
+    let respond = next_pod_request(&mut api, false, None).await;
+    assert_eq!(watch_synced(&metrics), 0.0, "before the first listing");
+    for kind in WATCH_ERROR_KINDS {
+        assert_eq!(watch_errors(&metrics, kind), 0.0, "{kind}");
+    }
+    // RBAC refuses the listing; the watcher lists again after its backoff.
+    respond.send_response(forbidden("list"));
+    let respond = next_pod_request(&mut api, false, None).await;
+    assert_eq!(watch_errors(&metrics, "forbidden"), 1.0);
+    assert_eq!(watch_synced(&metrics), 0.0, "the listing was refused");
+    respond.send_response(pod_list("7"));
+
+    // Listed: synced. Then the watch itself is refused.
+    let respond = next_pod_request(&mut api, true, Some("7")).await;
+    assert_eq!(watch_synced(&metrics), 1.0, "listed, and the watch asked");
+    respond.send_response(forbidden("watch"));
+    let respond = next_pod_request(&mut api, true, Some("7")).await;
+    assert_eq!(watch_errors(&metrics, "forbidden"), 2.0);
+    assert_eq!(watch_synced(&metrics), 0.0, "the watch was refused");
+
+    // The watch resumes from version 7 with no new listing; its first
+    // event says it streams.
+    let added = serde_json::json!({"type": "ADDED", "object": {
+        "apiVersion": "meta.k8s.io/v1",
+        "kind": "PartialObjectMetadata",
+        "metadata": {"name": "web-0", "namespace": "default", "uid": "uid-a", "resourceVersion": "8"},
+    }});
+    respond.send_response(watch_stream(&[added]));
+    let respond = next_pod_request(&mut api, true, Some("8")).await;
+    assert_eq!(watch_synced(&metrics), 1.0, "an event came through");
+
+    // The resource version expired: the watcher lists the pods again.
+    let expired = serde_json::json!({"type": "ERROR", "object": support::mock_api::status(
+        410,
+        "Expired",
+        "too old resource version: 8 (12)",
+    )});
+    respond.send_response(watch_stream(&[expired]));
+    let respond = next_pod_request(&mut api, false, None).await;
+    assert_eq!(watch_errors(&metrics, "gone"), 1.0);
+    assert_eq!(watch_synced(&metrics), 0.0, "listing again");
+    respond.send_response(pod_list("12"));
+    let respond = next_pod_request(&mut api, true, Some("12")).await;
+    assert_eq!(watch_synced(&metrics), 1.0, "listed again");
+
+    // Refused once more, then the watch opens and stays quiet: synced
+    // again once WATCH_ERROR_QUIET has passed since the error.
+    respond.send_response(forbidden("watch"));
+    let open = next_pod_request(&mut api, true, Some("12")).await;
+    let refused_by = tokio::time::Instant::now();
+    assert_eq!(watch_errors(&metrics, "forbidden"), 3.0);
+    assert_eq!(watch_synced(&metrics), 0.0, "the watch was refused again");
+    tokio::time::sleep_until(refused_by + WATCH_ERROR_QUIET - Duration::from_secs(5)).await;
+    assert_eq!(
+        watch_synced(&metrics),
+        0.0,
+        "not yet {WATCH_ERROR_QUIET:?} without an error"
+    );
+    tokio::time::sleep_until(refused_by + WATCH_ERROR_QUIET + Duration::from_secs(1)).await;
+    assert_eq!(
+        watch_synced(&metrics),
+        1.0,
+        "{WATCH_ERROR_QUIET:?} without an error"
+    );
+    for kind in ["unauthorized", "api", "unreachable", "other"] {
+        assert_eq!(watch_errors(&metrics, kind), 0.0, "{kind}");
+    }
+
+    shutdown.cancel();
+    daemon.await.unwrap();
+    drop(open);
+}
+
+fn api_error(code: u16, reason: &str) -> kube::Error {
+    kube::Error::Api(Box::new(
+        kube::core::Status::failure("refused", reason).with_code(code),
+    ))
+}
+
+fn io_error() -> std::io::Error {
+    std::io::Error::from(std::io::ErrorKind::ConnectionRefused)
+}
+
+#[rstest]
+#[case::credential_refused(
+    kube::runtime::watcher::Error::WatchStartFailed(api_error(401, "Unauthorized")),
+    "unauthorized"
+)]
+#[case::no_credential(
+    kube::runtime::watcher::Error::InitialListFailed(kube::Error::Auth(
+        kube::client::AuthError::UnrefreshableTokenResponse
+    )),
+    "unauthorized"
+)]
+#[case::rbac(
+    kube::runtime::watcher::Error::InitialListFailed(api_error(403, "Forbidden")),
+    "forbidden"
+)]
+#[case::rbac_in_stream(
+    kube::runtime::watcher::Error::WatchError(Box::new(
+        kube::core::Status::failure("refused", "Forbidden").with_code(403)
+    )),
+    "forbidden"
+)]
+#[case::expired(
+    kube::runtime::watcher::Error::WatchError(Box::new(
+        kube::core::Status::failure("too old resource version", "Expired").with_code(410)
+    )),
+    "gone"
+)]
+#[case::server_error(
+    kube::runtime::watcher::Error::InitialListFailed(api_error(500, "InternalError")),
+    "api"
+)]
+#[case::throttled(
+    kube::runtime::watcher::Error::WatchStartFailed(api_error(429, "TooManyRequests")),
+    "api"
+)]
+#[case::no_connection(
+    kube::runtime::watcher::Error::WatchStartFailed(kube::Error::Service(Box::new(io_error()))),
+    "unreachable"
+)]
+#[case::stream_broke(
+    kube::runtime::watcher::Error::WatchFailed(kube::Error::ReadEvents(io_error())),
+    "unreachable"
+)]
+#[case::unreadable(
+    kube::runtime::watcher::Error::InitialListFailed(kube::Error::SerdeError(
+        serde_json::from_str::<u8>("x").unwrap_err()
+    )),
+    "other"
+)]
+#[case::no_version(kube::runtime::watcher::Error::NoResourceVersion, "other")]
+fn watch_errors_are_counted_by_kind(
+    #[case] error: kube::runtime::watcher::Error,
+    #[case] kind: &str,
+) {
+    let metrics = Metrics::new();
+    metrics.watch_error(&error);
+    for each in fixup_host::metrics::WATCH_ERROR_KINDS {
+        let expected = if each == kind { 1.0 } else { 0.0 };
+        assert_eq!(watch_errors(&metrics, each), expected, "{error}: {each}");
+    }
+}
