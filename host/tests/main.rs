@@ -24,6 +24,7 @@ mod props;
 mod ps_props;
 mod ready;
 mod realkube;
+mod realkube_nodes;
 mod restart;
 mod sac;
 mod serve;

@@ -56,11 +56,11 @@ const PER_NODE_NS: &str = "per-node";
 const PER_NODE_LABEL: &str = "cocoon-lab.cocoonstack.io/per-node";
 const POLICY: &str = "cocoon-stack-annotations";
 
-fn repo() -> PathBuf {
+pub(crate) fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn required() -> bool {
+pub(crate) fn required() -> bool {
     std::env::var_os("COCOON_FIXUP_REQUIRE_KUBE").is_some_and(|v| v == "1")
 }
 
@@ -108,7 +108,13 @@ fn lab() -> Option<&'static Lab> {
     }
 }
 
-fn lab_binary() -> Result<Option<PathBuf>, String> {
+/// The lab's executable, built once per test process (`None`: skipped).
+pub(crate) fn lab_binary() -> Result<Option<PathBuf>, String> {
+    static BINARY: OnceLock<Result<Option<PathBuf>, String>> = OnceLock::new();
+    BINARY.get_or_init(build_lab_binary).clone()
+}
+
+fn build_lab_binary() -> Result<Option<PathBuf>, String> {
     if let Some(path) = std::env::var_os("COCOON_FIXUP_KUBE_LAB") {
         return Ok(Some(PathBuf::from(path)));
     }
@@ -226,7 +232,12 @@ fn start_lab() -> Result<Option<Lab>, String> {
 /// A client as `name`, from its kubeconfig (`admin`, `daemon-node-a`,
 /// `cocoon-fixup`, `controller`, `tenant`, `vk-cocoon`).
 async fn client(lab: &Lab, name: &str) -> Client {
-    let path = lab.dir.join(format!("{name}.kubeconfig"));
+    client_at(&lab.dir, name).await
+}
+
+/// A client as `name`, from its kubeconfig in a lab's folder `dir`.
+pub(crate) async fn client_at(dir: &Path, name: &str) -> Client {
+    let path = dir.join(format!("{name}.kubeconfig"));
     let kubeconfig = Kubeconfig::read_from(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
@@ -234,13 +245,13 @@ async fn client(lab: &Lab, name: &str) -> Client {
     Client::try_from(config).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
-fn yaml_documents(relative: &str) -> Vec<Value> {
+pub(crate) fn yaml_documents(relative: &str) -> Vec<Value> {
     let text = std::fs::read_to_string(repo().join(relative)).expect(relative);
     serde_saphyr::from_multiple::<Value>(&text).expect(relative)
 }
 
 /// Server-side apply of one cluster-scoped document, as it is.
-async fn apply(admin: &Client, document: &Value) -> Result<(), String> {
+pub(crate) async fn apply(admin: &Client, document: &Value) -> Result<(), String> {
     let (group, version) = match document["apiVersion"].as_str().unwrap().split_once('/') {
         Some((group, version)) => (group, version),
         None => ("", document["apiVersion"].as_str().unwrap()),

@@ -496,7 +496,9 @@ impl std::fmt::Display for Seen {
 }
 
 impl Expected {
-    fn matches(&self, seen: &Seen) -> bool {
+    /// Whether `seen` is what this step expects (its time included,
+    /// when it names one).
+    pub fn matches(&self, seen: &Seen) -> bool {
         let at = match seen {
             Seen::Inspect { at_ms, .. }
             | Seen::Write { at_ms, .. }
