@@ -72,6 +72,16 @@ fn document(relative: &str, kind: &str) -> Value {
     found.remove(0)
 }
 
+/// The one `kind` named `name` in `relative`.
+fn document_named(relative: &str, kind: &str, name: &str) -> Value {
+    let mut found: Vec<Value> = yaml_documents(relative)
+        .into_iter()
+        .filter(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .collect();
+    assert_eq!(found.len(), 1, "{relative}: expected one {kind} {name}");
+    found.remove(0)
+}
+
 fn str_list(value: &Value, what: &str) -> Vec<String> {
     value
         .as_array()
@@ -1000,7 +1010,7 @@ fn the_daemon_may_write_exactly_the_keys_the_host_writes() {
 /// not the stack's: each may write the daemon's keys and nothing else.
 #[test]
 fn the_identities_rbac_binds_are_the_policys_daemon() {
-    let binding = document("deploy/rbac.yaml", "ClusterRoleBinding");
+    let binding = document_named("deploy/rbac.yaml", "ClusterRoleBinding", "cocoon-fixup");
     let subjects = binding["subjects"].as_array().expect("subjects");
     assert!(!subjects.is_empty());
     for subject in subjects {
@@ -1032,6 +1042,33 @@ fn the_identities_rbac_binds_are_the_policys_daemon() {
         assert!(
             matches!(POLICY.decide(&input), Ok(Decision::Deny(_))),
             "{subject} may write {MANAGED}"
+        );
+    }
+}
+
+/// The embedder's role (a program that embeds cocoon-fixup and runs as
+/// its own node, as vk-cocoon does) adds only the event listing the Node
+/// authorizer does not give, and is bound to an identity the policy
+/// counts as the stack's, so it writes what the stack may.
+#[test]
+fn the_embedders_role_adds_only_the_event_listing() {
+    let role = document_named("deploy/rbac.yaml", "ClusterRole", "cocoon-fixup-embedder");
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["list"]}])
+    );
+    let binding = document_named(
+        "deploy/rbac.yaml",
+        "ClusterRoleBinding",
+        "cocoon-fixup-embedder",
+    );
+    assert_eq!(binding["roleRef"]["name"], "cocoon-fixup-embedder");
+    for subject in binding["subjects"].as_array().expect("subjects") {
+        let name = subject["name"].as_str().expect("subject name");
+        assert_eq!(subject["kind"], "User", "{subject}");
+        assert!(
+            POLICY.strings("allowedUsers").iter().any(|n| n == name),
+            "{name} (the embedder, deploy/rbac.yaml) is not on allowedUsers in {POLICY_FILE}"
         );
     }
 }
@@ -1085,7 +1122,7 @@ fn permission(r: &Request) -> Permission {
 
 /// Every (group, resource, verb) the ClusterRole in deploy/rbac.yaml grants.
 fn granted() -> BTreeSet<Permission> {
-    let role = document("deploy/rbac.yaml", "ClusterRole");
+    let role = document_named("deploy/rbac.yaml", "ClusterRole", "cocoon-fixup");
     let mut out = BTreeSet::new();
     for rule in role["rules"].as_array().expect("rules") {
         assert!(rule.get("resourceNames").is_none(), "{rule}");
