@@ -28,10 +28,12 @@ type VM interface {
 
 // Pods reads and writes the pod: the caller's own Kubernetes client. Its
 // errors say what kind of failure they are by wrapping ErrGone (the pod
-// is not found, or its uid precondition failed), ErrRefused (401, 403,
-// 422, an admission denial) or ErrConflict (PatchAnnotations only: the
+// is not found, or its uid precondition failed), ErrRefused (401, 422,
+// an admission denial's 403) or ErrConflict (PatchAnnotations only: the
 // resourceVersion precondition failed); anything else is an API error,
-// retried.
+// retried, the authorizer's 403 among them (an API server that has just
+// started answers so until it has loaded its bindings; the daemon and
+// kubeclient treat it so).
 type Pods interface {
 	// Get reads the pod as the API server returns it (JSON); nil and no
 	// error when it is not found.

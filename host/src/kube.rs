@@ -16,8 +16,10 @@
 //!   before such a write, and nothing can change between the decision and
 //!   the write.
 //! - Transient failures (409 with the same uid and version, 429, 5xx, transport errors,
-//!   no answer within the request timeout) are retried with the backoff in
-//!   [`RetryPolicy`]; everything else fails at once, because another try
+//!   no answer within the request timeout, and the authorizer's 403, which
+//!   a restarted API server answers until it has loaded its bindings) are
+//!   retried with the backoff in [`RetryPolicy`]; everything else (an
+//!   admission plugin's 403 among them) fails at once, because another try
 //!   would get the same answer.
 //! - Events are posted to the `events.k8s.io/v1` API, one new object each
 //!   (named and filled as kube-runtime's `Recorder` does a first
@@ -829,18 +831,42 @@ pub fn pod_input(meta: ObjectMeta) -> Result<PodInput, PodError> {
 /// request and then with the daemon's backoff, where an admission
 /// plugin's refusal of the same request would only be refused again.
 fn authorizer_refusal(message: &str) -> bool {
-    message.contains(" cannot ") && message.contains(" resource \"")
+    // The authorizer's own sentence, anchored where it starts, so that an
+    // admission webhook's denial that quotes a tenant's text (`admission
+    // webhook "…" denied the request: …`) or a policy's
+    // (`ValidatingAdmissionPolicy '…'`) is never taken for it.
+    let Some((head, user)) = message.split_once(" is forbidden: User \"") else {
+        return false;
+    };
+    // What is forbidden: `pods` or `pods "name"`, nothing else before.
+    let mut words = head.split(' ');
+    let resource = words.next().is_some_and(|r| {
+        !r.is_empty()
+            && r.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"./-".contains(&b))
+    });
+    let name = words.next().is_none_or(|n| {
+        n.len() >= 2 && n.starts_with('"') && n.ends_with('"') && !n[1..n.len() - 1].contains('"')
+    });
+    if !(resource && name && words.next().is_none()) {
+        return false;
+    }
+    let Some((_, rest)) = user.split_once("\" cannot ") else {
+        return false;
+    };
+    rest.split_once(' ')
+        .is_some_and(|(verb, after)| !verb.is_empty() && after.starts_with("resource \""))
 }
 
 /// Said after an authorizer's 403, which is tried again.
-const AUTHORIZER_HINT: &str = "; tried again: an API server that has just started refuses so until its authorizer has loaded, else grant the identity what deploy/rbac.yaml grants";
+const AUTHORIZER_HINT: &str = "; the API server's authorizer refused the daemon's identity: an API server that has just started answers so until it has loaded its bindings (the request is tried again), else grant the identity what deploy/rbac.yaml grants";
 
 /// The next action for a failure that retrying does not fix.
 fn permanent_hint(code: u16) -> &'static str {
     match code {
         401 => "not retried; check the service account token or the kubeconfig credentials",
         403 => {
-            "not retried; grant the service account what deploy/rbac.yaml grants: get, list, watch and patch on pods, create and list on events.k8s.io events"
+            "not retried: an admission plugin refused it (deploy/admission-policy.yaml lets the daemon's identities, its daemonUsers and daemonGroups, write only the daemon's annotations); if the message is the authorizer's, grant the identity what deploy/rbac.yaml grants: get, list, watch and patch on pods, create and list on events.k8s.io events"
         }
         _ => "not retried, another try would get the same answer; check the request named above",
     }

@@ -1052,23 +1052,20 @@ fn the_identities_rbac_binds_are_the_policys_daemon() {
 /// counts as the stack's, so it writes what the stack may.
 #[test]
 fn the_embedders_role_adds_only_the_event_listing() {
-    let role = document_named("deploy/rbac.yaml", "ClusterRole", "cocoon-fixup-embedder");
+    let role = document("deploy/rbac-embedder.yaml", "ClusterRole");
+    assert_eq!(role["metadata"]["name"], "cocoon-fixup-embedder");
     assert_eq!(
         role["rules"],
         json!([{"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["list"]}])
     );
-    let binding = document_named(
-        "deploy/rbac.yaml",
-        "ClusterRoleBinding",
-        "cocoon-fixup-embedder",
-    );
+    let binding = document("deploy/rbac-embedder.yaml", "ClusterRoleBinding");
     assert_eq!(binding["roleRef"]["name"], "cocoon-fixup-embedder");
     for subject in binding["subjects"].as_array().expect("subjects") {
         let name = subject["name"].as_str().expect("subject name");
         assert_eq!(subject["kind"], "User", "{subject}");
         assert!(
             POLICY.strings("allowedUsers").iter().any(|n| n == name),
-            "{name} (the embedder, deploy/rbac.yaml) is not on allowedUsers in {POLICY_FILE}"
+            "{name} (the embedder, deploy/rbac-embedder.yaml) is not on allowedUsers in {POLICY_FILE}"
         );
     }
 }

@@ -505,7 +505,10 @@ async fn patch_forbidden_is_not_retried() {
     };
     assert_eq!(pod, "ns/name");
     assert!(reason.contains("403 Forbidden"), "{reason}");
-    assert!(reason.contains("grant the service account"), "{reason}");
+    assert!(
+        reason.contains("an admission plugin refused it"),
+        "{reason}"
+    );
 }
 
 /// The authorizer's 403 (RBAC's wording, `User "…" cannot patch resource
@@ -539,6 +542,29 @@ async fn patch_refused_by_the_authorizer_is_tried_again() {
     };
     assert!(reason.contains("cannot patch resource"), "{reason}");
     assert!(reason.contains("deploy/rbac.yaml"), "{reason}");
+}
+
+/// Only the authorizer's own sentence is tried again: a policy's or a
+/// webhook's denial that quotes a tenant's text shaped like it stays a
+/// refusal, sent once.
+#[tokio::test(start_paused = true)]
+async fn a_denial_that_only_quotes_the_authorizers_words_is_not_retried() {
+    for message in [
+        "pods \"name\" is forbidden: ValidatingAdmissionPolicy 'cocoon-stack-annotations' with binding 'cocoon-stack-annotations' denied request: the daemon may change only its own annotations",
+        "admission webhook \"validation.gatekeeper.sh\" denied the request: [owner] pods \"name\" is forbidden: User \"x\" cannot patch resource \"pods\"",
+        "pods \"name\" is forbidden: note says User \"x\" cannot patch resource \"pods\"",
+    ] {
+        let result = Scenario::new(
+            "patch 403 (not the authorizer)",
+            vec![patch_pod().respond(403, status(403, "Forbidden", message))],
+        )
+        .run(|api| async move { api.patch_annotations(&pod_ref(), &patch()).await })
+        .await;
+        assert!(
+            matches!(result, Err(PodError::Refused { .. })),
+            "{message}: {result:?}"
+        );
+    }
 }
 
 #[tokio::test(start_paused = true)]

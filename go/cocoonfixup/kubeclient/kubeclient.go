@@ -54,8 +54,8 @@
 //     spec.nodeName and metadata.name, which the node may make): a pod
 //     not on the node is gone (Get answers nil, PatchAnnotations
 //     ErrGone), as it is for the daemon;
-//   - list on events.k8s.io events is granted by deploy/rbac.yaml's
-//     ClusterRole cocoon-fixup-embedder, bound to system:node:vk-cocoon
+//   - list on events.k8s.io events is granted by deploy/rbac-embedder.yaml
+//     (ClusterRole cocoon-fixup-embedder, bound to system:node:vk-cocoon)
 //     (change the subject to the embedder's identity). Without it
 //     ListEvents is refused, the step logs a warning and goes on without
 //     the stack's wake events, so a wake that only the events witness is
@@ -221,9 +221,36 @@ func classify(err error, what string) error {
 // authorizerRefusal says whether a 403 is in RBAC's or the Node
 // authorizer's words (`User "…" cannot get resource "pods" …`), not an
 // admission plugin's.
+//
+// The sentence is anchored where it starts, so that an admission
+// webhook's denial quoting a tenant's text (`admission webhook "…" denied
+// the request: …`) or a policy's is never taken for it.
 func authorizerRefusal(err error) bool {
-	message := err.Error()
-	return strings.Contains(message, " cannot ") && strings.Contains(message, ` resource "`)
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) {
+		return false
+	}
+	head, user, ok := strings.Cut(status.Status().Message, ` is forbidden: User "`)
+	if !ok {
+		return false
+	}
+	// What is forbidden: `pods` or `pods "name"`, nothing else before.
+	words := strings.Split(head, " ")
+	if len(words) > 2 || words[0] == "" || strings.Trim(words[0], "abcdefghijklmnopqrstuvwxyz0123456789./-") != "" {
+		return false
+	}
+	if len(words) == 2 {
+		n := words[1]
+		if len(n) < 2 || n[0] != '"' || n[len(n)-1] != '"' || strings.Contains(n[1:len(n)-1], `"`) {
+			return false
+		}
+	}
+	_, rest, ok := strings.Cut(user, `" cannot `)
+	if !ok {
+		return false
+	}
+	verb, after, ok := strings.Cut(rest, " ")
+	return ok && verb != "" && strings.HasPrefix(after, `resource "`)
 }
 
 // document is obj's JSON. Callers set obj's apiVersion and kind first

@@ -405,7 +405,7 @@ func TestListEventsSaysWhenItWasCut(t *testing.T) {
 	}
 }
 
-// deploy/rbac.yaml's cocoon-fixup-embedder, and nothing the tests add,
+// deploy/rbac-embedder.yaml, and nothing the tests add,
 // lets the embedder's node identity list the events a wake is told by.
 func TestTheEmbeddersIdentityMayListEventsAsShipped(t *testing.T) {
 	l := theRealLab(t)

@@ -4,7 +4,7 @@ package kubeclient_test
 // (etcd and kube-apiserver v1.37 in one process on loopback, Node,RBAC
 // authorization, the default admission chain; docs/kubernetes.md), from
 // COCOON_FIXUP_KUBE_LAB, started once for the test binary, with
-// deploy/rbac.yaml and deploy/admission-policy.yaml applied by server-side
+// deploy/rbac.yaml, deploy/rbac-embedder.yaml and deploy/admission-policy.yaml applied by server-side
 // apply as they ship. Without COCOON_FIXUP_KUBE_LAB the tests say loudly
 // that they were skipped, unless COCOON_FIXUP_REQUIRE_KUBE=1 makes that a
 // failure (host/capi/tests/kubeclient.rs sets both).
@@ -212,7 +212,8 @@ func (l *lab) embedder(t *testing.T, o kubeclient.Options) *kubeclient.Pods {
 	return kubeclient.New(l.client(t, "vk-cocoon"), o)
 }
 
-// prepare applies deploy/rbac.yaml and deploy/admission-policy.yaml,
+// prepare applies deploy/rbac.yaml, deploy/rbac-embedder.yaml and
+// deploy/admission-policy.yaml,
 // makes the end-to-end namespace, and waits until the policy and the
 // embedder's event listing are in force.
 func (l *lab) prepare() error {
@@ -222,7 +223,7 @@ func (l *lab) prepare() error {
 	if err != nil {
 		return err
 	}
-	for _, file := range []string{"deploy/rbac.yaml", "deploy/admission-policy.yaml"} {
+	for _, file := range []string{"deploy/rbac.yaml", "deploy/rbac-embedder.yaml", "deploy/admission-policy.yaml"} {
 		if err := apply(ctx, admin, filepath.Join(repo, file)); err != nil {
 			return err
 		}
@@ -244,9 +245,9 @@ func (l *lab) prepare() error {
 		return err
 	}
 	embedder := kubeclient.New(vk, kubeclient.Options{NodeName: vkNode, NodeIdentity: true})
-	// deploy/rbac.yaml's cocoon-fixup-embedder lets it list events, once
+	// deploy/rbac-embedder.yaml lets it list events, once
 	// the authorizer's caches have the binding.
-	if err := until(ctx, "the embedder's event listing (deploy/rbac.yaml)", func() (bool, error) {
+	if err := until(ctx, "the embedder's event listing (deploy/rbac-embedder.yaml)", func() (bool, error) {
 		_, err := embedder.ListEvents(ctx, tenantNS, "reason=Woken")
 		return err == nil, nil
 	}); err != nil {

@@ -135,6 +135,10 @@ func (p *Pods) PatchAnnotations(ctx context.Context, namespace, name string, pat
 	case code == http.StatusConflict:
 		// Same pod, same version: another write raced this one.
 		return nil, fmt.Errorf("%s: %w (the pod still has uid %s)", what, err, patch.UID)
+	case code == http.StatusForbidden && authorizerRefusal(err):
+		// The pod is there and the authorizer refused the identity: an
+		// API error, tried again (classify).
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return nil, fmt.Errorf("%w: %s: %w", cocoonfixup.ErrRefused, what, err)
 }
