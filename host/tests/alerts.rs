@@ -32,6 +32,7 @@
 //!   ([`WATCH_ERROR_QUIET`]), so an outage shorter than that never fires.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -163,7 +164,10 @@ fn have_promtool() -> bool {
                 std::env::var_os("COCOON_FIXUP_REQUIRE_PROMTOOL").is_none_or(|v| v != "1"),
                 "promtool is not on the PATH and COCOON_FIXUP_REQUIRE_PROMTOOL=1: install it (Debian: `apt-get install --no-install-recommends prometheus`)"
             );
-            eprintln!(
+            // Past the test harness, which shows a passing test's own output only
+            // with --nocapture: a skip is said whatever the flags.
+            let _ = writeln!(
+                std::io::stderr(),
                 "\n*** SKIPPED: the alerting rules' promtool checks (host/tests/alerts.rs) need promtool (Debian: `apt-get install --no-install-recommends prometheus`), which is not on the PATH. `.ci/run` installs it and requires them. ***\n"
             );
             false

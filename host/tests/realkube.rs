@@ -25,7 +25,7 @@
 //! `COCOON_FIXUP_REQUIRE_KUBE=1` (set by `.ci/run`) makes that a failure.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Mutex, OnceLock, mpsc};
@@ -70,7 +70,10 @@ fn skip(why: &str) -> Result<Option<Lab>, String> {
         !required(),
         "the real-apiserver tests cannot run and COCOON_FIXUP_REQUIRE_KUBE=1: {why}"
     );
-    eprintln!(
+    // Past the test harness, which shows a passing test's own output only
+    // with --nocapture: a skip is said whatever the flags.
+    let _ = writeln!(
+        std::io::stderr(),
         "\n*** SKIPPED: the real kube-apiserver tests (host/tests/realkube.rs): {why}. `.ci/run` builds lab/kube and requires them; docs/kubernetes.md. ***\n"
     );
     Ok(None)

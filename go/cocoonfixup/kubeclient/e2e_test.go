@@ -1,8 +1,8 @@
 package kubeclient_test
 
 // The end-to-end comparison: the stack's three kinds of pods taken through
-// the package, wired as its example wires Run (the Provider copied in
-// provider_test.go) with this adapter as the embedder's API, on the lab as
+// the package, wired by the example's own provider
+// (example/vkcocoon/provider) with this adapter as the embedder's API, on the lab as
 // vk-cocoon; then the same pods through the node daemon, `cocoon-fixup
 // serve` (COCOON_FIXUP_BIN) with a per-node daemon identity and
 // fake-cocoon (COCOON_FIXUP_FAKE_COCOON) scripted as the same VMs. What
@@ -20,7 +20,7 @@ package kubeclient_test
 //     (wake-events-snapshot-exists-linux.json);
 //   - exhausted: a static clone whose every exec fails: four attempts,
 //     then the failure record and PostCloneExecExhausted
-//     (fixup-exhausted.json, its four attempts in a 3.5 s budget here).
+//     (fixup-exhausted.json, its four attempts in a 7.5 s budget here).
 //
 // With COCOON_FIXUP_COUNT_REQUESTS=<file> the API server's request counts
 // of each path and kind are written there as JSON (requests_test.go).
@@ -56,15 +56,19 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/cocoonstack/cocoon-fixup/go/cocoonfixup"
+	"github.com/cocoonstack/cocoon-fixup/go/cocoonfixup/example/vkcocoon/provider"
 	"github.com/cocoonstack/cocoon-fixup/go/cocoonfixup/kubeclient"
 )
 
 // The step's numbers, the same on both paths: short, so that the wake's
 // IP wait ends in seconds, and the exhaustion's budget holds the four
-// attempts of fixup-exhausted.json (at 0, 1, 2 and 3 s) and no fifth.
+// attempts of fixup-exhausted.json and no fifth: the next attempt starts
+// the interval after the last one ended, so the fourth starts at 6 s plus
+// three attempts' own time (under 0.5 s each, even for a debug daemon on a
+// busy machine), the fifth at 8 s at the earliest.
 var (
-	settings = cocoonfixup.Settings{RetryInterval: time.Second, RetryBudget: 3500 * time.Millisecond, IPWait: 8 * time.Second, DHCPRecoveryAfter: 3 * time.Second}
-	flags    = []string{"--retry-interval", "1s", "--retry-budget", "3500ms", "--ip-wait", "8s", "--dhcp-recovery-after", "3s"}
+	settings = cocoonfixup.Settings{RetryInterval: 2 * time.Second, RetryBudget: 7500 * time.Millisecond, IPWait: 8 * time.Second, DHCPRecoveryAfter: 3 * time.Second}
+	flags    = []string{"--retry-interval", "2s", "--retry-budget", "7500ms", "--ip-wait", "8s", "--dhcp-recovery-after", "3s"}
 )
 
 // settle is how long a path is given after its work ends for anything it
@@ -400,7 +404,7 @@ type finished struct {
 // watchNode is the provider's watch of its node's pods, as vk-cocoon's
 // informer delivers them: every pod to ObservePod (a pod of the first
 // list not live, every later event live), a deletion to DeletePod.
-func watchNode(t *testing.T, client kubernetes.Interface, p *Provider) func() {
+func watchNode(t *testing.T, client kubernetes.Interface, p *provider.Provider) func() {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = "spec.nodeName=" + vkNode
 	}))
@@ -487,8 +491,8 @@ func goPath(t *testing.T, l *lab, d *driver, w workdir) map[string]*result {
 		vms.fails[k.vmID] = k.fails
 	}
 	done := make(chan finished, len(kinds))
-	p := &Provider{Planner: planner, Cocoon: vms, API: api, Leases: planner.LeaseFile(), Settings: settings,
-		Records: &Records{}, Admission: cocoonfixup.NewAdmission(8), RetryAfter: time.Second,
+	p := &provider.Provider{Planner: planner, Cocoon: vms, API: api, Leases: planner.LeaseFile(), Settings: settings,
+		Records: &provider.Records{}, Admission: cocoonfixup.NewAdmission(8), RetryAfter: time.Second,
 		Done: func(pod string, out *cocoonfixup.Outcome, err error) { done <- finished{pod, out, err} }}
 	stop := watchNode(t, vk, p)
 	defer p.Wait()
@@ -814,7 +818,7 @@ func TestTheExampleOnTheLabWritesWhatTheDaemonWrites(t *testing.T) {
 func writeCounts(t *testing.T, path string, goResults, daemonResults map[string]*result) {
 	doc := map[string]any{
 		"about":    "apiserver_request_total deltas by verb and resource (pods and events), per pod kind, for the package on kubeclient (wired as example/vkcocoon, as system:node:vk-cocoon, writes through pods/status) and for cocoon-fixup serve (daemon-node-a); the test's own requests (creating the pod, the stack's wake event and VM, polls) are taken off; the daemon's baseline is taken once it is up and idle; the API server's own housekeeping is left out",
-		"settings": map[string]string{"retry_interval": "1s", "retry_budget": "3.5s", "ip_wait": "8s", "dhcp_recovery_after": "3s", "settle": settle.String()},
+		"settings": map[string]string{"retry_interval": "2s", "retry_budget": "7.5s", "ip_wait": "8s", "dhcp_recovery_after": "3s", "settle": settle.String()},
 	}
 	for path, results := range map[string]map[string]*result{"go": goResults, "daemon": daemonResults} {
 		own, driver, other := map[string]counts{}, map[string]counts{}, map[string]counts{}

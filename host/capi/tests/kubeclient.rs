@@ -20,7 +20,7 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -38,8 +38,8 @@ const GO_TESTS: &[&str] = &[
     "TestListEventsTakesThePackagesSelectors",
     "TestListEventsSaysWhenItWasCut",
     "TestTheEmbeddersIdentityMayListEventsAsShipped",
-    "TestTheProviderIsTheExamples",
     "TestTheExampleOnTheLabWritesWhatTheDaemonWrites",
+    "TestOnlyTheAuthorizersRefusalIsTriedAgain",
 ];
 
 fn required() -> bool {
@@ -52,7 +52,10 @@ fn skip(why: &str) {
         !required(),
         "the kubeclient tests cannot run and COCOON_FIXUP_REQUIRE_KUBE=1: {why}"
     );
-    eprintln!(
+    // Past the test harness, which shows a passing test's own output only
+    // with --nocapture: a skip is said whatever the flags.
+    let _ = writeln!(
+        std::io::stderr(),
         "\n*** SKIPPED: the Go adapter's tests against a real kube-apiserver (host/capi/tests/kubeclient.rs): {why}. `.ci/run` builds lab/kube and requires them; docs/kubernetes.md. ***\n"
     );
 }

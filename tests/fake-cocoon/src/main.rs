@@ -40,9 +40,10 @@
 //!   `{"program": argv[0], "argv": [arguments after argv[0]]}`, plus
 //!   `"exec_index"` for an exec.
 //! - `exec`: entry `i` plays the `i`-th exec call (from 0); the last entry
-//!   repeats. An entry first sleeps `sleep_ms` (a guest that takes its
-//!   time), writes `stdout` and `stderr` (verbatim), then does the first
-//!   that applies of:
+//!   repeats. An entry first waits until the file `gate` exists (a test
+//!   holds the exec there until it has done what it must do meanwhile),
+//!   sleeps `sleep_ms` (a guest that takes its time), writes `stdout` and
+//!   `stderr` (verbatim), then does the first that applies of:
 //!   - `"hang": true`: sleep forever. With `"pid_file"`, first start a
 //!     `sleep 1000` child (same process group and stdio) and write its pid
 //!     there (atomically), so a test can check that a timeout killed the
@@ -167,6 +168,11 @@ fn exec(scenario: &Value, program: &str, rest: &[&str], id: &str, argv: &[&str])
     let index = next_exec_index(scenario);
     log(scenario, program, rest, Some(index));
     let entry = &entries[index.min(last)];
+    if let Some(gate) = entry["gate"].as_str() {
+        while !std::path::Path::new(gate).exists() {
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
     if let Some(ms) = entry["sleep_ms"].as_u64() {
         thread::sleep(Duration::from_millis(ms));
     }

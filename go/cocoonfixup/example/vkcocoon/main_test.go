@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cocoonstack/cocoon-fixup/go/cocoonfixup"
+	"github.com/cocoonstack/cocoon-fixup/go/cocoonfixup/example/vkcocoon/provider"
 )
 
 var examples = filepath.Join("..", "..", "..", "..", "examples")
@@ -40,16 +41,16 @@ func (o *outcomes) done(pod string, out *cocoonfixup.Outcome, err error) {
 	o.out[pod], o.err[pod] = out, err
 }
 
-func setup(t *testing.T, guest *Guest) (*Provider, *API, [][]byte, *outcomes) {
+func setup(t *testing.T, guest *Guest) (*provider.Provider, *API, [][]byte, *outcomes) {
 	api := &API{W: io.Discard}
 	pods, err := Examples(examples, api, guest)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := &outcomes{out: map[string]*cocoonfixup.Outcome{}, err: map[string]error{}}
-	p := &Provider{Planner: planner(t), Cocoon: guest, API: api, Leases: &Leases{},
+	p := &provider.Provider{Planner: planner(t), Cocoon: guest, API: api, Leases: &Leases{},
 		Settings: cocoonfixup.Settings{RetryInterval: 10 * time.Millisecond}, Done: got.done,
-		Records: &Records{}, Admission: cocoonfixup.NewAdmission(2)}
+		Records: &provider.Records{}, Admission: cocoonfixup.NewAdmission(2)}
 	return p, api, pods, got
 }
 
@@ -174,7 +175,7 @@ func TestReconcileResumesRunningWork(t *testing.T) {
 
 func uid(t *testing.T, api *API, namespace, name string) string {
 	pod, _ := api.Get(context.Background(), namespace, name)
-	var m meta
+	var m provider.Meta
 	if err := json.Unmarshal(pod, &m); err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +237,7 @@ func TestAnObservedHibernationSparesTheWakeItsPnP(t *testing.T) {
 		p.Settings.WakeGrace = 100 * time.Millisecond
 		var desk []byte
 		for _, pod := range pods {
-			var m meta
+			var m provider.Meta
 			if json.Unmarshal(pod, &m) == nil && m.Metadata.Name == "desk-0" {
 				desk = pod
 			}
@@ -295,7 +296,7 @@ func TestPrepareParent(t *testing.T) {
 	p, api, pods, _ := setup(t, guest)
 	byName := map[string][]byte{}
 	for _, pod := range pods {
-		var m meta
+		var m provider.Meta
 		if err := json.Unmarshal(pod, &m); err != nil {
 			t.Fatal(err)
 		}
@@ -317,7 +318,7 @@ func TestPrepareParent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	carried, err := CloneAnnotations(now)
+	carried, err := provider.CloneAnnotations(now)
 	if err != nil || !strings.HasPrefix(carried[cocoonfixup.KeyPrepared], "oci-networkd ") {
 		t.Fatalf("the clone's annotations: %v %v", carried, err)
 	}
