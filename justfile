@@ -45,6 +45,20 @@ bench:
     cargo build --release -p fixup-host --bin cocoon-fixup
     cargo run --release -p fixup-bench --bin fixup-bench -- report --output target/bench-summary.md
 
+# API requests per clone and the API server's load (BENCHMARKS.md, "API
+# requests per clone and the API server's load"), on a real kube-apiserver
+# (lab/kube; Go and its modules, docs/kubernetes.md): the Go test counts
+# the package's and the daemon's requests per pod kind, then `fixup-bench
+# kube` runs three daemons, each kind one clone at a time, and CLONES
+# clones at once. Writes target/bench-kube.md (the tables) and
+# target/bench-kube.json. About 5 minutes; run it on a quiet machine.
+bench-kube clones="1000":
+    cd lab/kube && GOPROXY=off go build -trimpath -buildvcs=false -mod=readonly -o ../../target/cocoon-kube-lab .
+    COCOON_FIXUP_KUBE_LAB={{justfile_directory()}}/target/cocoon-kube-lab COCOON_FIXUP_COUNT_REQUESTS={{justfile_directory()}}/target/kube-requests-go.json cargo test -p fixup-capi --test kubeclient -- --nocapture
+    cargo build --release -p fixup-host --bin cocoon-fixup -p fake-cocoon --bin fake-cocoon -p fixup-bench --bin fixup-bench
+    target/release/fixup-bench kube --clones {{clones}} --go-counts target/kube-requests-go.json --output target/bench-kube.md > target/bench-kube.json
+    cat target/bench-kube.md
+
 # Run each fuzz target for SECONDS (default 60) on stable Rust: needs
 # cargo-fuzz (`cargo install cargo-fuzz --locked`); docs/fuzzing.md.
 fuzz seconds="60":

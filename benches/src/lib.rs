@@ -33,6 +33,7 @@
 pub mod cases;
 pub mod cocoon;
 pub mod engines;
+pub mod kube;
 pub mod native;
 pub mod process;
 pub mod ready;

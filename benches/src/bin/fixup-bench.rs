@@ -11,6 +11,9 @@
 //!   profiler (`perf record -g fixup-bench loop cold-cache`).
 //! - `fixup-bench plan-process [--runs N] [--binary PATH] [--cache-dir DIR]`:
 //!   the plan-process figure alone (whole `cocoon-fixup` processes), as JSON.
+//! - `fixup-bench kube [--clones 1000] [--nodes 3] [...]`: what a clone
+//!   costs a real API server (`fixup_bench::kube`), as JSON; the markdown
+//!   tables to `--output` (else standard error).
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -143,6 +146,45 @@ enum Cmd {
         #[arg(long)]
         cache_dir: Option<PathBuf>,
     },
+    /// What a clone costs a real API server (`cocoon-kube-lab`, one
+    /// `cocoon-fixup serve` per node): API requests per kind, one clone at
+    /// a time, and the server's load for many clones, as JSON.
+    Kube {
+        /// Clones of the load (and plain pods of its baseline).
+        #[arg(long, default_value_t = 1000)]
+        clones: usize,
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        /// Clones per kind, one at a time, each on the next node.
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+        /// Creates the controller has in flight at once.
+        #[arg(long, default_value_t = 32)]
+        in_flight: usize,
+        /// Requests of each kind for the prices of one request at the end.
+        #[arg(long, default_value_t = 50)]
+        price_requests: usize,
+        /// `cocoon-kube-lab` (default: target/cocoon-kube-lab).
+        #[arg(long)]
+        lab: Option<PathBuf>,
+        /// `cocoon-fixup` (default: beside this binary).
+        #[arg(long)]
+        binary: Option<PathBuf>,
+        /// `fake-cocoon` (default: beside this binary).
+        #[arg(long)]
+        fake_cocoon: Option<PathBuf>,
+        /// The Go test's request counts (`COCOON_FIXUP_COUNT_REQUESTS` of
+        /// `cargo test -p fixup-capi --test kubeclient`), for the tables.
+        #[arg(long)]
+        go_counts: Option<PathBuf>,
+        /// Keep the lab's data, its audit log and the daemons' logs here
+        /// (default: a temporary directory, removed).
+        #[arg(long)]
+        work_dir: Option<PathBuf>,
+        /// Write the markdown tables here (default: standard error).
+        #[arg(long)]
+        output: Option<PathBuf>,
+    },
     /// Lease written by rename to IP published.
     Ready {
         #[arg(long, default_value_t = 200)]
@@ -249,6 +291,49 @@ fn main() -> anyhow::Result<()> {
             cache_dir,
             ..ReadyRunConfig::default()
         })?),
+        Cmd::Kube {
+            clones,
+            nodes,
+            repeat,
+            in_flight,
+            price_requests,
+            lab,
+            binary,
+            fake_cocoon,
+            go_counts,
+            work_dir,
+            output,
+        } => {
+            let go_counts = go_counts
+                .map(|path| -> anyhow::Result<serde_json::Value> {
+                    let text = std::fs::read_to_string(&path)
+                        .with_context(|| format!("reading {}: run `COCOON_FIXUP_COUNT_REQUESTS={} cargo test -p fixup-capi --test kubeclient` first", path.display(), path.display()))?;
+                    Ok(serde_json::from_str(&text)?)
+                })
+                .transpose()?;
+            let result = fixup_bench::kube::run(&fixup_bench::kube::KubeConfig {
+                clones,
+                nodes,
+                repeat,
+                in_flight,
+                price_requests,
+                lab: lab.unwrap_or_else(|| workspace_root().join("target/cocoon-kube-lab")),
+                binary: cocoon_fixup_binary(binary)?,
+                fake_cocoon: fake_cocoon.unwrap_or_else(|| {
+                    std::env::current_exe()
+                        .unwrap_or_default()
+                        .with_file_name("fake-cocoon")
+                }),
+                work_dir,
+            })?;
+            let tables = fixup_bench::kube::markdown(&result, go_counts.as_ref());
+            match output {
+                Some(path) => std::fs::write(&path, &tables)
+                    .with_context(|| format!("writing {}", path.display()))?,
+                None => eprint!("{tables}"),
+            }
+            print_json(&result)
+        }
         Cmd::PlanProcess {
             runs,
             binary,

@@ -1,6 +1,6 @@
 package kubeclient_test
 
-// Request counts for the item 5: the API server's own
+// Request counts (BENCHMARKS.md): the API server's own
 // apiserver_request_total, read as admin before and after a piece of work,
 // by verb and resource. The test's own requests in between (the
 // controller creating the pod, the stack's event, the polls that see the
