@@ -54,7 +54,8 @@ bench:
 # target/bench-kube.json. About 5 minutes; run it on a quiet machine.
 bench-kube clones="1000":
     cd lab/kube && GOPROXY=off go build -trimpath -buildvcs=false -mod=readonly -o ../../target/cocoon-kube-lab .
-    COCOON_FIXUP_KUBE_LAB={{justfile_directory()}}/target/cocoon-kube-lab COCOON_FIXUP_COUNT_REQUESTS={{justfile_directory()}}/target/kube-requests-go.json cargo test -p fixup-capi --test kubeclient -- --nocapture
+    rm -f target/kube-requests-go.json
+    COCOON_FIXUP_REQUIRE_KUBE=1 COCOON_FIXUP_KUBE_LAB={{justfile_directory()}}/target/cocoon-kube-lab COCOON_FIXUP_COUNT_REQUESTS={{justfile_directory()}}/target/kube-requests-go.json cargo test -p fixup-capi --test kubeclient -- --nocapture
     cargo build --release -p fixup-host --bin cocoon-fixup -p fake-cocoon --bin fake-cocoon -p fixup-bench --bin fixup-bench
     target/release/fixup-bench kube --clones {{clones}} --go-counts target/kube-requests-go.json --output target/bench-kube.md > target/bench-kube.json
     cat target/bench-kube.md

@@ -852,10 +852,17 @@ impl Lab {
         let pid = child.id();
         let stdin = child.stdin.take();
         let stdout = BufReader::new(child.stdout.take().context("the lab's stdout")?);
-        let ready = stdout
-            .lines()
-            .map_while(Result::ok)
-            .find(|line| line.starts_with("ready "));
+        // Read on a thread of its own, so that a lab that hangs before
+        // `ready` is given up on.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let ready = stdout
+                .lines()
+                .map_while(Result::ok)
+                .find(|line| line.starts_with("ready "));
+            let _ = tx.send(ready);
+        });
+        let ready = rx.recv_timeout(Duration::from_secs(180)).ok().flatten();
         let lab = Lab {
             dir: dir.to_owned(),
             audit,
@@ -1204,6 +1211,13 @@ impl Cluster {
             .map(|(k, n)| (k.clone(), *n))
             .collect();
         resources = minus(&resources, &harness);
+        // The server's own count and the audit log's must say the same,
+        // or neither is worth printing.
+        anyhow::ensure!(
+            resources == daemon,
+            "{}: the metric's delta less the harness's requests ({resources:?}) is not the audit log's count of the daemon's ({daemon:?})",
+            clone.name
+        );
         Ok(KindRun {
             node: clone.node.clone(),
             pod: clone.name.clone(),

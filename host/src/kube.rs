@@ -866,7 +866,7 @@ fn permanent_hint(code: u16) -> &'static str {
     match code {
         401 => "not retried; check the service account token or the kubeconfig credentials",
         403 => {
-            "not retried: an admission plugin refused it (deploy/admission-policy.yaml lets the daemon's identities, its daemonUsers and daemonGroups, write only the daemon's annotations); if the message is the authorizer's, grant the identity what deploy/rbac.yaml grants: get, list, watch and patch on pods, create and list on events.k8s.io events"
+            "not retried: an admission plugin refused it (for a pod, deploy/admission-policy.yaml lets the daemon's identities, its daemonUsers and daemonGroups, write only the daemon's annotations; check the policies and webhooks the message names); if the message is the authorizer's, grant the identity what deploy/rbac.yaml grants: get, list, watch and patch on pods, create and list on events.k8s.io events"
         }
         _ => "not retried, another try would get the same answer; check the request named above",
     }

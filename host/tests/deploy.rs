@@ -1403,6 +1403,8 @@ fn readme_links_the_deploy_files_and_keeps_no_copies() {
         "deploy/rbac.yaml",
         "deploy/admission-policy.yaml",
         "deploy/wake-event-policy.yaml",
+        "deploy/rbac-embedder.yaml",
+        "deploy/alerts.yaml",
         "deploy/README.md",
     ] {
         assert!(

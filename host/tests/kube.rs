@@ -544,6 +544,30 @@ async fn patch_refused_by_the_authorizer_is_tried_again() {
     assert!(reason.contains("deploy/rbac.yaml"), "{reason}");
 }
 
+/// Each shape of the authorizer's sentence the real API server sends is
+/// tried again: a named object, the cluster scope, a subresource, a
+/// grouped resource, RBAC's reason after it.
+#[tokio::test(start_paused = true)]
+async fn every_shape_of_the_authorizers_refusal_is_tried_again() {
+    for message in [
+        "pods \"name\" is forbidden: User \"cocoon-fixup:n1\" cannot patch resource \"pods/status\" in API group \"\" in the namespace \"ns\"",
+        "pods is forbidden: User \"cocoon-fixup:n1\" cannot list resource \"pods\" in API group \"\" at the cluster scope",
+        "events.events.k8s.io is forbidden: User \"cocoon-fixup:n1\" cannot create resource \"events\" in API group \"events.k8s.io\" in the namespace \"ns\"",
+        "pods \"name\" is forbidden: User \"system:node:vk-cocoon\" cannot patch resource \"pods\" in API group \"\" in the namespace \"ns\": RBAC: clusterrole.rbac.authorization.k8s.io \"x\" not found",
+    ] {
+        let result = Scenario::new(
+            "patch 403 (authorizer), then 200",
+            vec![
+                patch_pod().respond(403, status(403, "Forbidden", message)),
+                patch_pod().respond(200, patched_pod()),
+            ],
+        )
+        .run(|api| async move { api.patch_annotations(&pod_ref(), &patch()).await })
+        .await;
+        assert_eq!(result, Ok(()), "{message}");
+    }
+}
+
 /// Only the authorizer's own sentence is tried again: a policy's or a
 /// webhook's denial that quotes a tenant's text shaped like it stays a
 /// refusal, sent once.

@@ -82,9 +82,11 @@ func podDocument(pod *corev1.Pod) ([]byte, error) {
 // 422 (or with NodeIdentity a 403) with the pod gone or of another uid,
 // is ErrGone (the real API server answers another uid with 422, "field is
 // immutable"); a 409 with the pod at another resourceVersion is
-// ErrConflict, returned with that pod; any other 403 or 422 (an admission
-// denial) is ErrRefused; a 409 with the pod still as asked (a write raced
-// this one) is an API error.
+// ErrConflict, returned with that pod; the authorizer's 403 with the pod
+// still there is an API error, tried again (an API server that has just
+// started answers so until it has loaded its bindings); any other 403 or
+// 422 (an admission denial) is ErrRefused; a 409 with the pod still as
+// asked (a write raced this one) is an API error.
 func (p *Pods) PatchAnnotations(ctx context.Context, namespace, name string, patch cocoonfixup.PodPatch) ([]byte, error) {
 	what := fmt.Sprintf("patching the annotations of pod %s/%s", namespace, name)
 	if patch.UID == "" {

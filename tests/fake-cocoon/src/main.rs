@@ -41,7 +41,9 @@
 //!   `"exec_index"` for an exec.
 //! - `exec`: entry `i` plays the `i`-th exec call (from 0); the last entry
 //!   repeats. An entry first waits until the file `gate` exists (a test
-//!   holds the exec there until it has done what it must do meanwhile),
+//!   holds the exec there until it has done what it must do meanwhile;
+//!   the wait ends with exit 1 when the caller goes away, or after five
+//!   minutes),
 //!   sleeps `sleep_ms` (a guest that takes its time), writes `stdout` and
 //!   `stderr` (verbatim), then does the first that applies of:
 //!   - `"hang": true`: sleep forever. With `"pid_file"`, first start a
@@ -169,9 +171,7 @@ fn exec(scenario: &Value, program: &str, rest: &[&str], id: &str, argv: &[&str])
     log(scenario, program, rest, Some(index));
     let entry = &entries[index.min(last)];
     if let Some(gate) = entry["gate"].as_str() {
-        while !std::path::Path::new(gate).exists() {
-            thread::sleep(Duration::from_millis(20));
-        }
+        wait_for_gate(gate);
     }
     if let Some(ms) = entry["sleep_ms"].as_u64() {
         thread::sleep(Duration::from_millis(ms));
@@ -294,6 +294,28 @@ fn exit_code(entry: &Value) -> i32 {
         .and_then(|code| i32::try_from(code).ok())
         .unwrap_or(0)
 }
+
+/// Waits until `gate` exists; gives up (exit 1) when the process that ran
+/// it goes away, or after [`GATE_PATIENCE`], so that a test that failed
+/// before opening it leaves nothing running.
+fn wait_for_gate(gate: &str) {
+    let parent = std::os::unix::process::parent_id();
+    let started = std::time::Instant::now();
+    while !std::path::Path::new(gate).exists() {
+        if std::os::unix::process::parent_id() != parent {
+            fail(&format!(
+                "fake-cocoon: the caller went away before {gate} existed"
+            ))
+        }
+        if started.elapsed() > GATE_PATIENCE {
+            fail(&format!("fake-cocoon: {gate} never existed"))
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// How long an exec waits for its gate at most.
+const GATE_PATIENCE: Duration = Duration::from_secs(300);
 
 fn hang() -> ! {
     loop {
