@@ -58,7 +58,6 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use rustix::process::{Pid, Signal, kill_process};
 use serde_json::{Map, Value, json};
 use support::binary::cocoon_fixup;
-use support::fake::fake_cocoon;
 
 const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
 const NAMESPACE: &str = "prod";
@@ -310,21 +309,7 @@ impl Node {
         let dir = root.join(name);
         fs::create_dir_all(dir.join("plugins")).unwrap();
         fs::write(dir.join("config.toml"), "").unwrap();
-        let wrapper = dir.join("cocoon");
-        fs::write(
-            &wrapper,
-            format!(
-                "#!/bin/sh\nFAKE_COCOON_SCENARIO='{}' exec '{}' \"$@\"\n",
-                dir.join("scenario.json").display(),
-                fake_cocoon().display(),
-            ),
-        )
-        .unwrap();
-        fs::set_permissions(
-            &wrapper,
-            <fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755),
-        )
-        .unwrap();
+        support::fake_cocoon_in(&dir);
         let node = Node {
             name,
             dir,

@@ -22,7 +22,6 @@ use fixup_host::pods::{keys, reasons};
 use rustix::process::{Pid, Signal, kill_process};
 use serde_json::{Map, Value, json};
 use support::binary::cocoon_fixup;
-use support::fake::fake_cocoon;
 use support::fake_api::FakeApi;
 use support::vm_name;
 use tokio::process::Child;
@@ -69,21 +68,7 @@ impl Node {
         fs::create_dir(dir.path().join("plugins")).unwrap();
         fs::write(dir.path().join("config.toml"), "").unwrap();
         fs::write(dir.path().join("leases.json"), "[]").unwrap();
-        let wrapper = dir.path().join("cocoon");
-        fs::write(
-            &wrapper,
-            format!(
-                "#!/bin/sh\nFAKE_COCOON_SCENARIO='{}' exec '{}' \"$@\"\n",
-                dir.path().join("scenario.json").display(),
-                fake_cocoon().display(),
-            ),
-        )
-        .unwrap();
-        fs::set_permissions(
-            &wrapper,
-            <fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755),
-        )
-        .unwrap();
+        support::fake_cocoon_in(dir.path());
         let node = Node {
             dir,
             api,

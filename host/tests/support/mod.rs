@@ -159,6 +159,23 @@ impl Cocoon for ScriptedCocoon {
 pub const UID: &str = "0b7c2f3e-9a51-4c1e-8f1a-2d9e6c1b7a40";
 
 /// The name the stack gives the test pod's VM (`default/web-0`).
+/// `dir/cocoon`: a `cocoon` CLI that is `fake-cocoon` playing
+/// `dir/scenario.json` (which the test writes, and may rewrite by rename).
+pub fn fake_cocoon_in(dir: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let wrapper = dir.join("cocoon");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nFAKE_COCOON_SCENARIO='{}' exec '{}' \"$@\"\n",
+            dir.join("scenario.json").display(),
+            fake::fake_cocoon().display(),
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
 pub fn vm_name() -> String {
     fixup_core::binding::vm_name_for_pod("default", "web-0")
 }
