@@ -95,6 +95,88 @@ pub fn transition(
     Some(patch)
 }
 
+/// The keys an embedder that owns the lifecycle writes itself
+/// ([`crate::decision::Settings::lifecycle_intents`]): the state, its
+/// message, the observed generation and the IP.
+pub const LIFECYCLE_KEYS: [&str; 4] = [
+    keys::LIFECYCLE_STATE,
+    keys::LIFECYCLE_MESSAGE,
+    keys::LIFECYCLE_OBSERVED_GENERATION,
+    keys::IP,
+];
+
+/// A change of the lifecycle keys handed to the embedder that owns them
+/// instead of written: exactly the facts the write of those keys would
+/// carry ([`LifecycleIntent::patch`] gives that write back).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LifecycleIntent {
+    /// The new `lifecycle-state`; `None` when the state stays (stickiness
+    /// kept a Failed pod failed, and only its IP is published).
+    pub state: Option<Lifecycle>,
+    /// The state's message; `None` clears it. Only with a state.
+    pub message: Option<String>,
+    /// The generation the state was decided for
+    /// (`lifecycle-observed-generation`), when the pod has one.
+    pub observed_generation: Option<String>,
+    /// The address to publish (`vm.cocoonstack.io/ip`).
+    pub ip: Option<String>,
+    /// The pod's `metadata.resourceVersion` the change was decided for
+    /// (the one its write left, or the read it was decided from), when
+    /// known: an embedder that publishes under it as a precondition never
+    /// writes over a change it has not seen.
+    pub version: Option<String>,
+}
+
+impl LifecycleIntent {
+    /// Split `patch` into the rest of it and the intent of its lifecycle
+    /// keys (`None` when it has none).
+    pub fn split(mut patch: AnnotationPatch) -> (AnnotationPatch, Option<LifecycleIntent>) {
+        let mut take = |key: &str| patch.remove(key);
+        let state = take(keys::LIFECYCLE_STATE);
+        let message = take(keys::LIFECYCLE_MESSAGE);
+        let generation = take(keys::LIFECYCLE_OBSERVED_GENERATION);
+        let ip = take(keys::IP);
+        if state.is_none() && message.is_none() && generation.is_none() && ip.is_none() {
+            return (patch, None);
+        }
+        let intent = LifecycleIntent {
+            state: state.flatten().as_deref().and_then(Lifecycle::parse),
+            message: message.flatten(),
+            observed_generation: generation.flatten(),
+            ip: ip.flatten(),
+            version: None,
+        };
+        (patch, Some(intent))
+    }
+
+    /// The write of the lifecycle keys this intent stands for.
+    pub fn patch(&self) -> AnnotationPatch {
+        let mut patch = AnnotationPatch::new();
+        if let Some(state) = self.state {
+            patch.insert(
+                keys::LIFECYCLE_STATE.to_owned(),
+                Some(state.as_str().to_owned()),
+            );
+            patch.insert(keys::LIFECYCLE_MESSAGE.to_owned(), self.message.clone());
+        }
+        if let Some(generation) = &self.observed_generation {
+            patch.insert(
+                keys::LIFECYCLE_OBSERVED_GENERATION.to_owned(),
+                Some(generation.clone()),
+            );
+        }
+        if let Some(ip) = &self.ip {
+            patch.insert(keys::IP.to_owned(), Some(ip.clone()));
+        }
+        patch
+    }
+
+    /// Whether the pod is ready by it.
+    pub fn ready(&self) -> bool {
+        self.state == Some(Lifecycle::Ready)
+    }
+}
+
 /// `vm.cocoonstack.io/post-clone-state`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PostCloneState {
@@ -452,5 +534,40 @@ mod tests {
         assert_eq!(IpWaitOnly.op(), Some("ready_wait"));
         assert_eq!(Parked.op(), None);
         assert_eq!(Nothing(Deleting).op(), None);
+    }
+
+    /// Every lifecycle write the task makes splits into the rest and an
+    /// intent that gives the same keys back; a write without them has
+    /// none; stickiness leaves an IP alone in the intent.
+    #[test]
+    fn an_intent_carries_exactly_the_lifecycle_keys_of_its_write() {
+        let pod = ann(&[(keys::GENERATION, "4"), (keys::LIFECYCLE_STATE, "creating")]);
+        let mut failed = crate::annotations::state_patch(PostCloneState::Failed);
+        failed.extend(transition(&pod, Lifecycle::Failed, "it broke").unwrap());
+        let ready = crate::annotations::ready_patch(&pod, "10.0.0.5".parse().unwrap());
+        let sticky = ann(&[(keys::LIFECYCLE_STATE, "failed")]);
+        let ip_only = crate::annotations::ready_patch(&sticky, "10.0.0.6".parse().unwrap());
+        for patch in [failed.clone(), ready, ip_only.clone()] {
+            let (rest, intent) = LifecycleIntent::split(patch.clone());
+            let intent = intent.expect("a lifecycle write has an intent");
+            assert!(LIFECYCLE_KEYS.iter().all(|k| !rest.contains_key(*k)));
+            let mut back = rest;
+            back.extend(intent.patch());
+            assert_eq!(back, patch);
+        }
+        let (_, intent) = LifecycleIntent::split(failed);
+        let intent = intent.unwrap();
+        assert_eq!(intent.state, Some(Lifecycle::Failed));
+        assert_eq!(intent.message.as_deref(), Some("it broke"));
+        assert_eq!(intent.observed_generation.as_deref(), Some("4"));
+        assert!(!intent.ready());
+        let (_, intent) = LifecycleIntent::split(ip_only);
+        let intent = intent.unwrap();
+        assert_eq!(
+            (intent.state, intent.ip.as_deref()),
+            (None, Some("10.0.0.6"))
+        );
+        let running = crate::annotations::state_patch(PostCloneState::Running);
+        assert_eq!(LifecycleIntent::split(running.clone()), (running, None));
     }
 }

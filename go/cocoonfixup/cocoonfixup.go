@@ -10,19 +10,24 @@
 //
 // Two backends speak the same JSON ops to the same library:
 //
-//   - linked (cgo): libcocoon_fixup is linked in. Build it, then point
-//     the Go linker at it:
+//   - process (the default, any GOOS/GOARCH, cgo on or off): one
+//     long-lived child, `cocoon-fixup embed`, over a pipe. The binary is
+//     installed on the node beside cocoon and cocoon-net (a static build,
+//     e.g. /usr/local/bin/cocoon-fixup) and found by Options.Binary, else
+//     COCOON_FIXUP_BIN, else cocoon-fixup on PATH. NewPlanner checks its
+//     ABI: a binary that is missing, does not answer or speaks another ABI
+//     is an ErrConfig, which a retry does not mend.
+//
+//   - linked (cgo, opt-in by build tag): libcocoon_fixup is linked in.
+//     Build it, then point the Go linker at it:
 //
 //     cargo build --release -p fixup-capi
-//     CGO_LDFLAGS="-L$PWD/target/release" go build ./...
+//     CGO_LDFLAGS="-L$PWD/target/release" go build -tags cocoonfixup_linked ./...
 //
-//     The static archive is linked by default; -tags cocoonfixup_dynamic
-//     links the shared library instead.
-//
-//   - process (any GOOS/GOARCH, CGO_ENABLED=0): one long-lived child,
-//     `cocoon-fixup embed`, the binary installed on the node, over a
-//     pipe. The tag cocoonfixup_nocgo leaves the linked backend out of a
-//     cgo build too.
+//     -tags cocoonfixup_linked links the static archive,
+//     -tags cocoonfixup_dynamic the shared library; either makes
+//     BackendAuto the linked library, and either fails the build when
+//     cgo is off.
 //
 // A Planner is built once, is safe for use by many goroutines at once, and
 // must be closed with Close.
@@ -90,10 +95,16 @@ func (c Code) String() string {
 var (
 	// ErrClosed is returned by calls on a closed Planner.
 	ErrClosed = errors.New("cocoonfixup: the planner is closed")
-	// ErrUnavailable: the library cannot be reached (not linked in, the
-	// wrong ABI, the cocoon-fixup binary missing or gone). The node is at
-	// fault: such errors match ErrRetryable too.
+	// ErrUnavailable: the library cannot be reached for now (the
+	// cocoon-fixup child died, and a new one is not yet serving). The node
+	// is at fault: such errors match ErrRetryable too.
 	ErrUnavailable = errors.New("cocoonfixup: the library is unavailable")
+	// ErrConfig: the library cannot be reached as the program is built and
+	// the node set up (the cocoon-fixup binary missing, not answering or
+	// of another ABI; BackendLinked in a build without the library). The
+	// message says what to install or build. A retry does not mend it: it
+	// matches neither ErrUnavailable nor ErrRetryable.
+	ErrConfig = errors.New("cocoonfixup: the library is not set up")
 	// ErrRetryable: the node, not the pod, is at fault; try again later.
 	ErrRetryable = errors.New("cocoonfixup: the node is at fault, retry later")
 	// ErrPlanFailed: no plan can be made for the pod.
@@ -167,10 +178,26 @@ func unavailable(format string, args ...any) error {
 	return &unavailableError{message: fmt.Sprintf(format, args...)}
 }
 
-// why is what err says, without the ErrUnavailable prefix of its own.
+// configError is an ErrConfig with what to install or build; it is not
+// retryable.
+type configError struct{ message string }
+
+func (e *configError) Error() string { return ErrConfig.Error() + ": " + e.message }
+
+func (e *configError) Is(target error) bool { return target == ErrConfig }
+
+func configErr(format string, args ...any) error {
+	return &configError{message: fmt.Sprintf(format, args...)}
+}
+
+// why is what err says, without the ErrUnavailable or ErrConfig prefix of
+// its own.
 func why(err error) string {
-	if u, ok := err.(*unavailableError); ok {
-		return u.message
+	switch e := err.(type) {
+	case *unavailableError:
+		return e.message
+	case *configError:
+		return e.message
 	}
 	return err.Error()
 }
@@ -243,10 +270,10 @@ type Options struct {
 	// `cocoon-fixup plan` does); otherwise the others serve (as `serve`
 	// does) and LoadFailures lists them.
 	Strict bool
-	// Log, when set, hears what the planner does on its own: a
-	// BackendProcess child that died ("warn"), the new one that took its
-	// place ("info"), one that did not start ("error"). Not sent to the
-	// library.
+	// Log, when set, hears what the planner does on its own: a library of
+	// another release ("warn"), a BackendProcess child that died ("warn"),
+	// the new one that took its place ("info"), one that did not start
+	// ("error"). Not sent to the library.
 	Log func(level, message string)
 }
 
@@ -336,9 +363,12 @@ func (p *Planner) enter() bool {
 	return true
 }
 
-// NewPlanner reaches the library (Options.Backend), starts the plugin
-// engine and loads the built-in plugins and the plugin directory. A
-// library that cannot be reached is ErrUnavailable, with what is missing.
+// NewPlanner reaches the library (Options.Backend), checks its ABI and
+// release, starts the plugin engine and loads the built-in plugins and the
+// plugin directory. A library that cannot be reached as the program is
+// built and the node set up is ErrConfig, with what to install or build;
+// a library of another release with the same ABI serves, with a warning
+// in Warnings and to Options.Log.
 func NewPlanner(ctx context.Context, o Options) (*Planner, error) {
 	c, loaded, err := openConn(ctx, o)
 	if err != nil {
@@ -372,7 +402,7 @@ type loadedPlanner struct {
 // openConn reaches the library and makes the planner in it.
 func openConn(ctx context.Context, o Options) (*conn, loadedPlanner, error) {
 	var loaded loadedPlanner
-	t, err := openTransport(ctx, o)
+	t, release, err := openTransport(ctx, o)
 	if err != nil {
 		return nil, loaded, err
 	}
@@ -393,6 +423,17 @@ func openConn(ctx context.Context, o Options) (*conn, loadedPlanner, error) {
 	if err := json.Unmarshal(answer, &loaded); err != nil {
 		abandon()
 		return nil, loaded, invalid("reading the planner's answer: %v", err)
+	}
+	if release != Version {
+		what := "the cocoon-fixup binary"
+		if _, ok := t.(*process); !ok {
+			what = "the linked libcocoon_fixup"
+		}
+		warning := fmt.Sprintf("%s is release %q and this package release %s: the ABI is the same, so it serves; install the package's release to keep them in step", what, release, Version)
+		loaded.Warnings = append(loaded.Warnings, warning)
+		if o.Log != nil {
+			o.Log("warn", warning)
+		}
 	}
 	return &conn{t: t, handle: loaded.Planner}, loaded, nil
 }
@@ -468,11 +509,18 @@ func (p *Planner) restart(r *restart, old *process, gone error) {
 	c, loaded, err := openConn(ctx, p.opts)
 	old.close()
 	p.connMu.Lock()
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrConfig):
+		// The node's binary went missing or changed under the planner: a
+		// retry does not mend that.
+		r.err = configErr("%s; a new child did not start: %s", why(gone), why(err))
+		p.failed = r.err
+		p.log("error", why(r.err))
+	case err != nil:
 		r.err = unavailable("%s; a new child did not start: %s", why(gone), why(err))
 		p.failed = r.err
 		p.log("error", why(r.err))
-	} else {
+	default:
 		r.c = c
 		p.conn, p.failed = c, nil
 		p.failures, p.warnings = loaded.LoadFailures, loaded.Warnings
@@ -507,20 +555,32 @@ func (p *Planner) log(level, message string) {
 type own struct{}
 
 // Backend is the backend the planner reached the library by.
-func (p *Planner) Backend() Backend { return p.backend }
+func (p *Planner) Backend() Backend {
+	if p == nil {
+		return BackendAuto
+	}
+	return p.backend
+}
 
 // LoadFailures lists the plugin files that did not load (never with
 // Options.Strict, which fails NewPlanner instead), as the library last
 // loaded them (a new BackendProcess child loads them again).
 func (p *Planner) LoadFailures() []LoadFailure {
+	if p == nil {
+		return nil
+	}
 	p.connMu.Lock()
 	defer p.connMu.Unlock()
 	return append([]LoadFailure(nil), p.failures...)
 }
 
 // Warnings lists what the operator should know about the options, such as
-// a policy narrowing for a plugin that is not loaded.
+// a policy narrowing for a plugin that is not loaded, and a library of
+// another release than the package's.
 func (p *Planner) Warnings() []string {
+	if p == nil {
+		return nil
+	}
 	p.connMu.Lock()
 	defer p.connMu.Unlock()
 	return append([]string(nil), p.warnings...)
@@ -534,6 +594,9 @@ func (p *Planner) Warnings() []string {
 // from a Run's own VM, Pods or other callbacks: it would wait for
 // itself.
 func (p *Planner) Close() error {
+	if p.unmade() != nil {
+		return nil
+	}
 	// First, and without a lock a call may hold: the Runs in flight and a
 	// restart under way hear it at once.
 	p.stopOnce.Do(func() { close(p.stopping) })
@@ -567,8 +630,20 @@ func (p *Planner) Close() error {
 	return err
 }
 
+// unmade refuses a Planner that NewPlanner did not make (its zero value,
+// or nil): every call on it is an ErrInvalidArgument, never a hang.
+func (p *Planner) unmade() error {
+	if p == nil || p.stopping == nil {
+		return invalid("this Planner was not made by NewPlanner")
+	}
+	return nil
+}
+
 // call sends one op while the planner is open, to the planner's session.
 func (p *Planner) call(ctx context.Context, request map[string]any) (json.RawMessage, error) {
+	if err := p.unmade(); err != nil {
+		return nil, err
+	}
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	if p.closed {
@@ -627,6 +702,9 @@ func decodeAnswer(answer json.RawMessage, err error, op any, into any) error {
 // session is the planner's session for a Run's task, reached (a dead
 // child replaced) while the planner is open.
 func (p *Planner) session(ctx context.Context) (*conn, error) {
+	if err := p.unmade(); err != nil {
+		return nil, err
+	}
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	if p.closed {
@@ -637,6 +715,9 @@ func (p *Planner) session(ctx context.Context) (*conn, error) {
 
 // slot waits for an engine slot, or for ctx to end.
 func (p *Planner) slot(ctx context.Context) (func(), error) {
+	if err := p.unmade(); err != nil {
+		return nil, err
+	}
 	select {
 	case p.slots <- struct{}{}:
 		return func() { <-p.slots }, nil

@@ -38,6 +38,9 @@ type world struct {
 	now    int64 // ms since Run started
 	base   time.Time
 	cancel context.CancelFunc
+	// owning: the caller owns the lifecycle, so no write of Run's may
+	// carry its keys.
+	owning bool
 }
 
 type startInfo struct {
@@ -51,8 +54,45 @@ type startInfo struct {
 		NowUnixMS       int64           `json:"now_unix_ms"`
 		WatchedSinceNew bool            `json:"watched_since_new"`
 	} `json:"memory"`
+	Knows *struct {
+		Boot        Boot     `json:"boot"`
+		SourceImage string   `json:"source_image"`
+		RecordLacks []string `json:"record_lacks"`
+	} `json:"knows"`
 	WallMS int64 `json:"wall_ms"`
 	Down   bool  `json:"down"`
+}
+
+// typedWorld is the world's VM for a caller whose cocoon client parses
+// the record into its own types: the record as a VMRecord.
+type typedWorld struct{ *world }
+
+func (w typedWorld) InspectRecord(ctx context.Context, vm string, timeout time.Duration) (*VMRecord, error) {
+	doc, err := w.Inspect(ctx, vm, timeout)
+	if err != nil {
+		return nil, err
+	}
+	var record VMRecord
+	if err := json.Unmarshal(doc, &record); err != nil {
+		return nil, err
+	}
+	return &record, nil
+}
+
+// publisher is the caller that owns the lifecycle: each change goes to
+// the world as the caller's own write.
+type publisher struct{ w *world }
+
+func (p *publisher) Publish(ctx context.Context, pod PodRef, i LifecycleIntent) error {
+	orNull := func(s string) any {
+		if s == "" {
+			return nil
+		}
+		return s
+	}
+	p.w.act(map[string]any{"action": "publish", "state": orNull(string(i.State)), "message": orNull(i.Message),
+		"observed_generation": orNull(i.ObservedGeneration), "ip": orNull(i.IP), "ready": i.Ready})
+	return nil
 }
 
 func startWorld(t *testing.T, scenario, cocoonRoot string) *world {
@@ -205,6 +245,13 @@ func (w *world) Get(ctx context.Context, namespace, name string) ([]byte, error)
 }
 
 func (w *world) PatchAnnotations(ctx context.Context, namespace, name string, p PodPatch) ([]byte, error) {
+	if w.owning {
+		for _, key := range []string{KeyLifecycleState, KeyLifecycleMessage, KeyLifecycleObservedGeneration, KeyIP} {
+			if _, ok := p.Annotations[key]; ok {
+				w.t.Errorf("Run wrote %s though the caller owns the lifecycle", key)
+			}
+		}
+	}
 	w.live(ctx, "a patch")
 	var version any
 	if p.ResourceVersion != "" {
@@ -336,15 +383,34 @@ func backends(t *testing.T) []Backend {
 	return out
 }
 
+// TestConformanceThroughRun replays every scenario of the suite, and the
+// embedder's own (tests/conformance-embedder), through Run on each
+// backend, with Run writing the lifecycle and with the caller owning it.
 func TestConformanceThroughRun(t *testing.T) {
 	files, err := filepath.Glob(filepath.Join(root, "tests", "conformance", "*.json"))
 	if err != nil || len(files) < 20 {
 		t.Fatalf("the conformance scenarios are missing (%v): %d found", err, len(files))
 	}
+	embedder, err := filepath.Glob(filepath.Join(root, "tests", "conformance-embedder", "*.json"))
+	if err != nil || len(embedder) == 0 {
+		t.Fatalf("the embedder's scenarios are missing (%v)", err)
+	}
+	files = append(files, embedder...)
 	sort.Strings(files)
+	// What only an embedder that owns the lifecycle sees.
+	owned, err := filepath.Glob(filepath.Join(root, "tests", "conformance-owned", "*.json"))
+	if err != nil || len(owned) == 0 {
+		t.Fatalf("the scenarios of an embedder that owns the lifecycle are missing (%v)", err)
+	}
 	for _, backend := range backends(t) {
-		backend := backend
-		t.Run(backend.String(), func(t *testing.T) {
+		conformanceThroughRun(t, backend, backend.String(), false, files)
+		conformanceThroughRun(t, backend, backend.String()+"-lifecycle-owned", true, append(append([]string(nil), files...), owned...))
+	}
+}
+
+func conformanceThroughRun(t *testing.T, backend Backend, name string, owning bool, files []string) {
+	{
+		t.Run(name, func(t *testing.T) {
 			cocoonRoot := t.TempDir()
 			planners := map[[2]bool]*Planner{}
 			defer func() {
@@ -355,7 +421,7 @@ func TestConformanceThroughRun(t *testing.T) {
 			var failed []string
 			for _, file := range files {
 				name := strings.TrimSuffix(filepath.Base(file), ".json")
-				why := replayOne(t, backend, planners, file, cocoonRoot)
+				why := replayOne(t, backend, planners, file, cocoonRoot, owning)
 				os.RemoveAll(filepath.Join(cocoonRoot, "run"))
 				if why != "" {
 					failed = append(failed, name+": "+why)
@@ -371,7 +437,7 @@ func TestConformanceThroughRun(t *testing.T) {
 
 // replayOne replays one scenario; "" when the world found what it
 // expected, else why not.
-func replayOne(t *testing.T, backend Backend, planners map[[2]bool]*Planner, file, cocoonRoot string) string {
+func replayOne(t *testing.T, backend Backend, planners map[[2]bool]*Planner, file, cocoonRoot string, owning bool) string {
 	w := startWorld(t, file, cocoonRoot)
 	defer w.cmd.Wait()
 	var start startInfo
@@ -400,11 +466,23 @@ func replayOne(t *testing.T, backend Backend, planners map[[2]bool]*Planner, fil
 		o.WatchedSinceNew = start.Memory.WatchedSinceNew
 		w.base = time.UnixMilli(start.Memory.NowUnixMS)
 	}
-	outcome, err := p.Run(ctx, start.Pod, w, w, o)
+	var vm VM = w
+	if start.Knows != nil {
+		o.Boot, o.SourceImage = start.Knows.Boot, start.Knows.SourceImage
+		if len(start.Knows.RecordLacks) > 0 {
+			vm = typedWorld{w}
+		}
+	}
+	if owning {
+		w.owning = true
+		o.Lifecycle = &publisher{w: w}
+	}
+	outcome, err := p.Run(ctx, start.Pod, vm, w, o)
 	finish := map[string]any{"action": "finish"}
 	var stop *StopError
 	switch {
-	case err == nil:
+	case err == nil, errors.Is(err, context.Canceled) && outcome != nil:
+		// A cancel by the caller is a shutdown with its summary.
 		finish["summary"] = outcome.Summary
 	case errors.As(err, &stop):
 		finish["stop"] = map[string]any{"kind": stop.Kind, "retryable": stop.Retryable}

@@ -40,3 +40,82 @@ const (
 // prepared (`<plugin> <version> sha256:<digest>`); copy it onto the
 // parent's clones.
 const KeyPrepared = "vm.cocoonstack.io/prepared"
+
+// What Run did with the pod (Outcome.Action).
+type Handled string
+
+const (
+	HandledNothing    Handled = "nothing"
+	HandledParked     Handled = "parked"
+	HandledVMMismatch Handled = "vm-mismatch"
+	HandledFixup      Handled = "fixup"
+	HandledIPWait     Handled = "ip-wait"
+	HandledGone       Handled = "gone"
+	HandledShutdown   Handled = "shutdown"
+	HandledPrepare    Handled = "prepare"
+)
+
+// How the fixup loop ended (Outcome.Fixup).
+type FixupEnd string
+
+const (
+	FixupDone       FixupEnd = "done"
+	FixupExhausted  FixupEnd = "exhausted"
+	FixupPlanFailed FixupEnd = "plan-failed"
+	FixupShutdown   FixupEnd = "shutdown"
+	FixupGone       FixupEnd = "gone"
+)
+
+// How the IP wait ended (Outcome.Readiness).
+type Readiness string
+
+const (
+	ReadinessReady    Readiness = "ready"
+	ReadinessTimedOut Readiness = "timed-out"
+	ReadinessShutdown Readiness = "shutdown"
+	ReadinessGone     Readiness = "gone"
+)
+
+// How the serial-console pass ended (Outcome.SAC).
+type SACEnd string
+
+const (
+	SACSet      SACEnd = "set"
+	SACFailed   SACEnd = "failed"
+	SACShutdown SACEnd = "shutdown"
+	SACGone     SACEnd = "gone"
+)
+
+// Why a pod was left alone (Outcome.HandsOff).
+type HandsOff string
+
+const (
+	HandsOffStackOwns          HandsOff = "stack-owns"
+	HandsOffHibernateRequested HandsOff = "hibernate-requested"
+	HandsOffDeleting           HandsOff = "deleting"
+	HandsOffMacos              HandsOff = "macos"
+	HandsOffNotManaged         HandsOff = "not-managed"
+	HandsOffNotCloned          HandsOff = "not-cloned"
+	HandsOffNotSettled         HandsOff = "not-settled"
+)
+
+// The network scenario a fixup ran (Outcome.Scenario).
+type Scenario string
+
+const (
+	ScenarioCloudimg    Scenario = "cloudimg"
+	ScenarioOCINetworkd Scenario = "oci-networkd"
+	ScenarioFCMAC       Scenario = "fc-mac"
+	ScenarioWindowsPnP  Scenario = "windows-pnp"
+)
+
+// The lifecycle-state values (KeyLifecycleState).
+type LifecycleState string
+
+const (
+	LifecycleCreating    LifecycleState = "creating"
+	LifecycleReady       LifecycleState = "ready"
+	LifecycleHibernating LifecycleState = "hibernating"
+	LifecycleHibernated  LifecycleState = "hibernated"
+	LifecycleFailed      LifecycleState = "failed"
+)

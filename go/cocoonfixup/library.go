@@ -1,9 +1,12 @@
-//go:build cgo && !cocoonfixup_nocgo
+//go:build (cocoonfixup_linked || cocoonfixup_dynamic) && cgo
 
 package cocoonfixup
 
-// The library linked in through cgo. The header is the module's own copy
-// (include/), so a vendored build finds it.
+// The library linked in through cgo, with -tags cocoonfixup_linked (the
+// static archive, link_static.go) or cocoonfixup_dynamic (the shared
+// library, link_dynamic.go). The header is the module's own copy in
+// include/, a package of its own that this file imports so that `go mod
+// vendor` copies it.
 
 // #cgo CFLAGS: -I${SRCDIR}/include
 // #include <stdlib.h>
@@ -13,6 +16,8 @@ import "C"
 import (
 	"context"
 	"unsafe"
+
+	_ "github.com/cocoonstack/cocoon-fixup/go/cocoonfixup/include"
 )
 
 // haveLibrary says the library is linked in.
@@ -24,7 +29,7 @@ type linked struct{}
 
 func openLinked() (transport, error) {
 	if v := int(C.cf_abi_version()); v != abiVersion {
-		return nil, unavailable("the linked libcocoon_fixup has ABI version %d, this package needs %d: build the library from the same release as the package", v, abiVersion)
+		return nil, configErr("the linked libcocoon_fixup has ABI version %d, this package (release %s) needs %d: link the library of the package's release", v, Version, abiVersion)
 	}
 	return linked{}, nil
 }

@@ -31,6 +31,9 @@ type ObserveOptions struct {
 // new, for RunOptions.WatchedSinceNew and the next Observe. An error
 // (a record that could not be read or stored) is a gap: it returns false.
 func (p *Planner) Observe(ctx context.Context, pod any, records Records, o ObserveOptions) (bool, error) {
+	if err := p.unmade(); err != nil {
+		return false, err
+	}
 	if records == nil {
 		return false, invalid("Observe needs Records")
 	}

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
 	"time"
 )
 
@@ -44,12 +46,17 @@ type Pods interface {
 	// answered with (nil is fine). On ErrConflict, return the pod as it is
 	// now with the error (nil: Run reads it).
 	PatchAnnotations(ctx context.Context, namespace, name string, p PodPatch) ([]byte, error)
-	// Event records an event on the pod (best effort: an error is logged).
+	// Event records an event on the pod (best effort: an error is logged),
+	// with the caller's own reportingController (any name: of the events
+	// the step reads back, only the stack's Woken and
+	// HibernateSnapshotExists count).
 	Event(ctx context.Context, namespace, name, uid string, e Event) error
 }
 
 // PodPatch is one annotation write with its preconditions.
 type PodPatch struct {
+	// Annotations is never nil (encode it as an object: a merge patch of
+	// `annotations: null` would remove every annotation).
 	Annotations     Patch
 	UID             string
 	ResourceVersion string // "" for the uid precondition only
@@ -128,8 +135,16 @@ const (
 	TriggerPrepare Trigger = "prepare"
 )
 
+// Off switches a Settings duration off where that means something: no
+// wake grace (a pod with the host's hibernate history and no witness of
+// the stack is then a recreate at once), no DHCP recovery pass, no
+// Windows renew nudge, and a wake event window of none (only events at or
+// after the VM's creation count). Elsewhere it is refused.
+const Off time.Duration = -1
+
 // Settings are the step's numbers; zero fields take the daemon's
-// defaults.
+// defaults, and Off switches WakeGrace, WakeEventWindow,
+// DHCPRecoveryAfter and RenewAfter off.
 type Settings struct {
 	RetryInterval     time.Duration // between fixup attempts (3s)
 	RetryBudget       time.Duration // attempts stop this long after the first (180s)
@@ -149,11 +164,26 @@ type Settings struct {
 	WakeEventReporters []string
 }
 
-func (s Settings) document() map[string]any {
+func (s Settings) document() (map[string]any, error) {
 	doc := map[string]any{}
+	var bad []string
 	set := func(key string, d time.Duration) {
-		if d > 0 {
+		switch {
+		case d > 0:
 			doc[key] = d.Milliseconds()
+		case d == Off:
+			switch key {
+			case "wake_grace_ms", "wake_event_window_ms":
+				doc[key] = 0
+			case "dhcp_recovery_after_ms":
+				doc["dhcp_recovery"] = false
+			case "renew_after_ms":
+				doc["windows_renew"] = false
+			default:
+				bad = append(bad, strings.TrimSuffix(key, "_ms")+" cannot be switched off")
+			}
+		case d < 0:
+			bad = append(bad, fmt.Sprintf("%s is negative (%v)", strings.TrimSuffix(key, "_ms"), d))
 		}
 	}
 	set("retry_interval_ms", s.RetryInterval)
@@ -170,7 +200,10 @@ func (s Settings) document() map[string]any {
 	if len(s.WakeEventReporters) > 0 {
 		doc["wake_event_reporters"] = s.WakeEventReporters
 	}
-	return doc
+	if len(bad) > 0 {
+		return nil, invalid("Settings: %s", strings.Join(bad, "; "))
+	}
+	return doc, nil
 }
 
 // oldEventLister is the event listing of earlier versions of this
@@ -198,12 +231,30 @@ type RunOptions struct {
 	// is safe only where a hibernation the watch saw is in the record.
 	// It is ignored without Records and without a usable stored record.
 	WatchedSinceNew bool
-	// Log receives the step's log lines ("info", "warn", "error").
+	// Log receives the step's log lines ("info", "warn", "error"), each
+	// naming the pod.
 	Log func(level, message string)
 	// Admission bounds the pods worked on at once (shared by the Runs
 	// of a provider); nil: no bound. A step waiting for the IP holds no
 	// turn.
 	Admission *Admission
+	// Lifecycle, when set, owns the lifecycle keys (KeyLifecycleState,
+	// its message, the observed generation, KeyIP): Run writes none of
+	// them and hands each change to it instead, in the order the writes
+	// would have been made, right after the write it goes with landed,
+	// and waits for it. Nil: Run writes them itself. The step still
+	// reads lifecycle-state and lifecycle-observed-generation back from
+	// the pod (failed sticks within a generation; a pod the stack owns is
+	// left alone), so the owner writes exactly what each intent says.
+	Lifecycle LifecycleOwner
+	// Boot is how the caller booted the VM, when it knows: evidence of a
+	// wake, or of none, that needs neither the stack's events nor the
+	// wake grace. BootUnknown (""): the step finds out.
+	Boot Boot
+	// SourceImage is the snapshot's source image, when the caller knows
+	// it: it replaces the record's config.image (an http(s) URL is a
+	// cloudimg guest).
+	SourceImage string
 
 	// For the package's own replay of the conformance suite: the serial
 	// console and the settings as the scenario gives them.
@@ -220,7 +271,11 @@ type consoleOps interface {
 }
 
 // Admission is a bound on the pods worked on at once, shared by Runs.
-type Admission struct{ turns chan struct{} }
+// Its zero value allows one pod at a time.
+type Admission struct {
+	once  sync.Once
+	turns chan struct{}
+}
 
 // NewAdmission allows n pods worked on at once (at least 1).
 func NewAdmission(n int) *Admission {
@@ -231,6 +286,11 @@ func NewAdmission(n int) *Admission {
 }
 
 func (a *Admission) acquire(ctx context.Context) bool {
+	a.once.Do(func() {
+		if a.turns == nil {
+			a.turns = make(chan struct{}, 1)
+		}
+	})
 	select {
 	case a.turns <- struct{}{}:
 		return true
@@ -243,20 +303,21 @@ func (a *Admission) release() { <-a.turns }
 
 // Outcome is how the step ended: the summary `cocoon-fixup run` prints.
 type Outcome struct {
-	Pod    string `json:"pod"`
-	Action string `json:"action"` // nothing, parked, vm-mismatch, fixup, ip-wait, gone, shutdown, prepare
-	// Fixup is how the fixup loop ended (done, exhausted, plan-failed,
-	// shutdown, gone), or "".
-	Fixup    string `json:"fixup"`
-	Attempts int    `json:"attempts"`
-	// Readiness is how the IP wait ended (ready, timed-out, shutdown,
-	// gone), or "".
-	Readiness string `json:"readiness"`
-	IP        string `json:"ip"`
+	Pod    string  `json:"pod"`
+	Action Handled `json:"action"`
+	// Scenario is the network scenario of the fixup (Action "fixup"), or
+	// "".
+	Scenario Scenario `json:"scenario"`
+	// Fixup is how the fixup loop ended, or "".
+	Fixup    FixupEnd `json:"fixup"`
+	Attempts int      `json:"attempts"`
+	// Readiness is how the IP wait ended, or "".
+	Readiness Readiness `json:"readiness"`
+	IP        string    `json:"ip"`
 	// SAC is how the serial-console pass ended, or "".
-	SAC string `json:"sac"`
+	SAC SACEnd `json:"sac"`
 	// HandsOff is why the pod was left alone (Action "nothing"), or "".
-	HandsOff string `json:"hands_off"`
+	HandsOff HandsOff `json:"hands_off"`
 	// Prepared is what a preparation wrote to vm.cocoonstack.io/prepared
 	// (the plugin, its version and digest), or "".
 	Prepared string `json:"prepared"`
@@ -273,11 +334,51 @@ type StopError struct {
 	Kind      string
 	Retryable bool
 	Message   string
+	// Err is the caller's own error the step stopped on (its VM's or its
+	// Pods'), or nil: errors.Is and errors.As reach it through Unwrap.
+	Err error
 }
 
 func (e *StopError) Error() string {
 	return fmt.Sprintf("cocoonfixup: the post-clone step stopped (%s): %s", e.Kind, e.Message)
 }
+
+// Unwrap is the caller's own error the step stopped on.
+func (e *StopError) Unwrap() error { return e.Err }
+
+// StopVMGone is the Kind of a step that stopped because the caller's VM
+// said the VM is gone (its Inspect error wraps ErrVMGone): not retryable;
+// the pod's next VM is a new step.
+const StopVMGone = "vm-gone"
+
+// StopMissingFact is the Kind of a step that stopped because it needs a
+// fact of the VM record the caller's record lacks (a RecordInspector's
+// empty Config.Image or CreatedAt) and nothing else gives it: not
+// retryable; give the fact, RunOptions.SourceImage or RunOptions.Boot.
+const StopMissingFact = "missing-fact"
+
+// ErrVMGone is what a VM's Inspect error wraps (or matches with an Is
+// method) when the VM does not exist: the step then stops as StopVMGone
+// rather than retrying. VMGone marks the caller's own error so.
+var ErrVMGone = errors.New("cocoonfixup: the VM is gone")
+
+// VMGone is err marked as a VM that does not exist: errors.Is matches
+// ErrVMGone, and Unwrap gives err back (so the caller's own sentinel,
+// such as its runtime's "VM not found", still matches too).
+func VMGone(err error) error { return vmGone{err} }
+
+type vmGone struct{ err error }
+
+func (g vmGone) Error() string {
+	if g.err == nil {
+		return ErrVMGone.Error()
+	}
+	return g.err.Error()
+}
+
+func (g vmGone) Is(target error) bool { return target == ErrVMGone }
+
+func (g vmGone) Unwrap() error { return g.err }
 
 // Is matches ErrRetryable for a retryable stop.
 func (e *StopError) Is(target error) bool {
@@ -337,14 +438,20 @@ func (p *Planner) Prepare(ctx context.Context, pod any, vm VM, pods Pods, o RunO
 // before it could decide (a retryable one is errors.Is ErrRetryable), an
 // *Error when the library refused the input or could not be reached.
 func (p *Planner) Run(ctx context.Context, pod any, vm VM, pods Pods, o RunOptions) (*Outcome, error) {
+	if err := p.unmade(); err != nil {
+		return nil, err
+	}
 	if vm == nil || pods == nil {
 		return nil, invalid("Run needs a VM and Pods")
+	}
+	if err := usableVM(vm); err != nil {
+		return nil, err
 	}
 	doc, err := document(pod)
 	if err != nil {
 		return nil, err
 	}
-	r := &runner{p: p, vm: vm, pods: pods, o: o, clock: o.Clock, console: o.console}
+	r := &runner{p: p, vm: vm, pods: pods, o: o, clock: o.Clock, console: o.console, caller: ctx}
 	if r.clock == nil {
 		r.clock = realClock{}
 	}
@@ -353,13 +460,26 @@ func (p *Planner) Run(ctx context.Context, pod any, vm VM, pods Pods, o RunOptio
 	if trigger == "" {
 		trigger = TriggerEvent
 	}
-	settings := o.Settings.document()
+	settings, err := o.Settings.document()
+	if err != nil {
+		return nil, err
+	}
 	if o.settingsDoc != nil {
 		settings = o.settingsDoc
+	}
+	if o.Lifecycle != nil {
+		settings["lifecycle_intents"] = true
+	}
+	knows, err := o.knows()
+	if err != nil {
+		return nil, err
 	}
 	// The wall clock: a wake event of the stack dated after it is no
 	// evidence.
 	options := map[string]any{"trigger": string(trigger), "settings": settings, "now_unix_ms": r.clock.Now().UnixMilli()}
+	if len(knows) > 0 {
+		options["knows"] = knows
+	}
 	var meta podMeta
 	if err := json.Unmarshal(doc, &struct {
 		Metadata *podMeta `json:"metadata"`
@@ -450,11 +570,40 @@ type runner struct {
 	task     uint64
 	console  consoleOps
 	admitted bool
+	// caller is the context Run was given: its cancel is the caller's.
+	caller context.Context
+	// lastErr is the caller's own error the last callback returned, which
+	// a stop unwraps to.
+	lastErr error
+	// lacks are the facts the caller's typed record left empty.
+	lacks []string
+	// unpublished is the first lifecycle change the owner failed to
+	// publish.
+	unpublished *PublishError
 }
 
+// PublishError is a lifecycle change RunOptions.Lifecycle did not
+// publish: Run returns it beside the Outcome. Retryable: a later Run of
+// the pod hands a lost change over again.
+type PublishError struct {
+	Intent LifecycleIntent
+	Err    error
+}
+
+func (e *PublishError) Error() string {
+	return fmt.Sprintf("cocoonfixup: the lifecycle change (%s) was not published: %v", e.Intent, e.Err)
+}
+
+// Unwrap is the owner's own error.
+func (e *PublishError) Unwrap() error { return e.Err }
+
+// Is matches ErrRetryable.
+func (e *PublishError) Is(target error) bool { return target == ErrRetryable }
+
+// log hands a line to RunOptions.Log, naming the pod.
 func (r *runner) log(level, message string) {
 	if r.o.Log != nil {
-		r.o.Log(level, message)
+		r.o.Log(level, "pod "+r.meta.Namespace+"/"+r.meta.Name+": "+message)
 	}
 }
 
@@ -462,27 +611,31 @@ func (r *runner) at(ms int64) time.Time { return r.start.Add(time.Duration(ms) *
 
 // action is one action of the task, every field any action has.
 type action struct {
-	Action          string          `json:"action"`
-	VM              string          `json:"vm"`
-	TimeoutMS       int64           `json:"timeout_ms"`
-	VMName          string          `json:"vm_name"`
-	Namespace       string          `json:"namespace"`
-	UID             string          `json:"uid"`
-	FieldSelectors  []string        `json:"field_selectors"`
-	Annotations     Patch           `json:"annotations"`
-	ResourceVersion *string         `json:"resource_version"`
-	Argv            []string        `json:"argv"`
-	Purpose         string          `json:"purpose"`
-	MAC             string          `json:"mac"`
-	UntilMS         int64           `json:"until_ms"`
-	Type            string          `json:"type"`
-	Reason          string          `json:"reason"`
-	Message         string          `json:"message"`
-	EventAction     string          `json:"event_action"`
-	Level           string          `json:"level"`
-	Record          json.RawMessage `json:"record"`
-	Summary         json.RawMessage `json:"summary"`
-	Stop            *struct {
+	Action             string          `json:"action"`
+	VM                 string          `json:"vm"`
+	TimeoutMS          int64           `json:"timeout_ms"`
+	VMName             string          `json:"vm_name"`
+	Namespace          string          `json:"namespace"`
+	UID                string          `json:"uid"`
+	FieldSelectors     []string        `json:"field_selectors"`
+	Annotations        Patch           `json:"annotations"`
+	ResourceVersion    *string         `json:"resource_version"`
+	Argv               []string        `json:"argv"`
+	Purpose            string          `json:"purpose"`
+	MAC                string          `json:"mac"`
+	UntilMS            int64           `json:"until_ms"`
+	Type               string          `json:"type"`
+	Reason             string          `json:"reason"`
+	Message            *string         `json:"message"`
+	EventAction        string          `json:"event_action"`
+	Level              string          `json:"level"`
+	Record             json.RawMessage `json:"record"`
+	Summary            json.RawMessage `json:"summary"`
+	State              *string         `json:"state"`
+	ObservedGeneration *string         `json:"observed_generation"`
+	IP                 *string         `json:"ip"`
+	Ready              bool            `json:"ready"`
+	Stop               *struct {
 		Kind      string `json:"kind"`
 		Retryable bool   `json:"retryable"`
 		Message   string `json:"message"`
@@ -524,14 +677,37 @@ func (r *runner) loop(ctx context.Context, first json.RawMessage) (*Outcome, err
 
 func (r *runner) finish(a action) (*Outcome, error) {
 	if a.Stop != nil {
-		return nil, &StopError{Kind: a.Stop.Kind, Retryable: a.Stop.Retryable, Message: a.Stop.Message}
+		stop := &StopError{Kind: a.Stop.Kind, Retryable: a.Stop.Retryable, Message: a.Stop.Message, Err: r.lastErr}
+		if stop.Kind == "inspect" && errors.Is(r.lastErr, ErrVMGone) {
+			stop.Kind, stop.Retryable = StopVMGone, false
+		}
+		return nil, stop
 	}
 	var out Outcome
 	if err := json.Unmarshal(a.Summary, &out); err != nil {
 		return nil, invalid("reading the summary: %v", err)
 	}
 	out.Summary = append(json.RawMessage(nil), a.Summary...)
+	// A step the caller's cancel cut short ends with the cancel's own
+	// error; Close's is a shutdown without one.
+	if err := r.caller.Err(); err != nil && out.interrupted() {
+		return &out, err
+	}
+	if r.unpublished != nil {
+		return &out, r.unpublished
+	}
 	return &out, nil
+}
+
+// interrupted says a shutdown cut the step short somewhere.
+func (o *Outcome) interrupted() bool {
+	return o.Action == HandledShutdown || o.Fixup == FixupShutdown || o.Readiness == ReadinessShutdown || o.SAC == SACShutdown
+}
+
+// failed notes err as the caller's last error and gives it back.
+func (r *runner) failed(err error) error {
+	r.lastErr = err
+	return err
 }
 
 func podErr(err error) map[string]any {
@@ -543,6 +719,47 @@ func podErr(err error) map[string]any {
 		kind = "refused"
 	}
 	return map[string]any{"kind": kind, "message": err.Error()}
+}
+
+// knows is what the caller knows of the VM beyond its record, as the
+// task option `knows`.
+func (o RunOptions) knows() (map[string]any, error) {
+	k := map[string]any{}
+	switch o.Boot {
+	case BootUnknown:
+	case BootCreate, BootFork, BootWake, BootWakeInPlace, BootResume:
+		k["boot"] = string(o.Boot)
+	default:
+		return nil, invalid("RunOptions.Boot %q is not a Boot", string(o.Boot))
+	}
+	if o.SourceImage != "" {
+		k["source_image"] = o.SourceImage
+	}
+	return k, nil
+}
+
+// inspect reads the VM's record: the caller's typed record when its VM
+// gives one (what it leaves empty noted as lacking), else the raw one.
+func (r *runner) inspect(ctx context.Context, vm string, timeout time.Duration) ([]byte, error) {
+	typed, ok := r.vm.(RecordInspector)
+	if !ok {
+		return r.vm.Inspect(ctx, vm, timeout)
+	}
+	record, err := typed.InspectRecord(ctx, vm, timeout)
+	if err != nil {
+		return nil, err
+	}
+	if record == nil {
+		return nil, fmt.Errorf("InspectRecord returned no record and no error for %s", vm)
+	}
+	r.lacks = r.lacks[:0]
+	if record.Config.Image == "" {
+		r.lacks = append(r.lacks, "image")
+	}
+	if _, err := time.Parse(time.RFC3339Nano, record.CreatedAt); err != nil {
+		r.lacks = append(r.lacks, "created_at")
+	}
+	return json.Marshal(record)
 }
 
 // rawOrNull is a pod document, or null for none.
@@ -636,9 +853,10 @@ func (r *runner) interruptible(ctx context.Context, a action, raw json.RawMessag
 	case "checkpoint":
 		return map[string]any{"go": true}
 	case "exec":
+		r.lastErr = nil
 		res, err := r.vm.Exec(ctx, a.VM, a.Argv, millis(a.TimeoutMS))
 		if err != nil {
-			return map[string]any{"exec_error": err.Error()}
+			return map[string]any{"exec_error": r.failed(err).Error()}
 		}
 		stdout, _ := tailOf(res.Stdout)
 		stderr, cut := tailOf(res.Stderr)
@@ -674,15 +892,19 @@ func (r *runner) settled(ctx context.Context, a action) map[string]any {
 		}
 		return map[string]any{"go": true}
 	case "note":
-		r.log(a.Level, a.Message)
+		r.log(a.Level, deref(a.Message))
 		return map[string]any{"go": true}
 	case "inspect":
-		doc, err := r.vm.Inspect(ctx, a.VM, millis(a.TimeoutMS))
+		r.lastErr = nil
+		doc, err := r.inspect(ctx, a.VM, millis(a.TimeoutMS))
 		if err != nil {
-			return map[string]any{"inspect_error": err.Error()}
+			return map[string]any{"inspect_error": r.failed(err).Error()}
 		}
 		if !json.Valid(doc) {
 			return map[string]any{"inspect_error": "cocoon vm inspect printed no JSON"}
+		}
+		if len(r.lacks) > 0 {
+			return map[string]any{"inspected": json.RawMessage(doc), "record_lacks": r.lacks}
 		}
 		return map[string]any{"inspected": json.RawMessage(doc)}
 	case "other_pods":
@@ -721,13 +943,20 @@ func (r *runner) settled(ctx context.Context, a action) map[string]any {
 		}
 		return map[string]any{key: raws(docs)}
 	case "read":
+		r.lastErr = nil
 		doc, err := r.pods.Get(ctx, r.meta.Namespace, r.meta.Name)
 		if err != nil {
-			return map[string]any{"read_error": podErr(err)}
+			return map[string]any{"read_error": podErr(r.failed(err))}
 		}
 		return map[string]any{"read": rawOrNull(doc)}
 	case "patch":
-		patch := PodPatch{Annotations: a.Annotations, UID: a.UID}
+		r.lastErr = nil
+		// Never nil: a merge patch of `annotations: null` would remove
+		// every annotation.
+		patch := PodPatch{Annotations: Patch{}, UID: a.UID}
+		for key, value := range a.Annotations {
+			patch.Annotations[key] = value
+		}
 		if a.ResourceVersion != nil {
 			patch.ResourceVersion = *a.ResourceVersion
 		}
@@ -748,10 +977,10 @@ func (r *runner) settled(ctx context.Context, a action) map[string]any {
 			}
 			return map[string]any{"changed": json.RawMessage(doc)}
 		default:
-			return map[string]any{"patch_error": podErr(err)}
+			return map[string]any{"patch_error": podErr(r.failed(err))}
 		}
 	case "tell":
-		if err := r.pods.Event(ctx, r.meta.Namespace, r.meta.Name, r.meta.UID, Event{Type: a.Type, Reason: a.Reason, Message: a.Message, Action: a.EventAction}); err != nil {
+		if err := r.pods.Event(ctx, r.meta.Namespace, r.meta.Name, r.meta.UID, Event{Type: a.Type, Reason: a.Reason, Message: deref(a.Message), Action: a.EventAction}); err != nil {
 			r.log("warn", fmt.Sprintf("the %s event was not recorded: %v", a.Reason, err))
 		}
 		return map[string]any{"go": true}
@@ -764,6 +993,20 @@ func (r *runner) settled(ctx context.Context, a action) map[string]any {
 		return map[string]any{"go": true}
 	case "sac_close":
 		r.console.close()
+		return map[string]any{"go": true}
+	case "publish":
+		if r.o.Lifecycle == nil {
+			r.log("error", "the task handed over a lifecycle change though Run writes the lifecycle itself")
+			return map[string]any{"go": true}
+		}
+		intent := LifecycleIntent{State: LifecycleState(deref(a.State)), Message: deref(a.Message), ObservedGeneration: deref(a.ObservedGeneration), IP: deref(a.IP), Ready: a.Ready}
+		pod := PodRef{Namespace: r.meta.Namespace, Name: r.meta.Name, UID: r.meta.UID, ResourceVersion: deref(a.ResourceVersion)}
+		if err := r.o.Lifecycle.Publish(ctx, pod, intent); err != nil {
+			r.log("warn", fmt.Sprintf("the lifecycle change (%s) was not published: %v", intent, err))
+			if r.unpublished == nil {
+				r.unpublished = &PublishError{Intent: intent, Err: err}
+			}
+		}
 		return map[string]any{"go": true}
 	}
 	return map[string]any{"go": true}
@@ -887,4 +1130,26 @@ func (l leaseFile) Lease(ctx context.Context, mac string) (string, error) {
 		return "", nil
 	}
 	return *answer.Lease, nil
+}
+
+// usableVM refuses a StreamVM that lacks one of its calls before anything
+// is read: a missing Stream would fail every attempt and mark the pod
+// failed, a missing Record would retry forever.
+func usableVM(vm VM) error {
+	var s StreamVM
+	switch v := vm.(type) {
+	case StreamVM:
+		s = v
+	case *StreamVM:
+		if v == nil {
+			return invalid("Run's VM is a nil *StreamVM")
+		}
+		s = *v
+	default:
+		return nil
+	}
+	if s.Stream == nil || s.Record == nil {
+		return invalid("Run's StreamVM needs both Stream and Record")
+	}
+	return nil
 }

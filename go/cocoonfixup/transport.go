@@ -13,11 +13,22 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
 // abiVersion is the version of the library's ABI this package speaks.
-const abiVersion = 4
+const abiVersion = 5
+
+// Version is the cocoon-fixup release this package belongs to. NewPlanner
+// compares the library's release with it: another release of the same ABI
+// serves, with a warning (Planner.Warnings, Options.Log).
+const Version = "0.1.0"
+
+// handshakeTimeout bounds the child's answer to its first request: a
+// binary that does not answer by then is not a cocoon-fixup that can serve.
+// A variable for the tests.
+var handshakeTimeout = 30 * time.Second
 
 // transport carries one JSON op (the library's `wire` table) to the
 // library and brings back its response document.
@@ -31,12 +42,14 @@ type Backend int
 
 const (
 	// BackendAuto uses the linked library when the program was built with
-	// cgo, else the child process.
+	// -tags cocoonfixup_linked or cocoonfixup_dynamic, else the child
+	// process.
 	BackendAuto Backend = iota
-	// BackendLinked calls libcocoon_fixup linked in through cgo.
+	// BackendLinked calls libcocoon_fixup linked in through cgo: only in a
+	// program built with one of those tags (else an ErrConfig).
 	BackendLinked
 	// BackendProcess starts `cocoon-fixup embed` once and speaks the same
-	// JSON ops to it over a pipe: for programs built with CGO_ENABLED=0.
+	// JSON ops to it over a pipe: the default, with or without cgo.
 	BackendProcess
 )
 
@@ -59,7 +72,9 @@ const DefaultBinary = "cocoon-fixup"
 // REQUEST_MAX_BYTES); a longer one is refused here, before it is sent.
 const requestMax = 16 << 20
 
-func openTransport(ctx context.Context, o Options) (transport, error) {
+// openTransport reaches the library the options name and returns the
+// release it reports.
+func openTransport(ctx context.Context, o Options) (transport, string, error) {
 	backend := o.Backend
 	if backend == BackendAuto {
 		backend = BackendProcess
@@ -69,7 +84,19 @@ func openTransport(ctx context.Context, o Options) (transport, error) {
 	}
 	switch backend {
 	case BackendLinked:
-		return openLinked()
+		t, err := openLinked()
+		if err != nil {
+			return nil, "", err
+		}
+		answer, err := roundTrip(ctx, t, map[string]any{"op": "abi"})
+		if err != nil {
+			return nil, "", err
+		}
+		var abi abiAnswer
+		if err := json.Unmarshal(answer, &abi); err != nil {
+			return nil, "", configErr("the linked libcocoon_fixup's answer to abi is not one: %v", err)
+		}
+		return t, abi.Version, nil
 	case BackendProcess:
 		bin := o.Binary
 		if bin == "" {
@@ -80,8 +107,17 @@ func openTransport(ctx context.Context, o Options) (transport, error) {
 		}
 		return openProcess(ctx, bin)
 	}
-	return nil, fmt.Errorf("%w: Options.Backend %d is not a backend", ErrInvalidArgument, int(backend))
+	return nil, "", fmt.Errorf("%w: Options.Backend %d is not a backend", ErrInvalidArgument, int(backend))
 }
+
+// abiAnswer is the library's answer to the abi op.
+type abiAnswer struct {
+	ABI     int    `json:"abi"`
+	Version string `json:"version"`
+}
+
+// installHint says what a node needs for the process backend.
+const installHint = "install cocoon-fixup " + Version + " on the node (beside cocoon and cocoon-net, e.g. /usr/local/bin/cocoon-fixup) or set Options.Binary or COCOON_FIXUP_BIN to it"
 
 // process is a `cocoon-fixup embed` child: requests go to its standard
 // input one per line, each with an id; responses come back on its
@@ -123,38 +159,93 @@ func (t *tail) String() string {
 	return strings.TrimSpace(string(t.buf))
 }
 
-func openProcess(ctx context.Context, bin string) (transport, error) {
+// openProcess starts `bin embed` and asks it its ABI and release. A
+// binary that is missing, does not start, does not answer or speaks
+// another ABI is an ErrConfig: no retry mends it.
+func openProcess(ctx context.Context, bin string) (transport, string, error) {
 	path, err := exec.LookPath(bin)
 	if err != nil {
-		return nil, unavailable("the cocoon-fixup binary %q was not found (%v): install it on the node, or set Options.Binary or COCOON_FIXUP_BIN", bin, err)
+		return nil, "", configErr("the cocoon-fixup binary %q was not found (%v): %s", bin, err, installHint)
 	}
 	cmd := exec.Command(path, "embed")
 	p := &process{cmd: cmd, waiting: map[uint64]chan []byte{}, done: make(chan struct{}), stderr: &tail{}}
 	cmd.Stderr = p.stderr
 	if p.stdin, err = cmd.StdinPipe(); err != nil {
-		return nil, unavailable("%v", err)
+		return nil, "", unavailable("%v", err)
 	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		return nil, unavailable("%v", err)
+		return nil, "", unavailable("%v", err)
 	}
 	if err := cmd.Start(); err != nil {
-		return nil, unavailable("starting %s embed: %v", path, err)
+		if transient(err) {
+			return nil, "", unavailable("starting %s embed: %v", path, err)
+		}
+		return nil, "", configErr("%s embed did not start (%v): %s", path, err, installHint)
 	}
 	go p.read(stdout)
-	answer, err := roundTrip(ctx, p, map[string]any{"op": "abi"})
+	hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
+	defer cancel()
+	answer, err := roundTrip(hctx, p, map[string]any{"op": "abi"})
 	if err != nil {
+		// Whether it ended by itself, and how, before it is ended here: a
+		// write that failed on a child already gone waits for its reader
+		// to see the end.
+		if hctx.Err() == nil && errors.Is(err, ErrUnavailable) {
+			settle := time.NewTimer(killWait)
+			select {
+			case <-p.done:
+			case <-settle.C:
+			}
+			settle.Stop()
+		}
+		dead := p.gone()
+		signalled := dead != nil && killedBySignal(p.cmd.ProcessState)
 		p.kill()
-		return nil, unavailable("%s embed did not answer (%v): is it a cocoon-fixup of the same release as this package?", path, err)
+		switch {
+		case ctx.Err() != nil:
+			return nil, "", fmt.Errorf("cocoonfixup: waiting for %s embed to answer: %w", path, ctx.Err())
+		case hctx.Err() != nil:
+			// A node too busy to start it in time may not be next time.
+			return nil, "", unavailable("%s embed did not answer in %v", path, handshakeTimeout)
+		case signalled:
+			// Killed from outside (the OOM killer): not the binary's fault.
+			return nil, "", unavailable("%s embed was killed before it answered: %s", path, why(dead))
+		case dead != nil:
+			// With what it said on standard error.
+			err = dead
+		}
+		return nil, "", configErr("%s embed did not answer: %s; %s", path, why(err), installHint)
 	}
-	var abi struct {
-		ABI int `json:"abi"`
-	}
-	if err := json.Unmarshal(answer, &abi); err != nil || abi.ABI != abiVersion {
+	var abi abiAnswer
+	if err := json.Unmarshal(answer, &abi); err != nil || abi.ABI == 0 {
 		p.kill()
-		return nil, unavailable("%s embed speaks ABI version %d, this package needs %d: install the cocoon-fixup of the same release as the package", path, abi.ABI, abiVersion)
+		return nil, "", configErr("%s embed answered the abi request with %.200q, not as cocoon-fixup does: %s", path, answer, installHint)
 	}
-	return p, nil
+	if abi.ABI != abiVersion {
+		p.kill()
+		return nil, "", configErr("%s embed speaks ABI version %d (release %q), this package (release %s) needs ABI version %d: %s", path, abi.ABI, abi.Version, Version, abiVersion, installHint)
+	}
+	return p, abi.Version, nil
+}
+
+// transient says a child could not be started for want of a resource the
+// node may have again soon (processes, memory, file descriptors), not
+// because of the binary.
+func transient(err error) bool {
+	return errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.ENOMEM) ||
+		errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
+		// The binary is being replaced (an upgrade in progress).
+		errors.Is(err, syscall.ETXTBSY)
+}
+
+// killedBySignal says a child that has ended was ended by a signal.
+func killedBySignal(state *os.ProcessState) bool {
+	if state == nil {
+		return false
+	}
+	ws, ok := state.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled()
 }
 
 // read hands each response line to its waiter until the child's output
@@ -294,8 +385,21 @@ func (p *process) close() error {
 // exit) and waits until its reader is done.
 func (p *process) kill() {
 	p.cmd.Process.Kill()
-	<-p.done
+	// A grandchild (a wrapper script's child) may hold the pipes open:
+	// its input is closed too, and the wait for the reader is bounded.
+	p.writeMu.Lock()
+	p.stdin.Close()
+	p.writeMu.Unlock()
+	timer := time.NewTimer(killWait)
+	defer timer.Stop()
+	select {
+	case <-p.done:
+	case <-timer.C:
+	}
 }
+
+// killWait bounds the wait for a killed child's output to end.
+const killWait = 5 * time.Second
 
 // gone is why the child is of no more use, or nil while it is.
 func (p *process) gone() error {

@@ -15,6 +15,9 @@ const (
 	KeyIP               = "vm.cocoonstack.io/ip"
 	KeyLifecycleState   = "vm.cocoonstack.io/lifecycle-state"
 	KeyLifecycleMessage = "vm.cocoonstack.io/lifecycle-state-message"
+	// KeyLifecycleObservedGeneration is the generation the lifecycle
+	// state was decided for.
+	KeyLifecycleObservedGeneration = "vm.cocoonstack.io/lifecycle-observed-generation"
 )
 
 // Patch is a change to a pod's annotations: a value sets the key, nil

@@ -169,6 +169,15 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
                         emit(self.pods, &pod, &event).await;
                         Report::Go
                     }
+                    // The daemon owns the lifecycle itself and never hands
+                    // it over; were it asked to, it would publish the
+                    // change as an embedder does.
+                    Action::Publish(intent) => {
+                        if let Err(e) = self.pods.patch_annotations(&pod, &intent.patch()).await {
+                            tracing::warn!(pod = %pod, "the lifecycle change was not written: {e}");
+                        }
+                        Report::Go
+                    }
                     Action::Note(note) => {
                         self.note(&pod, note);
                         Report::Go
@@ -336,6 +345,9 @@ fn stop_error(stop: Stop, inspect_error: Option<CocoonError>) -> HostError {
         Stop::Api(e) => HostError::Pods(e),
         Stop::RunningRefused { error } => HostError::RunningRefused { error },
         Stop::Unproven { pod, name, reason } => HostError::Unproven { pod, name, reason },
+        stop @ Stop::MissingFact { .. } => HostError::MissingFact {
+            message: stop.to_string(),
+        },
     }
 }
 

@@ -526,6 +526,7 @@ impl ConfigArgs {
                     sac_deadline: a.sac_deadline,
                     accept_legacy_vm_names: a.accept_legacy_vm_names,
                     accept_annotated_vm_names: a.accept_annotated_vm_names,
+                    ..SettingsBuilder::default()
                 }
                 .build()
                 .map_err(ConfigError::from)?,

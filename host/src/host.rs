@@ -86,6 +86,7 @@ impl HostConfig {
             inspect_timeout: self.inspect_timeout,
             sac_deadline: self.sac_deadline,
             binding: self.binding,
+            lifecycle_intents: false,
         }
     }
 }
@@ -149,6 +150,11 @@ pub enum HostError {
         name: String,
         reason: String,
     },
+    /// A fact the decision needs was said to be missing from the VM
+    /// record (only an embedder says so; the daemon reads cocoon's whole
+    /// record): nothing ran; not tried again.
+    #[error("{message}")]
+    MissingFact { message: String },
 }
 
 impl HostError {
@@ -173,6 +179,7 @@ impl HostError {
             | HostError::NoUid { .. }
             | HostError::NoVm { .. }
             | HostError::Facts(_)
+            | HostError::MissingFact { .. }
             | HostError::Pods(PodError::Refused { .. } | PodError::Gone { .. }) => false,
         }
     }
@@ -186,6 +193,7 @@ impl HostError {
             HostError::Facts(_) => "facts",
             HostError::Cocoon { .. } => "cocoon",
             HostError::Unproven { .. } => "unproven",
+            HostError::MissingFact { .. } => "missing-fact",
             HostError::Node(e) => e.kind(),
             HostError::Pods(PodError::Api { .. }) => "api",
             HostError::Pods(PodError::Refused { .. }) | HostError::RunningRefused { .. } => {

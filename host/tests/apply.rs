@@ -431,6 +431,7 @@ fn short_ready() -> HostConfig {
             renew_timeout: Duration::from_secs(1),
             dhcp_recovery_after: Duration::from_millis(300),
             recovery_timeout: Duration::from_secs(1),
+            ..ReadyConfig::default()
         },
         // These pods are clones the host saw new: no wake grace (its own
         // tests are the conformance scenarios `wake-grace-*`).

@@ -275,6 +275,7 @@ fn ended(result: &Result<fixup_core::decision::Summary, HostError>) -> Ended {
                 HostError::Facts(_) => "facts",
                 HostError::Cocoon { .. } => "inspect",
                 HostError::Unproven { .. } => "unproven",
+                HostError::MissingFact { .. } => "missing-fact",
                 HostError::Node(e) => e.kind(),
                 HostError::Pods(PodError::Gone { .. }) => "gone",
                 HostError::Pods(PodError::Refused { .. }) | HostError::RunningRefused { .. } => {

@@ -55,6 +55,11 @@ pub struct Scenario {
     /// `cocoon vm inspect --json` output for the VM the pod names.
     #[serde(default)]
     pub vm: Option<Value>,
+    /// What the embedder knows of the VM beyond its record (only in an
+    /// embedder's scenarios, `tests/conformance-embedder/`: the daemon
+    /// knows only the record).
+    #[serde(default)]
+    pub knows: Option<super::Knows>,
     /// `cocoon vm inspect` fails with this message instead.
     #[serde(default)]
     pub inspect_error: Option<String>,
@@ -750,6 +755,9 @@ pub struct World {
     /// The host's record of the pod, as last kept; `None` when the host
     /// keeps no records ([`Scenario::record`]).
     pub record: Option<PodMemory>,
+    /// The host's last request was a write that landed: a lifecycle
+    /// change published now belongs to it ([`World::publish`]).
+    just_wrote: bool,
 }
 
 /// The report (JSON, without `now_ms`) of a task-op action (JSON, as the
@@ -758,7 +766,7 @@ pub struct World {
 /// `None` for `finish`, with how the task ended. The C op's replay and the
 /// Go package's (through `conformance-world`) both answer with it.
 pub fn answer(world: &mut World, now: &mut Duration, action: &Value) -> Result<Value, Ended> {
-    use super::reports::{pod_error_json, ran_json, sac_error_json};
+    use super::reports::{intent_from_json, pod_error_json, ran_json, sac_error_json};
     use serde_json::json;
     let a = action;
     let str_of = |key: &str| a[key].as_str().unwrap_or_default().to_owned();
@@ -774,6 +782,12 @@ pub fn answer(world: &mut World, now: &mut Duration, action: &Value) -> Result<V
             Waited::Cancelled => json!({"cancelled": true}),
         }
     }
+    if kind == "publish" {
+        let intent = intent_from_json(a);
+        world.publish(*now, &intent.patch());
+        return Ok(json!({"go": true}));
+    }
+    world.not_publishing();
     if kind == "finish" {
         return Err(match a.get("stop") {
             Some(stop) => Ended::Stop {
@@ -911,6 +925,9 @@ pub fn task_options(world: &World, scenario: &Scenario) -> Value {
         },
         "now_unix_ms": scenario.wall_start_ms,
     });
+    if let Some(knows) = &scenario.knows {
+        options["knows"] = serde_json::to_value(knows).expect("what the embedder knows is JSON");
+    }
     if let Some((record, wall)) = world.start_record() {
         options["memory"] = serde_json::json!({
             "record": record,
@@ -951,6 +968,7 @@ impl World {
                 memory.set_watched_since_new(scenario.watched_since_new);
                 memory
             }),
+            just_wrote: false,
         }
     }
 
@@ -1068,19 +1086,40 @@ impl World {
         {
             return Ok(Guarded::Changed(pod.clone()));
         }
-        for (k, v) in patch {
-            match v {
-                Some(v) => pod.annotations.insert(k.clone(), v.clone()),
-                None => pod.annotations.remove(k),
-            };
-        }
-        self.version += 1;
-        pod.resource_version = Some(self.version.to_string());
+        merge(pod, &mut self.version, patch);
         self.seen.push(Seen::Write {
             at_ms: ms(now),
             patch: patch.clone(),
         });
+        self.just_wrote = true;
         Ok(Guarded::Written(Some(pod.clone())))
+    }
+
+    /// The embedder publishing a lifecycle change (`patch`: its keys), as
+    /// an embedder that owns the lifecycle does: written as it is, without
+    /// preconditions. Seen as part of the host's write it goes with when
+    /// that write was the host's last request, else as a write of its own:
+    /// so the same expected trace holds whoever writes the lifecycle.
+    pub fn publish(&mut self, now: Duration, patch: &AnnotationPatch) {
+        self.advance(now);
+        let with_last = std::mem::take(&mut self.just_wrote);
+        let Some(pod) = self.pod.as_mut() else {
+            return;
+        };
+        merge(pod, &mut self.version, patch);
+        match self.seen.last_mut() {
+            Some(Seen::Write { patch: last, .. }) if with_last => last.extend(patch.clone()),
+            _ => self.seen.push(Seen::Write {
+                at_ms: ms(now),
+                patch: patch.clone(),
+            }),
+        }
+    }
+
+    /// Any request but a publish: a lifecycle change published after it
+    /// is a write of its own.
+    pub fn not_publishing(&mut self) {
+        self.just_wrote = false;
     }
 
     /// An event about the pod; a failure is the host's to log.
@@ -1453,9 +1492,35 @@ pub struct Suite {
 impl Suite {
     /// The files of `tests/conformance/` under `workspace`.
     pub fn load(workspace: &Path) -> Suite {
-        let scenarios =
-            Scenario::all(&workspace.join("tests/conformance")).unwrap_or_else(|e| panic!("{e}"));
-        assert!(scenarios.len() >= 20, "{} scenarios", scenarios.len());
+        let suite = Suite::load_dir(&workspace.join("tests/conformance"));
+        assert!(
+            suite.scenarios.len() >= 20,
+            "{} scenarios",
+            suite.scenarios.len()
+        );
+        suite
+    }
+
+    /// The files of `tests/conformance-embedder/` under `workspace`: what
+    /// an embedder's own knowledge of the VM changes ([`Scenario::knows`]),
+    /// which only the embedders' executors replay.
+    pub fn load_embedder(workspace: &Path) -> Suite {
+        let suite = Suite::load_dir(&workspace.join("tests/conformance-embedder"));
+        assert!(!suite.scenarios.is_empty());
+        suite
+    }
+
+    /// The files of `tests/conformance-owned/` under `workspace`: what
+    /// only an embedder that owns the lifecycle sees (replayed with
+    /// `lifecycle_intents` alone).
+    pub fn load_owned(workspace: &Path) -> Suite {
+        let suite = Suite::load_dir(&workspace.join("tests/conformance-owned"));
+        assert!(!suite.scenarios.is_empty());
+        suite
+    }
+
+    fn load_dir(dir: &Path) -> Suite {
+        let scenarios = Scenario::all(dir).unwrap_or_else(|e| panic!("{e}"));
         Suite {
             root: tempfile::tempdir().expect("a temporary cocoon root"),
             scenarios,
@@ -1535,12 +1600,37 @@ pub fn counting_nonces() -> super::NonceSource {
     })
 }
 
+/// Merge `patch` into the pod's annotations as the API server does, and
+/// move its version on.
+fn merge(pod: &mut PodInput, version: &mut u64, patch: &AnnotationPatch) {
+    for (k, v) in patch {
+        match v {
+            Some(v) => pod.annotations.insert(k.clone(), v.clone()),
+            None => pod.annotations.remove(k),
+        };
+    }
+    *version += 1;
+    pod.resource_version = Some(version.to_string());
+}
+
 /// Replay `scenario` through the decision alone, with `planner` (whose
 /// cocoon root holds the scenario's overlay, if any): what the world saw,
 /// and how the task ended.
 pub fn replay(scenario: &Scenario, planner: &Planner) -> (World, Ended) {
+    replay_owning(scenario, planner, false)
+}
+
+/// [`replay`] with the lifecycle owned by the embedder when
+/// `lifecycle_intents`: the world publishes each lifecycle change the task
+/// hands over, and no write of the task may carry a lifecycle key.
+pub fn replay_owning(
+    scenario: &Scenario,
+    planner: &Planner,
+    lifecycle_intents: bool,
+) -> (World, Ended) {
     let mut world = World::new(scenario);
-    let settings = scenario.settings();
+    let mut settings = scenario.settings();
+    settings.lifecycle_intents = lifecycle_intents;
     let (mut task, mut action): (Box<dyn Steps>, Action) = match scenario.trigger.fixup() {
         Some(trigger) => {
             let (mut task, action) =
@@ -1548,6 +1638,9 @@ pub fn replay(scenario: &Scenario, planner: &Planner) -> (World, Ended) {
             task.wall_clock(world.scenario.wall_start_ms);
             if let Some((record, wall)) = world.start_record() {
                 task.remember(record, wall);
+            }
+            if let Some(knows) = &scenario.knows {
+                task.told(knows.clone());
             }
             (Box::new(task), action)
         }
@@ -1560,8 +1653,15 @@ pub fn replay(scenario: &Scenario, planner: &Planner) -> (World, Ended) {
     let mut now = Duration::ZERO;
     let uid = task.pod().uid.clone();
     loop {
+        if !matches!(action, Action::Publish(_)) {
+            world.not_publishing();
+        }
         let report = match action {
             Action::Finish(result) => return (world, Ended::of(&result)),
+            Action::Publish(intent) => {
+                world.publish(now, &intent.patch());
+                Report::Go
+            }
             a if a.interruptible() && world.down(now) => Report::Cancelled,
             Action::Note(note) => {
                 world.notes.push(format!("{note:?}"));
@@ -1582,7 +1682,14 @@ pub fn replay(scenario: &Scenario, planner: &Planner) -> (World, Ended) {
             Action::Patch {
                 patch,
                 unless_changed_from,
-            } => Report::Patched(
+            } => Report::Patched({
+                assert!(
+                    !lifecycle_intents
+                        || crate::lifecycle::LIFECYCLE_KEYS
+                            .iter()
+                            .all(|key| !patch.contains_key(*key)),
+                    "a write of a task whose embedder owns the lifecycle carries a lifecycle key: {patch:?}"
+                );
                 world.patch(
                     now,
                     &uid,
@@ -1590,8 +1697,8 @@ pub fn replay(scenario: &Scenario, planner: &Planner) -> (World, Ended) {
                     unless_changed_from
                         .as_deref()
                         .map(|from| from.resource_version.as_deref().unwrap_or("")),
-                ),
-            ),
+                )
+            }),
             Action::Exec {
                 vm,
                 argv,
@@ -1643,9 +1750,9 @@ mod tests {
     use crate::planner::PlannerOptions;
 
     /// Every scenario file, replayed through the decision alone with the
-    /// built-in plugins: the reference the other executors are held to.
-    #[test]
-    fn every_scenario_replays_through_the_decision() {
+    /// built-in plugins (with `intents`, the lifecycle handed to the
+    /// embedder).
+    fn replay_every_scenario(intents: bool) {
         let suite = Suite::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
         let (planner, failures) = Planner::new(PlannerOptions {
             cocoon_root: suite.cocoon_root().to_owned(),
@@ -1653,7 +1760,40 @@ mod tests {
         })
         .unwrap();
         assert!(failures.is_empty(), "{failures:?}");
-        suite.each(|scenario| replay(scenario, &planner));
+        suite.each(|scenario| replay_owning(scenario, &planner, intents));
+    }
+
+    /// The reference the other executors are held to.
+    #[test]
+    fn every_scenario_replays_through_the_decision() {
+        replay_every_scenario(false);
+    }
+
+    /// The embedder's scenarios, in both lifecycle modes, and those of an
+    /// embedder that owns the lifecycle with it handed over.
+    #[test]
+    fn every_embedder_scenario_replays_through_the_decision() {
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        for (suite, intents) in [
+            (Suite::load_embedder(&workspace), false),
+            (Suite::load_embedder(&workspace), true),
+            (Suite::load_owned(&workspace), true),
+        ] {
+            let (planner, _) = Planner::new(PlannerOptions {
+                cocoon_root: suite.cocoon_root().to_owned(),
+                ..PlannerOptions::default()
+            })
+            .unwrap();
+            suite.each(|scenario| replay_owning(scenario, &planner, intents));
+        }
+    }
+
+    /// With the lifecycle owned by the embedder, the changes it is handed,
+    /// published by it, add up to the same writes, in the same order, as
+    /// the task's own writes of them.
+    #[test]
+    fn every_scenario_replays_with_the_lifecycle_handed_over() {
+        replay_every_scenario(true);
     }
 
     /// Scenarios whose serial console takes time (`open_ms`, `takes_ms`
@@ -1668,9 +1808,15 @@ mod tests {
         assert!(!scenarios.is_empty());
         let (planner, _) = Planner::new(PlannerOptions::default()).unwrap();
         for (path, scenario) in scenarios {
-            let (world, ended) = replay(&scenario, &planner);
-            if let Err(e) = scenario.check(&world, &ended) {
-                panic!("{}: {}\n{e}", path.display(), scenario.about);
+            for intents in [false, true] {
+                let (world, ended) = replay_owning(&scenario, &planner, intents);
+                if let Err(e) = scenario.check(&world, &ended) {
+                    panic!(
+                        "{} (lifecycle handed over: {intents}): {}\n{e}",
+                        path.display(),
+                        scenario.about
+                    );
+                }
             }
         }
     }

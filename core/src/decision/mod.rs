@@ -36,6 +36,7 @@ pub mod reports;
 mod settings;
 mod task;
 
+pub use crate::lifecycle::LifecycleIntent;
 pub use locate::{
     Lookup, bind_record, boot_override, has_work, lookup, never_planned, observe, vm_id,
 };
@@ -266,6 +267,12 @@ pub enum Action {
     /// is logged). Asked only of a host that keeps records. Report:
     /// [`Report::Go`].
     Remember(Box<PodMemory>),
+    /// Hand the change of the lifecycle keys to the embedder that owns
+    /// them ([`Settings::lifecycle_intents`]), which publishes it before it
+    /// reports. It comes right after the write it belongs to landed, or,
+    /// for a change of those keys alone, right after the read it was
+    /// decided from. Report: [`Report::Go`].
+    Publish(LifecycleIntent),
     /// The task is over.
     Finish(Result<Summary, Stop>),
 }
@@ -476,6 +483,17 @@ pub enum Stop {
         name: String,
         reason: String,
     },
+    /// The decision needs a fact of the VM record that the embedder said
+    /// its record lacks ([`Knows::record_lacks`]), and nothing else gives
+    /// it: nothing was run or written. Not retried: the embedder must give
+    /// it.
+    #[error("pod {pod}: the decision needs the VM record's {} ({why}), which the record given lacks; nothing was run: {hint}", fact.as_str())]
+    MissingFact {
+        pod: String,
+        fact: RecordFact,
+        why: &'static str,
+        hint: &'static str,
+    },
 }
 
 impl Stop {
@@ -487,6 +505,7 @@ impl Stop {
             Stop::NoVm { .. } => "no-vm",
             Stop::Inspect { .. } => "inspect",
             Stop::Unproven { .. } => "unproven",
+            Stop::MissingFact { .. } => "missing-fact",
             Stop::Node(e) => e.kind(),
             Stop::Api(PodError::Gone { .. }) => "gone",
             Stop::Api(PodError::Refused { .. }) | Stop::RunningRefused { .. } => "refused",
@@ -506,9 +525,91 @@ impl Stop {
             | Stop::RunningRefused { .. } => true,
             Stop::NoUid { .. }
             | Stop::NoVm { .. }
+            | Stop::MissingFact { .. }
             | Stop::Api(PodError::Refused { .. } | PodError::Gone { .. }) => false,
         }
     }
+}
+
+/// How the embedder that made the pod's VM booted it, as it knows it
+/// itself: evidence of a wake (or of none) that needs neither the stack's
+/// events nor the wake grace. Only an embedder says it, never the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Told {
+    /// It cloned the VM from a snapshot just now.
+    Create,
+    /// It forked the VM from a running one just now.
+    Fork,
+    /// It restored the pod's hibernate snapshot into a new VM.
+    Wake,
+    /// It resumed the pod's hibernated VM in place.
+    WakeInPlace,
+    /// It found the VM running when it started (its own restart): nothing
+    /// new about the boot, but no `Woken` event is still to come, so the
+    /// grace does not wait.
+    Resume,
+}
+
+impl Told {
+    /// The verdict it gives, or `None` for [`Told::Resume`].
+    pub fn evidence(self) -> Option<crate::memory::Evidence> {
+        use crate::memory::Evidence;
+        match self {
+            Told::Create | Told::Fork => Some(Evidence::Told),
+            Told::Wake => Some(Evidence::ToldWake),
+            Told::WakeInPlace => Some(Evidence::ToldWakeInPlace),
+            Told::Resume => None,
+        }
+    }
+
+    /// The boot kind it gives the observation, or `None` for
+    /// [`Told::Resume`].
+    pub fn boot(self) -> Option<crate::facts::BootKind> {
+        use crate::facts::BootKind;
+        match self {
+            Told::Create => Some(BootKind::Clone),
+            Told::Fork => Some(BootKind::Fork),
+            Told::Wake | Told::WakeInPlace => Some(BootKind::Wake),
+            Told::Resume => None,
+        }
+    }
+}
+
+/// A fact of the VM record the embedder could not give (it built the
+/// record from its own types): the decision never guesses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordFact {
+    /// `config.image`: the snapshot's source image on a normal clone.
+    Image,
+    /// `created_at`: what a stack event's time is judged by.
+    CreatedAt,
+}
+
+impl RecordFact {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordFact::Image => "config.image",
+            RecordFact::CreatedAt => "created_at",
+        }
+    }
+}
+
+/// What the embedder knows of the pod's VM beyond its record
+/// ([`PodTask::told`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Knows {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot: Option<Told>,
+    /// The snapshot's source image, which replaces the record's
+    /// `config.image`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_image: Option<String>,
+    /// Facts its record of the VM lacks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub record_lacks: Vec<RecordFact>,
 }
 
 /// What the host did with the pod.
@@ -644,6 +745,9 @@ pub trait Steps: fmt::Debug {
     /// [`next`](Self::next), refusing a report that does not answer the
     /// last action (the task is then unchanged).
     fn try_next(&mut self, report: Report, now: Duration) -> Result<Action, WrongReport>;
+    /// The record about to be reported lacks these facts (the embedder
+    /// built it from its own types): the decision never guesses them.
+    fn record_lacks(&mut self, _lacks: &[RecordFact]) {}
 }
 
 impl Steps for PodTask {
@@ -655,6 +759,9 @@ impl Steps for PodTask {
     }
     fn try_next(&mut self, report: Report, now: Duration) -> Result<Action, WrongReport> {
         PodTask::try_next(self, report, now)
+    }
+    fn record_lacks(&mut self, lacks: &[RecordFact]) {
+        PodTask::record_lacks(self, lacks);
     }
 }
 

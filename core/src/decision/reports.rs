@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 
 use super::PodError;
 use crate::exec::{ExecOutput, ExitStatusKind};
+use crate::lifecycle::{Lifecycle, LifecycleIntent};
 use fixup_sac::{SacError, Step};
 
 /// A console client's error: `{kind: "dial" | "enum" | "set" | "verify" |
@@ -66,4 +67,34 @@ pub fn ran_json(out: &ExecOutput) -> Value {
         ExitStatusKind::Signal(signal) => ran["signal"] = json!(signal),
     }
     ran
+}
+
+/// A lifecycle change handed to the embedder: `{action: "publish", uid,
+/// resource_version, state, message, observed_generation, ip, ready}`,
+/// each `null` when absent (`message` `null` with a state clears the
+/// message); `uid` is the pod's the change is for, `resource_version` the
+/// pod's version it was decided for.
+pub fn publish_json(intent: &LifecycleIntent, uid: &str) -> Value {
+    json!({
+        "action": "publish",
+        "uid": uid,
+        "resource_version": intent.version,
+        "state": intent.state.map(Lifecycle::as_str),
+        "message": intent.message,
+        "observed_generation": intent.observed_generation,
+        "ip": intent.ip,
+        "ready": intent.ready(),
+    })
+}
+
+/// The lifecycle change of a `publish` action ([`publish_json`]).
+pub fn intent_from_json(action: &Value) -> LifecycleIntent {
+    let text = |key: &str| action[key].as_str().map(str::to_owned);
+    LifecycleIntent {
+        state: action["state"].as_str().and_then(Lifecycle::parse),
+        message: text("message"),
+        observed_generation: text("observed_generation"),
+        ip: text("ip"),
+        version: text("resource_version"),
+    }
 }

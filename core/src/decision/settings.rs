@@ -58,6 +58,12 @@ pub struct ReadyConfig {
     /// Timeout of the DHCP recovery exec, like every plan exec (90 s,
     /// `--exec-timeout`), never past the IP budget.
     pub recovery_timeout: Duration,
+    /// Whether an all-DHCP Linux clone gets the DHCP recovery pass at all
+    /// (on by default).
+    pub dhcp_recovery: bool,
+    /// Whether a Windows guest gets the `ipconfig /renew` nudge at all (on
+    /// by default).
+    pub renew: bool,
 }
 
 impl Default for ReadyConfig {
@@ -68,6 +74,8 @@ impl Default for ReadyConfig {
             renew_timeout: Duration::from_secs(20),
             dhcp_recovery_after: Duration::from_secs(15),
             recovery_timeout: RetryConfig::default().exec_timeout,
+            dhcp_recovery: true,
+            renew: true,
         }
     }
 }
@@ -125,6 +133,13 @@ pub struct Settings {
     pub sac_deadline: Duration,
     /// Which VM names bind a VM to its pod (spec section 2).
     pub binding: BindingPolicy,
+    /// The embedder owns the lifecycle keys (`lifecycle-state`, its
+    /// message, the observed generation and the IP): the task writes none
+    /// of them and hands each change to the host as a
+    /// [`LifecycleIntent`](crate::decision::LifecycleIntent) instead, right
+    /// after the write it belongs to landed (off by default; the daemon
+    /// never turns it on).
+    pub lifecycle_intents: bool,
 }
 
 impl Default for Settings {
@@ -136,6 +151,7 @@ impl Default for Settings {
             inspect_timeout: Duration::from_secs(10),
             sac_deadline: DEFAULT_SAC_DEADLINE,
             binding: BindingPolicy::default(),
+            lifecycle_intents: false,
         }
     }
 }
@@ -162,6 +178,12 @@ pub struct SettingsBuilder {
     pub sac_deadline: Option<Duration>,
     pub accept_legacy_vm_names: bool,
     pub accept_annotated_vm_names: bool,
+    /// `Some(false)` switches the DHCP recovery pass off.
+    pub dhcp_recovery: Option<bool>,
+    /// `Some(false)` switches the Windows renew nudge off.
+    pub windows_renew: Option<bool>,
+    /// [`Settings::lifecycle_intents`].
+    pub lifecycle_intents: bool,
 }
 
 impl SettingsBuilder {
@@ -230,6 +252,8 @@ impl SettingsBuilder {
                     .dhcp_recovery_after
                     .unwrap_or(ready_default.dhcp_recovery_after),
                 recovery_timeout: exec_timeout,
+                dhcp_recovery: self.dhcp_recovery.unwrap_or(true),
+                renew: self.windows_renew.unwrap_or(true),
             },
             wake: WakeConfig {
                 event_window: self.wake_event_window.unwrap_or(wake_default.event_window),
@@ -245,6 +269,7 @@ impl SettingsBuilder {
                 accept_legacy_names: self.accept_legacy_vm_names,
                 accept_annotated_names: self.accept_annotated_vm_names,
             },
+            lifecycle_intents: self.lifecycle_intents,
         })
     }
 }
@@ -272,6 +297,15 @@ pub struct SettingsMs {
     pub accept_legacy_vm_names: bool,
     #[serde(default)]
     pub accept_annotated_vm_names: bool,
+    /// `false` switches the DHCP recovery pass off (absent: on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhcp_recovery: Option<bool>,
+    /// `false` switches the Windows renew nudge off (absent: on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub windows_renew: Option<bool>,
+    /// The embedder owns the lifecycle keys ([`Settings::lifecycle_intents`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lifecycle_intents: bool,
 }
 
 impl SettingsMs {
@@ -293,6 +327,9 @@ impl SettingsMs {
             wake_event_reporters: self.wake_event_reporters.clone(),
             accept_legacy_vm_names: self.accept_legacy_vm_names,
             accept_annotated_vm_names: self.accept_annotated_vm_names,
+            dhcp_recovery: self.dhcp_recovery,
+            windows_renew: self.windows_renew,
+            lifecycle_intents: self.lifecycle_intents,
         }
     }
 }

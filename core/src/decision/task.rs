@@ -10,9 +10,9 @@ use std::time::Duration;
 use super::attempts::Attempts;
 use super::settings::MIN_STEP;
 use super::{
-    Action, ExecPurpose, FixupEnd, Guarded, Handled, Lookup, NodeError, Note, PlanRequest, Planned,
-    PodError, PodRef, Readiness, Report, SacEnd, Settings, Stop, Summary, Trigger, lookup,
-    mismatch_event, observe,
+    Action, ExecPurpose, FixupEnd, Guarded, Handled, Knows, Lookup, NodeError, Note, PlanRequest,
+    Planned, PodError, PodRef, Readiness, RecordFact, Report, SacEnd, Settings, Stop, Summary,
+    Told, Trigger, lookup, mismatch_event, observe,
 };
 use crate::annotations::{
     self, AnnotationPatch, Event, check_hint_room, exhausted_record, keys, messages, one_line,
@@ -25,7 +25,7 @@ use crate::facts::{
     Backend, BootKind, GuestOs, ImageKind, Observation, Overrides, PodInput, StaticIpv4, VmFacts,
     VmId, VmInspect, WaitFacts, WaitNic, escape_controls, static_nics,
 };
-use crate::lifecycle::{self, Action as Row, HandsOff, Lifecycle, PostCloneState};
+use crate::lifecycle::{self, Action as Row, HandsOff, Lifecycle, LifecycleIntent, PostCloneState};
 use crate::memory::{Evidence, Listed, PodMemory, Witness};
 use crate::plan::{Nonce, Plan, exec_argv, hint_base64};
 use crate::planner::{ComposedPlan, PlannerError};
@@ -104,6 +104,9 @@ pub struct PodTask {
     /// was handed out and no `Release` since. A turn is given back once,
     /// however many waits follow ([`release`](Self::release)).
     holds_turn: bool,
+    /// What the embedder knows of the VM beyond its record
+    /// ([`told`](Self::told)).
+    knows: Knows,
 }
 
 /// The host's record of the pod, and the wall clock at the task's start.
@@ -147,6 +150,7 @@ impl Awaiting {
             | Action::Tell(_)
             | Action::Note(_)
             | Action::Remember(_)
+            | Action::Publish(_)
             | Action::SacClose => Awaiting::Go,
             Action::Admit | Action::Checkpoint | Action::Sleep { .. } => Awaiting::GoOrCancelled,
             Action::Inspect { .. } => Awaiting::Inspected,
@@ -617,6 +621,9 @@ enum Stage {
         write: Write,
         from: Box<PodInput>,
         patch: AnnotationPatch,
+        /// The change of the lifecycle keys decided with `patch`, handed
+        /// to the embedder once `patch` landed.
+        intent: Option<LifecycleIntent>,
         round: u32,
     },
     /// `done` alone, without a read to decide from.
@@ -751,6 +758,7 @@ impl PodTask {
             deferred: None,
             events_warned: false,
             holds_turn: false,
+            knows: Knows::default(),
         };
         task.wake = task
             .seen
@@ -824,6 +832,28 @@ impl PodTask {
             start_unix_ms,
         });
         self.wall_start = Some(start_unix_ms);
+    }
+
+    /// Tell the task what the embedder knows of the pod's VM beyond its
+    /// record: how it booted it (evidence of a wake, or of none, that needs
+    /// neither the stack's events nor the grace; never over the pod's own
+    /// `restore-from-hibernate`, and never for a pod its annotations say
+    /// was not cloned), the snapshot's source image, and which facts its
+    /// record lacks (the task stops with [`Stop::MissingFact`] rather than
+    /// guess one it needs).
+    pub fn told(&mut self, knows: Knows) {
+        self.knows = knows;
+    }
+
+    /// The record about to be reported lacks `lacks` (besides what
+    /// [`told`](Self::told) said): an embedder whose record of the VM is
+    /// built from its own types says so with each record it reports.
+    pub fn record_lacks(&mut self, lacks: &[RecordFact]) {
+        for fact in lacks {
+            if !self.knows.record_lacks.contains(fact) {
+                self.knows.record_lacks.push(*fact);
+            }
+        }
     }
 
     /// Give the task the wall clock at its start, in milliseconds since
@@ -970,10 +1000,11 @@ impl PodTask {
                     write,
                     from,
                     patch,
+                    intent,
                     round,
                 },
                 Report::Patched(result),
-            ) => self.patched(write, *from, &patch, round, result),
+            ) => self.patched(write, *from, &patch, intent, round, result),
             (Stage::DoneAlone(fixup), Report::Patched(result)) => match result {
                 Ok(_) => {
                     self.marked(&fixup.run.vm.clone(), PostCloneState::Done.as_str());
@@ -1175,6 +1206,7 @@ impl PodTask {
         // A `failed` marker of this VM parks the pod, as the annotations
         // said.
         if self.deferred == Some(Row::Parked) && !self.foreign_marker {
+            self.republish_failed(&vm);
             return self.leave(Row::Parked);
         }
         // Spec section 7: a marker that vanished from this VM was removed
@@ -1210,6 +1242,20 @@ impl PodTask {
         // only the pod's annotation, or the host's own history witnessed
         // by the stack, makes such a pod's VM a wake.
         let not_cloned = self.deferred == Some(Row::Nothing(HandsOff::NotCloned));
+        // The embedder's own word on how it booted the VM, fresher than
+        // any verdict kept for it.
+        if !not_cloned && let Some(by) = self.knows.boot.and_then(Told::evidence) {
+            let history = self
+                .memory
+                .as_ref()
+                .is_some_and(|memory| memory.record.history_says_wake(&vm));
+            if history && !by.says_wake() {
+                self.note(Note::Warn(format!(
+                    "the embedder says it made {vm} anew, though the host saw the pod hibernate before it: taken at its word (a clone)"
+                )));
+            }
+            return self.recognised(record, vm, by);
+        }
         let (stored, history) = match &self.memory {
             Some(memory) => (
                 memory.record.verdict_for(&vm).map(|verdict| verdict.by),
@@ -1264,10 +1310,25 @@ impl PodTask {
             }
             None => (false, now + grace),
         };
+        // Events are judged by the record's `created_at`: without it an
+        // old event would count.
+        if self.knows.record_lacks.contains(&RecordFact::CreatedAt) {
+            let pod = self.label();
+            return self.stop(Stop::MissingFact {
+                pod,
+                fact: RecordFact::CreatedAt,
+                why: "a stack event counts as evidence of a hibernate wake only near the VM's creation",
+                hint: "give the record's created_at, or say how the VM was booted (create, fork, wake, wake in place); after the embedder's own restart, the verdict reached before is in the pod's kept record, so keep the records across restarts",
+            });
+        }
+        // An embedder resuming after its own restart expects no `Woken`
+        // still to come for a pod it watched; the history's grace for the
+        // stack's witness stays (without one the VM is a recreate).
+        let resumed = self.knows.boot == Some(Told::Resume);
         self.stage = Stage::Recognising(Box::new(Recognising {
             record,
             vm,
-            grace: history || (windows_ch && !watched),
+            grace: history || (windows_ch && !watched && !resumed),
             history,
             not_cloned,
             listed: false,
@@ -1403,14 +1464,77 @@ impl PodTask {
         self.classified(record, vm)
     }
 
+    /// An embedder that owns the lifecycle, whose pod shows the `failed`
+    /// marker this host wrote for this VM (its record says so) while the
+    /// state is still empty or `creating` in the same generation, never
+    /// published the failed state (its publish failed, or it lost it):
+    /// hand it over again, from the error chain the pod keeps. A state the
+    /// embedder moved on to a new generation is its own, and stays.
+    fn republish_failed(&mut self, vm: &VmId) {
+        let ours = self.memory.as_ref().is_some_and(|memory| {
+            memory.record.marker_vm() == Some(vm.as_str())
+                && memory.record.marker_for(vm) == Some(PostCloneState::Failed.as_str())
+        });
+        if !self.settings.lifecycle_intents || !ours {
+            return;
+        }
+        let annotations = &self.seen.annotations;
+        let observed = annotations.get(keys::LIFECYCLE_OBSERVED_GENERATION);
+        if observed.is_some() && observed != annotations.get(keys::GENERATION) {
+            return;
+        }
+        let message = match annotations.get(keys::POST_CLONE_ERRORS) {
+            Some(errors) if !errors.is_empty() => errors.clone(),
+            _ => format!(
+                "the post-clone fixup failed ({} failed)",
+                keys::POST_CLONE_STATE
+            ),
+        };
+        if let Some(patch) = lifecycle::transition(annotations, Lifecycle::Failed, &message)
+            && let (_, Some(mut intent)) = LifecycleIntent::split(patch)
+        {
+            intent.version = self.seen.resource_version.clone();
+            self.queue.push_back(Action::Publish(intent));
+        }
+    }
+
+    /// The stop for a normal Linux clone whose image kind only the
+    /// record's `config.image` can tell (no source image given, and on
+    /// Firecracker no overlay on disk shows a cloudimg guest) when the
+    /// embedder's record lacks it. On Cloud Hypervisor the overlay probe
+    /// tells, as for every host.
+    fn image_unknown(&self, obs: &Observation) -> Option<Stop> {
+        let lacks = self.knows.record_lacks.contains(&RecordFact::Image);
+        let probe_tells = obs.backend == Backend::CloudHypervisor && obs.backend_exact;
+        (lacks
+            && obs.source_image.is_none()
+            && obs.boot == Some(BootKind::Clone)
+            && crate::facts::clone_from_dir(&obs.annotations).is_none()
+            && obs.os != GuestOs::Windows
+            && !probe_tells)
+            .then(|| Stop::MissingFact {
+                pod: self.label(),
+                fact: RecordFact::Image,
+                why: "it tells a cloudimg guest from an OCI one, and on this backend no file on disk does",
+                hint: "give the record's config.image, or the snapshot's source image",
+            })
+    }
+
     /// The VM is the pod's and its wake verdict reached: classify it and
     /// go on by the table.
     fn classified(&mut self, record: VmInspect, vm: VmId) -> Action {
         let overrides = Overrides {
-            boot: self.wake.then_some(BootKind::Wake),
-            source_image: None,
+            boot: if self.wake {
+                Some(BootKind::Wake)
+            } else {
+                self.knows.boot.and_then(Told::boot)
+            },
+            source_image: self.knows.source_image.clone(),
         };
         let obs = observe(&self.seen, &record, &overrides);
+        if let Some(stop) = self.image_unknown(&obs) {
+            return self.stop(stop);
+        }
         let decision = classify::classify(&obs);
         self.summary.rule = decision.rule.number();
         let row = lifecycle::decide_knowing(&self.seen, decision.needs_fixup(), self.known());
@@ -1473,7 +1597,10 @@ impl PodTask {
                 self.release();
                 // The DHCP safety net: a Linux clone that needed no fixup
                 // (not a lifted hibernate's VM, which was no clone).
-                if decision.dhcp_recovery(obs.os) && !self.lifted {
+                if decision.dhcp_recovery(obs.os)
+                    && !self.lifted
+                    && self.settings.ready.dhcp_recovery
+                {
                     match VmFacts::validate(&obs, ImageKind::Unknown) {
                         Ok(facts) => {
                             self.stage = Stage::PlanningRecovery(wait);
@@ -1688,20 +1815,36 @@ impl PodTask {
     /// This is how every final write of spec section 8 "reads the pod
     /// again".
     fn write_from(&mut self, write: Write, current: PodInput, round: u32) -> Action {
-        match self.decide(&write, &current) {
-            None => self.decided(write, Decided::Skipped(current)),
-            Some(patch) => {
-                self.stage = Stage::Writing {
-                    write,
-                    from: Box::new(current.clone()),
-                    patch: patch.clone(),
-                    round,
-                };
-                Action::Patch {
-                    patch,
-                    unless_changed_from: Some(Box::new(current)),
-                }
+        let (patch, intent) = match self.decide(&write, &current) {
+            None => return self.decided(write, Decided::Skipped(current)),
+            Some(patch) if self.settings.lifecycle_intents => LifecycleIntent::split(patch),
+            Some(patch) => (patch, None),
+        };
+        if patch.is_empty() {
+            // The lifecycle keys alone, which the embedder writes: decided
+            // from this read, handed over, and taken as written.
+            if let Some(mut intent) = intent {
+                intent.version = current.resource_version.clone();
+                self.queue.push_back(Action::Publish(intent));
             }
+            return self.decided(
+                write,
+                Decided::Written {
+                    from: current,
+                    answer: None,
+                },
+            );
+        }
+        self.stage = Stage::Writing {
+            write,
+            from: Box::new(current.clone()),
+            patch: patch.clone(),
+            intent,
+            round,
+        };
+        Action::Patch {
+            patch,
+            unless_changed_from: Some(Box::new(current)),
         }
     }
 
@@ -1724,6 +1867,7 @@ impl PodTask {
         write: Write,
         from: PodInput,
         patch: &AnnotationPatch,
+        intent: Option<LifecycleIntent>,
         round: u32,
         result: Result<Guarded, PodError>,
     ) -> Action {
@@ -1737,6 +1881,27 @@ impl PodTask {
         if landed && let Some(Some(state)) = patch.get(keys::POST_CLONE_STATE) {
             let vm = write.vm().clone();
             self.marked(&vm, &state.clone());
+        }
+        // The lifecycle change goes with the write it was decided with:
+        // handed over once that landed, before anything that follows it.
+        // A write found already made (its answer lost, or another writer)
+        // comes with the pod as it is now: the change is decided again
+        // from that, and only what still applies is handed over.
+        let intent = match &result {
+            Ok(Guarded::Changed(current)) if landed => self
+                .decide(&write, current)
+                .and_then(|patch| LifecycleIntent::split(patch).1),
+            _ => intent,
+        };
+        if landed && let Some(mut intent) = intent {
+            intent.version = match &result {
+                Ok(Guarded::Written(answer)) => {
+                    answer.as_ref().and_then(|pod| pod.resource_version.clone())
+                }
+                Ok(Guarded::Changed(current)) => current.resource_version.clone(),
+                Err(_) => None,
+            };
+            self.queue.push_front(Action::Publish(intent));
         }
         match result {
             Ok(Guarded::Written(answer)) => self.decided(write, Decided::Written { from, answer }),
@@ -2364,7 +2529,10 @@ impl PodTask {
             }
             Some(WaitNic::Lease(mac)) => {
                 let nudge_at = if wait.facts.os == GuestOs::Windows {
-                    Some(wait.start + self.settings.ready.renew_after)
+                    self.settings
+                        .ready
+                        .renew
+                        .then(|| wait.start + self.settings.ready.renew_after)
                 } else if let Some(recovery) = &wait.recovery {
                     // A flavour's plugin that claims the clone knows its
                     // network files match the parent's NIC: no 15 s wait

@@ -78,6 +78,15 @@ pub enum Evidence {
     /// the grace: upstream recreated the VM from the base snapshot (the
     /// hibernate snapshot was gone), a fresh clone. Not a wake.
     Recreate,
+    /// The embedder that made the VM said it cloned or forked it just now
+    /// ([`crate::decision::Told`]). Not a wake.
+    Told,
+    /// The embedder said it restored the pod's hibernate snapshot into a
+    /// new VM. A wake.
+    ToldWake,
+    /// The embedder said it resumed the pod's hibernated VM in place. A
+    /// wake, in place.
+    ToldWakeInPlace,
 }
 
 impl Evidence {
@@ -86,7 +95,12 @@ impl Evidence {
     pub fn says_wake(self) -> bool {
         matches!(
             self,
-            Evidence::Annotation | Evidence::Woken | Evidence::Events | Evidence::History
+            Evidence::Annotation
+                | Evidence::Woken
+                | Evidence::Events
+                | Evidence::History
+                | Evidence::ToldWake
+                | Evidence::ToldWakeInPlace
         )
     }
 
@@ -94,7 +108,10 @@ impl Evidence {
     /// section 10): the pod kept its uid across the hibernation, as the
     /// stack's `Woken` event or the host's own hibernate history show.
     pub fn in_place(self) -> bool {
-        matches!(self, Evidence::Woken | Evidence::History)
+        matches!(
+            self,
+            Evidence::Woken | Evidence::History | Evidence::ToldWakeInPlace
+        )
     }
 }
 

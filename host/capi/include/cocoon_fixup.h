@@ -23,8 +23,13 @@
  * pass's total deadline the action carries (`until_ms`, `total_ms`; a
  * `deadline` console error); `cf_task_cancel` ends them from another
  * thread; the task releases its turn before the serial-console pass.
+ * Version 5: the task options take `knows` and the settings
+ * `lifecycle_intents`, `dhcp_recovery` and `windows_renew`; the task may
+ * hand out `publish` and finish with the stop `missing-fact`; an
+ * `inspected` report may carry `record_lacks`. An embedder that sends
+ * them to an earlier library would be refused as bad input.
  */
-#define CF_ABI_VERSION 4
+#define CF_ABI_VERSION 5
 
 /**
  * The longest request line [`serve`] reads: a pod with the most
@@ -219,11 +224,16 @@ CfStatus cf_planner_new(const char *options_json, struct cf_planner **planner, c
  * {"retry_interval_ms", "retry_budget_ms", "exec_timeout_ms",
  * "inspect_timeout_ms", "ip_wait_ms", "renew_after_ms",
  * "renew_timeout_ms", "dhcp_recovery_after_ms", "wake_event_window_ms",
- * "wake_grace_ms", "wake_event_reporters", "sac_deadline_ms"},
+ * "wake_grace_ms", "wake_event_reporters", "sac_deadline_ms",
+ * "dhcp_recovery", "windows_renew", "lifecycle_intents"},
  * "memory": {"record", "now_unix_ms", "watched_since_new"},
- * "now_unix_ms"}` (each optional; the daemon's defaults; the wall
- * clock `now_unix_ms`, in `memory` or alone, is what the stack's wake
- * events are judged by: without it none counts). Trigger `prepare` is no fixup: the task prepares
+ * "now_unix_ms", "knows": {"boot", "source_image", "record_lacks"}}`
+ * (each optional; the daemon's defaults; the wall clock `now_unix_ms`,
+ * in `memory` or alone, is what the stack's wake events are judged by:
+ * without it none counts; `lifecycle_intents` hands the lifecycle keys
+ * to the caller as `publish` actions; `knows` is the caller's own
+ * knowledge of the VM: how it booted it, the snapshot's source image,
+ * the facts its record lacks). Trigger `prepare` is no fixup: the task prepares
  * the pod's running VM to be cloned, before its snapshot (`cocoon-fixup
  * prepare`).
  *

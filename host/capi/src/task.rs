@@ -98,6 +98,13 @@ pub struct TaskOptions {
     /// `memory`): no event counts as evidence of a wake.
     #[serde(default)]
     pub now_unix_ms: Option<u64>,
+    /// What the embedder knows of the pod's VM beyond its record: `boot`
+    /// (`create`, `fork`, `wake`, `wake-in-place`, `resume`: how it booted
+    /// the VM, evidence of a wake or of none), `source_image` (replaces the
+    /// record's `config.image`) and `record_lacks` (`image`, `created_at`:
+    /// facts its record does not give, which the task never guesses).
+    #[serde(default)]
+    pub knows: Option<fixup_core::decision::Knows>,
 }
 
 /// The record a task starts with ([`TaskOptions::memory`]).
@@ -256,6 +263,9 @@ pub fn start(built: &Built, pod: &[u8], options: Option<&str>) -> Result<(Task, 
     if let Some(now) = options.now_unix_ms {
         task.wall_clock(now);
     }
+    if let Some(knows) = options.knows {
+        task.told(knows);
+    }
     if let Some(memory) = &options.memory {
         // A record that is not usable starts the task on a new one (its
         // history lost, which is a gap): the task's `remember` then
@@ -279,7 +289,16 @@ pub fn next(built: &Built, task: &mut Task, report: &str) -> Result<String, Fail
             "the task is over (its last action was finish): free it",
         ));
     }
-    let (now, report) = read_report(report)?;
+    let text = report;
+    let (now, mut report) = read_report(text)?;
+    let lacks = record_lacks(text)?;
+    if !lacks.is_empty() && matches!(report, Report::Inspected(Ok(_))) {
+        task.task.record_lacks(&lacks);
+    }
+    // An embedder's error names no pod: the task's is the one.
+    if let Report::Read(Err(e)) | Report::Patched(Err(e)) = &mut report {
+        name_the_pod(e, &task.task.pod().to_string());
+    }
     let action = task
         .task
         .try_next(report, now)
@@ -426,6 +445,7 @@ fn action_json(action: Action, pod: &fixup_core::decision::PodRef) -> Value {
             "total_ms": ms(total),
         }),
         Action::SacClose => json!({"action": "sac_close"}),
+        Action::Publish(intent) => fixup_core::decision::reports::publish_json(&intent, uid),
         Action::Remember(record) => json!({
             "action": "remember",
             "record": serde_json::to_value(&*record).expect("a record is JSON"),
@@ -498,6 +518,29 @@ fn versioned(pod: PodInput, what: &str) -> Result<PodInput, String> {
             "{what} has no metadata.resourceVersion: hand over the pod as the API server \
              returned it (the task's writes are guarded by that version)"
         )),
+    }
+}
+
+/// The facts an `inspected` report's record lacks (`record_lacks`: an
+/// embedder's record built from its own types), or none.
+fn record_lacks(report: &str) -> Result<Vec<fixup_core::decision::RecordFact>, Failure> {
+    #[derive(Deserialize)]
+    struct Lacks {
+        #[serde(default)]
+        record_lacks: Vec<fixup_core::decision::RecordFact>,
+    }
+    serde_json::from_str::<Lacks>(report)
+        .map(|l| l.record_lacks)
+        .map_err(|e| bad_report(format!("record_lacks: {e}")))
+}
+
+/// The pod an API error is about, where the report left it out.
+fn name_the_pod(e: &mut PodError, label: &str) {
+    match e {
+        PodError::Api { pod, .. } | PodError::Refused { pod, .. } if pod.is_empty() => {
+            label.clone_into(pod);
+        }
+        _ => {}
     }
 }
 
@@ -592,9 +635,14 @@ pub(crate) fn read_report(text: &str) -> Result<(Duration, Report), Failure> {
         .and_then(Value::as_u64)
         .map(Duration::from_millis)
         .ok_or_else(|| bad_report("no now_ms: the embedder's clock since the task started"))?;
-    let mut keys = map.keys().filter(|k| *k != "now_ms");
+    // `record_lacks` goes beside `inspected` ([`record_lacks`]).
+    let mut keys = map
+        .keys()
+        .filter(|k| *k != "now_ms" && !(*k == "record_lacks" && map.contains_key("inspected")));
     let (Some(key), None) = (keys.next(), keys.next()) else {
-        return Err(bad_report("one key besides now_ms: what happened"));
+        return Err(bad_report(
+            "one key besides now_ms (and record_lacks beside inspected): what happened",
+        ));
     };
     let v = &map[key.as_str()];
     let report = match key.as_str() {
@@ -684,14 +732,27 @@ mod tests {
 
     /// One scenario through the op, as an embedder drives it: JSON
     /// actions carried out against the world, JSON reports back.
-    fn replay(built: &Built, scenario: &Scenario) -> (World, Ended) {
+    /// With `intents`, the embedder owns the lifecycle: the world
+    /// publishes each change the task hands over.
+    fn replay(built: &Built, scenario: &Scenario, intents: bool) -> (World, Ended) {
         let mut world = World::new(scenario);
         let pod = serde_json::to_vec(&pod_json(&world.first_read())).unwrap();
-        let options = task_options(&world, scenario);
+        let mut options = task_options(&world, scenario);
+        if intents {
+            options["settings"]["lifecycle_intents"] = json!(true);
+        }
         let (mut task, mut action) = start(built, &pod, Some(&options.to_string())).unwrap();
         let mut now = Duration::ZERO;
         loop {
             let a: Value = serde_json::from_str(&action).unwrap();
+            if intents && a["action"] == "patch" {
+                for key in fixup_core::lifecycle::LIFECYCLE_KEYS {
+                    assert!(
+                        a["annotations"].get(key).is_none(),
+                        "a write carries {key} though the embedder owns the lifecycle: {a}"
+                    );
+                }
+            }
             let mut report = match answer(&mut world, &mut now, &a) {
                 Ok(report) => report,
                 Err(ended) => return (world, ended),
@@ -711,11 +772,10 @@ mod tests {
     }
 
     /// Every scenario file, replayed through the task op as an embedder
-    /// drives it. The binding policy is the planner's: one planner for
-    /// each policy the scenarios ask for.
-    #[test]
-    fn every_scenario_replays_through_the_task_op() {
-        let suite = Suite::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."));
+    /// drives it (with `intents`, one that owns the lifecycle). The
+    /// binding policy is the planner's: one planner for each policy the
+    /// scenarios ask for.
+    fn replay_every_scenario(suite: Suite, intents: bool) {
         let root = suite.cocoon_root().to_owned();
         let mut planners = std::collections::BTreeMap::new();
         suite.each(|scenario| {
@@ -734,8 +794,35 @@ mod tests {
                 });
                 crate::ops::planner_new(&options.to_string()).unwrap().0
             });
-            replay(built, scenario)
+            replay(built, scenario, intents)
         });
+    }
+
+    fn workspace() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    }
+
+    #[test]
+    fn every_scenario_replays_through_the_task_op() {
+        replay_every_scenario(Suite::load(&workspace()), false);
+    }
+
+    /// The same scenarios with the lifecycle handed to the embedder: what
+    /// it publishes adds up to the same writes.
+    #[test]
+    fn every_scenario_replays_through_the_task_op_with_the_lifecycle_handed_over() {
+        replay_every_scenario(Suite::load(&workspace()), true);
+    }
+
+    /// The embedder's own scenarios (its knowledge of the VM through the
+    /// task option `knows`), in both lifecycle modes, and those of an
+    /// embedder that owns the lifecycle with it handed over.
+    #[test]
+    fn every_embedder_scenario_replays_through_the_task_op() {
+        for intents in [false, true] {
+            replay_every_scenario(Suite::load_embedder(&workspace()), intents);
+        }
+        replay_every_scenario(Suite::load_owned(&workspace()), true);
     }
 
     /// The scenarios whose serial console takes time while the world
@@ -748,9 +835,15 @@ mod tests {
         assert!(!scenarios.is_empty());
         let (_root, built) = built_ins();
         for (path, scenario) in scenarios {
-            let (world, ended) = replay(&built, &scenario);
-            if let Err(e) = scenario.check(&world, &ended) {
-                panic!("{}: {}\n{e}", path.display(), scenario.about);
+            for intents in [false, true] {
+                let (world, ended) = replay(&built, &scenario, intents);
+                if let Err(e) = scenario.check(&world, &ended) {
+                    panic!(
+                        "{} (lifecycle handed over: {intents}): {}\n{e}",
+                        path.display(),
+                        scenario.about
+                    );
+                }
             }
         }
     }

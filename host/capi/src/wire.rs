@@ -6,8 +6,8 @@
 //!   that links the library (the Go package with cgo);
 //! - [`serve`], newline-delimited JSON over a pipe, which `cocoon-fixup
 //!   embed` runs on its standard input and output, for an embedder that
-//!   cannot link C (the Go package built with `CGO_ENABLED=0`): one
-//!   long-lived child, many requests in flight, answered as they finish.
+//!   does not link C (the Go package's default backend): one long-lived
+//!   child, many requests in flight, answered as they finish.
 //!
 //! # Requests
 //!

@@ -1,9 +1,9 @@
 //! The Go package (`go/cocoonfixup`) against this library and binary:
-//! `go test -race` over the linked library (cgo), the conformance suite
-//! and the newer tests on both backends (the library and the
-//! `cocoon-fixup embed` child); the tests whose calls race each other
-//! again under `-race` with the child alone (the tag
-//! `cocoonfixup_nocgo`); then `go test` built with `CGO_ENABLED=0`;
+//! `go test -race -tags cocoonfixup_linked` over the linked library, the
+//! conformance suite and the newer tests on both backends (the library and
+//! the `cocoon-fixup embed` child); the tests whose calls race each other
+//! again under `-race` without the tag, where cgo is on but the child is
+//! the only backend; then `go test` built with `CGO_ENABLED=0`;
 //! the conformance suite runs through `Run` on both backends
 //! (`conformance-world` serves its world, `sac-sim` the serial console).
 //! The package also builds without cgo for other targets, and links the
@@ -13,34 +13,10 @@
 
 mod support;
 
-use std::io::Write as _;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use support::{built, repo};
-
-/// Whether Go is here; `false` (said loudly) lets a test skip.
-fn have_go() -> bool {
-    match Command::new("go").arg("version").output() {
-        Ok(version) if version.status.success() => {
-            eprintln!("{}", String::from_utf8_lossy(&version.stdout).trim());
-            true
-        }
-        _ => {
-            assert!(
-                std::env::var_os("COCOON_FIXUP_REQUIRE_GO").is_none_or(|v| v != "1"),
-                "the Go toolchain is not installed and COCOON_FIXUP_REQUIRE_GO=1 (Go 1.19 or later; on Debian `apt-get install golang-go`)"
-            );
-            // Past the test harness, which shows a passing test's own output only
-            // with --nocapture: a skip is said whatever the flags.
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n*** SKIPPED: the Go package's tests need the Go toolchain (Go 1.19 or later; on Debian `apt-get install golang-go`), which is not installed. `.ci/run` installs it and requires them. ***\n"
-            );
-            false
-        }
-    }
-}
+use support::{built, have_go, repo};
 
 /// `go <args>` in the package's folder with the test environment: the
 /// library on the link path, the binary, the world and the hostile plugin.
@@ -102,13 +78,32 @@ const PACKAGE_TESTS: &[&str] = &[
     "TestPrepareParent",
     "TestAnObservedHibernationSparesTheWakeItsPnP",
     "TestTypedInputsPlanAsTheirJSON",
+    "TestSetupErrorsArePermanent",
+    "TestAutoIsTheBuildsBackend",
+    "TestAnotherReleaseWarns",
+    "TestVersionIsTheWorkspaces",
+    "TestCallerErrorsReachTheCaller",
+    "TestAnAPIErrorNamesThePod",
+    "TestTheZeroAdmissionAllowsOne",
+    "TestSettingsSwitchedOff",
+    "TestAnUnknownBootIsRefused",
+    "TestAnUnmadePlannerIsRefused",
+    "TestAnUnpublishedChangeIsTold",
+    "TestAnIncompleteStreamVMIsRefused",
+    "TestStreamVMExec",
+    "TestStreamVMRecord",
+    "TestTheLibraryJudgesTheAnswers",
     "ExamplePlanner_Run",
     "ExampleError",
+    "ExampleRunOptions_lifecycle",
+    "ExampleStreamVM",
+    "ExampleNewPlanner_process",
 ];
 
 /// The tests whose calls race each other on the default backend, run again
-/// under the race detector with the child process as that backend (the
-/// conformance suite already runs on both backends in the first run).
+/// under the race detector without the tag, where the child process is that
+/// backend (the conformance suite already runs on both backends in the
+/// first run).
 const PROCESS_RACE_TESTS: &str = "TestConcurrentPlanning|TestCallersQueueForSlots|TestCloseWhileCallsAreInFlight|TestMemoryIsFlat|TestProviderFlow|TestDeletePodCancelsTheStep|TestReconcileResumesRunningWork";
 
 /// The runs after the first check memory over 10,000 calls, not 100,000:
@@ -118,17 +113,40 @@ const FEWER_CALLS: &[(&str, &str)] = &[("COCOONFIXUP_MEMORY_CALLS", "10000")];
 
 #[test]
 fn the_go_package_passes_its_tests_on_both_backends() {
-    if !have_go() {
+    if !have_go("the Go package's tests") {
         return;
     }
     let profile = built();
     // 100,000 plan calls under the race detector take minutes in a debug
     // build: well past go test's default ten.
-    let race = ["test", "-race", "-count=1", "-timeout=40m", "-v", "./..."];
+    let race = [
+        "test",
+        "-race",
+        "-tags",
+        "cocoonfixup_linked",
+        "-count=1",
+        "-timeout=40m",
+        "-v",
+        "./...",
+    ];
     let linked = go(&profile, &race, true, &[]);
-    assert_passed(&linked, "go test -race (linked)", PACKAGE_TESTS);
+    assert_passed(
+        &linked,
+        "go test -race -tags cocoonfixup_linked",
+        PACKAGE_TESTS,
+    );
+    assert_passed(
+        &linked,
+        "go test -race (linked)",
+        &["ExampleNewPlanner_linked"],
+    );
     let stdout = String::from_utf8_lossy(&linked.stdout);
-    for backend in ["linked", "process"] {
+    for backend in [
+        "linked",
+        "process",
+        "linked-lifecycle-owned",
+        "process-lifecycle-owned",
+    ] {
         assert!(
             stdout.contains(&format!("--- PASS: TestConformanceThroughRun/{backend} ")),
             "the conformance suite did not pass through Run on the {backend} backend"
@@ -136,14 +154,12 @@ fn the_go_package_passes_its_tests_on_both_backends() {
     }
     // The child process alone under the race detector (its transport
     // multiplexes calls and restarts), for the tests that use the default
-    // backend, which is the linked library when cgo is on.
+    // backend: with cgo on and no tag, the child.
     let process = go(
         &profile,
         &[
             "test",
             "-race",
-            "-tags",
-            "cocoonfixup_nocgo",
             "-count=1",
             "-timeout=40m",
             "-v",
@@ -156,7 +172,7 @@ fn the_go_package_passes_its_tests_on_both_backends() {
     );
     assert_passed(
         &process,
-        "go test -race (the child process only)",
+        "go test -race (no tag: the child process only)",
         &PROCESS_RACE_TESTS.split('|').collect::<Vec<_>>(),
     );
     let pure = go(
@@ -171,10 +187,11 @@ fn the_go_package_passes_its_tests_on_both_backends() {
 /// Without cgo the package, its example and a maintainer's own program
 /// (`tests/go-maintainer`, a module of its own that requires the package)
 /// build for every target vk-cocoon builds for, and vet clean for darwin;
-/// the maintainer's program builds with cgo too, linking the library.
+/// the maintainer's program builds with cgo and `-tags
+/// cocoonfixup_linked` too, linking the library.
 #[test]
 fn the_package_and_a_maintainers_program_build_for_other_targets() {
-    if !have_go() {
+    if !have_go("the Go package's tests") {
         return;
     }
     for dir in ["go/cocoonfixup", "tests/go-maintainer"] {
@@ -204,7 +221,7 @@ fn the_package_and_a_maintainers_program_build_for_other_targets() {
     let profile = built();
     let dir = tempfile::tempdir().unwrap();
     let linked = Command::new("go")
-        .args(["build", "-o"])
+        .args(["build", "-tags", "cocoonfixup_linked", "-o"])
         .arg(dir.path().join("maintainer"))
         .arg(".")
         .current_dir(repo().join("tests/go-maintainer"))
@@ -215,16 +232,17 @@ fn the_package_and_a_maintainers_program_build_for_other_targets() {
         .expect("running go");
     assert!(
         linked.status.success(),
-        "the maintainer's program with cgo failed to build:\n{}",
+        "the maintainer's program with -tags cocoonfixup_linked failed to build:\n{}",
         String::from_utf8_lossy(&linked.stderr)
     );
 }
 
-/// The shared library through the package's `cocoonfixup_dynamic` tag: the
-/// example built against `libcocoon_fixup.so` with a run path, and run.
+/// The shared library through the package's `cocoonfixup_dynamic` tag
+/// (alone: it implies the linked backend): the example built against
+/// `libcocoon_fixup.so` with a run path, and run without the binary.
 #[test]
 fn the_example_links_the_shared_library_too() {
-    if !have_go() {
+    if !have_go("the Go package's tests") {
         return;
     }
     let profile = built();
@@ -254,6 +272,8 @@ fn the_example_links_the_shared_library_too() {
         .arg(repo().join("examples"))
         .args(["-interval", "10ms", "-no-cache"])
         .env("XDG_CACHE_HOME", &cache)
+        // The library linked in serves: no child to fall back to.
+        .env_remove("COCOON_FIXUP_BIN")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout);

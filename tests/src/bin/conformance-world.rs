@@ -11,7 +11,10 @@
 //!
 //! - `{"op": "start"}`: `{"pod", "trigger", "settings", "accept_legacy",
 //!   "accept_annotated", "memory" (null, or {"record", "now_unix_ms",
-//!   "watched_since_new"}), "wall_ms", "down"}`.
+//!   "watched_since_new"}), "knows" (null, or what the embedder knows of
+//!   the VM: {"boot", "source_image", "record_lacks"}), "wall_ms",
+//!   "down"}`.
+//! - A `publish` action is the embedder publishing a lifecycle change.
 //! - `{"op": "act", "now_ms", "action": {...}}`: the action as the task
 //!   op hands it out, carried out against the world:
 //!   `{"report": {...}, "now_ms", "down"}`.
@@ -64,6 +67,7 @@ fn main() {
                     "accept_legacy": scenario.settings.accept_legacy_vm_names,
                     "accept_annotated": scenario.settings.accept_annotated_vm_names,
                     "memory": options.get("memory").cloned().unwrap_or(Value::Null),
+                    "knows": options.get("knows").cloned().unwrap_or(Value::Null),
                     "wall_ms": scenario.wall_start_ms,
                     "down": world.down(Duration::ZERO),
                 })

@@ -7,8 +7,8 @@
 // rendered scripts would, the API server is pods in memory, and leases
 // come at once; every write and event is printed as a JSON line.
 //
-//	CGO_LDFLAGS="-L$PWD/../../target/release" go run ./example/vkcocoon -examples ../../examples
-//	CGO_ENABLED=0 go run ./example/vkcocoon -examples ../../examples   # the cocoon-fixup binary on PATH
+//	go run ./example/vkcocoon -examples ../../examples   # the cocoon-fixup binary on PATH
+//	CGO_LDFLAGS="-L$PWD/../../target/release" go run -tags cocoonfixup_linked ./example/vkcocoon -examples ../../examples
 package main
 
 import (
@@ -20,14 +20,13 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/cocoonstack/cocoon-fixup/go/cocoonfixup"
 	"github.com/cocoonstack/cocoon-fixup/go/cocoonfixup/example/vkcocoon/provider"
+	"github.com/cocoonstack/cocoon-fixup/go/cocoonfixup/guesttest"
 )
 
 // Guest is a stand-in cocoon: VM records by id, and execs answered as
@@ -42,11 +41,6 @@ type Guest struct {
 	mu    sync.Mutex
 	execs int
 }
-
-var (
-	stepsRe = regexp.MustCompile(`step [0-9]+/([0-9]+) start`)
-	nonceRe = regexp.MustCompile(`^'?([0-9a-f]{32})'?$`)
-)
 
 // Inspect is `cocoon vm inspect --json`.
 func (g *Guest) Inspect(ctx context.Context, vm string, timeout time.Duration) ([]byte, error) {
@@ -66,31 +60,10 @@ func (g *Guest) Exec(ctx context.Context, vm string, argv []string, timeout time
 	g.execs++
 	fail := g.execs <= g.FailFirst
 	g.mu.Unlock()
-	m := nonceRe.FindStringSubmatch(argv[len(argv)-1])
-	if m == nil {
-		// A plan run directly (one run step) has no markers: its exit
-		// code says.
-		if fail {
-			return cocoonfixup.ExecResult{ExitCode: 1, Stderr: []byte("stand-in: the command failed")}, nil
-		}
-		return cocoonfixup.ExecResult{}, nil
+	if fail {
+		return guesttest.Answer(argv, 2, 5, "stand-in: No space left on device"), nil
 	}
-	nonce := m[1]
-	total := 1
-	if s := stepsRe.FindStringSubmatch(strings.Join(argv, " ")); s != nil {
-		total, _ = strconv.Atoi(s[1])
-	}
-	var stderr strings.Builder
-	for i := 1; i <= total; i++ {
-		fmt.Fprintf(&stderr, "\ncocoon-fixup: %s step %d/%d start\n", nonce, i, total)
-		if fail && i == 2 {
-			stderr.WriteString("stand-in: No space left on device\n")
-			fmt.Fprintf(&stderr, "\ncocoon-fixup: %s step %d/%d failed exit 5\n", nonce, i, total)
-			return cocoonfixup.ExecResult{ExitCode: 5, Stderr: []byte(stderr.String())}, nil
-		}
-	}
-	fmt.Fprintf(&stderr, "\ncocoon-fixup: %s done\n", nonce)
-	return cocoonfixup.ExecResult{Stderr: []byte(stderr.String())}, nil
+	return guesttest.Done(argv), nil
 }
 
 // API is a stand-in API server: pods in memory by namespace/name, patches

@@ -63,3 +63,28 @@ pub fn built() -> PathBuf {
     }
     profile
 }
+
+/// Whether the Go toolchain is here (its version said on stderr); without
+/// it `false`, said loudly past the test harness's capture so that a skip
+/// is never quiet, and a failure when `COCOON_FIXUP_REQUIRE_GO=1` (set by
+/// `.ci/run`). `what` names the tests that need it.
+pub fn have_go(what: &str) -> bool {
+    use std::io::Write as _;
+    match Command::new("go").arg("version").output() {
+        Ok(version) if version.status.success() => {
+            eprintln!("{}", String::from_utf8_lossy(&version.stdout).trim());
+            true
+        }
+        _ => {
+            assert!(
+                std::env::var_os("COCOON_FIXUP_REQUIRE_GO").is_none_or(|v| v != "1"),
+                "the Go toolchain is not installed and COCOON_FIXUP_REQUIRE_GO=1 (Go 1.19 or later; on Debian `apt-get install golang-go`)"
+            );
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n*** SKIPPED: {what} need the Go toolchain (Go 1.19 or later; on Debian `apt-get install golang-go`), which is not installed. `.ci/run` installs it and requires them. ***\n"
+            );
+            false
+        }
+    }
+}

@@ -97,8 +97,8 @@ pub(crate) enum Command {
     ///   cocoon-fixup capture --pod pod.json --vm vm.json --events events.json --output cases/
     Capture(CaptureArgs),
     /// Serve the library's JSON ops on standard input and output, for an
-    /// embedder that cannot link the C library (the Go package built with
-    /// CGO_ENABLED=0 starts one such child and keeps it).
+    /// embedder that does not link the C library (the Go package, unless
+    /// built with a link tag, starts one such child and keeps it).
     ///
     /// One request per line, `{"id": N, "op": "...", ...}`; one response
     /// per line, `{"id": N, "ok": ...}` or `{"id": N, "error": {"status",
