@@ -1259,6 +1259,8 @@ async fn a_plugin_file_that_does_not_load_fails_only_its_pods() {
 
 mod real_binary {
     use super::*;
+    use fixup_core::lifecycle::LIFECYCLE_KEYS;
+    use serde_json::Map;
     use std::fs;
     use support::binary::cocoon_fixup;
     use support::fake::fake_cocoon;
@@ -1312,145 +1314,168 @@ mod real_binary {
         (out.status.code(), calls, api, stderr)
     }
 
-    /// A maintainer's own Go program (`tests/go-maintainer`: the pod over
-    /// the API server's REST with net/http, the VM through the cocoon CLI
-    /// with os/exec, one `cocoonfixup.Run`, built with `CGO_ENABLED=0` so
-    /// the library is the `cocoon-fixup embed` child) writes exactly what
-    /// `cocoon-fixup run` writes for each kind of pod the stack makes, for
-    /// a spent budget, and for a pod another writer changes under both:
-    /// the same patches in order (annotations, uid and resourceVersion
-    /// preconditions, and the status each got), the same events (type,
-    /// reason, note, action, the pod they regard), the same `cocoon` calls,
-    /// and the same pod at the end. Skipped (loudly) without Go, unless
-    /// `COCOON_FIXUP_REQUIRE_GO=1`.
+    /// A maintainer's own Go program (`tests/go-maintainer`, shaped as
+    /// vk-cocoon: a runtime whose `Inspect` gives a typed VM without image
+    /// or creation time and whose `Exec` streams, adapted with
+    /// `cocoonfixup.StreamVM`; the pod over the API server's REST with
+    /// net/http; the lifecycle keys owned by the program's own intent
+    /// table; built with `CGO_ENABLED=0`, so the library is the `cocoon-fixup
+    /// embed` child) writes what `cocoon-fixup run` writes, write by write,
+    /// for each kind of pod the stack makes, a Firecracker clone whose
+    /// snapshot's source image the program knows, a spent budget, a pod
+    /// another writer changes under both, and a pod left `running` that
+    /// the program resumes at its startup. Where `run` writes the
+    /// lifecycle keys in one patch with the rest, the program writes the
+    /// rest with the same preconditions and then, its own write, the
+    /// lifecycle keys with the uid precondition only, after publishing the
+    /// pod's status; the events, the `cocoon` calls and the pod at the end
+    /// are the same, and the program's closing reconcile writes nothing.
+    /// Skipped (loudly) without Go, unless `COCOON_FIXUP_REQUIRE_GO=1`.
     #[rstest::rstest]
-    #[case::cocoonset_pod("prod", "demo-0", None, Ending::Done)]
+    #[case::cocoonset_pod("prod", "demo-0", None, CLOUD_HYPERVISOR, Ending::Done)]
     #[case::webhook_deployment_pod(
         "prod",
         "demo-7b7c9d9d5f-x2x4z",
         Some("vk-prod-demo-1"),
+        CLOUD_HYPERVISOR,
         Ending::Done
     )]
-    #[case::plain_pod("default", "batch-0", None, Ending::Done)]
-    #[case::budget_spent("prod", "demo-0", None, Ending::Exhausted)]
-    #[case::another_writer("prod", "demo-0", None, Ending::Changed)]
+    #[case::plain_pod("default", "batch-0", None, CLOUD_HYPERVISOR, Ending::Done)]
+    #[case::firecracker_with_its_source_image("prod", "demo-0", None, FIRECRACKER, Ending::Done)]
+    #[case::budget_spent("prod", "demo-0", None, CLOUD_HYPERVISOR, Ending::Exhausted)]
+    #[case::another_writer("prod", "demo-0", None, CLOUD_HYPERVISOR, Ending::Changed)]
+    #[case::resumed_at_startup("prod", "demo-0", None, CLOUD_HYPERVISOR, Ending::Resumed)]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_maintainers_go_program_writes_what_run_writes(
         #[case] namespace: &str,
         #[case] name: &str,
         #[case] slot: Option<&str>,
+        #[case] backend: &str,
         #[case] ending: Ending,
     ) {
         let Some(program) = maintainer() else {
             return;
         };
         let vm_name = slot.map_or_else(|| vm_name_for_pod(namespace, name), str::to_owned);
-        let pod = pod_json(namespace, name, &base(&vm_name));
+        let mut annotations = base(&vm_name);
+        annotations.insert("vm.cocoonstack.io/backend", json!(backend));
+        let pod = pod_json(namespace, name, &annotations);
+        // A pod on the node with no work, which the startup leaves alone.
+        let others = match ending {
+            Ending::Resumed => vec![pod_json("default", "plain-0", &BTreeMap::new())],
+            _ => Vec::new(),
+        };
         let exec = match ending {
             Ending::Exhausted => {
                 json!([{"exit": 5, "stderr": "stand-in: No space left on device\n"}])
             }
-            Ending::Done | Ending::Changed => json!([{"exit": 0, "done": true}]),
+            // The first exec is held until its start is stopped.
+            Ending::Resumed => json!([{"gate": "never"}, {"exit": 0, "done": true}]),
+            _ => json!([{"exit": 0, "done": true}]),
+        };
+        let cocoon = json!({"exec": exec, "inspect": {"json": vm_on(&vm_name, backend)}});
+        let changes: &[usize] = match ending {
+            Ending::Changed => &[0, 1],
+            _ => &[],
         };
         // The interval as long as the budget: one attempt, whatever the
         // machine's speed.
-        let budget: &[&str] = match ending {
-            Ending::Exhausted => &["--retry-budget", "1s", "--retry-interval", "1s"],
-            Ending::Done | Ending::Changed => &[],
-        };
-        let changes: &[usize] = match ending {
-            Ending::Changed => &[0, 1],
-            Ending::Done | Ending::Exhausted => &[],
-        };
-        let mut flags: Vec<&str> = budget.to_vec();
-        if slot.is_some() {
-            flags.extend(["--accept-annotated-vm-names", "--node", "n1"]);
-        }
-        let setup = |d: &std::path::Path| {
-            std::os::unix::fs::symlink(fake_cocoon(), d.join("cocoon")).unwrap();
-            let scenario = json!({
-                "log": d.join("calls.jsonl"),
-                "exec": exec,
-                "inspect": {"json": vm(&vm_name)},
-            });
-            fs::write(d.join("cocoon.json"), scenario.to_string()).unwrap();
-        };
-
-        let run_dir = tempfile::tempdir().unwrap();
-        let d = run_dir.path();
-        setup(d);
-        fs::create_dir(d.join("plugins")).unwrap();
-        fs::write(d.join("config.toml"), "").unwrap();
-        let by_run = FakeApi::start(pod.clone(), false).await;
-        by_run.change_before_patches(changes);
-        let out = cocoon_fixup(
-            d,
-            &by_run.kubeconfig(d),
-            &["run", "--namespace", namespace, "--pod", name],
-        )
-        .args(&flags)
-        .output()
-        .await
-        .expect("run runs");
-        let ended_well = ending != Ending::Exhausted;
-        assert_eq!(
-            out.status.success(),
-            ended_well,
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let run_calls = without_nonces(cocoon_calls(d));
-
-        let go_dir = tempfile::tempdir().unwrap();
-        let d = go_dir.path();
-        setup(d);
-        let by_go = FakeApi::start(pod, false).await;
-        by_go.change_before_patches(changes);
-        let mut go = tokio::process::Command::new(program);
-        go.args([
-            "-server",
-            &by_go.url(),
-            "-namespace",
-            namespace,
-            "-pod",
-            name,
-        ])
-        .arg("-cocoon")
-        .arg(d.join("cocoon"))
-        .arg("-cocoon-root")
-        .arg(d)
-        .arg("-lease-file")
-        .arg(d.join("leases.json"))
-        .env("COCOON_FIXUP_BIN", support::binary::program())
-        .env("HOME", d);
+        let mut run_flags: Vec<&str> = Vec::new();
+        let mut go_flags: Vec<&str> = Vec::new();
         if ending == Ending::Exhausted {
-            go.args(["-retry-budget", "1s", "-retry-interval", "1s"]);
+            run_flags.extend(["--retry-budget", "1s", "--retry-interval", "1s"]);
+            go_flags.extend(["-retry-budget", "1s", "-retry-interval", "1s"]);
         }
         if slot.is_some() {
-            go.args(["-node", "n1", "-accept-annotated"]);
+            run_flags.extend(["--accept-annotated-vm-names", "--node", "n1"]);
+            go_flags.extend(["-node", "n1", "-accept-annotated"]);
         }
-        let out = go.output().await.expect("the maintainer's program runs");
-        assert!(
-            out.status.success(),
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        if backend == FIRECRACKER {
+            go_flags.extend(["-source-image", FIRECRACKER_IMAGE]);
+        }
+        let one_pod = ["-namespace", namespace, "-pod", name, "-boot", "create"];
 
-        let (run_patches, run_events, run_pod) = written(&by_run);
+        let run_stage = Stage::new(&pod, &others, &cocoon, changes).await;
+        let go_stage = Stage::new(&pod, &others, &cocoon, changes).await;
+        if ending == Ending::Resumed {
+            // Each side's first start is stopped in the guest: the pod is
+            // left `running`, its record kept. `run` then runs it again as
+            // any pod; the program starts again and reconciles its node.
+            run_stage
+                .stopped_in_the_exec(run_stage.run(&pod, &run_flags), 4)
+                .await;
+            let first: Vec<&str> = go_flags.iter().copied().chain(one_pod).collect();
+            go_stage
+                .stopped_in_the_exec(go_stage.program(program, &first), 0)
+                .await;
+            for stage in [&run_stage, &go_stage] {
+                assert_eq!(
+                    stage.api.annotation(keys::POST_CLONE_STATE).as_deref(),
+                    Some("running")
+                );
+            }
+            go_flags.extend(["-startup", "-node", "n1"]);
+        } else {
+            go_flags.extend(one_pod);
+        }
+        let command = run_stage.run(&pod, &run_flags);
+        let by_run = run_stage.finish(command).await;
+        assert_eq!(by_run.ok, ending != Ending::Exhausted, "{}", by_run.stderr);
+        let command = go_stage.program(program, &go_flags);
+        let by_go = go_stage.finish(command).await;
+        assert!(by_go.ok, "{}{}", by_go.stdout, by_go.stderr);
+
+        let (run_patches, run_events, run_pod) = written(&by_run.api);
         assert!(!run_patches.is_empty(), "run wrote nothing to compare");
-        let (go_patches, go_events, go_pod) = written(&by_go);
-        assert_eq!(go_patches, run_patches, "the Go program wrote otherwise");
+        let (go_patches, mut go_events, go_pod) = written(&by_go.api);
+        let lifecycle_writes = same_writes(&run_patches, &go_patches);
+        if ending == Ending::Resumed {
+            let resumed: Vec<usize> = (0..go_events.len())
+                .filter(|&i| go_events[i]["reason"] == reasons::RESUMED_AFTER_RESTART)
+                .collect();
+            assert_eq!(
+                resumed.len(),
+                1,
+                "the program's startup announces the resumed work once: {go_events:#?}"
+            );
+            go_events.remove(resumed[0]);
+        }
         assert_eq!(go_events, run_events, "the Go program told otherwise");
         assert_eq!(
-            without_nonces(cocoon_calls(d)),
-            run_calls,
+            without_nonces(by_go.calls.clone()),
+            without_nonces(by_run.calls.clone()),
             "the Go program ran otherwise"
         );
         assert_eq!(go_pod, run_pod, "the pods differ at the end");
+        for side in [&by_run, &by_go] {
+            let unexpected = side.api.with(|s| s.unexpected.clone());
+            assert!(unexpected.is_empty(), "unexpected requests: {unexpected:?}");
+        }
+
+        // The program's own lines: a status before each lifecycle write,
+        // the last one as the pod ends; one pod run; nothing republished.
+        let lines = by_go.lines();
+        let statuses: Vec<&Value> = lines.iter().filter_map(|l| l.get("status")).collect();
+        assert_eq!(statuses.len(), lifecycle_writes, "{lines:#?}");
+        let last = statuses.last().expect("a status was published");
+        assert_eq!(
+            last["ready"],
+            json!(run_pod[keys::LIFECYCLE_STATE] == "ready"),
+            "{last}"
+        );
+        assert_eq!(last["podIP"], run_pod[keys::IP], "{last}");
+        let runs: Vec<&Value> = lines.iter().filter(|l| l.get("pod").is_some()).collect();
+        assert_eq!(runs.len(), 1, "{lines:#?}");
+        assert_eq!(runs[0]["pod"], json!(format!("{namespace}/{name}")));
+        assert_eq!(
+            lines.last().map(|l| l["reconcile"]["republished"].clone()),
+            Some(json!(0)),
+            "the closing reconcile wrote nothing: {lines:#?}"
+        );
+
         let lifecycle = run_pod[keys::LIFECYCLE_STATE].as_str();
         match ending {
-            Ending::Done => assert_eq!(lifecycle, Some("ready")),
+            Ending::Done | Ending::Resumed => assert_eq!(lifecycle, Some("ready")),
             Ending::Exhausted => assert_eq!(lifecycle, Some("failed")),
             Ending::Changed => {
                 assert_eq!(lifecycle, Some("ready"));
@@ -1462,12 +1487,300 @@ mod real_binary {
         }
     }
 
+    /// The program never guesses a fact its runtime's typed record lacks:
+    /// a Firecracker Linux clone needs the image (it tells a cloudimg guest
+    /// from an OCI one, and no file on disk does), which vk-cocoon's typed
+    /// VM drops. Without `-source-image` the program stops, says the fact
+    /// is missing, runs nothing in the guest and writes nothing; `run`,
+    /// reading the whole record, fixes the same VM. And a VM cocoon says
+    /// does not exist stops the program as gone, not retryable, with
+    /// nothing written either.
+    #[rstest::rstest]
+    #[case::the_image("missing-fact", true)]
+    #[case::the_vm("vm-gone", false)]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_maintainers_go_program_stops_on_what_its_runtime_lacks(
+        #[case] kind: &str,
+        #[case] vm_exists: bool,
+    ) {
+        let Some(program) = maintainer() else {
+            return;
+        };
+        let vm_name = vm_name_for_pod("prod", "demo-0");
+        let mut annotations = base(&vm_name);
+        annotations.insert("vm.cocoonstack.io/backend", json!(FIRECRACKER));
+        let pod = pod_json("prod", "demo-0", &annotations);
+        let cocoon = if vm_exists {
+            json!({"exec": [{"exit": 0, "done": true}],
+                "inspect": {"json": vm_on(&vm_name, FIRECRACKER)}})
+        } else {
+            // No inspect: fake-cocoon says the VM is not found.
+            json!({"exec": [{"exit": 0, "done": true}]})
+        };
+
+        if vm_exists {
+            let stage = Stage::new(&pod, &[], &cocoon, &[]).await;
+            let command = stage.run(&pod, &[]);
+            let by_run = stage.finish(command).await;
+            assert!(by_run.ok, "{}", by_run.stderr);
+            assert_eq!(
+                by_run.api.annotation(keys::LIFECYCLE_STATE).as_deref(),
+                Some("ready")
+            );
+            assert!(
+                by_run.calls.iter().any(|c| c[1] == "exec"),
+                "run fixed the VM: {:?}",
+                by_run.calls
+            );
+        }
+
+        let flags = ["-namespace", "prod", "-pod", "demo-0", "-boot", "create"];
+        let stage = Stage::new(&pod, &[], &cocoon, &[]).await;
+        let command = stage.program(program, &flags);
+        let by_go = stage.finish(command).await;
+        assert!(!by_go.ok, "the program stopped: {}", by_go.stdout);
+        let lines = by_go.lines();
+        let stopped = lines
+            .iter()
+            .find_map(|l| l.get("stopped"))
+            .unwrap_or_else(|| panic!("the program says it stopped: {lines:#?}"));
+        assert_eq!(stopped["kind"], kind, "{stopped}");
+        assert_eq!(stopped["retryable"], false, "{stopped}");
+        if vm_exists {
+            let message = stopped["message"].as_str().unwrap();
+            assert!(message.contains("image"), "the fact is named: {message}");
+        }
+        assert!(
+            by_go.calls.iter().all(|c| c[1] == "inspect"),
+            "nothing ran in the guest: {:?}",
+            by_go.calls
+        );
+        assert!(!by_go.calls.is_empty(), "the VM was inspected");
+        let (patches, events, _) = written(&by_go.api);
+        assert!(patches.is_empty(), "nothing written: {patches:#?}");
+        assert!(events.is_empty(), "nothing told: {events:#?}");
+        assert!(
+            !lines.iter().any(|l| l.get("status").is_some()),
+            "no status published: {lines:#?}"
+        );
+        let unexpected = by_go.api.with(|s| s.unexpected.clone());
+        assert!(unexpected.is_empty(), "unexpected requests: {unexpected:?}");
+    }
+
+    const CLOUD_HYPERVISOR: &str = "cloud-hypervisor";
+    const FIRECRACKER: &str = "firecracker";
+    /// The image of the Firecracker clones' snapshot: an OCI image.
+    const FIRECRACKER_IMAGE: &str = "ghcr.io/cocoonstack/cocoon/ubuntu:24.04";
+
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     enum Ending {
         Done,
         Exhausted,
         /// Another writer changes the pod before the first two writes.
         Changed,
+        /// Each side's first start is stopped in the guest, leaving the
+        /// pod `running`; the program resumes it at its next start
+        /// (`-startup`), `run` as it runs any pod.
+        Resumed,
+    }
+
+    /// The record `cocoon vm inspect` prints for the comparison's VM on
+    /// `backend`: on Firecracker with its snapshot's image.
+    fn vm_on(name: &str, backend: &str) -> Value {
+        let mut record = vm(name);
+        record["hypervisor"] = json!(backend);
+        if backend == FIRECRACKER {
+            record["config"]["image"] = json!(FIRECRACKER_IMAGE);
+        }
+        record
+    }
+
+    /// One side of a maintainer comparison: whether its (last) start ended
+    /// well, what it printed, its `cocoon` calls and the API server it
+    /// wrote to.
+    struct Side {
+        ok: bool,
+        stdout: String,
+        stderr: String,
+        calls: Vec<Vec<String>>,
+        api: FakeApi,
+    }
+
+    impl Side {
+        /// The program's JSON lines.
+        fn lines(&self) -> Vec<Value> {
+            self.stdout
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+                .collect()
+        }
+    }
+
+    /// The inputs of one side: a directory with `fake-cocoon` as `cocoon`
+    /// playing `cocoon` (a scenario without its log; an exec's `gate` is
+    /// a file name in the directory, never made), and a fake API server
+    /// holding `pod` with `others` beside it on the node, another writer
+    /// changing it before the patches `changes` counts.
+    struct Stage {
+        dir: tempfile::TempDir,
+        api: FakeApi,
+    }
+
+    impl Stage {
+        async fn new(pod: &Value, others: &[Value], cocoon: &Value, changes: &[usize]) -> Stage {
+            let dir = tempfile::tempdir().unwrap();
+            let d = dir.path();
+            std::os::unix::fs::symlink(fake_cocoon(), d.join("cocoon")).unwrap();
+            let mut scenario = cocoon.clone();
+            scenario["log"] = json!(d.join("calls.jsonl"));
+            scenario["state_file"] = json!(d.join("exec-count"));
+            if let Some(entries) = scenario["exec"].as_array_mut() {
+                for entry in entries {
+                    if let Some(gate) = entry["gate"].as_str() {
+                        entry["gate"] = json!(d.join(gate));
+                    }
+                }
+            }
+            fs::write(d.join("cocoon.json"), scenario.to_string()).unwrap();
+            fs::create_dir(d.join("plugins")).unwrap();
+            fs::write(d.join("config.toml"), "").unwrap();
+            let api = FakeApi::start(pod.clone(), false).await;
+            for other in others {
+                api.add_other_pod(other.clone());
+            }
+            api.change_before_patches(changes);
+            Stage { dir, api }
+        }
+
+        /// `cocoon-fixup run` for `pod` with `flags`.
+        fn run(&self, pod: &Value, flags: &[&str]) -> tokio::process::Command {
+            let d = self.dir.path();
+            let namespace = pod["metadata"]["namespace"].as_str().unwrap();
+            let name = pod["metadata"]["name"].as_str().unwrap();
+            let mut run = cocoon_fixup(
+                d,
+                &self.api.kubeconfig(d),
+                &["run", "--namespace", namespace, "--pod", name],
+            );
+            run.args(flags);
+            run
+        }
+
+        /// The maintainer's program with `flags`, its records kept where
+        /// `run` keeps its own.
+        fn program(&self, program: &Path, flags: &[&str]) -> tokio::process::Command {
+            let d = self.dir.path();
+            let mut go = tokio::process::Command::new(program);
+            go.arg("-server")
+                .arg(self.api.url())
+                .arg("-cocoon")
+                .arg(d.join("cocoon"))
+                .arg("-cocoon-root")
+                .arg(d)
+                .arg("-lease-file")
+                .arg(d.join("leases.json"))
+                .arg("-state-dir")
+                .arg(d.join("state"))
+                .args(flags)
+                .env("COCOON_FIXUP_BIN", support::binary::program())
+                .env("HOME", d)
+                .kill_on_drop(true);
+            go
+        }
+
+        /// Runs `command` to its end and gives the side as it is then.
+        async fn finish(self, mut command: tokio::process::Command) -> Side {
+            let out = command
+                .stdin(std::process::Stdio::null())
+                .output()
+                .await
+                .expect("the side runs");
+            Side {
+                ok: out.status.success(),
+                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+                calls: cocoon_calls(self.dir.path()),
+                api: self.api,
+            }
+        }
+
+        /// Starts `command` and stops it with SIGTERM, as systemd stops a
+        /// service, once its first exec has started; it exits `exit`.
+        async fn stopped_in_the_exec(&self, mut command: tokio::process::Command, exit: i32) {
+            let mut child = command
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("the side starts");
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while !cocoon_calls(self.dir.path()).iter().any(|c| c[1] == "exec") {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "no exec started within 60 s"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let pid = child.id().expect("the side runs");
+            let pid = rustix::process::Pid::from_raw(i32::try_from(pid).unwrap()).unwrap();
+            rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+            let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+                .await
+                .expect("the side stops within 60 s of SIGTERM")
+                .unwrap();
+            assert_eq!(status.code(), Some(exit), "stopped: {status}");
+        }
+    }
+
+    /// A patch as [`written`] gives it, split into the rest of it and its
+    /// lifecycle keys.
+    fn split(patch: &Value) -> (Value, Map<String, Value>) {
+        let mut rest = patch.clone();
+        let mut lifecycle = Map::new();
+        if let Some(annotations) = rest["annotations"].as_object_mut() {
+            for key in LIFECYCLE_KEYS {
+                if let Some(value) = annotations.remove(key) {
+                    lifecycle.insert(key.to_owned(), value);
+                }
+            }
+        }
+        (rest, lifecycle)
+    }
+
+    /// Checks the program's patches against run's, write by write: for
+    /// each of run's patches, the same patch without the lifecycle keys
+    /// (unless nothing else is in it), then, when run's landed with
+    /// lifecycle keys, the program's own write of exactly those keys with
+    /// the uid precondition only; nothing else. Returns how many
+    /// lifecycle writes the program made.
+    fn same_writes(run: &[Value], go: &[Value]) -> usize {
+        let mut written = go.iter();
+        let mut lifecycle_writes = 0;
+        let context = || format!("run wrote {run:#?}\nthe program wrote {go:#?}");
+        for patch in run {
+            let (rest, lifecycle) = split(patch);
+            if rest["annotations"]
+                .as_object()
+                .is_none_or(|a| !a.is_empty())
+            {
+                let theirs = written.next();
+                assert_eq!(theirs, Some(&rest), "the record write: {}", context());
+            }
+            if !lifecycle.is_empty() && patch["status"] == 200 {
+                let theirs = written.next();
+                let want = json!({"annotations": lifecycle, "uid": patch["uid"],
+                    "resourceVersion": null, "status": 200});
+                assert_eq!(theirs, Some(&want), "the lifecycle write: {}", context());
+                lifecycle_writes += 1;
+            }
+        }
+        assert_eq!(
+            written.next(),
+            None,
+            "a write run did not make: {}",
+            context()
+        );
+        lifecycle_writes
     }
 
     /// What a client wrote and told through the fake API server, without
