@@ -1,8 +1,8 @@
 //! The Go package's client-go adapter (`go/cocoonfixup/kubeclient`, a
-//! module of its own on client-go v0.37) against a real kube-apiserver:
+//! module of its own on client-go v0.35) against a real kube-apiserver:
 //! `go test` in that module with the lab (`lab/kube`'s
-//! `cocoon-kube-lab`), this checkout's `libcocoon_fixup.a` on the link
-//! path, `cocoon-fixup` and `fake-cocoon`. Its tests run each adapter
+//! `cocoon-kube-lab`), this checkout's `cocoon-fixup` (the package's
+//! child process) and `fake-cocoon`. Its tests run each adapter
 //! method as vk-cocoon's node identity, then the stack's three kinds of pods
 //! through the package's example wiring on the adapter and through
 //! `cocoon-fixup serve`, and compare what each wrote (docs/kubernetes.md).
@@ -196,7 +196,6 @@ fn the_go_adapter_works_against_the_real_apiserver_and_writes_what_the_daemon_wr
         .current_dir(&dir)
         .env("GOPROXY", "off")
         .env("CGO_ENABLED", "1")
-        .env("CGO_LDFLAGS", format!("-L{}", profile.display()))
         .env("COCOON_FIXUP_KUBE_LAB", &lab)
         .env("COCOON_FIXUP_BIN", profile.join("cocoon-fixup"))
         .env("COCOON_FIXUP_FAKE_COCOON", &fake)
