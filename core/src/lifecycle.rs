@@ -171,6 +171,15 @@ impl LifecycleIntent {
         patch
     }
 
+    /// The intent decided for `pod` as the API server holds it (its
+    /// version), or for no known version.
+    pub fn at(self, pod: Option<&PodInput>) -> LifecycleIntent {
+        LifecycleIntent {
+            version: pod.and_then(|pod| pod.resource_version.clone()),
+            ..self
+        }
+    }
+
     /// Whether the pod is ready by it.
     pub fn ready(&self) -> bool {
         self.state == Some(Lifecycle::Ready)

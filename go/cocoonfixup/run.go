@@ -953,9 +953,9 @@ func (r *runner) settled(ctx context.Context, a action) map[string]any {
 		r.lastErr = nil
 		// Never nil: a merge patch of `annotations: null` would remove
 		// every annotation.
-		patch := PodPatch{Annotations: Patch{}, UID: a.UID}
-		for key, value := range a.Annotations {
-			patch.Annotations[key] = value
+		patch := PodPatch{Annotations: a.Annotations, UID: a.UID}
+		if patch.Annotations == nil {
+			patch.Annotations = Patch{}
 		}
 		if a.ResourceVersion != nil {
 			patch.ResourceVersion = *a.ResourceVersion

@@ -1749,11 +1749,10 @@ mod tests {
     use super::*;
     use crate::planner::PlannerOptions;
 
-    /// Every scenario file, replayed through the decision alone with the
-    /// built-in plugins (with `intents`, the lifecycle handed to the
+    /// Every scenario of `suite`, replayed through the decision alone with
+    /// the built-in plugins (with `intents`, the lifecycle handed to the
     /// embedder).
-    fn replay_every_scenario(intents: bool) {
-        let suite = Suite::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
+    fn replay_every_scenario(suite: Suite, intents: bool) {
         let (planner, failures) = Planner::new(PlannerOptions {
             cocoon_root: suite.cocoon_root().to_owned(),
             ..PlannerOptions::default()
@@ -1763,29 +1762,24 @@ mod tests {
         suite.each(|scenario| replay_owning(scenario, &planner, intents));
     }
 
+    fn workspace() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    }
+
     /// The reference the other executors are held to.
     #[test]
     fn every_scenario_replays_through_the_decision() {
-        replay_every_scenario(false);
+        replay_every_scenario(Suite::load(&workspace()), false);
     }
 
     /// The embedder's scenarios, in both lifecycle modes, and those of an
     /// embedder that owns the lifecycle with it handed over.
     #[test]
     fn every_embedder_scenario_replays_through_the_decision() {
-        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        for (suite, intents) in [
-            (Suite::load_embedder(&workspace), false),
-            (Suite::load_embedder(&workspace), true),
-            (Suite::load_owned(&workspace), true),
-        ] {
-            let (planner, _) = Planner::new(PlannerOptions {
-                cocoon_root: suite.cocoon_root().to_owned(),
-                ..PlannerOptions::default()
-            })
-            .unwrap();
-            suite.each(|scenario| replay_owning(scenario, &planner, intents));
+        for intents in [false, true] {
+            replay_every_scenario(Suite::load_embedder(&workspace()), intents);
         }
+        replay_every_scenario(Suite::load_owned(&workspace()), true);
     }
 
     /// With the lifecycle owned by the embedder, the changes it is handed,
@@ -1793,7 +1787,7 @@ mod tests {
     /// the task's own writes of them.
     #[test]
     fn every_scenario_replays_with_the_lifecycle_handed_over() {
-        replay_every_scenario(true);
+        replay_every_scenario(Suite::load(&workspace()), true);
     }
 
     /// Scenarios whose serial console takes time (`open_ms`, `takes_ms`

@@ -1491,9 +1491,9 @@ impl PodTask {
             ),
         };
         if let Some(patch) = lifecycle::transition(annotations, Lifecycle::Failed, &message)
-            && let (_, Some(mut intent)) = LifecycleIntent::split(patch)
+            && let (_, Some(intent)) = LifecycleIntent::split(patch)
         {
-            intent.version = self.seen.resource_version.clone();
+            let intent = intent.at(Some(&self.seen));
             self.queue.push_back(Action::Publish(intent));
         }
     }
@@ -1823,9 +1823,9 @@ impl PodTask {
         if patch.is_empty() {
             // The lifecycle keys alone, which the embedder writes: decided
             // from this read, handed over, and taken as written.
-            if let Some(mut intent) = intent {
-                intent.version = current.resource_version.clone();
-                self.queue.push_back(Action::Publish(intent));
+            if let Some(intent) = intent {
+                self.queue
+                    .push_back(Action::Publish(intent.at(Some(&current))));
             }
             return self.decided(
                 write,
@@ -1886,21 +1886,18 @@ impl PodTask {
         // handed over once that landed, before anything that follows it.
         // A write found already made (its answer lost, or another writer)
         // comes with the pod as it is now: the change is decided again
-        // from that, and only what still applies is handed over.
-        let intent = match &result {
-            Ok(Guarded::Changed(current)) if landed => self
+        // from that (a pod that shows the change, or is no longer ours,
+        // gets none).
+        let handed = match &result {
+            _ if !landed => None,
+            Ok(Guarded::Written(answer)) => intent.map(|intent| intent.at(answer.as_ref())),
+            Ok(Guarded::Changed(current)) if self.settings.lifecycle_intents => self
                 .decide(&write, current)
-                .and_then(|patch| LifecycleIntent::split(patch).1),
-            _ => intent,
+                .and_then(|patch| LifecycleIntent::split(patch).1)
+                .map(|intent| intent.at(Some(current))),
+            _ => None,
         };
-        if landed && let Some(mut intent) = intent {
-            intent.version = match &result {
-                Ok(Guarded::Written(answer)) => {
-                    answer.as_ref().and_then(|pod| pod.resource_version.clone())
-                }
-                Ok(Guarded::Changed(current)) => current.resource_version.clone(),
-                Err(_) => None,
-            };
+        if let Some(intent) = handed {
             self.queue.push_front(Action::Publish(intent));
         }
         match result {

@@ -289,9 +289,7 @@ pub fn next(built: &Built, task: &mut Task, report: &str) -> Result<String, Fail
             "the task is over (its last action was finish): free it",
         ));
     }
-    let text = report;
-    let (now, mut report) = read_report(text)?;
-    let lacks = record_lacks(text)?;
+    let (now, mut report, lacks) = read_report(report)?;
     if !lacks.is_empty() && matches!(report, Report::Inspected(Ok(_))) {
         task.task.record_lacks(&lacks);
     }
@@ -521,19 +519,6 @@ fn versioned(pod: PodInput, what: &str) -> Result<PodInput, String> {
     }
 }
 
-/// The facts an `inspected` report's record lacks (`record_lacks`: an
-/// embedder's record built from its own types), or none.
-fn record_lacks(report: &str) -> Result<Vec<fixup_core::decision::RecordFact>, Failure> {
-    #[derive(Deserialize)]
-    struct Lacks {
-        #[serde(default)]
-        record_lacks: Vec<fixup_core::decision::RecordFact>,
-    }
-    serde_json::from_str::<Lacks>(report)
-        .map(|l| l.record_lacks)
-        .map_err(|e| bad_report(format!("record_lacks: {e}")))
-}
-
 /// The pod an API error is about, where the report left it out.
 fn name_the_pod(e: &mut PodError, label: &str) {
     match e {
@@ -624,7 +609,12 @@ fn sac_error(value: &Value) -> Result<SacError, Failure> {
     })
 }
 
-pub(crate) fn read_report(text: &str) -> Result<(Duration, Report), Failure> {
+/// A report's clock, what it says happened, and, beside `inspected`, the
+/// facts the embedder's record lacks (`record_lacks`: a record built from
+/// its own types).
+pub(crate) fn read_report(
+    text: &str,
+) -> Result<(Duration, Report, Vec<fixup_core::decision::RecordFact>), Failure> {
     let value: Value =
         serde_json::from_str(text).map_err(|e| bad_report(format!("not JSON: {e}")))?;
     let map = value
@@ -635,7 +625,12 @@ pub(crate) fn read_report(text: &str) -> Result<(Duration, Report), Failure> {
         .and_then(Value::as_u64)
         .map(Duration::from_millis)
         .ok_or_else(|| bad_report("no now_ms: the embedder's clock since the task started"))?;
-    // `record_lacks` goes beside `inspected` ([`record_lacks`]).
+    // `record_lacks` goes beside `inspected`.
+    let lacks = match (map.get("record_lacks"), map.contains_key("inspected")) {
+        (Some(lacks), true) => serde_json::from_value(lacks.clone())
+            .map_err(|e| bad_report(format!("record_lacks: {e}")))?,
+        _ => Vec::new(),
+    };
     let mut keys = map
         .keys()
         .filter(|k| *k != "now_ms" && !(*k == "record_lacks" && map.contains_key("inspected")));
@@ -717,7 +712,7 @@ pub(crate) fn read_report(text: &str) -> Result<(Duration, Report), Failure> {
         "sac_set_error" => Report::SacSet(Err(sac_error(v)?)),
         other => return Err(bad_report(format!("unknown report {other:?}"))),
     };
-    Ok((now, report))
+    Ok((now, report, lacks))
 }
 
 #[cfg(test)]

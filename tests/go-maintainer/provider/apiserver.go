@@ -156,12 +156,7 @@ func (a *APIServer) ListEvents(ctx context.Context, namespace, fieldSelector str
 
 // podMeta is the part of a pod the provider reads itself.
 type podMeta struct {
-	Metadata struct {
-		Name        string            `json:"name"`
-		Namespace   string            `json:"namespace"`
-		UID         string            `json:"uid"`
-		Annotations map[string]string `json:"annotations"`
-	} `json:"metadata"`
+	Metadata cocoonfixup.PodMeta `json:"metadata"`
 }
 
 func metaOf(doc []byte) (podMeta, error) {

@@ -48,12 +48,7 @@ type Provider struct {
 
 // Meta is what the provider reads of a pod's JSON.
 type Meta struct {
-	Metadata struct {
-		Name        string            `json:"name"`
-		Namespace   string            `json:"namespace"`
-		UID         string            `json:"uid"`
-		Annotations map[string]string `json:"annotations"`
-	} `json:"metadata"`
+	Metadata cocoonfixup.PodMeta `json:"metadata"`
 }
 
 // CreatePod is called once the pod's VM is cloned and started: the step
