@@ -24,8 +24,8 @@ use tokio_util::sync::CancellationToken;
 
 use fixup_core::classify::Scenario;
 use fixup_core::decision::{
-    Action, FixupEnd, Guarded, Note, PlanRequest, Planned, PodTask, Readiness, Report, RetryConfig,
-    Settings, Steps, Stop, Summary, is_node_error, os_nonces,
+    Action, FixupEnd, Guarded, InspectFailed, Note, PlanRequest, Planned, PodTask, Readiness,
+    Report, RetryConfig, Settings, Steps, Stop, Summary, is_node_error, os_nonces,
 };
 use fixup_core::facts::{PodInput, VmId, escape_controls};
 use fixup_core::plan::Plan;
@@ -33,10 +33,10 @@ use fixup_core::planner::{PlanPart, Planner, Preparation};
 
 use crate::cocoon::{Cocoon, CocoonError};
 use crate::console::{Console, ConsoleSession};
-use crate::host::{FixupRecord, HostError, PluginUse};
+use crate::host::{FixupRecord, PluginUse};
 use crate::metrics::Metrics;
 use crate::node_pods::OtherPods;
-use crate::pods::{Event, PodApi, PodError, PodRef};
+use crate::pods::{Event, PodApi, PodRef};
 use crate::ready::LeaseWatcher;
 use fixup_core::memory::MemoryStore;
 
@@ -70,18 +70,12 @@ pub(crate) struct Executor<'a, C, P> {
 
 impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
     /// Carry out `task` from `action` until it finishes.
-    pub async fn run<T: Steps>(
-        &self,
-        mut task: T,
-        mut action: Action,
-    ) -> Result<Summary, HostError> {
+    pub async fn run<T: Steps>(&self, mut task: T, mut action: Action) -> Result<Summary, Stop> {
         let origin = Instant::now();
         let pod = task.pod().clone();
         // The turn among pods worked on at once, held from `Admit` to
         // `Release` (or the end).
         let mut turn = None;
-        // cocoon's own error, kept for the caller.
-        let mut inspect_error = None;
         // The serial console opened last, from `SacOpen` to `SacClose`.
         let mut console: Option<Box<dyn ConsoleSession>> = None;
         loop {
@@ -91,7 +85,7 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
                 match action {
                     Action::Finish(result) => {
                         drop(turn);
-                        return result.map_err(|stop| stop_error(stop, inspect_error));
+                        return result;
                     }
                     Action::Admit => match self.host {
                         Some(host) => tokio::select! {
@@ -111,11 +105,7 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
                     Action::Inspect { vm, timeout } => {
                         match self.cocoon.inspect(&vm, timeout).await {
                             Ok(record) => Report::Inspected(Ok(record)),
-                            Err(e) => {
-                                let message = e.to_string();
-                                inspect_error = Some(e);
-                                Report::Inspected(Err(message))
-                            }
+                            Err(e) => Report::Inspected(Err(InspectFailed::Failed(e.to_string()))),
                         }
                     }
                     Action::WakeEvents { field_selectors } => Report::Events(
@@ -329,28 +319,6 @@ fn sac_deadline(
     fixup_sac::Deadline::after(until.saturating_sub(origin.elapsed()), total)
 }
 
-/// A stop as the daemon's error, with cocoon's own error where it was one.
-fn stop_error(stop: Stop, inspect_error: Option<CocoonError>) -> HostError {
-    match stop {
-        Stop::NoUid { pod } => HostError::NoUid { pod },
-        Stop::NoVm { pod } => HostError::NoVm { pod },
-        Stop::Inspect { pod, message } => match inspect_error {
-            Some(source) => HostError::Cocoon { pod, source },
-            None => HostError::Pods(PodError::Api {
-                pod,
-                reason: message,
-            }),
-        },
-        Stop::Node(e) => HostError::Node(e),
-        Stop::Api(e) => HostError::Pods(e),
-        Stop::RunningRefused { error } => HostError::RunningRefused { error },
-        Stop::Unproven { pod, name, reason } => HostError::Unproven { pod, name, reason },
-        stop @ Stop::MissingFact { .. } => HostError::MissingFact {
-            message: stop.to_string(),
-        },
-    }
-}
-
 /// The pods on the node, for the decision to check an annotated VM name
 /// against: the watched copy, or a listing from the API server.
 async fn other_pods<P: PodApi>(source: &OtherPods, pods: &P) -> Result<Vec<PodInput>, String> {
@@ -503,7 +471,7 @@ pub async fn run_fixup<C: Cocoon, P: PodApi>(
     job: FixupJob<'_>,
     retry: &RetryConfig,
     shutdown: &CancellationToken,
-) -> Result<FixupOutcome, HostError> {
+) -> Result<FixupOutcome, Stop> {
     let settings = Settings {
         retry: retry.clone(),
         ..Settings::default()

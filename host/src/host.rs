@@ -14,21 +14,21 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fixup_core::binding::BindingPolicy;
 use fixup_core::classify::Scenario;
 use fixup_core::decision::{
-    Handled, NodeError, PodTask, PrepareTask, ReadyConfig, RetryConfig, Settings, Summary, Trigger,
+    Handled, PodTask, PrepareTask, ReadyConfig, RetryConfig, Settings, Stop, Summary, Trigger,
     WakeConfig, os_nonces,
 };
-use fixup_core::facts::{FactError, PodInput, annotations};
+use fixup_core::facts::PodInput;
 use fixup_core::memory::MemoryStore;
 use fixup_core::planner::{PlanPart, Planner, PlannerError};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::apply::{Executor, HostParts};
-use crate::cocoon::{Cocoon, CocoonError};
+use crate::cocoon::Cocoon;
 use crate::console::{Console, SerialConsoles};
 use crate::metrics::Metrics;
 use crate::node_pods::OtherPods;
-use crate::pods::{PodApi, PodError};
+use crate::pods::PodApi;
 use crate::ready::{LeaseWatcher, WallClock};
 
 /// Timeouts, budgets and policies of the apply path, resolved once from
@@ -101,105 +101,6 @@ impl Default for HostConfig {
             sac_deadline: fixup_core::decision::DEFAULT_SAC_DEADLINE,
             binding: BindingPolicy::default(),
             fixups_in_flight: DEFAULT_FIXUPS_IN_FLIGHT,
-        }
-    }
-}
-
-/// Why a pod could not be handled (yet).
-#[derive(Debug, thiserror::Error)]
-pub enum HostError {
-    #[error("pod {pod} not found: check the namespace and name")]
-    NotFound { pod: String },
-    #[error(
-        "pod {pod} has no uid: it is not a live pod object (pass a pod read from the API server)"
-    )]
-    NoUid { pod: String },
-    #[error(
-        "pod {pod} names no VM yet (no {} or {} annotation): wait until cocoon has created it",
-        annotations::VM_ID,
-        annotations::VM_NAME
-    )]
-    NoVm { pod: String },
-    #[error(transparent)]
-    Facts(#[from] FactError),
-    #[error("pod {pod}: {source}")]
-    Cocoon {
-        pod: String,
-        #[source]
-        source: CocoonError,
-    },
-    /// The node is set up wrong (the cocoon root, the plugin directory,
-    /// the cache) or cocoon printed a record that is no VM's: not the
-    /// pod's fault. Reported and retried, never a pod failure.
-    #[error(transparent)]
-    Node(#[from] NodeError),
-    #[error(transparent)]
-    Pods(#[from] PodError),
-    /// The `running` write was refused: nothing ran; tried again with
-    /// backoff (spec section 8), unlike another refusal.
-    #[error("the running write was refused, nothing ran, and it is tried again later: {error}")]
-    RunningRefused { error: PodError },
-    /// The VM's annotated name could not be proven, for want of the
-    /// node's pods ([`OtherPods`]): nothing ran; tried again.
-    #[error(
-        "pod {pod}: the VM record is named {name:?}, as annotation {} says, which binds only when no other pod on the node claims that name, and the node's pods could not be listed: {reason}; nothing was run",
-        annotations::VM_NAME
-    )]
-    Unproven {
-        pod: String,
-        name: String,
-        reason: String,
-    },
-    /// A fact the decision needs was said to be missing from the VM
-    /// record (only an embedder says so; the daemon reads cocoon's whole
-    /// record): nothing ran; not tried again.
-    #[error("{message}")]
-    MissingFact { message: String },
-}
-
-impl HostError {
-    /// Whether the node is at fault (the cocoon root, the plugin directory,
-    /// the cache, cocoon's record): the pod was told once
-    /// (`PostCloneNodeError`) and waits; a retry does not tell it again.
-    pub fn is_node_error(&self) -> bool {
-        matches!(self, HostError::Node(_))
-    }
-
-    /// Whether trying the same pod again later can succeed: cocoon, the
-    /// API server and the node's mounts can recover; a pod that is gone or
-    /// whose annotations do not parse cannot.
-    pub fn is_retryable(&self) -> bool {
-        match self {
-            HostError::Cocoon { .. }
-            | HostError::Node(_)
-            | HostError::RunningRefused { .. }
-            | HostError::Unproven { .. } => true,
-            HostError::Pods(PodError::Api { .. }) => true,
-            HostError::NotFound { .. }
-            | HostError::NoUid { .. }
-            | HostError::NoVm { .. }
-            | HostError::Facts(_)
-            | HostError::MissingFact { .. }
-            | HostError::Pods(PodError::Refused { .. } | PodError::Gone { .. }) => false,
-        }
-    }
-
-    /// A short label for metrics and logs.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            HostError::NotFound { .. } => "not-found",
-            HostError::NoUid { .. } => "no-uid",
-            HostError::NoVm { .. } => "no-vm",
-            HostError::Facts(_) => "facts",
-            HostError::Cocoon { .. } => "cocoon",
-            HostError::Unproven { .. } => "unproven",
-            HostError::MissingFact { .. } => "missing-fact",
-            HostError::Node(e) => e.kind(),
-            HostError::Pods(PodError::Api { .. }) => "api",
-            HostError::Pods(PodError::Refused { .. }) | HostError::RunningRefused { .. } => {
-                "api-refused"
-            }
-            HostError::Pods(PodError::Gone { .. }) => "gone",
         }
     }
 }
@@ -468,7 +369,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         name: &str,
         trigger: Trigger,
         shutdown: &CancellationToken,
-    ) -> Result<Summary, HostError> {
+    ) -> Result<Summary, Stop> {
         let pod = self.read(namespace, name).await?;
         self.handle_pod(&pod, trigger, shutdown).await
     }
@@ -485,7 +386,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         uid: &str,
         trigger: Trigger,
         shutdown: &CancellationToken,
-    ) -> Result<Summary, HostError> {
+    ) -> Result<Summary, Stop> {
         let pod = self.read(namespace, name).await?;
         if pod.uid.as_deref() != Some(uid) {
             let mut summary = Summary::new(pod.display_name(), uid.to_owned());
@@ -496,11 +397,11 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
     }
 
     /// The pod as it is now.
-    async fn read(&self, namespace: &str, name: &str) -> Result<PodInput, HostError> {
+    async fn read(&self, namespace: &str, name: &str) -> Result<PodInput, Stop> {
         self.pods
             .get(namespace, name)
             .await?
-            .ok_or_else(|| HostError::NotFound {
+            .ok_or_else(|| Stop::NotFound {
                 pod: format!("{namespace}/{name}"),
             })
     }
@@ -526,7 +427,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         pod: &PodInput,
         trigger: Trigger,
         shutdown: &CancellationToken,
-    ) -> Result<Summary, HostError> {
+    ) -> Result<Summary, Stop> {
         let (mut task, first) =
             PodTask::start(pod.clone(), trigger, self.config.settings(), os_nonces());
         let since_epoch = (self.wall.0)()
@@ -559,7 +460,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         namespace: &str,
         name: &str,
         shutdown: &CancellationToken,
-    ) -> Result<Summary, HostError> {
+    ) -> Result<Summary, Stop> {
         let pod = self.read(namespace, name).await?;
         self.prepare_pod(&pod, shutdown).await
     }
@@ -569,7 +470,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         &self,
         pod: &PodInput,
         shutdown: &CancellationToken,
-    ) -> Result<Summary, HostError> {
+    ) -> Result<Summary, Stop> {
         let (task, first) = PrepareTask::start(pod.clone(), self.config.settings(), os_nonces());
         Box::pin(self.executor(shutdown).run(task, first)).await
     }

@@ -12,6 +12,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use fixup_core::classify::Scenario;
+use fixup_core::decision::{PodError, Stop};
 use fixup_core::planner::{Fallback, PlanOutcome, PlannerError};
 use fixup_core::plugin::PluginError;
 
@@ -388,11 +389,11 @@ impl Metrics {
             .inc();
     }
 
-    /// A pod handled again after a failure of `kind` ([`crate::host::HostError::kind`]).
-    pub fn retry(&self, kind: &str) {
+    /// A pod handled again after `stop`, counted by [`retry_kind`].
+    pub fn retry(&self, stop: &Stop) {
         self.retries
             .get_or_create(&KindLabels {
-                kind: kind.to_owned(),
+                kind: retry_kind(stop).to_owned(),
             })
             .inc();
     }
@@ -463,5 +464,17 @@ impl Metrics {
                 kind: kind.to_owned(),
             })
             .inc();
+    }
+}
+
+/// The `kind` label of `cocoon_fixup_retries_total` for a stop: its
+/// [`Stop::kind`], except that a failed `cocoon vm inspect` is `cocoon`
+/// and a refusal is `api-refused`, the names the alert rules
+/// (deploy/alerts.yaml) match.
+pub fn retry_kind(stop: &Stop) -> &'static str {
+    match stop {
+        Stop::Inspect { .. } => "cocoon",
+        Stop::RunningRefused { .. } | Stop::Api(PodError::Refused { .. }) => "api-refused",
+        other => other.kind(),
     }
 }

@@ -32,11 +32,11 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::cocoon::Cocoon;
-use fixup_core::decision::{FixupEnd, Handled, Readiness, Summary, Trigger, has_work};
+use fixup_core::decision::{Backoff, FixupEnd, Handled, Readiness, Summary, Trigger, has_work};
 use fixup_core::lifecycle::HandsOff;
 use fixup_core::memory::MemoryStore;
 
-use crate::host::{Host, HostError};
+use crate::host::Host;
 use crate::node_pods::{NodePods, OtherPods};
 use crate::pods::PodApi;
 use fixup_core::facts::{PodInput, annotations};
@@ -50,26 +50,6 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 pub enum ServeError {
     #[error("cannot listen on {addr} for metrics: {reason}; pass another --metrics-addr")]
     Listen { addr: SocketAddr, reason: String },
-}
-
-/// How a pod whose handling failed before its work could run (cocoon did
-/// not answer, the API server was unreachable, the node's cocoon root could
-/// not be probed) is tried again: after `first` (1 s), doubling, never more
-/// than `max` (60 s) apart, for as long as the pod still has work. The pod
-/// is never left `creating` without work in flight.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
-    pub first: Duration,
-    pub max: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff {
-            first: Duration::from_secs(1),
-            max: Duration::from_secs(60),
-        }
-    }
 }
 
 /// Runs pods through the host, bounded and without duplicates.
@@ -287,8 +267,9 @@ impl<C: Cocoon, P: PodApi> Task<C, P> {
         }
     }
 
-    /// Handle the pod, and again with backoff while it fails before its
-    /// work could run. `None` when it was stopped or gave up.
+    /// Handle the pod, and again, when and as the stop says
+    /// ([`Stop::again`]), while it stops before its work could run. `None`
+    /// when it was stopped or gave up.
     async fn work(
         &self,
         pod: &PodInput,
@@ -296,7 +277,7 @@ impl<C: Cocoon, P: PodApi> Task<C, P> {
         token: &CancellationToken,
     ) -> Option<Summary> {
         let label = pod.display_name();
-        let mut delay = self.backoff.first;
+        let mut tries = 0;
         loop {
             let permit = tokio::select! {
                 biased;
@@ -310,7 +291,7 @@ impl<C: Cocoon, P: PodApi> Task<C, P> {
                 .handle_uid(&pod.namespace, &pod.name, &self.uid, trigger, token)
                 .await;
             drop(permit);
-            match result {
+            let stop = match result {
                 Ok(summary) => {
                     tracing::info!(
                         pod = %label,
@@ -323,27 +304,22 @@ impl<C: Cocoon, P: PodApi> Task<C, P> {
                     );
                     return Some(summary);
                 }
-                Err(e) if e.is_retryable() && !token.is_cancelled() => {
-                    self.host.metrics().retry(e.kind());
-                    tracing::warn!(pod = %label, "{e}; trying again in {delay:?}");
-                    // A node error has been told (with `ResumedAfterRestart`
-                    // before it), and a refused `running` write comes after
-                    // `ResumedAfterRestart`: retries do not tell them again.
-                    // Other failures may come before either was told.
-                    if e.is_node_error() || matches!(e, HostError::RunningRefused { .. }) {
-                        trigger = Trigger::Retry;
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(pod = %label, "{e}");
+                Err(stop) => stop,
+            };
+            let again = match stop.again(trigger, tries, self.backoff) {
+                Some(again) if !token.is_cancelled() => again,
+                _ => {
+                    tracing::warn!(pod = %label, "{stop}");
                     return None;
                 }
-            }
+            };
+            self.host.metrics().retry(&stop);
+            tracing::warn!(pod = %label, "{stop}; trying again in {:?}", again.after);
+            (trigger, tries) = (again.trigger, again.tries);
             tokio::select! {
-                () = tokio::time::sleep(delay) => {}
+                () = tokio::time::sleep(again.after) => {}
                 () = token.cancelled() => return None,
             }
-            delay = (delay * 2).min(self.backoff.max);
         }
     }
 }

@@ -14,7 +14,7 @@
 //!   matches on is one that series has, and every value it matches is one
 //!   the code emits: the registry is fed the values from the code's own
 //!   enums and error kinds ([`FixupEnd::as_str`], [`NodeError::kind`],
-//!   [`HostError::kind`], ...). A renamed metric, label or value breaks
+//!   [`fixup_host::metrics::retry_kind`], ...). A renamed metric, label or value breaks
 //!   this test. `up` is Prometheus's own.
 //! - **Every alert is complete.** A `severity`, a `summary` and a
 //!   `description`, and a `runbook_url` `docs/alerts.md#<alert, lower
@@ -39,15 +39,14 @@ use std::time::Duration;
 
 use fixup_core::classify::Scenario;
 use fixup_core::decision::{
-    FixupEnd, NodeError, PodError, Readiness, ReadyConfig, RetryConfig, SacEnd,
+    Backoff, FixupEnd, NodeError, PodError, Readiness, ReadyConfig, RetryConfig, SacEnd, Stop,
 };
 use fixup_core::facts::FactError;
 use fixup_core::planner::PlannerError;
 use fixup_core::plugin::PluginError;
 use fixup_host::cocoon::CocoonError;
-use fixup_host::host::HostError;
 use fixup_host::metrics::Metrics;
-use fixup_host::serve::{Backoff, WATCH_ERROR_QUIET};
+use fixup_host::serve::WATCH_ERROR_QUIET;
 use serde_json::Value;
 
 const RULES: &str = "deploy/alerts.yaml";
@@ -256,35 +255,33 @@ fn fed_metrics() -> Metrics {
     }
     // `serve` counts a retry for each error that is retried, by its kind.
     let host_errors = [
-        HostError::Pods(PodError::Api {
+        Stop::Api(PodError::Api {
             pod: pod(),
             reason: "connection refused".into(),
         }),
-        HostError::RunningRefused {
+        Stop::RunningRefused {
             error: PodError::Refused {
                 pod: pod(),
                 reason: "403".into(),
             },
         },
-        HostError::Unproven {
+        Stop::Unproven {
             pod: pod(),
             name: "vk-apps-web-0".into(),
             reason: "not listed yet".into(),
         },
-        HostError::Cocoon {
+        Stop::Inspect {
             pod: pod(),
-            source: CocoonError::Timeout {
+            message: CocoonError::Timeout {
                 what: "cocoon vm inspect".into(),
                 after: Duration::from_secs(10),
-            },
+            }
+            .to_string(),
         },
     ];
-    for error in host_errors
-        .into_iter()
-        .chain(node_errors.map(HostError::Node))
-    {
+    for error in host_errors.into_iter().chain(node_errors.map(Stop::Node)) {
         assert!(error.is_retryable(), "{error}");
-        m.retry(error.kind());
+        m.retry(&error);
     }
     for op in ["recall", "keep", "observe", "dropped"] {
         m.record_error(op);

@@ -22,17 +22,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use fixup_core::binding::{BindingPolicy, legacy_vm_name_for_pod, vm_name_for_pod};
-use fixup_core::decision::{Summary, Trigger};
+use fixup_core::decision::{Backoff, Stop, Summary, Trigger};
 use fixup_core::facts::PodInput;
 use fixup_core::planner::{Planner, PlannerOptions};
-use fixup_host::host::{Host, HostConfig, HostError};
+use fixup_host::host::{Host, HostConfig};
 use fixup_host::metrics::Metrics;
 use fixup_host::node_pods::OtherPods;
 use fixup_host::pods::{
     AnnotationPatch, Event, EventType, MemoryPods, PodApi, PodError, PodRef, keys, reasons,
 };
 use fixup_host::ready::LeaseWatcher;
-use fixup_host::serve::{Backoff, Dispatcher};
+use fixup_host::serve::Dispatcher;
 use serde_json::{Value, json};
 use support::{Reply, ScriptedCocoon, pod};
 use tokio_util::sync::CancellationToken;
@@ -148,7 +148,7 @@ impl Setup {
 }
 
 impl Rig {
-    async fn handle(&self, namespace: &str, name: &str) -> Result<Summary, HostError> {
+    async fn handle(&self, namespace: &str, name: &str) -> Result<Summary, Stop> {
         self.host
             .handle(namespace, name, Trigger::Event, &CancellationToken::new())
             .await
@@ -342,7 +342,7 @@ async fn an_annotated_name_binds_only_by_policy_and_unclaimed(
     let result = rig.handle("prod", "demo-7b7c9d9d5f-x2x4z").await;
     let Some(action) = action else {
         let error = result.unwrap_err();
-        assert!(matches!(error, HostError::Unproven { .. }), "{error}");
+        assert!(matches!(error, Stop::Unproven { .. }), "{error}");
         assert!(error.is_retryable());
         assert!(error.to_string().contains(SLOT), "{error}");
         assert_untouched(&rig);
@@ -886,12 +886,12 @@ async fn a_resumed_pod_is_announced_even_when_the_first_try_fails() {
 #[tokio::test(start_paused = true)]
 async fn a_refused_write_is_not_retried() {
     use fixup_host::pods::PodError;
-    let error = HostError::Pods(PodError::Refused {
+    let error = Stop::Api(PodError::Refused {
         pod: "default/web-0".into(),
         reason: "403 Forbidden".into(),
     });
     assert!(!error.is_retryable());
-    let error = HostError::Pods(PodError::Api {
+    let error = Stop::Api(PodError::Api {
         pod: "default/web-0".into(),
         reason: "gave up after 5 tries".into(),
     });
@@ -1029,7 +1029,7 @@ async fn an_unreadable_cocoon_root_is_a_node_error_not_a_pod_failure() {
     let rig = setup.build();
     let error = rig.handle("default", "web-0").await.unwrap_err();
     assert!(
-        matches!(error, HostError::Node(NodeError::Probe { .. })),
+        matches!(error, Stop::Node(NodeError::Probe { .. })),
         "{error}"
     );
     assert!(error.is_retryable());
@@ -1217,7 +1217,7 @@ async fn a_plugin_file_that_does_not_load_fails_only_its_pods() {
     let waits = rig(&[("vm.cocoonstack.io/guest-flavor", "rhel")]);
     let error = waits.handle("default", "web-0").await.unwrap_err();
     assert!(
-        matches!(error, HostError::Node(NodeError::Plugins { .. })),
+        matches!(error, Stop::Node(NodeError::Plugins { .. })),
         "{error}"
     );
     assert!(error.is_retryable());

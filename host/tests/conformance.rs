@@ -16,14 +16,14 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
-use fixup_core::decision::PodError;
 use fixup_core::decision::conformance::{Ended, Scenario, Suite, Waited, World, pod_json};
+use fixup_core::decision::{PodError, Stop};
 use fixup_core::facts::{VmId, VmInspect};
 use fixup_core::memory::MemoryStore;
 use fixup_core::planner::{Planner, PlannerOptions};
 use fixup_host::cocoon::{Cocoon, CocoonError, ExecOutput};
 use fixup_host::console::{Console, ConsoleSession};
-use fixup_host::host::{Host, HostConfig, HostError};
+use fixup_host::host::{Host, HostConfig};
 use fixup_host::kube::{KubeApi, REPORTER, RetryPolicy};
 use fixup_host::metrics::Metrics;
 use fixup_host::node_pods::{NodePods, OtherPods};
@@ -265,25 +265,11 @@ fn pod_uid(pod: &fixup_core::facts::PodInput) -> String {
 }
 
 /// How the daemon's call ended, as the suite names it.
-fn ended(result: &Result<fixup_core::decision::Summary, HostError>) -> Ended {
+fn ended(result: &Result<fixup_core::decision::Summary, Stop>) -> Ended {
     match result {
         Ok(summary) => Ended::Summary(serde_json::to_value(summary).unwrap()),
         Err(e) => Ended::Stop {
-            kind: match e {
-                HostError::NoUid { .. } => "no-uid",
-                HostError::NoVm { .. } => "no-vm",
-                HostError::Facts(_) => "facts",
-                HostError::Cocoon { .. } => "inspect",
-                HostError::Unproven { .. } => "unproven",
-                HostError::MissingFact { .. } => "missing-fact",
-                HostError::Node(e) => e.kind(),
-                HostError::Pods(PodError::Gone { .. }) => "gone",
-                HostError::Pods(PodError::Refused { .. }) | HostError::RunningRefused { .. } => {
-                    "refused"
-                }
-                HostError::Pods(PodError::Api { .. }) => "api",
-                HostError::NotFound { .. } => "not-found",
-            },
+            kind: e.kind(),
             retryable: e.is_retryable(),
         },
     }

@@ -32,10 +32,10 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use fixup_core::decision::{ReadyConfig, RetryConfig};
-use fixup_core::decision::{Summary, Trigger};
+use fixup_core::decision::{Stop, Summary, Trigger};
 use fixup_core::facts::PodInput;
 use fixup_core::planner::{Planner, PlannerOptions};
-use fixup_host::host::{Host, HostConfig, HostError};
+use fixup_host::host::{Host, HostConfig};
 use fixup_host::kube::{REPORTER, RetryPolicy};
 use fixup_host::metrics::Metrics;
 use fixup_host::pods::{keys, reasons};
@@ -500,8 +500,8 @@ impl Rig {
         &self,
         conversation: Conversation,
         trigger: Trigger,
-    ) -> (Result<Summary, HostError>, Vec<Call>) {
-        let result: Result<Summary, HostError> = conversation
+    ) -> (Result<Summary, Stop>, Vec<Call>) {
+        let result: Result<Summary, Stop> = conversation
             .into_scenario()
             .run(|api| async move {
                 let host = Host::new(

@@ -12,12 +12,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fixup_core::decision::{NodeError, Summary, Trigger};
+use fixup_core::decision::{NodeError, Stop, Summary, Trigger};
 use fixup_core::facts::{VmId, VmInspect};
 use fixup_core::planner::{Planner, PlannerOptions};
 use fixup_core::plugin::{EngineOptions, Limits, PluginError};
 use fixup_host::cocoon::{Cocoon, CocoonError, ExecOutput};
-use fixup_host::host::{Host, HostConfig, HostError};
+use fixup_host::host::{Host, HostConfig};
 use fixup_host::metrics::Metrics;
 use fixup_host::pods::MemoryPods;
 use fixup_host::ready::LeaseWatcher;
@@ -121,7 +121,7 @@ struct Seen {
 
 /// Handle `pods` concurrently on a one-thread runtime beside a 5 ms timer
 /// task, and return their summaries and what the timer saw.
-fn handle_beside_a_timer(rig: &Rig, pods: &[&str]) -> (Vec<Result<Summary, HostError>>, Seen) {
+fn handle_beside_a_timer(rig: &Rig, pods: &[&str]) -> (Vec<Result<Summary, Stop>>, Seen) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -173,10 +173,10 @@ fn handle_beside_a_timer(rig: &Rig, pods: &[&str]) -> (Vec<Result<Summary, HostE
 
 /// A call stopped by its wall-clock deadline is the node's (time is the
 /// node's): the pod is not failed, and the work is tried again.
-fn assert_stopped_by_the_deadline(result: &Result<Summary, HostError>) {
+fn assert_stopped_by_the_deadline(result: &Result<Summary, Stop>) {
     match result {
         Err(
-            e @ HostError::Node(NodeError::PluginCode {
+            e @ Stop::Node(NodeError::PluginCode {
                 source: PluginError::Deadline { plugin, .. },
                 ..
             }),

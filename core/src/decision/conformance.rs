@@ -1672,7 +1672,9 @@ pub fn replay_owning(
                 let _ = world.event(now, event.reason, &event.message);
                 Report::Go
             }
-            Action::Inspect { vm, .. } => Report::Inspected(world.inspect(now, &vm)),
+            Action::Inspect { vm, .. } => {
+                Report::Inspected(world.inspect(now, &vm).map_err(Into::into))
+            }
             Action::OtherPods { .. } => Report::OtherPods(world.other_pods()),
             Action::WakeEvents { field_selectors } => {
                 Report::Events(world.events_of(now, &field_selectors))

@@ -34,6 +34,7 @@ mod locate;
 mod prepare;
 pub mod reports;
 mod settings;
+mod stop;
 mod task;
 
 pub use crate::lifecycle::LifecycleIntent;
@@ -45,6 +46,7 @@ pub use settings::{
     DEFAULT_SAC_DEADLINE, ReadyConfig, RetryConfig, Settings, SettingsBuilder, SettingsMs,
     WakeConfig,
 };
+pub use stop::{Again, Backoff, Stop};
 pub use task::{DECIDE_ROUNDS, NonceSource, PodTask, WrongReport, os_nonces};
 
 use std::fmt;
@@ -108,8 +110,25 @@ pub enum Guarded {
     Changed(PodInput),
 }
 
+/// Why `cocoon vm inspect` gave no record ([`Report::Inspected`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InspectFailed {
+    /// It failed (as one line): tried again later ([`Stop::Inspect`]).
+    Failed(String),
+    /// The host knows the VM does not exist (as one line): the pod's VM
+    /// is over, and not tried again ([`Stop::VmGone`]).
+    Gone(String),
+}
+
+impl From<String> for InspectFailed {
+    fn from(message: String) -> Self {
+        InspectFailed::Failed(message)
+    }
+}
+
 /// Why the host was asked to handle the pod.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Trigger {
     /// A pod event (or a one-shot `run`).
     Event,
@@ -119,6 +138,16 @@ pub enum Trigger {
     /// The daemon tries again after a failure before the loop: the node
     /// error that caused it is not announced again.
     Retry,
+}
+
+impl Trigger {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Event => "event",
+            Trigger::Startup => "startup",
+            Trigger::Retry => "retry",
+        }
+    }
 }
 
 /// What the host is asked to plan ([`PlanRequest::run`] does it).
@@ -301,8 +330,8 @@ pub enum Report {
     Go,
     /// The host is shutting down (only for interruptible actions).
     Cancelled,
-    /// `cocoon vm inspect`'s record, or its error as one line.
-    Inspected(Result<VmInspect, String>),
+    /// `cocoon vm inspect`'s record, or why there is none.
+    Inspected(Result<VmInspect, InspectFailed>),
     /// The pods the host sees on its node, or why it has no such view (as
     /// one line): the annotated name is then not proven, and the task
     /// stops without running anything ([`Stop::Unproven`]).
@@ -439,94 +468,6 @@ impl NodeError {
                 "readiness waits, and is tried again, until cocoon-net's lease file can be read"
             }
             _ => "the fixup waits, and is tried again, until the node is fixed",
-        }
-    }
-}
-
-/// Why a task ended without an outcome: tried again later, or not at all
-/// ([`Stop::is_retryable`]).
-#[derive(Debug, thiserror::Error)]
-pub enum Stop {
-    #[error(
-        "pod {pod} has no uid: it is not a live pod object (pass a pod read from the API server)"
-    )]
-    NoUid { pod: String },
-    #[error(
-        "pod {pod} names no VM yet (no {} or {} annotation): wait until cocoon has created it",
-        crate::facts::annotations::VM_ID,
-        crate::facts::annotations::VM_NAME
-    )]
-    NoVm { pod: String },
-    /// `cocoon vm inspect` failed (the host keeps its error).
-    #[error("pod {pod}: {message}")]
-    Inspect { pod: String, message: String },
-    #[error(transparent)]
-    Node(#[from] NodeError),
-    #[error(transparent)]
-    Api(#[from] PodError),
-    /// The API server refused the `running` write (401, 403, 422, an
-    /// admission denial): nothing ran, and unlike another refusal the work
-    /// is tried again with backoff, so the pod is never left `creating`
-    /// with nothing in flight (spec section 8).
-    #[error("the running write was refused, nothing ran, and it is tried again later: {error}")]
-    RunningRefused { error: PodError },
-    /// The VM record's name is the pod's annotated name, which binds only
-    /// when no other pod on the node claims it, and the host could not
-    /// list the node's pods: nothing ran. Tried again later (the daemon's
-    /// view of its node may not be complete yet).
-    #[error(
-        "pod {pod}: the VM record is named {name:?}, as annotation {} says, which binds only when no other pod on the node claims that name, and the node's pods could not be listed: {reason}; nothing was run",
-        crate::facts::annotations::VM_NAME
-    )]
-    Unproven {
-        pod: String,
-        name: String,
-        reason: String,
-    },
-    /// The decision needs a fact of the VM record that the embedder said
-    /// its record lacks ([`Knows::record_lacks`]), and nothing else gives
-    /// it: nothing was run or written. Not retried: the embedder must give
-    /// it.
-    #[error("pod {pod}: the decision needs the VM record's {} ({why}), which the record given lacks; nothing was run: {hint}", fact.as_str())]
-    MissingFact {
-        pod: String,
-        fact: RecordFact,
-        why: &'static str,
-        hint: &'static str,
-    },
-}
-
-impl Stop {
-    /// A short label: `no-uid`, `no-vm`, `inspect`, `unproven`, the node
-    /// error's kind ([`NodeError::kind`]), `api`, `refused` or `gone`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Stop::NoUid { .. } => "no-uid",
-            Stop::NoVm { .. } => "no-vm",
-            Stop::Inspect { .. } => "inspect",
-            Stop::Unproven { .. } => "unproven",
-            Stop::MissingFact { .. } => "missing-fact",
-            Stop::Node(e) => e.kind(),
-            Stop::Api(PodError::Gone { .. }) => "gone",
-            Stop::Api(PodError::Refused { .. }) | Stop::RunningRefused { .. } => "refused",
-            Stop::Api(PodError::Api { .. }) => "api",
-        }
-    }
-
-    /// Whether trying the same pod again later can succeed: cocoon, the
-    /// API server and the node can recover; a pod without a uid, or that
-    /// names no VM, cannot until it changes.
-    pub fn is_retryable(&self) -> bool {
-        match self {
-            Stop::Inspect { .. }
-            | Stop::Unproven { .. }
-            | Stop::Node(_)
-            | Stop::Api(PodError::Api { .. })
-            | Stop::RunningRefused { .. } => true,
-            Stop::NoUid { .. }
-            | Stop::NoVm { .. }
-            | Stop::MissingFact { .. }
-            | Stop::Api(PodError::Refused { .. } | PodError::Gone { .. }) => false,
         }
     }
 }

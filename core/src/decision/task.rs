@@ -10,9 +10,9 @@ use std::time::Duration;
 use super::attempts::Attempts;
 use super::settings::MIN_STEP;
 use super::{
-    Action, ExecPurpose, FixupEnd, Guarded, Handled, Knows, Lookup, NodeError, Note, PlanRequest,
-    Planned, PodError, PodRef, Readiness, RecordFact, Report, SacEnd, Settings, Stop, Summary,
-    Told, Trigger, lookup, mismatch_event, observe,
+    Action, ExecPurpose, FixupEnd, Guarded, Handled, InspectFailed, Knows, Lookup, NodeError, Note,
+    PlanRequest, Planned, PodError, PodRef, Readiness, RecordFact, Report, SacEnd, Settings, Stop,
+    Summary, Told, Trigger, lookup, mismatch_event, observe,
 };
 use crate::annotations::{
     self, AnnotationPatch, Event, check_hint_room, exhausted_record, keys, messages, one_line,
@@ -326,15 +326,18 @@ pub(super) trait Binds {
     }
 
     /// `cocoon vm inspect` answered: bind the record to the pod.
-    fn inspected(&mut self, result: Result<VmInspect, String>) -> Action {
+    fn inspected(&mut self, result: Result<VmInspect, InspectFailed>) -> Action {
         let record = match result {
             Ok(record) => record,
-            Err(message) => {
+            Err(failed) => {
                 if let Some(action) = self.left_alone() {
                     return action;
                 }
                 let pod = self.label();
-                return self.stop(Stop::Inspect { pod, message });
+                return self.stop(match failed {
+                    InspectFailed::Failed(message) => Stop::Inspect { pod, message },
+                    InspectFailed::Gone(message) => Stop::VmGone { pod, message },
+                });
             }
         };
         match super::bind_record(self.seen(), &record, self.settings().binding) {

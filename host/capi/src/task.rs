@@ -16,7 +16,7 @@
 //! | `admit` | | wait for a turn if the embedder bounds pods worked on at once; `go` (or `cancelled`) |
 //! | `release` | | give the turn back; `go` |
 //! | `checkpoint` | | `cancelled` when shutting down, else `go` |
-//! | `inspect` | `vm`, `timeout_ms` | `cocoon vm inspect --json`; `inspected` (the record as printed) or `inspect_error` |
+//! | `inspect` | `vm`, `timeout_ms` | `cocoon vm inspect --json`; `inspected` (the record as printed), `inspect_error` or `inspect_gone` |
 //! | `other_pods` | `vm_name` | list every pod the embedder sees on its node (asked only for a VM named by the pod's `vm.cocoonstack.io/name` under `accept_annotated_vm_names`; the library checks that none claims `vm_name`); `other_pods` (an array of pods as `kubectl get pod -o json` prints them, metadata is enough, the asking pod among them: a list without it proves nothing) or `other_pods_error` (why the embedder cannot list them: nothing runs) |
 //! | `wake_events` | `namespace`, `uid`, `field_selectors` | list the events in `namespace` (events.k8s.io/v1) once per field selector of `field_selectors` (each names `regarding.uid`, `reason`, `type` and `reportingController`: exactly the stack's `Woken` and `HibernateSnapshotExists` about the pod, so that no other event can fill the listing; the library checks each event again to recognise a hibernate wake, spec section 2); `events` (every listing's events together, as the API server prints them), `events_truncated` (the same, when a listing was cut short: more matched a selector than the embedder reads) or `events_error` (why they cannot be listed: the task goes on, with a warning) |
 //! | `read` | | read the pod by namespace and name; `read` (the pod, or null when not found) or `read_error` |
@@ -30,11 +30,13 @@
 //! | `tell` | `type`, `reason`, `message`, `event_action` | record the event on the pod (best effort; `event_action` is its events.k8s.io `action`); `go` |
 //! | `note` | `level`, `message` | log it; `go` |
 //! | `remember` | `record` | keep the record under the pod's uid (durably: a file written atomically), hand it back in the next task's `options_json` (`memory.record`), and drop it when the pod is gone; asked only of a task started with `memory`. The hibernate history in a record (spec section 2, rule 3) comes from the embedder's watch, which notes each pod it sees with the `observe` op (`cf_call`; Go `Planner.Observe`) into the same record: keep a `remember`'s record with the `merge` op (the stored record and this one), one `observe` or `merge` of a pod at a time, so neither loses the other's part; `go` |
-//! | `finish` | `summary`, or `stop` (`kind`, `retryable`, `message`) | the task is over |
+//! | `finish` | `summary`, or `stop` (`kind`, `retryable`, `message`, `again`) | the task is over; after a stop whose `again` is not null (`after_ms`, `trigger`, `tries`), wait `after_ms` and start a task for the pod again with that `trigger` and `tries`: the library decides when and how a pod is tried again, the embedder only waits |
 //!
 //! Every report is an object with `now_ms`, the embedder's clock in
 //! milliseconds since the task started, and one key: `go`, `cancelled`,
-//! `inspected`, `inspect_error`, `other_pods`, `other_pods_error`,
+//! `inspected`, `inspect_error`, `inspect_gone` (the embedder knows the VM
+//! does not exist: the task stops, `vm-gone`, not to be tried again),
+//! `other_pods`, `other_pods_error`,
 //! `events`, `events_truncated`, `events_error`, `read`,
 //! `read_error`, `patched`,
 //! `changed`, `patch_error`, `ran` (`{exit | signal, stderr, stdout,
@@ -56,8 +58,8 @@ use std::time::Duration;
 
 use fixup_core::annotations::EventType;
 use fixup_core::decision::{
-    Action, Guarded, Note, PodError, PodTask, PrepareTask, Report, Settings, SettingsMs, Steps,
-    Trigger, os_nonces,
+    Action, Backoff, Guarded, InspectFailed, Note, PodError, PodTask, PrepareTask, Report,
+    Settings, SettingsMs, Steps, Trigger, os_nonces,
 };
 use fixup_core::exec::{ExecOutput, ExitStatusKind};
 use fixup_core::facts::{PodInput, VmId, VmInspect};
@@ -105,6 +107,11 @@ pub struct TaskOptions {
     /// facts its record does not give, which the task never guesses).
     #[serde(default)]
     pub knows: Option<fixup_core::decision::Knows>,
+    /// How many times in a row the pod's tasks stopped before this one:
+    /// the last stop's `again.tries` (0, the default, for a first try).
+    /// The next stop's wait doubles with it.
+    #[serde(default)]
+    pub tries: u32,
 }
 
 /// The record a task starts with ([`TaskOptions::memory`]).
@@ -209,6 +216,10 @@ pub struct Task {
     /// Set by a cancel (`cf_task_cancel`, the `task_cancel` op): the
     /// console op in flight, and any later one, ends `cancelled`.
     pub(crate) stop: Arc<AtomicBool>,
+    /// The task's trigger (`None`: a preparation) and the stops in a row
+    /// before it, for a stop's `again`.
+    trigger: Option<Trigger>,
+    tries: u32,
 }
 
 /// A console action of the task ([`Task::pending`]): the pass's deadline
@@ -230,8 +241,10 @@ pub(crate) enum ConsoleAsk {
 }
 
 impl Task {
-    fn new(task: Box<dyn Steps + Send>) -> Task {
+    fn new(task: Box<dyn Steps + Send>, trigger: Option<Trigger>, tries: u32) -> Task {
         Task {
+            trigger,
+            tries,
             task,
             over: false,
             pending: None,
@@ -255,7 +268,7 @@ pub fn start(built: &Built, pod: &[u8], options: Option<&str>) -> Result<(Task, 
     let Some(trigger) = options.trigger()? else {
         // A preparation keeps no record: `memory` does not apply.
         let (task, first) = PrepareTask::start(pod, settings, os_nonces());
-        let mut task = Task::new(Box::new(task));
+        let mut task = Task::new(Box::new(task), None, options.tries);
         let action = task.hand_out(built, first, Duration::ZERO)?;
         return Ok((task, action));
     };
@@ -277,7 +290,7 @@ pub fn start(built: &Built, pod: &[u8], options: Option<&str>) -> Result<(Task, 
         record.set_watched_since_new(memory.watched_since_new && usable);
         task.remember(record, memory.now_unix_ms);
     }
-    let mut task = Task::new(Box::new(task));
+    let mut task = Task::new(Box::new(task), Some(trigger), options.tries);
     let action = task.hand_out(built, first, Duration::ZERO)?;
     Ok((task, action))
 }
@@ -350,7 +363,19 @@ impl Task {
         if matches!(action, Action::SacClose | Action::Finish(_)) {
             self.console = None;
         }
-        serde_json::to_string(&action_json(action, self.task.pod()))
+        let again = |stop: &fixup_core::decision::Stop| {
+            let again = stop.again(
+                self.trigger.unwrap_or(Trigger::Event),
+                self.tries,
+                Backoff::default(),
+            )?;
+            let mut value = serde_json::to_value(again).ok()?;
+            if self.trigger.is_none() {
+                value["trigger"] = json!("prepare");
+            }
+            Some(value)
+        };
+        serde_json::to_string(&action_json(action, self.task.pod(), again))
             .map_err(|e| Failure::invalid(format!("cannot encode the action: {e}")))
     }
 }
@@ -359,7 +384,12 @@ fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn action_json(action: Action, pod: &fixup_core::decision::PodRef) -> Value {
+/// The action as JSON; `again` is a stop's `again` ([`fixup_core::decision::Stop::again`]).
+fn action_json(
+    action: Action,
+    pod: &fixup_core::decision::PodRef,
+    again: impl Fn(&fixup_core::decision::Stop) -> Option<Value>,
+) -> Value {
     let uid = pod.uid.as_str();
     match action {
         Action::Admit => json!({"action": "admit"}),
@@ -455,6 +485,7 @@ fn action_json(action: Action, pod: &fixup_core::decision::PodRef) -> Value {
                 "kind": stop.kind(),
                 "retryable": stop.is_retryable(),
                 "message": stop.to_string(),
+                "again": again(&stop),
             },
         }),
     }
@@ -646,10 +677,15 @@ pub(crate) fn read_report(
         }
         "go" => Report::Go,
         "cancelled" => Report::Cancelled,
-        "inspected" => {
-            Report::Inspected(VmInspect::from_value(v, "inspected").map_err(|e| e.to_string()))
-        }
-        "inspect_error" => Report::Inspected(Err(v.as_str().unwrap_or_default().to_owned())),
+        "inspected" => Report::Inspected(
+            VmInspect::from_value(v, "inspected").map_err(|e| InspectFailed::Failed(e.to_string())),
+        ),
+        "inspect_error" => Report::Inspected(Err(InspectFailed::Failed(
+            v.as_str().unwrap_or_default().to_owned(),
+        ))),
+        "inspect_gone" => Report::Inspected(Err(InspectFailed::Gone(
+            v.as_str().unwrap_or_default().to_owned(),
+        ))),
         "other_pods" => Report::OtherPods(Ok(v
             .as_array()
             .ok_or_else(|| bad_report("other_pods is an array of pods"))?
@@ -872,6 +908,40 @@ mod tests {
             again.contains("\"finish\"") && again.contains("\"inspect\""),
             "{again}"
         );
+    }
+
+    /// A stop says when and how to start the pod's next task: the
+    /// embedder only waits and starts it with the trigger and tries given;
+    /// a VM the embedder knows is gone is not tried again.
+    #[test]
+    fn a_stop_says_when_and_how_to_try_again() {
+        let (_root, built) = built_ins();
+        let pod = json!({"metadata": {"name": "demo-2", "namespace": "prod", "uid": "u-1",
+            "resourceVersion": "7", "annotations": {"cocoonset.cocoonstack.io/managed": "true", "vm.cocoonstack.io/id": "vm-1"}}});
+        let stop_after = |options: &str, failed: &str| -> Value {
+            let (mut task, _) = start(&built, pod.to_string().as_bytes(), Some(options)).unwrap();
+            next(&built, &mut task, r#"{"now_ms": 0, "go": true}"#).unwrap();
+            let finish: Value =
+                serde_json::from_str(&next(&built, &mut task, failed).unwrap()).unwrap();
+            assert_eq!(finish["action"], "finish", "{finish}");
+            finish["stop"].clone()
+        };
+        let failed = r#"{"now_ms": 0, "inspect_error": "timed out"}"#;
+        let first = stop_after(r#"{"trigger": "startup"}"#, failed);
+        assert_eq!(first["kind"], "inspect");
+        assert_eq!(
+            first["again"],
+            json!({"after_ms": 1000, "trigger": "startup", "tries": 1})
+        );
+        let fourth = stop_after(r#"{"trigger": "startup", "tries": 3}"#, failed);
+        assert_eq!(
+            fourth["again"],
+            json!({"after_ms": 8000, "trigger": "startup", "tries": 4})
+        );
+        let gone = stop_after("{}", r#"{"now_ms": 0, "inspect_gone": "no VM vm-1"}"#);
+        assert_eq!(gone["kind"], "vm-gone");
+        assert_eq!(gone["retryable"], false);
+        assert_eq!(gone["again"], Value::Null);
     }
 
     /// The binding policy is the planner's: a task's settings may not
