@@ -10,12 +10,20 @@
 use std::time::Duration;
 
 use super::settings::MIN_STEP;
-use super::task::NonceSource;
 use super::{Action, ExecPurpose};
 use crate::annotations::{messages, one_line};
 use crate::exec::{self, ExecOutput};
 use crate::facts::VmId;
 use crate::plan::{Nonce, Plan, exec_argv};
+
+/// Where the nonce of each exec comes from: the operating system's
+/// randomness in a host ([`Nonce::generate`]), a fixed sequence in a test.
+pub type NonceSource = Box<dyn FnMut() -> Result<Nonce, String> + Send>;
+
+/// The operating system's randomness, as every host draws nonces.
+pub fn os_nonces() -> NonceSource {
+    Box::new(|| Nonce::generate().map_err(|e| e.to_string()))
+}
 
 /// The attempts at one plan on one VM.
 #[derive(Debug)]

@@ -34,10 +34,12 @@ mod locate;
 mod prepare;
 pub mod reports;
 mod settings;
+mod skeleton;
 mod stop;
 mod task;
 
 pub use crate::lifecycle::LifecycleIntent;
+pub use attempts::{NonceSource, os_nonces};
 pub use locate::{
     Lookup, bind_record, boot_override, has_work, lookup, never_planned, observe, vm_id,
 };
@@ -46,8 +48,9 @@ pub use settings::{
     DEFAULT_SAC_DEADLINE, ReadyConfig, RetryConfig, Settings, SettingsBuilder, SettingsMs,
     WakeConfig,
 };
+pub use skeleton::WrongReport;
 pub use stop::{Again, Backoff, Stop};
-pub use task::{DECIDE_ROUNDS, NonceSource, PodTask, WrongReport, os_nonces};
+pub use task::{DECIDE_ROUNDS, PodTask};
 
 use std::fmt;
 use std::net::Ipv4Addr;

@@ -30,7 +30,8 @@ use crate::facts::{Overrides, PodInput, VmId, VmInspect, annotations};
 use crate::lifecycle::HandsOff;
 use crate::planner::{ComposedPlan, Preparation};
 
-use super::task::{Awaiting, Binds, NonceSource, Turns, WrongReport, mismatch_told, report_name};
+use super::attempts::NonceSource;
+use super::skeleton::{Awaiting, Binds, Turns, WrongReport, mismatch_told, report_name};
 
 /// What `vm.cocoonstack.io/prepared` says: the plugin that prepared the
 /// parent, its version and its code's digest, `<name> <version>
