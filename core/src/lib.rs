@@ -37,22 +37,18 @@
 //!   budget) in its state directory, and the wake evidence rules of spec
 //!   section 2 that read it.
 //!
-//! For plugin vendors:
-//!
-//! - [`template`]: `plugin new`, a plugin crate from `plugins/template/`.
-//! - [`kit`]: `plugin test` (case files in, diffs and usage out) and
-//!   `plugin inspect` (what a plugin file is, and whether the host takes it).
-//! - [`capture`]: `capture`, a field pod made into `plugin test` cases.
+//! The tools around the decision (the plugin kit, capture, the plugin
+//! template and the conformance suite's replayer) are the `fixup-kit`
+//! crate: the CLI and the tests use them, and this crate, which the C
+//! library links, does not carry them.
 
 pub mod annotations;
 pub mod binding;
-pub mod capture;
 pub mod classify;
 pub mod decision;
 pub mod display;
 pub mod exec;
 pub mod facts;
-pub mod kit;
 pub mod lease;
 pub mod lifecycle;
 pub mod memory;
@@ -60,4 +56,3 @@ pub mod plan;
 pub mod planner;
 pub mod plugin;
 pub mod probe;
-pub mod template;

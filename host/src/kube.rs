@@ -45,7 +45,7 @@ use fixup_core::facts::PodInput;
 
 /// The controller name in events (`reportingController`) and the field
 /// manager of annotation patches.
-pub const REPORTER: &str = fixup_core::capture::REPORTER;
+pub const REPORTER: &str = fixup_core::memory::evidence::REPORTER;
 
 /// Names the API server in errors about a pod object that does not parse.
 const SOURCE: &str = "kubernetes API";
@@ -373,12 +373,12 @@ impl KubeApi {
     /// the pod's (a field selector), in pages of [`LIST_PAGE_SIZE`], each
     /// retried like any request and filtered as it arrives; at most
     /// [`EVENT_PAGES`] pages and the newest
-    /// [`MAX_EVENTS`](fixup_core::capture::MAX_EVENTS) events are kept. The
+    /// [`MAX_EVENTS`](fixup_kit::capture::MAX_EVENTS) events are kept. The
     /// flag is `true` when some were left out. Only reads.
     pub async fn list_pod_events(
         &self,
         pod: &PodRef,
-    ) -> Result<(Vec<fixup_core::capture::PodEvent>, bool), PodError> {
+    ) -> Result<(Vec<fixup_kit::capture::PodEvent>, bool), PodError> {
         let label = pod.to_string();
         let api: Api<EventObject> = Api::namespaced(self.client.clone(), &pod.namespace);
         let selector = format!("regarding.uid={}", pod.uid);
@@ -411,8 +411,8 @@ impl KubeApi {
                             ),
                         }
                     }
-                    kept.extend(fixup_core::capture::events_of(&items, &input));
-                    truncated |= fixup_core::capture::keep_newest(&mut kept);
+                    kept.extend(fixup_kit::capture::events_of(&items, &input));
+                    truncated |= fixup_kit::capture::keep_newest(&mut kept);
                 },
             )
             .await?;

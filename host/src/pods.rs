@@ -306,7 +306,7 @@ impl PodApi for MemoryPods {
                     EventType::Warning => "Warning",
                 }
                 .to_owned(),
-                reporting_controller: fixup_core::capture::REPORTER.to_owned(),
+                reporting_controller: fixup_core::memory::evidence::REPORTER.to_owned(),
                 regarding_uid: about.uid.clone(),
                 newest_unix_ms: None,
             });

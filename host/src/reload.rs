@@ -58,11 +58,11 @@ use crate::host::{FixupRecord, Host};
 use crate::metrics::Metrics;
 use crate::pods::PodApi;
 use fixup_core::classify::Scenario;
-use fixup_core::kit::{TestOptions, test_plugin};
 use fixup_core::planner::Planner;
 use fixup_core::plugin::quarantine::QuarantineFile;
 use fixup_core::plugin::trusted::TrustedDir;
 use fixup_core::plugin::{EngineOptions, LoadedPlugin, Origin};
+use fixup_kit::{TestOptions, test_plugin};
 
 /// How often the plugin directory and the configuration file are looked
 /// at; `--plugin-reload-interval`, 0 turns reloading off.
@@ -705,7 +705,7 @@ async fn run_cases(plugin: &LoadedPlugin, engine: &EngineOptions) -> Result<(), 
         let first = report
             .cases
             .iter()
-            .find(|c| c.status != fixup_core::kit::Status::Pass)
+            .find(|c| c.status != fixup_kit::Status::Pass)
             .map(|c| {
                 format!(
                     "{}: {}",

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use base64::Engine as _;
-use fixup_core::kit;
 use fixup_core::plugin::builtin::BUILTINS;
+use fixup_kit as kit;
 use serde_json::{Value, json};
 use support::binary::cocoon_fixup;
 use support::fake::fake_cocoon;

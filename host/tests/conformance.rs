@@ -9,14 +9,13 @@
 //! scenario expects.
 //!
 //! The same files are replayed through the decision alone
-//! (`fixup_core::decision::conformance`) and through the C library's op,
+//! (`fixup_kit::conformance`) and through the C library's op,
 //! so a behaviour the daemon gets differently from the others fails here.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
-use fixup_core::decision::conformance::{Ended, Scenario, Suite, Waited, World, pod_json};
 use fixup_core::decision::{PodError, Stop};
 use fixup_core::facts::{VmId, VmInspect};
 use fixup_core::memory::MemoryStore;
@@ -28,6 +27,7 @@ use fixup_host::kube::{KubeApi, REPORTER, RetryPolicy};
 use fixup_host::metrics::Metrics;
 use fixup_host::node_pods::{NodePods, OtherPods};
 use fixup_host::ready::{DEFAULT_LEASE_POLL, LeaseWatcher};
+use fixup_kit::conformance::{Ended, Scenario, Suite, Waited, World, pod_json};
 use http::{Method, Request, Response, StatusCode};
 use kube::client::Body;
 use serde_json::{Value, json};

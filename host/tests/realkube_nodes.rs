@@ -47,11 +47,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fixup_core::binding::vm_name_for_pod;
-use fixup_core::decision::conformance;
 use fixup_core::decision::has_work;
 use fixup_core::facts::PodInput;
 use fixup_core::facts::annotations;
 use fixup_host::pods::{keys, reasons};
+use fixup_kit::conformance;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};

@@ -6,11 +6,11 @@
 use std::path::Path;
 
 use fixup_core::binding::vm_name_for_pod;
-use fixup_core::capture::{self, CaptureInput, Source};
 use fixup_core::facts::Overrides;
-use fixup_core::kit::{self, ErrorKind, Expect, Status, TestOptions};
 use fixup_core::planner::{Planner, PlannerOptions};
 use fixup_core::plugin::EngineOptions;
+use fixup_kit::capture::{self, CaptureInput, Source};
+use fixup_kit::{self as kit, ErrorKind, Expect, Status, TestOptions};
 use fixup_tests::{hostile_clone, hostile_vm_record};
 use rstest::rstest;
 

@@ -4,11 +4,13 @@
 
 use std::path::{Path, PathBuf};
 
-use fixup_core::kit::{self, Access, Format, Inspector, KitError, Status, TestOptions, TestReport};
 use fixup_core::plan::policy::PolicySource;
 use fixup_core::plugin::builtin::BUILTINS;
 use fixup_core::plugin::sandbox::DEFAULT_FUEL;
 use fixup_core::plugin::{EngineOptions, PluginError};
+use fixup_kit::{
+    self as kit, Access, Format, Inspector, KitError, Status, TestOptions, TestReport,
+};
 use fixup_tests::workspace;
 use rstest::rstest;
 

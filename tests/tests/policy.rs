@@ -9,10 +9,10 @@ use std::path::Path;
 
 use fixup_core::classify::Scenario;
 use fixup_core::facts::Flavor;
-use fixup_core::kit::Inspector;
 use fixup_core::plan::policy::{Breach, GuestPolicy, PolicySource, RawPolicy, Rule};
 use fixup_core::plan::{Action, Field, Phase, Plan, PlanError, Problem, ScriptHeader};
 use fixup_core::plugin::{EngineOptions, PluginError, PluginHost};
+use fixup_kit::Inspector;
 use fixup_tests::facts;
 use rstest::rstest;
 
@@ -258,7 +258,7 @@ fn a_narrowing_that_covers_the_plan_changes_nothing() {
     assert!(plan(&host, None, "web-0").expect("inside both") >= 4);
 }
 
-fn inspect(file: &str) -> fixup_core::kit::Inspection {
+fn inspect(file: &str) -> fixup_kit::Inspection {
     Inspector::new(EngineOptions::default(), None)
         .expect("inspector")
         .inspect(Path::new(file))

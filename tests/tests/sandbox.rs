@@ -858,11 +858,9 @@ fn a_plugin_using_a_switched_off_feature_is_refused_at_load(
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("feature.wasm");
     std::fs::write(&path, &bytes).expect("write");
-    let inspector = fixup_core::kit::Inspector::new(
-        fixup_core::kit::engine_options(&EngineOptions::default()),
-        None,
-    )
-    .expect("inspector starts");
+    let inspector =
+        fixup_kit::Inspector::new(fixup_kit::engine_options(&EngineOptions::default()), None)
+            .expect("inspector starts");
     let found = inspector.inspect(&path);
     assert!(!found.accepted, "{found}");
     assert!(found.name.is_none(), "{found}");

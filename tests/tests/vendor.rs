@@ -7,9 +7,9 @@ use std::path::Path;
 
 use fixup_core::classify::Scenario;
 use fixup_core::facts::{ImageKind, Observation, Overrides, PodInput, VmFacts, VmInspect};
-use fixup_core::kit::{self, TestOptions};
 use fixup_core::planner::{PlanOutcome, Planner, PlannerOptions};
 use fixup_core::plugin::EngineOptions;
+use fixup_kit::{self as kit, TestOptions};
 use fixup_tests::{observation, pod_json, vm_json, workspace};
 use rstest::rstest;
 use serde_json::Value;
@@ -277,8 +277,8 @@ fn nm_keyfile_passes_its_case_files() {
 #[test]
 fn a_plugin_from_the_template_builds_tests_and_is_picked() {
     let dir = TempDir::new().expect("tempdir");
-    let sdk = fixup_core::template::default_sdk_dir();
-    let crate_dir = fixup_core::template::new_plugin("acme-net", dir.path(), &sdk)
+    let sdk = fixup_kit::template::default_sdk_dir();
+    let crate_dir = fixup_kit::template::new_plugin("acme-net", dir.path(), &sdk)
         .expect("the template writes a crate");
     // A target dir kept between runs, so a rerun costs seconds.
     let target = workspace().join("target").join("template-check");
@@ -392,7 +392,7 @@ fn all_dhcp_clone(flavor: &str, pass_ms: u64, message: &str) -> Value {
 /// the claimed flavour (not a clone).
 #[test]
 fn a_flavours_plugin_claims_all_dhcp_clones_and_repairs_them_at_once() {
-    use fixup_core::decision::conformance::{Scenario as Case, replay};
+    use fixup_kit::conformance::{Scenario as Case, replay};
     let node = node();
     let claimed = all_dhcp_clone(
         "rhel",
@@ -463,7 +463,7 @@ fn a_flavours_plugin_prepares_its_parents() {
 #[test]
 fn a_clone_of_a_parent_its_plugin_prepared_is_not_claimed() {
     use fixup_core::decision::Prepared;
-    use fixup_core::decision::conformance::{Scenario as Case, replay};
+    use fixup_kit::conformance::{Scenario as Case, replay};
     let node = node();
     let plugin = node
         .planner

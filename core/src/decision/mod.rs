@@ -29,7 +29,6 @@
 //! - what a shutdown means at each point (nothing is marked failed).
 
 mod attempts;
-pub mod conformance;
 mod locate;
 mod prepare;
 pub mod reports;

@@ -16,8 +16,6 @@
 
 use std::time::Duration;
 
-use crate::capture::REPORTER;
-
 /// How long before the VM record's `created_at` a wake event may be and
 /// still speak for the VM: 30 minutes, the spec's default; the caller
 /// passes the configured window to [`events_say_wake`].
@@ -121,6 +119,10 @@ impl StackEvent {
 /// count: clocks of the API server's clients differ a little, but an event
 /// dated further ahead was not written by a clock, and is no evidence.
 pub const CLOCK_SKEW: Duration = Duration::from_secs(60);
+
+/// The `reportingController` of the events the host writes (its field
+/// manager too).
+pub const REPORTER: &str = "cocoon-fixup";
 
 /// The stack's event source: the `reportingController` of the wake events
 /// vk-cocoon emits, and the one accepted reporter unless configured

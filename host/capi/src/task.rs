@@ -755,9 +755,7 @@ pub(crate) fn read_report(
 mod tests {
     use std::path::Path;
 
-    use fixup_core::decision::conformance::{
-        Ended, Scenario, Suite, World, answer, pod_json, task_options,
-    };
+    use fixup_kit::conformance::{Ended, Scenario, Suite, World, answer, pod_json, task_options};
 
     use super::*;
 

@@ -25,7 +25,7 @@ use std::io::{BufRead, Write};
 use std::path::Path;
 use std::time::Duration;
 
-use fixup_core::decision::conformance::{Scenario, World, answer, pod_json, task_options};
+use fixup_kit::conformance::{Scenario, World, answer, pod_json, task_options};
 use serde_json::{Value, json};
 
 fn main() {

@@ -12,17 +12,18 @@ use crate::plan_text::*;
 use crate::runtime;
 use fixup_core::binding::{BindingPolicy, Verdict};
 use fixup_core::decision::{Summary, Trigger};
+use fixup_core::display;
 use fixup_core::facts::{BootKind, Observation, Overrides, PodInput, VmInspect};
 use fixup_core::planner::PlanOutcome;
 use fixup_core::plugin::cache::CacheOwner;
 use fixup_core::plugin::quarantine::QuarantineFile;
-use fixup_core::{capture, display};
 use fixup_host::cocoon::CocoonCli;
 use fixup_host::config::Settings;
 use fixup_host::kube::KubeApi;
 use fixup_host::node_pods::{NodePods, OtherPods};
 use fixup_host::reload::Reloader;
 use fixup_host::serve;
+use fixup_kit::capture;
 
 pub(crate) async fn run_run(args: &RunArgs, config: Option<&Path>) -> Result<Summary> {
     let host = one_pod_host(args, config, "run").await?;

@@ -7,8 +7,9 @@ use anyhow::{Context, Result};
 
 use crate::args::*;
 use crate::commands::*;
-use fixup_core::{display, kit, template};
+use fixup_core::display;
 use fixup_host::oci::{self, PluginRef, RegistryOptions, Tags};
+use fixup_kit::{self as kit, template};
 
 pub(crate) fn run_plugin_test(args: &PluginTestArgs, config: Option<&Path>) -> Result<u8> {
     let settings = args.config.resolve(config)?;

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::planner::compose_and_render;
-use crate::plugin::{EngineOptions, Limits, LoadedPlugin, Origin, PluginError, PluginHost};
+use fixup_core::planner::compose_and_render;
+use fixup_core::plugin::{EngineOptions, Limits, LoadedPlugin, Origin, PluginError, PluginHost};
 
 use super::KitError;
 use super::case::{Case, case_files, case_name, load_case};
@@ -140,7 +140,7 @@ impl From<&Limits> for LimitsReport {
 /// `description` or `context.summary` cannot start a line of its own that
 /// looks like the report's.
 fn one_line(text: &str) -> String {
-    crate::facts::escape_controls(text)
+    fixup_core::facts::escape_controls(text)
         .replace('\u{2028}', "\\u{2028}")
         .replace('\u{2029}', "\\u{2029}")
 }
@@ -178,7 +178,7 @@ pub fn test_plugin(
     // A vendor tests the file in their own build tree, which a umask of
     // 002 leaves group-writable: the node's trust rules are `plugin
     // inspect`'s verdict, here only a warning.
-    if let Err(e) = crate::plugin::trusted::read_file(plugin)
+    if let Err(e) = fixup_core::plugin::trusted::read_file(plugin)
         && !e.is_io()
     {
         tracing::warn!(
@@ -418,7 +418,7 @@ fn flavor_warning(plugin: &LoadedPlugin, case: &Case) -> Option<String> {
     };
     Some(format!(
         "case {}: its VM has {asked}, but plugin {} serves only {served}: a node would never call it for this VM (the generic plugin plans it); set `facts.flavor` to one of those, or declare the flavour in the plugin's `describe`",
-        crate::facts::escape_controls(&case.name),
+        fixup_core::facts::escape_controls(&case.name),
         plugin.info.name
     ))
 }
@@ -577,9 +577,9 @@ impl fmt::Display for TestReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kit::case::tests::case_with_context;
-    use crate::kit::diff::unified_diff;
-    use crate::kit::{Expect, engine_options};
+    use crate::case::tests::case_with_context;
+    use crate::diff::unified_diff;
+    use crate::{Expect, engine_options};
 
     /// A CRLF line stays distinct from an LF line when shown.
     #[test]
@@ -594,7 +594,7 @@ mod tests {
 
     /// The built-in oci-networkd written to `dir` as a plugin file.
     fn builtin_networkd(dir: &Path) -> PathBuf {
-        let (_, bytes) = crate::plugin::builtin::BUILTINS
+        let (_, bytes) = fixup_core::plugin::builtin::BUILTINS
             .iter()
             .find(|(n, _)| *n == "oci-networkd")
             .unwrap();

@@ -13,12 +13,12 @@ use std::sync::Arc;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::classify::Scenario;
-use crate::facts::Flavor;
-use crate::plan::policy::{GuestPolicy, PolicySource};
-use crate::plugin::contract;
-use crate::plugin::registry::ConflictError;
-use crate::plugin::{
+use fixup_core::classify::Scenario;
+use fixup_core::facts::Flavor;
+use fixup_core::plan::policy::{GuestPolicy, PolicySource};
+use fixup_core::plugin::contract;
+use fixup_core::plugin::registry::ConflictError;
+use fixup_core::plugin::{
     EngineOptions, LoadError, LoadedPlugin, Origin, PluginDir, PluginError, PluginHost,
     check_plugin_dir, read_plugin_dir, read_trusted,
 };
@@ -290,7 +290,7 @@ impl Inspector {
         // What the host would refuse on where the file lies (a link, an
         // owner or a mode that lets another user change it), beside what
         // the file is.
-        let untrusted = crate::plugin::trusted::read_file(path)
+        let untrusted = fixup_core::plugin::trusted::read_file(path)
             .err()
             .filter(|e| !e.is_io());
         out.size_bytes = Some(bytes.len() as u64);
@@ -505,7 +505,7 @@ impl Inspector {
             if let Some(report) = &mut report {
                 report.problems.push(DirectoryProblem {
                     file: file.display().to_string(),
-                    error: crate::facts::escape_controls(&error.to_string()),
+                    error: fixup_core::facts::escape_controls(&error.to_string()),
                 });
             }
         }

@@ -5,7 +5,7 @@
 //! (exec outcomes in order, leases and when they appear, changes to the
 //! pod over time, API faults, a shutdown) and what must happen: the
 //! writes, events, execs and inspects, with their times, and how the work
-//! ended. Every host that carries out [`PodTask`](super::PodTask) replays
+//! ended. Every host that carries out [`PodTask`](fixup_core::decision::PodTask) replays
 //! every file: [`replay`] here (the decision alone, the built-in
 //! plugins), the daemon through its real executor against a mock API
 //! server, the C library's op and the Go package through theirs. A change
@@ -26,16 +26,16 @@ use base64::prelude::BASE64_STANDARD;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{
+use fixup_core::annotations::AnnotationPatch;
+use fixup_core::decision::{
     Action, ExecPurpose, Guarded, PodError, PodTask, PrepareTask, Report, SettingsMs, Steps, Stop,
     Summary, Trigger,
 };
-use crate::annotations::AnnotationPatch;
-use crate::exec::{ExecOutput, ExitStatusKind};
-use crate::facts::{MacAddr, PodInput, VmId, VmInspect};
-use crate::memory::{Listed, PodMemory, StackEvent};
-use crate::plan::{Nonce, done_marker, exec_nonce};
-use crate::planner::Planner;
+use fixup_core::exec::{ExecOutput, ExitStatusKind};
+use fixup_core::facts::{MacAddr, PodInput, VmId, VmInspect};
+use fixup_core::memory::{Listed, PodMemory, StackEvent};
+use fixup_core::plan::{Nonce, done_marker, exec_nonce};
+use fixup_core::planner::Planner;
 use fixup_sac::SacError;
 
 /// A scenario file.
@@ -59,7 +59,7 @@ pub struct Scenario {
     /// embedder's scenarios, `tests/conformance-embedder/`: the daemon
     /// knows only the record).
     #[serde(default)]
-    pub knows: Option<super::Knows>,
+    pub knows: Option<fixup_core::decision::Knows>,
     /// `cocoon vm inspect` fails with this message instead.
     #[serde(default)]
     pub inspect_error: Option<String>,
@@ -154,7 +154,7 @@ fn one_event() -> usize {
     1
 }
 
-pub use crate::memory::evidence::LISTED_AT_MOST;
+pub use fixup_core::memory::evidence::LISTED_AT_MOST;
 
 fn stack_controller() -> String {
     "vk-cocoon".to_owned()
@@ -224,7 +224,7 @@ pub enum TriggerName {
     Startup,
     Retry,
     /// Not a fixup: the pod's VM is prepared as a parent
-    /// ([`PrepareTask`](super::PrepareTask)).
+    /// ([`PrepareTask`](fixup_core::decision::PrepareTask)).
     Prepare,
 }
 
@@ -525,15 +525,15 @@ impl Expected {
                         .is_none_or(|want| want.iter().all(|(k, v)| patch.get(k) == Some(v)))
                     && self.prepared_by.as_ref().is_none_or(|plugin| {
                         patch
-                            .get(crate::annotations::keys::PREPARED)
+                            .get(fixup_core::annotations::keys::PREPARED)
                             .and_then(|v| v.as_deref())
-                            .and_then(super::Prepared::parse)
+                            .and_then(fixup_core::decision::Prepared::parse)
                             .is_some_and(|p| p.plugin == *plugin)
                     })
                     && self.write_lacks.iter().all(|k| !patch.contains_key(k))
                     && self.hint_has.as_ref().is_none_or(|text| {
                         patch
-                            .get(crate::annotations::keys::POST_CLONE_HINT)
+                            .get(fixup_core::annotations::keys::POST_CLONE_HINT)
                             .and_then(|hint| hint.as_deref())
                             .and_then(|hint| BASE64_STANDARD.decode(hint).ok())
                             .is_some_and(|script| {
@@ -624,7 +624,7 @@ impl Scenario {
     /// The pod as the task starts with it.
     /// The scenario's settings (a value below its floor is a mistake in
     /// the file).
-    pub fn settings(&self) -> super::Settings {
+    pub fn settings(&self) -> fixup_core::decision::Settings {
         self.settings
             .builder()
             .build()
@@ -766,7 +766,9 @@ pub struct World {
 /// `None` for `finish`, with how the task ended. The C op's replay and the
 /// Go package's (through `conformance-world`) both answer with it.
 pub fn answer(world: &mut World, now: &mut Duration, action: &Value) -> Result<Value, Ended> {
-    use super::reports::{intent_from_json, pod_error_json, ran_json, sac_error_json};
+    use fixup_core::decision::reports::{
+        intent_from_json, pod_error_json, ran_json, sac_error_json,
+    };
     use serde_json::json;
     let a = action;
     let str_of = |key: &str| a[key].as_str().unwrap_or_default().to_owned();
@@ -1150,7 +1152,7 @@ impl World {
         }
         match self.seen.last() {
             Some(Seen::Event { reason, .. })
-                if reason == crate::annotations::reasons::DHCP_RECOVERY =>
+                if reason == fixup_core::annotations::reasons::DHCP_RECOVERY =>
             {
                 ExecPurpose::Recovery
             }
@@ -1206,7 +1208,7 @@ impl World {
                         .unwrap_or(wall.saturating_add(i64::try_from(e.at_ms).unwrap_or(0))),
                 ),
             };
-            if crate::memory::evidence::selects(selector, &event)? {
+            if fixup_core::memory::evidence::selects(selector, &event)? {
                 listed.extend(std::iter::repeat_n(event, e.count));
             }
         }
@@ -1590,7 +1592,7 @@ impl Suite {
 }
 
 /// Deterministic nonces for a replay: 1, 2, 3, ...
-pub fn counting_nonces() -> super::NonceSource {
+pub fn counting_nonces() -> fixup_core::decision::NonceSource {
     let mut n = 0u8;
     Box::new(move || {
         n = n.wrapping_add(1);
@@ -1687,7 +1689,7 @@ pub fn replay_owning(
             } => Report::Patched({
                 assert!(
                     !lifecycle_intents
-                        || crate::lifecycle::LIFECYCLE_KEYS
+                        || fixup_core::lifecycle::LIFECYCLE_KEYS
                             .iter()
                             .all(|key| !patch.contains_key(*key)),
                     "a write of a task whose embedder owns the lifecycle carries a lifecycle key: {patch:?}"
@@ -1749,7 +1751,7 @@ pub fn replay_owning(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::planner::PlannerOptions;
+    use fixup_core::planner::PlannerOptions;
 
     /// Every scenario of `suite`, replayed through the decision alone with
     /// the built-in plugins (with `intents`, the lifecycle handed to the

@@ -48,7 +48,7 @@
 //!   the field, never a plugin failure.
 //! - `expect`: exactly one of
 //!   - `{"plan": PLAN}`: the plan, as `cocoon-fixup plan --output json`
-//!     prints a plan (`dialect` and `steps`, see [`crate::plan`]); compared
+//!     prints a plan (`dialect` and `steps`, see [`fixup_core::plan`]); compared
 //!     as JSON, so key order and spacing do not matter;
 //!   - `{"error": {"kind": "unsupported", "reason_contains": "..."}}` or
 //!     `{"error": {"kind": "invalid-facts", "field": "nics[0].mac",
@@ -71,8 +71,8 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::classify::Scenario;
-use crate::facts::{
+use fixup_core::classify::Scenario;
+use fixup_core::facts::{
     Backend, BootKind, FactError, Flavor, GuestOs, ImageKind, MAX_NICS, MacAddr, Nic, StaticIpv4,
     VmFacts, VmId, VmName,
 };
@@ -666,7 +666,7 @@ pub(super) mod tests {
 
     /// A case for the built-in oci-networkd with a `context`, whose
     /// `expect` is `expect`.
-    pub(in crate::kit) fn case_with_context(dir: &Path, expect: Value) -> PathBuf {
+    pub(crate) fn case_with_context(dir: &Path, expect: Value) -> PathBuf {
         let case = serde_json::json!({
             "description": "captured",
             "scenario": "oci-networkd",

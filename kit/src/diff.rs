@@ -13,10 +13,10 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::classify::Scenario;
-use crate::facts::VmFacts;
-use crate::plan::Plan;
-use crate::plugin::PluginError;
+use fixup_core::classify::Scenario;
+use fixup_core::facts::VmFacts;
+use fixup_core::plan::Plan;
+use fixup_core::plugin::PluginError;
 
 use super::case::{Case, ErrorKind, Expect, ExpectedError, RawFacts, join};
 

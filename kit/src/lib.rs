@@ -1,8 +1,19 @@
-//! The plugin kit: what a plugin author runs before shipping a plugin.
+//! The tools around the decision, for plugin vendors and the tests; the
+//! runtime (`fixup-core`) and the C library do not carry them.
+//!
+//! - The plugin kit: what a plugin author runs before shipping a plugin
+//!   (below).
+//! - [`capture`]: `capture`, a field pod made into `plugin test` cases.
+//! - [`template`]: `plugin new`, a plugin crate from `plugins/template/`.
+//! - [`conformance`]: the conformance suite's scenarios and the world
+//!   that answers a task's actions from one, which every host's replay
+//!   (the daemon's, the C op's, Go's) shares.
+//!
+//! # The plugin kit
 //!
 //! - [`run_cases`] (`cocoon-fixup plugin test PLUGIN.wasm CASES`) calls a
 //!   plugin once per case file through the real
-//!   [`PluginHost`](crate::plugin::PluginHost): the same
+//!   [`PluginHost`](fixup_core::plugin::PluginHost): the same
 //!   sandbox and the same per-call limits as production, a fresh Store for
 //!   every case. It compares the result with the case's expectation, shows
 //!   a unified diff on a mismatch, reports what each call used against the
@@ -33,14 +44,17 @@
 //! plugins with ([`engine_options`]) and why it could not run at all
 //! ([`KitError`]).
 
+pub mod capture;
 mod case;
+pub mod conformance;
 mod diff;
 mod inspect;
 mod runner;
+pub mod template;
 
 use std::path::PathBuf;
 
-use crate::plugin::{EngineOptions, LoadError, PluginError};
+use fixup_core::plugin::{EngineOptions, LoadError, PluginError};
 
 pub use case::{Case, CaseError, ErrorKind, Expect, ExpectedError, case_files, load_case};
 pub use diff::{case_text, is_refusal};

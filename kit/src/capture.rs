@@ -53,7 +53,7 @@
 //!   given, possibly short, and `from`).
 //!
 //! All of it is the pod's own text and may carry anything; the JSON file is
-//! data, and whoever prints it passes it through [`crate::display`].
+//! data, and whoever prints it passes it through [`fixup_core::display`].
 
 use std::path::{Path, PathBuf};
 
@@ -61,21 +61,20 @@ use base64::Engine as _;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use crate::annotations::{keys, reasons};
-use crate::binding::{BindingPolicy, Mismatch, Verdict};
-use crate::classify::{self, Scenario};
-use crate::decision::WakeConfig;
-use crate::decision::{self, Lookup};
-use crate::facts::{
+use fixup_core::annotations::{keys, reasons};
+use fixup_core::binding::{BindingPolicy, Mismatch, Verdict};
+use fixup_core::classify::{self, Scenario};
+use fixup_core::decision::WakeConfig;
+use fixup_core::decision::{self, Lookup};
+use fixup_core::facts::{
     BootKind, FactError, ImageKind, Observation, Overrides, PodInput, VmFacts, VmId, VmInspect,
     annotations,
 };
-use crate::kit;
-use crate::lifecycle::{self, Action, HandsOff};
-use crate::memory::{StackEvent, Witness};
-use crate::planner::Planner;
-use crate::plugin::registry::NoPlugin;
-use crate::probe::ProbeError;
+use fixup_core::lifecycle::{self, Action, HandsOff};
+use fixup_core::memory::{StackEvent, Witness};
+use fixup_core::planner::Planner;
+use fixup_core::plugin::registry::NoPlugin;
+use fixup_core::probe::ProbeError;
 
 /// Why no case could be captured.
 #[derive(Debug, thiserror::Error)]
@@ -183,9 +182,7 @@ pub fn keep_newest(events: &mut Vec<PodEvent>) -> bool {
     over > 0
 }
 
-/// The `reportingController` of the events the host writes (its field
-/// manager too).
-pub const REPORTER: &str = "cocoon-fixup";
+pub use fixup_core::memory::evidence::REPORTER;
 
 /// Whether an event's reason is one the host writes: `PostClone*` or
 /// `ResumedAfterRestart`. Capture keeps only these.
@@ -578,7 +575,7 @@ pub fn capture(
     let (image, scenarios) = match decision.fixup {
         Some(_) => {
             let image = if decision.needs_image_kind() {
-                crate::planner::image_kind::<CaptureError>(&obs, input.cocoon_root)?
+                fixup_core::planner::image_kind::<CaptureError>(&obs, input.cocoon_root)?
             } else {
                 ImageKind::Unknown
             };
@@ -636,7 +633,7 @@ pub fn capture(
         Err(error) => json!({"result": error.to_string(), "fallbacks": []}),
     };
     let engine = planner.plugins().limits();
-    let mut limits = serde_json::to_value(kit::LimitsReport::from(engine))?;
+    let mut limits = serde_json::to_value(crate::LimitsReport::from(engine))?;
     if let Value::Object(limits) = &mut limits {
         let deadline = u64::try_from(engine.deadline.as_millis()).unwrap_or(u64::MAX);
         limits.insert("deadline_ms".into(), json!(deadline));
@@ -653,7 +650,7 @@ pub fn capture(
         let breach = result
             .as_ref()
             .err()
-            .filter(|e| !kit::is_refusal(e))
+            .filter(|e| !crate::is_refusal(e))
             .map(ToString::to_string);
         let name = &selection.plugin.info.name;
         let mut summary = format!(
@@ -722,7 +719,7 @@ pub fn capture(
         );
         // Escaped as for a terminal, so the file shows what it holds when
         // it is read with `cat` too.
-        let text = crate::display::terminal_json(&kit::case_text(
+        let text = fixup_core::display::terminal_json(&crate::case_text(
             Some(&description),
             scenario,
             &facts,
@@ -733,7 +730,7 @@ pub fn capture(
         cases.push(CapturedCase {
             plugin: name.clone(),
             file: match &selection.plugin.origin {
-                crate::plugin::Origin::File(path) => Some(path.clone()),
+                fixup_core::plugin::Origin::File(path) => Some(path.clone()),
                 _ => None,
             },
             scenario,
