@@ -441,7 +441,7 @@ impl Console for InstantConsole {
         &self,
         _vm: &fixup_core::facts::VmId,
         need: usize,
-        _stop: fixup_sac::Stop,
+        _stop: fixup_sac::StopCheck,
         _deadline: fixup_sac::Deadline,
     ) -> Result<(Vec<u32>, Box<dyn ConsoleSession>), fixup_sac::SacError> {
         let nets = (1..).take(need).collect();

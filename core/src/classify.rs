@@ -3,7 +3,7 @@
 //! A pure function of the [`Observation`] (spec section 3): the first
 //! matching rule wins. Cloudimg vs OCI never decides *whether* a fixup runs,
 //! only which Linux network flavour is used; that needs the image kind,
-//! which the caller probes only when [`Decision::needs_image_kind`] says so.
+//! which the caller probes only when [`Classification::needs_image_kind`] says so.
 
 use std::fmt;
 
@@ -145,15 +145,15 @@ pub enum Fixup {
 
 /// The outcome of [`classify`]: the matching row and the fixup it asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Decision {
+pub struct Classification {
     pub rule: Rule,
     pub fixup: Option<Fixup>,
 }
 
-impl Decision {
+impl Classification {
     /// The decision for a row; the row alone decides the fixup.
     pub fn from_rule(rule: Rule) -> Self {
-        Decision {
+        Classification {
             rule,
             fixup: rule.fixup(),
         }
@@ -203,7 +203,7 @@ impl Decision {
 /// Classifies an observation: the first matching row of spec section 3.
 ///
 /// Image kind plays no part: it never decides *whether* a fixup runs.
-pub fn classify(obs: &Observation) -> Decision {
+pub fn classify(obs: &Observation) -> Classification {
     let rule = if !obs.managed {
         Rule::NotManaged
     } else if obs.boot.is_none() {
@@ -223,7 +223,7 @@ pub fn classify(obs: &Observation) -> Decision {
     } else {
         Rule::AllDhcp
     };
-    Decision::from_rule(rule)
+    Classification::from_rule(rule)
 }
 
 /// The Linux network flavour for an image kind. An unknown image gets
@@ -367,7 +367,7 @@ mod tests {
     fn rules(#[case] annotations: &[(&str, &str)], #[case] nics: &str, #[case] expected: Rule) {
         let decision = classify(&observation(annotations, nics));
         assert_eq!(decision.rule, expected);
-        assert_eq!(decision, Decision::from_rule(expected));
+        assert_eq!(decision, Classification::from_rule(expected));
     }
 
     #[rstest]
@@ -398,7 +398,7 @@ mod tests {
         #[case] fixup: Option<Fixup>,
         #[case] needs_image: bool,
     ) {
-        let decision = Decision::from_rule(rule);
+        let decision = Classification::from_rule(rule);
         assert_eq!(rule.number(), number);
         assert_eq!(Rule::ALL[usize::from(number) - 1], rule);
         assert_eq!(decision.fixup, fixup);
@@ -421,7 +421,7 @@ mod tests {
         #[case] reported: Option<Scenario>,
         #[case] all: &[Scenario],
     ) {
-        let decision = Decision::from_rule(rule);
+        let decision = Classification::from_rule(rule);
         assert_eq!(decision.scenario(image), reported);
         assert_eq!(decision.scenarios(image), all);
     }

@@ -257,9 +257,9 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
 
     /// The console client's stop check: the host is shutting down, or the
     /// pod's work is stopped (the token is the pod's).
-    fn sac_stop(&self) -> fixup_sac::Stop {
+    fn sac_stop(&self) -> fixup_sac::StopCheck {
         let token = self.shutdown.clone();
-        fixup_sac::Stop::when(move || token.is_cancelled())
+        fixup_sac::StopCheck::when(move || token.is_cancelled())
     }
 
     /// What the task tells the operator: a log line, a metric.

@@ -8,13 +8,13 @@
 //! ([`fixup_sac::Deadline`], from the task's action). Its calls block
 //! (socket reads with timeouts), so the executor runs them on tokio's
 //! blocking pool; a shutdown, or the pod's work stopped, reaches them
-//! through [`fixup_sac::Stop`] within 100 ms. Tests put a stand-in behind
+//! through [`fixup_sac::StopCheck`] within 100 ms. Tests put a stand-in behind
 //! the same trait.
 
 use std::path::PathBuf;
 
 use fixup_core::facts::VmId;
-use fixup_sac::{Budgets, ConsoleSocket, Deadline, SacError, Session, StaticNic, Stop};
+use fixup_sac::{Budgets, ConsoleSocket, Deadline, SacError, Session, StaticNic, StopCheck};
 
 /// Opens a VM's console.
 pub trait Console: Send + Sync + std::fmt::Debug {
@@ -26,7 +26,7 @@ pub trait Console: Send + Sync + std::fmt::Debug {
         &self,
         vm: &VmId,
         need: usize,
-        stop: Stop,
+        stop: StopCheck,
         deadline: Deadline,
     ) -> Result<(Vec<u32>, Box<dyn ConsoleSession>), SacError>;
 }
@@ -50,7 +50,7 @@ impl Console for SerialConsoles {
         &self,
         vm: &VmId,
         need: usize,
-        stop: Stop,
+        stop: StopCheck,
         deadline: Deadline,
     ) -> Result<(Vec<u32>, Box<dyn ConsoleSession>), SacError> {
         let mut socket = ConsoleSocket::new(&self.cocoon_root, vm.as_str())?;

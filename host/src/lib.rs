@@ -13,10 +13,12 @@
 //!
 //! - [`cocoon`]: the one type that runs the `cocoon` CLI.
 //! - [`console`]: the VM's serial console, for the Windows static-IP pass.
-//! - [`pods`]: the Kubernetes seam (`PodApi`), pods in memory; the
-//!   annotation keys and event reasons of [`annotations`].
+//! - [`pods`]: the Kubernetes seam (`PodApi`), pods in memory, and the
+//!   events the host writes (the annotation keys and event reasons are
+//!   `fixup_core::annotations`'s).
 //! - [`kube`]: `PodApi` over the real `kube` client, uid preconditions, retries.
-//! - [`apply`]: the fixup loop within its budget, and the IP wait.
+//! - [`apply`]: the executor: carries out each action of core's task
+//!   (`fixup_core::decision`) for one pod.
 //! - [`ready`]: the lease file, its watcher, the readiness probe.
 //! - [`host`]: `Host`, what an embedder builds once and calls per pod.
 //! - [`node_pods`]: the other pods on the node, for the check of an

@@ -100,7 +100,7 @@ impl Console for WorldConsole {
         &self,
         vm: &VmId,
         need: usize,
-        _stop: fixup_sac::Stop,
+        _stop: fixup_sac::StopCheck,
         deadline: fixup_sac::Deadline,
     ) -> Result<(Vec<u32>, Box<dyn ConsoleSession>), fixup_sac::SacError> {
         let mut now = self.clock.now();

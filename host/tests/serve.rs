@@ -245,7 +245,7 @@ impl fixup_host::console::Console for StuckConsole {
         &self,
         _vm: &fixup_core::facts::VmId,
         _need: usize,
-        stop: fixup_sac::Stop,
+        stop: fixup_sac::StopCheck,
         deadline: fixup_sac::Deadline,
     ) -> Result<(Vec<u32>, Box<dyn fixup_host::console::ConsoleSession>), fixup_sac::SacError> {
         use std::sync::atomic::Ordering::SeqCst;

@@ -1,5 +1,5 @@
 //! Time and shutdown as parameters of a pass: every budget, interval and
-//! size limit of spec section 10 in one [`Budgets`] value, and the [`Stop`]
+//! size limit of spec section 10 in one [`Budgets`] value, and the [`StopCheck`]
 //! check that ends a pass early.
 //!
 //! Production uses [`Budgets::default`], which holds exactly the spec's
@@ -51,7 +51,7 @@ pub struct Budgets {
     /// Pause between set-and-check rounds: 2 s.
     pub set_interval: Duration,
     /// The longest stretch any wait or read runs without consulting the
-    /// [`Stop`] check: 100 ms, so a shutdown ends even a 60 s dial at once.
+    /// [`StopCheck`]: 100 ms, so a shutdown ends even a 60 s dial at once.
     pub stop_poll: Duration,
 }
 
@@ -109,23 +109,23 @@ impl Deadline {
 /// decides. Consulted before the pass, between tries, before each set line,
 /// and at least every [`Budgets::stop_poll`] during any wait.
 #[derive(Clone, Default)]
-pub struct Stop(Option<Arc<dyn Fn() -> bool + Send + Sync>>);
+pub struct StopCheck(Option<Arc<dyn Fn() -> bool + Send + Sync>>);
 
-impl Stop {
+impl StopCheck {
     /// A check that never stops the pass.
-    pub fn never() -> Stop {
-        Stop(None)
+    pub fn never() -> StopCheck {
+        StopCheck(None)
     }
 
     /// Stops once `flag` is set.
-    pub fn flag(flag: Arc<AtomicBool>) -> Stop {
-        Stop::when(move || flag.load(Ordering::SeqCst))
+    pub fn flag(flag: Arc<AtomicBool>) -> StopCheck {
+        StopCheck::when(move || flag.load(Ordering::SeqCst))
     }
 
     /// Stops once `check` returns true. It is called often (at least every
     /// [`Budgets::stop_poll`]), so it must be cheap and must not block.
-    pub fn when(check: impl Fn() -> bool + Send + Sync + 'static) -> Stop {
-        Stop(Some(Arc::new(check)))
+    pub fn when(check: impl Fn() -> bool + Send + Sync + 'static) -> StopCheck {
+        StopCheck(Some(Arc::new(check)))
     }
 
     /// Whether the pass should stop now.
@@ -150,11 +150,11 @@ impl Stop {
     }
 }
 
-impl fmt::Debug for Stop {
+impl fmt::Debug for StopCheck {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
-            None => f.write_str("Stop::never"),
-            Some(_) => f.write_str("Stop::when(..)"),
+            None => f.write_str("StopCheck::never"),
+            Some(_) => f.write_str("StopCheck::when(..)"),
         }
     }
 }
@@ -184,19 +184,19 @@ mod tests {
     #[test]
     fn stop_flag_and_never() {
         let flag = Arc::new(AtomicBool::new(false));
-        let stop = Stop::flag(flag.clone());
+        let stop = StopCheck::flag(flag.clone());
         assert!(!stop.is_set());
         flag.store(true, Ordering::SeqCst);
         assert!(stop.is_set());
-        assert!(!Stop::never().is_set());
-        assert!(!Stop::default().is_set());
+        assert!(!StopCheck::never().is_set());
+        assert!(!StopCheck::default().is_set());
     }
 
     #[test]
     fn sleep_reports_a_stop() {
-        let stop = Stop::when(|| true);
+        let stop = StopCheck::when(|| true);
         assert!(!stop.sleep(Duration::from_secs(60), Duration::from_millis(1)));
-        assert!(Stop::never().sleep(Duration::from_millis(1), Duration::from_millis(1)));
+        assert!(StopCheck::never().sleep(Duration::from_millis(1), Duration::from_millis(1)));
     }
 
     #[test]

@@ -43,7 +43,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 use rustix::net::{AddressFamily, SendFlags, SocketAddrUnix, SocketFlags, SocketType};
 
-use crate::{SacError, Stop};
+use crate::{SacError, StopCheck};
 
 /// Where, below the cocoon root, cocoon keeps Cloud Hypervisor VM state.
 const RUN_DIRS: [&str; 2] = ["run", "cloudhypervisor"];
@@ -106,7 +106,8 @@ pub enum DialError {
 pub trait Dial {
     /// One try, taking at most `within`; a try that waits consults `stop`
     /// in between.
-    fn dial(&mut self, within: Duration, stop: &Stop) -> Result<Box<dyn Transport>, DialError>;
+    fn dial(&mut self, within: Duration, stop: &StopCheck)
+    -> Result<Box<dyn Transport>, DialError>;
 
     /// What is dialled, for messages.
     fn describe(&self) -> String {
@@ -119,7 +120,11 @@ where
     F: FnMut(Duration) -> io::Result<T>,
     T: Transport + 'static,
 {
-    fn dial(&mut self, within: Duration, _stop: &Stop) -> Result<Box<dyn Transport>, DialError> {
+    fn dial(
+        &mut self,
+        within: Duration,
+        _stop: &StopCheck,
+    ) -> Result<Box<dyn Transport>, DialError> {
         match self(within) {
             Ok(transport) => Ok(Box::new(transport)),
             Err(e) => Err(DialError::Retry(e.to_string())),
@@ -193,7 +198,7 @@ impl ConsoleSocket {
     }
 
     /// Steps 1 to 4 of the module docs.
-    fn connect(&self, within: Duration, stop: &Stop) -> Result<ConsoleStream, DialError> {
+    fn connect(&self, within: Duration, stop: &StopCheck) -> Result<ConsoleStream, DialError> {
         let dir = self.open_vm_dir()?;
         let path = self.path();
         let entry = socket_entry(&dir, &path)?;
@@ -227,7 +232,7 @@ fn connect_entry(
     entry: &OwnedFd,
     path: &Path,
     within: Duration,
-    stop: &Stop,
+    stop: &StopCheck,
 ) -> Result<ConsoleStream, DialError> {
     let via = format!("/proc/self/fd/{}", entry.as_raw_fd());
     // The descriptor's own path exists whenever /proc is mounted: without
@@ -269,7 +274,11 @@ fn connect_entry(
 }
 
 impl Dial for ConsoleSocket {
-    fn dial(&mut self, within: Duration, stop: &Stop) -> Result<Box<dyn Transport>, DialError> {
+    fn dial(
+        &mut self,
+        within: Duration,
+        stop: &StopCheck,
+    ) -> Result<Box<dyn Transport>, DialError> {
         self.connect(within, stop)
             .map(|stream| Box::new(stream) as Box<dyn Transport>)
     }
@@ -407,7 +416,7 @@ mod tests {
         }
         checked.set_nonblocking(true).unwrap();
         other.set_nonblocking(true).unwrap();
-        connect_entry(&entry, &sock, Duration::from_secs(1), &Stop::never()).unwrap();
+        connect_entry(&entry, &sock, Duration::from_secs(1), &StopCheck::never()).unwrap();
         assert!(
             checked.accept().is_ok(),
             "the checked socket got the connection"

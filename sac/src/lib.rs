@@ -8,7 +8,7 @@
 //! following a link below the root ([`ConsoleSocket`]). It sends nothing
 //! but lines built from validated values: `i`, digits, dots and single
 //! spaces. And every wait has a budget ([`Budgets`], the spec's numbers by
-//! default) and gives way to a [`Stop`] check within 100 ms, so a shutdown
+//! default) and gives way to a [`StopCheck`] within 100 ms, so a shutdown
 //! never waits out a 60 s dial; a [`Deadline`] bounds the whole pass, every
 //! NIC included, so a console that answers each line just in time cannot
 //! hold the host for minutes.
@@ -25,7 +25,7 @@
 //! - [`pass`]: [`run_pass`], all steps for one VM's NICs.
 //! - [`listing`]: SAC's `Net: <n>, Ip=<address>` listing, matched by hand.
 //! - [`nic`]: the record's NICs and prefix-to-mask.
-//! - [`budget`]: [`Budgets`] and [`Stop`].
+//! - [`budget`]: [`Budgets`] and [`StopCheck`].
 //! - [`transcript`]: the bounded record of lines sent, for logs.
 //! - [`error`]: [`SacError`] and the Warning event each failure emits.
 //! - `line` (private): the only builder of lines sent.
@@ -43,7 +43,7 @@ pub mod session;
 pub mod sim;
 pub mod transcript;
 
-pub use budget::{Budgets, Deadline, Stop};
+pub use budget::{Budgets, Deadline, StopCheck};
 pub use console::{ConsoleSocket, Dial, DialError, Transport};
 pub use error::{SacError, Step, go_duration, reasons};
 pub use nic::{Nic, StaticNic, prefix_mask};

@@ -4,7 +4,7 @@
 //! one that must look at its pod in between uses [`Session`] itself.
 
 use crate::transcript::Transcript;
-use crate::{Budgets, Dial, Nic, SacError, Session, Stop};
+use crate::{Budgets, Dial, Nic, SacError, Session, StopCheck};
 
 /// How a pass ended, and what it said to the console on the way.
 #[derive(Debug)]
@@ -22,7 +22,7 @@ pub struct Pass {
 /// inspect order. Every static NIC's prefix is checked before anything is
 /// dialled, so invalid input never reaches the console. `stop` is
 /// consulted before the pass, between tries and before each set line.
-pub fn run_pass(dial: &mut dyn Dial, nics: &[Nic], budgets: &Budgets, stop: Stop) -> Pass {
+pub fn run_pass(dial: &mut dyn Dial, nics: &[Nic], budgets: &Budgets, stop: StopCheck) -> Pass {
     let mut transcript = Transcript::default();
     let result = pass(dial, nics, budgets, stop, &mut transcript);
     Pass { result, transcript }
@@ -32,7 +32,7 @@ fn pass(
     dial: &mut dyn Dial,
     nics: &[Nic],
     budgets: &Budgets,
-    stop: Stop,
+    stop: StopCheck,
     transcript: &mut Transcript,
 ) -> Result<Vec<u32>, SacError> {
     for (position, nic) in nics.iter().enumerate() {

@@ -5,7 +5,7 @@
 //! can look at its pod between them; [`crate::run_pass`] runs them all.
 //!
 //! Every wait is bounded by a [`Budgets`] value and sliced into pieces of
-//! at most [`Budgets::stop_poll`], with the [`Stop`] check consulted
+//! at most [`Budgets::stop_poll`], with the [`StopCheck`] check consulted
 //! between the pieces.
 
 use std::fmt;
@@ -17,7 +17,7 @@ use crate::error::Step;
 use crate::line::Line;
 use crate::listing::{interfaces, listings, lists};
 use crate::transcript::{Exchange, Reply, Transcript};
-use crate::{Budgets, Deadline, SacError, StaticNic, Stop};
+use crate::{Budgets, Deadline, SacError, StaticNic, StopCheck};
 
 /// What marks a finished answer, and a ready console.
 const PROMPT: &[u8] = b"SAC>";
@@ -33,7 +33,7 @@ const CLOSED: &str = "the console closed the connection";
 pub struct Session {
     conn: Box<dyn Transport>,
     budgets: Budgets,
-    stop: Stop,
+    stop: StopCheck,
     /// The pass's total deadline, if the caller gave one.
     deadline: Option<Deadline>,
     transcript: Transcript,
@@ -74,7 +74,11 @@ enum PromptEnd {
 impl Session {
     /// Connects through `dial` and waits for `SAC>` (spec section 10,
     /// steps 1 and 2), without a total deadline: [`Session::open_until`].
-    pub fn open(dial: &mut dyn Dial, budgets: &Budgets, stop: Stop) -> Result<Session, SacError> {
+    pub fn open(
+        dial: &mut dyn Dial,
+        budgets: &Budgets,
+        stop: StopCheck,
+    ) -> Result<Session, SacError> {
         Session::open_until(dial, budgets, stop, None)
     }
 
@@ -93,7 +97,7 @@ impl Session {
     pub fn open_until(
         dial: &mut dyn Dial,
         budgets: &Budgets,
-        stop: Stop,
+        stop: StopCheck,
         deadline: Option<Deadline>,
     ) -> Result<Session, SacError> {
         let dial_end = Instant::now() + budgets.dial_total;
@@ -608,7 +612,7 @@ mod tests {
                 gateway: None,
             }),
         ];
-        let pass = run_pass(&mut dial, &nics, &fast(), Stop::never());
+        let pass = run_pass(&mut dial, &nics, &fast(), StopCheck::never());
         assert_eq!(pass.result, Ok(vec![2, 5]));
         assert_eq!(dials.load(Ordering::SeqCst), 2);
         assert_eq!(
@@ -635,7 +639,7 @@ mod tests {
                 _ => "Net: 2, Ip=10.0.0.9\r\nSAC>Net: 9, Ip=10.0.0.8\r\nSAC>",
             }))
         };
-        let mut session = Session::open(&mut dial, &fast(), Stop::never()).unwrap();
+        let mut session = Session::open(&mut dial, &fast(), StopCheck::never()).unwrap();
         assert_eq!(session.enumerate(1), Ok(vec![2]));
         let answered = session.transcript().entries().last().unwrap().reply.clone();
         assert_eq!(
@@ -693,7 +697,7 @@ mod tests {
             answer: Duration::from_secs(60),
             ..fast()
         };
-        let mut session = Session::open(&mut dial, &budgets, Stop::never()).unwrap();
+        let mut session = Session::open(&mut dial, &budgets, StopCheck::never()).unwrap();
         let after_prompt = read.load(Ordering::SeqCst);
         let nic = StaticNic {
             ip: Ipv4Addr::new(10, 0, 0, 5),
@@ -721,7 +725,7 @@ mod tests {
         let err = Session::open_until(
             dial,
             &Budgets::default(),
-            Stop::never(),
+            StopCheck::never(),
             Some(Deadline::after(total, total)),
         )
         .unwrap_err();
@@ -748,7 +752,7 @@ mod tests {
         let mut session = Session::open_until(
             dial,
             &budgets,
-            Stop::never(),
+            StopCheck::never(),
             Some(Deadline::after(total, total)),
         )
         .unwrap();
@@ -783,7 +787,7 @@ mod tests {
         let calls = Arc::new(AtomicUsize::new(0));
         let stop = {
             let calls = calls.clone();
-            Stop::when(move || calls.fetch_add(1, Ordering::SeqCst) >= 3)
+            StopCheck::when(move || calls.fetch_add(1, Ordering::SeqCst) >= 3)
         };
         let err = Session::open(dial, &Budgets::default(), stop).unwrap_err();
         assert_eq!(err, SacError::Stopped);

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use fixup_sac::sim::{Command, PromptMode, Script, SetMode, Sim, SimNet, console_path_in};
 use fixup_sac::{
-    Budgets, ConsoleSocket, Nic, Reply, SacError, Session, StaticNic, Stop, reasons, run_pass,
+    Budgets, ConsoleSocket, Nic, Reply, SacError, Session, StaticNic, StopCheck, reasons, run_pass,
 };
 use rstest::rstest;
 
@@ -72,7 +72,7 @@ fn console(root: &Path) -> ConsoleSocket {
 }
 
 fn pass(root: &Path, nics: &[Nic], budgets: &Budgets) -> Result<Vec<u32>, SacError> {
-    run_pass(&mut console(root), nics, budgets, Stop::never()).result
+    run_pass(&mut console(root), nics, budgets, StopCheck::never()).result
 }
 
 fn set_lines(sim: &Sim) -> Vec<String> {
@@ -94,7 +94,12 @@ fn one_static_nic_exact_bytes() {
         ),
     );
     let nic = static_nic("10.88.0.50", Some(24), Some("10.88.0.1"));
-    let done = run_pass(&mut console(root.path()), &[nic], &fast(), Stop::never());
+    let done = run_pass(
+        &mut console(root.path()),
+        &[nic],
+        &fast(),
+        StopCheck::never(),
+    );
     assert_eq!(done.result, Ok(vec![7]));
     assert_eq!(sim.address(7).as_deref(), Some("10.88.0.50"));
     let lines = [
@@ -297,7 +302,7 @@ fn a_flooded_listing_fails_each_try() {
         &mut console(root.path()),
         &[static_nic("10.0.0.5", None, None)],
         &budgets,
-        Stop::never(),
+        StopCheck::never(),
     );
     assert_eq!(
         done.result.unwrap_err().to_string(),
@@ -631,7 +636,8 @@ fn an_invalid_prefix_sends_nothing(#[case] nics: &[Nic], #[case] position: usize
 fn an_invalid_prefix_sends_nothing_step_wise() {
     let root = root();
     let sim = sim(root.path(), Script::new().net(SimNet::new(7, "10.0.0.9")));
-    let mut session = Session::open(&mut console(root.path()), &fast(), Stop::never()).unwrap();
+    let mut session =
+        Session::open(&mut console(root.path()), &fast(), StopCheck::never()).unwrap();
     assert_eq!(session.enumerate(1), Ok(vec![7]));
     let before = sim.raw();
     let err = session
@@ -677,7 +683,7 @@ fn stopping_ends_a_dial_to_a_missing_socket() {
     let err = Session::open(
         &mut console(root.path()),
         &Budgets::default(),
-        Stop::flag(flag),
+        StopCheck::flag(flag),
     )
     .unwrap_err();
     setter.join().unwrap();
@@ -702,7 +708,7 @@ fn stopping_ends_a_wait_for_the_prompt() {
     let err = Session::open(
         &mut console(root.path()),
         &Budgets::default(),
-        Stop::flag(flag),
+        StopCheck::flag(flag),
     )
     .unwrap_err();
     setter.join().unwrap();
@@ -715,8 +721,12 @@ fn stopping_before_a_set_line_sends_none() {
     let root = root();
     let sim = sim(root.path(), Script::new().net(SimNet::new(7, "10.0.0.9")));
     let flag = Arc::new(AtomicBool::new(false));
-    let mut session =
-        Session::open(&mut console(root.path()), &fast(), Stop::flag(flag.clone())).unwrap();
+    let mut session = Session::open(
+        &mut console(root.path()),
+        &fast(),
+        StopCheck::flag(flag.clone()),
+    )
+    .unwrap();
     assert_eq!(session.enumerate(1), Ok(vec![7]));
     flag.store(true, Ordering::SeqCst);
     let nic = StaticNic {
@@ -771,7 +781,8 @@ fn step_wise_session() {
             .net(SimNet::new(3, "10.0.0.9"))
             .net(SimNet::new(4, "10.0.1.9")),
     );
-    let mut session = Session::open(&mut console(root.path()), &fast(), Stop::never()).unwrap();
+    let mut session =
+        Session::open(&mut console(root.path()), &fast(), StopCheck::never()).unwrap();
     let nets = session.enumerate(2).unwrap();
     assert_eq!(nets, [3, 4]);
     let nic = StaticNic {

@@ -590,7 +590,7 @@ pub enum FixupEnd {
     Gone,
 }
 
-/// How the IP wait ended.
+/// How the serial-console pass ended (spec section 10).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SacEnd {

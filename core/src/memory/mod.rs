@@ -117,7 +117,7 @@ impl Evidence {
 
 /// The wake verdict the decision reached for one VM of the pod.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Verdict {
+pub struct WakeVerdict {
     /// The VM id the verdict is about.
     pub vm: String,
     /// Whether the VM is a wake; always [`Evidence::says_wake`] of `by`
@@ -194,7 +194,7 @@ pub struct PodMemory {
     wake_vm: Option<String>,
     /// The verdict the decision reached, for the VM it names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    verdict: Option<Verdict>,
+    verdict: Option<WakeVerdict>,
     /// The VM id the host's last `post-clone-state` write was for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     marker_vm: Option<String>,
@@ -312,7 +312,7 @@ impl PodMemory {
     }
 
     /// The stored verdict, whichever VM it is for.
-    pub fn verdict(&self) -> Option<&Verdict> {
+    pub fn verdict(&self) -> Option<&WakeVerdict> {
         self.verdict.as_ref()
     }
 
@@ -462,7 +462,7 @@ impl PodMemory {
 
     /// The stored verdict if it is about `vm`; a verdict about another VM
     /// of the pod says nothing about this one.
-    pub fn verdict_for(&self, vm: &VmId) -> Option<&Verdict> {
+    pub fn verdict_for(&self, vm: &VmId) -> Option<&WakeVerdict> {
         self.verdict.as_ref().filter(|v| v.vm == vm.as_str())
     }
 
@@ -470,7 +470,7 @@ impl PodMemory {
     /// from `by`: [`Evidence::says_wake`]), replacing any other. Returns
     /// whether the record changed (then it is saved).
     pub fn set_verdict(&mut self, vm: &VmId, by: Evidence) -> bool {
-        let verdict = Verdict {
+        let verdict = WakeVerdict {
             vm: vm.as_str().to_owned(),
             wake: by.says_wake(),
             by,

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::binding::Verdict;
-use crate::classify::{self, Decision, Fixup, Scenario};
+use crate::classify::{self, Classification, Fixup, Scenario};
 use crate::facts::{FactError, GuestOs, ImageKind, Observation, VmFacts, VmId};
 use crate::plan::{self, Plan, PlanError, PlanLimits, ScriptHeader};
 use crate::plugin::registry::NoPlugin;
@@ -325,7 +325,7 @@ pub fn hint_script(
 /// The answer for one VM.
 #[derive(Debug, Clone)]
 pub struct PlanOutcome {
-    pub decision: Decision,
+    pub decision: Classification,
     /// The reported scenario; `None` when no fixup is needed.
     pub scenario: Option<Scenario>,
     pub image: ImageKind,
@@ -343,7 +343,7 @@ impl PlanOutcome {
     }
 
     /// The outcome of a `decision` that needs no fixup.
-    fn nothing(decision: Decision) -> Self {
+    fn nothing(decision: Classification) -> Self {
         PlanOutcome {
             decision,
             scenario: None,

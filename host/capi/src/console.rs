@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use fixup_sac::{Budgets, ConsoleSocket, Deadline, SacError, Session, Stop};
+use fixup_sac::{Budgets, ConsoleSocket, Deadline, SacError, Session, StopCheck};
 use serde_json::json;
 
 use crate::ops::{Built, Failure};
@@ -63,7 +63,7 @@ pub fn open(built: &Built, task: &mut Task, budgets: &Budgets) -> Result<String,
     };
     task.pending = None;
     task.console = None;
-    let stop = Stop::flag(task.stop_flag());
+    let stop = StopCheck::flag(task.stop_flag());
     let deadline = deadline(task, until, total);
     let ends = Instant::now() + until.saturating_sub(task.now);
     let opened =
