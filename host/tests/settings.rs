@@ -79,8 +79,8 @@ fn value(v: impl ToString) -> DefaultValue {
 fn duration(d: Duration) -> String {
     let ms = d.as_millis();
     match ms {
-        _ if ms % 1000 != 0 => format!("{ms}ms"),
-        _ if ms >= 600_000 && ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+        _ if !ms.is_multiple_of(1000) => format!("{ms}ms"),
+        _ if ms >= 600_000 && ms.is_multiple_of(60_000) => format!("{}m", ms / 60_000),
         _ => format!("{}s", ms / 1000),
     }
 }
@@ -277,13 +277,10 @@ fn go_keys() -> Vec<(String, String, String)> {
                 aliases.insert(alias.to_owned(), format!("{ty}.{field}"));
                 continue;
             }
-            let key = if let Some((_, rest)) = line.split_once("set(\"") {
-                rest.split_once('"').map(|(key, rest)| (key, rest))
-            } else if let Some((_, rest)) = line.split_once("doc[\"") {
-                rest.split_once('"').map(|(key, rest)| (key, rest))
-            } else {
-                None
-            };
+            let key = line
+                .split_once("set(\"")
+                .or_else(|| line.split_once("doc[\""))
+                .and_then(|(_, rest)| rest.split_once('"'));
             let Some((key, rest)) = key else { continue };
             let field = rest
                 .split(|c: char| !(c.is_ascii_alphanumeric() || c == '.'))
