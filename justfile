@@ -43,7 +43,8 @@ static-arm64:
 bless:
     BLESS=1 cargo test -p fixup-tests
     BLESS=1 cargo test -p fixup-capi --test header
-    git status --short tests/fixtures host/capi/include go/cocoonfixup
+    BLESS=1 cargo test -p fixup-host --test it settings::
+    git status --short tests/fixtures host/capi/include go/cocoonfixup docs/settings.md
 
 # Lints as CI runs them.
 lint:

@@ -19,7 +19,7 @@ use serde::Deserialize;
 use crate::cocoon::DEFAULT_COCOON_BIN;
 use crate::host::HostConfig;
 use crate::oci::{OciError, PinnedPlugins, PluginRef, RegistryOptions};
-use crate::ready::DEFAULT_LEASE_FILE;
+use crate::ready::{DEFAULT_LEASE_FILE, DEFAULT_LEASE_POLL};
 use crate::reload::{
     DEFAULT_INTERVAL as DEFAULT_RELOAD_INTERVAL, DEFAULT_MAX_FAILURE_RATIO, DEFAULT_MIN_NAMESPACES,
     DEFAULT_WATCH_FIXUPS, ReloadConfig,
@@ -44,7 +44,7 @@ pub const DEFAULT_CONCURRENCY: usize = 16;
 pub enum ConfigError {
     #[error("cannot read config file {path}: {reason}")]
     Read { path: PathBuf, reason: String },
-    #[error("config file {path}: {reason}; see the README's configuration table")]
+    #[error("config file {path}: {reason}; the keys are in docs/settings.md")]
     Parse { path: PathBuf, reason: String },
     #[error("plugin directory {path} does not exist: create it or drop the setting")]
     PluginDir { path: PathBuf },
@@ -193,10 +193,16 @@ pub struct ConfigArgs {
     /// The cocoon-net lease file [default: /var/lib/cocoon/net/leases.json]
     #[arg(long, value_name = "FILE", env = "COCOON_FIXUP_LEASE_FILE")]
     pub lease_file: Option<PathBuf>,
-    /// The host's state directory: a record per pod that keeps the fixup
-    /// loop's retry budget across task retries and restarts (empty: keep
-    /// none) [default: /var/lib/cocoon-fixup/state as root, else
-    /// cocoon-fixup/state under $XDG_STATE_HOME or ~/.local/state]
+    /// The host's state directory: a record per pod uid that keeps the
+    /// pod's hibernate history, the wake verdict for its VM, which VM its
+    /// post-clone-state was written for, and the fixup loop's retry budget,
+    /// across task retries and restarts. Empty: none (a wake is then
+    /// recognised by the annotation and the stack's events alone). A record
+    /// that cannot be read or kept is logged and counted
+    /// (cocoon_fixup_record_errors_total), and the work goes on without it
+    /// [default: /var/lib/cocoon-fixup/state as root, else
+    /// $XDG_STATE_HOME/cocoon-fixup/state, else
+    /// ~/.local/state/cocoon-fixup/state]
     #[arg(long, value_name = "DIR", env = "COCOON_FIXUP_STATE_DIR", value_parser = path_or_empty)]
     pub state_dir: Option<PathBuf>,
     /// Wait between fixup attempts [default: 3s]
@@ -241,9 +247,10 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_WAKE_EVENT_WINDOW", value_parser = duration)]
     #[serde(default, with = "opt_duration")]
     pub wake_event_window: Option<Duration>,
-    /// Cloud Hypervisor Windows pods with no evidence of a wake either way:
-    /// wait this long from the first sight of the VM for a `Woken` event
-    /// before treating it as a clone [default: 10s]
+    /// Cloud Hypervisor Windows pods with no evidence of a wake either way,
+    /// and pods the host's history says were woken or recreated: wait this
+    /// long from the first sight of the VM for the stack's witness before
+    /// treating it as a clone [default: 10s]
     #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_WAKE_GRACE", value_parser = duration)]
     #[serde(default, with = "opt_duration")]
     pub wake_grace: Option<Duration>,
@@ -260,9 +267,9 @@ pub struct ConfigArgs {
     #[serde(default)]
     pub wake_event_reporters: Vec<String>,
     /// Windows static IPs over the serial console: the whole pass, every
-    /// NIC included, ends within this total deadline, so a guest whose
-    /// console answers slowly holds neither the pass nor the node for
-    /// minutes [default: 120s]
+    /// NIC included, ends within this total deadline (at least 100ms), so
+    /// a guest whose console answers slowly holds neither the pass nor the
+    /// node for minutes [default: 120s]
     #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_SAC_DEADLINE", value_parser = duration)]
     #[serde(default, with = "opt_duration")]
     pub sac_deadline: Option<Duration>,
@@ -305,7 +312,8 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "ADDR", env = "COCOON_FIXUP_METRICS_ADDR")]
     pub metrics_addr: Option<SocketAddr>,
     /// `serve`: look for changed plugin files and configuration this often
-    /// and reload them without a restart; 0s turns it off [default: 2s]
+    /// and reload them without a restart; 0s turns it off, anything else
+    /// is at least 100ms [default: 2s]
     #[arg(long, value_name = "DURATION", env = "COCOON_FIXUP_PLUGIN_RELOAD_INTERVAL", value_parser = duration)]
     #[serde(default, with = "opt_duration")]
     pub plugin_reload_interval: Option<Duration>,
@@ -508,7 +516,7 @@ impl ConfigArgs {
                 Some(dir) => Some(dir.clone()),
                 None => fixup_core::memory::default_state_dir(),
             },
-            ip_poll: a.ip_poll.unwrap_or(Duration::from_millis(200)),
+            ip_poll: a.ip_poll.unwrap_or(DEFAULT_LEASE_POLL),
             planner,
             host: HostConfig::from_settings(
                 SettingsBuilder {

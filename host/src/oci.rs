@@ -413,7 +413,20 @@ pub struct Store {
 /// `/var/lib/cocoon-fixup/oci` for root; `$XDG_STATE_HOME/cocoon-fixup/oci`,
 /// else `~/.local/state/cocoon-fixup/oci`, for anyone else.
 pub fn default_store_dir() -> Option<PathBuf> {
-    fixup_core::plugin::cache::default_key_path()
+    store_dir_for(fixup_core::plugin::trusted::euid(), |v| std::env::var_os(v))
+}
+
+/// [`default_store_dir`] for a user `euid` when `var` reads the
+/// environment: the directory of that user's default cache key
+/// ([`default_paths`](fixup_core::plugin::cache::default_paths) of the
+/// node), and `oci` in it.
+pub fn store_dir_for(
+    euid: u32,
+    var: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> Option<PathBuf> {
+    use fixup_core::plugin::cache::{CacheOwner, default_paths};
+    default_paths(CacheOwner::Node, euid, var)
+        .key
         .and_then(|key| key.parent().map(|dir| dir.join("oci")))
 }
 

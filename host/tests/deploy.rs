@@ -21,7 +21,8 @@
 //!   mapped to (API group, resource, verb) as the API server's authorizer
 //!   does, and the set must equal the ClusterRole's rules: no verb missing,
 //!   none granted that the code never uses.
-//! - README.md links to the files in `deploy/` and keeps no copy of them.
+//! - docs/operations.md links to the files in `deploy/`, and neither it
+//!   nor README.md keeps a copy of them.
 //!
 //! The CEL here is the portable subset that both the `cel` crate and the
 //! API server evaluate (the standard macros and the strings extension's
@@ -1379,15 +1380,15 @@ async fn rbac_grants_exactly_what_serve_and_run_use() {
 }
 
 // ---------------------------------------------------------------------------
-// README.md and deploy/
+// The documents and deploy/
 
-/// README.md's "Deployment" section, up to the next heading.
-fn readme_deployment() -> String {
-    let readme = read("README.md");
-    let start = readme
-        .find("### Deployment")
-        .expect("README.md has a Deployment section");
-    readme[start..]
+/// docs/operations.md's "Deployment" section, up to the next heading.
+fn deployment_section() -> String {
+    let doc = read(OPERATIONS);
+    let start = doc
+        .find("## Deployment")
+        .unwrap_or_else(|| panic!("{OPERATIONS} has a Deployment section"));
+    doc[start..]
         .lines()
         .enumerate()
         .take_while(|(i, line)| *i == 0 || !line.starts_with('#'))
@@ -1395,9 +1396,12 @@ fn readme_deployment() -> String {
         .collect()
 }
 
+/// Where the deploy files are described for operators.
+const OPERATIONS: &str = "docs/operations.md";
+
 #[test]
-fn readme_links_the_deploy_files_and_keeps_no_copies() {
-    let section = readme_deployment();
+fn the_docs_link_the_deploy_files_and_keep_no_copies() {
+    let section = deployment_section();
     for file in [
         "deploy/cocoon-fixup.service",
         "deploy/rbac.yaml",
@@ -1412,21 +1416,23 @@ fn readme_links_the_deploy_files_and_keeps_no_copies() {
             "{file} is missing from the repository"
         );
         assert!(
-            section.contains(&format!("]({file})")),
-            "README.md's Deployment section does not link {file}"
+            section.contains(&format!("](../{file})")),
+            "{OPERATIONS}'s Deployment section does not link {file}"
         );
     }
-    let readme = read("README.md");
-    for copied in [
-        "kind: ClusterRole",
-        "kind: ValidatingAdmissionPolicy",
-        "[Service]",
-        "ExecStart=",
-    ] {
-        assert!(
-            !readme.contains(copied),
-            "README.md inlines `{copied}`: link the file in deploy/ instead, so the two cannot drift"
-        );
+    for doc in ["README.md", OPERATIONS] {
+        let text = read(doc);
+        for copied in [
+            "kind: ClusterRole",
+            "kind: ValidatingAdmissionPolicy",
+            "[Service]",
+            "ExecStart=",
+        ] {
+            assert!(
+                !text.contains(copied),
+                "{doc} inlines `{copied}`: link the file in deploy/ instead, so the two cannot drift"
+            );
+        }
     }
 }
 

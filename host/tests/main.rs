@@ -28,4 +28,5 @@ mod realkube_nodes;
 mod restart;
 mod sac;
 mod serve;
+mod settings;
 mod wake;

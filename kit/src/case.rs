@@ -89,7 +89,7 @@ pub enum CaseError {
     #[error("cannot read case file {file}: {reason}; check the path and its permissions")]
     Read { file: PathBuf, reason: String },
     #[error(
-        "{file}: not JSON (line {line} column {column}: {reason}); a case file is one JSON object, see \"Testing a plugin\" in the README"
+        "{file}: not JSON (line {line} column {column}: {reason}); a case file is one JSON object, see docs/plugins.md, \"5. Testing\""
     )]
     Json {
         file: PathBuf,

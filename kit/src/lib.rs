@@ -90,7 +90,7 @@ pub enum KitError {
     )]
     Cases { path: PathBuf, reason: String },
     #[error(
-        "{path} holds no `*.json` case files: write one (the format is in the README, \"Testing a plugin\")"
+        "{path} holds no `*.json` case files: write one (the format is in docs/plugins.md, \"5. Testing\")"
     )]
     NoCases { path: PathBuf },
     #[error(transparent)]

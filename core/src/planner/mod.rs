@@ -662,7 +662,7 @@ where
     Ok(classify::image_kind(source, probe.overlay_exists(&id)?))
 }
 
-/// The `--output json` document (schema in the README).
+/// The `--output json` document (schema in docs/cli.md).
 #[derive(Debug, Serialize)]
 pub struct PlanReport<'a> {
     pub pod: &'a str,

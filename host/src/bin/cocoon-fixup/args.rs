@@ -103,7 +103,7 @@ pub(crate) enum Command {
     /// One request per line, `{"id": N, "op": "...", ...}`; one response
     /// per line, `{"id": N, "ok": ...}` or `{"id": N, "error": {"status",
     /// "message"}}`, as each request finishes (many run at once). The ops
-    /// and their fields are the C library's calls (README, "Embedding").
+    /// and their fields are the C library's calls (docs/embedding.md).
     /// Logs go to standard error. Ends at the end of its input, after the
     /// requests in flight. The configuration file is not read: a planner's
     /// options come in its `planner_new` request.
@@ -164,7 +164,7 @@ pub(crate) enum PluginCommand {
     /// Run a plugin on case files (facts in, expected plan or error out).
     ///
     /// CASES is a case file or a folder of `*.json` case files (the format
-    /// is in the README, "Testing a plugin"). Each case runs in the real
+    /// is in docs/plugins.md, "5. Testing"). Each case runs in the real
     /// sandbox with the configured limits; a mismatch shows a diff. Exit
     /// code 1 when any case fails or a case file is invalid.
     ///
@@ -320,7 +320,7 @@ pub(crate) struct PluginNewArgs {
 pub(crate) enum Output {
     /// For people.
     Text,
-    /// One JSON object (schema in the README).
+    /// One JSON object (schema in docs/cli.md).
     Json,
 }
 
