@@ -1,5 +1,5 @@
 //! Carrying out the decision of [`fixup_core::decision`]: the daemon's
-//! executor. [`Executor::run`] takes a [`PodTask`] (or a [`Steps`] of
+//! executor. [`Executor::run`] takes a [`PodTask`](fixup_core::decision::PodTask) (or a [`Steps`] of
 //! another kind: a parent's preparation) and its first action,
 //! does each action with the real seams (the `cocoon` runner, the
 //! Kubernetes side, the lease watcher, the planner on tokio's blocking
@@ -15,20 +15,17 @@
 //! a write decided from a read also carries the read's resource version
 //! ([`PodApi::patch_if_unchanged`]).
 
-use std::net::Ipv4Addr;
 use std::sync::{Arc, OnceLock, RwLock};
 
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use fixup_core::classify::Scenario;
 use fixup_core::decision::{
-    Action, FixupEnd, Guarded, InspectFailed, Note, PlanRequest, Planned, PodTask, Readiness,
-    Report, RetryConfig, Settings, Steps, Stop, Summary, is_node_error, os_nonces,
+    Action, Guarded, InspectFailed, Note, PlanRequest, Planned, Report, Steps, Stop, Summary,
+    is_node_error,
 };
-use fixup_core::facts::{PodInput, VmId, escape_controls};
-use fixup_core::plan::Plan;
+use fixup_core::facts::{PodInput, escape_controls};
 use fixup_core::planner::{PlanPart, Planner, Preparation};
 
 use crate::cocoon::{Cocoon, CocoonError};
@@ -62,9 +59,7 @@ pub(crate) struct HostParts<'a> {
 pub(crate) struct Executor<'a, C, P> {
     pub cocoon: &'a C,
     pub pods: &'a P,
-    /// `None` for a task that neither plans nor waits for an IP
-    /// ([`run_fixup`]).
-    pub host: Option<HostParts<'a>>,
+    pub host: HostParts<'a>,
     pub shutdown: &'a CancellationToken,
 }
 
@@ -87,15 +82,12 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
                         drop(turn);
                         return result;
                     }
-                    Action::Admit => match self.host {
-                        Some(host) => tokio::select! {
-                            permit = host.admission.acquire() => {
-                                turn = permit.ok();
-                                Report::Go
-                            }
-                            () = self.shutdown.cancelled() => Report::Cancelled,
-                        },
-                        None => Report::Go,
+                    Action::Admit => tokio::select! {
+                        permit = self.host.admission.acquire() => {
+                            turn = permit.ok();
+                            Report::Go
+                        }
+                        () = self.shutdown.cancelled() => Report::Cancelled,
                     },
                     Action::Release => {
                         turn = None;
@@ -114,14 +106,10 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
                             .await
                             .map_err(|e| e.to_string()),
                     ),
-                    Action::OtherPods { .. } => Report::OtherPods(match self.host {
-                        Some(host) => other_pods(host.other_pods, self.pods).await,
-                        None => Err("this task has no view of the node's pods".into()),
-                    }),
-                    Action::Plan(request) => {
-                        let host = self.host.expect("only a host's task plans");
-                        Report::Planned(plan(host, &pod, *request).await)
+                    Action::OtherPods { .. } => {
+                        Report::OtherPods(other_pods(self.host.other_pods, self.pods).await)
                     }
+                    Action::Plan(request) => Report::Planned(plan(self.host, &pod, *request).await),
                     Action::Read => Report::Read(self.pods.get(&pod.namespace, &pod.name).await),
                     Action::Patch {
                         patch,
@@ -145,7 +133,7 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
                         () = self.shutdown.cancelled() => Report::Cancelled,
                     },
                     Action::WaitLease { mac, until } => {
-                        let host = self.host.expect("only a host's task waits for a lease");
+                        let host = self.host;
                         tokio::select! {
                             ip = host.leases.wait_for(&mac, origin + until) => Report::Lease(ip),
                             () = self.shutdown.cancelled() => Report::Cancelled,
@@ -173,9 +161,8 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
                         Report::Go
                     }
                     Action::Remember(record) => {
-                        if let Some(host) = self.host
-                            && let Some(store) = host.records
-                        {
+                        let host = self.host;
+                        if let Some(store) = host.records {
                             let label = pod.to_string();
                             crate::records::keep(store, host.metrics, &label, &pod.uid, *record)
                                 .await;
@@ -188,7 +175,7 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
                         until,
                         total,
                     } => {
-                        let host = self.host.expect("only a host's task opens a console");
+                        let host = self.host;
                         let opener = Arc::clone(host.console);
                         let stop = self.sac_stop();
                         let deadline = sac_deadline(origin, until, total);
@@ -264,24 +251,18 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
 
     /// What the task tells the operator: a log line, a metric.
     fn note(&self, pod: &PodRef, note: Note) {
-        let metrics = self.host.map(|h| h.metrics);
+        let m = self.host.metrics;
         match note {
             Note::Resumed(op) => {
-                if let Some(m) = metrics {
-                    m.resumed(op);
-                }
+                m.resumed(op);
             }
             Note::VmMismatch { expected, mismatch } => {
                 tracing::warn!(pod = %pod, expected = %expected, "VM not used, nothing run: {mismatch}");
-                if let Some(m) = metrics {
-                    m.vm_mismatch();
-                }
+                m.vm_mismatch();
             }
             Note::NodeError { kind, message } => {
                 tracing::error!(pod = %pod, "{message}");
-                if let Some(m) = metrics {
-                    m.node_error(kind);
-                }
+                m.node_error(kind);
             }
             Note::PlanFailed { line } => tracing::warn!(pod = %pod, "{line}"),
             Note::Fixup {
@@ -289,20 +270,14 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
                 end,
                 attempts,
             } => {
-                if let Some(m) = metrics {
-                    m.fixup(scenario, end.as_str(), attempts);
-                }
+                m.fixup(scenario, end.as_str(), attempts);
             }
             Note::IpWait { readiness, wake } => {
-                if let Some(m) = metrics {
-                    m.ip_wait(readiness.as_str(), if wake { "wake" } else { "clone" });
-                }
+                m.ip_wait(readiness.as_str(), if wake { "wake" } else { "clone" });
             }
             Note::Sac(end) => {
                 tracing::info!(pod = %pod, "serial-console pass: {end}");
-                if let Some(m) = metrics {
-                    m.sac(end.as_str());
-                }
+                m.sac(end.as_str());
             }
             Note::Warn(line) => tracing::warn!(pod = %pod, "{line}"),
         }
@@ -425,88 +400,4 @@ fn flavor_notes(pod: &PodRef, planner: &Planner, parts: &[PlanPart]) {
             tracing::debug!(pod = %pod, "{}", escape_controls(&note));
         }
     }
-}
-
-/// How a fixup loop over a given plan ended ([`run_fixup`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FixupOutcome {
-    /// An attempt succeeded; `post-clone-state` is `done`. `ready` is the
-    /// IP published with `done` for a static first NIC
-    /// ([`FixupJob::ready_ip`]), `None` when the caller's IP wait follows.
-    Done {
-        attempts: u32,
-        ready: Option<Ipv4Addr>,
-    },
-    /// The budget ran out; the pod is marked failed with hint and errors.
-    Exhausted { attempts: u32, errors: Vec<String> },
-    /// The host is shutting down; `post-clone-state` stays `running`.
-    Shutdown { attempts: u32 },
-    /// The pod was deleted or replaced, or the stack took it over.
-    Gone { attempts: u32 },
-}
-
-/// A plan already made, for [`run_fixup`].
-#[derive(Debug, Clone, Copy)]
-pub struct FixupJob<'a> {
-    /// The pod as read: the `running` write is decided from it.
-    pub seen: &'a PodInput,
-    pub vm: &'a VmId,
-    pub scenario: Scenario,
-    pub plan: &'a Plan,
-    /// The argv after `cocoon vm exec <id> --` without a nonce.
-    pub exec: &'a [String],
-    /// The hint script; written base64 as the hint for the failed case.
-    pub script: &'a str,
-    /// The first NIC's static address, when it has one: it goes with
-    /// `done`, with lifecycle `ready`, while the pod is still the host's.
-    pub ready_ip: Option<Ipv4Addr>,
-}
-
-/// The fixup loop of spec section 5 over a plan already made, carried out
-/// as the daemon carries it out ([`PodTask::for_plan`]); the IP wait is
-/// the caller's.
-pub async fn run_fixup<C: Cocoon, P: PodApi>(
-    cocoon: &C,
-    pods: &P,
-    job: FixupJob<'_>,
-    retry: &RetryConfig,
-    shutdown: &CancellationToken,
-) -> Result<FixupOutcome, Stop> {
-    let settings = Settings {
-        retry: retry.clone(),
-        ..Settings::default()
-    };
-    let (task, first) = PodTask::for_plan(
-        job.seen.clone(),
-        job.vm.clone(),
-        job.scenario,
-        job.ready_ip,
-        job.plan.clone(),
-        job.exec.to_vec(),
-        job.script.to_owned(),
-        settings,
-        os_nonces(),
-    );
-    let executor = Executor {
-        cocoon,
-        pods,
-        host: None,
-        shutdown,
-    };
-    let summary = executor.run(task, first).await?;
-    let attempts = summary.attempts;
-    Ok(match summary.fixup {
-        Some(FixupEnd::Done) => FixupOutcome::Done {
-            attempts,
-            ready: job
-                .ready_ip
-                .filter(|_| summary.readiness == Some(Readiness::Ready)),
-        },
-        Some(FixupEnd::Exhausted) => FixupOutcome::Exhausted {
-            attempts,
-            errors: summary.errors,
-        },
-        Some(FixupEnd::Shutdown) => FixupOutcome::Shutdown { attempts },
-        Some(FixupEnd::Gone | FixupEnd::PlanFailed) | None => FixupOutcome::Gone { attempts },
-    })
 }

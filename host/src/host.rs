@@ -480,7 +480,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         Executor {
             cocoon: &self.cocoon,
             pods: &self.pods,
-            host: Some(HostParts {
+            host: HostParts {
                 console: &self.console,
                 planner: &self.planner,
                 planning: &self.planning,
@@ -490,7 +490,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
                 leases: &self.leases,
                 other_pods: &self.other_pods,
                 records: self.records.as_ref(),
-            }),
+            },
             shutdown,
         }
     }

@@ -4,9 +4,10 @@
 //!
 //! - `cocoon` missing, not executable, hanging past its timeout, killed by
 //!   a signal, printing garbage: the real `CocoonCli` runs `fake-cocoon`
-//!   (tests/fake-cocoon) inside the real fixup loop
-//!   (`apply::run_fixup`, pods in memory), in real time with a short
-//!   budget (50 ms between attempts, 3 s budget, 300 ms per exec). The
+//!   (tests/fake-cocoon) for every exec of the real fixup loop
+//!   (`Host::handle_pod`, pods in memory, the VM record given), in real
+//!   time with a short budget (50 ms between attempts, 3 s budget, 300 ms
+//!   per exec). The
 //!   first attempt meets the fault; the scenario then switches to success
 //!   and the next attempt succeeds. No assertion depends on how long
 //!   anything took, only on what was recorded.
@@ -28,14 +29,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use fixup_core::classify::Scenario;
 use fixup_core::decision::RetryConfig;
 use fixup_core::decision::{Summary, Trigger};
-use fixup_core::facts::VmId;
-use fixup_core::plan::{self, Action, Dialect, Phase, Plan, Step};
+use fixup_core::exec::ExecOutput;
+use fixup_core::facts::{VmId, VmInspect};
 use fixup_core::planner::{Planner, PlannerOptions};
-use fixup_host::apply::{self, FixupJob, FixupOutcome};
-use fixup_host::cocoon::CocoonCli;
+use fixup_host::cocoon::{Cocoon, CocoonCli, CocoonError};
 use fixup_host::host::{Host, HostConfig};
 use fixup_host::kube::REPORTER;
 use fixup_host::metrics::Metrics;
@@ -51,7 +50,71 @@ use tokio_util::sync::CancellationToken;
 
 // ---- cocoon faults through the real runner ----
 
-const VM: &str = "vm-faults";
+/// The VM of the record the host inspects ([`support::inspect`]).
+const VM: &str = "vm-0123abcd";
+
+/// The real `cocoon` runner for every exec, the record for the inspect:
+/// the fault meets the fixup loop, not the look-up before it.
+#[derive(Clone)]
+struct ExecThrough {
+    cli: CocoonCli,
+    record: String,
+}
+
+impl Cocoon for ExecThrough {
+    async fn exec(
+        &self,
+        vm: &VmId,
+        argv: &[String],
+        timeout: Duration,
+    ) -> Result<ExecOutput, CocoonError> {
+        self.cli.exec(vm, argv, timeout).await
+    }
+
+    async fn inspect(&self, _vm: &VmId, _timeout: Duration) -> Result<VmInspect, CocoonError> {
+        Ok(VmInspect::from_json(&self.record, "cocoon vm inspect").expect("a record"))
+    }
+}
+
+/// The pod through the host, its execs through `rig`'s `cocoon`: a Cloud
+/// Hypervisor clone with a static first NIC (the OCI networkd plan; the IP
+/// and `ready` go with `done`).
+async fn through_the_host(rig: &Rig, pods: &MemoryPods, retry: RetryConfig) -> Summary {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("cocoon-root");
+    fs::create_dir_all(&root).unwrap();
+    let (planner, failures) = Planner::new(PlannerOptions {
+        cocoon_root: root,
+        ..PlannerOptions::default()
+    })
+    .unwrap();
+    assert!(failures.is_empty());
+    let leases =
+        LeaseWatcher::new(dir.path().join("leases.json"), Duration::from_millis(20)).unwrap();
+    let cocoon = ExecThrough {
+        cli: CocoonCli::new(&rig.program),
+        record: inspect(&STATIC),
+    };
+    let host = Host::new(
+        Arc::new(planner),
+        cocoon,
+        pods.clone(),
+        Arc::new(leases),
+        HostConfig {
+            retry,
+            ..HostConfig::default()
+        },
+        Arc::new(Metrics::new()),
+    );
+    host.handle(
+        "default",
+        "web-0",
+        Trigger::Event,
+        &CancellationToken::new(),
+    )
+    .await
+    .expect("the pod was handled")
+}
 
 /// Short, in real time: many attempts fit in the budget, so a slow
 /// machine still reaches the attempt that succeeds.
@@ -60,25 +123,6 @@ fn retry() -> RetryConfig {
         interval: Duration::from_millis(50),
         budget: Duration::from_secs(3),
         exec_timeout: Duration::from_millis(300),
-    }
-}
-
-fn two_step_plan() -> Plan {
-    let step = |description: &str, argv: &[&str]| Step {
-        description: description.into(),
-        phase: Phase::Configure,
-        best_effort: false,
-        action: Action::Run(argv.iter().map(|a| (*a).to_owned()).collect()),
-    };
-    Plan {
-        dialect: Dialect::PosixSh,
-        steps: vec![
-            step("bring the link up", &["ip", "link", "set", "eth0", "up"]),
-            step(
-                "restart networkd",
-                &["systemctl", "restart", "systemd-networkd"],
-            ),
-        ],
     }
 }
 
@@ -216,30 +260,8 @@ fn expected_first_error(fault: Fault, program: &Path) -> Vec<String> {
 async fn guest_stderr_cannot_put_control_characters_into_events() {
     let rig = Rig::new(Fault::PrintsGarbage);
     let pods = MemoryPods::new();
-    let seen = pod(&[("vm.cocoonstack.io/id", VM)]);
-    pods.insert(seen.clone());
-    let plan = two_step_plan();
-    let exec = plan::render_exec(&plan);
-    let vm = VmId::parse(VM).unwrap();
-    let job = FixupJob {
-        seen: &seen,
-        ready_ip: None,
-        vm: &vm,
-        scenario: Scenario::OciNetworkd,
-        plan: &plan,
-        exec: &exec,
-        script: "",
-    };
-    let retry = retry();
-    apply::run_fixup(
-        &CocoonCli::new(&rig.program),
-        &pods,
-        job,
-        &retry,
-        &CancellationToken::new(),
-    )
-    .await
-    .unwrap();
+    pods.insert(pod(&[]));
+    through_the_host(&rig, &pods, retry()).await;
     for line in attempt_events(&pods) {
         assert!(!line.chars().any(char::is_control), "{line:?}");
     }
@@ -255,23 +277,7 @@ async fn guest_stderr_cannot_put_control_characters_into_events() {
 async fn a_broken_cocoon_is_an_attempt_error_and_the_loop_goes_on(#[case] fault: Fault) {
     let rig = Rig::new(fault);
     let pods = MemoryPods::new();
-    let seen = pod(&[("vm.cocoonstack.io/id", VM)]);
-    pods.insert(seen.clone());
-    let plan = two_step_plan();
-    let exec = plan::render_exec(&plan);
-    let script = "#!/bin/sh\n";
-    let vm = VmId::parse(VM).unwrap();
-    let job = FixupJob {
-        seen: &seen,
-        ready_ip: None,
-        vm: &vm,
-        scenario: Scenario::OciNetworkd,
-        plan: &plan,
-        exec: &exec,
-        script,
-    };
-    let cocoon = CocoonCli::new(&rig.program);
-    let shutdown = CancellationToken::new();
+    pods.insert(pod(&[]));
     // The binary faults are repaired once the loop has told of attempt 1.
     let repair = async {
         if matches!(fault, Fault::Missing | Fault::NotExecutable) {
@@ -281,20 +287,14 @@ async fn a_broken_cocoon_is_an_attempt_error_and_the_loop_goes_on(#[case] fault:
             rig.repair();
         }
     };
-    let retry = retry();
-    let (outcome, ()) = tokio::join!(
-        apply::run_fixup(&cocoon, &pods, job, &retry, &shutdown),
-        repair
-    );
-    let outcome = outcome.expect("the pod API works");
+    let (summary, ()) = tokio::join!(through_the_host(&rig, &pods, retry()), repair);
     let events = attempt_events(&pods);
-    let FixupOutcome::Done {
-        attempts,
-        ready: None,
-    } = outcome
-    else {
-        panic!("expected a later attempt to succeed, got {outcome:?}; events {events:#?}");
-    };
+    assert_eq!(
+        (summary.fixup, summary.readiness),
+        (Some(FixupEnd::Done), Some(Readiness::Ready)),
+        "expected a later attempt to succeed: {summary:?}; events {events:#?}"
+    );
+    let attempts = summary.attempts;
     assert_eq!(
         attempts as usize,
         events.len() + 1,
@@ -343,45 +343,29 @@ async fn a_cocoon_that_never_answers_exhausts_the_budget_with_every_attempt_chai
     )
     .unwrap();
     let pods = MemoryPods::new();
-    let seen = pod(&[("vm.cocoonstack.io/id", VM)]);
-    pods.insert(seen.clone());
-    let plan = two_step_plan();
-    let exec = plan::render_exec(&plan);
-    let script = plan::render_script(&plan, &plan::ScriptHeader::default());
-    let hint = plan::hint_base64(&script);
-    let vm = VmId::parse(VM).unwrap();
-    let job = FixupJob {
-        seen: &seen,
-        ready_ip: None,
-        vm: &vm,
-        scenario: Scenario::OciNetworkd,
-        plan: &plan,
-        exec: &exec,
-        script: &script,
-    };
+    pods.insert(pod(&[]));
     let config = RetryConfig {
         interval: Duration::from_millis(50),
         budget: Duration::from_millis(900),
         exec_timeout: Duration::from_millis(200),
     };
-    let outcome = apply::run_fixup(
-        &CocoonCli::new(&rig.program),
-        &pods,
-        job,
-        &config,
-        &CancellationToken::new(),
-    )
-    .await
-    .unwrap();
-    let FixupOutcome::Exhausted { attempts, errors } = outcome else {
-        panic!("expected exhaustion, got {outcome:?}");
-    };
+    let summary = through_the_host(&rig, &pods, config).await;
+    assert_eq!(summary.fixup, Some(FixupEnd::Exhausted), "{summary:?}");
+    let (attempts, errors) = (summary.attempts, summary.errors);
     assert!(attempts >= 2, "{errors:#?}");
     assert_eq!(errors, attempt_events(&pods));
     let annotations = pods.annotations("default", "web-0").unwrap();
     assert_eq!(annotations[keys::POST_CLONE_STATE], "failed");
     assert_eq!(annotations[keys::POST_CLONE_ERRORS], errors.join("\n"));
-    assert_eq!(annotations[keys::POST_CLONE_HINT], hint);
+    // The hint is the plan as a script, base64.
+    let hint = base64::engine::general_purpose::STANDARD
+        .decode(&annotations[keys::POST_CLONE_HINT])
+        .expect("the hint is base64");
+    let hint = String::from_utf8(hint).expect("the hint is text");
+    assert!(
+        hint.starts_with("#!/bin/sh") && hint.contains("systemd-networkd"),
+        "{hint}"
+    );
     assert_eq!(annotations[keys::LIFECYCLE_STATE], "failed");
 }
 

@@ -9,9 +9,8 @@ pub(super) struct Fixup {
     /// The VM, the plan and its attempts ([`Attempts`]).
     pub(super) run: Attempts,
     pub(super) scenario: Scenario,
-    /// What the IP wait after success reads; `None` when the task ends
-    /// with the loop ([`PodTask::for_plan`]).
-    pub(super) wait: Option<WaitFacts>,
+    /// What the IP wait after success reads.
+    pub(super) wait: WaitFacts,
     pub(super) script: String,
     /// The first NIC's static address: the IP and `ready` go with `done`
     /// (not when a serial-console pass comes first).
@@ -32,7 +31,7 @@ impl Fixup {
     pub(super) fn new(
         vm: VmId,
         scenario: Scenario,
-        wait: Option<WaitFacts>,
+        wait: WaitFacts,
         plan: Plan,
         exec: Vec<String>,
         script: String,
@@ -193,7 +192,7 @@ impl PodTask {
             Some(WaitNic::Static(ip)) if sac.is_none() => Some(ip),
             _ => None,
         };
-        let mut fixup = Fixup::new(vm, scenario, Some(wait), plan, exec, script, ready_ip);
+        let mut fixup = Fixup::new(vm, scenario, wait, plan, exec, script, ready_ip);
         fixup.sac = sac;
         self.stage = Stage::BeforeRunning(fixup);
         Action::Checkpoint
@@ -503,9 +502,7 @@ impl PodTask {
         if let Some((readiness, ip)) = ready {
             return self.readiness(readiness, ip);
         }
-        let Some(facts) = fixup.wait.filter(|_| !self.fixup_only) else {
-            return self.finish();
-        };
+        let facts = fixup.wait;
         // An IP wait may take minutes: it does not hold a turn.
         self.release();
         let wait = Box::new(Wait {

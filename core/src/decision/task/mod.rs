@@ -78,8 +78,6 @@ pub struct PodTask {
     nonces: NonceSource,
     /// The host's clock at the last report.
     now: Duration,
-    /// The task ends when the fixup loop does ([`PodTask::for_plan`]).
-    fixup_only: bool,
     /// The host's record of the pod, when it keeps one
     /// ([`PodTask::remember`]).
     memory: Option<Memory>,
@@ -307,7 +305,6 @@ impl PodTask {
             queue: VecDeque::new(),
             nonces,
             now: Duration::ZERO,
-            fixup_only: false,
             memory: None,
             awaiting: Awaiting::Nothing,
             wake: false,
@@ -345,38 +342,6 @@ impl PodTask {
         task.holds_turn = matches!(first, Action::Admit);
         task.awaiting = Awaiting::of(&first);
         (task, first)
-    }
-
-    /// The task for a plan already made (by an embedder that planned
-    /// itself, or a test): the fixup loop of spec section 5 from the
-    /// `running` write on, decided from `pod` as read, and nothing after
-    /// it: the caller waits for the IP itself. `vm` must be the VM the plan
-    /// was made for and bound to the pod.
-    #[allow(clippy::too_many_arguments)]
-    pub fn for_plan(
-        pod: PodInput,
-        vm: VmId,
-        scenario: Scenario,
-        ready_ip: Option<Ipv4Addr>,
-        plan: Plan,
-        exec: Vec<String>,
-        script: String,
-        settings: Settings,
-        nonces: NonceSource,
-    ) -> (PodTask, Action) {
-        let (mut task, first) = PodTask::start(pod, Trigger::Event, settings, nonces);
-        if !matches!(first, Action::Admit) {
-            return (task, first);
-        }
-        task.summary.action = Handled::Fixup;
-        task.summary.scenario = Some(scenario);
-        task.fixup_only = true;
-        // The caller holds no turn of the task's: it never handed one out.
-        task.holds_turn = false;
-        task.stage =
-            Stage::BeforeRunning(Fixup::new(vm, scenario, None, plan, exec, script, ready_ip));
-        task.awaiting = Awaiting::GoOrCancelled;
-        (task, Action::Checkpoint)
     }
 
     /// Give the task the host's record of the pod (read when the task

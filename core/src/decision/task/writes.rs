@@ -429,7 +429,7 @@ impl PodTask {
         ready: Option<(Readiness, Option<Ipv4Addr>)>,
     ) -> Action {
         match fixup.sac.take() {
-            Some(nics) if !self.fixup_only => {
+            Some(nics) => {
                 // The fixup is over and `done` has landed: it counts as
                 // done whatever the pass after it does.
                 self.fixup_done(&fixup);
