@@ -76,12 +76,10 @@ impl Cocoon for ExecThrough {
     }
 }
 
-/// The pod through the host, its execs through `rig`'s `cocoon`: a Cloud
-/// Hypervisor clone with a static first NIC (the OCI networkd plan; the IP
-/// and `ready` go with `done`).
-async fn through_the_host(rig: &Rig, pods: &MemoryPods, retry: RetryConfig) -> Summary {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("cocoon-root");
+/// A planner with the built-ins over an empty cocoon root in `dir`, and a
+/// lease watcher of a lease file there.
+fn planner_and_leases(dir: &Path) -> (Planner, LeaseWatcher) {
+    let root = dir.join("cocoon-root");
     fs::create_dir_all(&root).unwrap();
     let (planner, failures) = Planner::new(PlannerOptions {
         cocoon_root: root,
@@ -89,8 +87,16 @@ async fn through_the_host(rig: &Rig, pods: &MemoryPods, retry: RetryConfig) -> S
     })
     .unwrap();
     assert!(failures.is_empty());
-    let leases =
-        LeaseWatcher::new(dir.path().join("leases.json"), Duration::from_millis(20)).unwrap();
+    let leases = LeaseWatcher::new(dir.join("leases.json"), Duration::from_millis(20)).unwrap();
+    (planner, leases)
+}
+
+/// The pod through the host, its execs through `rig`'s `cocoon`: a Cloud
+/// Hypervisor clone with a static first NIC (the OCI networkd plan; the IP
+/// and `ready` go with `done`).
+async fn through_the_host(rig: &Rig, pods: &MemoryPods, retry: RetryConfig) -> Summary {
+    let dir = tempfile::tempdir().unwrap();
+    let (planner, leases) = planner_and_leases(dir.path());
     let cocoon = ExecThrough {
         cli: CocoonCli::new(&rig.program),
         record: inspect(&STATIC),
@@ -572,16 +578,7 @@ async fn play(
     config: HostConfig,
 ) -> (Summary, ScriptedCocoon) {
     let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("cocoon-root");
-    fs::create_dir_all(&root).unwrap();
-    let (planner, failures) = Planner::new(PlannerOptions {
-        cocoon_root: root,
-        ..PlannerOptions::default()
-    })
-    .unwrap();
-    assert!(failures.is_empty());
-    let leases =
-        LeaseWatcher::new(dir.path().join("leases.json"), Duration::from_millis(20)).unwrap();
+    let (planner, leases) = planner_and_leases(dir.path());
     let cocoon = ScriptedCocoon::new(replies, inspect(&STATIC));
     let summary = Conversation::new("kubernetes faults", server.exchanges)
         .run(|api| {
