@@ -56,6 +56,7 @@
 //! data, and whoever prints it passes it through [`fixup_core::display`].
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use base64::Engine as _;
 use serde::Serialize;
@@ -64,14 +65,16 @@ use serde_json::{Map, Value, json};
 use fixup_core::annotations::{keys, reasons};
 use fixup_core::binding::{BindingPolicy, Mismatch, Verdict};
 use fixup_core::classify::{self, Scenario};
-use fixup_core::decision::WakeConfig;
-use fixup_core::decision::{self, Lookup};
+use fixup_core::decision::{
+    self, Action, Handled, Lookup, NonceSource, PodTask, Report, Settings, Summary, Trigger,
+    WakeConfig,
+};
 use fixup_core::facts::{
     BootKind, FactError, ImageKind, Observation, Overrides, PodInput, VmFacts, VmId, VmInspect,
     annotations,
 };
-use fixup_core::lifecycle::{self, Action, HandsOff};
-use fixup_core::memory::{StackEvent, Witness};
+use fixup_core::lifecycle::HandsOff;
+use fixup_core::memory::{Listed, StackEvent};
 use fixup_core::planner::Planner;
 use fixup_core::plugin::registry::NoPlugin;
 use fixup_core::probe::ProbeError;
@@ -477,54 +480,198 @@ impl CapturedCase {
     }
 }
 
-/// The boot kind capture plans with when it is not the annotations' own,
-/// and why, as the daemon decides it: `--boot`; else a wake, by the pod's
-/// `restore-from-hibernate` or, for a pod its annotations say is cloned,
-/// by the stack's own event that the VM was woken (spec section 2, rule
-/// 2: `stack_events` that count by `wake` at `now_unix_ms`; an event
-/// never makes a pod with no work a wake), which stays a wake for work
-/// left `running`; else `resumed` for a `post-clone-state` of `running`,
-/// which a daemon that restarts mid-fixup resumes.
-pub fn assumed_boot(
+/// What the daemon's decision makes of the pod ([`replay`]).
+#[derive(Debug, Default)]
+pub struct Replayed {
+    /// The observation the task classified the VM from; `None` when it
+    /// left the pod alone before it looked at the VM.
+    pub observed: Option<Observation>,
+    /// How the task ended, when it ended before it would plan, write, run
+    /// or wait: left alone, parked, or stopped (the stop as one line).
+    pub ended: Option<Result<Summary, String>>,
+}
+
+/// The daemon's decision for the pod, replayed on what was captured: the
+/// pod's task ([`PodTask`], trigger `event`) runs with its look-ups
+/// answered from the captured record and events (`stack_events`, read at
+/// `now_unix_ms` by `wake`'s rules, the grace passing at once), until it
+/// has classified the VM and would plan, write, run or wait, or ends.
+/// The record was bound by the caller ([`bound_record`]): the replay takes
+/// it as the pod's.
+pub fn replay(
     pod: &PodInput,
     vm: &VmInspect,
-    overrides: &Overrides,
     stack_events: &[StackEvent],
     wake: &WakeConfig,
     now_unix_ms: i64,
-) -> Option<(BootKind, String)> {
-    if let Some(boot) = overrides.boot {
-        return Some((boot, format!("{boot}: given with --boot")));
-    }
-    let running = decision::boot_override(pod, None).is_some();
-    let uid = pod.uid.as_deref().unwrap_or_default();
-    if BootKind::from_annotations(&pod.annotations) == Some(BootKind::Wake) {
-        return running.then(|| {
-            (
-                BootKind::Wake,
-                "wake: restore-from-hibernate is true, and the daemon resumes work left running on a woken VM as a wake (pass --boot to plan another kind)".to_owned(),
-            )
-        });
-    }
-    let witness = Witness {
-        pod_uid: uid,
-        reporters: &wake.reporters,
-        vm_created_unix_ms: vm.created_unix_ms,
-        window: wake.event_window,
-        now_unix_ms: Some(now_unix_ms),
+) -> Replayed {
+    let settings = Settings {
+        wake: wake.clone(),
+        binding: BindingPolicy {
+            accept_legacy_names: true,
+            accept_annotated_names: true,
+        },
+        ..Settings::default()
     };
-    if BootKind::from_annotations(&pod.annotations).is_some() && witness.says_wake(stack_events) {
-        return Some((
-            BootKind::Wake,
-            "wake: the stack's Woken or HibernateSnapshotExists event about the pod says the VM was woken, and the daemon takes it for a wake (pass --boot to plan another kind)".to_owned(),
-        ));
+    // The replay runs nothing: its nonces are never used.
+    let nonces: NonceSource = Box::new(|| Err("a replay runs nothing".to_owned()));
+    let (mut task, mut action) = PodTask::start(pod.clone(), Trigger::Event, settings, nonces);
+    task.keep_observed();
+    task.wall_clock(u64::try_from(now_unix_ms).unwrap_or_default());
+    let mut now = Duration::ZERO;
+    let mut ended = None;
+    loop {
+        let report = match action {
+            Action::Finish(result) => {
+                ended = Some(result.map_err(|stop| stop.to_string()));
+                break;
+            }
+            Action::Inspect { .. } => Report::Inspected(Ok(vm.clone())),
+            Action::OtherPods { .. } => Report::OtherPods(Ok(vec![pod.clone()])),
+            Action::WakeEvents { .. } => Report::Events(Ok(Listed {
+                events: stack_events.to_vec(),
+                truncated: false,
+            })),
+            Action::Sleep { until } => {
+                now = now.max(until);
+                Report::Go
+            }
+            Action::Admit
+            | Action::Release
+            | Action::Checkpoint
+            | Action::Tell(_)
+            | Action::Note(_)
+            | Action::Remember(_)
+            | Action::Publish(_) => Report::Go,
+            // Past the decision capture replays: a plan, a write, an exec,
+            // a wait.
+            _ => break,
+        };
+        match task.try_next(report, now) {
+            Ok(next) => action = next,
+            Err(_) => break,
+        }
     }
-    running.then(|| {
-        (
-            BootKind::Resumed,
+    Replayed {
+        observed: task.observed().cloned(),
+        ended,
+    }
+}
+
+/// Why the daemon's observation has a boot kind the pod's annotations
+/// alone do not give it, for the case's `boot_assumed`; `None` when they
+/// agree.
+fn assumed_why(pod: &PodInput, vm: &VmInspect, observed: &Observation) -> Option<String> {
+    let plain = Observation::new(pod, vm, &Overrides::default()).boot;
+    let running = decision::boot_override(pod, None).is_some();
+    match observed.boot? {
+        BootKind::Wake if pod_says_wake(pod) => running.then(|| {
+            "wake: restore-from-hibernate is true, and the daemon resumes work left running on a woken VM as a wake (pass --boot to plan another kind)".to_owned()
+        }),
+        BootKind::Wake if plain != Some(BootKind::Wake) => Some(
+            "wake: the stack's Woken or HibernateSnapshotExists event about the pod says the VM was woken, and the daemon takes it for a wake (pass --boot to plan another kind)".to_owned(),
+        ),
+        BootKind::Resumed if plain != Some(BootKind::Resumed) => Some(
             "resumed: post-clone-state is running, and a daemon that restarts mid-fixup resumes that work as resumed (pass --boot to plan another kind)".to_owned(),
+        ),
+        boot if Some(boot) != plain => Some(format!(
+            "{boot}: as the daemon decides it (pass --boot to plan another kind)"
+        )),
+        _ => None,
+    }
+}
+
+fn pod_says_wake(pod: &PodInput) -> bool {
+    BootKind::from_annotations(&pod.annotations) == Some(BootKind::Wake)
+}
+
+/// What the daemon does with the pod and the observation it plans from
+/// ([`replay`]): its handling in words (for the case's `context.daemon`),
+/// the observation, and why its boot kind is not the annotations' own.
+/// `--boot` replaces the boot kind; a pod the daemon leaves alone is
+/// refused unless `anyway`, and then planned from its annotations.
+fn daemon_view(
+    input: &CaptureInput<'_>,
+) -> Result<(String, Observation, Option<String>), CaptureError> {
+    let pod = input.pod;
+    let replay = |pod: &PodInput| {
+        replay(
+            pod,
+            input.vm,
+            input.stack_events,
+            input.wake,
+            input.now_unix_ms,
         )
-    })
+    };
+    // What the daemon does with the pod: its decision, replayed. A fixup
+    // that failed marks the lifecycle `failed` too; the pod is parked,
+    // which capture is for, so that mark alone does not make it the
+    // stack's.
+    let parked = pod.annotation(keys::POST_CLONE_STATE) == "failed"
+        && pod
+            .annotation(keys::LIFECYCLE_STATE)
+            .eq_ignore_ascii_case("failed");
+    let mut seen = pod.clone();
+    if parked {
+        seen.annotations.remove(keys::LIFECYCLE_STATE);
+    }
+    let mut replayed = replay(&seen);
+    let daemon = match &replayed.ended {
+        Some(Ok(summary)) if summary.action == Handled::Nothing => {
+            let reason = summary.hands_off.unwrap_or(HandsOff::NotManaged);
+            if !input.anyway {
+                return Err(CaptureError::HandsOff {
+                    pod: pod.display_name(),
+                    reason,
+                });
+            }
+            format!("nothing: {reason}")
+        }
+        Some(Ok(summary)) if summary.action == Handled::Parked => {
+            // A fixup that failed is parked, which capture is for: the
+            // plan is the one the daemon made for the pod before it failed.
+            seen.annotations.remove(keys::POST_CLONE_STATE);
+            replayed = replay(&seen);
+            "parked: the fixup failed earlier".to_owned()
+        }
+        Some(Err(stop)) => format!("stopped: {stop}"),
+        _ => "its work".to_owned(),
+    };
+    // `--boot` is the person's; else the daemon's observation, else (a pod
+    // it leaves alone, captured anyway) the annotations'.
+    let (obs, assumed) = match (input.overrides.boot, replayed.observed) {
+        (Some(boot), _) => (
+            Observation::new(pod, input.vm, input.overrides),
+            Some(format!("{boot}: given with --boot")),
+        ),
+        (None, Some(mut observed)) => {
+            if let Some(image) = &input.overrides.source_image {
+                observed = Observation::new(
+                    pod,
+                    input.vm,
+                    &Overrides {
+                        boot: observed.boot,
+                        source_image: Some(image.clone()),
+                    },
+                );
+            }
+            let why = assumed_why(pod, input.vm, &observed);
+            (observed, why)
+        }
+        (None, None) => (Observation::new(pod, input.vm, input.overrides), None),
+    };
+    Ok((daemon, obs, assumed))
+}
+
+/// Why capture plans with a boot kind the pod's annotations alone do not
+/// give (the daemon's wake evidence, work left `running`), as the
+/// daemon's decision, replayed, has it; `None` when they agree or the
+/// boot was given. Refused as [`capture`] refuses.
+pub fn assumed_boot(input: &CaptureInput<'_>) -> Result<Option<String>, CaptureError> {
+    if input.overrides.boot.is_some() {
+        return Ok(None);
+    }
+    daemon_view(input).map(|(_, _, why)| why)
 }
 
 /// The pod's plugin calls, as cases (see the module documentation).
@@ -533,44 +680,7 @@ pub fn capture(
     input: &CaptureInput<'_>,
 ) -> Result<Vec<CapturedCase>, CaptureError> {
     let pod = input.pod;
-    // What the daemon would do with the pod, from its annotations alone. A
-    // fixup that failed marks the lifecycle `failed` too; the pod is parked,
-    // which capture is for, so that mark alone does not make it the stack's.
-    let parked = pod.annotation(keys::POST_CLONE_STATE) == "failed"
-        && pod
-            .annotation(keys::LIFECYCLE_STATE)
-            .eq_ignore_ascii_case("failed");
-    let gated = if parked {
-        let mut unmarked = pod.clone();
-        unmarked.annotations.remove(keys::LIFECYCLE_STATE);
-        lifecycle::gate(&unmarked)
-    } else {
-        lifecycle::gate(pod)
-    };
-    let daemon = match gated {
-        Err(Action::Nothing(reason)) if !input.anyway => {
-            return Err(CaptureError::HandsOff {
-                pod: pod.display_name(),
-                reason,
-            });
-        }
-        Err(Action::Nothing(reason)) => format!("nothing: {reason}"),
-        Err(_) => "parked: the fixup failed earlier".to_owned(),
-        Ok(_) => "its work".to_owned(),
-    };
-    let assumed = assumed_boot(
-        pod,
-        input.vm,
-        input.overrides,
-        input.stack_events,
-        input.wake,
-        input.now_unix_ms,
-    );
-    let overrides = Overrides {
-        boot: assumed.as_ref().map(|(boot, _)| *boot),
-        source_image: input.overrides.source_image.clone(),
-    };
-    let obs = Observation::new(pod, input.vm, &overrides);
+    let (daemon, obs, assumed) = daemon_view(input)?;
     let decision = classify::classify(&obs);
     let (image, scenarios) = match decision.fixup {
         Some(_) => {
@@ -690,7 +800,7 @@ pub fn capture(
             json!({"number": decision.rule.number(), "reason": decision.rule.reason()}),
         );
         context.insert("daemon".into(), json!(daemon));
-        if let Some((_, why)) = &assumed {
+        if let Some(why) = &assumed {
             context.insert("boot_assumed".into(), json!(why));
         }
         context.insert("image".into(), json!(image.as_str()));
@@ -937,12 +1047,25 @@ mod tests {
         #[case] running: bool,
         #[case] expected: Option<BootKind>,
     ) {
+        // A managed Cloud Hypervisor Linux clone with a DHCP NIC, as the
+        // daemon's decision sees it.
         let mut pod = PodInput {
             name: "desk-0".into(),
             namespace: "desktops".into(),
             uid: Some("u-1".into()),
             ..PodInput::default()
         };
+        let name = fixup_core::binding::vm_name_for_pod("desktops", "desk-0");
+        for (key, value) in [
+            (annotations::VM_ID, "vm-0123abcd"),
+            (annotations::VM_NAME, name.as_str()),
+            ("cocoonset.cocoonstack.io/managed", "true"),
+            ("cocoonset.cocoonstack.io/os", "linux"),
+            ("cocoonset.cocoonstack.io/generation", "3"),
+            ("vm.cocoonstack.io/backend", "cloud-hypervisor"),
+        ] {
+            pod.annotations.insert(key.into(), value.into());
+        }
         if annotated {
             pod.annotations
                 .insert(annotations::RESTORE_FROM_HIBERNATE.into(), "true".into());
@@ -951,6 +1074,13 @@ mod tests {
             pod.annotations
                 .insert(keys::POST_CLONE_STATE.into(), "running".into());
         }
+        let vm = VmInspect::from_json(
+            &json!({"id": "vm-0123abcd", "config": {"name": name},
+                "network_configs": [{"mac": "52:54:00:aa:bb:01", "tap": "tap0"}]})
+            .to_string(),
+            "cocoon vm inspect",
+        )
+        .unwrap();
         let events = [StackEvent {
             reason: "Woken".into(),
             type_: "Normal".into(),
@@ -958,18 +1088,16 @@ mod tests {
             regarding_uid: "u-1".into(),
             newest_unix_ms: Some(1_000),
         }];
-        let vm = VmInspect::default();
-        let given = |boot| Overrides {
-            boot,
-            source_image: None,
-        };
         let events: &[StackEvent] = if event { &events } else { &[] };
-        let wake = WakeConfig::default();
-        let now = 2_000;
-        let assumed = assumed_boot(&pod, &vm, &given(None), events, &wake, now);
-        assert_eq!(assumed.map(|(boot, _)| boot), expected);
-        let forced = assumed_boot(&pod, &vm, &given(Some(BootKind::Clone)), events, &wake, now);
-        assert_eq!(forced.map(|(boot, _)| boot), Some(BootKind::Clone));
+        let replayed = replay(&pod, &vm, events, &WakeConfig::default(), 2_000);
+        let observed = replayed
+            .observed
+            .expect("the daemon's decision classifies the VM");
+        let why = assumed_why(&pod, &vm, &observed);
+        assert_eq!(why.is_some(), expected.is_some(), "{why:?}");
+        if let Some(expected) = expected {
+            assert_eq!(observed.boot, Some(expected));
+        }
     }
 
     fn case(plugin: &str, scenario: Scenario) -> CapturedCase {

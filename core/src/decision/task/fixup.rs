@@ -63,6 +63,9 @@ impl PodTask {
             source_image: self.knows.source_image.clone(),
         };
         let obs = observe(&self.seen, &record, &overrides);
+        if self.keep_observed {
+            self.observed = Some(Box::new(obs.clone()));
+        }
         if let Some(stop) = self.image_unknown(&obs) {
             return self.stop(stop);
         }

@@ -81,6 +81,10 @@ pub struct PodTask {
     /// The host's record of the pod, when it keeps one
     /// ([`PodTask::remember`]).
     memory: Option<Memory>,
+    /// The observation the VM was classified from, when kept
+    /// ([`PodTask::observed`]).
+    keep_observed: bool,
+    observed: Option<Box<Observation>>,
     /// What answers the action handed out last.
     awaiting: Awaiting,
     /// The VM is a hibernate wake (spec section 2): by the pod's
@@ -306,6 +310,8 @@ impl PodTask {
             nonces,
             now: Duration::ZERO,
             memory: None,
+            keep_observed: false,
+            observed: None,
             awaiting: Awaiting::Nothing,
             wake: false,
             in_place: false,
@@ -400,6 +406,24 @@ impl PodTask {
     /// The pod this task is for.
     pub fn pod(&self) -> &PodRef {
         &self.pod
+    }
+
+    /// Keep the observation the task classifies the pod's VM from, for
+    /// [`PodTask::observed`] (a host that only carries the task out has no
+    /// use for it, and a task does not hold a copy unless asked).
+    pub fn keep_observed(&mut self) {
+        self.keep_observed = true;
+    }
+
+    /// The observation the task classified the pod's VM from, once it
+    /// has, when asked to keep it ([`PodTask::keep_observed`]): the record
+    /// as bound, with the boot kind the evidence gave it (a wake, work
+    /// resumed, what the embedder said). `None` before, and for a pod the
+    /// task left alone without looking at its VM. `capture` replays the
+    /// task for it, so that a captured case is planned from what the
+    /// daemon decides, not from a decision of its own.
+    pub fn observed(&self) -> Option<&Observation> {
+        self.observed.as_deref()
     }
 
     /// The summary so far (final once [`Action::Finish`] was returned).

@@ -283,12 +283,6 @@ pub(crate) fn run_capture(args: &CaptureArgs, config: Option<&Path>) -> Result<u
     let at = jiff::Timestamp::from_second(i64::try_from(now.as_secs())?)?.to_string();
     let wake = &settings.host.wake;
     let now_unix_ms = i64::try_from(now.as_millis())?;
-    if let Some((_, why)) =
-        capture::assumed_boot(&pod, &record, &overrides, &events.stack, wake, now_unix_ms)
-            .filter(|_| args.boot.is_none())
-    {
-        eprintln!("{}", display::terminal_text(&format!("note: boot {why}")));
-    }
     let input = capture::CaptureInput {
         pod: &pod,
         vm: &record,
@@ -304,6 +298,9 @@ pub(crate) fn run_capture(args: &CaptureArgs, config: Option<&Path>) -> Result<u
         cocoon_root: &settings.planner.cocoon_root,
         anyway: args.anyway,
     };
+    if let Ok(Some(why)) = capture::assumed_boot(&input) {
+        eprintln!("{}", display::terminal_text(&format!("note: boot {why}")));
+    }
     let cases = capture::capture(&planner, &input)?;
     let placed = capture::place(
         cases,
