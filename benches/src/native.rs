@@ -216,17 +216,17 @@ pub fn plan_from_sdk(p: sdk::Plan) -> Plan {
                 },
                 best_effort: s.best_effort,
                 action: match s.action {
-                    sdk::Action::Run(argv) => plan::Action::Run(argv),
-                    sdk::Action::WriteFile(w) => plan::Action::WriteFile(plan::WriteFile {
+                    sdk::Action::Run(argv) => plan::StepAction::Run(argv),
+                    sdk::Action::WriteFile(w) => plan::StepAction::WriteFile(plan::WriteFile {
                         path: w.path,
                         content: w.content,
                         mode: w.mode,
                         parents: w.parents,
                     }),
-                    sdk::Action::RemoveFiles(paths) => plan::Action::RemoveFiles(paths),
+                    sdk::Action::RemoveFiles(paths) => plan::StepAction::RemoveFiles(paths),
                     sdk::Action::NameLink(l) => {
                         let o = l.mac.octets;
-                        plan::Action::NameLink(plan::NameLink {
+                        plan::StepAction::NameLink(plan::NameLink {
                             mac: facts::MacAddr([o.0, o.1, o.2, o.3, o.4, o.5]),
                             name: l.name,
                         })

@@ -260,11 +260,11 @@ impl fmt::Display for HandsOff {
     }
 }
 
-/// What to do with a pod: spec section 8's table. The same table decides
+/// A row of spec section 8's table: what to do with a pod. The same table decides
 /// at startup and for every pod event, and once more before the final
 /// `ready` or `failed` write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
+pub enum Row {
     /// Leave the pod alone: no inspect, no exec, no write, no IP wait.
     Nothing(HandsOff),
     /// The fixup failed earlier: the work stays parked.
@@ -275,19 +275,19 @@ pub enum Action {
     IpWaitOnly,
 }
 
-impl Action {
+impl Row {
     /// The `op=` of the `ResumedAfterRestart` event, for work that resumes.
     pub fn op(self) -> Option<&'static str> {
         match self {
-            Action::RunLoop => Some("post_clone"),
-            Action::IpWaitOnly => Some("ready_wait"),
-            Action::Nothing(_) | Action::Parked => None,
+            Row::RunLoop => Some("post_clone"),
+            Row::IpWaitOnly => Some("ready_wait"),
+            Row::Nothing(_) | Row::Parked => None,
         }
     }
 
     /// Whether there is work for the host.
     pub fn has_work(self) -> bool {
-        matches!(self, Action::RunLoop | Action::IpWaitOnly)
+        matches!(self, Row::RunLoop | Row::IpWaitOnly)
     }
 }
 
@@ -297,7 +297,7 @@ impl Action {
 ///
 /// Cheap (annotations only), so the daemon can run it on every watch event
 /// and the host before it asks cocoon anything.
-pub fn gate(pod: &PodInput) -> Result<Option<PostCloneState>, Action> {
+pub fn gate(pod: &PodInput) -> Result<Option<PostCloneState>, Row> {
     gate_knowing(pod, Known::default())
 }
 
@@ -328,30 +328,30 @@ pub struct Known {
 /// host's record may still change: a pod not cloned by its annotations may
 /// be a wake (a wake is a wake even on a `mode=run` pod), and a `failed`
 /// marker may be an earlier VM's.
-pub fn provisional(row: Action) -> bool {
-    matches!(row, Action::Nothing(HandsOff::NotCloned) | Action::Parked)
+pub fn provisional(row: Row) -> bool {
+    matches!(row, Row::Nothing(HandsOff::NotCloned) | Row::Parked)
 }
 
 /// [`gate`], knowing `known`.
-pub fn gate_knowing(pod: &PodInput, known: Known) -> Result<Option<PostCloneState>, Action> {
+pub fn gate_knowing(pod: &PodInput, known: Known) -> Result<Option<PostCloneState>, Row> {
     let get = |key: &str| pod.annotation(key);
     if !matches!(get(keys::LIFECYCLE_STATE), "" | "creating") {
-        return Err(Action::Nothing(HandsOff::StackOwns));
+        return Err(Row::Nothing(HandsOff::StackOwns));
     }
     if get(annotations::HIBERNATE) == "true" {
-        return Err(Action::Nothing(HandsOff::HibernateRequested));
+        return Err(Row::Nothing(HandsOff::HibernateRequested));
     }
     if pod.deleting {
-        return Err(Action::Nothing(HandsOff::Deleting));
+        return Err(Row::Nothing(HandsOff::Deleting));
     }
     if crate::facts::is_macos(get(annotations::OS)) {
-        return Err(Action::Nothing(HandsOff::Macos));
+        return Err(Row::Nothing(HandsOff::Macos));
     }
     if get(annotations::MANAGED) != "true" {
-        return Err(Action::Nothing(HandsOff::NotManaged));
+        return Err(Row::Nothing(HandsOff::NotManaged));
     }
     if !known.wake && BootKind::from_annotations(&pod.annotations).is_none() {
-        return Err(Action::Nothing(HandsOff::NotCloned));
+        return Err(Row::Nothing(HandsOff::NotCloned));
     }
     let marker = if known.foreign_marker {
         None
@@ -360,7 +360,7 @@ pub fn gate_knowing(pod: &PodInput, known: Known) -> Result<Option<PostCloneStat
     }
     .or(known.remembered);
     match marker {
-        Some(PostCloneState::Failed) => Err(Action::Parked),
+        Some(PostCloneState::Failed) => Err(Row::Parked),
         marker => Ok(marker),
     }
 }
@@ -389,18 +389,18 @@ pub fn still_ours_knowing(current: &PodInput, uid: &str, vm_id: &str, known: Kno
 /// `running` with facts that no longer need a fixup (the VM's NICs changed
 /// while the host was down) leaves only the IP wait: there is no plan to
 /// run.
-pub fn decide(pod: &PodInput, fixup_needed: bool) -> Action {
+pub fn decide(pod: &PodInput, fixup_needed: bool) -> Row {
     decide_knowing(pod, fixup_needed, Known::default())
 }
 
 /// [`decide`], knowing `known` of the VM.
-pub fn decide_knowing(pod: &PodInput, fixup_needed: bool, known: Known) -> Action {
+pub fn decide_knowing(pod: &PodInput, fixup_needed: bool, known: Known) -> Row {
     match gate_knowing(pod, known) {
         Err(action) => action,
-        Ok(_) if known.lifted => Action::IpWaitOnly,
-        Ok(Some(PostCloneState::Done)) => Action::IpWaitOnly,
-        Ok(Some(PostCloneState::Running) | None) if fixup_needed => Action::RunLoop,
-        Ok(_) => Action::IpWaitOnly,
+        Ok(_) if known.lifted => Row::IpWaitOnly,
+        Ok(Some(PostCloneState::Done)) => Row::IpWaitOnly,
+        Ok(Some(PostCloneState::Running) | None) if fixup_needed => Row::RunLoop,
+        Ok(_) => Row::IpWaitOnly,
     }
 }
 
@@ -435,8 +435,8 @@ mod tests {
         }
     }
 
-    use Action::{IpWaitOnly, Nothing, Parked, RunLoop};
     use HandsOff::{Deleting, HibernateRequested, NotCloned, NotManaged, StackOwns};
+    use Row::{IpWaitOnly, Nothing, Parked, RunLoop};
 
     /// Spec section 8's table, row by row, plus the edges.
     #[rstest]
@@ -468,7 +468,7 @@ mod tests {
         #[case] pairs: &[(&str, &str)],
         #[case] deleting: bool,
         #[case] fixup_needed: bool,
-        #[case] expected: Action,
+        #[case] expected: Row,
     ) {
         assert_eq!(decide(&pod(pairs, deleting), fixup_needed), expected);
         // The gate agrees: it decides exactly the rows that need no facts.
@@ -525,7 +525,7 @@ mod tests {
     fn the_record_fills_a_removed_marker(
         #[case] known: Known,
         #[case] fixup_needed: bool,
-        #[case] expected: Action,
+        #[case] expected: Row,
     ) {
         let pod = pod(&[MANAGED, (STATE, "creating")], false);
         assert_eq!(decide_knowing(&pod, fixup_needed, known), expected);

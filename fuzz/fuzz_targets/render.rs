@@ -9,7 +9,7 @@
 use arbitrary::Arbitrary;
 use base64::Engine as _;
 use fixup_core::plan::{
-    self, Action, Dialect, Phase, Plan, PlanLimits, ScriptHeader, Step, WriteFile,
+    self, StepAction, Dialect, Phase, Plan, PlanLimits, ScriptHeader, Step, WriteFile,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -61,18 +61,18 @@ fn plan(input: &Input) -> Plan {
                 },
                 best_effort: s.best_effort,
                 action: match &s.action {
-                    FuzzAction::Run(argv) => Action::Run(argv.clone()),
+                    FuzzAction::Run(argv) => StepAction::Run(argv.clone()),
                     FuzzAction::Write {
                         path,
                         content,
                         mode,
-                    } => Action::WriteFile(WriteFile {
+                    } => StepAction::WriteFile(WriteFile {
                         path: path.clone(),
                         content: content.clone(),
                         mode: *mode,
                         parents: false,
                     }),
-                    FuzzAction::Remove(patterns) => Action::RemoveFiles(patterns.clone()),
+                    FuzzAction::Remove(patterns) => StepAction::RemoveFiles(patterns.clone()),
                 },
             })
             .collect(),
@@ -90,7 +90,7 @@ fuzz_target!(|input: Input| {
         [
             Step {
                 best_effort: false,
-                action: Action::Run(argv),
+                action: StepAction::Run(argv),
                 ..
             },
         ] => assert_eq!(&exec, argv, "one run step is exec'd directly"),
@@ -116,7 +116,7 @@ fuzz_target!(|input: Input| {
         assert_eq!(lines.next(), Some("#!/bin/sh"));
     }
     for word in plan.steps.iter().flat_map(|s| match &s.action {
-        Action::Run(argv) => argv.clone(),
+        StepAction::Run(argv) => argv.clone(),
         _ => Vec::new(),
     }) {
         let _ = plan::sh_quote(&word);

@@ -1,5 +1,5 @@
 //! Configuration: command-line flags > environment > file > defaults,
-//! resolved once into [`Settings`].
+//! resolved once into [`Resolved`].
 //!
 //! Every option has a flag (`--retry-budget 180s`), an environment variable
 //! (`COCOON_FIXUP_RETRY_BUDGET=180s`) and a key in the TOML file
@@ -167,7 +167,7 @@ impl OciArgs {
     /// The settings of a command that takes only these options (`plugin
     /// pull`): the configuration file fills in the rest, read and checked
     /// as every command reads it.
-    pub fn resolve(&self, config: Option<&Path>) -> Result<Settings, ConfigError> {
+    pub fn resolve(&self, config: Option<&Path>) -> Result<Resolved, ConfigError> {
         ConfigArgs {
             oci: self.clone(),
             ..ConfigArgs::default()
@@ -378,7 +378,7 @@ mod opt_duration {
 
 /// Everything resolved, with the numbers in force.
 #[derive(Debug, Clone)]
-pub struct Settings {
+pub struct Resolved {
     pub cocoon_bin: PathBuf,
     pub lease_file: PathBuf,
     /// Where each pod's record is kept; `None`: no record (each fixup
@@ -403,7 +403,7 @@ impl ConfigArgs {
     /// the defaults, with the node's cache ([`CacheOwner::Node`]: `run`,
     /// `serve`). `config` is `--config`; without it the default file is
     /// read when it exists.
-    pub fn resolve(&self, config: Option<&Path>) -> Result<Settings, ConfigError> {
+    pub fn resolve(&self, config: Option<&Path>) -> Result<Resolved, ConfigError> {
         self.resolve_for(config, CacheOwner::Node)
     }
 
@@ -414,7 +414,7 @@ impl ConfigArgs {
         &self,
         config: Option<&Path>,
         owner: CacheOwner,
-    ) -> Result<Settings, ConfigError> {
+    ) -> Result<Resolved, ConfigError> {
         let defaults = default_paths(owner, euid(), |v| std::env::var_os(v));
         self.resolve_with(config, owner, defaults)
     }
@@ -426,7 +426,7 @@ impl ConfigArgs {
         config: Option<&Path>,
         owner: CacheOwner,
         defaults: CachePaths,
-    ) -> Result<Settings, ConfigError> {
+    ) -> Result<Resolved, ConfigError> {
         let (file, path) = match config {
             Some(p) => (Self::read(p)?, Some(p.to_owned())),
             None if Path::new(DEFAULT_CONFIG_FILE).is_file() => (
@@ -504,7 +504,7 @@ impl ConfigArgs {
         }
         .build()
         .map_err(ConfigError::from)?;
-        Ok(Settings {
+        Ok(Resolved {
             cocoon_bin: a
                 .cocoon_bin
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_COCOON_BIN)),
@@ -633,7 +633,7 @@ impl PluginConfigArgs {
     /// [`ConfigArgs::resolve_for`] with these options and the person's
     /// own cache ([`CacheOwner::User`]): the other options come from the
     /// file and the defaults.
-    pub fn resolve(&self, config: Option<&Path>) -> Result<Settings, ConfigError> {
+    pub fn resolve(&self, config: Option<&Path>) -> Result<Resolved, ConfigError> {
         ConfigArgs {
             plugin: self.clone(),
             ..ConfigArgs::default()
@@ -644,7 +644,7 @@ impl PluginConfigArgs {
     /// As [`resolve`](Self::resolve), with the node's cache and key
     /// (those of `run` and `serve`) where none is configured: for the
     /// commands that look at what the daemon keeps beside its key.
-    pub fn resolve_for_node(&self, config: Option<&Path>) -> Result<Settings, ConfigError> {
+    pub fn resolve_for_node(&self, config: Option<&Path>) -> Result<Resolved, ConfigError> {
         ConfigArgs {
             plugin: self.clone(),
             ..ConfigArgs::default()

@@ -33,7 +33,7 @@ use base64::Engine as _;
 use fixup_core::classify::Scenario;
 use fixup_core::facts::{Observation, Overrides, PodInput, VmId, VmInspect};
 use fixup_core::plan::{
-    self, Action, Dialect, Phase, Plan, PlanError, PlanLimits, ScriptHeader, Step, WriteFile,
+    self, Dialect, Phase, Plan, PlanError, PlanLimits, ScriptHeader, Step, StepAction, WriteFile,
 };
 use fixup_core::planner::{ComposedPlan, Planner, PlannerOptions};
 use fixup_host::cocoon::{Cocoon, ExitStatusKind};
@@ -409,7 +409,7 @@ fn hostile_strings() -> Vec<(String, String)> {
         .collect()
 }
 
-fn step(description: &str, action: Action) -> Step {
+fn step(description: &str, action: StepAction) -> Step {
     Step {
         description: description.to_owned(),
         phase: Phase::Configure,
@@ -433,14 +433,17 @@ fn file_name(s: &str) -> Option<String> {
 /// it finds in place.
 fn string_plan(guest: &Guest, s: &str) -> Plan {
     let mut steps = vec![
-        step("pass it as an argument", Action::Run(strings(&["rec", s]))),
+        step(
+            "pass it as an argument",
+            StepAction::Run(strings(&["rec", s])),
+        ),
         step(
             "pass it among others",
-            Action::Run(strings(&["rec", "-", s, "", s, "--"])),
+            StepAction::Run(strings(&["rec", "-", s, "", s, "--"])),
         ),
         step(
             "write it as content",
-            Action::WriteFile(WriteFile {
+            StepAction::WriteFile(WriteFile {
                 path: guest.path_in_root("content"),
                 content: s.to_owned(),
                 mode: Some(0o640),
@@ -451,7 +454,7 @@ fn string_plan(guest: &Guest, s: &str) -> Plan {
     if let Some(name) = file_name(s).filter(|n| !n.chars().any(char::is_control)) {
         steps.push(step(
             "write a file of that name",
-            Action::WriteFile(WriteFile {
+            StepAction::WriteFile(WriteFile {
                 path: guest.path_in_root(&format!("f-{name}")),
                 content: format!("{s}\n"),
                 mode: None,
@@ -474,7 +477,7 @@ fn string_plan(guest: &Guest, s: &str) -> Plan {
         }
         steps.push(step(
             "remove by a pattern made of it",
-            Action::RemoveFiles(vec![guest.path_in_root(&format!("del-{name}*"))]),
+            StepAction::RemoveFiles(vec![guest.path_in_root(&format!("del-{name}*"))]),
         ));
     }
     Plan {
@@ -527,7 +530,7 @@ async fn hostile_strings_in_plans_reach_the_guest_byte_for_byte() {
             guest.restore();
             let direct = Plan {
                 dialect: Dialect::PosixSh,
-                steps: vec![step("alone", Action::Run(strings(&["rec", s, s])))],
+                steps: vec![step("alone", StepAction::Run(strings(&["rec", s, s])))],
             };
             let exec = plan::render_exec(&direct);
             if exec[0] != "rec" {
@@ -554,20 +557,20 @@ async fn hostile_strings_in_plans_reach_the_guest_byte_for_byte() {
 fn nul_and_control_characters_are_refused_naming_the_field() {
     let limits = PlanLimits::default();
     let write = |path: &str, content: &str| {
-        Action::WriteFile(WriteFile {
+        StepAction::WriteFile(WriteFile {
             path: path.to_owned(),
             content: content.to_owned(),
             mode: None,
             parents: false,
         })
     };
-    let cases: Vec<(Action, &str)> = vec![
+    let cases: Vec<(StepAction, &str)> = vec![
         (
-            Action::Run(strings(&["rec", "a\0b"])),
+            StepAction::Run(strings(&["rec", "a\0b"])),
             "step 1 run[1]: contains a NUL byte",
         ),
         (
-            Action::Run(strings(&["re\0c"])),
+            StepAction::Run(strings(&["re\0c"])),
             "step 1 run[0]: contains a NUL byte",
         ),
         (
@@ -595,15 +598,15 @@ fn nul_and_control_characters_are_refused_naming_the_field() {
             "step 1 write_file.path: is not an absolute path",
         ),
         (
-            Action::RemoveFiles(strings(&["/etc/a\0*"])),
+            StepAction::RemoveFiles(strings(&["/etc/a\0*"])),
             "step 1 remove_files[0]: contains a NUL byte",
         ),
         (
-            Action::RemoveFiles(strings(&["/*/x"])),
+            StepAction::RemoveFiles(strings(&["/*/x"])),
             "step 1 remove_files[0]: has a `*` outside its last component",
         ),
         (
-            Action::RemoveFiles(strings(&["/*"])),
+            StepAction::RemoveFiles(strings(&["/*"])),
             "step 1 remove_files[0]: needs at least two components",
         ),
     ];
@@ -617,7 +620,7 @@ fn nul_and_control_characters_are_refused_naming_the_field() {
     }
     let mut plan = Plan {
         dialect: Dialect::PosixSh,
-        steps: vec![step("x", Action::Run(strings(&["rec"])))],
+        steps: vec![step("x", StepAction::Run(strings(&["rec"])))],
     };
     plan.steps[0].description = "two\nlines".into();
     let error = plan.check(&limits).unwrap_err().to_string();
@@ -681,11 +684,11 @@ async fn the_guest_notices_any_difference_from_the_plan() {
     let exec = plan::render_exec(&plan);
     run_exec(&guest, &vm, &exec, &plan).await.unwrap();
     let mut content = plan.clone();
-    if let Action::WriteFile(w) = &mut content.steps[2].action {
+    if let StepAction::WriteFile(w) = &mut content.steps[2].action {
         w.content.push(' ');
     }
     let mut argv = plan.clone();
-    if let Action::Run(words) = &mut argv.steps[0].action {
+    if let StepAction::Run(words) = &mut argv.steps[0].action {
         words[1] = "its".into();
     }
     let mut fewer = plan.clone();

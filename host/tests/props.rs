@@ -49,7 +49,7 @@ use fixup_core::facts::{
     Backend, BootKind, Flavor, GuestOs, ImageKind, MacAddr, Nic, StaticIpv4, VmFacts, VmId, VmName,
 };
 use fixup_core::plan::{
-    self, Action, Dialect, Phase, Plan, PlanLimits, SH_SPECIAL_BUILTINS, ScriptHeader, Step,
+    self, Dialect, Phase, Plan, PlanLimits, SH_SPECIAL_BUILTINS, ScriptHeader, Step, StepAction,
     WriteFile,
 };
 use fixup_core::planner::{Planner, PlannerOptions};
@@ -256,7 +256,7 @@ fn check_step(step: &Step, commands: &[StepCommand<'_>]) -> Result<(), String> {
             .collect()
     };
     match &step.action {
-        Action::Run(argv) => {
+        StepAction::Run(argv) => {
             let ([inv], [false]) = (invs.as_slice(), in_subshell.as_slice()) else {
                 return Err(format!("a run step became {} commands", invs.len()));
             };
@@ -268,7 +268,7 @@ fn check_step(step: &Step, commands: &[StepCommand<'_>]) -> Result<(), String> {
                 return Err(format!("argv {got:?}, plan {argv:?}"));
             }
         }
-        Action::WriteFile(WriteFile {
+        StepAction::WriteFile(WriteFile {
             path,
             content,
             mode,
@@ -314,7 +314,7 @@ fn check_step(step: &Step, commands: &[StepCommand<'_>]) -> Result<(), String> {
                 }
             }
         }
-        Action::RemoveFiles(patterns) => {
+        StepAction::RemoveFiles(patterns) => {
             let ([inv], [false]) = (invs.as_slice(), in_subshell.as_slice()) else {
                 return Err(format!("a remove became {} commands", invs.len()));
             };
@@ -327,7 +327,7 @@ fn check_step(step: &Step, commands: &[StepCommand<'_>]) -> Result<(), String> {
         }
         // A fixed script with two quoted values: the shell tests in core
         // run it; these properties do not generate it.
-        Action::NameLink(_) => return Err("name_link steps are not generated here".to_owned()),
+        StepAction::NameLink(_) => return Err("name_link steps are not generated here".to_owned()),
     }
     Ok(())
 }
@@ -433,7 +433,7 @@ fn check_rendered(plan: &Plan) -> Result<(), String> {
         [
             Step {
                 best_effort: false,
-                action: Action::Run(argv),
+                action: StepAction::Run(argv),
                 ..
             },
         ] => {
@@ -480,29 +480,29 @@ fn pattern() -> BoxedStrategy<String> {
     strategies::pattern(text().boxed())
 }
 
-fn action() -> impl Strategy<Value = Action> {
+fn action() -> impl Strategy<Value = StepAction> {
     prop_oneof![
         (
             text().prop_filter("a program", |p| !p.is_empty()
                 && !SH_SPECIAL_BUILTINS.contains(&p.as_str())),
             prop::collection::vec(text(), 0..6)
         )
-            .prop_map(|(program, args)| Action::Run(
+            .prop_map(|(program, args)| StepAction::Run(
                 std::iter::once(program).chain(args).collect()
             )),
         (path(), text(), prop::option::of(0u32..=0o7777)).prop_map(|(path, content, mode)| {
-            Action::WriteFile(WriteFile {
+            StepAction::WriteFile(WriteFile {
                 path,
                 content,
                 mode,
                 parents: false,
             })
         }),
-        prop::collection::vec(pattern(), 1..4).prop_map(Action::RemoveFiles),
+        prop::collection::vec(pattern(), 1..4).prop_map(StepAction::RemoveFiles),
     ]
 }
 
-fn step_strategy(action: impl Strategy<Value = Action>) -> impl Strategy<Value = Step> {
+fn step_strategy(action: impl Strategy<Value = StepAction>) -> impl Strategy<Value = Step> {
     (action, any::<bool>(), "[a-z ]{1,20}").prop_map(|(action, best_effort, description)| Step {
         description,
         phase: Phase::Configure,
@@ -642,10 +642,10 @@ const ROOT: &str = "/@ROOT@";
 /// arbitrary contents under [`ROOT`].
 fn runnable_plan() -> impl Strategy<Value = Plan> {
     let run = prop::collection::vec(text(), 0..5)
-        .prop_map(|args| Action::Run(std::iter::once("rec".to_owned()).chain(args).collect()));
+        .prop_map(|args| StepAction::Run(std::iter::once("rec".to_owned()).chain(args).collect()));
     let write =
         (0usize..3, text(), prop::option::of(0o400u32..=0o777)).prop_map(|(i, content, mode)| {
-            Action::WriteFile(WriteFile {
+            StepAction::WriteFile(WriteFile {
                 path: format!("{ROOT}/file-{i}"),
                 content,
                 mode,
@@ -668,7 +668,7 @@ proptest! {
         let mut guest = Guest::direct(if bash { Shell::Bash } else { Shell::Dash });
         let root = guest.root.to_str().unwrap().to_owned();
         for step in &mut plan.steps {
-            if let Action::WriteFile(w) = &mut step.action {
+            if let StepAction::WriteFile(w) = &mut step.action {
                 w.path = w.path.replace(ROOT, &root);
             }
         }
@@ -698,7 +698,7 @@ fn a_program_starting_with_percent_is_refused() {
             description: "run a program named %rec".into(),
             phase: Phase::Configure,
             best_effort: false,
-            action: Action::Run(vec!["%rec".into(), "arg".into()]),
+            action: StepAction::Run(vec!["%rec".into(), "arg".into()]),
         }],
     };
     let err = plan

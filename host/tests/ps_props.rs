@@ -35,7 +35,7 @@
 use crate::support;
 
 use fixup_core::plan::{
-    self, Action, Dialect, Nonce, Phase, Plan, PlanLimits, ScriptHeader, Step, WriteFile,
+    self, Dialect, Nonce, Phase, Plan, PlanLimits, ScriptHeader, Step, StepAction, WriteFile,
 };
 use proptest::prelude::*;
 use proptest::test_runner::Config;
@@ -226,13 +226,13 @@ enum Found {
 impl Found {
     /// The step as it must be found in a parse of the plain (`ascii =
     /// false`) or the ASCII-quoted script.
-    fn of(action: &Action, ascii: bool) -> Found {
+    fn of(action: &StepAction, ascii: bool) -> Found {
         let e = |s: &String| expected(s, ascii);
         match action {
-            Action::Run(argv) => Found::Run(argv.iter().map(e).collect()),
-            Action::WriteFile(w) => Found::Write(e(&w.path), e(&w.content)),
-            Action::RemoveFiles(p) => Found::Remove(p.iter().map(e).collect()),
-            Action::NameLink(_) => unreachable!("a PowerShell plan cannot name a link"),
+            StepAction::Run(argv) => Found::Run(argv.iter().map(e).collect()),
+            StepAction::WriteFile(w) => Found::Write(e(&w.path), e(&w.content)),
+            StepAction::RemoveFiles(p) => Found::Remove(p.iter().map(e).collect()),
+            StepAction::NameLink(_) => unreachable!("a PowerShell plan cannot name a link"),
         }
     }
 }
@@ -570,7 +570,7 @@ fn check_rendered_ps(plan: &Plan) -> Result<(), String> {
         [
             Step {
                 best_effort: false,
-                action: Action::Run(words),
+                action: StepAction::Run(words),
                 ..
             },
         ] => {
@@ -658,22 +658,22 @@ fn pattern() -> BoxedStrategy<String> {
     strategies::pattern(text_value().boxed())
 }
 
-fn action() -> impl Strategy<Value = Action> {
+fn action() -> impl Strategy<Value = StepAction> {
     prop_oneof![
         (
             text_value().prop_filter("a program", |p| !p.is_empty()),
             prop::collection::vec(text_value(), 0..5)
         )
-            .prop_map(|(program, args)| Action::Run(
+            .prop_map(|(program, args)| StepAction::Run(
                 std::iter::once(program).chain(args).collect()
             )),
-        (path(), text_value()).prop_map(|(path, content)| Action::WriteFile(WriteFile {
+        (path(), text_value()).prop_map(|(path, content)| StepAction::WriteFile(WriteFile {
             path,
             content,
             mode: None,
             parents: false,
         })),
-        prop::collection::vec(pattern(), 1..4).prop_map(Action::RemoveFiles),
+        prop::collection::vec(pattern(), 1..4).prop_map(StepAction::RemoveFiles),
     ]
 }
 
@@ -714,7 +714,7 @@ proptest! {
 
 // ---- tables ----
 
-fn step(best_effort: bool, action: Action) -> Step {
+fn step(best_effort: bool, action: StepAction) -> Step {
     Step {
         description: "a step".into(),
         phase: Phase::Configure,
@@ -733,9 +733,9 @@ fn words(values: &[&str]) -> Vec<String> {
 fn every_hostile_value_renders_as_one_literal(#[values(false, true)] best_effort: bool) {
     let mut argv = words(&["prog"]);
     argv.extend(words(HOSTILE));
-    let mut steps = vec![step(best_effort, Action::Run(argv))];
+    let mut steps = vec![step(best_effort, StepAction::Run(argv))];
     for (i, value) in HOSTILE.iter().enumerate() {
-        steps.push(step(best_effort, Action::Run(words(&[value, value]))).clone());
+        steps.push(step(best_effort, StepAction::Run(words(&[value, value]))).clone());
         // A PowerShell plan's paths hold no `\` and no `:` (Windows
         // separators, refused by the plan check); values keep them.
         let name: String = value
@@ -744,7 +744,7 @@ fn every_hostile_value_renders_as_one_literal(#[values(false, true)] best_effort
             .collect();
         steps.push(step(
             best_effort,
-            Action::WriteFile(WriteFile {
+            StepAction::WriteFile(WriteFile {
                 path: format!("/dir/{i} {name}"),
                 content: value.to_string(),
                 mode: None,
@@ -753,10 +753,10 @@ fn every_hostile_value_renders_as_one_literal(#[values(false, true)] best_effort
         ));
         steps.push(step(
             best_effort,
-            Action::RemoveFiles(vec![format!("/dir/{i} {name}*"), format!("/dir/{name}x")]),
+            StepAction::RemoveFiles(vec![format!("/dir/{i} {name}*"), format!("/dir/{name}x")]),
         ));
     }
-    steps.retain(|s| !matches!(&s.action, Action::Run(argv) if argv[0].is_empty()));
+    steps.retain(|s| !matches!(&s.action, StepAction::Run(argv) if argv[0].is_empty()));
     let plan = Plan {
         dialect: Dialect::PowerShell,
         steps,
@@ -774,7 +774,7 @@ fn the_windows_pnp_plan_renders_exactly() {
         dialect: Dialect::PowerShell,
         steps: vec![step(
             false,
-            Action::Run(words(&["powershell", "-nop", "-c", pnp])),
+            StepAction::Run(words(&["powershell", "-nop", "-c", pnp])),
         )],
     };
     check_rendered_ps(&plan).unwrap();
@@ -804,7 +804,7 @@ fn the_windows_pnp_plan_renders_exactly() {
 fn wrong_renderings_are_refused(#[case] script: &str, #[case] why: &str) {
     let plan = Plan {
         dialect: Dialect::PowerShell,
-        steps: vec![step(false, Action::Run(words(&["it's", "a,b"])))],
+        steps: vec![step(false, StepAction::Run(words(&["it's", "a,b"])))],
     };
     let right = "& 'it''s' 'a,b'";
     check_steps(&plan, parse(right).unwrap().root_node(), right, false).unwrap();

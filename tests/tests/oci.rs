@@ -9,7 +9,7 @@ use std::path::Path;
 
 use fixup_core::planner::Planner;
 use fixup_core::plugin::{LoadError, PluginError};
-use fixup_host::config::{ConfigArgs, Settings};
+use fixup_host::config::{ConfigArgs, Resolved};
 use fixup_host::oci::{PluginRef, Registry, RegistryOptions};
 use fixup_tests::observation;
 use fixup_tests::registry::LocalRegistry;
@@ -37,7 +37,7 @@ fn settings(
     registry: &LocalRegistry,
     reference: &PluginRef,
     allowed: &str,
-) -> Settings {
+) -> Resolved {
     let config = dir.join("config.toml");
     std::fs::create_dir_all(dir.join("root")).expect("cocoon root");
     std::fs::write(

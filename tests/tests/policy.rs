@@ -10,7 +10,7 @@ use std::path::Path;
 use fixup_core::classify::Scenario;
 use fixup_core::facts::Flavor;
 use fixup_core::plan::policy::{Breach, GuestPolicy, PolicySource, RawPolicy, Rule};
-use fixup_core::plan::{Action, Field, Phase, Plan, PlanError, Problem, ScriptHeader};
+use fixup_core::plan::{Field, Phase, Plan, PlanError, Problem, ScriptHeader, StepAction};
 use fixup_core::plugin::{EngineOptions, PluginError, PluginHost};
 use fixup_kit::Inspector;
 use fixup_tests::facts;
@@ -90,7 +90,7 @@ fn every_contract_version_is_served_at_once() {
     // intact (the MAC of the VM's NIC in its file).
     let old = plan_with(&host, Some("contract-0-2"), "web-0", &NIC).expect("0.2.0 plans");
     assert_eq!(old.steps.len(), 2);
-    let Action::WriteFile(w) = &old.steps[0].action else {
+    let StepAction::WriteFile(w) = &old.steps[0].action else {
         panic!("{old:?}")
     };
     assert!(!w.parents);
@@ -104,11 +104,11 @@ fn every_contract_version_is_served_at_once() {
     // with parents, in its phases.
     let v3 = plan_with(&host, Some("contract-0-3"), "web-0", &NIC).expect("0.3.0 plans");
     assert!(
-        matches!(&v3.steps[0].action, Action::NameLink(l) if l.name == "eth0"),
+        matches!(&v3.steps[0].action, StepAction::NameLink(l) if l.name == "eth0"),
         "{v3:?}"
     );
     assert!(
-        matches!(&v3.steps[1].action, Action::WriteFile(w) if w.parents),
+        matches!(&v3.steps[1].action, StepAction::WriteFile(w) if w.parents),
         "{v3:?}"
     );
 }
@@ -333,7 +333,7 @@ fn an_ifupdown_plugin_names_its_nics_and_writes_with_parents() {
         .steps
         .iter()
         .filter_map(|s| match &s.action {
-            Action::NameLink(l) => Some((l.mac.to_string(), l.name.as_str(), s.phase)),
+            StepAction::NameLink(l) => Some((l.mac.to_string(), l.name.as_str(), s.phase)),
             _ => None,
         })
         .collect();
@@ -344,7 +344,7 @@ fn an_ifupdown_plugin_names_its_nics_and_writes_with_parents() {
             ("52:54:00:aa:bb:02".to_owned(), "eth1", Phase::Link),
         ]
     );
-    let Action::WriteFile(w) = &plan.steps[2].action else {
+    let StepAction::WriteFile(w) = &plan.steps[2].action else {
         panic!("{plan:?}")
     };
     assert_eq!(w.path, "/etc/network/interfaces");

@@ -732,7 +732,7 @@ fn a_plan_whose_strings_share_guest_memory_lifts_as_written() {
         description: "sync".into(),
         phase: fixup_core::plan::Phase::Configure,
         best_effort: false,
-        action: fixup_core::plan::Action::Run(vec!["sync".into()]),
+        action: fixup_core::plan::StepAction::Run(vec!["sync".into()]),
     };
     assert_eq!(plan.steps, vec![step.clone(), step]);
 }

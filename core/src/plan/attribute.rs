@@ -336,7 +336,7 @@ mod tests {
     use rstest::rstest;
 
     use super::*;
-    use crate::plan::{Action, Dialect, Phase, Step};
+    use crate::plan::{Dialect, Phase, Step, StepAction};
 
     /// The exec's nonce in these tests.
     const N: &str = "0123456789abcdef0123456789abcdef";
@@ -368,7 +368,7 @@ mod tests {
                     description: format!("step number {i}"),
                     phase: Phase::Configure,
                     best_effort: false,
-                    action: Action::Run(vec!["true".into()]),
+                    action: StepAction::Run(vec!["true".into()]),
                 })
                 .collect(),
         }

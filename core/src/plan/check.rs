@@ -11,7 +11,7 @@ use std::fmt;
 
 use crate::facts::{MacAddr, VmFacts, is_invisible_format};
 
-use super::{Action, Dialect, NameLink, Nonce, Plan, Step, WriteFile};
+use super::{Dialect, NameLink, Nonce, Plan, Step, StepAction, WriteFile};
 
 /// Most bytes a step description may have: it is one line of a comment in
 /// the hint and of the error a failed step produces.
@@ -389,7 +389,7 @@ impl Plan {
     /// plugin's plan may rename nothing else in the guest.
     pub fn check_nics(&self, facts: &VmFacts) -> Result<(), PlanError> {
         for (i, step) in self.steps.iter().enumerate() {
-            if let Action::NameLink(NameLink { mac, .. }) = &step.action
+            if let StepAction::NameLink(NameLink { mac, .. }) = &step.action
                 && !facts.nics.iter().any(|n| n.mac == *mac)
             {
                 return Err(PlanError::Invalid {
@@ -424,21 +424,21 @@ impl Plan {
 fn check_reviewable_step(step: &Step) -> Result<(), Broken> {
     visible_line(&step.description).map_err(|p| (Field::Description, p))?;
     match &step.action {
-        Action::Run(argv) => {
+        StepAction::Run(argv) => {
             for (i, arg) in argv.iter().enumerate() {
                 visible_line(arg).map_err(|p| (Field::Arg(i), p))?;
             }
         }
-        Action::WriteFile(w) => {
+        StepAction::WriteFile(w) => {
             visible_line(&w.path).map_err(|p| (Field::Path, p))?;
             visible_text(&w.content).map_err(|p| (Field::Content, p))?;
         }
-        Action::RemoveFiles(patterns) => {
+        StepAction::RemoveFiles(patterns) => {
             for (i, pattern) in patterns.iter().enumerate() {
                 visible_line(pattern).map_err(|p| (Field::Pattern(i), p))?;
             }
         }
-        Action::NameLink(l) => visible_line(&l.name).map_err(|p| (Field::LinkName, p))?,
+        StepAction::NameLink(l) => visible_line(&l.name).map_err(|p| (Field::LinkName, p))?,
     }
     Ok(())
 }
@@ -472,10 +472,10 @@ type Broken = (Field, Problem);
 fn check_step(dialect: Dialect, step: &Step) -> Result<(), Broken> {
     check_description(&step.description).map_err(|p| (Field::Description, p))?;
     match &step.action {
-        Action::Run(argv) => check_argv(dialect, argv),
-        Action::WriteFile(w) => check_write(dialect, w),
-        Action::RemoveFiles(patterns) => check_patterns(dialect, patterns),
-        Action::NameLink(l) => {
+        StepAction::Run(argv) => check_argv(dialect, argv),
+        StepAction::WriteFile(w) => check_write(dialect, w),
+        StepAction::RemoveFiles(patterns) => check_patterns(dialect, patterns),
+        StepAction::NameLink(l) => {
             if dialect != Dialect::PosixSh {
                 return Err((Field::NameLink, Problem::NameLinkPowerShell));
             }
@@ -644,8 +644,8 @@ mod tests {
     use crate::plan::Phase;
 
     /// A step in phase configure, or link for a `name_link` step.
-    fn step(action: Action) -> Step {
-        let phase = if matches!(action, Action::NameLink(_)) {
+    fn step(action: StepAction) -> Step {
+        let phase = if matches!(action, StepAction::NameLink(_)) {
             Phase::Link
         } else {
             Phase::Configure
@@ -658,12 +658,12 @@ mod tests {
         }
     }
 
-    fn run(argv: &[&str]) -> Action {
-        Action::Run(argv.iter().map(|s| s.to_string()).collect())
+    fn run(argv: &[&str]) -> StepAction {
+        StepAction::Run(argv.iter().map(|s| s.to_string()).collect())
     }
 
-    fn write(path: &str, content: &str, mode: Option<u32>) -> Action {
-        Action::WriteFile(WriteFile {
+    fn write(path: &str, content: &str, mode: Option<u32>) -> StepAction {
+        StepAction::WriteFile(WriteFile {
             path: path.into(),
             content: content.into(),
             mode,
@@ -671,8 +671,8 @@ mod tests {
         })
     }
 
-    fn name_link(mac: [u8; 6], name: &str) -> Action {
-        Action::NameLink(NameLink {
+    fn name_link(mac: [u8; 6], name: &str) -> StepAction {
+        StepAction::NameLink(NameLink {
             mac: MacAddr(mac),
             name: name.into(),
         })
@@ -680,8 +680,8 @@ mod tests {
 
     const MAC: [u8; 6] = [0x52, 0x54, 0, 0xaa, 0xbb, 0x01];
 
-    fn remove(patterns: &[&str]) -> Action {
-        Action::RemoveFiles(patterns.iter().map(|s| s.to_string()).collect())
+    fn remove(patterns: &[&str]) -> StepAction {
+        StepAction::RemoveFiles(patterns.iter().map(|s| s.to_string()).collect())
     }
 
     /// 64 KiB of `a'` is within the plan limits, but its exec script is
@@ -853,7 +853,7 @@ mod tests {
     )]
     #[case::bidi_pattern(remove(&["/etc/x/\u{202E}*"]), Field::Pattern(0), Problem::FormatChar)]
     fn unreviewable_steps_are_refused(
-        #[case] action: Action,
+        #[case] action: StepAction,
         #[case] field: Field,
         #[case] problem: Problem,
     ) {
@@ -909,7 +909,7 @@ mod tests {
     #[case::name_link_longest(name_link(MAC, "abcdefghij-_.15"))]
     #[case::name_link_dots(name_link(MAC, "a..."))]
     #[case::name_link_vlan(name_link(MAC, "eth0.100"))]
-    fn valid_steps_pass(#[case] action: Action) {
+    fn valid_steps_pass(#[case] action: StepAction) {
         assert_eq!(
             plan(vec![step(action)]).check(&PlanLimits::default()),
             Ok(())
@@ -973,7 +973,7 @@ mod tests {
     #[case::link_unicode(name_link(MAC, "ethü"), Field::LinkName, BAD_CHAR)]
     #[case::link_nul(name_link(MAC, "eth\0"), Field::LinkName, Problem::Nul)]
     fn broken_steps_name_field_and_problem(
-        #[case] action: Action,
+        #[case] action: StepAction,
         #[case] field: Field,
         #[case] problem: Problem,
     ) {
@@ -1080,7 +1080,7 @@ mod tests {
 
     #[test]
     fn paths_windows_could_read_differently_are_refused() {
-        let ps = |action: Action| Plan {
+        let ps = |action: StepAction| Plan {
             dialect: Dialect::PowerShell,
             steps: vec![step(action)],
         };

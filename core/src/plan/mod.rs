@@ -193,7 +193,7 @@ pub struct NameLink {
 /// What a step does.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Action {
+pub enum StepAction {
     /// Run a program; `argv[0]` is looked up on PATH.
     Run(Vec<String>),
     WriteFile(WriteFile),
@@ -211,7 +211,7 @@ pub struct Step {
     /// Serialised flat: the step object carries one of `run`, `write_file`,
     /// `remove_files` and `name_link`.
     #[serde(flatten)]
-    pub action: Action,
+    pub action: StepAction,
 }
 
 /// An ordered list of steps in one dialect.
@@ -230,7 +230,7 @@ impl Plan {
     /// written there must be one too.
     pub fn hostnames_written(&self) -> impl Iterator<Item = &str> {
         self.steps.iter().filter_map(|step| match &step.action {
-            Action::WriteFile(w) if w.path == crate::facts::HOSTNAME_PATH => {
+            StepAction::WriteFile(w) if w.path == crate::facts::HOSTNAME_PATH => {
                 Some(w.content.strip_suffix('\n').unwrap_or(&w.content))
             }
             _ => None,
@@ -251,10 +251,10 @@ impl Step {
     /// [`Plan::text_bytes`]).
     pub fn text_bytes(&self) -> usize {
         let action = match &self.action {
-            Action::Run(argv) => argv.iter().map(String::len).sum(),
-            Action::WriteFile(w) => w.path.len() + w.content.len(),
-            Action::RemoveFiles(paths) => paths.iter().map(String::len).sum(),
-            Action::NameLink(l) => MAC_TEXT_LEN + l.name.len(),
+            StepAction::Run(argv) => argv.iter().map(String::len).sum(),
+            StepAction::WriteFile(w) => w.path.len() + w.content.len(),
+            StepAction::RemoveFiles(paths) => paths.iter().map(String::len).sum(),
+            StepAction::NameLink(l) => MAC_TEXT_LEN + l.name.len(),
         };
         self.description.len() + action
     }
@@ -340,7 +340,7 @@ mod tests {
                     description: "Drop the page cache".into(),
                     phase: Phase::Prepare,
                     best_effort: true,
-                    action: Action::WriteFile(WriteFile {
+                    action: StepAction::WriteFile(WriteFile {
                         path: "/proc/sys/vm/drop_caches".into(),
                         content: "3\n".into(),
                         mode: None,
@@ -351,7 +351,7 @@ mod tests {
                     description: "Write the hostname".into(),
                     phase: Phase::Prepare,
                     best_effort: false,
-                    action: Action::WriteFile(WriteFile {
+                    action: StepAction::WriteFile(WriteFile {
                         path: "/etc/hostname".into(),
                         content: "vm-1\n".into(),
                         mode: Some(0o644),
@@ -362,13 +362,15 @@ mod tests {
                     description: "Set the MAC".into(),
                     phase: Phase::Link,
                     best_effort: false,
-                    action: Action::Run(vec!["ip".into(), "link".into()]),
+                    action: StepAction::Run(vec!["ip".into(), "link".into()]),
                 },
                 Step {
                     description: "Remove stale files".into(),
                     phase: Phase::Configure,
                     best_effort: false,
-                    action: Action::RemoveFiles(vec!["/etc/systemd/network/10-*.network".into()]),
+                    action: StepAction::RemoveFiles(vec![
+                        "/etc/systemd/network/10-*.network".into(),
+                    ]),
                 },
             ],
         };
@@ -403,7 +405,7 @@ mod tests {
                     description: "Name the NIC".into(),
                     phase: Phase::Link,
                     best_effort: false,
-                    action: Action::NameLink(NameLink {
+                    action: StepAction::NameLink(NameLink {
                         mac: MacAddr([0x52, 0x54, 0, 0x12, 0x34, 0x56]),
                         name: "eth0".into(),
                     }),
@@ -412,7 +414,7 @@ mod tests {
                     description: "Write interfaces".into(),
                     phase: Phase::Configure,
                     best_effort: false,
-                    action: Action::WriteFile(WriteFile {
+                    action: StepAction::WriteFile(WriteFile {
                         path: "/etc/network/interfaces".into(),
                         content: "auto lo\n".into(),
                         mode: Some(0o644),
@@ -451,7 +453,7 @@ mod tests {
         };
         let read = |json: &str| serde_json::from_str::<Plan>(json);
         let ok = read(&step(r#"{"path":"/a","content":"","mode":"4755"}"#)).unwrap();
-        let Action::WriteFile(w) = &ok.steps[0].action else {
+        let StepAction::WriteFile(w) = &ok.steps[0].action else {
             panic!("{ok:?}")
         };
         assert_eq!(w.mode, Some(0o4755));
@@ -477,7 +479,7 @@ mod tests {
             description: tag.into(),
             phase,
             best_effort: false,
-            action: Action::Run(vec!["true".into()]),
+            action: StepAction::Run(vec!["true".into()]),
         }
     }
 
@@ -588,13 +590,13 @@ mod tests {
                     description: "ab".into(),
                     phase: Phase::Prepare,
                     best_effort: false,
-                    action: Action::Run(vec!["ip".into(), "ü".into()]),
+                    action: StepAction::Run(vec!["ip".into(), "ü".into()]),
                 },
                 Step {
                     description: "c".into(),
                     phase: Phase::Prepare,
                     best_effort: false,
-                    action: Action::WriteFile(WriteFile {
+                    action: StepAction::WriteFile(WriteFile {
                         path: "/x".into(),
                         content: "yyy".into(),
                         mode: Some(0o600),
@@ -605,7 +607,7 @@ mod tests {
                     description: "d".into(),
                     phase: Phase::Prepare,
                     best_effort: false,
-                    action: Action::RemoveFiles(vec!["/a/b".into(), "/c/*".into()]),
+                    action: StepAction::RemoveFiles(vec!["/a/b".into(), "/c/*".into()]),
                 },
             ],
         };

@@ -50,7 +50,7 @@ use std::fmt;
 use serde::Serialize;
 
 use super::check::{IFNAME_MAX, check_path, visible_line};
-use super::{Action, Plan, Problem};
+use super::{Plan, Problem, StepAction};
 
 /// Entries a policy may list, per kind. A real policy needs a handful.
 pub const MAX_RULES: usize = 64;
@@ -619,7 +619,7 @@ impl GuestPolicy {
         for (i, step) in plan.steps.iter().enumerate() {
             let breach = |rule: Rule| Breach { step: i + 1, rule };
             match &step.action {
-                Action::Run(argv) => {
+                StepAction::Run(argv) => {
                     if !self.runs.iter().any(|r| r.matches(argv)) {
                         return Err(breach(Rule::Run(argv.clone())));
                     }
@@ -630,7 +630,7 @@ impl GuestPolicy {
                     }
                 }
                 // `parents` creates only ancestors of the allowed path.
-                Action::WriteFile(w) => {
+                StepAction::WriteFile(w) => {
                     if !self.writes.iter().any(|p| p.matches(&w.path)) {
                         return Err(breach(Rule::Write(w.path.clone())));
                     }
@@ -644,14 +644,14 @@ impl GuestPolicy {
                         }));
                     }
                 }
-                Action::RemoveFiles(entries) => {
+                StepAction::RemoveFiles(entries) => {
                     for entry in entries {
                         if !self.removes.iter().any(|p| p.matches(entry)) {
                             return Err(breach(Rule::Remove(entry.clone())));
                         }
                     }
                 }
-                Action::NameLink(l) => {
+                StepAction::NameLink(l) => {
                     if !self.may_name(&l.name) {
                         return Err(breach(Rule::Link {
                             mac: l.mac.to_string(),
@@ -1033,7 +1033,7 @@ mod tests {
         );
     }
 
-    fn plan(steps: Vec<Action>) -> Plan {
+    fn plan(steps: Vec<StepAction>) -> Plan {
         Plan {
             dialect: Dialect::PosixSh,
             steps: steps
@@ -1048,8 +1048,8 @@ mod tests {
         }
     }
 
-    fn write(path: &str, mode: Option<u32>) -> Action {
-        Action::WriteFile(WriteFile {
+    fn write(path: &str, mode: Option<u32>) -> StepAction {
+        StepAction::WriteFile(WriteFile {
             path: path.into(),
             content: "x".into(),
             mode,
@@ -1057,17 +1057,17 @@ mod tests {
         })
     }
 
-    fn with_parents(action: Action) -> Action {
+    fn with_parents(action: StepAction) -> StepAction {
         match action {
-            Action::WriteFile(w) => Action::WriteFile(WriteFile { parents: true, ..w }),
+            StepAction::WriteFile(w) => StepAction::WriteFile(WriteFile { parents: true, ..w }),
             other => other,
         }
     }
 
     const MAC: crate::facts::MacAddr = crate::facts::MacAddr([0x52, 0x54, 0, 0xaa, 0xbb, 0x01]);
 
-    fn name_link(name: &str) -> Action {
-        Action::NameLink(crate::plan::NameLink {
+    fn name_link(name: &str) -> StepAction {
+        StepAction::NameLink(crate::plan::NameLink {
             mac: MAC,
             name: name.into(),
         })
@@ -1089,16 +1089,16 @@ mod tests {
     #[case(write("/root/.ssh/authorized_keys", None), Rule::Write("/root/.ssh/authorized_keys".into()))]
     #[case(write("/etc/hostname", Some(0o4777)), Rule::Mode { path: "/etc/hostname".into(), mode: 0o4777 })]
     #[case(write("/etc/hostname", Some(0o666)), Rule::Mode { path: "/etc/hostname".into(), mode: 0o666 })]
-    #[case(Action::RemoveFiles(argv(&["/etc/*"])), Rule::Remove("/etc/*".into()))]
-    #[case(Action::RemoveFiles(argv(&["/etc/systemd/network/10-*.network", "/etc/systemd/network/*"])), Rule::Remove("/etc/systemd/network/*".into()))]
-    #[case(Action::Run(argv(&["curl", "http://x"])), Rule::Run(argv(&["curl", "http://x"])))]
-    #[case(Action::Run(argv(&["systemctl", "restart", "sshd"])), Rule::Run(argv(&["systemctl", "restart", "sshd"])))]
+    #[case(StepAction::RemoveFiles(argv(&["/etc/*"])), Rule::Remove("/etc/*".into()))]
+    #[case(StepAction::RemoveFiles(argv(&["/etc/systemd/network/10-*.network", "/etc/systemd/network/*"])), Rule::Remove("/etc/systemd/network/*".into()))]
+    #[case(StepAction::Run(argv(&["curl", "http://x"])), Rule::Run(argv(&["curl", "http://x"])))]
+    #[case(StepAction::Run(argv(&["systemctl", "restart", "sshd"])), Rule::Run(argv(&["systemctl", "restart", "sshd"])))]
     #[case(with_parents(write("/etc/shadow", Some(0o644))), Rule::Write("/etc/shadow".into()))]
     #[case(with_parents(write("/etc/systemd/network/x/10-a.network", None)), Rule::Write("/etc/systemd/network/x/10-a.network".into()))]
     #[case(name_link("wlan0"), Rule::Link { mac: MAC.to_string(), name: "wlan0".into() })]
     #[case(name_link("lan0"), Rule::Link { mac: MAC.to_string(), name: "lan0".into() })]
     #[case(name_link("xeth0"), Rule::Link { mac: MAC.to_string(), name: "xeth0".into() })]
-    fn breaches_name_step_and_rule(#[case] bad: Action, #[case] rule: Rule) {
+    fn breaches_name_step_and_rule(#[case] bad: StepAction, #[case] rule: Rule) {
         let ok = write("/etc/hostname", Some(0o644));
         let err = networkd_policy().check(&plan(vec![ok, bad])).unwrap_err();
         assert_eq!(err, Breach { step: 2, rule });
@@ -1109,13 +1109,13 @@ mod tests {
     #[case(write("/etc/hostname", Some(0o600)))]
     #[case(write("/etc/hostname", Some(0o755)))]
     #[case(write("/etc/hostname", None))]
-    #[case(Action::RemoveFiles(argv(&["/etc/systemd/network/10-*.network"])))]
-    #[case(Action::Run(argv(&["systemctl", "restart", "systemd-networkd"])))]
+    #[case(StepAction::RemoveFiles(argv(&["/etc/systemd/network/10-*.network"])))]
+    #[case(StepAction::Run(argv(&["systemctl", "restart", "systemd-networkd"])))]
     #[case(with_parents(write("/etc/systemd/network/10-a.network", Some(0o644))))]
     #[case(name_link("eth0"))]
     #[case(name_link("eth"))]
     #[case(name_link("lan"))]
-    fn allowed_steps_pass(#[case] action: Action) {
+    fn allowed_steps_pass(#[case] action: StepAction) {
         networkd_policy().check(&plan(vec![action])).unwrap();
     }
 
@@ -1138,7 +1138,7 @@ mod tests {
             RunRule::parse(&argv(&["ip", "link", "*"])).unwrap(),
             RunRule::parse(&argv(&["/sbin/ip", "*"])).unwrap(),
         ];
-        let got = policy.check(&plan(vec![Action::Run(argv(command))]));
+        let got = policy.check(&plan(vec![StepAction::Run(argv(command))]));
         match refused {
             None => got.unwrap(),
             Some(name) => assert_eq!(
@@ -1154,8 +1154,8 @@ mod tests {
             && command.contains(&"name")
             && command[0] == "ip"
         {
-            let got =
-                GuestPolicy::contract_0_1_default().check(&plan(vec![Action::Run(argv(command))]));
+            let got = GuestPolicy::contract_0_1_default()
+                .check(&plan(vec![StepAction::Run(argv(command))]));
             assert!(
                 matches!(
                     got,
@@ -1266,9 +1266,9 @@ mod tests {
             write("/etc/shadow", Some(0o644)),
             write("/root/.ssh/authorized_keys", Some(0o600)),
             write("/etc/systemd/network/x", Some(0o4777)),
-            Action::RemoveFiles(argv(&["/etc/*"])),
-            Action::Run(argv(&["sh", "-c", "curl x | sh"])),
-            Action::Run(argv(&["ip", "netns", "exec", "x", "sh"])),
+            StepAction::RemoveFiles(argv(&["/etc/*"])),
+            StepAction::Run(argv(&["sh", "-c", "curl x | sh"])),
+            StepAction::Run(argv(&["ip", "netns", "exec", "x", "sh"])),
         ] {
             assert!(policy.check(&plan(vec![bad.clone()])).is_err(), "{bad:?}");
         }
@@ -1278,15 +1278,15 @@ mod tests {
                     "/etc/NetworkManager/system-connections/a.nmconnection",
                     Some(0o600),
                 ),
-                Action::RemoveFiles(argv(&["/etc/systemd/network/10-*.network"])),
-                Action::Run(argv(&["nmcli", "connection", "reload"])),
+                StepAction::RemoveFiles(argv(&["/etc/systemd/network/10-*.network"])),
+                StepAction::Run(argv(&["nmcli", "connection", "reload"])),
             ]))
             .unwrap();
         assert!(policy.warnings().is_empty(), "{:?}", policy.warnings());
         // What the 0.1.0 built-ins did still passes, Windows included.
         let windows = Plan {
             dialect: Dialect::PowerShell,
-            ..plan(vec![Action::Run(argv(&[
+            ..plan(vec![StepAction::Run(argv(&[
                 "powershell",
                 "-nop",
                 "-c",
@@ -1315,7 +1315,7 @@ mod tests {
         ] {
             assert!(
                 policy
-                    .check(&plan(vec![Action::Run(argv(escape))]))
+                    .check(&plan(vec![StepAction::Run(argv(escape))]))
                     .is_err(),
                 "{escape:?}"
             );

@@ -62,7 +62,7 @@ use base64::Engine as _;
 
 use crate::facts::MacAddr;
 
-use super::{Action, Dialect, NameLink, Nonce, Plan, Step, WriteFile, format_mode, marker};
+use super::{Dialect, NameLink, Nonce, Plan, Step, StepAction, WriteFile, format_mode, marker};
 
 /// The lines that open a hint script, one comment line each (for example
 /// the pod, the VM and the scenario). Line breaks and other control
@@ -218,7 +218,7 @@ pub(super) fn direct_run(plan: &Plan) -> Option<&[String]> {
         [
             Step {
                 best_effort: false,
-                action: Action::Run(argv),
+                action: StepAction::Run(argv),
                 ..
             },
         ] => Some(argv),
@@ -300,7 +300,7 @@ pub(super) const SYS_CLASS_NET: &str = "/sys/class/net";
 fn name_link_macs(plan: &Plan) -> Vec<MacAddr> {
     let mut macs = Vec::new();
     for step in &plan.steps {
-        if let Action::NameLink(link) = &step.action
+        if let StepAction::NameLink(link) = &step.action
             && !macs.contains(&link.mac)
         {
             macs.push(link.mac);
@@ -346,10 +346,10 @@ ip link set dev "$name" up)"#,
 
 /// One step's command, without any failure handling; `links` as for
 /// [`sh_name_link`].
-fn sh_command(action: &Action, links: &[MacAddr]) -> String {
+fn sh_command(action: &StepAction, links: &[MacAddr]) -> String {
     match action {
-        Action::Run(argv) => sh_words(argv),
-        Action::WriteFile(WriteFile {
+        StepAction::Run(argv) => sh_words(argv),
+        StepAction::WriteFile(WriteFile {
             path,
             content,
             mode,
@@ -381,7 +381,7 @@ fn sh_command(action: &Action, links: &[MacAddr]) -> String {
             }
             out
         }
-        Action::RemoveFiles(patterns) => {
+        StepAction::RemoveFiles(patterns) => {
             let mut out = String::from("rm -f --");
             for p in patterns {
                 out.push(' ');
@@ -389,7 +389,7 @@ fn sh_command(action: &Action, links: &[MacAddr]) -> String {
             }
             out
         }
-        Action::NameLink(link) => sh_name_link(link, links),
+        StepAction::NameLink(link) => sh_name_link(link, links),
     }
 }
 
@@ -505,9 +505,9 @@ fn ps_pattern(pattern: &str) -> String {
     ps_quote(&escaped)
 }
 
-fn ps_command(action: &Action) -> String {
+fn ps_command(action: &StepAction) -> String {
     match action {
-        Action::Run(argv) => {
+        StepAction::Run(argv) => {
             let mut out = String::from("&");
             for w in argv {
                 out.push(' ');
@@ -515,7 +515,7 @@ fn ps_command(action: &Action) -> String {
             }
             out
         }
-        Action::WriteFile(WriteFile {
+        StepAction::WriteFile(WriteFile {
             path,
             content,
             parents,
@@ -534,8 +534,10 @@ fn ps_command(action: &Action) -> String {
                 ps_quote(content)
             )
         }
-        Action::NameLink(_) => "throw 'name_link is not rendered for PowerShell plans'".to_owned(),
-        Action::RemoveFiles(patterns) => {
+        StepAction::NameLink(_) => {
+            "throw 'name_link is not rendered for PowerShell plans'".to_owned()
+        }
+        StepAction::RemoveFiles(patterns) => {
             let paths: Vec<String> = patterns.iter().map(|p| ps_pattern(p)).collect();
             format!(
                 "Remove-Item -Force -ErrorAction SilentlyContinue -Path {}",
@@ -580,7 +582,7 @@ fn ps_exec_script(plan: &Plan) -> String {
     for (i, step) in plan.steps.iter().enumerate() {
         let n = i + 1;
         let body = match &step.action {
-            Action::Run(_) => format!(
+            StepAction::Run(_) => format!(
                 "$global:LASTEXITCODE = 0; {}; $rc = [int]$global:LASTEXITCODE",
                 ps_command(&step.action)
             ),
@@ -616,7 +618,7 @@ fn ps_script(plan: &Plan, header: &ScriptHeader) -> String {
         let n = i + 1;
         push_step_comment(&mut out, n, total, step);
         let command = ps_command(&step.action);
-        let is_run = matches!(step.action, Action::Run(_));
+        let is_run = matches!(step.action, StepAction::Run(_));
         match (step.best_effort, is_run) {
             (false, true) => {
                 let _ = writeln!(
@@ -683,7 +685,7 @@ mod tests {
     use super::*;
     use crate::plan::Phase;
 
-    fn step(description: &str, best_effort: bool, action: Action) -> Step {
+    fn step(description: &str, best_effort: bool, action: StepAction) -> Step {
         Step {
             description: description.into(),
             phase: Phase::Configure,
@@ -703,7 +705,7 @@ mod tests {
                 step(
                     "Drop the page cache",
                     true,
-                    Action::WriteFile(WriteFile {
+                    StepAction::WriteFile(WriteFile {
                         path: "/proc/sys/vm/drop_caches".into(),
                         content: "3\n".into(),
                         mode: None,
@@ -713,7 +715,7 @@ mod tests {
                 step(
                     "Write the hostname",
                     false,
-                    Action::WriteFile(WriteFile {
+                    StepAction::WriteFile(WriteFile {
                         path: "/etc/hostname".into(),
                         content: "vm-1\n".into(),
                         mode: Some(0o644),
@@ -723,12 +725,12 @@ mod tests {
                 step(
                     "Remove stale networkd files",
                     false,
-                    Action::RemoveFiles(strings(&["/etc/systemd/network/10-*.network"])),
+                    StepAction::RemoveFiles(strings(&["/etc/systemd/network/10-*.network"])),
                 ),
                 step(
                     "Re-run cloud-init modules",
                     false,
-                    Action::Run(strings(&["cloud-init", "modules", "--mode=config"])),
+                    StepAction::Run(strings(&["cloud-init", "modules", "--mode=config"])),
                 ),
             ],
         }
@@ -817,38 +819,38 @@ mod tests {
 
     #[rstest]
     #[case::run(
-        Action::Run(strings(&["ip", "link", "set", "dev", "eth0", "address", "52:54:00:12:34:56"])),
+        StepAction::Run(strings(&["ip", "link", "set", "dev", "eth0", "address", "52:54:00:12:34:56"])),
         "ip link set dev eth0 address 52:54:00:12:34:56"
     )]
     #[case::run_nasty(
-        Action::Run(strings(&["echo", "it's", "", "$(x)"])),
+        StepAction::Run(strings(&["echo", "it's", "", "$(x)"])),
         r"echo 'it'\''s' '' '$(x)'"
     )]
     #[case::write_mode(
-        Action::WriteFile(WriteFile { path: "/etc/hostname".into(), content: "vm-1\n".into(), mode: Some(0o644), parents: false }),
+        StepAction::WriteFile(WriteFile { path: "/etc/hostname".into(), content: "vm-1\n".into(), mode: Some(0o644), parents: false }),
         "(umask 0133 && printf '%s' 'vm-1\n' > /etc/hostname) && chmod 0644 /etc/hostname"
     )]
     #[case::write_no_mode(
-        Action::WriteFile(WriteFile { path: "/proc/sys/vm/drop_caches".into(), content: "3".into(), mode: None, parents: false }),
+        StepAction::WriteFile(WriteFile { path: "/proc/sys/vm/drop_caches".into(), content: "3".into(), mode: None, parents: false }),
         "(umask go-w && printf '%s' 3 > /proc/sys/vm/drop_caches)"
     )]
     #[case::write_nasty(
-        Action::WriteFile(WriteFile { path: "/etc/a b".into(), content: "%d 'x'".into(), mode: Some(0o600), parents: false }),
+        StepAction::WriteFile(WriteFile { path: "/etc/a b".into(), content: "%d 'x'".into(), mode: Some(0o600), parents: false }),
         r"(umask 0177 && printf '%s' '%d '\''x'\' > '/etc/a b') && chmod 0600 '/etc/a b'"
     )]
     #[case::remove(
-        Action::RemoveFiles(strings(&["/etc/systemd/network/10-*.network", "/etc/x y"])),
+        StepAction::RemoveFiles(strings(&["/etc/systemd/network/10-*.network", "/etc/x y"])),
         "rm -f -- /etc/systemd/network/10-*.network '/etc/x y'"
     )]
     #[case::write_parents(
-        Action::WriteFile(WriteFile { path: "/etc/network/it's/interfaces".into(), content: "x".into(), mode: Some(0o644), parents: true }),
+        StepAction::WriteFile(WriteFile { path: "/etc/network/it's/interfaces".into(), content: "x".into(), mode: Some(0o644), parents: true }),
         r#"(umask go-w && mkdir -p -- '/etc/network/it'\''s') && (umask 0133 && printf '%s' x > '/etc/network/it'\''s/interfaces') && chmod 0644 '/etc/network/it'\''s/interfaces'"#
     )]
     #[case::write_parents_at_the_root(
-        Action::WriteFile(WriteFile { path: "/x".into(), content: "".into(), mode: None, parents: true }),
+        StepAction::WriteFile(WriteFile { path: "/x".into(), content: "".into(), mode: None, parents: true }),
         "(umask go-w && printf '%s' '' > /x)"
     )]
-    fn sh_commands(#[case] action: Action, #[case] rendered: &str) {
+    fn sh_commands(#[case] action: StepAction, #[case] rendered: &str) {
         assert_eq!(sh_command(&action, &[]), rendered);
     }
 
@@ -860,7 +862,7 @@ mod tests {
             mac,
             name: name.into(),
         };
-        let eth0 = sh_command(&Action::NameLink(link("eth0")), &[mac, other_mac]);
+        let eth0 = sh_command(&StepAction::NameLink(link("eth0")), &[mac, other_mac]);
         let expected = r#"(mac=52:54:00:aa:bb:01 name=eth0 links='52:54:00:aa:bb:01 52:54:00:aa:bb:02' cur=
 for d in /sys/class/net/*; do
   [ "$(cat "$d/address" 2>/dev/null)" = "$mac" ] || continue
@@ -881,7 +883,7 @@ fi
 ip link set dev "$name" up)"#;
         assert_eq!(eth0, expected);
         // Another name or plan changes only the first line.
-        let other = sh_command(&Action::NameLink(link("lan_1.2")), &[mac]);
+        let other = sh_command(&StepAction::NameLink(link("lan_1.2")), &[mac]);
         assert_eq!(
             other.replacen(
                 "name=lan_1.2 links=52:54:00:aa:bb:01 ",
@@ -894,7 +896,7 @@ ip link set dev "$name" up)"#;
 
     #[test]
     fn ps_parents_creates_the_directory_first() {
-        let write = Action::WriteFile(WriteFile {
+        let write = StepAction::WriteFile(WriteFile {
             path: "/ProgramData/acme/it's.txt".into(),
             content: "x".into(),
             mode: None,
@@ -997,7 +999,7 @@ printf '\ncocoon-fixup: %s done\n' "$1" >&2
             steps: vec![step(
                 "Re-enumerate network devices",
                 false,
-                Action::Run(strings(&["powershell", "-nop", "-c", PNP])),
+                StepAction::Run(strings(&["powershell", "-nop", "-c", PNP])),
             )],
         }
     }
@@ -1010,7 +1012,7 @@ printf '\ncocoon-fixup: %s done\n' "$1" >&2
         );
         let linux = Plan {
             dialect: Dialect::PosixSh,
-            steps: vec![step("x", false, Action::Run(strings(&["ip", "a b"])))],
+            steps: vec![step("x", false, StepAction::Run(strings(&["ip", "a b"])))],
         };
         assert_eq!(render_exec(&linux), strings(&["ip", "a b"]));
     }
@@ -1028,7 +1030,7 @@ printf '\ncocoon-fixup: %s done\n' "$1" >&2
             steps: vec![step(
                 "x",
                 false,
-                Action::WriteFile(WriteFile {
+                StepAction::WriteFile(WriteFile {
                     path: "/x".into(),
                     content: String::new(),
                     mode: None,
@@ -1065,12 +1067,12 @@ Write-Host 'cocoon-fixup: all 1 steps done'
                 step(
                     "Flush DNS",
                     true,
-                    Action::Run(strings(&["ipconfig", "/flushdns"])),
+                    StepAction::Run(strings(&["ipconfig", "/flushdns"])),
                 ),
                 step(
                     "Write it's config",
                     false,
-                    Action::WriteFile(WriteFile {
+                    StepAction::WriteFile(WriteFile {
                         path: "/ProgramData/x/it's.txt".into(),
                         content: "a 'b'\r\n".into(),
                         mode: Some(0o644),
@@ -1080,12 +1082,15 @@ Write-Host 'cocoon-fixup: all 1 steps done'
                 step(
                     "Remove logs",
                     true,
-                    Action::RemoveFiles(strings(&["/ProgramData/x/[1]*.log", "/ProgramData/y/z"])),
+                    StepAction::RemoveFiles(strings(&[
+                        "/ProgramData/x/[1]*.log",
+                        "/ProgramData/y/z",
+                    ])),
                 ),
                 step(
                     "Renew",
                     false,
-                    Action::Run(strings(&["ipconfig", "/renew"])),
+                    StepAction::Run(strings(&["ipconfig", "/renew"])),
                 ),
             ],
         }

@@ -224,7 +224,7 @@ fn run_step(argv: Vec<String>) -> Step {
         description: format!("run {}", argv[0]),
         phase: Phase::Configure,
         best_effort: false,
-        action: Action::Run(argv),
+        action: StepAction::Run(argv),
     }
 }
 
@@ -233,7 +233,7 @@ fn write_step(path: String, content: &str, mode: Option<u32>) -> Step {
         description: "write a file".into(),
         phase: Phase::Configure,
         best_effort: false,
-        action: Action::WriteFile(WriteFile {
+        action: StepAction::WriteFile(WriteFile {
             path,
             content: content.into(),
             mode,
@@ -392,7 +392,7 @@ fn removes_only_what_matches(
             description: "remove".into(),
             phase: Phase::Configure,
             best_effort: false,
-            action: Action::RemoveFiles(patterns),
+            action: StepAction::RemoveFiles(patterns),
         },
         run_step(strings(&["rec", "after"])),
     ]);
@@ -522,7 +522,7 @@ fn rm_of_a_directory(g: &Guest) -> Step {
         description: "remove a directory".into(),
         phase: Phase::Configure,
         best_effort: false,
-        action: Action::RemoveFiles(vec![g.path("a-directory")]),
+        action: StepAction::RemoveFiles(vec![g.path("a-directory")]),
     }
 }
 
@@ -693,7 +693,7 @@ fn parents_creates_the_missing_directories(
     let out = g.run(shell, form, &sh_plan(vec![step.clone()]));
     assert_ne!(code(&out), Some(0), "stderr: {}", stderr(&out));
     assert!(!Path::new(&path).exists());
-    let Action::WriteFile(w) = &mut step.action else {
+    let StepAction::WriteFile(w) = &mut step.action else {
         unreachable!()
     };
     w.parents = true;
@@ -719,7 +719,7 @@ fn parents_makes_no_group_or_other_writable_directory(
     let g = guest();
     let path = g.path("top/sub/interfaces");
     let mut step = write_step(path.clone(), "x", None);
-    let Action::WriteFile(w) = &mut step.action else {
+    let StepAction::WriteFile(w) = &mut step.action else {
         unreachable!()
     };
     w.parents = true;
@@ -821,7 +821,7 @@ fn name_link_step(mac: [u8; 6], name: &str) -> Step {
         description: format!("name {name}"),
         phase: Phase::Link,
         best_effort: false,
-        action: Action::NameLink(NameLink {
+        action: StepAction::NameLink(NameLink {
             mac: MacAddr(mac),
             name: name.into(),
         }),

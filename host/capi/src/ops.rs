@@ -17,7 +17,7 @@ use fixup_core::binding::{BindingPolicy, Mismatch, Verdict};
 use fixup_core::classify::Scenario;
 use fixup_core::exec::{ExecOutput, ExitStatusKind};
 use fixup_core::facts::{BootKind, FactError, Overrides, PodInput, VmId, VmInspect};
-use fixup_core::lifecycle::{self, Action, Lifecycle, PostCloneState};
+use fixup_core::lifecycle::{self, Lifecycle, PostCloneState, Row as Action};
 use fixup_core::plan::policy::RawPolicy;
 use fixup_core::plan::{self, Nonce, Plan, StepFailure};
 use fixup_core::planner::{OptionError, Planner, PlannerError, PlannerOptions, PlannerSettings};

@@ -46,7 +46,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
-use fixup_core::plan::{Action, Plan};
+use fixup_core::plan::{Plan, StepAction};
 use fixup_host::cocoon::CocoonCli;
 use serde_json::json;
 use tempfile::TempDir;
@@ -344,8 +344,8 @@ impl Guest {
         let mut tree = self.seed.clone();
         for step in &plan.steps {
             match &step.action {
-                Action::Run(_) | Action::NameLink(_) => {}
-                Action::WriteFile(w) => {
+                StepAction::Run(_) | StepAction::NameLink(_) => {}
+                StepAction::WriteFile(w) => {
                     let old_mode = tree.get(&w.path).and_then(|f| f.mode);
                     tree.insert(
                         w.path.clone(),
@@ -355,7 +355,7 @@ impl Guest {
                         },
                     );
                 }
-                Action::RemoveFiles(patterns) => {
+                StepAction::RemoveFiles(patterns) => {
                     for pattern in patterns {
                         tree.retain(|path, _| !matches_pattern(pattern, path));
                     }
@@ -424,7 +424,7 @@ pub fn expected_calls(plan: &Plan) -> Vec<Vec<String>> {
     plan.steps
         .iter()
         .filter_map(|s| match &s.action {
-            Action::Run(argv) => Some(argv.clone()),
+            StepAction::Run(argv) => Some(argv.clone()),
             _ => None,
         })
         .collect()

@@ -32,7 +32,7 @@ use crate::facts::{
     Backend, BootKind, GuestOs, ImageKind, Observation, Overrides, PodInput, StaticIpv4, VmFacts,
     VmId, VmInspect, WaitFacts, WaitNic, static_nics,
 };
-use crate::lifecycle::{self, Action as Row, HandsOff, Lifecycle, LifecycleIntent, PostCloneState};
+use crate::lifecycle::{self, HandsOff, Lifecycle, LifecycleIntent, PostCloneState, Row};
 use crate::memory::{Evidence, Listed, PodMemory, Witness};
 use crate::plan::{Nonce, Plan, exec_argv, hint_base64};
 use crate::planner::{ComposedPlan, PlannerError};

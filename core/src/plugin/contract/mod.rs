@@ -482,17 +482,17 @@ pub fn plan_from_wit(p: wit::Plan) -> Plan {
                 },
                 best_effort: s.best_effort,
                 action: match s.action {
-                    wit::Action::Run(argv) => plan::Action::Run(argv),
-                    wit::Action::WriteFile(w) => plan::Action::WriteFile(plan::WriteFile {
+                    wit::Action::Run(argv) => plan::StepAction::Run(argv),
+                    wit::Action::WriteFile(w) => plan::StepAction::WriteFile(plan::WriteFile {
                         path: w.path,
                         content: w.content,
                         mode: w.mode,
                         parents: w.parents,
                     }),
-                    wit::Action::RemoveFiles(paths) => plan::Action::RemoveFiles(paths),
+                    wit::Action::RemoveFiles(paths) => plan::StepAction::RemoveFiles(paths),
                     wit::Action::NameLink(l) => {
                         let o = l.mac.octets;
-                        plan::Action::NameLink(plan::NameLink {
+                        plan::StepAction::NameLink(plan::NameLink {
                             mac: facts::MacAddr([o.0, o.1, o.2, o.3, o.4, o.5]),
                             name: l.name,
                         })

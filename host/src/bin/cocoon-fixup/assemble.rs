@@ -13,7 +13,7 @@ use fixup_core::memory::MemoryStore;
 use fixup_core::planner::Planner;
 use fixup_core::plugin::Allocation;
 use fixup_host::cocoon::CocoonCli;
-use fixup_host::config::{ConfigArgs, Settings};
+use fixup_host::config::{ConfigArgs, Resolved};
 use fixup_host::host::Host;
 use fixup_host::kube::KubeApi;
 use fixup_host::metrics::Metrics;
@@ -22,7 +22,7 @@ use fixup_host::reload::{self};
 
 /// The store's files of the configured plugin references, pulled first
 /// where missing (an error names the reference).
-pub(crate) async fn pinned_files(settings: &Settings) -> Result<Vec<PathBuf>> {
+pub(crate) async fn pinned_files(settings: &Resolved) -> Result<Vec<PathBuf>> {
     tokio::time::timeout(PULL_TIMEOUT, settings.pinned.files())
         .await
         .map_err(|_| {
@@ -36,7 +36,7 @@ pub(crate) async fn pinned_files(settings: &Settings) -> Result<Vec<PathBuf>> {
 /// A plugin file that failed to load, for messages: its path, and for a
 /// store file the reference the configuration pins it by (whose entry in
 /// `plugins` is what to fix or remove).
-pub(crate) fn failed_file(path: &Path, settings: &Settings, pinned: &[PathBuf]) -> String {
+pub(crate) fn failed_file(path: &Path, settings: &Resolved, pinned: &[PathBuf]) -> String {
     match pinned.iter().position(|p| p == path) {
         Some(i) => format!(
             "{} (pinned as {} in `plugins`)",
@@ -52,7 +52,7 @@ pub(crate) fn failed_file(path: &Path, settings: &Settings, pinned: &[PathBuf]) 
 /// process makes a few plugin calls and exits, so its engine sets up no
 /// instance pool ([`Allocation::OnDemand`]: the same limits, the same
 /// plans, the same cache entries).
-pub(crate) fn planner(settings: &Settings) -> Result<Planner> {
+pub(crate) fn planner(settings: &Resolved) -> Result<Planner> {
     let pinned = if settings.pinned.references.is_empty() {
         Vec::new()
     } else {
@@ -86,7 +86,7 @@ pub(crate) fn planner(settings: &Settings) -> Result<Planner> {
 /// whose code the cache cannot give back is reported now and its first
 /// clone pays nothing extra; `run` loads only what its pod needs.
 pub(crate) fn node_planner(
-    settings: &Settings,
+    settings: &Resolved,
     pinned: &[PathBuf],
     metrics: &Metrics,
     warm: bool,
@@ -124,7 +124,7 @@ pub(crate) fn node_planner(
 
 /// Everything `run` and `serve` share: planner, cocoon, Kubernetes, leases.
 pub(crate) async fn build_host(
-    settings: &Settings,
+    settings: &Resolved,
     node: Option<String>,
 ) -> Result<(Host<CocoonCli, KubeApi>, kube::Client)> {
     let metrics = Arc::new(Metrics::new());

@@ -18,7 +18,7 @@ use fixup_core::planner::PlanOutcome;
 use fixup_core::plugin::cache::CacheOwner;
 use fixup_core::plugin::quarantine::QuarantineFile;
 use fixup_host::cocoon::CocoonCli;
-use fixup_host::config::Settings;
+use fixup_host::config::Resolved;
 use fixup_host::kube::KubeApi;
 use fixup_host::node_pods::{NodePods, OtherPods};
 use fixup_host::reload::Reloader;
@@ -161,7 +161,7 @@ pub(crate) fn observe(args: &PlanArgs, policy: BindingPolicy) -> Result<(Observa
 /// warning: the case is still worth having.
 pub(crate) async fn capture_online(
     args: &CaptureArgs,
-    settings: &Settings,
+    settings: &Resolved,
 ) -> Result<(PodInput, VmInspect, CapturedEvents)> {
     use fixup_host::cocoon::Cocoon as _;
     use fixup_host::pods::{PodApi as _, PodRef};

@@ -5,7 +5,7 @@ use anyhow::Result;
 
 use fixup_core::binding::Verdict;
 use fixup_core::facts::Observation;
-use fixup_core::plan::{self, Action};
+use fixup_core::plan::{self, StepAction};
 use fixup_core::planner::PlanOutcome;
 
 pub(crate) fn plan_text(
@@ -65,8 +65,8 @@ pub(crate) fn plan_text(
         };
         writeln!(out, "{:>3}/{total} {}{flag}", i + 1, step.description)?;
         match &step.action {
-            Action::Run(argv) => writeln!(out, "        run   {}", plan::sh_words(argv))?,
-            Action::WriteFile(w) => writeln!(
+            StepAction::Run(argv) => writeln!(out, "        run   {}", plan::sh_words(argv))?,
+            StepAction::WriteFile(w) => writeln!(
                 out,
                 "        write {} ({} bytes{}{})",
                 w.path,
@@ -76,8 +76,8 @@ pub(crate) fn plan_text(
                     .unwrap_or_default(),
                 if w.parents { ", parents" } else { "" }
             )?,
-            Action::RemoveFiles(paths) => writeln!(out, "        rm    {}", paths.join(" "))?,
-            Action::NameLink(l) => writeln!(out, "        link  {} as {}", l.mac, l.name)?,
+            StepAction::RemoveFiles(paths) => writeln!(out, "        rm    {}", paths.join(" "))?,
+            StepAction::NameLink(l) => writeln!(out, "        link  {} as {}", l.mac, l.name)?,
         }
     }
     writeln!(out)?;
