@@ -549,7 +549,10 @@ pub fn replay(
         };
         match task.try_next(report, now) {
             Ok(next) => action = next,
-            Err(_) => break,
+            Err(e) => {
+                ended = Some(Err(format!("the replay was refused: {e}")));
+                break;
+            }
         }
     }
     Replayed {

@@ -47,7 +47,7 @@ fn serialize_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Er
 #[derive(Debug, thiserror::Error)]
 pub enum Stop {
     /// The pod could not be read: no pod by that name.
-    #[error("pod {pod} not found: check the namespace and name")]
+    #[error("pod {pod} not found: it was deleted, or the namespace or name is wrong")]
     NotFound { pod: String },
     #[error(
         "pod {pod} has no uid: it is not a live pod object (pass a pod read from the API server)"
@@ -151,11 +151,14 @@ impl Stop {
     /// when trying again cannot help ([`Stop::is_retryable`]). `trigger`
     /// is the stopped task's, `tries` the stops in a row before this one.
     /// The wait doubles from `backoff.first` with each stop in a row, up
-    /// to `backoff.max`. A node error has been told, with
-    /// `ResumedAfterRestart` before it, and a refused `running` write
-    /// comes after `ResumedAfterRestart`: the next tries use
-    /// [`Trigger::Retry`], which tells neither again. Any other stop comes
-    /// before either was told, and keeps its trigger.
+    /// to `backoff.max`. The trigger is decided by the kind of stop: after
+    /// a node error (told as `PostCloneNodeError`) or a refused `running`
+    /// write (which comes after `ResumedAfterRestart`), the next tries use
+    /// [`Trigger::Retry`], which tells neither again; any other stop keeps
+    /// its trigger. Two cases do not fit that exactly: a node error found
+    /// in the VM record comes before `ResumedAfterRestart` was told, which
+    /// a startup then never tells; and a stop on a failed read or write
+    /// after `ResumedAfterRestart` tells it again on the next try.
     pub fn again(&self, trigger: Trigger, tries: u32, backoff: Backoff) -> Option<Again> {
         if !self.is_retryable() {
             return None;

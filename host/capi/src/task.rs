@@ -683,9 +683,14 @@ pub(crate) fn read_report(
         "inspect_error" => Report::Inspected(Err(InspectFailed::Failed(
             v.as_str().unwrap_or_default().to_owned(),
         ))),
-        "inspect_gone" => Report::Inspected(Err(InspectFailed::Gone(
-            v.as_str().unwrap_or_default().to_owned(),
-        ))),
+        "inspect_gone" => match v.as_str().filter(|why| !why.trim().is_empty()) {
+            Some(why) => Report::Inspected(Err(InspectFailed::Gone(why.to_owned()))),
+            None => {
+                return Err(bad_report(
+                    "inspect_gone is the caller's own error, as text, saying the VM does not exist",
+                ));
+            }
+        },
         "other_pods" => Report::OtherPods(Ok(v
             .as_array()
             .ok_or_else(|| bad_report("other_pods is an array of pods"))?
