@@ -53,6 +53,21 @@ type Pods interface {
 	Event(ctx context.Context, namespace, name, uid string, e Event) error
 }
 
+// Patch is a change to a pod's annotations: a value sets the key, nil
+// removes it.
+type Patch map[string]*string
+
+// Event is a Kubernetes event to record on the pod.
+type Event struct {
+	Type    string `json:"type"` // Normal or Warning
+	Reason  string `json:"reason"`
+	Message string `json:"message"` // at most 512 bytes, cut on a UTF-8 boundary
+	// Action is the event's action (events.k8s.io/v1 `action`), the
+	// daemon's for the same reason: PostCloneFixup, BindVM, ReadyWait,
+	// Resume, WindowsStaticIP.
+	Action string `json:"action"`
+}
+
 // PodPatch is one annotation write with its preconditions.
 type PodPatch struct {
 	// Annotations is never nil (encode it as an object: a merge patch of
