@@ -1,5 +1,5 @@
 //! The lifecycle annotations (spec section 7) and the decision table of
-//! spec section 8 ([`decide`]): pure functions of a pod.
+//! spec section 8 ([`decide_knowing`]): pure functions of a pod.
 //!
 //! Failed is sticky: within the same generation it can only be replaced by
 //! `failed`, `creating` or `hibernating`. A probe success or a manual
@@ -366,16 +366,12 @@ pub fn gate_knowing(pod: &PodInput, known: Known) -> Result<Option<PostCloneStat
 }
 
 /// Is `current` (the pod as read again) still the pod the host is working
-/// for? The same incarnation (`uid`), the decision table still open (not
-/// hibernating, not deleting, the lifecycle not moved on, not parked), and
-/// no other VM id annotated than `vm_id`, the one the host bound. Read
-/// before the `running` write, before each attempt, and before every
-/// final write: when it says no, nothing more is written.
-pub fn still_ours(current: &PodInput, uid: &str, vm_id: &str) -> bool {
-    still_ours_knowing(current, uid, vm_id, Known::default())
-}
-
-/// [`still_ours`], knowing `known` of the VM.
+/// for, knowing `known` of the VM? The same incarnation (`uid`), the
+/// decision table still open (not hibernating, not deleting, the
+/// lifecycle not moved on, not parked), and no other VM id annotated than
+/// `vm_id`, the one the host bound. Read before the `running` write,
+/// before each attempt, and before every final write: when it says no,
+/// nothing more is written.
 pub fn still_ours_knowing(current: &PodInput, uid: &str, vm_id: &str, known: Known) -> bool {
     let annotated = current.annotation(annotations::VM_ID);
     current.uid.as_deref() == Some(uid)
@@ -383,17 +379,12 @@ pub fn still_ours_knowing(current: &PodInput, uid: &str, vm_id: &str, known: Kno
         && (annotated.is_empty() || annotated == vm_id)
 }
 
-/// Spec section 8, row by row. `fixup_needed` is classification's answer
-/// for the VM (only the last rows read it).
+/// Spec section 8, row by row, knowing `known` of the VM. `fixup_needed`
+/// is classification's answer for the VM (only the last rows read it).
 ///
 /// `running` with facts that no longer need a fixup (the VM's NICs changed
 /// while the host was down) leaves only the IP wait: there is no plan to
 /// run.
-pub fn decide(pod: &PodInput, fixup_needed: bool) -> Row {
-    decide_knowing(pod, fixup_needed, Known::default())
-}
-
-/// [`decide`], knowing `known` of the VM.
 pub fn decide_knowing(pod: &PodInput, fixup_needed: bool, known: Known) -> Row {
     match gate_knowing(pod, known) {
         Err(action) => action,
@@ -470,7 +461,10 @@ mod tests {
         #[case] fixup_needed: bool,
         #[case] expected: Row,
     ) {
-        assert_eq!(decide(&pod(pairs, deleting), fixup_needed), expected);
+        assert_eq!(
+            decide_knowing(&pod(pairs, deleting), fixup_needed, Known::default()),
+            expected
+        );
         // The gate agrees: it decides exactly the rows that need no facts.
         match gate(&pod(pairs, deleting)) {
             Err(action) => assert_eq!(action, expected),

@@ -4,9 +4,11 @@
 // budget, the Windows serial-console pass, the IP wait with its DHCP
 // recovery and renew nudge, every annotation and event), calling back into
 // the caller only for what the caller owns: exec and inspect in the VM,
-// and reads, patches and events through its Kubernetes client. The lower
-// calls (Plan, NewAttempt, Judge, Decide and the values) stay for callers
-// that drive a loop of their own.
+// and reads, patches and events through its Kubernetes client. Run is the
+// one way to embed the step: the library decides everything, a stop
+// included (when and how to run the pod again), and the caller only
+// carries it out. Plan shows what the step would run, and Observe keeps
+// what the caller's watch sees for the next Run.
 //
 // Two backends speak the same JSON ops to the same library:
 //
@@ -35,7 +37,6 @@ package cocoonfixup
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -145,8 +146,8 @@ func (e *Error) Is(target error) bool {
 }
 
 // PlanFailed reports whether the error means no plan can be made for the
-// pod, so that the pod is failed without a hint (the PlanFailed record), as
-// the daemon fails it. Not for a VM that is not the pod's (CodeVMMismatch:
+// pod: Run fails such a pod without a hint (PostClonePlanFailed), as the
+// daemon fails it. Not for a VM that is not the pod's (CodeVMMismatch:
 // an event, nothing written), an error a retry may clear (Retryable), or a
 // bug in the caller.
 func (e *Error) PlanFailed() bool {
@@ -733,14 +734,15 @@ type Overrides struct {
 	SourceImage string // the snapshot's source image, or ""
 }
 
-// Plan classifies a pod's VM and, when it needs a fixup, plans it. pod is
-// the pod as the API server returns it (JSON, `kubectl get pod -o json`,
-// a PodMeta, or any value that encodes to it), vm is `cocoon vm inspect
-// --json ID` output (or a VMRecord). A VM that is not the pod's
-// own is refused first (CodeVMMismatch), before anything looks at it. The
-// report is the one `cocoon-fixup plan --output json` prints, with the
-// binding verdict and the plan's seal. Work left `running` is planned as
-// resumed work, as the daemon plans it, unless o says otherwise.
+// Plan classifies a pod's VM and, when it needs a fixup, plans it, for a
+// person or a tool to look at: what the step would run. pod is the pod as
+// the API server returns it (JSON, `kubectl get pod -o json`, a PodMeta,
+// or any value that encodes to it), vm is `cocoon vm inspect --json ID`
+// output (or a VMRecord). A VM that is not the pod's own is refused first
+// (CodeVMMismatch), before anything looks at it. The report is the one
+// `cocoon-fixup plan --output json` prints, with the binding verdict.
+// Work left `running` is planned as resumed work, as the daemon plans it,
+// unless o says otherwise. Nothing runs: Run carries the step out.
 func (p *Planner) Plan(ctx context.Context, pod, vm any, o Overrides) (*Report, error) {
 	podDoc, err := document(pod)
 	if err != nil {
@@ -762,60 +764,11 @@ func (p *Planner) Plan(ctx context.Context, pod, vm any, o Overrides) (*Report, 
 	if o.SourceImage != "" {
 		overrides["source_image"] = o.SourceImage
 	}
-	c, err := p.session(ctx)
+	answer, err := p.call(ctx, map[string]any{"op": "plan", "planner": own{}, "pod": string(podDoc), "vm": string(vmDoc), "overrides": overrides})
 	if err != nil {
 		return nil, err
 	}
-	answer, err := p.callOn(ctx, c, map[string]any{"op": "plan", "planner": c.handle, "pod": string(podDoc), "vm": string(vmDoc), "overrides": overrides})
-	if err != nil {
-		return nil, err
-	}
-	r, err := parseReport(answer)
-	if r != nil {
-		r.p, r.c = p, c
-	}
-	return r, err
-}
-
-// NewAttempt starts one attempt of the report's plan: the argv to run
-// after `cocoon vm exec <id> --`, under a fresh nonce. Each exec needs its
-// own attempt. The plan must carry this planner's seal: only plans it made
-// are rendered.
-func (p *Planner) NewAttempt(ctx context.Context, r *Report) (*Attempt, error) {
-	if r == nil || !r.NeedsFixup || len(r.plan) == 0 {
-		return nil, invalid("the report has no plan to attempt")
-	}
-	if !r.Bound() {
-		return nil, &Error{Code: CodeVMMismatch, Message: "the report's VM is not the pod's: nothing may run in it"}
-	}
-	c, err := p.session(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if r.p == p && r.c != c {
-		// Its seal is the gone child's: the new one would refuse it.
-		return nil, unavailable("the report was planned in a cocoon-fixup child that is gone: plan the pod again")
-	}
-	a := &Attempt{plan: r.plan, p: p}
-	if err := p.callOnInto(ctx, c, map[string]any{"op": "attempt", "planner": c.handle, "plan": string(r.plan)}, a); err != nil {
-		return nil, err
-	}
-	return a, nil
-}
-
-// Attempt is one exec of a plan.
-type Attempt struct {
-	// VMID is the VM the plan was made and sealed for: run
-	// `cocoon vm exec <VMID> -- Argv...`.
-	VMID string `json:"vm_id"`
-	// Nonce marks this exec's step markers. It is the last word of Argv,
-	// except for a plan of one run step, which runs directly, has no
-	// markers, and is judged by its exit code.
-	Nonce string `json:"nonce"`
-	// Argv is what to run after `cocoon vm exec <id> --`.
-	Argv []string `json:"argv"`
-	plan []byte
-	p    *Planner
+	return parseReport(answer)
 }
 
 // ExecResult is what one exec left behind.
@@ -828,107 +781,10 @@ type ExecResult struct {
 	StderrCut bool
 }
 
-// StepFailure names where a failed exec stopped.
-type StepFailure struct {
-	// Kind is "step" (a step failed), "interrupted" (cut off while a step
-	// ran), "not-started" or "after-last-step".
-	Kind        string  `json:"kind"`
-	Step        *int    `json:"step"`
-	Total       *int    `json:"total"`
-	Description *string `json:"description"`
-	ExitCode    *int    `json:"exit_code"`
-	Stderr      string  `json:"stderr"`
-	StderrCut   bool    `json:"stderr_cut"`
-}
-
-// Verdict is the judgement on one exec.
-type Verdict struct {
-	// OK: the exec ran every step (exit 0 and this attempt's done marker).
-	OK bool `json:"ok"`
-	// Error is the attempt's error as one line (for AttemptFailed).
-	Error   string       `json:"error"`
-	Failure *StepFailure `json:"failure"`
-}
-
-// Judge says whether the exec of this attempt ran to completion, and if
-// not, which step failed and what it printed.
-func (a *Attempt) Judge(ctx context.Context, res ExecResult) (*Verdict, error) {
-	var v Verdict
-	err := a.p.callInto(ctx, map[string]any{
-		"op": "verdict", "plan": string(a.plan), "nonce": a.Nonce, "exit_code": res.ExitCode,
-		"signal": res.Signal, "stderr": base64.StdEncoding.EncodeToString(res.Stderr), "stderr_cut": res.StderrCut,
-	}, &v)
-	if err != nil {
-		return nil, err
-	}
-	return &v, nil
-}
-
-// Action is what spec section 8 says to do with a pod.
-type Action string
-
-const (
-	Nothing    Action = "nothing"      // leave the pod alone (Why says why)
-	Parked     Action = "parked"       // the fixup failed earlier: the work stays parked
-	RunLoop    Action = "run-loop"     // run the fixup loop (again)
-	IPWaitOnly Action = "ip-wait-only" // the fixup is done or not needed: wait for the IP
-	NeedsFacts Action = "needs-facts"  // Gate only: the VM must be looked at first
-)
-
-// Decision is spec section 8's answer for a pod.
-type Decision struct {
-	Action Action `json:"action"`
-	// Why names the reason for Nothing: stack-owns, hibernate-requested,
-	// deleting, not-managed, not-cloned, macos.
-	Why string `json:"why"`
-	// Op is the ResumedAfterRestart op of work that resumes: post_clone or
-	// ready_wait.
-	Op string `json:"op"`
-	// Marker is the pod's post-clone-state as the table read it: running,
-	// done, or "". With done the fixup is over: wait for the IP, do not
-	// plan.
-	Marker string `json:"marker"`
-}
-
-func (p *Planner) decide(ctx context.Context, pod []byte, needed int) (Decision, error) {
-	var d struct {
-		Action Action  `json:"action"`
-		Why    *string `json:"why"`
-		Op     *string `json:"op"`
-		Marker *string `json:"marker"`
-	}
-	if err := p.callInto(ctx, map[string]any{"op": "decide", "pod": string(pod), "needed": needed}, &d); err != nil {
-		return Decision{}, err
-	}
-	return Decision{Action: d.Action, Why: deref(d.Why), Op: deref(d.Op), Marker: deref(d.Marker)}, nil
-}
-
+// deref is *s, or "" for nil.
 func deref(s *string) string {
 	if s == nil {
 		return ""
 	}
 	return *s
-}
-
-// Decide is spec section 8 for a pod, given whether its VM needs a fixup
-// (the report's NeedsFixup): the same table the daemon decides with.
-func (p *Planner) Decide(ctx context.Context, pod []byte, fixupNeeded bool) (Decision, error) {
-	if fixupNeeded {
-		return p.decide(ctx, pod, 1)
-	}
-	return p.decide(ctx, pod, 0)
-}
-
-// Gate is the part of spec section 8 that needs only the pod: call it on
-// every pod event, before asking cocoon anything. NeedsFacts means: look
-// at the VM, plan, then Decide. (Run does all of this itself.)
-func (p *Planner) Gate(ctx context.Context, pod []byte) (Decision, error) {
-	return p.decide(ctx, pod, -1)
-}
-
-// errorsOf unwraps an Error.
-func errorsOf(err error) (*Error, bool) {
-	var e *Error
-	ok := errors.As(err, &e)
-	return e, ok
 }

@@ -36,6 +36,19 @@ const (
 	ReasonParentPrepareFailed        = "ParentPrepareFailed"
 )
 
+// Annotation keys the step writes (spec sections 5-9).
+const (
+	KeyPostCloneState   = "vm.cocoonstack.io/post-clone-state"
+	KeyPostCloneHint    = "vm.cocoonstack.io/post-clone-hint"
+	KeyPostCloneErrors  = "vm.cocoonstack.io/post-clone-errors"
+	KeyIP               = "vm.cocoonstack.io/ip"
+	KeyLifecycleState   = "vm.cocoonstack.io/lifecycle-state"
+	KeyLifecycleMessage = "vm.cocoonstack.io/lifecycle-state-message"
+	// KeyLifecycleObservedGeneration is the generation the lifecycle
+	// state was decided for.
+	KeyLifecycleObservedGeneration = "vm.cocoonstack.io/lifecycle-observed-generation"
+)
+
 // KeyPrepared is what Planner.Prepare writes on a parent it
 // prepared (`<plugin> <version> sha256:<digest>`); copy it onto the
 // parent's clones.

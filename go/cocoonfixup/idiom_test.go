@@ -25,13 +25,17 @@ func (v failingVM) Exec(ctx context.Context, vm string, argv []string, timeout t
 	return ExecResult{}, errors.New("no exec expected")
 }
 
-// A stop on the caller's own error unwraps to it; a VM the caller says
-// is gone ends the step as gone, not to be retried.
+// A stop on the caller's own error unwraps to it, and says when and how
+// to run the pod again: the wait doubles with the tries the caller passes
+// back, and the trigger is the stopped Run's (nothing was told yet). A VM
+// the caller says is gone ends the step as gone, not to be tried again:
+// the library decides so from the inspect's answer.
 func TestCallerErrorsReachTheCaller(t *testing.T) {
 	p := examplesPlanner(t, BackendProcess)
 	defer p.Close()
-	pod, _ := exampleFiles(t, "oci-static")
-	_, err := p.Run(context.Background(), pod, failingVM{fmt.Errorf("cocoon vm inspect: %w", errNotFound)}, stillPods{pod}, RunOptions{})
+	pod, vm := exampleFiles(t, "oci-static")
+	failed := failingVM{fmt.Errorf("cocoon vm inspect: %w", errNotFound)}
+	_, err := p.Run(context.Background(), pod, failed, stillPods{pod}, RunOptions{})
 	var stop *StopError
 	if !errors.As(err, &stop) || stop.Kind != "inspect" || !stop.Retryable {
 		t.Fatalf("an inspect that failed: %v, want a retryable inspect stop", err)
@@ -39,14 +43,39 @@ func TestCallerErrorsReachTheCaller(t *testing.T) {
 	if !errors.Is(err, errNotFound) || !errors.Is(err, ErrRetryable) {
 		t.Errorf("the stop does not reach the caller's own error: %v", err)
 	}
+	if want := (Again{After: time.Second, Trigger: TriggerEvent, Tries: 1}); stop.Again == nil || *stop.Again != want {
+		t.Errorf("the first stop's Again is %+v, want %+v", stop.Again, want)
+	}
+	// The fourth stop in a row of a startup: passed back, the tries
+	// double the wait, and the startup is still to be announced.
+	_, err = p.Run(context.Background(), pod, failed, stillPods{pod}, RunOptions{Trigger: TriggerStartup, Tries: 3})
+	if want := (Again{After: 8 * time.Second, Trigger: TriggerStartup, Tries: 4}); !errors.As(err, &stop) || stop.Again == nil || *stop.Again != want {
+		t.Errorf("the fourth stop: %v, Again %+v, want %+v", err, stop.Again, want)
+	}
+	// A refused `running` write comes after the startup was announced:
+	// the next try does not announce it again.
+	_, err = p.Run(context.Background(), pod, stillVM{vm}, refusingPods{stillPods{pod}}, RunOptions{Trigger: TriggerStartup})
+	if want := (Again{After: time.Second, Trigger: TriggerRetry, Tries: 1}); !errors.As(err, &stop) || stop.Kind != "refused" || stop.Again == nil || *stop.Again != want {
+		t.Errorf("a refused running write: %v, Again %+v, want %+v", err, stop.Again, want)
+	}
+	if _, err := p.Run(context.Background(), pod, failed, stillPods{pod}, RunOptions{Tries: -1}); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("negative tries: %v, want ErrInvalidArgument", err)
+	}
 	gone := VMGone(fmt.Errorf("cocoon vm inspect: %w", errNotFound))
 	_, err = p.Run(context.Background(), pod, failingVM{gone}, stillPods{pod}, RunOptions{})
-	if !errors.As(err, &stop) || stop.Kind != StopVMGone || stop.Retryable {
-		t.Fatalf("a VM said gone: %v, want a %s stop that is not retried", err, StopVMGone)
+	if !errors.As(err, &stop) || stop.Kind != StopVMGone || stop.Retryable || stop.Again != nil {
+		t.Fatalf("a VM said gone: %v (Again %+v), want a %s stop that is not tried again", err, stop.Again, StopVMGone)
 	}
 	if errors.Is(err, ErrRetryable) || !errors.Is(err, errNotFound) {
 		t.Errorf("a gone VM's stop: retryable %v, reaches the caller's error %v", errors.Is(err, ErrRetryable), errors.Is(err, errNotFound))
 	}
+}
+
+// refusingPods refuses every write, as an admission denial does.
+type refusingPods struct{ stillPods }
+
+func (refusingPods) PatchAnnotations(ctx context.Context, namespace, name string, p PodPatch) ([]byte, error) {
+	return nil, fmt.Errorf("%w: denied by the admission policy", ErrRefused)
 }
 
 // failingPods fails every write with a plain error naming no pod.

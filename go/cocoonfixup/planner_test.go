@@ -144,13 +144,7 @@ func TestReportsAreTheCLIs(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Plan: %v", err)
 			}
-			got, wantDoc := decode(t, report.JSON()), decode(t, want)
-			// The seal is the library's one addition: a plan has one.
-			if _, sealed := got["seal"]; sealed != report.NeedsFixup {
-				t.Fatalf("seal present: %v, needs_fixup: %v", sealed, report.NeedsFixup)
-			}
-			delete(got, "seal")
-			if !reflect.DeepEqual(got, wantDoc) {
+			if !reflect.DeepEqual(decode(t, report.JSON()), decode(t, want)) {
 				t.Fatalf("the package's report differs from the CLI's\npackage: %s\ncli:     %s", report.JSON(), want)
 			}
 			var typed Report
@@ -158,7 +152,7 @@ func TestReportsAreTheCLIs(t *testing.T) {
 				t.Fatal(err)
 			}
 			mine := *report
-			mine.raw, mine.plan, mine.Seal, mine.p, mine.c = nil, nil, "", nil, nil
+			mine.raw = nil
 			if !reflect.DeepEqual(mine, typed) {
 				t.Fatalf("typed reports differ:\n%+v\n%+v", mine, typed)
 			}
@@ -201,12 +195,6 @@ func TestConcurrentPlanning(t *testing.T) {
 					failures <- fmt.Sprintf("goroutine %d, %s: another answer", g, ex.name)
 					return
 				}
-				if r.NeedsFixup {
-					if _, err := shared.NewAttempt(ctx, r); err != nil {
-						failures <- fmt.Sprintf("goroutine %d, %s: attempt: %v", g, ex.name, err)
-						return
-					}
-				}
 			}
 		}(g)
 	}
@@ -239,7 +227,8 @@ func hostilePlannerWith(t *testing.T, limits Limits) *Planner {
 	return p
 }
 
-// A hostile plugin's failure reaches Go as a typed error naming it.
+// A hostile plugin's failure reaches Go as a typed error naming it, and
+// fails the pod through Run with the plan-failed chain.
 func TestHostilePluginErrorsAreTyped(t *testing.T) {
 	p := hostilePlanner(t)
 	pod := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
@@ -280,15 +269,16 @@ func TestHostilePluginErrorsAreTyped(t *testing.T) {
 			if !e.PlanFailed() {
 				t.Fatalf("%s must fail the pod", e.Code)
 			}
-			rec, err := shared.PlanFailed(ctx, map[string]string{}, err)
-			if err != nil {
-				t.Fatal(err)
+			pods := &recordingPods{stillPods: stillPods{podC}}
+			out, err := p.Run(ctx, podC, stillVM{vmC}, pods, RunOptions{})
+			if err != nil || out.Fixup != FixupPlanFailed || len(out.Errors) != 1 || !strings.HasPrefix(out.Errors[0], "no plan could be made: plugin hostile") {
+				t.Fatalf("a Run of the pod: %+v %v", out, err)
 			}
-			if *rec.Patch[KeyPostCloneState] != "failed" || !strings.HasPrefix(rec.Line, "no plan could be made: plugin hostile") {
-				t.Fatalf("plan-failed record: %+v %q", rec.Patch, rec.Line)
+			if state := pods.last(KeyPostCloneState); state != "failed" {
+				t.Fatalf("post-clone-state written %q, want failed", state)
 			}
-			if rec.Event.Reason != "PostClonePlanFailed" || rec.Event.Type != "Warning" {
-				t.Fatalf("event %+v", rec.Event)
+			if len(pods.events) != 1 || pods.events[0].Reason != ReasonPlanFailed || pods.events[0].Type != "Warning" {
+				t.Fatalf("events %+v", pods.events)
 			}
 		})
 	}
@@ -387,17 +377,15 @@ func TestNameLinkParentsAndLinks(t *testing.T) {
 	}
 }
 
-// A VM that is not the pod's is refused before anything looks at it; its
-// event never names the other VM.
+// A VM that is not the pod's is refused before anything looks at it (the
+// event Run records for it, which never names the other VM, is the
+// conformance suite's bind-other-vm and bind-id-disagrees).
 func TestBindingVerdict(t *testing.T) {
 	pod := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
 	vm := read(t, filepath.Join(root, "examples", "oci-static", "vm.json"))
 	r, err := shared.Plan(ctx, pod, vm, Overrides{})
 	if err != nil || !r.Bound() || r.Binding.Form != "hashed" {
 		t.Fatalf("the example's VM is its pod's: %v %+v", err, r.Binding)
-	}
-	if ev, err := shared.VMMismatch(ctx, pod, vm, false); err != nil || ev != nil {
-		t.Fatalf("no event for the pod's own VM: %v %+v", err, ev)
 	}
 	others := map[string][]byte{
 		"another pod's name": bytes.Replace(vm, []byte(`"name": "vk-apps-web-0-f8181b"`), []byte(`"name": "vk-apps-db-0-0a1b2c"`), 1),
@@ -409,72 +397,12 @@ func TestBindingVerdict(t *testing.T) {
 		if !errors.As(err, &e) || e.Code != CodeVMMismatch || e.PlanFailed() || e.Retryable() {
 			t.Fatalf("%s: want CodeVMMismatch, got %v", name, err)
 		}
-		ev, err := shared.VMMismatch(ctx, pod, other, false)
-		if err != nil || ev == nil || ev.Reason != "PostCloneVMMismatch" || ev.Type != "Warning" {
-			t.Fatalf("%s: the mismatch event: %v %+v", name, err, ev)
-		}
-		if strings.Contains(ev.Message, "db-0") || strings.Contains(ev.Message, "0a1b2c3d") {
-			t.Fatalf("%s: the event names the other VM: %s", name, ev.Message)
-		}
-	}
-}
-
-func withAnnotations(t *testing.T, pairs map[string]string, deleting bool) []byte {
-	pod := map[string]any{
-		"kind":     "Pod",
-		"metadata": map[string]any{"name": "web-0", "namespace": "apps", "uid": "u", "annotations": pairs},
-	}
-	if deleting {
-		pod["metadata"].(map[string]any)["deletionTimestamp"] = "2026-12-01T00:00:00Z"
-	}
-	b, err := json.Marshal(pod)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
-// Spec section 8's table, as the daemon decides it.
-func TestDecide(t *testing.T) {
-	managed := "cocoonset.cocoonstack.io/managed"
-	mode := "cocoonset.cocoonstack.io/mode"
-	cases := []struct {
-		name     string
-		ann      map[string]string
-		deleting bool
-		needed   bool
-		want     Decision
-		gate     Action
-	}{
-		{"fresh clone", map[string]string{managed: "true", mode: "clone"}, false, true, Decision{Action: RunLoop, Op: "post_clone"}, NeedsFacts},
-		{"nothing to fix", map[string]string{managed: "true", mode: "clone"}, false, false, Decision{Action: IPWaitOnly, Op: "ready_wait"}, NeedsFacts},
-		{"done", map[string]string{managed: "true", mode: "clone", KeyPostCloneState: "done"}, false, true, Decision{Action: IPWaitOnly, Op: "ready_wait", Marker: "done"}, NeedsFacts},
-		{"running", map[string]string{managed: "true", mode: "clone", KeyPostCloneState: "running"}, false, true, Decision{Action: RunLoop, Op: "post_clone", Marker: "running"}, NeedsFacts},
-		{"failed parks", map[string]string{managed: "true", mode: "clone", KeyPostCloneState: "failed"}, false, true, Decision{Action: Parked}, Parked},
-		{"hibernating", map[string]string{managed: "true", mode: "clone", KeyLifecycleState: "hibernating"}, false, true, Decision{Action: Nothing, Why: "stack-owns"}, Nothing},
-		{"hibernate asked", map[string]string{managed: "true", mode: "clone", "vm.cocoonstack.io/hibernate": "true"}, false, true, Decision{Action: Nothing, Why: "hibernate-requested"}, Nothing},
-		{"deleting", map[string]string{managed: "true", mode: "clone"}, true, true, Decision{Action: Nothing, Why: "deleting"}, Nothing},
-		{"not managed", map[string]string{mode: "clone"}, false, true, Decision{Action: Nothing, Why: "not-managed"}, Nothing},
-		{"not a clone", map[string]string{managed: "true", mode: "run"}, false, true, Decision{Action: Nothing, Why: "not-cloned"}, Nothing},
-	}
-	for _, c := range cases {
-		pod := withAnnotations(t, c.ann, c.deleting)
-		got, err := shared.Decide(ctx, pod, c.needed)
-		if err != nil || got != c.want {
-			t.Errorf("%s: Decide = %+v, %v; want %+v", c.name, got, err, c.want)
-		}
-		gate, err := shared.Gate(ctx, pod)
-		if err != nil || gate.Action != c.gate {
-			t.Errorf("%s: Gate = %+v, %v; want %s", c.name, gate, err, c.gate)
-		}
-	}
-	if _, err := shared.Decide(ctx, []byte("[]"), true); err == nil {
-		t.Error("a JSON list is not a pod")
 	}
 }
 
 // guestStderr is what a guest prints while it runs `steps` steps of an
-// attempt and fails step `failAt` (0: none fail) with exit 3.
+// exec marked with nonce and fails step `failAt` (0: none fail) with exit
+// 3.
 func guestStderr(nonce string, steps, failAt int, noise string) []byte {
 	var b strings.Builder
 	for i := 1; i <= steps; i++ {
@@ -489,157 +417,77 @@ func guestStderr(nonce string, steps, failAt int, noise string) []byte {
 	return []byte(b.String())
 }
 
-// An attempt's argv carries a fresh nonce; the verdict trusts only that
-// nonce's markers and names the failed step.
-func TestAttemptsAndVerdicts(t *testing.T) {
-	pod := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
-	vm := read(t, filepath.Join(root, "examples", "oci-static", "vm.json"))
-	r, err := shared.Plan(ctx, pod, vm, Overrides{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := shared.NewAttempt(ctx, r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := shared.NewAttempt(ctx, r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(a.Nonce) != 32 || a.Nonce == b.Nonce || a.Argv[len(a.Argv)-1] != a.Nonce {
-		t.Fatalf("nonces: %q %q, argv ends %q", a.Nonce, b.Nonce, a.Argv[len(a.Argv)-1])
-	}
-	if !reflect.DeepEqual(a.Argv[:len(r.Exec)], r.Exec) || !reflect.DeepEqual(a.Argv[len(r.Exec):], []string{"sh", a.Nonce}) {
-		t.Fatalf("the argv is the report's exec and the nonce:\n%q\n%q", a.Argv, r.Exec)
-	}
-	steps := len(r.Steps)
-	v, err := a.Judge(ctx, ExecResult{Stderr: guestStderr(a.Nonce, steps, 0, "")})
-	if err != nil || !v.OK {
-		t.Fatalf("a complete run: %+v %v", v, err)
-	}
-	// Another exec's done marker proves nothing.
-	v, err = a.Judge(ctx, ExecResult{Stderr: guestStderr(b.Nonce, steps, 0, "")})
-	if err != nil || v.OK || !strings.Contains(v.Error, "no step markers of this exec") {
-		t.Fatalf("a forged done marker was taken: %+v %v", v, err)
-	}
-	v, err = a.Judge(ctx, ExecResult{ExitCode: 3, Stderr: guestStderr(a.Nonce, steps, 2, "networkctl: boom")})
-	if err != nil || v.OK || v.Failure == nil || v.Failure.Kind != "step" || *v.Failure.Step != 2 || !strings.Contains(v.Failure.Stderr, "boom") {
-		t.Fatalf("a failed step: %+v %v", v, err)
-	}
-	if !strings.Contains(v.Error, "step 2/") || !strings.Contains(v.Error, "boom") {
-		t.Fatalf("the error line names the step and its stderr: %q", v.Error)
-	}
-	v, err = a.Judge(ctx, ExecResult{Signal: 9})
-	if err != nil || v.OK || !strings.Contains(v.Error, "signal 9") {
-		t.Fatalf("a killed exec: %+v %v", v, err)
-	}
-	// A plan that cannot be a report's is refused.
-	bad := *r
-	bad.plan = []byte(`{"dialect":"posix-sh","steps":[{"description":"x","phase":"prepare","best_effort":false,"run":["sh\u0000"]}],"vm_id":"vm-7f3a9c21","seal":"00"}`)
-	if _, err := shared.NewAttempt(ctx, &bad); err == nil {
-		t.Fatal("a hand-made plan was attempted")
-	}
-	none, err := shared.Plan(ctx, read(t, filepath.Join(root, "examples", "no-fixup", "pod.json")), read(t, filepath.Join(root, "examples", "no-fixup", "vm.json")), Overrides{})
-	if err != nil || none.NeedsFixup {
-		t.Fatalf("no-fixup: %v %+v", err, none)
-	}
-	if _, err := shared.NewAttempt(ctx, none); err == nil {
-		t.Fatal("a report without a plan was attempted")
-	}
+// answeringVM's Exec hands each argv to answer.
+type answeringVM struct {
+	stillVM
+	answer func(argv []string) ExecResult
 }
 
-// The values the loop writes are the daemon's, limits included.
-func TestAnnotationValues(t *testing.T) {
-	var chain []string
-	for i := 1; i <= 200; i++ {
-		chain = append(chain, fmt.Sprintf("attempt %d: é%s", i, strings.Repeat("x", 40)))
-	}
-	value, err := shared.ErrorsAnnotation(ctx, chain)
-	if err != nil || len(value) > 4096 || !strings.HasPrefix(value, "[truncated: first ") || !strings.HasSuffix(value, chain[199]) {
-		t.Fatalf("errors annotation (%d bytes): %v", len(value), err)
-	}
-	short, err := shared.ErrorsAnnotation(ctx, []string{"attempt 1: boom"})
-	if err != nil || short != "attempt 1: boom" {
-		t.Fatalf("%q %v", short, err)
-	}
-	msg, err := shared.EventMessage(ctx, strings.Repeat("é", 400))
-	if err != nil || len(msg) > 512 || !strings.HasSuffix(msg, "[truncated]") {
-		t.Fatalf("event message (%d bytes) %v", len(msg), err)
-	}
-	line, err := shared.OneLine(ctx, "first\nsecond\x1b[31m")
-	if err != nil || strings.ContainsAny(line, "\n\x1b") || !strings.Contains(line, "first | second") {
-		t.Fatalf("one line: %q %v", line, err)
-	}
-	rec, err := shared.AttemptFailed(ctx, 2, "step 1/3 (Write) failed")
-	if err != nil || rec.Line != "attempt 2: step 1/3 (Write) failed" || rec.Event.Reason != "PostCloneExecAttemptFailed" {
-		t.Fatalf("attempt failed: %+v %v", rec, err)
-	}
-	rec, err = shared.Succeeded(ctx, "oci-networkd", 2)
-	if err != nil || rec.Event.Message != "kind=linux_static attempts=2 scenario=oci-networkd" || *rec.Patch[KeyPostCloneState] != "done" {
-		t.Fatalf("succeeded: %+v %v", rec, err)
-	}
+func (v answeringVM) Exec(ctx context.Context, vm string, argv []string, timeout time.Duration) (ExecResult, error) {
+	return v.answer(argv), nil
+}
+
+// Each exec Run makes is the plan's exec with a fresh nonce, and is judged
+// by that exec's own markers alone: a failed step is named with its
+// stderr, the done marker of an earlier exec replayed proves nothing, a
+// killed exec says its signal, and the exec that marks every step of its
+// own is done.
+func TestEachExecIsJudgedByItsOwnMarkers(t *testing.T) {
 	pod := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
 	vm := read(t, filepath.Join(root, "examples", "oci-static", "vm.json"))
 	r, err := shared.Plan(ctx, pod, vm, Overrides{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	current := map[string]string{"cocoonset.cocoonstack.io/generation": "3"}
-	rec, err = shared.Exhausted(ctx, current, r, "create", []string{"attempt 59: exited 2", "attempt 60: exited 1"})
-	if err != nil {
-		t.Fatal(err)
+	steps := len(r.Steps)
+	var mu sync.Mutex
+	var nonces []string
+	guest := answeringVM{stillVM{vm}, func(argv []string) ExecResult {
+		mu.Lock()
+		defer mu.Unlock()
+		nonce := argv[len(argv)-1]
+		if !reflect.DeepEqual(argv[:len(r.Exec)], r.Exec) || !reflect.DeepEqual(argv[len(r.Exec):], []string{"sh", nonce}) {
+			t.Errorf("the argv is not the report's exec and a nonce:\n%q\n%q", argv, r.Exec)
+		}
+		nonces = append(nonces, nonce)
+		switch len(nonces) {
+		case 1:
+			return ExecResult{ExitCode: 3, Stderr: guestStderr(nonce, steps, 2, "networkctl: boom")}
+		case 2:
+			return ExecResult{Stderr: guestStderr(nonces[0], steps, 0, "")}
+		case 3:
+			return ExecResult{Signal: 9}
+		}
+		return ExecResult{Stderr: guestStderr(nonce, steps, 0, "")}
+	}}
+	pods := &recordingPods{stillPods: stillPods{pod}}
+	quick := Settings{RetryInterval: 10 * time.Millisecond}
+	out, err := shared.Run(ctx, pod, guest, pods, RunOptions{Settings: quick, Leases: leaseThen(func() {})})
+	if err != nil || out.Fixup != FixupDone || out.Attempts != 4 {
+		t.Fatalf("the fourth exec ran every step: %+v %v", out, err)
 	}
-	joined := "attempt 59: exited 2\nattempt 60: exited 1"
-	if *rec.Patch[KeyPostCloneHint] != r.HintValue() || *rec.Patch[KeyPostCloneErrors] != joined ||
-		*rec.Patch[KeyLifecycleState] != "failed" || *rec.Patch[KeyLifecycleMessage] != joined || rec.HintLeftOut != nil {
-		t.Fatalf("exhausted record: %+v", rec.Patch)
+	seen := map[string]bool{}
+	for _, n := range nonces {
+		if len(n) != 32 || seen[n] {
+			t.Fatalf("the nonces are not fresh: %q", nonces)
+		}
+		seen[n] = true
 	}
-	if rec.Event.Message != "create: "+joined {
-		t.Fatalf("exhausted event: %q", rec.Event.Message)
-	}
-	// A pod whose annotations leave no room for the hint gets the record
-	// without it, and the chain says so.
-	full := map[string]string{"example.com/big": strings.Repeat("x", 256*1024-2000)}
-	rec, err = shared.Exhausted(ctx, full, r, "reconcile", []string{"attempt 1: exited 1"})
-	if err != nil || rec.HintLeftOut == nil || rec.Patch[KeyPostCloneHint] != nil || len(rec.Errors) != 2 {
-		t.Fatalf("exhausted without room: %+v %v", rec, err)
-	}
-	rec, err = shared.IPWaitTimeout(ctx, map[string]string{}, "vk-apps-web-0-f8181b", 45*time.Second)
-	want := "clone vk-apps-web-0-f8181b: dhcp lease not observed within 45s"
-	if err != nil || rec.Event.Message != want || *rec.Patch[KeyLifecycleState] != "failed" || *rec.Patch[KeyLifecycleMessage] != want {
-		t.Fatalf("ip wait timeout: %+v %v", rec, err)
-	}
-	patch, err := shared.Ready(ctx, map[string]string{}, []byte{10, 88, 4, 21})
-	if err != nil || *patch[KeyIP] != "10.88.4.21" || *patch[KeyLifecycleState] != "ready" {
-		t.Fatalf("ready: %+v %v", patch, err)
-	}
-	// Before a final write the pod is read again: a pod the stack has taken
-	// over, or another incarnation, gets nothing.
-	podJSON := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
-	uid := "5b7e0c2a-6f1d-4e8b-9c3a-1f2d4e6a8b01"
-	for name, c := range map[string]struct {
-		pod  []byte
-		uid  string
-		vm   string
-		want bool
-	}{
-		"as it was":        {podJSON, uid, "vm-7f3a9c21", true},
-		"recreated":        {podJSON, "another-uid", "vm-7f3a9c21", false},
-		"another VM":       {podJSON, uid, "vm-00000001", false},
-		"failed lifecycle": {bytes.Replace(podJSON, []byte(`"cocoonset.cocoonstack.io/managed": "true",`), []byte(`"cocoonset.cocoonstack.io/managed": "true", "vm.cocoonstack.io/lifecycle-state": "failed",`), 1), uid, "vm-7f3a9c21", false},
-		"hibernating":      {bytes.Replace(podJSON, []byte(`"cocoonset.cocoonstack.io/managed": "true",`), []byte(`"cocoonset.cocoonstack.io/managed": "true", "vm.cocoonstack.io/hibernate": "true",`), 1), uid, "vm-7f3a9c21", false},
-	} {
-		got, err := shared.StillOurs(ctx, c.pod, c.uid, c.vm)
-		if err != nil || got != c.want {
-			t.Errorf("StillOurs, %s: %v %v, want %v", name, got, err, c.want)
+	var failed []string
+	for _, e := range pods.events {
+		if e.Reason == ReasonExecAttemptFailed {
+			failed = append(failed, e.Message)
 		}
 	}
-	ev, err := shared.Resumed(ctx, "post_clone")
-	if err != nil || ev.Reason != "ResumedAfterRestart" || ev.Message != "op=post_clone" {
-		t.Fatalf("resumed: %+v %v", ev, err)
+	if len(failed) != 3 {
+		t.Fatalf("%d failed attempts told, want 3: %q", len(failed), failed)
 	}
-	if _, err := shared.StatePatch(ctx, "finished"); err == nil {
-		t.Fatal("an unknown state was taken")
+	for i, want := range [][]string{{"attempt 1: ", "step 2/", "boom"}, {"attempt 2: ", "no step markers of this exec"}, {"attempt 3: ", "signal 9"}} {
+		for _, part := range want {
+			if !strings.Contains(failed[i], part) {
+				t.Errorf("attempt %d's line %q does not say %q", i+1, failed[i], part)
+			}
+		}
 	}
 }
 
@@ -670,47 +518,6 @@ func TestCallersQueueForSlots(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
-	}
-}
-
-// Only a plan the planner made, unchanged, is rendered into an exec.
-func TestAttemptsTakeOnlySealedPlans(t *testing.T) {
-	pod := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
-	vm := read(t, filepath.Join(root, "examples", "oci-static", "vm.json"))
-	r, err := shared.Plan(ctx, pod, vm, Overrides{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tampered := *r
-	tampered.plan = bytes.Replace(r.plan, []byte("systemd-networkd"), []byte("evil-networkd"), 1)
-	if bytes.Equal(tampered.plan, r.plan) {
-		t.Fatal("the test did not change the plan")
-	}
-	var e *Error
-	if _, err := shared.NewAttempt(ctx, &tampered); !errors.As(err, &e) || e.Code != CodeInvalidArgument || !strings.Contains(e.Message, "seal") {
-		t.Fatalf("a changed plan: %v", err)
-	}
-	unsealed := *r
-	unsealed.plan = bytes.Replace(r.plan, []byte(`"seal"`), []byte(`"other"`), 1)
-	if _, err := shared.NewAttempt(ctx, &unsealed); !errors.As(err, &e) || e.Code != CodeInvalidArgument || !strings.Contains(e.Message, "no seal") {
-		t.Fatalf("a plan without its seal: %v", err)
-	}
-	elsewhere := *r
-	elsewhere.plan = bytes.Replace(r.plan, []byte(`"vm-7f3a9c21"`), []byte(`"vm-0a1b2c3d"`), 1)
-	if _, err := shared.NewAttempt(ctx, &elsewhere); !errors.As(err, &e) || !strings.Contains(e.Message, "seal does not match") {
-		t.Fatalf("the plan for another VM: %v", err)
-	}
-	other, err := NewPlanner(ctx, Options{NoPluginDir: true, NoCache: true, CocoonRoot: filepath.Join(root, "examples", "cocoon-root")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	if _, err := other.NewAttempt(ctx, r); !errors.As(err, &e) || !strings.Contains(e.Message, "seal does not match") {
-		t.Fatalf("another planner's plan: %v", err)
-	}
-	a, err := shared.NewAttempt(ctx, r)
-	if err != nil || a.VMID != "vm-7f3a9c21" {
-		t.Fatalf("the plan as made: %v %+v", err, a)
 	}
 }
 
@@ -778,8 +585,7 @@ func TestClose(t *testing.T) {
 	}
 	pod := read(t, filepath.Join(root, "examples", "oci-static", "pod.json"))
 	vm := read(t, filepath.Join(root, "examples", "oci-static", "vm.json"))
-	r, err := p.Plan(ctx, pod, vm, Overrides{})
-	if err != nil {
+	if _, err := p.Plan(ctx, pod, vm, Overrides{}); err != nil {
 		t.Fatal(err)
 	}
 	p.Close()
@@ -787,8 +593,8 @@ func TestClose(t *testing.T) {
 	if _, err := p.Plan(ctx, pod, vm, Overrides{}); err != ErrClosed {
 		t.Fatalf("after Close: %v", err)
 	}
-	if _, err := p.NewAttempt(ctx, r); err != ErrClosed {
-		t.Fatalf("after Close: %v", err)
+	if _, err := p.Run(ctx, pod, stillVM{vm}, stillPods{pod}, RunOptions{}); err != ErrClosed {
+		t.Fatalf("a Run after Close: %v", err)
 	}
 }
 
@@ -811,9 +617,8 @@ func rssOf(t testing.TB, pid string) int64 {
 	return pages * int64(os.Getpagesize())
 }
 
-// 100,000 plan calls (with their attempts and verdicts) leave resident
-// memory where it was after the first few thousand: nothing the library
-// returns or holds per call is kept.
+// 100,000 plan calls leave resident memory where it was after the first
+// few thousand: nothing the library returns or holds per call is kept.
 func TestMemoryIsFlat(t *testing.T) {
 	calls := 100000
 	if s := os.Getenv("COCOONFIXUP_MEMORY_CALLS"); s != "" {
@@ -847,13 +652,7 @@ func TestMemoryIsFlat(t *testing.T) {
 	var failed error
 	step := func(w, i int) {
 		k := (w + i) % len(exs)
-		r, err := shared.Plan(ctx, exs[k].pod, exs[k].vm, ovr[k])
-		if err == nil && r.NeedsFixup {
-			var a *Attempt
-			if a, err = shared.NewAttempt(ctx, r); err == nil {
-				_, err = a.Judge(ctx, ExecResult{ExitCode: 1, Stderr: []byte("boom")})
-			}
-		}
+		_, err := shared.Plan(ctx, exs[k].pod, exs[k].vm, ovr[k])
 		if err != nil {
 			mu.Lock()
 			failed = err
@@ -883,8 +682,7 @@ func TestMemoryIsFlat(t *testing.T) {
 	}
 	growth := samples[len(samples)-1] - base
 	t.Logf("%d calls; RSS after each 5%%: %v MiB; growth after the first 10%%: %d KiB", calls, mib(samples), growth>>10)
-	// A leak of one returned report per call would be hundreds of MiB, of
-	// one verdict string (200 bytes) about 20 MiB.
+	// A leak of one returned report per call would be hundreds of MiB.
 	if growth > 16<<20 {
 		t.Fatalf("resident memory grew by %d MiB over %d calls after warm-up: %v MiB", growth>>20, calls, mib(samples))
 	}

@@ -15,25 +15,16 @@ type Report struct {
 	Plugins    []PluginUse `json:"plugins"`
 	Dialect    *string     `json:"dialect"` // posix-sh or powershell; nil without a plan
 	Steps      []Step      `json:"steps"`
-	// Exec is the argv after `cocoon vm exec <id> --` without a nonce: run
-	// an Attempt's Argv, never this.
+	// Exec is the argv after `cocoon vm exec <id> --` without a nonce:
+	// each exec Run makes adds a fresh one, which marks that exec's steps.
 	Exec []string `json:"exec"`
 	// Script is the hint a person can paste into the guest; Hint is it in
 	// base64, the value of the post-clone-hint annotation.
 	Script  *string  `json:"script"`
 	Hint    *string  `json:"hint"`
 	Binding *Binding `json:"binding,omitempty"`
-	// Seal authenticates the plan and its VM to the planner that made it
-	// (the library's addition to the CLI's report): NewAttempt takes only
-	// sealed plans.
-	Seal string `json:"seal,omitempty"`
 
-	raw  []byte
-	plan []byte
-	// The planner and the session that planned it: its seal is the
-	// session's planner's.
-	p *Planner
-	c *conn
+	raw []byte
 }
 
 // VMRef names the VM the report is about.
@@ -108,39 +99,10 @@ func (r *Report) JSON() []byte {
 	return append([]byte(nil), r.raw...)
 }
 
-// HintValue is the post-clone-hint annotation's value, or "".
-func (r *Report) HintValue() string {
-	if r.Hint == nil {
-		return ""
-	}
-	return *r.Hint
-}
-
 func parseReport(doc []byte) (*Report, error) {
 	r := &Report{raw: doc}
 	if err := json.Unmarshal(doc, r); err != nil {
 		return nil, &Error{Code: CodeInvalidArgument, Message: "reading the report: " + err.Error()}
-	}
-	// The plan, as the library wrote it, for the attempts: the same bytes
-	// go back, so nothing is lost in a Go round trip.
-	var parts struct {
-		Dialect json.RawMessage `json:"dialect"`
-		Steps   json.RawMessage `json:"steps"`
-		Seal    json.RawMessage `json:"seal"`
-	}
-	if err := json.Unmarshal(doc, &parts); err != nil {
-		return nil, &Error{Code: CodeInvalidArgument, Message: "reading the report: " + err.Error()}
-	}
-	if r.NeedsFixup {
-		vmID, err := json.Marshal(r.VM.ID)
-		if err != nil {
-			return nil, &Error{Code: CodeInvalidArgument, Message: err.Error()}
-		}
-		plan, err := json.Marshal(map[string]json.RawMessage{"dialect": parts.Dialect, "steps": parts.Steps, "vm_id": vmID, "seal": parts.Seal})
-		if err != nil {
-			return nil, &Error{Code: CodeInvalidArgument, Message: err.Error()}
-		}
-		r.plan = plan
 	}
 	return r, nil
 }

@@ -53,6 +53,21 @@ type Pods interface {
 	Event(ctx context.Context, namespace, name, uid string, e Event) error
 }
 
+// Patch is a change to a pod's annotations: a value sets the key, nil
+// removes it.
+type Patch map[string]*string
+
+// Event is a Kubernetes event to record on the pod.
+type Event struct {
+	Type    string `json:"type"` // Normal or Warning
+	Reason  string `json:"reason"`
+	Message string `json:"message"` // at most 512 bytes, cut on a UTF-8 boundary
+	// Action is the event's action (events.k8s.io/v1 `action`), the
+	// daemon's for the same reason: PostCloneFixup, BindVM, ReadyWait,
+	// Resume, WindowsStaticIP.
+	Action string `json:"action"`
+}
+
 // PodPatch is one annotation write with its preconditions.
 type PodPatch struct {
 	// Annotations is never nil (encode it as an object: a merge patch of
@@ -129,7 +144,7 @@ type Trigger string
 const (
 	TriggerEvent   Trigger = "event"   // a pod event (the default)
 	TriggerStartup Trigger = "startup" // the caller's start: resumed work is announced (ResumedAfterRestart)
-	TriggerRetry   Trigger = "retry"   // a retry after a node error: it is not told again
+	TriggerRetry   Trigger = "retry"   // a retry after a stop the pod was told of: it is not told again
 	// TriggerPrepare is no fixup: the pod's running VM is prepared to be
 	// cloned (Planner.Prepare).
 	TriggerPrepare Trigger = "prepare"
@@ -215,7 +230,11 @@ type oldEventLister interface {
 
 // RunOptions are Run's optional parts.
 type RunOptions struct {
-	Trigger  Trigger
+	Trigger Trigger
+	// Tries is how many times in a row the pod's Runs stopped before this
+	// one: the last StopError's Again.Tries (0 for a first try). The
+	// library doubles the wait after the next stop with it.
+	Tries    int
 	Settings Settings
 	// Leases tells DHCP leases for the IP wait. Nil: the planner's
 	// (Planner.LeaseFile: cocoon-net's lease file, polled).
@@ -329,14 +348,35 @@ type Outcome struct {
 }
 
 // StopError is a step that stopped before it could decide: nothing was
-// written. Retryable: try the pod again later.
+// written. Retryable: trying the pod again later can succeed, and Again
+// says when and how.
 type StopError struct {
 	Kind      string
 	Retryable bool
 	Message   string
+	// Again is the library's word on when and how to run the pod again;
+	// nil when trying again cannot help (the stop is not Retryable).
+	Again *Again
 	// Err is the caller's own error the step stopped on (its VM's or its
 	// Pods'), or nil: errors.Is and errors.As reach it through Unwrap.
 	Err error
+}
+
+// Again is when and how to run a stopped pod again, as the library
+// decides it for the daemon and every embedder alike: wait After, then
+// Run the pod again with RunOptions{Trigger: Trigger, Tries: Tries}. The
+// caller only keeps the timer.
+//
+// After is 1 s after the first stop and doubles with each stop in a row,
+// up to 60 s (Backoff in core/src/decision/stop.rs). Trigger is
+// TriggerRetry after a stop the pod was told of (a node error, a refused
+// `running` write), else the stopped Run's own: a startup whose inspect
+// failed still announces ResumedAfterRestart when it is tried again.
+// Tries counts the stops in a row, this one included.
+type Again struct {
+	After   time.Duration
+	Trigger Trigger
+	Tries   int
 }
 
 func (e *StopError) Error() string {
@@ -358,8 +398,9 @@ const StopVMGone = "vm-gone"
 const StopMissingFact = "missing-fact"
 
 // ErrVMGone is what a VM's Inspect error wraps (or matches with an Is
-// method) when the VM does not exist: the step then stops as StopVMGone
-// rather than retrying. VMGone marks the caller's own error so.
+// method) when the VM does not exist: Run tells the library so, and the
+// step stops as StopVMGone, not to be tried again. VMGone marks the
+// caller's own error so.
 var ErrVMGone = errors.New("cocoonfixup: the VM is gone")
 
 // VMGone is err marked as a VM that does not exist: errors.Is matches
@@ -435,8 +476,10 @@ func (p *Planner) Prepare(ctx context.Context, pod any, vm VM, pods Pods, o RunO
 // shutdown: the action under way is abandoned, nothing is marked failed,
 // and work left `running` resumes at the next Run (with TriggerStartup
 // after a restart). The error is a *StopError when the step stopped
-// before it could decide (a retryable one is errors.Is ErrRetryable), an
-// *Error when the library refused the input or could not be reached.
+// before it could decide (a retryable one is errors.Is ErrRetryable): when
+// its Again is not nil, wait Again.After and Run the pod again with
+// RunOptions{Trigger: Again.Trigger, Tries: Again.Tries}. It is an *Error
+// when the library refused the input or could not be reached.
 func (p *Planner) Run(ctx context.Context, pod any, vm VM, pods Pods, o RunOptions) (*Outcome, error) {
 	if err := p.unmade(); err != nil {
 		return nil, err
@@ -477,6 +520,12 @@ func (p *Planner) Run(ctx context.Context, pod any, vm VM, pods Pods, o RunOptio
 	// The wall clock: a wake event of the stack dated after it is no
 	// evidence.
 	options := map[string]any{"trigger": string(trigger), "settings": settings, "now_unix_ms": r.clock.Now().UnixMilli()}
+	switch {
+	case o.Tries < 0:
+		return nil, invalid("RunOptions.Tries is negative (%d): pass the last stop's Again.Tries, or 0", o.Tries)
+	case o.Tries > 0:
+		options["tries"] = o.Tries
+	}
 	if len(knows) > 0 {
 		options["knows"] = knows
 	}
@@ -639,6 +688,11 @@ type action struct {
 		Kind      string `json:"kind"`
 		Retryable bool   `json:"retryable"`
 		Message   string `json:"message"`
+		Again     *struct {
+			AfterMS int64  `json:"after_ms"`
+			Trigger string `json:"trigger"`
+			Tries   int    `json:"tries"`
+		} `json:"again"`
 	} `json:"stop"`
 }
 
@@ -678,8 +732,8 @@ func (r *runner) loop(ctx context.Context, first json.RawMessage) (*Outcome, err
 func (r *runner) finish(a action) (*Outcome, error) {
 	if a.Stop != nil {
 		stop := &StopError{Kind: a.Stop.Kind, Retryable: a.Stop.Retryable, Message: a.Stop.Message, Err: r.lastErr}
-		if stop.Kind == "inspect" && errors.Is(r.lastErr, ErrVMGone) {
-			stop.Kind, stop.Retryable = StopVMGone, false
+		if again := a.Stop.Again; again != nil {
+			stop.Again = &Again{After: millis(again.AfterMS), Trigger: Trigger(again.Trigger), Tries: again.Tries}
 		}
 		return nil, stop
 	}
@@ -898,6 +952,10 @@ func (r *runner) settled(ctx context.Context, a action) map[string]any {
 		r.lastErr = nil
 		doc, err := r.inspect(ctx, a.VM, millis(a.TimeoutMS))
 		if err != nil {
+			// The library decides what a VM that does not exist means.
+			if errors.Is(err, ErrVMGone) {
+				return map[string]any{"inspect_gone": r.failed(err).Error()}
+			}
 			return map[string]any{"inspect_error": r.failed(err).Error()}
 		}
 		if !json.Valid(doc) {

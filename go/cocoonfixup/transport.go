@@ -18,7 +18,7 @@ import (
 )
 
 // abiVersion is the version of the library's ABI this package speaks.
-const abiVersion = 5
+const abiVersion = 6
 
 // Version is the cocoon-fixup release this package belongs to. NewPlanner
 // compares the library's release with it: another release of the same ABI

@@ -108,7 +108,8 @@ func TestAnotherReleaseWarns(t *testing.T) {
 	bin := script(t, "read -r line\necho '{\"id\":1,\"ok\":{\"abi\":"+strconv.Itoa(abiVersion)+",\"version\":\"0.0.0-other\"}}'\nexec '"+cli(t)+"' embed\n")
 	var heard []string
 	p, err := NewPlanner(ctx, Options{Backend: BackendProcess, Binary: bin, NoPluginDir: true, NoCache: true,
-		Log: func(level, message string) { heard = append(heard, level+": "+message) }})
+		CocoonRoot: filepath.Join(root, "examples", "cocoon-root"),
+		Log:        func(level, message string) { heard = append(heard, level+": "+message) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,8 +125,10 @@ func TestAnotherReleaseWarns(t *testing.T) {
 	if len(heard) != 1 || !strings.HasPrefix(heard[0], "warn: "+want) {
 		t.Fatalf("Options.Log heard %q", heard)
 	}
-	if d, err := p.Gate(ctx, []byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"a","namespace":"b","uid":"u"}}`)); err != nil || d.Action != Nothing {
-		t.Fatalf("the planner does not serve: %+v %v", d, err)
+	pod := read(t, filepath.Join(root, "examples", "no-fixup", "pod.json"))
+	vm := read(t, filepath.Join(root, "examples", "no-fixup", "vm.json"))
+	if r, err := p.Plan(ctx, pod, vm, Overrides{}); err != nil || r.NeedsFixup {
+		t.Fatalf("the planner does not serve: %+v %v", r, err)
 	}
 }
 

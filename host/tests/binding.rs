@@ -1360,9 +1360,16 @@ mod real_binary {
         let mut annotations = base(&vm_name);
         annotations.insert("vm.cocoonstack.io/backend", json!(backend));
         let pod = pod_json(namespace, name, &annotations);
-        // A pod on the node with no work, which the startup leaves alone.
+        // A pod on the node with no work, which the startup hands to the
+        // library too, and the library leaves alone; listed as the API
+        // server lists it, a pod of its own with its version.
         let others = match ending {
-            Ending::Resumed => vec![pod_json("default", "plain-0", &BTreeMap::new())],
+            Ending::Resumed => {
+                let mut plain = pod_json("default", "plain-0", &BTreeMap::new());
+                plain["metadata"]["uid"] = json!("0b1c2d3e-4f50-4617-8293-a4b5c6d7e8f9");
+                plain["metadata"]["resourceVersion"] = json!("3");
+                vec![plain]
+            }
             _ => Vec::new(),
         };
         let exec = match ending {

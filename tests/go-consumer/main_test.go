@@ -48,11 +48,11 @@ func TestWithTheBinary(t *testing.T) {
 	if w := p.Warnings(); len(w) != 0 {
 		t.Fatalf("warnings: %q", w)
 	}
-	d, err := p.Gate(ctx, []byte(plainPod))
+	out, err := handle(ctx, p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.Action != cocoonfixup.Nothing || d.Why != "not-managed" {
-		t.Fatalf("a plain pod's gate: %+v", d)
+	if out.Action != cocoonfixup.HandledNothing || out.HandsOff != cocoonfixup.HandsOffNotManaged {
+		t.Fatalf("a plain pod's step: %+v", out)
 	}
 }

@@ -9,12 +9,12 @@
 //
 // By default it runs the post-clone step for one pod whose VM it has just
 // booted (-boot, create unless told otherwise); with -startup, for every
-// pod on its node that has work, as after its own restart. SIGTERM or
-// SIGINT stops it as a service is stopped: the step under way is left for
-// the next start, which resumes it from the records kept in -state-dir.
-// Otherwise it then reconciles its intent table once. It prints one JSON
-// line per status it publishes (its stand-in for the pod's status), per
-// pod it ran, and for the reconcile.
+// pod on its node, as after its own restart, the library deciding which
+// have work. SIGTERM or SIGINT stops it as a service is stopped: the step
+// under way is left for the next start, which resumes it from the records
+// kept in -state-dir. Otherwise it then reconciles its intent table once.
+// It prints one JSON line per status it publishes (its stand-in for the
+// pod's status), per pod the step had work for, and for the reconcile.
 //
 //	maintainer -server URL -cocoon PATH [-state-dir DIR] -namespace NS -pod NAME [-boot create] [-source-image IMAGE] [-node N -accept-annotated]
 //	maintainer -server URL -cocoon PATH [-state-dir DIR] -node N -startup
@@ -88,7 +88,7 @@ func run() int {
 	interval := flag.Duration("retry-interval", 0, "between fixup attempts (0: the library's 3s)")
 	boot := flag.String("boot", string(cocoonfixup.BootCreate), "how the provider booted the pod's VM: create, fork, wake, wake-in-place, resume, or \"\" for unknown")
 	source := flag.String("source-image", "", "the source image of the snapshot the VM was cloned from (\"\": unknown)")
-	startup := flag.Bool("startup", false, "run every pod on -node that has work, as after a restart, instead of -pod")
+	startup := flag.Bool("startup", false, "run the step for every pod on -node, as after a restart, instead of -pod")
 	state := flag.String("state-dir", "", "where the pods' records are kept across restarts (\"\": none)")
 	flag.Parse()
 

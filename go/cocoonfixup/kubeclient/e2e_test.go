@@ -492,7 +492,7 @@ func goPath(t *testing.T, l *lab, d *driver, w workdir) map[string]*result {
 	}
 	done := make(chan finished, len(kinds))
 	p := &provider.Provider{Planner: planner, Cocoon: vms, API: api, Leases: planner.LeaseFile(), Settings: settings,
-		Records: &provider.Records{}, Admission: cocoonfixup.NewAdmission(8), RetryAfter: time.Second,
+		Records: &provider.Records{}, Admission: cocoonfixup.NewAdmission(8),
 		Done: func(pod string, out *cocoonfixup.Outcome, err error) { done <- finished{pod, out, err} }}
 	stop := watchNode(t, vk, p)
 	defer p.Wait()

@@ -1,4 +1,4 @@
-/* cocoon-fixup's plan path: the C ABI of libcocoon_fixup (host/capi). Inputs and answers are JSON; see the crate documentation and the README. */
+/* cocoon-fixup's post-clone step as a task: the C ABI of libcocoon_fixup (host/capi). The task is the one way to embed it: cf_task_start starts it for a pod, the embedder carries out each action it hands out and reports back with cf_task_next until it finishes. Inputs and answers are JSON; see the crate documentation and the README. */
 
 #ifndef COCOON_FIXUP_H
 #define COCOON_FIXUP_H
@@ -27,9 +27,14 @@
  * `lifecycle_intents`, `dhcp_recovery` and `windows_renew`; the task may
  * hand out `publish` and finish with the stop `missing-fact`; an
  * `inspected` report may carry `record_lacks`. An embedder that sends
- * them to an earlier library would be refused as bad input.
+ * them to an earlier library would be refused as bad input. Version 6:
+ * the task is the one way to embed: `cf_decide`, `cf_attempt`,
+ * `cf_verdict` and `cf_values` are gone, and so are their `cf_call` ops
+ * and the plan report's `seal`; the task options take `tries`, a stop's
+ * `finish` carries `again` (when and how to start the pod's next task),
+ * and an inspect may be answered `inspect_gone`.
  */
-#define CF_ABI_VERSION 5
+#define CF_ABI_VERSION 6
 
 /**
  * The longest request line [`serve`] reads: a pod with the most
@@ -70,10 +75,9 @@ enum CfStatus
   CF_OK = 0,
   /**
    * The caller broke the contract: a null pointer, text that is not
-   * UTF-8, options or a request that are not the documented JSON, a plan
-   * handed back that is not one this planner made. A bug in the caller,
-   * never in the input data. (A planner used after it was freed is not
-   * detected: that is undefined behaviour.)
+   * UTF-8, options, a request or a report that are not the documented
+   * JSON. A bug in the caller, never in the input data. (A planner used
+   * after it was freed is not detected: that is undefined behaviour.)
    */
   CF_INVALID_ARGUMENT = 1,
   /**
@@ -141,8 +145,8 @@ enum CfStatus
   /**
    * The VM record is not the pod's own (spec section 2): nothing may run
    * in it for this pod and no IP may be published. The message names
-   * both VMs, for the node's log; the pod's event comes from the
-   * `vm-mismatch` value, which never names the other VM.
+   * both VMs, for the node's log; the event a task records on the pod
+   * never names the other VM.
    */
   CF_VM_MISMATCH = 13,
   /**
@@ -366,8 +370,9 @@ void cf_planner_free(struct cf_planner *planner);
  * it, unless `overrides_json` names a boot kind.
  *
  * On `CF_OK`, `*out` is the report `cocoon-fixup plan --output json`
- * prints, with `binding` and, when there is a plan, `seal`: hand `{dialect,
- * steps, vm_id, seal}` back to [`cf_attempt`].
+ * prints, with `binding`. Nothing runs: the plan is for a person or a
+ * tool to look at; a task ([`cf_task_start`]) makes its own and carries
+ * the step out.
  *
  * # Safety
  *
@@ -382,92 +387,6 @@ CfStatus cf_plan(const struct cf_planner *planner,
                  size_t vm_len,
                  const char *overrides_json,
                  char **out);
-
-/**
- * Spec section 8: what to do with a pod, from its annotations.
- *
- * `fixup_needed` is 1 or 0 (the report's `needs_fixup`), or -1 before the
- * VM was looked at: then only the rows that need nothing but the pod
- * decide, and the others answer `needs-facts`.
- *
- * On `CF_OK`, `*out` is `{"action": "nothing"|"parked"|"run-loop"|
- * "ip-wait-only"|"needs-facts", "why": ..., "op": ..., "marker": ...}`:
- * `why` names the reason for `nothing` (`stack-owns`,
- * `hibernate-requested`, `deleting`, `not-managed`, `not-cloned`), `op` the
- * `ResumedAfterRestart` op of work that resumes (`post_clone`,
- * `ready_wait`), `marker` the pod's `post-clone-state` (`running`, `done`
- * or null: with `done` only the IP wait is left, plan nothing).
- *
- * # Safety
- *
- * `pod` is valid for reads of `pod_len` bytes (or null with length 0);
- * `out` is valid for one write of a pointer.
- */
-CfStatus cf_decide(const uint8_t *pod, size_t pod_len, int32_t fixup_needed, char **out);
-
-/**
- * A fresh attempt of a plan: the argv to run after `cocoon vm exec <id>
- * --`, under a new nonce (128 bits from the OS).
- *
- * `plan_json` is `{"dialect", "steps", "vm_id", "seal"}` from a report of
- * this planner (`vm_id` is the report's `vm.id`): the seal covers the plan
- * and the VM it was made for, so a plan without this planner's seal,
- * changed, or handed back for another VM is refused
- * (`CF_INVALID_ARGUMENT`); it is also checked again under the planner's
- * limits. On `CF_OK`, `*out` is `{"vm_id", "nonce": hex, "argv": [..]}`:
- * run `cocoon vm exec <vm_id> -- <argv>`, and pass the nonce to
- * [`cf_verdict`] with the exec's output. A plan of one run step runs
- * directly: its argv carries no nonce and its exit code decides.
- *
- * # Safety
- *
- * `planner` is a live planner; `plan_json` a NUL-terminated string; `out`
- * valid for one write of a pointer.
- */
-CfStatus cf_attempt(const struct cf_planner *planner, const char *plan_json, char **out);
-
-/**
- * The verdict on one exec of an attempt: whether it ran to completion,
- * else the attempt's error as one line and the step it failed in.
- *
- * `exit_code` is the exec's exit code when `term_signal` is 0; otherwise
- * the process was killed by `term_signal`. `stderr_tail` is the end of its
- * stderr (the markers are at the end: keep the last 64 KiB or more) and
- * `stderr_cut` says earlier bytes were dropped.
- *
- * On `CF_OK`, `*out` is `{"ok": bool, "error": line|null, "failure":
- * {"kind": "step"|"interrupted"|"not-started"|"after-last-step", "step",
- * "total", "description", "exit_code", "stderr", "stderr_cut"}|null}`.
- *
- * # Safety
- *
- * `plan_json` and `nonce` are NUL-terminated strings; `stderr_tail` is
- * valid for reads of `stderr_len` bytes (or null with length 0); `out` is valid
- * for one write of a pointer.
- */
-CfStatus cf_verdict(const char *plan_json,
-                    const char *nonce,
-                    int32_t exit_code,
-                    int32_t term_signal,
-                    const uint8_t *stderr_tail,
-                    size_t stderr_len,
-                    bool stderr_cut,
-                    char **out);
-
-/**
- * The annotation values, error-chain lines and events the fixup loop
- * writes, exactly as the daemon writes them. `request_json` names the
- * value in `op`; the README lists each op, its inputs and its answer
- * (`errors-annotation`, `one-line`, `event-message`, `attempt-failed`,
- * `succeeded`, `exhausted`, `plan-failed`, `vm-mismatch`, `still-ours`,
- * `resumed`, `ip-wait-timeout`, `ready`, `state`).
- *
- * # Safety
- *
- * `request_json` is a NUL-terminated string; `out` is valid for one write
- * of a pointer.
- */
-CfStatus cf_values(const char *request_json, char **out);
 
 /**
  * Any call of the library as one JSON op (the `wire` module's table:

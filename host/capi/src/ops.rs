@@ -7,19 +7,12 @@ use std::path::PathBuf;
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
-use hmac::{Hmac, Mac};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use sha2::Sha256;
 
-use fixup_core::annotations::{self, AnnotationPatch, Event, EventType, keys, messages, reasons};
 use fixup_core::binding::{BindingPolicy, Mismatch, Verdict};
-use fixup_core::classify::Scenario;
-use fixup_core::exec::{ExecOutput, ExitStatusKind};
 use fixup_core::facts::{BootKind, FactError, Overrides, PodInput, VmId, VmInspect};
-use fixup_core::lifecycle::{self, Lifecycle, PostCloneState, Row as Action};
 use fixup_core::plan::policy::RawPolicy;
-use fixup_core::plan::{self, Nonce, Plan, StepFailure};
 use fixup_core::planner::{OptionError, Planner, PlannerError, PlannerOptions, PlannerSettings};
 use fixup_core::plugin::cache::default_cache_dir;
 use fixup_core::plugin::{LoadError, PluginError};
@@ -33,10 +26,9 @@ pub enum CfStatus {
     /// Success: the output is the call's JSON document.
     CfOk = 0,
     /// The caller broke the contract: a null pointer, text that is not
-    /// UTF-8, options or a request that are not the documented JSON, a plan
-    /// handed back that is not one this planner made. A bug in the caller,
-    /// never in the input data. (A planner used after it was freed is not
-    /// detected: that is undefined behaviour.)
+    /// UTF-8, options, a request or a report that are not the documented
+    /// JSON. A bug in the caller, never in the input data. (A planner used
+    /// after it was freed is not detected: that is undefined behaviour.)
     CfInvalidArgument = 1,
     /// The pod is not what `kubectl get pod -o json` prints (malformed
     /// JSON, wrong shape, not a Pod).
@@ -80,8 +72,8 @@ pub enum CfStatus {
     CfPanic = 12,
     /// The VM record is not the pod's own (spec section 2): nothing may run
     /// in it for this pod and no IP may be published. The message names
-    /// both VMs, for the node's log; the pod's event comes from the
-    /// `vm-mismatch` value, which never names the other VM.
+    /// both VMs, for the node's log; the event a task records on the pod
+    /// never names the other VM.
     CfVmMismatch = 13,
     /// The VM record is not what `cocoon vm inspect --json` prints: the
     /// cocoon CLI (or its version) is at fault, not the pod; retry later,
@@ -174,9 +166,8 @@ pub struct Options {
     pub strict: bool,
 }
 
-/// A planner, the binding policy it plans under, the permits that keep
-/// plugin calls within the engine's instance slots, and the key that seals
-/// the plans it hands out.
+/// A planner, the binding policy it plans under, and the permits that keep
+/// plugin calls within the engine's instance slots.
 #[derive(Debug)]
 pub struct Built {
     pub planner: Planner,
@@ -184,7 +175,6 @@ pub struct Built {
     /// cocoon-net's lease file.
     pub lease_file: PathBuf,
     permits: Permits,
-    seal_key: SealKey,
 }
 
 impl Built {
@@ -232,52 +222,6 @@ impl Drop for Permit<'_> {
     fn drop(&mut self) {
         *self.0.free.lock().unwrap_or_else(PoisonError::into_inner) += 1;
         self.0.freed.notify_one();
-    }
-}
-
-/// 32 random bytes per planner: a plan handed back for an attempt must
-/// carry the seal this planner put on it, so nothing but a plan it made
-/// (and checked against the plugins' guest policies) is ever rendered
-/// into an exec.
-struct SealKey([u8; 32]);
-
-impl std::fmt::Debug for SealKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SealKey(..)")
-    }
-}
-
-impl SealKey {
-    fn generate() -> Result<Self, Failure> {
-        let mut bytes = [0u8; 32];
-        getrandom::fill(&mut bytes).map_err(|e| {
-            Failure::new(
-                CfStatus::CfLoad,
-                format!("no random bytes for the plan seal: {e}"),
-            )
-        })?;
-        Ok(SealKey(bytes))
-    }
-
-    /// The MAC of a plan for one VM: the VM id (which cannot hold a NUL),
-    /// a NUL, and the plan's own JSON as this crate writes it (the same
-    /// plan always gives the same bytes).
-    fn mac(&self, vm_id: &str, plan: &Plan) -> Hmac<Sha256> {
-        let mut mac =
-            Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes keys of any length");
-        mac.update(vm_id.as_bytes());
-        mac.update(&[0]);
-        mac.update(&serde_json::to_vec(plan).expect("a plan serialises"));
-        mac
-    }
-
-    fn seal(&self, vm_id: &str, plan: &Plan) -> String {
-        hex::encode(self.mac(vm_id, plan).finalize().into_bytes())
-    }
-
-    /// Constant-time: `verify_slice` compares the whole tag.
-    fn verify(&self, vm_id: &str, plan: &Plan, seal: &str) -> bool {
-        hex::decode(seal).is_ok_and(|tag| self.mac(vm_id, plan).verify_slice(&tag).is_ok())
     }
 }
 
@@ -374,7 +318,6 @@ pub fn planner_new(options: &str) -> Result<(Built, String), Failure> {
                 .clone()
                 .unwrap_or_else(|| PathBuf::from(fixup_core::lease::DEFAULT_LEASE_FILE)),
             permits,
-            seal_key: SealKey::generate()?,
         },
         answer,
     ))
@@ -516,8 +459,7 @@ fn read_record(vm: &[u8]) -> Result<VmInspect, Failure> {
 }
 
 /// Plan for a pod and its VM record: the report of `cocoon-fixup plan
-/// --output json`, with the binding verdict and, when there is a plan, its
-/// seal. A VM that is not the pod's is refused before anything looks at
+/// --output json`, with the binding verdict. A VM that is not the pod's is refused before anything looks at
 /// it (`CF_VM_MISMATCH`). Work the host left `running` is planned as
 /// resumed work, as the daemon plans it (spec section 8: the source image
 /// is not known, the disk probe decides), unless `overrides` says
@@ -549,8 +491,8 @@ pub fn plan(built: &Built, pod: &[u8], vm: &[u8], overrides_json: Option<&str>) 
     // Work left `running` is planned as resumed work, as the daemon plans
     // it; a caller that knows the source image keeps it.
     let obs = fixup_core::decision::observe(&pod, &vm, &overrides);
-    let vm_id = VmId::parse(&obs.vm_id)
-        .map_err(|e| Failure::new(CfStatus::CfBadRecord, format!("vm: {e}")))?;
+    // An id cocoon never prints is the record's fault, not the pod's.
+    VmId::parse(&obs.vm_id).map_err(|e| Failure::new(CfStatus::CfBadRecord, format!("vm: {e}")))?;
     let outcome = {
         let _permit = built.permits.acquire();
         built.planner.plan(&obs)
@@ -558,402 +500,7 @@ pub fn plan(built: &Built, pod: &[u8], vm: &[u8], overrides_json: Option<&str>) 
     .map_err(|e| Failure::new(planner_status(&e), e.to_string()))?;
     let mut report = outcome.report(&obs);
     report.binding = Some(verdict);
-    let mut doc = serde_json::to_value(&report)
-        .map_err(|e| Failure::invalid(format!("cannot encode the report: {e}")))?;
-    if let (Some(composed), Some(map)) = (&outcome.composed, doc.as_object_mut()) {
-        let seal = built.seal_key.seal(vm_id.as_str(), &composed.plan);
-        map.insert("seal".into(), Value::String(seal));
-    }
-    to_json(&doc)
-}
-
-fn action_json(action: Action) -> Value {
-    let (name, why) = match action {
-        Action::Nothing(why) => ("nothing", Some(why.as_str())),
-        Action::Parked => ("parked", None),
-        Action::RunLoop => ("run-loop", None),
-        Action::IpWaitOnly => ("ip-wait-only", None),
-    };
-    json!({"action": name, "why": why, "op": action.op()})
-}
-
-/// Spec section 8 for a pod: `fixup_needed` is 1 or 0 from the plan's
-/// `needs_fixup`, or -1 when the VM has not been looked at: then the rows
-/// that need only the pod decide, and the others answer `needs-facts`.
-///
-/// Every answer carries `marker`, the pod's `post-clone-state` as the
-/// table read it (`running`, `done`, or null): with `done` the fixup is
-/// over and only the IP wait is left, so a caller need not plan at all.
-pub fn decide(pod: &[u8], fixup_needed: i32) -> Outcome {
-    let pod = read_pod(pod)?;
-    let mut answer = match fixup_needed {
-        0 | 1 => action_json(lifecycle::decide(&pod, fixup_needed == 1)),
-        -1 => match lifecycle::gate(&pod) {
-            Err(action) => action_json(action),
-            Ok(_) => json!({"action": "needs-facts", "why": null, "op": null}),
-        },
-        other => {
-            return Err(Failure::invalid(format!(
-                "fixup_needed is {other}: pass 1, 0, or -1 (not known yet)"
-            )));
-        }
-    };
-    let marker = PostCloneState::parse(pod.annotation(keys::POST_CLONE_STATE))
-        .filter(|m| *m != PostCloneState::Failed)
-        .map(PostCloneState::as_str);
-    answer["marker"] = json!(marker);
-    to_json(&answer)
-}
-
-/// A plan as a caller hands it back, `{dialect, steps, vm_id, seal}`: the
-/// envelope's two strings (when they are strings), and the rest, which
-/// [`HandedBack::plan`] reads as a plan (its own fields only).
-struct HandedBack {
-    rest: Value,
-    vm_id: Option<String>,
-    seal: Option<String>,
-}
-
-impl HandedBack {
-    fn read(plan_json: &str) -> Result<Self, Failure> {
-        let mut rest: Value = parse("plan", plan_json)?;
-        let mut take = |key: &str| {
-            rest.as_object_mut()
-                .and_then(|map| map.remove(key))
-                .and_then(|value| value.as_str().map(str::to_owned))
-        };
-        let (vm_id, seal) = (take("vm_id"), take("seal"));
-        Ok(HandedBack { rest, vm_id, seal })
-    }
-
-    fn plan(self) -> Result<Plan, Failure> {
-        serde_json::from_value(self.rest).map_err(|e| Failure::invalid(format!("plan: {e}")))
-    }
-}
-
-/// The plan of a report, read back with the VM it was made for: it must
-/// carry this planner's seal over both (so it is a plan the planner made,
-/// policies checked, for that VM), and it is checked again under the
-/// planner's limits.
-fn sealed_plan(built: &Built, plan_json: &str) -> Result<(VmId, Plan), Failure> {
-    let mut back = HandedBack::read(plan_json)?;
-    let missing = |key: &str| {
-        Failure::invalid(format!(
-            "plan: no {key}; hand back {{dialect, steps, vm_id, seal}} of a report"
-        ))
-    };
-    let seal = back.seal.take().ok_or_else(|| missing("seal"))?;
-    let vm_id = back.vm_id.take().ok_or_else(|| missing("vm_id"))?;
-    let vm_id = VmId::parse(&vm_id).map_err(|e| Failure::invalid(format!("plan: vm_id: {e}")))?;
-    let plan = back.plan()?;
-    if !built.seal_key.verify(vm_id.as_str(), &plan, &seal) {
-        return Err(Failure::invalid(
-            "plan: the seal does not match: it is not a plan this planner made for this VM (or it was changed)",
-        ));
-    }
-    plan.check(&built.planner.plugins().limits().plan)
-        .and_then(|()| plan.check_reviewable())
-        .map_err(|e| Failure::invalid(format!("plan: {e}")))?;
-    Ok((vm_id, plan))
-}
-
-/// A fresh attempt of a plan: the VM to run it in and the exec argv (after
-/// `cocoon vm exec <vm_id> --`) under a new nonce.
-pub fn attempt(built: &Built, plan_json: &str) -> Outcome {
-    let (vm_id, plan) = sealed_plan(built, plan_json)?;
-    let exec = plan::render_exec(&plan);
-    // The hint was checked when the plan was made; the exec is what runs.
-    plan::check_rendered(&plan, &exec, "").map_err(|e| Failure::invalid(format!("plan: {e}")))?;
-    let nonce = Nonce::generate().map_err(|e| Failure::new(CfStatus::CfNode, e.to_string()))?;
-    let argv = plan::exec_argv(&plan, &exec, &nonce);
-    to_json(&json!({"vm_id": vm_id.as_str(), "nonce": nonce.as_str(), "argv": argv}))
-}
-
-/// What an exec of an attempt left behind.
-#[derive(Debug, Clone, Copy)]
-pub struct ExecStatus {
-    /// The exit code; ignored when `signal` is not 0.
-    pub exit_code: i32,
-    /// The signal that killed the process, or 0.
-    pub signal: i32,
-    pub stderr_cut: bool,
-}
-
-fn failure_json(failure: &StepFailure) -> Value {
-    let tail = failure.stderr();
-    let base = json!({"stderr": tail.text, "stderr_cut": tail.cut});
-    let mut doc = match failure {
-        StepFailure::Step {
-            step,
-            total,
-            description,
-            exit_code,
-            ..
-        } => {
-            json!({"kind": "step", "step": step, "total": total, "description": description, "exit_code": exit_code})
-        }
-        StepFailure::Interrupted {
-            step,
-            total,
-            description,
-            exit_code,
-            ..
-        } => {
-            json!({"kind": "interrupted", "step": step, "total": total, "description": description, "exit_code": exit_code})
-        }
-        StepFailure::NotStarted { exit_code, .. } => {
-            json!({"kind": "not-started", "step": null, "total": null, "description": null, "exit_code": exit_code})
-        }
-        StepFailure::AfterLastStep {
-            total, exit_code, ..
-        } => {
-            json!({"kind": "after-last-step", "step": null, "total": total, "description": null, "exit_code": exit_code})
-        }
-    };
-    if let (Some(doc), Some(base)) = (doc.as_object_mut(), base.as_object()) {
-        doc.extend(base.clone());
-    }
-    doc
-}
-
-/// The verdict on one exec of an attempt: ran to completion, or the
-/// attempt's error line with the step it failed in.
-pub fn verdict(plan_json: &str, nonce: &str, status: ExecStatus, stderr: &[u8]) -> Outcome {
-    // The verdict only reads the markers back: no seal is needed.
-    let plan = HandedBack::read(plan_json)?.plan()?;
-    let nonce = Nonce::parse(nonce)
-        .ok_or_else(|| Failure::invalid("nonce: not the 32 hex digits an attempt returned"))?;
-    let out = ExecOutput {
-        status: if status.signal != 0 {
-            ExitStatusKind::Signal(status.signal)
-        } else {
-            ExitStatusKind::Code(status.exit_code)
-        },
-        stdout: Vec::new(),
-        stderr: stderr.to_vec(),
-        stderr_cut: status.stderr_cut,
-    };
-    let answer = match fixup_core::exec::verdict(&plan, &nonce, &out) {
-        Ok(()) => json!({"ok": true, "error": null, "failure": null}),
-        Err(error) => {
-            let failure = plan::attribute_failure(&plan, &nonce, out.code(), &out.stderr);
-            json!({"ok": false, "error": error, "failure": failure_json(&failure)})
-        }
-    };
-    to_json(&answer)
-}
-
-/// A request to [`values`]: which value, and its inputs.
-#[derive(Debug, Deserialize)]
-#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
-enum ValueRequest {
-    ErrorsAnnotation {
-        errors: Vec<String>,
-    },
-    OneLine {
-        text: String,
-    },
-    EventMessage {
-        message: String,
-    },
-    AttemptFailed {
-        attempt: u32,
-        error: String,
-    },
-    Succeeded {
-        scenario: String,
-        attempts: u32,
-    },
-    Exhausted {
-        annotations: BTreeMap<String, String>,
-        scenario: String,
-        hint: String,
-        /// Upstream's op: `create`, `update` or `reconcile`.
-        operation: String,
-        errors: Vec<String>,
-    },
-    PlanFailed {
-        annotations: BTreeMap<String, String>,
-        error: String,
-    },
-    VmMismatch {
-        pod_json: String,
-        vm_json: String,
-        #[serde(default)]
-        accept_legacy_vm_names: bool,
-    },
-    StillOurs {
-        pod_json: String,
-        uid: String,
-        vm_id: String,
-    },
-    Resumed {
-        work: String,
-    },
-    IpWaitTimeout {
-        annotations: BTreeMap<String, String>,
-        vm_name: String,
-        budget_ms: u64,
-        /// A hibernate wake's wording (`wake <vm name>: ...`,
-        /// `WakeIPWaitTimeout`).
-        #[serde(default)]
-        wake: bool,
-    },
-    Ready {
-        annotations: BTreeMap<String, String>,
-        ip: std::net::Ipv4Addr,
-    },
-    State {
-        state: String,
-    },
-}
-
-fn event_json(event: &Event) -> Value {
-    json!({
-        "type": match event.kind { EventType::Normal => "Normal", EventType::Warning => "Warning" },
-        "reason": event.reason,
-        "message": event.message,
-        "action": event.action(),
-    })
-}
-
-fn patch_json(patch: &AnnotationPatch) -> Value {
-    Value::Object(
-        patch
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone().map_or(Value::Null, Value::String)))
-            .collect(),
-    )
-}
-
-/// The annotation values, error-chain lines and events the fixup loop
-/// writes, as the daemon writes them. One entry point for all of them, so
-/// a new value needs no new C symbol.
-pub fn values(request: &str) -> Outcome {
-    let request: ValueRequest = parse("request", request)?;
-    let answer = match request {
-        ValueRequest::ErrorsAnnotation { errors } => json!({
-            "key": keys::POST_CLONE_ERRORS,
-            "value": annotations::errors_annotation(&errors),
-        }),
-        ValueRequest::OneLine { text } => json!({"value": annotations::one_line(&text)}),
-        ValueRequest::EventMessage { message } => json!({
-            "value": annotations::cap_utf8(message, annotations::EVENT_MESSAGE_MAX, "… [truncated]"),
-        }),
-        ValueRequest::AttemptFailed { attempt, error } => {
-            let line = messages::attempt_line(attempt, &error);
-            let event = Event::warning(reasons::EXEC_ATTEMPT_FAILED, line.clone());
-            json!({"line": line, "event": event_json(&event)})
-        }
-        ValueRequest::Succeeded { scenario, attempts } => {
-            let Some(scenario) = Scenario::ALL.into_iter().find(|s| s.as_str() == scenario) else {
-                return Err(Failure::invalid(format!(
-                    "scenario is {scenario:?}: use one of the scenarios plan reports (cloudimg, oci-networkd, fc-mac, windows-pnp)"
-                )));
-            };
-            let event = Event::normal(reasons::SUCCEEDED, messages::succeeded(scenario, attempts));
-            json!({"patch": patch_json(&annotations::state_patch(PostCloneState::Done)), "event": event_json(&event)})
-        }
-        ValueRequest::Exhausted {
-            annotations: current,
-            scenario,
-            hint,
-            operation,
-            errors,
-        } => {
-            if !matches!(operation.as_str(), "create" | "update" | "reconcile") {
-                return Err(Failure::invalid(format!(
-                    "operation is {operation:?}: use create (a first fixup), update (one a pod update started) or reconcile (work resumed)"
-                )));
-            }
-            let event = Event::warning(
-                reasons::EXEC_EXHAUSTED,
-                messages::exhausted(&operation, &errors),
-            );
-            let record = annotations::exhausted_record(&current, &hint, &scenario, errors);
-            json!({
-                "patch": patch_json(&record.patch),
-                "errors": record.errors,
-                "hint_left_out": record.hint_left_out.map(|e| e.to_string()),
-                "event": event_json(&event),
-            })
-        }
-        ValueRequest::PlanFailed {
-            annotations: current,
-            error,
-        } => {
-            let line = messages::plan_failed(&error);
-            let patch = annotations::plan_failed_record(&current, &line);
-            let event = Event::warning(reasons::PLAN_FAILED, line.clone());
-            json!({"line": line, "patch": patch_json(&patch), "event": event_json(&event)})
-        }
-        ValueRequest::VmMismatch {
-            pod_json,
-            vm_json,
-            accept_legacy_vm_names,
-        } => {
-            let pod = read_pod(pod_json.as_bytes())?;
-            let vm = read_record(vm_json.as_bytes())?;
-            let policy = BindingPolicy {
-                accept_legacy_names: accept_legacy_vm_names,
-                ..BindingPolicy::default()
-            };
-            match bind_record(&pod, &vm, policy) {
-                Ok(_) => json!({"event": null}),
-                Err(m) => {
-                    let message = messages::vm_mismatch(&m, &pod.namespace, &pod.name);
-                    json!({"event": event_json(&Event::warning(reasons::VM_MISMATCH, message))})
-                }
-            }
-        }
-        ValueRequest::StillOurs {
-            pod_json,
-            uid,
-            vm_id,
-        } => {
-            let pod = read_pod(pod_json.as_bytes())?;
-            json!({"value": lifecycle::still_ours(&pod, &uid, &vm_id)})
-        }
-        ValueRequest::Resumed { work } => {
-            if !matches!(work.as_str(), "post_clone" | "ready_wait") {
-                return Err(Failure::invalid(format!(
-                    "work is {work:?}: use post_clone or ready_wait (the decision's op)"
-                )));
-            }
-            let event = Event::normal(reasons::RESUMED_AFTER_RESTART, messages::resumed(&work));
-            json!({"event": event_json(&event)})
-        }
-        ValueRequest::IpWaitTimeout {
-            annotations: current,
-            vm_name,
-            budget_ms,
-            wake,
-        } => {
-            let message =
-                messages::ip_wait_timeout(&vm_name, Duration::from_millis(budget_ms), wake);
-            let patch = lifecycle::transition(&current, Lifecycle::Failed, &message);
-            let reason = if wake {
-                reasons::WAKE_IP_WAIT_TIMEOUT
-            } else {
-                reasons::IP_WAIT_TIMEOUT
-            };
-            let event = Event::warning(reason, message);
-            json!({"patch": patch.as_ref().map(patch_json), "event": event_json(&event)})
-        }
-        ValueRequest::Ready {
-            annotations: current,
-            ip,
-        } => {
-            json!({"patch": patch_json(&annotations::ready_patch(&current, ip))})
-        }
-        ValueRequest::State { state } => {
-            let state = PostCloneState::parse(&state).ok_or_else(|| {
-                Failure::invalid(format!("state is {state:?}: use running, done or failed"))
-            })?;
-            json!({"patch": patch_json(&annotations::state_patch(state))})
-        }
-    };
-    to_json(&answer)
+    to_json(&report)
 }
 
 #[cfg(test)]

@@ -13,8 +13,9 @@
 //!
 //! `{"id": n, "op": "<op>", ...}`; `id` (any JSON value) is echoed in the
 //! response, so a pipe's client can match answers that come out of order.
-//! Text inputs (`pod`, `vm`, `plan`) are JSON strings holding the document
-//! as `kubectl` or `cocoon` printed it; `stderr` is base64.
+//! Text inputs (`pod`, `vm`) are JSON strings holding the document as
+//! `kubectl` or `cocoon` printed it. The task ops are the one way to embed
+//! the step; `plan` shows what it would run.
 //!
 //! | op | fields | `ok` |
 //! |---|---|---|
@@ -22,10 +23,6 @@
 //! | `planner_new` | `options` (object or null) | `{"planner": handle, "load_failures", "warnings", "slots"}` |
 //! | `planner_free` | `planner` | `{}` |
 //! | `plan` | `planner`, `pod`, `vm`, `overrides` | the report (`cf_plan`) |
-//! | `decide` | `pod`, `needed` (-1, 0 or 1) | the decision (`cf_decide`) |
-//! | `attempt` | `planner`, `plan` | the attempt (`cf_attempt`) |
-//! | `verdict` | `plan`, `nonce`, `exit_code`, `signal`, `stderr`, `stderr_cut` | the verdict (`cf_verdict`) |
-//! | `values` | `request` (object) | the value (`cf_values`) |
 //! | `task_start` | `planner`, `pod`, `options` (object or null) | `{"task": handle, "action": {...}}` |
 //! | `task_next` | `task`, `report` (object) | the next action |
 //! | `task_free` | `task` | `{}` (a console op of the task in flight ends `cancelled`) |
@@ -50,13 +47,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
-use base64::Engine as _;
 use serde_json::{Map, Value, json};
 
 use fixup_core::memory::PodMemory;
 
 use crate::console;
-use crate::ops::{self, Built, CfStatus, ExecStatus, Failure};
+use crate::ops::{self, Built, CfStatus, Failure};
 use crate::task::{self, Task};
 
 /// The longest request line [`serve`] reads: a pod with the most
@@ -125,13 +121,6 @@ fn handle(request: &Map<String, Value>, key: &str) -> Result<u64, Failure> {
     field(request, key)?
         .as_u64()
         .ok_or_else(|| Failure::invalid(format!("{key:?} must be a handle")))
-}
-
-fn int(request: &Map<String, Value>, key: &str) -> Result<i32, Failure> {
-    field(request, key)?
-        .as_i64()
-        .and_then(|n| i32::try_from(n).ok())
-        .ok_or_else(|| Failure::invalid(format!("{key:?} must be a 32-bit integer")))
 }
 
 /// A document an op returned as text, as a value.
@@ -243,39 +232,6 @@ impl Session {
                 )?;
                 document(&answer)
             }
-            "decide" => {
-                let answer =
-                    ops::decide(text(request, "pod")?.as_bytes(), int(request, "needed")?)?;
-                document(&answer)
-            }
-            "attempt" => {
-                let built = self.planner(request)?;
-                document(&ops::attempt(&built, text(request, "plan")?)?)
-            }
-            "verdict" => {
-                let stderr = match request.get("stderr") {
-                    None | Some(Value::Null) => Vec::new(),
-                    Some(Value::String(b64)) => base64::engine::general_purpose::STANDARD
-                        .decode(b64)
-                        .map_err(|e| Failure::invalid(format!("\"stderr\" is not base64: {e}")))?,
-                    Some(_) => return Err(Failure::invalid("\"stderr\" must be base64 text")),
-                };
-                let status = ExecStatus {
-                    exit_code: int(request, "exit_code")?,
-                    signal: int(request, "signal")?,
-                    stderr_cut: request
-                        .get("stderr_cut")
-                        .and_then(Value::as_bool)
-                        .unwrap_or(false),
-                };
-                document(&ops::verdict(
-                    text(request, "plan")?,
-                    text(request, "nonce")?,
-                    status,
-                    &stderr,
-                )?)
-            }
-            "values" => document(&ops::values(&required_object_text(request, "request")?)?),
             "task_start" => {
                 let built = self.planner(request)?;
                 let options = object_text(request, "options")?;
@@ -333,7 +289,7 @@ impl Session {
             "observe" => observe(request),
             "merge" => merge(request),
             other => Err(Failure::invalid(format!(
-                "unknown op {other:?}: abi, planner_new, planner_free, plan, decide, attempt, verdict, values, task_start, task_next, task_free, task_cancel, console_open, console_set, lease, observe, merge"
+                "unknown op {other:?}: abi, planner_new, planner_free, plan, task_start, task_next, task_free, task_cancel, console_open, console_set, lease, observe, merge"
             ))),
         }
     }
@@ -855,14 +811,14 @@ mod tests {
             "expired"
         );
         assert_eq!(lease("nonsense")["error"]["status"], 1);
-        let decided = ask(
+        let started = ask(
             &session,
-            json!({"op": "decide", "pod": "{\"kind\": \"Pod\"", "needed": 0}),
+            json!({"op": "task_start", "planner": planner, "pod": "{\"kind\": \"Pod\""}),
         );
         assert_eq!(
-            decided["error"]["status"],
+            started["error"]["status"],
             CfStatus::CfBadInput as i32,
-            "{decided}"
+            "{started}"
         );
         ask(&session, json!({"op": "planner_free", "planner": planner}));
         let gone = ask(

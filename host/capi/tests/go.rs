@@ -63,7 +63,7 @@ const PACKAGE_TESTS: &[&str] = &[
     "TestHostilePluginErrorsAreTyped",
     "TestMemoryIsFlat",
     "TestCallersQueueForSlots",
-    "TestAttemptsTakeOnlySealedPlans",
+    "TestEachExecIsJudgedByItsOwnMarkers",
     "TestCloseWhileCallsAreInFlight",
     "TestConformanceThroughRun",
     "TestProviderFlow",

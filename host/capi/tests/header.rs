@@ -39,15 +39,23 @@ fn check(path: &Path, fresh: &str) {
 #[test]
 fn the_checked_in_headers_are_fresh() {
     let fresh = fresh_header();
+    for gone in ["cf_decide", "cf_attempt", "cf_verdict", "cf_values"] {
+        assert!(
+            !fresh.contains(&format!("CfStatus {gone}(")),
+            "{gone} is declared in the header: the task is the one way to embed"
+        );
+    }
     for symbol in [
         "cf_abi_version",
         "cf_planner_new",
         "cf_planner_free",
         "cf_plan",
-        "cf_decide",
-        "cf_attempt",
-        "cf_verdict",
-        "cf_values",
+        "cf_task_start",
+        "cf_task_next",
+        "cf_task_cancel",
+        "cf_task_free",
+        "cf_console_open",
+        "cf_console_set",
         "cf_string_free",
         "cf_call",
         "CF_OK",

@@ -1,8 +1,8 @@
 // Package provider is the program's provider over cocoonfixup: it
 // adapts its own runtime to the package, owns the lifecycle keys through
 // its intent table, and runs the post-clone step for a pod it has just
-// booted and, after its own restart, for every pod on its node that has
-// work.
+// booted and, after its own restart, for every pod on its node: the
+// library decides which have work.
 package provider
 
 import (
@@ -99,10 +99,11 @@ type Result struct {
 	Err       error
 }
 
-// StartupReconcile is the provider's start: every pod on its node that
-// the gate gives work is handed to Run with TriggerStartup, its VM found
-// running (BootResume), one after another. Pods the gate leaves alone or
-// finds parked are not run.
+// StartupReconcile is the provider's start: every pod on its node is
+// handed to Run with TriggerStartup, its VM found running (BootResume),
+// one after another, and the library decides what each needs. The
+// results are the pods it had work for: those it left alone or found
+// parked are not listed.
 func (p *Provider) StartupReconcile(ctx context.Context) ([]Result, error) {
 	pods, err := p.API.NodePods(ctx)
 	if err != nil {
@@ -115,16 +116,10 @@ func (p *Provider) StartupReconcile(ctx context.Context) ([]Result, error) {
 			return results, fmt.Errorf("reading a listed pod: %w", err)
 		}
 		r := Result{Namespace: m.Metadata.Namespace, Name: m.Metadata.Name}
-		gate, err := p.Planner.Gate(ctx, pod)
-		if err != nil {
-			r.Err = err
-			results = append(results, r)
-			continue
-		}
-		if gate.Action == cocoonfixup.Nothing || gate.Action == cocoonfixup.Parked {
-			continue
-		}
 		r.Outcome, r.Err = p.Planner.Run(ctx, pod, p.Guest(), p.API, p.options(cocoonfixup.TriggerStartup, cocoonfixup.BootResume))
+		if r.Err == nil && (r.Outcome.Action == cocoonfixup.HandledNothing || r.Outcome.Action == cocoonfixup.HandledParked) {
+			continue
+		}
 		results = append(results, r)
 	}
 	return results, nil

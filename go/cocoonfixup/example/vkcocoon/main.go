@@ -29,21 +29,31 @@ import (
 	"github.com/cocoonstack/cocoon-fixup/go/cocoonfixup/guesttest"
 )
 
-// Guest is a stand-in cocoon: VM records by id, and execs answered as
-// the rendered script would answer them, failing the first FailFirst
-// attempts at their second step; Block holds every exec until its
-// context ends.
+// Guest is a stand-in cocoon: VM records by id, the first
+// InspectFailFirst inspects failing as a busy cocoon fails them, and
+// execs answered as the rendered script would answer them, failing the
+// first FailFirst attempts at their second step; Block holds every exec
+// until its context ends.
 type Guest struct {
-	Records   map[string][]byte
-	FailFirst int
-	Block     bool
+	Records          map[string][]byte
+	InspectFailFirst int
+	FailFirst        int
+	Block            bool
 
-	mu    sync.Mutex
-	execs int
+	mu       sync.Mutex
+	inspects int
+	execs    int
 }
 
 // Inspect is `cocoon vm inspect --json`.
 func (g *Guest) Inspect(ctx context.Context, vm string, timeout time.Duration) ([]byte, error) {
+	g.mu.Lock()
+	g.inspects++
+	busy := g.inspects <= g.InspectFailFirst
+	g.mu.Unlock()
+	if busy {
+		return nil, fmt.Errorf("cocoon: vm inspect %s: timed out waiting for the VM's lock", vm)
+	}
 	if doc, ok := g.Records[vm]; ok {
 		return doc, nil
 	}

@@ -139,12 +139,7 @@ func TestDeletePodCancelsTheStep(t *testing.T) {
 func TestReconcileResumesRunningWork(t *testing.T) {
 	guest := &Guest{Records: map[string][]byte{}}
 	p, api, _, got := setup(t, guest)
-	running := "running"
-	if _, err := api.PatchAnnotations(context.Background(), "apps", "web-0", cocoonfixup.PodPatch{
-		Annotations: cocoonfixup.Patch{cocoonfixup.KeyPostCloneState: &running}, UID: uid(t, api, "apps", "web-0"),
-	}); err != nil {
-		t.Fatal(err)
-	}
+	leftRunning(t, api, "apps", "web-0")
 	var all [][]byte
 	for _, name := range []string{"web-0", "db-1"} {
 		pod, _ := api.Get(context.Background(), "apps", name)
@@ -161,17 +156,33 @@ func TestReconcileResumesRunningWork(t *testing.T) {
 	if out := got.out["apps/db-1"]; out == nil || out.Fixup != "done" {
 		t.Errorf("db-1: %v %v", out, got.err["apps/db-1"])
 	}
-	resumed := 0
-	for _, e := range api.Events {
-		if e.Reason == cocoonfixup.ReasonResumedAfterRestart {
-			resumed++
-		}
-	}
 	// Every pod with work at the start announces it (the daemon's startup
 	// reconciliation does the same).
-	if resumed != 2 {
+	if resumed := resumedEvents(api); resumed != 2 {
 		t.Errorf("%d ResumedAfterRestart events, want 2 (web-0's and db-1's): %+v", resumed, api.Events)
 	}
+}
+
+// leftRunning marks the pod's work `running`, as a provider that
+// stopped mid-fixup leaves it.
+func leftRunning(t *testing.T, api *API, namespace, name string) {
+	running := "running"
+	if _, err := api.PatchAnnotations(context.Background(), namespace, name, cocoonfixup.PodPatch{
+		Annotations: cocoonfixup.Patch{cocoonfixup.KeyPostCloneState: &running}, UID: uid(t, api, namespace, name),
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// resumedEvents counts the ResumedAfterRestart events recorded.
+func resumedEvents(api *API) int {
+	n := 0
+	for _, e := range api.Events {
+		if e.Reason == cocoonfixup.ReasonResumedAfterRestart {
+			n++
+		}
+	}
+	return n
 }
 
 func uid(t *testing.T, api *API, namespace, name string) string {
@@ -183,16 +194,16 @@ func uid(t *testing.T, api *API, namespace, name string) string {
 	return m.Metadata.UID
 }
 
-// A step the node keeps from finishing is tried again while the pod is
-// the same pod: once another pod holds its name (a new uid), the retries
-// stop, and the new pod's own CreatePod runs its step.
+// A step the node keeps from finishing is tried again, after the wait
+// the stop says (a second for the first), while the pod is the same pod:
+// once another pod holds its name (a new uid), the retries stop, and the
+// new pod's own CreatePod runs its step.
 func TestRetriesStopWhenThePodIsReplaced(t *testing.T) {
 	guest := &Guest{Records: map[string][]byte{}}
 	p, api, _, got := setup(t, guest)
 	// No VM records (setup filled them): every inspect fails, a
 	// retryable stop.
 	guest.Records = map[string][]byte{}
-	p.RetryAfter = 5 * time.Millisecond
 	web, _ := api.Get(context.Background(), "apps", "web-0")
 	if web == nil {
 		t.Fatal("no web-0 example")
@@ -225,6 +236,38 @@ func TestRetriesStopWhenThePodIsReplaced(t *testing.T) {
 	case err == nil && out != nil && out.Action == "gone":
 	default:
 		t.Errorf("the last Run: %+v %v", out, err)
+	}
+}
+
+// A startup's step that stops before anything was told (its inspect
+// failed) is tried again as the stop says: after its wait, still as a
+// startup, so the resumed work is announced once, on the try that gets
+// to it.
+func TestARetryKeepsTheStopsTrigger(t *testing.T) {
+	guest := &Guest{Records: map[string][]byte{}, InspectFailFirst: 1}
+	p, api, _, got := setup(t, guest)
+	leftRunning(t, api, "apps", "web-0")
+	web, _ := api.Get(context.Background(), "apps", "web-0")
+	started := time.Now()
+	if err := p.Reconcile([][]byte{web}); err != nil {
+		t.Fatal(err)
+	}
+	p.Wait()
+	if out, err := got.out["apps/web-0"], got.err["apps/web-0"]; err != nil || out == nil || out.Fixup != "done" {
+		t.Fatalf("web-0 after the retry: %+v %v", out, err)
+	}
+	// The first stop's wait, as the library gives it.
+	if waited := time.Since(started); waited < time.Second {
+		t.Errorf("the retry came %v after the start, before the stop's wait of 1s", waited)
+	}
+	guest.mu.Lock()
+	inspects := guest.inspects
+	guest.mu.Unlock()
+	if inspects != 2 {
+		t.Errorf("%d inspects, want the failed one and the retry's", inspects)
+	}
+	if resumed := resumedEvents(api); resumed != 1 {
+		t.Errorf("%d ResumedAfterRestart events, want the retry's one: %+v", resumed, api.Events)
 	}
 }
 

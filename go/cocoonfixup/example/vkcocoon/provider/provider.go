@@ -3,8 +3,9 @@
 // the step in a goroutine per pod, DeletePod and a hibernation cancel it
 // (the pod's `running` stays for later, nothing is marked failed), and
 // the start of the provider resumes work it finds `running`. Run does the
-// whole step; the provider only owns its goroutines and hands Run its
-// cocoon and its Kubernetes client. The example's command runs it over
+// whole step and, when it stops, says when and how to try again; the
+// provider only owns its goroutines and timers and hands Run its cocoon
+// and its Kubernetes client. The example's command runs it over
 // stand-ins, and the client-go adapter's tests
 // (go/cocoonfixup/kubeclient) run it against a real API server.
 package provider
@@ -32,9 +33,6 @@ type Provider struct {
 	// and restarts; Admission bounds the pods worked on at once.
 	Records   cocoonfixup.Records
 	Admission *cocoonfixup.Admission
-	// RetryAfter is the wait before a step the node kept from finishing
-	// is tried again (default 5s).
-	RetryAfter time.Duration
 	// Done receives each pod's outcome (or error) when its step ends.
 	Done func(pod string, out *cocoonfixup.Outcome, err error)
 
@@ -83,30 +81,32 @@ func (p *Provider) start(pod []byte, trigger cocoonfixup.Trigger) error {
 			p.mu.Unlock()
 			cancel()
 		}()
-		retry := p.RetryAfter
-		if retry <= 0 {
-			retry = 5 * time.Second
-		}
 		var out *cocoonfixup.Outcome
 		var err error
+		tries := 0
 		for {
 			p.mu.Lock()
 			watched := p.watched[m.Metadata.UID]
 			p.mu.Unlock()
 			out, err = p.Planner.Run(ctx, pod, p.Cocoon, p.API, cocoonfixup.RunOptions{
-				Trigger: trigger, Leases: p.Leases, Settings: p.Settings,
+				Trigger: trigger, Tries: tries, Leases: p.Leases, Settings: p.Settings,
 				Records: p.Records, Admission: p.Admission, WatchedSinceNew: watched,
 			})
-			// The node kept the step from finishing (the library's
-			// child restarting, a cocoon or API error before anything
-			// was decided): try again later, as a retry, until the pod
-			// is deleted.
-			if !errors.Is(err, cocoonfixup.ErrRetryable) {
+			// The step stopped before it could decide (a cocoon or API
+			// error): the library says when and how to try again, and
+			// the provider only waits, until the pod is deleted. Any
+			// other end, a stop not to be tried again among them, is
+			// the step's last word until the pod's next CreatePod or the
+			// provider's next start.
+			var stop *cocoonfixup.StopError
+			if !errors.As(err, &stop) || stop.Again == nil {
 				break
 			}
+			wait := time.NewTimer(stop.Again.After)
 			select {
-			case <-time.After(retry):
+			case <-wait.C:
 			case <-ctx.Done():
+				wait.Stop()
 			}
 			if ctx.Err() != nil {
 				break
@@ -121,7 +121,7 @@ func (p *Provider) start(pod []byte, trigger cocoonfixup.Trigger) error {
 				}
 				pod = now
 			}
-			trigger = cocoonfixup.TriggerRetry
+			trigger, tries = stop.Again.Trigger, stop.Again.Tries
 		}
 		if p.Done != nil {
 			p.Done(m.Metadata.Namespace+"/"+m.Metadata.Name, out, err)
