@@ -3,7 +3,7 @@ package cocoonfixup
 import "encoding/json"
 
 // Report is what Plan returns: the document `cocoon-fixup plan --output
-// json` prints (its schema is in the README), with the binding verdict.
+// json` prints (its schema is in docs/cli.md), with the binding verdict.
 type Report struct {
 	Pod        string      `json:"pod"`
 	VM         VMRef       `json:"vm"`

@@ -1,4 +1,4 @@
-/* cocoon-fixup's post-clone step as a task: the C ABI of libcocoon_fixup (host/capi). The task is the one way to embed it: cf_task_start starts it for a pod, the embedder carries out each action it hands out and reports back with cf_task_next until it finishes. Inputs and answers are JSON; see the crate documentation and the README. */
+/* cocoon-fixup's post-clone step as a task: the C ABI of libcocoon_fixup (host/capi). The task is the one way to embed it: cf_task_start starts it for a pod, the embedder carries out each action it hands out and reports back with cf_task_next until it finishes. Inputs and answers are JSON; see the crate documentation and docs/embedding.md. */
 
 #ifndef COCOON_FIXUP_H
 #define COCOON_FIXUP_H
@@ -221,7 +221,7 @@ CfStatus cf_planner_new(const char *options_json, struct cf_planner **planner, c
  * when to retry, what to write, the IP wait, what a shutdown means), and
  * the caller carries out each action and reports back with
  * [`cf_task_next`]. The actions and reports are JSON; `src/task.rs` (and
- * the README's "Embedding" section) lists them.
+ * docs/embedding.md) lists them.
  *
  * `pod` is the pod as read from the API server; `options_json` (may be
  * null) is `{"trigger": "event"|"startup"|"retry"|"prepare", "settings":
@@ -231,13 +231,16 @@ CfStatus cf_planner_new(const char *options_json, struct cf_planner **planner, c
  * "wake_grace_ms", "wake_event_reporters", "sac_deadline_ms",
  * "dhcp_recovery", "windows_renew", "lifecycle_intents"},
  * "memory": {"record", "now_unix_ms", "watched_since_new"},
- * "now_unix_ms", "knows": {"boot", "source_image", "record_lacks"}}`
+ * "now_unix_ms", "knows": {"boot", "source_image", "record_lacks"},
+ * "tries"}`
  * (each optional; the daemon's defaults; the wall clock `now_unix_ms`,
  * in `memory` or alone, is what the stack's wake events are judged by:
  * without it none counts; `lifecycle_intents` hands the lifecycle keys
  * to the caller as `publish` actions; `knows` is the caller's own
  * knowledge of the VM: how it booted it, the snapshot's source image,
- * the facts its record lacks). Trigger `prepare` is no fixup: the task prepares
+ * the facts its record lacks; `tries` the stops in a row before this
+ * task, the last stop's `again.tries`). A stop's `again` says when and
+ * with which trigger and tries to start the pod's next task. Trigger `prepare` is no fixup: the task prepares
  * the pod's running VM to be cloned, before its snapshot (`cocoon-fixup
  * prepare`).
  *

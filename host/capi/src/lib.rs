@@ -27,7 +27,7 @@
 //! JSON keeps the ABI to a few symbols that do not change when an action,
 //! a report or the plan report gains a field: the actions and reports are
 //! listed in `src/task.rs`, and the plan report is the document
-//! `cocoon-fixup plan --output json` prints (its schema is in the README).
+//! `cocoon-fixup plan --output json` prints (its schema is in docs/cli.md).
 //! The cost is a parse per call on either side, microseconds beside a
 //! plugin call.
 //!
@@ -324,7 +324,7 @@ unsafe fn task_of<'a>(
 /// when to retry, what to write, the IP wait, what a shutdown means), and
 /// the caller carries out each action and reports back with
 /// [`cf_task_next`]. The actions and reports are JSON; `src/task.rs` (and
-/// the README's "Embedding" section) lists them.
+/// docs/embedding.md) lists them.
 ///
 /// `pod` is the pod as read from the API server; `options_json` (may be
 /// null) is `{"trigger": "event"|"startup"|"retry"|"prepare", "settings":
@@ -334,13 +334,16 @@ unsafe fn task_of<'a>(
 /// "wake_grace_ms", "wake_event_reporters", "sac_deadline_ms",
 /// "dhcp_recovery", "windows_renew", "lifecycle_intents"},
 /// "memory": {"record", "now_unix_ms", "watched_since_new"},
-/// "now_unix_ms", "knows": {"boot", "source_image", "record_lacks"}}`
+/// "now_unix_ms", "knows": {"boot", "source_image", "record_lacks"},
+/// "tries"}`
 /// (each optional; the daemon's defaults; the wall clock `now_unix_ms`,
 /// in `memory` or alone, is what the stack's wake events are judged by:
 /// without it none counts; `lifecycle_intents` hands the lifecycle keys
 /// to the caller as `publish` actions; `knows` is the caller's own
 /// knowledge of the VM: how it booted it, the snapshot's source image,
-/// the facts its record lacks). Trigger `prepare` is no fixup: the task prepares
+/// the facts its record lacks; `tries` the stops in a row before this
+/// task, the last stop's `again.tries`). A stop's `again` says when and
+/// with which trigger and tries to start the pod's next task. Trigger `prepare` is no fixup: the task prepares
 /// the pod's running VM to be cloned, before its snapshot (`cocoon-fixup
 /// prepare`).
 ///
