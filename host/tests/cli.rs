@@ -568,7 +568,10 @@ fn embed_answers_ignores_sigterm_and_ends_with_its_input() {
         stdout.read_line(&mut line).unwrap();
         serde_json::from_str::<serde_json::Value>(&line).unwrap()
     };
-    assert_eq!(ask(r#"{"id": 1, "op": "abi"}"#)["ok"]["abi"], 5);
+    assert_eq!(
+        ask(r#"{"id": 1, "op": "abi"}"#)["ok"]["abi"],
+        cocoon_fixup::CF_ABI_VERSION
+    );
     let pid = rustix::process::Pid::from_raw(i32::try_from(child.id()).unwrap()).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(200));
