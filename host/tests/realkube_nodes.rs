@@ -1043,13 +1043,20 @@ impl Cluster {
             Api::namespaced(client_at(&self.dir, "controller").await, NAMESPACE);
         let admin: Api<Pod> = Api::namespaced(client_at(&self.dir, "admin").await, NAMESPACE);
         // The stack's events come before the VM id, as vk-cocoon posts
-        // them before it writes the id; so does the deletion of a pod
-        // that is being deleted from the start.
+        // them before it writes the id. A pod that is being deleted from
+        // the start is created with no annotations at all and gets them
+        // only once its deletion is in: with the VM's name alone the
+        // daemon could find the VM and start before the deletion lands.
         let mut first = case.annotations.clone();
-        let late_id = if case.events.is_empty() && !case.deleting {
-            None
+        let late = if case.deleting {
+            std::mem::take(&mut first)
+        } else if case.events.is_empty() {
+            serde_json::Map::new()
         } else {
-            first.remove(annotations::VM_ID)
+            first
+                .remove_entry(annotations::VM_ID)
+                .into_iter()
+                .collect()
         };
         let mut object = json!({
             "apiVersion": "v1",
@@ -1094,14 +1101,12 @@ impl Cluster {
                     .await
                     .unwrap_or_else(|e| panic!("{}: the stack's event: {e}", case.name));
             }
-            if let Some(id) = late_id {
+            if !late.is_empty() {
                 controller
                     .patch(
                         &case.name,
                         &PatchParams::default(),
-                        &Patch::Merge(
-                            json!({"metadata": {"annotations": {annotations::VM_ID: id}}}),
-                        ),
+                        &Patch::Merge(json!({"metadata": {"annotations": late}})),
                     )
                     .await
                     .unwrap();
