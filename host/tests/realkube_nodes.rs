@@ -1042,20 +1042,21 @@ impl Cluster {
         let controller: Api<Pod> =
             Api::namespaced(client_at(&self.dir, "controller").await, NAMESPACE);
         let admin: Api<Pod> = Api::namespaced(client_at(&self.dir, "admin").await, NAMESPACE);
-        // The stack's events come before the VM id, as vk-cocoon posts
-        // them before it writes the id. A pod that is being deleted from
-        // the start is created with no annotations at all and gets them
-        // only once its deletion is in: with the VM's name alone the
-        // daemon could find the VM and start before the deletion lands.
+        // What the scenario has at its start must all be there before the
+        // daemon can find the VM: with the VM's name alone it inspects by
+        // name and starts. So the stack's events are posted before the
+        // pod names its VM (by id or name), and a pod that is being
+        // deleted from the start is created with no annotations at all
+        // and gets them once its deletion is in.
         let mut first = case.annotations.clone();
-        let late = if case.deleting {
+        let late: serde_json::Map<String, Value> = if case.deleting {
             std::mem::take(&mut first)
         } else if case.events.is_empty() {
             serde_json::Map::new()
         } else {
-            first
-                .remove_entry(annotations::VM_ID)
+            [annotations::VM_ID, annotations::VM_NAME]
                 .into_iter()
+                .filter_map(|key| first.remove_entry(key))
                 .collect()
         };
         let mut object = json!({
