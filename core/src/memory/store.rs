@@ -607,6 +607,7 @@ fn refusal(e: &Untrusted) -> String {
             format!("writable by its group or others, mode {mode:04o}")
         }
         Untrusted::Kind { .. } => "not a regular file".to_owned(),
+        Untrusted::TooLarge { size, .. } => format!("{size} bytes, too large"),
         Untrusted::Io { source, .. } => source.to_string(),
     }
 }

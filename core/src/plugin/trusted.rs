@@ -66,6 +66,11 @@ pub enum Untrusted {
         path: PathBuf,
         expected: &'static str,
     },
+    #[error(
+        "{} holds {size} bytes, more than the {max} such a file may hold: it is not read",
+        path.display()
+    )]
+    TooLarge { path: PathBuf, size: u64, max: u64 },
     #[error("cannot check {}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -82,6 +87,7 @@ impl Untrusted {
             | Untrusted::Writable { path, .. }
             | Untrusted::Symlink { path }
             | Untrusted::Kind { path, .. }
+            | Untrusted::TooLarge { path, .. }
             | Untrusted::Io { path, .. } => path,
         }
     }
@@ -321,6 +327,36 @@ impl TrustedDir {
         Ok(Some(bytes))
     }
 
+    /// As [`read_file`](Self::read_file), refusing a file of more than
+    /// `max` bytes before reading it, and reading no more than `max` bytes
+    /// even if it grows meanwhile.
+    pub fn read_file_bounded(&self, name: &str, max: u64) -> Result<Option<Vec<u8>>, Untrusted> {
+        let Some((file, stat)) = self.open_file(name)? else {
+            return Ok(None);
+        };
+        let path = || self.path.join(name);
+        let size = u64::try_from(stat.st_size).unwrap_or(u64::MAX);
+        if size > max {
+            return Err(Untrusted::TooLarge {
+                path: path(),
+                size,
+                max,
+            });
+        }
+        let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+        file.take(max.saturating_add(1))
+            .read_to_end(&mut bytes)
+            .map_err(|e| io_error(&path(), e))?;
+        if bytes.len() as u64 > max {
+            return Err(Untrusted::TooLarge {
+                path: path(),
+                size: bytes.len() as u64,
+                max,
+            });
+        }
+        Ok(Some(bytes))
+    }
+
     /// The names of the entries whose names end in `suffix`, sorted, with
     /// their types as the directory lists them (a link is listed as a
     /// link).
@@ -434,6 +470,12 @@ fn unique() -> u64 {
 /// Read the plugin file at `path`: its directory (and every one above)
 /// and the file itself must pass the rules of this module.
 pub fn read_file(path: &Path) -> Result<Vec<u8>, Untrusted> {
+    read_file_bounded(path, u64::MAX)
+}
+
+/// As [`read_file`], refusing a file of more than `max` bytes
+/// ([`TrustedDir::read_file_bounded`]).
+pub fn read_file_bounded(path: &Path, max: u64) -> Result<Vec<u8>, Untrusted> {
     let (dir, name) = match (path.parent(), path.file_name().and_then(OsStr::to_str)) {
         (Some(dir), Some(name)) => (
             if dir.as_os_str().is_empty() {
@@ -451,7 +493,7 @@ pub fn read_file(path: &Path) -> Result<Vec<u8>, Untrusted> {
         }
     };
     let dir = TrustedDir::open(dir)?;
-    dir.read_file(name)?.ok_or_else(|| {
+    dir.read_file_bounded(name, max)?.ok_or_else(|| {
         io_error(
             path,
             io::Error::new(io::ErrorKind::NotFound, "no such file"),
