@@ -18,7 +18,8 @@ use serde::Deserialize;
 
 use crate::cocoon::DEFAULT_COCOON_BIN;
 use crate::host::HostConfig;
-use crate::oci::{OciError, PinnedPlugins, PluginRef, RegistryOptions};
+use crate::oci::signature::RawTrustRule;
+use crate::oci::{OciError, PinnedPlugins, PluginRef, RegistryOptions, TrustPolicy};
 use crate::ready::{DEFAULT_LEASE_FILE, DEFAULT_LEASE_POLL};
 use crate::reload::{
     DEFAULT_INTERVAL as DEFAULT_RELOAD_INTERVAL, DEFAULT_MAX_FAILURE_RATIO, DEFAULT_MIN_NAMESPACES,
@@ -52,6 +53,8 @@ pub enum ConfigError {
     Policy { plugin: String, reason: String },
     #[error("plugins in the configuration: {0}")]
     Plugins(OciError),
+    #[error("{0}; the trust policy is in docs/plugins.md, \"Signed plugins\"")]
+    Trust(String),
     #[error("{what} must be {rule}, got {value}")]
     Invalid {
         what: &'static str,
@@ -356,6 +359,14 @@ pub struct ConfigArgs {
     #[arg(skip)]
     #[serde(default)]
     pub plugin_failure: BTreeMap<String, String>,
+    /// Whose signatures the plugins pinned from a registry need, by scope
+    /// (`HOST[:PORT]` or `HOST[:PORT]/REPOSITORY`, the longest that covers
+    /// a reference applies): configuration file only
+    /// (`[plugin_trust."SCOPE"]`, `keys = ["/path/vendor.pub", ...]`,
+    /// `require = "any-of"` (the default), `"all-of"` or `"none"`).
+    #[arg(skip)]
+    #[serde(default)]
+    pub plugin_trust: BTreeMap<String, RawTrustRule>,
     /// The file's keys that no option has: refused by name when the file
     /// is read (the flattened plugin options rule out serde's own check).
     /// It must stay the last field: serde fills flattened fields in order,
@@ -446,6 +457,7 @@ impl ConfigArgs {
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(ConfigError::Plugins)?;
+        let trust = TrustPolicy::from_raw(&a.plugin_trust).map_err(ConfigError::Trust)?;
         if let Some(interval) = a.plugin_reload_interval
             && !interval.is_zero()
             && interval < Duration::from_millis(100)
@@ -553,6 +565,7 @@ impl ConfigArgs {
                 references,
                 store: a.oci.oci_store.or_else(crate::oci::default_store_dir),
                 registry: RegistryOptions::from_env(a.oci.oci_plain_http),
+                trust,
             },
             file: path,
             reload: ReloadConfig {
@@ -624,6 +637,7 @@ impl ConfigArgs {
             // The file is their only source.
             plugin_policy: file.plugin_policy,
             plugin_failure: file.plugin_failure,
+            plugin_trust: file.plugin_trust,
             unknown: BTreeMap::new(),
         }
     }

@@ -30,8 +30,10 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
+pub mod signature;
 mod wire;
 
+pub use signature::{SignatureError, Signer, TrustPolicy};
 pub use wire::{LAYER_TIMEOUT, MAX_REDIRECTS, MAX_SMALL_BODY, Registry};
 
 use sha2::{Digest, Sha256};
@@ -239,12 +241,20 @@ pub enum OciError {
         "{reference} is not a Wasm plugin: {reason}; a plugin artifact has one `{WASM_LAYER_MEDIA_TYPE}` layer and config `{WASM_CONFIG_MEDIA_TYPE}` (`cocoon-fixup plugin push` makes one)"
     )]
     NotAPlugin { reference: String, reason: String },
+    #[error(transparent)]
+    Signature(Box<SignatureError>),
     #[error("the plugin store: {0}")]
     Store(Untrusted),
     #[error("cannot write {} in the plugin store: {reason}", path.display())]
     StoreWrite { path: PathBuf, reason: String },
     #[error("no place for the plugin store: set --oci-store (HOME and XDG_STATE_HOME are unset)")]
     NoStore,
+}
+
+impl From<SignatureError> for OciError {
+    fn from(e: SignatureError) -> Self {
+        OciError::Signature(Box::new(e))
+    }
 }
 
 /// `e` and its causes, joined by `: `.
@@ -272,6 +282,13 @@ fn bounded(text: &str) -> String {
 
 fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
+}
+
+/// Whether `digest` is `sha256:` and 64 lowercase hex digits.
+fn is_sha256_digest(digest: &str) -> bool {
+    digest.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    })
 }
 
 /// How the registry is reached.
@@ -384,10 +401,7 @@ fn plugin_layer(manifest: &[u8]) -> Result<Descriptor, String> {
             bounded(&layer.media_type)
         ));
     }
-    let hex_ok = layer.digest.strip_prefix("sha256:").is_some_and(|hex| {
-        hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-    });
-    if !hex_ok {
+    if !is_sha256_digest(&layer.digest) {
         return Err(format!(
             "its layer digest {} is not sha256:<64 lowercase hex digits>",
             bounded(&layer.digest)
@@ -437,6 +451,14 @@ fn manifest_name(hex: &str) -> String {
 fn layer_name(hex: &str) -> String {
     format!("sha256-{hex}.wasm")
 }
+
+fn signatures_name(hex: &str) -> String {
+    format!("sha256-{hex}.signatures.json")
+}
+
+/// Largest signatures file read from the store, 1 MiB: room for
+/// [`signature::MAX_SIGNATURES`] payloads of the largest size, in base64.
+const MAX_STORED_SIGNATURES_BYTES: u64 = 1 << 20;
 
 impl Store {
     /// Open the store at `path`, creating it (0700) if missing; it and the
@@ -493,6 +515,46 @@ impl Store {
         Ok(Some(self.path().join(layer_name(layer_hex))))
     }
 
+    /// The signatures kept for the manifest `hex` (none believed: each is
+    /// verified at every use); `Ok(None)` when none were kept.
+    pub fn signatures(&self, hex: &str) -> Result<Option<Vec<signature::Signature>>, String> {
+        let name = signatures_name(hex);
+        let Some(bytes) = self
+            .dir
+            .read_file_bounded(&name, MAX_STORED_SIGNATURES_BYTES)
+            .map_err(|e| format!("{e}; it is not used"))?
+        else {
+            return Ok(None);
+        };
+        let kept: signature::Signatures = serde_json::from_slice(&bytes).map_err(|_| {
+            format!(
+                "{} is not a list of signatures; it is not used",
+                self.path().join(&name).display()
+            )
+        })?;
+        Ok(Some(kept.signatures))
+    }
+
+    /// Keep the signatures the registry gave for the manifest `hex`,
+    /// replacing those kept before (written whole, like the rest).
+    pub fn put_signatures(
+        &self,
+        hex: &str,
+        signatures: &[signature::Signature],
+    ) -> Result<(), OciError> {
+        let name = signatures_name(hex);
+        let bytes = serde_json::to_vec_pretty(&signature::Signatures {
+            signatures: signatures.to_vec(),
+        })
+        .expect("signatures serialize");
+        self.dir
+            .write_file(&name, &bytes, 0o600)
+            .map_err(|e| OciError::StoreWrite {
+                path: self.path().join(&name),
+                reason: e.to_string(),
+            })
+    }
+
     /// Keep a verified artifact: the layer first, then the manifest that
     /// names it, each written whole (a temporary file renamed into place,
     /// replacing whatever was there, a link included). The plugin file's
@@ -525,30 +587,90 @@ pub struct PinnedPlugins {
     /// The store; `None` when the default has no place (no HOME).
     pub store: Option<PathBuf>,
     pub registry: RegistryOptions,
+    /// Whose signatures each reference needs (`[plugin_trust]`).
+    pub trust: TrustPolicy,
+}
+
+/// A pinned reference's plugin file in the store, verified, and who signed
+/// it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PinnedFile {
+    pub reference: PluginRef,
+    pub path: PathBuf,
+    /// The configured keys whose signatures of this digest verified (empty
+    /// when no trust rule covers the reference).
+    pub signers: Vec<Signer>,
+}
+
+impl PinnedFile {
+    /// `REFERENCE signed by KEY (signed as ...)`, or `REFERENCE (no
+    /// signature checked)`: what `plugin inspect` and the log show.
+    pub fn describe(&self) -> String {
+        if self.signers.is_empty() {
+            format!("{} (no signature checked)", self.reference)
+        } else {
+            let signers: Vec<String> = self.signers.iter().map(Signer::to_string).collect();
+            format!("{} signed by {}", self.reference, signers.join(", "))
+        }
+    }
+}
+
+/// What the store holds of the pinned references, judged without a
+/// registry ([`PinnedPlugins::stored_files`]).
+#[derive(Debug, Clone, Default)]
+pub struct StoredPins {
+    /// Held, verified, and signed as the trust policy requires.
+    pub files: Vec<PinnedFile>,
+    /// Not held (or not believed): a start would pull them.
+    pub missing: Vec<String>,
+    /// Held, but their kept signatures do not meet the trust policy: a
+    /// start asks the registry for signatures again, and refuses them if
+    /// those do not either. Each is the refusal's message.
+    pub refused: Vec<String>,
 }
 
 impl PinnedPlugins {
-    /// The plugin file of each reference the store holds verified, in
-    /// order, and the references it does not hold (or does not believe):
-    /// read-only, with no pull, and a missing store is not created.
-    pub fn stored_files(&self) -> (Vec<PathBuf>, Vec<String>) {
+    /// The store's file of each reference it holds verified, in order, and
+    /// the references it does not hold (or does not believe), and those
+    /// whose kept signatures do not meet the trust policy: read-only, with
+    /// no pull, and a missing store is not created.
+    pub fn stored_files(&self) -> StoredPins {
         let store = self
             .store
             .as_deref()
             .and_then(|path| Store::open_existing(path).ok());
-        let mut files = Vec::new();
-        let mut missing = Vec::new();
+        let mut pins = StoredPins::default();
         for reference in &self.references {
             let found = match (&store, reference.digest()) {
-                (Some(store), Some(hex)) => store.verified(hex).ok().flatten(),
+                (Some(store), Some(hex)) => store
+                    .verified(hex)
+                    .ok()
+                    .flatten()
+                    .map(|path| (store, hex, path)),
                 _ => None,
             };
-            match found {
-                Some(path) => files.push(path),
-                None => missing.push(reference.to_string()),
+            let Some((store, hex, path)) = found else {
+                pins.missing.push(reference.to_string());
+                continue;
+            };
+            let kept = store.signatures(hex).ok().flatten().unwrap_or_default();
+            match self.trust.rule_for(reference) {
+                None => pins.files.push(PinnedFile {
+                    reference: reference.clone(),
+                    path,
+                    signers: Vec::new(),
+                }),
+                Some(rule) => match signature::verify(rule, reference, &kept) {
+                    Ok(signers) => pins.files.push(PinnedFile {
+                        reference: reference.clone(),
+                        path,
+                        signers,
+                    }),
+                    Err(e) => pins.refused.push(e.to_string()),
+                },
             }
         }
-        (files, missing)
+        pins
     }
 
     /// The plugin file of each reference, in order: from the store when it
@@ -556,6 +678,22 @@ impl PinnedPlugins {
     /// first. A reference that can be neither is an error, and nothing is
     /// returned: a pinned plugin the operator asked for is not skipped.
     pub async fn files(&self) -> Result<Vec<PathBuf>, OciError> {
+        Ok(self
+            .verified_files()
+            .await?
+            .into_iter()
+            .map(|file| file.path)
+            .collect())
+    }
+
+    /// As [`files`](Self::files), with who signed each. A reference a
+    /// trust rule covers that requires a signature is verified before its
+    /// file is returned: with the signatures the store kept, else with
+    /// those the registry has now (then kept); a reference whose signatures
+    /// do not meet its rule is an error ([`OciError::Signature`]) and
+    /// nothing is returned. The verification is not remembered: every
+    /// start and reload verifies under the policy in force then.
+    pub async fn verified_files(&self) -> Result<Vec<PinnedFile>, OciError> {
         if self.references.is_empty() {
             return Ok(Vec::new());
         }
@@ -566,23 +704,105 @@ impl PinnedPlugins {
             let hex = reference.digest().ok_or_else(|| OciError::NotPinned {
                 reference: reference.to_string(),
             })?;
-            match store.verified(hex) {
-                Ok(Some(path)) => {
-                    files.push(path);
-                    continue;
+            let stored = match store.verified(hex) {
+                Ok(found) => found,
+                Err(why) => {
+                    tracing::warn!(%reference, "{why}; pulling it again");
+                    None
                 }
-                Ok(None) => {}
-                Err(why) => tracing::warn!(%reference, "{why}; pulling it again"),
-            }
-            let registry = match &mut registry {
-                Some(registry) => registry,
-                None => registry.insert(Registry::new(&self.registry)?),
             };
-            let artifact = registry.pull(reference, Tags::Refuse).await?;
-            tracing::info!(%reference, sha256 = %artifact.wasm_sha256, "plugin pulled and verified");
-            files.push(store.put(&artifact)?);
+            let signers = match self.trust.rule_for(reference) {
+                Some(rule) => {
+                    self.signers(rule, reference, &store, &mut registry, stored.is_none())
+                        .await?
+                }
+                None => Vec::new(),
+            };
+            let path = match stored {
+                Some(path) => path,
+                None => {
+                    let artifact = Self::registry(&self.registry, &mut registry)?
+                        .pull(reference, Tags::Refuse)
+                        .await?;
+                    tracing::info!(%reference, sha256 = %artifact.wasm_sha256, "plugin pulled and verified");
+                    store.put(&artifact)?
+                }
+            };
+            let file = PinnedFile {
+                reference: reference.clone(),
+                path,
+                signers,
+            };
+            if !file.signers.is_empty() {
+                tracing::info!("{}", file.describe());
+            }
+            files.push(file);
         }
         Ok(files)
+    }
+
+    fn registry<'a>(
+        options: &RegistryOptions,
+        slot: &'a mut Option<Registry>,
+    ) -> Result<&'a Registry, OciError> {
+        match slot {
+            Some(registry) => Ok(registry),
+            None => Ok(slot.insert(Registry::new(options)?)),
+        }
+    }
+
+    /// The keys of `rule` that signed `reference`: from the signatures the
+    /// store kept, unless they do not meet the rule, or `fresh` (the
+    /// plugin is being pulled) asks for the registry's; then from the
+    /// registry's, which are kept. A rule that requires signatures and is
+    /// not met is an error.
+    async fn signers(
+        &self,
+        rule: &signature::TrustRule,
+        reference: &PluginRef,
+        store: &Store,
+        registry: &mut Option<Registry>,
+        fresh: bool,
+    ) -> Result<Vec<Signer>, OciError> {
+        let hex = reference.digest().unwrap_or_default();
+        let kept = match store.signatures(hex) {
+            Ok(kept) => kept,
+            Err(why) => {
+                tracing::warn!(%reference, "{why}; asking the registry for its signatures");
+                None
+            }
+        };
+        let from_store = kept
+            .as_deref()
+            .map(|kept| signature::verify(rule, reference, kept));
+        match from_store {
+            Some(Ok(signers)) if !fresh => return Ok(signers),
+            Some(Err(_)) | None if !rule.required() && !fresh => return Ok(Vec::new()),
+            _ => {}
+        }
+        let asked = match Self::registry(&self.registry, registry) {
+            Ok(registry) => registry.signatures(reference).await,
+            Err(e) => Err(e),
+        };
+        let fetched = match asked {
+            Ok(fetched) => fetched,
+            Err(e) => {
+                // The registry cannot be asked: what the store kept decides.
+                return match from_store {
+                    Some(Ok(signers)) => Ok(signers),
+                    _ if !rule.required() => Ok(Vec::new()),
+                    Some(Err(mut refused)) => {
+                        refused.failed.push_str(&format!(
+                            "; asking the registry for newer signatures failed: {e}"
+                        ));
+                        Err(refused.into())
+                    }
+                    None => Err(e),
+                };
+            }
+        };
+        store.put_signatures(hex, &fetched)?;
+        Ok(signature::verify(rule, reference, &fetched)?)
     }
 }
 
@@ -602,11 +822,11 @@ mod tests {
         let pinned = PinnedPlugins {
             references: vec![reference.clone()],
             store: Some(store.clone()),
-            registry: RegistryOptions::default(),
+            ..PinnedPlugins::default()
         };
-        let (files, missing) = pinned.stored_files();
-        assert!(files.is_empty());
-        assert_eq!(missing, vec![reference.to_string()]);
+        let pins = pinned.stored_files();
+        assert!(pins.files.is_empty());
+        assert_eq!(pins.missing, vec![reference.to_string()]);
         assert!(!store.exists(), "the store is not created");
     }
 

@@ -11,7 +11,7 @@
 //! tests/tests/oci.rs, with a vendor plugin.
 
 #[path = "../../tests/src/registry.rs"]
-mod registry;
+pub(crate) mod registry;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -37,7 +37,7 @@ fn wasm() -> &'static [u8] {
     BUILTINS[0].1
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
@@ -45,7 +45,7 @@ fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
-fn cli(dir: &Path, args: &[&str]) -> Output {
+pub(crate) fn cli(dir: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_cocoon-fixup"))
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
@@ -58,7 +58,7 @@ fn cli(dir: &Path, args: &[&str]) -> Output {
 }
 
 /// `plugin pull REFERENCE --output DIR/OUTPUT EXTRA...`.
-fn pull(dir: &Path, reference: &str, output: &str, extra: &[&str]) -> Output {
+pub(crate) fn pull(dir: &Path, reference: &str, output: &str, extra: &[&str]) -> Output {
     let output = dir.join(output);
     let mut args = vec![
         "plugin",
@@ -78,12 +78,12 @@ fn assert_refused(out: &Output, output: &Path, says: &str) {
     assert!(!output.exists(), "nothing written");
 }
 
-fn text(bytes: &[u8]) -> String {
+pub(crate) fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
 /// The `oci://...@sha256:...` after `pin ` in push's output.
-fn pinned_from(stdout: &str) -> String {
+pub(crate) fn pinned_from(stdout: &str) -> String {
     stdout
         .split_whitespace()
         .find(|word| word.starts_with("oci://") && word.contains("@sha256:"))
@@ -192,7 +192,7 @@ fn push_then_pull_by_digest_gives_the_same_bytes_and_a_tag_needs_allow_tag() {
     let seeded = PinnedPlugins {
         references: vec![pinned.parse().unwrap()],
         store: Some(store),
-        registry: RegistryOptions::default(),
+        ..PinnedPlugins::default()
     };
     let files = tokio::runtime::Runtime::new()
         .unwrap()
@@ -227,6 +227,7 @@ fn pushed(
         references: vec![pinned],
         store: Some(state.path().join("oci")),
         registry: plain(registry.host()),
+        ..PinnedPlugins::default()
     };
     (pinned_plugins, state)
 }
@@ -594,6 +595,7 @@ fn pull_error(host: &str, hex: &str) -> OciError {
         references: vec![reference],
         store: Some(store.clone()),
         registry: plain(host),
+        ..PinnedPlugins::default()
     };
     let err = tokio::runtime::Runtime::new()
         .unwrap()

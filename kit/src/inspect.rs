@@ -108,13 +108,21 @@ pub struct Inspection {
     pub pinned: Vec<String>,
     /// The pinned references the store does not hold: not checked.
     pub pinned_unchecked: Vec<String>,
+    /// Who signed each pinned reference the store holds, as the trust
+    /// policy checked it (`REFERENCE signed by KEY ...`).
+    pub pinned_signed: Vec<String>,
+    /// The pinned references whose signatures do not meet the trust
+    /// policy, each with the refusal: the node would not start with them.
+    pub pinned_refused: Vec<String>,
 }
 
 impl Inspection {
     /// Whether the node would load the file and the plugin directory
     /// as a whole: the exit code is 0.
     pub fn success(&self) -> bool {
-        self.accepted && self.directory.as_ref().is_none_or(|d| d.loads)
+        self.accepted
+            && self.directory.as_ref().is_none_or(|d| d.loads)
+            && self.pinned_refused.is_empty()
     }
 }
 
@@ -186,6 +194,10 @@ pub struct Inspector {
     pinned: Vec<PathBuf>,
     /// The pinned references whose files the store does not hold.
     unchecked: Vec<String>,
+    /// Who signed the pinned references ([`Inspector::with_pinned_trust`]).
+    signed: Vec<String>,
+    /// The pinned references refused on their signatures.
+    refused: Vec<String>,
 }
 
 impl fmt::Debug for Inspector {
@@ -229,6 +241,8 @@ impl Inspector {
             plugin_dir: plugin_dir.map(Path::to_owned),
             pinned: Vec::new(),
             unchecked: Vec::new(),
+            signed: Vec::new(),
+            refused: Vec::new(),
         })
     }
 
@@ -242,17 +256,29 @@ impl Inspector {
         self
     }
 
+    /// What the trust policy says of the pinned references: `signed`, who
+    /// signed each (one line a reference), and `refused`, the refusal of
+    /// each whose signatures do not meet it (the node would not start:
+    /// the inspection fails).
+    pub fn with_pinned_trust(mut self, signed: Vec<String>, refused: Vec<String>) -> Self {
+        self.signed = signed;
+        self.refused = refused;
+        self
+    }
+
     /// Inspect one file. Never fails: what cannot be learned stays empty
     /// and the verdict says why.
     pub fn inspect(&self, path: &Path) -> Inspection {
         let mut out = self.judge(path);
-        out.success = out.success();
         out.pinned = self
             .pinned
             .iter()
             .map(|p| p.display().to_string())
             .collect();
         out.pinned_unchecked.clone_from(&self.unchecked);
+        out.pinned_signed.clone_from(&self.signed);
+        out.pinned_refused.clone_from(&self.refused);
+        out.success = out.success();
         out
     }
 
@@ -276,6 +302,8 @@ impl Inspector {
             success: false,
             pinned: Vec::new(),
             pinned_unchecked: Vec::new(),
+            pinned_signed: Vec::new(),
+            pinned_refused: Vec::new(),
         };
         let bytes = match std::fs::read(path) {
             Ok(bytes) => bytes,
@@ -774,6 +802,12 @@ impl fmt::Display for Inspection {
                     self.pinned_unchecked.join(", ")
                 ),
             )?;
+        }
+        for signed in &self.pinned_signed {
+            row(f, "signed", signed)?;
+        }
+        for refused in &self.pinned_refused {
+            row(f, "refused", refused)?;
         }
         row(f, "verdict", &self.verdict)
     }

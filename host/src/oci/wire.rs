@@ -28,11 +28,22 @@ use reqwest::header::{
 use reqwest::redirect::{Attempt, Policy};
 use reqwest::{Client, RequestBuilder, Response, StatusCode, Url};
 
+use super::signature::{
+    self, Signature, payload_signature, referrers_tag, signature_layers, signature_referrers,
+    signature_tag,
+};
 use super::{
     Artifact, Descriptor, ImageManifest, MANIFEST_MEDIA_TYPE, MAX_LAYER_BYTES, MAX_MANIFEST_BYTES,
     OciError, Pin, PluginRef, REQUEST_TIMEOUT, RegistryOptions, Tags, WASM_CONFIG_MEDIA_TYPE,
     WASM_LAYER_MEDIA_TYPE, bounded, error_chain, plugin_layer, sha256_hex,
 };
+
+/// The media types a signature manifest may come in: cosign writes OCI
+/// manifests, older versions Docker's.
+const SIGNATURE_MANIFEST_TYPES: &str = "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json";
+/// The media type of an OCI index: the referrers API's answer and the
+/// fallback tag's content.
+const INDEX_MEDIA_TYPE: &str = "application/vnd.oci.image.index.v1+json";
 
 /// Largest error body or token answer read, 64 KiB: an error's text is cut
 /// there, a token answer longer than that is refused.
@@ -671,9 +682,147 @@ impl Registry {
             wasm,
         })
     }
+
+    /// The cosign signatures the registry has for the manifest `pinned`
+    /// names (module docs of [`signature`]), none of them believed yet: an
+    /// empty list when it has none. Each payload is read within
+    /// [`signature::MAX_PAYLOAD_BYTES`] and kept only when it matches the
+    /// digest its signature manifest names; a signature manifest that is
+    /// not one is logged and skipped.
+    pub async fn signatures(&self, pinned: &PluginRef) -> Result<Vec<Signature>, OciError> {
+        let Some(hex) = pinned.digest() else {
+            return Err(OciError::NotPinned {
+                reference: pinned.to_string(),
+            });
+        };
+        let mut session = Session::new(self, pinned)?;
+        let mut found = Vec::new();
+        for manifest in session.signature_manifests(hex).await? {
+            let layers = match signature_layers(&manifest) {
+                Ok(layers) => layers,
+                Err(why) => {
+                    tracing::warn!(reference = %pinned, "{why}; not used");
+                    continue;
+                }
+            };
+            for (digest, size, text) in layers {
+                if found.len() >= signature::MAX_SIGNATURES {
+                    break;
+                }
+                let Some(payload) = session
+                    .get_bounded(&format!("blobs/{digest}"), "*/*", size)
+                    .await?
+                else {
+                    continue;
+                };
+                match payload_signature(&payload, &digest, text) {
+                    Some(signature) if !found.contains(&signature) => found.push(signature),
+                    Some(_) => {}
+                    None => {
+                        tracing::warn!(reference = %pinned, "a signature payload does not match its digest {digest}; not used")
+                    }
+                }
+            }
+        }
+        Ok(found)
+    }
 }
 
 impl Session<'_> {
+    /// `GET /v2/<repository>/<tail>` read within `cap` bytes: `None` when
+    /// the registry has no such thing (404), or answers with more than
+    /// `cap` bytes (logged: a signature artifact that large is not
+    /// cosign's).
+    async fn get_bounded(
+        &mut self,
+        tail: &str,
+        accept: &str,
+        cap: u64,
+    ) -> Result<Option<Vec<u8>>, OciError> {
+        let url = self.url(tail);
+        let mut response = self
+            .send(|client| {
+                client
+                    .get(url.clone())
+                    .header(ACCEPT, accept)
+                    .timeout(REQUEST_TIMEOUT)
+            })
+            .await?;
+        if response.status() == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !response.status().is_success() {
+            return Err(refusal(self.reference, response).await);
+        }
+        match read_capped(&mut response, cap).await {
+            Ok(body) => Ok(Some(body)),
+            Err(ReadError::Over) => {
+                tracing::warn!(reference = %self.reference, "{} answers with more than {cap} bytes: not read", shown(&url));
+                Ok(None)
+            }
+            Err(ReadError::Transport(e)) => Err(self.transport(e)),
+        }
+    }
+
+    /// The signature manifests of the manifest `hex`: the one under
+    /// cosign's `.sig` tag, and those the referrers API (or, where the
+    /// registry has none, the fallback tag's index) lists with cosign's
+    /// signature artifact type, each checked against its digest.
+    async fn signature_manifests(&mut self, hex: &str) -> Result<Vec<Vec<u8>>, OciError> {
+        let cap = MAX_MANIFEST_BYTES as u64;
+        let mut manifests = Vec::new();
+        if let Some(manifest) = self
+            .get_bounded(
+                &format!("manifests/{}", signature_tag(hex)),
+                SIGNATURE_MANIFEST_TYPES,
+                cap,
+            )
+            .await?
+        {
+            manifests.push(manifest);
+        }
+        let index = match self
+            .get_bounded(&format!("referrers/sha256:{hex}"), INDEX_MEDIA_TYPE, cap)
+            .await?
+        {
+            Some(index) => Some(index),
+            None => {
+                self.get_bounded(
+                    &format!("manifests/{}", referrers_tag(hex)),
+                    INDEX_MEDIA_TYPE,
+                    cap,
+                )
+                .await?
+            }
+        };
+        let referrers = match index.as_deref().map(signature_referrers) {
+            Some(Ok(digests)) => digests,
+            Some(Err(why)) => {
+                tracing::warn!(reference = %self.reference, "{why}; its referrers are not used");
+                Vec::new()
+            }
+            None => Vec::new(),
+        };
+        for digest in referrers {
+            let Some(manifest) = self
+                .get_bounded(
+                    &format!("manifests/{digest}"),
+                    SIGNATURE_MANIFEST_TYPES,
+                    cap,
+                )
+                .await?
+            else {
+                continue;
+            };
+            if digest.strip_prefix("sha256:") == Some(sha256_hex(&manifest).as_str()) {
+                manifests.push(manifest);
+            } else {
+                tracing::warn!(reference = %self.reference, "the referrer {digest} does not match its digest; not used");
+            }
+        }
+        Ok(manifests)
+    }
+
     /// The layer's bytes, at most its declared size, verified against its
     /// digest.
     async fn pull_layer(

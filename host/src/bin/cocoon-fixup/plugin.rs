@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use crate::args::*;
 use crate::commands::*;
 use fixup_core::display;
-use fixup_host::oci::{self, PluginRef, RegistryOptions, Tags};
+use fixup_host::oci::{self, PluginRef, RegistryOptions, Tags, signature};
 use fixup_kit::{self as kit, template};
 
 pub(crate) fn run_plugin_test(args: &PluginTestArgs, config: Option<&Path>) -> Result<u8> {
@@ -40,8 +40,17 @@ pub(crate) fn run_plugin_inspect(args: &PluginInspectArgs, config: Option<&Path>
         kit::engine_options(&settings.planner.engine),
         settings.planner.plugin_dir.as_deref(),
     )?;
-    let (pinned, unchecked) = settings.pinned.stored_files();
-    let inspector = inspector.with_pinned(pinned, unchecked);
+    let pins = settings.pinned.stored_files();
+    let signed = pins
+        .files
+        .iter()
+        .filter(|file| !file.signers.is_empty())
+        .map(oci::PinnedFile::describe)
+        .collect();
+    let files = pins.files.into_iter().map(|file| file.path).collect();
+    let inspector = inspector
+        .with_pinned(files, pins.missing)
+        .with_pinned_trust(signed, pins.refused);
     let inspection = inspector.inspect(&args.plugin);
     match args.output {
         Output::Json => print_json(&inspection)?,
@@ -144,7 +153,30 @@ pub(crate) async fn run_plugin_pull(args: &PluginPullArgs, config: Option<&Path>
     };
     let settings = args.oci.resolve(config)?;
     let options = registry_options(&reference, args.plain_http, &settings.pinned.registry);
-    let artifact = oci::Registry::new(&options)?.pull(&reference, tags).await?;
+    let registry = oci::Registry::new(&options)?;
+    let artifact = registry.pull(&reference, tags).await?;
+    // Checked before anything is written: a plugin the trust policy
+    // refuses is not pulled.
+    let signatures = registry.signatures(&artifact.reference).await?;
+    let signed = match settings.pinned.trust.rule_for(&artifact.reference) {
+        Some(rule) => {
+            let signers = signature::verify(rule, &artifact.reference, &signatures)?;
+            if signers.is_empty() {
+                format!(
+                    "not signed by a key of `[plugin_trust.\"{}\"]` ({} signature(s) found; it requires none)",
+                    rule.scope,
+                    signatures.len()
+                )
+            } else {
+                let signers: Vec<String> = signers.iter().map(ToString::to_string).collect();
+                format!("signed by {}", signers.join(", "))
+            }
+        }
+        None => format!(
+            "signatures not checked: no `[plugin_trust]` rule covers it ({} signature(s) found)",
+            signatures.len()
+        ),
+    };
     if reference.digest().is_none() {
         println!("{reference} is {}: pin this", artifact.reference);
     }
@@ -160,7 +192,10 @@ pub(crate) async fn run_plugin_pull(args: &PluginPullArgs, config: Option<&Path>
                 .store
                 .as_deref()
                 .ok_or(oci::OciError::NoStore)?;
-            oci::Store::open(store)?.put(&artifact)?
+            let store = oci::Store::open(store)?;
+            let hex = artifact.reference.digest().unwrap_or_default();
+            store.put_signatures(hex, &signatures)?;
+            store.put(&artifact)?
         }
     };
     println!(
@@ -169,6 +204,7 @@ pub(crate) async fn run_plugin_pull(args: &PluginPullArgs, config: Option<&Path>
         artifact.wasm_sha256,
         path.display()
     );
+    println!("{}: {signed}", artifact.reference);
     Ok(0)
 }
 
