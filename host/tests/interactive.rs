@@ -2,12 +2,8 @@
 //! `plugin inspect`), as the binary: what `COCOON_FIXUP_LOG` shows, whose
 //! plugin cache they use, and what their `--help` lists.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
-
-fn examples() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")
-}
 
 /// `cocoon-fixup ARGS` in an environment of PATH and `vars` only (so no
 /// COCOON_FIXUP_*, XDG_* or NO_COLOR of the caller's leaks in), with
@@ -23,22 +19,9 @@ fn cocoon_fixup(args: &[&str], vars: &[(&str, &Path)]) -> Output {
 
 /// `plan` of the oci-static example with `extra` options.
 fn plan(extra: &[&str], vars: &[(&str, &Path)]) -> Output {
-    let dir = examples().join("oci-static");
-    let (pod, vm, root) = (
-        dir.join("pod.json"),
-        dir.join("vm.json"),
-        examples().join("cocoon-root"),
-    );
-    let mut args = vec![
-        "plan",
-        "--pod",
-        pod.to_str().unwrap(),
-        "--vm",
-        vm.to_str().unwrap(),
-        "--cocoon-root",
-        root.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
+    let mut args = crate::support::example_plan_args();
+    args.extend(extra.iter().map(|arg| arg.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = cocoon_fixup(&args, vars);
     assert!(out.status.success(), "stderr: {}", text(&out.stderr));
     out

@@ -29,4 +29,5 @@ mod restart;
 mod sac;
 mod serve;
 mod settings;
+mod signing;
 mod wake;

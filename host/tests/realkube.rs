@@ -25,7 +25,7 @@
 //! `COCOON_FIXUP_REQUIRE_KUBE=1` (set by `.ci/run`) makes that a failure.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write as _};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Mutex, OnceLock, mpsc};
@@ -47,6 +47,8 @@ use kube::runtime::watcher;
 use kube::{Client, Config};
 use serde_json::{Value, json};
 
+use crate::support::go_tool::GoTool;
+
 const NODE_A: &str = "node-a";
 const NODE_B: &str = "node-b";
 const TENANT_NS: &str = "tenant-a";
@@ -60,24 +62,16 @@ pub(crate) fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-pub(crate) fn required() -> bool {
-    std::env::var_os("COCOON_FIXUP_REQUIRE_KUBE").is_some_and(|v| v == "1")
-}
-
-/// Skip loudly, or fail where the tests are required.
-fn skip(why: &str) -> Result<Option<Lab>, String> {
-    assert!(
-        !required(),
-        "the real-apiserver tests cannot run and COCOON_FIXUP_REQUIRE_KUBE=1: {why}"
-    );
-    // Past the test harness, which shows a passing test's own output only
-    // with --nocapture: a skip is said whatever the flags.
-    let _ = writeln!(
-        std::io::stderr(),
-        "\n*** SKIPPED: the real kube-apiserver tests (host/tests/realkube.rs): {why}. `.ci/run` builds lab/kube and requires them; docs/kubernetes.md. ***\n"
-    );
-    Ok(None)
-}
+/// The lab's program: `COCOON_FIXUP_REQUIRE_KUBE=1` (set by `.ci/run`)
+/// makes its absence a failure.
+const LAB_TOOL: GoTool<'static> = GoTool {
+    env: "COCOON_FIXUP_KUBE_LAB",
+    require: "COCOON_FIXUP_REQUIRE_KUBE",
+    tests: "the real kube-apiserver tests (host/tests/realkube.rs; docs/kubernetes.md)",
+    module: "lab/kube",
+    package: ".",
+    output: "cocoon-kube-lab",
+};
 
 // ---------------------------------------------------------------------------
 // The lab: built once, started once per test binary
@@ -118,49 +112,7 @@ pub(crate) fn lab_binary() -> Result<Option<PathBuf>, String> {
 }
 
 fn build_lab_binary() -> Result<Option<PathBuf>, String> {
-    if let Some(path) = std::env::var_os("COCOON_FIXUP_KUBE_LAB") {
-        return Ok(Some(PathBuf::from(path)));
-    }
-    match Command::new("go").arg("version").output() {
-        Ok(out) if out.status.success() => {
-            eprintln!("{}", String::from_utf8_lossy(&out.stdout).trim())
-        }
-        _ => {
-            skip("the Go toolchain is not installed (Go 1.26, as lab/kube/go.mod says)")?;
-            return Ok(None);
-        }
-    }
-    let binary = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cocoon-kube-lab");
-    let started = Instant::now();
-    eprintln!("building lab/kube (a first build takes several minutes; docs/kubernetes.md)");
-    let out = Command::new("go")
-        .args([
-            "build",
-            "-trimpath",
-            "-buildvcs=false",
-            "-mod=readonly",
-            "-o",
-        ])
-        .arg(&binary)
-        .arg(".")
-        .current_dir(repo().join("lab/kube"))
-        // Never a download from a test: the modules come from the cache
-        // (`cd lab/kube && go mod download`, as .ci/run does).
-        .env("GOPROXY", "off")
-        .output()
-        .map_err(|e| format!("go build: {e}"))?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if !out.status.success() {
-        if stderr.contains("GOPROXY=off") || stderr.contains("missing go.sum entry") {
-            skip(
-                "lab/kube's modules are not in the Go module cache (`cd lab/kube && go mod download`)",
-            )?;
-            return Ok(None);
-        }
-        return Err(format!("go build in lab/kube failed:\n{stderr}"));
-    }
-    eprintln!("built {} in {:.1?}", binary.display(), started.elapsed());
-    Ok(Some(binary))
+    LAB_TOOL.build()
 }
 
 fn start_lab() -> Result<Option<Lab>, String> {

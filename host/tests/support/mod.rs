@@ -12,9 +12,26 @@ use fixup_host::cocoon::{Cocoon, CocoonError, ExecOutput, ExitStatusKind};
 pub mod binary;
 pub mod fake;
 pub mod fake_api;
+pub mod go_tool;
 pub mod guest;
 pub mod mock_api;
 pub mod strategies;
+
+/// The arguments of `plan` for the bundled oci-static example: its pod,
+/// its VM and the examples' cocoon root.
+pub fn example_plan_args() -> Vec<String> {
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let path = |name: &str| examples.join(name).display().to_string();
+    vec![
+        "plan".into(),
+        "--pod".into(),
+        path("oci-static/pod.json"),
+        "--vm".into(),
+        path("oci-static/vm.json"),
+        "--cocoon-root".into(),
+        path("cocoon-root"),
+    ]
+}
 
 /// What the scripted cocoon does for one `vm exec`.
 #[derive(Debug, Clone)]
