@@ -653,21 +653,28 @@ impl PinnedPlugins {
                 pins.missing.push(reference.to_string());
                 continue;
             };
-            let kept = store.signatures(hex).ok().flatten().unwrap_or_default();
-            match self.trust.rule_for(reference) {
-                None => pins.files.push(PinnedFile {
+            let kept = store.signatures(hex).ok().flatten();
+            match (self.trust.rule_for(reference), kept) {
+                (None, _) => pins.files.push(PinnedFile {
                     reference: reference.clone(),
                     path,
                     signers: Vec::new(),
                 }),
-                Some(rule) => match signature::verify(rule, reference, &kept) {
-                    Ok(signers) => pins.files.push(PinnedFile {
-                        reference: reference.clone(),
-                        path,
-                        signers,
-                    }),
-                    Err(e) => pins.refused.push(e.to_string()),
-                },
+                // Pulled before its rule required signatures: a start asks
+                // the registry for them.
+                (Some(rule), None) if rule.required() => {
+                    pins.missing.push(reference.to_string());
+                }
+                (Some(rule), kept) => {
+                    match signature::verify(rule, reference, &kept.unwrap_or_default()) {
+                        Ok(signers) => pins.files.push(PinnedFile {
+                            reference: reference.clone(),
+                            path,
+                            signers,
+                        }),
+                        Err(e) => pins.refused.push(e.to_string()),
+                    }
+                }
             }
         }
         pins

@@ -175,6 +175,7 @@ fn code_default(key: &str) -> DefaultValue {
         "oci_plain_http" => plain("none: every registry over HTTPS"),
         "plugin_policy" => plain("none: each plugin's own guest policy alone"),
         "plugin_failure" => plain("`fail` for every plugin"),
+        "plugin_trust" => plain("none: no pinned plugin needs a signature"),
         "log" => value(DEFAULT_LEVEL),
         "dhcp_recovery" => plain(on_off(settings.ready.dhcp_recovery)),
         "windows_renew" => plain(on_off(settings.ready.renew)),
@@ -214,6 +215,9 @@ fn what(key: &str) -> &'static str {
         }
         "plugin_failure" => {
             "Configuration file only, `[plugin_failure]` with `NAME = \"fail\"` or `\"fallback\"`: what happens when the plugin file named NAME traps or panics, breaches a limit or its guest policy, returns an unusable plan, or declines a VM it claimed (docs/plugins.md, \"When a plugin fails: the failure policy\")"
+        }
+        "plugin_trust" => {
+            "Configuration file only, `[plugin_trust.\"SCOPE\"]` (SCOPE `HOST[:PORT]` or `HOST[:PORT]/REPOSITORY`; the longest that covers a pinned reference applies), keys `keys` (paths of the vendors' PEM public keys, as `cosign generate-key-pair` writes them) and `require` (`any-of`, the default, `all-of` or `none`): whose cosign signatures a plugin pinned from a registry needs before it is pulled or loaded (docs/plugins.md, \"Signed plugins\")"
         }
         "node" => {
             "`serve`: the node whose pods to serve (required). `run`: the pod's node, listed to check an annotated VM name (`--accept-annotated-vm-names`); without it such a VM is not used"
@@ -483,7 +487,7 @@ fn table() -> String {
             key: format!("`{key}`"),
         });
     }
-    for key in ["plugin_policy", "plugin_failure"] {
+    for key in ["plugin_policy", "plugin_failure", "plugin_trust"] {
         rows.push(Row {
             key: format!("`[{key}]`"),
             embedders: embedders.remove(key).unwrap_or_default().join("<br>"),

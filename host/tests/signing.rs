@@ -382,7 +382,8 @@ fn plan_in(dir: &Path, extra: &[&str]) -> Output {
 /// `plugin inspect` says who signed it; offline with the registry down,
 /// from the store. Then the vendor's key is removed from the policy: the
 /// plugin is in the store, but the next `plan` verifies again and refuses
-/// it, and `plugin inspect` fails saying why. An unsigned plugin pinned
+/// it, so does the start of `serve`, and `plugin inspect` fails saying
+/// why. An unsigned plugin pinned
 /// under the policy never loads.
 #[test]
 fn a_node_loads_only_what_its_keys_signed_and_a_removed_key_is_refused_at_the_next_load() {
@@ -471,6 +472,19 @@ fn a_node_loads_only_what_its_keys_signed_and_a_removed_key_is_refused_at_the_ne
         "{stderr}"
     );
     assert!(!stderr.contains("both serve"), "{stderr}");
+    // The daemon's start says the same, before it reaches Kubernetes.
+    let out = cli(dir.path(), &["serve", "--node", "n1"]);
+    assert_refused(
+        &out,
+        &signed,
+        std::slice::from_ref(&other),
+        "none of the 1 signature(s) found verifies with it",
+    );
+    assert!(
+        !text(&out.stderr).contains("Kubernetes"),
+        "{}",
+        text(&out.stderr)
+    );
     let file = dir.path().join("inspected.wasm");
     let out = cli(dir.path(), &["plugin", "inspect", file.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));

@@ -195,6 +195,10 @@ pub(crate) enum PluginCommand {
     /// `application/vnd.wasm.config.v0+json`. Credentials, when the registry
     /// wants them: COCOON_FIXUP_OCI_USERNAME and COCOON_FIXUP_OCI_PASSWORD.
     ///
+    /// It does not sign. For nodes whose `[plugin_trust]` requires your
+    /// signature, sign the printed digest with your cosign key:
+    ///   cosign sign --key cosign.key --tlog-upload=false HOST/REPO@sha256:DIGEST
+    ///
     /// Example:
     ///   cocoon-fixup plugin push acme_net.wasm oci://registry.example/acme/net:1.0
     Push(PluginPushArgs),
@@ -203,6 +207,12 @@ pub(crate) enum PluginCommand {
     ///
     /// A tag is refused unless --allow-tag: it is then resolved to its
     /// digest, which is printed so you can pin it.
+    ///
+    /// The cosign signatures the registry has for the digest are checked
+    /// against the configuration's `[plugin_trust]` and the keys that
+    /// signed are printed; a plugin whose rule requires a signature it
+    /// lacks is refused and nothing is written (docs/plugins.md, "Signed
+    /// plugins").
     ///
     /// Example:
     ///   cocoon-fixup plugin pull oci://registry.example/acme/net@sha256:... --output acme_net.wasm
