@@ -18,62 +18,35 @@
 //! makes that a failure.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::process::Output;
 
 use crate::oci::registry::LocalRegistry;
 use crate::oci::{cli, pinned_from, sha256_hex, text};
-use crate::support::go_tool::GoTool;
+use crate::support::cosign::Cosign;
 use base64::Engine as _;
 use fixup_core::plugin::builtin::BUILTINS;
-
-/// cosign, built from lab/cosign (module docs).
-const COSIGN: GoTool<'static> = GoTool {
-    env: "COCOON_FIXUP_COSIGN",
-    require: "COCOON_FIXUP_REQUIRE_COSIGN",
-    tests: "the cosign tests (host/tests/signing.rs)",
-    module: "lab/cosign",
-    package: "github.com/sigstore/cosign/v2/cmd/cosign",
-    output: "cosign",
-};
-
-/// The cosign executable, built once per test process (`None`: skipped).
-fn cosign() -> Option<PathBuf> {
-    static BINARY: OnceLock<Result<Option<PathBuf>, String>> = OnceLock::new();
-    BINARY
-        .get_or_init(|| COSIGN.build())
-        .clone()
-        .unwrap_or_else(|e| panic!("{e}"))
-}
 
 /// A registry with two plugins pushed, two cosign key pairs, and a folder
 /// for the configuration, the keys and the store.
 struct Bench {
     registry: LocalRegistry,
-    cosign: PathBuf,
+    cosign: Cosign,
     dir: tempfile::TempDir,
 }
 
 impl Bench {
     /// `None` when cosign or the registry is not there (said by each).
     fn start() -> Option<Self> {
-        let cosign = cosign()?;
-        let registry = LocalRegistry::start()?;
         let dir = tempfile::tempdir().unwrap();
-        let bench = Bench {
+        let cosign = Cosign::new(dir.path())?;
+        let registry = LocalRegistry::start()?;
+        cosign.generate("vendor");
+        cosign.generate("other");
+        Some(Bench {
             registry,
             cosign,
             dir,
-        };
-        std::fs::create_dir(bench.path("keys")).unwrap();
-        for prefix in ["vendor", "other"] {
-            bench.run_cosign(&[
-                "generate-key-pair",
-                "--output-key-prefix",
-                &bench.path(&format!("keys/{prefix}")).display().to_string(),
-            ]);
-        }
-        Some(bench)
+        })
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -81,37 +54,11 @@ impl Bench {
     }
 
     fn key(&self, name: &str) -> String {
-        self.path(&format!("keys/{name}.pub")).display().to_string()
+        self.cosign.public_key(name)
     }
 
-    /// cosign with `args`, offline: its home in the test's folder, the
-    /// keys' password empty. It must succeed.
-    fn run_cosign(&self, args: &[&str]) -> Output {
-        let out = Command::new(&self.cosign)
-            .args(args)
-            .env("HOME", self.dir.path())
-            .env("COSIGN_PASSWORD", "")
-            .env("COSIGN_EXPERIMENTAL", "1")
-            .output()
-            .expect("run cosign");
-        assert!(
-            out.status.success(),
-            "cosign {args:?}: {}{}",
-            text(&out.stdout),
-            text(&out.stderr)
-        );
-        out
-    }
-
-    /// `cosign sign --key keys/KEY.key` of `pinned` (`oci://...`), with
-    /// nothing uploaded to a transparency log; `extra` flags after.
     fn sign(&self, key: &str, pinned: &str, extra: &[&str]) {
-        let key = self.path(&format!("keys/{key}.key")).display().to_string();
-        let image = pinned.strip_prefix("oci://").unwrap();
-        let mut args = vec!["sign", "--key", &key, "--tlog-upload=false", "--yes"];
-        args.extend_from_slice(extra);
-        args.push(image);
-        self.run_cosign(&args);
+        self.cosign.sign(key, pinned, extra);
     }
 
     /// `plugin push` of `wasm` to `plugins/net:TAG`; the pinned reference.

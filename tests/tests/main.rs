@@ -12,5 +12,6 @@ mod reload;
 mod sandbox;
 mod selection;
 mod serve_reload;
+mod signed;
 mod vendor;
 mod workers;

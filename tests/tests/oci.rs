@@ -16,7 +16,10 @@ use fixup_tests::registry::LocalRegistry;
 use sha2::{Digest, Sha256};
 
 /// Push nm-keyfile to `registry`; its pinned reference.
-fn push_nm_keyfile(runtime: &tokio::runtime::Runtime, registry: &LocalRegistry) -> PluginRef {
+pub(crate) fn push_nm_keyfile(
+    runtime: &tokio::runtime::Runtime,
+    registry: &LocalRegistry,
+) -> PluginRef {
     let wasm = std::fs::read(env!("PLUGIN_NM_KEYFILE")).expect("the built plugin");
     let tagged: PluginRef = format!("oci://{}/vendors/nm-keyfile:1.0", registry.host())
         .parse()
@@ -31,19 +34,21 @@ fn push_nm_keyfile(runtime: &tokio::runtime::Runtime, registry: &LocalRegistry) 
 }
 
 /// Settings from a configuration file that pins `reference`, with the
-/// store and cocoon root under `dir`, and `allowed` as the allow-list.
-fn settings(
+/// store and cocoon root under `dir`, `allowed` as the allow-list, and
+/// `extra` (tables) after.
+pub(crate) fn settings(
     dir: &Path,
     registry: &LocalRegistry,
     reference: &PluginRef,
     allowed: &str,
+    extra: &str,
 ) -> Resolved {
     let config = dir.join("config.toml");
     std::fs::create_dir_all(dir.join("root")).expect("cocoon root");
     std::fs::write(
         &config,
         format!(
-            "plugins = [\"{reference}\"]\noci_plain_http = [\"{}\"]\noci_store = \"{}\"\nallowed_plugins = [\"{allowed}\"]\ncocoon_root = \"{}\"\nno_cache = true\n",
+            "plugins = [\"{reference}\"]\noci_plain_http = [\"{}\"]\noci_store = \"{}\"\nallowed_plugins = [\"{allowed}\"]\ncocoon_root = \"{}\"\nno_cache = true\n{extra}",
             registry.host(),
             dir.join("oci").display(),
             dir.join("root").display(),
@@ -67,7 +72,7 @@ fn a_pinned_reference_in_the_config_is_pulled_verified_and_loaded_under_the_allo
     ));
     let dir = tempfile::tempdir().expect("tempdir");
 
-    let allowed = settings(dir.path(), &registry, &reference, &wasm_sha256);
+    let allowed = settings(dir.path(), &registry, &reference, &wasm_sha256, "");
     let files = runtime.block_on(allowed.pinned.files()).expect("pulled");
     let (planner, failures) =
         Planner::with_files(allowed.planner.clone(), &files).expect("planner");
@@ -115,7 +120,7 @@ fn a_pinned_reference_in_the_config_is_pulled_verified_and_loaded_under_the_allo
     // The same reference under an allow-list that does not name its wasm:
     // pulled and verified (it is in the store already), then refused.
     let other = "0".repeat(64);
-    let refused = settings(dir.path(), &registry, &reference, &other);
+    let refused = settings(dir.path(), &registry, &reference, &other, "");
     let files = runtime.block_on(refused.pinned.files()).expect("stored");
     let (_planner, failures) = Planner::with_files(refused.planner, &files).expect("planner");
     let [failure] = failures.as_slice() else {

@@ -48,7 +48,7 @@ pub(crate) mod binary;
 pub(crate) mod fake;
 #[allow(dead_code)]
 #[path = "../../host/tests/support/fake_api.rs"]
-mod fake_api;
+pub(crate) mod fake_api;
 
 use fake_api::FakeApi;
 
@@ -73,7 +73,7 @@ fn leb128(mut n: usize) -> Vec<u8> {
 }
 
 /// The hostile plugin with a custom section holding `tag` at its end.
-fn hostile(tag: &str) -> Vec<u8> {
+pub(crate) fn hostile(tag: &str) -> Vec<u8> {
     let mut payload = leb128(VERSION_SECTION.len());
     payload.extend_from_slice(VERSION_SECTION);
     payload.extend_from_slice(tag.as_bytes());
@@ -115,7 +115,7 @@ fn pod(name: &str) -> Value {
 /// The pod of each phase, in order.
 const PODS: [&str; 3] = ["web-a", "web-b", "web-c"];
 
-struct Node {
+pub(crate) struct Node {
     dir: tempfile::TempDir,
     api: FakeApi,
     /// The port of `/metrics` and `/healthz`.
@@ -128,14 +128,26 @@ impl Node {
     /// pod the server keeps.
     async fn start(plugin: &[u8], first: &str) -> Node {
         let dir = tempfile::tempdir().expect("tempdir");
+        fs::create_dir(dir.path().join("plugins")).expect("plugin dir");
+        install(dir.path(), plugin);
+        Self::start_in(dir, "", first).await
+    }
+
+    /// `serve` in `dir` (its plugin directory `plugins/` when there is
+    /// one), with `config` in its configuration file, and `first` as the
+    /// pod the server keeps.
+    pub(crate) async fn start_in(dir: tempfile::TempDir, config: &str, first: &str) -> Node {
         let d = dir.path();
+        fs::create_dir_all(d.join("plugins")).expect("plugin dir");
         // `fake-cocoon` reads its scenario from `<argv[0]>.json`.
         std::os::unix::fs::symlink(fake::fake_cocoon(), d.join("cocoon")).expect("cocoon");
-        fs::create_dir(d.join("plugins")).expect("plugin dir");
         // Not empty: a reload refuses an empty configuration file (one
         // being rewritten in place).
-        fs::write(d.join("config.toml"), "# flags set the rest\n").expect("config");
-        install(d, plugin);
+        fs::write(
+            d.join("config.toml"),
+            format!("# flags set the rest\n{config}"),
+        )
+        .expect("config");
         guest_of(d, first);
         let api = FakeApi::start(pod(first), false).await;
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -207,7 +219,7 @@ impl Node {
 
     /// The body of `GET path` on the metrics listener; `None` while it
     /// does not answer.
-    async fn get(&self, path: &str) -> Option<String> {
+    pub(crate) async fn get(&self, path: &str) -> Option<String> {
         let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
             .await
             .ok()?;
@@ -221,7 +233,7 @@ impl Node {
 
     /// `cocoon_fixup_plugin_reload_total{result}` now, once `/metrics`
     /// answers (0 before the first such reload).
-    async fn reloads(&self, result: &str) -> u64 {
+    pub(crate) async fn reloads(&self, result: &str) -> u64 {
         let metrics = self
             .until("/metrics", async |n| n.get("/metrics").await)
             .await;
@@ -251,7 +263,7 @@ impl Node {
     }
 
     /// Wait until `/metrics` counts `count` reloads with `result`.
-    async fn until_reloads(&self, result: &str, count: u64) {
+    pub(crate) async fn until_reloads(&self, result: &str, count: u64) {
         self.until(&format!("{count} reloads {result}"), async |n| {
             (n.reloads(result).await >= count).then_some(())
         })

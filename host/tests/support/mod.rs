@@ -10,6 +10,7 @@ use fixup_core::facts::{PodInput, VmId, VmInspect};
 use fixup_host::cocoon::{Cocoon, CocoonError, ExecOutput, ExitStatusKind};
 
 pub mod binary;
+pub mod cosign;
 pub mod fake;
 pub mod fake_api;
 pub mod go_tool;
