@@ -976,6 +976,100 @@ links = ["eth0"]
         assert!(err.to_string().contains("oci://"), "{err}");
     }
 
+    /// `[plugin_trust]`: each scope's keys are read and checked when the
+    /// configuration is, and each mistake is refused naming the table.
+    #[test]
+    fn the_trust_policy_is_read_and_each_mistake_named() {
+        use p256::pkcs8::EncodePublicKey as _;
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.toml");
+        let key = dir.path().join("vendor.pub");
+        let pem = p256::ecdsa::SigningKey::from_slice(&[7; 32])
+            .unwrap()
+            .verifying_key()
+            .to_public_key_pem(p256::pkcs8::LineEnding::LF)
+            .unwrap();
+        std::fs::write(&key, pem).unwrap();
+        let key = key.display().to_string();
+        let resolve = |table: &str| {
+            std::fs::write(&file, table).unwrap();
+            ConfigArgs::default().resolve(Some(&file))
+        };
+
+        let s = resolve(&format!(
+            "[plugin_trust.\"registry.example/acme\"]\nkeys = [\"{key}\"]\nrequire = \"all-of\"\n[plugin_trust.\"127.0.0.1:5000\"]\nkeys = [\"{key}\"]\n"
+        ))
+        .unwrap();
+        let rules = &s.pinned.trust.rules;
+        assert_eq!(rules.len(), 2);
+        let acme = rules
+            .iter()
+            .find(|r| r.scope == "registry.example/acme")
+            .unwrap();
+        assert_eq!(acme.require, crate::oci::signature::Require::AllOf);
+        assert_eq!(acme.keys[0].path, Path::new(&key));
+        let local = rules.iter().find(|r| r.scope == "127.0.0.1:5000").unwrap();
+        assert_eq!(local.require, crate::oci::signature::Require::AnyOf);
+
+        let not_pem = dir.path().join("not.pub");
+        std::fs::write(&not_pem, "ssh-ed25519 AAAA").unwrap();
+        let open = dir.path().join("open.pub");
+        std::fs::copy(&key, &open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o666)).unwrap();
+        for (table, says) in [
+            (
+                format!("[plugin_trust.\"Registry.example/Acme:v1\"]\nkeys = [\"{key}\"]\n"),
+                "the scope is not",
+            ),
+            (
+                "[plugin_trust.\"registry.example\"]\nkeys = []\n".to_owned(),
+                "no keys",
+            ),
+            (
+                "[plugin_trust.\"registry.example\"]\nkeys = [\"/nonexistent/vendor.pub\"]\n"
+                    .to_owned(),
+                "/nonexistent",
+            ),
+            (
+                format!(
+                    "[plugin_trust.\"registry.example\"]\nkeys = [\"{}\"]\n",
+                    not_pem.display()
+                ),
+                "is not an ECDSA P-256 public key in PEM",
+            ),
+            (
+                format!(
+                    "[plugin_trust.\"registry.example\"]\nkeys = [\"{}\"]\n",
+                    open.display()
+                ),
+                "writable by its group or by others",
+            ),
+        ] {
+            let err = resolve(&table).unwrap_err();
+            assert!(matches!(err, ConfigError::Trust(_)), "{table}: {err:?}");
+            let text = err.to_string();
+            assert!(text.contains(says), "{says:?} in {text}");
+            assert!(text.contains("plugin_trust."), "{text}");
+        }
+        for (table, says) in [
+            (
+                format!("[plugin_trust.\"registry.example\"]\nkey = [\"{key}\"]\n"),
+                "unknown field `key`",
+            ),
+            (
+                format!(
+                    "[plugin_trust.\"registry.example\"]\nkeys = [\"{key}\"]\nrequire = \"some\"\n"
+                ),
+                "some",
+            ),
+        ] {
+            let err = resolve(&table).unwrap_err();
+            assert!(matches!(err, ConfigError::Parse { .. }), "{table}: {err:?}");
+            assert!(err.to_string().contains(says), "{says:?} in {err}");
+        }
+    }
+
     /// The OCI options (their own group, for `plugin pull`) are read from
     /// the file like the others, a flag overrides the file, and a misspelt
     /// one is still refused by name.
