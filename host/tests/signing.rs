@@ -439,3 +439,121 @@ fn a_node_loads_only_what_its_keys_signed_and_a_removed_key_is_refused_at_the_ne
     assert!(stdout.contains("refused"), "{stdout}");
     assert!(stdout.contains(&other), "{stdout}");
 }
+
+/// `plugin push --sign-key` signs as `cosign sign --key` does: the real
+/// cosign verifies its signature with the public key, a second key's
+/// signature is added beside the first, `plugin pull` names both, and
+/// cosign's own encrypted key is refused before anything is pushed, with
+/// the cosign command to use instead.
+#[test]
+fn plugin_push_signs_as_cosign_does_and_cosign_verifies_it() {
+    use p256::pkcs8::{EncodePrivateKey as _, EncodePublicKey as _, LineEnding};
+    let Some(bench) = Bench::start() else {
+        return;
+    };
+    let mut keys = Vec::new();
+    for (name, seed) in [("first", 3u8), ("second", 4u8)] {
+        let key = p256::ecdsa::SigningKey::from_slice(&[seed; 32]).unwrap();
+        let private = bench.path(&format!("keys/{name}.pem"));
+        std::fs::write(
+            &private,
+            key.to_pkcs8_pem(LineEnding::LF).unwrap().as_bytes(),
+        )
+        .unwrap();
+        std::fs::write(
+            bench.path(&format!("keys/{name}.pub")),
+            key.verifying_key()
+                .to_public_key_pem(LineEnding::LF)
+                .unwrap(),
+        )
+        .unwrap();
+        keys.push((private.display().to_string(), bench.key(name)));
+    }
+    let file = bench.path("signed.wasm");
+    std::fs::write(&file, BUILTINS[0].1).unwrap();
+    let reference = format!("oci://{}/plugins/net:v1", bench.registry.host());
+    let push = |key: &str| {
+        cli(
+            bench.dir.path(),
+            &[
+                "plugin",
+                "push",
+                file.to_str().unwrap(),
+                &reference,
+                "--plain-http",
+                "--sign-key",
+                key,
+            ],
+        )
+    };
+
+    let out = push(&keys[0].0);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let pinned = pinned_from(&text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains(&format!("signed {pinned} with {}", keys[0].0)),
+        "{}",
+        text(&out.stdout)
+    );
+    let image = pinned.strip_prefix("oci://").unwrap();
+    let verified = bench.cosign.run(&[
+        "verify",
+        "--key",
+        &keys[0].1,
+        "--insecure-ignore-tlog=true",
+        image,
+    ]);
+    assert!(
+        text(&verified.stdout).contains(&format!(
+            "\"docker-manifest-digest\":\"sha256:{}\"",
+            hex_of(&pinned)
+        )),
+        "{}",
+        text(&verified.stdout)
+    );
+
+    let out = push(&keys[1].0);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let keys_toml: Vec<String> = keys
+        .iter()
+        .map(|(_, public)| format!("\"{public}\""))
+        .collect();
+    bench.configure(&format!(
+        "[plugin_trust.\"{}/plugins\"]\nkeys = [{}]\nrequire = \"all-of\"\n",
+        bench.registry.host(),
+        keys_toml.join(", ")
+    ));
+    let out = bench.pull(&pinned, "both.wasm", &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains(&format!("signed by {}", keys[0].1))
+            && text(&out.stdout).contains(&keys[1].1),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let encrypted = bench.path("keys/vendor.key").display().to_string();
+    let out = cli(
+        bench.dir.path(),
+        &[
+            "plugin",
+            "push",
+            file.to_str().unwrap(),
+            &format!("oci://{}/plugins/other:v1", bench.registry.host()),
+            "--plain-http",
+            "--sign-key",
+            &encrypted,
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&encrypted) && stderr.contains("cosign sign --key"),
+        "{stderr}"
+    );
+    assert!(
+        !text(&out.stdout).contains("pushed"),
+        "nothing pushed: {}",
+        text(&out.stdout)
+    );
+}

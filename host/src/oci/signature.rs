@@ -140,6 +140,78 @@ impl PublicKey {
     }
 }
 
+/// A vendor's private key for `plugin push --sign-key`: an unencrypted
+/// PKCS#8 ECDSA P-256 key in PEM (`-----BEGIN PRIVATE KEY-----`, as
+/// `openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256`
+/// writes). cosign's own encrypted `cosign.key` is not read here: sign with
+/// `cosign sign --key` instead.
+pub struct SigningKey {
+    path: PathBuf,
+    key: p256::ecdsa::SigningKey,
+}
+
+impl fmt::Debug for SigningKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Not the key.
+        f.debug_struct("SigningKey")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SigningKey {
+    /// Read the key at `path`, under the trust rules of plugin files (a
+    /// key someone else could replace would sign for them), at most
+    /// [`MAX_KEY_BYTES`].
+    pub fn read(path: &Path) -> Result<Self, String> {
+        use p256::pkcs8::DecodePrivateKey as _;
+        let bytes = fixup_core::plugin::trusted::read_file_bounded(path, MAX_KEY_BYTES)
+            .map_err(|e| e.to_string())?;
+        let not_one = || {
+            format!(
+                "{} is not an unencrypted PKCS#8 ECDSA P-256 private key in PEM (`-----BEGIN PRIVATE KEY-----`); with cosign's own encrypted cosign.key, sign with `cosign sign --key cosign.key HOST/REPO@sha256:DIGEST` after the push",
+                path.display()
+            )
+        };
+        let text = std::str::from_utf8(&bytes).map_err(|_| not_one())?;
+        let key = p256::ecdsa::SigningKey::from_pkcs8_pem(text.trim()).map_err(|_| not_one())?;
+        Ok(SigningKey {
+            path: path.to_owned(),
+            key,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// cosign's signature of the manifest `pinned` names: the payload
+    /// naming the digest and where it was pushed, and its ECDSA P-256
+    /// SHA-256 signature (DER, base64).
+    pub fn sign(&self, pinned: &PluginRef) -> Signature {
+        use p256::ecdsa::signature::Signer as _;
+        let payload = serde_json::to_vec(&serde_json::json!({
+            "critical": {
+                "identity": {
+                    "docker-reference": format!("{}/{}", pinned.registry, pinned.repository),
+                },
+                "image": {
+                    "docker-manifest-digest": format!("sha256:{}", pinned.digest().unwrap_or_default()),
+                },
+                "type": PAYLOAD_TYPE,
+            },
+            "optional": null,
+        }))
+        .expect("a JSON value serializes");
+        let signature: EcdsaSignature = self.key.sign(&payload);
+        let b64 = base64::engine::general_purpose::STANDARD;
+        Signature {
+            payload: b64.encode(&payload),
+            signature: b64.encode(signature.to_der().as_bytes()),
+        }
+    }
+}
+
 /// How many of a rule's keys must have signed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

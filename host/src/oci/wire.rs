@@ -605,20 +605,75 @@ impl Registry {
         let mut session = Session::new(self, reference)?;
         session.push_blob(wasm, &wasm_digest).await?;
         session.push_blob(&config, &config_digest).await?;
-        let url = session.url(&format!("manifests/{tag}"));
-        let response = session
-            .send(|client| {
-                client
-                    .put(url.clone())
-                    .header(CONTENT_TYPE, MANIFEST_MEDIA_TYPE)
-                    .timeout(REQUEST_TIMEOUT)
-                    .body(manifest.clone())
-            })
-            .await?;
-        if !response.status().is_success() {
-            return Err(refusal(reference, response).await);
-        }
+        session.put_manifest(tag, &manifest).await?;
         Ok(reference.pinned(&sha256_hex(&manifest)))
+    }
+
+    /// Attach a cosign signature to the manifest `pinned` names, as
+    /// `cosign sign` does: the payload as a layer of the signature
+    /// manifest under the tag `sha256-<digest>.sig`, the signature in the
+    /// layer's annotation. Signatures already under the tag are kept, and
+    /// the same one is not added twice.
+    pub async fn push_signature(
+        &self,
+        pinned: &PluginRef,
+        signature: &signature::Signature,
+    ) -> Result<(), OciError> {
+        let hex = pinned.digest().ok_or_else(|| OciError::NotPinned {
+            reference: pinned.to_string(),
+        })?;
+        use base64::Engine as _;
+        let payload = base64::engine::general_purpose::STANDARD
+            .decode(&signature.payload)
+            .expect("a payload this host encoded");
+        let payload_digest = format!("sha256:{}", sha256_hex(&payload));
+        let tag = signature_tag(hex);
+        let mut session = Session::new(self, pinned)?;
+        let mut layers: Vec<serde_json::Value> = match session
+            .get_bounded(
+                &format!("manifests/{tag}"),
+                SIGNATURE_MANIFEST_TYPES,
+                MAX_MANIFEST_BYTES as u64,
+            )
+            .await?
+            .and_then(|manifest| serde_json::from_slice::<serde_json::Value>(&manifest).ok())
+        {
+            Some(manifest) => manifest["layers"].as_array().cloned().unwrap_or_default(),
+            None => Vec::new(),
+        };
+        let layer = serde_json::json!({
+            "mediaType": signature::SIMPLE_SIGNING_MEDIA_TYPE,
+            "size": payload.len(),
+            "digest": payload_digest,
+            "annotations": {signature::SIGNATURE_ANNOTATION: signature.signature},
+        });
+        if layers.contains(&layer) {
+            return Ok(());
+        }
+        layers.push(layer);
+        session.push_blob(&payload, &payload_digest).await?;
+        let diff_ids: Vec<&serde_json::Value> = layers.iter().map(|l| &l["digest"]).collect();
+        let config = serde_json::to_vec(&serde_json::json!({
+            "architecture": "",
+            "os": "",
+            "config": {},
+            "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        }))
+        .expect("a JSON value serializes");
+        let config_digest = format!("sha256:{}", sha256_hex(&config));
+        session.push_blob(&config, &config_digest).await?;
+        let manifest = serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": MANIFEST_MEDIA_TYPE,
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "size": config.len(),
+                "digest": config_digest,
+            },
+            "layers": layers,
+        }))
+        .expect("a JSON value serializes");
+        session.put_manifest(&tag, &manifest).await
     }
 
     /// Pull the plugin at `reference` and verify it: the manifest against
@@ -729,6 +784,24 @@ impl Registry {
 }
 
 impl Session<'_> {
+    /// `PUT` an OCI image manifest under `tag`.
+    async fn put_manifest(&mut self, tag: &str, manifest: &[u8]) -> Result<(), OciError> {
+        let url = self.url(&format!("manifests/{tag}"));
+        let response = self
+            .send(|client| {
+                client
+                    .put(url.clone())
+                    .header(CONTENT_TYPE, MANIFEST_MEDIA_TYPE)
+                    .timeout(REQUEST_TIMEOUT)
+                    .body(manifest.to_vec())
+            })
+            .await?;
+        if !response.status().is_success() {
+            return Err(refusal(self.reference, response).await);
+        }
+        Ok(())
+    }
+
     /// `GET /v2/<repository>/<tail>` read within `cap` bytes: `None` when
     /// the registry has no such thing (404), or answers with more than
     /// `cap` bytes (logged: a signature artifact that large is not

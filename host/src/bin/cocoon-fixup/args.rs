@@ -195,8 +195,10 @@ pub(crate) enum PluginCommand {
     /// `application/vnd.wasm.config.v0+json`. Credentials, when the registry
     /// wants them: COCOON_FIXUP_OCI_USERNAME and COCOON_FIXUP_OCI_PASSWORD.
     ///
-    /// It does not sign. For nodes whose `[plugin_trust]` requires your
-    /// signature, sign the printed digest with your cosign key:
+    /// With --sign-key it signs the digest as `cosign sign --key` does (the
+    /// `sha256-<digest>.sig` tag), for nodes whose `[plugin_trust]` lists
+    /// your public key. With cosign's own encrypted key, sign the printed
+    /// digest with cosign instead:
     ///   cosign sign --key cosign.key --tlog-upload=false HOST/REPO@sha256:DIGEST
     ///
     /// Example:
@@ -253,6 +255,12 @@ pub(crate) struct PluginPushArgs {
     /// Where to publish it: oci://HOST/REPO:TAG.
     #[arg(value_name = "REFERENCE")]
     pub(crate) reference: String,
+    /// Sign the pushed digest with this key: an unencrypted PKCS#8 ECDSA
+    /// P-256 private key in PEM (`-----BEGIN PRIVATE KEY-----`), a file of
+    /// root's or yours not writable by others. Its public key is what the
+    /// nodes list in `[plugin_trust]`
+    #[arg(long, value_name = "KEY.pem")]
+    pub(crate) sign_key: Option<PathBuf>,
     /// Speak plain HTTP to this reference's registry instead of HTTPS (a
     /// registry on loopback).
     #[arg(long)]

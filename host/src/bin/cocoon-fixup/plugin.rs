@@ -136,11 +136,28 @@ pub(crate) fn registry_options(
 pub(crate) async fn run_plugin_push(args: &PluginPushArgs) -> Result<u8> {
     let reference: PluginRef = args.reference.parse()?;
     let wasm = read_bytes(&args.plugin)?;
+    // Read before anything is pushed: a key that cannot sign stops here.
+    let key = args
+        .sign_key
+        .as_deref()
+        .map(signature::SigningKey::read)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
     let options = registry_options(&reference, args.plain_http, &RegistryOptions::default());
-    let pinned = oci::Registry::new(&options)?
-        .push(&reference, &wasm)
-        .await?;
+    let registry = oci::Registry::new(&options)?;
+    let pinned = registry.push(&reference, &wasm).await?;
     println!("pushed {}: pin {pinned}", args.plugin.display());
+    if let Some(key) = key {
+        registry
+            .push_signature(&pinned, &key.sign(&pinned))
+            .await
+            .with_context(|| format!("signing {pinned} with {}", key.path().display()))?;
+        println!(
+            "signed {pinned} with {} (tag {})",
+            key.path().display(),
+            signature::signature_tag(pinned.digest().unwrap_or_default())
+        );
+    }
     Ok(0)
 }
 
