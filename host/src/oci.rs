@@ -482,16 +482,18 @@ impl Store {
     }
 
     /// The plugin file of the manifest `hex` when the store holds the
-    /// manifest and its layer, both trusted files matching their digests;
+    /// manifest and its layer, both trusted files matching their digests,
+    /// each read no further than its bound (the manifest's, and the size
+    /// the manifest declares for the layer);
     /// `Ok(None)` when either is absent; `Err` says why what is there is
     /// not believed.
     pub fn verified(&self, hex: &str) -> Result<Option<PathBuf>, String> {
-        let read = |name: &str| {
+        let read = |name: &str, max: u64| {
             self.dir
-                .read_file(name)
+                .read_file_bounded(name, max)
                 .map_err(|e| format!("{e}; it is not believed"))
         };
-        let Some(manifest) = read(&manifest_name(hex))? else {
+        let Some(manifest) = read(&manifest_name(hex), MAX_MANIFEST_BYTES as u64)? else {
             return Ok(None);
         };
         let actual = sha256_hex(&manifest);
@@ -503,7 +505,8 @@ impl Store {
         }
         let layer = plugin_layer(&manifest)?;
         let layer_hex = &layer.digest["sha256:".len()..];
-        let Some(wasm) = read(&layer_name(layer_hex))? else {
+        // The size the manifest declares, checked against the digest below.
+        let Some(wasm) = read(&layer_name(layer_hex), layer.size as u64)? else {
             return Ok(None);
         };
         if sha256_hex(&wasm) != layer_hex {
@@ -835,6 +838,21 @@ mod tests {
         assert!(pins.files.is_empty());
         assert_eq!(pins.missing, vec![reference.to_string()]);
         assert!(!store.exists(), "the store is not created");
+    }
+
+    /// A stored manifest past its bound is refused before it is read.
+    #[test]
+    fn a_stored_file_past_its_bound_is_not_believed() {
+        let parent = tempfile::tempdir().unwrap();
+        let store = Store::open(&parent.path().join("oci")).unwrap();
+        let name = manifest_name(HEX);
+        std::fs::write(store.path().join(&name), vec![b' '; MAX_MANIFEST_BYTES + 1]).unwrap();
+        let err = store.verified(HEX).unwrap_err();
+        assert!(err.contains(&name), "{err}");
+        assert!(
+            err.contains(&format!("more than the {MAX_MANIFEST_BYTES}")),
+            "{err}"
+        );
     }
 
     #[test]
