@@ -1017,3 +1017,142 @@ fn redirects_stay_on_the_registry_or_go_to_https_and_are_logged() {
 
     assert_eq!(elsewhere.asked(), Vec::<String>::new(), "never asked");
 }
+
+/// A registry with the referrers API: its index lists cosign's signature
+/// manifest, which is fetched by digest and verifies. A referrer whose
+/// bytes do not match its digest, and a referrer of another artifact type,
+/// are not used; nor is a payload other than its digest says.
+#[test]
+fn signatures_are_found_through_the_referrers_api_and_checked_against_their_digests() {
+    use base64::Engine as _;
+    use fixup_host::oci::signature::{
+        self, PublicKey, Require, SIGNATURE_ANNOTATION, SIGNATURE_ARTIFACT_TYPE,
+        SIMPLE_SIGNING_MEDIA_TYPE, TrustRule,
+    };
+    use p256::ecdsa::signature::Signer as _;
+    use p256::pkcs8::EncodePublicKey as _;
+
+    let hex = sha256_hex(b"the plugin's manifest");
+    let key = p256::ecdsa::SigningKey::from_slice(&[9; 32]).unwrap();
+    let payload = serde_json::to_vec(&serde_json::json!({
+        "critical": {
+            "identity": {"docker-reference": "registry.example/acme/net"},
+            "image": {"docker-manifest-digest": format!("sha256:{hex}")},
+            "type": signature::PAYLOAD_TYPE,
+        },
+        "optional": null,
+    }))
+    .unwrap();
+    let signed: p256::ecdsa::Signature = key.sign(&payload);
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let payload_digest = format!("sha256:{}", sha256_hex(&payload));
+    let signature_manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_MEDIA_TYPE,
+        "artifactType": SIGNATURE_ARTIFACT_TYPE,
+        "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": format!("sha256:{}", sha256_hex(b"{}")), "size": 2},
+        "layers": [{
+            "mediaType": SIMPLE_SIGNING_MEDIA_TYPE,
+            "digest": payload_digest,
+            "size": payload.len(),
+            "annotations": {SIGNATURE_ANNOTATION: b64.encode(signed.to_der().as_bytes())},
+        }],
+    }))
+    .unwrap();
+    let signature_digest = format!("sha256:{}", sha256_hex(&signature_manifest));
+    // A second signature, valid too, served under a digest that is not
+    // its manifest's: it must not count.
+    let mut noted: serde_json::Value = serde_json::from_slice(&payload).unwrap();
+    noted["optional"] = serde_json::json!({"note": "served under another digest"});
+    let noted = serde_json::to_vec(&noted).unwrap();
+    let noted_signature: p256::ecdsa::Signature = key.sign(&noted);
+    let noted_digest = format!("sha256:{}", sha256_hex(&noted));
+    let mismatched = serde_json::to_vec_pretty(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_MEDIA_TYPE,
+        "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": format!("sha256:{}", sha256_hex(b"{}")), "size": 2},
+        "layers": [{
+            "mediaType": SIMPLE_SIGNING_MEDIA_TYPE,
+            "digest": noted_digest,
+            "size": noted.len(),
+            "annotations": {SIGNATURE_ANNOTATION: b64.encode(noted_signature.to_der().as_bytes())},
+        }],
+    }))
+    .unwrap();
+    let claimed = format!("sha256:{}", sha256_hex(b"what the index claims"));
+    let other_type = format!("sha256:{}", sha256_hex(b"an SBOM"));
+    let index = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [
+            {"mediaType": MANIFEST_MEDIA_TYPE, "digest": claimed, "size": 10, "artifactType": SIGNATURE_ARTIFACT_TYPE},
+            {"mediaType": MANIFEST_MEDIA_TYPE, "digest": other_type, "size": 10, "artifactType": "application/spdx+json"},
+            {"mediaType": MANIFEST_MEDIA_TYPE, "digest": signature_digest, "size": signature_manifest.len(), "artifactType": SIGNATURE_ARTIFACT_TYPE},
+        ],
+    }))
+    .unwrap();
+    let answers = |blob: Vec<u8>| {
+        HashMap::from([
+            (
+                format!("/v2/acme/net/referrers/sha256:{hex}"),
+                Answer::new(200, &index[..])
+                    .header("Content-Type", "application/vnd.oci.image.index.v1+json"),
+            ),
+            (
+                format!("/v2/acme/net/manifests/{signature_digest}"),
+                manifest_answer(&signature_manifest),
+            ),
+            (
+                format!("/v2/acme/net/manifests/{claimed}"),
+                manifest_answer(&mismatched),
+            ),
+            (
+                format!("/v2/acme/net/blobs/{noted_digest}"),
+                Answer::new(200, &noted[..]),
+            ),
+            (
+                format!("/v2/acme/net/manifests/{other_type}"),
+                manifest_answer(&signature_manifest),
+            ),
+            (
+                format!("/v2/acme/net/blobs/{payload_digest}"),
+                Answer::new(200, &blob[..]),
+            ),
+        ])
+    };
+    let signatures_from = |host: &str| {
+        let pinned: PluginRef = format!("oci://{host}/acme/net@sha256:{hex}")
+            .parse()
+            .unwrap();
+        let found = tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(Registry::new(&plain(host)).unwrap().signatures(&pinned))
+            .unwrap();
+        (pinned, found)
+    };
+
+    let served = StandIn::bind().serve(answers(payload.clone()), None);
+    let (pinned, found) = signatures_from(&served.host);
+    assert_eq!(found.len(), 1, "{found:?}");
+    let asked = served.asked();
+    assert!(
+        !asked.iter().any(|path| path.ends_with(&other_type)),
+        "another artifact type is not fetched: {asked:?}"
+    );
+    let pem = key
+        .verifying_key()
+        .to_public_key_pem(p256::pkcs8::LineEnding::LF)
+        .unwrap();
+    let rule = TrustRule {
+        scope: format!("{}/acme", served.host),
+        require: Require::AnyOf,
+        keys: vec![PublicKey::from_pem(Path::new("/keys/acme.pub"), &pem).unwrap()],
+    };
+    let signers = signature::verify(&rule, &pinned, &found).unwrap();
+    assert_eq!(signers[0].key, "/keys/acme.pub");
+
+    let mut longer = payload.clone();
+    longer.extend_from_slice(b"          ");
+    let (_, found) = signatures_from(&stand_in(answers(longer)));
+    assert!(found.is_empty(), "{found:?}");
+}
