@@ -28,7 +28,8 @@
 //! - [`config`]: flags > environment > file > defaults, resolved once.
 //! - [`logging`]: the binary's log filter (`COCOON_FIXUP_LOG`) and colour.
 //! - [`oci`]: plugins as OCI artifacts: push, pull by digest, the store of
-//!   pinned plugins.
+//!   pinned plugins, and their cosign signatures checked against the trust
+//!   policy (`oci::signature`).
 //!
 //! The binary (`src/bin/cocoon-fixup/`) only parses, calls these, prints the error once
 //! and picks the exit code.

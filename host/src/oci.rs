@@ -24,6 +24,12 @@
 //! plugin already pulled needs no registry at the next start. The files are
 //! then loaded like any plugin file: the allow-list (`allowed_plugins`, the
 //! sha256 of the wasm) and the guest policy apply unchanged.
+//!
+//! Whose a plugin is, is [`signature`]'s: under a trust policy
+//! ([`PinnedPlugins::trust`]), a reference is verified against the cosign
+//! signatures of its digest before it is pulled or handed to the loader,
+//! at every start and reload; the store keeps those signatures beside the
+//! manifest so that a start without the registry verifies again.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
