@@ -18,7 +18,7 @@ use serde::Deserialize;
 
 use crate::cocoon::DEFAULT_COCOON_BIN;
 use crate::host::HostConfig;
-use crate::oci::signature::RawTrustRule;
+use crate::oci::trust::RawTrustRule;
 use crate::oci::{OciError, PinnedPlugins, PluginRef, RegistryOptions, TrustPolicy};
 use crate::ready::{DEFAULT_LEASE_FILE, DEFAULT_LEASE_POLL};
 use crate::reload::{
@@ -1007,10 +1007,10 @@ links = ["eth0"]
             .iter()
             .find(|r| r.scope == "registry.example/acme")
             .unwrap();
-        assert_eq!(acme.require, crate::oci::signature::Require::AllOf);
+        assert_eq!(acme.require, crate::oci::trust::Require::AllOf);
         assert_eq!(acme.keys[0].path, Path::new(&key));
         let local = rules.iter().find(|r| r.scope == "127.0.0.1:5000").unwrap();
-        assert_eq!(local.require, crate::oci::signature::Require::AnyOf);
+        assert_eq!(local.require, crate::oci::trust::Require::AnyOf);
 
         let not_pem = dir.path().join("not.pub");
         std::fs::write(&not_pem, "ssh-ed25519 AAAA").unwrap();

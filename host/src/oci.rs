@@ -37,9 +37,11 @@ use std::str::FromStr;
 use std::time::Duration;
 
 pub mod signature;
+pub mod trust;
 mod wire;
 
-pub use signature::{SignatureError, Signer, TrustPolicy};
+pub use signature::{SignatureError, Signer};
+pub use trust::TrustPolicy;
 pub use wire::{LAYER_TIMEOUT, MAX_REDIRECTS, MAX_SMALL_BODY, Registry};
 
 use sha2::{Digest, Sha256};
@@ -774,7 +776,7 @@ impl PinnedPlugins {
     /// not met is an error.
     async fn signers(
         &self,
-        rule: &signature::TrustRule,
+        rule: &trust::TrustRule,
         reference: &PluginRef,
         store: &Store,
         registry: &mut Option<Registry>,

@@ -1026,9 +1026,9 @@ fn redirects_stay_on_the_registry_or_go_to_https_and_are_logged() {
 fn signatures_are_found_through_the_referrers_api_and_checked_against_their_digests() {
     use base64::Engine as _;
     use fixup_host::oci::signature::{
-        self, PublicKey, Require, SIGNATURE_ANNOTATION, SIGNATURE_ARTIFACT_TYPE,
-        SIMPLE_SIGNING_MEDIA_TYPE, TrustRule,
+        self, PublicKey, SIGNATURE_ANNOTATION, SIGNATURE_ARTIFACT_TYPE, SIMPLE_SIGNING_MEDIA_TYPE,
     };
+    use fixup_host::oci::trust::{Require, TrustRule};
     use p256::ecdsa::signature::Signer as _;
     use p256::pkcs8::EncodePublicKey as _;
 
