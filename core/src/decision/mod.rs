@@ -44,7 +44,7 @@ pub use locate::{
 };
 pub use prepare::{PrepareTask, Prepared};
 pub use settings::{
-    DEFAULT_SAC_DEADLINE, ReadyConfig, RetryConfig, Settings, SettingsBuilder, SettingsMs,
+    DEFAULT_SAC_DEADLINE, RawSettings, ReadyConfig, RetryConfig, Settings, SettingsBuilder,
     WakeConfig,
 };
 pub use skeleton::WrongReport;

@@ -28,7 +28,7 @@ use serde_json::Value;
 
 use fixup_core::annotations::AnnotationPatch;
 use fixup_core::decision::{
-    Action, ExecPurpose, Guarded, PodError, PodTask, PrepareTask, Report, SettingsMs, Steps, Stop,
+    Action, ExecPurpose, Guarded, PodError, PodTask, PrepareTask, RawSettings, Report, Steps, Stop,
     Summary, Trigger,
 };
 use fixup_core::exec::{ExecOutput, ExitStatusKind};
@@ -54,7 +54,7 @@ pub struct Scenario {
     pub trigger: TriggerName,
     /// Settings that differ from the defaults.
     #[serde(default)]
-    pub settings: SettingsMs,
+    pub settings: RawSettings,
     /// The pod as the API server holds it when the task starts.
     pub pod: Value,
     /// `cocoon vm inspect --json` output for the VM the pod names.

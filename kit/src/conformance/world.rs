@@ -188,7 +188,7 @@ pub fn answer(world: &mut World, now: &mut Duration, action: &Value) -> Result<V
 pub fn task_options(world: &World, scenario: &Scenario) -> Value {
     let mut options = serde_json::json!({
         "trigger": scenario.trigger.as_str(),
-        "settings": SettingsMs {
+        "settings": RawSettings {
             accept_legacy_vm_names: false,
             accept_annotated_vm_names: false,
             ..scenario.settings.clone()
