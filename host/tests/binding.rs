@@ -743,6 +743,31 @@ async fn a_refused_running_write_at_startup_is_retried_and_resumed_is_told_once(
     assert_eq!(resumed, 1, "{reasons:?}");
 }
 
+/// Work resumed at startup whose `running` write fails (the API server
+/// unreachable, after `ResumedAfterRestart` was told) is tried again as an
+/// event's work: the announcement is made once.
+#[tokio::test(start_paused = true)]
+async fn a_failed_running_write_at_startup_is_retried_and_resumed_is_told_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let cocoon = static_vm(Reply::Done);
+    let pods = Flaky::new(1, usize::MAX);
+    let running = [("vm.cocoonstack.io/post-clone-state", "running")];
+    pods.inner.insert(pod(&running));
+    let host = flaky_host(&cocoon, &pods, dir.path());
+    let mut dispatcher = quick_dispatcher(&host);
+    dispatcher.offer(pod(&running), Trigger::Startup);
+    dispatcher.drain(Duration::from_secs(600)).await;
+    let after = pods.inner.annotations("default", "web-0").unwrap();
+    assert_eq!(after[keys::POST_CLONE_STATE], "done");
+    assert_eq!(cocoon.inspected().len(), 2, "a failed write, then the work");
+    let reasons: Vec<&str> = pods.inner.events().iter().map(|(_, e)| e.reason).collect();
+    let resumed = reasons
+        .iter()
+        .filter(|r| **r == "ResumedAfterRestart")
+        .count();
+    assert_eq!(resumed, 1, "{reasons:?}");
+}
+
 /// A pod event that shows the stack took the pod over stops its work in
 /// flight.
 #[tokio::test(start_paused = true)]
