@@ -435,7 +435,8 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
     /// [`handle_pod`](Self::handle_pod), for a read the call owns. A call
     /// waiting for its turn holds the read and little else: its task is
     /// started again once the turn is given (a task's start decides the
-    /// same for the same pod), and the executor, whose future takes
+    /// same for the same pod, and never looks at the record), with the
+    /// host's record read only then, and the executor, whose future takes
     /// kilobytes, is built on the heap only then. (An `async` block, not
     /// an `async fn`, whose future would hold the read twice.)
     #[allow(clippy::manual_async_fn)]
@@ -452,14 +453,20 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
                 .as_millis();
             let wall = u64::try_from(since_epoch).unwrap_or(u64::MAX);
             let (task, first) = self.start(pod.clone(), trigger, wall, None);
-            if matches!(first, Action::Finish(_)) {
+            if !matches!(first, Action::Admit) {
                 return Box::pin(self.executor(shutdown).run(task, first)).await;
             }
-            let admit = matches!(first, Action::Admit);
             drop((task, first));
-            // On the heap, as the record while the call waits for its turn.
+            // The task's clock runs from before its turn: the wait is on it.
+            let origin = tokio::time::Instant::now();
+            let turn = tokio::select! {
+                permit = self.admission.acquire() => permit.ok(),
+                () = shutdown.cancelled() => None,
+            };
+            // The record is read once the turn is given: a call waiting
+            // holds none, and the record is as the last task left it.
             let record = match (&self.records, pod.uid.as_deref()) {
-                (Some(store), Some(uid)) => Some(Box::new(
+                (Some(store), Some(uid)) => Some(
                     Box::pin(crate::records::recall(
                         store,
                         &self.metrics,
@@ -467,20 +474,10 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
                         uid,
                     ))
                     .await,
-                )),
+                ),
                 _ => None,
             };
-            // The task's clock runs from before its turn: the wait is on it.
-            let origin = tokio::time::Instant::now();
-            let turn = if admit {
-                tokio::select! {
-                    permit = self.admission.acquire() => permit.ok(),
-                    () = shutdown.cancelled() => None,
-                }
-            } else {
-                None
-            };
-            let (task, first) = self.start(pod, trigger, wall, record.map(|r| *r));
+            let (task, first) = self.start(pod, trigger, wall, record);
             Box::pin(self.executor(shutdown).run_from(task, first, origin, turn)).await
         }
     }

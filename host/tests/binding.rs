@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use fixup_core::binding::{BindingPolicy, legacy_vm_name_for_pod, vm_name_for_pod};
-use fixup_core::decision::{Backoff, Stop, Summary, Trigger};
+use fixup_core::decision::{Stop, Summary, Trigger};
 use fixup_core::facts::PodInput;
 use fixup_core::planner::{Planner, PlannerOptions};
 use fixup_host::host::{Host, HostConfig};
@@ -672,10 +672,7 @@ fn static_vm(reply: Reply) -> ScriptedCocoon {
 
 /// A dispatcher whose retries back off from 1 s to at most 4 s.
 fn quick_dispatcher(host: &Arc<Host<ScriptedCocoon, Flaky>>) -> Dispatcher<ScriptedCocoon, Flaky> {
-    Dispatcher::new(host.clone(), 4, CancellationToken::new()).with_backoff(Backoff {
-        first: Duration::from_secs(1),
-        max: Duration::from_secs(4),
-    })
+    Dispatcher::new(host.clone(), 4, CancellationToken::new())
 }
 
 /// An inspect timeout and a refused `running` write before the loop: the

@@ -119,8 +119,11 @@ pub struct TaskOptions {
 #[serde(deny_unknown_fields)]
 pub struct TaskMemory {
     /// The record as the last `remember` action gave it; null or absent
-    /// when there is none yet. One this library did not write starts the
-    /// task on a new record (a gap), which `merge` then keeps in its place.
+    /// when there is none yet. One that is not a record of this library's
+    /// form (checked, not authenticated) starts the task on a new record
+    /// (a gap), which `merge` then keeps in its place. The record can add
+    /// work (a wake verdict makes a `mode=run` pod a wake): keep it where
+    /// only the embedder can write it.
     #[serde(default)]
     pub record: Option<Value>,
     /// The wall clock now, in milliseconds since the Unix epoch.
