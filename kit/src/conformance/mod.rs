@@ -243,6 +243,22 @@ impl TriggerName {
         }
     }
 
+    /// [`Stop::again`] for a task of this trigger after no stop in a row,
+    /// as JSON: a preparation's is tried again as one (`"prepare"`).
+    pub fn again(self, stop: &Stop) -> Value {
+        let trigger = self.fixup().unwrap_or(Trigger::Event);
+        match stop.again(trigger, 0, fixup_core::decision::Backoff::default()) {
+            None => Value::Null,
+            Some(again) => {
+                let mut value = serde_json::to_value(again).expect("an again is JSON");
+                if self.fixup().is_none() {
+                    value["trigger"] = Value::from(self.as_str());
+                }
+                value
+            }
+        }
+    }
+
     /// The trigger of a fixup; `None` for a preparation.
     pub fn fixup(self) -> Option<Trigger> {
         match self {
@@ -582,16 +598,23 @@ impl Expected {
     }
 }
 
-/// How a replay ended: the summary's JSON, or the stop's kind.
+/// How a replay ended: the summary's JSON, or the stop's kind, whether
+/// it is retryable and its `again` as the C library writes it (null when
+/// trying again cannot help).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Ended {
     Summary(Value),
-    Stop { kind: &'static str, retryable: bool },
+    Stop {
+        kind: &'static str,
+        retryable: bool,
+        again: Value,
+    },
 }
 
 impl Ended {
-    /// From the task's last action.
-    pub fn of(result: &Result<Summary, Stop>) -> Ended {
+    /// From the task's last action, for a task started with `trigger`
+    /// after no stop in a row.
+    pub fn of(result: &Result<Summary, Stop>, trigger: TriggerName) -> Ended {
         match result {
             Ok(summary) => {
                 Ended::Summary(serde_json::to_value(summary).expect("a summary is JSON"))
@@ -599,6 +622,7 @@ impl Ended {
             Err(stop) => Ended::Stop {
                 kind: stop.kind(),
                 retryable: stop.is_retryable(),
+                again: trigger.again(stop),
             },
         }
     }
@@ -689,6 +713,7 @@ impl Scenario {
                 Ended::Stop {
                     kind: got,
                     retryable,
+                    again,
                 },
             ) => {
                 if kind.as_str() != Some(got) {
@@ -698,6 +723,11 @@ impl Scenario {
                     && r.as_bool() != Some(*retryable)
                 {
                     problems.push(format!("retryable is {retryable}, expected {r}"));
+                }
+                if let Some(want) = self.expect.result.get("again")
+                    && want != again
+                {
+                    problems.push(format!("again is {again}, expected {want}"));
                 }
             }
             (None, Ended::Summary(summary)) => {

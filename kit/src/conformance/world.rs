@@ -69,6 +69,7 @@ pub fn answer(world: &mut World, now: &mut Duration, action: &Value) -> Result<V
                         .into_boxed_str(),
                 ),
                 retryable: stop["retryable"].as_bool().expect("a stop says retryable"),
+                again: stop.get("again").cloned().unwrap_or(Value::Null),
             },
             None => Ended::Summary(a["summary"].clone()),
         });
