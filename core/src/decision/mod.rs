@@ -693,33 +693,6 @@ pub trait Steps: fmt::Debug {
     fn record_lacks(&mut self, _lacks: &[RecordFact]) {}
 }
 
-impl Steps for PodTask {
-    fn pod(&self) -> &PodRef {
-        PodTask::pod(self)
-    }
-    fn next(&mut self, report: Report, now: Duration) -> Action {
-        PodTask::next(self, report, now)
-    }
-    fn try_next(&mut self, report: Report, now: Duration) -> Result<Action, WrongReport> {
-        PodTask::try_next(self, report, now)
-    }
-    fn record_lacks(&mut self, lacks: &[RecordFact]) {
-        PodTask::record_lacks(self, lacks);
-    }
-}
-
-impl Steps for PrepareTask {
-    fn pod(&self) -> &PodRef {
-        PrepareTask::pod(self)
-    }
-    fn next(&mut self, report: Report, now: Duration) -> Action {
-        PrepareTask::next(self, report, now)
-    }
-    fn try_next(&mut self, report: Report, now: Duration) -> Result<Action, WrongReport> {
-        PrepareTask::try_next(self, report, now)
-    }
-}
-
 /// A planner error [`is_node_error`] says is the node's, as the
 /// [`NodeError`] a task stops with.
 pub(crate) fn node_error(pod: String, error: PlannerError) -> NodeError {
