@@ -33,7 +33,8 @@ pub const MAX_DEADLINE: Duration = Duration::from_secs(60);
 pub struct RawPlannerOptions {
     /// Fuel per plugin call (default [`DEFAULT_FUEL`]).
     pub fuel: Option<u64>,
-    /// Linear memory per plugin instance in MiB, 1..=4096 (default 16).
+    /// Linear memory per plugin instance in MiB, 1..=4096 (default
+    /// [`DEFAULT_MEMORY_BYTES`]).
     pub memory_mib: Option<u32>,
     /// Wall-clock deadline per plugin call, at least [`MIN_DEADLINE`]
     /// (default [`DEFAULT_DEADLINE`]).
