@@ -314,8 +314,11 @@ pub fn gate(pod: &PodInput) -> Result<Option<PostCloneState>, Row> {
 ///   VM's hibernation fail: upstream lifted the pod back to `creating` on
 ///   the same VM, and nothing is owed in its guest (at most the IP wait).
 ///
-/// The record is the host's own, never user input: it only ever takes
-/// work away here.
+/// The record is the host's own (the daemon's store, or an embedder's,
+/// kept where only it can write), never user input: a wake verdict in it
+/// can make a `mode=run` pod a wake, so whoever can write the record can
+/// start that work. The daemon keeps its store in its state directory;
+/// an embedder must keep its records as private.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Known {
     pub wake: bool,

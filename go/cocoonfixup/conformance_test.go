@@ -485,7 +485,11 @@ func replayOne(t *testing.T, backend Backend, planners map[[2]bool]*Planner, fil
 		// A cancel by the caller is a shutdown with its summary.
 		finish["summary"] = outcome.Summary
 	case errors.As(err, &stop):
-		finish["stop"] = map[string]any{"kind": stop.Kind, "retryable": stop.Retryable}
+		var again any
+		if a := stop.Again; a != nil {
+			again = map[string]any{"after_ms": a.After.Milliseconds(), "trigger": string(a.Trigger), "tries": a.Tries}
+		}
+		finish["stop"] = map[string]any{"kind": stop.Kind, "retryable": stop.Retryable, "again": again}
 	default:
 		return fmt.Sprintf("Run failed: %v", err)
 	}

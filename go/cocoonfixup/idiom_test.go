@@ -53,9 +53,10 @@ func TestCallerErrorsReachTheCaller(t *testing.T) {
 		t.Errorf("the fourth stop: %v, Again %+v, want %+v", err, stop.Again, want)
 	}
 	// A refused `running` write comes after the startup was announced:
-	// the next try does not announce it again.
+	// the next try is an event's, which does not announce it again (and
+	// would still tell a node error).
 	_, err = p.Run(context.Background(), pod, stillVM{vm}, refusingPods{stillPods{pod}}, RunOptions{Trigger: TriggerStartup})
-	if want := (Again{After: time.Second, Trigger: TriggerRetry, Tries: 1}); !errors.As(err, &stop) || stop.Kind != "refused" || stop.Again == nil || *stop.Again != want {
+	if want := (Again{After: time.Second, Trigger: TriggerEvent, Tries: 1}); !errors.As(err, &stop) || stop.Kind != "refused" || stop.Again == nil || *stop.Again != want {
 		t.Errorf("a refused running write: %v, Again %+v, want %+v", err, stop.Again, want)
 	}
 	if _, err := p.Run(context.Background(), pod, failed, stillPods{pod}, RunOptions{Tries: -1}); !errors.Is(err, ErrInvalidArgument) {

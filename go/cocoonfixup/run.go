@@ -367,11 +367,13 @@ type StopError struct {
 // Run the pod again with RunOptions{Trigger: Trigger, Tries: Tries}. The
 // caller only keeps the timer.
 //
-// After is 1 s after the first stop and doubles with each stop in a row,
-// up to 60 s (Backoff in core/src/decision/stop.rs). Trigger is
-// TriggerRetry after a stop the pod was told of (a node error, a refused
-// `running` write), else the stopped Run's own: a startup whose inspect
-// failed still announces ResumedAfterRestart when it is tried again.
+// After doubles with each stop in a row, up to a cap (the backoff of
+// docs/behaviour.md section 8, Backoff in core/src/decision/stop.rs).
+// Trigger says what the next Run still has to tell: TriggerRetry after a node error (told
+// once); TriggerEvent after a startup that stopped past its announcement
+// of resumed work (a failed or refused write), so it is not announced
+// again; else the stopped Run's own, so a startup whose inspect failed
+// still announces ResumedAfterRestart when it is tried again.
 // Tries counts the stops in a row, this one included.
 type Again struct {
 	After   time.Duration

@@ -17,7 +17,7 @@
 
 use std::sync::{Arc, OnceLock, RwLock};
 
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -63,10 +63,21 @@ pub(crate) struct Executor<'a, C, P> {
     pub shutdown: &'a CancellationToken,
 }
 
-impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
+impl<'a, C: Cocoon, P: PodApi> Executor<'a, C, P> {
     /// Carry out `task` from `action` until it finishes.
-    pub async fn run<T: Steps>(&self, mut task: T, mut action: Action) -> Result<Summary, Stop> {
-        let origin = Instant::now();
+    pub async fn run<T: Steps>(&self, task: T, action: Action) -> Result<Summary, Stop> {
+        self.run_from(task, action, Instant::now(), None).await
+    }
+
+    /// [`run`](Self::run) on the task's clock from `origin`, with the turn
+    /// of a first `Admit` already taken (`admitted`).
+    pub async fn run_from<T: Steps>(
+        &self,
+        mut task: T,
+        mut action: Action,
+        origin: Instant,
+        mut admitted: Option<SemaphorePermit<'a>>,
+    ) -> Result<Summary, Stop> {
         let pod = task.pod().clone();
         // The turn among pods worked on at once, held from `Admit` to
         // `Release` (or the end).
@@ -82,12 +93,18 @@ impl<C: Cocoon, P: PodApi> Executor<'_, C, P> {
                         drop(turn);
                         return result;
                     }
-                    Action::Admit => tokio::select! {
-                        permit = self.host.admission.acquire() => {
-                            turn = permit.ok();
+                    Action::Admit => match admitted.take() {
+                        Some(permit) => {
+                            turn = Some(permit);
                             Report::Go
                         }
-                        () = self.shutdown.cancelled() => Report::Cancelled,
+                        None => tokio::select! {
+                            permit = self.host.admission.acquire() => {
+                                turn = permit.ok();
+                                Report::Go
+                            }
+                            () = self.shutdown.cancelled() => Report::Cancelled,
+                        },
                     },
                     Action::Release => {
                         turn = None;

@@ -27,7 +27,7 @@ use crate::reload::{
 };
 use fixup_core::decision::SettingsBuilder;
 use fixup_core::plan::policy::RawPolicy;
-use fixup_core::planner::{OptionError, PlannerOptions, PlannerSettings};
+use fixup_core::planner::{OptionError, PlannerOptions, RawPlannerOptions};
 use fixup_core::plugin::DEFAULT_SLOTS;
 use fixup_core::plugin::cache::{CacheOwner, CachePaths, default_cache_dir, default_paths};
 use fixup_core::plugin::trusted::euid;
@@ -497,7 +497,7 @@ impl ConfigArgs {
                 value: "0".into(),
             });
         }
-        let planner = PlannerSettings {
+        let planner = RawPlannerOptions {
             fuel: a.plugin.plugin_fuel,
             memory_mib: a.plugin.plugin_memory_mib,
             deadline: a.plugin.plugin_deadline,

@@ -8,17 +8,18 @@
 //! and the Kubernetes side are traits ([`Cocoon`], [`PodApi`]), so an
 //! embedder can supply its own.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fixup_core::binding::BindingPolicy;
 use fixup_core::classify::Scenario;
 use fixup_core::decision::{
-    Handled, PodTask, PrepareTask, ReadyConfig, RetryConfig, Settings, Stop, Summary, Trigger,
-    WakeConfig, os_nonces,
+    Action, Handled, PodTask, PrepareTask, ReadyConfig, RetryConfig, Settings, Stop, Summary,
+    Trigger, WakeConfig, os_nonces,
 };
 use fixup_core::facts::PodInput;
-use fixup_core::memory::MemoryStore;
+use fixup_core::memory::{MemoryStore, PodMemory};
 use fixup_core::planner::{PlanPart, Planner, PlannerError};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -371,7 +372,7 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         shutdown: &CancellationToken,
     ) -> Result<Summary, Stop> {
         let pod = self.read(namespace, name).await?;
-        self.handle_pod(&pod, trigger, shutdown).await
+        self.handle_read(pod, trigger, shutdown).await
     }
 
     /// As [`handle`](Self::handle), for one incarnation of the pod: when
@@ -393,13 +394,13 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
             summary.action = Handled::Gone;
             return Ok(summary);
         }
-        self.handle_pod(&pod, trigger, shutdown).await
+        self.handle_read(pod, trigger, shutdown).await
     }
 
     /// The pod as it is now.
     async fn read(&self, namespace: &str, name: &str) -> Result<PodInput, Stop> {
-        self.pods
-            .get(namespace, name)
+        // On the heap: a call's future is not as large as a request's.
+        Box::pin(self.pods.get(namespace, name))
             .await?
             .ok_or_else(|| Stop::NotFound {
                 pod: format!("{namespace}/{name}"),
@@ -428,25 +429,77 @@ impl<C: Cocoon, P: PodApi> Host<C, P> {
         trigger: Trigger,
         shutdown: &CancellationToken,
     ) -> Result<Summary, Stop> {
-        let (mut task, first) =
-            PodTask::start(pod.clone(), trigger, self.config.settings(), os_nonces());
-        let since_epoch = (self.wall.0)()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis();
-        let wall = u64::try_from(since_epoch).unwrap_or(u64::MAX);
-        // The wall clock judges the stack's events (none dated after it
-        // counts) and, with a record, keeps the retry budget.
+        self.handle_read(pod.clone(), trigger, shutdown).await
+    }
+
+    /// [`handle_pod`](Self::handle_pod), for a read the call owns. A call
+    /// waiting for its turn holds the read and little else: its task is
+    /// started again once the turn is given (a task's start decides the
+    /// same for the same pod, and never looks at the record), with the
+    /// host's record read only then, and the executor, whose future takes
+    /// kilobytes, is built on the heap only then. (An `async` block, not
+    /// an `async fn`, whose future would hold the read twice.)
+    #[allow(clippy::manual_async_fn)]
+    fn handle_read<'s>(
+        &'s self,
+        pod: PodInput,
+        trigger: Trigger,
+        shutdown: &'s CancellationToken,
+    ) -> impl Future<Output = Result<Summary, Stop>> + 's {
+        async move {
+            let since_epoch = (self.wall.0)()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis();
+            let wall = u64::try_from(since_epoch).unwrap_or(u64::MAX);
+            let (task, first) = self.start(pod.clone(), trigger, wall, None);
+            if !matches!(first, Action::Admit) {
+                return Box::pin(self.executor(shutdown).run(task, first)).await;
+            }
+            drop((task, first));
+            // The task's clock runs from before its turn: the wait is on it.
+            let origin = tokio::time::Instant::now();
+            let turn = tokio::select! {
+                permit = self.admission.acquire() => permit.ok(),
+                () = shutdown.cancelled() => None,
+            };
+            // The record is read once the turn is given: a call waiting
+            // holds none, and the record is as the last task left it.
+            let record = match (&self.records, pod.uid.as_deref()) {
+                (Some(store), Some(uid)) => Some(
+                    Box::pin(crate::records::recall(
+                        store,
+                        &self.metrics,
+                        &pod.display_name(),
+                        uid,
+                    ))
+                    .await,
+                ),
+                _ => None,
+            };
+            let (task, first) = self.start(pod, trigger, wall, record);
+            Box::pin(self.executor(shutdown).run_from(task, first, origin, turn)).await
+        }
+    }
+
+    /// The pod's task, on the wall clock `wall` (milliseconds since the
+    /// Unix epoch), which judges the stack's events (none dated after it
+    /// counts) and, with the host's `record` of the pod, keeps the retry
+    /// budget. (Not inlined in an async caller: a task borrowed there
+    /// would take its room in the caller's future across every await.)
+    fn start(
+        &self,
+        pod: PodInput,
+        trigger: Trigger,
+        wall: u64,
+        record: Option<PodMemory>,
+    ) -> (PodTask, Action) {
+        let (mut task, first) = PodTask::start(pod, trigger, self.config.settings(), os_nonces());
         task.wall_clock(wall);
-        if let (Some(store), Some(uid)) = (&self.records, pod.uid.as_deref())
-            && !matches!(first, fixup_core::decision::Action::Finish(_))
-        {
-            let record =
-                crate::records::recall(store, &self.metrics, &pod.display_name(), uid).await;
+        if let Some(record) = record {
             task.remember(record, wall);
         }
-        // On the heap: a call waiting for its turn holds almost nothing.
-        Box::pin(self.executor(shutdown).run(task, first)).await
+        (task, first)
     }
 
     /// Prepare the pod's running VM to be cloned, before the stack

@@ -1,7 +1,7 @@
 //! The node daemon behind `cocoon-fixup serve`.
 //!
 //! Watches the pods scheduled to one node (kube-runtime watcher, field
-//! selector `spec.nodeName`), and runs [`Host::handle_pod`] for managed pods
+//! selector `spec.nodeName`), and runs [`Host::handle_uid`] for managed pods
 //! with a VM that still have work: the first listing after start is startup
 //! reconciliation (spec section 8), later events are new work. When the
 //! host answers the check of an annotated VM name from the watch
@@ -70,7 +70,6 @@ pub struct Dispatcher<C, P> {
     /// they change.
     mismatched: Arc<Mutex<HashMap<String, (String, String)>>>,
     shutdown: CancellationToken,
-    backoff: Backoff,
     tasks: JoinSet<()>,
 }
 
@@ -81,7 +80,29 @@ struct Slot {
     token: CancellationToken,
     /// Work offered after `token` was cancelled, to run once the stopped
     /// work has wound down.
-    pending: Option<(PodInput, Trigger)>,
+    pending: Option<(Offered, Trigger)>,
+}
+
+/// What a pod's task keeps of the pod it was offered: where to read it,
+/// its name for the log and the VM it named (for the mismatch memo). Not
+/// the pod itself: each try reads it, and a task waiting holds little.
+#[derive(Debug)]
+struct Offered {
+    namespace: String,
+    name: String,
+    label: String,
+    pointer: (String, String),
+}
+
+impl Offered {
+    fn new(pod: PodInput) -> Self {
+        Offered {
+            label: pod.display_name(),
+            pointer: vm_pointer(&pod),
+            namespace: pod.namespace,
+            name: pod.name,
+        }
+    }
 }
 
 /// The annotations that point at a pod's VM.
@@ -104,15 +125,8 @@ impl<C: Cocoon, P: PodApi> Dispatcher<C, P> {
             in_flight: Arc::default(),
             mismatched: Arc::default(),
             shutdown,
-            backoff: Backoff::default(),
             tasks: JoinSet::new(),
         }
-    }
-
-    /// Replace the retry backoff.
-    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
-        self.backoff = backoff;
-        self
     }
 
     /// Pods being worked on now (their uids).
@@ -145,7 +159,7 @@ impl<C: Cocoon, P: PodApi> Dispatcher<C, P> {
                 // The latest is kept and looked at once the work is done:
                 // for the host's own writes that costs one read.
                 if !matches!(slot.pending, Some((_, Trigger::Startup))) {
-                    slot.pending = Some((pod, trigger));
+                    slot.pending = Some((Offered::new(pod), trigger));
                 }
                 return;
             }
@@ -165,10 +179,10 @@ impl<C: Cocoon, P: PodApi> Dispatcher<C, P> {
             in_flight: self.in_flight.clone(),
             mismatched: self.mismatched.clone(),
             shutdown: self.shutdown.clone(),
-            backoff: self.backoff,
             uid,
         };
-        self.tasks.spawn(task.run(pod, trigger, token));
+        self.tasks
+            .spawn(task.run(Offered::new(pod), trigger, token));
         // Reap finished tasks so the set does not grow.
         while self.tasks.try_join_next().is_some() {}
     }
@@ -204,7 +218,6 @@ struct Task<C, P> {
     in_flight: Arc<Mutex<HashMap<String, Slot>>>,
     mismatched: Arc<Mutex<HashMap<String, (String, String)>>>,
     shutdown: CancellationToken,
-    backoff: Backoff,
     uid: String,
 }
 
@@ -227,7 +240,7 @@ impl Drop for SlotGuard<'_> {
 }
 
 impl<C: Cocoon, P: PodApi> Task<C, P> {
-    async fn run(self, mut pod: PodInput, mut trigger: Trigger, mut token: CancellationToken) {
+    async fn run(self, mut pod: Offered, mut trigger: Trigger, mut token: CancellationToken) {
         let mut guard = SlotGuard {
             in_flight: &self.in_flight,
             uid: &self.uid,
@@ -239,7 +252,7 @@ impl<C: Cocoon, P: PodApi> Task<C, P> {
                 let mut mismatched = self.mismatched.lock().expect("mismatch lock");
                 match summary {
                     Some(s) if s.action == Handled::VmMismatch => {
-                        mismatched.insert(self.uid.clone(), vm_pointer(&pod));
+                        mismatched.insert(self.uid.clone(), pod.pointer.clone());
                     }
                     Some(_) => {
                         mismatched.remove(&self.uid);
@@ -272,11 +285,11 @@ impl<C: Cocoon, P: PodApi> Task<C, P> {
     /// when it was stopped or gave up.
     async fn work(
         &self,
-        pod: &PodInput,
+        pod: &Offered,
         mut trigger: Trigger,
         token: &CancellationToken,
     ) -> Option<Summary> {
-        let label = pod.display_name();
+        let label = &pod.label;
         let mut tries = 0;
         loop {
             let permit = tokio::select! {
@@ -306,7 +319,7 @@ impl<C: Cocoon, P: PodApi> Task<C, P> {
                 }
                 Err(stop) => stop,
             };
-            let again = match stop.again(trigger, tries, self.backoff) {
+            let again = match stop.again(trigger, tries, Backoff::default()) {
                 Some(again) if !token.is_cancelled() => again,
                 _ => {
                     tracing::warn!(pod = %label, "{stop}");

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use fixup_core::binding::{BindingPolicy, legacy_vm_name_for_pod, vm_name_for_pod};
-use fixup_core::decision::{Backoff, Stop, Summary, Trigger};
+use fixup_core::decision::{Stop, Summary, Trigger};
 use fixup_core::facts::PodInput;
 use fixup_core::planner::{Planner, PlannerOptions};
 use fixup_host::host::{Host, HostConfig};
@@ -672,10 +672,7 @@ fn static_vm(reply: Reply) -> ScriptedCocoon {
 
 /// A dispatcher whose retries back off from 1 s to at most 4 s.
 fn quick_dispatcher(host: &Arc<Host<ScriptedCocoon, Flaky>>) -> Dispatcher<ScriptedCocoon, Flaky> {
-    Dispatcher::new(host.clone(), 4, CancellationToken::new()).with_backoff(Backoff {
-        first: Duration::from_secs(1),
-        max: Duration::from_secs(4),
-    })
+    Dispatcher::new(host.clone(), 4, CancellationToken::new())
 }
 
 /// An inspect timeout and a refused `running` write before the loop: the
@@ -735,6 +732,31 @@ async fn a_refused_running_write_at_startup_is_retried_and_resumed_is_told_once(
     let after = pods.inner.annotations("default", "web-0").unwrap();
     assert_eq!(after[keys::POST_CLONE_STATE], "done");
     assert_eq!(cocoon.inspected().len(), 3, "two refusals, then the work");
+    let reasons: Vec<&str> = pods.inner.events().iter().map(|(_, e)| e.reason).collect();
+    let resumed = reasons
+        .iter()
+        .filter(|r| **r == "ResumedAfterRestart")
+        .count();
+    assert_eq!(resumed, 1, "{reasons:?}");
+}
+
+/// Work resumed at startup whose `running` write fails (the API server
+/// unreachable, after `ResumedAfterRestart` was told) is tried again as an
+/// event's work: the announcement is made once.
+#[tokio::test(start_paused = true)]
+async fn a_failed_running_write_at_startup_is_retried_and_resumed_is_told_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let cocoon = static_vm(Reply::Done);
+    let pods = Flaky::new(1, usize::MAX);
+    let running = [("vm.cocoonstack.io/post-clone-state", "running")];
+    pods.inner.insert(pod(&running));
+    let host = flaky_host(&cocoon, &pods, dir.path());
+    let mut dispatcher = quick_dispatcher(&host);
+    dispatcher.offer(pod(&running), Trigger::Startup);
+    dispatcher.drain(Duration::from_secs(600)).await;
+    let after = pods.inner.annotations("default", "web-0").unwrap();
+    assert_eq!(after[keys::POST_CLONE_STATE], "done");
+    assert_eq!(cocoon.inspected().len(), 2, "a failed write, then the work");
     let reasons: Vec<&str> = pods.inner.events().iter().map(|(_, e)| e.reason).collect();
     let resumed = reasons
         .iter()

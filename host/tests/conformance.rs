@@ -16,7 +16,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
-use fixup_core::decision::{PodError, Stop};
+use fixup_core::decision::PodError;
 use fixup_core::facts::{VmId, VmInspect};
 use fixup_core::memory::MemoryStore;
 use fixup_core::planner::{Planner, PlannerOptions};
@@ -264,17 +264,6 @@ fn pod_uid(pod: &fixup_core::facts::PodInput) -> String {
     pod.uid.clone().expect("a scenario's pod has a uid")
 }
 
-/// How the daemon's call ended, as the suite names it.
-fn ended(result: &Result<fixup_core::decision::Summary, Stop>) -> Ended {
-    match result {
-        Ok(summary) => Ended::Summary(serde_json::to_value(summary).unwrap()),
-        Err(e) => Ended::Stop {
-            kind: e.kind(),
-            retryable: e.is_retryable(),
-        },
-    }
-}
-
 /// Write the leases of `scenario` that have appeared by `at` into `file`,
 /// as cocoon-net does, and tell the watcher.
 fn write_leases(file: &Path, scenario: &Scenario, at: Duration) {
@@ -418,7 +407,9 @@ async fn replay(scenario: &Scenario, planner: Arc<Planner>, lease_dir: &Path) ->
         .expect("nothing holds the world after the replay")
         .into_inner()
         .unwrap();
-    (world, ended(&result))
+    // A stop's `again` is what the daemon's dispatcher waits and tries
+    // again with.
+    (world, Ended::of(&result, scenario.trigger))
 }
 
 #[tokio::test(start_paused = true)]

@@ -6,7 +6,7 @@
 //! the host's constants, the default paths for root and for other users),
 //! and its spelling for embedders is the key the C library takes (the
 //! planner's options as `cf_planner_new` lists them when it refuses an
-//! unknown one; the task's `settings` as core's `SettingsMs` spells them)
+//! unknown one; the task's `settings` as core's `RawSettings` spells them)
 //! with the Go field that sends it (`go/cocoonfixup`, the `document`
 //! methods of `Settings` and `Options`). The test fails when the table in
 //! the file differs; `BLESS=1 cargo test -p fixup-host --test it
@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args, Command};
 
-use fixup_core::decision::{SettingsBuilder, SettingsMs};
+use fixup_core::decision::{RawSettings, SettingsBuilder};
 use fixup_core::plugin::cache::{CacheOwner, default_paths};
 use fixup_core::plugin::{DEFAULT_PLUGIN_DIR, DEFAULT_SLOTS, Limits};
 use fixup_core::probe::DEFAULT_COCOON_ROOT;
@@ -313,9 +313,9 @@ fn go_keys() -> Vec<(String, String, String)> {
     keys
 }
 
-/// The keys core's `SettingsMs` takes (the C task option `settings`).
+/// The keys core's `RawSettings` takes (the C task option `settings`).
 fn task_keys() -> Vec<String> {
-    let all = SettingsMs {
+    let all = RawSettings {
         retry_interval_ms: Some(1),
         retry_budget_ms: Some(1),
         exec_timeout_ms: Some(1),
@@ -336,7 +336,7 @@ fn task_keys() -> Vec<String> {
     };
     match serde_json::to_value(all).unwrap() {
         serde_json::Value::Object(map) => map.keys().cloned().collect(),
-        other => panic!("SettingsMs is not an object: {other}"),
+        other => panic!("RawSettings is not an object: {other}"),
     }
 }
 
@@ -393,7 +393,7 @@ fn table() -> String {
         if ty == "Settings" {
             assert!(
                 task.contains(key),
-                "go/cocoonfixup sends `{key}` (from {field}) in the task's settings, which core's SettingsMs does not take"
+                "go/cocoonfixup sends `{key}` (from {field}) in the task's settings, which core's RawSettings does not take"
             );
         }
     }

@@ -851,7 +851,7 @@ fn report(config: &ReportConfig) -> anyhow::Result<String> {
     let big_growth_kib = big.peak_rss_kib.saturating_sub(big.rss_before_kib);
     goals.row(vec![
         format!(
-            "storm of {}: host memory <= 64 MiB above the idle process",
+            "storm of {}: host memory <= 40 MiB above the idle process",
             big.fixups
         ),
         format!(
@@ -861,7 +861,7 @@ fn report(config: &ReportConfig) -> anyhow::Result<String> {
         ),
         format!("idle, before the storm: {}", mib(big.rss_before_kib)),
         ratio(big.peak_rss_kib as f64, big.rss_before_kib as f64),
-        verdict(big_growth_kib as f64, 64.0 * 1024.0).into(),
+        verdict(big_growth_kib as f64, 40.0 * 1024.0).into(),
     ]);
     goals.row(vec![
         format!("storm of {}: CPU < 0.2 ms per fixup", big.fixups),

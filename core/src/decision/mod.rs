@@ -44,7 +44,7 @@ pub use locate::{
 };
 pub use prepare::{PrepareTask, Prepared};
 pub use settings::{
-    DEFAULT_SAC_DEADLINE, ReadyConfig, RetryConfig, Settings, SettingsBuilder, SettingsMs,
+    DEFAULT_SAC_DEADLINE, RawSettings, ReadyConfig, RetryConfig, Settings, SettingsBuilder,
     WakeConfig,
 };
 pub use skeleton::WrongReport;
@@ -691,33 +691,6 @@ pub trait Steps: fmt::Debug {
     /// The record about to be reported lacks these facts (the embedder
     /// built it from its own types): the decision never guesses them.
     fn record_lacks(&mut self, _lacks: &[RecordFact]) {}
-}
-
-impl Steps for PodTask {
-    fn pod(&self) -> &PodRef {
-        PodTask::pod(self)
-    }
-    fn next(&mut self, report: Report, now: Duration) -> Action {
-        PodTask::next(self, report, now)
-    }
-    fn try_next(&mut self, report: Report, now: Duration) -> Result<Action, WrongReport> {
-        PodTask::try_next(self, report, now)
-    }
-    fn record_lacks(&mut self, lacks: &[RecordFact]) {
-        PodTask::record_lacks(self, lacks);
-    }
-}
-
-impl Steps for PrepareTask {
-    fn pod(&self) -> &PodRef {
-        PrepareTask::pod(self)
-    }
-    fn next(&mut self, report: Report, now: Duration) -> Action {
-        PrepareTask::next(self, report, now)
-    }
-    fn try_next(&mut self, report: Report, now: Duration) -> Result<Action, WrongReport> {
-        PrepareTask::try_next(self, report, now)
-    }
 }
 
 /// A planner error [`is_node_error`] says is the node's, as the

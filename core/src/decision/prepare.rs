@@ -542,6 +542,18 @@ impl PrepareTask {
     }
 }
 
+impl super::Steps for PrepareTask {
+    fn pod(&self) -> &PodRef {
+        PrepareTask::pod(self)
+    }
+    fn next(&mut self, report: Report, now: Duration) -> Action {
+        PrepareTask::next(self, report, now)
+    }
+    fn try_next(&mut self, report: Report, now: Duration) -> Result<Action, WrongReport> {
+        PrepareTask::try_next(self, report, now)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Prepared;

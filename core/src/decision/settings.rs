@@ -274,12 +274,12 @@ impl SettingsBuilder {
     }
 }
 
-/// The settings as JSON spells them, in milliseconds (absent: the
-/// default): the conformance suite's `settings` and the C library's task
-/// option `settings`.
+/// The settings as JSON spells them, before they are checked: durations
+/// in milliseconds, absent for the default. The conformance suite's
+/// `settings` and the C library's task option `settings`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct SettingsMs {
+pub struct RawSettings {
     pub retry_interval_ms: Option<u64>,
     pub retry_budget_ms: Option<u64>,
     pub exec_timeout_ms: Option<u64>,
@@ -308,7 +308,7 @@ pub struct SettingsMs {
     pub lifecycle_intents: bool,
 }
 
-impl SettingsMs {
+impl RawSettings {
     /// The builder these values fill.
     pub fn builder(&self) -> SettingsBuilder {
         let ms = |v: Option<u64>| v.map(Duration::from_millis);
@@ -442,7 +442,7 @@ mod tests {
         ] {
             let with = |value: Duration| {
                 let ms = Some(u64::try_from(value.as_millis()).unwrap());
-                let mut json = SettingsMs::default();
+                let mut json = RawSettings::default();
                 match what {
                     "retry_interval" => json.retry_interval_ms = ms,
                     "retry_budget" => json.retry_budget_ms = ms,
@@ -462,9 +462,9 @@ mod tests {
             let e = with(over).unwrap_err().to_string();
             assert!(e.starts_with(what) && e.contains("at most 24h"), "{e}");
         }
-        let huge = SettingsMs {
+        let huge = RawSettings {
             ip_wait_ms: Some(u64::MAX),
-            ..SettingsMs::default()
+            ..RawSettings::default()
         };
         assert!(huge.builder().build().is_err());
     }

@@ -147,18 +147,48 @@ impl Stop {
         matches!(self, Stop::Node(_))
     }
 
+    /// Whether the task stopped after the decision of spec section 8's
+    /// table (where a startup announces resumed work): a read or write of
+    /// the pod, a refused `running` write, or a node error of the fixup,
+    /// the plan, the lease or the console. Before it: the pod's own
+    /// rows, the inspect, the binding and an unusable VM record.
+    pub fn after_the_table(&self) -> bool {
+        match self {
+            Stop::Api(_) | Stop::RunningRefused { .. } => true,
+            Stop::Node(NodeError::BadRecord { .. }) => false,
+            Stop::Node(_) => true,
+            Stop::NotFound { .. }
+            | Stop::NoUid { .. }
+            | Stop::NoVm { .. }
+            | Stop::Inspect { .. }
+            | Stop::VmGone { .. }
+            | Stop::Unproven { .. }
+            | Stop::MissingFact { .. } => false,
+        }
+    }
+
     /// When and how to handle the pod again after this stop, or `None`
     /// when trying again cannot help ([`Stop::is_retryable`]). `trigger`
     /// is the stopped task's, `tries` the stops in a row before this one.
     /// The wait doubles from `backoff.first` with each stop in a row, up
-    /// to `backoff.max`. The trigger is decided by the kind of stop: after
-    /// a node error (told as `PostCloneNodeError`) or a refused `running`
-    /// write (which comes after `ResumedAfterRestart`), the next tries use
-    /// [`Trigger::Retry`], which tells neither again; any other stop keeps
-    /// its trigger. Two cases do not fit that exactly: a node error found
-    /// in the VM record comes before `ResumedAfterRestart` was told, which
-    /// a startup then never tells; and a stop on a failed read or write
-    /// after `ResumedAfterRestart` tells it again on the next try.
+    /// to `backoff.max`.
+    ///
+    /// The trigger says what the next try still has to tell, from what
+    /// this one told ([`Stop::after_the_table`]):
+    /// - after a node error (told as `PostCloneNodeError`, unless the
+    ///   trigger was already [`Trigger::Retry`]), [`Trigger::Retry`],
+    ///   which tells it no more;
+    /// - after any other stop past the table's decision, which a startup
+    ///   announced with `ResumedAfterRestart`, a startup's next try is an
+    ///   [`Trigger::Event`], which does not announce it again;
+    /// - any other stop keeps its trigger: a startup that stopped before
+    ///   its decision (an inspect that failed) still has its announcement
+    ///   to make.
+    ///
+    /// One case does not fit: a startup whose VM record is unusable (a
+    /// node error found before the table's decision) is tried again as a
+    /// [`Trigger::Retry`], so its resumed work, if any, is not announced;
+    /// the node error was, and it stays the only event.
     pub fn again(&self, trigger: Trigger, tries: u32, backoff: Backoff) -> Option<Again> {
         if !self.is_retryable() {
             return None;
@@ -168,10 +198,10 @@ impl Stop {
             .first
             .saturating_mul(1u32 << doublings)
             .min(backoff.max);
-        let trigger = if self.is_node_error() || matches!(self, Stop::RunningRefused { .. }) {
-            Trigger::Retry
-        } else {
-            trigger
+        let trigger = match trigger {
+            _ if self.is_node_error() => Trigger::Retry,
+            Trigger::Startup if self.after_the_table() => Trigger::Event,
+            trigger => trigger,
         };
         Some(Again {
             after,
@@ -219,29 +249,69 @@ mod tests {
         assert_eq!(far.tries, u32::MAX);
     }
 
+    fn api() -> Stop {
+        Stop::Api(PodError::Api {
+            pod: "default/web-0".into(),
+            reason: "the API server did not answer".into(),
+        })
+    }
+
+    fn refused() -> Stop {
+        Stop::RunningRefused {
+            error: PodError::Refused {
+                pod: "default/web-0".into(),
+                reason: "403".into(),
+            },
+        }
+    }
+
+    fn bad_record() -> Stop {
+        Stop::Node(NodeError::BadRecord {
+            pod: "default/web-0".into(),
+            source: crate::facts::FactError::Missing {
+                pod: None,
+                field: "id".into(),
+                fix: "f",
+            },
+        })
+    }
+
+    /// The next trigger for each stop after each trigger: what the next
+    /// try still has to tell.
     #[test]
-    fn a_told_stop_is_tried_again_without_telling_it_again() {
+    fn the_next_try_tells_only_what_this_one_did_not() {
+        use Trigger::{Event, Retry, Startup};
         let backoff = Backoff::default();
-        for trigger in [Trigger::Event, Trigger::Startup, Trigger::Retry] {
-            let again = node().again(trigger, 0, backoff).unwrap();
-            assert_eq!(again.trigger, Trigger::Retry, "{trigger:?}");
-            let refused = Stop::RunningRefused {
-                error: PodError::Refused {
-                    pod: "default/web-0".into(),
-                    reason: "403".into(),
-                },
-            };
-            assert_eq!(
-                refused.again(trigger, 0, backoff).unwrap().trigger,
-                Trigger::Retry
-            );
-            // A stop before anything was told keeps the trigger: a
-            // startup's ResumedAfterRestart is still to be sent.
+        let next = |stop: Stop, trigger| stop.again(trigger, 0, backoff).unwrap().trigger;
+        // Told as PostCloneNodeError: never again, whenever it was found.
+        for trigger in [Event, Startup, Retry] {
+            assert_eq!(next(node(), trigger), Retry, "{trigger:?}");
+            assert_eq!(next(bad_record(), trigger), Retry, "{trigger:?}");
+        }
+        // Past the table's decision a startup announced its resumed work:
+        // the next try is an event's, which still tells a node error.
+        for stop in [api, refused] {
+            assert_eq!(next(stop(), Startup), Event);
+            assert_eq!(next(stop(), Event), Event);
+            assert_eq!(next(stop(), Retry), Retry);
+        }
+        // Before anything was told, the trigger is kept: a startup's
+        // ResumedAfterRestart is still to be sent.
+        for trigger in [Event, Startup, Retry] {
             assert_eq!(
                 inspect().again(trigger, 3, backoff).unwrap().trigger,
                 trigger
             );
         }
+    }
+
+    #[test]
+    fn the_table_splits_the_stops_by_what_a_startup_told() {
+        assert!(api().after_the_table());
+        assert!(refused().after_the_table());
+        assert!(node().after_the_table());
+        assert!(!bad_record().after_the_table());
+        assert!(!inspect().after_the_table());
     }
 
     #[test]

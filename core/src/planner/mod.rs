@@ -6,7 +6,7 @@
 
 mod options;
 
-pub use options::{MIN_DEADLINE, OptionError, PlannerSettings};
+pub use options::{MIN_DEADLINE, OptionError, RawPlannerOptions};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

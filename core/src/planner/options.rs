@@ -1,4 +1,4 @@
-//! [`PlannerSettings`]: the planner's options as a person or an embedder
+//! [`RawPlannerOptions`]: the planner's options as a person or an embedder
 //! gives them (each one optional, as text where a file holds text), checked
 //! and resolved to [`PlannerOptions`] in one place. The CLI and its config
 //! file (`fixup-host`'s `config.rs`) and the C library's options JSON fill
@@ -30,10 +30,11 @@ pub const MAX_DEADLINE: Duration = Duration::from_secs(60);
 /// The planner's options before they are checked; `None` (or empty) is
 /// the default of each.
 #[derive(Debug, Clone, Default)]
-pub struct PlannerSettings {
+pub struct RawPlannerOptions {
     /// Fuel per plugin call (default [`DEFAULT_FUEL`]).
     pub fuel: Option<u64>,
-    /// Linear memory per plugin instance in MiB, 1..=4096 (default 16).
+    /// Linear memory per plugin instance in MiB, 1..=4096 (default
+    /// [`DEFAULT_MEMORY_BYTES`]).
     pub memory_mib: Option<u32>,
     /// Wall-clock deadline per plugin call, at least [`MIN_DEADLINE`]
     /// (default [`DEFAULT_DEADLINE`]).
@@ -77,7 +78,7 @@ pub enum OptionError {
     PluginDir { path: PathBuf },
 }
 
-impl PlannerSettings {
+impl RawPlannerOptions {
     /// Check every option and fill in the defaults.
     pub fn build(self) -> Result<PlannerOptions, OptionError> {
         let memory_mib = self
@@ -184,7 +185,7 @@ mod tests {
 
     #[test]
     fn defaults_fill_in_and_floors_hold() {
-        let options = PlannerSettings::default().build().unwrap();
+        let options = RawPlannerOptions::default().build().unwrap();
         assert_eq!(options.engine.limits.deadline, DEFAULT_DEADLINE);
         assert_eq!(options.engine.limits.fuel, DEFAULT_FUEL);
         assert_eq!(options.engine.slots, DEFAULT_SLOTS);
@@ -195,7 +196,7 @@ mod tests {
             (60_000_000, false),
             (60_000_001, true),
         ] {
-            let result = PlannerSettings {
+            let result = RawPlannerOptions {
                 deadline: Some(Duration::from_micros(deadline)),
                 ..Default::default()
             }
@@ -203,7 +204,7 @@ mod tests {
             assert_eq!(result.is_err(), refused, "{deadline}us: {result:?}");
         }
         for (mib, refused) in [(0, true), (1, false), (4096, false), (4097, true)] {
-            let result = PlannerSettings {
+            let result = RawPlannerOptions {
                 memory_mib: Some(mib),
                 ..Default::default()
             }
@@ -212,21 +213,21 @@ mod tests {
         }
         for (settings, what) in [
             (
-                PlannerSettings {
+                RawPlannerOptions {
                     fuel: Some(0),
                     ..Default::default()
                 },
                 "plugin_fuel",
             ),
             (
-                PlannerSettings {
+                RawPlannerOptions {
                     plan_max_steps: Some(0),
                     ..Default::default()
                 },
                 "plan_max_steps",
             ),
             (
-                PlannerSettings {
+                RawPlannerOptions {
                     plan_max_bytes: Some(0),
                     ..Default::default()
                 },
@@ -236,7 +237,7 @@ mod tests {
             let e = settings.build().unwrap_err().to_string();
             assert!(e.starts_with(what) && e.contains("at least 1"), "{e}");
         }
-        let slots = PlannerSettings {
+        let slots = RawPlannerOptions {
             slots: Some(0),
             ..Default::default()
         };
@@ -247,21 +248,21 @@ mod tests {
     fn bad_entries_name_the_option() {
         let cases = [
             (
-                PlannerSettings {
+                RawPlannerOptions {
                     allowed_plugins: vec!["abc".into()],
                     ..Default::default()
                 },
                 "allowed_plugins",
             ),
             (
-                PlannerSettings {
+                RawPlannerOptions {
                     plugin_failure: BTreeMap::from([("x".into(), "retry".into())]),
                     ..Default::default()
                 },
                 "plugin_failure",
             ),
             (
-                PlannerSettings {
+                RawPlannerOptions {
                     plugin_policy: BTreeMap::from([(
                         "x".into(),
                         RawPolicy {
@@ -274,7 +275,7 @@ mod tests {
                 "plugin_policy.x",
             ),
             (
-                PlannerSettings {
+                RawPlannerOptions {
                     plugin_dir: Some("/nonexistent/plugins".into()),
                     ..Default::default()
                 },
@@ -285,7 +286,7 @@ mod tests {
             let e = settings.build().unwrap_err();
             assert!(e.to_string().contains(named), "{e}");
         }
-        let none = PlannerSettings {
+        let none = RawPlannerOptions {
             plugin_dir: Some(PathBuf::new()),
             ..Default::default()
         };
@@ -299,12 +300,12 @@ mod tests {
         QuarantineFile::in_dir(dir.path())
             .add(&digest, "test")
             .unwrap();
-        let read = PlannerSettings {
+        let read = RawPlannerOptions {
             cache_key: Some(dir.path().join("cache.key")),
             ..Default::default()
         };
         assert!(read.build().unwrap().engine.quarantined.contains(&digest));
-        let elsewhere = PlannerSettings {
+        let elsewhere = RawPlannerOptions {
             cache_key: Some(dir.path().join("sub").join("cache.key")),
             ..Default::default()
         };

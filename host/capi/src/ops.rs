@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use fixup_core::binding::{BindingPolicy, Mismatch, Verdict};
 use fixup_core::facts::{BootKind, FactError, Overrides, PodInput, VmId, VmInspect};
 use fixup_core::plan::policy::RawPolicy;
-use fixup_core::planner::{OptionError, Planner, PlannerError, PlannerOptions, PlannerSettings};
+use fixup_core::planner::{OptionError, Planner, PlannerError, PlannerOptions, RawPlannerOptions};
 use fixup_core::plugin::cache::default_cache_dir;
 use fixup_core::plugin::{LoadError, PluginError};
 
@@ -227,7 +227,7 @@ impl Drop for Permit<'_> {
 
 impl Options {
     fn planner_options(&self) -> Result<PlannerOptions, Failure> {
-        PlannerSettings {
+        RawPlannerOptions {
             fuel: self.plugin_fuel,
             memory_mib: self.plugin_memory_mib,
             deadline: self.plugin_deadline_ms.map(Duration::from_millis),

@@ -58,8 +58,8 @@ use std::time::Duration;
 
 use fixup_core::annotations::EventType;
 use fixup_core::decision::{
-    Action, Backoff, Guarded, InspectFailed, Note, PodError, PodTask, PrepareTask, Report,
-    Settings, SettingsMs, Steps, Trigger, os_nonces,
+    Action, Backoff, Guarded, InspectFailed, Note, PodError, PodTask, PrepareTask, RawSettings,
+    Report, Settings, Steps, Trigger, os_nonces,
 };
 use fixup_core::exec::{ExecOutput, ExitStatusKind};
 use fixup_core::facts::{PodInput, VmId, VmInspect};
@@ -86,7 +86,7 @@ pub struct TaskOptions {
     #[serde(default)]
     pub trigger: Option<String>,
     #[serde(default)]
-    pub settings: SettingsMs,
+    pub settings: RawSettings,
     /// For an embedder that keeps the pods' records (`remember`): the
     /// record the last task handed out for this pod uid, and the wall
     /// clock now. Absent: no record is kept, and each fixup loop's retry
@@ -119,8 +119,11 @@ pub struct TaskOptions {
 #[serde(deny_unknown_fields)]
 pub struct TaskMemory {
     /// The record as the last `remember` action gave it; null or absent
-    /// when there is none yet. One this library did not write starts the
-    /// task on a new record (a gap), which `merge` then keeps in its place.
+    /// when there is none yet. One that is not a record of this library's
+    /// form (checked, not authenticated) starts the task on a new record
+    /// (a gap), which `merge` then keeps in its place. The record can add
+    /// work (a wake verdict makes a `mode=run` pod a wake): keep it where
+    /// only the embedder can write it.
     #[serde(default)]
     pub record: Option<Value>,
     /// The wall clock now, in milliseconds since the Unix epoch.

@@ -28,7 +28,7 @@ use serde_json::Value;
 
 use fixup_core::annotations::AnnotationPatch;
 use fixup_core::decision::{
-    Action, ExecPurpose, Guarded, PodError, PodTask, PrepareTask, Report, SettingsMs, Steps, Stop,
+    Action, ExecPurpose, Guarded, PodError, PodTask, PrepareTask, RawSettings, Report, Steps, Stop,
     Summary, Trigger,
 };
 use fixup_core::exec::{ExecOutput, ExitStatusKind};
@@ -54,7 +54,7 @@ pub struct Scenario {
     pub trigger: TriggerName,
     /// Settings that differ from the defaults.
     #[serde(default)]
-    pub settings: SettingsMs,
+    pub settings: RawSettings,
     /// The pod as the API server holds it when the task starts.
     pub pod: Value,
     /// `cocoon vm inspect --json` output for the VM the pod names.
@@ -240,6 +240,22 @@ impl TriggerName {
             TriggerName::Startup => "startup",
             TriggerName::Retry => "retry",
             TriggerName::Prepare => "prepare",
+        }
+    }
+
+    /// [`Stop::again`] for a task of this trigger after no stop in a row,
+    /// as JSON: a preparation's is tried again as one (`"prepare"`).
+    pub fn again(self, stop: &Stop) -> Value {
+        let trigger = self.fixup().unwrap_or(Trigger::Event);
+        match stop.again(trigger, 0, fixup_core::decision::Backoff::default()) {
+            None => Value::Null,
+            Some(again) => {
+                let mut value = serde_json::to_value(again).expect("an again is JSON");
+                if self.fixup().is_none() {
+                    value["trigger"] = Value::from(self.as_str());
+                }
+                value
+            }
         }
     }
 
@@ -582,16 +598,23 @@ impl Expected {
     }
 }
 
-/// How a replay ended: the summary's JSON, or the stop's kind.
+/// How a replay ended: the summary's JSON, or the stop's kind, whether
+/// it is retryable and its `again` as the C library writes it (null when
+/// trying again cannot help).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Ended {
     Summary(Value),
-    Stop { kind: &'static str, retryable: bool },
+    Stop {
+        kind: &'static str,
+        retryable: bool,
+        again: Value,
+    },
 }
 
 impl Ended {
-    /// From the task's last action.
-    pub fn of(result: &Result<Summary, Stop>) -> Ended {
+    /// From the task's last action, for a task started with `trigger`
+    /// after no stop in a row.
+    pub fn of(result: &Result<Summary, Stop>, trigger: TriggerName) -> Ended {
         match result {
             Ok(summary) => {
                 Ended::Summary(serde_json::to_value(summary).expect("a summary is JSON"))
@@ -599,6 +622,7 @@ impl Ended {
             Err(stop) => Ended::Stop {
                 kind: stop.kind(),
                 retryable: stop.is_retryable(),
+                again: trigger.again(stop),
             },
         }
     }
@@ -689,6 +713,7 @@ impl Scenario {
                 Ended::Stop {
                     kind: got,
                     retryable,
+                    again,
                 },
             ) => {
                 if kind.as_str() != Some(got) {
@@ -698,6 +723,11 @@ impl Scenario {
                     && r.as_bool() != Some(*retryable)
                 {
                     problems.push(format!("retryable is {retryable}, expected {r}"));
+                }
+                if let Some(want) = self.expect.result.get("again")
+                    && want != again
+                {
+                    problems.push(format!("again is {again}, expected {want}"));
                 }
             }
             (None, Ended::Summary(summary)) => {

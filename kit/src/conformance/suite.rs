@@ -167,7 +167,7 @@ pub fn replay_owning(
             world.not_publishing();
         }
         let report = match action {
-            Action::Finish(result) => return (world, Ended::of(&result)),
+            Action::Finish(result) => return (world, Ended::of(&result, scenario.trigger)),
             Action::Publish(intent) => {
                 world.publish(now, &intent.patch());
                 Report::Go

@@ -69,6 +69,7 @@ pub fn answer(world: &mut World, now: &mut Duration, action: &Value) -> Result<V
                         .into_boxed_str(),
                 ),
                 retryable: stop["retryable"].as_bool().expect("a stop says retryable"),
+                again: stop.get("again").cloned().unwrap_or(Value::Null),
             },
             None => Ended::Summary(a["summary"].clone()),
         });
@@ -188,7 +189,7 @@ pub fn answer(world: &mut World, now: &mut Duration, action: &Value) -> Result<V
 pub fn task_options(world: &World, scenario: &Scenario) -> Value {
     let mut options = serde_json::json!({
         "trigger": scenario.trigger.as_str(),
-        "settings": SettingsMs {
+        "settings": RawSettings {
             accept_legacy_vm_names: false,
             accept_annotated_vm_names: false,
             ..scenario.settings.clone()

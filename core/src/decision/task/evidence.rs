@@ -2,7 +2,12 @@
 //! the stack's events and the host's hibernate history read into a
 //! verdict (spec section 2), and what the verdict leaves to do.
 
-use super::*;
+use super::{
+    Action, Backend, Binds, BootKind, Duration, Evidence, GuestOs, HandsOff, Lifecycle,
+    LifecycleIntent, Listed, NodeError, Note, Observation, Overrides, PodTask, PostCloneState,
+    RecordFact, Row, Stage, Stop, Told, VmId, VmInspect, Witness, keys, lifecycle, observe,
+    one_line,
+};
 
 /// A VM bound to the pod whose wake verdict is not reached yet (spec
 /// section 2, rules 2 and the grace).

@@ -1,7 +1,14 @@
 //! The fixup loop (spec section 5): the plan for the classified VM, each
 //! attempt under the retry budget, and how the loop ends.
 
-use super::*;
+use super::{
+    Action, AfterSac, Attempts, BootKind, ComposedPlan, Duration, Event, ExecOutput, ExecPurpose,
+    ExitStatusKind, FixupEnd, GuestOs, Handled, ImageKind, Ipv4Addr, NodeError, Note, Observation,
+    Overrides, Plan, PlanRequest, PlannerError, PodInput, PodTask, PostCloneState, Readiness, Row,
+    SacNic, SacPass, Scenario, Stage, TERMINATION_GRACE, TERMINATION_SIGNALS, Told, Trigger,
+    VmFacts, VmId, VmInspect, Wait, WaitFacts, WaitNic, Write, check_hint_room, classify, keys,
+    lifecycle, messages, observe, reasons, sac_nics, state_patch, static_nics,
+};
 
 /// The fixup loop's state (spec section 5).
 #[derive(Debug)]

@@ -724,3 +724,18 @@ impl PodTask {
         self.stop(Stop::Node(error))
     }
 }
+
+impl super::Steps for PodTask {
+    fn pod(&self) -> &PodRef {
+        PodTask::pod(self)
+    }
+    fn next(&mut self, report: Report, now: Duration) -> Action {
+        PodTask::next(self, report, now)
+    }
+    fn try_next(&mut self, report: Report, now: Duration) -> Result<Action, WrongReport> {
+        PodTask::try_next(self, report, now)
+    }
+    fn record_lacks(&mut self, lacks: &[RecordFact]) {
+        PodTask::record_lacks(self, lacks);
+    }
+}

@@ -1,7 +1,10 @@
 //! The serial-console pass (spec section 10): a Windows VM's static
 //! addresses set through its console, checked, within one deadline.
 
-use super::*;
+use super::{
+    Action, Duration, Event, Fixup, NodeError, Note, PodTask, SacEnd, SacError, SacNic, Stage,
+    StaticIpv4, StaticNic, VmId, Wait, Write,
+};
 
 /// The serial-console pass (spec section 10).
 #[derive(Debug)]

@@ -1,7 +1,10 @@
 //! The IP wait (spec section 6): the lease, the nudge and the DHCP
 //! recovery pass, and the readiness written when it ends.
 
-use super::*;
+use super::{
+    Action, Duration, Event, ExecPurpose, GuestOs, Ipv4Addr, MIN_STEP, Nonce, Note, Plan, PodTask,
+    Readiness, Stage, WaitFacts, WaitNic, Write, exec_argv, messages, reasons,
+};
 
 /// The DHCP recovery pass the IP wait may run once.
 #[derive(Debug)]

@@ -2,7 +2,12 @@
 //! it is now, written with the pod's uid and resourceVersion as
 //! preconditions, and its lifecycle change handed out once it landed.
 
-use super::*;
+use super::{
+    Action, AfterSac, AnnotationPatch, DECIDE_ROUNDS, Duration, Event, Fixup, FixupEnd, Guarded,
+    Ipv4Addr, Lifecycle, LifecycleIntent, Note, PodError, PodInput, PodTask, PostCloneState,
+    Readiness, SacEnd, SacPass, Stage, Stop, VmId, Wait, annotations, exhausted_record,
+    hint_base64, keys, lifecycle, messages, plan_failed_record, reasons, state_patch, unsettled,
+};
 
 /// What a write decided from a read is for.
 #[derive(Debug)]

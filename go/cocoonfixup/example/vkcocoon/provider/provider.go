@@ -236,7 +236,9 @@ func (p *Provider) Reconcile(pods [][]byte) error {
 func (p *Provider) Wait() { p.wg.Wait() }
 
 // Records keeps the pods' records in memory (a provider keeps them in a
-// file per uid, or a ConfigMap, to outlive its restarts).
+// file per uid on the node, writable by it alone, to outlive its
+// restarts: a record can start work, such as a wake's, so nobody else
+// may write it; not in a ConfigMap others can edit).
 type Records struct {
 	mu sync.Mutex
 	m  map[string]json.RawMessage
