@@ -819,8 +819,8 @@ impl PinnedPlugins {
                 };
             }
         };
-        store.put_signatures(hex, &fetched)?;
-        Ok(signature::verify(rule, reference, &fetched)?)
+        store.put_signatures(hex, &fetched.signatures)?;
+        Ok(fetched.verify(rule, reference)?)
     }
 }
 

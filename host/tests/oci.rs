@@ -1133,6 +1133,8 @@ fn signatures_are_found_through_the_referrers_api_and_checked_against_their_dige
 
     let served = StandIn::bind().serve(answers(payload.clone()), None);
     let (pinned, found) = signatures_from(&served.host);
+    assert!(!found.bundle);
+    let found = found.signatures;
     assert_eq!(found.len(), 1, "{found:?}");
     let asked = served.asked();
     assert!(
@@ -1154,5 +1156,59 @@ fn signatures_are_found_through_the_referrers_api_and_checked_against_their_dige
     let mut longer = payload.clone();
     longer.extend_from_slice(b"          ");
     let (_, found) = signatures_from(&stand_in(answers(longer)));
-    assert!(found.is_empty(), "{found:?}");
+    assert!(found.signatures.is_empty(), "{found:?}");
+
+    // A registry without the referrers API that answers 405 (or 400, 501)
+    // rather than 404: the fallback tag's index is read, as after a 404.
+    for status in [400, 405, 501] {
+        let mut fallback = answers(payload.clone());
+        fallback.insert(
+            format!("/v2/acme/net/referrers/sha256:{hex}"),
+            Answer::new(status, ""),
+        );
+        fallback.insert(
+            format!("/v2/acme/net/manifests/sha256-{hex}"),
+            Answer::new(200, &index[..])
+                .header("Content-Type", "application/vnd.oci.image.index.v1+json"),
+        );
+        let (_, found) = signatures_from(&stand_in(fallback));
+        assert_eq!(found.signatures.len(), 1, "{status}: {found:?}");
+    }
+    // 403 is a refusal, not an absent API: the lookup fails.
+    let mut denied = answers(payload.clone());
+    denied.insert(
+        format!("/v2/acme/net/referrers/sha256:{hex}"),
+        Answer::new(403, ""),
+    );
+    let host = stand_in(denied);
+    let pinned: PluginRef = format!("oci://{host}/acme/net@sha256:{hex}")
+        .parse()
+        .unwrap();
+    let asked = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(Registry::new(&plain(&host)).unwrap().signatures(&pinned));
+    assert!(asked.is_err(), "{asked:?}");
+
+    // Only a Sigstore bundle (cosign v3's default): no signature, and the
+    // refusal names the bundle.
+    let bundle_index = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [
+            {"mediaType": MANIFEST_MEDIA_TYPE, "digest": other_type, "size": 10, "artifactType": signature::BUNDLE_ARTIFACT_TYPE},
+        ],
+    }))
+    .unwrap();
+    let host = stand_in(HashMap::from([(
+        format!("/v2/acme/net/referrers/sha256:{hex}"),
+        Answer::new(200, &bundle_index[..])
+            .header("Content-Type", "application/vnd.oci.image.index.v1+json"),
+    )]));
+    let (pinned, found) = signatures_from(&host);
+    assert!(found.signatures.is_empty() && found.bundle, "{found:?}");
+    let refused = found.verify(&rule, &pinned).unwrap_err().to_string();
+    assert!(
+        refused.contains("only a Sigstore bundle signature"),
+        "{refused}"
+    );
 }

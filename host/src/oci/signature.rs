@@ -41,6 +41,15 @@ pub const SIMPLE_SIGNING_MEDIA_TYPE: &str = "application/vnd.dev.cosign.simplesi
 pub const SIGNATURE_ANNOTATION: &str = "dev.cosignproject.cosign/signature";
 /// The artifact type of a signature manifest attached as an OCI referrer.
 pub const SIGNATURE_ARTIFACT_TYPE: &str = "application/vnd.dev.cosign.artifact.sig.v1+json";
+/// The artifact type of the Sigstore bundles cosign v3 attaches by default
+/// instead of simple signatures: recognized only to say so.
+pub const BUNDLE_ARTIFACT_TYPE: &str = "application/vnd.dev.sigstore.bundle.v0.3+json";
+/// How to sign so that nodes read the signature, for the hints.
+macro_rules! how_to_sign {
+    () => {
+        "sign with cosign v2 (`cosign sign --key KEY --tlog-upload=false HOST/REPO@sha256:DIGEST`), or cosign v3 with `--new-bundle-format=false --use-signing-config=false --tlog-upload=false`"
+    };
+}
 /// The `critical.type` of a payload that signs an image (or artifact).
 pub const PAYLOAD_TYPE: &str = "cosign container image signature";
 /// Largest payload read, 16 KiB: cosign's is about 250 bytes, and with
@@ -167,8 +176,9 @@ impl SigningKey {
             .map_err(|e| e.to_string())?;
         let not_one = || {
             format!(
-                "{} is not an unencrypted PKCS#8 ECDSA P-256 private key in PEM (`-----BEGIN PRIVATE KEY-----`); with cosign's own encrypted cosign.key, sign with `cosign sign --key cosign.key HOST/REPO@sha256:DIGEST` after the push",
-                path.display()
+                "{} is not an unencrypted PKCS#8 ECDSA P-256 private key in PEM (`-----BEGIN PRIVATE KEY-----`); with cosign's own encrypted cosign.key, sign the digest after the push: {}",
+                path.display(),
+                how_to_sign!()
             )
         };
         let text = std::str::from_utf8(&bytes).map_err(|_| not_one())?;
@@ -353,6 +363,32 @@ fn judge_key(key: &PublicKey, pinned: &str, signatures: &[Signature]) -> KeyVerd
     })
 }
 
+/// What a registry has for a digest: cosign's simple signatures, and
+/// whether it also lists a Sigstore bundle, which is not read.
+#[derive(Debug, Default)]
+pub struct Fetched {
+    pub signatures: Vec<Signature>,
+    pub bundle: bool,
+}
+
+impl Fetched {
+    /// [`verify`] these signatures; when there is none but a Sigstore
+    /// bundle, the refusal says so and how to sign instead.
+    pub fn verify(
+        &self,
+        rule: &TrustRule,
+        pinned: &PluginRef,
+    ) -> Result<Vec<Signer>, SignatureError> {
+        verify(rule, pinned, &self.signatures).map_err(|mut e| {
+            if self.signatures.is_empty() && self.bundle {
+                e.failed = "the registry has for this digest only a Sigstore bundle signature (cosign v3's default), which is not supported".to_owned();
+                e.next = concat!("the vendor signs it again: ", how_to_sign!());
+            }
+            e
+        })
+    }
+}
+
 /// Verify `signatures` of the plugin at `pinned` (a reference pinned to
 /// its manifest digest) under `rule`: the keys that signed it, or why the
 /// rule is not met. With [`Require::None`] nothing is refused and the
@@ -394,7 +430,7 @@ pub fn verify(
                 "the registry has no signature for this digest (no `{}` tag, no referrer)",
                 signature_tag(hex)
             ),
-            "the vendor signs it (`cosign sign --key KEY HOST/REPO@sha256:DIGEST`), or the pin names another digest",
+            "the vendor signs it (cosign v2's `cosign sign --key KEY --tlog-upload=false HOST/REPO@sha256:DIGEST`; cosign v3 also needs `--new-bundle-format=false --use-signing-config=false`), or the pin names another digest",
         )
     } else {
         let failed = verdicts
@@ -462,8 +498,9 @@ pub(super) fn signature_layers(manifest: &[u8]) -> Result<Vec<(String, u64, Stri
 
 /// The signature manifests an index lists (the referrers API's answer, or
 /// the fallback tag's index): the digests of those of cosign's signature
-/// artifact type, at most [`MAX_SIGNATURES`].
-pub(super) fn signature_referrers(index: &[u8]) -> Result<Vec<String>, String> {
+/// artifact type, at most [`MAX_SIGNATURES`], and whether it lists a
+/// Sigstore bundle ([`BUNDLE_ARTIFACT_TYPE`]).
+pub(super) fn signature_referrers(index: &[u8]) -> Result<(Vec<String>, bool), String> {
     #[derive(Deserialize)]
     struct Index {
         #[serde(default)]
@@ -482,14 +519,19 @@ pub(super) fn signature_referrers(index: &[u8]) -> Result<Vec<String>, String> {
             bounded(&e.to_string())
         )
     })?;
-    Ok(index
+    let bundle = index
+        .manifests
+        .iter()
+        .any(|entry| entry.artifact_type.as_deref() == Some(BUNDLE_ARTIFACT_TYPE));
+    let digests = index
         .manifests
         .into_iter()
         .filter(|entry| entry.artifact_type.as_deref() == Some(SIGNATURE_ARTIFACT_TYPE))
         .filter(|entry| super::is_sha256_digest(&entry.digest))
         .map(|entry| entry.digest)
         .take(MAX_SIGNATURES)
-        .collect())
+        .collect();
+    Ok((digests, bundle))
 }
 
 /// A payload's bytes as the store keeps them, checked against the digest
@@ -650,5 +692,42 @@ mod tests {
             [(digest, 250, "MEUC".to_owned())]
         );
         assert!(signature_layers(b"\"not a manifest\"").is_err());
+    }
+
+    /// cosign v3's default, a Sigstore bundle referrer, is recognized only
+    /// to say that it is not read and how to sign instead.
+    #[test]
+    fn a_sigstore_bundle_alone_is_named_in_the_refusal() {
+        let digest = format!("sha256:{HEX}");
+        let index = serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2,
+            "manifests": [
+                {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": digest,
+                 "size": 600, "artifactType": BUNDLE_ARTIFACT_TYPE},
+            ],
+        }))
+        .unwrap();
+        let (digests, bundle) = signature_referrers(&index).unwrap();
+        assert!(digests.is_empty());
+        assert!(bundle);
+        let (_, key_a) = key(1, "/keys/a.pub");
+        let any = rule(Require::AnyOf, vec![key_a]);
+        let fetched = Fetched {
+            signatures: Vec::new(),
+            bundle,
+        };
+        let text = fetched.verify(&any, &pinned(HEX)).unwrap_err().to_string();
+        assert!(text.contains("only a Sigstore bundle signature"), "{text}");
+        assert!(
+            text.contains(
+                "--new-bundle-format=false --use-signing-config=false --tlog-upload=false"
+            ),
+            "{text}"
+        );
+        let bare = Fetched::default().verify(&any, &pinned(HEX)).unwrap_err();
+        assert!(
+            bare.to_string().contains("the registry has no signature"),
+            "{bare}"
+        );
     }
 }

@@ -29,7 +29,7 @@ use reqwest::redirect::{Attempt, Policy};
 use reqwest::{Client, RequestBuilder, Response, StatusCode, Url};
 
 use super::signature::{
-    self, Signature, payload_signature, referrers_tag, signature_layers, signature_referrers,
+    self, Fetched, payload_signature, referrers_tag, signature_layers, signature_referrers,
     signature_tag,
 };
 use super::{
@@ -634,6 +634,7 @@ impl Registry {
                 &format!("manifests/{tag}"),
                 SIGNATURE_MANIFEST_TYPES,
                 MAX_MANIFEST_BYTES as u64,
+                Absent::NotFound,
             )
             .await?
             .and_then(|manifest| serde_json::from_slice::<serde_json::Value>(&manifest).ok())
@@ -744,7 +745,7 @@ impl Registry {
     /// [`signature::MAX_PAYLOAD_BYTES`] and kept only when it matches the
     /// digest its signature manifest names; a signature manifest that is
     /// not one is logged and skipped.
-    pub async fn signatures(&self, pinned: &PluginRef) -> Result<Vec<Signature>, OciError> {
+    pub async fn signatures(&self, pinned: &PluginRef) -> Result<Fetched, OciError> {
         let Some(hex) = pinned.digest() else {
             return Err(OciError::NotPinned {
                 reference: pinned.to_string(),
@@ -752,7 +753,8 @@ impl Registry {
         };
         let mut session = Session::new(self, pinned)?;
         let mut found = Vec::new();
-        for manifest in session.signature_manifests(hex).await? {
+        let (manifests, bundle) = session.signature_manifests(hex).await?;
+        for manifest in manifests {
             let layers = match signature_layers(&manifest) {
                 Ok(layers) => layers,
                 Err(why) => {
@@ -765,7 +767,7 @@ impl Registry {
                     break;
                 }
                 let Some(payload) = session
-                    .get_bounded(&format!("blobs/{digest}"), "*/*", size)
+                    .get_bounded(&format!("blobs/{digest}"), "*/*", size, Absent::NotFound)
                     .await?
                 else {
                     continue;
@@ -779,8 +781,20 @@ impl Registry {
                 }
             }
         }
-        Ok(found)
+        Ok(Fetched {
+            signatures: found,
+            bundle,
+        })
     }
+}
+
+/// Which refusals of a `GET` say that the thing is not there.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Absent {
+    /// 404 only.
+    NotFound,
+    /// Any but 401 and 403 (an API the registry lacks).
+    UnlessDenied,
 }
 
 impl Session<'_> {
@@ -803,7 +817,8 @@ impl Session<'_> {
     }
 
     /// `GET /v2/<repository>/<tail>` read within `cap` bytes: `None` when
-    /// the registry has no such thing (404), or answers with more than
+    /// the registry has no such thing (404, or with [`Absent::UnlessDenied`]
+    /// any refusal but 401 and 403, logged), or answers with more than
     /// `cap` bytes (logged: a signature artifact that large is not
     /// cosign's).
     async fn get_bounded(
@@ -811,6 +826,7 @@ impl Session<'_> {
         tail: &str,
         accept: &str,
         cap: u64,
+        absent: Absent,
     ) -> Result<Option<Vec<u8>>, OciError> {
         let url = self.url(tail);
         let mut response = self
@@ -821,10 +837,16 @@ impl Session<'_> {
                     .timeout(REQUEST_TIMEOUT)
             })
             .await?;
-        if response.status() == StatusCode::NOT_FOUND {
+        let status = response.status();
+        if status == StatusCode::NOT_FOUND {
             return Ok(None);
         }
-        if !response.status().is_success() {
+        let denied = matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN);
+        if !status.is_success() && absent == Absent::UnlessDenied && !denied {
+            tracing::debug!(reference = %self.reference, "{} answers {status}: taken as absent", shown(&url));
+            return Ok(None);
+        }
+        if !status.is_success() {
             return Err(refusal(self.reference, response).await);
         }
         match read_capped(&mut response, cap).await {
@@ -840,8 +862,9 @@ impl Session<'_> {
     /// The signature manifests of the manifest `hex`: the one under
     /// cosign's `.sig` tag, and those the referrers API (or, where the
     /// registry has none, the fallback tag's index) lists with cosign's
-    /// signature artifact type, each checked against its digest.
-    async fn signature_manifests(&mut self, hex: &str) -> Result<Vec<Vec<u8>>, OciError> {
+    /// signature artifact type, each checked against its digest; and
+    /// whether the index lists a Sigstore bundle.
+    async fn signature_manifests(&mut self, hex: &str) -> Result<(Vec<Vec<u8>>, bool), OciError> {
         let cap = MAX_MANIFEST_BYTES as u64;
         let mut manifests = Vec::new();
         if let Some(manifest) = self
@@ -849,13 +872,21 @@ impl Session<'_> {
                 &format!("manifests/{}", signature_tag(hex)),
                 SIGNATURE_MANIFEST_TYPES,
                 cap,
+                Absent::NotFound,
             )
             .await?
         {
             manifests.push(manifest);
         }
         let index = match self
-            .get_bounded(&format!("referrers/sha256:{hex}"), INDEX_MEDIA_TYPE, cap)
+            .get_bounded(
+                &format!("referrers/sha256:{hex}"),
+                INDEX_MEDIA_TYPE,
+                cap,
+                // A registry without the referrers API may answer 400, 405
+                // or 501 rather than 404: the fallback tag is asked then.
+                Absent::UnlessDenied,
+            )
             .await?
         {
             Some(index) => Some(index),
@@ -864,17 +895,18 @@ impl Session<'_> {
                     &format!("manifests/{}", referrers_tag(hex)),
                     INDEX_MEDIA_TYPE,
                     cap,
+                    Absent::NotFound,
                 )
                 .await?
             }
         };
-        let referrers = match index.as_deref().map(signature_referrers) {
-            Some(Ok(digests)) => digests,
+        let (referrers, bundle) = match index.as_deref().map(signature_referrers) {
+            Some(Ok(found)) => found,
             Some(Err(why)) => {
                 tracing::warn!(reference = %self.reference, "{why}; its referrers are not used");
-                Vec::new()
+                (Vec::new(), false)
             }
-            None => Vec::new(),
+            None => (Vec::new(), false),
         };
         for digest in referrers {
             let Some(manifest) = self
@@ -882,6 +914,7 @@ impl Session<'_> {
                     &format!("manifests/{digest}"),
                     SIGNATURE_MANIFEST_TYPES,
                     cap,
+                    Absent::NotFound,
                 )
                 .await?
             else {
@@ -893,7 +926,7 @@ impl Session<'_> {
                 tracing::warn!(reference = %self.reference, "the referrer {digest} does not match its digest; not used");
             }
         }
-        Ok(manifests)
+        Ok((manifests, bundle))
     }
 
     /// The layer's bytes, at most its declared size, verified against its

@@ -198,8 +198,11 @@ pub(crate) enum PluginCommand {
     /// With --sign-key it signs the digest as `cosign sign --key` does (the
     /// `sha256-<digest>.sig` tag), for nodes whose `[plugin_trust]` lists
     /// your public key. With cosign's own encrypted key, sign the printed
-    /// digest with cosign instead:
+    /// digest with cosign v2 instead:
     ///   cosign sign --key cosign.key --tlog-upload=false HOST/REPO@sha256:DIGEST
+    /// or with cosign v3, whose default Sigstore bundles nodes do not read:
+    ///   cosign sign --key cosign.key --new-bundle-format=false \
+    ///     --use-signing-config=false --tlog-upload=false HOST/REPO@sha256:DIGEST
     ///
     /// Example:
     ///   cocoon-fixup plugin push acme_net.wasm oci://registry.example/acme/net:1.0

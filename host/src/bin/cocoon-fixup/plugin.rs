@@ -6,6 +6,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 
 use crate::args::*;
+use crate::assemble::PULL_TIMEOUT;
 use crate::commands::*;
 use fixup_core::display;
 use fixup_host::oci::{self, PluginRef, RegistryOptions, Tags, signature};
@@ -171,29 +172,29 @@ pub(crate) async fn run_plugin_pull(args: &PluginPullArgs, config: Option<&Path>
     let settings = args.oci.resolve(config)?;
     let options = registry_options(&reference, args.plain_http, &settings.pinned.registry);
     let registry = oci::Registry::new(&options)?;
-    let artifact = registry.pull(&reference, tags).await?;
-    // Checked before anything is written: a plugin the trust policy
-    // refuses is not pulled.
-    let signatures = registry.signatures(&artifact.reference).await?;
-    let signed = match settings.pinned.trust.rule_for(&artifact.reference) {
-        Some(rule) => {
-            let signers = signature::verify(rule, &artifact.reference, &signatures)?;
-            if signers.is_empty() {
-                format!(
-                    "not signed by a key of `[plugin_trust.\"{}\"]` ({} signature(s) found; it requires none)",
-                    rule.scope,
-                    signatures.len()
-                )
-            } else {
-                let signers: Vec<String> = signers.iter().map(ToString::to_string).collect();
-                format!("signed by {}", signers.join(", "))
-            }
-        }
-        None => format!(
-            "signatures not checked: no `[plugin_trust]` rule covers it ({} signature(s) found)",
-            signatures.len()
-        ),
+    let trust = &settings.pinned.trust;
+    // A pinned reference's signatures are checked before its plugin is
+    // downloaded, a tag's once the registry resolved it; either way before
+    // anything is written: a plugin the trust policy refuses is not pulled.
+    let work = async {
+        let early = match reference.digest() {
+            Some(_) => Some(pull_signatures(&registry, &reference, trust).await?),
+            None => None,
+        };
+        let artifact = registry.pull(&reference, tags).await?;
+        let checked = match early {
+            Some(checked) => checked,
+            None => pull_signatures(&registry, &artifact.reference, trust).await?,
+        };
+        anyhow::Ok((artifact, checked))
     };
+    let (artifact, (signatures, signed)) = tokio::time::timeout(PULL_TIMEOUT, work)
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "pulling {reference} took longer than {PULL_TIMEOUT:?}: check the registry"
+            )
+        })??;
     if reference.digest().is_none() {
         println!("{reference} is {}: pin this", artifact.reference);
     }
@@ -211,7 +212,9 @@ pub(crate) async fn run_plugin_pull(args: &PluginPullArgs, config: Option<&Path>
                 .ok_or(oci::OciError::NoStore)?;
             let store = oci::Store::open(store)?;
             let hex = artifact.reference.digest().unwrap_or_default();
-            store.put_signatures(hex, &signatures)?;
+            if let Some(signatures) = &signatures {
+                store.put_signatures(hex, signatures)?;
+            }
             store.put(&artifact)?
         }
     };
@@ -223,6 +226,47 @@ pub(crate) async fn run_plugin_pull(args: &PluginPullArgs, config: Option<&Path>
     );
     println!("{}: {signed}", artifact.reference);
     Ok(0)
+}
+
+/// The signatures of `pinned` and what they say under `trust`: an error
+/// when its rule requires signatures they do not meet, or the registry
+/// cannot be asked for them; otherwise best effort (no signatures, and
+/// why, when the registry cannot be asked).
+async fn pull_signatures(
+    registry: &oci::Registry,
+    pinned: &PluginRef,
+    trust: &oci::TrustPolicy,
+) -> Result<(Option<Vec<signature::Signature>>, String)> {
+    let rule = trust.rule_for(pinned);
+    let fetched = match registry.signatures(pinned).await {
+        Ok(fetched) => fetched,
+        Err(e) if rule.is_some_and(|rule| rule.required()) => return Err(e.into()),
+        Err(e) => {
+            return Ok((
+                None,
+                format!("signatures not checked: asking the registry for them failed: {e}"),
+            ));
+        }
+    };
+    let found = fetched.signatures.len();
+    let signed = match rule {
+        Some(rule) => {
+            let signers = fetched.verify(rule, pinned)?;
+            if signers.is_empty() {
+                format!(
+                    "not signed by a key of `[plugin_trust.\"{}\"]` ({found} signature(s) found; it requires none)",
+                    rule.scope
+                )
+            } else {
+                let signers: Vec<String> = signers.iter().map(ToString::to_string).collect();
+                format!("signed by {}", signers.join(", "))
+            }
+        }
+        None => format!(
+            "signatures not checked: no `[plugin_trust]` rule covers it ({found} signature(s) found)"
+        ),
+    };
+    Ok((Some(fetched.signatures), signed))
 }
 
 pub(crate) fn read_bytes(path: &Path) -> Result<Vec<u8>> {
