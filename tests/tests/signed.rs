@@ -117,9 +117,10 @@ fn a_plugin_the_vendor_signed_with_cosign_loads_and_plans_and_is_refused_once_it
     assert!(!text.contains(&format!("key {vendor}")), "{text}");
 }
 
-/// `serve` with a signed plugin pinned: a configuration that no longer
-/// trusts the vendor's key is reloaded, verified, and refused, and the set
-/// in service stays; with the key back, the next reload goes through.
+/// `serve` with a signed plugin pinned: a key file replaced on disk, and a
+/// configuration that no longer trusts the vendor's key, are each reloaded,
+/// verified, and refused, and the set in service stays; with the key back,
+/// the next reload goes through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_refuses_a_reload_whose_policy_no_longer_trusts_the_signer() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -159,8 +160,25 @@ async fn serve_refuses_a_reload_whose_policy_no_longer_trusts_the_signer() {
     assert_eq!(node.reloads("rejected").await, 0, "the daemon is up");
     assert_eq!(node.get("/healthz").await.as_deref(), Some("ok\n"));
 
-    rewrite(std::slice::from_ref(&other));
+    // The key file is watched: replaced on disk by another key, with the
+    // configuration untouched, it reloads the set, which is refused.
+    let put_key = |from: &str| {
+        let staged = path.join("vendor.pub.new");
+        std::fs::copy(from, &staged).expect("staged key");
+        std::fs::rename(&staged, &vendor).expect("key");
+    };
+    let vendor_saved = path.join("vendor.pub.saved");
+    std::fs::copy(&vendor, &vendor_saved).expect("saved key");
+    put_key(&other);
     node.until_reloads("rejected", 1).await;
+    let health = node.get("/healthz").await.expect("/healthz");
+    assert!(health.contains("plugin `vendors/hostile`"), "{health}");
+    put_key(&vendor_saved.display().to_string());
+    node.until_reloads("swapped", 1).await;
+    assert_eq!(node.get("/healthz").await.as_deref(), Some("ok\n"));
+
+    rewrite(std::slice::from_ref(&other));
+    node.until_reloads("rejected", 2).await;
     let health = node.get("/healthz").await.expect("/healthz");
     for part in [
         "plugin reload refused",
@@ -173,6 +191,6 @@ async fn serve_refuses_a_reload_whose_policy_no_longer_trusts_the_signer() {
     }
 
     rewrite(&[vendor, other]);
-    node.until_reloads("swapped", 1).await;
+    node.until_reloads("swapped", 2).await;
     assert_eq!(node.get("/healthz").await.as_deref(), Some("ok\n"));
 }

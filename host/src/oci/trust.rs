@@ -140,6 +140,18 @@ impl TrustPolicy {
             .filter(|rule| rule.covers(reference))
             .max_by_key(|rule| rule.scope.len())
     }
+
+    /// The key files of every rule, each once: `serve` watches them, so
+    /// that a key replaced or removed on disk reloads the set.
+    pub fn key_files(&self) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = Vec::new();
+        for key in self.rules.iter().flat_map(|rule| &rule.keys) {
+            if !files.contains(&key.path) {
+                files.push(key.path.clone());
+            }
+        }
+        files
+    }
 }
 
 #[cfg(test)]
@@ -199,4 +211,28 @@ mod tests {
             );
         }
     }
+
+    /// `serve` watches each key file once, whichever rules name it.
+    #[test]
+    fn key_files_lists_each_file_once() {
+        let rule = |scope: &str, keys: Vec<PublicKey>| TrustRule {
+            scope: scope.into(),
+            require: Require::AnyOf,
+            keys,
+        };
+        let policy = TrustPolicy {
+            rules: vec![
+                rule(
+                    "reg/acme",
+                    vec![key(1, "/keys/a.pub"), key(2, "/keys/b.pub")],
+                ),
+                rule("reg/other", vec![key(1, "/keys/a.pub")]),
+            ],
+        };
+        assert_eq!(
+            policy.key_files(),
+            [PathBuf::from("/keys/a.pub"), PathBuf::from("/keys/b.pub")]
+        );
+    }
+
 }

@@ -82,7 +82,9 @@ pub(crate) async fn run_serve(args: &ServeArgs, config: Option<&Path>) -> Result
     if !settings.reload.interval.is_zero() {
         let (sender, outcomes) = tokio::sync::mpsc::unbounded_channel();
         host.report_outcomes_to(sender);
-        let watched = vec![
+        // The trust policy's key files too: a key replaced or removed on
+        // disk reloads the set, which verifies every pinned plugin again.
+        let mut watched = vec![
             settings
                 .planner
                 .plugin_dir
@@ -93,6 +95,7 @@ pub(crate) async fn run_serve(args: &ServeArgs, config: Option<&Path>) -> Result
                 .clone()
                 .unwrap_or_else(|| PathBuf::from(fixup_host::config::DEFAULT_CONFIG_FILE)),
         ];
+        watched.extend(settings.pinned.trust.key_files());
         let mut reloader = Reloader::new(
             host.clone(),
             reload_build(
