@@ -118,6 +118,27 @@ impl FromStr for PluginRef {
                 "the host is empty or has characters a host cannot have",
             ));
         }
+        // The URL the registry is asked at lowercases the host and drops
+        // a trailing dot: the reference must already be that host, or a
+        // trust scope could be matched against one host and the plugin
+        // fetched from another spelling of it.
+        let host = match registry.rsplit_once(':') {
+            Some((host, port)) if !registry.ends_with(']') => {
+                if port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(bad("the port is not digits"));
+                }
+                host
+            }
+            _ => registry,
+        };
+        if host.bytes().any(|b| b.is_ascii_uppercase()) {
+            return Err(bad("the host has uppercase letters: write it lowercase"));
+        }
+        if !host.starts_with('[') && host.split('.').any(str::is_empty) {
+            return Err(bad(
+                "the host has an empty label (a leading, trailing or doubled `.`)",
+            ));
+        }
         let (repository, pin) = if let Some((repository, digest)) = path.split_once('@') {
             let hex = digest
                 .strip_prefix("sha256:")
@@ -155,6 +176,22 @@ impl FromStr for PluginRef {
         if !repository_ok {
             return Err(bad(
                 "the repository is empty or not lowercase letters, digits, `.`, `_`, `-` and `/`",
+            ));
+        }
+        // Each path segment starts and ends with a letter or digit (as the
+        // OCI distribution spec's repository names do): no empty segment,
+        // no `.` or `..`, which the URL the registry is asked at would
+        // resolve into another repository than the one trust scopes see.
+        let segment_ok = |segment: &str| {
+            let bytes = segment.as_bytes();
+            matches!(
+                (bytes.first(), bytes.last()),
+                (Some(a), Some(z)) if a.is_ascii_alphanumeric() && z.is_ascii_alphanumeric()
+            )
+        };
+        if !repository.split('/').all(segment_ok) {
+            return Err(bad(
+                "a segment of the repository is empty, `.` or `..`, or does not start and end with a letter or digit",
             ));
         }
         Ok(PluginRef {
@@ -869,6 +906,8 @@ mod tests {
             format!("oci://127.0.0.1:5000/acme/net@sha256:{HEX}"),
             "oci://registry.example/acme/net:v1.2".to_owned(),
             "oci://localhost:5000/net:latest".to_owned(),
+            "oci://[::1]:5000/net:latest".to_owned(),
+            "oci://[::1]/acme/a.b_c-d:latest".to_owned(),
         ] {
             let reference: PluginRef = text.parse().unwrap();
             assert_eq!(reference.to_string(), text);
@@ -881,14 +920,38 @@ mod tests {
     #[test]
     fn bad_references_say_what_is_wrong() {
         for (text, says) in [
-            ("registry.example/acme:v1", "oci://"),
-            ("oci://registry.example", "no repository"),
-            ("oci://registry.example/acme", "neither a digest"),
-            ("oci://registry.example/acme@sha256:abc", "64 lowercase"),
-            ("oci://registry.example/acme@md5:abc", "sha256"),
-            ("oci://registry.example/Acme:v1", "repository"),
-            ("oci://registry.example/acme:-v1", "tag"),
-            ("oci:///acme:v1", "host"),
+            ("registry.example/acme:v1".to_owned(), "oci://"),
+            ("oci://registry.example".to_owned(), "no repository"),
+            ("oci://registry.example/acme".to_owned(), "neither a digest"),
+            (
+                "oci://registry.example/acme@sha256:abc".to_owned(),
+                "64 lowercase",
+            ),
+            ("oci://registry.example/acme@md5:abc".to_owned(), "sha256"),
+            ("oci://registry.example/Acme:v1".to_owned(), "repository"),
+            ("oci://registry.example/acme:-v1".to_owned(), "tag"),
+            ("oci:///acme:v1".to_owned(), "host"),
+            // What the URL the registry is asked at would rewrite into
+            // another repository or host than trust scopes see.
+            (format!("oci://reg/other/../acme/net@sha256:{HEX}"), "`..`"),
+            (format!("oci://reg/acme/./net@sha256:{HEX}"), "`..`"),
+            (format!("oci://reg/acme//net@sha256:{HEX}"), "empty"),
+            ("oci://reg/acme/-net:v1".to_owned(), "segment"),
+            (format!("oci://REG/acme/x@sha256:{HEX}"), "uppercase"),
+            (
+                format!("oci://Reg.Example:5000/acme/x@sha256:{HEX}"),
+                "uppercase",
+            ),
+            (
+                format!("oci://reg.example./acme/x@sha256:{HEX}"),
+                "empty label",
+            ),
+            (
+                format!("oci://reg.example.:5000/acme/x@sha256:{HEX}"),
+                "empty label",
+            ),
+            (format!("oci://.reg/acme/x@sha256:{HEX}"), "empty label"),
+            ("oci://reg:50x0/acme/x:v1".to_owned(), "port"),
         ] {
             let err = text.parse::<PluginRef>().unwrap_err();
             assert!(err.to_string().contains(says), "{text}: {err}");

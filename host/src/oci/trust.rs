@@ -235,4 +235,47 @@ mod tests {
         );
     }
 
+    /// A scope is read as a reference is: one the registry's URL would
+    /// rewrite (an uppercase or dotted host, a `.`, `..` or empty segment)
+    /// is refused when the configuration is read, and so is such a
+    /// reference, so neither can escape the rule meant for it.
+    #[test]
+    fn scopes_and_references_the_url_would_rewrite_are_refused() {
+        for scope in [
+            "REG/acme",
+            "reg./acme",
+            "reg/acme/..",
+            "reg/./acme",
+            "reg/acme/",
+            "reg//acme",
+        ] {
+            let raw = RawTrustRule {
+                keys: vec![PathBuf::from("/nonexistent/k.pub")],
+                require: None,
+            };
+            let scope = scope.to_owned();
+            let err = TrustPolicy::from_raw([(&scope, &raw)]).unwrap_err();
+            assert!(err.contains("the scope is not"), "{scope}: {err}");
+        }
+        let hex = "0".repeat(64);
+        for escape in [
+            format!("oci://reg/other/../acme/net@sha256:{hex}"),
+            format!("oci://REG/acme/x@sha256:{hex}"),
+            format!("oci://reg./acme/x@sha256:{hex}"),
+            format!("oci://reg/acme/./x@sha256:{hex}"),
+        ] {
+            assert!(escape.parse::<PluginRef>().is_err(), "{escape}");
+        }
+        let policy = TrustPolicy {
+            rules: vec![TrustRule {
+                scope: "reg/acme".into(),
+                require: Require::AnyOf,
+                keys: vec![key(1, "/k.pub")],
+            }],
+        };
+        let sibling: PluginRef = format!("oci://reg/acme-evil/x@sha256:{hex}")
+            .parse()
+            .unwrap();
+        assert!(policy.rule_for(&sibling).is_none());
+    }
 }
