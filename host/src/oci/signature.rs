@@ -99,6 +99,13 @@ pub struct PublicKey {
     key: VerifyingKey,
 }
 
+impl PublicKey {
+    /// Whether `other` is the same key, whatever file it came from.
+    pub fn same_key(&self, other: &PublicKey) -> bool {
+        self.key == other.key
+    }
+}
+
 impl fmt::Debug for PublicKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PublicKey")

@@ -124,6 +124,7 @@ impl TrustPolicy {
                 .iter()
                 .map(|path| PublicKey::read(path).map_err(|e| format!("{at}: {e}")))
                 .collect::<Result<Vec<_>, _>>()?;
+            refuse_duplicate_keys(&keys).map_err(|e| format!("{at}: {e}"))?;
             rules.push(TrustRule {
                 scope: scope.clone(),
                 require,
@@ -152,6 +153,19 @@ impl TrustPolicy {
         }
         files
     }
+}
+
+/// A rule's keys are distinct keys: the same key in two files would count
+/// twice for `all-of`.
+fn refuse_duplicate_keys(keys: &[PublicKey]) -> Result<(), String> {
+    for (i, key) in keys.iter().enumerate() {
+        if let Some(twin) = keys[..i].iter().find(|other| other.same_key(key)) {
+            return Err(format!(
+                "{key} and {twin} are the same public key; list each key once"
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -277,5 +291,18 @@ mod tests {
             .parse()
             .unwrap();
         assert!(policy.rule_for(&sibling).is_none());
+    }
+
+    /// The same key in two files is refused: it would count twice for
+    /// `all-of`.
+    #[test]
+    fn the_same_key_twice_in_a_rule_is_refused() {
+        let twice = [key(1, "/keys/a.pub"), key(1, "/keys/a-copy.pub")];
+        let err = refuse_duplicate_keys(&twice).unwrap_err();
+        assert!(
+            err.contains("/keys/a-copy.pub and /keys/a.pub are the same public key"),
+            "{err}"
+        );
+        assert!(refuse_duplicate_keys(&[key(1, "/keys/a.pub"), key(2, "/keys/b.pub")]).is_ok());
     }
 }
