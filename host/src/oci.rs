@@ -288,6 +288,14 @@ pub enum OciError {
     NotAPlugin { reference: String, reason: String },
     #[error(transparent)]
     Signature(Box<SignatureError>),
+    #[error(
+        "{reference}: the plugin is held in the store, but no signatures were kept for it (it was stored before `[plugin_trust.\"{scope}\"]` required them), and the registry cannot be asked for them: {reason}; nothing from this reference is loaded: run `cocoon-fixup plugin pull {reference}` with the registry reachable"
+    )]
+    NoKeptSignatures {
+        reference: String,
+        scope: String,
+        reason: String,
+    },
     #[error("the plugin store: {0}")]
     Store(Untrusted),
     #[error("cannot write {} in the plugin store: {reason}", path.display())]
@@ -852,6 +860,11 @@ impl PinnedPlugins {
                         ));
                         Err(refused.into())
                     }
+                    None if !fresh => Err(OciError::NoKeptSignatures {
+                        reference: reference.to_string(),
+                        scope: rule.scope.clone(),
+                        reason: e.to_string(),
+                    }),
                     None => Err(e),
                 };
             }

@@ -266,6 +266,63 @@ fn pull_into_the_store_then_a_restart_with_the_registry_down_still_finds_it() {
     assert_eq!(again, files);
 }
 
+/// A plugin stored while no trust rule covered it has no signatures kept
+/// beside it. Once a rule requires them and the registry is down, loading
+/// it is refused with a message naming the reference, the rule, and
+/// `plugin pull` as the way out; nothing is returned.
+#[test]
+fn a_plugin_stored_before_its_rule_required_signatures_is_refused_with_the_registry_down() {
+    use fixup_host::oci::signature::PublicKey;
+    use fixup_host::oci::trust::{Require, TrustPolicy, TrustRule};
+    use p256::pkcs8::EncodePublicKey as _;
+
+    let Some(registry) = LocalRegistry::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (mut pinned_plugins, _state) = pushed(&runtime, &registry);
+    runtime
+        .block_on(pinned_plugins.files())
+        .expect("stored with no trust rule");
+    let host = registry.host().to_owned();
+    registry.stop();
+
+    let pem = p256::ecdsa::SigningKey::from_slice(&[7; 32])
+        .unwrap()
+        .verifying_key()
+        .to_public_key_pem(p256::pkcs8::LineEnding::LF)
+        .unwrap();
+    let scope = format!("{host}/plugins");
+    pinned_plugins.trust = TrustPolicy {
+        rules: vec![TrustRule {
+            scope: scope.clone(),
+            require: Require::AnyOf,
+            keys: vec![PublicKey::from_pem(Path::new("/keys/vendor.pub"), &pem).unwrap()],
+        }],
+    };
+    let reference = pinned_plugins.references[0].to_string();
+    let refused = runtime
+        .block_on(pinned_plugins.verified_files())
+        .expect_err("no kept signatures, no registry: nothing loads");
+    assert!(
+        matches!(refused, OciError::NoKeptSignatures { .. }),
+        "{refused:?}"
+    );
+    let refused = refused.to_string();
+    for says in [
+        format!("{reference}: the plugin is held in the store, but no signatures were kept for it"),
+        format!("`[plugin_trust.\"{scope}\"]` required them"),
+        "cannot talk to the registry".to_owned(),
+        format!("run `cocoon-fixup plugin pull {reference}` with the registry reachable"),
+    ] {
+        assert!(refused.contains(&says), "{says:?} in {refused}");
+    }
+    assert!(
+        pinned_plugins.stored_files().files.is_empty(),
+        "the store alone does not let it load either"
+    );
+}
+
 /// `plan` with a configuration that pins the pushed built-in: the
 /// reference is pulled and then meets the loader like a plugin file. Off
 /// the allow-list it is refused with its digest; on it, it gets as far as
