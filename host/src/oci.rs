@@ -289,6 +289,10 @@ pub enum OciError {
     #[error(transparent)]
     Signature(Box<SignatureError>),
     #[error(
+        "{reference}: looking for its signatures reached the cap of {cap}: the registry has more signature artifacts for this digest than a vendor's signing makes (someone with push rights may have pushed them); nothing from this reference is loaded: ask the registry's operator to remove the extra signatures"
+    )]
+    SignatureLookupCap { reference: String, cap: String },
+    #[error(
         "{reference}: the plugin is held in the store, but no signatures were kept for it (it was stored before `[plugin_trust.\"{scope}\"]` required them), and the registry cannot be asked for them: {reason}; nothing from this reference is loaded: run `cocoon-fixup plugin pull {reference}` with the registry reachable"
     )]
     NoKeptSignatures {
@@ -509,8 +513,8 @@ fn signatures_name(hex: &str) -> String {
     format!("sha256-{hex}.signatures.json")
 }
 
-/// Largest signatures file read from the store, 1 MiB: room for
-/// [`signature::MAX_SIGNATURES`] payloads of the largest size, in base64.
+/// Largest signatures file read from the store, 1 MiB: room for all a
+/// lookup may read ([`signature::MAX_SIGNATURE_BYTES`]), in base64.
 const MAX_STORED_SIGNATURES_BYTES: u64 = 1 << 20;
 
 impl Store {

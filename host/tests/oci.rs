@@ -1075,6 +1075,38 @@ fn redirects_stay_on_the_registry_or_go_to_https_and_are_logged() {
     assert_eq!(elsewhere.asked(), Vec::<String>::new(), "never asked");
 }
 
+/// A rule for `scope` requiring a signature by `key`'s public half, read
+/// as if from `path`.
+fn any_of(
+    scope: String,
+    key: &p256::ecdsa::SigningKey,
+    path: &str,
+) -> fixup_host::oci::trust::TrustRule {
+    use p256::pkcs8::EncodePublicKey as _;
+    let pem = key
+        .verifying_key()
+        .to_public_key_pem(p256::pkcs8::LineEnding::LF)
+        .unwrap();
+    fixup_host::oci::trust::TrustRule {
+        scope,
+        require: fixup_host::oci::trust::Require::AnyOf,
+        keys: vec![fixup_host::oci::signature::PublicKey::from_pem(Path::new(path), &pem).unwrap()],
+    }
+}
+
+/// Cosign's simple-signing payload for the manifest `hex`, with `optional`.
+fn simple_signing_payload(hex: &str, optional: serde_json::Value) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "critical": {
+            "identity": {"docker-reference": "registry.example/acme/net"},
+            "image": {"docker-manifest-digest": format!("sha256:{hex}")},
+            "type": fixup_host::oci::signature::PAYLOAD_TYPE,
+        },
+        "optional": optional,
+    }))
+    .unwrap()
+}
+
 /// A registry with the referrers API: its index lists cosign's signature
 /// manifest, which is fetched by digest and verifies. A referrer whose
 /// bytes do not match its digest, and a referrer of another artifact type,
@@ -1083,23 +1115,13 @@ fn redirects_stay_on_the_registry_or_go_to_https_and_are_logged() {
 fn signatures_are_found_through_the_referrers_api_and_checked_against_their_digests() {
     use base64::Engine as _;
     use fixup_host::oci::signature::{
-        self, PublicKey, SIGNATURE_ANNOTATION, SIGNATURE_ARTIFACT_TYPE, SIMPLE_SIGNING_MEDIA_TYPE,
+        self, SIGNATURE_ANNOTATION, SIGNATURE_ARTIFACT_TYPE, SIMPLE_SIGNING_MEDIA_TYPE,
     };
-    use fixup_host::oci::trust::{Require, TrustRule};
     use p256::ecdsa::signature::Signer as _;
-    use p256::pkcs8::EncodePublicKey as _;
 
     let hex = sha256_hex(b"the plugin's manifest");
     let key = p256::ecdsa::SigningKey::from_slice(&[9; 32]).unwrap();
-    let payload = serde_json::to_vec(&serde_json::json!({
-        "critical": {
-            "identity": {"docker-reference": "registry.example/acme/net"},
-            "image": {"docker-manifest-digest": format!("sha256:{hex}")},
-            "type": signature::PAYLOAD_TYPE,
-        },
-        "optional": null,
-    }))
-    .unwrap();
+    let payload = simple_signing_payload(&hex, serde_json::Value::Null);
     let signed: p256::ecdsa::Signature = key.sign(&payload);
     let b64 = base64::engine::general_purpose::STANDARD;
     let payload_digest = format!("sha256:{}", sha256_hex(&payload));
@@ -1198,15 +1220,7 @@ fn signatures_are_found_through_the_referrers_api_and_checked_against_their_dige
         !asked.iter().any(|path| path.ends_with(&other_type)),
         "another artifact type is not fetched: {asked:?}"
     );
-    let pem = key
-        .verifying_key()
-        .to_public_key_pem(p256::pkcs8::LineEnding::LF)
-        .unwrap();
-    let rule = TrustRule {
-        scope: format!("{}/acme", served.host),
-        require: Require::AnyOf,
-        keys: vec![PublicKey::from_pem(Path::new("/keys/acme.pub"), &pem).unwrap()],
-    };
+    let rule = any_of(format!("{}/acme", served.host), &key, "/keys/acme.pub");
     let signers = signature::verify(&rule, &pinned, &found).unwrap();
     assert_eq!(signers[0].key, "/keys/acme.pub");
 
@@ -1266,6 +1280,133 @@ fn signatures_are_found_through_the_referrers_api_and_checked_against_their_dige
     let refused = found.verify(&rule, &pinned).unwrap_err().to_string();
     assert!(
         refused.contains("only a Sigstore bundle signature"),
+        "{refused}"
+    );
+}
+
+/// A stand-in whose cosign signature tag lists `junk` signature layers
+/// before the vendor's: each a payload that matches its digest (padded
+/// with `padding` bytes), signed by a key no rule names, as someone with
+/// push rights and no vendor key could push. The pinned reference, the
+/// vendor's rule, and the stand-in.
+fn junk_before_the_signature(
+    junk: usize,
+    padding: usize,
+) -> (PluginRef, fixup_host::oci::trust::TrustRule, Served) {
+    use base64::Engine as _;
+    use fixup_host::oci::signature::{SIGNATURE_ANNOTATION, SIMPLE_SIGNING_MEDIA_TYPE};
+    use p256::ecdsa::signature::Signer as _;
+
+    let stand_in = StandIn::bind();
+    let hex = sha256_hex(b"the plugin's manifest");
+    let pinned: PluginRef = format!("oci://{}/acme/net@sha256:{hex}", stand_in.host)
+        .parse()
+        .unwrap();
+    let vendor = p256::ecdsa::SigningKey::from_slice(&[9; 32]).unwrap();
+    let pusher = p256::ecdsa::SigningKey::from_slice(&[5; 32]).unwrap();
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut answers = HashMap::new();
+    let mut layers = Vec::new();
+    let mut layer = |key: &p256::ecdsa::SigningKey, note: serde_json::Value| {
+        let payload = simple_signing_payload(&hex, note);
+        let signed: p256::ecdsa::Signature = key.sign(&payload);
+        let digest = format!("sha256:{}", sha256_hex(&payload));
+        layers.push(serde_json::json!({
+            "mediaType": SIMPLE_SIGNING_MEDIA_TYPE,
+            "digest": digest,
+            "size": payload.len(),
+            "annotations": {SIGNATURE_ANNOTATION: b64.encode(signed.to_der().as_bytes())},
+        }));
+        answers.insert(
+            format!("/v2/acme/net/blobs/{digest}"),
+            Answer::new(200, payload),
+        );
+    };
+    for i in 0..junk {
+        layer(
+            &pusher,
+            serde_json::json!({"junk": i, "padding": "x".repeat(padding)}),
+        );
+    }
+    layer(&vendor, serde_json::Value::Null);
+    let signature_manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_MEDIA_TYPE,
+        "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": format!("sha256:{}", sha256_hex(b"{}")), "size": 2},
+        "layers": layers,
+    }))
+    .unwrap();
+    answers.insert(
+        format!("/v2/acme/net/manifests/sha256-{hex}.sig"),
+        manifest_answer(&signature_manifest),
+    );
+    let rule = any_of(
+        format!("{}/acme", stand_in.host),
+        &vendor,
+        "/keys/vendor.pub",
+    );
+    (pinned, rule, stand_in.serve(answers, None))
+}
+
+/// The requests a lookup made of the stand-in's repository.
+fn repository_requests(served: &Served) -> usize {
+    served
+        .asked()
+        .iter()
+        .filter(|path| path.starts_with("/v2/acme/net/"))
+        .count()
+}
+
+/// Signature layers that do not verify, pushed ahead of the vendor's,
+/// do not hide it while the lookup is within its request cap; more than
+/// the cap allows, or more bytes, and the lookup is refused, naming the
+/// reference and the cap, with no request past it.
+#[test]
+fn junk_signature_layers_cannot_hide_the_vendors_and_a_lookup_stops_at_its_caps() {
+    use fixup_host::oci::signature::{self, MAX_SIGNATURE_BYTES, MAX_SIGNATURE_REQUESTS};
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let lookup = |pinned: &PluginRef, host: &str| {
+        runtime.block_on(Registry::new(&plain(host)).unwrap().signatures(pinned))
+    };
+
+    // The tag's manifest, the referrers API and its fallback tag, and one
+    // request a payload: 40 junk payloads and the vendor's fit.
+    let junk = MAX_SIGNATURE_REQUESTS - 3 - 1 - 20;
+    let (pinned, rule, served) = junk_before_the_signature(junk, 0);
+    let found = lookup(&pinned, &served.host).expect("within the cap");
+    assert_eq!(found.signatures.len(), junk + 1);
+    let signers = signature::verify(&rule, &pinned, &found.signatures).unwrap();
+    assert_eq!(signers[0].key, "/keys/vendor.pub");
+    assert_eq!(repository_requests(&served), junk + 4);
+
+    // One payload more than the cap leaves room for: refused.
+    let (pinned, _, served) = junk_before_the_signature(MAX_SIGNATURE_REQUESTS - 3, 0);
+    let refused = lookup(&pinned, &served.host).expect_err("past the request cap");
+    assert!(
+        matches!(refused, OciError::SignatureLookupCap { .. }),
+        "{refused:?}"
+    );
+    let refused = refused.to_string();
+    assert!(
+        refused.starts_with(&format!(
+            "{pinned}: looking for its signatures reached the cap of {MAX_SIGNATURE_REQUESTS} registry requests"
+        )),
+        "{refused}"
+    );
+    assert_eq!(repository_requests(&served), MAX_SIGNATURE_REQUESTS);
+
+    // Few layers, large payloads: the byte cap.
+    let padding = 15 << 10;
+    let junk = (MAX_SIGNATURE_BYTES / padding as u64) as usize;
+    let (pinned, _, served) = junk_before_the_signature(junk, padding);
+    let refused = lookup(&pinned, &served.host)
+        .expect_err("past the byte cap")
+        .to_string();
+    assert!(
+        refused.starts_with(&format!(
+            "{pinned}: looking for its signatures reached the cap of {MAX_SIGNATURE_BYTES} bytes read"
+        )),
         "{refused}"
     );
 }

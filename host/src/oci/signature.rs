@@ -55,9 +55,16 @@ pub const PAYLOAD_TYPE: &str = "cosign container image signature";
 /// Largest payload read, 16 KiB: cosign's is about 250 bytes, and with
 /// annotations (`cosign sign -a`) still well under 1 KiB.
 pub const MAX_PAYLOAD_BYTES: u64 = 16 << 10;
-/// Most signatures considered for one plugin, 32: each is a payload
-/// download and a verification; the rest are ignored.
-pub const MAX_SIGNATURES: usize = 32;
+/// Most registry requests made looking for one plugin's signatures, 64:
+/// the signature tag's manifest, the referrers index, each signature
+/// manifest and each payload count. Every signature layer is read up to
+/// it, so layers that do not verify (pushed by someone with push rights
+/// and no key) cannot hide a valid one behind them; past it the lookup is
+/// refused ([`super::OciError::SignatureLookupCap`]).
+pub const MAX_SIGNATURE_REQUESTS: usize = 64;
+/// Most bytes read looking for one plugin's signatures, 512 KiB, all
+/// requests together: past it the lookup is refused.
+pub const MAX_SIGNATURE_BYTES: u64 = 512 << 10;
 /// Largest public key file read, 16 KiB (a P-256 PEM key is 178 bytes).
 pub const MAX_KEY_BYTES: u64 = 16 << 10;
 
@@ -331,7 +338,8 @@ fn judge_key(key: &PublicKey, pinned: &str, signatures: &[Signature]) -> KeyVerd
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut other_digest = None;
     let mut bad_payload = None;
-    for signature in signatures.iter().take(MAX_SIGNATURES) {
+    // No more can be read from a registry (one request each).
+    for signature in signatures.iter().take(MAX_SIGNATURE_REQUESTS) {
         let (Ok(payload), Ok(der)) = (
             b64.decode(signature.payload.trim()),
             b64.decode(signature.signature.trim()),
@@ -464,8 +472,9 @@ pub fn verify(
 
 /// The signature layers of a signature manifest: each layer of the
 /// simple-signing media type with a signature annotation, as (payload
-/// digest `sha256:HEX`, declared size, the signature text), at most
-/// [`MAX_SIGNATURES`]. `Err` says why the manifest is not one.
+/// digest `sha256:HEX`, declared size, the signature text), every one
+/// (the lookup's request cap bounds how many are read). `Err` says why the
+/// manifest is not one.
 pub(super) fn signature_layers(manifest: &[u8]) -> Result<Vec<(String, u64, String)>, String> {
     #[derive(Deserialize)]
     struct Manifest {
@@ -499,13 +508,13 @@ pub(super) fn signature_layers(manifest: &[u8]) -> Result<Vec<(String, u64, Stri
             let signature = layer.annotations.get(SIGNATURE_ANNOTATION)?.clone();
             Some((layer.digest, size, signature))
         })
-        .take(MAX_SIGNATURES)
         .collect())
 }
 
 /// The signature manifests an index lists (the referrers API's answer, or
 /// the fallback tag's index): the digests of those of cosign's signature
-/// artifact type, at most [`MAX_SIGNATURES`], and whether it lists a
+/// artifact type, every one (the lookup's request cap bounds how many are
+/// read), and whether it lists a
 /// Sigstore bundle ([`BUNDLE_ARTIFACT_TYPE`]).
 pub(super) fn signature_referrers(index: &[u8]) -> Result<(Vec<String>, bool), String> {
     #[derive(Deserialize)]
@@ -536,7 +545,6 @@ pub(super) fn signature_referrers(index: &[u8]) -> Result<(Vec<String>, bool), S
         .filter(|entry| entry.artifact_type.as_deref() == Some(SIGNATURE_ARTIFACT_TYPE))
         .filter(|entry| super::is_sha256_digest(&entry.digest))
         .map(|entry| entry.digest)
-        .take(MAX_SIGNATURES)
         .collect();
     Ok((digests, bundle))
 }

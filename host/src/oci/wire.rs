@@ -752,8 +752,9 @@ impl Registry {
             });
         };
         let mut session = Session::new(self, pinned)?;
+        let mut lookup = Lookup::default();
         let mut found = Vec::new();
-        let (manifests, bundle) = session.signature_manifests(hex).await?;
+        let (manifests, bundle) = session.signature_manifests(hex, &mut lookup).await?;
         for manifest in manifests {
             let layers = match signature_layers(&manifest) {
                 Ok(layers) => layers,
@@ -763,11 +764,14 @@ impl Registry {
                 }
             };
             for (digest, size, text) in layers {
-                if found.len() >= signature::MAX_SIGNATURES {
-                    break;
-                }
                 let Some(payload) = session
-                    .get_bounded(&format!("blobs/{digest}"), "*/*", size, Absent::NotFound)
+                    .get_counted(
+                        &mut lookup,
+                        &format!("blobs/{digest}"),
+                        "*/*",
+                        size,
+                        Absent::NotFound,
+                    )
                     .await?
                 else {
                     continue;
@@ -786,6 +790,14 @@ impl Registry {
             bundle,
         })
     }
+}
+
+/// What a signature lookup has asked of the registry so far, held to
+/// [`signature::MAX_SIGNATURE_REQUESTS`] and [`signature::MAX_SIGNATURE_BYTES`].
+#[derive(Default)]
+struct Lookup {
+    requests: usize,
+    bytes: u64,
 }
 
 /// Which refusals of a `GET` say that the thing is not there.
@@ -814,6 +826,40 @@ impl Session<'_> {
             return Err(refusal(self.reference, response).await);
         }
         Ok(())
+    }
+
+    /// [`get_bounded`](Self::get_bounded) as one request of `lookup`: refused
+    /// before it is sent when the lookup has made all its requests, and
+    /// after it is read when the lookup has read more than its bytes.
+    async fn get_counted(
+        &mut self,
+        lookup: &mut Lookup,
+        tail: &str,
+        accept: &str,
+        cap: u64,
+        absent: Absent,
+    ) -> Result<Option<Vec<u8>>, OciError> {
+        let reference = self.reference;
+        let reached = |cap: String| OciError::SignatureLookupCap {
+            reference: reference.to_string(),
+            cap,
+        };
+        if lookup.requests >= signature::MAX_SIGNATURE_REQUESTS {
+            return Err(reached(format!(
+                "{} registry requests",
+                signature::MAX_SIGNATURE_REQUESTS
+            )));
+        }
+        lookup.requests += 1;
+        let body = self.get_bounded(tail, accept, cap, absent).await?;
+        lookup.bytes += body.as_ref().map_or(0, |body| body.len() as u64);
+        if lookup.bytes > signature::MAX_SIGNATURE_BYTES {
+            return Err(reached(format!(
+                "{} bytes read",
+                signature::MAX_SIGNATURE_BYTES
+            )));
+        }
+        Ok(body)
     }
 
     /// `GET /v2/<repository>/<tail>` read within `cap` bytes: `None` when
@@ -863,12 +909,18 @@ impl Session<'_> {
     /// cosign's `.sig` tag, and those the referrers API (or, where the
     /// registry has none, the fallback tag's index) lists with cosign's
     /// signature artifact type, each checked against its digest; and
-    /// whether the index lists a Sigstore bundle.
-    async fn signature_manifests(&mut self, hex: &str) -> Result<(Vec<Vec<u8>>, bool), OciError> {
+    /// whether the index lists a Sigstore bundle. Each request is one of
+    /// `lookup`'s.
+    async fn signature_manifests(
+        &mut self,
+        hex: &str,
+        lookup: &mut Lookup,
+    ) -> Result<(Vec<Vec<u8>>, bool), OciError> {
         let cap = MAX_MANIFEST_BYTES as u64;
         let mut manifests = Vec::new();
         if let Some(manifest) = self
-            .get_bounded(
+            .get_counted(
+                lookup,
                 &format!("manifests/{}", signature_tag(hex)),
                 SIGNATURE_MANIFEST_TYPES,
                 cap,
@@ -879,7 +931,8 @@ impl Session<'_> {
             manifests.push(manifest);
         }
         let index = match self
-            .get_bounded(
+            .get_counted(
+                lookup,
                 &format!("referrers/sha256:{hex}"),
                 INDEX_MEDIA_TYPE,
                 cap,
@@ -891,7 +944,8 @@ impl Session<'_> {
         {
             Some(index) => Some(index),
             None => {
-                self.get_bounded(
+                self.get_counted(
+                    lookup,
                     &format!("manifests/{}", referrers_tag(hex)),
                     INDEX_MEDIA_TYPE,
                     cap,
@@ -910,7 +964,8 @@ impl Session<'_> {
         };
         for digest in referrers {
             let Some(manifest) = self
-                .get_bounded(
+                .get_counted(
+                    lookup,
                     &format!("manifests/{digest}"),
                     SIGNATURE_MANIFEST_TYPES,
                     cap,
