@@ -139,6 +139,24 @@ impl FromStr for PluginRef {
                 "the host has an empty label (a leading, trailing or doubled `.`)",
             ));
         }
+        // Over either scheme, the URL the registry is asked at must read
+        // back as written: a default port, a port with leading zeros or
+        // another spelling of an IP address would be fetched from a host
+        // and port a trust scope, compared as written, does not name.
+        let reads_back = ["https", "http"].iter().all(|scheme| {
+            reqwest::Url::parse(&format!("{scheme}://{registry}/")).is_ok_and(|url| {
+                let host = url.host_str().unwrap_or_default();
+                match url.port() {
+                    Some(port) => format!("{host}:{port}") == registry,
+                    None => host == registry,
+                }
+            })
+        });
+        if !reads_back {
+            return Err(bad(
+                "the host or port is not written as the registry is asked at: no port 443 or 80, no leading zeros, an IP address in its usual form",
+            ));
+        }
         let (repository, pin) = if let Some((repository, digest)) = path.split_once('@') {
             let hex = digest
                 .strip_prefix("sha256:")
@@ -969,6 +987,28 @@ mod tests {
             ),
             (format!("oci://.reg/acme/x@sha256:{HEX}"), "empty label"),
             ("oci://reg:50x0/acme/x:v1".to_owned(), "port"),
+            // Other spellings of the host and port the registry is asked at.
+            (
+                format!("oci://registry.example:443/acme/x@sha256:{HEX}"),
+                "no port 443",
+            ),
+            (format!("oci://reg:80/acme/x@sha256:{HEX}"), "no port 443"),
+            (
+                format!("oci://reg:05000/acme/x@sha256:{HEX}"),
+                "leading zeros",
+            ),
+            (
+                format!("oci://127.1:5000/acme/x@sha256:{HEX}"),
+                "usual form",
+            ),
+            (
+                format!("oci://2130706433/acme/x@sha256:{HEX}"),
+                "usual form",
+            ),
+            (
+                format!("oci://[0:0::1]:5000/acme/x@sha256:{HEX}"),
+                "usual form",
+            ),
         ] {
             let err = text.parse::<PluginRef>().unwrap_err();
             assert!(err.to_string().contains(says), "{text}: {err}");
