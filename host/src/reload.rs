@@ -491,7 +491,22 @@ impl<C: Cocoon, P: PodApi> Reloader<C, P> {
         tracing::info!(changed = %names.join(", "), "plugin set reloaded");
         self.metrics.set_health_detail(None);
         self.metrics.plugin_reload("swapped");
-        if self.config.watch_fixups == 0 || changed.is_empty() {
+        if changed.is_empty() {
+            // Something beside the plugin files changed (the
+            // configuration, a trusted key): the set in service before a
+            // running watch began was accepted under what was there then,
+            // and is no longer a rollback target the node may return to
+            // (a key removed since may be the one that signed it).
+            if let Some(watch) = self.watch.take() {
+                let names: Vec<&str> = watch.plugins.iter().map(|w| w.name.as_str()).collect();
+                tracing::info!(
+                    "the watch of {} ends without a rollback target: the reload changed the configuration or its keys, not the plugins",
+                    names.join(", ")
+                );
+            }
+            return;
+        }
+        if self.config.watch_fixups == 0 {
             return;
         }
         // A watch already running goes on: its rollback target stays the

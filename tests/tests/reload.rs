@@ -377,6 +377,36 @@ async fn a_version_that_fails_where_its_predecessor_succeeded_is_rolled_back_and
     assert_eq!(rig.serving(), sha256(&version("v4")));
 }
 
+/// A reload that changes no plugin (the configuration or a trusted key
+/// changed) ends a running watch without a rollback: the set before the
+/// watch was accepted under what was there then, and a key removed since
+/// may be the one that signed it. Failures of the new version then roll
+/// nothing back.
+#[tokio::test]
+async fn a_reload_that_changes_no_plugin_ends_the_watch_without_a_rollback() {
+    let mut rig = rig(4);
+    std::fs::write(&rig.plugin, version("v3")).expect("v3");
+    let (summary, _) = rig.clone_pod("good-0").await;
+    assert_eq!(summary.fixup, Some(FixupEnd::Done));
+    rig.reloader.reload().await;
+    let v3 = sha256(&version("v3"));
+    assert_eq!(rig.serving(), v3);
+    // Nothing of the plugins changed: the watch ends.
+    rig.reloader.reload().await;
+    rig.guest.set_id("hostile-decline");
+    for (namespace, i) in [("tenant-a", 0), ("tenant-a", 1), ("tenant-b", 2)] {
+        let (summary, used) = rig.clone_pod_in(namespace, &format!("bad-{i}")).await;
+        assert_eq!(summary.fixup, Some(FixupEnd::PlanFailed), "{summary:?}");
+        assert_eq!(used, v3);
+    }
+    assert_eq!(rig.serving(), v3, "no rollback target is left");
+    assert!(
+        !rig.exposition().contains("plugin_rollbacks_total{"),
+        "{}",
+        rig.exposition()
+    );
+}
+
 /// One namespace (a tenant who controls its pods' facts) cannot roll a
 /// version back for everyone: its failures count for at most its share,
 /// however many there are; failures in a second namespace do. The
