@@ -1245,20 +1245,39 @@ fn signatures_are_found_through_the_referrers_api_and_checked_against_their_dige
         let (_, found) = signatures_from(&stand_in(fallback));
         assert_eq!(found.signatures.len(), 1, "{status}: {found:?}");
     }
-    // 403 is a refusal, not an absent API: the lookup fails.
-    let mut denied = answers(payload.clone());
-    denied.insert(
+    // A refusal (403), a server error (500) or a rate limit (429) is not an
+    // absent API: the lookup fails, and a signature behind it is never
+    // taken as missing.
+    for status in [403, 500, 429] {
+        let mut denied = answers(payload.clone());
+        denied.insert(
+            format!("/v2/acme/net/referrers/sha256:{hex}"),
+            Answer::new(status, ""),
+        );
+        let host = stand_in(denied);
+        let pinned: PluginRef = format!("oci://{host}/acme/net@sha256:{hex}")
+            .parse()
+            .unwrap();
+        let asked = tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(Registry::new(&plain(&host)).unwrap().signatures(&pinned));
+        assert!(asked.is_err(), "{status}: {asked:?}");
+    }
+    // An answer of the referrers API that is no list of referrers: the
+    // fallback tag is read too.
+    let mut garbled = answers(payload.clone());
+    garbled.insert(
         format!("/v2/acme/net/referrers/sha256:{hex}"),
-        Answer::new(403, ""),
+        Answer::new(200, &b"{\"manifests\": 7}"[..])
+            .header("Content-Type", "application/vnd.oci.image.index.v1+json"),
     );
-    let host = stand_in(denied);
-    let pinned: PluginRef = format!("oci://{host}/acme/net@sha256:{hex}")
-        .parse()
-        .unwrap();
-    let asked = tokio::runtime::Runtime::new()
-        .unwrap()
-        .block_on(Registry::new(&plain(&host)).unwrap().signatures(&pinned));
-    assert!(asked.is_err(), "{asked:?}");
+    garbled.insert(
+        format!("/v2/acme/net/manifests/sha256-{hex}"),
+        Answer::new(200, &index[..])
+            .header("Content-Type", "application/vnd.oci.image.index.v1+json"),
+    );
+    let (_, found) = signatures_from(&stand_in(garbled));
+    assert_eq!(found.signatures.len(), 1, "{found:?}");
 
     // Only a Sigstore bundle (cosign v3's default): no signature, and the
     // refusal names the bundle.

@@ -805,8 +805,10 @@ struct Lookup {
 enum Absent {
     /// 404 only.
     NotFound,
-    /// Any but 401 and 403 (an API the registry lacks).
-    UnlessDenied,
+    /// 400, 404, 405, 406 or 501: what a registry without the API answers.
+    /// Any other refusal (401, 403, a server error, 429) is an error: a
+    /// signature served there is not taken as missing.
+    NoApi,
 }
 
 impl Session<'_> {
@@ -863,8 +865,8 @@ impl Session<'_> {
     }
 
     /// `GET /v2/<repository>/<tail>` read within `cap` bytes: `None` when
-    /// the registry has no such thing (404, or with [`Absent::UnlessDenied`]
-    /// any refusal but 401 and 403, logged), or answers with more than
+    /// the registry has no such thing (404, or with [`Absent::NoApi`] an
+    /// answer that says it lacks the API, logged), or answers with more than
     /// `cap` bytes (logged: a signature artifact that large is not
     /// cosign's).
     async fn get_bounded(
@@ -887,8 +889,14 @@ impl Session<'_> {
         if status == StatusCode::NOT_FOUND {
             return Ok(None);
         }
-        let denied = matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN);
-        if !status.is_success() && absent == Absent::UnlessDenied && !denied {
+        let no_api = matches!(
+            status,
+            StatusCode::BAD_REQUEST
+                | StatusCode::METHOD_NOT_ALLOWED
+                | StatusCode::NOT_ACCEPTABLE
+                | StatusCode::NOT_IMPLEMENTED
+        );
+        if absent == Absent::NoApi && no_api {
             tracing::debug!(reference = %self.reference, "{} answers {status}: taken as absent", shown(&url));
             return Ok(None);
         }
@@ -938,12 +946,14 @@ impl Session<'_> {
                 cap,
                 // A registry without the referrers API may answer 400, 405
                 // or 501 rather than 404: the fallback tag is asked then.
-                Absent::UnlessDenied,
+                Absent::NoApi,
             )
             .await?
         {
-            Some(index) => Some(index),
-            None => {
+            // An answer that is no list of referrers is as none: the
+            // fallback tag is asked too.
+            Some(index) if signature_referrers(&index).is_ok() => Some(index),
+            _ => {
                 self.get_counted(
                     lookup,
                     &format!("manifests/{}", referrers_tag(hex)),
