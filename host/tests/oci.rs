@@ -1311,6 +1311,7 @@ fn signatures_are_found_through_the_referrers_api_and_checked_against_their_dige
 fn junk_before_the_signature(
     junk: usize,
     padding: usize,
+    overrun: usize,
 ) -> (PluginRef, fixup_host::oci::trust::TrustRule, Served) {
     use base64::Engine as _;
     use fixup_host::oci::signature::{SIGNATURE_ANNOTATION, SIMPLE_SIGNING_MEDIA_TYPE};
@@ -1326,7 +1327,9 @@ fn junk_before_the_signature(
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut answers = HashMap::new();
     let mut layers = Vec::new();
-    let mut layer = |key: &p256::ecdsa::SigningKey, note: serde_json::Value| {
+    // `overrun` bytes served past a junk payload's declared size: the
+    // answer is over its cap, dropped, and counted as read that far.
+    let mut layer = |key: &p256::ecdsa::SigningKey, note: serde_json::Value, overrun: usize| {
         let payload = simple_signing_payload(&hex, note);
         let signed: p256::ecdsa::Signature = key.sign(&payload);
         let digest = format!("sha256:{}", sha256_hex(&payload));
@@ -1336,18 +1339,21 @@ fn junk_before_the_signature(
             "size": payload.len(),
             "annotations": {SIGNATURE_ANNOTATION: b64.encode(signed.to_der().as_bytes())},
         }));
+        let mut served = payload;
+        served.resize(served.len() + overrun, b' ');
         answers.insert(
             format!("/v2/acme/net/blobs/{digest}"),
-            Answer::new(200, payload),
+            Answer::new(200, served),
         );
     };
     for i in 0..junk {
         layer(
             &pusher,
             serde_json::json!({"junk": i, "padding": "x".repeat(padding)}),
+            overrun,
         );
     }
-    layer(&vendor, serde_json::Value::Null);
+    layer(&vendor, serde_json::Value::Null, 0);
     let signature_manifest = serde_json::to_vec(&serde_json::json!({
         "schemaVersion": 2,
         "mediaType": MANIFEST_MEDIA_TYPE,
@@ -1392,7 +1398,7 @@ fn junk_signature_layers_cannot_hide_the_vendors_and_a_lookup_stops_at_its_caps(
     // The tag's manifest, the referrers API and its fallback tag, and one
     // request a payload: 40 junk payloads and the vendor's fit.
     let junk = MAX_SIGNATURE_REQUESTS - 3 - 1 - 20;
-    let (pinned, rule, served) = junk_before_the_signature(junk, 0);
+    let (pinned, rule, served) = junk_before_the_signature(junk, 0, 0);
     let found = lookup(&pinned, &served.host).expect("within the cap");
     assert_eq!(found.signatures.len(), junk + 1);
     let signers = signature::verify(&rule, &pinned, &found.signatures).unwrap();
@@ -1400,7 +1406,7 @@ fn junk_signature_layers_cannot_hide_the_vendors_and_a_lookup_stops_at_its_caps(
     assert_eq!(repository_requests(&served), junk + 4);
 
     // One payload more than the cap leaves room for: refused.
-    let (pinned, _, served) = junk_before_the_signature(MAX_SIGNATURE_REQUESTS - 3, 0);
+    let (pinned, _, served) = junk_before_the_signature(MAX_SIGNATURE_REQUESTS - 3, 0, 0);
     let refused = lookup(&pinned, &served.host).expect_err("past the request cap");
     assert!(
         matches!(refused, OciError::SignatureLookupCap { .. }),
@@ -1418,9 +1424,21 @@ fn junk_signature_layers_cannot_hide_the_vendors_and_a_lookup_stops_at_its_caps(
     // Few layers, large payloads: the byte cap.
     let padding = 15 << 10;
     let junk = (MAX_SIGNATURE_BYTES / padding as u64) as usize;
-    let (pinned, _, served) = junk_before_the_signature(junk, padding);
+    let (pinned, _, served) = junk_before_the_signature(junk, padding, 0);
     let refused = lookup(&pinned, &served.host)
         .expect_err("past the byte cap")
+        .to_string();
+    assert!(
+        refused.starts_with(&format!(
+            "{pinned}: looking for its signatures reached the cap of {MAX_SIGNATURE_BYTES} bytes read"
+        )),
+        "{refused}"
+    );
+    // The same payloads served past their declared size are dropped, but
+    // were read: they count against the byte cap as well.
+    let (pinned, _, served) = junk_before_the_signature(junk, padding, 1);
+    let refused = lookup(&pinned, &served.host)
+        .expect_err("past the byte cap, the answers dropped")
         .to_string();
     assert!(
         refused.starts_with(&format!(

@@ -289,6 +289,9 @@ struct Session<'a> {
     /// `http://HOST[:PORT]` or `https://...`: where the registry is.
     base: Url,
     authorization: Option<HeaderValue>,
+    /// Bytes read of answers dropped for being over their cap, for the
+    /// signature lookup's count.
+    dropped: u64,
 }
 
 impl<'a> Session<'a> {
@@ -313,6 +316,7 @@ impl<'a> Session<'a> {
             reference,
             base,
             authorization: None,
+            dropped: 0,
         })
     }
 
@@ -853,8 +857,11 @@ impl Session<'_> {
             )));
         }
         lookup.requests += 1;
+        let dropped = self.dropped;
         let body = self.get_bounded(tail, accept, cap, absent).await?;
         lookup.bytes += body.as_ref().map_or(0, |body| body.len() as u64);
+        // An answer dropped for being over its cap was read that far.
+        lookup.bytes += self.dropped - dropped;
         if lookup.bytes > signature::MAX_SIGNATURE_BYTES {
             return Err(reached(format!(
                 "{} bytes read",
@@ -906,6 +913,7 @@ impl Session<'_> {
         match read_capped(&mut response, cap).await {
             Ok(body) => Ok(Some(body)),
             Err(ReadError::Over) => {
+                self.dropped += cap;
                 tracing::warn!(reference = %self.reference, "{} answers with more than {cap} bytes: not read", shown(&url));
                 Ok(None)
             }
