@@ -167,6 +167,22 @@ impl Stop {
         }
     }
 
+    /// [`Stop::again`] with the default [`Backoff`], as JSON (the C
+    /// library's `finish` and the conformance scenarios write it so): null
+    /// when trying again cannot help. A task with no trigger, a parent's
+    /// preparation, is tried again as one: its trigger reads `"prepare"`.
+    pub fn again_json(&self, trigger: Option<Trigger>, tries: u32) -> serde_json::Value {
+        let Some(again) = self.again(trigger.unwrap_or(Trigger::Event), tries, Backoff::default())
+        else {
+            return serde_json::Value::Null;
+        };
+        let mut value = serde_json::to_value(again).expect("an again is JSON");
+        if trigger.is_none() {
+            value["trigger"] = serde_json::Value::from("prepare");
+        }
+        value
+    }
+
     /// When and how to handle the pod again after this stop, or `None`
     /// when trying again cannot help ([`Stop::is_retryable`]). `trigger`
     /// is the stopped task's, `tries` the stops in a row before this one.
@@ -355,6 +371,17 @@ mod tests {
         assert_eq!(
             serde_json::to_value(again).unwrap(),
             serde_json::json!({"after_ms": 2000, "trigger": "startup", "tries": 2})
+        );
+        assert_eq!(
+            inspect().again_json(None, 0),
+            serde_json::json!({"after_ms": 1000, "trigger": "prepare", "tries": 1})
+        );
+        let gone = Stop::NoVm {
+            pod: "default/web-0".into(),
+        };
+        assert_eq!(
+            gone.again_json(Some(Trigger::Event), 0),
+            serde_json::Value::Null
         );
     }
 }

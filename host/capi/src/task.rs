@@ -58,8 +58,8 @@ use std::time::Duration;
 
 use fixup_core::annotations::EventType;
 use fixup_core::decision::{
-    Action, Backoff, Guarded, InspectFailed, Note, PodError, PodTask, PrepareTask, RawSettings,
-    Report, Settings, Steps, Trigger, os_nonces,
+    Action, Guarded, InspectFailed, Note, PodError, PodTask, PrepareTask, RawSettings, Report,
+    Settings, Steps, Trigger, os_nonces,
 };
 use fixup_core::exec::{ExecOutput, ExitStatusKind};
 use fixup_core::facts::{PodInput, VmId, VmInspect};
@@ -366,18 +366,7 @@ impl Task {
         if matches!(action, Action::SacClose | Action::Finish(_)) {
             self.console = None;
         }
-        let again = |stop: &fixup_core::decision::Stop| {
-            let again = stop.again(
-                self.trigger.unwrap_or(Trigger::Event),
-                self.tries,
-                Backoff::default(),
-            )?;
-            let mut value = serde_json::to_value(again).ok()?;
-            if self.trigger.is_none() {
-                value["trigger"] = json!("prepare");
-            }
-            Some(value)
-        };
+        let again = |stop: &fixup_core::decision::Stop| stop.again_json(self.trigger, self.tries);
         serde_json::to_string(&action_json(action, self.task.pod(), again))
             .map_err(|e| Failure::invalid(format!("cannot encode the action: {e}")))
     }
@@ -387,11 +376,11 @@ fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// The action as JSON; `again` is a stop's `again` ([`fixup_core::decision::Stop::again`]).
+/// The action as JSON; `again` is a stop's `again` ([`fixup_core::decision::Stop::again_json`]).
 fn action_json(
     action: Action,
     pod: &fixup_core::decision::PodRef,
-    again: impl Fn(&fixup_core::decision::Stop) -> Option<Value>,
+    again: impl Fn(&fixup_core::decision::Stop) -> Value,
 ) -> Value {
     let uid = pod.uid.as_str();
     match action {

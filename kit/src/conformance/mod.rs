@@ -246,17 +246,7 @@ impl TriggerName {
     /// [`Stop::again`] for a task of this trigger after no stop in a row,
     /// as JSON: a preparation's is tried again as one (`"prepare"`).
     pub fn again(self, stop: &Stop) -> Value {
-        let trigger = self.fixup().unwrap_or(Trigger::Event);
-        match stop.again(trigger, 0, fixup_core::decision::Backoff::default()) {
-            None => Value::Null,
-            Some(again) => {
-                let mut value = serde_json::to_value(again).expect("an again is JSON");
-                if self.fixup().is_none() {
-                    value["trigger"] = Value::from(self.as_str());
-                }
-                value
-            }
-        }
+        stop.again_json(self.fixup(), 0)
     }
 
     /// The trigger of a fixup; `None` for a preparation.
