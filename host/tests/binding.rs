@@ -670,11 +670,6 @@ fn static_vm(reply: Reply) -> ScriptedCocoon {
     )
 }
 
-/// A dispatcher whose retries back off from 1 s to at most 4 s.
-fn quick_dispatcher(host: &Arc<Host<ScriptedCocoon, Flaky>>) -> Dispatcher<ScriptedCocoon, Flaky> {
-    Dispatcher::new(host.clone(), 4, CancellationToken::new())
-}
-
 /// An inspect timeout and a refused `running` write before the loop: the
 /// daemon tries again with backoff, counts each retry, and the pod ends
 /// ready; it is never left `creating` with no work in flight.
@@ -686,7 +681,7 @@ async fn serve_retries_failures_before_the_loop() {
     let pods = Flaky::new(1, usize::MAX);
     pods.inner.insert(pod(&[]));
     let host = flaky_host(&cocoon, &pods, dir.path());
-    let mut dispatcher = quick_dispatcher(&host);
+    let mut dispatcher = Dispatcher::new(host.clone(), 4, CancellationToken::new());
     let started = tokio::time::Instant::now();
     dispatcher.offer(pod(&[]), Trigger::Event);
     dispatcher.drain(Duration::from_secs(600)).await;
@@ -717,27 +712,12 @@ async fn serve_retries_failures_before_the_loop() {
 /// once, not at every retry.
 #[tokio::test(start_paused = true)]
 async fn a_refused_running_write_at_startup_is_retried_and_resumed_is_told_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let cocoon = static_vm(Reply::Done);
     let pods = Flaky {
         refuse: true,
         ..Flaky::new(2, usize::MAX)
     };
-    let running = [("vm.cocoonstack.io/post-clone-state", "running")];
-    pods.inner.insert(pod(&running));
-    let host = flaky_host(&cocoon, &pods, dir.path());
-    let mut dispatcher = quick_dispatcher(&host);
-    dispatcher.offer(pod(&running), Trigger::Startup);
-    dispatcher.drain(Duration::from_secs(600)).await;
-    let after = pods.inner.annotations("default", "web-0").unwrap();
-    assert_eq!(after[keys::POST_CLONE_STATE], "done");
-    assert_eq!(cocoon.inspected().len(), 3, "two refusals, then the work");
-    let reasons: Vec<&str> = pods.inner.events().iter().map(|(_, e)| e.reason).collect();
-    let resumed = reasons
-        .iter()
-        .filter(|r| **r == "ResumedAfterRestart")
-        .count();
-    assert_eq!(resumed, 1, "{reasons:?}");
+    let inspected = resumed_at_startup_past(pods).await;
+    assert_eq!(inspected, 3, "two refusals, then the work");
 }
 
 /// Work resumed at startup whose `running` write fails (the API server
@@ -745,24 +725,31 @@ async fn a_refused_running_write_at_startup_is_retried_and_resumed_is_told_once(
 /// event's work: the announcement is made once.
 #[tokio::test(start_paused = true)]
 async fn a_failed_running_write_at_startup_is_retried_and_resumed_is_told_once() {
+    let inspected = resumed_at_startup_past(Flaky::new(1, usize::MAX)).await;
+    assert_eq!(inspected, 2, "a failed write, then the work");
+}
+
+/// Work left `running`, offered at startup to a daemon over `pods` whose
+/// first writes fail: it ends done, `ResumedAfterRestart` told once. The
+/// inspects it took.
+async fn resumed_at_startup_past(pods: Flaky) -> usize {
     let dir = tempfile::tempdir().unwrap();
     let cocoon = static_vm(Reply::Done);
-    let pods = Flaky::new(1, usize::MAX);
     let running = [("vm.cocoonstack.io/post-clone-state", "running")];
     pods.inner.insert(pod(&running));
     let host = flaky_host(&cocoon, &pods, dir.path());
-    let mut dispatcher = quick_dispatcher(&host);
+    let mut dispatcher = Dispatcher::new(host.clone(), 4, CancellationToken::new());
     dispatcher.offer(pod(&running), Trigger::Startup);
     dispatcher.drain(Duration::from_secs(600)).await;
     let after = pods.inner.annotations("default", "web-0").unwrap();
     assert_eq!(after[keys::POST_CLONE_STATE], "done");
-    assert_eq!(cocoon.inspected().len(), 2, "a failed write, then the work");
     let reasons: Vec<&str> = pods.inner.events().iter().map(|(_, e)| e.reason).collect();
     let resumed = reasons
         .iter()
         .filter(|r| **r == "ResumedAfterRestart")
         .count();
     assert_eq!(resumed, 1, "{reasons:?}");
+    cocoon.inspected().len()
 }
 
 /// A pod event that shows the stack took the pod over stops its work in
