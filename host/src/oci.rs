@@ -161,7 +161,7 @@ impl FromStr for PluginRef {
             let hex = digest
                 .strip_prefix("sha256:")
                 .ok_or_else(|| bad("the digest is not sha256:<64 hex digits>"))?;
-            if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            if !is_sha256_hex(hex) {
                 return Err(bad("the digest is not sha256:<64 lowercase hex digits>"));
             }
             (repository, Pin::Digest(hex.to_owned()))
@@ -361,9 +361,12 @@ fn sha256_hex(bytes: &[u8]) -> String {
 
 /// Whether `digest` is `sha256:` and 64 lowercase hex digits.
 fn is_sha256_digest(digest: &str) -> bool {
-    digest.strip_prefix("sha256:").is_some_and(|hex| {
-        hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-    })
+    digest.strip_prefix("sha256:").is_some_and(is_sha256_hex)
+}
+
+/// 64 lowercase hex digits.
+fn is_sha256_hex(hex: &str) -> bool {
+    hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// How the registry is reached.
